@@ -1,0 +1,45 @@
+//! Key/value cache for incremental decoding with score-forming attention.
+
+use burn::prelude::*;
+
+/// Keys and values of every position seen so far, `[batch, n_kv_heads, len, head_dim]`.
+#[derive(Debug, Clone, Default)]
+pub struct KvCache {
+    pub k: Option<Tensor<4>>,
+    pub v: Option<Tensor<4>>,
+}
+
+impl KvCache {
+    pub fn len(&self) -> usize {
+        self.k.as_ref().map_or(0, |k| k.dims()[2])
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Appends the new keys/values and returns all of them.
+    pub fn append(&mut self, k: Tensor<4>, v: Tensor<4>) -> (Tensor<4>, Tensor<4>) {
+        let k = match self.k.take() {
+            Some(old) => Tensor::cat(vec![old, k], 2),
+            None => k,
+        };
+        let v = match self.v.take() {
+            Some(old) => Tensor::cat(vec![old, v], 2),
+            None => v,
+        };
+        self.k = Some(k.clone());
+        self.v = Some(v.clone());
+        (k, v)
+    }
+
+    /// Keeps only the last `keep` positions (sliding-window generation).
+    pub fn truncate_front(&mut self, keep: usize) {
+        for t in [&mut self.k, &mut self.v] {
+            if let Some(x) = t.take() {
+                let [b, h, l, d] = x.dims();
+                *t = Some(if l > keep { x.slice([0..b, 0..h, l - keep..l, 0..d]) } else { x });
+            }
+        }
+    }
+}

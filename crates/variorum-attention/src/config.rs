@@ -1,0 +1,86 @@
+//! The `model.attention` axis.
+
+use burn::prelude::*;
+use serde::{Deserialize, Serialize};
+use variorum_core::{Capabilities, ConfigError, KindInfo};
+
+use crate::contract::AttentionState;
+use crate::{AttentionInput, AttentionOutput, MultiHeadAttention, MultiHeadAttentionConfig};
+
+/// `model.attention`: one variant per mechanism, chosen by `kind`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum AttentionConfig {
+    /// Multi-head scaled dot-product attention (with grouped-/multi-query K/V heads).
+    Full(MultiHeadAttentionConfig),
+}
+
+impl Default for AttentionConfig {
+    fn default() -> Self {
+        Self::Full(MultiHeadAttentionConfig::default())
+    }
+}
+
+impl AttentionConfig {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Full(_) => "full",
+        }
+    }
+
+    pub fn capabilities(&self) -> Capabilities {
+        Self::zoo().into_iter().find(|k| k.kind == self.kind()).map(|k| k.caps).unwrap_or_default()
+    }
+
+    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        match self {
+            Self::Full(c) => c.validate(d_model),
+        }
+    }
+
+    pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> Attention {
+        match self {
+            Self::Full(c) => Attention::Full(c.init(d_model, init_std, out_std, device)),
+        }
+    }
+
+    /// FLOPs per token (forward), for `variorum inspect`.
+    pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+        match self {
+            Self::Full(c) => c.flops_per_token(d_model, len_k),
+        }
+    }
+
+    pub fn zoo() -> Vec<KindInfo> {
+        vec![KindInfo {
+            axis: "model.attention",
+            kind: "full",
+            summary: "multi-head scaled dot-product attention; grouped-/multi-query K/V heads; KV cache",
+            paper: "Vaswani et al. 2017, Attention Is All You Need; Shazeer 2019 (MQA); Ainslie et al. 2023 (GQA)",
+            caps: Capabilities {
+                causal: true,
+                bidirectional: true,
+                incremental: true,
+                score_bias: true,
+                qk_rotation: true,
+                aux_losses: false,
+                variable_length: true,
+            },
+        }]
+    }
+}
+
+/// An initialised attention mechanism.
+#[derive(Module, Debug)]
+pub enum Attention {
+    Full(MultiHeadAttention),
+}
+
+impl Attention {
+    /// Runs the mechanism; `state` carries its incremental-decoding state when decoding.
+    pub fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
+        match self {
+            Self::Full(a) => a.forward(input, state.map(AttentionState::kv_mut)),
+        }
+    }
+}

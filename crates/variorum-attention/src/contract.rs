@@ -1,0 +1,74 @@
+//! The attention contract shared by every mechanism.
+
+use burn::prelude::*;
+use variorum_core::{AttentionMask, AuxLosses};
+
+use crate::KvCache;
+
+/// What every attention mechanism receives.
+#[derive(Debug)]
+pub struct AttentionInput<'a> {
+    /// Hidden states the queries come from, `[batch, len_q, d_model]`.
+    pub query: Tensor<3>,
+    /// Hidden states keys and values come from, `[batch, len_k, d_model]`; `None` = self-attention.
+    pub key_value: Option<Tensor<3>>,
+    /// Causality, padding and absolute positions of both sides.
+    pub mask: &'a AttentionMask,
+    /// Precomputed dense mask of `mask` for `[len_q, len_k]` (built once per forward and shared by
+    /// every layer); mechanisms that need it and find `None` build it themselves.
+    pub dense_mask: Option<Tensor<4, Bool>>,
+    /// Return the attention weights (for inspection).
+    pub need_weights: bool,
+}
+
+impl<'a> AttentionInput<'a> {
+    pub fn self_attention(query: Tensor<3>, mask: &'a AttentionMask) -> Self {
+        Self { query, key_value: None, mask, dense_mask: None, need_weights: false }
+    }
+
+    pub fn cross_attention(query: Tensor<3>, key_value: Tensor<3>, mask: &'a AttentionMask) -> Self {
+        Self { query, key_value: Some(key_value), mask, dense_mask: None, need_weights: false }
+    }
+
+    pub fn with_dense_mask(mut self, m: Option<Tensor<4, Bool>>) -> Self {
+        self.dense_mask = m;
+        self
+    }
+
+    pub fn with_weights(mut self) -> Self {
+        self.need_weights = true;
+        self
+    }
+}
+
+/// What every attention mechanism returns.
+#[derive(Debug)]
+pub struct AttentionOutput {
+    /// `[batch, len_q, d_model]`
+    pub context: Tensor<3>,
+    /// `[batch, n_heads, len_q, len_k]` when asked for and when the mechanism forms them.
+    pub weights: Option<Tensor<4>>,
+    /// Extra losses (already weighted).
+    pub aux_losses: AuxLosses,
+}
+
+/// Incremental-decoding state of one attention layer. Mechanisms without state ignore it.
+#[derive(Debug, Clone, Default)]
+pub enum AttentionState {
+    #[default]
+    Empty,
+    Kv(KvCache),
+}
+
+impl AttentionState {
+    /// The KV cache, created on first use.
+    pub fn kv_mut(&mut self) -> &mut KvCache {
+        if let AttentionState::Empty = self {
+            *self = AttentionState::Kv(KvCache::default());
+        }
+        match self {
+            AttentionState::Kv(c) => c,
+            AttentionState::Empty => unreachable!("replaced just above"),
+        }
+    }
+}

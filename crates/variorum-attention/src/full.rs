@@ -1,0 +1,149 @@
+//! Multi-head scaled dot-product attention (Vaswani et al. 2017), the `full` kind:
+//!
+//! Attention(Q, K, V) = softmax(Q Kᵀ / √d_k + M) V,   head_i = Attention(X W_i^Q, X W_i^K, X W_i^V),
+//! MultiHead(X) = [head_1; …; head_h] W^O,
+//!
+//! where M is −∞ on hidden entries (future keys, padding). Grouped-query attention shares each
+//! K/V head among `n_heads / n_kv_heads` query heads: the queries of a group are stacked along
+//! the length so one batched GEMM serves the group and K/V are never copied.
+
+use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
+use burn::prelude::*;
+use burn::tensor::activation::softmax;
+use serde::{Deserialize, Serialize};
+use variorum_core::{ConfigError, error::check, error::divisors};
+
+use crate::{AttentionInput, AttentionOutput, KvCache, QkvProjection, QkvProjectionConfig};
+
+/// Value written into hidden score entries. Finite, so a row whose keys are all hidden (a fully
+/// padded row) gives a uniform distribution instead of NaN.
+pub const MASKED_SCORE: f32 = -1.0e9;
+
+/// `model.attention` with `kind = "full"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MultiHeadAttentionConfig {
+    /// Query heads. Default 4.
+    pub n_heads: usize,
+    /// Key/value heads: `n_heads` (default) is multi-head, 1 is multi-query, anything dividing
+    /// `n_heads` is grouped-query attention.
+    pub n_kv_heads: Option<usize>,
+    /// Size of each head. Default `d_model / n_heads`.
+    pub head_dim: Option<usize>,
+    /// Dropout on the attention probabilities. Default 0.
+    pub dropout: f64,
+    /// Biases in the q/k/v and output projections. Default true.
+    pub bias: bool,
+}
+
+impl Default for MultiHeadAttentionConfig {
+    fn default() -> Self {
+        Self { n_heads: 4, n_kv_heads: None, head_dim: None, dropout: 0.0, bias: true }
+    }
+}
+
+impl MultiHeadAttentionConfig {
+    pub fn kv_heads(&self) -> usize {
+        self.n_kv_heads.unwrap_or(self.n_heads)
+    }
+
+    pub fn head_dim(&self, d_model: usize) -> usize {
+        self.head_dim.unwrap_or(d_model / self.n_heads.max(1))
+    }
+
+    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        check(self.n_heads > 0, || "model.attention.n_heads must be at least 1".into())?;
+        if self.head_dim.is_none() {
+            check(d_model % self.n_heads == 0, || {
+                format!(
+                    "model.attention.n_heads = {} does not divide model.d_model = {d_model}: use one of {:?} or set model.attention.head_dim",
+                    self.n_heads,
+                    divisors(d_model)
+                )
+            })?;
+        }
+        check(self.head_dim != Some(0), || "model.attention.head_dim must be at least 1".into())?;
+        let kv = self.kv_heads();
+        check(kv > 0 && self.n_heads % kv == 0, || {
+            format!(
+                "model.attention.n_kv_heads = {kv} does not divide model.attention.n_heads = {}: use one of {:?}",
+                self.n_heads,
+                divisors(self.n_heads)
+            )
+        })?;
+        check((0.0..1.0).contains(&self.dropout), || {
+            format!("model.attention.dropout = {} must be in [0, 1)", self.dropout)
+        })
+    }
+
+    /// `init_std` for q/k/v; `out_std` for the output projection (GPT-2 scales residual
+    /// projections by 1/√(2·n_layers)).
+    pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> MultiHeadAttention {
+        let head_dim = self.head_dim(d_model);
+        MultiHeadAttention {
+            qkv: QkvProjectionConfig::new(d_model, self.n_heads, self.kv_heads(), head_dim)
+                .with_bias(self.bias)
+                .with_init_std(init_std)
+                .init(device),
+            out: LinearConfig::new(self.n_heads * head_dim, d_model)
+                .with_bias(self.bias)
+                .with_initializer(Initializer::Normal { mean: 0.0, std: out_std })
+                .init(device),
+            dropout: DropoutConfig::new(self.dropout).init(),
+            scale: 1.0 / (head_dim as f64).sqrt(),
+        }
+    }
+
+    /// Multiply–adds per token of the score-forming part, for a context of `len_k` keys.
+    pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+        let hd = (self.n_heads * self.head_dim(d_model)) as u64;
+        let kvd = (self.kv_heads() * self.head_dim(d_model)) as u64;
+        let d = d_model as u64;
+        // projections + QKᵀ + AV, 2 FLOPs per multiply–add
+        2 * (d * (hd + 2 * kvd) + hd * d) + 2 * 2 * hd * len_k as u64
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct MultiHeadAttention {
+    pub qkv: QkvProjection,
+    pub out: Linear,
+    pub dropout: Dropout,
+    pub scale: f64,
+}
+
+impl MultiHeadAttention {
+    pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
+        let [b, lq, _] = input.query.dims();
+        let device = input.query.device();
+        let (q, k, v) = match input.key_value {
+            None => self.qkv.self_attention(input.query),
+            Some(src) => self.qkv.cross_attention(input.query, src),
+        };
+        let (k, v) = match cache {
+            Some(c) => c.append(k, v),
+            None => (k, v),
+        };
+        let (h, hkv, dh) = (self.qkv.n_heads, self.qkv.n_kv_heads, self.qkv.head_dim);
+        let lk = k.dims()[2];
+        let g = h / hkv;
+
+        // queries of a group stacked along the length: [b, hkv, g·lq, dh] @ [b, hkv, dh, lk]
+        let q = q.mul_scalar(self.scale);
+        let q = if g == 1 { q } else { q.reshape([b, hkv, g * lq, dh]) };
+        let scores = q.matmul(k.swap_dims(2, 3)).reshape([b, h, lq, lk]);
+
+        let mask = input.dense_mask.or_else(|| input.mask.score_mask(lq, lk, &device));
+        let scores = match mask {
+            Some(m) => scores.mask_fill(m, MASKED_SCORE),
+            None => scores,
+        };
+        let probs = softmax(scores, 3);
+        let weights = input.need_weights.then(|| probs.clone());
+        let probs = self.dropout.forward(probs);
+
+        let probs = if g == 1 { probs } else { probs.reshape([b, hkv, g * lq, lk]) };
+        let context = probs.matmul(v).reshape([b, h, lq, dh]).swap_dims(1, 2).reshape([b, lq, h * dh]);
+        AttentionOutput { context: self.out.forward(context), weights, aux_losses: Vec::new() }
+    }
+}

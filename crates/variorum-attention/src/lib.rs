@@ -1,0 +1,20 @@
+//! Attention mechanisms, one file per family, selected by `model.attention.kind`.
+//!
+//! Every mechanism follows the attention contract ([`AttentionInput`] → [`AttentionOutput`]):
+//! queries come from `query: [batch, len_q, d_model]`, keys and values from `key_value` (the same
+//! tensor for self-attention, a longer one with a memory, the encoder output for cross-attention),
+//! positions and masks from [`variorum_core::AttentionMask`], incremental state from the
+//! mechanism's own cache. Each mechanism owns its projections; the plain case shares
+//! [`QkvProjection`].
+
+pub mod cache;
+pub mod config;
+pub mod contract;
+pub mod full;
+pub mod qkv;
+
+pub use cache::KvCache;
+pub use config::{Attention, AttentionConfig};
+pub use contract::{AttentionInput, AttentionOutput, AttentionState};
+pub use full::{MultiHeadAttention, MultiHeadAttentionConfig};
+pub use qkv::{QkvProjection, QkvProjectionConfig};

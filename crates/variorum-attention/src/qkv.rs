@@ -1,0 +1,80 @@
+//! The plain query/key/value projection, written once for every mechanism that uses it.
+//!
+//! One fused `[d_model, (n_heads + 2·n_kv_heads)·head_dim]` matrix: self-attention costs a single
+//! GEMM. Grouped-/multi-query attention (Ainslie et al. 2023; Shazeer 2019) just has fewer K/V
+//! heads; the head size is independent of `d_model / n_heads`.
+
+use burn::nn::{Initializer, Linear, LinearConfig};
+use burn::prelude::*;
+
+#[derive(Config, Debug)]
+pub struct QkvProjectionConfig {
+    pub d_model: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    #[config(default = true)]
+    pub bias: bool,
+    #[config(default = 0.02)]
+    pub init_std: f64,
+}
+
+impl QkvProjectionConfig {
+    pub fn init(&self, device: &Device) -> QkvProjection {
+        let width = (self.n_heads + 2 * self.n_kv_heads) * self.head_dim;
+        QkvProjection {
+            qkv: LinearConfig::new(self.d_model, width)
+                .with_bias(self.bias)
+                .with_initializer(Initializer::Normal { mean: 0.0, std: self.init_std })
+                .init(device),
+            n_heads: self.n_heads,
+            n_kv_heads: self.n_kv_heads,
+            head_dim: self.head_dim,
+        }
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct QkvProjection {
+    pub qkv: Linear,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// Queries `[b, n_heads, len_q, head_dim]`, keys and values `[b, n_kv_heads, len_k, head_dim]`.
+pub type Qkv = (Tensor<4>, Tensor<4>, Tensor<4>);
+
+impl QkvProjection {
+    /// Self-attention: q, k, v from the same states.
+    pub fn self_attention(&self, x: Tensor<3>) -> Qkv {
+        let [b, l, _] = x.dims();
+        let heads = self.n_heads + 2 * self.n_kv_heads;
+        let all = self.qkv.forward(x).reshape([b, l, heads, self.head_dim]).swap_dims(1, 2);
+        let q = all.clone().narrow(1, 0, self.n_heads);
+        let k = all.clone().narrow(1, self.n_heads, self.n_kv_heads);
+        let v = all.narrow(1, self.n_heads + self.n_kv_heads, self.n_kv_heads);
+        (q, k, v)
+    }
+
+    /// Cross-attention: q from `x`, k and v from `source` (any length).
+    pub fn cross_attention(&self, x: Tensor<3>, source: Tensor<3>) -> Qkv {
+        let [b, lq, d] = x.dims();
+        let [_, lk, _] = source.dims();
+        let (hq, dh) = (self.n_heads * self.head_dim, self.head_dim);
+        let w = self.qkv.weight.val();
+        let width = w.dims()[1];
+        let bias = self.qkv.bias.as_ref().map(|b| b.val());
+        let mut q = x.matmul(w.clone().slice([0..d, 0..hq]).unsqueeze_dim(0));
+        let mut kv = source.matmul(w.slice([0..d, hq..width]).unsqueeze_dim(0));
+        if let Some(bias) = bias {
+            q = q + bias.clone().slice([0..hq]).reshape([1, 1, hq]);
+            kv = kv + bias.slice([hq..width]).reshape([1, 1, width - hq]);
+        }
+        let q = q.reshape([b, lq, self.n_heads, dh]).swap_dims(1, 2);
+        let kv = kv.reshape([b, lk, 2 * self.n_kv_heads, dh]).swap_dims(1, 2);
+        let k = kv.clone().narrow(1, 0, self.n_kv_heads);
+        let v = kv.narrow(1, self.n_kv_heads, self.n_kv_heads);
+        (q, k, v)
+    }
+}

@@ -1,0 +1,246 @@
+//! `variorum`: train, inspect, benchmark and list the Transformer variants of the zoo.
+
+mod device;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use variorum_data::Corpus;
+use variorum_train::{ExperimentConfig, Outcome, TrainOptions};
+
+#[derive(Parser)]
+#[command(
+    name = "variorum",
+    version,
+    about = "Transformer variants as composable Burn modules: train, inspect, benchmark"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train a model from a config file; writes a run directory.
+    Train {
+        /// Experiment config (.toml or .json).
+        config: PathBuf,
+        /// cpu (the fastest CPU backend), flex, ndarray, wgpu, cuda (when built with it).
+        #[arg(long, default_value = "cpu")]
+        device: String,
+        /// Run directory. Default: runs/<config name>.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Train for this many steps (overrides train.steps).
+        #[arg(long)]
+        max_steps: Option<u64>,
+        /// Continue the run in --out from its latest checkpoint.
+        #[arg(long)]
+        resume: bool,
+        /// Checkpoint and stop after this many steps, keeping the schedule of train.steps.
+        #[arg(long)]
+        stop_at: Option<u64>,
+        /// No progress bar (log lines only).
+        #[arg(long)]
+        no_progress: bool,
+    },
+    /// Print a config with every default expanded, its parameter count and FLOPs per token.
+    Inspect {
+        /// A config file, or a run directory.
+        config: PathBuf,
+    },
+    /// Measure training tokens/s and peak memory (median of several runs, synthetic tokens).
+    Bench {
+        config: PathBuf,
+        #[arg(long, default_value = "cpu")]
+        device: String,
+        /// Timed steps per run.
+        #[arg(long, default_value_t = 30)]
+        steps: u64,
+        /// Untimed steps before each run.
+        #[arg(long, default_value_t = 5)]
+        warmup: u64,
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List every kind on every config axis, with its capabilities and source paper.
+    Zoo {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    // A panic is a bug in variorum, not a user mistake: one line, no backtrace.
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!("variorum: internal error: {info}");
+    }));
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.command {
+        Command::Train { config, device, out, max_steps, resume, stop_at, no_progress } => {
+            let (device, device_name) = device::select(&device)?;
+            let cfg = ExperimentConfig::load(&config)?;
+            let run_dir = out.unwrap_or_else(|| {
+                PathBuf::from("runs")
+                    .join(config.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "run".into()))
+            });
+            let interrupt = Arc::new(AtomicBool::new(false));
+            let flag = interrupt.clone();
+            ctrlc::set_handler(move || {
+                if flag.swap(true, Ordering::SeqCst) {
+                    eprintln!("\nsecond interrupt: stopping now (the last checkpoint is intact)");
+                    std::process::exit(130);
+                }
+                eprintln!("\ninterrupt: saving a checkpoint after this step (Ctrl-C again to stop at once)");
+            })
+            .context("cannot install the Ctrl-C handler")?;
+            let opts = TrainOptions {
+                run_dir: run_dir.clone(),
+                max_steps,
+                resume,
+                stop_at,
+                device,
+                device_name,
+                progress: !no_progress && std::io::IsTerminal::is_terminal(&std::io::stderr()),
+                interrupt,
+            };
+            match variorum_train::train(cfg, &opts)? {
+                Outcome::Finished(s) => {
+                    println!(
+                        "done: {} steps, train loss {}, validation loss {}, {:.0} tokens/s; run in {}",
+                        s.steps,
+                        fmt_opt(s.final_train_loss),
+                        fmt_opt(s.final_val_loss),
+                        s.tokens_per_sec,
+                        run_dir.display()
+                    );
+                    Ok(ExitCode::SUCCESS)
+                }
+                Outcome::Interrupted { step, checkpoint } => {
+                    println!(
+                        "interrupted at step {step}; checkpoint {}; continue with: variorum train {} --out {} --resume",
+                        checkpoint.display(),
+                        config.display(),
+                        run_dir.display()
+                    );
+                    Ok(ExitCode::from(130))
+                }
+            }
+        }
+        Command::Inspect { config } => inspect(&config),
+        Command::Bench { config, device, steps, warmup, runs, json } => {
+            let (device, name) = device::select(&device)?;
+            let cfg = ExperimentConfig::load(&config)?;
+            let r = variorum_train::bench::bench(&cfg, &device, warmup, steps.max(1), runs.max(1))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                println!("config            {}", config.display());
+                println!("device            {name}");
+                println!("parameters        {}", r.params);
+                println!("tokens/step       {}", r.tokens_per_step);
+                println!(
+                    "runs (tokens/s)   {}",
+                    r.runs.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(", ")
+                );
+                println!("median tokens/s   {:.0}", r.median_tokens_per_sec);
+                println!("median GFLOP/s    {:.2}", r.median_gflops);
+                println!(
+                    "peak RSS          {}",
+                    r.peak_rss_mib.map(|m| format!("{m:.0} MiB")).unwrap_or_else(|| "n/a".into())
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Zoo { json } => {
+            let kinds = variorum_model::zoo::kinds();
+            if json {
+                println!("{}", serde_json::to_string_pretty(&kinds)?);
+                return Ok(ExitCode::SUCCESS);
+            }
+            println!("{:<20} {:<12} {:<28} {}", "axis", "kind", "supports", "paper");
+            for k in kinds {
+                let c = k.caps;
+                let flags: Vec<&str> = [
+                    (c.causal, "causal"),
+                    (c.bidirectional, "bidir"),
+                    (c.incremental, "cache"),
+                    (c.score_bias, "bias"),
+                    (c.qk_rotation, "rot"),
+                    (c.aux_losses, "aux"),
+                    (c.variable_length, "varlen"),
+                ]
+                .iter()
+                .filter(|(on, _)| *on)
+                .map(|(_, n)| *n)
+                .collect();
+                println!("{:<20} {:<12} {:<28} {}", k.axis, k.kind, flags.join(","), k.paper);
+                println!("{:<20} {:<12} {}", "", "", k.summary);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn fmt_opt(v: Option<f64>) -> String {
+    v.map(|x| format!("{x:.4}")).unwrap_or_else(|| "n/a".into())
+}
+
+fn inspect(path: &Path) -> Result<ExitCode> {
+    let (mut cfg, source) = if path.is_dir() {
+        (ExperimentConfig::load(&path.join("config.toml"))?, "run")
+    } else {
+        (ExperimentConfig::load(path)?, "config")
+    };
+    let vocab_note = if cfg.model.vocab_size.is_some() {
+        String::new()
+    } else {
+        match Corpus::load(&cfg.data, None) {
+            Ok(c) => {
+                cfg.model.resolve(c.tokenizer.vocab_size())?;
+                format!("  (from the {} tokenizer of {})", c.tokenizer.unit(), c.path.display())
+            }
+            Err(e) => {
+                cfg.model.vocab_size = Some(256);
+                format!("  (assumed: the corpus could not be read: {e})")
+            }
+        }
+    };
+    print!("{}", cfg.to_toml());
+    let model = cfg.model.init(&device::select("cpu")?.0);
+    let params = burn::module::Module::num_params(&model);
+    let embed = cfg.model.vocab() * cfg.model.d_model;
+    let fwd = cfg.model.flops_per_token();
+    println!();
+    println!("# {source} {}", path.display());
+    println!("# vocabulary        {}{vocab_note}", cfg.model.vocab());
+    println!(
+        "# parameters        {params} ({:.2} M; {:.2} M without the token embedding)",
+        params as f64 / 1e6,
+        (params - embed) as f64 / 1e6
+    );
+    println!(
+        "# FLOPs per token   {:.2} M forward, {:.2} M training (3×), at context {}",
+        fwd as f64 / 1e6,
+        3.0 * fwd as f64 / 1e6,
+        cfg.model.seq_len
+    );
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,134 @@
+//! The binary as a user meets it: commands, run directories, and mistakes reported in one line.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn variorum(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_variorum")).args(args).current_dir(cwd).output().expect("run variorum")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn write_corpus(dir: &Path) -> PathBuf {
+    let line = "Now is the winter of our discontent made glorious summer by this sun of York;\n";
+    let path = dir.join("text.txt");
+    std::fs::write(&path, line.repeat(120)).unwrap();
+    path
+}
+
+fn write_config(dir: &Path, extra_model: &str) -> PathBuf {
+    let corpus = write_corpus(dir);
+    let cfg = format!(
+        "[model]\nd_model = 32\nn_layers = 1\nseq_len = 16\n{extra_model}\n[model.attention]\nkind = \"full\"\nn_heads = 2\n\n[data]\npath = \"{}\"\n\n[train]\nsteps = 4\nbatch_size = 2\neval_interval = 2\neval_batches = 1\nlog_interval = 2\nsample_tokens = 10\n",
+        corpus.display()
+    );
+    let path = dir.join("tiny.toml");
+    std::fs::write(&path, cfg).unwrap();
+    path
+}
+
+/// A user mistake: non-zero exit, one line on stderr, no panic or backtrace.
+fn assert_clean_error(o: &Output, needle: &str) {
+    let err = stderr(o);
+    assert!(!o.status.success(), "should fail: {err}");
+    assert!(err.contains(needle), "stderr lacks {needle:?}: {err}");
+    assert!(!err.contains("panicked") && !err.contains("internal error") && !err.contains("RUST_BACKTRACE"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "not one line: {err}");
+}
+
+#[test]
+fn train_writes_a_run_directory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path(), "");
+    let out = tmp.path().join("run");
+    let o = variorum(&["train", cfg.to_str().unwrap(), "--out", out.to_str().unwrap(), "--device", "cpu"], tmp.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    for f in ["config.toml", "metrics.csv", "loss.png", "sample.txt", "summary.json", "model.bpk", "tokenizer.json"] {
+        assert!(out.join(f).exists(), "{f} missing");
+    }
+    let png = std::fs::read(out.join("loss.png")).unwrap();
+    assert_eq!(&png[1..4], b"PNG");
+    // continuing a finished run to a later step
+    let o = variorum(
+        &["train", cfg.to_str().unwrap(), "--out", out.to_str().unwrap(), "--resume", "--max-steps", "6"],
+        tmp.path(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("done: 6 steps"));
+}
+
+#[test]
+fn config_mistakes_are_one_line_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let good = std::fs::read_to_string(write_config(tmp.path(), "")).unwrap();
+    let cases = [
+        (good.replace("n_heads = 2", "n_heads = 5"), "model.attention.n_heads = 5 does not divide model.d_model = 32"),
+        (good.replace("n_heads = 2", "n_headz = 2"), "n_headz"),
+        (good.replace("kind = \"full\"", "kind = \"nope\""), "nope"),
+        (good.replace("d_model = 32", "d_model = \"wide\""), "model.d_model"),
+        (good.replace("steps = 4", "steps = 0"), "train.steps"),
+    ];
+    for (i, (text, needle)) in cases.iter().enumerate() {
+        let path = tmp.path().join(format!("bad{i}.toml"));
+        std::fs::write(&path, text).unwrap();
+        let o =
+            variorum(&["train", path.to_str().unwrap(), "--out", tmp.path().join("r").to_str().unwrap()], tmp.path());
+        assert_clean_error(&o, needle);
+    }
+    let o = variorum(&["train", "does-not-exist.toml"], tmp.path());
+    assert_clean_error(&o, "does-not-exist.toml");
+    let o = variorum(&["train", tmp.path().join("bad0.toml").to_str().unwrap(), "--device", "tpu"], tmp.path());
+    assert_clean_error(&o, "--device tpu");
+}
+
+#[test]
+fn missing_and_empty_corpora_are_one_line_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path(), "");
+    std::fs::write(tmp.path().join("text.txt"), "").unwrap();
+    let o = variorum(&["train", cfg.to_str().unwrap(), "--out", tmp.path().join("r").to_str().unwrap()], tmp.path());
+    assert_clean_error(&o, "text.txt");
+    std::fs::remove_file(tmp.path().join("text.txt")).unwrap();
+    let o = variorum(&["train", cfg.to_str().unwrap(), "--out", tmp.path().join("r").to_str().unwrap()], tmp.path());
+    assert_clean_error(&o, "text.txt");
+}
+
+#[test]
+fn inspect_prints_the_expanded_config_and_counts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path(), "");
+    let o = variorum(&["inspect", cfg.to_str().unwrap()], tmp.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(s.contains("n_kv_heads") || s.contains("tie_embeddings = true"), "defaults not expanded: {s}");
+    assert!(s.contains("# parameters"), "{s}");
+    assert!(s.contains("# FLOPs per token"), "{s}");
+}
+
+#[test]
+fn zoo_lists_every_axis() {
+    let o = variorum(&["zoo"], Path::new("."));
+    assert!(o.status.success());
+    let s = String::from_utf8_lossy(&o.stdout);
+    for needle in
+        ["model.position", "model.attention", "model.block", "model.feed_forward", "swiglu", "post-ln", "Vaswani"]
+    {
+        assert!(s.contains(needle), "zoo lacks {needle}");
+    }
+}
+
+#[test]
+fn bench_reports_throughput() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path(), "");
+    let o = variorum(
+        &["bench", cfg.to_str().unwrap(), "--steps", "3", "--warmup", "1", "--runs", "2", "--json"],
+        tmp.path(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["runs"].as_array().unwrap().len(), 2);
+    assert!(v["median_tokens_per_sec"].as_f64().unwrap() > 0.0);
+}

@@ -1,0 +1,431 @@
+//! The corpus: one UTF-8 text file, split by position into a training part and
+//! a validation part, tokenized.
+//!
+//! Splitting by position (the validation text is the end of the file) rather
+//! than by random lines keeps the validation text unseen in a meaningful way:
+//! with random lines, near-duplicate neighbouring lines would leak into training.
+
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{DataError, one_line};
+use crate::tokenizer::{Tokenizer, TokenizerConfig};
+
+/// Environment variable naming the directory where named datasets live
+/// (`<dir>/<name>/input.txt`); when unset, `data` relative to the current directory.
+pub const DATA_DIR_ENV: &str = "VARIORUM_DATA";
+
+/// The data directory used when [`DATA_DIR_ENV`] is unset or empty.
+pub const DEFAULT_DATA_DIR: &str = "data";
+
+fn default_val_fraction() -> f64 {
+    0.1
+}
+
+/// The `[data]` section of a run configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataConfig {
+    /// Either a named dataset (a recipe in `datasets/<name>/`, fetched to
+    /// `<data dir>/<name>/input.txt`) ...
+    #[serde(default)]
+    pub dataset: Option<String>,
+    /// ... or any UTF-8 text file.
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+    /// How the text is cut into tokens.
+    #[serde(default)]
+    pub tokenizer: TokenizerConfig,
+    /// Fraction of the text (by position, at the end) held out for validation.
+    #[serde(default = "default_val_fraction")]
+    pub val_fraction: f64,
+}
+
+impl Default for DataConfig {
+    /// The `shakespeare` dataset, char tokenizer, 10% held out: the setting the
+    /// project's reference results use.
+    fn default() -> Self {
+        DataConfig {
+            dataset: Some("shakespeare".into()),
+            path: None,
+            tokenizer: TokenizerConfig::default(),
+            val_fraction: default_val_fraction(),
+        }
+    }
+}
+
+/// Where the text comes from, once the config has been checked.
+enum Source<'a> {
+    Dataset(&'a str),
+    Path(&'a Path),
+}
+
+/// The directory holding named datasets: `$VARIORUM_DATA`, or `data`.
+pub fn data_dir() -> PathBuf {
+    match std::env::var_os(DATA_DIR_ENV) {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => PathBuf::from(DEFAULT_DATA_DIR),
+    }
+}
+
+impl DataConfig {
+    fn source(&self) -> Result<Source<'_>, DataError> {
+        match (&self.dataset, &self.path) {
+            (Some(name), None) => {
+                let ok = !name.is_empty()
+                    && name != "."
+                    && name != ".."
+                    && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+                if ok {
+                    Ok(Source::Dataset(name))
+                } else {
+                    Err(DataError::Config(format!(
+                        "data.dataset = {name:?} is not a dataset name: use the name of a folder \
+                         in datasets/ (letters, digits, '-', '_', '.'), e.g. \"shakespeare\", or \
+                         set data.path to a text file instead"
+                    )))
+                }
+            }
+            (None, Some(path)) if path.as_os_str().is_empty() => {
+                Err(DataError::Config("data.path is empty: set it to a UTF-8 text file, or use data.dataset".into()))
+            }
+            (None, Some(path)) => Ok(Source::Path(path)),
+            (Some(name), Some(path)) => Err(DataError::Config(format!(
+                "data.dataset = {name:?} and data.path = {:?} are both set: keep only one",
+                path.display().to_string()
+            ))),
+            (None, None) => Err(DataError::Config(
+                "neither data.dataset nor data.path is set: set data.dataset = \"shakespeare\" \
+                 (a named dataset) or data.path = \"some/file.txt\" (any UTF-8 text file)"
+                    .into(),
+            )),
+        }
+    }
+
+    /// Checks the section: exactly one of `dataset`/`path`, `0 < val_fraction < 1`,
+    /// and the tokenizer settings. Messages name the key, e.g.
+    /// `data.val_fraction = 1.5 must be in (0, 1)`.
+    pub fn validate(&self) -> Result<(), DataError> {
+        self.source()?;
+        let v = self.val_fraction;
+        // Written so that NaN fails too.
+        if !(v > 0.0 && v < 1.0) {
+            return Err(DataError::Config(format!(
+                "data.val_fraction = {v} must be in (0, 1), e.g. 0.1 to hold out the last 10% \
+                 of the text"
+            )));
+        }
+        self.tokenizer.validate()
+    }
+
+    /// The text file to read: `data.path`, or `<data dir>/<dataset>/input.txt`
+    /// where the data dir is `$VARIORUM_DATA` or `data`.
+    pub fn text_path(&self) -> Result<PathBuf, DataError> {
+        self.text_path_in(&data_dir())
+    }
+
+    fn text_path_in(&self, data_dir: &Path) -> Result<PathBuf, DataError> {
+        Ok(match self.source()? {
+            Source::Dataset(name) => data_dir.join(name).join("input.txt"),
+            Source::Path(path) => path.to_path_buf(),
+        })
+    }
+}
+
+/// Reads a whole corpus file as UTF-8. A missing file, an unreadable one, one
+/// that is not UTF-8 (the message gives the byte offset of the first invalid
+/// byte) and an empty one each get their own error.
+pub fn read_text(path: &Path) -> Result<String, DataError> {
+    let bytes = std::fs::read(path).map_err(|e| match e.kind() {
+        ErrorKind::NotFound => DataError::CorpusNotFound {
+            path: path.to_path_buf(),
+            hint: match std::env::current_dir() {
+                Ok(cwd) if path.is_relative() => {
+                    format!("check data.path (a relative path is read from the current directory, {})", cwd.display())
+                }
+                _ => "check data.path".into(),
+            },
+        },
+        _ => DataError::CorpusRead { path: path.to_path_buf(), message: one_line(e) },
+    })?;
+    if bytes.is_empty() {
+        return Err(DataError::CorpusEmpty { path: path.to_path_buf() });
+    }
+    String::from_utf8(bytes)
+        .map_err(|e| DataError::CorpusNotUtf8 { path: path.to_path_buf(), offset: e.utf8_error().valid_up_to() })
+}
+
+/// How to get a named dataset that is missing.
+fn dataset_hint(name: &str) -> String {
+    let recipe = Path::new("datasets").join(name).join("fetch.sh");
+    if recipe.is_file() {
+        format!("run scripts/setup.sh to fetch the '{name}' dataset (or bash {})", recipe.display())
+    } else {
+        format!(
+            "run scripts/setup.sh to fetch the '{name}' dataset (there is no recipe {} here: \
+             check the name against the folders in datasets/, run from the repository root, \
+             or set data.path to a text file)",
+            recipe.display()
+        )
+    }
+}
+
+/// A tokenized corpus, ready to be cut into batches.
+#[derive(Debug, Clone)]
+pub struct Corpus {
+    pub tokenizer: Tokenizer,
+    /// Token ids of the training part (the first `1 - val_fraction` of the chars).
+    pub train: Vec<u32>,
+    /// Token ids of the validation part (the rest).
+    pub val: Vec<u32>,
+    /// The file the text came from.
+    pub path: PathBuf,
+    /// Characters in the training part: with `train.len()` this converts
+    /// per-token losses into bits per character, comparable across tokenizers.
+    pub train_chars: usize,
+    /// Characters in the validation part.
+    pub val_chars: usize,
+}
+
+impl Corpus {
+    /// Reads the text named by `cfg`, splits it by position and tokenizes it
+    /// (see [`Corpus::from_text`]). Pass `tokenizer` to reuse one (resuming or
+    /// evaluating a run) instead of training a new one.
+    pub fn load(cfg: &DataConfig, tokenizer: Option<Tokenizer>) -> Result<Corpus, DataError> {
+        Self::load_from(cfg, tokenizer, &data_dir())
+    }
+
+    fn load_from(cfg: &DataConfig, tokenizer: Option<Tokenizer>, data_dir: &Path) -> Result<Corpus, DataError> {
+        cfg.validate()?;
+        let path = cfg.text_path_in(data_dir)?;
+        let text = read_text(&path).map_err(|e| match (e, &cfg.dataset) {
+            (DataError::CorpusNotFound { path, .. }, Some(name)) => {
+                DataError::CorpusNotFound { path, hint: dataset_hint(name) }
+            }
+            (e, _) => e,
+        })?;
+        Corpus::from_text(&text, cfg, tokenizer, path)
+    }
+
+    /// Splits `text` by position — the first `1 - val_fraction` of its chars
+    /// are the training part, the rest (at least one char each) the validation
+    /// part — and tokenizes both. `path` only labels the corpus in messages.
+    ///
+    /// Without a given tokenizer one is trained: BPE on the training part only
+    /// (so validation measures generalisation of the learnt merges too); byte
+    /// needs no training; char on the *whole* text, because a char-level model
+    /// cannot represent a character outside its vocabulary at all, and the only
+    /// thing the validation part could leak is the set of distinct characters.
+    pub fn from_text(
+        text: &str,
+        cfg: &DataConfig,
+        tokenizer: Option<Tokenizer>,
+        path: PathBuf,
+    ) -> Result<Corpus, DataError> {
+        cfg.validate()?;
+        let n_chars = text.chars().count();
+        if n_chars < 2 {
+            return Err(DataError::TooShort(format!(
+                "corpus {} has {n_chars} character(s), too few to split into a training and a \
+                 validation part: use a longer text",
+                path.display()
+            )));
+        }
+        // At least one char on each side, however extreme val_fraction is.
+        let n_val = ((n_chars as f64) * cfg.val_fraction).round().clamp(1.0, (n_chars - 1) as f64) as usize;
+        let n_train = n_chars - n_val;
+        let split = text.char_indices().nth(n_train).map_or(text.len(), |(i, _)| i);
+        let (train_text, val_text) = text.split_at(split);
+
+        let tokenizer = match tokenizer {
+            Some(t) => t,
+            None => match &cfg.tokenizer {
+                TokenizerConfig::Char => Tokenizer::train(&cfg.tokenizer, text)?,
+                other => Tokenizer::train(other, train_text)?,
+            },
+        };
+        let in_corpus = |offset_base: usize| {
+            let path = &path;
+            move |e: DataError| match e {
+                DataError::UnknownChar { ch, offset, .. } => DataError::UnknownChar {
+                    ch,
+                    offset: offset + offset_base,
+                    context: format!(" of corpus {}", path.display()),
+                },
+                e => e,
+            }
+        };
+        let train = tokenizer.encode(train_text).map_err(in_corpus(0))?;
+        let val = tokenizer.encode(val_text).map_err(in_corpus(split))?;
+        Ok(Corpus { tokenizer, train, val, path, train_chars: n_train, val_chars: n_val })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg_path(path: &Path) -> DataConfig {
+        DataConfig {
+            dataset: None,
+            path: Some(path.to_path_buf()),
+            tokenizer: TokenizerConfig::Char,
+            val_fraction: 0.1,
+        }
+    }
+
+    fn text_cfg() -> DataConfig {
+        cfg_path(Path::new("mem.txt"))
+    }
+
+    const TEXT: &str = "Ô — first line, café\nsecond line é—é\nthird line: naïve déjà vu\n";
+
+    #[test]
+    fn split_covers_the_whole_text_at_a_char_boundary() {
+        for val_fraction in [0.05, 0.1, 0.37, 0.5, 0.9, 0.99] {
+            let cfg = DataConfig { val_fraction, ..text_cfg() };
+            let c = Corpus::from_text(TEXT, &cfg, None, "mem.txt".into()).expect("loads");
+            let joined = c.tokenizer.decode(&c.train) + &c.tokenizer.decode(&c.val);
+            assert_eq!(joined, TEXT);
+            let n = TEXT.chars().count();
+            assert_eq!(c.train_chars + c.val_chars, n);
+            assert_eq!(c.val_chars, ((n as f64) * val_fraction).round().max(1.0) as usize);
+            assert_eq!(c.val.len(), c.val_chars);
+        }
+    }
+
+    #[test]
+    fn char_vocab_covers_chars_only_in_validation() {
+        // 'Z' only occurs in the last 10%.
+        let text = format!("{}Z", "abc ".repeat(20));
+        let c = Corpus::from_text(&text, &text_cfg(), None, "mem.txt".into()).expect("loads");
+        assert_eq!(c.tokenizer.decode(&c.val).chars().last(), Some('Z'));
+    }
+
+    #[test]
+    fn given_tokenizer_is_used_and_errors_name_the_corpus() {
+        let tok = Tokenizer::train(&TokenizerConfig::Char, "abc ").expect("trains");
+        let text = "abc abc abc abc abc abc abc abc abc abcé";
+        let err = Corpus::from_text(text, &text_cfg(), Some(tok.clone()), "x/in.txt".into())
+            .expect_err("é is unknown to the given tokenizer");
+        let msg = err.to_string();
+        let offset = text.find('é').expect("has é");
+        assert!(msg.contains(&format!("byte offset {offset} of corpus x/in.txt")), "{msg}");
+        let c = Corpus::from_text("abcabc abc", &text_cfg(), Some(tok), "m".into()).expect("ok");
+        assert_eq!(c.tokenizer.vocab_size(), 4);
+    }
+
+    #[test]
+    fn bpe_and_byte_corpora_round_trip() {
+        let text = TEXT.repeat(30);
+        for tokenizer in [TokenizerConfig::Byte, TokenizerConfig::Bpe { vocab_size: 300, min_frequency: 2 }] {
+            let cfg = DataConfig { tokenizer, ..text_cfg() };
+            let c = Corpus::from_text(&text, &cfg, None, "m".into()).expect("loads");
+            let joined = c.tokenizer.decode(&c.train) + &c.tokenizer.decode(&c.val);
+            assert_eq!(joined, text);
+        }
+    }
+
+    #[test]
+    fn load_reads_a_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("input.txt");
+        std::fs::write(&path, TEXT).expect("write");
+        let c = Corpus::load(&cfg_path(&path), None).expect("loads");
+        assert_eq!(c.path, path);
+        assert_eq!(c.train.len() + c.val.len(), TEXT.chars().count());
+    }
+
+    #[test]
+    fn named_dataset_lives_in_the_data_dir() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = DataConfig { dataset: Some("tiny".into()), path: None, ..text_cfg() };
+        let expected = dir.path().join("tiny").join("input.txt");
+        assert_eq!(cfg.text_path_in(dir.path()).expect("valid"), expected);
+
+        let msg = Corpus::load_from(&cfg, None, dir.path()).expect_err("missing").to_string();
+        assert!(msg.contains(&expected.display().to_string()), "{msg}");
+        assert!(msg.contains("scripts/setup.sh") && msg.contains("'tiny'"), "{msg}");
+
+        std::fs::create_dir_all(expected.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&expected, TEXT).expect("write");
+        let c = Corpus::load_from(&cfg, None, dir.path()).expect("loads");
+        assert_eq!(c.path, expected);
+
+        if std::env::var_os(DATA_DIR_ENV).is_none() {
+            assert_eq!(cfg.text_path().expect("valid"), Path::new("data/tiny/input.txt"));
+        }
+    }
+
+    #[test]
+    fn read_text_errors() {
+        let dir = tempfile::tempdir().expect("tempdir");
+
+        let missing = dir.path().join("nope.txt");
+        let msg = read_text(&missing).expect_err("missing").to_string();
+        assert!(msg.contains("nope.txt") && msg.contains("not found"), "{msg}");
+
+        let empty = dir.path().join("empty.txt");
+        std::fs::write(&empty, "").expect("write");
+        let msg = read_text(&empty).expect_err("empty").to_string();
+        assert!(msg.contains("empty.txt") && msg.contains("is empty"), "{msg}");
+
+        let latin1 = dir.path().join("latin1.txt");
+        std::fs::write(&latin1, b"ab\xc3\xa9c\xe9d").expect("write");
+        let err = read_text(&latin1).expect_err("not utf-8");
+        assert!(matches!(err, DataError::CorpusNotUtf8 { offset: 5, .. }), "{err:?}");
+        let msg = err.to_string();
+        assert!(msg.contains("latin1.txt") && msg.contains("byte offset 5"), "{msg}");
+
+        let msg = read_text(dir.path()).expect_err("a directory").to_string();
+        assert!(msg.contains("could not read corpus"), "{msg}");
+    }
+
+    #[test]
+    fn config_errors_name_the_key() {
+        let both = DataConfig { dataset: Some("shakespeare".into()), ..text_cfg() };
+        let msg = both.validate().expect_err("both").to_string();
+        assert!(msg.contains("both set") && msg.contains("data.dataset"), "{msg}");
+
+        let neither = DataConfig { path: None, ..text_cfg() };
+        let msg = neither.validate().expect_err("neither").to_string();
+        assert!(msg.contains("neither data.dataset nor data.path"), "{msg}");
+
+        let bad_name = DataConfig { dataset: Some("../etc".into()), path: None, ..text_cfg() };
+        assert!(bad_name.validate().is_err());
+
+        for v in [1.5, 1.0, 0.0, -0.1, f64::NAN] {
+            let cfg = DataConfig { val_fraction: v, ..text_cfg() };
+            let msg = cfg.validate().expect_err("out of range").to_string();
+            assert!(msg.contains(&format!("data.val_fraction = {v} must be in (0, 1)")), "{msg}");
+            assert!(Corpus::from_text(TEXT, &cfg, None, "m".into()).is_err());
+        }
+
+        let small = DataConfig { tokenizer: TokenizerConfig::Bpe { vocab_size: 256, min_frequency: 2 }, ..text_cfg() };
+        let msg = small.validate().expect_err("too small").to_string();
+        assert!(msg.contains("data.tokenizer.vocab_size = 256"), "{msg}");
+        assert!(DataConfig::default().validate().is_ok());
+    }
+
+    #[test]
+    fn too_short_corpus() {
+        let msg = Corpus::from_text("x", &text_cfg(), None, "one.txt".into()).expect_err("one char").to_string();
+        assert!(msg.contains("one.txt") && msg.contains("1 character"), "{msg}");
+        // Two chars is the minimum: one each side.
+        let c = Corpus::from_text("xy", &text_cfg(), None, "two.txt".into()).expect("splits");
+        assert_eq!((c.train.len(), c.val.len()), (1, 1));
+    }
+
+    #[test]
+    fn config_serde() {
+        let cfg: DataConfig = serde_json::from_str(r#"{"dataset":"shakespeare"}"#).expect("ok");
+        assert_eq!(cfg, DataConfig::default());
+        let cfg: DataConfig =
+            serde_json::from_str(r#"{"path":"a.txt","val_fraction":0.2,"tokenizer":{"kind":"bpe","vocab_size":512}}"#)
+                .expect("ok");
+        assert_eq!(cfg.tokenizer, TokenizerConfig::Bpe { vocab_size: 512, min_frequency: 2 });
+        assert!(serde_json::from_str::<DataConfig>(r#"{"dataset":"x","valfraction":0.2}"#).is_err());
+    }
+}

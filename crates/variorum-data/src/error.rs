@@ -1,0 +1,90 @@
+//! The one error type of this crate.
+//!
+//! Every message is a single line that says what went wrong, where (a path, a
+//! config key, a byte offset) and what would work instead, because these
+//! messages end up in front of a person at a terminal, not in a log parser.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong while reading a corpus, building a tokenizer or
+/// cutting token sequences into batches.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// A setting in the `[data]` section (or a batching argument) is out of range
+    /// or contradicts another; the message names the key and a value that works.
+    #[error("{0}")]
+    Config(String),
+
+    /// The corpus file does not exist; `hint` says how to get it.
+    #[error("corpus {} not found: {hint}", path.display())]
+    CorpusNotFound { path: PathBuf, hint: String },
+
+    /// The corpus file exists but could not be read.
+    #[error("could not read corpus {}: {message}", path.display())]
+    CorpusRead { path: PathBuf, message: String },
+
+    /// The corpus file is not UTF-8; `offset` is the byte offset of the first
+    /// invalid byte.
+    #[error(
+        "corpus {} is not valid UTF-8: the first invalid byte is at byte offset {offset}: \
+         convert the file to UTF-8 (e.g. iconv -f LATIN1 -t UTF-8)",
+        path.display()
+    )]
+    CorpusNotUtf8 { path: PathBuf, offset: usize },
+
+    /// The corpus file is empty.
+    #[error("corpus {} is empty: point data.path at a non-empty UTF-8 text file", path.display())]
+    CorpusEmpty { path: PathBuf },
+
+    /// The corpus is too short for what was asked of it (a train/validation split,
+    /// a window of `seq_len + 1` tokens, ...).
+    #[error("{0}")]
+    TooShort(String),
+
+    /// The char tokenizer met a character that is not in its vocabulary.
+    /// `offset` is a byte offset into the text being encoded; `context` names that
+    /// text when known (e.g. " of the validation split of corpus data/x.txt").
+    #[error(
+        "character {ch:?} at byte offset {offset}{context} is not in the char tokenizer's \
+         vocabulary: train the tokenizer on text that contains it, or use data.tokenizer \
+         kind = \"byte\" or \"bpe\", which can encode any text"
+    )]
+    UnknownChar { ch: char, offset: usize, context: String },
+
+    /// Training or running the BPE tokenizer (the `tokenizers` crate) failed.
+    #[error("BPE tokenizer could not {action}: {message}")]
+    Bpe { action: &'static str, message: String },
+
+    /// A tokenizer file is missing, unreadable, corrupt, or could not be written.
+    #[error("tokenizer file {}: {problem}", path.display())]
+    TokenizerFile { path: PathBuf, problem: String },
+}
+
+/// Flattens a foreign error message to one line (some errors from dependencies
+/// span several lines, which would break the one-line rule).
+pub(crate) fn one_line(message: impl std::fmt::Display) -> String {
+    message.to_string().split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_line_removes_newlines() {
+        assert_eq!(one_line("a\n  b\r\nc"), "a b c");
+    }
+
+    #[test]
+    fn messages_are_one_line() {
+        let errors = [
+            DataError::CorpusNotUtf8 { path: "x.txt".into(), offset: 3 },
+            DataError::UnknownChar { ch: '\n', offset: 0, context: String::new() },
+            DataError::CorpusEmpty { path: "x.txt".into() },
+        ];
+        for e in errors {
+            let msg = e.to_string();
+            assert!(!msg.contains('\n'), "multi-line message: {msg}");
+        }
+    }
+}

@@ -1,0 +1,16 @@
+//! Text data for variorum: reading a corpus, tokenizing it (char, byte or BPE),
+//! and cutting the token ids into training and evaluation batches.
+//!
+//! Nothing here depends on the tensor library: batches are plain `Vec<i64>`,
+//! so this crate is quick to build and test, and the index arithmetic that
+//! decides what a model sees is checked on its own.
+
+mod batch;
+mod corpus;
+mod error;
+mod tokenizer;
+
+pub use batch::{OrderedStreams, RandomWindows, TokenBatch, eval_batches};
+pub use corpus::{Corpus, DATA_DIR_ENV, DEFAULT_DATA_DIR, DataConfig, data_dir, read_text};
+pub use error::DataError;
+pub use tokenizer::{CharTokenizer, Tokenizer, TokenizerConfig};

@@ -1,0 +1,106 @@
+//! `[model]`: one value per axis, validated before anything is built.
+
+use burn::prelude::*;
+use serde::{Deserialize, Serialize};
+use variorum_attention::AttentionConfig;
+use variorum_block::{BlockConfig, FeedForwardConfig};
+use variorum_core::{ConfigError, error::check};
+use variorum_position::AbsolutePositionConfig;
+
+use crate::DecoderLm;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelConfig {
+    /// Vocabulary size. Default: the tokenizer's; a smaller value is refused.
+    pub vocab_size: Option<usize>,
+    /// Width of the residual stream. Default 128.
+    pub d_model: usize,
+    /// Number of blocks. Default 4.
+    pub n_layers: usize,
+    /// Context length the model is trained on. Default 64.
+    pub seq_len: usize,
+    /// Dropout on embeddings, residual branches and the FFN hidden layer. Default 0.
+    pub dropout: f64,
+    /// Share the token embedding with the output projection (Press & Wolf 2017). Default true.
+    pub tie_embeddings: bool,
+    /// std of the normal initialisation of weights (GPT-2: 0.02); residual output
+    /// projections get `init_std / √(2·n_layers)`. Default 0.02.
+    pub init_std: f64,
+    pub position: AbsolutePositionConfig,
+    pub attention: AttentionConfig,
+    pub block: BlockConfig,
+    pub feed_forward: FeedForwardConfig,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        Self {
+            vocab_size: None,
+            d_model: 128,
+            n_layers: 4,
+            seq_len: 64,
+            dropout: 0.0,
+            tie_embeddings: true,
+            init_std: 0.02,
+            position: AbsolutePositionConfig::default(),
+            attention: AttentionConfig::default(),
+            block: BlockConfig::default(),
+            feed_forward: FeedForwardConfig::default(),
+        }
+    }
+}
+
+impl ModelConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check(self.d_model > 0, || "model.d_model must be at least 1".into())?;
+        check(self.n_layers > 0, || "model.n_layers must be at least 1".into())?;
+        check(self.seq_len > 0, || "model.seq_len must be at least 1".into())?;
+        check(self.vocab_size != Some(0), || "model.vocab_size must be at least 1".into())?;
+        check((0.0..1.0).contains(&self.dropout), || format!("model.dropout = {} must be in [0, 1)", self.dropout))?;
+        check(self.init_std > 0.0, || format!("model.init_std = {} must be > 0", self.init_std))?;
+        self.position.validate(self.d_model, self.seq_len)?;
+        self.attention.validate(self.d_model)?;
+        check(self.attention.capabilities().causal, || {
+            format!(
+                "model.attention.kind = \"{}\" cannot be causal, and a decoder LM needs causal attention",
+                self.attention.kind()
+            )
+        })?;
+        self.block.validate()?;
+        self.feed_forward.validate()
+    }
+
+    /// Fills in what the data decides (the vocabulary size) and checks it.
+    pub fn resolve(&mut self, tokenizer_vocab: usize) -> Result<(), ConfigError> {
+        match self.vocab_size {
+            Some(v) => check(v >= tokenizer_vocab, || {
+                format!(
+                    "model.vocab_size = {v} is smaller than the tokenizer's vocabulary ({tokenizer_vocab}): remove the key or raise it"
+                )
+            }),
+            None => {
+                self.vocab_size = Some(tokenizer_vocab);
+                Ok(())
+            }
+        }
+    }
+
+    pub fn vocab(&self) -> usize {
+        self.vocab_size.unwrap_or(256)
+    }
+
+    /// Builds the model. Call [`validate`](Self::validate) (and [`resolve`](Self::resolve)) first.
+    pub fn init(&self, device: &Device) -> DecoderLm {
+        DecoderLm::new(self, device)
+    }
+
+    /// Forward FLOPs per token (2 per multiply–add), with every query attending over the full
+    /// `seq_len` keys (the usual estimate; causal masking does not shrink dense attention's work).
+    /// Training costs about three times this (forward + backward).
+    pub fn flops_per_token(&self) -> u64 {
+        let per_layer = self.attention.flops_per_token(self.d_model, self.seq_len)
+            + self.feed_forward.flops_per_token(self.d_model);
+        self.n_layers as u64 * per_layer + 2 * (self.d_model * self.vocab()) as u64
+    }
+}

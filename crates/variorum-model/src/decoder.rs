@@ -1,0 +1,158 @@
+//! Decoder-only language model (GPT; Radford et al. 2018), read top to bottom:
+//!
+//! tokens → embedding (+ absolute positions) → dropout → N blocks → (final norm, pre-LN) → logits
+//!
+//! Logits use the token embedding transposed when `tie_embeddings` (Press & Wolf 2017).
+
+use burn::nn::loss::CrossEntropyLossConfig;
+use burn::nn::{Dropout, DropoutConfig, Embedding, EmbeddingConfig, Initializer, Linear, LinearConfig};
+use burn::prelude::*;
+use variorum_attention::AttentionState;
+use variorum_block::{Norm, TransformerBlock, block::BlockParts};
+use variorum_core::{AttentionMask, AuxLosses};
+use variorum_position::AbsolutePosition;
+
+use crate::ModelConfig;
+
+/// A request the model cannot serve, reported to the user.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModelError {
+    #[error(
+        "positions {start}..{end} exceed the learned position table of {max_len} rows (model.position.kind = \"learned\"): use a shorter sequence"
+    )]
+    TooLong { start: usize, end: usize, max_len: usize },
+    #[error("token id {id} is outside the vocabulary of {vocab} tokens")]
+    TokenOutOfRange { id: i64, vocab: usize },
+}
+
+/// Output of a forward pass.
+#[derive(Debug)]
+pub struct LmOutput {
+    /// `[batch, len, vocab]`
+    pub logits: Tensor<3>,
+    pub aux_losses: AuxLosses,
+}
+
+/// Incremental-decoding state: the position of the next token and each layer's attention state.
+#[derive(Debug, Clone, Default)]
+pub struct DecoderState {
+    pub position: usize,
+    pub layers: Vec<AttentionState>,
+}
+
+#[derive(Module, Debug)]
+pub struct DecoderLm {
+    pub token_embedding: Embedding,
+    pub position: Option<AbsolutePosition>,
+    pub embedding_dropout: Dropout,
+    pub blocks: Vec<TransformerBlock>,
+    /// Present for pre-LN stacks, whose residual stream is never normalised otherwise.
+    pub final_norm: Option<Norm>,
+    /// Present when the output embedding is not tied.
+    pub head: Option<Linear>,
+    pub vocab_size: usize,
+    pub seq_len: usize,
+}
+
+impl DecoderLm {
+    pub fn new(cfg: &ModelConfig, device: &Device) -> Self {
+        let (d, vocab) = (cfg.d_model, cfg.vocab());
+        let init = Initializer::Normal { mean: 0.0, std: cfg.init_std };
+        let out_std = cfg.init_std / (2.0 * cfg.n_layers as f64).sqrt();
+        let parts = BlockParts {
+            d_model: d,
+            attention: &cfg.attention,
+            feed_forward: &cfg.feed_forward,
+            dropout: cfg.dropout,
+            init_std: cfg.init_std,
+            out_std,
+        };
+        let norm = cfg.block.residual();
+        Self {
+            token_embedding: EmbeddingConfig::new(vocab, d).with_initializer(init.clone()).init(device),
+            position: cfg.position.init(d, cfg.seq_len, device),
+            embedding_dropout: DropoutConfig::new(cfg.dropout).init(),
+            blocks: (0..cfg.n_layers).map(|_| cfg.block.init(&parts, device)).collect(),
+            final_norm: cfg.block.pre_norm().then(|| norm.norm.init(d, norm.norm_eps, device)),
+            head: (!cfg.tie_embeddings)
+                .then(|| LinearConfig::new(d, vocab).with_bias(false).with_initializer(init).init(device)),
+            vocab_size: vocab,
+            seq_len: cfg.seq_len,
+        }
+    }
+
+    /// Longest position + 1 the model can encode, if bounded.
+    pub fn max_len(&self) -> Option<usize> {
+        match &self.position {
+            Some(AbsolutePosition::Learned(p)) => Some(p.max_len()),
+            _ => None,
+        }
+    }
+
+    /// Checks that positions `start..start+len` can be encoded.
+    pub fn check_positions(&self, start: usize, len: usize) -> Result<(), ModelError> {
+        match self.max_len() {
+            Some(max_len) if start + len > max_len => Err(ModelError::TooLong { start, end: start + len, max_len }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Full forward over fresh sequences `[batch, len]`.
+    pub fn forward(&self, tokens: Tensor<2, Int>) -> LmOutput {
+        self.forward_with(tokens, None)
+    }
+
+    /// Forward that continues from `state` (KV caches) when given, and updates it.
+    pub fn forward_with(&self, tokens: Tensor<2, Int>, mut state: Option<&mut DecoderState>) -> LmOutput {
+        let [_, len] = tokens.dims();
+        let device = tokens.device();
+        let start = state.as_ref().map_or(0, |s| s.position);
+
+        let mut x = self.token_embedding.forward(tokens);
+        if let Some(p) = &self.position {
+            x = p.forward(x, start);
+        }
+        let mut x = self.embedding_dropout.forward(x);
+
+        // causal over absolute positions: queries start..start+len, keys 0..start+len
+        let mask = AttentionMask::causal().at(start, 0);
+        let dense = mask.score_mask(len, start + len, &device);
+        if let Some(s) = state.as_deref_mut() {
+            s.layers.resize_with(self.blocks.len(), Default::default);
+        }
+        let mut aux_losses = Vec::new();
+        for (i, block) in self.blocks.iter().enumerate() {
+            let layer_state = state.as_deref_mut().map(|s| &mut s.layers[i]);
+            let out = block.forward(x, &mask, dense.clone(), layer_state, false);
+            x = out.x;
+            aux_losses.extend(out.aux_losses);
+        }
+        if let Some(n) = &self.final_norm {
+            x = n.forward(x);
+        }
+        if let Some(s) = state {
+            s.position += len;
+        }
+        LmOutput { logits: self.logits(x), aux_losses }
+    }
+
+    fn logits(&self, x: Tensor<3>) -> Tensor<3> {
+        match &self.head {
+            Some(head) => head.forward(x),
+            None => x.matmul(self.token_embedding.weight.val().transpose().unsqueeze_dim(0)),
+        }
+    }
+
+    /// Mean next-token cross-entropy of `targets` under `tokens`, plus the auxiliary losses.
+    pub fn loss(&self, tokens: Tensor<2, Int>, targets: Tensor<2, Int>) -> (Tensor<1>, AuxLosses) {
+        let out = self.forward(tokens);
+        (cross_entropy(out.logits, targets), out.aux_losses)
+    }
+}
+
+/// Mean cross-entropy of `[batch, len, vocab]` logits against `[batch, len]` targets.
+pub fn cross_entropy(logits: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<1> {
+    let [b, l, v] = logits.dims();
+    let device = logits.device();
+    CrossEntropyLossConfig::new().init(&device).forward(logits.reshape([b * l, v]), targets.reshape([b * l]))
+}

@@ -1,0 +1,8 @@
+//! The zoo: models composed from the axes of a config. For now the decoder-only language model.
+
+pub mod config;
+pub mod decoder;
+pub mod zoo;
+
+pub use config::ModelConfig;
+pub use decoder::{DecoderLm, DecoderState, LmOutput, ModelError};

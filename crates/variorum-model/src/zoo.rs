@@ -1,0 +1,66 @@
+//! Every kind on every axis: the rows of `variorum zoo`, and the tiny model variants the generic
+//! tests run. Adding a kind to an axis's `zoo()` and to [`variants`] enrols it in both.
+
+use variorum_attention::{AttentionConfig, MultiHeadAttentionConfig};
+use variorum_block::{BlockConfig, FeedForwardConfig, FeedForwardKind, NormKind, block::ResidualConfig};
+use variorum_core::KindInfo;
+use variorum_position::{AbsolutePositionConfig, LearnedPositionConfig, SinusoidalPositionConfig};
+
+use crate::ModelConfig;
+
+/// All declared kinds, axis by axis.
+pub fn kinds() -> Vec<KindInfo> {
+    let mut all = AbsolutePositionConfig::zoo();
+    all.extend(AttentionConfig::zoo());
+    all.extend(BlockConfig::zoo());
+    all.extend(FeedForwardConfig::zoo());
+    all
+}
+
+/// A tiny base model for tests: 2 layers, d_model 32, 4 heads, context 16, 11 symbols.
+pub fn tiny() -> ModelConfig {
+    ModelConfig {
+        vocab_size: Some(11),
+        d_model: 32,
+        n_layers: 2,
+        seq_len: 16,
+        attention: AttentionConfig::Full(MultiHeadAttentionConfig { n_heads: 4, ..Default::default() }),
+        feed_forward: FeedForwardConfig { d_ff: Some(64), ..Default::default() },
+        ..Default::default()
+    }
+}
+
+/// One tiny model per kind on every axis (each differs from [`tiny`] on one axis), named.
+pub fn variants() -> Vec<(String, ModelConfig)> {
+    let mut out = vec![("base (learned, full, pre-ln, gelu)".to_string(), tiny())];
+    let positions = [
+        AbsolutePositionConfig::Sinusoidal(SinusoidalPositionConfig::default()),
+        AbsolutePositionConfig::Sinusoidal(SinusoidalPositionConfig { learnable: true, ..Default::default() }),
+        AbsolutePositionConfig::Learned(LearnedPositionConfig { max_len: Some(32) }),
+        AbsolutePositionConfig::None,
+    ];
+    for p in positions {
+        out.push((format!("position {p:?}"), ModelConfig { position: p, ..tiny() }));
+    }
+    let attentions = [
+        MultiHeadAttentionConfig { n_heads: 4, n_kv_heads: Some(2), ..Default::default() },
+        MultiHeadAttentionConfig { n_heads: 4, n_kv_heads: Some(1), ..Default::default() },
+        MultiHeadAttentionConfig { n_heads: 2, head_dim: Some(24), bias: false, ..Default::default() },
+    ];
+    for a in attentions {
+        out.push((format!("attention {a:?}"), ModelConfig { attention: AttentionConfig::Full(a), ..tiny() }));
+    }
+    for norm in [NormKind::LayerNorm, NormKind::RmsNorm] {
+        let r = ResidualConfig { norm, ..Default::default() };
+        out.push((format!("block post-ln {norm:?}"), ModelConfig { block: BlockConfig::PostLn(r.clone()), ..tiny() }));
+        out.push((format!("block pre-ln {norm:?}"), ModelConfig { block: BlockConfig::PreLn(r), ..tiny() }));
+    }
+    for kind in FeedForwardKind::ALL {
+        out.push((
+            format!("feed_forward {}", kind.name()),
+            ModelConfig { feed_forward: FeedForwardConfig { kind, d_ff: Some(48), bias: true }, ..tiny() },
+        ));
+    }
+    out.push(("untied head".into(), ModelConfig { tie_embeddings: false, ..tiny() }));
+    out
+}

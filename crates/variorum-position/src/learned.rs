@@ -1,0 +1,54 @@
+//! Learned absolute positions (Gehring et al. 2017; GPT): a trainable vector per position,
+//! `P ∈ R^{max_len × d}`, added to the token embeddings. It cannot encode a position past
+//! `max_len`: the model refuses longer sequences with a clear error before reaching here.
+
+use burn::module::Param;
+use burn::nn::Initializer;
+use burn::prelude::*;
+use serde::{Deserialize, Serialize};
+use variorum_core::{ConfigError, error::check};
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LearnedPositionConfig {
+    /// Size of the table. Default: the model's context length `model.seq_len`.
+    pub max_len: Option<usize>,
+}
+
+impl LearnedPositionConfig {
+    pub fn validate(&self, context: usize) -> Result<(), ConfigError> {
+        if let Some(m) = self.max_len {
+            check(m >= context, || {
+                format!(
+                    "model.position.max_len = {m} is shorter than model.seq_len = {context}: raise max_len or leave it out"
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    pub fn init(&self, d_model: usize, context: usize, device: &Device) -> LearnedPosition {
+        let max_len = self.max_len.unwrap_or(context);
+        LearnedPosition { table: Initializer::Normal { mean: 0.0, std: 0.02 }.init([max_len, d_model], device) }
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct LearnedPosition {
+    /// `[max_len, d_model]`
+    pub table: Param<Tensor<2>>,
+}
+
+impl LearnedPosition {
+    pub fn max_len(&self) -> usize {
+        self.table.val().dims()[0]
+    }
+
+    /// Rows `start..start+len`. Callers check the length first (`DecoderLm` does).
+    pub fn encode(&self, start: usize, len: usize) -> Tensor<2> {
+        let table = self.table.val();
+        let [max_len, d] = table.dims();
+        assert!(start + len <= max_len, "learned position table has {max_len} rows, asked for {}", start + len);
+        table.slice([start..start + len, 0..d])
+    }
+}

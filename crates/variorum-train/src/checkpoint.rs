@@ -1,0 +1,144 @@
+//! Checkpoints, written atomically.
+//!
+//! A checkpoint is a directory `checkpoints/step-00000500/` holding `model.bpk`, `optim.bpk` and
+//! `state.json`. It is written under a temporary name and renamed into place, then the
+//! `checkpoints/latest` pointer is replaced by rename too: a crash at any moment leaves the previous
+//! checkpoint and pointer intact.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+
+/// Everything besides weights and optimizer moments that resuming needs.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TrainState {
+    /// Optimizer steps completed.
+    pub step: u64,
+    /// Sum and count of the training losses since the last metrics row.
+    pub loss_sum: f64,
+    pub loss_count: u64,
+    /// Last validation loss, if any.
+    pub val_loss: Option<f64>,
+    /// Training time so far (excluding evaluation and checkpointing), seconds.
+    pub train_seconds: f64,
+}
+
+/// Writes `bytes` to `path` atomically (temporary file in the same directory, then rename).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp"));
+    fs::write(&tmp, bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
+    fs::File::open(&tmp).and_then(|f| f.sync_all()).ok();
+    fs::rename(&tmp, path).with_context(|| format!("cannot move {} to {}", tmp.display(), path.display()))
+}
+
+pub fn checkpoints_dir(run: &Path) -> PathBuf {
+    run.join("checkpoints")
+}
+
+fn step_dir_name(step: u64) -> String {
+    format!("step-{step:08}")
+}
+
+/// Saves a checkpoint for `state.step`. `write` fills a directory with `model.bpk` and
+/// `optim.bpk`; this function adds `state.json`, renames it into place, updates `latest` and
+/// removes checkpoints beyond the `keep` newest.
+pub fn save(run: &Path, state: &TrainState, keep: usize, write: impl FnOnce(&Path) -> Result<()>) -> Result<PathBuf> {
+    let dir = checkpoints_dir(run);
+    fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let name = step_dir_name(state.step);
+    let tmp = dir.join(format!(".{name}.tmp"));
+    if tmp.exists() {
+        fs::remove_dir_all(&tmp).with_context(|| format!("cannot remove stale {}", tmp.display()))?;
+    }
+    fs::create_dir_all(&tmp)?;
+    write(&tmp)?;
+    fs::write(tmp.join("state.json"), serde_json::to_vec_pretty(state)?)?;
+    let target = dir.join(&name);
+    if target.exists() {
+        fs::remove_dir_all(&target).with_context(|| format!("cannot replace {}", target.display()))?;
+    }
+    fs::rename(&tmp, &target).with_context(|| format!("cannot move checkpoint into {}", target.display()))?;
+    write_atomic(&dir.join("latest"), name.as_bytes())?;
+    prune(&dir, keep, &name)?;
+    Ok(target)
+}
+
+fn prune(dir: &Path, keep: usize, latest: &str) -> Result<()> {
+    let mut steps: Vec<String> = fs::read_dir(dir)?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("step-"))
+        .collect();
+    steps.sort();
+    let excess = steps.len().saturating_sub(keep);
+    for name in steps.into_iter().take(excess).filter(|n| n != latest) {
+        fs::remove_dir_all(dir.join(&name)).ok();
+    }
+    Ok(())
+}
+
+/// The latest checkpoint of a run, if there is one: its directory and state.
+pub fn latest(run: &Path) -> Result<Option<(PathBuf, TrainState)>> {
+    let pointer = checkpoints_dir(run).join("latest");
+    if !pointer.exists() {
+        return Ok(None);
+    }
+    let name = fs::read_to_string(&pointer).with_context(|| format!("cannot read {}", pointer.display()))?;
+    let dir = checkpoints_dir(run).join(name.trim());
+    if !dir.is_dir() {
+        bail!(
+            "{} points to {}, which does not exist: the checkpoint directory is damaged",
+            pointer.display(),
+            dir.display()
+        );
+    }
+    let state_path = dir.join("state.json");
+    let text = fs::read_to_string(&state_path).with_context(|| format!("cannot read {}", state_path.display()))?;
+    let state: TrainState =
+        serde_json::from_str(&text).with_context(|| format!("checkpoint state {} is corrupt", state_path.display()))?;
+    Ok(Some((dir, state)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_the_newest_and_points_latest_at_the_last() {
+        let run = tempfile::tempdir().unwrap();
+        for step in [10, 20, 30] {
+            let st = TrainState { step, ..Default::default() };
+            save(run.path(), &st, 2, |d| Ok(fs::write(d.join("model.bpk"), b"w")?)).unwrap();
+        }
+        let (dir, st) = latest(run.path()).unwrap().unwrap();
+        assert_eq!(st.step, 30);
+        assert!(dir.ends_with("step-00000030"));
+        assert!(!checkpoints_dir(run.path()).join("step-00000010").exists());
+        assert!(checkpoints_dir(run.path()).join("step-00000020").exists());
+    }
+
+    #[test]
+    fn a_failed_write_leaves_the_previous_checkpoint() {
+        let run = tempfile::tempdir().unwrap();
+        let st = TrainState { step: 5, ..Default::default() };
+        save(run.path(), &st, 2, |d| Ok(fs::write(d.join("model.bpk"), b"w")?)).unwrap();
+        let st2 = TrainState { step: 6, ..Default::default() };
+        assert!(save(run.path(), &st2, 2, |_| bail!("disk full")).is_err());
+        let (_, st) = latest(run.path()).unwrap().unwrap();
+        assert_eq!(st.step, 5);
+    }
+
+    #[test]
+    fn corrupt_state_is_a_clear_error() {
+        let run = tempfile::tempdir().unwrap();
+        let st = TrainState { step: 5, ..Default::default() };
+        let dir = save(run.path(), &st, 2, |_| Ok(())).unwrap();
+        fs::write(dir.join("state.json"), b"{not json").unwrap();
+        let e = format!("{:#}", latest(run.path()).unwrap_err());
+        assert!(e.contains("corrupt") && e.contains("state.json"), "{e}");
+    }
+}

@@ -1,0 +1,236 @@
+//! The experiment file: `[model]`, `[data]`, `[train]`, in TOML or JSON.
+//!
+//! Unknown keys are refused and every error names the key path, e.g.
+//! `configs/x.toml: model.attention.n_headz: unknown field `n_headz`, expected one of …`.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use variorum_core::{ConfigError, error::check};
+use variorum_data::DataConfig;
+use variorum_model::ModelConfig;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExperimentConfig {
+    #[serde(default)]
+    pub model: ModelConfig,
+    pub data: DataConfig,
+    #[serde(default)]
+    pub train: TrainConfig,
+}
+
+/// How training batches are drawn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Batching {
+    /// Random windows of `seq_len + 1` tokens (the usual LM training).
+    #[default]
+    Random,
+    /// Contiguous streams: row r of batch t+1 continues row r of batch t (recurrent models).
+    Ordered,
+}
+
+/// Learning-rate schedule after the linear warmup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Decay {
+    /// Cosine from `lr` to `min_lr` at the last step (Loshchilov & Hutter 2017).
+    #[default]
+    Cosine,
+    /// Linear from `lr` to `min_lr`.
+    Linear,
+    /// Stay at `lr`.
+    Constant,
+}
+
+/// `[train]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Optimizer steps. Default 2000.
+    pub steps: u64,
+    /// Sequences per micro-batch. Default 12.
+    pub batch_size: usize,
+    /// Micro-batches per optimizer step. Default 1.
+    pub grad_accum: usize,
+    /// Peak learning rate. Default 1e-3.
+    pub lr: f64,
+    /// Final learning rate of the decay. Default 1e-4.
+    pub min_lr: f64,
+    /// Linear warmup from 0 to `lr`. Default 100.
+    pub warmup_steps: u64,
+    pub decay: Decay,
+    /// AdamW decoupled weight decay, applied to matrices and embeddings only (not to biases,
+    /// norms or position frequencies). Default 0.1.
+    pub weight_decay: f64,
+    /// Default 0.9.
+    pub beta1: f64,
+    /// Default 0.99.
+    pub beta2: f64,
+    /// Default 1e-8.
+    pub eps: f64,
+    /// Clip the global gradient norm (over all parameters, as PyTorch's `clip_grad_norm_`) to
+    /// this value; 0 = off. Default 1.0.
+    pub grad_clip: f64,
+    /// Evaluate on the validation split every N steps (and at the end); 0 = only at the end. Default 250.
+    pub eval_interval: u64,
+    /// Validation batches per evaluation. Default 20.
+    pub eval_batches: usize,
+    /// Write a checkpoint every N steps (and at the end); 0 = only at the end. Default 500.
+    pub checkpoint_interval: u64,
+    /// Checkpoints kept on disk. Default 2.
+    pub keep_checkpoints: usize,
+    /// Write a metrics row every N steps. Default 10.
+    pub log_interval: u64,
+    /// Seeds initialisation, batches and dropout. Default 1337.
+    pub seed: u64,
+    pub batching: Batching,
+    /// Length of the sample generated at the end. Default 500.
+    pub sample_tokens: usize,
+    /// Sampling temperature of that sample. Default 0.8.
+    pub sample_temperature: f64,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            steps: 2000,
+            batch_size: 12,
+            grad_accum: 1,
+            lr: 1e-3,
+            min_lr: 1e-4,
+            warmup_steps: 100,
+            decay: Decay::Cosine,
+            weight_decay: 0.1,
+            beta1: 0.9,
+            beta2: 0.99,
+            eps: 1e-8,
+            grad_clip: 1.0,
+            eval_interval: 250,
+            eval_batches: 20,
+            checkpoint_interval: 500,
+            keep_checkpoints: 2,
+            log_interval: 10,
+            seed: 1337,
+            batching: Batching::Random,
+            sample_tokens: 500,
+            sample_temperature: 0.8,
+        }
+    }
+}
+
+impl TrainConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check(self.steps > 0, || "train.steps must be at least 1".into())?;
+        check(self.batch_size > 0, || "train.batch_size must be at least 1".into())?;
+        check(self.grad_accum > 0, || "train.grad_accum must be at least 1".into())?;
+        check(self.lr > 0.0 && self.lr.is_finite(), || format!("train.lr = {} must be > 0", self.lr))?;
+        check(self.min_lr >= 0.0 && self.min_lr <= self.lr, || {
+            format!("train.min_lr = {} must be in [0, train.lr = {}]", self.min_lr, self.lr)
+        })?;
+        check(self.weight_decay >= 0.0, || format!("train.weight_decay = {} must be >= 0", self.weight_decay))?;
+        for (k, v) in [("beta1", self.beta1), ("beta2", self.beta2)] {
+            check((0.0..1.0).contains(&v), || format!("train.{k} = {v} must be in [0, 1)"))?;
+        }
+        check(self.eps > 0.0, || format!("train.eps = {} must be > 0", self.eps))?;
+        check(self.grad_clip >= 0.0, || format!("train.grad_clip = {} must be >= 0 (0 = off)", self.grad_clip))?;
+        check(self.eval_batches > 0, || "train.eval_batches must be at least 1".into())?;
+        check(self.keep_checkpoints > 0, || "train.keep_checkpoints must be at least 1".into())?;
+        check(self.log_interval > 0, || "train.log_interval must be at least 1".into())?;
+        check(self.sample_temperature >= 0.0, || {
+            format!("train.sample_temperature = {} must be >= 0 (0 = greedy)", self.sample_temperature)
+        })
+    }
+}
+
+impl ExperimentConfig {
+    /// Parses a config file (`.toml`, or `.json`), then validates it.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::new(format!("cannot read config {}: {e}", path.display())))?;
+        let json = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("json"));
+        let cfg = Self::parse(&text, json).map_err(|e| ConfigError::new(format!("{}: {e}", path.display())))?;
+        cfg.validate().map_err(|e| ConfigError::new(format!("{}: {e}", path.display())))?;
+        Ok(cfg)
+    }
+
+    /// Parses TOML (or JSON) text; errors name the key path.
+    pub fn parse(text: &str, json: bool) -> Result<Self, ConfigError> {
+        if json {
+            let de = &mut serde_json::Deserializer::from_str(text);
+            serde_path_to_error::deserialize(de).map_err(|e| ConfigError::new(format!("{}: {}", e.path(), e.inner())))
+        } else {
+            let de = toml::Deserializer::parse(text).map_err(|e| ConfigError::new(one_line(&e.to_string())))?;
+            serde_path_to_error::deserialize(de).map_err(|e| {
+                let inner = one_line(&e.inner().to_string());
+                ConfigError::new(format!("{}: {inner}", e.path()))
+            })
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.model.validate()?;
+        self.data.validate().map_err(|e| ConfigError::new(e.to_string()))?;
+        self.train.validate()
+    }
+
+    /// The config with every default written out.
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# could not serialise config: {e}\n"))
+    }
+}
+
+/// toml's messages span several lines (with a source excerpt); keep the first useful line.
+fn one_line(msg: &str) -> String {
+    msg.lines().filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with('|')).collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OK: &str = r#"
+[model]
+d_model = 64
+[model.attention]
+kind = "full"
+n_heads = 4
+[data]
+path = "x.txt"
+"#;
+
+    #[test]
+    fn parses_and_fills_defaults() {
+        let c = ExperimentConfig::parse(OK, false).unwrap();
+        assert_eq!(c.model.d_model, 64);
+        assert_eq!(c.train.steps, 2000);
+        // the expanded form parses back to the same value
+        assert_eq!(ExperimentConfig::parse(&c.to_toml(), false).unwrap(), c);
+        let json = serde_json::to_string(&c).unwrap();
+        assert_eq!(ExperimentConfig::parse(&json, true).unwrap(), c);
+    }
+
+    #[test]
+    fn unknown_key_names_its_path() {
+        let bad = OK.replace("n_heads = 4", "n_headz = 4");
+        let e = ExperimentConfig::parse(&bad, false).unwrap_err().to_string();
+        assert!(e.starts_with("model.attention"), "{e}");
+        assert!(e.contains("n_headz"), "{e}");
+    }
+
+    #[test]
+    fn unknown_kind_is_refused() {
+        let bad = OK.replace("kind = \"full\"", "kind = \"fulll\"");
+        let e = ExperimentConfig::parse(&bad, false).unwrap_err().to_string();
+        assert!(e.contains("fulll") && e.contains("model.attention"), "{e}");
+    }
+
+    #[test]
+    fn impossible_head_count_names_both_keys() {
+        let bad = OK.replace("n_heads = 4", "n_heads = 5");
+        let c = ExperimentConfig::parse(&bad, false).unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("model.attention.n_heads = 5 does not divide model.d_model = 64"), "{e}");
+    }
+}

@@ -1,0 +1,17 @@
+//! Training, evaluation and sampling for variorum models: the experiment config, the training loop
+//! with atomic checkpoints and exact resume, metrics, the loss plot, and the benchmark.
+
+pub mod bench;
+pub mod checkpoint;
+pub mod clip;
+pub mod config;
+pub mod eval;
+pub mod generate;
+pub mod metrics;
+pub mod plot;
+pub mod schedule;
+pub mod step;
+pub mod trainer;
+
+pub use config::{ExperimentConfig, TrainConfig};
+pub use trainer::{Outcome, Summary, TrainOptions, train};

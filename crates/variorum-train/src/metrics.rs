@@ -1,0 +1,120 @@
+//! `metrics.csv`: one row per logging interval, validation loss on evaluation rows.
+//!
+//! Written by hand rather than with a CSV crate: every field is a number, so there is nothing to
+//! quote or escape.
+
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+pub const HEADER: &str = "step,train_loss,val_loss,lr,grad_norm,tokens_per_sec,elapsed_sec";
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Row {
+    pub step: u64,
+    pub train_loss: Option<f64>,
+    pub val_loss: Option<f64>,
+    pub lr: f64,
+    pub grad_norm: Option<f64>,
+    pub tokens_per_sec: Option<f64>,
+    pub elapsed_sec: f64,
+}
+
+fn opt(v: Option<f64>) -> String {
+    v.map(|x| format!("{x:.6}")).unwrap_or_default()
+}
+
+impl Row {
+    fn to_line(&self) -> String {
+        format!(
+            "{},{},{},{:.6e},{},{},{:.3}",
+            self.step,
+            opt(self.train_loss),
+            opt(self.val_loss),
+            self.lr,
+            opt(self.grad_norm),
+            self.tokens_per_sec.map(|x| format!("{x:.1}")).unwrap_or_default(),
+            self.elapsed_sec
+        )
+    }
+
+    fn parse(line: &str) -> Option<Row> {
+        let f: Vec<&str> = line.split(',').collect();
+        if f.len() != 7 {
+            return None;
+        }
+        let num = |s: &str| if s.is_empty() { None } else { s.parse::<f64>().ok() };
+        Some(Row {
+            step: f[0].parse().ok()?,
+            train_loss: num(f[1]),
+            val_loss: num(f[2]),
+            lr: num(f[3]).unwrap_or(0.0),
+            grad_norm: num(f[4]),
+            tokens_per_sec: num(f[5]),
+            elapsed_sec: num(f[6]).unwrap_or(0.0),
+        })
+    }
+}
+
+pub struct MetricsLog {
+    path: PathBuf,
+}
+
+impl MetricsLog {
+    /// Starts a fresh log, or — when resuming from `resume_step` — keeps the rows up to that step
+    /// and drops the ones written after it (they will be written again).
+    pub fn open(run: &Path, resume_step: Option<u64>) -> Result<Self> {
+        let path = run.join("metrics.csv");
+        let kept: Vec<Row> = match resume_step {
+            Some(step) if path.exists() => read(&path)?.into_iter().filter(|r| r.step <= step).collect(),
+            _ => Vec::new(),
+        };
+        let mut text = format!("{HEADER}\n");
+        for r in &kept {
+            text.push_str(&r.to_line());
+            text.push('\n');
+        }
+        crate::checkpoint::write_atomic(&path, text.as_bytes())?;
+        Ok(Self { path })
+    }
+
+    pub fn append(&self, row: &Row) -> Result<()> {
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(&self.path)
+            .with_context(|| format!("cannot append to {}", self.path.display()))?;
+        writeln!(f, "{}", row.to_line())?;
+        Ok(())
+    }
+
+    pub fn rows(&self) -> Result<Vec<Row>> {
+        read(&self.path)
+    }
+}
+
+pub fn read(path: &Path) -> Result<Vec<Row>> {
+    let text = fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    Ok(text.lines().skip(1).filter_map(Row::parse).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resume_drops_rows_after_the_checkpoint() {
+        let run = tempfile::tempdir().unwrap();
+        let log = MetricsLog::open(run.path(), None).unwrap();
+        for step in [10, 20, 30] {
+            log.append(&Row { step, train_loss: Some(1.0), lr: 1e-3, ..Default::default() }).unwrap();
+        }
+        let log = MetricsLog::open(run.path(), Some(20)).unwrap();
+        let steps: Vec<u64> = log.rows().unwrap().iter().map(|r| r.step).collect();
+        assert_eq!(steps, vec![10, 20]);
+        let r = &log.rows().unwrap()[0];
+        assert_eq!(r.train_loss, Some(1.0));
+        assert_eq!(r.val_loss, None);
+    }
+}

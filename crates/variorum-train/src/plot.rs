@@ -1,0 +1,76 @@
+//! The loss-curve PNG of a run (train and validation loss against the step).
+
+use std::path::Path;
+
+use anyhow::{Result, anyhow};
+use plotters::prelude::*;
+
+use crate::metrics::Row;
+
+/// Fonts tried in turn; plotters draws text only with a font it was given.
+const FONTS: &[&str] = &[
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+    "/System/Library/Fonts/Supplemental/Arial.ttf",
+    "C:\\Windows\\Fonts\\arial.ttf",
+];
+
+fn register_font() -> bool {
+    static ONCE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ONCE.get_or_init(|| {
+        for path in FONTS {
+            if let Ok(bytes) = std::fs::read(path) {
+                let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+                if plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok() {
+                    return true;
+                }
+            }
+        }
+        false
+    })
+}
+
+/// Draws `loss.png`. Returns `Ok(false)` (and draws nothing) when no font is installed
+/// (Debian: `fonts-dejavu-core`).
+pub fn loss_curve(rows: &[Row], path: &Path, title: &str) -> Result<bool> {
+    if !register_font() {
+        return Ok(false);
+    }
+    let train: Vec<(f64, f64)> = rows.iter().filter_map(|r| Some((r.step as f64, r.train_loss?))).collect();
+    let val: Vec<(f64, f64)> = rows.iter().filter_map(|r| Some((r.step as f64, r.val_loss?))).collect();
+    if train.is_empty() && val.is_empty() {
+        return Ok(false);
+    }
+    let all = train.iter().chain(&val);
+    let max_step = all.clone().map(|p| p.0).fold(1.0, f64::max);
+    let (lo, hi) = all.map(|p| p.1).fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), y| (a.min(y), b.max(y)));
+    let pad = ((hi - lo) * 0.05).max(1e-3);
+
+    let root = BitMapBackend::new(path, (900, 560)).into_drawing_area();
+    let err = |e: &dyn std::fmt::Display| anyhow!("cannot draw {}: {e}", path.display());
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0.0..max_step, (lo - pad)..(hi + pad))
+        .map_err(|e| err(&e))?;
+    chart.configure_mesh().x_desc("step").y_desc("loss (nats/token)").draw().map_err(|e| err(&e))?;
+    chart
+        .draw_series(LineSeries::new(train, &BLUE))
+        .map_err(|e| err(&e))?
+        .label("train")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLUE));
+    chart
+        .draw_series(LineSeries::new(val.clone(), RED.stroke_width(2)))
+        .map_err(|e| err(&e))?
+        .label("validation")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], RED));
+    chart.draw_series(val.iter().map(|&p| Circle::new(p, 3, RED.filled()))).map_err(|e| err(&e))?;
+    chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw().map_err(|e| err(&e))?;
+    root.present().map_err(|e| err(&e))?;
+    Ok(true)
+}

@@ -1,0 +1,88 @@
+//! One optimizer step: forward, backward over `grad_accum` micro-batches, global-norm clipping,
+//! AdamW. Shared by the trainer and the benchmark, so both measure the same thing.
+
+use burn::module::ParamGroup;
+use burn::optim::ModuleOptimizer;
+use burn::optim::{AdamWConfig, GradientsAccumulator, GradientsParams};
+use burn::prelude::*;
+use variorum_data::TokenBatch;
+use variorum_model::DecoderLm;
+
+use crate::clip::clip_global_norm;
+use crate::config::TrainConfig;
+
+/// Parameters that get no weight decay: biases, norm gains/shifts, sinusoid frequencies.
+/// (nanoGPT's rule: decay every matrix, embeddings included, and nothing else.)
+const NO_DECAY: &str = r"(^|\.)(bias|gamma|beta|frequencies)$";
+
+/// AdamW with decoupled weight decay on matrices only.
+pub fn optimizer(cfg: &TrainConfig) -> ModuleOptimizer {
+    let base =
+        AdamWConfig::new().with_beta_1(cfg.beta1 as f32).with_beta_2(cfg.beta2 as f32).with_epsilon(cfg.eps as f32);
+    let no_decay = ParamGroup::from_regex(NO_DECAY).expect("constant regex is valid");
+    base.clone().with_weight_decay(cfg.weight_decay as f32).init().with_group(
+        no_decay,
+        base.with_weight_decay(0.0).build(),
+        None,
+    )
+}
+
+/// A batch as tensors on `device`.
+pub fn batch_tensors(batch: &TokenBatch, device: &Device) -> (Tensor<2, Int>, Tensor<2, Int>) {
+    let shape = [batch.batch_size, batch.seq_len];
+    (
+        Tensor::from_data(TensorData::new(batch.inputs.clone(), shape), device),
+        Tensor::from_data(TensorData::new(batch.targets.clone(), shape), device),
+    )
+}
+
+/// Result of a step, kept on the device (no host sync).
+pub struct StepResult {
+    /// Mean loss over the micro-batches (detached), `[1]`.
+    pub loss: Tensor<1>,
+    /// Global gradient norm before clipping, `[1]`.
+    pub grad_norm: Option<Tensor<1>>,
+}
+
+pub fn train_step(
+    model: DecoderLm,
+    optim: &mut ModuleOptimizer,
+    cfg: &TrainConfig,
+    micro_batches: &[TokenBatch],
+    lr: f64,
+    device: &Device,
+) -> (DecoderLm, StepResult) {
+    let n = micro_batches.len().max(1);
+    let mut loss_sum: Option<Tensor<1>> = None;
+    let mut acc = GradientsAccumulator::<DecoderLm>::new();
+    let mut single: Option<GradientsParams> = None;
+    for batch in micro_batches {
+        let (inputs, targets) = batch_tensors(batch, device);
+        let (loss, aux) = model.loss(inputs, targets);
+        let mut total = loss.clone();
+        for (_, l) in aux {
+            total = total + l;
+        }
+        let total = if n > 1 { total.div_scalar(n as f64) } else { total };
+        let grads = GradientsParams::from_grads(total.backward(), &model);
+        if n == 1 {
+            single = Some(grads);
+        } else {
+            acc.accumulate(&model, grads);
+        }
+        let l = loss.detach();
+        loss_sum = Some(match loss_sum {
+            Some(s) => s + l,
+            None => l,
+        });
+    }
+    let mut grads = single.unwrap_or_else(|| acc.grads());
+    let grad_norm = if cfg.grad_clip > 0.0 {
+        clip_global_norm(&model, &mut grads, cfg.grad_clip)
+    } else {
+        crate::clip::global_norm(&model, &grads)
+    };
+    let model = optim.step(lr, model, grads);
+    let loss = loss_sum.expect("at least one micro-batch").div_scalar(n as f64);
+    (model, StepResult { loss, grad_norm })
+}

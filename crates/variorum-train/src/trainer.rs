@@ -1,0 +1,380 @@
+//! The training loop: `variorum train`.
+//!
+//! Determinism: batch t is a pure function of (seed, t) and the device RNG (dropout) is reseeded
+//! from (seed, t) before every step, so a resumed run replays exactly the steps an uninterrupted
+//! run would have taken.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use burn::prelude::*;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde::Serialize;
+use variorum_data::{Corpus, OrderedStreams, RandomWindows, TokenBatch, Tokenizer};
+use variorum_model::DecoderLm;
+
+use crate::checkpoint::{self, TrainState, write_atomic};
+use crate::config::{Batching, ExperimentConfig};
+use crate::eval::{evaluate, spread_windows};
+use crate::generate::{SampleConfig, generate};
+use crate::metrics::{MetricsLog, Row};
+use crate::schedule::learning_rate;
+use crate::step::{optimizer, train_step};
+
+/// How `train` runs.
+pub struct TrainOptions {
+    /// The run directory.
+    pub run_dir: PathBuf,
+    /// Overrides `train.steps`.
+    pub max_steps: Option<u64>,
+    /// Continue from the run directory's latest checkpoint.
+    pub resume: bool,
+    /// Save a checkpoint and stop once this many steps are done, as Ctrl-C would (the schedule
+    /// still runs to `train.steps`; `--resume` continues).
+    pub stop_at: Option<u64>,
+    /// The device (without autodiff; training adds it).
+    pub device: Device,
+    /// Name of the device, for the summary.
+    pub device_name: String,
+    /// Draw a progress bar on stderr.
+    pub progress: bool,
+    /// Set by a Ctrl-C handler: save and stop after the current step.
+    pub interrupt: Arc<AtomicBool>,
+}
+
+/// Final figures of a run, also written to `summary.json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub steps: u64,
+    /// Median over the metrics rows (the first one, which includes warm-up, excluded).
+    pub tokens_per_sec: f64,
+    pub final_train_loss: Option<f64>,
+    pub final_val_loss: Option<f64>,
+    pub params: usize,
+    pub flops_per_token: u64,
+    pub device: String,
+    pub train_seconds: f64,
+}
+
+pub enum Outcome {
+    Finished(Summary),
+    Interrupted { step: u64, checkpoint: PathBuf },
+}
+
+/// Mixes the run seed with a step number into a device seed.
+fn step_seed(seed: u64, step: u64) -> u64 {
+    let mut z = seed ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+enum Batches {
+    Random(RandomWindows),
+    Ordered(OrderedStreams),
+}
+
+impl Batches {
+    fn get(&self, index: u64) -> TokenBatch {
+        match self {
+            Self::Random(b) => b.batch(index),
+            Self::Ordered(b) => b.batch(index),
+        }
+    }
+}
+
+pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> {
+    if let Some(n) = opts.max_steps {
+        if n == 0 {
+            bail!("--max-steps must be at least 1");
+        }
+        cfg.train.steps = n;
+    }
+    cfg.validate()?;
+    let run = &opts.run_dir;
+    let resume = match (opts.resume, checkpoint::latest(run)?) {
+        (true, Some(found)) => Some(found),
+        (true, None) => bail!("nothing to resume: {} holds no checkpoint (start without --resume)", run.display()),
+        (false, Some((_, st))) => bail!(
+            "{} already holds a run (checkpoint at step {}): pass --resume to continue it, or --out to start another",
+            run.display(),
+            st.step
+        ),
+        (false, None) => None,
+    };
+
+    // --- data and tokenizer
+    let tokenizer_path = run.join("tokenizer.json");
+    let tokenizer = if resume.is_some() { Some(Tokenizer::load(&tokenizer_path)?) } else { None };
+    if let Some((_, _)) = &resume {
+        check_same_run(run, &cfg)?;
+    }
+    let corpus = Corpus::load(&cfg.data, tokenizer)?;
+    cfg.model.resolve(corpus.tokenizer.vocab_size())?;
+    fs::create_dir_all(run).with_context(|| format!("cannot create run directory {}", run.display()))?;
+    write_atomic(&run.join("config.toml"), cfg.to_toml().as_bytes())?;
+    if resume.is_none() {
+        corpus.tokenizer.save(&tokenizer_path)?;
+    }
+
+    let tc = cfg.train.clone();
+    let seq_len = cfg.model.seq_len;
+    let train_tokens = Arc::new(corpus.train.clone());
+    let batches = match tc.batching {
+        Batching::Random => Batches::Random(RandomWindows::new(train_tokens, seq_len, tc.batch_size, tc.seed)?),
+        Batching::Ordered => Batches::Ordered(OrderedStreams::new(train_tokens, seq_len, tc.batch_size)?),
+    };
+    if corpus.val.len() < seq_len + 1 {
+        bail!(
+            "the validation split of {} has {} tokens, fewer than model.seq_len + 1 = {}: use a longer corpus or a larger data.val_fraction",
+            corpus.path.display(),
+            corpus.val.len(),
+            seq_len + 1
+        );
+    }
+    let eval_set = spread_windows(&corpus.val, seq_len, tc.eval_batches * tc.batch_size, tc.batch_size);
+
+    // --- model and optimizer
+    let device = opts.device.clone().autodiff();
+    device.seed(tc.seed);
+    let mut model: DecoderLm = cfg.model.init(&device);
+    let mut optim = optimizer(&tc);
+    let mut state = TrainState::default();
+    if let Some((dir, st)) = &resume {
+        model = model
+            .try_load_file(dir.join("model.bpk"))
+            .map_err(|e| anyhow::anyhow!("checkpoint {} cannot be loaded: {e:?}", dir.join("model.bpk").display()))?;
+        optim = optim
+            .load(dir.join("optim.bpk"))
+            .map_err(|e| anyhow::anyhow!("checkpoint {} cannot be loaded: {e:?}", dir.join("optim.bpk").display()))?;
+        state = st.clone();
+        if state.step > tc.steps {
+            bail!(
+                "the run is already at step {}, past train.steps = {}: raise --max-steps to continue",
+                state.step,
+                tc.steps
+            );
+        }
+    }
+    let params = model.num_params();
+    let metrics = MetricsLog::open(run, resume.as_ref().map(|(_, s)| s.step))?;
+
+    let pb = if opts.progress { ProgressBar::new(tc.steps) } else { ProgressBar::hidden() };
+    pb.set_draw_target(if opts.progress { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() });
+    pb.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg} ETA {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    pb.set_position(state.step);
+    let say = |s: String| pb.suspend(|| eprintln!("{s}"));
+    say(format!(
+        "training {} parameters on {} ({} tokens/step), run directory {}{}",
+        params,
+        opts.device_name,
+        tc.batch_size * seq_len * tc.grad_accum,
+        run.display(),
+        if state.step > 0 { format!(", resuming at step {}", state.step) } else { String::new() }
+    ));
+
+    let tokens_per_step = (tc.batch_size * seq_len * tc.grad_accum) as f64;
+    let mut loss_acc: Option<Tensor<1>> = None;
+    let mut last_norm: Option<Tensor<1>>;
+    let mut interval_train_secs = 0.0;
+    let mut interval_steps = 0u64;
+    let mut last_train_loss = None;
+
+    // Reads the interval's loss: the one host sync of the loop outside evaluation.
+    let read_loss = |acc: &Option<Tensor<1>>, st: &TrainState| -> (f64, u64) {
+        let dev_sum = acc.as_ref().map_or(0.0, |t| t.clone().into_scalar::<f32>() as f64);
+        (st.loss_sum + dev_sum, st.loss_count)
+    };
+
+    while state.step < tc.steps {
+        if opts.interrupt.load(Ordering::SeqCst) || opts.stop_at.is_some_and(|s| state.step >= s) {
+            let (sum, _) = read_loss(&loss_acc, &state);
+            ensure_finite(sum, &state, run)?;
+            state.loss_sum = sum;
+            let ckpt = save_checkpoint(run, &state, tc.keep_checkpoints, &model, &optim)?;
+            pb.abandon();
+            finish_plot(run, &metrics)?;
+            return Ok(Outcome::Interrupted { step: state.step, checkpoint: ckpt });
+        }
+        let step = state.step;
+        let lr = learning_rate(&tc, step);
+        device.seed(step_seed(tc.seed, step));
+        let micro: Vec<TokenBatch> =
+            (0..tc.grad_accum as u64).map(|m| batches.get(step * tc.grad_accum as u64 + m)).collect();
+        let t0 = Instant::now();
+        let (m, res) = train_step(model, &mut optim, &tc, &micro, lr, &device);
+        model = m;
+        loss_acc = Some(match loss_acc.take() {
+            Some(a) => a + res.loss,
+            None => res.loss,
+        });
+        last_norm = res.grad_norm;
+        state.loss_count += 1;
+        state.step += 1;
+        interval_steps += 1;
+        pb.set_position(state.step);
+
+        let done = state.step == tc.steps;
+        let log_now = state.step % tc.log_interval == 0 || done;
+        let eval_now = (tc.eval_interval > 0 && state.step % tc.eval_interval == 0) || done;
+        let ckpt_now = (tc.checkpoint_interval > 0 && state.step % tc.checkpoint_interval == 0) || done;
+
+        if log_now || ckpt_now {
+            let (sum, count) = read_loss(&loss_acc, &state);
+            loss_acc = None;
+            ensure_finite(sum, &state, run)?;
+            interval_train_secs += t0.elapsed().as_secs_f64();
+            state.train_seconds += interval_train_secs;
+            if log_now {
+                let train_loss = sum / count.max(1) as f64;
+                last_train_loss = Some(train_loss);
+                let tps = interval_steps as f64 * tokens_per_step / interval_train_secs.max(1e-9);
+                let val_loss = if eval_now {
+                    let v = evaluate(&model.valid(), &eval_set, &device.clone().inner());
+                    state.val_loss = Some(v);
+                    Some(v)
+                } else {
+                    None
+                };
+                let grad_norm = last_norm.take().map(|n| n.into_scalar::<f32>() as f64);
+                metrics.append(&Row {
+                    step: state.step,
+                    train_loss: Some(train_loss),
+                    val_loss,
+                    lr,
+                    grad_norm,
+                    tokens_per_sec: Some(tps),
+                    elapsed_sec: state.train_seconds,
+                })?;
+                pb.set_message(format!(
+                    "loss {train_loss:.4}{} | {:.0} tok/s | lr {lr:.2e}",
+                    state.val_loss.map(|v| format!(" | val {v:.4}")).unwrap_or_default(),
+                    tps
+                ));
+                if let Some(v) = val_loss {
+                    say(format!("step {:>6}  train {train_loss:.4}  val {v:.4}  {tps:.0} tok/s", state.step));
+                }
+                state.loss_sum = 0.0;
+                state.loss_count = 0;
+                interval_steps = 0;
+                interval_train_secs = 0.0;
+            } else {
+                state.loss_sum = sum;
+            }
+            if ckpt_now {
+                save_checkpoint(run, &state, tc.keep_checkpoints, &model, &optim)?;
+            }
+        } else {
+            interval_train_secs += t0.elapsed().as_secs_f64();
+        }
+    }
+    pb.finish_and_clear();
+
+    // --- final artefacts
+    let valid = model.valid();
+    valid
+        .clone()
+        .save_file(run.join("model.bpk"))
+        .map_err(|e| anyhow::anyhow!("cannot write {}: {e:?}", run.join("model.bpk").display()))?;
+    finish_plot(run, &metrics)?;
+    let inner = device.clone().inner();
+    let prompt = corpus.tokenizer.encode("\n").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| vec![0]);
+    let sample_cfg =
+        SampleConfig { max_new_tokens: tc.sample_tokens, temperature: tc.sample_temperature, top_k: 0, seed: tc.seed };
+    let sample = generate(&valid, &prompt, &sample_cfg, &inner, |_| {});
+    let mut text = corpus.tokenizer.decode(&prompt);
+    text.push_str(&corpus.tokenizer.decode(&sample));
+    write_atomic(&run.join("sample.txt"), text.as_bytes())?;
+
+    let rows = metrics.rows()?;
+    let mut tps: Vec<f64> = rows.iter().skip(1).filter_map(|r| r.tokens_per_sec).collect();
+    if tps.is_empty() {
+        tps = rows.iter().filter_map(|r| r.tokens_per_sec).collect();
+    }
+    let summary = Summary {
+        steps: state.step,
+        tokens_per_sec: median(&mut tps),
+        final_train_loss: last_train_loss.or_else(|| rows.iter().rev().find_map(|r| r.train_loss)),
+        final_val_loss: state.val_loss,
+        params,
+        flops_per_token: cfg.model.flops_per_token(),
+        device: opts.device_name.clone(),
+        train_seconds: state.train_seconds,
+    };
+    write_atomic(&run.join("summary.json"), serde_json::to_string_pretty(&summary)?.as_bytes())?;
+    Ok(Outcome::Finished(summary))
+}
+
+/// Median (0 for an empty slice).
+pub fn median(v: &mut [f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 { v[n / 2] } else { 0.5 * (v[n / 2 - 1] + v[n / 2]) }
+}
+
+fn ensure_finite(loss_sum: f64, state: &TrainState, run: &Path) -> Result<()> {
+    if loss_sum.is_finite() {
+        return Ok(());
+    }
+    let last = checkpoint::latest(run).ok().flatten();
+    let kept = match last {
+        Some((dir, st)) => format!("the last good checkpoint is {} (step {})", dir.display(), st.step),
+        None => "no checkpoint was written yet".to_string(),
+    };
+    bail!(
+        "the training loss became {loss_sum} before step {}: stopped; {kept}. Lower train.lr, or set train.grad_clip, and resume with --resume",
+        state.step
+    )
+}
+
+fn save_checkpoint(
+    run: &Path,
+    state: &TrainState,
+    keep: usize,
+    model: &DecoderLm,
+    optim: &burn::optim::ModuleOptimizer,
+) -> Result<PathBuf> {
+    checkpoint::save(run, state, keep, |dir| {
+        model
+            .clone()
+            .save_file(dir.join("model.bpk"))
+            .map_err(|e| anyhow::anyhow!("cannot write model checkpoint: {e:?}"))?;
+        optim.save(dir.join("optim.bpk")).map_err(|e| anyhow::anyhow!("cannot write optimizer checkpoint: {e:?}"))?;
+        Ok(())
+    })
+}
+
+fn finish_plot(run: &Path, metrics: &MetricsLog) -> Result<()> {
+    let rows = metrics.rows()?;
+    let title = run.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    if !crate::plot::loss_curve(&rows, &run.join("loss.png"), &title)? {
+        eprintln!("note: loss.png not drawn (no font found; install fonts-dejavu-core)");
+    }
+    Ok(())
+}
+
+/// Refuses to resume a run with a different model or data section.
+fn check_same_run(run: &Path, cfg: &ExperimentConfig) -> Result<()> {
+    let path = run.join("config.toml");
+    let saved =
+        ExperimentConfig::load(&path).with_context(|| format!("cannot read the run's config {}", path.display()))?;
+    let mut model = cfg.model.clone();
+    model.vocab_size = saved.model.vocab_size;
+    if model != saved.model {
+        bail!("[model] differs from the run's {}: resume with the config the run was started with", path.display());
+    }
+    if cfg.data != saved.data {
+        bail!("[data] differs from the run's {}: resume with the config the run was started with", path.display());
+    }
+    Ok(())
+}
