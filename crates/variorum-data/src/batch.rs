@@ -199,10 +199,38 @@ pub fn eval_batches(
             tokens.len()
         )));
     }
-    let starts: Vec<usize> = (0..windows).map(|w| w * seq_len).collect();
-    Ok(starts
+    let starts: Vec<usize> =
+        (0..windows).map(|w| w * seq_len).take(max_batches.unwrap_or(usize::MAX).saturating_mul(batch_size)).collect();
+    Ok(batches_from_starts(tokens, &starts, seq_len, batch_size))
+}
+
+/// `n` windows of `seq_len + 1` tokens spread evenly over `tokens` — window i starts at
+/// ⌊i·(len − seq_len − 1)/(n − 1)⌋, so the first starts at the first token and the last ends at
+/// the last — grouped into batches of `batch_size`. Deterministic, and it samples the whole split
+/// rather than its beginning; the PyTorch reference (scripts/reference) uses the same rule.
+pub fn spread_windows(
+    tokens: &[u32],
+    seq_len: usize,
+    n: usize,
+    batch_size: usize,
+) -> Result<Vec<TokenBatch>, DataError> {
+    check_shape(seq_len, batch_size)?;
+    if tokens.len() <= seq_len {
+        return Err(DataError::TooShort(format!(
+            "evaluation needs at least seq_len + 1 = {} tokens but the split has {}: use a \
+             larger data.val_fraction, a longer corpus or a shorter model.seq_len",
+            seq_len.saturating_add(1),
+            tokens.len()
+        )));
+    }
+    let span = tokens.len() - seq_len - 1;
+    let starts: Vec<usize> = (0..n).map(|i| if n > 1 { i * span / (n - 1) } else { 0 }).collect();
+    Ok(batches_from_starts(tokens, &starts, seq_len, batch_size))
+}
+
+fn batches_from_starts(tokens: &[u32], starts: &[usize], seq_len: usize, batch_size: usize) -> Vec<TokenBatch> {
+    starts
         .chunks(batch_size)
-        .take(max_batches.unwrap_or(usize::MAX))
         .map(|chunk| {
             let mut batch = TokenBatch::with_capacity(chunk.len(), seq_len);
             for &start in chunk {
@@ -210,7 +238,7 @@ pub fn eval_batches(
             }
             batch
         })
-        .collect())
+        .collect()
 }
 
 #[cfg(test)]
@@ -337,5 +365,17 @@ mod tests {
         let msg = eval_batches(&[1, 2, 3], 3, 2, None).expect_err("too short").to_string();
         assert!(msg.contains("seq_len + 1 = 4") && msg.contains("has 3"), "{msg}");
         assert_eq!(eval_batches(&[1, 2, 3, 4], 3, 2, None).expect("exactly enough").len(), 1);
+    }
+
+    #[test]
+    fn spread_windows_cover_the_split_end_to_end() {
+        let tokens: Vec<u32> = (0..100).collect();
+        let b = spread_windows(&tokens, 9, 5, 2).unwrap();
+        assert_eq!(b.len(), 3);
+        assert_eq!(b[0].inputs[0], 0);
+        assert_eq!(b[0].targets[0], 1);
+        assert_eq!(b[2].inputs[0], 90, "the last window ends at the last token");
+        assert_eq!(*b[2].targets.last().unwrap(), 99);
+        assert!(spread_windows(&tokens[..9], 9, 5, 2).is_err());
     }
 }

@@ -6,6 +6,7 @@
 //! checkpoint and pointer intact.
 
 use std::fs;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -25,14 +26,24 @@ pub struct TrainState {
     pub train_seconds: f64,
 }
 
-/// Writes `bytes` to `path` atomically (temporary file in the same directory, then rename).
+/// Writes `bytes` to `path` atomically: a temporary file in the same directory, synced, then
+/// renamed over `path`.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp"));
-    fs::write(&tmp, bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
-    fs::File::open(&tmp).and_then(|f| f.sync_all()).ok();
-    fs::rename(&tmp, path).with_context(|| format!("cannot move {} to {}", tmp.display(), path.display()))
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut tmp = tempfile::NamedTempFile::new_in(dir).with_context(|| format!("cannot write in {}", dir.display()))?;
+    tmp.write_all(bytes).with_context(|| format!("cannot write {}", tmp.path().display()))?;
+    // NamedTempFile creates owner-only files; a run's files are ordinary documents.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        tmp.as_file().set_permissions(fs::Permissions::from_mode(0o644)).ok();
+    }
+    tmp.as_file().sync_all().ok();
+    tmp.persist(path).map_err(|e| anyhow::anyhow!("cannot write {}: {}", path.display(), e.error))?;
+    Ok(())
 }
 
 pub fn checkpoints_dir(run: &Path) -> PathBuf {

@@ -14,12 +14,12 @@ use anyhow::{Context, Result, bail};
 use burn::prelude::*;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
-use variorum_data::{Corpus, OrderedStreams, RandomWindows, TokenBatch, Tokenizer};
+use variorum_data::{Corpus, OrderedStreams, RandomWindows, TokenBatch, Tokenizer, spread_windows};
 use variorum_model::DecoderLm;
 
 use crate::checkpoint::{self, TrainState, write_atomic};
 use crate::config::{Batching, ExperimentConfig};
-use crate::eval::{evaluate, spread_windows};
+use crate::eval::evaluate;
 use crate::generate::{SampleConfig, generate};
 use crate::metrics::{MetricsLog, Row};
 use crate::schedule::learning_rate;
@@ -136,7 +136,7 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
             seq_len + 1
         );
     }
-    let eval_set = spread_windows(&corpus.val, seq_len, tc.eval_batches * tc.batch_size, tc.batch_size);
+    let eval_set = spread_windows(&corpus.val, seq_len, tc.eval_batches * tc.batch_size, tc.batch_size)?;
 
     // --- model and optimizer
     let device = opts.device.clone().autodiff();
