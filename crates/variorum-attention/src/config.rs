@@ -32,6 +32,13 @@ impl AttentionConfig {
         Self::zoo().into_iter().find(|k| k.kind == self.kind()).map(|k| k.caps).unwrap_or_default()
     }
 
+    /// The same config with every derived default written out.
+    pub fn expanded(&self, d_model: usize) -> Self {
+        match self {
+            Self::Full(c) => Self::Full(c.expanded(d_model)),
+        }
+    }
+
     pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         match self {
             Self::Full(c) => c.validate(d_model),

@@ -51,6 +51,11 @@ impl MultiHeadAttentionConfig {
         self.head_dim.unwrap_or(d_model / self.n_heads.max(1))
     }
 
+    /// The same config with the derived defaults written out.
+    pub fn expanded(&self, d_model: usize) -> Self {
+        Self { n_kv_heads: Some(self.kv_heads()), head_dim: Some(self.head_dim(d_model)), ..self.clone() }
+    }
+
     pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         check(self.n_heads > 0, || "model.attention.n_heads must be at least 1".into())?;
         if self.head_dim.is_none() {

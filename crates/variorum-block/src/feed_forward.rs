@@ -72,6 +72,11 @@ impl FeedForwardConfig {
         self.d_ff.unwrap_or(4 * d_model)
     }
 
+    /// The same config with the hidden width written out.
+    pub fn expanded(&self, d_model: usize) -> Self {
+        Self { d_ff: Some(self.d_ff(d_model)), ..self.clone() }
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         check(self.d_ff != Some(0), || "model.feed_forward.d_ff must be at least 1".into())
     }

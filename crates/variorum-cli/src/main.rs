@@ -2,6 +2,12 @@
 
 mod device;
 
+/// Tensor buffers are allocated and freed at a high rate; glibc's malloc returns large ones to the
+/// kernel each time (mmap/munmap, then page zeroing on the next touch). mimalloc keeps and reuses
+/// them: about +25% training tokens/s on the baby GPT (see the README's table).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;

@@ -14,7 +14,11 @@ fn wgpu_forward_and_backward_match_the_cpu() {
         eprintln!("skipped: VARIORUM_SKIP_WGPU=1");
         return;
     }
-    unsafe { std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir()) };
+    // lavapipe wants a private runtime directory (mode 0700); CI machines have none.
+    let runtime = tempfile::tempdir().unwrap();
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        unsafe { std::env::set_var("XDG_RUNTIME_DIR", runtime.path()) };
+    }
     let cpu = Device::flex().autodiff();
     let gpu = Device::wgpu(burn::tensor::DeviceKind::DefaultDevice).autodiff();
     let cfg = zoo::tiny();

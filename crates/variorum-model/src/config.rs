@@ -71,6 +71,17 @@ impl ModelConfig {
         self.feed_forward.validate()
     }
 
+    /// The same config with every derived default written out (head counts and sizes, FFN width,
+    /// position table size), as saved in a run directory and shown by `variorum inspect`.
+    pub fn expanded(&self) -> Self {
+        Self {
+            position: self.position.expanded(self.seq_len),
+            attention: self.attention.expanded(self.d_model),
+            feed_forward: self.feed_forward.expanded(self.d_model),
+            ..self.clone()
+        }
+    }
+
     /// Fills in what the data decides (the vocabulary size) and checks it.
     pub fn resolve(&mut self, tokenizer_vocab: usize) -> Result<(), ConfigError> {
         match self.vocab_size {

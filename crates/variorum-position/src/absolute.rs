@@ -32,6 +32,14 @@ impl AbsolutePositionConfig {
         }
     }
 
+    /// The same config with derived defaults written out.
+    pub fn expanded(&self, context: usize) -> Self {
+        match self {
+            Self::Learned(c) => Self::Learned(LearnedPositionConfig { max_len: Some(c.max_len.unwrap_or(context)) }),
+            other => other.clone(),
+        }
+    }
+
     /// `context` is the model's context length (`model.seq_len`).
     pub fn validate(&self, d_model: usize, context: usize) -> Result<(), ConfigError> {
         match self {

@@ -177,7 +177,8 @@ impl ExperimentConfig {
 
     /// The config with every default written out.
     pub fn to_toml(&self) -> String {
-        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# could not serialise config: {e}\n"))
+        let expanded = Self { model: self.model.expanded(), ..self.clone() };
+        toml::to_string_pretty(&expanded).unwrap_or_else(|e| format!("# could not serialise config: {e}\n"))
     }
 }
 
@@ -205,8 +206,11 @@ path = "x.txt"
         let c = ExperimentConfig::parse(OK, false).unwrap();
         assert_eq!(c.model.d_model, 64);
         assert_eq!(c.train.steps, 2000);
-        // the expanded form parses back to the same value
-        assert_eq!(ExperimentConfig::parse(&c.to_toml(), false).unwrap(), c);
+        // the expanded form parses back to the same value, derived defaults written out
+        let expanded = ExperimentConfig::parse(&c.to_toml(), false).unwrap();
+        assert_eq!(expanded.model, c.model.expanded());
+        assert_eq!(expanded.model.expanded(), expanded.model, "expanding is idempotent");
+        assert!(c.to_toml().contains("n_kv_heads = 4") && c.to_toml().contains("d_ff = 256"), "{}", c.to_toml());
         let json = serde_json::to_string(&c).unwrap();
         assert_eq!(ExperimentConfig::parse(&json, true).unwrap(), c);
     }

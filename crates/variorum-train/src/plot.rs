@@ -58,7 +58,13 @@ pub fn loss_curve(rows: &[Row], path: &Path, title: &str) -> Result<bool> {
         .y_label_area_size(56)
         .build_cartesian_2d(0.0..max_step, (lo - pad)..(hi + pad))
         .map_err(|e| err(&e))?;
-    chart.configure_mesh().x_desc("step").y_desc("loss (nats/token)").draw().map_err(|e| err(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .y_desc("loss (nats/token)")
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .draw()
+        .map_err(|e| err(&e))?;
     chart
         .draw_series(LineSeries::new(train, &BLUE))
         .map_err(|e| err(&e))?

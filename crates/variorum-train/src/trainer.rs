@@ -18,7 +18,7 @@ use variorum_data::{Corpus, OrderedStreams, RandomWindows, TokenBatch, Tokenizer
 use variorum_model::DecoderLm;
 
 use crate::checkpoint::{self, TrainState, write_atomic};
-use crate::config::{Batching, ExperimentConfig};
+use crate::config::{Batching, ExperimentConfig, TrainConfig};
 use crate::eval::evaluate;
 use crate::generate::{SampleConfig, generate};
 use crate::metrics::{MetricsLog, Row};
@@ -110,8 +110,15 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
     // --- data and tokenizer
     let tokenizer_path = run.join("tokenizer.json");
     let tokenizer = if resume.is_some() { Some(Tokenizer::load(&tokenizer_path)?) } else { None };
-    if let Some((_, _)) = &resume {
-        check_same_run(run, &cfg)?;
+    if resume.is_some() {
+        // The run continues with its own training settings, so its curve is the one an
+        // uninterrupted run would have drawn; --max-steps may still extend it.
+        let saved = check_same_run(run, &cfg)?;
+        let ignoring_steps = |t: &TrainConfig| TrainConfig { steps: 0, ..t.clone() };
+        if ignoring_steps(&saved.train) != ignoring_steps(&cfg.train) {
+            eprintln!("note: [train] differs from the run's config.toml; resuming with the run's settings");
+        }
+        cfg.train = TrainConfig { steps: opts.max_steps.unwrap_or(saved.train.steps), ..saved.train };
     }
     let corpus = Corpus::load(&cfg.data, tokenizer)?;
     cfg.model.resolve(corpus.tokenizer.vocab_size())?;
@@ -363,18 +370,18 @@ fn finish_plot(run: &Path, metrics: &MetricsLog) -> Result<()> {
     Ok(())
 }
 
-/// Refuses to resume a run with a different model or data section.
-fn check_same_run(run: &Path, cfg: &ExperimentConfig) -> Result<()> {
+/// Refuses to resume a run with a different model or data section; returns the run's config.
+fn check_same_run(run: &Path, cfg: &ExperimentConfig) -> Result<ExperimentConfig> {
     let path = run.join("config.toml");
     let saved =
         ExperimentConfig::load(&path).with_context(|| format!("cannot read the run's config {}", path.display()))?;
-    let mut model = cfg.model.clone();
+    let mut model = cfg.model.expanded();
     model.vocab_size = saved.model.vocab_size;
-    if model != saved.model {
+    if model != saved.model.expanded() {
         bail!("[model] differs from the run's {}: resume with the config the run was started with", path.display());
     }
     if cfg.data != saved.data {
         bail!("[data] differs from the run's {}: resume with the config the run was started with", path.display());
     }
-    Ok(())
+    Ok(saved)
 }
