@@ -152,3 +152,66 @@ impl MultiHeadAttention {
         AttentionOutput { context: self.out.forward(context), weights, aux_losses: Vec::new() }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::Distribution;
+    use variorum_core::AttentionMask;
+
+    fn attention(n_heads: usize, n_kv_heads: usize, device: &Device) -> MultiHeadAttention {
+        let cfg = MultiHeadAttentionConfig { n_heads, n_kv_heads: Some(n_kv_heads), ..Default::default() };
+        cfg.validate(16).unwrap();
+        cfg.init(16, 0.2, 0.2, device)
+    }
+
+    fn random(shape: [usize; 3], device: &Device) -> Tensor<3> {
+        Tensor::random(shape, Distribution::Normal(0.0, 1.0), device)
+    }
+
+    #[test]
+    fn cross_attention_takes_keys_of_another_length() {
+        let dev = Device::flex();
+        let attn = attention(4, 2, &dev);
+        let mask = AttentionMask::bidirectional();
+        let out = attn.forward(
+            AttentionInput::cross_attention(random([2, 3, 16], &dev), random([2, 7, 16], &dev), &mask).with_weights(),
+            None,
+        );
+        assert_eq!(out.context.dims(), [2, 3, 16]);
+        let w = out.weights.unwrap();
+        assert_eq!(w.dims(), [2, 4, 3, 7]);
+        let row_sums = w.sum_dim(3).sub_scalar(1.0).abs().max().into_scalar::<f32>();
+        assert!(row_sums < 1e-5, "attention rows must sum to 1");
+    }
+
+    #[test]
+    fn padded_keys_are_invisible() {
+        let dev = Device::flex();
+        let attn = attention(4, 4, &dev);
+        let pad = Tensor::<2, Bool>::from_data(TensorData::new(vec![false, false, false, true, true], [1, 5]), &dev);
+        let mask = AttentionMask::bidirectional().with_padding(pad);
+        let q = random([1, 2, 16], &dev);
+        let kv = random([1, 5, 16], &dev);
+        let changed = kv.clone().slice_assign([0..1, 3..5, 0..16], random([1, 2, 16], &dev));
+        let a = attn.forward(AttentionInput::cross_attention(q.clone(), kv.clone(), &mask), None).context;
+        let b = attn.forward(AttentionInput::cross_attention(q.clone(), changed.clone(), &mask), None).context;
+        assert!((a - b).abs().max().into_scalar::<f32>() < 1e-6);
+        let open = AttentionMask::bidirectional();
+        let c = attn.forward(AttentionInput::cross_attention(q.clone(), kv, &open), None).context;
+        let d = attn.forward(AttentionInput::cross_attention(q, changed, &open), None).context;
+        assert!((c - d).abs().max().into_scalar::<f32>() > 1e-4, "without the mask the change must show");
+    }
+
+    #[test]
+    fn grouped_query_heads_share_keys_and_values() {
+        // multi-query: four query heads served by one K/V head, through one fused projection
+        // of (4 + 2·1)·head_dim columns
+        let dev = Device::flex();
+        let attn = attention(4, 1, &dev);
+        let mask = AttentionMask::causal();
+        let out = attn.forward(AttentionInput::self_attention(random([1, 5, 16], &dev), &mask).with_weights(), None);
+        assert_eq!(out.weights.unwrap().dims(), [1, 4, 5, 5]);
+        assert_eq!(attn.qkv.qkv.weight.val().dims(), [16, (4 + 2) * 4]);
+    }
+}

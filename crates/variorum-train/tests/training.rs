@@ -223,3 +223,46 @@ fn a_missing_corpus_is_a_clear_error() {
     let e = format!("{:#}", train(cfg, &options(&tmp.path().join("run"))).err().unwrap());
     assert!(e.contains("nope.txt"), "{e}");
 }
+
+#[test]
+fn gradient_accumulation_equals_one_large_batch() {
+    use variorum_data::TokenBatch;
+    use variorum_train::step::{optimizer, train_step};
+    let _guard = seeded();
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tiny_config(&corpus(tmp.path()), 0.0);
+    let mut model_cfg = cfg.model.clone();
+    model_cfg.vocab_size = Some(40);
+    let dev = Device::flex().autodiff();
+    let rows = |seed: i64, n: usize| {
+        let ids: Vec<i64> = (0..n * 17).map(|i| (i as i64 * 7 + seed * 13) % 40).collect();
+        let mut b = TokenBatch { inputs: vec![], targets: vec![], batch_size: n, seq_len: 16, reset: vec![true; n] };
+        for r in 0..n {
+            b.inputs.extend_from_slice(&ids[r * 17..r * 17 + 16]);
+            b.targets.extend_from_slice(&ids[r * 17 + 1..r * 17 + 17]);
+        }
+        b
+    };
+    let (a, b) = (rows(1, 2), rows(2, 2));
+    let both = TokenBatch {
+        inputs: [a.inputs.clone(), b.inputs.clone()].concat(),
+        targets: [a.targets.clone(), b.targets.clone()].concat(),
+        batch_size: 4,
+        seq_len: 16,
+        reset: vec![true; 4],
+    };
+    let mut tc = cfg.train.clone();
+    tc.grad_clip = 0.5; // clipping must act on the accumulated gradient
+    dev.seed(5);
+    let m1 = model_cfg.init(&dev);
+    let m2 = m1.clone();
+    let (m1, r1) = train_step(m1, &mut optimizer(&tc), &tc, &[a, b], 1e-2, &dev);
+    let (m2, r2) = train_step(m2, &mut optimizer(&tc), &tc, &[both.clone()], 1e-2, &dev);
+    let n1 = r1.grad_norm.unwrap().into_scalar::<f32>();
+    let n2 = r2.grad_norm.unwrap().into_scalar::<f32>();
+    assert!((n1 - n2).abs() < 1e-4 * n2, "gradient norms {n1} vs {n2}");
+    let (x, _) = variorum_train::step::batch_tensors(&both, &dev);
+    let diff = (m1.forward(x.clone()).logits - m2.forward(x).logits).abs().max().into_scalar::<f32>();
+    assert!(diff < 1e-4, "accumulated and single-batch updates differ by {diff}");
+    assert!(n1 > 0.5, "the test must exercise clipping (norm {n1})");
+}
