@@ -90,13 +90,7 @@ impl BlockConfig {
     }
 
     pub fn zoo() -> Vec<KindInfo> {
-        let caps = Capabilities {
-            causal: true,
-            bidirectional: true,
-            incremental: true,
-            variable_length: true,
-            ..Default::default()
-        };
+        let caps = Capabilities::NEUTRAL;
         vec![
             KindInfo {
                 axis: "model.block",

@@ -116,13 +116,7 @@ impl FeedForwardConfig {
                     "two-layer position-wise FFN"
                 },
                 paper: k.paper(),
-                caps: Capabilities {
-                    causal: true,
-                    bidirectional: true,
-                    incremental: true,
-                    variable_length: true,
-                    ..Default::default()
-                },
+                caps: Capabilities::NEUTRAL,
             })
             .collect()
     }

@@ -22,6 +22,20 @@ pub struct Capabilities {
     pub variable_length: bool,
 }
 
+impl Capabilities {
+    /// A piece that constrains nothing: any mask, any length, incremental decoding (norms,
+    /// feed-forward layers, residual wiring, most position schemes).
+    pub const NEUTRAL: Capabilities = Capabilities {
+        causal: true,
+        bidirectional: true,
+        incremental: true,
+        score_bias: false,
+        qk_rotation: false,
+        aux_losses: false,
+        variable_length: true,
+    };
+}
+
 /// One row of `variorum zoo`.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct KindInfo {

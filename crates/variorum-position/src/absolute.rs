@@ -67,13 +67,7 @@ impl AbsolutePositionConfig {
     }
 
     pub fn zoo() -> Vec<KindInfo> {
-        let caps = Capabilities {
-            causal: true,
-            bidirectional: true,
-            incremental: true,
-            variable_length: true,
-            ..Default::default()
-        };
+        let caps = Capabilities::NEUTRAL;
         vec![
             KindInfo {
                 axis: "model.position",
