@@ -155,6 +155,9 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
         model = model
             .try_load_file(dir.join("model.bpk"))
             .map_err(|e| anyhow::anyhow!("checkpoint {} cannot be loaded: {e:?}", dir.join("model.bpk").display()))?;
+        // Burn 0.22.1 builds the reloaded moments on `Device::default()` (the BURN_DEVICE
+        // backend; the CLI sets it from --device) and moves each to its parameter's device on
+        // the next step.
         optim = optim
             .load(dir.join("optim.bpk"))
             .map_err(|e| anyhow::anyhow!("checkpoint {} cannot be loaded: {e:?}", dir.join("optim.bpk").display()))?;
