@@ -232,16 +232,18 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
         pb.set_position(state.step);
 
         let done = state.step == tc.steps;
-        let log_now = state.step % tc.log_interval == 0 || done;
         let eval_now = (tc.eval_interval > 0 && state.step % tc.eval_interval == 0) || done;
+        let log_now = state.step % tc.log_interval == 0 || eval_now;
         let ckpt_now = (tc.checkpoint_interval > 0 && state.step % tc.checkpoint_interval == 0) || done;
 
         if log_now || ckpt_now {
             let (sum, count) = read_loss(&loss_acc, &state);
             loss_acc = None;
             ensure_finite(sum, &state, run)?;
-            interval_train_secs += t0.elapsed().as_secs_f64();
-            state.train_seconds += interval_train_secs;
+            // the loss read above waited for the step's work: time it with the step
+            let dt = t0.elapsed().as_secs_f64();
+            interval_train_secs += dt;
+            state.train_seconds += dt;
             if log_now {
                 let train_loss = sum / count.max(1) as f64;
                 last_train_loss = Some(train_loss);
@@ -282,7 +284,9 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
                 save_checkpoint(run, &state, tc.keep_checkpoints, &model, &optim)?;
             }
         } else {
-            interval_train_secs += t0.elapsed().as_secs_f64();
+            let dt = t0.elapsed().as_secs_f64();
+            interval_train_secs += dt;
+            state.train_seconds += dt;
         }
     }
     pb.finish_and_clear();

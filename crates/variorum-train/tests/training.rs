@@ -266,3 +266,19 @@ fn gradient_accumulation_equals_one_large_batch() {
     assert!(diff < 1e-4, "accumulated and single-batch updates differ by {diff}");
     assert!(n1 > 0.5, "the test must exercise clipping (norm {n1})");
 }
+
+#[test]
+fn evaluations_off_the_logging_grid_still_happen() {
+    let _guard = seeded();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cfg = tiny_config(&corpus(tmp.path()), 0.0);
+    cfg.train.steps = 12;
+    cfg.train.eval_interval = 6;
+    cfg.train.log_interval = 5;
+    let run = tmp.path().join("run");
+    train(cfg, &options(&run)).unwrap();
+    let rows = metrics::read(&run.join("metrics.csv")).unwrap();
+    let evals: Vec<u64> = rows.iter().filter(|r| r.val_loss.is_some()).map(|r| r.step).collect();
+    assert_eq!(evals, vec![6, 12]);
+    assert_eq!(rows.iter().map(|r| r.step).collect::<Vec<_>>(), vec![5, 6, 10, 12]);
+}
