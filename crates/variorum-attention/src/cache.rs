@@ -32,14 +32,4 @@ impl KvCache {
         self.v = Some(v.clone());
         (k, v)
     }
-
-    /// Keeps only the last `keep` positions (sliding-window generation).
-    pub fn truncate_front(&mut self, keep: usize) {
-        for t in [&mut self.k, &mut self.v] {
-            if let Some(x) = t.take() {
-                let [b, h, l, d] = x.dims();
-                *t = Some(if l > keep { x.slice([0..b, 0..h, l - keep..l, 0..d]) } else { x });
-            }
-        }
-    }
 }

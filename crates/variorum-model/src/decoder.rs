@@ -14,17 +14,6 @@ use variorum_position::AbsolutePosition;
 
 use crate::ModelConfig;
 
-/// A request the model cannot serve, reported to the user.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ModelError {
-    #[error(
-        "positions {start}..{end} exceed the learned position table of {max_len} rows (model.position.kind = \"learned\"): use a shorter sequence"
-    )]
-    TooLong { start: usize, end: usize, max_len: usize },
-    #[error("token id {id} is outside the vocabulary of {vocab} tokens")]
-    TokenOutOfRange { id: i64, vocab: usize },
-}
-
 /// Output of a forward pass.
 #[derive(Debug)]
 pub struct LmOutput {
@@ -78,22 +67,6 @@ impl DecoderLm {
                 .then(|| LinearConfig::new(d, vocab).with_bias(false).with_initializer(init).init(device)),
             vocab_size: vocab,
             seq_len: cfg.seq_len,
-        }
-    }
-
-    /// Longest position + 1 the model can encode, if bounded.
-    pub fn max_len(&self) -> Option<usize> {
-        match &self.position {
-            Some(AbsolutePosition::Learned(p)) => Some(p.max_len()),
-            _ => None,
-        }
-    }
-
-    /// Checks that positions `start..start+len` can be encoded.
-    pub fn check_positions(&self, start: usize, len: usize) -> Result<(), ModelError> {
-        match self.max_len() {
-            Some(max_len) if start + len > max_len => Err(ModelError::TooLong { start, end: start + len, max_len }),
-            _ => Ok(()),
         }
     }
 

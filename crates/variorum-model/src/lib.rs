@@ -5,4 +5,4 @@ pub mod decoder;
 pub mod zoo;
 
 pub use config::ModelConfig;
-pub use decoder::{DecoderLm, DecoderState, LmOutput, ModelError};
+pub use decoder::{DecoderLm, DecoderState, LmOutput};

@@ -135,14 +135,6 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
         Batching::Random => Batches::Random(RandomWindows::new(train_tokens, seq_len, tc.batch_size, tc.seed)?),
         Batching::Ordered => Batches::Ordered(OrderedStreams::new(train_tokens, seq_len, tc.batch_size)?),
     };
-    if corpus.val.len() < seq_len + 1 {
-        bail!(
-            "the validation split of {} has {} tokens, fewer than model.seq_len + 1 = {}: use a longer corpus or a larger data.val_fraction",
-            corpus.path.display(),
-            corpus.val.len(),
-            seq_len + 1
-        );
-    }
     let eval_set = spread_windows(&corpus.val, seq_len, tc.eval_batches * tc.batch_size, tc.batch_size)?;
 
     // --- model and optimizer
@@ -154,13 +146,13 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
     if let Some((dir, st)) = &resume {
         model = model
             .try_load_file(dir.join("model.bpk"))
-            .map_err(|e| anyhow::anyhow!("checkpoint {} cannot be loaded: {e:?}", dir.join("model.bpk").display()))?;
+            .map_err(|e| anyhow::anyhow!("checkpoint {} cannot be loaded: {e}", dir.join("model.bpk").display()))?;
         // Burn 0.22.1 builds the reloaded moments on `Device::default()` (the BURN_DEVICE
         // backend; the CLI sets it from --device) and moves each to its parameter's device on
         // the next step.
         optim = optim
             .load(dir.join("optim.bpk"))
-            .map_err(|e| anyhow::anyhow!("checkpoint {} cannot be loaded: {e:?}", dir.join("optim.bpk").display()))?;
+            .map_err(|e| anyhow::anyhow!("checkpoint {} cannot be loaded: {e}", dir.join("optim.bpk").display()))?;
         state = st.clone();
         if state.step > tc.steps {
             bail!(
@@ -296,7 +288,7 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
     valid
         .clone()
         .save_file(run.join("model.bpk"))
-        .map_err(|e| anyhow::anyhow!("cannot write {}: {e:?}", run.join("model.bpk").display()))?;
+        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", run.join("model.bpk").display()))?;
     finish_plot(run, &metrics)?;
     let inner = device.clone().inner();
     let prompt = corpus.tokenizer.encode("\n").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| vec![0]);
@@ -362,8 +354,8 @@ fn save_checkpoint(
         model
             .clone()
             .save_file(dir.join("model.bpk"))
-            .map_err(|e| anyhow::anyhow!("cannot write model checkpoint: {e:?}"))?;
-        optim.save(dir.join("optim.bpk")).map_err(|e| anyhow::anyhow!("cannot write optimizer checkpoint: {e:?}"))?;
+            .map_err(|e| anyhow::anyhow!("cannot write model checkpoint: {e}"))?;
+        optim.save(dir.join("optim.bpk")).map_err(|e| anyhow::anyhow!("cannot write optimizer checkpoint: {e}"))?;
         Ok(())
     })
 }
