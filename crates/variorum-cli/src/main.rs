@@ -15,7 +15,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use std::io::Write;
+
 use variorum_data::Corpus;
+use variorum_train::generate::SampleConfig;
+use variorum_train::run::Run;
 use variorum_train::{ExperimentConfig, Outcome, TrainOptions};
 
 #[derive(Parser)]
@@ -54,6 +58,46 @@ enum Command {
         #[arg(long)]
         no_progress: bool,
     },
+    /// Continue a prompt with a trained run, streaming the text as it is produced.
+    Generate {
+        /// A run directory.
+        run: PathBuf,
+        #[arg(long)]
+        prompt: String,
+        #[arg(long, default_value_t = 200)]
+        max_new_tokens: usize,
+        /// 0 = greedy.
+        #[arg(long, default_value_t = 0.8)]
+        temperature: f64,
+        /// Sample among the k most likely tokens only (0 = all).
+        #[arg(long, default_value_t = 0)]
+        top_k: usize,
+        /// Sample within the smallest set of tokens whose probability reaches p.
+        #[arg(long, default_value_t = 1.0)]
+        top_p: f64,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long, default_value = "cpu")]
+        device: String,
+        /// Recompute the whole context for every token instead of using the KV cache.
+        #[arg(long)]
+        no_cache: bool,
+    },
+    /// Per-token log-probabilities of a text under a trained run, and their total.
+    Score {
+        /// A run directory.
+        run: PathBuf,
+        /// A UTF-8 text file to score.
+        #[arg(long, conflicts_with = "prompt", required_unless_present = "prompt")]
+        text: Option<PathBuf>,
+        /// A text given on the command line.
+        #[arg(long)]
+        prompt: Option<String>,
+        #[arg(long, value_enum, default_value = "tsv")]
+        format: ScoreFormat,
+        #[arg(long, default_value = "cpu")]
+        device: String,
+    },
     /// Print a config with every default expanded, its parameter count and FLOPs per token.
     Inspect {
         /// A config file, or a run directory.
@@ -81,6 +125,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ScoreFormat {
+    Tsv,
+    Json,
 }
 
 fn main() -> ExitCode {
@@ -149,6 +199,80 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     Ok(ExitCode::from(130))
                 }
             }
+        }
+        Command::Generate { run, prompt, max_new_tokens, temperature, top_k, top_p, seed, device, no_cache } => {
+            if !(temperature >= 0.0 && temperature.is_finite()) {
+                anyhow::bail!("--temperature {temperature} must be >= 0 (0 = greedy)");
+            }
+            if !(top_p > 0.0 && top_p <= 1.0) {
+                anyhow::bail!("--top-p {top_p} must be in (0, 1]");
+            }
+            let (device, _) = device::select(&device)?;
+            let run = Run::load(&run, &device)?;
+            let prompt_ids = run.encode_prompt(&prompt)?;
+            let cfg = SampleConfig { max_new_tokens, temperature, top_k, top_p, seed, no_cache };
+            let mut out = std::io::stdout();
+            write!(out, "{prompt}")?;
+            out.flush()?;
+            // decode the whole continuation each time and print what is new, so multi-byte
+            // characters split over byte-level tokens come out whole
+            let mut generated: Vec<u32> = Vec::new();
+            let mut printed = 0usize;
+            let start = std::time::Instant::now();
+            run.generate(&prompt_ids, &cfg, |t| {
+                generated.push(t);
+                let text = run.tokenizer.decode(&generated);
+                let text = text.trim_end_matches('\u{FFFD}');
+                if text.len() > printed && text.is_char_boundary(printed) {
+                    let _ = write!(out, "{}", &text[printed..]);
+                    let _ = out.flush();
+                    printed = text.len();
+                }
+            });
+            let secs = start.elapsed().as_secs_f64();
+            let text = run.tokenizer.decode(&generated);
+            if text.len() > printed && text.is_char_boundary(printed) {
+                write!(out, "{}", &text[printed..])?;
+            }
+            writeln!(out)?;
+            eprintln!(
+                "{} tokens in {secs:.2} s: {:.1} tokens/s ({})",
+                generated.len(),
+                generated.len() as f64 / secs.max(1e-9),
+                if no_cache { "no cache" } else { "KV cache" }
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Score { run, text, prompt, format, device } => {
+            let (device, _) = device::select(&device)?;
+            let run = Run::load(&run, &device)?;
+            let text = match (text, prompt) {
+                (Some(path), _) => variorum_data::read_text(&path)?,
+                (None, Some(p)) => p,
+                (None, None) => anyhow::bail!("give --text FILE or --prompt TEXT"),
+            };
+            let ids = run.encode_prompt(&text)?;
+            let scores = run.score(&ids)?;
+            match format {
+                ScoreFormat::Json => println!("{}", serde_json::to_string_pretty(&scores)?),
+                ScoreFormat::Tsv => {
+                    println!("position\ttoken\ttext\tlogprob");
+                    for t in &scores.tokens {
+                        println!("{}\t{}\t{}\t{:.6}", t.position, t.token, t.text.escape_default(), t.logprob);
+                    }
+                    let n = scores.tokens.len() as f64;
+                    println!(
+                        "# total\t{:.4} nats over {} {}s: {:.4} nats/{u}, {:.4} bits/{u}",
+                        scores.total_logprob,
+                        scores.tokens.len(),
+                        scores.unit,
+                        -scores.total_logprob / n,
+                        -scores.total_logprob / n / std::f64::consts::LN_2,
+                        u = scores.unit
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Command::Inspect { config } => inspect(&config),
         Command::Bench { config, device, steps, warmup, runs, json } => {

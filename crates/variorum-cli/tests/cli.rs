@@ -57,6 +57,23 @@ fn train_writes_a_run_directory() {
     );
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("done: 6 steps"));
+
+    // generation and scoring from the run
+    let run = out.to_str().unwrap();
+    let o =
+        variorum(&["generate", run, "--prompt", "Now is", "--max-new-tokens", "12", "--temperature", "0"], tmp.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(text.starts_with("Now is") && text.trim_end().chars().count() == 6 + 12, "{text:?}");
+    assert!(stderr(&o).contains("tokens/s"));
+    let o = variorum(&["score", run, "--prompt", "Now is the winter", "--format", "json"], tmp.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["tokens"].as_array().unwrap().len(), "Now is the winter".len() - 1);
+    assert!(v["total_logprob"].as_f64().unwrap() < 0.0);
+    assert_clean_error(&variorum(&["generate", run, "--prompt", ""], tmp.path()), "empty");
+    assert_clean_error(&variorum(&["generate", run, "--prompt", "Zebra"], tmp.path()), "'Z'");
+    assert_clean_error(&variorum(&["score", "no-such-run", "--prompt", "Now"], tmp.path()), "no-such-run");
 }
 
 #[test]

@@ -13,12 +13,18 @@ pub struct SampleConfig {
     pub temperature: f64,
     /// Keep only the k most likely tokens (0 = all).
     pub top_k: usize,
+    /// Keep only the smallest set of most likely tokens whose probability reaches p (1 = all).
+    pub top_p: f64,
+    /// Recompute the whole window for every token instead of using the KV cache (for comparison).
+    pub no_cache: bool,
     pub seed: u64,
 }
 
 /// Continues `prompt` by up to `max_new_tokens` tokens; `on_token` sees each new token as it is
-/// produced (for streaming). When the context (`model.seq_len`) is full, the state is rebuilt from
-/// the last three quarters of the context, so positions stay within what the model was trained on.
+/// produced (for streaming). When the context (`model.seq_len`) is full, the window jumps to the
+/// last three quarters of it and the cache is rebuilt, so positions stay within what the model
+/// was trained on. `no_cache` recomputes the same window from scratch for every token, so both
+/// paths see exactly the same context.
 pub fn generate(
     model: &DecoderLm,
     prompt: &[u32],
@@ -29,44 +35,58 @@ pub fn generate(
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
     let context = model.seq_len.max(2);
     let mut all: Vec<u32> = prompt.to_vec();
+    // The model sees all[window..]; the cache holds the part of it already processed.
+    let mut window = all.len().saturating_sub(context);
     let mut state = DecoderState::default();
-    let start = all.len().saturating_sub(context);
-    let mut pending: Vec<u32> = all[start..].to_vec();
     for _ in 0..cfg.max_new_tokens {
-        if state.position + pending.len() > context {
-            let keep = (context * 3 / 4).max(1);
+        if all.len() - window > context {
+            window = all.len() - (context * 3 / 4).max(1);
             state = DecoderState::default();
-            pending = all[all.len().saturating_sub(keep)..].to_vec();
         }
+        if cfg.no_cache {
+            state = DecoderState::default();
+        }
+        let pending = &all[window + state.position..];
         let ids: Vec<i64> = pending.iter().map(|&t| t as i64).collect();
         let n = ids.len();
         let input = Tensor::<2, Int>::from_data(TensorData::new(ids, [1, n]), device);
         let logits = model.forward_with(input, Some(&mut state)).logits;
         let v = logits.dims()[2];
         let last: Vec<f32> = logits.slice([0..1, n - 1..n, 0..v]).into_data().try_to_vec::<f32>().unwrap_or_default();
-        let next = pick(&last, cfg.temperature, cfg.top_k, &mut rng);
+        let next = pick(&last, cfg, &mut rng);
         on_token(next);
         all.push(next);
-        pending = vec![next];
     }
     all.split_off(prompt.len())
 }
 
-/// Samples a token id from `logits`.
-pub fn pick(logits: &[f32], temperature: f64, top_k: usize, rng: &mut impl Rng) -> u32 {
-    let argmax = || {
-        logits.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b }).0 as u32
-    };
-    if temperature <= 0.0 || logits.is_empty() {
-        return argmax();
-    }
+/// Samples a token id from `logits` with the temperature, top-k and top-p of `cfg`.
+pub fn pick(logits: &[f32], cfg: &SampleConfig, rng: &mut impl Rng) -> u32 {
     let mut order: Vec<usize> = (0..logits.len()).collect();
-    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
-    if top_k > 0 {
-        order.truncate(top_k);
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    if cfg.temperature <= 0.0 || order.is_empty() {
+        return order.first().copied().unwrap_or(0) as u32;
+    }
+    if cfg.top_k > 0 {
+        order.truncate(cfg.top_k);
     }
     let max = logits[order[0]] as f64;
-    let weights: Vec<f64> = order.iter().map(|&i| ((logits[i] as f64 - max) / temperature).exp()).collect();
+    let mut weights: Vec<f64> = order.iter().map(|&i| ((logits[i] as f64 - max) / cfg.temperature).exp()).collect();
+    if cfg.top_p < 1.0 {
+        // nucleus: the shortest prefix of the sorted distribution whose mass reaches top_p
+        let total: f64 = weights.iter().sum();
+        let mut mass = 0.0;
+        let mut keep = weights.len();
+        for (i, w) in weights.iter().enumerate() {
+            mass += w / total;
+            if mass >= cfg.top_p {
+                keep = i + 1;
+                break;
+            }
+        }
+        order.truncate(keep);
+        weights.truncate(keep);
+    }
     let total: f64 = weights.iter().sum();
     let mut r = rng.random::<f64>() * total;
     for (w, &i) in weights.iter().zip(&order) {
@@ -82,13 +102,46 @@ pub fn pick(logits: &[f32], temperature: f64, top_k: usize, rng: &mut impl Rng) 
 mod tests {
     use super::*;
 
+    fn cfg(temperature: f64, top_k: usize, top_p: f64) -> SampleConfig {
+        SampleConfig { max_new_tokens: 1, temperature, top_k, top_p, seed: 0, no_cache: false }
+    }
+
     #[test]
-    fn greedy_takes_the_argmax_and_top_k_restricts() {
+    fn greedy_takes_the_argmax() {
         let mut rng = ChaCha8Rng::seed_from_u64(0);
-        assert_eq!(pick(&[0.1, 3.0, -1.0], 0.0, 0, &mut rng), 1);
-        for _ in 0..50 {
-            let t = pick(&[1.0, 0.9, 0.8, -5.0], 1.0, 2, &mut rng);
-            assert!(t == 0 || t == 1);
+        assert_eq!(pick(&[0.1, 3.0, -1.0], &cfg(0.0, 0, 1.0), &mut rng), 1);
+    }
+
+    #[test]
+    fn top_k_never_leaves_the_top_k() {
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let logits = [1.0, 0.9, 0.8, 0.7, 0.6];
+        let mut seen = [false; 5];
+        for _ in 0..500 {
+            let t = pick(&logits, &cfg(2.0, 2, 1.0), &mut rng) as usize;
+            assert!(t < 2, "top-2 emitted token {t}");
+            seen[t] = true;
         }
+        assert!(seen[0] && seen[1], "both of the top 2 must be reachable");
+    }
+
+    #[test]
+    fn top_p_never_leaves_the_nucleus() {
+        // probabilities ≈ 0.64, 0.24, 0.09, 0.03: the 0.8-nucleus is {0, 1}
+        let logits = [3.0f32, 2.0, 1.0, 0.0];
+        let mut rng = ChaCha8Rng::seed_from_u64(2);
+        let mut seen = [false; 4];
+        for _ in 0..500 {
+            let t = pick(&logits, &cfg(1.0, 0, 0.8), &mut rng) as usize;
+            assert!(t < 2, "the 0.8-nucleus emitted token {t}");
+            seen[t] = true;
+        }
+        assert!(seen[0] && seen[1]);
+        // without top_p every token appears
+        let mut all = [false; 4];
+        for _ in 0..2000 {
+            all[pick(&logits, &cfg(1.0, 0, 1.0), &mut rng) as usize] = true;
+        }
+        assert!(all.iter().all(|&x| x));
     }
 }

@@ -9,6 +9,7 @@ pub mod eval;
 pub mod generate;
 pub mod metrics;
 pub mod plot;
+pub mod run;
 pub mod schedule;
 pub mod step;
 pub mod trainer;

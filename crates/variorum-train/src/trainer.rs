@@ -46,6 +46,22 @@ pub struct TrainOptions {
     pub interrupt: Arc<AtomicBool>,
 }
 
+impl TrainOptions {
+    /// Options for a fresh run in `run_dir`, no progress bar, no step limit.
+    pub fn new(run_dir: impl Into<PathBuf>, device: Device, device_name: impl Into<String>) -> Self {
+        Self {
+            run_dir: run_dir.into(),
+            max_steps: None,
+            resume: false,
+            stop_at: None,
+            device,
+            device_name: device_name.into(),
+            progress: false,
+            interrupt: Arc::new(AtomicBool::new(false)),
+        }
+    }
+}
+
 /// Final figures of a run, also written to `summary.json`.
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
@@ -292,8 +308,14 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
     finish_plot(run, &metrics)?;
     let inner = device.clone().inner();
     let prompt = corpus.tokenizer.encode("\n").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| vec![0]);
-    let sample_cfg =
-        SampleConfig { max_new_tokens: tc.sample_tokens, temperature: tc.sample_temperature, top_k: 0, seed: tc.seed };
+    let sample_cfg = SampleConfig {
+        max_new_tokens: tc.sample_tokens,
+        temperature: tc.sample_temperature,
+        top_k: 0,
+        top_p: 1.0,
+        seed: tc.seed,
+        no_cache: false,
+    };
     let sample = generate(&valid, &prompt, &sample_cfg, &inner, |_| {});
     let mut text = corpus.tokenizer.decode(&prompt);
     text.push_str(&corpus.tokenizer.decode(&sample));

@@ -3,10 +3,11 @@
 //! clear errors.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
+
+mod common;
 
 use burn::prelude::*;
+use common::seeded;
 use variorum_train::{ExperimentConfig, Outcome, TrainOptions, metrics, train};
 
 /// A small text with enough structure to learn from: ~20 kB.
@@ -51,25 +52,8 @@ sample_tokens = 20
     ExperimentConfig::parse(&text, false).unwrap()
 }
 
-/// Burn's CPU backends seed one process-wide RNG: tests that rely on seeded initialisation or
-/// dropout must not run concurrently with each other.
-static SEEDED: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn seeded() -> std::sync::MutexGuard<'static, ()> {
-    SEEDED.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 fn options(run: &Path) -> TrainOptions {
-    TrainOptions {
-        run_dir: run.to_path_buf(),
-        max_steps: None,
-        resume: false,
-        stop_at: None,
-        device: Device::flex(),
-        device_name: "flex".into(),
-        progress: false,
-        interrupt: Arc::new(AtomicBool::new(false)),
-    }
+    TrainOptions::new(run, Device::flex(), "flex")
 }
 
 #[test]

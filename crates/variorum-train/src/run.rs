@@ -1,0 +1,139 @@
+//! A trained run as a library object: load a run directory, generate, score.
+//!
+//! ```no_run
+//! # fn main() -> anyhow::Result<()> {
+//! use variorum_train::generate::SampleConfig;
+//! let device = burn::prelude::Device::flex();
+//! let run = variorum_train::run::Run::load("runs/gpt-baby-shakespeare-char".as_ref(), &device)?;
+//! let prompt = run.encode_prompt("ROMEO:")?;
+//! let cfg = SampleConfig { max_new_tokens: 100, temperature: 0.8, top_k: 0, top_p: 1.0, seed: 1, no_cache: false };
+//! let text = run.tokenizer.decode(&run.generate(&prompt, &cfg, |_| {}));
+//! let scores = run.score(&run.encode_prompt("To be, or not to be")?)?;
+//! println!("{text}\n{} nats", -scores.total_logprob);
+//! # Ok(()) }
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use burn::prelude::*;
+use burn::tensor::activation::log_softmax;
+use serde::Serialize;
+use variorum_data::Tokenizer;
+use variorum_model::DecoderLm;
+
+use crate::checkpoint;
+use crate::config::ExperimentConfig;
+use crate::generate::{SampleConfig, generate};
+
+/// A run directory loaded for inference.
+pub struct Run {
+    pub dir: PathBuf,
+    pub config: ExperimentConfig,
+    pub tokenizer: Tokenizer,
+    /// In inference mode (no autodiff, dropout off).
+    pub model: DecoderLm,
+    /// Where the weights came from (`model.bpk` or a checkpoint's).
+    pub weights: PathBuf,
+    pub device: Device,
+}
+
+/// Log-probability of one token given everything before it (within the model's context).
+#[derive(Debug, Clone, Serialize)]
+pub struct TokenScore {
+    /// Index of the token in the scored sequence.
+    pub position: usize,
+    pub token: u32,
+    pub text: String,
+    /// Natural log.
+    pub logprob: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Scores {
+    /// Every token but the first (which has nothing to be predicted from).
+    pub tokens: Vec<TokenScore>,
+    /// Sum of the log-probabilities, in nats.
+    pub total_logprob: f64,
+    /// `char`, `byte` or `token`.
+    pub unit: &'static str,
+}
+
+impl Run {
+    /// Loads `dir`: its expanded config, its tokenizer, and the final weights (`model.bpk`) or,
+    /// for an unfinished run, the latest checkpoint's.
+    pub fn load(dir: &Path, device: &Device) -> Result<Run> {
+        if !dir.is_dir() {
+            bail!("run directory {} does not exist", dir.display());
+        }
+        let config_path = dir.join("config.toml");
+        if !config_path.is_file() {
+            bail!("{} is not a run directory (it has no config.toml)", dir.display());
+        }
+        let config = ExperimentConfig::load(&config_path)?;
+        let tokenizer = Tokenizer::load(&dir.join("tokenizer.json"))?;
+        let weights = if dir.join("model.bpk").is_file() {
+            dir.join("model.bpk")
+        } else {
+            match checkpoint::latest(dir)? {
+                Some((ckpt, _)) => ckpt.join("model.bpk"),
+                None => bail!("{} has no weights yet (no model.bpk and no checkpoint)", dir.display()),
+            }
+        };
+        let mut model_cfg = config.model.clone();
+        model_cfg.resolve(tokenizer.vocab_size())?;
+        let model = model_cfg
+            .init(device)
+            .try_load_file(&weights)
+            .map_err(|e| anyhow::anyhow!("weights {} cannot be loaded: {e}", weights.display()))?;
+        Ok(Run { dir: dir.to_path_buf(), config, tokenizer, model, weights, device: device.clone() })
+    }
+
+    /// Token ids of a prompt; an empty prompt is refused (the models have no BOS token).
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>> {
+        let ids = self.tokenizer.encode(text).context("the prompt cannot be encoded")?;
+        if ids.is_empty() {
+            bail!("the prompt is empty and the model has no beginning-of-sequence token: give at least one character");
+        }
+        Ok(ids)
+    }
+
+    /// Continues `prompt`, calling `on_token` with every new token as it is produced.
+    pub fn generate(&self, prompt: &[u32], cfg: &SampleConfig, on_token: impl FnMut(u32)) -> Vec<u32> {
+        generate(&self.model, prompt, cfg, &self.device, on_token)
+    }
+
+    /// Log-probability of every token after the first. The text is cut into windows of
+    /// `seq_len + 1` tokens overlapping by one (stride `seq_len`), so each token is predicted
+    /// exactly once, from the tokens before it in its window — the windows `eval_batches` uses.
+    pub fn score(&self, ids: &[u32]) -> Result<Scores> {
+        if ids.len() < 2 {
+            bail!("scoring needs at least two tokens (the first has nothing to be predicted from)");
+        }
+        let l = self.model.seq_len;
+        let mut tokens = Vec::with_capacity(ids.len() - 1);
+        let mut start = 0;
+        while start + 1 < ids.len() {
+            let end = (start + l + 1).min(ids.len());
+            let inputs: Vec<i64> = ids[start..end - 1].iter().map(|&t| t as i64).collect();
+            let n = inputs.len();
+            let x = Tensor::<2, Int>::from_data(TensorData::new(inputs, [1, n]), &self.device);
+            let targets: Vec<i64> = ids[start + 1..end].iter().map(|&t| t as i64).collect();
+            let t = Tensor::<3, Int>::from_data(TensorData::new(targets, [1, n, 1]), &self.device);
+            let logp = log_softmax(self.model.forward(x).logits, 2).gather(2, t);
+            let values = logp.into_data().try_to_vec::<f32>().map_err(|e| anyhow::anyhow!("{e:?}"))?;
+            for (i, lp) in values.into_iter().enumerate() {
+                let token = ids[start + 1 + i];
+                tokens.push(TokenScore {
+                    position: start + 1 + i,
+                    token,
+                    text: self.tokenizer.decode(&[token]),
+                    logprob: lp as f64,
+                });
+            }
+            start += l;
+        }
+        let total_logprob = tokens.iter().map(|t| t.logprob).sum();
+        Ok(Scores { tokens, total_logprob, unit: self.tokenizer.unit() })
+    }
+}
