@@ -74,6 +74,15 @@ fn train_writes_a_run_directory() {
     assert_clean_error(&variorum(&["generate", run, "--prompt", ""], tmp.path()), "empty");
     assert_clean_error(&variorum(&["generate", run, "--prompt", "Zebra"], tmp.path()), "'Z'");
     assert_clean_error(&variorum(&["score", "no-such-run", "--prompt", "Now"], tmp.path()), "no-such-run");
+
+    // evaluation at several context lengths, with a plot
+    let o = variorum(&["eval", run, "--seq-len", "8,16", "--stride", "4"], tmp.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_eq!(table.lines().filter(|l| !l.starts_with('#') && l.contains("      4 ")).count(), 2, "{table}");
+    assert!(out.join("eval.png").exists());
+    assert_clean_error(&variorum(&["eval", run, "--seq-len", "64"], tmp.path()), "learned position table");
+    assert_clean_error(&variorum(&["eval", run, "--stride", "99"], tmp.path()), "--stride 99");
 }
 
 #[test]

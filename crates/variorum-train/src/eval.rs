@@ -18,3 +18,97 @@ pub fn evaluate(model: &DecoderLm, batches: &[TokenBatch], device: &Device) -> f
     }
     sum / count.max(1) as f64
 }
+
+/// One window of a sliding-window evaluation: inputs `ids[start..start + len]`, and only the
+/// predictions from offset `from` on are counted (the earlier ones were counted by a previous
+/// window, with less context).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub start: usize,
+    pub from: usize,
+}
+
+/// Windows of `len` inputs every `stride` tokens over `n` tokens, so that each of the `n − 1`
+/// predictions is counted exactly once, each with at least `len − stride` tokens of context
+/// (except near the start). A last window aligned with the end picks up the remainder.
+pub fn sliding_windows(n: usize, len: usize, stride: usize) -> Vec<Window> {
+    let mut out = Vec::new();
+    if n < 2 || len == 0 || stride == 0 {
+        return out;
+    }
+    let len = len.min(n - 1);
+    let mut covered: usize = 0; // predictions counted so far: targets 1..=covered
+    let mut start = 0;
+    while start + len < n {
+        let end = start + len; // targets start+1 ..= end
+        out.push(Window { start, from: covered.saturating_sub(start) });
+        covered = end;
+        start += stride;
+    }
+    if covered < n - 1 {
+        let start = n - 1 - len;
+        out.push(Window { start, from: covered - start });
+    }
+    out
+}
+
+/// Loss in nats per predicted token of `ids` under `model`, evaluated with windows of `len`
+/// tokens every `stride` tokens ([`sliding_windows`]). Returns (mean loss, tokens counted).
+pub fn sliding_loss(model: &DecoderLm, ids: &[u32], len: usize, stride: usize, device: &Device) -> (f64, usize) {
+    let windows = sliding_windows(ids.len(), len, stride);
+    let len = len.min(ids.len().saturating_sub(1));
+    let mut sum = 0.0;
+    let mut count = 0usize;
+    for group in windows.chunks(16) {
+        let b = group.len();
+        let inputs: Vec<i64> =
+            group.iter().flat_map(|w| ids[w.start..w.start + len].iter().map(|&t| t as i64)).collect();
+        let targets: Vec<i64> =
+            group.iter().flat_map(|w| ids[w.start + 1..w.start + len + 1].iter().map(|&t| t as i64)).collect();
+        let x = Tensor::<2, Int>::from_data(TensorData::new(inputs, [b, len]), device);
+        let t = Tensor::<3, Int>::from_data(TensorData::new(targets, [b, len, 1]), device);
+        let logp = burn::tensor::activation::log_softmax(model.forward(x).logits, 2).gather(2, t);
+        let values = logp.into_data().try_to_vec::<f32>().unwrap_or_default();
+        for (w, row) in group.iter().zip(values.chunks(len)) {
+            for lp in &row[w.from..] {
+                sum -= *lp as f64;
+                count += 1;
+            }
+        }
+    }
+    (sum / count.max(1) as f64, count)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sliding_windows_count_every_prediction_once() {
+        for n in [2, 3, 10, 17, 64, 100] {
+            for len in [1, 4, 16, 32] {
+                for stride in 1..=len {
+                    let mut counted = vec![0u32; n];
+                    let ws = sliding_windows(n, len, stride);
+                    let l = len.min(n - 1);
+                    for w in &ws {
+                        assert!(w.start + l < n, "window past the end");
+                        for target in w.start + 1 + w.from..=w.start + l {
+                            counted[target] += 1;
+                        }
+                    }
+                    assert!(counted[1..].iter().all(|&c| c == 1), "n {n} len {len} stride {stride}: {counted:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn stride_equal_to_length_gives_disjoint_windows() {
+        let ws = sliding_windows(49, 16, 16);
+        assert_eq!(
+            ws,
+            vec![Window { start: 0, from: 0 }, Window { start: 16, from: 0 }, Window { start: 32, from: 0 }]
+        );
+    }
+}

@@ -35,18 +35,29 @@ fn register_font() -> bool {
 /// Draws `loss.png`. Returns `Ok(false)` (and draws nothing) when no font is installed
 /// (Debian: `fonts-dejavu-core`).
 pub fn loss_curve(rows: &[Row], path: &Path, title: &str) -> Result<bool> {
-    if !register_font() {
-        return Ok(false);
-    }
     let train: Vec<(f64, f64)> = rows.iter().filter_map(|r| Some((r.step as f64, r.train_loss?))).collect();
     let val: Vec<(f64, f64)> = rows.iter().filter_map(|r| Some((r.step as f64, r.val_loss?))).collect();
-    if train.is_empty() && val.is_empty() {
+    lines(&[("train", train, BLUE, false), ("validation", val, RED, true)], path, title, "step", "loss (nats/token)")
+}
+
+/// Line plot of named series `(name, points, colour, mark the points)`; `Ok(false)` when there
+/// is nothing to draw or no font.
+pub fn lines(
+    series: &[(&str, Vec<(f64, f64)>, RGBColor, bool)],
+    path: &Path,
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+) -> Result<bool> {
+    if !register_font() || series.iter().all(|s| s.1.is_empty()) {
         return Ok(false);
     }
-    let all = train.iter().chain(&val);
-    let max_step = all.clone().map(|p| p.0).fold(1.0, f64::max);
+    let all = series.iter().flat_map(|s| s.1.iter());
+    let (x0, x1) = all.clone().map(|p| p.0).fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| (a.min(x), b.max(x)));
     let (lo, hi) = all.map(|p| p.1).fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), y| (a.min(y), b.max(y)));
     let pad = ((hi - lo) * 0.05).max(1e-3);
+    let x0 = if x0 > 0.0 && x0 < 0.2 * x1 { 0.0 } else { x0 };
+    let x1 = if x1 > x0 { x1 } else { x0 + 1.0 };
 
     let root = BitMapBackend::new(path, (900, 560)).into_drawing_area();
     let err = |e: &dyn std::fmt::Display| anyhow!("cannot draw {}: {e}", path.display());
@@ -56,26 +67,26 @@ pub fn loss_curve(rows: &[Row], path: &Path, title: &str) -> Result<bool> {
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(56)
-        .build_cartesian_2d(0.0..max_step, (lo - pad)..(hi + pad))
+        .build_cartesian_2d(x0..x1, (lo - pad)..(hi + pad))
         .map_err(|e| err(&e))?;
     chart
         .configure_mesh()
-        .x_desc("step")
-        .y_desc("loss (nats/token)")
+        .x_desc(x_desc)
+        .y_desc(y_desc)
         .x_label_formatter(&|x| format!("{x:.0}"))
         .draw()
         .map_err(|e| err(&e))?;
-    chart
-        .draw_series(LineSeries::new(train, &BLUE))
-        .map_err(|e| err(&e))?
-        .label("train")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLUE));
-    chart
-        .draw_series(LineSeries::new(val.clone(), RED.stroke_width(2)))
-        .map_err(|e| err(&e))?
-        .label("validation")
-        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], RED));
-    chart.draw_series(val.iter().map(|&p| Circle::new(p, 3, RED.filled()))).map_err(|e| err(&e))?;
+    for (name, points, colour, marks) in series {
+        let colour = *colour;
+        chart
+            .draw_series(LineSeries::new(points.clone(), colour.stroke_width(if *marks { 2 } else { 1 })))
+            .map_err(|e| err(&e))?
+            .label(*name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], colour));
+        if *marks {
+            chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, colour.filled()))).map_err(|e| err(&e))?;
+        }
+    }
     chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw().map_err(|e| err(&e))?;
     root.present().map_err(|e| err(&e))?;
     Ok(true)

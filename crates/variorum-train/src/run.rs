@@ -98,6 +98,23 @@ impl Run {
         Ok(ids)
     }
 
+    /// The token ids of the run's validation split.
+    pub fn validation_tokens(&self) -> Result<Vec<u32>> {
+        let corpus = variorum_data::Corpus::load(&self.config.data, Some(self.tokenizer.clone()))?;
+        Ok(corpus.val)
+    }
+
+    /// Checks that windows of `len` tokens can be encoded (a learned position table is bounded).
+    pub fn check_len(&self, len: usize) -> Result<()> {
+        let m = &self.config.model;
+        match m.position.max_len(m.seq_len) {
+            Some(max) if len > max => bail!(
+                "a context of {len} tokens exceeds the learned position table of {max} rows (model.position.kind = \"learned\"): use at most {max}"
+            ),
+            _ => Ok(()),
+        }
+    }
+
     /// Continues `prompt`, calling `on_token` with every new token as it is produced.
     pub fn generate(&self, prompt: &[u32], cfg: &SampleConfig, on_token: impl FnMut(u32)) -> Vec<u32> {
         generate(&self.model, prompt, cfg, &self.device, on_token)
