@@ -54,6 +54,10 @@ enum Command {
         /// Checkpoint and stop after this many steps, keeping the schedule of train.steps.
         #[arg(long)]
         stop_at: Option<u64>,
+        /// Start from the weights of a run directory or a .safetensors/.bpk file (what fits by
+        /// name and shape; the rest is freshly initialised).
+        #[arg(long)]
+        init_from: Option<PathBuf>,
         /// No progress bar (log lines only).
         #[arg(long)]
         no_progress: bool,
@@ -122,6 +126,16 @@ enum Command {
         #[arg(long, default_value = "cpu")]
         device: String,
     },
+    /// Write a run's weights in another format (tensor names: crates/variorum-train/src/transfer.rs).
+    Export {
+        /// A run directory.
+        run: PathBuf,
+        #[arg(long, value_enum, default_value = "safetensors")]
+        format: ExportFormat,
+        /// Output file. Default: RUN/model.safetensors.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Print a config with every default expanded, its parameter count and FLOPs per token.
     Inspect {
         /// A config file, or a run directory.
@@ -152,6 +166,11 @@ enum Command {
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
+enum ExportFormat {
+    Safetensors,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
 enum ScoreFormat {
     Tsv,
     Json,
@@ -174,7 +193,7 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
-        Command::Train { config, device, out, max_steps, resume, stop_at, no_progress } => {
+        Command::Train { config, device, out, max_steps, resume, stop_at, init_from, no_progress } => {
             let (device, device_name) = device::select(&device)?;
             let cfg = ExperimentConfig::load(&config)?;
             let run_dir = out.unwrap_or_else(|| {
@@ -196,6 +215,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 max_steps,
                 resume,
                 stop_at,
+                init_from,
                 device,
                 device_name,
                 progress: !no_progress && std::io::IsTerminal::is_terminal(&std::io::stderr()),
@@ -363,6 +383,17 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     println!("# plot: {}", path.display());
                 }
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Export { run, format: ExportFormat::Safetensors, out } => {
+            let (device, _) = device::select("cpu")?;
+            let loaded = Run::load(&run, &device)?;
+            let path = out.unwrap_or_else(|| run.join("model.safetensors"));
+            let names = variorum_train::transfer::export_safetensors(&loaded.model, &path)?;
+            for n in &names {
+                println!("{n}");
+            }
+            eprintln!("{} tensors written to {}", names.len(), path.display());
             Ok(ExitCode::SUCCESS)
         }
         Command::Inspect { config } => inspect(&config),

@@ -75,6 +75,33 @@ fn train_writes_a_run_directory() {
     assert_clean_error(&variorum(&["generate", run, "--prompt", "Zebra"], tmp.path()), "'Z'");
     assert_clean_error(&variorum(&["score", "no-such-run", "--prompt", "Now"], tmp.path()), "no-such-run");
 
+    // export, then fine-tune a new run from the exported file
+    let st = tmp.path().join("w.safetensors");
+    let o = variorum(&["export", run, "--out", st.to_str().unwrap()], tmp.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).lines().any(|l| l == "token_embedding.weight"));
+    let run2 = tmp.path().join("run2");
+    let o = variorum(
+        &[
+            "train",
+            cfg.to_str().unwrap(),
+            "--out",
+            run2.to_str().unwrap(),
+            "--init-from",
+            st.to_str().unwrap(),
+            "--max-steps",
+            "2",
+        ],
+        tmp.path(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("tensors loaded, 0 new"), "{}", stderr(&o));
+    let o = variorum(
+        &["train", cfg.to_str().unwrap(), "--out", run2.to_str().unwrap(), "--init-from", run, "--resume"],
+        tmp.path(),
+    );
+    assert_clean_error(&o, "--init-from");
+
     // evaluation at several context lengths, with a plot
     let o = variorum(&["eval", run, "--seq-len", "8,16", "--stride", "4"], tmp.path());
     assert!(o.status.success(), "{}", stderr(&o));

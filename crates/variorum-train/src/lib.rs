@@ -13,6 +13,7 @@ pub mod run;
 pub mod schedule;
 pub mod step;
 pub mod trainer;
+pub mod transfer;
 
 pub use config::{ExperimentConfig, TrainConfig};
 pub use trainer::{Outcome, Summary, TrainOptions, train};

@@ -33,6 +33,9 @@ pub struct TrainOptions {
     pub max_steps: Option<u64>,
     /// Continue from the run directory's latest checkpoint.
     pub resume: bool,
+    /// Initialise the model from this run directory, `.bpk` or `.safetensors` file (fine-tuning):
+    /// what fits by name and shape is loaded, the rest keeps its fresh initialisation.
+    pub init_from: Option<PathBuf>,
     /// Save a checkpoint and stop once this many steps are done, as Ctrl-C would (the schedule
     /// still runs to `train.steps`; `--resume` continues).
     pub stop_at: Option<u64>,
@@ -54,6 +57,7 @@ impl TrainOptions {
             max_steps: None,
             resume: false,
             stop_at: None,
+            init_from: None,
             device,
             device_name: device_name.into(),
             progress: false,
@@ -112,6 +116,9 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
     }
     cfg.validate()?;
     let run = &opts.run_dir;
+    if opts.resume && opts.init_from.is_some() {
+        bail!("--init-from starts a new run and --resume continues one: use one of them");
+    }
     let resume = match (opts.resume, checkpoint::latest(run)?) {
         (true, Some(found)) => Some(found),
         (true, None) => bail!("nothing to resume: {} holds no checkpoint (start without --resume)", run.display()),
@@ -178,6 +185,10 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
             );
         }
     }
+    let init_report = match (&opts.init_from, &resume) {
+        (Some(source), None) => Some(crate::transfer::init_from(&mut model, source)?),
+        _ => None,
+    };
     let params = model.num_params();
     let metrics = MetricsLog::open(run, resume.as_ref().map(|(_, s)| s.step))?;
 
@@ -198,6 +209,9 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
         if state.step > 0 { format!(", resuming at step {}", state.step) } else { String::new() }
     ));
 
+    if let Some(r) = &init_report {
+        say(r.summary());
+    }
     let tokens_per_step = (tc.batch_size * seq_len * tc.grad_accum) as f64;
     let mut loss_acc: Option<Tensor<1>> = None;
     let mut last_norm: Option<Tensor<1>>;

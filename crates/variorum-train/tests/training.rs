@@ -266,3 +266,50 @@ fn evaluations_off_the_logging_grid_still_happen() {
     assert_eq!(evals, vec![6, 12]);
     assert_eq!(rows.iter().map(|r| r.step).collect::<Vec<_>>(), vec![5, 6, 10, 12]);
 }
+
+#[test]
+fn fine_tuning_into_a_longer_context_continues_from_the_old_loss() {
+    use variorum_position::{AbsolutePositionConfig, SinusoidalPositionConfig};
+    let _guard = seeded();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut base = tiny_config(&corpus(tmp.path()), 0.0);
+    base.model.position = AbsolutePositionConfig::Sinusoidal(SinusoidalPositionConfig::default());
+    base.train.steps = 40;
+    let old = tmp.path().join("old");
+    let Outcome::Finished(s) = train(base.clone(), &options(&old)).unwrap() else { panic!() };
+    let old_loss = s.final_train_loss.unwrap();
+
+    let mut longer = base.clone();
+    longer.model.seq_len = 32;
+    longer.train.steps = 5;
+    let scratch = tmp.path().join("scratch");
+    train(longer.clone(), &options(&scratch)).unwrap();
+    let tuned = tmp.path().join("tuned");
+    let mut opts = options(&tuned);
+    opts.init_from = Some(old.clone());
+    train(longer.clone(), &opts).unwrap();
+    let first = |run: &Path| metrics::read(&run.join("metrics.csv")).unwrap()[0].train_loss.unwrap();
+    let (from_scratch, fine_tuned) = (first(&scratch), first(&tuned));
+    assert!(fine_tuned < old_loss + 0.25, "fine-tuning started at {fine_tuned}, the old run ended at {old_loss}");
+    assert!(fine_tuned < from_scratch - 0.25, "fine-tuned {fine_tuned} vs from scratch {from_scratch}");
+
+    // the same weights through safetensors: everything loads, outputs are identical
+    let run = variorum_train::run::Run::load(&old, &Device::flex()).unwrap();
+    let file = tmp.path().join("w.safetensors");
+    let names = variorum_train::transfer::export_safetensors(&run.model, &file).unwrap();
+    assert!(names.contains(&"blocks.0.attn.qkv.qkv.weight".to_string()), "{names:?}");
+    let mut fresh = run.config.model.init(&Device::flex());
+    let report = variorum_train::transfer::init_from(&mut fresh, &file).unwrap();
+    assert_eq!(report.loaded.len(), names.len(), "{}", report.summary());
+    assert!(report.new.is_empty() && report.unused.is_empty() && report.skipped_shape.is_empty());
+    let x = Tensor::<2, Int>::from_data(TensorData::new(vec![1i64, 2, 3, 4], [1, 4]), &Device::flex());
+    assert_eq!(fresh.forward(x.clone()).logits.into_data(), run.model.forward(x).logits.into_data());
+
+    // a learned table of another length is reported as skipped for shape
+    let mut learned = run.config.model.clone();
+    learned.position = AbsolutePositionConfig::Learned(Default::default());
+    learned.seq_len = 32;
+    let mut m = learned.init(&Device::flex());
+    let report = variorum_train::transfer::init_from(&mut m, &old).unwrap();
+    assert!(report.new.iter().any(|n| n.contains("table")), "{}", report.summary());
+}

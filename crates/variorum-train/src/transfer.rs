@@ -1,0 +1,104 @@
+//! Moving weights between runs and frameworks: export to safetensors, and initialising a model
+//! (possibly of another config) from a run directory or a safetensors file.
+//!
+//! Tensor names are the module paths with enum variants left out, e.g.
+//! `token_embedding.weight`, `position.table`, `blocks.0.attn.qkv.qkv.weight` (fused
+//! `[d_model, (h + 2·h_kv)·head_dim]`, q then k then v, head-major), `blocks.0.attn.out.weight`,
+//! `blocks.0.ffn.up.weight`, `blocks.0.ffn.down.weight`, `blocks.0.attn_norm.gamma`,
+//! `final_norm.gamma`, `head.weight`. Linear weights are `[d_in, d_out]` (the transpose of
+//! PyTorch's `nn.Linear.weight`).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Result, anyhow, bail};
+use burn::store::{ApplyError, BurnpackStore, ModuleSnapshot, ModuleStore, SafetensorsStore};
+use variorum_model::DecoderLm;
+
+use crate::checkpoint;
+
+/// What `init_from` did with each tensor.
+#[derive(Debug, Clone, Default)]
+pub struct InitReport {
+    pub source: PathBuf,
+    /// Copied from the source.
+    pub loaded: Vec<String>,
+    /// In the model but not in the source: kept their fresh initialisation.
+    pub new: Vec<String>,
+    /// In both with different shapes: kept their fresh initialisation.
+    pub skipped_shape: Vec<String>,
+    /// In the source but not in the model.
+    pub unused: Vec<String>,
+}
+
+impl InitReport {
+    pub fn summary(&self) -> String {
+        let list = |v: &[String]| if v.is_empty() { String::new() } else { format!(" ({})", v.join(", ")) };
+        format!(
+            "initialised from {}: {} tensors loaded, {} new{}, {} skipped for shape{}, {} unused{}",
+            self.source.display(),
+            self.loaded.len(),
+            self.new.len(),
+            list(&self.new),
+            self.skipped_shape.len(),
+            list(&self.skipped_shape),
+            self.unused.len(),
+            list(&self.unused)
+        )
+    }
+}
+
+/// Writes the model's weights to a safetensors file; returns the tensor names.
+pub fn export_safetensors(model: &DecoderLm, path: &Path) -> Result<Vec<String>> {
+    let mut store = SafetensorsStore::from_file(path).skip_enum_variants(true);
+    model.save_into(&mut store).map_err(|e| anyhow!("cannot write {}: {e}", path.display()))?;
+    let mut written = SafetensorsStore::from_file(path);
+    let names = written
+        .get_all_tensors()
+        .map_err(|e| anyhow!("cannot read back {}: {e}", path.display()))?
+        .keys()
+        .cloned()
+        .collect();
+    Ok(names)
+}
+
+/// The weights file of a run directory (final, or the latest checkpoint's), or `path` itself.
+pub fn weights_file(path: &Path) -> Result<PathBuf> {
+    if !path.exists() {
+        bail!("{} does not exist: give a run directory or a .safetensors file", path.display());
+    }
+    if !path.is_dir() {
+        return Ok(path.to_path_buf());
+    }
+    if path.join("model.bpk").is_file() {
+        return Ok(path.join("model.bpk"));
+    }
+    match checkpoint::latest(path)? {
+        Some((dir, _)) => Ok(dir.join("model.bpk")),
+        None => bail!("{} has no weights (no model.bpk and no checkpoint)", path.display()),
+    }
+}
+
+/// Loads what fits of `source` (a run directory, a `.bpk` or a `.safetensors` file) into `model`:
+/// tensors with the same name and shape are copied, the rest keep their initialisation.
+pub fn init_from(model: &mut DecoderLm, source: &Path) -> Result<InitReport> {
+    let file = weights_file(source)?;
+    let safetensors = file.extension().is_some_and(|e| e.eq_ignore_ascii_case("safetensors"));
+    let cannot = |e: &dyn std::fmt::Display| anyhow!("{} cannot be loaded: {e}", file.display());
+    let result = if safetensors {
+        let mut store = SafetensorsStore::from_file(&file).allow_partial(true).validate(false).skip_enum_variants(true);
+        model.load_from(&mut store).map_err(|e| cannot(&e))?
+    } else {
+        let mut store = BurnpackStore::from_file(&file).allow_partial(true).validate(false);
+        model.load_from(&mut store).map_err(|e| cannot(&e))?
+    };
+    let mut report = InitReport { source: file, unused: result.unused, ..Default::default() };
+    for e in &result.errors {
+        match e {
+            ApplyError::ShapeMismatch { path, .. } => report.skipped_shape.push(path.clone()),
+            other => bail!("{} cannot be loaded: {other}", report.source.display()),
+        }
+    }
+    report.loaded = result.applied.into_iter().filter(|p| !report.skipped_shape.contains(p)).collect();
+    report.new = result.missing.into_iter().map(|(p, _)| p).collect();
+    Ok(report)
+}
