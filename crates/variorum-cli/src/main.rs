@@ -86,6 +86,9 @@ enum Command {
         /// Recompute the whole context for every token instead of using the KV cache.
         #[arg(long)]
         no_cache: bool,
+        /// Beam search with this many beams (deterministic; ignores the sampling options).
+        #[arg(long, default_value_t = 1)]
+        beams: usize,
     },
     /// Per-token log-probabilities of a text under a trained run, and their total.
     Score {
@@ -244,7 +247,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 }
             }
         }
-        Command::Generate { run, prompt, max_new_tokens, temperature, top_k, top_p, seed, device, no_cache } => {
+        Command::Generate { run, prompt, max_new_tokens, temperature, top_k, top_p, seed, device, no_cache, beams } => {
             if !(temperature >= 0.0 && temperature.is_finite()) {
                 anyhow::bail!("--temperature {temperature} must be >= 0 (0 = greedy)");
             }
@@ -263,6 +266,18 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let mut generated: Vec<u32> = Vec::new();
             let mut printed = 0usize;
             let start = std::time::Instant::now();
+            if beams > 1 {
+                let best =
+                    variorum_train::generate::beam_search(&run.model, &prompt_ids, beams, max_new_tokens, &device);
+                let secs = start.elapsed().as_secs_f64();
+                writeln!(out, "{}", run.tokenizer.decode(&best))?;
+                eprintln!(
+                    "{} tokens in {secs:.2} s: {:.1} tokens/s (beam search, {beams} beams)",
+                    best.len(),
+                    best.len() as f64 / secs.max(1e-9)
+                );
+                return Ok(ExitCode::SUCCESS);
+            }
             run.generate(&prompt_ids, &cfg, |t| {
                 generated.push(t);
                 let text = run.tokenizer.decode(&generated);

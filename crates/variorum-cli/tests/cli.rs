@@ -66,6 +66,9 @@ fn train_writes_a_run_directory() {
     let text = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(text.starts_with("Now is") && text.trim_end().chars().count() == 6 + 12, "{text:?}");
     assert!(stderr(&o).contains("tokens/s"));
+    let o = variorum(&["generate", run, "--prompt", "Now is", "--max-new-tokens", "5", "--beams", "3"], tmp.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("beam search, 3 beams"));
     let o = variorum(&["score", run, "--prompt", "Now is the winter", "--format", "json"], tmp.path());
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();

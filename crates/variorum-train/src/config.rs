@@ -90,6 +90,8 @@ pub struct TrainConfig {
     pub sample_tokens: usize,
     /// Sampling temperature of that sample. Default 0.8.
     pub sample_temperature: f64,
+    /// Parameter groups left untouched by training (fine-tuning).
+    pub freeze: crate::freeze::FreezeConfig,
 }
 
 impl Default for TrainConfig {
@@ -116,6 +118,7 @@ impl Default for TrainConfig {
             batching: Batching::Random,
             sample_tokens: 500,
             sample_temperature: 0.8,
+            freeze: Default::default(),
         }
     }
 }
@@ -171,6 +174,7 @@ impl ExperimentConfig {
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.model.validate()?;
+        self.train.freeze.validate(self.model.n_layers, self.model.tie_embeddings)?;
         self.data.validate().map_err(|e| ConfigError::new(e.to_string()))?;
         self.train.validate()
     }

@@ -60,6 +60,51 @@ pub fn generate(
     all.split_off(prompt.len())
 }
 
+/// Beam search: keeps the `beams` continuations of highest total log-probability and returns the
+/// best after `max_new_tokens` tokens. All beams run as one batch; each step recomputes the last
+/// `model.seq_len` tokens (no cache: reordering caches between beams is not worth it at these
+/// sizes).
+pub fn beam_search(
+    model: &DecoderLm,
+    prompt: &[u32],
+    beams: usize,
+    max_new_tokens: usize,
+    device: &Device,
+) -> Vec<u32> {
+    let context = model.seq_len.max(1);
+    let beams = beams.max(1);
+    // (tokens, total log-probability)
+    let mut alive: Vec<(Vec<u32>, f64)> = vec![(prompt.to_vec(), 0.0)];
+    for _ in 0..max_new_tokens {
+        let len = alive[0].0.len().min(context);
+        let ids: Vec<i64> = alive.iter().flat_map(|(t, _)| t[t.len() - len..].iter().map(|&x| x as i64)).collect();
+        let b = alive.len();
+        let x = Tensor::<2, Int>::from_data(TensorData::new(ids, [b, len]), device);
+        let logits = model.forward(x).logits;
+        let v = logits.dims()[2];
+        let logp = burn::tensor::activation::log_softmax(logits.slice([0..b, len - 1..len, 0..v]), 2);
+        let logp: Vec<f32> = logp.into_data().try_to_vec::<f32>().unwrap_or_default();
+        let mut candidates: Vec<(usize, u32, f64)> = Vec::with_capacity(b * v);
+        for (i, (_, score)) in alive.iter().enumerate() {
+            for t in 0..v {
+                candidates.push((i, t as u32, score + logp[i * v + t] as f64));
+            }
+        }
+        candidates.sort_by(|a, b| b.2.total_cmp(&a.2).then(a.0.cmp(&b.0)).then(a.1.cmp(&b.1)));
+        candidates.truncate(beams);
+        alive = candidates
+            .into_iter()
+            .map(|(i, t, score)| {
+                let mut tokens = alive[i].0.clone();
+                tokens.push(t);
+                (tokens, score)
+            })
+            .collect();
+    }
+    let mut best = alive.swap_remove(0).0;
+    best.split_off(prompt.len())
+}
+
 /// Samples a token id from `logits` with the temperature, top-k and top-p of `cfg`.
 pub fn pick(logits: &[f32], cfg: &SampleConfig, rng: &mut impl Rng) -> u32 {
     let mut order: Vec<usize> = (0..logits.len()).collect();
@@ -104,6 +149,33 @@ mod tests {
 
     fn cfg(temperature: f64, top_k: usize, top_p: f64) -> SampleConfig {
         SampleConfig { max_new_tokens: 1, temperature, top_k, top_p, seed: 0, no_cache: false }
+    }
+
+    impl SampleConfig {
+        fn with_tokens(mut self, n: usize) -> Self {
+            self.max_new_tokens = n;
+            self
+        }
+    }
+
+    #[test]
+    fn beam_search_finds_at_least_the_greedy_probability() {
+        let dev = Device::flex();
+        dev.seed(8);
+        let model = variorum_model::zoo::tiny().init(&dev);
+        let prompt = [3u32, 1, 4];
+        let greedy = generate(&model, &prompt, &cfg(0.0, 0, 1.0).with_tokens(10), &dev, |_| {});
+        assert_eq!(beam_search(&model, &prompt, 1, 10, &dev), greedy, "one beam is greedy decoding");
+        let beam = beam_search(&model, &prompt, 4, 10, &dev);
+        let logprob = |cont: &[u32]| {
+            let all: Vec<i64> = prompt.iter().chain(cont).map(|&t| t as i64).collect();
+            let n = all.len();
+            let x = Tensor::<2, Int>::from_data(TensorData::new(all[..n - 1].to_vec(), [1, n - 1]), &dev);
+            let t = Tensor::<3, Int>::from_data(TensorData::new(all[1..].to_vec(), [1, n - 1, 1]), &dev);
+            let lp = burn::tensor::activation::log_softmax(model.forward(x).logits, 2).gather(2, t);
+            lp.slice([0..1, prompt.len() - 1..n - 1, 0..1]).sum().into_scalar::<f32>()
+        };
+        assert!(logprob(&beam) >= logprob(&greedy) - 1e-4, "beam {} < greedy {}", logprob(&beam), logprob(&greedy));
     }
 
     #[test]

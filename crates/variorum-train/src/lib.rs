@@ -6,6 +6,7 @@ pub mod checkpoint;
 pub mod clip;
 pub mod config;
 pub mod eval;
+pub mod freeze;
 pub mod generate;
 pub mod metrics;
 pub mod plot;

@@ -77,6 +77,7 @@ pub fn train_step(
         });
     }
     let mut grads = single.unwrap_or_else(|| acc.grads());
+    crate::freeze::drop_frozen_grads(&model, &mut grads, &cfg.freeze);
     let grad_norm = if cfg.grad_clip > 0.0 {
         clip_global_norm(&model, &mut grads, cfg.grad_clip)
     } else {

@@ -313,3 +313,31 @@ fn fine_tuning_into_a_longer_context_continues_from_the_old_loss() {
     let report = variorum_train::transfer::init_from(&mut m, &old).unwrap();
     assert!(report.new.iter().any(|n| n.contains("table")), "{}", report.summary());
 }
+
+#[test]
+fn frozen_groups_do_not_move() {
+    let _guard = seeded();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cfg = tiny_config(&corpus(tmp.path()), 0.0);
+    cfg.train.freeze.embeddings = true;
+    cfg.train.freeze.first_blocks = 1;
+    // one run stopped after 1 step, one after 6: frozen weights are the same in both
+    let models: Vec<variorum_model::DecoderLm> = [1u64, 6]
+        .iter()
+        .map(|&steps| {
+            let mut c = cfg.clone();
+            c.train.steps = steps;
+            let run = tmp.path().join(format!("run{steps}"));
+            train(c, &options(&run)).unwrap();
+            variorum_train::run::Run::load(&run, &Device::flex()).unwrap().model
+        })
+        .collect();
+    let same = |a: Tensor<2>, b: Tensor<2>| (a - b).abs().max().into_scalar::<f32>() == 0.0;
+    let qkv = |m: &variorum_model::DecoderLm, i: usize| match &m.blocks[i].attn {
+        variorum_attention::Attention::Full(a) => a.qkv.qkv.weight.val(),
+    };
+    let (a, b) = (&models[0], &models[1]);
+    assert!(same(a.token_embedding.weight.val(), b.token_embedding.weight.val()), "frozen embedding moved");
+    assert!(same(qkv(a, 0), qkv(b, 0)), "frozen block 0 moved");
+    assert!(!same(qkv(a, 1), qkv(b, 1)), "block 1 is not frozen and must train");
+}
