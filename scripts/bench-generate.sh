@@ -51,24 +51,11 @@ for c in "${contexts[@]}"; do
 done
 
 # 1. Reference virtualenv with torch (as scripts/compare-pytorch.sh).
-if [[ ! -x "$VENV/bin/python" ]]; then
-  say "creating $VENV"
-  "$PYTHON" -m venv "$VENV"
-fi
-if ! "$VENV/bin/python" -c 'import torch' >/dev/null 2>&1; then
-  say "installing scripts/reference/requirements.txt into $VENV (torch from PyPI is several GB)"
-  "$VENV/bin/python" -m pip install --disable-pip-version-check -r scripts/reference/requirements.txt
-fi
+source scripts/reference/prepare.sh
+ensure_reference_venv
 
 # 2. Corpus.
-if [[ ! -f "$DATA" ]]; then
-  say "fetching the Shakespeare corpus"
-  bash datasets/shakespeare/fetch.sh
-fi
-if [[ ! -f "$DATA" ]]; then
-  echo "error: $DATA is still missing after datasets/shakespeare/fetch.sh" >&2
-  exit 1
-fi
+ensure_corpus
 
 # 3. variorum (built only when missing).
 if [[ ! -x "$BIN" ]]; then
