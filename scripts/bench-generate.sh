@@ -22,21 +22,15 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+source scripts/reference/prepare.sh
 
 CONTEXTS="${CONTEXTS:-256 1024}"
 PROMPT_LEN="${PROMPT_LEN:-16}"
 REPEATS="${REPEATS:-3}"
 OUT="${OUT:-runs/bench-generate}"
-PYTORCH_THREADS="${PYTORCH_THREADS:-2}"
-PYTHON="${PYTHON:-python3}"
-VENV=".venv-reference"
-DATA="data/shakespeare/input.txt"
 CONFIG="configs/gpt-ctx1024-char.toml"
 MAX_CONTEXT=1024 # model.seq_len of $CONFIG
-TARGET_DIR="${CARGO_TARGET_DIR:-target}"
-BIN="$TARGET_DIR/release/variorum"
 
-say() { printf '==> %s\n' "$*" >&2; }
 is_count() { [[ "$1" =~ ^[1-9][0-9]*$ ]]; }
 
 is_count "$PROMPT_LEN" || { echo "error: PROMPT_LEN must be a positive integer, got '$PROMPT_LEN'" >&2; exit 2; }
@@ -51,7 +45,6 @@ for c in "${contexts[@]}"; do
 done
 
 # 1. Reference virtualenv with torch (as scripts/compare-pytorch.sh).
-source scripts/reference/prepare.sh
 ensure_reference_venv
 
 # 2. Corpus.

@@ -14,25 +14,17 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+source scripts/reference/prepare.sh
 
 ITERS="${ITERS:-2000}"
 OUT="${OUT:-runs/compare-pytorch}"
-PYTORCH_THREADS="${PYTORCH_THREADS:-2}"
-PYTHON="${PYTHON:-python3}"
-VENV=".venv-reference"
-DATA="data/shakespeare/input.txt"
 CONFIG="configs/gpt-baby-shakespeare-char.toml"
-TARGET_DIR="${CARGO_TARGET_DIR:-target}"
-BIN="$TARGET_DIR/release/variorum"
-
-say() { printf '==> %s\n' "$*" >&2; }
 
 case "$ITERS" in
   '' | *[!0-9]*) echo "error: ITERS must be a positive integer, got '$ITERS'" >&2; exit 2 ;;
 esac
 
 # 1. Reference virtualenv with torch.
-source scripts/reference/prepare.sh
 ensure_reference_venv
 
 # 2. Corpus.

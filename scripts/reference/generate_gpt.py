@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 # train_gpt.py only defines things at import time (its main() runs under __main__).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train_gpt import CharGPT, count_parameters  # noqa: E402
+from train_gpt import CharGPT, count_parameters, log  # noqa: E402
 
 
 # --------------------------------------------------------------------------- KV cache
@@ -154,10 +154,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.block_size < max(args.contexts):
         p.error(f"--block_size {args.block_size} is below the largest context {max(args.contexts)}")
     return args
-
-
-def log(msg: str) -> None:
-    print(msg, flush=True)
 
 
 def main(argv=None) -> int:

@@ -1,5 +1,14 @@
-# Sourced by scripts/compare-pytorch.sh and scripts/bench-generate.sh: the reference virtualenv
-# with torch, and the Shakespeare corpus. Uses $PYTHON, $VENV, $DATA and a `say` function.
+# Sourced by scripts/compare-pytorch.sh and scripts/bench-generate.sh (from the repository root):
+# their shared settings, the reference virtualenv with torch, and the Shakespeare corpus.
+
+PYTORCH_THREADS="${PYTORCH_THREADS:-2}"
+PYTHON="${PYTHON:-python3}"
+VENV=".venv-reference"
+DATA="data/shakespeare/input.txt"
+TARGET_DIR="${CARGO_TARGET_DIR:-target}"
+BIN="$TARGET_DIR/release/variorum"
+
+say() { printf '==> %s\n' "$*" >&2; }
 
 ensure_reference_venv() {
   if [[ ! -x "$VENV/bin/python" ]]; then
