@@ -5,7 +5,8 @@ use serde::{Deserialize, Serialize};
 use variorum_core::{Capabilities, ConfigError, KindInfo};
 
 use crate::contract::AttentionState;
-use crate::{AttentionInput, AttentionOutput, MultiHeadAttention, MultiHeadAttentionConfig};
+use crate::{AttentionInput, AttentionOutput, MultiHeadAttention, MultiHeadAttentionConfig, Positioning};
+use variorum_position::HeadShape;
 
 /// `model.attention`: one variant per mechanism, chosen by `kind`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -45,9 +46,23 @@ impl AttentionConfig {
         }
     }
 
-    pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> Attention {
+    pub fn init(
+        &self,
+        d_model: usize,
+        init_std: f64,
+        out_std: f64,
+        position: Positioning,
+        device: &Device,
+    ) -> Attention {
         match self {
-            Self::Full(c) => Attention::Full(c.init(d_model, init_std, out_std, device)),
+            Self::Full(c) => Attention::Full(c.init(d_model, init_std, out_std, position, device)),
+        }
+    }
+
+    /// Query heads and head size (what position schemes are built for).
+    pub fn heads(&self, d_model: usize) -> HeadShape {
+        match self {
+            Self::Full(c) => c.heads(d_model),
         }
     }
 

@@ -6,12 +6,17 @@
 //! where M is −∞ on hidden entries (future keys, padding). Grouped-query attention shares each
 //! K/V head among `n_heads / n_kv_heads` query heads: the queries of a group are stacked along
 //! the length so one batched GEMM serves the group and K/V are never copied.
+//!
+//! A relative position scheme (`model.position`) lives inside: it rotates new queries and keys
+//! (RoPE), acts on the scaled scores with their absolute positions (bias, multiplier or extra
+//! q/k terms), and may add a term to the context (Shaw's value vectors).
 
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
 use serde::{Deserialize, Serialize};
 use variorum_core::{ConfigError, error::check, error::divisors};
+use variorum_position::{HeadShape, PositionConfig, RelativePosition, ScoreLayout};
 
 use crate::{AttentionInput, AttentionOutput, KvCache, QkvProjection, QkvProjectionConfig};
 
@@ -81,11 +86,23 @@ impl MultiHeadAttentionConfig {
         })
     }
 
+    pub fn heads(&self, d_model: usize) -> HeadShape {
+        HeadShape { d_model, n_heads: self.n_heads, head_dim: self.head_dim(d_model) }
+    }
+
     /// `init_std` for q/k/v; `out_std` for the output projection (GPT-2 scales residual
-    /// projections by 1/√(2·n_layers)).
-    pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> MultiHeadAttention {
+    /// projections by 1/√(2·n_layers)); `position` supplies the layer's relative scheme, if any.
+    pub fn init(
+        &self,
+        d_model: usize,
+        init_std: f64,
+        out_std: f64,
+        position: Positioning,
+        device: &Device,
+    ) -> MultiHeadAttention {
         let head_dim = self.head_dim(d_model);
         MultiHeadAttention {
+            position: position.config.init_relative(self.heads(d_model), position.context, device),
             qkv: QkvProjectionConfig::new(d_model, self.n_heads, self.kv_heads(), head_dim)
                 .with_bias(self.bias)
                 .with_init_std(init_std)
@@ -95,7 +112,7 @@ impl MultiHeadAttentionConfig {
                 .with_initializer(Initializer::Normal { mean: 0.0, std: out_std })
                 .init(device),
             dropout: DropoutConfig::new(self.dropout).init(),
-            scale: 1.0 / (head_dim as f64).sqrt(),
+            scale: position.config.content_scale() / (head_dim as f64).sqrt(),
         }
     }
 
@@ -109,9 +126,23 @@ impl MultiHeadAttentionConfig {
     }
 }
 
+/// The position scheme a mechanism is built with, and the model's context length (the size of
+/// learned position tables).
+#[derive(Debug, Clone, Copy)]
+pub struct Positioning<'a> {
+    pub config: &'a PositionConfig,
+    pub context: usize,
+}
+
+impl Positioning<'_> {
+    /// No relative scheme (absolute positions, or none).
+    pub const NONE: Positioning<'static> = Positioning { config: &PositionConfig::None, context: 0 };
+}
+
 #[derive(Module, Debug)]
 pub struct MultiHeadAttention {
     pub qkv: QkvProjection,
+    pub position: Option<RelativePosition>,
     pub out: Linear,
     pub dropout: Dropout,
     pub scale: f64,
@@ -125,6 +156,15 @@ impl MultiHeadAttention {
             None => self.qkv.self_attention(input.query),
             Some(src) => self.qkv.cross_attention(input.query, src),
         };
+        let mask = input.mask;
+        let (q, k) = match &self.position {
+            // new keys follow the cached ones
+            Some(p) => {
+                let cached = cache.as_ref().map_or(0, |c| c.len());
+                (p.rotate(q, mask.q_start), p.rotate(k, mask.k_start + cached))
+            }
+            None => (q, k),
+        };
         let (k, v) = match cache {
             Some(c) => c.append(k, v),
             None => (k, v),
@@ -132,11 +172,17 @@ impl MultiHeadAttention {
         let (h, hkv, dh) = (self.qkv.n_heads, self.qkv.n_kv_heads, self.qkv.head_dim);
         let lk = k.dims()[2];
         let g = h / hkv;
+        let layout = ScoreLayout::new(mask.q_start, mask.k_start, lq, lk, mask.causal);
 
         // queries of a group stacked along the length: [b, hkv, g·lq, dh] @ [b, hkv, dh, lk]
         let q = q.mul_scalar(self.scale);
+        let q_heads = self.position.as_ref().map(|_| q.clone());
         let q = if g == 1 { q } else { q.reshape([b, hkv, g * lq, dh]) };
-        let scores = q.matmul(k.swap_dims(2, 3)).reshape([b, h, lq, lk]);
+        let scores = q.matmul(k.clone().swap_dims(2, 3)).reshape([b, h, lq, lk]);
+        let scores = match (&self.position, q_heads) {
+            (Some(p), Some(q)) => p.scores(scores, q, k, &layout, self.scale),
+            _ => scores,
+        };
 
         let mask = input.dense_mask.or_else(|| input.mask.score_mask(lq, lk, &device));
         let scores = match mask {
@@ -147,8 +193,14 @@ impl MultiHeadAttention {
         let weights = input.need_weights.then(|| probs.clone());
         let probs = self.dropout.forward(probs);
 
+        let extra = self.position.as_ref().and_then(|p| p.context(probs.clone(), &layout));
         let probs = if g == 1 { probs } else { probs.reshape([b, hkv, g * lq, lk]) };
-        let context = probs.matmul(v).reshape([b, h, lq, dh]).swap_dims(1, 2).reshape([b, lq, h * dh]);
+        let context = probs.matmul(v).reshape([b, h, lq, dh]);
+        let context = match extra {
+            Some(e) => context + e,
+            None => context,
+        };
+        let context = context.swap_dims(1, 2).reshape([b, lq, h * dh]);
         AttentionOutput { context: self.out.forward(context), weights, aux_losses: Vec::new() }
     }
 }
@@ -162,7 +214,7 @@ mod tests {
     fn attention(n_heads: usize, n_kv_heads: usize, device: &Device) -> MultiHeadAttention {
         let cfg = MultiHeadAttentionConfig { n_heads, n_kv_heads: Some(n_kv_heads), ..Default::default() };
         cfg.validate(16).unwrap();
-        cfg.init(16, 0.2, 0.2, device)
+        cfg.init(16, 0.2, 0.2, Positioning::NONE, device)
     }
 
     fn random(shape: [usize; 3], device: &Device) -> Tensor<3> {

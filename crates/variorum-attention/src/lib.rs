@@ -16,5 +16,5 @@ pub mod qkv;
 pub use cache::KvCache;
 pub use config::{Attention, AttentionConfig};
 pub use contract::{AttentionInput, AttentionOutput, AttentionState};
-pub use full::{MultiHeadAttention, MultiHeadAttentionConfig};
+pub use full::{MultiHeadAttention, MultiHeadAttentionConfig, Positioning};
 pub use qkv::{QkvProjection, QkvProjectionConfig};

@@ -8,7 +8,7 @@
 use burn::nn::{Dropout, DropoutConfig};
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
-use variorum_attention::{Attention, AttentionConfig, AttentionInput, AttentionState};
+use variorum_attention::{Attention, AttentionConfig, AttentionInput, AttentionState, Positioning};
 use variorum_core::{AttentionMask, AuxLosses, Capabilities, ConfigError, KindInfo, error::check};
 
 use crate::{FeedForward, FeedForwardConfig, Norm, NormKind};
@@ -47,6 +47,8 @@ impl Default for BlockConfig {
 pub struct BlockParts<'a> {
     pub d_model: usize,
     pub attention: &'a AttentionConfig,
+    /// The model's position scheme (its relative part lives in the attention).
+    pub position: Positioning<'a>,
     pub feed_forward: &'a FeedForwardConfig,
     pub dropout: f64,
     pub init_std: f64,
@@ -81,7 +83,7 @@ impl BlockConfig {
         let r = self.residual();
         TransformerBlock {
             attn_norm: r.norm.init(parts.d_model, r.norm_eps, device),
-            attn: parts.attention.init(parts.d_model, parts.init_std, parts.out_std, device),
+            attn: parts.attention.init(parts.d_model, parts.init_std, parts.out_std, parts.position, device),
             ffn_norm: r.norm.init(parts.d_model, r.norm_eps, device),
             ffn: parts.feed_forward.init(parts.d_model, parts.dropout, parts.init_std, parts.out_std, device),
             dropout: DropoutConfig::new(parts.dropout).init(),

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use variorum_attention::AttentionConfig;
 use variorum_block::{BlockConfig, FeedForwardConfig};
 use variorum_core::{ConfigError, error::check};
-use variorum_position::AbsolutePositionConfig;
+use variorum_position::PositionConfig;
 
 use crate::DecoderLm;
 
@@ -27,7 +27,8 @@ pub struct ModelConfig {
     /// std of the normal initialisation of weights (GPT-2: 0.02); residual output
     /// projections get `init_std / √(2·n_layers)`. Default 0.02.
     pub init_std: f64,
-    pub position: AbsolutePositionConfig,
+    /// Position scheme: absolute (added to the input) or relative (inside every attention layer).
+    pub position: PositionConfig,
     pub attention: AttentionConfig,
     pub block: BlockConfig,
     pub feed_forward: FeedForwardConfig,
@@ -43,7 +44,7 @@ impl Default for ModelConfig {
             dropout: 0.0,
             tie_embeddings: true,
             init_std: 0.02,
-            position: AbsolutePositionConfig::default(),
+            position: PositionConfig::default(),
             attention: AttentionConfig::default(),
             block: BlockConfig::default(),
             feed_forward: FeedForwardConfig::default(),
@@ -59,8 +60,23 @@ impl ModelConfig {
         check(self.vocab_size != Some(0), || "model.vocab_size must be at least 1".into())?;
         check((0.0..1.0).contains(&self.dropout), || format!("model.dropout = {} must be in [0, 1)", self.dropout))?;
         check(self.init_std > 0.0, || format!("model.init_std = {} must be > 0", self.init_std))?;
-        self.position.validate(self.d_model, self.seq_len)?;
         self.attention.validate(self.d_model)?;
+        self.position.validate(self.attention.heads(self.d_model), self.seq_len)?;
+        let (pos, attn) = (self.position.capabilities(), self.attention.capabilities());
+        check(!pos.score_bias || attn.score_bias, || {
+            format!(
+                "model.position.kind = \"{}\" acts on the attention scores, but model.attention.kind = \"{}\" never forms them: use a score-forming attention or a position kind that needs no scores (sinusoidal, learned, rope, none)",
+                self.position.kind(),
+                self.attention.kind()
+            )
+        })?;
+        check(!pos.qk_rotation || attn.qk_rotation, || {
+            format!(
+                "model.position.kind = \"{}\" rotates queries and keys, but model.attention.kind = \"{}\" has none to rotate: use an absolute position kind",
+                self.position.kind(),
+                self.attention.kind()
+            )
+        })?;
         check(self.attention.capabilities().causal, || {
             format!(
                 "model.attention.kind = \"{}\" cannot be causal, and a decoder LM needs causal attention",

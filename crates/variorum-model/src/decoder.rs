@@ -2,12 +2,15 @@
 //!
 //! tokens → embedding (+ absolute positions) → dropout → N blocks → (final norm, pre-LN) → logits
 //!
+//! Per-layer position signals (per-layer learned tables, the Universal Transformer's timestep
+//! signal) are added to each block's input; relative schemes live inside each block's attention.
+//!
 //! Logits use the token embedding transposed when `tie_embeddings` (Press & Wolf 2017).
 
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Dropout, DropoutConfig, Embedding, EmbeddingConfig, Initializer, Linear, LinearConfig};
 use burn::prelude::*;
-use variorum_attention::AttentionState;
+use variorum_attention::{AttentionState, Positioning};
 use variorum_block::{Norm, TransformerBlock, block::BlockParts};
 use variorum_core::{AttentionMask, AuxLosses};
 use variorum_position::AbsolutePosition;
@@ -33,6 +36,8 @@ pub struct DecoderState {
 pub struct DecoderLm {
     pub token_embedding: Embedding,
     pub position: Option<AbsolutePosition>,
+    /// Empty, or one signal per block added to its input.
+    pub layer_positions: Vec<AbsolutePosition>,
     pub embedding_dropout: Dropout,
     pub blocks: Vec<TransformerBlock>,
     /// Present for pre-LN stacks, whose residual stream is never normalised otherwise.
@@ -51,6 +56,7 @@ impl DecoderLm {
         let parts = BlockParts {
             d_model: d,
             attention: &cfg.attention,
+            position: Positioning { config: &cfg.position, context: cfg.seq_len },
             feed_forward: &cfg.feed_forward,
             dropout: cfg.dropout,
             init_std: cfg.init_std,
@@ -59,7 +65,10 @@ impl DecoderLm {
         let norm = cfg.block.residual();
         Self {
             token_embedding: EmbeddingConfig::new(vocab, d).with_initializer(init.clone()).init(device),
-            position: cfg.position.init(d, cfg.seq_len, device),
+            position: cfg.position.init_input(d, cfg.seq_len, device),
+            layer_positions: (0..cfg.n_layers)
+                .filter_map(|i| cfg.position.init_layer(i, d, cfg.seq_len, device))
+                .collect(),
             embedding_dropout: DropoutConfig::new(cfg.dropout).init(),
             blocks: (0..cfg.n_layers).map(|_| cfg.block.init(&parts, device)).collect(),
             final_norm: cfg.block.pre_norm().then(|| norm.norm.init(d, norm.norm_eps, device)),
@@ -96,6 +105,9 @@ impl DecoderLm {
         let mut aux_losses = Vec::new();
         for (i, block) in self.blocks.iter().enumerate() {
             let layer_state = state.as_deref_mut().map(|s| &mut s.layers[i]);
+            if let Some(p) = self.layer_positions.get(i) {
+                x = p.forward(x, start);
+            }
             let out = block.forward(x, &mask, dense.clone(), layer_state, false);
             x = out.x;
             aux_losses.extend(out.aux_losses);

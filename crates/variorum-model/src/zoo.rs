@@ -4,13 +4,16 @@
 use variorum_attention::{AttentionConfig, MultiHeadAttentionConfig};
 use variorum_block::{BlockConfig, FeedForwardConfig, FeedForwardKind, NormKind, block::ResidualConfig};
 use variorum_core::KindInfo;
-use variorum_position::{AbsolutePositionConfig, LearnedPositionConfig, SinusoidalPositionConfig};
+use variorum_position::{
+    DebertaConfig, LearnedPositionConfig, MultiplicativeConfig, PositionConfig, RopeLayout, RotaryConfig, ShawConfig,
+    SinusoidalPositionConfig, T5BiasConfig, UntiedConfig, XlRelativeConfig,
+};
 
 use crate::ModelConfig;
 
 /// All declared kinds, axis by axis.
 pub fn kinds() -> Vec<KindInfo> {
-    let mut all = AbsolutePositionConfig::zoo();
+    let mut all = PositionConfig::zoo();
     all.extend(AttentionConfig::zoo());
     all.extend(BlockConfig::zoo());
     all.extend(FeedForwardConfig::zoo());
@@ -33,11 +36,25 @@ pub fn tiny() -> ModelConfig {
 /// One tiny model per kind on every axis (each differs from [`tiny`] on one axis), named.
 pub fn variants() -> Vec<(String, ModelConfig)> {
     let mut out = vec![("base (learned, full, pre-ln, gelu)".to_string(), tiny())];
+    // relative schemes use small clipping distances so that a context of 16 reaches past them
     let positions = [
-        AbsolutePositionConfig::Sinusoidal(SinusoidalPositionConfig::default()),
-        AbsolutePositionConfig::Sinusoidal(SinusoidalPositionConfig { learnable: true, ..Default::default() }),
-        AbsolutePositionConfig::Learned(LearnedPositionConfig { max_len: Some(32) }),
-        AbsolutePositionConfig::None,
+        PositionConfig::Sinusoidal(SinusoidalPositionConfig::default()),
+        PositionConfig::Sinusoidal(SinusoidalPositionConfig { learnable: true, ..Default::default() }),
+        PositionConfig::Learned(LearnedPositionConfig { max_len: Some(32), per_layer: false }),
+        PositionConfig::Learned(LearnedPositionConfig { max_len: None, per_layer: true }),
+        PositionConfig::None,
+        PositionConfig::Shaw(ShawConfig { max_distance: 4, values: true }),
+        PositionConfig::Shaw(ShawConfig { max_distance: 4, values: false }),
+        PositionConfig::TransformerXl(XlRelativeConfig::default()),
+        PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 12 }),
+        PositionConfig::Alibi,
+        PositionConfig::Rope(RotaryConfig::default()),
+        PositionConfig::Rope(RotaryConfig { layout: RopeLayout::Interleaved, rotary_dim: Some(4), base: 500.0 }),
+        PositionConfig::Da,
+        PositionConfig::Multiplicative(MultiplicativeConfig { max_distance: 6 }),
+        PositionConfig::Untied(UntiedConfig::default()),
+        PositionConfig::Deberta(DebertaConfig { max_distance: 4 }),
+        PositionConfig::UniversalTimestep,
     ];
     for p in positions {
         out.push((format!("position {p:?}"), ModelConfig { position: p, ..tiny() }));
@@ -62,5 +79,17 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
         ));
     }
     out.push(("untied head".into(), ModelConfig { tie_embeddings: false, ..tiny() }));
+    // relative schemes with grouped-query heads (keys shared by several query heads)
+    let gqa = AttentionConfig::Full(MultiHeadAttentionConfig { n_heads: 4, n_kv_heads: Some(2), ..Default::default() });
+    for p in [
+        PositionConfig::TransformerXl(XlRelativeConfig::default()),
+        PositionConfig::Deberta(DebertaConfig { max_distance: 4 }),
+        PositionConfig::Rope(RotaryConfig::default()),
+    ] {
+        out.push((
+            format!("gqa + position {}", p.kind()),
+            ModelConfig { position: p, attention: gqa.clone(), ..tiny() },
+        ));
+    }
     out
 }

@@ -1,6 +1,10 @@
 //! Learned absolute positions (Gehring et al. 2017; GPT): a trainable vector per position,
 //! `P ∈ R^{max_len × d}`, added to the token embeddings. It cannot encode a position past
 //! `max_len`: the model refuses longer sequences with a clear error before reaching here.
+//!
+//! With `per_layer = true` every block gets its own table, added to its input (Al-Rfou et al.
+//! 2018, "Character-Level Language Modeling with Deeper Self-Attention"), instead of one table
+//! added to the embeddings.
 
 use burn::module::Param;
 use burn::nn::Initializer;
@@ -13,6 +17,8 @@ use variorum_core::{ConfigError, error::check};
 pub struct LearnedPositionConfig {
     /// Size of the table. Default: the model's context length `model.seq_len`.
     pub max_len: Option<usize>,
+    /// A separate table before every block instead of one before the first. Default false.
+    pub per_layer: bool,
 }
 
 impl LearnedPositionConfig {

@@ -1,14 +1,41 @@
-//! Position encodings.
+//! Position encodings, the `model.position` axis ([`PositionConfig`]).
 //!
-//! Absolute schemes are added to the token embeddings once, before the first block
-//! ([`AbsolutePositionConfig`]). Relative schemes act inside attention (on q/k or on the score
-//! matrix) and receive the absolute positions carried by the attention contract
-//! (`variorum_core::AttentionMask::{q_start, k_start}`).
+//! Absolute schemes are added to the token embeddings before the first block (or before every
+//! block: per-layer learned tables, the Universal Transformer's timestep signal) —
+//! [`AbsolutePosition`]. Relative schemes act inside attention, on q/k or on the score matrix,
+//! and receive the absolute positions of the attention contract through a [`ScoreLayout`] —
+//! [`RelativePosition`]. One file per scheme, its defining equation in the doc comment.
 
 pub mod absolute;
+pub mod alibi;
+pub mod config;
+pub mod deberta;
+pub mod distance_aware;
+pub mod layout;
 pub mod learned;
+pub mod multiplicative;
+pub mod relative;
+pub mod rope;
+pub mod shaw;
 pub mod sinusoidal;
+pub mod t5;
+pub mod timestep;
+pub mod transformer_xl;
+pub mod untied;
 
-pub use absolute::{AbsolutePosition, AbsolutePositionConfig};
+pub use absolute::AbsolutePosition;
+pub use alibi::{AlibiBias, alibi_slopes};
+pub use config::PositionConfig;
+pub use deberta::{DebertaConfig, Disentangled};
+pub use distance_aware::DistanceAware;
+pub use layout::ScoreLayout;
 pub use learned::{LearnedPosition, LearnedPositionConfig};
+pub use multiplicative::{MultiplicativeConfig, MultiplicativePosition};
+pub use relative::{HeadShape, RelativePosition};
+pub use rope::{RopeLayout, RotaryConfig, RotaryEmbedding};
+pub use shaw::{ShawConfig, ShawRelative};
 pub use sinusoidal::{SinusoidalPosition, SinusoidalPositionConfig};
+pub use t5::{T5Bias, T5BiasConfig, t5_bucket};
+pub use timestep::TimestepEncoding;
+pub use transformer_xl::{XlRelative, XlRelativeConfig, relative_shift};
+pub use untied::{Untied, UntiedConfig};

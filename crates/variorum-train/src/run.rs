@@ -109,7 +109,8 @@ impl Run {
         let m = &self.config.model;
         match m.position.max_len(m.seq_len) {
             Some(max) if len > max => bail!(
-                "a context of {len} tokens exceeds the learned position table of {max} rows (model.position.kind = \"learned\"): use at most {max}"
+                "a context of {len} tokens exceeds the learned position table of {max} rows (model.position.kind = \"{}\"): use at most {max}",
+                m.position.kind()
             ),
             _ => Ok(()),
         }

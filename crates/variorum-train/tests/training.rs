@@ -269,11 +269,11 @@ fn evaluations_off_the_logging_grid_still_happen() {
 
 #[test]
 fn fine_tuning_into_a_longer_context_continues_from_the_old_loss() {
-    use variorum_position::{AbsolutePositionConfig, SinusoidalPositionConfig};
+    use variorum_position::{PositionConfig, SinusoidalPositionConfig};
     let _guard = seeded();
     let tmp = tempfile::tempdir().unwrap();
     let mut base = tiny_config(&corpus(tmp.path()), 0.0);
-    base.model.position = AbsolutePositionConfig::Sinusoidal(SinusoidalPositionConfig::default());
+    base.model.position = PositionConfig::Sinusoidal(SinusoidalPositionConfig::default());
     base.train.steps = 40;
     let old = tmp.path().join("old");
     let Outcome::Finished(s) = train(base.clone(), &options(&old)).unwrap() else { panic!() };
@@ -307,7 +307,7 @@ fn fine_tuning_into_a_longer_context_continues_from_the_old_loss() {
 
     // a learned table of another length is reported as skipped for shape
     let mut learned = run.config.model.clone();
-    learned.position = AbsolutePositionConfig::Learned(Default::default());
+    learned.position = PositionConfig::Learned(Default::default());
     learned.seq_len = 32;
     let mut m = learned.init(&Device::flex());
     let report = variorum_train::transfer::init_from(&mut m, &old).unwrap();

@@ -1,0 +1,94 @@
+//! Every relative position scheme, inside multi-head attention: the attention pattern depends on
+//! positions only through their differences (shifting every position by a constant changes
+//! nothing), also with keys longer than the queries (a cache or a memory), and the scheme
+//! actually changes the pattern.
+
+use burn::module::Param;
+use burn::prelude::*;
+use burn::tensor::Distribution;
+use variorum_attention::{AttentionInput, MultiHeadAttention, MultiHeadAttentionConfig, Positioning};
+use variorum_core::AttentionMask;
+use variorum_position::{
+    DebertaConfig, MultiplicativeConfig, PositionConfig, RelativePosition, RopeLayout, RotaryConfig, ShawConfig,
+    T5BiasConfig, XlRelativeConfig,
+};
+
+const D: usize = 16;
+
+fn random<const N: usize>(shape: [usize; N], dev: &Device) -> Tensor<N> {
+    Tensor::random(shape, Distribution::Normal(0.0, 1.0), dev)
+}
+
+/// The relative schemes (TUPE's `untied` is absolute by design and left out).
+fn schemes() -> Vec<PositionConfig> {
+    vec![
+        PositionConfig::Shaw(ShawConfig { max_distance: 3, values: true }),
+        PositionConfig::TransformerXl(XlRelativeConfig::default()),
+        PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 10 }),
+        PositionConfig::Alibi,
+        PositionConfig::Rope(RotaryConfig::default()),
+        PositionConfig::Rope(RotaryConfig {
+            layout: RopeLayout::Interleaved,
+            rotary_dim: Some(2),
+            ..Default::default()
+        }),
+        PositionConfig::Da,
+        PositionConfig::Multiplicative(MultiplicativeConfig { max_distance: 4 }),
+        PositionConfig::Deberta(DebertaConfig { max_distance: 3 }),
+    ]
+}
+
+fn attention(position: &PositionConfig, n_kv_heads: usize, dev: &Device) -> MultiHeadAttention {
+    let cfg = MultiHeadAttentionConfig { n_heads: 4, n_kv_heads: Some(n_kv_heads), ..Default::default() };
+    let mut attn = cfg.init(D, 0.3, 0.3, Positioning { config: position, context: 64 }, dev);
+    // parameters that start neutral (the multiplicative scalars start at 1) get random values, so
+    // that a position-dependence would show
+    if let Some(RelativePosition::Multiplicative(m)) = &mut attn.position {
+        let n = m.scale.dims()[0];
+        m.scale = Param::from_tensor(random([n], dev).add_scalar(1.0));
+    }
+    if let Some(RelativePosition::T5(t)) = &mut attn.position {
+        t.table = Param::from_tensor(random(t.table.dims(), dev));
+    }
+    attn
+}
+
+fn weights(attn: &MultiHeadAttention, q: Tensor<3>, kv: Tensor<3>, mask: &AttentionMask) -> Tensor<4> {
+    attn.forward(AttentionInput::cross_attention(q, kv, mask).with_weights(), None).weights.unwrap()
+}
+
+fn max_diff(a: Tensor<4>, b: Tensor<4>) -> f32 {
+    (a - b).abs().max().into_scalar::<f32>()
+}
+
+#[test]
+fn scores_are_invariant_to_shifting_all_positions() {
+    let dev = Device::flex();
+    for scheme in schemes() {
+        for n_kv_heads in [4, 2] {
+            let attn = attention(&scheme, n_kv_heads, &dev);
+            // 3 queries after 2 earlier keys (a cache or memory), causal; and a bidirectional block
+            for (causal, lq, lk) in [(true, 3, 5), (false, 4, 4)] {
+                let (q, kv) = (random([2, lq, D], &dev), random([2, lk, D], &dev));
+                let base = if causal { AttentionMask::causal() } else { AttentionMask::bidirectional() };
+                let at = |shift: usize| base.clone().at(lk - lq + shift, shift);
+                let w0 = weights(&attn, q.clone(), kv.clone(), &at(0));
+                let w9 = weights(&attn, q.clone(), kv.clone(), &at(9));
+                let kind = scheme.kind();
+                assert!(
+                    max_diff(w0.clone(), w9) < 1e-5,
+                    "{kind} (kv heads {n_kv_heads}, causal {causal}): shifting every position changed the attention"
+                );
+                // and the scheme does see positions: moving the queries relative to the keys
+                // (bidirectional, so the mask stays the same) changes the attention
+                if !causal {
+                    let moved = weights(&attn, q.clone(), kv.clone(), &base.clone().at(3, 0));
+                    assert!(
+                        max_diff(w0, moved) > 1e-4,
+                        "{kind}: moving the queries relative to the keys must change the attention"
+                    );
+                }
+            }
+        }
+    }
+}

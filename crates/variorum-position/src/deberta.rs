@@ -1,0 +1,101 @@
+//! DeBERTa disentangled attention (He et al. 2021):
+//!
+//! Ã_ij = Q^c_i K^c_jᵀ + Q^c_i K^r_{δ(i,j)}ᵀ + K^c_j Q^r_{δ(j,i)}ᵀ,   scaled by 1/√(3d),
+//! Q^r = P W_{q,r},  K^r = P W_{k,r},  δ(i, j) = clamp(i − j + k, 0, 2k − 1),
+//!
+//! content→content, content→position and position→content, with relative embeddings P of the 2k
+//! clipped offsets. Each position term is computed for the 2k offsets (`[len, 2k]` per head) and
+//! gathered per pair, so nothing of size L×L×d is formed.
+//!
+//! Choices: P is per layer (DeBERTa shares it across layers); the enhanced mask decoder
+//! (absolute positions before the softmax layer) is an MLM detail, left out of the decoder LM.
+
+use burn::module::Param;
+use burn::nn::{Initializer, Linear, LinearConfig};
+use burn::prelude::*;
+use serde::{Deserialize, Serialize};
+use variorum_core::{ConfigError, error::check};
+
+use crate::ScoreLayout;
+use crate::layout::gather_buckets;
+
+/// `model.position` with `kind = "deberta"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DebertaConfig {
+    /// Offsets are clipped to [−k, k) (DeBERTa's k). Default 32.
+    pub max_distance: usize,
+}
+
+impl Default for DebertaConfig {
+    fn default() -> Self {
+        Self { max_distance: 32 }
+    }
+}
+
+impl DebertaConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check(self.max_distance > 0, || "model.position.max_distance must be at least 1".into())
+    }
+
+    pub fn init(&self, d_model: usize, n_heads: usize, head_dim: usize, device: &Device) -> Disentangled {
+        let init = Initializer::Normal { mean: 0.0, std: 0.02 };
+        let proj = || {
+            LinearConfig::new(d_model, n_heads * head_dim).with_bias(false).with_initializer(init.clone()).init(device)
+        };
+        Disentangled {
+            relative: init.init([2 * self.max_distance, d_model], device),
+            position_query: proj(),
+            position_key: proj(),
+            max_distance: self.max_distance,
+            n_heads,
+        }
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct Disentangled {
+    /// P, `[2k, d_model]`.
+    pub relative: Param<Tensor<2>>,
+    /// W_{q,r}
+    pub position_query: Linear,
+    /// W_{k,r}
+    pub position_key: Linear,
+    pub max_distance: usize,
+    pub n_heads: usize,
+}
+
+impl Disentangled {
+    /// `[1, h, 2k, d_h]`
+    fn project(&self, proj: &Linear) -> Tensor<4> {
+        let p = proj.forward(self.relative.val());
+        let [rows, hd] = p.dims();
+        p.reshape([rows, self.n_heads, hd / self.n_heads]).swap_dims(0, 1).unsqueeze_dim(0)
+    }
+
+    /// c2p + p2c for scaled queries `q: [b, h, len_q, d_h]` and keys `k: [b, h_kv, len_k, d_h]`
+    /// (each K/V head serves `h / h_kv` query heads); `scale` is the score scale 1/√(3d).
+    pub fn score_term(&self, q: Tensor<4>, k: Tensor<4>, layout: &ScoreLayout, scale: f64) -> Tensor<4> {
+        let [b, h, _, dh] = q.dims();
+        let [_, hkv, lk, _] = k.dims();
+        let device = q.device();
+        let kk = self.max_distance as i64;
+        let delta = |d: i64| (d + kk).clamp(0, 2 * kk - 1);
+
+        // content→position: q_i · K^r_{δ(i,j)}
+        let c2p = q.matmul(self.project(&self.position_key).swap_dims(2, 3));
+        let c2p = gather_buckets(c2p, layout.index(delta, &device));
+
+        // position→content: k_j · Q^r_{δ(j,i)}, δ(j, i) = clamp(j − i + k) = clamp(−d + k)
+        let k = if hkv == h {
+            k
+        } else {
+            k.unsqueeze_dim::<5>(2).expand([b, hkv, h / hkv, lk, dh]).reshape([b, h, lk, dh])
+        };
+        let p2c = k.matmul(self.project(&self.position_query).swap_dims(2, 3)).mul_scalar(scale);
+        let transposed =
+            ScoreLayout { q_start: layout.k_start, k_start: layout.q_start, len_q: lk, len_k: layout.len_q, ..*layout };
+        let p2c = gather_buckets(p2c, transposed.index(delta, &device)).swap_dims(2, 3);
+        c2p + p2c
+    }
+}

@@ -1,0 +1,93 @@
+//! Where a block of attention scores sits in the sequence, and the index tensors relative
+//! schemes build from it.
+//!
+//! Query row `i` is at absolute position `q_start + i`, key column `j` at `k_start + j`
+//! (the positions of the attention contract, `variorum_core::AttentionMask`). With a KV cache or
+//! a memory the keys start before the queries; a sparse mechanism passes the layout of each
+//! block it computes. Every relative scheme is a function of the distance
+//! `query position − key position` only, which is what makes it shift-invariant.
+
+use burn::prelude::*;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScoreLayout {
+    pub q_start: usize,
+    pub k_start: usize,
+    pub len_q: usize,
+    pub len_k: usize,
+    /// The scores belong to causal attention (T5 then uses its one-sided buckets).
+    pub causal: bool,
+}
+
+impl ScoreLayout {
+    pub fn new(q_start: usize, k_start: usize, len_q: usize, len_k: usize, causal: bool) -> Self {
+        Self { q_start, k_start, len_q, len_k, causal }
+    }
+
+    /// `query position − key position` of row `i`, column `j`.
+    pub fn distance(&self, i: usize, j: usize) -> i64 {
+        (self.q_start + i) as i64 - (self.k_start + j) as i64
+    }
+
+    /// Largest distance in the block (first key, last query).
+    pub fn max_distance(&self) -> i64 {
+        self.distance(self.len_q - 1, 0)
+    }
+
+    /// Smallest distance (last key, first query).
+    pub fn min_distance(&self) -> i64 {
+        self.distance(0, self.len_k - 1)
+    }
+
+    /// `[len_q, len_k]` integer tensor of `f(query position − key position)`.
+    pub fn index(&self, f: impl Fn(i64) -> i64, device: &Device) -> Tensor<2, Int> {
+        let (lq, lk) = (self.len_q, self.len_k);
+        let mut v = Vec::with_capacity(lq * lk);
+        for i in 0..lq {
+            for j in 0..lk {
+                v.push(f(self.distance(i, j)));
+            }
+        }
+        Tensor::from_data(TensorData::new(v, [lq, lk]), device)
+    }
+
+    /// `[len_q, len_k]` float tensor of `f(query position − key position)`.
+    pub fn values(&self, f: impl Fn(i64) -> f32, device: &Device) -> Tensor<2> {
+        let (lq, lk) = (self.len_q, self.len_k);
+        let mut v = Vec::with_capacity(lq * lk);
+        for i in 0..lq {
+            for j in 0..lk {
+                v.push(f(self.distance(i, j)));
+            }
+        }
+        Tensor::from_data(TensorData::new(v, [lq, lk]), device)
+    }
+}
+
+/// `[1, h, len_q, len_k]` from a per-head table `[h, buckets]` and a bucket index `[len_q, len_k]`.
+pub fn per_head_bias(table: Tensor<2>, index: Tensor<2, Int>) -> Tensor<4> {
+    let [h, _] = table.dims();
+    let [lq, lk] = index.dims();
+    table.select(1, index.reshape([lq * lk])).reshape([1, h, lq, lk])
+}
+
+/// `out[.., i, j] = x[.., i, index[i, j]]`: picks, for every query/key pair, the entry of its
+/// distance bucket from `x: [b, h, len_q, buckets]`.
+pub fn gather_buckets(x: Tensor<4>, index: Tensor<2, Int>) -> Tensor<4> {
+    let [b, h, _, _] = x.dims();
+    let [lq, lk] = index.dims();
+    x.gather(3, index.reshape([1, 1, lq, lk]).expand([b, h, lq, lk]))
+}
+
+/// The adjoint of [`gather_buckets`]: sums `p: [b, h, len_q, len_k]` into `[b, h, len_q, buckets]`
+/// by the bucket of each pair.
+pub fn scatter_buckets(p: Tensor<4>, index: Tensor<2, Int>, buckets: usize) -> Tensor<4> {
+    let [b, h, lq, lk] = p.dims();
+    let device = p.device();
+    Tensor::zeros([b, h, lq, buckets], &device).scatter(
+        3,
+        index.reshape([1, 1, lq, lk]).expand([b, h, lq, lk]),
+        p,
+        burn::tensor::IndexingUpdateOp::Add,
+    )
+}

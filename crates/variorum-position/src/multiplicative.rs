@@ -1,0 +1,58 @@
+//! Multiplicative relative position (reference: position-and-efficiency.md, eq. 12):
+//!
+//! ã_ij = (x_i Φ_q Φ_kᵀ x_jᵀ) · π_{|i−j|},
+//!
+//! one learned scalar per absolute offset |i − j|, shared by the heads of a layer, multiplying
+//! the content scores. Offsets beyond `max_distance` share the last scalar, so any length can be
+//! scored. The scalars start at 1 (the unmodified attention).
+
+use burn::module::Param;
+use burn::prelude::*;
+use serde::{Deserialize, Serialize};
+use variorum_core::{ConfigError, error::check};
+
+use crate::ScoreLayout;
+
+/// `model.position` with `kind = "multiplicative"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MultiplicativeConfig {
+    /// Largest offset with its own scalar. Default 128.
+    pub max_distance: usize,
+}
+
+impl Default for MultiplicativeConfig {
+    fn default() -> Self {
+        Self { max_distance: 128 }
+    }
+}
+
+impl MultiplicativeConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check(self.max_distance > 0, || "model.position.max_distance must be at least 1".into())
+    }
+
+    pub fn init(&self, device: &Device) -> MultiplicativePosition {
+        MultiplicativePosition {
+            scale: Param::from_tensor(Tensor::ones([self.max_distance + 1], device)),
+            max_distance: self.max_distance,
+        }
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct MultiplicativePosition {
+    /// π, `[max_distance + 1]`.
+    pub scale: Param<Tensor<1>>,
+    pub max_distance: usize,
+}
+
+impl MultiplicativePosition {
+    /// π_{|i−j|} as `[1, 1, len_q, len_k]`.
+    pub fn factors(&self, layout: &ScoreLayout, device: &Device) -> Tensor<4> {
+        let m = self.max_distance as i64;
+        let index = layout.index(|d| d.abs().min(m), device);
+        let [lq, lk] = index.dims();
+        self.scale.val().select(0, index.reshape([lq * lk])).reshape([1, 1, lq, lk])
+    }
+}

@@ -1,0 +1,189 @@
+//! Rotary position embedding (RoPE; Su et al. 2021, "RoFormer"):
+//!
+//! f(x, m)_{(2k, 2k+1)} = [[cos mθ_k, −sin mθ_k], [sin mθ_k, cos mθ_k]] · (x_{2k}, x_{2k+1}),
+//! θ_k = base^(−2k/d_rot),
+//!
+//! applied to every query and key head before the scores, so that
+//! ⟨f(q, m), f(k, n)⟩ = g(q, k, m − n) depends on positions only through their difference.
+//!
+//! Two layouts pair the dimensions differently: `interleaved` rotates (x_{2k}, x_{2k+1}) as in the
+//! paper; `rotate-half` rotates (x_k, x_{k+d_rot/2}) as GPT-NeoX and LLaMA do. They are the same
+//! map up to a fixed permutation of the head dimensions. `rotary_dim < head_dim` rotates only the
+//! first `rotary_dim` dimensions of each head (GPT-J, GPT-NeoX) and passes the rest through.
+
+use burn::prelude::*;
+use serde::{Deserialize, Serialize};
+use variorum_core::{ConfigError, error::check};
+
+/// Which dimensions are rotated together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RopeLayout {
+    /// (x_k, x_{k + d/2}) — GPT-NeoX, LLaMA.
+    #[default]
+    RotateHalf,
+    /// (x_{2k}, x_{2k+1}) — the paper.
+    Interleaved,
+}
+
+/// `model.position` with `kind = "rope"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RotaryConfig {
+    /// Base of the wavelengths. Default 10000.
+    pub base: f64,
+    /// `rotate-half` (default) or `interleaved`.
+    pub layout: RopeLayout,
+    /// Rotated dimensions per head (even). Default: the whole head.
+    pub rotary_dim: Option<usize>,
+}
+
+impl Default for RotaryConfig {
+    fn default() -> Self {
+        Self { base: 10_000.0, layout: RopeLayout::RotateHalf, rotary_dim: None }
+    }
+}
+
+impl RotaryConfig {
+    pub fn validate(&self, head_dim: usize) -> Result<(), ConfigError> {
+        check(self.base > 1.0, || format!("model.position.base = {} must be > 1 (10000 is the paper's)", self.base))?;
+        let r = self.rotary_dim.unwrap_or(head_dim);
+        check(r % 2 == 0 && r > 0 && r <= head_dim, || {
+            format!(
+                "model.position.rotary_dim = {r} must be even, at least 2 and at most the head size {head_dim} (rope rotates pairs of dimensions)"
+            )
+        })
+    }
+
+    pub fn init(&self, head_dim: usize) -> RotaryEmbedding {
+        RotaryEmbedding {
+            base: self.base,
+            rotary_dim: self.rotary_dim.unwrap_or(head_dim),
+            interleaved: self.layout == RopeLayout::Interleaved,
+        }
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct RotaryEmbedding {
+    pub base: f64,
+    pub rotary_dim: usize,
+    pub interleaved: bool,
+}
+
+impl RotaryEmbedding {
+    /// cos and sin of m·θ_k for positions `start..start+len`, each `[len, rotary_dim / 2]`.
+    fn angles(&self, start: usize, len: usize, device: &Device) -> (Tensor<2>, Tensor<2>) {
+        let half = self.rotary_dim / 2;
+        let (mut c, mut s) = (Vec::with_capacity(len * half), Vec::with_capacity(len * half));
+        for m in start..start + len {
+            for k in 0..half {
+                // in f64 so that large positions keep their precision
+                let a = m as f64 * self.base.powf(-(2.0 * k as f64) / self.rotary_dim as f64);
+                c.push(a.cos() as f32);
+                s.push(a.sin() as f32);
+            }
+        }
+        let t = |v| Tensor::<2>::from_data(TensorData::new(v, [len, half]), device);
+        (t(c), t(s))
+    }
+
+    /// Rotates `x: [batch, heads, len, head_dim]` whose rows sit at positions `start..start+len`.
+    pub fn rotate(&self, x: Tensor<4>, start: usize) -> Tensor<4> {
+        let [b, h, l, dh] = x.dims();
+        let (r, half) = (self.rotary_dim, self.rotary_dim / 2);
+        let (cos, sin) = self.angles(start, l, &x.device());
+        let (cos, sin) = (cos.reshape([1, 1, l, half]), sin.reshape([1, 1, l, half]));
+        let rot = if r == dh { x.clone() } else { x.clone().narrow(3, 0, r) };
+        let rotated = if self.interleaved {
+            let pairs = rot.reshape([b, h, l, half, 2]);
+            let x0 = pairs.clone().narrow(4, 0, 1).reshape([b, h, l, half]);
+            let x1 = pairs.narrow(4, 1, 1).reshape([b, h, l, half]);
+            let y0 = x0.clone() * cos.clone() - x1.clone() * sin.clone();
+            let y1 = x1 * cos + x0 * sin;
+            Tensor::stack::<5>(vec![y0, y1], 4).reshape([b, h, l, r])
+        } else {
+            let x0 = rot.clone().narrow(3, 0, half);
+            let x1 = rot.narrow(3, half, half);
+            let y0 = x0.clone() * cos.clone() - x1.clone() * sin.clone();
+            let y1 = x1 * cos + x0 * sin;
+            Tensor::cat(vec![y0, y1], 3)
+        };
+        if r == dh { rotated } else { Tensor::cat(vec![rotated, x.narrow(3, r, dh - r)], 3) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::Distribution;
+
+    fn random(shape: [usize; 4], dev: &Device) -> Tensor<4> {
+        Tensor::random(shape, Distribution::Normal(0.0, 1.0), dev)
+    }
+
+    fn max_diff(a: Tensor<4>, b: Tensor<4>) -> f32 {
+        (a - b).abs().max().into_scalar::<f32>()
+    }
+
+    /// ⟨R_i q, R_j k⟩ for all i, j of two sequences starting at `start`.
+    fn scores(rope: &RotaryEmbedding, q: Tensor<4>, k: Tensor<4>, start: usize) -> Tensor<4> {
+        rope.rotate(q, start).matmul(rope.rotate(k, start).swap_dims(2, 3))
+    }
+
+    #[test]
+    fn scores_depend_only_on_the_distance() {
+        let dev = Device::flex();
+        for layout in [RopeLayout::RotateHalf, RopeLayout::Interleaved] {
+            for rotary_dim in [None, Some(4)] {
+                let rope = RotaryConfig { layout, rotary_dim, ..Default::default() }.init(8);
+                let (q, k) = (random([1, 2, 5, 8], &dev), random([1, 2, 5, 8], &dev));
+                let at0 = scores(&rope, q.clone(), k.clone(), 0);
+                let at37 = scores(&rope, q.clone(), k.clone(), 37);
+                assert!(
+                    max_diff(at0.clone(), at37) < 1e-4,
+                    "{layout:?} {rotary_dim:?}: shifting both positions changed the scores"
+                );
+                let plain = q.matmul(k.swap_dims(2, 3));
+                assert!(max_diff(at0, plain) > 1e-3, "{layout:?}: the rotation must change off-diagonal scores");
+            }
+        }
+    }
+
+    #[test]
+    fn rotation_keeps_norms_and_position_zero_is_identity() {
+        let dev = Device::flex();
+        let rope = RotaryConfig::default().init(8);
+        let x = random([2, 3, 4, 8], &dev);
+        assert!(max_diff(rope.rotate(x.clone(), 0).narrow(2, 0, 1), x.clone().narrow(2, 0, 1)) < 1e-6);
+        let n0 = x.clone().powf_scalar(2.0).sum_dim(3);
+        let n1 = rope.rotate(x, 11).powf_scalar(2.0).sum_dim(3);
+        assert!(max_diff(n0, n1) < 1e-4);
+    }
+
+    #[test]
+    fn layouts_agree_after_permutation() {
+        // interleaved pairs (2k, 2k+1) are rotate-half pairs (k, k + d/2) after moving
+        // dimension 2k to k and 2k+1 to k + d/2
+        let dev = Device::flex();
+        let x = random([1, 2, 6, 8], &dev);
+        let perm: Vec<i64> = (0..4).map(|k| 2 * k).chain((0..4).map(|k| 2 * k + 1)).collect();
+        let perm = Tensor::<1, Int>::from_data(TensorData::new(perm, [8]), &dev);
+        let half = RotaryConfig::default().init(8);
+        let inter = RotaryConfig { layout: RopeLayout::Interleaved, ..Default::default() }.init(8);
+        let a = inter.rotate(x.clone(), 5).select(3, perm.clone());
+        let b = half.rotate(x.select(3, perm), 5);
+        assert!(max_diff(a, b) < 1e-5);
+    }
+
+    #[test]
+    fn offset_rotation_is_a_slice_of_the_full_one() {
+        // what a KV cache relies on: rotating token t alone at offset t equals row t of the full rotation
+        let dev = Device::flex();
+        let rope = RotaryConfig::default().init(8);
+        let x = random([1, 2, 6, 8], &dev);
+        let full = rope.rotate(x.clone(), 0);
+        let tail = rope.rotate(x.narrow(2, 4, 2), 4);
+        assert!(max_diff(full.narrow(2, 4, 2), tail) < 1e-5);
+    }
+}

@@ -1,0 +1,81 @@
+//! Relative position representations (Shaw et al. 2018):
+//!
+//! e_ij = x_i W^Q (x_j W^K + a^K_ij)ᵀ / √d,   z_i = Σ_j α_ij (x_j W^V + a^V_ij),
+//! a_ij = w_{clip(j − i, −k, k)},
+//!
+//! learned vectors in the key (and optionally value) space for each clipped offset, shared
+//! across heads, one set per layer as in the paper. The key term is q_i·a^K for the 2k+1 offsets
+//! ([len_q, 2k+1] per head, then gathered per pair); the value term sums the probabilities by
+//! offset and multiplies by the 2k+1 value vectors — neither materialises an L×L×d tensor.
+
+use burn::module::Param;
+use burn::nn::Initializer;
+use burn::prelude::*;
+use serde::{Deserialize, Serialize};
+use variorum_core::{ConfigError, error::check};
+
+use crate::ScoreLayout;
+use crate::layout::{gather_buckets, scatter_buckets};
+
+/// `model.position` with `kind = "shaw"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ShawConfig {
+    /// Offsets are clipped to ±`max_distance` (the paper's k). Default 16.
+    pub max_distance: usize,
+    /// Also add relative vectors to the values (a^V). Default true.
+    pub values: bool,
+}
+
+impl Default for ShawConfig {
+    fn default() -> Self {
+        Self { max_distance: 16, values: true }
+    }
+}
+
+impl ShawConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check(self.max_distance > 0, || "model.position.max_distance must be at least 1 (the paper uses 16)".into())
+    }
+
+    pub fn init(&self, head_dim: usize, device: &Device) -> ShawRelative {
+        let rows = 2 * self.max_distance + 1;
+        let init = Initializer::Normal { mean: 0.0, std: 0.02 };
+        ShawRelative {
+            keys: init.init([rows, head_dim], device),
+            values: self.values.then(|| init.init([rows, head_dim], device)),
+            max_distance: self.max_distance,
+        }
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct ShawRelative {
+    /// a^K, `[2k + 1, head_dim]`, row `k + (j − i)`.
+    pub keys: Param<Tensor<2>>,
+    /// a^V, `[2k + 1, head_dim]`.
+    pub values: Option<Param<Tensor<2>>>,
+    pub max_distance: usize,
+}
+
+impl ShawRelative {
+    fn index(&self, layout: &ScoreLayout, device: &Device) -> Tensor<2, Int> {
+        let k = self.max_distance as i64;
+        layout.index(|d| (-d).clamp(-k, k) + k, device)
+    }
+
+    /// q_i·a^K_ij for already scaled queries `q: [b, h, len_q, head_dim]`: `[b, h, len_q, len_k]`.
+    pub fn score_term(&self, q: Tensor<4>, layout: &ScoreLayout) -> Tensor<4> {
+        let index = self.index(layout, &q.device());
+        let per_offset = q.matmul(self.keys.val().transpose().unsqueeze_dim::<3>(0).unsqueeze_dim(0));
+        gather_buckets(per_offset, index)
+    }
+
+    /// Σ_j α_ij a^V_ij for probabilities `[b, h, len_q, len_k]`: `[b, h, len_q, head_dim]`.
+    pub fn context_term(&self, probs: Tensor<4>, layout: &ScoreLayout) -> Option<Tensor<4>> {
+        let values = self.values.as_ref()?.val();
+        let index = self.index(layout, &probs.device());
+        let by_offset = scatter_buckets(probs, index, 2 * self.max_distance + 1);
+        Some(by_offset.matmul(values.unsqueeze_dim::<3>(0).unsqueeze_dim(0)))
+    }
+}

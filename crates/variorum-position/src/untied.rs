@@ -1,0 +1,87 @@
+//! TUPE, untied positional encoding (Ke et al. 2021):
+//!
+//! α_ij = (1/√(2d)) (x_i W^Q)(x_j W^K)ᵀ + (1/√(2d)) (p_i U^Q)(p_j U^K)ᵀ,
+//!
+//! content and absolute position are never added together: positions get their own learned
+//! table p and their own projections U^Q, U^K, and the position–position term is the same for every
+//! sequence of a batch (computed once per forward). Nothing is added to the input.
+//!
+//! Choices: each layer has its own table (the paper shares one across layers and projects it per
+//! layer); TUPE's optional relative bias and its [CLS] untying are left out (the latter has no
+//! meaning in a decoder LM). The table bounds the positions: a longer sequence is refused by the
+//! model with a clear error, as for `learned`.
+
+use burn::module::Param;
+use burn::nn::{Initializer, Linear, LinearConfig};
+use burn::prelude::*;
+use serde::{Deserialize, Serialize};
+use variorum_core::{ConfigError, error::check};
+
+use crate::ScoreLayout;
+
+/// `model.position` with `kind = "untied"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct UntiedConfig {
+    /// Size of the position table. Default: the model's context `model.seq_len`.
+    pub max_len: Option<usize>,
+}
+
+impl UntiedConfig {
+    pub fn validate(&self, context: usize) -> Result<(), ConfigError> {
+        if let Some(m) = self.max_len {
+            check(m >= context, || {
+                format!(
+                    "model.position.max_len = {m} is shorter than model.seq_len = {context}: raise it or leave it out"
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    pub fn init(&self, d_model: usize, n_heads: usize, head_dim: usize, context: usize, device: &Device) -> Untied {
+        let init = Initializer::Normal { mean: 0.0, std: 0.02 };
+        Untied {
+            table: init.init([self.max_len.unwrap_or(context), d_model], device),
+            position_qk: LinearConfig::new(d_model, 2 * n_heads * head_dim)
+                .with_bias(false)
+                .with_initializer(init)
+                .init(device),
+            n_heads,
+        }
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct Untied {
+    /// p, `[max_len, d_model]`.
+    pub table: Param<Tensor<2>>,
+    /// [U^Q | U^K] fused.
+    pub position_qk: Linear,
+    pub n_heads: usize,
+}
+
+impl Untied {
+    pub fn max_len(&self) -> usize {
+        self.table.dims()[0]
+    }
+
+    /// Per-head projections `[h, len, d_h]` of the table rows `start..start+len`, for queries
+    /// (`which = 0`) or keys (`which = 1`).
+    fn project(&self, start: usize, len: usize, which: usize) -> Tensor<3> {
+        let p = self.table.val();
+        let [max_len, d] = p.dims();
+        assert!(start + len <= max_len, "untied position table has {max_len} rows, asked for {}", start + len);
+        let both = self.position_qk.forward(p.slice([start..start + len, 0..d]));
+        let dh = both.dims()[1] / (2 * self.n_heads);
+        let h = self.n_heads;
+        both.narrow(1, which * h * dh, h * dh).reshape([len, h, dh]).swap_dims(0, 1)
+    }
+
+    /// scale · (p_i U^Q)(p_j U^K)ᵀ, `[1, h, len_q, len_k]`.
+    pub fn score_term(&self, layout: &ScoreLayout, scale: f64) -> Tensor<4> {
+        let q = self.project(layout.q_start, layout.len_q, 0).mul_scalar(scale);
+        let k = self.project(layout.k_start, layout.len_k, 1);
+        q.matmul(k.swap_dims(1, 2)).unsqueeze_dim(0)
+    }
+}
