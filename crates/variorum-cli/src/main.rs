@@ -1,6 +1,7 @@
 //! `variorum`: train, inspect, benchmark and list the Transformer variants of the zoo.
 
 mod device;
+mod eval;
 
 /// Tensor buffers are allocated and freed at a high rate; glibc's malloc returns large ones to the
 /// kernel each time (mmap/munmap, then page zeroing on the next touch). mimalloc keeps and reuses
@@ -106,10 +107,12 @@ enum Command {
         device: String,
     },
     /// Loss, perplexity and bits per unit of a run on its validation split or a file, with
-    /// sliding windows, for one or several context lengths.
+    /// sliding windows, for one or several context lengths; with several runs, a side-by-side
+    /// table and one plot.
     Eval {
-        /// A run directory.
-        run: PathBuf,
+        /// Run directories.
+        #[arg(required = true)]
+        runs: Vec<PathBuf>,
         /// A UTF-8 text file to evaluate instead of the validation split.
         #[arg(long)]
         data: Option<PathBuf>,
@@ -123,7 +126,8 @@ enum Command {
         /// Evaluate only the first N tokens.
         #[arg(long)]
         max_tokens: Option<usize>,
-        /// Where to draw loss against context length (with several lengths); default RUN/eval.png.
+        /// Where to draw loss against context length (with several lengths); default RUN/eval.png,
+        /// or ./eval.png when comparing runs.
         #[arg(long)]
         plot: Option<PathBuf>,
         #[arg(long, default_value = "cpu")]
@@ -333,72 +337,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Eval { run, data, seq_len, stride, max_tokens, plot, device } => {
-            let (device, _) = device::select(&device)?;
-            let run = Run::load(&run, &device)?;
-            let (mut ids, source) = match &data {
-                Some(path) => {
-                    let text = variorum_data::read_text(path)?;
-                    (
-                        run.tokenizer.encode(&text).with_context(|| format!("{} cannot be encoded", path.display()))?,
-                        path.display().to_string(),
-                    )
-                }
-                None => (run.validation_tokens()?, "the validation split".to_string()),
-            };
-            if let Some(n) = max_tokens {
-                ids.truncate(n);
-            }
-            let lengths = if seq_len.is_empty() { vec![run.model.seq_len] } else { seq_len };
-            if ids.len() < 2 {
-                anyhow::bail!("{source} has {} tokens: nothing to evaluate", ids.len());
-            }
-            for &len in &lengths {
-                if len == 0 {
-                    anyhow::bail!("--seq-len 0: a context needs at least one token");
-                }
-                run.check_len(len)?;
-                let stride = stride.unwrap_or(len);
-                if stride == 0 || stride > len {
-                    anyhow::bail!("--stride {stride} must be in 1..={len} (the context length)");
-                }
-            }
-            let unit = run.tokenizer.unit();
-            println!("# {} tokens of {source}", ids.len());
-            println!(
-                "{:>8} {:>8} {:>10} {:>10} {:>12} {:>12}",
-                "seq_len",
-                "stride",
-                "tokens",
-                "loss",
-                "perplexity",
-                format!("bits/{unit}")
-            );
-            let mut points = Vec::new();
-            for len in lengths {
-                let stride = stride.unwrap_or(len);
-                let (loss, n) = variorum_train::eval::sliding_loss(&run.model, &ids, len, stride, &device);
-                println!(
-                    "{len:>8} {stride:>8} {n:>10} {loss:>10.4} {:>12.3} {:>12.4}",
-                    loss.exp(),
-                    loss / std::f64::consts::LN_2
-                );
-                points.push((len as f64, loss));
-            }
-            if points.len() > 1 {
-                let path = plot.unwrap_or_else(|| run.dir.join("eval.png"));
-                let series = [("validation loss", points, plotters::style::RED, true)];
-                if variorum_train::plot::lines(
-                    &series,
-                    &path,
-                    "loss against context length",
-                    "context length (tokens)",
-                    "loss (nats/token)",
-                )? {
-                    println!("# plot: {}", path.display());
-                }
-            }
-            Ok(ExitCode::SUCCESS)
+        Command::Eval { runs, data, seq_len, stride, max_tokens, plot, device } => {
+            eval::eval(eval::EvalArgs { runs, data, seq_len, stride, max_tokens, plot, device })
         }
         Command::Export { run, format: ExportFormat::Safetensors, out } => {
             let (device, _) = device::select("cpu")?;

@@ -2,6 +2,11 @@
 //!
 //! Unknown keys are refused and every error names the key path, e.g.
 //! `configs/x.toml: model.attention.n_headz: unknown field `n_headz`, expected one of …`.
+//!
+//! A TOML config may start from another: `extends = "base.toml"` (relative to the file) loads the
+//! base and overrides it key by key. A table that names a `kind` replaces the base's table for
+//! that axis whole (another variant has other fields); other tables merge recursively. So a
+//! family of variants is one base plus a few lines each (`configs/positions/`).
 
 use std::path::Path;
 
@@ -150,9 +155,8 @@ impl TrainConfig {
 impl ExperimentConfig {
     /// Parses a config file (`.toml`, or `.json`), then validates it.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError::new(format!("cannot read config {}: {e}", path.display())))?;
         let json = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("json"));
+        let text = if json { read_config(path)? } else { toml_with_extends(path, 0)?.to_string() };
         let cfg = Self::parse(&text, json).map_err(|e| ConfigError::new(format!("{}: {e}", path.display())))?;
         cfg.validate().map_err(|e| ConfigError::new(format!("{}: {e}", path.display())))?;
         Ok(cfg)
@@ -187,6 +191,41 @@ impl ExperimentConfig {
 }
 
 /// toml's messages span several lines (with a source excerpt); keep the first useful line.
+fn read_config(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|e| ConfigError::new(format!("cannot read config {}: {e}", path.display())))
+}
+
+/// The TOML table of `path` with its `extends` chain resolved.
+fn toml_with_extends(path: &Path, depth: usize) -> Result<toml::Table, ConfigError> {
+    let text = read_config(path)?;
+    let mut table: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| ConfigError::new(format!("{}: {}", path.display(), one_line(&e.to_string()))))?;
+    let Some(base) = table.remove("extends") else { return Ok(table) };
+    let where_ = path.display();
+    let toml::Value::String(base) = base else {
+        return Err(ConfigError::new(format!("{where_}: extends must be a file name, e.g. extends = \"base.toml\"")));
+    };
+    check(depth < 8, || format!("{where_}: extends = \"{base}\" goes more than 8 files deep (a cycle?)"))?;
+    let base_path = path.parent().unwrap_or(Path::new(".")).join(&base);
+    let mut merged = toml_with_extends(&base_path, depth + 1)
+        .map_err(|e| ConfigError::new(format!("{where_}: extends = \"{base}\": {e}")))?;
+    merge(&mut merged, table);
+    Ok(merged)
+}
+
+/// Overrides `base` with `over`: tables merge key by key unless the override names a `kind`.
+fn merge(base: &mut toml::Table, over: toml::Table) {
+    for (key, value) in over {
+        match (base.get_mut(&key), value) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) if !o.contains_key("kind") => merge(b, o),
+            (_, value) => {
+                base.insert(key, value);
+            }
+        }
+    }
+}
+
 fn one_line(msg: &str) -> String {
     msg.lines().filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with('|')).collect::<Vec<_>>().join(" ")
 }
@@ -204,6 +243,31 @@ n_heads = 4
 [data]
 path = "x.txt"
 "#;
+
+    #[test]
+    fn extends_overrides_a_base_and_a_kind_replaces_its_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = OK.replace("[data]", "[model.position]\nkind = \"learned\"\nmax_len = 128\n[data]");
+        std::fs::write(dir.path().join("base.toml"), base).unwrap();
+        std::fs::create_dir(dir.path().join("v")).unwrap();
+        let variant = "extends = \"../base.toml\"\n[model]\nn_layers = 2\n[model.position]\nkind = \"alibi\"\n";
+        std::fs::write(dir.path().join("v/alibi.toml"), variant).unwrap();
+        let c = ExperimentConfig::load(&dir.path().join("v/alibi.toml")).unwrap();
+        assert_eq!((c.model.d_model, c.model.n_layers), (64, 2), "kept from the base, overridden");
+        assert_eq!(
+            c.model.position,
+            variorum_position::PositionConfig::Alibi,
+            "max_len of the base's learned table is gone"
+        );
+        // a missing base and a cycle are clear errors
+        std::fs::write(dir.path().join("a.toml"), "extends = \"b.toml\"").unwrap();
+        std::fs::write(dir.path().join("b.toml"), "extends = \"a.toml\"").unwrap();
+        let e = ExperimentConfig::load(&dir.path().join("a.toml")).unwrap_err().to_string();
+        assert!(e.contains("cycle"), "{e}");
+        std::fs::write(dir.path().join("c.toml"), "extends = \"nope.toml\"").unwrap();
+        let e = ExperimentConfig::load(&dir.path().join("c.toml")).unwrap_err().to_string();
+        assert!(e.contains("nope.toml") && e.contains("cannot read"), "{e}");
+    }
 
     #[test]
     fn parses_and_fills_defaults() {

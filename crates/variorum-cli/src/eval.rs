@@ -1,0 +1,155 @@
+//! `variorum eval`: loss of one or several runs at one or several context lengths.
+//!
+//! With several runs it is the side-by-side comparison: one row per run, one column per length,
+//! `n/a` where a run cannot encode that length (a learned position table), and one plot with a
+//! line per run.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use plotters::style::{Palette, Palette99, RGBColor};
+use variorum_train::run::Run;
+
+use crate::device;
+
+pub struct EvalArgs {
+    pub runs: Vec<PathBuf>,
+    pub data: Option<PathBuf>,
+    pub seq_len: Vec<usize>,
+    pub stride: Option<usize>,
+    pub max_tokens: Option<usize>,
+    pub plot: Option<PathBuf>,
+    pub device: String,
+}
+
+/// The token ids to evaluate `run` on, and where they come from.
+fn tokens(run: &Run, args: &EvalArgs) -> Result<(Vec<u32>, String)> {
+    let (mut ids, source) = match &args.data {
+        Some(path) => {
+            let text = variorum_data::read_text(path)?;
+            let ids = run.tokenizer.encode(&text).with_context(|| format!("{} cannot be encoded", path.display()))?;
+            (ids, path.display().to_string())
+        }
+        None => (run.validation_tokens()?, "the validation split".to_string()),
+    };
+    if let Some(n) = args.max_tokens {
+        ids.truncate(n);
+    }
+    if ids.len() < 2 {
+        bail!("{source} has {} tokens: nothing to evaluate", ids.len());
+    }
+    Ok((ids, source))
+}
+
+fn check_lengths(lengths: &[usize], stride: Option<usize>) -> Result<()> {
+    for &len in lengths {
+        if len == 0 {
+            bail!("--seq-len 0: a context needs at least one token");
+        }
+        let stride = stride.unwrap_or(len);
+        if stride == 0 || stride > len {
+            bail!("--stride {stride} must be in 1..={len} (the context length)");
+        }
+    }
+    Ok(())
+}
+
+fn draw(series: &[(String, Vec<(f64, f64)>)], path: PathBuf) -> Result<()> {
+    let colours = series.iter().enumerate().map(|(i, _)| {
+        let (r, g, b) = Palette99::COLORS[i % Palette99::COLORS.len()];
+        RGBColor(r, g, b)
+    });
+    let series: Vec<_> = series.iter().zip(colours).map(|((n, p), c)| (n.as_str(), p.clone(), c, true)).collect();
+    if variorum_train::plot::lines(
+        &series,
+        &path,
+        "loss against context length",
+        "context length (tokens)",
+        "loss (nats/token)",
+    )? {
+        println!("# plot: {}", path.display());
+    }
+    Ok(())
+}
+
+pub fn eval(args: EvalArgs) -> Result<ExitCode> {
+    check_lengths(&args.seq_len, args.stride)?;
+    let (device, _) = device::select(&args.device)?;
+    if args.runs.len() == 1 {
+        return eval_one(&args, &device);
+    }
+    if args.seq_len.is_empty() {
+        bail!("comparing several runs needs --seq-len (the lengths to compare at)");
+    }
+    print!("{:<28}", "run");
+    for len in &args.seq_len {
+        print!(" {:>9}", format!("L={len}"));
+    }
+    println!();
+    let mut series = Vec::new();
+    let mut notes = Vec::new();
+    for dir in &args.runs {
+        let run = Run::load(dir, &device)?;
+        let (ids, _) = tokens(&run, &args)?;
+        let name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
+        print!("{name:<28}");
+        let mut points = Vec::new();
+        for &len in &args.seq_len {
+            if let Err(e) = run.check_len(len) {
+                print!(" {:>9}", "n/a");
+                notes.push(format!("{name} at {len}: {e}"));
+                continue;
+            }
+            let stride = args.stride.unwrap_or(len);
+            let (loss, _) = variorum_train::eval::sliding_loss(&run.model, &ids, len, stride, &device);
+            print!(" {loss:>9.4}");
+            std::io::Write::flush(&mut std::io::stdout())?;
+            points.push((len as f64, loss));
+        }
+        println!();
+        series.push((name, points));
+    }
+    for n in notes {
+        println!("# n/a: {n}");
+    }
+    let path = args.plot.clone().unwrap_or_else(|| PathBuf::from("eval.png"));
+    draw(&series, path)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn eval_one(args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode> {
+    let run = Run::load(&args.runs[0], device)?;
+    let (ids, source) = tokens(&run, args)?;
+    let lengths = if args.seq_len.is_empty() { vec![run.model.seq_len] } else { args.seq_len.clone() };
+    for &len in &lengths {
+        run.check_len(len)?;
+    }
+    let unit = run.tokenizer.unit();
+    println!("# {} tokens of {source}", ids.len());
+    println!(
+        "{:>8} {:>8} {:>10} {:>10} {:>12} {:>12}",
+        "seq_len",
+        "stride",
+        "tokens",
+        "loss",
+        "perplexity",
+        format!("bits/{unit}")
+    );
+    let mut points = Vec::new();
+    for len in lengths {
+        let stride = args.stride.unwrap_or(len);
+        let (loss, n) = variorum_train::eval::sliding_loss(&run.model, &ids, len, stride, device);
+        println!(
+            "{len:>8} {stride:>8} {n:>10} {loss:>10.4} {:>12.3} {:>12.4}",
+            loss.exp(),
+            loss / std::f64::consts::LN_2
+        );
+        points.push((len as f64, loss));
+    }
+    if points.len() > 1 {
+        let path = args.plot.clone().unwrap_or_else(|| run.dir.join("eval.png"));
+        draw(&[("validation loss".to_string(), points)], path)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
