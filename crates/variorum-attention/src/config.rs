@@ -99,6 +99,13 @@ pub enum Attention {
 }
 
 impl Attention {
+    /// Content-based attention without mask or position scheme (compression losses).
+    pub fn content_only(&self, query: Tensor<3>, key_value: Tensor<3>) -> Tensor<3> {
+        match self {
+            Self::Full(a) => a.content_only(query, key_value),
+        }
+    }
+
     /// Runs the mechanism; `state` carries its incremental-decoding state when decoding.
     pub fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
         match self {

@@ -205,6 +205,22 @@ impl MultiHeadAttention {
     }
 }
 
+impl MultiHeadAttention {
+    /// softmax(q kᵀ/√d) v with the output projection, queries from `query`, keys and values from
+    /// `key_value`, no mask and no position scheme: content-based attention, as the Compressive
+    /// Transformer's attention-reconstruction loss compares it over memories.
+    pub fn content_only(&self, query: Tensor<3>, key_value: Tensor<3>) -> Tensor<3> {
+        let [b, lq, _] = query.dims();
+        let (q, k, v) = self.qkv.cross_attention(query, key_value);
+        let (h, hkv, dh) = (self.qkv.n_heads, self.qkv.n_kv_heads, self.qkv.head_dim);
+        let (g, lk) = (h / hkv, k.dims()[2]);
+        let q = q.mul_scalar(1.0 / (dh as f64).sqrt()).reshape([b, hkv, g * lq, dh]);
+        let probs = softmax(q.matmul(k.swap_dims(2, 3)), 3);
+        let context = probs.reshape([b, hkv, g * lq, lk]).matmul(v).reshape([b, h, lq, dh]);
+        self.out.forward(context.swap_dims(1, 2).reshape([b, lq, h * dh]))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,15 +2,24 @@
 //!
 //! post-LN (Vaswani et al. 2017):  x = LN(x + Attn(x));      x = LN(x + FFN(x))
 //! pre-LN  (Xiong et al. 2020; GPT-2): x = x + Attn(LN(x));  x = x + FFN(LN(x))
+//! GTrXL (Parisotto et al. 2020):   x = g₁(x, ReLU(Attn(LN(x))));  x = g₂(x, ReLU(FFN(LN(x))))
 //!
-//! Dropout (`model.dropout`) is applied to each residual branch before the sum.
+//! with g the GRU-style gate of [`crate::gtrxl`]. Dropout (`model.dropout`) is applied to each
+//! branch before it joins the stream.
+//!
+//! With a memory (`model.memory`), the attention's keys and values come from
+//! [memory context; x] — the stop-gradient inputs of this block for earlier positions — while the
+//! queries come from x; after the forward, x joins the memory ([`crate::memory`]).
 
 use burn::nn::{Dropout, DropoutConfig};
 use burn::prelude::*;
+use burn::tensor::activation::relu;
 use serde::{Deserialize, Serialize};
 use variorum_attention::{Attention, AttentionConfig, AttentionInput, AttentionState, Positioning};
 use variorum_core::{AttentionMask, AuxLosses, Capabilities, ConfigError, KindInfo, error::check};
 
+use crate::gtrxl::GtrxlGate;
+use crate::memory::{Evicted, LayerMemory, MemoryConfig, MemoryState};
 use crate::{FeedForward, FeedForwardConfig, Norm, NormKind};
 
 /// Settings shared by the residual kinds.
@@ -29,12 +38,29 @@ impl Default for ResidualConfig {
     }
 }
 
-/// `model.block`: `kind = "pre-ln" | "post-ln"`.
+/// `model.block` with `kind = "gtrxl"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GtrxlConfig {
+    pub norm: NormKind,
+    pub norm_eps: f64,
+    /// b_g, the update gate's bias; > 0 starts each block near the identity. Default 2 (the paper's).
+    pub gate_bias: f64,
+}
+
+impl Default for GtrxlConfig {
+    fn default() -> Self {
+        Self { norm: NormKind::LayerNorm, norm_eps: 1e-5, gate_bias: 2.0 }
+    }
+}
+
+/// `model.block`: `kind = "pre-ln" | "post-ln" | "gtrxl"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum BlockConfig {
     PreLn(ResidualConfig),
     PostLn(ResidualConfig),
+    Gtrxl(GtrxlConfig),
 }
 
 impl Default for BlockConfig {
@@ -50,6 +76,7 @@ pub struct BlockParts<'a> {
     /// The model's position scheme (its relative part lives in the attention).
     pub position: Positioning<'a>,
     pub feed_forward: &'a FeedForwardConfig,
+    pub memory: &'a MemoryConfig,
     pub dropout: f64,
     pub init_std: f64,
     /// std of the residual output projections (GPT-2: init_std / √(2·n_layers)).
@@ -61,17 +88,21 @@ impl BlockConfig {
         match self {
             Self::PreLn(_) => "pre-ln",
             Self::PostLn(_) => "post-ln",
+            Self::Gtrxl(_) => "gtrxl",
         }
     }
 
-    pub fn residual(&self) -> &ResidualConfig {
+    /// The norm settings.
+    pub fn residual(&self) -> ResidualConfig {
         match self {
-            Self::PreLn(r) | Self::PostLn(r) => r,
+            Self::PreLn(r) | Self::PostLn(r) => r.clone(),
+            Self::Gtrxl(g) => ResidualConfig { norm: g.norm, norm_eps: g.norm_eps },
         }
     }
 
+    /// Norms on the branch inputs (and one after the stack), rather than after each sum.
     pub fn pre_norm(&self) -> bool {
-        matches!(self, Self::PreLn(_))
+        !matches!(self, Self::PostLn(_))
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -81,13 +112,22 @@ impl BlockConfig {
 
     pub fn init(&self, parts: &BlockParts, device: &Device) -> TransformerBlock {
         let r = self.residual();
+        let d = parts.d_model;
         TransformerBlock {
-            attn_norm: r.norm.init(parts.d_model, r.norm_eps, device),
-            attn: parts.attention.init(parts.d_model, parts.init_std, parts.out_std, parts.position, device),
-            ffn_norm: r.norm.init(parts.d_model, r.norm_eps, device),
-            ffn: parts.feed_forward.init(parts.d_model, parts.dropout, parts.init_std, parts.out_std, device),
+            attn_norm: r.norm.init(d, r.norm_eps, device),
+            attn: parts.attention.init(d, parts.init_std, parts.out_std, parts.position, device),
+            ffn_norm: r.norm.init(d, r.norm_eps, device),
+            ffn: parts.feed_forward.init(d, parts.dropout, parts.init_std, parts.out_std, device),
             dropout: DropoutConfig::new(parts.dropout).init(),
             pre_norm: self.pre_norm(),
+            gates: match self {
+                Self::Gtrxl(g) => vec![
+                    GtrxlGate::new(d, g.gate_bias, parts.init_std, device),
+                    GtrxlGate::new(d, g.gate_bias, parts.init_std, device),
+                ],
+                _ => Vec::new(),
+            },
+            memory: parts.memory.init(d, parts.position.context, device),
         }
     }
 
@@ -108,8 +148,22 @@ impl BlockConfig {
                 paper: "Xiong et al. 2020, On Layer Normalization in the Transformer Architecture; Radford et al. 2019 (GPT-2)",
                 caps,
             },
+            KindInfo {
+                axis: "model.block",
+                kind: "gtrxl",
+                summary: "norms on branch inputs only, GRU-style gates instead of residual sums, gate bias > 0 (near-identity start)",
+                paper: "Parisotto et al. 2020, Stabilizing Transformers for Reinforcement Learning",
+                caps,
+            },
         ]
     }
+}
+
+/// One layer's incremental state: the attention's (KV cache) and the memory's.
+#[derive(Debug, Clone, Default)]
+pub struct LayerState {
+    pub attention: AttentionState,
+    pub memory: MemoryState,
 }
 
 #[derive(Module, Debug)]
@@ -120,6 +174,9 @@ pub struct TransformerBlock {
     pub ffn: FeedForward,
     pub dropout: Dropout,
     pub pre_norm: bool,
+    /// GTrXL: the gates replacing the two residual sums (empty otherwise).
+    pub gates: Vec<GtrxlGate>,
+    pub memory: Option<LayerMemory>,
 }
 
 /// Output of one block.
@@ -130,29 +187,92 @@ pub struct BlockOutput {
 }
 
 impl TransformerBlock {
+    /// `mask` describes queries `x` and keys [memory context; x] (the decoder sets `k_start`
+    /// before `q_start` by the context length). Without a memory, `state` holds the KV cache.
     pub fn forward(
         &self,
         x: Tensor<3>,
         mask: &AttentionMask,
         dense_mask: Option<Tensor<4, Bool>>,
-        state: Option<&mut AttentionState>,
+        state: Option<&mut LayerState>,
         need_weights: bool,
     ) -> BlockOutput {
-        let attend = |h: Tensor<3>| {
-            let mut input = AttentionInput::self_attention(h, mask).with_dense_mask(dense_mask);
-            input.need_weights = need_weights;
-            self.attn.forward(input, state)
+        let [_, lq, _] = x.dims();
+        let mut empty = LayerState::default();
+        let state = state.unwrap_or(&mut empty);
+        let context = self.memory.as_ref().and_then(|_| state.memory.context());
+        let track_usage = self.memory.as_ref().is_some_and(|m| m.tracks_usage());
+        let norm_in = |h: Tensor<3>| if self.pre_norm { self.attn_norm.forward(h) } else { h };
+
+        // queries from x; keys and values from [context; x]
+        let (query, key_value) = match &context {
+            Some(c) => {
+                let all = norm_in(Tensor::cat(vec![c.clone(), x.clone()], 1));
+                let n = all.dims()[1];
+                (all.clone().narrow(1, n - lq, lq), Some(all))
+            }
+            None => (norm_in(x.clone()), None),
         };
-        if self.pre_norm {
-            let a = attend(self.attn_norm.forward(x.clone()));
-            let x = x + self.dropout.forward(a.context);
-            let x = x.clone() + self.dropout.forward(self.ffn.forward(self.ffn_norm.forward(x)));
-            BlockOutput { x, aux_losses: a.aux_losses, weights: a.weights }
-        } else {
-            let a = attend(x.clone());
-            let x = self.attn_norm.forward(x + self.dropout.forward(a.context));
-            let x = self.ffn_norm.forward(x.clone() + self.dropout.forward(self.ffn.forward(x)));
-            BlockOutput { x, aux_losses: a.aux_losses, weights: a.weights }
+        let input = AttentionInput { query, key_value, mask, dense_mask, need_weights: need_weights || track_usage };
+        let cache = if self.memory.is_some() { None } else { Some(&mut state.attention) };
+        let a = self.attn.forward(input, cache);
+        let mut aux_losses = a.aux_losses;
+        if track_usage && let Some(w) = &a.weights {
+            state.memory.record_usage(w.clone());
         }
+
+        let y = if self.pre_norm {
+            let y = self.join(0, x.clone(), a.context);
+            self.join(1, y.clone(), self.ffn.forward(self.ffn_norm.forward(y)))
+        } else {
+            let y = self.attn_norm.forward(x.clone() + self.dropout.forward(a.context));
+            self.ffn_norm.forward(y.clone() + self.dropout.forward(self.ffn.forward(y)))
+        };
+
+        if let Some(memory) = &self.memory
+            && let Some(evicted) = memory.update(&mut state.memory, x.clone())
+        {
+            aux_losses.extend(self.compression_losses(memory, x, evicted));
+        }
+        BlockOutput { x: y, aux_losses, weights: if need_weights { a.weights } else { None } }
+    }
+
+    /// Joins branch output `y` to the stream `x`: a residual sum, or GTrXL's gate `which`.
+    fn join(&self, which: usize, x: Tensor<3>, y: Tensor<3>) -> Tensor<3> {
+        let y = self.dropout.forward(y);
+        match self.gates.get(which) {
+            Some(gate) => gate.forward(x, relu(y)),
+            None => x + y,
+        }
+    }
+
+    /// The Compressive Transformer's losses on the states a commit evicted, with the queries of
+    /// this forward. Only the compression network (and the auto-encoder's decoder) learn from
+    /// them: queries, evicted states, norm and attention are held fixed.
+    fn compression_losses(&self, memory: &LayerMemory, x: Tensor<3>, evicted: Evicted) -> AuxLosses {
+        let mut out = AuxLosses::new();
+        let Some(compressor) = &memory.compressor else { return out };
+        // only while training, and only a compression with parameters (not pooling, most-used)
+        if !x.is_autodiff() || compressor.conv.is_none() {
+            return out;
+        }
+        if memory.reconstruction_weight > 0.0 {
+            let norm = self.attn_norm.clone().no_grad();
+            let attn = self.attn.clone().no_grad();
+            let prep = |h: Tensor<3>| if self.pre_norm { norm.forward(h) } else { h };
+            let q = prep(x.detach()).detach();
+            let target = attn.content_only(q.clone(), prep(evicted.states.clone())).detach();
+            let rebuilt = attn.content_only(q, prep(evicted.compressed.clone()));
+            let loss = (target - rebuilt).powf_scalar(2.0).mean().mul_scalar(memory.reconstruction_weight);
+            out.push(("attention_reconstruction".into(), loss));
+        }
+        if memory.autoencoding_weight > 0.0 {
+            let decoded = compressor.decode(evicted.compressed);
+            let n = decoded.dims()[1];
+            let target = evicted.states.narrow(1, 0, n);
+            let loss = (target - decoded).powf_scalar(2.0).mean().mul_scalar(memory.autoencoding_weight);
+            out.push(("autoencoding".into(), loss));
+        }
+        out
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! With several runs it is the side-by-side comparison: one row per run, one column per length,
 //! `n/a` where a run cannot encode that length (a learned position table), and one plot with a
-//! line per run.
+//! line per run. A memory model is read as ordered streams carrying its memory (and, alone,
+//! also without it, at the same segment length).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -102,7 +103,11 @@ pub fn eval(args: EvalArgs) -> Result<ExitCode> {
                 continue;
             }
             let stride = args.stride.unwrap_or(len);
-            let (loss, _) = variorum_train::eval::sliding_loss(&run.model, &ids, len, stride, &device);
+            let (loss, _) = if run.model.has_memory() {
+                variorum_train::eval::stream_loss(&run.model, &ids, len, STREAMS, true, &device)
+            } else {
+                variorum_train::eval::sliding_loss(&run.model, &ids, len, stride, &device)
+            };
             print!(" {loss:>9.4}");
             std::io::Write::flush(&mut std::io::stdout())?;
             points.push((len as f64, loss));
@@ -118,10 +123,30 @@ pub fn eval(args: EvalArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Streams read in parallel by the memory evaluation (each carries its own memory).
+const STREAMS: usize = 16;
+
+/// A memory model: the same segments scored carrying the memory from segment to segment, and
+/// each from nothing.
+fn eval_memory(run: &Run, ids: &[u32], lengths: &[usize], device: &burn::prelude::Device) -> Result<ExitCode> {
+    println!("# {STREAMS} streams read segment by segment; memory = {}", run.config.model.memory.kind());
+    println!("{:>8} {:>10} {:>14} {:>14} {:>10}", "segment", "tokens", "with memory", "without", "gain");
+    for &len in lengths {
+        let (with, n) = variorum_train::eval::stream_loss(&run.model, ids, len, STREAMS, true, device);
+        let (without, _) = variorum_train::eval::stream_loss(&run.model, ids, len, STREAMS, false, device);
+        if n == 0 {
+            bail!("{} tokens are fewer than {STREAMS} streams of one {len}-token segment", ids.len());
+        }
+        println!("{len:>8} {n:>10} {with:>14.4} {without:>14.4} {:>10.4}", without - with);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 fn eval_one(args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode> {
     let run = Run::load(&args.runs[0], device)?;
     let (ids, source) = tokens(&run, args)?;
     let lengths = if args.seq_len.is_empty() { vec![run.model.seq_len] } else { args.seq_len.clone() };
+    check_lengths(&lengths, args.stride)?;
     for &len in &lengths {
         run.check_len(len)?;
     }
@@ -136,6 +161,9 @@ fn eval_one(args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode>
         "perplexity",
         format!("bits/{unit}")
     );
+    if run.model.has_memory() {
+        return eval_memory(&run, &ids, &lengths, device);
+    }
     let mut points = Vec::new();
     for len in lengths {
         let stride = args.stride.unwrap_or(len);

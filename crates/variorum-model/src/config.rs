@@ -3,7 +3,7 @@
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 use variorum_attention::AttentionConfig;
-use variorum_block::{BlockConfig, FeedForwardConfig};
+use variorum_block::{BlockConfig, FeedForwardConfig, MemoryConfig};
 use variorum_core::{ConfigError, error::check};
 use variorum_position::PositionConfig;
 
@@ -32,6 +32,8 @@ pub struct ModelConfig {
     pub attention: AttentionConfig,
     pub block: BlockConfig,
     pub feed_forward: FeedForwardConfig,
+    /// Memory of earlier segments (Transformer-XL, Compressive). Default none.
+    pub memory: MemoryConfig,
 }
 
 impl Default for ModelConfig {
@@ -48,6 +50,7 @@ impl Default for ModelConfig {
             attention: AttentionConfig::default(),
             block: BlockConfig::default(),
             feed_forward: FeedForwardConfig::default(),
+            memory: MemoryConfig::None,
         }
     }
 }
@@ -84,6 +87,15 @@ impl ModelConfig {
             )
         })?;
         self.block.validate()?;
+        self.memory.validate(self.seq_len)?;
+        let absolute = matches!(self.position.kind(), "learned" | "sinusoidal" | "untied" | "universal-timestep");
+        check(self.memory.is_none() || !absolute, || {
+            format!(
+                "model.memory.kind = \"{}\" needs a relative position scheme (memories reach past the segment, where absolute positions are incoherent), but model.position.kind = \"{}\": use transformer-xl, rope, alibi, t5, shaw or none",
+                self.memory.kind(),
+                self.position.kind()
+            )
+        })?;
         self.feed_forward.validate()
     }
 

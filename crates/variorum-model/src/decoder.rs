@@ -10,8 +10,8 @@
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Dropout, DropoutConfig, Embedding, EmbeddingConfig, Initializer, Linear, LinearConfig};
 use burn::prelude::*;
-use variorum_attention::{AttentionState, Positioning};
-use variorum_block::{Norm, TransformerBlock, block::BlockParts};
+use variorum_attention::Positioning;
+use variorum_block::{LayerState, Norm, TransformerBlock, block::BlockParts};
 use variorum_core::{AttentionMask, AuxLosses};
 use variorum_position::AbsolutePosition;
 
@@ -25,11 +25,19 @@ pub struct LmOutput {
     pub aux_losses: AuxLosses,
 }
 
-/// Incremental-decoding state: the position of the next token and each layer's attention state.
+/// The state a forward continues from and updates: the position of the next token and each
+/// layer's KV cache or memory.
 #[derive(Debug, Clone, Default)]
 pub struct DecoderState {
     pub position: usize,
-    pub layers: Vec<AttentionState>,
+    pub layers: Vec<LayerState>,
+}
+
+impl DecoderState {
+    /// Length of the memory context in front of the next tokens (0 without a memory).
+    pub fn context_len(&self) -> usize {
+        self.layers.first().map_or(0, |l| l.memory.context_len())
+    }
 }
 
 #[derive(Module, Debug)]
@@ -58,6 +66,7 @@ impl DecoderLm {
             attention: &cfg.attention,
             position: Positioning { config: &cfg.position, context: cfg.seq_len },
             feed_forward: &cfg.feed_forward,
+            memory: &cfg.memory,
             dropout: cfg.dropout,
             init_std: cfg.init_std,
             out_std,
@@ -96,9 +105,11 @@ impl DecoderLm {
         }
         let mut x = self.embedding_dropout.forward(x);
 
-        // causal over absolute positions: queries start..start+len, keys 0..start+len
-        let mask = AttentionMask::causal().at(start, 0);
-        let dense = mask.score_mask(len, start + len, &device);
+        // causal over absolute positions: queries start..start+len; keys from 0 (a KV cache) or
+        // from the start of the memory context
+        let keys_before = if self.has_memory() { state.as_ref().map_or(0, |s| s.context_len()) } else { start };
+        let mask = AttentionMask::causal().at(start, start - keys_before);
+        let dense = mask.score_mask(len, keys_before + len, &device);
         if let Some(s) = state.as_deref_mut() {
             s.layers.resize_with(self.blocks.len(), Default::default);
         }
@@ -121,6 +132,11 @@ impl DecoderLm {
         LmOutput { logits: self.logits(x), aux_losses }
     }
 
+    /// Whether blocks keep a memory of earlier segments in the state.
+    pub fn has_memory(&self) -> bool {
+        self.blocks.first().is_some_and(|b| b.memory.is_some())
+    }
+
     fn logits(&self, x: Tensor<3>) -> Tensor<3> {
         match &self.head {
             Some(head) => head.forward(x),
@@ -130,7 +146,18 @@ impl DecoderLm {
 
     /// Mean next-token cross-entropy of `targets` under `tokens`, plus the auxiliary losses.
     pub fn loss(&self, tokens: Tensor<2, Int>, targets: Tensor<2, Int>) -> (Tensor<1>, AuxLosses) {
-        let out = self.forward(tokens);
+        self.loss_with(tokens, targets, None)
+    }
+
+    /// [`loss`](Self::loss) continuing from (and updating) `state`: a memory model trained on
+    /// ordered streams carries its memory from one segment to the next this way.
+    pub fn loss_with(
+        &self,
+        tokens: Tensor<2, Int>,
+        targets: Tensor<2, Int>,
+        state: Option<&mut DecoderState>,
+    ) -> (Tensor<1>, AuxLosses) {
+        let out = self.forward_with(tokens, state);
         (cross_entropy(out.logits, targets), out.aux_losses)
     }
 }

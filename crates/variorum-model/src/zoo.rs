@@ -2,7 +2,10 @@
 //! tests run. Adding a kind to an axis's `zoo()` and to [`variants`] enrols it in both.
 
 use variorum_attention::{AttentionConfig, MultiHeadAttentionConfig};
-use variorum_block::{BlockConfig, FeedForwardConfig, FeedForwardKind, NormKind, block::ResidualConfig};
+use variorum_block::{
+    BlockConfig, CompressionKind, CompressiveMemoryConfig, FeedForwardConfig, FeedForwardKind, GtrxlConfig,
+    MemoryConfig, NormKind, XlMemoryConfig, block::ResidualConfig,
+};
 use variorum_core::KindInfo;
 use variorum_position::{
     DebertaConfig, LearnedPositionConfig, MultiplicativeConfig, PositionConfig, RopeLayout, RotaryConfig, ShawConfig,
@@ -17,6 +20,7 @@ pub fn kinds() -> Vec<KindInfo> {
     all.extend(AttentionConfig::zoo());
     all.extend(BlockConfig::zoo());
     all.extend(FeedForwardConfig::zoo());
+    all.extend(MemoryConfig::zoo());
     all
 }
 
@@ -79,6 +83,45 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
         ));
     }
     out.push(("untied head".into(), ModelConfig { tie_embeddings: false, ..tiny() }));
+    // memories: XL over segments of 4 with a memory long enough that token-by-token decoding
+    // across segment boundaries still sees every earlier token; compressive with each function
+    let xl = PositionConfig::TransformerXl(XlRelativeConfig::default());
+    out.push((
+        "memory xl".into(),
+        ModelConfig {
+            seq_len: 4,
+            memory: MemoryConfig::Xl(XlMemoryConfig { length: 12 }),
+            position: xl.clone(),
+            ..tiny()
+        },
+    ));
+    for compression in
+        [CompressionKind::Conv, CompressionKind::MaxPool, CompressionKind::DilatedConv, CompressionKind::MostUsed]
+    {
+        let memory = MemoryConfig::Compressive(CompressiveMemoryConfig {
+            length: 4,
+            compressed_length: 4,
+            rate: 2,
+            compression,
+            autoencoding_weight: 0.5,
+            ..Default::default()
+        });
+        out.push((
+            format!("memory compressive {}", compression.name()),
+            ModelConfig { memory, position: PositionConfig::Alibi, ..tiny() },
+        ));
+    }
+    out.push(("block gtrxl".into(), ModelConfig { block: BlockConfig::Gtrxl(GtrxlConfig::default()), ..tiny() }));
+    out.push((
+        "block gtrxl + xl memory".into(),
+        ModelConfig {
+            seq_len: 4,
+            block: BlockConfig::Gtrxl(GtrxlConfig::default()),
+            memory: MemoryConfig::Xl(XlMemoryConfig { length: 12 }),
+            position: PositionConfig::Rope(RotaryConfig::default()),
+            ..tiny()
+        },
+    ));
     // relative schemes with grouped-query heads (keys shared by several query heads)
     let gqa = AttentionConfig::Full(MultiHeadAttentionConfig { n_heads: 4, n_kv_heads: Some(2), ..Default::default() });
     for p in [

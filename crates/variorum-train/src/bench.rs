@@ -6,6 +6,7 @@ use anyhow::Result;
 use burn::prelude::*;
 use serde::Serialize;
 use variorum_data::TokenBatch;
+use variorum_model::DecoderState;
 
 use crate::config::ExperimentConfig;
 use crate::step::{optimizer, train_step};
@@ -60,6 +61,8 @@ pub fn bench(cfg: &ExperimentConfig, device: &Device, warmup: u64, steps: u64, r
         let mut optim = optimizer(tc);
         let mut t0 = Instant::now();
         let mut last_loss: Option<Tensor<1>> = None;
+        // a memory model carries its memory from step to step, as in training
+        let mut memory = model.has_memory().then(DecoderState::default);
         for i in 0..warmup + steps {
             if i == warmup {
                 if let Some(l) = last_loss.take() {
@@ -68,7 +71,7 @@ pub fn bench(cfg: &ExperimentConfig, device: &Device, warmup: u64, steps: u64, r
                 t0 = Instant::now();
             }
             let micro: Vec<TokenBatch> = (0..tc.grad_accum as u64).map(|m| batch(i * 16 + m)).collect();
-            let (m, res) = train_step(model, &mut optim, tc, &micro, tc.lr, &device);
+            let (m, res) = train_step(model, &mut optim, tc, &micro, tc.lr, &device, memory.as_mut());
             model = m;
             last_loss = Some(res.loss);
         }

@@ -178,6 +178,12 @@ impl ExperimentConfig {
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.model.validate()?;
+        check(self.model.memory.is_none() || self.train.batching == Batching::Ordered, || {
+            format!(
+                "model.memory.kind = \"{}\" carries memory from one segment to the next, which needs train.batching = \"ordered\" (random windows are unrelated)",
+                self.model.memory.kind()
+            )
+        })?;
         self.train.freeze.validate(self.model.n_layers, self.model.tie_embeddings)?;
         self.data.validate().map_err(|e| ConfigError::new(e.to_string()))?;
         self.train.validate()

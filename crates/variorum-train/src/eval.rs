@@ -2,7 +2,7 @@
 
 use burn::prelude::*;
 use variorum_data::TokenBatch;
-use variorum_model::{DecoderLm, decoder::cross_entropy};
+use variorum_model::{DecoderLm, DecoderState, decoder::cross_entropy};
 
 use crate::step::batch_tensors;
 
@@ -75,6 +75,42 @@ pub fn sliding_loss(model: &DecoderLm, ids: &[u32], len: usize, stride: usize, d
                 count += 1;
             }
         }
+    }
+    (sum / count.max(1) as f64, count)
+}
+
+/// Loss of a model read as `streams` contiguous streams of `ids`, segment by segment (`seg_len`
+/// tokens): with `carry_memory` each segment continues from the state the previous one left
+/// (Transformer-XL evaluation), without it every segment starts from nothing. Both read the same
+/// segments, so the difference is what the memory is worth. Returns (mean loss, tokens counted).
+pub fn stream_loss(
+    model: &DecoderLm,
+    ids: &[u32],
+    seg_len: usize,
+    streams: usize,
+    carry_memory: bool,
+    device: &Device,
+) -> (f64, usize) {
+    let streams = streams.max(1);
+    let stream_len = ids.len().saturating_sub(1) / streams;
+    let segments = stream_len / seg_len.max(1);
+    let mut state = DecoderState::default();
+    let (mut sum, mut count) = (0.0, 0usize);
+    for seg in 0..segments {
+        let rows = |offset: usize| -> Vec<i64> {
+            (0..streams)
+                .flat_map(|r| {
+                    let start = r * stream_len + seg * seg_len + offset;
+                    ids[start..start + seg_len].iter().map(|&t| t as i64)
+                })
+                .collect()
+        };
+        let x = Tensor::<2, Int>::from_data(TensorData::new(rows(0), [streams, seg_len]), device);
+        let t = Tensor::<2, Int>::from_data(TensorData::new(rows(1), [streams, seg_len]), device);
+        let logits =
+            if carry_memory { model.forward_with(x, Some(&mut state)).logits } else { model.forward(x).logits };
+        sum += cross_entropy(logits, t).into_scalar::<f32>() as f64 * (streams * seg_len) as f64;
+        count += streams * seg_len;
     }
     (sum / count.max(1) as f64, count)
 }

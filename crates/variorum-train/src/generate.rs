@@ -32,6 +32,9 @@ pub fn generate(
     device: &Device,
     mut on_token: impl FnMut(u32),
 ) -> Vec<u32> {
+    if model.has_memory() {
+        return generate_with_memory(model, prompt, cfg, device, on_token);
+    }
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
     let context = model.seq_len.max(2);
     let mut all: Vec<u32> = prompt.to_vec();
@@ -53,6 +56,40 @@ pub fn generate(
         let logits = model.forward_with(input, Some(&mut state)).logits;
         let v = logits.dims()[2];
         let last: Vec<f32> = logits.slice([0..1, n - 1..n, 0..v]).into_data().try_to_vec::<f32>().unwrap_or_default();
+        let next = pick(&last, cfg, &mut rng);
+        on_token(next);
+        all.push(next);
+    }
+    all.split_off(prompt.len())
+}
+
+/// Generation for a memory model: the prompt is read segment by segment and every new token
+/// continues the state, so the memory carries the whole history (nothing slides or restarts).
+/// The memory holds layer inputs, not keys and values, so there is no separate cache.
+fn generate_with_memory(
+    model: &DecoderLm,
+    prompt: &[u32],
+    cfg: &SampleConfig,
+    device: &Device,
+    mut on_token: impl FnMut(u32),
+) -> Vec<u32> {
+    let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
+    let segment = model.seq_len.max(1);
+    let mut all: Vec<u32> = prompt.to_vec();
+    let mut state = DecoderState::default();
+    let mut last: Vec<f32> = Vec::new();
+    for _ in 0..cfg.max_new_tokens {
+        // feed what the state has not seen, never past the end of the current segment
+        while state.position < all.len() {
+            let room = segment - state.position % segment;
+            let ids: Vec<i64> =
+                all[state.position..all.len().min(state.position + room)].iter().map(|&t| t as i64).collect();
+            let n = ids.len();
+            let input = Tensor::<2, Int>::from_data(TensorData::new(ids, [1, n]), device);
+            let logits = model.forward_with(input, Some(&mut state)).logits;
+            let v = logits.dims()[2];
+            last = logits.slice([0..1, n - 1..n, 0..v]).into_data().try_to_vec::<f32>().unwrap_or_default();
+        }
         let next = pick(&last, cfg, &mut rng);
         on_token(next);
         all.push(next);

@@ -1,7 +1,9 @@
-//! `metrics.csv`: one row per logging interval, validation loss on evaluation rows.
+//! `metrics.csv`: one row per logging interval, validation loss on evaluation rows, and the
+//! auxiliary losses (weighted, mean over the interval) as `name=value;name=value` in the last
+//! column.
 //!
-//! Written by hand rather than with a CSV crate: every field is a number, so there is nothing to
-//! quote or escape.
+//! Written by hand rather than with a CSV crate: every field is a number or a name without
+//! commas, so there is nothing to quote or escape.
 
 use std::fs::{self, OpenOptions};
 use std::io::Write;
@@ -9,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-pub const HEADER: &str = "step,train_loss,val_loss,lr,grad_norm,tokens_per_sec,elapsed_sec";
+pub const HEADER: &str = "step,train_loss,val_loss,lr,grad_norm,tokens_per_sec,elapsed_sec,aux";
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Row {
@@ -20,6 +22,8 @@ pub struct Row {
     pub grad_norm: Option<f64>,
     pub tokens_per_sec: Option<f64>,
     pub elapsed_sec: f64,
+    /// Auxiliary losses by name.
+    pub aux: Vec<(String, f64)>,
 }
 
 fn opt(v: Option<f64>) -> String {
@@ -28,21 +32,24 @@ fn opt(v: Option<f64>) -> String {
 
 impl Row {
     fn to_line(&self) -> String {
+        let aux: Vec<String> = self.aux.iter().map(|(n, v)| format!("{n}={v:.6e}")).collect();
         format!(
-            "{},{},{},{:.6e},{},{},{:.3}",
+            "{},{},{},{:.6e},{},{},{:.3},{}",
             self.step,
             opt(self.train_loss),
             opt(self.val_loss),
             self.lr,
             opt(self.grad_norm),
             self.tokens_per_sec.map(|x| format!("{x:.1}")).unwrap_or_default(),
-            self.elapsed_sec
+            self.elapsed_sec,
+            aux.join(";")
         )
     }
 
     fn parse(line: &str) -> Option<Row> {
         let f: Vec<&str> = line.split(',').collect();
-        if f.len() != 7 {
+        // 7 fields: runs written before the aux column existed
+        if f.len() != 7 && f.len() != 8 {
             return None;
         }
         let num = |s: &str| if s.is_empty() { None } else { s.parse::<f64>().ok() };
@@ -54,6 +61,13 @@ impl Row {
             grad_norm: num(f[4]),
             tokens_per_sec: num(f[5]),
             elapsed_sec: num(f[6]).unwrap_or(0.0),
+            aux: f
+                .get(7)
+                .into_iter()
+                .flat_map(|a| a.split(';'))
+                .filter_map(|kv| kv.split_once('='))
+                .filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?)))
+                .collect(),
         })
     }
 }
@@ -108,7 +122,8 @@ mod tests {
         let run = tempfile::tempdir().unwrap();
         let log = MetricsLog::open(run.path(), None).unwrap();
         for step in [10, 20, 30] {
-            log.append(&Row { step, train_loss: Some(1.0), lr: 1e-3, ..Default::default() }).unwrap();
+            let aux = vec![("ponder".to_string(), 0.5), ("span".to_string(), 2e-3)];
+            log.append(&Row { step, train_loss: Some(1.0), lr: 1e-3, aux, ..Default::default() }).unwrap();
         }
         let log = MetricsLog::open(run.path(), Some(20)).unwrap();
         let steps: Vec<u64> = log.rows().unwrap().iter().map(|r| r.step).collect();
@@ -116,5 +131,6 @@ mod tests {
         let r = &log.rows().unwrap()[0];
         assert_eq!(r.train_loss, Some(1.0));
         assert_eq!(r.val_loss, None);
+        assert_eq!(r.aux, vec![("ponder".to_string(), 0.5), ("span".to_string(), 2e-3)]);
     }
 }

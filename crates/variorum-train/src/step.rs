@@ -5,8 +5,9 @@ use burn::module::ParamGroup;
 use burn::optim::ModuleOptimizer;
 use burn::optim::{AdamWConfig, GradientsAccumulator, GradientsParams};
 use burn::prelude::*;
+use variorum_core::AuxLosses;
 use variorum_data::TokenBatch;
-use variorum_model::DecoderLm;
+use variorum_model::{DecoderLm, DecoderState};
 
 use crate::clip::clip_global_norm;
 use crate::config::TrainConfig;
@@ -42,6 +43,8 @@ pub struct StepResult {
     pub loss: Tensor<1>,
     /// Global gradient norm before clipping, `[1]`.
     pub grad_norm: Option<Tensor<1>>,
+    /// Each auxiliary loss (weighted, detached), mean over the micro-batches.
+    pub aux: AuxLosses,
 }
 
 pub fn train_step(
@@ -51,17 +54,30 @@ pub fn train_step(
     micro_batches: &[TokenBatch],
     lr: f64,
     device: &Device,
+    mut memory: Option<&mut DecoderState>,
 ) -> (DecoderLm, StepResult) {
     let n = micro_batches.len().max(1);
     let mut loss_sum: Option<Tensor<1>> = None;
     let mut acc = GradientsAccumulator::<DecoderLm>::new();
     let mut single: Option<GradientsParams> = None;
+    let mut aux_sums: AuxLosses = Vec::new();
     for batch in micro_batches {
         let (inputs, targets) = batch_tensors(batch, device);
-        let (loss, aux) = model.loss(inputs, targets);
+        // a memory model on ordered streams: rows start over together at the streams' start
+        if let Some(m) = memory.as_deref_mut()
+            && batch.reset.first().copied().unwrap_or(true)
+        {
+            *m = DecoderState::default();
+        }
+        let (loss, aux) = model.loss_with(inputs, targets, memory.as_deref_mut());
         let mut total = loss.clone();
-        for (_, l) in aux {
-            total = total + l;
+        for (name, l) in aux {
+            total = total + l.clone();
+            let l = l.detach();
+            match aux_sums.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, s)) => *s = s.clone() + l,
+                None => aux_sums.push((name, l)),
+            }
         }
         let total = if n > 1 { total.div_scalar(n as f64) } else { total };
         let grads = GradientsParams::from_grads(total.backward(), &model);
@@ -85,5 +101,6 @@ pub fn train_step(
     };
     let model = optim.step(lr, model, grads);
     let loss = loss_sum.expect("at least one micro-batch").div_scalar(n as f64);
-    (model, StepResult { loss, grad_norm })
+    let aux = aux_sums.into_iter().map(|(name, s)| (name, s.div_scalar(n as f64))).collect();
+    (model, StepResult { loss, grad_norm, aux })
 }

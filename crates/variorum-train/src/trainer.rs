@@ -15,11 +15,11 @@ use burn::prelude::*;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 use variorum_data::{Corpus, OrderedStreams, RandomWindows, TokenBatch, Tokenizer, spread_windows};
-use variorum_model::DecoderLm;
+use variorum_model::{DecoderLm, DecoderState};
 
 use crate::checkpoint::{self, TrainState, write_atomic};
 use crate::config::{Batching, ExperimentConfig, TrainConfig};
-use crate::eval::evaluate;
+use crate::eval::{evaluate, stream_loss};
 use crate::generate::{SampleConfig, generate};
 use crate::metrics::{MetricsLog, Row};
 use crate::schedule::learning_rate;
@@ -214,6 +214,11 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
     }
     let tokens_per_step = (tc.batch_size * seq_len * tc.grad_accum) as f64;
     let mut loss_acc: Option<Tensor<1>> = None;
+    // auxiliary losses summed over the logging interval, on the device
+    let mut aux_acc: variorum_core::AuxLosses = Vec::new();
+    // a memory model carries its memory along the ordered streams (empty again after a resume:
+    // the memory is a cache of activations, not saved with the checkpoint)
+    let mut memory = model.has_memory().then(DecoderState::default);
     let mut last_norm: Option<Tensor<1>>;
     let mut interval_train_secs = 0.0;
     let mut interval_steps = 0u64;
@@ -241,8 +246,14 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
         let micro: Vec<TokenBatch> =
             (0..tc.grad_accum as u64).map(|m| batches.get(step * tc.grad_accum as u64 + m)).collect();
         let t0 = Instant::now();
-        let (m, res) = train_step(model, &mut optim, &tc, &micro, lr, &device);
+        let (m, res) = train_step(model, &mut optim, &tc, &micro, lr, &device, memory.as_mut());
         model = m;
+        for (name, l) in res.aux {
+            match aux_acc.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, a)) => *a = a.clone() + l,
+                None => aux_acc.push((name, l)),
+            }
+        }
         loss_acc = Some(match loss_acc.take() {
             Some(a) => a + res.loss,
             None => res.loss,
@@ -271,13 +282,27 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
                 last_train_loss = Some(train_loss);
                 let tps = interval_steps as f64 * tokens_per_step / interval_train_secs.max(1e-9);
                 let val_loss = if eval_now {
-                    let v = evaluate(&model.valid(), &eval_set, &device.clone().inner());
+                    let inner = device.clone().inner();
+                    let v = if model.has_memory() {
+                        // memory models are scored as they run: segments of ordered streams
+                        let n = (tc.eval_batches * tc.batch_size * seq_len + 1).min(corpus.val.len());
+                        match stream_loss(&model.valid(), &corpus.val[..n], seq_len, tc.batch_size, true, &inner) {
+                            (_, 0) => evaluate(&model.valid(), &eval_set, &inner),
+                            (v, _) => v,
+                        }
+                    } else {
+                        evaluate(&model.valid(), &eval_set, &inner)
+                    };
                     state.val_loss = Some(v);
                     Some(v)
                 } else {
                     None
                 };
                 let grad_norm = last_norm.take().map(|n| n.into_scalar::<f32>() as f64);
+                let aux: Vec<(String, f64)> = std::mem::take(&mut aux_acc)
+                    .into_iter()
+                    .map(|(n, t)| (n, t.into_scalar::<f32>() as f64 / interval_steps.max(1) as f64))
+                    .collect();
                 metrics.append(&Row {
                     step: state.step,
                     train_loss: Some(train_loss),
@@ -286,6 +311,7 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
                     grad_norm,
                     tokens_per_sec: Some(tps),
                     elapsed_sec: state.train_seconds,
+                    aux: aux.clone(),
                 })?;
                 pb.set_message(format!(
                     "loss {train_loss:.4}{} | {:.0} tok/s | lr {lr:.2e}",
@@ -293,7 +319,8 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
                     tps
                 ));
                 if let Some(v) = val_loss {
-                    say(format!("step {:>6}  train {train_loss:.4}  val {v:.4}  {tps:.0} tok/s", state.step));
+                    let aux: String = aux.iter().map(|(n, x)| format!("  {n} {x:.4}")).collect();
+                    say(format!("step {:>6}  train {train_loss:.4}  val {v:.4}  {tps:.0} tok/s{aux}", state.step));
                 }
                 state.loss_sum = 0.0;
                 state.loss_count = 0;

@@ -245,8 +245,8 @@ fn gradient_accumulation_equals_one_large_batch() {
     dev.seed(5);
     let m1 = model_cfg.init(&dev);
     let m2 = m1.clone();
-    let (m1, r1) = train_step(m1, &mut optimizer(&tc), &tc, &[a, b], 1e-2, &dev);
-    let (m2, r2) = train_step(m2, &mut optimizer(&tc), &tc, &[both.clone()], 1e-2, &dev);
+    let (m1, r1) = train_step(m1, &mut optimizer(&tc), &tc, &[a, b], 1e-2, &dev, None);
+    let (m2, r2) = train_step(m2, &mut optimizer(&tc), &tc, &[both.clone()], 1e-2, &dev, None);
     let n1 = r1.grad_norm.unwrap().into_scalar::<f32>();
     let n2 = r2.grad_norm.unwrap().into_scalar::<f32>();
     assert!((n1 - n2).abs() < 1e-4 * n2, "gradient norms {n1} vs {n2}");

@@ -1,0 +1,66 @@
+//! The GTrXL gate (Parisotto et al. 2020, "Stabilizing Transformers for Reinforcement Learning"):
+//! a GRU-style gate that replaces the residual sum x + y of a block,
+//!
+//! r = σ(W_r y + U_r x),   z = σ(W_z y + U_z x − b_g),
+//! ĥ = tanh(W_g y + U_g (r ⊙ x)),   g(x, y) = (1 − z) ⊙ x + z ⊙ ĥ,
+//!
+//! where x is the residual stream and y the branch output (after a ReLU, in the paper's
+//! identity-map reordering: norms on the branch inputs only). With the bias b_g > 0 the update
+//! gate starts nearly closed, z ≈ σ(−b_g), so a fresh block is close to the identity map.
+
+use burn::nn::{Initializer, Linear, LinearConfig};
+use burn::prelude::*;
+use burn::tensor::activation::sigmoid;
+
+#[derive(Module, Debug)]
+pub struct GtrxlGate {
+    /// [W_r | W_z | W_g] applied to the branch output y.
+    pub from_branch: Linear,
+    /// [U_r | U_z] applied to the stream x.
+    pub from_stream: Linear,
+    /// U_g applied to r ⊙ x.
+    pub candidate: Linear,
+    pub gate_bias: f64,
+}
+
+impl GtrxlGate {
+    pub fn new(d_model: usize, gate_bias: f64, init_std: f64, device: &Device) -> Self {
+        let init = Initializer::Normal { mean: 0.0, std: init_std };
+        let lin = |o: usize| LinearConfig::new(d_model, o).with_bias(false).with_initializer(init.clone()).init(device);
+        Self { from_branch: lin(3 * d_model), from_stream: lin(2 * d_model), candidate: lin(d_model), gate_bias }
+    }
+
+    /// g(x, y) for the stream `x` and the branch output `y`, both `[b, len, d]`.
+    pub fn forward(&self, x: Tensor<3>, y: Tensor<3>) -> Tensor<3> {
+        let d = x.dims()[2];
+        let wy = self.from_branch.forward(y);
+        let ux = self.from_stream.forward(x.clone());
+        let r = sigmoid(wy.clone().narrow(2, 0, d) + ux.clone().narrow(2, 0, d));
+        let z = sigmoid(wy.clone().narrow(2, d, d) + ux.narrow(2, d, d) - self.gate_bias);
+        let h = (wy.narrow(2, 2 * d, d) + self.candidate.forward(r * x.clone())).tanh();
+        x.clone() + z * (h - x)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::Distribution;
+
+    #[test]
+    fn starts_close_to_the_identity_map() {
+        let dev = Device::flex();
+        let x: Tensor<3> = Tensor::random([2, 5, 16], Distribution::Normal(0.0, 1.0), &dev);
+        let y: Tensor<3> = Tensor::random([2, 5, 16], Distribution::Normal(0.0, 0.1), &dev);
+        let norm = |t: Tensor<3>| t.powf_scalar(2.0).sum().sqrt().into_scalar::<f32>();
+        // relative change of the stream: about σ(−b_g), the update gate's opening
+        let change = |b_g: f64| {
+            let out = GtrxlGate::new(16, b_g, 0.02, &dev).forward(x.clone(), y.clone());
+            norm(out - x.clone()) / norm(x.clone())
+        };
+        let sigma = |v: f64| 1.0 / (1.0 + (-v).exp());
+        assert!((change(2.0) as f64) < sigma(-2.0) + 0.05, "b_g = 2: {}", change(2.0));
+        assert!(change(6.0) < 0.01, "b_g = 6: {}", change(6.0));
+        assert!(change(-4.0) > 0.8, "a negative bias opens the gate: {}", change(-4.0));
+    }
+}
