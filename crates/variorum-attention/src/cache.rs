@@ -2,11 +2,15 @@
 
 use burn::prelude::*;
 
-/// Keys and values of every position seen so far, `[batch, n_kv_heads, len, head_dim]`.
+/// Keys and values of every position seen so far, `[batch, n_kv_heads, len, head_dim]` — or of
+/// the positions since `start`, when a mechanism that never looks further back (adaptive span)
+/// has dropped the older ones.
 #[derive(Debug, Clone, Default)]
 pub struct KvCache {
     pub k: Option<Tensor<4>>,
     pub v: Option<Tensor<4>>,
+    /// Entries dropped from the front: the first cached key sits at position `start`.
+    pub start: usize,
 }
 
 impl KvCache {
@@ -16,6 +20,18 @@ impl KvCache {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Drops the `n` oldest entries (at most all of them).
+    pub fn drop_front(&mut self, n: usize) {
+        let n = n.min(self.len());
+        if n == 0 {
+            return;
+        }
+        let keep = self.len() - n;
+        self.k = self.k.take().map(|k| k.narrow(2, n, keep));
+        self.v = self.v.take().map(|v| v.narrow(2, n, keep));
+        self.start += n;
     }
 
     /// Appends the new keys/values and returns all of them.

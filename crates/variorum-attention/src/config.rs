@@ -5,7 +5,10 @@ use serde::{Deserialize, Serialize};
 use variorum_core::{Capabilities, ConfigError, KindInfo};
 
 use crate::contract::AttentionState;
-use crate::{AttentionInput, AttentionOutput, MultiHeadAttention, MultiHeadAttentionConfig, Positioning};
+use crate::{
+    AdaptiveSpanAttention, AdaptiveSpanConfig, AttentionInput, AttentionOutput, MultiHeadAttention,
+    MultiHeadAttentionConfig, Positioning,
+};
 use variorum_position::HeadShape;
 
 /// `model.attention`: one variant per mechanism, chosen by `kind`.
@@ -14,6 +17,8 @@ use variorum_position::HeadShape;
 pub enum AttentionConfig {
     /// Multi-head scaled dot-product attention (with grouped-/multi-query K/V heads).
     Full(MultiHeadAttentionConfig),
+    /// Multi-head attention with a learned soft span per head (static or per token).
+    AdaptiveSpan(AdaptiveSpanConfig),
 }
 
 impl Default for AttentionConfig {
@@ -26,6 +31,7 @@ impl AttentionConfig {
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Full(_) => "full",
+            Self::AdaptiveSpan(_) => "adaptive-span",
         }
     }
 
@@ -37,12 +43,14 @@ impl AttentionConfig {
     pub fn expanded(&self, d_model: usize) -> Self {
         match self {
             Self::Full(c) => Self::Full(c.expanded(d_model)),
+            Self::AdaptiveSpan(c) => Self::AdaptiveSpan(c.expanded(d_model)),
         }
     }
 
     pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         match self {
             Self::Full(c) => c.validate(d_model),
+            Self::AdaptiveSpan(c) => c.validate(d_model),
         }
     }
 
@@ -56,6 +64,7 @@ impl AttentionConfig {
     ) -> Attention {
         match self {
             Self::Full(c) => Attention::Full(c.init(d_model, init_std, out_std, position, device)),
+            Self::AdaptiveSpan(c) => Attention::AdaptiveSpan(c.init(d_model, init_std, out_std, position, device)),
         }
     }
 
@@ -63,6 +72,7 @@ impl AttentionConfig {
     pub fn heads(&self, d_model: usize) -> HeadShape {
         match self {
             Self::Full(c) => c.heads(d_model),
+            Self::AdaptiveSpan(c) => c.heads().heads(d_model),
         }
     }
 
@@ -70,25 +80,44 @@ impl AttentionConfig {
     pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         match self {
             Self::Full(c) => c.flops_per_token(d_model, len_k),
+            // at most S keys back
+            Self::AdaptiveSpan(c) => c.heads().flops_per_token(d_model, len_k.min(c.max_span)),
         }
     }
 
     pub fn zoo() -> Vec<KindInfo> {
-        vec![KindInfo {
-            axis: "model.attention",
-            kind: "full",
-            summary: "multi-head scaled dot-product attention; grouped-/multi-query K/V heads; KV cache",
-            paper: "Vaswani et al. 2017, Attention Is All You Need; Shazeer 2019 (MQA); Ainslie et al. 2023 (GQA)",
-            caps: Capabilities {
-                causal: true,
-                bidirectional: true,
-                incremental: true,
-                score_bias: true,
-                qk_rotation: true,
-                aux_losses: false,
-                variable_length: true,
+        vec![
+            KindInfo {
+                axis: "model.attention",
+                kind: "full",
+                summary: "multi-head scaled dot-product attention; grouped-/multi-query K/V heads; KV cache",
+                paper: "Vaswani et al. 2017, Attention Is All You Need; Shazeer 2019 (MQA); Ainslie et al. 2023 (GQA)",
+                caps: Capabilities {
+                    causal: true,
+                    bidirectional: true,
+                    incremental: true,
+                    score_bias: true,
+                    qk_rotation: true,
+                    aux_losses: false,
+                    variable_length: true,
+                },
             },
-        }]
+            KindInfo {
+                axis: "model.attention",
+                kind: "adaptive-span",
+                summary: "multi-head attention with a learned soft span per head (or per token), L1 penalty, keys beyond the span not computed",
+                paper: "Sukhbaatar et al. 2019, Adaptive Attention Span in Transformers",
+                caps: Capabilities {
+                    causal: true,
+                    bidirectional: false,
+                    incremental: true,
+                    score_bias: true,
+                    qk_rotation: true,
+                    aux_losses: true,
+                    variable_length: true,
+                },
+            },
+        ]
     }
 }
 
@@ -96,6 +125,7 @@ impl AttentionConfig {
 #[derive(Module, Debug)]
 pub enum Attention {
     Full(MultiHeadAttention),
+    AdaptiveSpan(AdaptiveSpanAttention),
 }
 
 impl Attention {
@@ -103,6 +133,7 @@ impl Attention {
     pub fn content_only(&self, query: Tensor<3>, key_value: Tensor<3>) -> Tensor<3> {
         match self {
             Self::Full(a) => a.content_only(query, key_value),
+            Self::AdaptiveSpan(a) => a.attention.content_only(query, key_value),
         }
     }
 
@@ -110,6 +141,7 @@ impl Attention {
     pub fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
         match self {
             Self::Full(a) => a.forward(input, state.map(AttentionState::kv_mut)),
+            Self::AdaptiveSpan(a) => a.forward(input, state.map(AttentionState::kv_mut)),
         }
     }
 }

@@ -15,7 +15,7 @@ use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
 use serde::{Deserialize, Serialize};
-use variorum_core::{ConfigError, error::check, error::divisors};
+use variorum_core::{AttentionMask, ConfigError, error::check, error::divisors};
 use variorum_position::{HeadShape, PositionConfig, RelativePosition, ScoreLayout};
 
 use crate::{AttentionInput, AttentionOutput, KvCache, QkvProjection, QkvProjectionConfig};
@@ -148,60 +148,94 @@ pub struct MultiHeadAttention {
     pub scale: f64,
 }
 
+/// Queries (scaled), keys and values of one forward, and where their scores sit.
+pub struct Projected {
+    /// `scale · q`, `[b, n_heads, len_q, head_dim]`.
+    pub q: Tensor<4>,
+    /// `[b, n_kv_heads, len_k, head_dim]`, the cache included.
+    pub k: Tensor<4>,
+    pub v: Tensor<4>,
+    pub layout: ScoreLayout,
+}
+
 impl MultiHeadAttention {
-    pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
-        let [b, lq, _] = input.query.dims();
-        let device = input.query.device();
-        let (q, k, v) = match input.key_value {
-            None => self.qkv.self_attention(input.query),
-            Some(src) => self.qkv.cross_attention(input.query, src),
+    /// The three steps of [`forward`](Self::forward), for mechanisms that change what happens
+    /// between them (adaptive span). Step 1: project, rotate (RoPE), append to the cache. Keys
+    /// sit from `mask.k_start` (plus whatever the cache has dropped from its front).
+    pub fn project(
+        &self,
+        query: Tensor<3>,
+        key_value: Option<Tensor<3>>,
+        mask: &AttentionMask,
+        cache: Option<&mut KvCache>,
+    ) -> Projected {
+        let [_, lq, _] = query.dims();
+        let (q, k, v) = match key_value {
+            None => self.qkv.self_attention(query),
+            Some(src) => self.qkv.cross_attention(query, src),
         };
-        let mask = input.mask;
+        let (cached, dropped) = cache.as_ref().map_or((0, 0), |c| (c.len(), c.start));
+        let k_start = mask.k_start + dropped;
         let (q, k) = match &self.position {
             // new keys follow the cached ones
-            Some(p) => {
-                let cached = cache.as_ref().map_or(0, |c| c.len());
-                (p.rotate(q, mask.q_start), p.rotate(k, mask.k_start + cached))
-            }
+            Some(p) => (p.rotate(q, mask.q_start), p.rotate(k, k_start + cached)),
             None => (q, k),
         };
         let (k, v) = match cache {
             Some(c) => c.append(k, v),
             None => (k, v),
         };
-        let (h, hkv, dh) = (self.qkv.n_heads, self.qkv.n_kv_heads, self.qkv.head_dim);
-        let lk = k.dims()[2];
-        let g = h / hkv;
-        let layout = ScoreLayout::new(mask.q_start, mask.k_start, lq, lk, mask.causal);
+        let layout = ScoreLayout::new(mask.q_start, k_start, lq, k.dims()[2], mask.causal);
+        Projected { q: q.mul_scalar(self.scale), k, v, layout }
+    }
 
+    /// Step 2: scaled scores `[b, n_heads, len_q, len_k]` with the position scheme applied, not
+    /// masked.
+    pub fn scores(&self, p: &Projected) -> Tensor<4> {
+        let [b, h, lq, dh] = p.q.dims();
+        let hkv = p.k.dims()[1];
+        let (g, lk) = (h / hkv, p.layout.len_k);
         // queries of a group stacked along the length: [b, hkv, g·lq, dh] @ [b, hkv, dh, lk]
-        let q = q.mul_scalar(self.scale);
-        let q_heads = self.position.as_ref().map(|_| q.clone());
-        let q = if g == 1 { q } else { q.reshape([b, hkv, g * lq, dh]) };
-        let scores = q.matmul(k.clone().swap_dims(2, 3)).reshape([b, h, lq, lk]);
-        let scores = match (&self.position, q_heads) {
-            (Some(p), Some(q)) => p.scores(scores, q, k, &layout, self.scale),
-            _ => scores,
-        };
+        let q = if g == 1 { p.q.clone() } else { p.q.clone().reshape([b, hkv, g * lq, dh]) };
+        let scores = q.matmul(p.k.clone().swap_dims(2, 3)).reshape([b, h, lq, lk]);
+        match &self.position {
+            Some(pos) => pos.scores(scores, p.q.clone(), p.k.clone(), &p.layout, self.scale),
+            None => scores,
+        }
+    }
 
-        let mask = input.dense_mask.or_else(|| input.mask.score_mask(lq, lk, &device));
+    /// Step 3: the output `[b, len_q, d_model]` from probabilities `[b, n_heads, len_q, len_k]`.
+    pub fn combine(&self, probs: Tensor<4>, p: &Projected) -> Tensor<3> {
+        let [b, h, lq, lk] = probs.dims();
+        let [_, hkv, _, dh] = p.v.dims();
+        let g = h / hkv;
+        let extra = self.position.as_ref().and_then(|pos| pos.context(probs.clone(), &p.layout));
+        let probs = if g == 1 { probs } else { probs.reshape([b, hkv, g * lq, lk]) };
+        let context = probs.matmul(p.v.clone()).reshape([b, h, lq, dh]);
+        let context = match extra {
+            Some(e) => context + e,
+            None => context,
+        };
+        self.out.forward(context.swap_dims(1, 2).reshape([b, lq, h * dh]))
+    }
+
+    pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
+        let device = input.query.device();
+        let p = self.project(input.query, input.key_value, input.mask, cache);
+        let (lq, lk) = (p.layout.len_q, p.layout.len_k);
+        let scores = self.scores(&p);
+        let mask = match (&input.dense_mask, p.layout.k_start == input.mask.k_start) {
+            (Some(m), true) => Some(m.clone()),
+            _ => AttentionMask { k_start: p.layout.k_start, ..input.mask.clone() }.score_mask(lq, lk, &device),
+        };
         let scores = match mask {
             Some(m) => scores.mask_fill(m, MASKED_SCORE),
             None => scores,
         };
         let probs = softmax(scores, 3);
         let weights = input.need_weights.then(|| probs.clone());
-        let probs = self.dropout.forward(probs);
-
-        let extra = self.position.as_ref().and_then(|p| p.context(probs.clone(), &layout));
-        let probs = if g == 1 { probs } else { probs.reshape([b, hkv, g * lq, lk]) };
-        let context = probs.matmul(v).reshape([b, h, lq, dh]);
-        let context = match extra {
-            Some(e) => context + e,
-            None => context,
-        };
-        let context = context.swap_dims(1, 2).reshape([b, lq, h * dh]);
-        AttentionOutput { context: self.out.forward(context), weights, aux_losses: Vec::new() }
+        let context = self.combine(self.dropout.forward(probs), &p);
+        AttentionOutput { context, weights, aux_losses: Vec::new() }
     }
 }
 

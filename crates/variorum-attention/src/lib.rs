@@ -7,12 +7,14 @@
 //! mechanism's own cache. Each mechanism owns its projections; the plain case shares
 //! [`QkvProjection`].
 
+pub mod adaptive_span;
 pub mod cache;
 pub mod config;
 pub mod contract;
 pub mod full;
 pub mod qkv;
 
+pub use adaptive_span::{AdaptiveSpanAttention, AdaptiveSpanConfig};
 pub use cache::KvCache;
 pub use config::{Attention, AttentionConfig};
 pub use contract::{AttentionInput, AttentionOutput, AttentionState};

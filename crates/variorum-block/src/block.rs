@@ -266,8 +266,9 @@ impl TransformerBlock {
             let loss = (target - rebuilt).powf_scalar(2.0).mean().mul_scalar(memory.reconstruction_weight);
             out.push(("attention_reconstruction".into(), loss));
         }
-        if memory.autoencoding_weight > 0.0 {
-            let decoded = compressor.decode(evicted.compressed);
+        if memory.autoencoding_weight > 0.0
+            && let Some(decoded) = compressor.decode(evicted.compressed)
+        {
             let n = decoded.dims()[1];
             let target = evicted.states.narrow(1, 0, n);
             let loss = (target - decoded).powf_scalar(2.0).mean().mul_scalar(memory.autoencoding_weight);

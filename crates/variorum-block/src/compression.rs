@@ -36,7 +36,8 @@ pub enum CompressionKind {
 }
 
 impl CompressionKind {
-    pub fn init(self, d_model: usize, rate: usize, device: &Device) -> Compressor {
+    /// `decoder`: build g for the auto-encoding loss.
+    pub fn init(self, d_model: usize, rate: usize, decoder: bool, device: &Device) -> Compressor {
         let conv = |dilation: usize, left: usize| {
             let mut conv = Conv1dConfig::new(d_model, d_model, rate)
                 .with_stride(rate)
@@ -50,11 +51,12 @@ impl CompressionKind {
             conv.bias = conv.bias.map(|b| Param::from_tensor(b.val().zeros_like()));
             conv
         };
-        let decoder = LinearConfig::new(d_model, rate * d_model).with_bias(false).init(device);
-        // repeat: W_g = [I I … I]
-        let eye: Tensor<2> = Tensor::eye(d_model, device);
-        let repeat = Tensor::cat(vec![eye; rate], 1);
-        let decoder = Linear { weight: Param::from_tensor(repeat), ..decoder };
+        let decoder = decoder.then(|| {
+            let linear = LinearConfig::new(d_model, rate * d_model).with_bias(false).init(device);
+            // repeat: W_g = [I I … I]
+            let eye: Tensor<2> = Tensor::eye(d_model, device);
+            Linear { weight: Param::from_tensor(Tensor::cat(vec![eye; rate], 1)), ..linear }
+        });
         Compressor {
             rate,
             kind: self.name().to_string(),
@@ -83,8 +85,8 @@ pub struct Compressor {
     pub rate: usize,
     pub kind: String,
     pub conv: Option<Conv1d>,
-    /// g of the auto-encoding loss.
-    pub decoder: Linear,
+    /// g of the auto-encoding loss (when it is on).
+    pub decoder: Option<Linear>,
 }
 
 impl Compressor {
@@ -113,10 +115,10 @@ impl Compressor {
         }
     }
 
-    /// g: `[b, m, d]` → `[b, m·c, d]`.
-    pub fn decode(&self, z: Tensor<3>) -> Tensor<3> {
+    /// g: `[b, m, d]` → `[b, m·c, d]`, if the compressor has a decoder.
+    pub fn decode(&self, z: Tensor<3>) -> Option<Tensor<3>> {
         let [b, m, d] = z.dims();
-        self.decoder.forward(z).reshape([b, m * self.rate, d])
+        Some(self.decoder.as_ref()?.forward(z).reshape([b, m * self.rate, d]))
     }
 }
 
@@ -136,10 +138,10 @@ mod tests {
         let x: Tensor<3> = Tensor::random([2, 12, 8], Distribution::Normal(0.0, 1.0), &dev);
         for kind in all() {
             for c in [1, 2, 3] {
-                let comp = kind.init(8, c, &dev);
+                let comp = kind.init(8, c, true, &dev);
                 let usage = Tensor::random([2, 12], Distribution::Default, &dev);
                 assert_eq!(comp.compress(x.clone(), Some(usage)).dims(), [2, 12 / c, 8], "{} c={c}", kind.name());
-                assert_eq!(comp.decode(Tensor::zeros([2, 12 / c, 8], &dev)).dims(), [2, 12, 8]);
+                assert_eq!(comp.decode(Tensor::zeros([2, 12 / c, 8], &dev)).unwrap().dims(), [2, 12, 8]);
             }
         }
     }
@@ -149,7 +151,7 @@ mod tests {
         let dev = Device::flex();
         let x = Tensor::<1>::from_floats([1.0, 5.0, 2.0, -4.0], &dev).reshape([1, 4, 1]);
         let get = |k: CompressionKind, u: Option<Tensor<2>>| {
-            k.init(1, 2, &dev).compress(x.clone(), u).reshape([2]).into_data().try_to_vec::<f32>().unwrap()
+            k.init(1, 2, false, &dev).compress(x.clone(), u).reshape([2]).into_data().try_to_vec::<f32>().unwrap()
         };
         assert_eq!(get(CompressionKind::MaxPool, None), vec![5.0, 2.0]);
         assert_eq!(get(CompressionKind::MeanPool, None), vec![3.0, -1.0]);
@@ -165,10 +167,10 @@ mod tests {
         let dev = Device::flex();
         let x: Tensor<3> = Tensor::random([1, 5, 4], Distribution::Normal(0.0, 1.0), &dev);
         for kind in [CompressionKind::Conv, CompressionKind::MeanPool] {
-            let comp = kind.init(4, 1, &dev);
+            let comp = kind.init(4, 1, true, &dev);
             let z = comp.compress(x.clone(), None);
             assert!((z.clone() - x.clone()).abs().max().into_scalar::<f32>() < 1e-6);
-            assert!((comp.decode(z) - x.clone()).abs().max().into_scalar::<f32>() < 1e-6);
+            assert!((comp.decode(z).unwrap() - x.clone()).abs().max().into_scalar::<f32>() < 1e-6);
         }
     }
 }

@@ -131,7 +131,7 @@ impl MemoryConfig {
                 length: c.length,
                 compressed_length: c.compressed_length,
                 segment,
-                compressor: Some(c.compression.init(d_model, c.rate, device)),
+                compressor: Some(c.compression.init(d_model, c.rate, c.autoencoding_weight > 0.0, device)),
                 reconstruction_weight: c.reconstruction_weight,
                 autoencoding_weight: c.autoencoding_weight,
             }),

@@ -449,5 +449,30 @@ fn inspect(path: &Path) -> Result<ExitCode> {
         3.0 * fwd as f64 / 1e6,
         cfg.model.seq_len
     );
+    if path.is_dir() {
+        learned_spans(path)?;
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// For a run with adaptive-span attention: the learned span of every head, layer by layer.
+fn learned_spans(run: &Path) -> Result<()> {
+    let (device, _) = device::select("cpu")?;
+    let loaded = Run::load(run, &device)?;
+    let mut header = false;
+    for (i, block) in loaded.model.blocks.iter().enumerate() {
+        let variorum_attention::Attention::AdaptiveSpan(a) = &block.attn else { continue };
+        if !header {
+            let dynamic = if a.predictor.is_some() {
+                " (dynamic spans: S·σ(vᵀx + b) per token; the table shows the unused static ones)"
+            } else {
+                ""
+            };
+            println!("# learned spans (positions, max {}, ramp {}){dynamic}", a.max_span, a.ramp);
+            header = true;
+        }
+        let spans: Vec<String> = a.spans().iter().map(|z| format!("{z:6.1}")).collect();
+        println!("#   layer {i:>2}: {}", spans.join(" "));
+    }
+    Ok(())
 }

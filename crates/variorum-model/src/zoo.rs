@@ -1,7 +1,7 @@
 //! Every kind on every axis: the rows of `variorum zoo`, and the tiny model variants the generic
 //! tests run. Adding a kind to an axis's `zoo()` and to [`variants`] enrols it in both.
 
-use variorum_attention::{AttentionConfig, MultiHeadAttentionConfig};
+use variorum_attention::{AdaptiveSpanConfig, AttentionConfig, MultiHeadAttentionConfig};
 use variorum_block::{
     BlockConfig, CompressionKind, CompressiveMemoryConfig, FeedForwardConfig, FeedForwardKind, GtrxlConfig,
     MemoryConfig, NormKind, XlMemoryConfig, block::ResidualConfig,
@@ -83,6 +83,33 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
         ));
     }
     out.push(("untied head".into(), ModelConfig { tie_embeddings: false, ..tiny() }));
+    // adaptive span: spans shorter than the sequence, so trimming and the soft mask both act
+    for dynamic in [false, true] {
+        let span = AdaptiveSpanConfig { max_span: 6, ramp: 2, init_span: 0.5, dynamic, ..Default::default() };
+        out.push((
+            format!("attention adaptive-span dynamic={dynamic}"),
+            ModelConfig {
+                attention: AttentionConfig::AdaptiveSpan(span),
+                position: PositionConfig::Rope(RotaryConfig::default()),
+                ..tiny()
+            },
+        ));
+    }
+    out.push((
+        "attention adaptive-span + xl memory".into(),
+        ModelConfig {
+            seq_len: 4,
+            attention: AttentionConfig::AdaptiveSpan(AdaptiveSpanConfig {
+                max_span: 8,
+                ramp: 2,
+                init_span: 0.5,
+                ..Default::default()
+            }),
+            memory: MemoryConfig::Xl(XlMemoryConfig { length: 12 }),
+            position: PositionConfig::Alibi,
+            ..tiny()
+        },
+    ));
     // memories: XL over segments of 4 with a memory long enough that token-by-token decoding
     // across segment boundaries still sees every earlier token; compressive with each function
     let xl = PositionConfig::TransformerXl(XlRelativeConfig::default());

@@ -127,7 +127,7 @@ fn compression_losses_vanish_for_the_identity_and_train_the_compressor() {
         let g = conv.weight.grad(&grads).expect("the reconstruction loss reaches the compression network");
         assert!(g.abs().max().into_scalar::<f32>() > 0.0);
         // and nothing else: the attention it compares through is held fixed
-        let variorum_attention::Attention::Full(attn) = &model.blocks[0].attn;
+        let variorum_attention::Attention::Full(attn) = &model.blocks[0].attn else { unreachable!() };
         assert!(attn.qkv.qkv.weight.grad(&grads).is_none(), "the attention must not learn from it");
     }
     // pooling and most-used have nothing to learn: no losses

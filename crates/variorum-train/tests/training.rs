@@ -340,6 +340,7 @@ fn frozen_groups_do_not_move() {
     let same = |a: Tensor<2>, b: Tensor<2>| (a - b).abs().max().into_scalar::<f32>() == 0.0;
     let qkv = |m: &variorum_model::DecoderLm, i: usize| match &m.blocks[i].attn {
         variorum_attention::Attention::Full(a) => a.qkv.qkv.weight.val(),
+        variorum_attention::Attention::AdaptiveSpan(a) => a.attention.qkv.qkv.weight.val(),
     };
     let (a, b) = (&models[0], &models[1]);
     assert!(same(a.token_embedding.weight.val(), b.token_embedding.weight.val()), "frozen embedding moved");
