@@ -12,9 +12,11 @@ use variorum_model::{DecoderLm, DecoderState};
 use crate::clip::clip_global_norm;
 use crate::config::TrainConfig;
 
-/// Parameters that get no weight decay: biases, norm gains/shifts, sinusoid frequencies.
-/// (nanoGPT's rule: decay every matrix, embeddings included, and nothing else.)
-const NO_DECAY: &str = r"(^|\.)(bias|gamma|beta|frequencies)$";
+/// Parameters that get no weight decay: biases, norm gains/shifts, sinusoid frequencies, and
+/// the per-head or per-distance scalars of position schemes and adaptive spans (DA's α/β, the
+/// multiplicative scalars that start at 1, the span fractions, whose L1 penalty is their own
+/// regulariser). nanoGPT's rule otherwise: decay every matrix, embeddings included.
+const NO_DECAY: &str = r"(^|\.)(bias|gamma|beta|frequencies|alpha|scale|span)$";
 
 /// AdamW with decoupled weight decay on matrices only.
 pub fn optimizer(cfg: &TrainConfig) -> ModuleOptimizer {
@@ -103,4 +105,59 @@ pub fn train_step(
     let loss = loss_sum.expect("at least one micro-batch").div_scalar(n as f64);
     let aux = aux_sums.into_iter().map(|(name, s)| (name, s.div_scalar(n as f64))).collect();
     (model, StepResult { loss, grad_norm, aux })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::module::{ModuleVisitor, Param};
+    use variorum_attention::{AdaptiveSpanConfig, AttentionConfig};
+    use variorum_position::{MultiplicativeConfig, PositionConfig};
+
+    /// Every parameter's path, e.g. `blocks.0.attn.span`, and whether it is decayed.
+    struct Paths {
+        stack: Vec<String>,
+        group: ParamGroup,
+        found: Vec<(String, bool)>,
+    }
+
+    impl ModuleVisitor for Paths {
+        fn enter_module(&mut self, name: &str, _: &str) {
+            self.stack.push(name.to_string());
+        }
+        fn exit_module(&mut self, _: &str, _: &str) {
+            self.stack.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let path = self.stack.join(".");
+            let exempt = self.group.matches(&param.id, Some(&path));
+            self.found.push((path, !exempt));
+        }
+    }
+
+    fn decayed(position: PositionConfig, attention: AttentionConfig) -> Vec<(String, bool)> {
+        let cfg = variorum_model::ModelConfig { position, attention, ..variorum_model::zoo::tiny() };
+        let model = cfg.init(&Device::flex());
+        let mut v = Paths { stack: Vec::new(), group: ParamGroup::from_regex(NO_DECAY).unwrap(), found: Vec::new() };
+        model.visit(&mut v);
+        v.found
+    }
+
+    #[test]
+    fn weight_decay_falls_on_matrices_only() {
+        let span = AttentionConfig::AdaptiveSpan(AdaptiveSpanConfig::default());
+        let mut all = decayed(PositionConfig::Multiplicative(MultiplicativeConfig::default()), span);
+        all.extend(decayed(PositionConfig::Da, AttentionConfig::default()));
+        let is = |suffix: &str, want: bool| {
+            let hits: Vec<_> = all.iter().filter(|(p, _)| p.ends_with(suffix)).collect();
+            assert!(!hits.is_empty(), "no parameter ends with {suffix}: {all:?}");
+            assert!(hits.iter().all(|(_, d)| *d == want), "{suffix}: {hits:?}");
+        };
+        for exempt in [".span", ".scale", ".alpha", ".beta", ".bias", ".gamma"] {
+            is(exempt, false);
+        }
+        for matrix in ["qkv.weight", "token_embedding.weight", "out.weight"] {
+            is(matrix, true);
+        }
+    }
 }
