@@ -1,7 +1,7 @@
 //! Checkpoints, written atomically.
 //!
-//! A checkpoint is a directory `checkpoints/step-00000500/` holding `model.bpk`, `optim.bpk` and
-//! `state.json`. It is written under a temporary name and renamed into place, then the
+//! A checkpoint is a directory `checkpoints/step-00000500/` holding `model.bpk`, `optim.bpk`,
+//! `state.json` (and `memory.bpk` for a memory model). It is written under a temporary name and renamed into place, then the
 //! `checkpoints/latest` pointer is replaced by rename too: a crash at any moment leaves the previous
 //! checkpoint and pointer intact.
 
@@ -24,6 +24,9 @@ pub struct TrainState {
     pub val_loss: Option<f64>,
     /// Training time so far (excluding evaluation and checkpointing), seconds.
     pub train_seconds: f64,
+    /// A memory model's memories, saved beside the weights in `memory.bpk`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<crate::snapshot::MemoryLayout>,
 }
 
 /// Writes `bytes` to `path` atomically: a temporary file in the same directory, synced, then

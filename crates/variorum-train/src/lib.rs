@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod plot;
 pub mod run;
 pub mod schedule;
+pub mod snapshot;
 pub mod step;
 pub mod trainer;
 pub mod transfer;

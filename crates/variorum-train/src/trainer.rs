@@ -216,9 +216,13 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
     let mut loss_acc: Option<Tensor<1>> = None;
     // auxiliary losses summed over the logging interval, on the device
     let mut aux_acc: variorum_core::AuxLosses = Vec::new();
-    // a memory model carries its memory along the ordered streams (empty again after a resume:
-    // the memory is a cache of activations, not saved with the checkpoint)
+    // a memory model carries its memory along the ordered streams; a checkpoint saves it
     let mut memory = model.has_memory().then(DecoderState::default);
+    if let (Some((dir, st)), Some(m)) = (&resume, memory.as_mut())
+        && let Some(layout) = &st.memory
+    {
+        *m = crate::snapshot::load_memory(layout, &dir.join("memory.bpk"), &device)?;
+    }
     let mut last_norm: Option<Tensor<1>>;
     let mut interval_train_secs = 0.0;
     let mut interval_steps = 0u64;
@@ -235,7 +239,7 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
             let (sum, _) = read_loss(&loss_acc, &state);
             ensure_finite(sum, &state, run)?;
             state.loss_sum = sum;
-            let ckpt = save_checkpoint(run, &state, tc.keep_checkpoints, &model, &optim)?;
+            let ckpt = save_checkpoint(run, &state, tc.keep_checkpoints, &model, &optim, memory.as_ref())?;
             pb.abandon();
             finish_plot(run, &metrics)?;
             return Ok(Outcome::Interrupted { step: state.step, checkpoint: ckpt });
@@ -330,7 +334,7 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
                 state.loss_sum = sum;
             }
             if ckpt_now {
-                save_checkpoint(run, &state, tc.keep_checkpoints, &model, &optim)?;
+                save_checkpoint(run, &state, tc.keep_checkpoints, &model, &optim, memory.as_ref())?;
             }
         } else {
             let dt = t0.elapsed().as_secs_f64();
@@ -412,8 +416,13 @@ fn save_checkpoint(
     keep: usize,
     model: &DecoderLm,
     optim: &burn::optim::ModuleOptimizer,
+    memory: Option<&DecoderState>,
 ) -> Result<PathBuf> {
-    checkpoint::save(run, state, keep, |dir| {
+    let state = TrainState { memory: memory.map(crate::snapshot::MemoryLayout::of), ..state.clone() };
+    checkpoint::save(run, &state, keep, |dir| {
+        if let Some(m) = memory {
+            crate::snapshot::save_memory(m, &dir.join("memory.bpk"))?;
+        }
         model
             .clone()
             .save_file(dir.join("model.bpk"))

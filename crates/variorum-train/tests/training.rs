@@ -152,6 +152,56 @@ fn resume_replays_the_uninterrupted_run_exactly() {
 }
 
 #[test]
+fn a_memory_model_resumes_exactly_with_its_memory() {
+    let _guard = seeded();
+    let tmp = tempfile::tempdir().unwrap();
+    let text = corpus(tmp.path());
+    use variorum_block::{CompressionKind, CompressiveMemoryConfig, MemoryConfig, XlMemoryConfig};
+    let compressive = |compression, rate| {
+        MemoryConfig::Compressive(CompressiveMemoryConfig {
+            length: 16,
+            compressed_length: 8,
+            rate,
+            compression,
+            ..Default::default()
+        })
+    };
+    let memories = [
+        MemoryConfig::Xl(XlMemoryConfig { length: 16 }),
+        compressive(CompressionKind::MostUsed, 2),
+        compressive(CompressionKind::Conv, 4),
+    ];
+    for (i, memory) in memories.iter().enumerate() {
+        let mut cfg = tiny_config(&text, 0.0);
+        cfg.train.batching = variorum_train::config::Batching::Ordered;
+        cfg.model.memory = memory.clone();
+        cfg.model.position = variorum_position::PositionConfig::TransformerXl(Default::default());
+        cfg.validate().unwrap_or_else(|e| panic!("{e}"));
+
+        let straight = tmp.path().join(format!("straight{i}"));
+        train(cfg.clone(), &options(&straight)).unwrap();
+        let split = tmp.path().join(format!("split{i}"));
+        let mut opts = options(&split);
+        opts.stop_at = Some(10);
+        assert!(matches!(train(cfg.clone(), &opts).unwrap(), Outcome::Interrupted { .. }));
+        assert!(split.join("checkpoints/step-00000010/memory.bpk").exists(), "the memory is checkpointed");
+        let mut opts = options(&split);
+        opts.resume = true;
+        assert!(matches!(train(cfg, &opts).unwrap(), Outcome::Finished(_)));
+        let a = metrics::read(&straight.join("metrics.csv")).unwrap();
+        let b = metrics::read(&split.join("metrics.csv")).unwrap();
+        for (x, y) in a.iter().zip(&b) {
+            assert_eq!(
+                (x.step, x.train_loss, x.val_loss),
+                (y.step, y.train_loss, y.val_loss),
+                "{memory:?}: curves differ"
+            );
+            assert_eq!(x.aux, y.aux, "{memory:?}: auxiliary losses differ");
+        }
+    }
+}
+
+#[test]
 fn starting_over_an_existing_run_or_resuming_nothing_is_refused() {
     let _guard = seeded();
     let tmp = tempfile::tempdir().unwrap();

@@ -1,0 +1,102 @@
+//! A model state's memories on disk, so that a memory model's training resumes exactly: the
+//! memory at step k is a function of every segment of its streams before k, so it is saved with
+//! the checkpoint rather than rebuilt. The tensors go into a burnpack file (through a small module
+//! holding them), their shapes into the checkpoint's `state.json`.
+
+use std::path::Path;
+
+use burn::module::Param;
+use burn::prelude::*;
+use serde::{Deserialize, Serialize};
+use variorum_block::LayerState;
+
+use variorum_model::DecoderState;
+
+/// Shapes of one layer's memory tensors (absent ones are `None`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LayerShapes {
+    pub compressed: Option<[usize; 3]>,
+    pub memory: Option<[usize; 3]>,
+    pub pending: Option<[usize; 3]>,
+    pub usage: Option<[usize; 2]>,
+}
+
+/// What `state.json` records of a saved memory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemoryLayout {
+    pub position: usize,
+    pub layers: Vec<LayerShapes>,
+}
+
+/// The tensors, in layer order (compressed, memory, pending of each layer where present).
+#[derive(Module, Debug)]
+struct MemoryTensors {
+    states: Vec<Param<Tensor<3>>>,
+    usage: Vec<Param<Tensor<2>>>,
+}
+
+impl MemoryLayout {
+    pub fn of(state: &DecoderState) -> Self {
+        let dims3 = |t: &Option<Tensor<3>>| t.as_ref().map(|t| t.dims());
+        let layers = state
+            .layers
+            .iter()
+            .map(|l| LayerShapes {
+                compressed: dims3(&l.memory.compressed),
+                memory: dims3(&l.memory.memory),
+                pending: dims3(&l.memory.pending),
+                usage: l.memory.usage.as_ref().map(|u| u.dims()),
+            })
+            .collect();
+        Self { position: state.position, layers }
+    }
+}
+
+fn param<const D: usize>(t: Tensor<D>) -> Param<Tensor<D>> {
+    Param::from_tensor(t).set_require_grad(false)
+}
+
+/// Writes the memories of `state` to `path` and returns their layout.
+pub fn save_memory(state: &DecoderState, path: &Path) -> anyhow::Result<MemoryLayout> {
+    let mut states = Vec::new();
+    let mut usage = Vec::new();
+    for l in &state.layers {
+        let m = &l.memory;
+        for t in [&m.compressed, &m.memory, &m.pending].into_iter().flatten() {
+            states.push(param(t.clone().detach()));
+        }
+        if let Some(u) = &m.usage {
+            usage.push(param(u.clone().detach()));
+        }
+    }
+    MemoryTensors { states, usage }
+        .save_file(path)
+        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+    Ok(MemoryLayout::of(state))
+}
+
+/// Reads memories written by [`save_memory`] back into a state on `device`.
+pub fn load_memory(layout: &MemoryLayout, path: &Path, device: &Device) -> anyhow::Result<DecoderState> {
+    let zeros3 = |s: &Option<[usize; 3]>| s.map(|s| param(Tensor::<3>::zeros(s, device)));
+    let mut template = MemoryTensors { states: Vec::new(), usage: Vec::new() };
+    for l in &layout.layers {
+        template.states.extend([zeros3(&l.compressed), zeros3(&l.memory), zeros3(&l.pending)].into_iter().flatten());
+        template.usage.extend(l.usage.map(|s| param(Tensor::<2>::zeros(s, device))));
+    }
+    let loaded = template
+        .try_load_file(path)
+        .map_err(|e| anyhow::anyhow!("memory checkpoint {} cannot be loaded: {e}", path.display()))?;
+    let mut states = loaded.states.into_iter().map(|p| p.val());
+    let mut usage = loaded.usage.into_iter().map(|p| p.val());
+    let mut out = DecoderState { position: layout.position, layers: Vec::new() };
+    for l in &layout.layers {
+        let mut layer = LayerState::default();
+        let m = &mut layer.memory;
+        m.compressed = l.compressed.and_then(|_| states.next());
+        m.memory = l.memory.and_then(|_| states.next());
+        m.pending = l.pending.and_then(|_| states.next());
+        m.usage = l.usage.and_then(|_| usage.next());
+        out.layers.push(layer);
+    }
+    Ok(out)
+}
