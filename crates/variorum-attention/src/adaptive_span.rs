@@ -176,9 +176,11 @@ impl AdaptiveSpanAttention {
                 (z, penalty)
             }
             None => {
-                let z = self.span.val().clamp(0.0, 1.0).mul_scalar(s);
-                let penalty = z.clone().sum().mul_scalar(self.penalty).reshape([1]);
-                (z.reshape([1, h, 1, 1]), penalty)
+                // the mask reads z unclamped, so a span pushed just below 0 still gets the
+                // gradient that can bring it back (the paper clamps the stored value instead)
+                let p = self.span.val();
+                let penalty = p.clone().clamp(0.0, 1.0).mul_scalar(s).sum().mul_scalar(self.penalty).reshape([1]);
+                (p.mul_scalar(s).reshape([1, h, 1, 1]), penalty)
             }
         };
         let soft = ((z - distance).add_scalar(r).div_scalar(r)).clamp(0.0, 1.0);
@@ -254,6 +256,18 @@ mod tests {
         let a = attn.forward(AttentionInput::self_attention(x.clone(), &mask), None).context;
         let b = attn.attention.forward(AttentionInput::self_attention(x, &mask), None).context;
         assert!((a - b).abs().max().into_scalar::<f32>() < 1e-5);
+    }
+
+    #[test]
+    fn a_span_at_zero_still_gets_gradient_from_the_output() {
+        // spans start at 0 (the paper's default); they must be able to grow
+        let dev = Device::flex().autodiff();
+        let attn = build(0.0, &dev);
+        let x = random([1, 6, 16], &dev);
+        let out = attn.forward(AttentionInput::self_attention(x, &AttentionMask::causal()), None);
+        let grads = out.context.powf_scalar(2.0).sum().backward();
+        let g = attn.span.grad(&grads).unwrap().abs().sum().into_scalar::<f32>();
+        assert!(g > 0.0, "no gradient reaches a zero span");
     }
 
     #[test]

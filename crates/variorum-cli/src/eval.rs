@@ -150,8 +150,11 @@ fn eval_one(args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode>
     for &len in &lengths {
         run.check_len(len)?;
     }
-    let unit = run.tokenizer.unit();
     println!("# {} tokens of {source}", ids.len());
+    if run.model.has_memory() {
+        return eval_memory(&run, &ids, &lengths, device);
+    }
+    let unit = run.tokenizer.unit();
     println!(
         "{:>8} {:>8} {:>10} {:>10} {:>12} {:>12}",
         "seq_len",
@@ -161,9 +164,6 @@ fn eval_one(args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode>
         "perplexity",
         format!("bits/{unit}")
     );
-    if run.model.has_memory() {
-        return eval_memory(&run, &ids, &lengths, device);
-    }
     let mut points = Vec::new();
     for len in lengths {
         let stride = args.stride.unwrap_or(len);

@@ -302,7 +302,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 "{} tokens in {secs:.2} s: {:.1} tokens/s ({})",
                 generated.len(),
                 generated.len() as f64 / secs.max(1e-9),
-                if no_cache { "no cache" } else { "KV cache" }
+                if run.model.has_memory() {
+                    "memory carried"
+                } else if no_cache {
+                    "no cache"
+                } else {
+                    "KV cache"
+                }
             );
             Ok(ExitCode::SUCCESS)
         }

@@ -323,7 +323,7 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
                     tps
                 ));
                 if let Some(v) = val_loss {
-                    let aux: String = aux.iter().map(|(n, x)| format!("  {n} {x:.4}")).collect();
+                    let aux: String = aux.iter().map(|(n, x)| format!("  {n} {x:.3e}")).collect();
                     say(format!("step {:>6}  train {train_loss:.4}  val {v:.4}  {tps:.0} tok/s{aux}", state.step));
                 }
                 state.loss_sum = 0.0;
