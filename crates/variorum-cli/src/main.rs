@@ -388,7 +388,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 println!("{}", serde_json::to_string_pretty(&kinds)?);
                 return Ok(ExitCode::SUCCESS);
             }
-            println!("{:<20} {:<12} {:<28} {}", "axis", "kind", "supports", "paper");
+            println!("{:<20} {:<18} {:<36} {}", "axis", "kind", "supports", "paper");
             for k in kinds {
                 let c = k.caps;
                 let flags: Vec<&str> = [
@@ -404,8 +404,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 .filter(|(on, _)| *on)
                 .map(|(_, n)| *n)
                 .collect();
-                println!("{:<20} {:<12} {:<28} {}", k.axis, k.kind, flags.join(","), k.paper);
-                println!("{:<20} {:<12} {}", "", "", k.summary);
+                println!("{:<20} {:<18} {:<36} {}", k.axis, k.kind, flags.join(","), k.paper);
+                println!("{:<20} {:<18} {}", "", "", k.summary);
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -188,3 +188,50 @@ fn bench_reports_throughput() {
     assert_eq!(v["runs"].as_array().unwrap().len(), 2);
     assert!(v["median_tokens_per_sec"].as_f64().unwrap() > 0.0);
 }
+
+#[test]
+fn a_memory_model_trains_on_streams_evaluates_with_and_without_memory_and_generates() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = "[model.position]\nkind = \"transformer-xl\"\n[model.memory]\nkind = \"xl\"\nlength = 16\n";
+    let cfg = write_config(tmp.path(), model);
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    // random windows cannot carry a memory: refused before anything runs
+    assert_clean_error(&variorum(&["train", cfg.to_str().unwrap()], tmp.path()), "train.batching = \"ordered\"");
+    std::fs::write(&cfg, text.replace("[train]\n", "[train]\nbatching = \"ordered\"\n")).unwrap();
+    let run = tmp.path().join("run");
+    let o = variorum(&["train", cfg.to_str().unwrap(), "--out", run.to_str().unwrap()], tmp.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(run.join("checkpoints").exists());
+    let o = variorum(&["eval", run.to_str().unwrap(), "--seq-len", "16"], tmp.path());
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && out.contains("with memory") && out.contains("without"), "{out}{}", stderr(&o));
+    let o = variorum(&["generate", run.to_str().unwrap(), "--prompt", "Now is", "--max-new-tokens", "40"], tmp.path());
+    assert!(o.status.success() && stderr(&o).contains("memory carried"), "{}", stderr(&o));
+    // an absolute position scheme with a memory is refused by name
+    let absolute = write_config(tmp.path(), "[model.memory]\nkind = \"xl\"\n");
+    let text = std::fs::read_to_string(&absolute).unwrap().replace("[train]\n", "[train]\nbatching = \"ordered\"\n");
+    std::fs::write(&absolute, text).unwrap();
+    assert_clean_error(
+        &variorum(&["train", absolute.to_str().unwrap()], tmp.path()),
+        "needs a relative position scheme",
+    );
+}
+
+#[test]
+fn inspect_shows_the_learned_spans_of_a_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path(), "[model.position]\nkind = \"alibi\"\n");
+    let text = std::fs::read_to_string(&cfg).unwrap().replace(
+        "[model.attention]\nkind = \"full\"",
+        "[model.attention]\nkind = \"adaptive-span\"\nmax_span = 32\ninit_span = 0.5",
+    );
+    std::fs::write(&cfg, text).unwrap();
+    let run = tmp.path().join("run");
+    let o = variorum(&["train", cfg.to_str().unwrap(), "--out", run.to_str().unwrap()], tmp.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = variorum(&["inspect", run.to_str().unwrap()], tmp.path());
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("learned spans") && out.contains("layer  0:"), "{out}");
+    let metrics = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+    assert!(metrics.contains("adaptive_span="), "the span penalty is logged: {metrics}");
+}
