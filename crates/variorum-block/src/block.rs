@@ -198,6 +198,7 @@ impl TransformerBlock {
         need_weights: bool,
     ) -> BlockOutput {
         let [_, lq, _] = x.dims();
+        let incremental = state.is_some();
         let mut empty = LayerState::default();
         let state = state.unwrap_or(&mut empty);
         let context = self.memory.as_ref().and_then(|_| state.memory.context());
@@ -214,7 +215,8 @@ impl TransformerBlock {
             None => (norm_in(x.clone()), None),
         };
         let input = AttentionInput { query, key_value, mask, dense_mask, need_weights: need_weights || track_usage };
-        let cache = if self.memory.is_some() { None } else { Some(&mut state.attention) };
+        // a memory model keeps layer inputs, not keys and values
+        let cache = if self.memory.is_none() && incremental { Some(&mut state.attention) } else { None };
         let a = self.attn.forward(input, cache);
         let mut aux_losses = a.aux_losses;
         if track_usage && let Some(w) = &a.weights {
@@ -230,6 +232,7 @@ impl TransformerBlock {
         };
 
         if let Some(memory) = &self.memory
+            && incremental
             && let Some(evicted) = memory.update(&mut state.memory, x.clone())
         {
             aux_losses.extend(self.compression_losses(memory, x, evicted));
