@@ -10,6 +10,7 @@
 # Environment:
 #   OUT               where runs and results go (default runs/positions)
 #   LENGTHS           comma-separated evaluation contexts (default 64,128,256,512)
+#   EVAL_TOKENS       validation tokens scored at each context (default 131072, the first ones)
 #   SCHEMES           space-separated config names to run (default: all of configs/positions/)
 #   CARGO_TARGET_DIR  cargo's target dir (default: target)
 set -euo pipefail
@@ -18,6 +19,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 OUT="${OUT:-runs/positions}"
 LENGTHS="${LENGTHS:-64,128,256,512}"
+EVAL_TOKENS="${EVAL_TOKENS:-131072}"
 BIN="${CARGO_TARGET_DIR:-target}/release/variorum"
 say() { printf '==> %s\n' "$*" >&2; }
 
@@ -58,5 +60,5 @@ PY
 done
 
 say "evaluating at $LENGTHS"
-"$BIN" eval "${runs[@]}" --seq-len "$LENGTHS" --plot "$OUT/eval.png" | tee "$OUT/eval.txt"
+"$BIN" eval "${runs[@]}" --seq-len "$LENGTHS" --max-tokens "$EVAL_TOKENS" --plot "$OUT/eval.png" | tee "$OUT/eval.txt"
 column -t -s $'\t' "$OUT/train.tsv"

@@ -24,6 +24,10 @@ pub struct ModelConfig {
     pub dropout: f64,
     /// Share the token embedding with the output projection (Press & Wolf 2017). Default true.
     pub tie_embeddings: bool,
+    /// Multiply the token embeddings by √d_model before adding positions (Vaswani et al. §3.4),
+    /// so that a fixed sinusoidal signal of amplitude 1 does not drown tokens embedded with a
+    /// small `init_std`. Default false (GPT).
+    pub scale_embeddings: bool,
     /// std of the normal initialisation of weights (GPT-2: 0.02); residual output
     /// projections get `init_std / √(2·n_layers)`. Default 0.02.
     pub init_std: f64,
@@ -45,6 +49,7 @@ impl Default for ModelConfig {
             seq_len: 64,
             dropout: 0.0,
             tie_embeddings: true,
+            scale_embeddings: false,
             init_std: 0.02,
             position: PositionConfig::default(),
             attention: AttentionConfig::default(),

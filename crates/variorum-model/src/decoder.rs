@@ -54,6 +54,8 @@ pub struct DecoderLm {
     pub head: Option<Linear>,
     pub vocab_size: usize,
     pub seq_len: usize,
+    /// √d_model when `scale_embeddings`.
+    pub embedding_scale: Option<f64>,
 }
 
 impl DecoderLm {
@@ -85,6 +87,7 @@ impl DecoderLm {
                 .then(|| LinearConfig::new(d, vocab).with_bias(false).with_initializer(init).init(device)),
             vocab_size: vocab,
             seq_len: cfg.seq_len,
+            embedding_scale: cfg.scale_embeddings.then(|| (d as f64).sqrt()),
         }
     }
 
@@ -100,6 +103,9 @@ impl DecoderLm {
         let start = state.as_ref().map_or(0, |s| s.position);
 
         let mut x = self.token_embedding.forward(tokens);
+        if let Some(scale) = self.embedding_scale {
+            x = x.mul_scalar(scale);
+        }
         if let Some(p) = &self.position {
             x = p.forward(x, start);
         }

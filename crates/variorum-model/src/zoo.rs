@@ -83,6 +83,14 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
         ));
     }
     out.push(("untied head".into(), ModelConfig { tie_embeddings: false, ..tiny() }));
+    out.push((
+        "scaled embeddings + sinusoidal".into(),
+        ModelConfig {
+            scale_embeddings: true,
+            position: PositionConfig::Sinusoidal(SinusoidalPositionConfig::default()),
+            ..tiny()
+        },
+    ));
     // adaptive span: spans shorter than the sequence, so trimming and the soft mask both act
     for dynamic in [false, true] {
         let span = AdaptiveSpanConfig { max_span: 6, ramp: 2, init_span: 0.5, dynamic, ..Default::default() };
