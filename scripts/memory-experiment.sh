@@ -19,33 +19,15 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 OUT="${OUT:-runs/memory}"
 BIN="${CARGO_TARGET_DIR:-target}/release/variorum"
-say() { printf '==> %s\n' "$*" >&2; }
+source scripts/lib/runs.sh
 
-if [[ -z "${RUNS:-}" ]]; then
-  RUNS=$(for f in configs/memory/*.toml; do n=$(basename "$f" .toml); [[ $n == base ]] || echo "$n"; done)
-fi
-for r in $RUNS; do
-  [[ -f configs/memory/$r.toml ]] || { echo "error: no configs/memory/$r.toml" >&2; exit 2; }
-done
-[[ -f data/shakespeare/input.txt ]] || bash datasets/shakespeare/fetch.sh
-
-say "building variorum"
-cargo build --release -p variorum-cli >&2
+RUNS=$(family_members configs/memory "${RUNS:-}")
+build_and_fetch
 mkdir -p "$OUT"
-
 for r in $RUNS; do
-  run="$OUT/$r"
-  if [[ -f $run/summary.json ]]; then
-    say "$r: already trained"
-  else
-    say "$r: training"
-    resume=()
-    [[ -d $run ]] && resume=(--resume)
-    "$BIN" train "configs/memory/$r.toml" --out "$run" --no-progress "${resume[@]}" >"$OUT/$r.log" 2>&1 ||
-      { echo "error: training $r failed; the end of $OUT/$r.log:" >&2; tail -n 3 "$OUT/$r.log" >&2; exit 1; }
-  fi
+  train_once "configs/memory/$r.toml" "$OUT/$r" "$OUT/$r.log"
   say "$r: evaluating"
-  "$BIN" eval "$run" --seq-len 64 >"$OUT/$r.eval"
+  "$BIN" eval "$OUT/$r" --seq-len 64 >"$OUT/$r.eval"
 done
 
 printf 'run\tparams\ttrain_tokens_per_s\tval_with_memory\tval_without_memory\n' >"$OUT/results.tsv"

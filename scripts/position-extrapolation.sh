@@ -21,33 +21,15 @@ OUT="${OUT:-runs/positions}"
 LENGTHS="${LENGTHS:-64,128,256,512}"
 EVAL_TOKENS="${EVAL_TOKENS:-131072}"
 BIN="${CARGO_TARGET_DIR:-target}/release/variorum"
-say() { printf '==> %s\n' "$*" >&2; }
+source scripts/lib/runs.sh
 
-if [[ -z "${SCHEMES:-}" ]]; then
-  SCHEMES=$(for f in configs/positions/*.toml; do n=$(basename "$f" .toml); [[ $n == base ]] || echo "$n"; done)
-fi
-for s in $SCHEMES; do
-  [[ -f configs/positions/$s.toml ]] || { echo "error: no configs/positions/$s.toml" >&2; exit 2; }
-done
-[[ -f data/shakespeare/input.txt ]] || bash datasets/shakespeare/fetch.sh
-
-say "building variorum"
-cargo build --release -p variorum-cli >&2
+SCHEMES=$(family_members configs/positions "${SCHEMES:-}")
+build_and_fetch
 mkdir -p "$OUT"
-
 runs=()
 for s in $SCHEMES; do
-  run="$OUT/$s"
-  runs+=("$run")
-  if [[ -f $run/summary.json ]]; then
-    say "$s: already trained"
-    continue
-  fi
-  say "$s: training"
-  resume=()
-  [[ -d $run ]] && resume=(--resume)
-  "$BIN" train "configs/positions/$s.toml" --out "$run" --no-progress "${resume[@]}" >"$OUT/$s.log" 2>&1 ||
-    { echo "error: training $s failed; the end of $OUT/$s.log:" >&2; tail -n 3 "$OUT/$s.log" >&2; exit 1; }
+  runs+=("$OUT/$s")
+  train_once "configs/positions/$s.toml" "$OUT/$s" "$OUT/$s.log"
 done
 
 printf 'scheme\tparams\ttrain_tokens_per_s\tval_loss\n' >"$OUT/train.tsv"

@@ -39,28 +39,22 @@ impl ScoreLayout {
         self.distance(0, self.len_k - 1)
     }
 
+    /// `f(query position − key position)` for every pair, row-major.
+    fn map<T>(&self, f: impl Fn(i64) -> T) -> Vec<T> {
+        (0..self.len_q)
+            .flat_map(|i| (0..self.len_k).map(move |j| (i, j)))
+            .map(|(i, j)| f(self.distance(i, j)))
+            .collect()
+    }
+
     /// `[len_q, len_k]` integer tensor of `f(query position − key position)`.
     pub fn index(&self, f: impl Fn(i64) -> i64, device: &Device) -> Tensor<2, Int> {
-        let (lq, lk) = (self.len_q, self.len_k);
-        let mut v = Vec::with_capacity(lq * lk);
-        for i in 0..lq {
-            for j in 0..lk {
-                v.push(f(self.distance(i, j)));
-            }
-        }
-        Tensor::from_data(TensorData::new(v, [lq, lk]), device)
+        Tensor::from_data(TensorData::new(self.map(f), [self.len_q, self.len_k]), device)
     }
 
     /// `[len_q, len_k]` float tensor of `f(query position − key position)`.
     pub fn values(&self, f: impl Fn(i64) -> f32, device: &Device) -> Tensor<2> {
-        let (lq, lk) = (self.len_q, self.len_k);
-        let mut v = Vec::with_capacity(lq * lk);
-        for i in 0..lq {
-            for j in 0..lk {
-                v.push(f(self.distance(i, j)));
-            }
-        }
-        Tensor::from_data(TensorData::new(v, [lq, lk]), device)
+        Tensor::from_data(TensorData::new(self.map(f), [self.len_q, self.len_k]), device)
     }
 }
 

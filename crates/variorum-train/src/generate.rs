@@ -49,18 +49,22 @@ pub fn generate(
         if cfg.no_cache {
             state = DecoderState::default();
         }
-        let pending = &all[window + state.position..];
-        let ids: Vec<i64> = pending.iter().map(|&t| t as i64).collect();
-        let n = ids.len();
-        let input = Tensor::<2, Int>::from_data(TensorData::new(ids, [1, n]), device);
-        let logits = model.forward_with(input, Some(&mut state)).logits;
-        let v = logits.dims()[2];
-        let last: Vec<f32> = logits.slice([0..1, n - 1..n, 0..v]).into_data().try_to_vec::<f32>().unwrap_or_default();
+        let last = feed(model, &all[window + state.position..], &mut state, device);
         let next = pick(&last, cfg, &mut rng);
         on_token(next);
         all.push(next);
     }
     all.split_off(prompt.len())
+}
+
+/// Runs `tokens` through the model from `state` and returns the logits after the last one.
+fn feed(model: &DecoderLm, tokens: &[u32], state: &mut DecoderState, device: &Device) -> Vec<f32> {
+    let ids: Vec<i64> = tokens.iter().map(|&t| t as i64).collect();
+    let n = ids.len();
+    let input = Tensor::<2, Int>::from_data(TensorData::new(ids, [1, n]), device);
+    let logits = model.forward_with(input, Some(state)).logits;
+    let v = logits.dims()[2];
+    logits.slice([0..1, n - 1..n, 0..v]).into_data().try_to_vec::<f32>().unwrap_or_default()
 }
 
 /// Generation for a memory model: the prompt is read segment by segment and every new token
@@ -82,13 +86,8 @@ fn generate_with_memory(
         // feed what the state has not seen, never past the end of the current segment
         while state.position < all.len() {
             let room = segment - state.position % segment;
-            let ids: Vec<i64> =
-                all[state.position..all.len().min(state.position + room)].iter().map(|&t| t as i64).collect();
-            let n = ids.len();
-            let input = Tensor::<2, Int>::from_data(TensorData::new(ids, [1, n]), device);
-            let logits = model.forward_with(input, Some(&mut state)).logits;
-            let v = logits.dims()[2];
-            last = logits.slice([0..1, n - 1..n, 0..v]).into_data().try_to_vec::<f32>().unwrap_or_default();
+            let end = all.len().min(state.position + room);
+            last = feed(model, &all[state.position..end], &mut state, device);
         }
         let next = pick(&last, cfg, &mut rng);
         on_token(next);
