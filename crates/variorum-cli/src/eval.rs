@@ -175,6 +175,9 @@ fn eval_one(args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode>
         );
         points.push((len as f64, loss));
     }
+    if let Some((mean, shares)) = variorum_train::eval::steps_per_token(&run.model, &ids, run.model.seq_len, device) {
+        println!("# adaptive computation time: {}", variorum_train::eval::format_steps(mean, &shares));
+    }
     if points.len() > 1 {
         let path = args.plot.clone().unwrap_or_else(|| run.dir.join("eval.png"));
         draw(&[("validation loss".to_string(), points)], path)?;

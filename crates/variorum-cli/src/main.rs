@@ -456,15 +456,28 @@ fn inspect(path: &Path) -> Result<ExitCode> {
         cfg.model.seq_len
     );
     if path.is_dir() {
-        learned_spans(path)?;
+        learned_behaviour(path)?;
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// For a run with adaptive-span attention: the learned span of every head, layer by layer.
-fn learned_spans(run: &Path) -> Result<()> {
+/// For a run with adaptive-span attention: the learned span of every head, layer by layer; for
+/// one with Adaptive Computation Time: its steps per token on the start of the validation split.
+fn learned_behaviour(run: &Path) -> Result<()> {
     let (device, _) = device::select("cpu")?;
     let loaded = Run::load(run, &device)?;
+    if loaded.model.act.is_some() {
+        let mut ids = loaded.validation_tokens()?;
+        ids.truncate(16 * 1024);
+        if let Some((mean, shares)) =
+            variorum_train::eval::steps_per_token(&loaded.model, &ids, loaded.model.seq_len, &device)
+        {
+            println!(
+                "# adaptive computation time (16 K validation tokens): {}",
+                variorum_train::eval::format_steps(mean, &shares)
+            );
+        }
+    }
     let mut header = false;
     for (i, block) in loaded.model.blocks.iter().enumerate() {
         let variorum_attention::Attention::AdaptiveSpan(a) = &block.attn else { continue };

@@ -235,3 +235,23 @@ fn inspect_shows_the_learned_spans_of_a_run() {
     let metrics = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
     assert!(metrics.contains("adaptive_span="), "the span penalty is logged: {metrics}");
 }
+
+#[test]
+fn eval_and_inspect_report_steps_per_token_of_an_act_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = "[model.position]\nkind = \"universal-timestep\"\n[model.depth]\nkind = \"universal\"\nact = true\n";
+    let cfg = write_config(tmp.path(), &format!("scale_embeddings = true\n{model}"));
+    let text = std::fs::read_to_string(&cfg).unwrap().replace("n_layers = 1", "n_layers = 3");
+    std::fs::write(&cfg, text).unwrap();
+    let run = tmp.path().join("run");
+    let o = variorum(&["train", cfg.to_str().unwrap(), "--out", run.to_str().unwrap()], tmp.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    for args in [vec!["eval", run.to_str().unwrap()], vec!["inspect", run.to_str().unwrap()]] {
+        let o = variorum(&args, tmp.path());
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            o.status.success() && out.contains("adaptive computation time") && out.contains("steps/token"),
+            "{out}"
+        );
+    }
+}

@@ -3,7 +3,7 @@
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 use variorum_attention::AttentionConfig;
-use variorum_block::{BlockConfig, FeedForwardConfig, MemoryConfig};
+use variorum_block::{BlockConfig, DepthConfig, FeedForwardConfig, MemoryConfig};
 use variorum_core::{ConfigError, error::check};
 use variorum_position::PositionConfig;
 
@@ -38,6 +38,9 @@ pub struct ModelConfig {
     pub feed_forward: FeedForwardConfig,
     /// Memory of earlier segments (Transformer-XL, Compressive). Default none.
     pub memory: MemoryConfig,
+    /// `stack` (default): n_layers distinct blocks; `universal`: one block applied n_layers
+    /// times, with Adaptive Computation Time.
+    pub depth: DepthConfig,
 }
 
 impl Default for ModelConfig {
@@ -56,6 +59,7 @@ impl Default for ModelConfig {
             block: BlockConfig::default(),
             feed_forward: FeedForwardConfig::default(),
             memory: MemoryConfig::None,
+            depth: DepthConfig::Stack,
         }
     }
 }
@@ -93,6 +97,7 @@ impl ModelConfig {
         })?;
         self.block.validate()?;
         self.memory.validate(self.seq_len)?;
+        self.depth.validate()?;
         let absolute = matches!(self.position.kind(), "learned" | "sinusoidal" | "untied" | "universal-timestep");
         check(self.memory.is_none() || !absolute, || {
             format!(

@@ -11,7 +11,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Dropout, DropoutConfig, Embedding, EmbeddingConfig, Initializer, Linear, LinearConfig};
 use burn::prelude::*;
 use variorum_attention::Positioning;
-use variorum_block::{LayerState, Norm, TransformerBlock, block::BlockParts};
+use variorum_block::{Act, LayerState, Norm, TransformerBlock, block::BlockParts};
 use variorum_core::{AttentionMask, AuxLosses};
 use variorum_position::AbsolutePosition;
 
@@ -23,6 +23,8 @@ pub struct LmOutput {
     /// `[batch, len, vocab]`
     pub logits: Tensor<3>,
     pub aux_losses: AuxLosses,
+    /// Steps each position took, `[batch, len]`, when Adaptive Computation Time decides.
+    pub steps: Option<Tensor<2>>,
 }
 
 /// The state a forward continues from and updates: the position of the next token and each
@@ -47,7 +49,12 @@ pub struct DecoderLm {
     /// Empty, or one signal per block added to its input.
     pub layer_positions: Vec<AbsolutePosition>,
     pub embedding_dropout: Dropout,
+    /// `depth` distinct blocks, or one shared block (Universal Transformer).
     pub blocks: Vec<TransformerBlock>,
+    /// Block applications per forward (`model.n_layers`).
+    pub depth: usize,
+    /// Adaptive Computation Time's halting unit (Universal Transformer with ACT).
+    pub act: Option<Act>,
     /// Present for pre-LN stacks, whose residual stream is never normalised otherwise.
     pub final_norm: Option<Norm>,
     /// Present when the output embedding is not tied.
@@ -81,7 +88,11 @@ impl DecoderLm {
                 .filter_map(|i| cfg.position.init_layer(i, d, cfg.seq_len, device))
                 .collect(),
             embedding_dropout: DropoutConfig::new(cfg.dropout).init(),
-            blocks: (0..cfg.n_layers).map(|_| cfg.block.init(&parts, device)).collect(),
+            blocks: (0..if cfg.depth.shared() { 1 } else { cfg.n_layers })
+                .map(|_| cfg.block.init(&parts, device))
+                .collect(),
+            depth: cfg.n_layers,
+            act: cfg.depth.init_act(d, cfg.init_std, device),
             final_norm: cfg.block.pre_norm().then(|| norm.norm.init(d, norm.norm_eps, device)),
             head: (!cfg.tie_embeddings)
                 .then(|| LinearConfig::new(d, vocab).with_bias(false).with_initializer(init).init(device)),
@@ -117,17 +128,31 @@ impl DecoderLm {
         let mask = AttentionMask::causal().at(start, start - keys_before);
         let dense = mask.score_mask(len, keys_before + len, &device);
         if let Some(s) = state.as_deref_mut() {
-            s.layers.resize_with(self.blocks.len(), Default::default);
+            s.layers.resize_with(self.depth, Default::default);
         }
         let mut aux_losses = Vec::new();
-        for (i, block) in self.blocks.iter().enumerate() {
+        let [b, _, _] = x.dims();
+        let mut act = self.act.as_ref().map(|a| a.start(b, len, &device));
+        for i in 0..self.depth {
+            // a shared block keeps one state per application (its keys differ at every step)
+            let block = &self.blocks[i % self.blocks.len()];
             let layer_state = state.as_deref_mut().map(|s| &mut s.layers[i]);
             if let Some(p) = self.layer_positions.get(i) {
                 x = p.forward(x, start);
             }
+            let input = x.clone();
             let out = block.forward(x, &mask, dense.clone(), layer_state, false);
             x = out.x;
             aux_losses.extend(out.aux_losses);
+            if let (Some(a), Some(st)) = (&self.act, act.as_mut()) {
+                a.step(st, input, x.clone(), i + 1 == self.depth);
+            }
+        }
+        let mut steps = None;
+        if let (Some(a), Some(st)) = (&self.act, act) {
+            aux_losses.push(("ponder".into(), a.ponder_cost(&st)));
+            steps = Some(st.n_updates.clone());
+            x = st.output.expect("at least one step");
         }
         if let Some(n) = &self.final_norm {
             x = n.forward(x);
@@ -135,7 +160,7 @@ impl DecoderLm {
         if let Some(s) = state {
             s.position += len;
         }
-        LmOutput { logits: self.logits(x), aux_losses }
+        LmOutput { logits: self.logits(x), aux_losses, steps }
     }
 
     /// Whether blocks keep a memory of earlier segments in the state.

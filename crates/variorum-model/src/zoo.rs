@@ -3,8 +3,8 @@
 
 use variorum_attention::{AdaptiveSpanConfig, AttentionConfig, MultiHeadAttentionConfig};
 use variorum_block::{
-    BlockConfig, CompressionKind, CompressiveMemoryConfig, FeedForwardConfig, FeedForwardKind, GtrxlConfig,
-    MemoryConfig, NormKind, XlMemoryConfig, block::ResidualConfig,
+    BlockConfig, CompressionKind, CompressiveMemoryConfig, DepthConfig, FeedForwardConfig, FeedForwardKind,
+    GtrxlConfig, MemoryConfig, NormKind, UniversalConfig, XlMemoryConfig, block::ResidualConfig,
 };
 use variorum_core::KindInfo;
 use variorum_position::{
@@ -21,6 +21,7 @@ pub fn kinds() -> Vec<KindInfo> {
     all.extend(BlockConfig::zoo());
     all.extend(FeedForwardConfig::zoo());
     all.extend(MemoryConfig::zoo());
+    all.extend(DepthConfig::zoo());
     all
 }
 
@@ -157,6 +158,17 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
             ..tiny()
         },
     ));
+    // Universal Transformer: 3 steps of one block, with and without ACT, pre- and post-LN
+    let ut = |act: bool, block: BlockConfig| ModelConfig {
+        n_layers: 3,
+        position: PositionConfig::UniversalTimestep,
+        depth: DepthConfig::Universal(UniversalConfig { act, halting_bias: -1.0, ..Default::default() }),
+        block,
+        ..tiny()
+    };
+    out.push(("depth universal".into(), ut(false, BlockConfig::default())));
+    out.push(("depth universal + act".into(), ut(true, BlockConfig::default())));
+    out.push(("depth universal + act, post-ln".into(), ut(true, BlockConfig::PostLn(ResidualConfig::default()))));
     // relative schemes with grouped-query heads (keys shared by several query heads)
     let gqa = AttentionConfig::Full(MultiHeadAttentionConfig { n_heads: 4, n_kv_heads: Some(2), ..Default::default() });
     for p in [
