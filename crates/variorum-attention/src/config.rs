@@ -129,6 +129,16 @@ pub enum Attention {
 }
 
 impl Attention {
+    /// Projects `x` (already normed) and appends its keys and values to the cache, as a forward
+    /// would, without computing the attention.
+    pub fn extend_cache(&self, x: Tensor<3>, mask: &variorum_core::AttentionMask, state: &mut AttentionState) {
+        let mha = match self {
+            Self::Full(a) => a,
+            Self::AdaptiveSpan(a) => &a.attention,
+        };
+        mha.project(x, None, mask, Some(state.kv_mut()));
+    }
+
     /// Content-based attention without mask or position scheme (compression losses).
     pub fn content_only(&self, query: Tensor<3>, key_value: Tensor<3>) -> Tensor<3> {
         match self {

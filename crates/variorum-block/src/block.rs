@@ -240,6 +240,13 @@ impl TransformerBlock {
         BlockOutput { x: y, aux_losses, weights: if need_weights { a.weights } else { None } }
     }
 
+    /// Appends the keys and values this block's attention would compute for inputs `x` to its
+    /// cache, without running the block (CALM's propagation for blocks a token skipped).
+    pub fn extend_cache(&self, x: Tensor<3>, mask: &AttentionMask, state: &mut LayerState) {
+        let x = if self.pre_norm { self.attn_norm.forward(x) } else { x };
+        self.attn.extend_cache(x, mask, &mut state.attention);
+    }
+
     /// Joins branch output `y` to the stream `x`: a residual sum, or GTrXL's gate `which`.
     fn join(&self, which: usize, x: Tensor<3>, y: Tensor<3>) -> Tensor<3> {
         let y = self.dropout.forward(y);

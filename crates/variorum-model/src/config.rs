@@ -8,6 +8,7 @@ use variorum_core::{ConfigError, error::check};
 use variorum_position::PositionConfig;
 
 use crate::DecoderLm;
+use crate::exits::ExitConfig;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -41,6 +42,8 @@ pub struct ModelConfig {
     /// `stack` (default): n_layers distinct blocks; `universal`: one block applied n_layers
     /// times, with Adaptive Computation Time.
     pub depth: DepthConfig,
+    /// Early exits after every block (Depth-Adaptive Transformer, CALM). Default none.
+    pub exits: ExitConfig,
 }
 
 impl Default for ModelConfig {
@@ -60,6 +63,7 @@ impl Default for ModelConfig {
             feed_forward: FeedForwardConfig::default(),
             memory: MemoryConfig::None,
             depth: DepthConfig::Stack,
+            exits: ExitConfig::None,
         }
     }
 }
@@ -98,6 +102,13 @@ impl ModelConfig {
         self.block.validate()?;
         self.memory.validate(self.seq_len)?;
         self.depth.validate()?;
+        self.exits.validate()?;
+        check(matches!(self.exits, ExitConfig::None) || (!self.depth.shared() && self.memory.is_none()), || {
+            format!(
+                "model.exits.kind = \"{}\" needs a stack of distinct blocks without memory (model.depth.kind = \"stack\", model.memory.kind = \"none\")",
+                self.exits.kind()
+            )
+        })?;
         let absolute = matches!(self.position.kind(), "learned" | "sinusoidal" | "untied" | "universal-timestep");
         check(self.memory.is_none() || !absolute, || {
             format!(

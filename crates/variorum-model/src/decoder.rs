@@ -11,11 +11,12 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Dropout, DropoutConfig, Embedding, EmbeddingConfig, Initializer, Linear, LinearConfig};
 use burn::prelude::*;
 use variorum_attention::Positioning;
-use variorum_block::{Act, LayerState, Norm, TransformerBlock, block::BlockParts};
+use variorum_block::{Act, BlockOutput, LayerState, Norm, TransformerBlock, block::BlockParts};
 use variorum_core::{AttentionMask, AuxLosses};
 use variorum_position::AbsolutePosition;
 
 use crate::ModelConfig;
+use crate::exits::{ExitConfig, ExitHeads};
 
 /// Output of a forward pass.
 #[derive(Debug)]
@@ -25,6 +26,8 @@ pub struct LmOutput {
     pub aux_losses: AuxLosses,
     /// Steps each position took, `[batch, len]`, when Adaptive Computation Time decides.
     pub steps: Option<Tensor<2>>,
+    /// Outputs of the blocks before the last, when the model has early exits.
+    pub hidden: Vec<Tensor<3>>,
 }
 
 /// The state a forward continues from and updates: the position of the next token and each
@@ -63,6 +66,8 @@ pub struct DecoderLm {
     pub seq_len: usize,
     /// √d_model when `scale_embeddings`.
     pub embedding_scale: Option<f64>,
+    /// Early exits: classifiers after the blocks before the last.
+    pub exits: Option<ExitHeads>,
 }
 
 impl DecoderLm {
@@ -99,6 +104,18 @@ impl DecoderLm {
             vocab_size: vocab,
             seq_len: cfg.seq_len,
             embedding_scale: cfg.scale_embeddings.then(|| (d as f64).sqrt()),
+            exits: match &cfg.exits {
+                ExitConfig::None => None,
+                ExitConfig::EveryLayer(e) => Some(ExitHeads::new(
+                    e,
+                    cfg.n_layers,
+                    d,
+                    vocab,
+                    cfg.init_std,
+                    || norm.norm.init(d, norm.norm_eps, device),
+                    device,
+                )),
+            },
         }
     }
 
@@ -107,12 +124,8 @@ impl DecoderLm {
         self.forward_with(tokens, None)
     }
 
-    /// Forward that continues from `state` (KV caches) when given, and updates it.
-    pub fn forward_with(&self, tokens: Tensor<2, Int>, mut state: Option<&mut DecoderState>) -> LmOutput {
-        let [_, len] = tokens.dims();
-        let device = tokens.device();
-        let start = state.as_ref().map_or(0, |s| s.position);
-
+    /// Token embeddings of `tokens` at positions `start..`, with the input position signal.
+    pub fn embed(&self, tokens: Tensor<2, Int>, start: usize) -> Tensor<3> {
         let mut x = self.token_embedding.forward(tokens);
         if let Some(scale) = self.embedding_scale {
             x = x.mul_scalar(scale);
@@ -120,32 +133,68 @@ impl DecoderLm {
         if let Some(p) = &self.position {
             x = p.forward(x, start);
         }
-        let mut x = self.embedding_dropout.forward(x);
+        self.embedding_dropout.forward(x)
+    }
 
-        // causal over absolute positions: queries start..start+len; keys from 0 (a KV cache) or
-        // from the start of the memory context
-        let keys_before = if self.has_memory() { state.as_ref().map_or(0, |s| s.context_len()) } else { start };
+    /// The mask of `len` new positions continuing `state` (shared by every block): causal over
+    /// absolute positions, keys from 0 (a KV cache) or from the start of the memory context.
+    pub fn mask(
+        &self,
+        len: usize,
+        state: Option<&DecoderState>,
+        device: &Device,
+    ) -> (AttentionMask, Option<Tensor<4, Bool>>) {
+        let start = state.map_or(0, |s| s.position);
+        let keys_before = if self.has_memory() { state.map_or(0, |s| s.context_len()) } else { start };
         let mask = AttentionMask::causal().at(start, start - keys_before);
-        let dense = mask.score_mask(len, keys_before + len, &device);
+        let dense = mask.score_mask(len, keys_before + len, device);
+        (mask, dense)
+    }
+
+    /// Block application `i` (its position signal, then the block) on `x`.
+    pub fn layer(
+        &self,
+        i: usize,
+        x: Tensor<3>,
+        mask: &AttentionMask,
+        dense: Option<Tensor<4, Bool>>,
+        state: Option<&mut LayerState>,
+    ) -> BlockOutput {
+        let x = match self.layer_positions.get(i) {
+            Some(p) => p.forward(x, mask.q_start),
+            None => x,
+        };
+        // a shared block keeps one state per application (its keys differ at every step)
+        self.blocks[i % self.blocks.len()].forward(x, mask, dense, state, false)
+    }
+
+    /// Forward that continues from `state` (KV caches) when given, and updates it.
+    pub fn forward_with(&self, tokens: Tensor<2, Int>, mut state: Option<&mut DecoderState>) -> LmOutput {
+        let [b, len] = tokens.dims();
+        let device = tokens.device();
+        let start = state.as_ref().map_or(0, |s| s.position);
+        let mut x = self.embed(tokens, start);
+        let (mask, dense) = self.mask(len, state.as_deref(), &device);
         if let Some(s) = state.as_deref_mut() {
             s.layers.resize_with(self.depth, Default::default);
         }
         let mut aux_losses = Vec::new();
-        let [b, _, _] = x.dims();
+        let mut hidden = Vec::new();
         let mut act = self.act.as_ref().map(|a| a.start(b, len, &device));
         for i in 0..self.depth {
-            // a shared block keeps one state per application (its keys differ at every step)
-            let block = &self.blocks[i % self.blocks.len()];
-            let layer_state = state.as_deref_mut().map(|s| &mut s.layers[i]);
-            if let Some(p) = self.layer_positions.get(i) {
-                x = p.forward(x, start);
-            }
             let input = x.clone();
-            let out = block.forward(x, &mask, dense.clone(), layer_state, false);
+            let out = self.layer(i, x, &mask, dense.clone(), state.as_deref_mut().map(|s| &mut s.layers[i]));
             x = out.x;
             aux_losses.extend(out.aux_losses);
             if let (Some(a), Some(st)) = (&self.act, act.as_mut()) {
+                let input = match self.layer_positions.get(i) {
+                    Some(p) => p.forward(input, start),
+                    None => input,
+                };
                 a.step(st, input, x.clone(), i + 1 == self.depth);
+            }
+            if self.exits.is_some() && i + 1 < self.depth {
+                hidden.push(x.clone());
             }
         }
         let mut steps = None;
@@ -154,13 +203,36 @@ impl DecoderLm {
             steps = Some(st.n_updates.clone());
             x = st.output.expect("at least one step");
         }
-        if let Some(n) = &self.final_norm {
-            x = n.forward(x);
-        }
         if let Some(s) = state {
             s.position += len;
         }
-        LmOutput { logits: self.logits(x), aux_losses, steps }
+        LmOutput { logits: self.exit_logits(self.depth - 1, x), aux_losses, steps, hidden }
+    }
+
+    /// Logits read from the output `h` of block `i`: the model's head after the last block, an
+    /// early exit's classifier before it.
+    pub fn exit_logits(&self, i: usize, h: Tensor<3>) -> Tensor<3> {
+        if i + 1 < self.depth
+            && let Some(e) = &self.exits
+            && let (Some(norm), Some(head)) = (e.norms.get(i), e.heads.get(i))
+        {
+            return head.forward(norm.forward(h));
+        }
+        let h = match &self.final_norm {
+            Some(n) => n.forward(h),
+            None => h,
+        };
+        self.logits(h)
+    }
+
+    /// Fills block `i`'s KV cache for `h` (the output of an earlier block the token exited at)
+    /// without running the block: CALM's state propagation for skipped blocks.
+    pub fn propagate(&self, i: usize, h: Tensor<3>, mask: &AttentionMask, state: &mut LayerState) {
+        let h = match self.layer_positions.get(i) {
+            Some(p) => p.forward(h, mask.q_start),
+            None => h,
+        };
+        self.blocks[i % self.blocks.len()].extend_cache(h, mask, state);
     }
 
     /// Whether blocks keep a memory of earlier segments in the state.
@@ -189,7 +261,17 @@ impl DecoderLm {
         state: Option<&mut DecoderState>,
     ) -> (Tensor<1>, AuxLosses) {
         let out = self.forward_with(tokens, state);
-        (cross_entropy(out.logits, targets), out.aux_losses)
+        let mut aux = out.aux_losses;
+        if let Some(e) = &self.exits
+            && !out.hidden.is_empty()
+        {
+            let n = out.hidden.len() as f64;
+            let exits =
+                out.hidden.into_iter().enumerate().map(|(i, h)| cross_entropy(self.exit_logits(i, h), targets.clone()));
+            let mean = exits.reduce(|a, b| a + b).expect("at least one exit").div_scalar(n);
+            aux.push(("early_exits".into(), mean.mul_scalar(e.weight)));
+        }
+        (cross_entropy(out.logits, targets), aux)
     }
 }
 

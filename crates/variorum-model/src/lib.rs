@@ -2,7 +2,9 @@
 
 pub mod config;
 pub mod decoder;
+pub mod exits;
 pub mod zoo;
 
 pub use config::ModelConfig;
 pub use decoder::{DecoderLm, DecoderState, LmOutput};
+pub use exits::{EveryLayerConfig, ExitConfig};

@@ -13,6 +13,7 @@ use variorum_position::{
 };
 
 use crate::ModelConfig;
+use crate::exits::{EveryLayerConfig, ExitConfig};
 
 /// All declared kinds, axis by axis.
 pub fn kinds() -> Vec<KindInfo> {
@@ -22,6 +23,7 @@ pub fn kinds() -> Vec<KindInfo> {
     all.extend(FeedForwardConfig::zoo());
     all.extend(MemoryConfig::zoo());
     all.extend(DepthConfig::zoo());
+    all.extend(ExitConfig::zoo());
     all
 }
 
@@ -169,6 +171,11 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
     out.push(("depth universal".into(), ut(false, BlockConfig::default())));
     out.push(("depth universal + act".into(), ut(true, BlockConfig::default())));
     out.push(("depth universal + act, post-ln".into(), ut(true, BlockConfig::PostLn(ResidualConfig::default()))));
+    // early exits: shared head, and one classifier per block
+    for shared in [true, false] {
+        let exits = ExitConfig::EveryLayer(EveryLayerConfig { shared, weight: 1.0 });
+        out.push((format!("exits every-layer shared={shared}"), ModelConfig { n_layers: 3, exits, ..tiny() }));
+    }
     // relative schemes with grouped-query heads (keys shared by several query heads)
     let gqa = AttentionConfig::Full(MultiHeadAttentionConfig { n_heads: 4, n_kv_heads: Some(2), ..Default::default() });
     for p in [

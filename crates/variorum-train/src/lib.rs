@@ -5,6 +5,7 @@ pub mod bench;
 pub mod checkpoint;
 pub mod clip;
 pub mod config;
+pub mod early_exit;
 pub mod eval;
 pub mod freeze;
 pub mod generate;

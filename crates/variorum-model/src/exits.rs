@@ -1,0 +1,109 @@
+//! Early exits, `model.exits`: an output classifier after every block (Elbayad et al. 2020,
+//! "Depth-Adaptive Transformer"; Schuster et al. 2022, CALM), so that a prediction can be read
+//! from block n < N:
+//!
+//! p(y_t | h^n_t) = softmax(W_n · norm_n(h^n_t)),
+//!
+//! with W_n, norm_n the model's own head and final norm (`shared = true`, CALM's choice) or one
+//! classifier per block. Training adds the mean cross-entropy of the intermediate exits as the
+//! `early_exits` auxiliary loss (weighted), so every exit learns to predict ("aligned training":
+//! all exits on every token).
+
+use burn::nn::{Initializer, Linear, LinearConfig};
+use burn::prelude::*;
+use serde::{Deserialize, Serialize};
+use variorum_block::Norm;
+use variorum_core::{ConfigError, KindInfo, error::check};
+
+/// `model.exits`, chosen by `kind`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum ExitConfig {
+    /// Predictions only after the last block.
+    #[default]
+    None,
+    /// A classifier after every block.
+    EveryLayer(EveryLayerConfig),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EveryLayerConfig {
+    /// Every exit uses the model's final norm and output head. Default true.
+    pub shared: bool,
+    /// Weight of the intermediate exits' mean loss. Default 1.
+    pub weight: f64,
+}
+
+impl Default for EveryLayerConfig {
+    fn default() -> Self {
+        Self { shared: true, weight: 1.0 }
+    }
+}
+
+impl ExitConfig {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::EveryLayer(_) => "every-layer",
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        match self {
+            Self::None => Ok(()),
+            Self::EveryLayer(c) => check(c.weight >= 0.0, || "model.exits.weight must be >= 0".into()),
+        }
+    }
+
+    pub fn zoo() -> Vec<KindInfo> {
+        let caps = variorum_core::Capabilities::NEUTRAL;
+        vec![
+            KindInfo {
+                axis: "model.exits",
+                kind: "none",
+                summary: "predictions after the last block only",
+                paper: "",
+                caps,
+            },
+            KindInfo {
+                axis: "model.exits",
+                kind: "every-layer",
+                summary: "an output classifier after every block (shared or per block), trained on all exits; CALM early exit at generation",
+                paper: "Elbayad et al. 2020, Depth-Adaptive Transformer; Schuster et al. 2022, Confident Adaptive Language Modeling",
+                caps: variorum_core::Capabilities { aux_losses: true, ..caps },
+            },
+        ]
+    }
+}
+
+/// Per-block classifiers for the intermediate exits (empty when they share the model's head).
+#[derive(Module, Debug)]
+pub struct ExitHeads {
+    pub norms: Vec<Norm>,
+    pub heads: Vec<Linear>,
+    pub weight: f64,
+}
+
+impl ExitHeads {
+    /// `blocks − 1` intermediate exits; `norm` builds a norm like the model's.
+    pub fn new(
+        cfg: &EveryLayerConfig,
+        blocks: usize,
+        d_model: usize,
+        vocab: usize,
+        init_std: f64,
+        norm: impl Fn() -> Norm,
+        device: &Device,
+    ) -> Self {
+        let n = if cfg.shared { 0 } else { blocks.saturating_sub(1) };
+        let init = Initializer::Normal { mean: 0.0, std: init_std };
+        Self {
+            norms: (0..n).map(|_| norm()).collect(),
+            heads: (0..n)
+                .map(|_| LinearConfig::new(d_model, vocab).with_bias(false).with_initializer(init.clone()).init(device))
+                .collect(),
+            weight: cfg.weight,
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! CALM early exit at decoding time (Schuster et al. 2022) for models with `model.exits`.
+//!
+//! Each new token runs block by block; after block n < N its exit's confidence c_n is compared
+//! with the threshold λ and the token leaves with that exit's prediction when c_n ≥ λ:
+//!
+//! - `softmax-response`: p_(1) − p_(2), the gap between the two most likely tokens at exit n;
+//! - `saturation`: cos(h^n, h^{n−1}), how little block n changed the state.
+//!
+//! The blocks a token skips still need its keys and values for later tokens: CALM propagates
+//! the exited state h^n to them, and each skipped block projects it into its cache. λ ≥ 1 never
+//! exits (the full model); λ = 0 exits every token at the first exit.
+//!
+//! [`calibrate`] picks, on validation text, the smallest threshold whose early-exit loss stays
+//! within a tolerance of the full model's (a grid search, as Elbayad et al. do; CALM's LTT test
+//! adds a statistical guarantee on top, left out here).
+
+use burn::prelude::*;
+use burn::tensor::activation::{log_softmax, softmax};
+use serde::{Deserialize, Serialize};
+use variorum_model::{DecoderLm, DecoderState};
+
+/// How confident an exit is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Confidence {
+    SoftmaxResponse,
+    Saturation,
+}
+
+impl Confidence {
+    pub const ALL: [Confidence; 2] = [Confidence::SoftmaxResponse, Confidence::Saturation];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::SoftmaxResponse => "softmax-response",
+            Self::Saturation => "saturation",
+        }
+    }
+}
+
+/// When to exit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ExitPolicy {
+    pub confidence: Confidence,
+    /// Exit when the confidence reaches this; 1 or more never exits.
+    pub threshold: f64,
+}
+
+/// Runs one new token through the model, exiting early when the policy says so. Returns the
+/// log-probabilities of its prediction `[vocab]` and the number of blocks it used.
+pub fn step(
+    model: &DecoderLm,
+    token: u32,
+    state: &mut DecoderState,
+    policy: ExitPolicy,
+    device: &Device,
+) -> (Vec<f32>, usize) {
+    let input = Tensor::<2, Int>::from_data(TensorData::new(vec![token as i64], [1, 1]), device);
+    let (mask, dense) = model.mask(1, Some(state), device);
+    state.layers.resize_with(model.depth, Default::default);
+    let mut x = model.embed(input, state.position);
+    let mut used = model.depth;
+    let mut logits = None;
+    for i in 0..model.depth {
+        let before = x.clone();
+        x = model.layer(i, x, &mask, dense.clone(), Some(&mut state.layers[i])).x;
+        if i + 1 == model.depth {
+            logits = Some(model.exit_logits(i, x.clone()));
+            break;
+        }
+        if policy.threshold >= 1.0 {
+            continue;
+        }
+        let exit_logits = model.exit_logits(i, x.clone());
+        let c = match policy.confidence {
+            Confidence::SoftmaxResponse => {
+                let top =
+                    softmax(exit_logits.clone(), 2).topk(2, 2).into_data().try_to_vec::<f32>().unwrap_or_default();
+                (top[0] - top.get(1).copied().unwrap_or(0.0)) as f64
+            }
+            Confidence::Saturation => cosine(before, x.clone()),
+        };
+        if c >= policy.threshold {
+            used = i + 1;
+            logits = Some(exit_logits);
+            for j in i + 1..model.depth {
+                model.propagate(j, x.clone(), &mask, &mut state.layers[j]);
+            }
+            break;
+        }
+    }
+    state.position += 1;
+    let logits = logits.expect("the last block always gives logits");
+    (log_softmax(logits, 2).into_data().try_to_vec::<f32>().unwrap_or_default(), used)
+}
+
+fn cosine(a: Tensor<3>, b: Tensor<3>) -> f64 {
+    let dot = (a.clone() * b.clone()).sum().into_scalar::<f32>() as f64;
+    let na = a.powf_scalar(2.0).sum().sqrt().into_scalar::<f32>() as f64;
+    let nb = b.powf_scalar(2.0).sum().sqrt().into_scalar::<f32>() as f64;
+    dot / (na * nb).max(1e-12)
+}
+
+/// Greedy early-exit generation after `prompt` (read through every block): the new tokens and
+/// the blocks each used. Windows restart like [`crate::generate::generate`]'s when full.
+pub fn generate(
+    model: &DecoderLm,
+    prompt: &[u32],
+    new_tokens: usize,
+    policy: ExitPolicy,
+    device: &Device,
+) -> (Vec<u32>, Vec<usize>) {
+    let full = ExitPolicy { threshold: 1.0, ..policy };
+    let context = model.seq_len.max(2);
+    let mut all = prompt.to_vec();
+    let mut state = DecoderState::default();
+    let mut window = all.len().saturating_sub(context);
+    let (mut out, mut used) = (Vec::new(), Vec::new());
+    let mut last = Vec::new();
+    for _ in 0..new_tokens {
+        if all.len() - window > context {
+            window = all.len() - (context * 3 / 4).max(1);
+            state = DecoderState::default();
+        }
+        // the prompt (or a restarted window) goes through every block; the newest token exits early
+        while window + state.position < all.len() {
+            let t = all[window + state.position];
+            let is_newest = window + state.position + 1 == all.len() && !out.is_empty();
+            let (lp, n) = step(model, t, &mut state, if is_newest { policy } else { full }, device);
+            if is_newest {
+                used.push(n);
+            }
+            last = lp;
+        }
+        let next = last.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0
+            as u32;
+        out.push(next);
+        all.push(next);
+    }
+    (out, used)
+}
+
+/// Teacher-forced early exit over disjoint windows of `model.seq_len` tokens from `ids`: mean
+/// loss of the exited predictions and mean blocks used per token.
+pub fn exit_loss(model: &DecoderLm, ids: &[u32], policy: ExitPolicy, device: &Device) -> (f64, f64) {
+    let len = model.seq_len.max(1);
+    let (mut loss, mut blocks, mut n) = (0.0, 0usize, 0usize);
+    let mut start = 0;
+    while start + len < ids.len() {
+        let mut state = DecoderState::default();
+        for t in start..start + len {
+            let (lp, used) = step(model, ids[t], &mut state, policy, device);
+            loss -= lp[ids[t + 1] as usize] as f64;
+            blocks += used;
+            n += 1;
+        }
+        start += len;
+    }
+    (loss / n.max(1) as f64, blocks as f64 / n.max(1) as f64)
+}
+
+/// The smallest threshold on `grid` whose early-exit loss on `ids` is within `tolerance` nats of
+/// the full model's, with its (loss, mean blocks); thresholds are tried from the largest down.
+pub fn calibrate(
+    model: &DecoderLm,
+    ids: &[u32],
+    confidence: Confidence,
+    tolerance: f64,
+    grid: &[f64],
+    device: &Device,
+) -> Option<(f64, f64, f64)> {
+    let (full, _) = exit_loss(model, ids, ExitPolicy { confidence, threshold: 1.0 }, device);
+    let mut grid = grid.to_vec();
+    grid.sort_by(|a, b| b.total_cmp(a));
+    let mut best = None;
+    for threshold in grid {
+        let (loss, blocks) = exit_loss(model, ids, ExitPolicy { confidence, threshold }, device);
+        if loss > full + tolerance {
+            break;
+        }
+        best = Some((threshold, loss, blocks));
+    }
+    best
+}

@@ -1,0 +1,66 @@
+//! CALM early exit: the thresholds' defining limits, state propagation, and calibration.
+
+use burn::prelude::*;
+use variorum_model::{EveryLayerConfig, ExitConfig, ModelConfig, zoo};
+use variorum_train::early_exit::{self, Confidence, ExitPolicy};
+use variorum_train::generate::{SampleConfig, generate};
+
+fn model(dev: &Device) -> variorum_model::DecoderLm {
+    let cfg = ModelConfig {
+        n_layers: 3,
+        exits: ExitConfig::EveryLayer(EveryLayerConfig::default()),
+        init_std: 0.2,
+        ..zoo::tiny()
+    };
+    cfg.validate().unwrap();
+    dev.seed(21);
+    cfg.init(dev)
+}
+
+#[test]
+fn threshold_one_is_the_full_model_and_zero_exits_at_the_first_block() {
+    let dev = Device::flex();
+    let m = model(&dev);
+    let prompt = [1u32, 4, 2];
+    let sample = SampleConfig { max_new_tokens: 20, temperature: 0.0, top_k: 0, top_p: 1.0, no_cache: false, seed: 0 };
+    let full = generate(&m, &prompt, &sample, &dev, |_| {});
+    for confidence in Confidence::ALL {
+        let (never, used) = early_exit::generate(&m, &prompt, 20, ExitPolicy { confidence, threshold: 1.0 }, &dev);
+        assert_eq!(never, full, "{}: threshold 1 must generate what the full model does", confidence.name());
+        assert!(used.iter().all(|&n| n == 3));
+        let (_, used) = early_exit::generate(&m, &prompt, 20, ExitPolicy { confidence, threshold: 0.0 }, &dev);
+        assert!(used.iter().all(|&n| n == 1), "{}: threshold 0 exits at the first block: {used:?}", confidence.name());
+    }
+}
+
+#[test]
+fn skipped_blocks_get_the_propagated_keys_and_the_full_pass_matches_the_forward() {
+    let dev = Device::flex();
+    let m = model(&dev);
+    let ids: Vec<u32> = (0..33).map(|i| (i * 7 % 11) as u32).collect();
+    // every token exits at block 1, yet every block's cache holds every position
+    let mut state = variorum_model::DecoderState::default();
+    for &t in &ids[..10] {
+        early_exit::step(
+            &m,
+            t,
+            &mut state,
+            ExitPolicy { confidence: Confidence::SoftmaxResponse, threshold: 0.0 },
+            &dev,
+        );
+    }
+    for layer in &state.layers {
+        let variorum_attention::AttentionState::Kv(kv) = &layer.attention else { panic!("no cache") };
+        assert_eq!(kv.len(), 10);
+    }
+    // at threshold 1 the teacher-forced loss equals the plain forward's on the same windows
+    let full = ExitPolicy { confidence: Confidence::Saturation, threshold: 1.0 };
+    let (loss, blocks) = early_exit::exit_loss(&m, &ids, full, &dev);
+    let (reference, _) = variorum_train::eval::sliding_loss(&m, &ids[..33], 16, 16, &dev);
+    assert!((loss - reference).abs() < 1e-4, "{loss} vs {reference}");
+    assert_eq!(blocks, 3.0);
+    // calibration with an infinite tolerance picks the smallest threshold, with fewer blocks
+    let (threshold, _, fewer) =
+        early_exit::calibrate(&m, &ids, Confidence::SoftmaxResponse, f64::INFINITY, &[0.0, 0.5, 1.0], &dev).unwrap();
+    assert_eq!((threshold, fewer), (0.0, 1.0));
+}
