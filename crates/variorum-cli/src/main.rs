@@ -1,6 +1,7 @@
 //! `variorum`: train, inspect, benchmark and list the Transformer variants of the zoo.
 
 mod device;
+mod early_exit;
 mod eval;
 
 /// Tensor buffers are allocated and freed at a high rate; glibc's malloc returns large ones to the
@@ -128,6 +129,25 @@ enum Command {
         max_tokens: Option<usize>,
         /// Where to draw loss against context length (with several lengths); default RUN/eval.png,
         /// or ./eval.png when comparing runs.
+        #[arg(long)]
+        plot: Option<PathBuf>,
+        #[arg(long, default_value = "cpu")]
+        device: String,
+    },
+    /// CALM early exit on a run with `[model.exits]`: validation loss against mean blocks used
+    /// for each confidence measure and threshold, the calibrated thresholds, and a plot.
+    EarlyExit {
+        run: PathBuf,
+        /// Thresholds to try, comma-separated (1 = the full model).
+        #[arg(long, value_delimiter = ',', default_value = "1,0.99,0.95,0.9,0.8,0.6,0.4,0.2,0")]
+        thresholds: Vec<f64>,
+        /// Validation tokens to decode (token by token, so keep it modest).
+        #[arg(long, default_value_t = 4096)]
+        max_tokens: usize,
+        /// Loss increase allowed by the calibration, nats.
+        #[arg(long, default_value_t = 0.02)]
+        tolerance: f64,
+        /// Where to draw the curve (default RUN/early-exit.png).
         #[arg(long)]
         plot: Option<PathBuf>,
         #[arg(long, default_value = "cpu")]
@@ -345,6 +365,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Eval { runs, data, seq_len, stride, max_tokens, plot, device } => {
             eval::eval(eval::EvalArgs { runs, data, seq_len, stride, max_tokens, plot, device })
+        }
+        Command::EarlyExit { run, thresholds, max_tokens, tolerance, plot, device } => {
+            early_exit::early_exit(early_exit::Args { run, thresholds, max_tokens, tolerance, plot, device })
         }
         Command::Export { run, format: ExportFormat::Safetensors, out } => {
             let (device, _) = device::select("cpu")?;
