@@ -2,7 +2,8 @@
 # Adaptive depth: a 6-block stack, a Universal Transformer (one block, 6 steps) and a Universal
 # Transformer with Adaptive Computation Time (at most 6 steps), trained alike
 # (configs/depth/base.toml), then evaluated on the validation split at context 64; the ACT
-# model's steps per token are printed by `variorum eval`.
+# model's steps per token are printed by `variorum eval`; post-LN variants (the paper's wiring) and a
+# stack with an exit after every block, whose CALM loss/compute curve `variorum early-exit` draws.
 #
 # Writes OUT/<name>/ (a finished run is not trained again), OUT/<name>.eval and OUT/results.tsv.
 #
@@ -35,5 +36,12 @@ loss = next(l.split()[3] for l in lines if l.strip() and not l.startswith("#") a
 steps = next((l.split(": ", 1)[1] for l in lines if "adaptive computation time" in l), "")
 print(f"{sys.argv[3]}\t{s['params']}\t{s['tokens_per_sec']:.0f}\t{loss}\t{steps}")
 PY
+done
+for r in $RUNS; do
+  if grep -q 'every-layer' "$OUT/$r/config.toml"; then
+    say "$r: early-exit curve"
+    "$BIN" early-exit "$OUT/$r" --max-tokens 2048 --plot "$OUT/early-exit.png" >"$OUT/$r.early-exit"
+    cat "$OUT/$r.early-exit"
+  fi
 done
 column -t -s $'\t' "$OUT/results.tsv"

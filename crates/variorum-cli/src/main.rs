@@ -139,7 +139,7 @@ enum Command {
     EarlyExit {
         run: PathBuf,
         /// Thresholds to try, comma-separated (1 = the full model).
-        #[arg(long, value_delimiter = ',', default_value = "1,0.99,0.95,0.9,0.8,0.6,0.4,0.2,0")]
+        #[arg(long, value_delimiter = ',', default_value = "1,0.995,0.99,0.95,0.9,0.8,0.6,0.4,0.2,0")]
         thresholds: Vec<f64>,
         /// Validation tokens to decode (token by token, so keep it modest).
         #[arg(long, default_value_t = 4096)]

@@ -4,7 +4,8 @@
 //! with the threshold λ and the token leaves with that exit's prediction when c_n ≥ λ:
 //!
 //! - `softmax-response`: p_(1) − p_(2), the gap between the two most likely tokens at exit n;
-//! - `saturation`: cos(h^n, h^{n−1}), how little block n changed the state.
+//! - `saturation`: (1 + cos(h^n, h^{n−1})) / 2, how little block n changed the state (the cosine
+//!   mapped to [0, 1] like the other measure, so that λ = 0 always exits).
 //!
 //! The blocks a token skips still need its keys and values for later tokens: CALM propagates
 //! the exited state h^n to them, and each skipped block projects it into its cache. λ ≥ 1 never
@@ -78,7 +79,7 @@ pub fn step(
                     softmax(exit_logits.clone(), 2).topk(2, 2).into_data().try_to_vec::<f32>().unwrap_or_default();
                 (top[0] - top.get(1).copied().unwrap_or(0.0)) as f64
             }
-            Confidence::Saturation => cosine(before, x.clone()),
+            Confidence::Saturation => (1.0 + cosine(before, x.clone())) / 2.0,
         };
         if c >= policy.threshold {
             used = i + 1;
