@@ -39,7 +39,10 @@ pub fn early_exit(args: Args) -> Result<ExitCode> {
     println!("# {} validation tokens, windows of {}, {depth} blocks", ids.len(), run.model.seq_len);
     println!("{:<18} {:>9} {:>9} {:>12}", "confidence", "threshold", "loss", "mean blocks");
     let mut series = Vec::new();
-    for (k, confidence) in Confidence::ALL.into_iter().enumerate() {
+    let has_classifier = run.model.exits.as_ref().is_some_and(|e| !e.classifiers.is_empty());
+    let measures: Vec<Confidence> =
+        Confidence::ALL.into_iter().filter(|c| *c != Confidence::Classifier || has_classifier).collect();
+    for (k, &confidence) in measures.iter().enumerate() {
         let mut points = Vec::new();
         for &threshold in &args.thresholds {
             let (loss, blocks) = exit_loss(&run.model, &ids, ExitPolicy { confidence, threshold }, &device);
@@ -49,7 +52,7 @@ pub fn early_exit(args: Args) -> Result<ExitCode> {
         let (r, g, b) = Palette99::COLORS[k % Palette99::COLORS.len()];
         series.push((confidence.name(), points, RGBColor(r, g, b), true));
     }
-    for confidence in Confidence::ALL {
+    for &confidence in &measures {
         match calibrate(&run.model, &ids, confidence, args.tolerance, &args.thresholds, &device) {
             Some((t, loss, blocks)) => println!(
                 "# calibrated {}: threshold {t} keeps the loss within {} of the full model ({loss:.4}, {blocks:.2} blocks)",

@@ -265,11 +265,31 @@ impl DecoderLm {
         if let Some(e) = &self.exits
             && !out.hidden.is_empty()
         {
-            let n = out.hidden.len() as f64;
-            let exits =
-                out.hidden.into_iter().enumerate().map(|(i, h)| cross_entropy(self.exit_logits(i, h), targets.clone()));
-            let mean = exits.reduce(|a, b| a + b).expect("at least one exit").div_scalar(n);
-            aux.push(("early_exits".into(), mean.mul_scalar(e.weight)));
+            let final_top = out.logits.clone().argmax(2);
+            let mut exit_losses = Vec::new();
+            let mut classifier_losses = Vec::new();
+            for (i, h) in out.hidden.into_iter().enumerate() {
+                let logits = self.exit_logits(i, h.clone());
+                if let Some(c) = e.confidence(i, h.detach()) {
+                    // consistency oracle: does exit i already give the last block's top token?
+                    let agree = logits.clone().argmax(2).equal(final_top.clone()).float().squeeze_dim::<2>(2);
+                    let c = c.clamp(1e-6, 1.0 - 1e-6);
+                    let on = agree.clone() * c.clone().log();
+                    let off = agree.neg().add_scalar(1.0) * c.neg().add_scalar(1.0).log();
+                    classifier_losses.push((on + off).mean().neg());
+                }
+                exit_losses.push(cross_entropy(logits, targets.clone()));
+            }
+            let mean = |v: Vec<Tensor<1>>| {
+                let k = v.len() as f64;
+                v.into_iter().reduce(|a, b| a + b).map(|t| t.div_scalar(k))
+            };
+            if let Some(m) = mean(exit_losses) {
+                aux.push(("early_exits".into(), m.mul_scalar(e.weight)));
+            }
+            if let Some(m) = mean(classifier_losses) {
+                aux.push(("exit_classifier".into(), m));
+            }
         }
         (cross_entropy(out.logits, targets), aux)
     }

@@ -8,6 +8,11 @@
 //! classifier per block. Training adds the mean cross-entropy of the intermediate exits as the
 //! `early_exits` auxiliary loss (weighted), so every exit learns to predict ("aligned training":
 //! all exits on every token).
+//!
+//! With `classifier = true` every intermediate block also gets CALM's learned exit classifier,
+//! c_n = σ(w_n·h^n + b_n), trained (as the `exit_classifier` loss, binary cross-entropy) to predict
+//! whether exit n's top token equals the last block's — the consistency oracle. It reads the
+//! states detached, so it never changes what the model predicts.
 
 use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::prelude::*;
@@ -33,11 +38,13 @@ pub struct EveryLayerConfig {
     pub shared: bool,
     /// Weight of the intermediate exits' mean loss. Default 1.
     pub weight: f64,
+    /// Train CALM's per-block exit classifier too. Default false.
+    pub classifier: bool,
 }
 
 impl Default for EveryLayerConfig {
     fn default() -> Self {
-        Self { shared: true, weight: 1.0 }
+        Self { shared: true, weight: 1.0, classifier: false }
     }
 }
 
@@ -83,9 +90,17 @@ pub struct ExitHeads {
     pub norms: Vec<Norm>,
     pub heads: Vec<Linear>,
     pub weight: f64,
+    /// CALM's exit classifiers, one per intermediate block (empty when off).
+    pub classifiers: Vec<Linear>,
 }
 
 impl ExitHeads {
+    /// σ(w_n·h + b_n) of block `n`'s classifier, `[b, len]`, if there is one.
+    pub fn confidence(&self, n: usize, h: Tensor<3>) -> Option<Tensor<2>> {
+        let [b, l, _] = h.dims();
+        Some(burn::tensor::activation::sigmoid(self.classifiers.get(n)?.forward(h)).reshape([b, l]))
+    }
+
     /// `blocks − 1` intermediate exits; `norm` builds a norm like the model's.
     pub fn new(
         cfg: &EveryLayerConfig,
@@ -104,6 +119,9 @@ impl ExitHeads {
                 .map(|_| LinearConfig::new(d_model, vocab).with_bias(false).with_initializer(init.clone()).init(device))
                 .collect(),
             weight: cfg.weight,
+            classifiers: (0..if cfg.classifier { blocks.saturating_sub(1) } else { 0 })
+                .map(|_| LinearConfig::new(d_model, 1).with_initializer(init.clone()).init(device))
+                .collect(),
         }
     }
 }

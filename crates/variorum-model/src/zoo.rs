@@ -173,7 +173,7 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
     out.push(("depth universal + act, post-ln".into(), ut(true, BlockConfig::PostLn(ResidualConfig::default()))));
     // early exits: shared head, and one classifier per block
     for shared in [true, false] {
-        let exits = ExitConfig::EveryLayer(EveryLayerConfig { shared, weight: 1.0 });
+        let exits = ExitConfig::EveryLayer(EveryLayerConfig { shared, weight: 1.0, classifier: shared });
         out.push((format!("exits every-layer shared={shared}"), ModelConfig { n_layers: 3, exits, ..tiny() }));
     }
     // relative schemes with grouped-query heads (keys shared by several query heads)

@@ -5,7 +5,9 @@
 //!
 //! - `softmax-response`: p_(1) − p_(2), the gap between the two most likely tokens at exit n;
 //! - `saturation`: (1 + cos(h^n, h^{n−1})) / 2, how little block n changed the state (the cosine
-//!   mapped to [0, 1] like the other measure, so that λ = 0 always exits).
+//!   mapped to [0, 1] like the other measure, so that λ = 0 always exits);
+//! - `classifier`: CALM's learned exit classifier σ(w_n·h^n + b_n) (`model.exits.classifier`);
+//!   a model without one is never confident by it.
 //!
 //! The blocks a token skips still need its keys and values for later tokens: CALM propagates
 //! the exited state h^n to them, and each skipped block projects it into its cache. λ ≥ 1 never
@@ -26,15 +28,17 @@ use variorum_model::{DecoderLm, DecoderState};
 pub enum Confidence {
     SoftmaxResponse,
     Saturation,
+    Classifier,
 }
 
 impl Confidence {
-    pub const ALL: [Confidence; 2] = [Confidence::SoftmaxResponse, Confidence::Saturation];
+    pub const ALL: [Confidence; 3] = [Confidence::SoftmaxResponse, Confidence::Saturation, Confidence::Classifier];
 
     pub fn name(self) -> &'static str {
         match self {
             Self::SoftmaxResponse => "softmax-response",
             Self::Saturation => "saturation",
+            Self::Classifier => "classifier",
         }
     }
 }
@@ -80,6 +84,10 @@ pub fn step(
                 (top[0] - top.get(1).copied().unwrap_or(0.0)) as f64
             }
             Confidence::Saturation => (1.0 + cosine(before, x.clone())) / 2.0,
+            Confidence::Classifier => match model.exits.as_ref().and_then(|e| e.confidence(i, x.clone())) {
+                Some(c) => c.into_scalar::<f32>() as f64,
+                None => f64::NEG_INFINITY,
+            },
         };
         if c >= policy.threshold {
             used = i + 1;

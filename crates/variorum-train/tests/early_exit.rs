@@ -8,7 +8,7 @@ use variorum_train::generate::{SampleConfig, generate};
 fn model(dev: &Device) -> variorum_model::DecoderLm {
     let cfg = ModelConfig {
         n_layers: 3,
-        exits: ExitConfig::EveryLayer(EveryLayerConfig::default()),
+        exits: ExitConfig::EveryLayer(EveryLayerConfig { classifier: true, ..Default::default() }),
         init_std: 0.2,
         ..zoo::tiny()
     };
@@ -63,4 +63,23 @@ fn skipped_blocks_get_the_propagated_keys_and_the_full_pass_matches_the_forward(
     let (threshold, _, fewer) =
         early_exit::calibrate(&m, &ids, Confidence::SoftmaxResponse, f64::INFINITY, &[0.0, 0.5, 1.0], &dev).unwrap();
     assert_eq!((threshold, fewer), (0.0, 1.0));
+}
+
+#[test]
+fn the_exit_classifier_learns_from_the_consistency_oracle_only() {
+    let dev = Device::flex().autodiff();
+    let m = model(&dev);
+    let ids: Vec<i64> = (0..32).map(|i| (i * 7 % 11) as i64).collect();
+    let x = Tensor::<2, Int>::from_data(TensorData::new(ids[..16].to_vec(), [2, 8]), &dev);
+    let y = Tensor::<2, Int>::from_data(TensorData::new(ids[16..].to_vec(), [2, 8]), &dev);
+    let (_, aux) = m.loss(x, y);
+    let (_, bce) = aux.iter().find(|(n, _)| n == "exit_classifier").expect("the classifier is trained");
+    let grads = bce.backward();
+    let exits = m.exits.as_ref().unwrap();
+    assert_eq!(exits.classifiers.len(), 2);
+    for c in &exits.classifiers {
+        assert!(c.weight.grad(&grads).unwrap().abs().sum().into_scalar::<f32>() > 0.0);
+    }
+    // the states are read detached: the model itself gets nothing from this loss
+    assert!(m.token_embedding.weight.grad(&grads).is_none());
 }
