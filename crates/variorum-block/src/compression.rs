@@ -59,7 +59,7 @@ impl CompressionKind {
         });
         Compressor {
             rate,
-            kind: self.name().to_string(),
+            kind: self,
             conv: match self {
                 Self::Conv => Some(conv(1, 0)),
                 Self::DilatedConv => Some(conv(2, rate - 1)),
@@ -83,7 +83,8 @@ impl CompressionKind {
 #[derive(Module, Debug)]
 pub struct Compressor {
     pub rate: usize,
-    pub kind: String,
+    #[module(skip)]
+    pub kind: CompressionKind,
     pub conv: Option<Conv1d>,
     /// g of the auto-encoding loss (when it is on).
     pub decoder: Option<Linear>,
@@ -100,9 +101,9 @@ impl Compressor {
         if let Some(conv) = &self.conv {
             return conv.forward(x.swap_dims(1, 2)).swap_dims(1, 2);
         }
-        match self.kind.as_str() {
-            "max-pool" => x.reshape([b, groups, c, d]).max_dim(2).reshape([b, groups, d]),
-            "most-used" => {
+        match self.kind {
+            CompressionKind::MaxPool => x.reshape([b, groups, c, d]).max_dim(2).reshape([b, groups, d]),
+            CompressionKind::MostUsed => {
                 let usage = usage
                     .map(|u| u.narrow(1, 0, groups * c))
                     .unwrap_or_else(|| Tensor::zeros([b, groups * c], &x.device()));

@@ -247,7 +247,7 @@ pub struct Evicted {
 impl LayerMemory {
     /// Whether the compression reads how much attention each memory slot received.
     pub fn tracks_usage(&self) -> bool {
-        self.compressor.as_ref().is_some_and(|c| c.kind == "most-used")
+        self.compressor.as_ref().is_some_and(|c| c.kind == CompressionKind::MostUsed)
     }
 
     /// Adds this forward's layer inputs `x: [b, len, d]` to the state; whole segments move into
