@@ -36,12 +36,23 @@ pub fn early_exit(args: Args) -> Result<ExitCode> {
         bail!("{} validation tokens are not one window of {}", ids.len(), run.model.seq_len);
     }
     let depth = run.model.depth;
+    let exits = run.model.exits.as_ref();
     println!("# {} validation tokens, windows of {}, {depth} blocks", ids.len(), run.model.seq_len);
+    if let Some(p) = exits.and_then(|e| e.predictor.as_ref()) {
+        println!("# exit predictor: {}, {:?} oracle, λ = {}, σ = {}", p.kind.name(), p.oracle, p.lambda, p.sigma);
+    }
     println!("{:<18} {:>9} {:>9} {:>12}", "confidence", "threshold", "loss", "mean blocks");
     let mut series = Vec::new();
-    let has_classifier = run.model.exits.as_ref().is_some_and(|e| !e.classifiers.is_empty());
-    let measures: Vec<Confidence> =
-        Confidence::ALL.into_iter().filter(|c| *c != Confidence::Classifier || has_classifier).collect();
+    let has_classifier = exits.is_some_and(|e| !e.classifiers.is_empty());
+    let has_predictor = exits.is_some_and(|e| e.predictor.is_some());
+    let measures: Vec<Confidence> = Confidence::ALL
+        .into_iter()
+        .filter(|c| match c {
+            Confidence::Classifier => has_classifier,
+            Confidence::Predictor => has_predictor,
+            _ => true,
+        })
+        .collect();
     for (k, &confidence) in measures.iter().enumerate() {
         let mut points = Vec::new();
         for &threshold in &args.thresholds {

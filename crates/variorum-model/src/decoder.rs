@@ -10,12 +10,14 @@
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Dropout, DropoutConfig, Embedding, EmbeddingConfig, Initializer, Linear, LinearConfig};
 use burn::prelude::*;
+use burn::tensor::activation::log_softmax;
 use variorum_attention::Positioning;
 use variorum_block::{Act, BlockOutput, LayerState, Norm, TransformerBlock, block::BlockParts};
 use variorum_core::{AttentionMask, AuxLosses};
 use variorum_position::AbsolutePosition;
 
 use crate::ModelConfig;
+use crate::exit_predictor::ExitScores;
 use crate::exits::{ExitConfig, ExitHeads};
 
 /// Output of a forward pass.
@@ -36,6 +38,9 @@ pub struct LmOutput {
 pub struct DecoderState {
     pub position: usize,
     pub layers: Vec<LayerState>,
+    /// Sum of the first block's outputs over the tokens so far `[batch, 1, d]`, kept by early-exit
+    /// decoding for the sequence exit predictor (its input is their running mean).
+    pub exit_summary: Option<Tensor<3>>,
 }
 
 impl DecoderState {
@@ -268,8 +273,19 @@ impl DecoderLm {
             let final_top = out.logits.clone().argmax(2);
             let mut exit_losses = Vec::new();
             let mut classifier_losses = Vec::new();
-            for (i, h) in out.hidden.into_iter().enumerate() {
+            // per-exit log-likelihoods and correctness, for the exit predictor's oracle
+            let mut scores = (Vec::new(), Vec::new());
+            let mut score = |logits: &Tensor<3>| {
+                let logits = logits.clone().detach();
+                let target = targets.clone().unsqueeze_dim::<3>(2);
+                scores.0.push(log_softmax(logits.clone(), 2).gather(2, target.clone()));
+                scores.1.push(logits.argmax(2).equal(target).float());
+            };
+            for (i, h) in out.hidden.iter().cloned().enumerate() {
                 let logits = self.exit_logits(i, h.clone());
+                if e.predictor.is_some() {
+                    score(&logits);
+                }
                 if let Some(c) = e.confidence(i, h.detach()) {
                     // consistency oracle: does exit i already give the last block's top token?
                     let agree = logits.clone().argmax(2).equal(final_top.clone()).float().squeeze_dim::<2>(2);
@@ -289,6 +305,11 @@ impl DecoderLm {
             }
             if let Some(m) = mean(classifier_losses) {
                 aux.push(("exit_classifier".into(), m));
+            }
+            if let Some(p) = &e.predictor {
+                score(&out.logits);
+                let scores = ExitScores { log_likelihood: Tensor::cat(scores.0, 2), correct: Tensor::cat(scores.1, 2) };
+                aux.push(("exit_predictor".into(), p.loss(&out.hidden, &scores)));
             }
         }
         (cross_entropy(out.logits, targets), aux)

@@ -13,12 +13,17 @@
 //! c_n = σ(w_n·h^n + b_n), trained (as the `exit_classifier` loss, binary cross-entropy) to predict
 //! whether exit n's top token equals the last block's — the consistency oracle. It reads the
 //! states detached, so it never changes what the model predicts.
+//!
+//! `predictor` adds one of the Depth-Adaptive Transformer's exit predictors
+//! ([`crate::exit_predictor`]), trained as the `exit_predictor` loss against its oracle.
 
 use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 use variorum_block::Norm;
 use variorum_core::{ConfigError, KindInfo, error::check};
+
+use crate::exit_predictor::{ExitPredictor, Oracle, PredictorKind};
 
 /// `model.exits`, chosen by `kind`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -40,11 +45,31 @@ pub struct EveryLayerConfig {
     pub weight: f64,
     /// Train CALM's per-block exit classifier too. Default false.
     pub classifier: bool,
+    /// Elbayad et al.'s exit predictor: `none` (default), `sequence`, `token-multinomial`,
+    /// `token-geometric`.
+    pub predictor: PredictorKind,
+    /// The predictor's oracle: `likelihood` (default) or `correctness`.
+    pub oracle: Oracle,
+    /// λ, the oracle's cost per block (in nats per token, or in fraction correct). Default 0.05.
+    pub lambda: f64,
+    /// σ of the RBF kernel smoothing the token-specific oracles; 0 = none. Default 1.
+    pub sigma: f64,
+    /// Weight of the predictor's loss. Default 1.
+    pub predictor_weight: f64,
 }
 
 impl Default for EveryLayerConfig {
     fn default() -> Self {
-        Self { shared: true, weight: 1.0, classifier: false }
+        Self {
+            shared: true,
+            weight: 1.0,
+            classifier: false,
+            predictor: PredictorKind::None,
+            oracle: Oracle::Likelihood,
+            lambda: 0.05,
+            sigma: 1.0,
+            predictor_weight: 1.0,
+        }
     }
 }
 
@@ -59,7 +84,12 @@ impl ExitConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         match self {
             Self::None => Ok(()),
-            Self::EveryLayer(c) => check(c.weight >= 0.0, || "model.exits.weight must be >= 0".into()),
+            Self::EveryLayer(c) => {
+                for (name, v) in [("weight", c.weight), ("lambda", c.lambda), ("sigma", c.sigma)] {
+                    check(v >= 0.0 && v.is_finite(), || format!("model.exits.{name} = {v} must be finite and >= 0"))?;
+                }
+                check(c.predictor_weight >= 0.0, || "model.exits.predictor_weight must be >= 0".into())
+            }
         }
     }
 
@@ -76,7 +106,7 @@ impl ExitConfig {
             KindInfo {
                 axis: "model.exits",
                 kind: "every-layer",
-                summary: "an output classifier after every block (shared or per block), trained on all exits; CALM early exit at generation",
+                summary: "an output classifier after every block (shared or per block), trained on all exits; exit predictors (sequence, token multinomial, token geometric) with likelihood/correctness oracles; CALM early exit at generation",
                 paper: "Elbayad et al. 2020, Depth-Adaptive Transformer; Schuster et al. 2022, Confident Adaptive Language Modeling",
                 caps: variorum_core::Capabilities { aux_losses: true, ..caps },
             },
@@ -92,6 +122,8 @@ pub struct ExitHeads {
     pub weight: f64,
     /// CALM's exit classifiers, one per intermediate block (empty when off).
     pub classifiers: Vec<Linear>,
+    /// The Depth-Adaptive Transformer's exit predictor.
+    pub predictor: Option<ExitPredictor>,
 }
 
 impl ExitHeads {
@@ -122,6 +154,17 @@ impl ExitHeads {
             classifiers: (0..if cfg.classifier { blocks.saturating_sub(1) } else { 0 })
                 .map(|_| LinearConfig::new(d_model, 1).with_initializer(init.clone()).init(device))
                 .collect(),
+            predictor: ExitPredictor::new(
+                cfg.predictor,
+                cfg.oracle,
+                cfg.lambda,
+                cfg.sigma,
+                cfg.predictor_weight,
+                blocks,
+                d_model,
+                init_std,
+                device,
+            ),
         }
     }
 }

@@ -13,6 +13,7 @@ use variorum_position::{
 };
 
 use crate::ModelConfig;
+use crate::exit_predictor::{Oracle, PredictorKind};
 use crate::exits::{EveryLayerConfig, ExitConfig};
 
 /// All declared kinds, axis by axis.
@@ -173,8 +174,20 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
     out.push(("depth universal + act, post-ln".into(), ut(true, BlockConfig::PostLn(ResidualConfig::default()))));
     // early exits: shared head, and one classifier per block
     for shared in [true, false] {
-        let exits = ExitConfig::EveryLayer(EveryLayerConfig { shared, weight: 1.0, classifier: shared });
+        let exits = ExitConfig::EveryLayer(EveryLayerConfig { shared, classifier: shared, ..Default::default() });
         out.push((format!("exits every-layer shared={shared}"), ModelConfig { n_layers: 3, exits, ..tiny() }));
+    }
+    // the Depth-Adaptive Transformer's exit predictors, with both oracles
+    for (predictor, oracle) in [
+        (PredictorKind::Sequence, Oracle::Likelihood),
+        (PredictorKind::TokenMultinomial, Oracle::Correctness),
+        (PredictorKind::TokenGeometric, Oracle::Likelihood),
+    ] {
+        let exits = ExitConfig::EveryLayer(EveryLayerConfig { predictor, oracle, ..Default::default() });
+        out.push((
+            format!("exits predictor {} ({oracle:?})", predictor.name()),
+            ModelConfig { n_layers: 3, exits, ..tiny() },
+        ));
     }
     // relative schemes with grouped-query heads (keys shared by several query heads)
     let gqa = AttentionConfig::Full(MultiHeadAttentionConfig { n_heads: 4, n_kv_heads: Some(2), ..Default::default() });

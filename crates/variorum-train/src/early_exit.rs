@@ -8,6 +8,10 @@
 //!   mapped to [0, 1] like the other measure, so that λ = 0 always exits);
 //! - `classifier`: CALM's learned exit classifier σ(w_n·h^n + b_n) (`model.exits.classifier`);
 //!   a model without one is never confident by it.
+//! - `predictor`: the Depth-Adaptive Transformer's exit predictor (`model.exits.predictor`): the
+//!   halting probability X^n of the geometric kind, or Σ_{m≤n} q(m), the predicted probability that
+//!   the token should have left by block n, of the multinomial kinds (q is computed once, after
+//!   the first block). Never confident without a predictor.
 //!
 //! The blocks a token skips still need its keys and values for later tokens: CALM propagates
 //! the exited state h^n to them, and each skipped block projects it into its cache. λ ≥ 1 never
@@ -20,7 +24,7 @@
 use burn::prelude::*;
 use burn::tensor::activation::{log_softmax, softmax};
 use serde::{Deserialize, Serialize};
-use variorum_model::{DecoderLm, DecoderState};
+use variorum_model::{DecoderLm, DecoderState, PredictorKind};
 
 /// How confident an exit is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,16 +33,19 @@ pub enum Confidence {
     SoftmaxResponse,
     Saturation,
     Classifier,
+    Predictor,
 }
 
 impl Confidence {
-    pub const ALL: [Confidence; 3] = [Confidence::SoftmaxResponse, Confidence::Saturation, Confidence::Classifier];
+    pub const ALL: [Confidence; 4] =
+        [Confidence::SoftmaxResponse, Confidence::Saturation, Confidence::Classifier, Confidence::Predictor];
 
     pub fn name(self) -> &'static str {
         match self {
             Self::SoftmaxResponse => "softmax-response",
             Self::Saturation => "saturation",
             Self::Classifier => "classifier",
+            Self::Predictor => "predictor",
         }
     }
 }
@@ -66,9 +73,28 @@ pub fn step(
     let mut x = model.embed(input, state.position);
     let mut used = model.depth;
     let mut logits = None;
+    let predictor = model.exits.as_ref().and_then(|e| e.predictor.as_ref());
+    // the multinomial predictors' cumulative q over the exits, known after the first block
+    let mut exited_by = Vec::new();
     for i in 0..model.depth {
         let before = x.clone();
         x = model.layer(i, x, &mask, dense.clone(), Some(&mut state.layers[i])).x;
+        if i == 0
+            && let Some(p) = predictor
+            && p.kind != PredictorKind::TokenGeometric
+        {
+            let input = if p.kind == PredictorKind::Sequence {
+                let sum = match state.exit_summary.take() {
+                    Some(s) => s + x.clone(),
+                    None => x.clone(),
+                };
+                state.exit_summary = Some(sum.clone());
+                sum.div_scalar((state.position + 1) as f64)
+            } else {
+                x.clone()
+            };
+            exited_by = p.exit_log_probs(input).exp().cumsum(2).into_data().try_to_vec::<f32>().unwrap_or_default();
+        }
         if i + 1 == model.depth {
             logits = Some(model.exit_logits(i, x.clone()));
             break;
@@ -87,6 +113,12 @@ pub fn step(
             Confidence::Classifier => match model.exits.as_ref().and_then(|e| e.confidence(i, x.clone())) {
                 Some(c) => c.into_scalar::<f32>() as f64,
                 None => f64::NEG_INFINITY,
+            },
+            Confidence::Predictor => match predictor {
+                Some(p) if p.kind == PredictorKind::TokenGeometric => {
+                    p.halting(i, x.clone()).into_scalar::<f32>() as f64
+                }
+                _ => exited_by.get(i).map_or(f64::NEG_INFINITY, |&c| c as f64),
             },
         };
         if c >= policy.threshold {

@@ -88,7 +88,7 @@ pub fn load_memory(layout: &MemoryLayout, path: &Path, device: &Device) -> anyho
         .map_err(|e| anyhow::anyhow!("memory checkpoint {} cannot be loaded: {e}", path.display()))?;
     let mut states = loaded.states.into_iter().map(|p| p.val());
     let mut usage = loaded.usage.into_iter().map(|p| p.val());
-    let mut out = DecoderState { position: layout.position, layers: Vec::new() };
+    let mut out = DecoderState { position: layout.position, ..Default::default() };
     for l in &layout.layers {
         let mut layer = LayerState::default();
         let m = &mut layer.memory;

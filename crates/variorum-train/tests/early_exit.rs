@@ -1,14 +1,19 @@
 //! CALM early exit: the thresholds' defining limits, state propagation, and calibration.
 
+use burn::optim::{AdamWConfig, GradientsParams};
 use burn::prelude::*;
-use variorum_model::{EveryLayerConfig, ExitConfig, ModelConfig, zoo};
+use variorum_model::{EveryLayerConfig, ExitConfig, ModelConfig, Oracle, PredictorKind, zoo};
 use variorum_train::early_exit::{self, Confidence, ExitPolicy};
 use variorum_train::generate::{SampleConfig, generate};
 
 fn model(dev: &Device) -> variorum_model::DecoderLm {
+    with_predictor(PredictorKind::None, dev)
+}
+
+fn with_predictor(predictor: PredictorKind, dev: &Device) -> variorum_model::DecoderLm {
     let cfg = ModelConfig {
         n_layers: 3,
-        exits: ExitConfig::EveryLayer(EveryLayerConfig { classifier: true, ..Default::default() }),
+        exits: ExitConfig::EveryLayer(EveryLayerConfig { classifier: true, predictor, ..Default::default() }),
         init_std: 0.2,
         ..zoo::tiny()
     };
@@ -24,12 +29,75 @@ fn threshold_one_is_the_full_model_and_zero_exits_at_the_first_block() {
     let prompt = [1u32, 4, 2];
     let sample = SampleConfig { max_new_tokens: 20, temperature: 0.0, top_k: 0, top_p: 1.0, no_cache: false, seed: 0 };
     let full = generate(&m, &prompt, &sample, &dev, |_| {});
-    for confidence in Confidence::ALL {
+    // (this model has no exit predictor: see the predictors' own test)
+    for confidence in Confidence::ALL.into_iter().filter(|c| *c != Confidence::Predictor) {
         let (never, used) = early_exit::generate(&m, &prompt, 20, ExitPolicy { confidence, threshold: 1.0 }, &dev);
         assert_eq!(never, full, "{}: threshold 1 must generate what the full model does", confidence.name());
         assert!(used.iter().all(|&n| n == 3));
         let (_, used) = early_exit::generate(&m, &prompt, 20, ExitPolicy { confidence, threshold: 0.0 }, &dev);
         assert!(used.iter().all(|&n| n == 1), "{}: threshold 0 exits at the first block: {used:?}", confidence.name());
+    }
+}
+
+#[test]
+fn exit_predictors_at_threshold_one_are_the_full_model_and_at_zero_exit_first() {
+    let dev = Device::flex();
+    let prompt = [3u32, 1, 4, 1, 5];
+    let sample = SampleConfig { max_new_tokens: 12, temperature: 0.0, top_k: 0, top_p: 1.0, no_cache: false, seed: 0 };
+    for kind in [PredictorKind::Sequence, PredictorKind::TokenMultinomial, PredictorKind::TokenGeometric] {
+        let m = with_predictor(kind, &dev);
+        let full = generate(&m, &prompt, &sample, &dev, |_| {});
+        let policy = |threshold| ExitPolicy { confidence: Confidence::Predictor, threshold };
+        let (never, used) = early_exit::generate(&m, &prompt, 12, policy(1.0), &dev);
+        assert_eq!(never, full, "{}", kind.name());
+        assert!(used.iter().all(|&n| n == 3));
+        let (_, used) = early_exit::generate(&m, &prompt, 12, policy(0.0), &dev);
+        assert!(used.iter().all(|&n| n == 1), "{}: {used:?}", kind.name());
+        // in between, the exits follow the predictor: some token leaves before the last block
+        let (_, used) = early_exit::generate(&m, &prompt, 12, policy(0.5), &dev);
+        assert!(used.iter().all(|&n| (1..=3).contains(&n)));
+    }
+    // a model without a predictor is never confident by it
+    let (_, used) = early_exit::generate(
+        &model(&dev),
+        &prompt,
+        5,
+        ExitPolicy { confidence: Confidence::Predictor, threshold: 0.0 },
+        &dev,
+    );
+    assert!(used.iter().all(|&n| n == 3));
+}
+
+#[test]
+fn exit_predictors_learn_their_oracle_and_only_it() {
+    let dev = Device::flex().autodiff();
+    let ids: Vec<i64> = (0..96).map(|i| (i * 7 % 11) as i64).collect();
+    let x = Tensor::<2, Int>::from_data(TensorData::new(ids[..48].to_vec(), [3, 16]), &dev);
+    let y = Tensor::<2, Int>::from_data(TensorData::new(ids[48..].to_vec(), [3, 16]), &dev);
+    let predictor_loss = |m: &variorum_model::DecoderLm| {
+        let (_, aux) = m.loss(x.clone(), y.clone());
+        aux.into_iter().find(|(n, _)| n == "exit_predictor").expect("the predictor is trained").1
+    };
+    for kind in [PredictorKind::Sequence, PredictorKind::TokenMultinomial, PredictorKind::TokenGeometric] {
+        let mut m = with_predictor(kind, &dev);
+        let loss = predictor_loss(&m);
+        let before = loss.clone().into_scalar::<f32>();
+        let grads = loss.backward();
+        // the predictor reads detached states: the model gets no gradient from it
+        assert!(m.token_embedding.weight.grad(&grads).is_none(), "{}", kind.name());
+        let p = m.exits.as_ref().unwrap().predictor.as_ref().unwrap();
+        assert_eq!(p.oracle, Oracle::Likelihood);
+        for layer in &p.layers {
+            assert!(layer.weight.grad(&grads).unwrap().abs().sum().into_scalar::<f32>() > 0.0, "{}", kind.name());
+        }
+        // descending this loss alone moves q towards the (fixed) oracle
+        let mut opt = AdamWConfig::new().with_weight_decay(0.0).init();
+        for _ in 0..40 {
+            let grads = GradientsParams::from_grads(predictor_loss(&m).backward(), &m);
+            m = opt.step(0.05, m, grads);
+        }
+        let after = predictor_loss(&m).into_scalar::<f32>();
+        assert!(after < 0.5 * before, "{}: predictor loss {before} -> {after}", kind.name());
     }
 }
 
