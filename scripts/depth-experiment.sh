@@ -40,7 +40,7 @@ done
 for r in $RUNS; do
   if grep -q 'every-layer' "$OUT/$r/config.toml"; then
     say "$r: early-exit curve"
-    "$BIN" early-exit "$OUT/$r" --max-tokens 2048 --plot "$OUT/early-exit.png" >"$OUT/$r.early-exit"
+    "$BIN" early-exit "$OUT/$r" --max-tokens 2048 --plot "$OUT/$r.early-exit.png" >"$OUT/$r.early-exit"
     cat "$OUT/$r.early-exit"
   fi
 done

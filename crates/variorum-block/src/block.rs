@@ -159,11 +159,13 @@ impl BlockConfig {
     }
 }
 
-/// One layer's incremental state: the attention's (KV cache) and the memory's.
+/// One layer's incremental state: the attention's (KV cache), the memory's, and a convolutional
+/// transition's window of recent inputs.
 #[derive(Debug, Clone, Default)]
 pub struct LayerState {
     pub attention: AttentionState,
     pub memory: MemoryState,
+    pub transition: Option<Tensor<3>>,
 }
 
 #[derive(Module, Debug)]
@@ -223,12 +225,13 @@ impl TransformerBlock {
             state.memory.record_usage(w.clone());
         }
 
+        let window = incremental.then_some(&mut state.transition);
         let y = if self.pre_norm {
             let y = self.join(0, x.clone(), a.context);
-            self.join(1, y.clone(), self.ffn.forward(self.ffn_norm.forward(y)))
+            self.join(1, y.clone(), self.ffn.forward_with(self.ffn_norm.forward(y), window))
         } else {
             let y = self.attn_norm.forward(x.clone() + self.dropout.forward(a.context));
-            self.ffn_norm.forward(y.clone() + self.dropout.forward(self.ffn.forward(y)))
+            self.ffn_norm.forward(y.clone() + self.dropout.forward(self.ffn.forward_with(y, window)))
         };
 
         if let Some(memory) = &self.memory

@@ -3,8 +3,18 @@
 //! FFN(x) = φ(x W₁ + b₁) W₂ + b₂                       (relu, gelu; Vaswani et al. 2017, Hendrycks & Gimpel 2016)
 //! FFN(x) = (σ(x W) ⊗ x V) W₂   with σ = sigmoid, GELU, Swish  (glu, geglu, swiglu; Dauphin et al. 2017, Shazeer 2020)
 //!
+//! FFN(x) = ReLU(DepthwiseConv_k(x) W₁ + b₁) W₂ + b₂   (separable-conv; the Universal Transformer's
+//!                                                     other transition, Dehghani et al. 2019)
+//!
 //! The gated variants compute x W and x V with one fused GEMM and split the result.
+//!
+//! `separable-conv` is a depthwise-separable convolution over time — a per-channel filter of width
+//! k (`kernel_size`) followed by the pointwise projection W₁ — then ReLU and the position-wise W₂.
+//! It is causal: position t sees inputs t−k+1…t (zeros before the start). Incremental decoding
+//! keeps the last k−1 inputs in the layer state ([`FeedForward::forward_with`]). Choice: one
+//! separable convolution and one position-wise layer (tensor2tensor stacks two separable ones).
 
+use burn::nn::conv::{Conv1d, Conv1dConfig};
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::activation::{gelu, relu, sigmoid, silu};
@@ -20,10 +30,12 @@ pub enum FeedForwardKind {
     Glu,
     Geglu,
     Swiglu,
+    SeparableConv,
 }
 
 impl FeedForwardKind {
-    pub const ALL: [FeedForwardKind; 5] = [Self::Relu, Self::Gelu, Self::Glu, Self::Geglu, Self::Swiglu];
+    pub const ALL: [FeedForwardKind; 6] =
+        [Self::Relu, Self::Gelu, Self::Glu, Self::Geglu, Self::Swiglu, Self::SeparableConv];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -32,6 +44,7 @@ impl FeedForwardKind {
             Self::Glu => "glu",
             Self::Geglu => "geglu",
             Self::Swiglu => "swiglu",
+            Self::SeparableConv => "separable-conv",
         }
     }
 
@@ -45,6 +58,9 @@ impl FeedForwardKind {
             Self::Gelu => "Hendrycks & Gimpel 2016, Gaussian Error Linear Units; Radford et al. 2018 (GPT)",
             Self::Glu => "Dauphin et al. 2017, Language Modeling with Gated Convolutional Networks",
             Self::Geglu | Self::Swiglu => "Shazeer 2020, GLU Variants Improve Transformer",
+            Self::SeparableConv => {
+                "Dehghani et al. 2019, Universal Transformers; Chollet 2017, Xception (depthwise-separable convolution)"
+            }
         }
     }
 }
@@ -53,17 +69,19 @@ impl FeedForwardKind {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FeedForwardConfig {
-    /// `relu`, `gelu` (exact erf form; default), `glu`, `geglu`, `swiglu`.
+    /// `relu`, `gelu` (exact erf form; default), `glu`, `geglu`, `swiglu`, `separable-conv`.
     pub kind: FeedForwardKind,
     /// Hidden width. Default `4 · d_model`.
     pub d_ff: Option<usize>,
     /// Biases in both projections. Default true.
     pub bias: bool,
+    /// `separable-conv` only: width k of the depthwise filter over time. Default 3.
+    pub kernel_size: usize,
 }
 
 impl Default for FeedForwardConfig {
     fn default() -> Self {
-        Self { kind: FeedForwardKind::Gelu, d_ff: None, bias: true }
+        Self { kind: FeedForwardKind::Gelu, d_ff: None, bias: true, kernel_size: 3 }
     }
 }
 
@@ -78,7 +96,8 @@ impl FeedForwardConfig {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
-        check(self.d_ff != Some(0), || "model.feed_forward.d_ff must be at least 1".into())
+        check(self.d_ff != Some(0), || "model.feed_forward.d_ff must be at least 1".into())?;
+        check(self.kernel_size >= 1, || "model.feed_forward.kernel_size must be at least 1".into())
     }
 
     pub fn init(&self, d_model: usize, dropout: f64, init_std: f64, out_std: f64, device: &Device) -> FeedForward {
@@ -95,13 +114,16 @@ impl FeedForwardConfig {
                 .init(device),
             dropout: DropoutConfig::new(dropout).init(),
             kind: self.kind,
+            depthwise: (self.kind == FeedForwardKind::SeparableConv)
+                .then(|| Conv1dConfig::new(d_model, d_model, self.kernel_size).with_groups(d_model).init(device)),
         }
     }
 
     pub fn flops_per_token(&self, d_model: usize) -> u64 {
         let d_ff = self.d_ff(d_model) as u64;
         let up = if self.kind.gated() { 2 * d_ff } else { d_ff };
-        2 * (d_model as u64 * up + d_ff * d_model as u64)
+        let depthwise = if self.kind == FeedForwardKind::SeparableConv { self.kernel_size as u64 } else { 0 };
+        2 * (d_model as u64 * (up + depthwise) + d_ff * d_model as u64)
     }
 
     pub fn zoo() -> Vec<KindInfo> {
@@ -112,6 +134,8 @@ impl FeedForwardConfig {
                 kind: k.name(),
                 summary: if k.gated() {
                     "gated linear unit FFN, fused gate/value projection"
+                } else if *k == FeedForwardKind::SeparableConv {
+                    "causal depthwise-separable convolution over time, ReLU, position-wise layer (incremental window state)"
                 } else {
                     "two-layer position-wise FFN"
                 },
@@ -129,13 +153,25 @@ pub struct FeedForward {
     pub dropout: Dropout,
     #[module(skip)]
     pub kind: FeedForwardKind,
+    /// `separable-conv`: the per-channel filter over time.
+    pub depthwise: Option<Conv1d>,
 }
 
 impl FeedForward {
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        self.forward_with(x, None)
+    }
+
+    /// With `window` (incremental decoding), a convolution continues from the inputs it holds —
+    /// the last k−1 before `x` — and keeps the last k−1 after; position-wise kinds ignore it.
+    pub fn forward_with(&self, x: Tensor<3>, window: Option<&mut Option<Tensor<3>>>) -> Tensor<3> {
+        let x = match &self.depthwise {
+            Some(conv) => causal_depthwise(conv, x, window),
+            None => x,
+        };
         let h = self.up.forward(x);
         let h = match self.kind {
-            FeedForwardKind::Relu => relu(h),
+            FeedForwardKind::Relu | FeedForwardKind::SeparableConv => relu(h),
             FeedForwardKind::Gelu => gelu(h),
             gated => {
                 let w = h.dims()[2];
@@ -150,5 +186,76 @@ impl FeedForward {
             }
         };
         self.down.forward(self.dropout.forward(h))
+    }
+}
+
+/// y_t = Σ_{j<k} w_j ⊙ x_{t−j} + b per channel, with x before the start taken from `window` (or
+/// zeros); `window` then holds the last k−1 inputs.
+fn causal_depthwise(conv: &Conv1d, x: Tensor<3>, window: Option<&mut Option<Tensor<3>>>) -> Tensor<3> {
+    let [b, l, d] = x.dims();
+    let k = conv.weight.dims()[2];
+    let past = k - 1;
+    let x = if past == 0 {
+        x
+    } else {
+        let before = window.as_deref().cloned().flatten().unwrap_or_else(|| Tensor::zeros([b, past, d], &x.device()));
+        let padded = Tensor::cat(vec![before, x], 1);
+        if let Some(w) = window {
+            *w = Some(padded.clone().narrow(1, l, past).detach());
+        }
+        padded
+    };
+    conv.forward(x.swap_dims(1, 2)).swap_dims(1, 2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::Distribution;
+
+    fn sepconv(k: usize, dev: &Device) -> FeedForward {
+        let cfg = FeedForwardConfig { kind: FeedForwardKind::SeparableConv, kernel_size: k, ..Default::default() };
+        cfg.init(4, 0.0, 0.5, 0.5, dev)
+    }
+
+    #[test]
+    fn depthwise_filter_is_the_causal_per_channel_sum() {
+        let dev = Device::flex();
+        let ffn = sepconv(3, &dev);
+        let conv = ffn.depthwise.as_ref().unwrap();
+        let x: Tensor<3> = Tensor::random([2, 5, 4], Distribution::Normal(0.0, 1.0), &dev);
+        let got = causal_depthwise(conv, x.clone(), None).into_data().try_to_vec::<f32>().unwrap();
+        let w = conv.weight.val().into_data().try_to_vec::<f32>().unwrap(); // [d, 1, k]
+        let bias = conv.bias.as_ref().unwrap().val().into_data().try_to_vec::<f32>().unwrap();
+        let xv = x.into_data().try_to_vec::<f32>().unwrap();
+        for (i, g) in got.iter().enumerate() {
+            let (bi, t, c) = (i / 20, (i / 4) % 5, i % 4);
+            // cross-correlation over the left-padded input: tap j reads x_{t−(k−1)+j}
+            let mut want = bias[c];
+            for j in 0..3 {
+                let s = t as i64 - 2 + j as i64;
+                if s >= 0 {
+                    want += w[c * 3 + j] * xv[bi * 20 + s as usize * 4 + c];
+                }
+            }
+            assert!((g - want).abs() < 1e-5, "{i}: {g} vs {want}");
+        }
+    }
+
+    #[test]
+    fn window_continues_the_convolution_token_by_token() {
+        let dev = Device::flex();
+        for k in [1, 3, 4] {
+            let ffn = sepconv(k, &dev);
+            let x: Tensor<3> = Tensor::random([2, 7, 4], Distribution::Normal(0.0, 1.0), &dev);
+            let full = ffn.forward(x.clone());
+            let mut window = None;
+            let parts: Vec<Tensor<3>> = [(0, 3), (3, 1), (4, 3)]
+                .iter()
+                .map(|&(s, n)| ffn.forward_with(x.clone().narrow(1, s, n), Some(&mut window)))
+                .collect();
+            let diff = (full - Tensor::cat(parts, 1)).abs().max().into_scalar::<f32>();
+            assert!(diff < 1e-5, "k = {k}: {diff}");
+        }
     }
 }

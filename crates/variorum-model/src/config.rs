@@ -109,6 +109,14 @@ impl ModelConfig {
                 self.exits.kind()
             )
         })?;
+        let conv = self.feed_forward.kind == variorum_block::FeedForwardKind::SeparableConv;
+        check(!conv || (matches!(self.exits, ExitConfig::None) && self.memory.is_none()), || {
+            format!(
+                "model.feed_forward.kind = \"separable-conv\" cannot be combined with model.exits.kind = \"{}\" or model.memory.kind = \"{}\": its window of recent inputs is neither propagated to skipped blocks nor carried across segments; use a position-wise feed_forward",
+                self.exits.kind(),
+                self.memory.kind()
+            )
+        })?;
         let absolute = matches!(self.position.kind(), "learned" | "sinusoidal" | "untied" | "universal-timestep");
         check(self.memory.is_none() || !absolute, || {
             format!(

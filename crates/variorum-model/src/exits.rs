@@ -50,7 +50,7 @@ pub struct EveryLayerConfig {
     pub predictor: PredictorKind,
     /// The predictor's oracle: `likelihood` (default) or `correctness`.
     pub oracle: Oracle,
-    /// λ, the oracle's cost per block (in nats per token, or in fraction correct). Default 0.05.
+    /// λ, the oracle's cost per block (in nats per token, or in fraction correct). Default 0.01.
     pub lambda: f64,
     /// σ of the RBF kernel smoothing the token-specific oracles; 0 = none. Default 1.
     pub sigma: f64,
@@ -66,7 +66,7 @@ impl Default for EveryLayerConfig {
             classifier: false,
             predictor: PredictorKind::None,
             oracle: Oracle::Likelihood,
-            lambda: 0.05,
+            lambda: 0.01,
             sigma: 1.0,
             predictor_weight: 1.0,
         }

@@ -83,7 +83,7 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
     for kind in FeedForwardKind::ALL {
         out.push((
             format!("feed_forward {}", kind.name()),
-            ModelConfig { feed_forward: FeedForwardConfig { kind, d_ff: Some(48), bias: true }, ..tiny() },
+            ModelConfig { feed_forward: FeedForwardConfig { kind, d_ff: Some(48), ..Default::default() }, ..tiny() },
         ));
     }
     out.push(("untied head".into(), ModelConfig { tie_embeddings: false, ..tiny() }));
@@ -172,6 +172,11 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
     out.push(("depth universal".into(), ut(false, BlockConfig::default())));
     out.push(("depth universal + act".into(), ut(true, BlockConfig::default())));
     out.push(("depth universal + act, post-ln".into(), ut(true, BlockConfig::PostLn(ResidualConfig::default()))));
+    let sepconv = FeedForwardConfig { kind: FeedForwardKind::SeparableConv, d_ff: Some(48), ..Default::default() };
+    out.push((
+        "depth universal + act, separable-conv transition".into(),
+        ModelConfig { feed_forward: sepconv, ..ut(true, BlockConfig::default()) },
+    ));
     // early exits: shared head, and one classifier per block
     for shared in [true, false] {
         let exits = ExitConfig::EveryLayer(EveryLayerConfig { shared, classifier: shared, ..Default::default() });

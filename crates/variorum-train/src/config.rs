@@ -311,4 +311,16 @@ path = "x.txt"
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("model.attention.n_heads = 5 does not divide model.d_model = 64"), "{e}");
     }
+
+    #[test]
+    fn a_convolutional_transition_with_exits_is_refused_by_name() {
+        let bad = OK.replace(
+            "[data]",
+            "[model.feed_forward]\nkind = \"separable-conv\"\n[model.exits]\nkind = \"every-layer\"\npredictor = \"token-geometric\"\n[data]",
+        );
+        let c = ExperimentConfig::parse(&bad, false).unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("separable-conv") && e.contains("model.exits.kind = \"every-layer\""), "{e}");
+        assert!(ExperimentConfig::parse(&bad.replace("separable-conv", "relu"), false).unwrap().validate().is_ok());
+    }
 }
