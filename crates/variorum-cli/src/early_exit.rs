@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::{Result, bail};
 use plotters::style::{Palette, Palette99, RGBColor};
-use variorum_train::early_exit::{Confidence, ExitPolicy, calibrate, exit_loss};
+use variorum_train::early_exit::{Confidence, calibrate, calibrate_ltt, sweep};
 use variorum_train::run::Run;
 
 use crate::device;
@@ -17,6 +17,8 @@ pub struct Args {
     pub thresholds: Vec<f64>,
     pub max_tokens: usize,
     pub tolerance: f64,
+    pub ltt_delta: f64,
+    pub ltt_epsilon: f64,
     pub plot: Option<PathBuf>,
     pub device: String,
 }
@@ -30,6 +32,11 @@ pub fn early_exit(args: Args) -> Result<ExitCode> {
     if let Some(t) = args.thresholds.iter().find(|t| !(0.0..=1.0).contains(*t)) {
         bail!("--thresholds: {t} is not in [0, 1]");
     }
+    for (name, v) in [("--ltt-delta", args.ltt_delta), ("--ltt-epsilon", args.ltt_epsilon)] {
+        if !(v > 0.0 && v < 1.0) {
+            bail!("{name} = {v} must be in (0, 1)");
+        }
+    }
     let mut ids = run.validation_tokens()?;
     ids.truncate(args.max_tokens);
     if ids.len() <= run.model.seq_len {
@@ -41,7 +48,7 @@ pub fn early_exit(args: Args) -> Result<ExitCode> {
     if let Some(p) = exits.and_then(|e| e.predictor.as_ref()) {
         println!("# exit predictor: {}, {:?} oracle, λ = {}, σ = {}", p.kind.name(), p.oracle, p.lambda, p.sigma);
     }
-    println!("{:<18} {:>9} {:>9} {:>12}", "confidence", "threshold", "loss", "mean blocks");
+    println!("{:<18} {:>9} {:>9} {:>12} {:>10}", "confidence", "threshold", "loss", "mean blocks", "changed %");
     let mut series = Vec::new();
     let has_classifier = exits.is_some_and(|e| !e.classifiers.is_empty());
     let has_predictor = exits.is_some_and(|e| e.predictor.is_some());
@@ -53,29 +60,50 @@ pub fn early_exit(args: Args) -> Result<ExitCode> {
             _ => true,
         })
         .collect();
+    let mut calibrated = Vec::new();
     for (k, &confidence) in measures.iter().enumerate() {
-        let mut points = Vec::new();
-        for &threshold in &args.thresholds {
-            let (loss, blocks) = exit_loss(&run.model, &ids, ExitPolicy { confidence, threshold }, &device);
-            println!("{:<18} {threshold:>9.3} {loss:>9.4} {blocks:>12.3}", confidence.name());
-            points.push((blocks, loss));
+        let points = sweep(&run.model, &ids, confidence, &args.thresholds, &device);
+        let full = &points[0];
+        for p in &points {
+            println!(
+                "{:<18} {:>9.3} {:>9.4} {:>12.3} {:>10.2}",
+                confidence.name(),
+                p.threshold,
+                p.loss(),
+                p.blocks(),
+                100.0 * p.changed(full)
+            );
         }
+        let name = confidence.name();
+        calibrated.push(match calibrate(&points, args.tolerance) {
+            Some(p) => format!(
+                "# calibrated {name}: threshold {} keeps the loss within {} of the full model ({:.4}, {:.2} blocks)",
+                p.threshold,
+                args.tolerance,
+                p.loss(),
+                p.blocks()
+            ),
+            None => format!("# calibrated {name}: no threshold below 1 keeps the loss within {}", args.tolerance),
+        });
+        let (delta, epsilon) = (args.ltt_delta, args.ltt_epsilon);
+        calibrated.push(match calibrate_ltt(&points, delta, epsilon) {
+            Some(p) => format!(
+                "# LTT {name}: threshold {}: {:.1} % of predictions change, ≤ {:.0} % at level {epsilon} ({:.2} blocks)",
+                p.threshold,
+                100.0 * p.changed(full),
+                100.0 * delta,
+                p.blocks()
+            ),
+            None => format!(
+                "# LTT {name}: no threshold below 1 keeps the changed predictions under {:.0} % at level {epsilon}",
+                100.0 * delta
+            ),
+        });
         let (r, g, b) = Palette99::COLORS[k % Palette99::COLORS.len()];
-        series.push((confidence.name(), points, RGBColor(r, g, b), true));
+        series.push((name, points.iter().map(|p| (p.blocks(), p.loss())).collect(), RGBColor(r, g, b), true));
     }
-    for &confidence in &measures {
-        match calibrate(&run.model, &ids, confidence, args.tolerance, &args.thresholds, &device) {
-            Some((t, loss, blocks)) => println!(
-                "# calibrated {}: threshold {t} keeps the loss within {} of the full model ({loss:.4}, {blocks:.2} blocks)",
-                confidence.name(),
-                args.tolerance
-            ),
-            None => println!(
-                "# calibrated {}: no threshold below 1 keeps the loss within {}",
-                confidence.name(),
-                args.tolerance
-            ),
-        }
+    for line in calibrated {
+        println!("{line}");
     }
     let path = args.plot.unwrap_or_else(|| args.run.join("early-exit.png"));
     if variorum_train::plot::lines(

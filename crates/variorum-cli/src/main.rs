@@ -147,6 +147,12 @@ enum Command {
         /// Loss increase allowed by the calibration, nats.
         #[arg(long, default_value_t = 0.02)]
         tolerance: f64,
+        /// Learn-then-Test calibration: the largest fraction of tokens whose prediction may change.
+        #[arg(long, default_value_t = 0.1)]
+        ltt_delta: f64,
+        /// Learn-then-Test calibration: the test's level (1 − confidence).
+        #[arg(long, default_value_t = 0.05)]
+        ltt_epsilon: f64,
         /// Where to draw the curve (default RUN/early-exit.png).
         #[arg(long)]
         plot: Option<PathBuf>,
@@ -366,8 +372,17 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Eval { runs, data, seq_len, stride, max_tokens, plot, device } => {
             eval::eval(eval::EvalArgs { runs, data, seq_len, stride, max_tokens, plot, device })
         }
-        Command::EarlyExit { run, thresholds, max_tokens, tolerance, plot, device } => {
-            early_exit::early_exit(early_exit::Args { run, thresholds, max_tokens, tolerance, plot, device })
+        Command::EarlyExit { run, thresholds, max_tokens, tolerance, ltt_delta, ltt_epsilon, plot, device } => {
+            early_exit::early_exit(early_exit::Args {
+                run,
+                thresholds,
+                max_tokens,
+                tolerance,
+                ltt_delta,
+                ltt_epsilon,
+                plot,
+                device,
+            })
         }
         Command::Export { run, format: ExportFormat::Safetensors, out } => {
             let (device, _) = device::select("cpu")?;

@@ -18,8 +18,9 @@
 //! exits (the full model); λ = 0 exits every token at the first exit.
 //!
 //! [`calibrate`] picks, on validation text, the smallest threshold whose early-exit loss stays
-//! within a tolerance of the full model's (a grid search, as Elbayad et al. do; CALM's LTT test
-//! adds a statistical guarantee on top, left out here).
+//! within a tolerance of the full model's (a grid search, as Elbayad et al. do); [`calibrate_ltt`]
+//! is CALM's Learn-then-Test calibration, with a (approximate) statistical guarantee on the
+//! fraction of tokens whose prediction changes.
 
 use burn::prelude::*;
 use burn::tensor::activation::{log_softmax, softmax};
@@ -181,45 +182,102 @@ pub fn generate(
     (out, used)
 }
 
-/// Teacher-forced early exit over disjoint windows of `model.seq_len` tokens from `ids`: mean
-/// loss of the exited predictions and mean blocks used per token.
-pub fn exit_loss(model: &DecoderLm, ids: &[u32], policy: ExitPolicy, device: &Device) -> (f64, f64) {
+/// One predicted token of teacher-forced early exit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenExit {
+    /// −log p(next token)
+    pub loss: f64,
+    pub blocks: usize,
+    /// The predicted top token.
+    pub top: usize,
+}
+
+/// Teacher-forced early exit over disjoint windows of `model.seq_len` tokens from `ids`.
+pub fn decode(model: &DecoderLm, ids: &[u32], policy: ExitPolicy, device: &Device) -> Vec<TokenExit> {
     let len = model.seq_len.max(1);
-    let (mut loss, mut blocks, mut n) = (0.0, 0usize, 0usize);
+    let mut out = Vec::new();
     let mut start = 0;
     while start + len < ids.len() {
         let mut state = DecoderState::default();
         for t in start..start + len {
-            let (lp, used) = step(model, ids[t], &mut state, policy, device);
-            loss -= lp[ids[t + 1] as usize] as f64;
-            blocks += used;
-            n += 1;
+            let (lp, blocks) = step(model, ids[t], &mut state, policy, device);
+            let top = lp.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b });
+            out.push(TokenExit { loss: -lp[ids[t + 1] as usize] as f64, blocks, top: top.0 });
         }
         start += len;
     }
-    (loss / n.max(1) as f64, blocks as f64 / n.max(1) as f64)
+    out
 }
 
-/// The smallest threshold on `grid` whose early-exit loss on `ids` is within `tolerance` nats of
-/// the full model's, with its (loss, mean blocks); thresholds are tried from the largest down.
-pub fn calibrate(
-    model: &DecoderLm,
-    ids: &[u32],
-    confidence: Confidence,
-    tolerance: f64,
-    grid: &[f64],
-    device: &Device,
-) -> Option<(f64, f64, f64)> {
-    let (full, _) = exit_loss(model, ids, ExitPolicy { confidence, threshold: 1.0 }, device);
-    let mut grid = grid.to_vec();
-    grid.sort_by(|a, b| b.total_cmp(a));
-    let mut best = None;
-    for threshold in grid {
-        let (loss, blocks) = exit_loss(model, ids, ExitPolicy { confidence, threshold }, device);
-        if loss > full + tolerance {
-            break;
-        }
-        best = Some((threshold, loss, blocks));
+/// One threshold's decoding.
+#[derive(Debug, Clone)]
+pub struct SweepPoint {
+    pub threshold: f64,
+    pub tokens: Vec<TokenExit>,
+}
+
+impl SweepPoint {
+    /// Mean loss per token.
+    pub fn loss(&self) -> f64 {
+        self.tokens.iter().map(|t| t.loss).sum::<f64>() / self.tokens.len().max(1) as f64
     }
-    best
+
+    /// Mean blocks per token.
+    pub fn blocks(&self) -> f64 {
+        self.tokens.iter().map(|t| t.blocks as f64).sum::<f64>() / self.tokens.len().max(1) as f64
+    }
+
+    /// Fraction of tokens whose top prediction differs from `full`'s.
+    pub fn changed(&self, full: &SweepPoint) -> f64 {
+        let n = self.tokens.len().max(1) as f64;
+        self.tokens.iter().zip(&full.tokens).filter(|(a, b)| a.top != b.top).count() as f64 / n
+    }
+}
+
+/// Mean loss of the exited predictions and mean blocks used per token.
+pub fn exit_loss(model: &DecoderLm, ids: &[u32], policy: ExitPolicy, device: &Device) -> (f64, f64) {
+    let p = SweepPoint { threshold: policy.threshold, tokens: decode(model, ids, policy, device) };
+    (p.loss(), p.blocks())
+}
+
+/// Decodes `ids` at every threshold of `grid` and at 1 (the full model), largest first.
+pub fn sweep(model: &DecoderLm, ids: &[u32], confidence: Confidence, grid: &[f64], device: &Device) -> Vec<SweepPoint> {
+    let mut grid: Vec<f64> = grid.iter().map(|t| t.min(1.0)).collect();
+    grid.push(1.0);
+    grid.sort_by(|a, b| b.total_cmp(a));
+    grid.dedup();
+    grid.into_iter()
+        .map(|threshold| SweepPoint {
+            threshold,
+            tokens: decode(model, ids, ExitPolicy { confidence, threshold }, device),
+        })
+        .collect()
+}
+
+/// The smallest threshold of a [`sweep`] whose loss is within `tolerance` nats of the full
+/// model's, going down from the largest and stopping at the first that is not.
+pub fn calibrate(sweep: &[SweepPoint], tolerance: f64) -> Option<&SweepPoint> {
+    let full = sweep.first()?.loss();
+    sweep.iter().skip(1).take_while(|p| p.loss() <= full + tolerance).last()
+}
+
+/// Learn then Test (Angelopoulos et al. 2021), as CALM calibrates: the smallest threshold of a
+/// [`sweep`] whose risk R(λ) — the fraction of tokens whose exited top prediction differs from
+/// the full model's (token-level consistency) — is shown to be at most `delta` at level
+/// `epsilon`. Each λ gets Hoeffding's p-value p = exp(−2n(δ − R̂)²) (1 when R̂ ≥ δ); fixed-sequence
+/// testing goes from the largest λ down and stops at the first it cannot reject. The guarantee
+/// P(R(λ) ≤ δ) ≥ 1 − ε assumes independent calibration tokens; tokens of one text are not, so
+/// read it as approximate.
+pub fn calibrate_ltt(sweep: &[SweepPoint], delta: f64, epsilon: f64) -> Option<&SweepPoint> {
+    let full = sweep.first()?;
+    sweep
+        .iter()
+        .skip(1)
+        .take_while(|p| hoeffding_p_value(p.changed(full), delta, p.tokens.len() as f64) <= epsilon)
+        .last()
+}
+
+/// Hoeffding's p-value for H₀: R > δ given the mean R̂ of n losses in [0, 1].
+pub fn hoeffding_p_value(risk: f64, delta: f64, n: f64) -> f64 {
+    if risk >= delta { 1.0 } else { (-2.0 * n * (delta - risk).powi(2)).exp() }
 }

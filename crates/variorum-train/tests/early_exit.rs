@@ -127,10 +127,21 @@ fn skipped_blocks_get_the_propagated_keys_and_the_full_pass_matches_the_forward(
     let (reference, _) = variorum_train::eval::sliding_loss(&m, &ids[..33], 16, 16, &dev);
     assert!((loss - reference).abs() < 1e-4, "{loss} vs {reference}");
     assert_eq!(blocks, 3.0);
-    // calibration with an infinite tolerance picks the smallest threshold, with fewer blocks
-    let (threshold, _, fewer) =
-        early_exit::calibrate(&m, &ids, Confidence::SoftmaxResponse, f64::INFINITY, &[0.0, 0.5, 1.0], &dev).unwrap();
-    assert_eq!((threshold, fewer), (0.0, 1.0));
+    // calibration with an infinite tolerance picks the smallest threshold, with fewer blocks;
+    // with none, only a threshold that changes nothing passes
+    let points = early_exit::sweep(&m, &ids, Confidence::SoftmaxResponse, &[0.0, 0.5], &dev);
+    assert_eq!(points.iter().map(|p| p.threshold).collect::<Vec<_>>(), vec![1.0, 0.5, 0.0]);
+    let p = early_exit::calibrate(&points, f64::INFINITY).unwrap();
+    assert_eq!((p.threshold, p.blocks()), (0.0, 1.0));
+    if let Some(p) = early_exit::calibrate(&points, 0.0) {
+        assert!(p.loss() <= points[0].loss());
+    }
+    // LTT: at δ ≈ 1 every threshold is shown safe
+    let first = points.last().unwrap();
+    assert!(first.changed(&points[0]) > 0.0, "exiting at block 1 changes some prediction");
+    assert_eq!(early_exit::calibrate_ltt(&points, 0.999, 0.5).map(|p| p.threshold), Some(0.0));
+    // δ = 1 % cannot be shown with 32 tokens (p ≥ exp(−2·32·0.01²) ≈ 0.99), whatever the risk
+    assert!(early_exit::calibrate_ltt(&points, 0.01, 0.05).is_none());
 }
 
 #[test]
@@ -150,4 +161,13 @@ fn the_exit_classifier_learns_from_the_consistency_oracle_only() {
     }
     // the states are read detached: the model itself gets nothing from this loss
     assert!(m.token_embedding.weight.grad(&grads).is_none());
+}
+
+#[test]
+fn hoeffding_p_values() {
+    // R̂ ≥ δ is never rejected; the p-value falls with n and with the margin
+    assert_eq!(early_exit::hoeffding_p_value(0.2, 0.1, 1e6), 1.0);
+    let p = |r, n| early_exit::hoeffding_p_value(r, 0.1, n);
+    assert!((p(0.05, 1000.0) - (-2.0f64 * 1000.0 * 0.0025).exp()).abs() < 1e-12);
+    assert!(p(0.05, 2000.0) < p(0.05, 1000.0) && p(0.0, 1000.0) < p(0.05, 1000.0));
 }
