@@ -259,7 +259,7 @@ fn eval_and_inspect_report_steps_per_token_of_an_act_model() {
 #[test]
 fn early_exit_draws_the_calm_curve_or_explains_why_not() {
     let tmp = tempfile::tempdir().unwrap();
-    let cfg = write_config(tmp.path(), "[model.exits]\nkind = \"every-layer\"\n");
+    let cfg = write_config(tmp.path(), "[model.exits]\nkind = \"every-layer\"\npredictor = \"token-geometric\"\n");
     let text = std::fs::read_to_string(&cfg).unwrap().replace("n_layers = 1", "n_layers = 3");
     std::fs::write(&cfg, text).unwrap();
     let run = tmp.path().join("run");
@@ -269,11 +269,16 @@ fn early_exit_draws_the_calm_curve_or_explains_why_not() {
         variorum(&["early-exit", run.to_str().unwrap(), "--max-tokens", "200", "--thresholds", "1,0.5,0"], tmp.path());
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
-        o.status.success() && out.contains("softmax-response") && out.contains("calibrated saturation"),
+        o.status.success()
+            && out.contains("softmax-response")
+            && out.contains("calibrated saturation")
+            && out.contains("exit predictor: token-geometric")
+            && out.contains("LTT predictor"),
         "{out}{}",
         stderr(&o)
     );
     assert!(run.join("early-exit.png").exists());
+    assert_clean_error(&variorum(&["early-exit", run.to_str().unwrap(), "--ltt-delta", "0"], tmp.path()), "(0, 1)");
     assert_clean_error(
         &variorum(&["early-exit", run.to_str().unwrap(), "--thresholds", "2"], tmp.path()),
         "not in [0, 1]",
