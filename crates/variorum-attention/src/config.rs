@@ -4,7 +4,11 @@ use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 use variorum_core::{Capabilities, ConfigError, KindInfo};
 
+use crate::average::{AverageAttention, AverageAttentionConfig};
 use crate::contract::AttentionState;
+use crate::linear::{LinearAttention, LinearAttentionConfig};
+use crate::performer::{PerformerAttention, PerformerConfig};
+use crate::rfa::{RfaAttention, RfaConfig};
 use crate::{
     AdaptiveSpanAttention, AdaptiveSpanConfig, AttentionInput, AttentionOutput, MultiHeadAttention,
     MultiHeadAttentionConfig, Positioning,
@@ -19,6 +23,14 @@ pub enum AttentionConfig {
     Full(MultiHeadAttentionConfig),
     /// Multi-head attention with a learned soft span per head (static or per token).
     AdaptiveSpan(AdaptiveSpanConfig),
+    /// Linear attention, φ = elu + 1.
+    Linear(LinearAttentionConfig),
+    /// FAVOR+ positive (or ReLU) random features.
+    Performer(PerformerConfig),
+    /// Random Fourier features, optionally gated.
+    Rfa(RfaConfig),
+    /// Cumulative average + FFN + gate (Average Attention Network).
+    Average(AverageAttentionConfig),
 }
 
 impl Default for AttentionConfig {
@@ -32,6 +44,19 @@ impl AttentionConfig {
         match self {
             Self::Full(_) => "full",
             Self::AdaptiveSpan(_) => "adaptive-span",
+            Self::Linear(_) => "linear",
+            Self::Performer(_) => "performer",
+            Self::Rfa(_) => "rfa",
+            Self::Average(_) => "average",
+        }
+    }
+
+    /// Training steps between draws of random features (0 = never; kinds without them: 0).
+    pub fn redraw_interval(&self) -> usize {
+        match self {
+            Self::Performer(c) => c.redraw_interval,
+            Self::Rfa(c) => c.redraw_interval,
+            _ => 0,
         }
     }
 
@@ -44,6 +69,10 @@ impl AttentionConfig {
         match self {
             Self::Full(c) => Self::Full(c.expanded(d_model)),
             Self::AdaptiveSpan(c) => Self::AdaptiveSpan(c.expanded(d_model)),
+            Self::Linear(c) => Self::Linear(c.expanded(d_model)),
+            Self::Performer(c) => Self::Performer(c.expanded(d_model)),
+            Self::Rfa(c) => Self::Rfa(c.expanded(d_model)),
+            Self::Average(c) => Self::Average(c.expanded(d_model)),
         }
     }
 
@@ -51,6 +80,10 @@ impl AttentionConfig {
         match self {
             Self::Full(c) => c.validate(d_model),
             Self::AdaptiveSpan(c) => c.validate(d_model),
+            Self::Linear(c) => c.validate(d_model),
+            Self::Performer(c) => c.validate(d_model),
+            Self::Rfa(c) => c.validate(d_model),
+            Self::Average(c) => c.validate(d_model),
         }
     }
 
@@ -65,6 +98,10 @@ impl AttentionConfig {
         match self {
             Self::Full(c) => Attention::Full(c.init(d_model, init_std, out_std, position, device)),
             Self::AdaptiveSpan(c) => Attention::AdaptiveSpan(c.init(d_model, init_std, out_std, position, device)),
+            Self::Linear(c) => Attention::Linear(c.init(d_model, init_std, out_std, device)),
+            Self::Performer(c) => Attention::Performer(c.init(d_model, init_std, out_std, device)),
+            Self::Rfa(c) => Attention::Rfa(c.init(d_model, init_std, out_std, device)),
+            Self::Average(c) => Attention::Average(c.init(d_model, init_std, out_std, device)),
         }
     }
 
@@ -73,6 +110,10 @@ impl AttentionConfig {
         match self {
             Self::Full(c) => c.heads(d_model),
             Self::AdaptiveSpan(c) => c.heads().heads(d_model),
+            Self::Linear(c) => c.heads(d_model),
+            Self::Performer(c) => c.heads(d_model),
+            Self::Rfa(c) => c.heads(d_model),
+            Self::Average(c) => c.heads(d_model),
         }
     }
 
@@ -82,6 +123,10 @@ impl AttentionConfig {
             Self::Full(c) => c.flops_per_token(d_model, len_k),
             // at most S keys back
             Self::AdaptiveSpan(c) => c.heads().flops_per_token(d_model, len_k.min(c.max_span)),
+            Self::Linear(c) => kernel_flops(c.heads(d_model), c.heads(d_model).head_dim, c.chunk),
+            Self::Performer(c) => kernel_flops(c.heads(d_model), c.features(d_model), c.chunk),
+            Self::Rfa(c) => kernel_flops(c.heads(d_model), 2 * c.features(d_model), c.chunk),
+            Self::Average(c) => c.flops_per_token(d_model),
         }
     }
 
@@ -117,8 +162,54 @@ impl AttentionConfig {
                     variable_length: true,
                 },
             },
+            kernel_kind(
+                "linear",
+                "linear attention, φ = elu + 1: φ(Q)(φ(K)ᵀV); causal by chunked prefix sums; decodes as an RNN (O(1) per token)",
+                "Katharopoulos et al. 2020, Transformers are RNNs",
+            ),
+            kernel_kind(
+                "performer",
+                "FAVOR+: positive orthogonal random features of the softmax kernel (or ReLU), redrawn during training; linear time, RNN decoding",
+                "Choromanski et al. 2021, Rethinking Attention with Performers",
+            ),
+            kernel_kind(
+                "rfa",
+                "random Fourier features of the Gaussian kernel on normalised q/k; optional gated (decaying) recurrent sums",
+                "Peng et al. 2021, Random Feature Attention",
+            ),
+            kernel_kind(
+                "average",
+                "cumulative average of the inputs, FFN and input/forget gates instead of self-attention; O(d) per decoded token",
+                "Zhang et al. 2018, Accelerating Neural Transformer via an Average Attention Network",
+            ),
         ]
     }
+}
+
+/// A kernelised kind: causal and bidirectional, recurrent decoding, no score matrix.
+fn kernel_kind(kind: &'static str, summary: &'static str, paper: &'static str) -> KindInfo {
+    KindInfo {
+        axis: "model.attention",
+        kind,
+        summary,
+        paper,
+        caps: Capabilities {
+            causal: true,
+            bidirectional: true,
+            incremental: true,
+            score_bias: false,
+            qk_rotation: false,
+            aux_losses: false,
+            variable_length: true,
+        },
+    }
+}
+
+/// Projections plus the chunked kernel sums, per token.
+fn kernel_flops(h: HeadShape, features: usize, chunk: usize) -> u64 {
+    let (d, hd) = (h.d_model as u64, (h.n_heads * h.head_dim) as u64);
+    let (m, n) = (features as u64, h.n_heads as u64);
+    2 * (4 * d * hd) + 2 * n * (2 * m * (h.head_dim as u64 + 1) + chunk as u64 * (m + h.head_dim as u64 + 1))
 }
 
 /// An initialised attention mechanism.
@@ -126,17 +217,28 @@ impl AttentionConfig {
 pub enum Attention {
     Full(MultiHeadAttention),
     AdaptiveSpan(AdaptiveSpanAttention),
+    Linear(LinearAttention),
+    Performer(PerformerAttention),
+    Rfa(RfaAttention),
+    Average(AverageAttention),
 }
 
 impl Attention {
-    /// Projects `x` (already normed) and appends its keys and values to the cache, as a forward
-    /// would, without computing the attention.
+    /// Projects `x` (already normed) and appends what a forward would to the state (keys and
+    /// values, or the recurrent sums), without the output: CALM's propagation to skipped blocks.
     pub fn extend_cache(&self, x: Tensor<3>, mask: &variorum_core::AttentionMask, state: &mut AttentionState) {
-        let mha = match self {
-            Self::Full(a) => a,
-            Self::AdaptiveSpan(a) => &a.attention,
-        };
-        mha.project(x, None, mask, Some(state.kv_mut()));
+        match self {
+            Self::Full(a) => {
+                a.project(x, None, mask, Some(state.kv_mut()));
+            }
+            Self::AdaptiveSpan(a) => {
+                a.attention.project(x, None, mask, Some(state.kv_mut()));
+            }
+            // the recurrent kinds: their state update is the forward itself
+            _ => {
+                self.forward(AttentionInput::self_attention(x, mask), Some(state));
+            }
+        }
     }
 
     /// Content-based attention without mask or position scheme (compression losses).
@@ -144,6 +246,10 @@ impl Attention {
         match self {
             Self::Full(a) => a.content_only(query, key_value),
             Self::AdaptiveSpan(a) => a.attention.content_only(query, key_value),
+            _ => {
+                let mask = variorum_core::AttentionMask::bidirectional();
+                self.forward(AttentionInput::cross_attention(query, key_value, &mask), None).context
+            }
         }
     }
 
@@ -152,6 +258,19 @@ impl Attention {
         match self {
             Self::Full(a) => a.forward(input, state.map(AttentionState::kv_mut)),
             Self::AdaptiveSpan(a) => a.forward(input, state.map(AttentionState::kv_mut)),
+            Self::Linear(a) => a.forward(input, state.map(AttentionState::kernel_mut)),
+            Self::Performer(a) => a.forward(input, state.map(AttentionState::kernel_mut)),
+            Self::Rfa(a) => a.forward(input, state.map(AttentionState::kernel_mut)),
+            Self::Average(a) => a.forward(input, state.map(AttentionState::kernel_mut)),
+        }
+    }
+
+    /// Draws random features again (Performer, RFA); nothing for the other kinds.
+    pub fn redraw(&mut self) {
+        match self {
+            Self::Performer(a) => a.redraw(),
+            Self::Rfa(a) => a.redraw(),
+            _ => {}
         }
     }
 }

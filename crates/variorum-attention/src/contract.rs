@@ -4,6 +4,7 @@ use burn::prelude::*;
 use variorum_core::{AttentionMask, AuxLosses};
 
 use crate::KvCache;
+use crate::kernel::KernelState;
 
 /// What every attention mechanism receives.
 #[derive(Debug)]
@@ -58,6 +59,8 @@ pub enum AttentionState {
     #[default]
     Empty,
     Kv(KvCache),
+    /// The carried sums of a kernelised (recurrent) attention.
+    Kernel(Option<KernelState>),
 }
 
 impl AttentionState {
@@ -68,7 +71,18 @@ impl AttentionState {
         }
         match self {
             AttentionState::Kv(c) => c,
-            AttentionState::Empty => unreachable!("replaced just above"),
+            _ => unreachable!("replaced just above; one layer keeps one kind of state"),
+        }
+    }
+
+    /// The recurrent sums of a kernelised attention, created on first use.
+    pub fn kernel_mut(&mut self) -> &mut Option<KernelState> {
+        if !matches!(self, AttentionState::Kernel(_)) {
+            *self = AttentionState::Kernel(None);
+        }
+        match self {
+            AttentionState::Kernel(s) => s,
+            _ => unreachable!("replaced just above"),
         }
     }
 }

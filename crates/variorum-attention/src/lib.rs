@@ -8,15 +8,26 @@
 //! [`QkvProjection`].
 
 pub mod adaptive_span;
+pub mod average;
 pub mod cache;
 pub mod config;
 pub mod contract;
 pub mod full;
+pub mod kernel;
+pub mod linear;
+pub mod performer;
 pub mod qkv;
+pub mod random_features;
+pub mod rfa;
 
 pub use adaptive_span::{AdaptiveSpanAttention, AdaptiveSpanConfig};
+pub use average::{AverageAttention, AverageAttentionConfig};
 pub use cache::KvCache;
 pub use config::{Attention, AttentionConfig};
 pub use contract::{AttentionInput, AttentionOutput, AttentionState};
 pub use full::{MultiHeadAttention, MultiHeadAttentionConfig, Positioning};
+pub use kernel::KernelState;
+pub use linear::{LinearAttention, LinearAttentionConfig};
+pub use performer::{PerformerAttention, PerformerConfig, PerformerKernel};
 pub use qkv::{QkvProjection, QkvProjectionConfig};
+pub use rfa::{RfaAttention, RfaConfig};

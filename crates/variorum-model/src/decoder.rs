@@ -240,6 +240,14 @@ impl DecoderLm {
         self.blocks[i % self.blocks.len()].extend_cache(h, mask, state);
     }
 
+    /// Draws the random features of random-feature attentions (Performer, RFA) again.
+    pub fn redraw_features(mut self) -> Self {
+        for block in &mut self.blocks {
+            block.attn.redraw();
+        }
+        self
+    }
+
     /// Whether blocks keep a memory of earlier segments in the state.
     pub fn has_memory(&self) -> bool {
         self.blocks.first().is_some_and(|b| b.memory.is_some())

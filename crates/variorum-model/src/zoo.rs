@@ -1,7 +1,10 @@
 //! Every kind on every axis: the rows of `variorum zoo`, and the tiny model variants the generic
 //! tests run. Adding a kind to an axis's `zoo()` and to [`variants`] enrols it in both.
 
-use variorum_attention::{AdaptiveSpanConfig, AttentionConfig, MultiHeadAttentionConfig};
+use variorum_attention::{
+    AdaptiveSpanConfig, AttentionConfig, AverageAttentionConfig, LinearAttentionConfig, MultiHeadAttentionConfig,
+    PerformerConfig, PerformerKernel, RfaConfig,
+};
 use variorum_block::{
     BlockConfig, CompressionKind, CompressiveMemoryConfig, DepthConfig, FeedForwardConfig, FeedForwardKind,
     GtrxlConfig, MemoryConfig, NormKind, UniversalConfig, XlMemoryConfig, block::ResidualConfig,
@@ -193,6 +196,20 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
             format!("exits predictor {} ({oracle:?})", predictor.name()),
             ModelConfig { n_layers: 3, exits, ..tiny() },
         ));
+    }
+    // kernelised attention (linear time, recurrent decoding); small chunks so the chunked causal
+    // form and its carried sums are exercised at the harness's lengths
+    let performer = PerformerConfig { chunk: 3, features: Some(16), ..Default::default() };
+    let rfa = RfaConfig { chunk: 3, features: Some(32), ..Default::default() };
+    for (name, attention) in [
+        ("linear", AttentionConfig::Linear(LinearAttentionConfig { chunk: 3, ..Default::default() })),
+        ("performer", AttentionConfig::Performer(performer.clone())),
+        ("performer relu", AttentionConfig::Performer(PerformerConfig { kernel: PerformerKernel::Relu, ..performer })),
+        ("rfa", AttentionConfig::Rfa(rfa.clone())),
+        ("rfa gate", AttentionConfig::Rfa(RfaConfig { gate: true, gate_bias: 0.0, ..rfa })),
+        ("average", AttentionConfig::Average(AverageAttentionConfig { chunk: 3, ..Default::default() })),
+    ] {
+        out.push((format!("attention {name}"), ModelConfig { attention, ..tiny() }));
     }
     // relative schemes with grouped-query heads (keys shared by several query heads)
     let gqa = AttentionConfig::Full(MultiHeadAttentionConfig { n_heads: 4, n_kv_heads: Some(2), ..Default::default() });

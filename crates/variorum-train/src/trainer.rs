@@ -247,6 +247,12 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
         let step = state.step;
         let lr = learning_rate(&tc, step);
         device.seed(step_seed(tc.seed, step));
+        // random-feature attentions draw their projections again now and then (seeded by the
+        // step, so a resumed run draws what the uninterrupted one did)
+        let redraw = cfg.model.attention.redraw_interval() as u64;
+        if redraw > 0 && step > 0 && step % redraw == 0 {
+            model = model.redraw_features();
+        }
         let micro: Vec<TokenBatch> =
             (0..tc.grad_accum as u64).map(|m| batches.get(step * tc.grad_accum as u64 + m)).collect();
         let t0 = Instant::now();

@@ -1,0 +1,179 @@
+//! Performer attention (Choromanski et al. 2021, FAVOR+), the `performer` kind: softmax attention
+//! through positive random features,
+//!
+//! exp(q·k) = E_w[φ(q)·φ(k)],   φ(x) = exp(Wx − ‖x‖²/2) / √m,   W: m rows ~ N(0, I_d),
+//!
+//! on q, k scaled by d^{−1/4} (so q·k carries the 1/√d of softmax attention), with orthogonal
+//! rows (blocks of d made orthogonal, norms redrawn; `orthogonal = true`) for lower variance. Or
+//! the ReLU kernel φ(x) = ReLU(Wx)/√m + 10⁻³ (`kernel = "relu"`). The attention itself is the
+//! kernelised core of [`crate::kernel`]: causal by chunked prefix sums, decoded as an RNN.
+//!
+//! Stabilisation: a per-query constant cancels in the ratio, so each φ(q) row is divided by its
+//! largest entry; keys get one log-scale per head (the largest exponent so far) carried with the
+//! recurrent state and rescaled when a larger one arrives, so decoding token by token computes
+//! what the full forward does. In a forward over many tokens that scale is the largest exponent
+//! of the whole call (as in the paper's code): keys more than ~80 nats below it underflow in f32.
+//!
+//! W is a parameter without gradient (saved with the model); training draws it again every
+//! `redraw_interval` steps ([`PerformerAttention::redraw`]).
+
+use burn::module::Param;
+use burn::prelude::*;
+use burn::tensor::activation::relu;
+use serde::{Deserialize, Serialize};
+use variorum_core::{ConfigError, error::check};
+use variorum_position::HeadShape;
+
+use crate::kernel::{self, Features, HeadProjections, KernelState};
+
+/// φ(q)ᵀz is a sum of positive terms here; the clamp only guards 0/0 (a larger one would make
+/// the result depend on the keys' log-scale).
+pub const MIN_NORMALISER: f64 = 1e-30;
+use crate::random_features::{fixed, gaussian_rows, redraw};
+use crate::{AttentionInput, AttentionOutput};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PerformerKernel {
+    /// Positive random features of exp(q·k) (FAVOR+).
+    #[default]
+    Softmax,
+    /// ReLU random features.
+    Relu,
+}
+
+/// `model.attention` with `kind = "performer"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PerformerConfig {
+    pub n_heads: usize,
+    pub head_dim: Option<usize>,
+    pub bias: bool,
+    /// m, random features. Default ⌈d_h · ln d_h⌉ (the paper's choice).
+    pub features: Option<usize>,
+    /// `softmax` (default) or `relu`.
+    pub kernel: PerformerKernel,
+    /// Orthogonal random features. Default true.
+    pub orthogonal: bool,
+    /// Draw W again every this many training steps; 0 = never. Default 1000.
+    pub redraw_interval: usize,
+    /// Positions per chunk of the causal form. Default 64.
+    pub chunk: usize,
+}
+
+impl Default for PerformerConfig {
+    fn default() -> Self {
+        Self {
+            n_heads: 4,
+            head_dim: None,
+            bias: true,
+            features: None,
+            kernel: PerformerKernel::Softmax,
+            orthogonal: true,
+            redraw_interval: 1000,
+            chunk: 64,
+        }
+    }
+}
+
+impl PerformerConfig {
+    pub fn heads(&self, d_model: usize) -> HeadShape {
+        kernel::heads(self.n_heads, self.head_dim, d_model)
+    }
+
+    pub fn features(&self, d_model: usize) -> usize {
+        let d = self.heads(d_model).head_dim as f64;
+        self.features.unwrap_or_else(|| (d * d.ln()).ceil().max(1.0) as usize)
+    }
+
+    pub fn expanded(&self, d_model: usize) -> Self {
+        Self { head_dim: Some(self.heads(d_model).head_dim), features: Some(self.features(d_model)), ..self.clone() }
+    }
+
+    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        kernel::validate_heads(self.n_heads, self.head_dim, self.chunk, d_model)?;
+        check(self.features != Some(0), || "model.attention.features must be at least 1".into())
+    }
+
+    pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> PerformerAttention {
+        let h = self.heads(d_model);
+        PerformerAttention {
+            proj: HeadProjections::new(d_model, h.n_heads, h.head_dim, self.bias, init_std, out_std, device),
+            projection: fixed(gaussian_rows(self.features(d_model), h.head_dim, self.orthogonal, device)),
+            kernel: self.kernel,
+            orthogonal: self.orthogonal,
+            chunk: self.chunk,
+        }
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct PerformerAttention {
+    pub proj: HeadProjections,
+    /// W, `[m, d_h]`, no gradient.
+    pub projection: Param<Tensor<2>>,
+    #[module(skip)]
+    pub kernel: PerformerKernel,
+    pub orthogonal: bool,
+    pub chunk: usize,
+}
+
+impl PerformerAttention {
+    /// A fresh W (same shape, same parameter id).
+    pub fn redraw(&mut self) {
+        let [m, d] = self.projection.val().dims();
+        let w = gaussian_rows(m, d, self.orthogonal, &self.projection.val().device());
+        self.projection = redraw(&self.projection, w);
+    }
+
+    /// Wx on x·d^{−1/4} and ‖x·d^{−1/4}‖²/2, `[b, h, l, m]` and `[b, h, l, 1]`.
+    fn project(&self, x: Tensor<4>) -> (Tensor<4>, Tensor<4>) {
+        let d = x.dims()[3] as f64;
+        let x = x.mul_scalar(d.powf(-0.25));
+        let w = self.projection.val().transpose().unsqueeze_dim::<3>(0).unsqueeze_dim::<4>(0);
+        let half_norm = x.clone().powf_scalar(2.0).sum_dim(3).div_scalar(2.0);
+        (x.matmul(w), half_norm)
+    }
+
+    /// φ(q) (up to a per-query constant) and φ(k) with its per-head log-scale, continuing the
+    /// scale of `previous` (the recurrent state's).
+    pub fn features(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        previous: Option<Tensor<2>>,
+    ) -> (Tensor<4>, Tensor<4>, Tensor<2>) {
+        let m = self.projection.val().dims()[0] as f64;
+        let [b, h, _, _] = k.dims();
+        match self.kernel {
+            PerformerKernel::Relu => {
+                let phi = |x: Tensor<4>| relu(self.project(x).0).div_scalar(m.sqrt()).add_scalar(1e-3);
+                let shift = previous.unwrap_or_else(|| Tensor::zeros([b, h], &k.device()));
+                (phi(q), phi(k), shift)
+            }
+            PerformerKernel::Softmax => {
+                let (wq, nq) = self.project(q);
+                let eq = wq - nq;
+                let eq = eq.clone() - eq.max_dim(3).detach();
+                let (wk, nk) = self.project(k);
+                let ek = wk - nk;
+                let mut shift = ek.clone().max_dim(3).max_dim(2).reshape([b, h]).detach();
+                if let Some(p) = previous {
+                    shift = shift.max_pair(p);
+                }
+                let phi_k = (ek - shift.clone().reshape([b, h, 1, 1])).exp().div_scalar(m.sqrt());
+                (eq.exp().div_scalar(m.sqrt()), phi_k, shift)
+            }
+        }
+    }
+
+    pub fn forward(&self, input: AttentionInput, state: Option<&mut Option<KernelState>>) -> AttentionOutput {
+        let (q, k, v) = self.proj.split(input.query, input.key_value);
+        let previous = state.as_deref().and_then(|s| s.as_ref()).map(|s| s.shift.clone());
+        let (q, k, shift) = self.features(q, k, if input.mask.causal { previous } else { None });
+        let k = kernel::hide_padding(k, input.mask.padding.as_ref());
+        let f = Features { q, k, v, k_shift: Some(shift), gate: None, min_normaliser: MIN_NORMALISER };
+        let context = if input.mask.causal { kernel::causal(f, state, self.chunk) } else { kernel::bidirectional(f) };
+        AttentionOutput { context: self.proj.merge(context), weights: None, aux_losses: Vec::new() }
+    }
+}

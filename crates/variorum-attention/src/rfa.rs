@@ -1,0 +1,143 @@
+//! Random Feature Attention (Peng et al. 2021), the `rfa` kind: random Fourier features of the
+//! Gaussian kernel (Rahimi & Recht 2007),
+//!
+//! φ(x) = √(1/D) [sin(Wx); cos(Wx)],  W: D rows ~ N(0, σ⁻² I),  E[φ(x)·φ(y)] = exp(−‖x − y‖²/2σ²),
+//!
+//! on ℓ2-normalised queries and keys, where the Gaussian kernel is exp(q̂·k̂/σ²) up to a constant
+//! — softmax attention with temperature σ². The attention is the kernelised core of
+//! [`crate::kernel`]; with `gate = true` (RFA-Gate) the recurrent sums decay,
+//!
+//! S_t = g_t S_{t−1} + (1 − g_t) φ(k_t) v_tᵀ,   z_t = g_t z_{t−1} + (1 − g_t) φ(k_t),
+//! g_t = σ(w_g·x_t + b_g) per head,
+//!
+//! a learned recency bias. Sine/cosine features can make the normaliser φ(q)ᵀz small or
+//! negative; it is clamped at [`crate::kernel::MIN_NORMALISER`] (choice; D ≥ 2 d_h keeps it rare).
+//! W is a parameter without gradient, drawn again every `redraw_interval` training steps.
+
+use burn::module::Param;
+use burn::nn::{Initializer, Linear, LinearConfig};
+use burn::prelude::*;
+use burn::tensor::activation::sigmoid;
+use serde::{Deserialize, Serialize};
+use variorum_core::{ConfigError, error::check};
+use variorum_position::HeadShape;
+
+use crate::kernel::{self, Features, HeadProjections, KernelState};
+use crate::random_features::{fixed, gaussian_rows, redraw};
+use crate::{AttentionInput, AttentionOutput};
+
+/// `model.attention` with `kind = "rfa"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RfaConfig {
+    pub n_heads: usize,
+    pub head_dim: Option<usize>,
+    pub bias: bool,
+    /// D, random frequencies (2D features). Default 2 · d_h.
+    pub features: Option<usize>,
+    /// σ, the kernel width: attention ≈ softmax(q̂·k̂/σ²). Smaller is sharper but needs more
+    /// frequencies (the estimate of a small kernel value is noisier). Default 1.
+    pub sigma: f64,
+    /// RFA-Gate: decaying recurrent sums. Default false.
+    pub gate: bool,
+    /// Initial bias b_g of the gate (σ(b_g) = how much of the past each step keeps). Default 1.
+    pub gate_bias: f64,
+    /// Draw W again every this many training steps; 0 = never (default).
+    pub redraw_interval: usize,
+    /// Positions per chunk of the causal form. Default 64.
+    pub chunk: usize,
+}
+
+impl Default for RfaConfig {
+    fn default() -> Self {
+        Self {
+            n_heads: 4,
+            head_dim: None,
+            bias: true,
+            features: None,
+            sigma: 1.0,
+            gate: false,
+            gate_bias: 1.0,
+            redraw_interval: 0,
+            chunk: 64,
+        }
+    }
+}
+
+impl RfaConfig {
+    pub fn heads(&self, d_model: usize) -> HeadShape {
+        kernel::heads(self.n_heads, self.head_dim, d_model)
+    }
+
+    pub fn features(&self, d_model: usize) -> usize {
+        self.features.unwrap_or(2 * self.heads(d_model).head_dim)
+    }
+
+    pub fn expanded(&self, d_model: usize) -> Self {
+        Self { head_dim: Some(self.heads(d_model).head_dim), features: Some(self.features(d_model)), ..self.clone() }
+    }
+
+    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        kernel::validate_heads(self.n_heads, self.head_dim, self.chunk, d_model)?;
+        check(self.features != Some(0), || "model.attention.features must be at least 1".into())?;
+        check(self.sigma > 0.0 && self.sigma.is_finite(), || {
+            format!("model.attention.sigma = {} must be positive", self.sigma)
+        })
+    }
+
+    pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> RfaAttention {
+        let h = self.heads(d_model);
+        let w = gaussian_rows(self.features(d_model), h.head_dim, false, device).div_scalar(self.sigma);
+        RfaAttention {
+            proj: HeadProjections::new(d_model, h.n_heads, h.head_dim, self.bias, init_std, out_std, device),
+            projection: fixed(w),
+            gate: self.gate.then(|| {
+                let mut g = LinearConfig::new(d_model, h.n_heads)
+                    .with_initializer(Initializer::Normal { mean: 0.0, std: init_std })
+                    .init(device);
+                g.bias = g.bias.map(|b| b.map(|t| t.zeros_like().add_scalar(self.gate_bias)));
+                g
+            }),
+            sigma: self.sigma,
+            chunk: self.chunk,
+        }
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct RfaAttention {
+    pub proj: HeadProjections,
+    /// W, `[D, d_h]`, entries N(0, σ⁻²), no gradient.
+    pub projection: Param<Tensor<2>>,
+    /// RFA-Gate's w_g, b_g (one gate per head).
+    pub gate: Option<Linear>,
+    pub sigma: f64,
+    pub chunk: usize,
+}
+
+impl RfaAttention {
+    /// A fresh W (same shape, same parameter id).
+    pub fn redraw(&mut self) {
+        let [n, d] = self.projection.val().dims();
+        let w = gaussian_rows(n, d, false, &self.projection.val().device()).div_scalar(self.sigma);
+        self.projection = redraw(&self.projection, w);
+    }
+
+    /// φ(x̂) for `[b, h, l, d_h]`: `[b, h, l, 2D]`.
+    pub fn features(&self, x: Tensor<4>) -> Tensor<4> {
+        let n = self.projection.val().dims()[0] as f64;
+        let norm = x.clone().powf_scalar(2.0).sum_dim(3).sqrt().clamp_min(1e-6);
+        let wx = (x / norm).matmul(self.projection.val().transpose().unsqueeze_dim::<3>(0).unsqueeze_dim::<4>(0));
+        Tensor::cat(vec![wx.clone().sin(), wx.cos()], 3).div_scalar(n.sqrt())
+    }
+
+    pub fn forward(&self, input: AttentionInput, state: Option<&mut Option<KernelState>>) -> AttentionOutput {
+        let source = input.key_value.clone().unwrap_or_else(|| input.query.clone());
+        let (q, k, v) = self.proj.split(input.query, input.key_value);
+        let k = kernel::hide_padding(self.features(k), input.mask.padding.as_ref());
+        let gate = self.gate.as_ref().map(|g| sigmoid(g.forward(source)).swap_dims(1, 2));
+        let f = Features { q: self.features(q), k, v, k_shift: None, gate, min_normaliser: kernel::MIN_NORMALISER };
+        let context = if input.mask.causal { kernel::causal(f, state, self.chunk) } else { kernel::bidirectional(f) };
+        AttentionOutput { context: self.proj.merge(context), weights: None, aux_losses: Vec::new() }
+    }
+}

@@ -1,0 +1,151 @@
+//! The kernelised kinds (linear, performer, rfa, average): the recurrent form decodes what the
+//! parallel form computes, and random features converge to the softmax attention they estimate.
+
+use burn::prelude::*;
+use burn::tensor::Distribution;
+use burn::tensor::activation::softmax;
+use variorum_attention::kernel::{self, Features};
+use variorum_attention::{Attention, AttentionConfig, AttentionInput, AttentionState, Positioning};
+use variorum_core::AttentionMask;
+
+static SEEDED: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn seeded() -> std::sync::MutexGuard<'static, ()> {
+    SEEDED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn kinds() -> Vec<AttentionConfig> {
+    let toml = [
+        r#"kind = "linear""#,
+        r#"kind = "performer""#,
+        "kind = \"performer\"\nkernel = \"relu\"",
+        // enough frequencies that the sine/cosine normaliser stays well away from 0
+        "kind = \"rfa\"\nfeatures = 64",
+        "kind = \"rfa\"\nfeatures = 64\ngate = true",
+        r#"kind = "average""#,
+    ];
+    toml.iter().map(|t| toml::from_str(&format!("{t}\nchunk = 3")).unwrap()).collect()
+}
+
+fn build(cfg: &AttentionConfig, dev: &Device) -> Attention {
+    cfg.validate(16).unwrap();
+    cfg.init(16, 0.3, 0.3, Positioning::NONE, dev)
+}
+
+#[test]
+fn token_by_token_decoding_equals_the_parallel_forward() {
+    let _guard = seeded();
+    let dev = Device::flex();
+    dev.seed(5);
+    for cfg in kinds() {
+        let attn = build(&cfg, &dev);
+        let x: Tensor<3> = Tensor::random([2, 10, 16], Distribution::Normal(0.0, 1.0), &dev);
+        let mask = AttentionMask::causal();
+        let full = attn.forward(AttentionInput::self_attention(x.clone(), &mask), None).context;
+        let mut state = AttentionState::default();
+        let mut parts = Vec::new();
+        // a 4-token prompt, then one token at a time
+        for (s, n) in [(0, 4), (4, 1), (5, 1), (6, 1), (7, 1), (8, 1), (9, 1)] {
+            let m = AttentionMask::causal().at(s, 0);
+            let out = attn.forward(AttentionInput::self_attention(x.clone().narrow(1, s, n), &m), Some(&mut state));
+            parts.push(out.context);
+        }
+        let d = (full - Tensor::cat(parts, 1)).abs().max().into_scalar::<f32>();
+        assert!(d < 1e-4, "{cfg:?}: {d}");
+        // the state does not grow with the context: one [features, d_v + 1] matrix per head
+        let AttentionState::Kernel(Some(s)) = &state else { panic!("{cfg:?}: no recurrent state") };
+        assert_eq!(s.s.dims()[0..2], [2, if cfg.kind() == "average" { 1 } else { 4 }]);
+    }
+}
+
+#[test]
+fn causal_outputs_ignore_later_tokens_and_bidirectional_ones_do_not() {
+    let _guard = seeded();
+    let dev = Device::flex();
+    dev.seed(6);
+    for cfg in kinds() {
+        let attn = build(&cfg, &dev);
+        let x: Tensor<3> = Tensor::random([1, 8, 16], Distribution::Normal(0.0, 1.0), &dev);
+        let y = x
+            .clone()
+            .slice_assign([0..1, 6..8, 0..16], Tensor::random([1, 2, 16], Distribution::Normal(0.0, 1.0), &dev));
+        let run = |m: &AttentionMask, x: Tensor<3>| attn.forward(AttentionInput::self_attention(x, m), None).context;
+        let causal = AttentionMask::causal();
+        let d = (run(&causal, x.clone()) - run(&causal, y.clone())).narrow(1, 0, 6).abs().max().into_scalar::<f32>();
+        assert!(d < 1e-5, "{cfg:?} leaks the future: {d}");
+        let open = AttentionMask::bidirectional();
+        let d = (run(&open, x) - run(&open, y)).narrow(1, 0, 6).abs().max().into_scalar::<f32>();
+        assert!(d > 1e-4, "{cfg:?}: bidirectional outputs must see later tokens");
+    }
+}
+
+/// Mean |approx − exact| of the attention outputs over a few draws of W.
+fn mean_error(kind: &str, features: usize, dev: &Device) -> f64 {
+    let (h, l, d) = (2, 24, 16);
+    let mut total = 0.0;
+    let draws = 6;
+    for _ in 0..draws {
+        let q: Tensor<4> = Tensor::random([1, h, l, d], Distribution::Normal(0.0, 0.5), dev);
+        let k: Tensor<4> = Tensor::random([1, h, l, d], Distribution::Normal(0.0, 0.5), dev);
+        let v: Tensor<4> = Tensor::random([1, h, l, d], Distribution::Normal(0.0, 1.0), dev);
+        let (approx, exact) = match kind {
+            "performer" => {
+                let cfg: AttentionConfig =
+                    toml::from_str(&format!("kind = \"performer\"\nn_heads = {h}\nfeatures = {features}")).unwrap();
+                let Attention::Performer(p) = cfg.init(h * d, 0.02, 0.02, Positioning::NONE, dev) else {
+                    unreachable!()
+                };
+                let (fq, fk, shift) = p.features(q.clone(), k.clone(), None);
+                let f =
+                    Features { q: fq, k: fk, v: v.clone(), k_shift: Some(shift), gate: None, min_normaliser: 1e-30 };
+                let exact = softmax(q.matmul(k.swap_dims(2, 3)).div_scalar((d as f64).sqrt()), 3).matmul(v);
+                (kernel::bidirectional(f), exact)
+            }
+            _ => {
+                let sigma = 0.7;
+                let cfg: AttentionConfig =
+                    toml::from_str(&format!("kind = \"rfa\"\nn_heads = {h}\nfeatures = {features}\nsigma = {sigma}"))
+                        .unwrap();
+                let Attention::Rfa(r) = cfg.init(h * d, 0.02, 0.02, Positioning::NONE, dev) else { unreachable!() };
+                let f = Features {
+                    q: r.features(q.clone()),
+                    k: r.features(k.clone()),
+                    v: v.clone(),
+                    k_shift: None,
+                    gate: None,
+                    min_normaliser: kernel::MIN_NORMALISER,
+                };
+                let unit = |x: Tensor<4>| x.clone() / x.powf_scalar(2.0).sum_dim(3).sqrt();
+                let scores = unit(q).matmul(unit(k).swap_dims(2, 3)).div_scalar(sigma * sigma);
+                (kernel::bidirectional(f), softmax(scores, 3).matmul(v))
+            }
+        };
+        total += (approx - exact).abs().mean().into_scalar::<f32>() as f64;
+    }
+    total / draws as f64
+}
+
+#[test]
+fn random_features_converge_to_softmax_attention() {
+    let _guard = seeded();
+    let dev = Device::flex();
+    for kind in ["performer", "rfa"] {
+        dev.seed(7);
+        let errors: Vec<f64> = [16, 64, 256].iter().map(|&m| mean_error(kind, m, &dev)).collect();
+        assert!(errors[0] > errors[1] && errors[1] > errors[2], "{kind}: {errors:?}");
+        assert!(errors[2] < 0.5 * errors[0], "{kind}: 16 → 256 features must at least halve the error: {errors:?}");
+    }
+}
+
+#[test]
+fn redrawing_changes_the_features_but_not_their_parameter() {
+    let _guard = seeded();
+    let dev = Device::flex();
+    let cfg: AttentionConfig = toml::from_str("kind = \"performer\"").unwrap();
+    let Attention::Performer(mut p) = build(&cfg, &dev) else { unreachable!() };
+    let (id, before) = (p.projection.id, p.projection.val());
+    p.redraw();
+    assert_eq!(p.projection.id, id);
+    assert!((p.projection.val() - before).abs().max().into_scalar::<f32>() > 1e-3);
+}
+
