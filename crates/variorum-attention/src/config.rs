@@ -9,6 +9,7 @@ use crate::contract::AttentionState;
 use crate::linear::{LinearAttention, LinearAttentionConfig};
 use crate::performer::{PerformerAttention, PerformerConfig};
 use crate::rfa::{RfaAttention, RfaConfig};
+use crate::sliding_window::{SlidingWindowAttention, SlidingWindowConfig};
 use crate::{
     AdaptiveSpanAttention, AdaptiveSpanConfig, AttentionInput, AttentionOutput, MultiHeadAttention,
     MultiHeadAttentionConfig, Positioning,
@@ -23,6 +24,8 @@ pub enum AttentionConfig {
     Full(MultiHeadAttentionConfig),
     /// Multi-head attention with a learned soft span per head (static or per token).
     AdaptiveSpan(AdaptiveSpanConfig),
+    /// Band attention: each query sees the last `window` keys, computed by blocks.
+    SlidingWindow(SlidingWindowConfig),
     /// Linear attention, φ = elu + 1.
     Linear(LinearAttentionConfig),
     /// FAVOR+ positive (or ReLU) random features.
@@ -44,6 +47,7 @@ impl AttentionConfig {
         match self {
             Self::Full(_) => "full",
             Self::AdaptiveSpan(_) => "adaptive-span",
+            Self::SlidingWindow(_) => "sliding-window",
             Self::Linear(_) => "linear",
             Self::Performer(_) => "performer",
             Self::Rfa(_) => "rfa",
@@ -69,6 +73,7 @@ impl AttentionConfig {
         match self {
             Self::Full(c) => Self::Full(c.expanded(d_model)),
             Self::AdaptiveSpan(c) => Self::AdaptiveSpan(c.expanded(d_model)),
+            Self::SlidingWindow(c) => Self::SlidingWindow(c.expanded(d_model)),
             Self::Linear(c) => Self::Linear(c.expanded(d_model)),
             Self::Performer(c) => Self::Performer(c.expanded(d_model)),
             Self::Rfa(c) => Self::Rfa(c.expanded(d_model)),
@@ -80,6 +85,7 @@ impl AttentionConfig {
         match self {
             Self::Full(c) => c.validate(d_model),
             Self::AdaptiveSpan(c) => c.validate(d_model),
+            Self::SlidingWindow(c) => c.validate(d_model),
             Self::Linear(c) => c.validate(d_model),
             Self::Performer(c) => c.validate(d_model),
             Self::Rfa(c) => c.validate(d_model),
@@ -98,6 +104,7 @@ impl AttentionConfig {
         match self {
             Self::Full(c) => Attention::Full(c.init(d_model, init_std, out_std, position, device)),
             Self::AdaptiveSpan(c) => Attention::AdaptiveSpan(c.init(d_model, init_std, out_std, position, device)),
+            Self::SlidingWindow(c) => Attention::SlidingWindow(c.init(d_model, init_std, out_std, position, device)),
             Self::Linear(c) => Attention::Linear(c.init(d_model, init_std, out_std, device)),
             Self::Performer(c) => Attention::Performer(c.init(d_model, init_std, out_std, device)),
             Self::Rfa(c) => Attention::Rfa(c.init(d_model, init_std, out_std, device)),
@@ -110,6 +117,7 @@ impl AttentionConfig {
         match self {
             Self::Full(c) => c.heads(d_model),
             Self::AdaptiveSpan(c) => c.heads().heads(d_model),
+            Self::SlidingWindow(c) => c.head_shape(d_model),
             Self::Linear(c) => c.heads(d_model),
             Self::Performer(c) => c.heads(d_model),
             Self::Rfa(c) => c.heads(d_model),
@@ -123,6 +131,7 @@ impl AttentionConfig {
             Self::Full(c) => c.flops_per_token(d_model, len_k),
             // at most S keys back
             Self::AdaptiveSpan(c) => c.heads().flops_per_token(d_model, len_k.min(c.max_span)),
+            Self::SlidingWindow(c) => c.flops_per_token(d_model, len_k),
             Self::Linear(c) => kernel_flops(c.heads(d_model), c.heads(d_model).head_dim, c.chunk),
             Self::Performer(c) => kernel_flops(c.heads(d_model), c.features(d_model), c.chunk),
             Self::Rfa(c) => kernel_flops(c.heads(d_model), 2 * c.features(d_model), c.chunk),
@@ -159,6 +168,21 @@ impl AttentionConfig {
                     score_bias: true,
                     qk_rotation: true,
                     aux_losses: true,
+                    variable_length: true,
+                },
+            },
+            KindInfo {
+                axis: "model.attention",
+                kind: "sliding-window",
+                summary: "band attention over the last `window` keys (look-ahead when bidirectional), computed block by block; KV cache trimmed to the window",
+                paper: "Beltagy et al. 2020, Longformer; Child et al. 2019 (local attention)",
+                caps: Capabilities {
+                    causal: true,
+                    bidirectional: true,
+                    incremental: true,
+                    score_bias: true,
+                    qk_rotation: true,
+                    aux_losses: false,
                     variable_length: true,
                 },
             },
@@ -217,6 +241,7 @@ fn kernel_flops(h: HeadShape, features: usize, chunk: usize) -> u64 {
 pub enum Attention {
     Full(MultiHeadAttention),
     AdaptiveSpan(AdaptiveSpanAttention),
+    SlidingWindow(SlidingWindowAttention),
     Linear(LinearAttention),
     Performer(PerformerAttention),
     Rfa(RfaAttention),
@@ -234,6 +259,10 @@ impl Attention {
             Self::AdaptiveSpan(a) => {
                 a.attention.project(x, None, mask, Some(state.kv_mut()));
             }
+            Self::SlidingWindow(a) => {
+                a.attention.project(x, None, mask, Some(state.kv_mut()));
+                a.trim(state.kv_mut());
+            }
             // the recurrent kinds: their state update is the forward itself
             _ => {
                 self.forward(AttentionInput::self_attention(x, mask), Some(state));
@@ -246,6 +275,7 @@ impl Attention {
         match self {
             Self::Full(a) => a.content_only(query, key_value),
             Self::AdaptiveSpan(a) => a.attention.content_only(query, key_value),
+            Self::SlidingWindow(a) => a.attention.content_only(query, key_value),
             _ => {
                 let mask = variorum_core::AttentionMask::bidirectional();
                 self.forward(AttentionInput::cross_attention(query, key_value, &mask), None).context
@@ -258,6 +288,7 @@ impl Attention {
         match self {
             Self::Full(a) => a.forward(input, state.map(AttentionState::kv_mut)),
             Self::AdaptiveSpan(a) => a.forward(input, state.map(AttentionState::kv_mut)),
+            Self::SlidingWindow(a) => a.forward(input, state.map(AttentionState::kv_mut)),
             Self::Linear(a) => a.forward(input, state.map(AttentionState::kernel_mut)),
             Self::Performer(a) => a.forward(input, state.map(AttentionState::kernel_mut)),
             Self::Rfa(a) => a.forward(input, state.map(AttentionState::kernel_mut)),

@@ -216,6 +216,12 @@ impl MultiHeadAttention {
             Some(e) => context + e,
             None => context,
         };
+        self.merge(context)
+    }
+
+    /// The output projection of per-head contexts `[b, n_heads, len_q, d_h]`.
+    pub fn merge(&self, context: Tensor<4>) -> Tensor<3> {
+        let [b, h, lq, dh] = context.dims();
         self.out.forward(context.swap_dims(1, 2).reshape([b, lq, h * dh]))
     }
 

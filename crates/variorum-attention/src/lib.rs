@@ -9,6 +9,7 @@
 
 pub mod adaptive_span;
 pub mod average;
+pub mod band;
 pub mod cache;
 pub mod config;
 pub mod contract;
@@ -19,6 +20,7 @@ pub mod performer;
 pub mod qkv;
 pub mod random_features;
 pub mod rfa;
+pub mod sliding_window;
 
 pub use adaptive_span::{AdaptiveSpanAttention, AdaptiveSpanConfig};
 pub use average::{AverageAttention, AverageAttentionConfig};
@@ -31,3 +33,4 @@ pub use linear::{LinearAttention, LinearAttentionConfig};
 pub use performer::{PerformerAttention, PerformerConfig, PerformerKernel};
 pub use qkv::{QkvProjection, QkvProjectionConfig};
 pub use rfa::{RfaAttention, RfaConfig};
+pub use sliding_window::{SlidingWindowAttention, SlidingWindowConfig};

@@ -148,4 +148,3 @@ fn redrawing_changes_the_features_but_not_their_parameter() {
     assert_eq!(p.projection.id, id);
     assert!((p.projection.val() - before).abs().max().into_scalar::<f32>() > 1e-3);
 }
-

@@ -1,5 +1,6 @@
 //! `variorum`: train, inspect, benchmark and list the Transformer variants of the zoo.
 
+mod bench_attention;
 mod device;
 mod early_exit;
 mod eval;
@@ -190,6 +191,34 @@ enum Command {
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// One attention layer alone, for each config's `[model.attention]`: forward + backward time
+    /// and peak memory against the sequence length, decoding cost per token against the context.
+    BenchAttention {
+        /// Experiment configs (only `model.attention` and `model.position` are used).
+        configs: Vec<PathBuf>,
+        /// Sequence lengths of the forward + backward, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1024,2048,4096,8192,16384")]
+        lengths: Vec<usize>,
+        /// Context lengths after which one token is decoded, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1024,4096,16384")]
+        contexts: Vec<usize>,
+        #[arg(long, default_value_t = 256)]
+        d_model: usize,
+        /// Timed forward + backward runs per point (after one untimed).
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// Decoded tokens timed per context.
+        #[arg(long, default_value_t = 16)]
+        tokens: usize,
+        /// Directory for the tables (markdown, JSON) and plots.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        #[arg(long, default_value = "cpu")]
+        device: String,
+        /// Measure one point ("train:LEN" or "generate:CONTEXT") in this process.
+        #[arg(long, hide = true)]
+        point: Option<String>,
     },
     /// List every kind on every config axis, with its capabilities and source paper.
     Zoo {
@@ -419,6 +448,19 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 );
             }
             Ok(ExitCode::SUCCESS)
+        }
+        Command::BenchAttention { configs, lengths, contexts, d_model, reps, tokens, out, device, point } => {
+            bench_attention::bench_attention(bench_attention::Args {
+                configs,
+                lengths,
+                contexts,
+                d_model,
+                reps,
+                tokens,
+                out,
+                device,
+                point,
+            })
         }
         Command::Zoo { json } => {
             let kinds = variorum_model::zoo::kinds();

@@ -3,7 +3,7 @@
 
 use variorum_attention::{
     AdaptiveSpanConfig, AttentionConfig, AverageAttentionConfig, LinearAttentionConfig, MultiHeadAttentionConfig,
-    PerformerConfig, PerformerKernel, RfaConfig,
+    PerformerConfig, PerformerKernel, RfaConfig, SlidingWindowConfig,
 };
 use variorum_block::{
     BlockConfig, CompressionKind, CompressiveMemoryConfig, DepthConfig, FeedForwardConfig, FeedForwardKind,
@@ -195,6 +195,24 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
         out.push((
             format!("exits predictor {} ({oracle:?})", predictor.name()),
             ModelConfig { n_layers: 3, exits, ..tiny() },
+        ));
+    }
+    // sliding window (block-by-block band), with absolute and relative positions and GQA
+    for position in [
+        PositionConfig::default(),
+        PositionConfig::Alibi,
+        PositionConfig::Rope(RotaryConfig::default()),
+        PositionConfig::TransformerXl(XlRelativeConfig::default()),
+    ] {
+        let attention = AttentionConfig::SlidingWindow(SlidingWindowConfig {
+            window: 5,
+            block: Some(3),
+            n_kv_heads: Some(2),
+            ..Default::default()
+        });
+        out.push((
+            format!("attention sliding-window + position {}", position.kind()),
+            ModelConfig { attention, position, ..tiny() },
         ));
     }
     // kernelised attention (linear time, recurrent decoding); small chunks so the chunked causal

@@ -49,6 +49,36 @@ pub fn lines(
     x_desc: &str,
     y_desc: &str,
 ) -> Result<bool> {
+    draw(series, path, title, x_desc, y_desc, false)
+}
+
+/// [`lines`] on log–log axes (base 2 for x, 10 for y; labels in the original units), where
+/// linear growth is a straight line of slope 1 and quadratic growth one of slope 2.
+pub fn log_lines(
+    series: &[(&str, Vec<(f64, f64)>, RGBColor, bool)],
+    path: &Path,
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+) -> Result<bool> {
+    let logged: Vec<(&str, Vec<(f64, f64)>, RGBColor, bool)> = series
+        .iter()
+        .map(|(n, p, c, m)| {
+            let p = p.iter().filter(|(x, y)| *x > 0.0 && *y > 0.0).map(|(x, y)| (x.log2(), y.log10())).collect();
+            (*n, p, *c, *m)
+        })
+        .collect();
+    draw(&logged, path, title, x_desc, y_desc, true)
+}
+
+fn draw(
+    series: &[(&str, Vec<(f64, f64)>, RGBColor, bool)],
+    path: &Path,
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+    log: bool,
+) -> Result<bool> {
     if !register_font() || series.iter().all(|s| s.1.is_empty()) {
         return Ok(false);
     }
@@ -56,7 +86,7 @@ pub fn lines(
     let (x0, x1) = all.clone().map(|p| p.0).fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| (a.min(x), b.max(x)));
     let (lo, hi) = all.map(|p| p.1).fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), y| (a.min(y), b.max(y)));
     let pad = ((hi - lo) * 0.05).max(1e-3);
-    let x0 = if x0 > 0.0 && x0 < 0.2 * x1 { 0.0 } else { x0 };
+    let x0 = if !log && x0 > 0.0 && x0 < 0.2 * x1 { 0.0 } else { x0 };
     let x1 = if x1 > x0 { x1 } else { x0 + 1.0 };
 
     let root = BitMapBackend::new(path, (900, 560)).into_drawing_area();
@@ -73,7 +103,8 @@ pub fn lines(
         .configure_mesh()
         .x_desc(x_desc)
         .y_desc(y_desc)
-        .x_label_formatter(&|x| format!("{x:.0}"))
+        .x_label_formatter(&|x| if log { format!("{:.0}", 2f64.powf(*x)) } else { format!("{x:.0}") })
+        .y_label_formatter(&|y| if log { format!("{:.3}", 10f64.powf(*y)) } else { format!("{y:.3}") })
         .draw()
         .map_err(|e| err(&e))?;
     for (name, points, colour, marks) in series {

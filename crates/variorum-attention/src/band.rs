@@ -1,0 +1,134 @@
+//! Band attention computed by blocks: query i sees keys j with i − back ≤ j ≤ i + ahead (in
+//! absolute positions), and only those pairs are ever scored.
+//!
+//! The sequence is cut into blocks of B positions (the last padded, invisibly). Block i's queries
+//! score the keys of blocks i − ⌈back/B⌉ … i + ⌈ahead/B⌉, gathered into one span of S keys by
+//! stacking shifted views of the blocked keys, so all blocks are one batched GEMM of
+//! `[B, d] × [d, S]`: O(L·S·d) work and O(L·S) memory instead of O(L²). Inside the span a small
+//! constant mask keeps the exact band (and hides the padding).
+//!
+//! Every block has the same geometry (its keys start ⌈back/B⌉·B before its queries), so a
+//! relative position scheme gets one [`ScoreLayout`] for all of them: relative schemes are
+//! functions of query − key distance only.
+
+use burn::prelude::*;
+use burn::tensor::activation::softmax;
+use variorum_position::ScoreLayout;
+
+use crate::MultiHeadAttention;
+use crate::full::{MASKED_SCORE, Projected};
+
+/// Which keys a query sees, relative to its own position, and the block size of the computation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Band {
+    /// Keys up to this many positions back (0 = only itself).
+    pub back: usize,
+    /// Keys up to this many positions ahead (0 for causal attention).
+    pub ahead: usize,
+    /// Positions per block.
+    pub block: usize,
+}
+
+impl Band {
+    /// The band as a boolean `[len_q, len_k]` mask (`true` = hidden) for queries at `q_start..`
+    /// and keys at `k_start..` — for the dense path (cached decoding, memories) and for tests.
+    pub fn dense_mask(
+        &self,
+        q_start: usize,
+        k_start: usize,
+        len_q: usize,
+        len_k: usize,
+        device: &Device,
+    ) -> Tensor<2, Bool> {
+        let hidden: Vec<bool> = (0..len_q)
+            .flat_map(|i| (0..len_k).map(move |j| (i, j)))
+            .map(|(i, j)| !self.sees((q_start + i) as i64, (k_start + j) as i64))
+            .collect();
+        Tensor::from_data(TensorData::new(hidden, [len_q, len_k]), device)
+    }
+
+    fn sees(&self, q: i64, k: i64) -> bool {
+        k >= q - self.back as i64 && k <= q + self.ahead as i64
+    }
+}
+
+/// The band attention of aligned queries and keys (`p.layout.q_start == p.layout.k_start`, equal
+/// lengths): the per-head context `[b, h, len, d_h]`, before the output projection.
+pub fn banded(mha: &MultiHeadAttention, p: &Projected, band: Band) -> Tensor<4> {
+    let [b, h, l, dh] = p.q.dims();
+    let hkv = p.k.dims()[1];
+    let device = p.q.device();
+    let bs = band.block.clamp(1, l.max(1));
+    let nb = l.div_ceil(bs);
+    let pad = nb * bs - l;
+    let before = band.back.div_ceil(bs);
+    let after = band.ahead.div_ceil(bs);
+    let span = (before + 1 + after) * bs;
+
+    // keys and values: one copy per query head (GQA shares them; the span stacking copies anyway)
+    let per_head = |x: Tensor<4>| {
+        let x =
+            if h == hkv { x } else { x.unsqueeze_dim::<5>(2).expand([b, hkv, h / hkv, l, dh]).reshape([b, h, l, dh]) };
+        // [b·h, nb, B, d] with `before` empty blocks in front and `after` behind
+        let x = pad_len(x, pad).reshape([b * h, nb, bs, dh]);
+        let front = Tensor::zeros([b * h, before, bs, dh], &device);
+        let back = Tensor::zeros([b * h, after, bs, dh], &device);
+        let x = Tensor::cat(vec![front, x, back], 1);
+        // block i's span: blocks i … i + before + after of the padded sequence
+        let views: Vec<Tensor<4>> = (0..before + 1 + after).map(|s| x.clone().narrow(1, s, nb)).collect();
+        Tensor::cat(views, 2) // [b·h, nb, span, d]
+    };
+    let k = per_head(p.k.clone());
+    let v = per_head(p.v.clone());
+    let q = pad_len(p.q.clone(), pad).reshape([b * h, nb, bs, dh]);
+    let mut scores = q.clone().matmul(k.clone().swap_dims(2, 3)); // [b·h, nb, B, span]
+    // one layout for every block: its keys start `before` blocks before its queries
+    let layout = ScoreLayout::new(before * bs, 0, bs, span, p.layout.causal);
+
+    if let Some(pos) = &mha.position {
+        let by_block =
+            |x: Tensor<4>, w: usize| x.reshape([b, h, nb, bs, w]).swap_dims(1, 2).reshape([b * nb, h, bs, w]);
+        let s = by_block(scores, span);
+        let qb = by_block(q, dh);
+        let kb = k.clone().reshape([b, h, nb, span, dh]).swap_dims(1, 2).reshape([b * nb, h, span, dh]);
+        let s = pos.scores(s, qb, kb, &layout, mha.scale);
+        scores = s.reshape([b, nb, h, bs, span]).swap_dims(1, 2).reshape([b * h, nb, bs, span]);
+    }
+
+    let mask = span_mask(band, bs, nb, before, l, &device).unsqueeze_dim::<4>(0);
+    let probs = mha.dropout.forward(softmax(scores.mask_fill(mask, MASKED_SCORE), 3));
+    let mut context = probs.clone().matmul(v); // [b·h, nb, B, d]
+    if let Some(pos) = &mha.position {
+        let pb = probs.reshape([b, h, nb, bs, span]).swap_dims(1, 2).reshape([b * nb, h, bs, span]);
+        if let Some(extra) = pos.context(pb, &layout) {
+            let extra = extra.reshape([b, nb, h, bs, dh]).swap_dims(1, 2).reshape([b * h, nb, bs, dh]);
+            context = context + extra;
+        }
+    }
+    context.reshape([b, h, nb * bs, dh]).narrow(2, 0, l)
+}
+
+/// `[nb, B, span]`, true where block i's query r must not see span key s: outside the band,
+/// before position 0 or past the end.
+fn span_mask(band: Band, bs: usize, nb: usize, before: usize, len: usize, device: &Device) -> Tensor<3, Bool> {
+    let span = bs * (before + 1 + band.ahead.div_ceil(bs));
+    let mut hidden = Vec::with_capacity(nb * bs * span);
+    for i in 0..nb {
+        for r in 0..bs {
+            let q = (i * bs + r) as i64;
+            for s in 0..span {
+                let k = (i * bs + s) as i64 - (before * bs) as i64;
+                hidden.push(k < 0 || k >= len as i64 || !band.sees(q, k));
+            }
+        }
+    }
+    Tensor::from_data(TensorData::new(hidden, [nb, bs, span]), device)
+}
+
+fn pad_len(x: Tensor<4>, pad: usize) -> Tensor<4> {
+    if pad == 0 {
+        return x;
+    }
+    let [b, h, _, d] = x.dims();
+    Tensor::cat(vec![x.clone(), Tensor::zeros([b, h, pad, d], &x.device())], 2)
+}

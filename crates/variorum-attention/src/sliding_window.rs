@@ -1,0 +1,170 @@
+//! Sliding-window attention, the `sliding-window` kind (local band attention; Beltagy et al.
+//! 2020, Longformer; the "attend at most N back" restriction of the reference):
+//!
+//! Attention(Q, K, V)_i = softmax_{j ∈ [i − w + 1, i + a]} (q_i·k_j/√d + M_ij) v_j,
+//!
+//! with w = `window` keys back (the query's own position included) and a = 0 for causal
+//! attention, `look_ahead` (default w − 1: a symmetric window) for bidirectional attention.
+//!
+//! A forward over a fresh sequence is computed by blocks ([`crate::band`]): O(L·(w + B)) scores,
+//! never L × L. Decoding keeps only the last w keys and values in the cache and scores the new
+//! tokens against them directly; with a memory in front of the keys the same dense path is used.
+//! Any relative position scheme applies (one score layout serves every block).
+
+use burn::prelude::*;
+use burn::tensor::activation::softmax;
+use serde::{Deserialize, Serialize};
+use variorum_core::{AttentionMask, ConfigError, error::check};
+use variorum_position::HeadShape;
+
+use crate::band::{Band, banded};
+use crate::full::{MASKED_SCORE, Positioning};
+use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention, MultiHeadAttentionConfig};
+
+/// `model.attention` with `kind = "sliding-window"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SlidingWindowConfig {
+    pub n_heads: usize,
+    pub n_kv_heads: Option<usize>,
+    pub head_dim: Option<usize>,
+    pub dropout: f64,
+    pub bias: bool,
+    /// w, keys each query sees back, its own included. Default 256.
+    pub window: usize,
+    /// Bidirectional only: keys seen ahead. Default w − 1 (symmetric).
+    pub look_ahead: Option<usize>,
+    /// Positions per block of the computation. Default min(w, 128).
+    pub block: Option<usize>,
+}
+
+impl Default for SlidingWindowConfig {
+    fn default() -> Self {
+        Self {
+            n_heads: 4,
+            n_kv_heads: None,
+            head_dim: None,
+            dropout: 0.0,
+            bias: true,
+            window: 256,
+            look_ahead: None,
+            block: None,
+        }
+    }
+}
+
+impl SlidingWindowConfig {
+    pub fn heads(&self) -> MultiHeadAttentionConfig {
+        MultiHeadAttentionConfig {
+            n_heads: self.n_heads,
+            n_kv_heads: self.n_kv_heads,
+            head_dim: self.head_dim,
+            dropout: self.dropout,
+            bias: self.bias,
+        }
+    }
+
+    pub fn head_shape(&self, d_model: usize) -> HeadShape {
+        self.heads().heads(d_model)
+    }
+
+    pub fn block(&self) -> usize {
+        self.block.unwrap_or(self.window.min(128))
+    }
+
+    pub fn look_ahead(&self) -> usize {
+        self.look_ahead.unwrap_or(self.window.saturating_sub(1))
+    }
+
+    pub fn expanded(&self, d_model: usize) -> Self {
+        let h = self.heads().expanded(d_model);
+        Self {
+            n_kv_heads: h.n_kv_heads,
+            head_dim: h.head_dim,
+            look_ahead: Some(self.look_ahead()),
+            block: Some(self.block()),
+            ..self.clone()
+        }
+    }
+
+    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        self.heads().validate(d_model)?;
+        check(self.window >= 1, || "model.attention.window must be at least 1".into())?;
+        check(self.block() >= 1, || "model.attention.block must be at least 1".into())
+    }
+
+    pub fn init(
+        &self,
+        d_model: usize,
+        init_std: f64,
+        out_std: f64,
+        position: Positioning,
+        device: &Device,
+    ) -> SlidingWindowAttention {
+        SlidingWindowAttention {
+            attention: self.heads().init(d_model, init_std, out_std, position, device),
+            window: self.window,
+            look_ahead: self.look_ahead(),
+            block: self.block(),
+        }
+    }
+
+    /// Multiply–adds per token: at most w keys (plus the block's slack).
+    pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+        self.heads().flops_per_token(d_model, len_k.min(self.window + self.block()))
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct SlidingWindowAttention {
+    pub attention: MultiHeadAttention,
+    pub window: usize,
+    pub look_ahead: usize,
+    pub block: usize,
+}
+
+impl SlidingWindowAttention {
+    pub fn band(&self, causal: bool) -> Band {
+        Band { back: self.window - 1, ahead: if causal { 0 } else { self.look_ahead }, block: self.block }
+    }
+
+    /// Drops cached keys no later query can see (all but the last w).
+    pub fn trim(&self, cache: &mut KvCache) {
+        cache.drop_front(cache.len().saturating_sub(self.window));
+    }
+
+    pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
+        self.forward_with(input, cache, false)
+    }
+
+    /// With `dense`, always scores every key under the band mask (the definition; for tests).
+    pub fn forward_with(&self, input: AttentionInput, mut cache: Option<&mut KvCache>, dense: bool) -> AttentionOutput {
+        let mask = input.mask;
+        let plain = mask.padding.is_none() && mask.custom.is_none() && !input.need_weights;
+        let p = self.attention.project(input.query, input.key_value, mask, cache.as_deref_mut());
+        let band = self.band(mask.causal);
+        let aligned = p.layout.q_start == p.layout.k_start && p.layout.len_q == p.layout.len_k;
+        let out = if aligned && plain && !dense {
+            let context = banded(&self.attention, &p, band);
+            AttentionOutput { context: self.attention.merge(context), weights: None, aux_losses: Vec::new() }
+        } else {
+            let (lq, lk) = (p.layout.len_q, p.layout.len_k);
+            let device = p.q.device();
+            let outside = band.dense_mask(p.layout.q_start, p.layout.k_start, lq, lk, &device).unsqueeze_dim::<3>(0);
+            let custom = match &mask.custom {
+                Some(c) => c.clone().bool_or(outside),
+                None => outside,
+            };
+            let full = AttentionMask { k_start: p.layout.k_start, custom: Some(custom), ..mask.clone() };
+            let hidden = full.score_mask(lq, lk, &device).expect("the band mask is always there");
+            let probs = softmax(self.attention.scores(&p).mask_fill(hidden, MASKED_SCORE), 3);
+            let weights = input.need_weights.then(|| probs.clone());
+            let context = self.attention.combine(self.attention.dropout.forward(probs), &p);
+            AttentionOutput { context, weights, aux_losses: Vec::new() }
+        };
+        if let Some(c) = cache {
+            self.trim(c);
+        }
+        out
+    }
+}

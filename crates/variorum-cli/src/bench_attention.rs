@@ -1,0 +1,241 @@
+//! `variorum bench-attention`: each config's attention layer alone, forward + backward time and
+//! peak memory against the sequence length, and decoding cost per token against the context.
+//! Every point runs in a child process (this binary with `--point`), so its peak memory is its
+//! own and running out of memory ends the child, which is reported, not the benchmark.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use anyhow::{Context, Result, bail};
+use plotters::style::{Palette, Palette99, RGBColor};
+use variorum_train::ExperimentConfig;
+use variorum_train::attention_bench::{self, AttentionPoint};
+
+use crate::device;
+
+pub struct Args {
+    pub configs: Vec<PathBuf>,
+    pub lengths: Vec<usize>,
+    pub contexts: Vec<usize>,
+    pub d_model: usize,
+    pub reps: usize,
+    pub tokens: usize,
+    pub out: Option<PathBuf>,
+    pub device: String,
+    pub point: Option<String>,
+}
+
+/// A point's outcome: measured, or why not.
+type Outcome = std::result::Result<AttentionPoint, String>;
+
+pub fn bench_attention(args: Args) -> Result<ExitCode> {
+    if args.configs.is_empty() {
+        bail!("give at least one config (its [model.attention] is measured)");
+    }
+    let mut kinds = Vec::new();
+    for path in &args.configs {
+        let cfg = ExperimentConfig::load(path)?;
+        cfg.model
+            .attention
+            .validate(args.d_model)
+            .with_context(|| format!("{} at --d-model {}", path.display(), args.d_model))?;
+        let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        kinds.push((name, path.clone(), cfg));
+    }
+    if let Some(point) = &args.point {
+        return measure_here(&kinds[0].2, point, &args);
+    }
+    println!("# one attention layer, batch 1, d_model {}, device {}", args.d_model, args.device);
+    let mut train = Vec::new();
+    let mut generate = Vec::new();
+    for (name, path, cfg) in &kinds {
+        for &len in &args.lengths {
+            let o = if let Some(why) = too_big(cfg, args.d_model, len) {
+                Err(why)
+            } else {
+                child(path, &format!("train:{len}"), &args)
+            };
+            println!("{name:<22} train     L = {len:>6}  {}", describe(&o, 1e3, "ms"));
+            train.push((name.clone(), len, o));
+        }
+        for &ctx in &args.contexts {
+            let o = child(path, &format!("generate:{ctx}"), &args);
+            println!("{name:<22} generate  context {ctx:>6}  {}", describe(&o, 1e3, "ms/token"));
+            generate.push((name.clone(), ctx, o));
+        }
+    }
+    if let Some(dir) = &args.out {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        write_outputs(dir, &kinds.iter().map(|k| k.0.clone()).collect::<Vec<_>>(), &train, &generate, &args)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Full attention's score matrices at `len` when they cannot fit in the memory left.
+fn too_big(cfg: &ExperimentConfig, d_model: usize, len: usize) -> Option<String> {
+    let bytes = attention_bench::score_bytes(&cfg.model.attention, d_model, len)? as f64 / (1 << 20) as f64;
+    let available = attention_bench::available_mib()?;
+    (bytes > 0.8 * available).then(|| {
+        format!(
+            "out of memory: its score matrices need ≈ {:.1} GiB, {:.1} GiB available",
+            bytes / 1024.0,
+            available / 1024.0
+        )
+    })
+}
+
+fn measure_here(cfg: &ExperimentConfig, point: &str, args: &Args) -> Result<ExitCode> {
+    let (device, _) = device::select(&args.device)?;
+    let (mode, n) = point.split_once(':').context("--point is mode:length")?;
+    let n: usize = n.parse().context("--point length")?;
+    let (attn, pos) = (&cfg.model.attention, &cfg.model.position);
+    let p = match mode {
+        "train" => attention_bench::training(attn, pos, args.d_model, n, args.reps.max(1), &device),
+        "generate" => attention_bench::generation(attn, pos, args.d_model, n, args.tokens.max(1), &device),
+        other => bail!("--point mode {other:?} is not train or generate"),
+    };
+    println!("{}", serde_json::to_string(&p)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn child(config: &Path, point: &str, args: &Args) -> Outcome {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
+    let out = Command::new(exe)
+        .arg("bench-attention")
+        .arg(config)
+        .args(["--point", point, "--device", &args.device])
+        .args(["--d-model", &args.d_model.to_string(), "--reps", &args.reps.to_string()])
+        .args(["--tokens", &args.tokens.to_string()])
+        .output()
+        .map_err(|e| format!("cannot start a measurement: {e}"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let last = err.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("").trim().to_string();
+        // killed by a signal (the kernel's OOM killer sends SIGKILL), or an allocation failure
+        return Err(match out.status.code() {
+            None => "out of memory (the measurement was killed)".into(),
+            Some(_) if last.contains("memory allocation") || last.contains("alloc") => "out of memory".into(),
+            Some(c) => format!("failed (exit {c}): {last}"),
+        });
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().last().unwrap_or("");
+    serde_json::from_str(line).map_err(|e| format!("unreadable measurement {line:?}: {e}"))
+}
+
+fn describe(o: &Outcome, scale: f64, unit: &str) -> String {
+    match o {
+        Ok(p) => format!(
+            "{:>10.2} {unit}  peak {}",
+            p.seconds * scale,
+            p.peak_mib.map_or("n/a".into(), |m| format!("{m:.0} MiB"))
+        ),
+        Err(why) => why.clone(),
+    }
+}
+
+type Rows = [(String, usize, Outcome)];
+
+fn write_outputs(dir: &Path, names: &[String], train: &Rows, generate: &Rows, args: &Args) -> Result<()> {
+    let cell = |rows: &Rows, name: &str, n: usize, f: &dyn Fn(&AttentionPoint) -> String| {
+        rows.iter()
+            .find(|r| r.0 == name && r.1 == n)
+            .map(|r| match &r.2 {
+                Ok(p) => f(p),
+                Err(why) if why.starts_with("out of memory") => "OOM".into(),
+                Err(_) => "failed".into(),
+            })
+            .unwrap_or_default()
+    };
+    let mut md = format!(
+        "One attention layer, batch 1, d_model {}, causal, device {} (`variorum bench-attention`).\n\n",
+        args.d_model, args.device
+    );
+    let header = |first: &str, ns: &[usize]| {
+        let mut s = format!("| {first} |");
+        for n in ns {
+            s += &format!(" {n} |");
+        }
+        s += "\n|---|";
+        s += &"---|".repeat(ns.len());
+        s + "\n"
+    };
+    let table = |title: &str, rows: &Rows, ns: &[usize], f: &dyn Fn(&AttentionPoint) -> String| {
+        let mut s = format!("### {title}\n\n") + &header("kind", ns);
+        for name in names {
+            s += &format!("| {name} |");
+            for &n in ns {
+                s += &format!(" {} |", cell(rows, name, n, f));
+            }
+            s += "\n";
+        }
+        s + "\n"
+    };
+    let mib = |p: &AttentionPoint| p.peak_mib.map_or("n/a".into(), |m| format!("{m:.0}"));
+    md += &table("Forward + backward, ms (median)", train, &args.lengths, &|p| format!("{:.1}", p.seconds * 1e3));
+    md += &table("Forward + backward, peak memory above the start, MiB", train, &args.lengths, &mib);
+    md += &table("Decoding one token after the context, ms (median)", generate, &args.contexts, &|p| {
+        format!("{:.3}", p.seconds * 1e3)
+    });
+    std::fs::write(dir.join("attention-bench.md"), md)?;
+    let json: Vec<_> = train
+        .iter()
+        .map(|r| ("train", r))
+        .chain(generate.iter().map(|r| ("generate", r)))
+        .map(|(mode, (name, n, o))| {
+            serde_json::json!({"kind": name, "mode": mode, "n": n,
+                "seconds": o.as_ref().ok().map(|p| p.seconds),
+                "peak_mib": o.as_ref().ok().and_then(|p| p.peak_mib),
+                "error": o.as_ref().err()})
+        })
+        .collect();
+    std::fs::write(dir.join("attention-bench.json"), serde_json::to_string_pretty(&json)?)?;
+    let series = |rows: &Rows, f: &dyn Fn(&AttentionPoint) -> Option<f64>| -> Vec<(String, Vec<(f64, f64)>)> {
+        names
+            .iter()
+            .map(|name| {
+                let pts = rows
+                    .iter()
+                    .filter(|r| &r.0 == name)
+                    .filter_map(|r| Some((r.1 as f64, f(r.2.as_ref().ok()?)?)))
+                    .collect();
+                (name.clone(), pts)
+            })
+            .collect()
+    };
+    let draw = |file: &str, s: Vec<(String, Vec<(f64, f64)>)>, title: &str, x: &str, y: &str| -> Result<()> {
+        let coloured: Vec<(&str, Vec<(f64, f64)>, RGBColor, bool)> = s
+            .iter()
+            .enumerate()
+            .map(|(k, (n, p))| {
+                let (r, g, b) = Palette99::COLORS[k % Palette99::COLORS.len()];
+                (n.as_str(), p.clone(), RGBColor(r, g, b), true)
+            })
+            .collect();
+        variorum_train::plot::log_lines(&coloured, &dir.join(file), title, x, y)?;
+        Ok(())
+    };
+    draw(
+        "attention-train-time.png",
+        series(train, &|p| Some(p.seconds * 1e3)),
+        "forward + backward time",
+        "sequence length",
+        "ms",
+    )?;
+    draw(
+        "attention-train-memory.png",
+        series(train, &|p| p.peak_mib.filter(|m| *m > 0.0)),
+        "forward + backward peak memory",
+        "sequence length",
+        "MiB",
+    )?;
+    draw(
+        "attention-generation.png",
+        series(generate, &|p| Some(p.seconds * 1e3)),
+        "decoding cost per token",
+        "context length",
+        "ms / token",
+    )?;
+    println!("# wrote {}", dir.join("attention-bench.md").display());
+    Ok(())
+}

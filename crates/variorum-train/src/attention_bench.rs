@@ -1,0 +1,144 @@
+//! `variorum bench-attention`: one attention layer on its own, as the efficiency papers measure
+//! it — forward + backward time and peak memory against the sequence length, and the cost of
+//! decoding one more token against the length of the context already decoded.
+//!
+//! Each figure is taken in a fresh process (the CLI runs itself once per point), so the peak
+//! resident memory is that point's alone and an allocation the machine cannot give ends that
+//! process, not the benchmark.
+
+use std::time::Instant;
+
+use burn::prelude::*;
+use burn::tensor::Distribution;
+use serde::{Deserialize, Serialize};
+use variorum_attention::{Attention, AttentionConfig, AttentionInput, AttentionState, Positioning};
+use variorum_core::AttentionMask;
+use variorum_position::PositionConfig;
+
+use crate::bench::peak_rss_mib;
+use crate::trainer::median;
+
+/// One measured point.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AttentionPoint {
+    /// Median seconds: of a forward + backward (training), or per decoded token (generation).
+    pub seconds: f64,
+    /// Peak resident memory of the measuring process above what it held before the first run, MiB.
+    pub peak_mib: Option<f64>,
+}
+
+fn layer(cfg: &AttentionConfig, position: &PositionConfig, d_model: usize, len: usize, device: &Device) -> Attention {
+    cfg.init(d_model, 0.02, 0.02, Positioning { config: position, context: len }, device)
+}
+
+fn current_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    Some(line.split_whitespace().nth(1)?.parse::<f64>().ok()? / 1024.0)
+}
+
+/// Resets the peak-RSS watermark (Linux: writing 5 to clear_refs); false where it cannot.
+fn reset_peak() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+/// Forward + backward of a causal self-attention layer over `[1, len, d_model]`: median seconds
+/// of `reps` runs, after one untimed run.
+pub fn training(
+    cfg: &AttentionConfig,
+    position: &PositionConfig,
+    d_model: usize,
+    len: usize,
+    reps: usize,
+    device: &Device,
+) -> AttentionPoint {
+    let device = device.clone().autodiff();
+    let attn = layer(cfg, position, d_model, len, &device);
+    let x: Tensor<3> = Tensor::random([1, len, d_model], Distribution::Normal(0.0, 1.0), &device).require_grad();
+    let mask = AttentionMask::causal();
+    let base = current_rss_mib();
+    reset_peak();
+    let mut times = Vec::new();
+    for i in 0..reps + 1 {
+        let t0 = Instant::now();
+        let out = attn.forward(AttentionInput::self_attention(x.clone(), &mask), None).context;
+        let grads = out.sum().backward();
+        // the gradient of the input is where the whole backward ends: reading it waits for it
+        let _ = x.grad(&grads).map(|g| g.sum().into_scalar::<f32>());
+        if i > 0 {
+            times.push(t0.elapsed().as_secs_f64());
+        }
+    }
+    AttentionPoint { seconds: median(&mut times), peak_mib: peak_rss_mib().zip(base).map(|(p, b)| (p - b).max(0.0)) }
+}
+
+/// Decoding after `context` tokens (fed in chunks of at most 1024): median seconds per new
+/// token over `tokens` single-token steps, with the layer's incremental state (KV cache or
+/// recurrent sums).
+pub fn generation(
+    cfg: &AttentionConfig,
+    position: &PositionConfig,
+    d_model: usize,
+    context: usize,
+    tokens: usize,
+    device: &Device,
+) -> AttentionPoint {
+    let attn = layer(cfg, position, d_model, context + tokens, device);
+    let mut state = AttentionState::default();
+    let base = current_rss_mib();
+    reset_peak();
+    let mut fed = 0;
+    while fed < context {
+        let n = (context - fed).min(1024);
+        let x: Tensor<3> = Tensor::random([1, n, d_model], Distribution::Normal(0.0, 1.0), device);
+        let mask = AttentionMask::causal().at(fed, 0);
+        let out = attn.forward(AttentionInput::self_attention(x, &mask), Some(&mut state)).context;
+        let _ = out.sum().into_scalar::<f32>();
+        fed += n;
+    }
+    let mut times = Vec::new();
+    for t in 0..tokens {
+        let x: Tensor<3> = Tensor::random([1, 1, d_model], Distribution::Normal(0.0, 1.0), device);
+        let mask = AttentionMask::causal().at(context + t, 0);
+        let t0 = Instant::now();
+        let out = attn.forward(AttentionInput::self_attention(x, &mask), Some(&mut state)).context;
+        let _ = out.sum().into_scalar::<f32>();
+        times.push(t0.elapsed().as_secs_f64());
+    }
+    AttentionPoint { seconds: median(&mut times), peak_mib: peak_rss_mib().zip(base).map(|(p, b)| (p - b).max(0.0)) }
+}
+
+/// Bytes a forward + backward of a score-forming kind needs for its `len × len` score matrices
+/// (scores, probabilities and their gradients, per head), or `None` for kinds that form none.
+pub fn score_bytes(cfg: &AttentionConfig, d_model: usize, len: usize) -> Option<u64> {
+    if !cfg.capabilities().score_bias {
+        return None;
+    }
+    let heads = cfg.heads(d_model).n_heads as u64;
+    Some(4 * heads * (len as u64).pow(2) * 4)
+}
+
+/// Memory the system could still give, MiB (Linux `MemAvailable`).
+pub fn available_mib() -> Option<f64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    Some(line.split_whitespace().nth(1)?.parse::<f64>().ok()? / 1024.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_measurements_run_for_a_linear_and_a_full_layer() {
+        let dev = Device::flex();
+        for cfg in [AttentionConfig::default(), toml::from_str("kind = \"linear\"").unwrap()] {
+            let t = training(&cfg, &PositionConfig::None, 16, 32, 1, &dev);
+            assert!(t.seconds > 0.0);
+            let g = generation(&cfg, &PositionConfig::None, 16, 40, 3, &dev);
+            assert!(g.seconds > 0.0);
+        }
+        assert!(score_bytes(&AttentionConfig::default(), 256, 1024).unwrap() > 0);
+        assert!(score_bytes(&toml::from_str("kind = \"performer\"").unwrap(), 256, 1024).is_none());
+    }
+}

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Linear-time attention against full attention, both ways the papers measure it:
+#
+# 1. efficiency: `variorum bench-attention` on one layer of each config of configs/attention/
+#    (d_model 256, 4 heads, batch 1): forward + backward time and peak memory at L = 1k … 16k,
+#    and the cost of decoding one token after 1k, 4k, 16k tokens of context;
+# 2. quality: each config trained alike (the baby character model, context 64, 1000 steps) and
+#    evaluated on the first 131,072 validation characters.
+#
+# Writes OUT/bench/ (attention-bench.md, .json and three PNGs), OUT/<name>/ (a finished run is
+# not trained again), OUT/<name>.eval and OUT/results.tsv.
+#
+# Environment:
+#   OUT               where results go (default runs/attention)
+#   RUNS              space-separated config names (default: all of configs/attention/ but base)
+#   LENGTHS, CONTEXTS comma-separated lengths (defaults 1024,…,16384 and 1024,4096,16384)
+#   SKIP_BENCH=1, SKIP_TRAIN=1   leave out a part
+#   CARGO_TARGET_DIR  cargo's target dir (default: target)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+OUT="${OUT:-runs/attention}"
+EVAL_TOKENS="${EVAL_TOKENS:-131072}"
+BIN="${CARGO_TARGET_DIR:-target}/release/variorum"
+source scripts/lib/runs.sh
+
+RUNS=$(family_members configs/attention "${RUNS:-}")
+build_and_fetch
+mkdir -p "$OUT"
+
+if [[ -z ${SKIP_BENCH:-} ]]; then
+  say "benchmarking one layer of each kind"
+  configs=()
+  for r in $RUNS; do configs+=("configs/attention/$r.toml"); done
+  "$BIN" bench-attention "${configs[@]}" --out "$OUT/bench" \
+    --lengths "${LENGTHS:-1024,2048,4096,8192,16384}" --contexts "${CONTEXTS:-1024,4096,16384}" |
+    tee "$OUT/bench.txt"
+fi
+
+if [[ -z ${SKIP_TRAIN:-} ]]; then
+  printf 'run\tparams\ttrain_tokens_per_s\tval_loss\n' >"$OUT/results.tsv"
+  for r in $RUNS; do
+    train_once "configs/attention/$r.toml" "$OUT/$r" "$OUT/$r.log"
+    "$BIN" eval "$OUT/$r" --max-tokens "$EVAL_TOKENS" >"$OUT/$r.eval"
+    python3 - "$OUT/$r/summary.json" "$OUT/$r.eval" "$r" >>"$OUT/results.tsv" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+lines = open(sys.argv[2]).read().splitlines()
+loss = next(l.split()[3] for l in lines if l.strip() and not l.startswith("#") and l.split()[0].isdigit())
+print(f"{sys.argv[3]}\t{s['params']}\t{s['tokens_per_sec']:.0f}\t{loss}")
+PY
+  done
+  column -t -s $'\t' "$OUT/results.tsv"
+fi
