@@ -7,18 +7,24 @@
 //! `[B, d] × [d, S]`: O(L·S·d) work and O(L·S) memory instead of O(L²). Inside the span a small
 //! constant mask keeps the exact band (and hides the padding).
 //!
+//! [`BandAttention`] is multi-head attention restricted to a band, the module of the
+//! `sliding-window` and `local` kinds: blocks for a fresh sequence, the dense masked computation
+//! when the keys are not the queries (a KV cache, a memory) or when weights are asked for.
+//!
 //! Every block has the same geometry (its keys start ⌈back/B⌉·B before its queries), so a
 //! relative position scheme gets one [`ScoreLayout`] for all of them: relative schemes are
 //! functions of query − key distance only.
 
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
+use variorum_core::AttentionMask;
 use variorum_position::ScoreLayout;
 
-use crate::MultiHeadAttention;
 use crate::full::{MASKED_SCORE, Projected};
+use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention};
 
-/// Which keys a query sees, relative to its own position, and the block size of the computation.
+/// Which keys a query sees, relative to its own position (or to its block's), and the block size
+/// of the computation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Band {
     /// Keys up to this many positions back (0 = only itself).
@@ -27,6 +33,12 @@ pub struct Band {
     pub ahead: usize,
     /// Positions per block.
     pub block: usize,
+    /// Reach is measured from the query's block rather than the query (Image Transformer local
+    /// attention): `back` positions before the block's start, through the block's end plus
+    /// `ahead` (the query itself when causal).
+    pub query_blocks: bool,
+    /// Causal: never a key after the query.
+    pub causal: bool,
 }
 
 impl Band {
@@ -48,7 +60,19 @@ impl Band {
     }
 
     fn sees(&self, q: i64, k: i64) -> bool {
-        k >= q - self.back as i64 && k <= q + self.ahead as i64
+        let (first, last) = if self.query_blocks {
+            let start = q - q.rem_euclid(self.block as i64);
+            (start, start + self.block as i64 - 1)
+        } else {
+            (q, q)
+        };
+        let last = if self.causal { q } else { last + self.ahead as i64 };
+        k >= first - self.back as i64 && k <= last
+    }
+
+    /// Cached keys a later query may still need: the last this many.
+    pub fn keep(&self) -> usize {
+        self.back + 1 + if self.query_blocks { self.block - 1 } else { 0 }
     }
 }
 
@@ -62,7 +86,7 @@ pub fn banded(mha: &MultiHeadAttention, p: &Projected, band: Band) -> Tensor<4> 
     let nb = l.div_ceil(bs);
     let pad = nb * bs - l;
     let before = band.back.div_ceil(bs);
-    let after = band.ahead.div_ceil(bs);
+    let after = if band.causal { 0 } else { band.ahead.div_ceil(bs) };
     let span = (before + 1 + after) * bs;
 
     // keys and values: one copy per query head (GQA shares them; the span stacking copies anyway)
@@ -111,7 +135,8 @@ pub fn banded(mha: &MultiHeadAttention, p: &Projected, band: Band) -> Tensor<4> 
 /// `[nb, B, span]`, true where block i's query r must not see span key s: outside the band,
 /// before position 0 or past the end.
 fn span_mask(band: Band, bs: usize, nb: usize, before: usize, len: usize, device: &Device) -> Tensor<3, Bool> {
-    let span = bs * (before + 1 + band.ahead.div_ceil(bs));
+    let after = if band.causal { 0 } else { band.ahead.div_ceil(bs) };
+    let span = bs * (before + 1 + after);
     let mut hidden = Vec::with_capacity(nb * bs * span);
     for i in 0..nb {
         for r in 0..bs {
@@ -131,4 +156,68 @@ fn pad_len(x: Tensor<4>, pad: usize) -> Tensor<4> {
     }
     let [b, h, _, d] = x.dims();
     Tensor::cat(vec![x.clone(), Tensor::zeros([b, h, pad, d], &x.device())], 2)
+}
+
+#[derive(Module, Debug)]
+pub struct BandAttention {
+    pub attention: MultiHeadAttention,
+    /// Keys seen back (from the query, or from its block's start).
+    pub back: usize,
+    /// Bidirectional only: keys seen ahead (of the query, or of its block's end).
+    pub look_ahead: usize,
+    pub block: usize,
+    /// Reach measured from the query's block (local attention) rather than the query.
+    pub query_blocks: bool,
+}
+
+impl BandAttention {
+    pub fn band(&self, causal: bool) -> Band {
+        Band {
+            back: self.back,
+            ahead: if causal { 0 } else { self.look_ahead },
+            block: self.block,
+            query_blocks: self.query_blocks,
+            causal,
+        }
+    }
+
+    /// Drops cached keys no later query can see.
+    pub fn trim(&self, cache: &mut KvCache) {
+        cache.drop_front(cache.len().saturating_sub(self.band(true).keep()));
+    }
+
+    pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
+        self.forward_with(input, cache, false)
+    }
+
+    /// With `dense`, always scores every key under the band mask (the definition; for tests).
+    pub fn forward_with(&self, input: AttentionInput, mut cache: Option<&mut KvCache>, dense: bool) -> AttentionOutput {
+        let mask = input.mask;
+        let plain = mask.padding.is_none() && mask.custom.is_none() && !input.need_weights;
+        let p = self.attention.project(input.query, input.key_value, mask, cache.as_deref_mut());
+        let band = self.band(mask.causal);
+        let aligned = p.layout.q_start == p.layout.k_start && p.layout.len_q == p.layout.len_k;
+        let out = if aligned && plain && !dense {
+            let context = banded(&self.attention, &p, band);
+            AttentionOutput { context: self.attention.merge(context), weights: None, aux_losses: Vec::new() }
+        } else {
+            let (lq, lk) = (p.layout.len_q, p.layout.len_k);
+            let device = p.q.device();
+            let outside = band.dense_mask(p.layout.q_start, p.layout.k_start, lq, lk, &device).unsqueeze_dim::<3>(0);
+            let custom = match &mask.custom {
+                Some(c) => c.clone().bool_or(outside),
+                None => outside,
+            };
+            let full = AttentionMask { k_start: p.layout.k_start, custom: Some(custom), ..mask.clone() };
+            let hidden = full.score_mask(lq, lk, &device).expect("the band mask is always there");
+            let probs = softmax(self.attention.scores(&p).mask_fill(hidden, MASKED_SCORE), 3);
+            let weights = input.need_weights.then(|| probs.clone());
+            let context = self.attention.combine(self.attention.dropout.forward(probs), &p);
+            AttentionOutput { context, weights, aux_losses: Vec::new() }
+        };
+        if let Some(c) = cache {
+            self.trim(c);
+        }
+        out
+    }
 }

@@ -5,11 +5,13 @@ use serde::{Deserialize, Serialize};
 use variorum_core::{Capabilities, ConfigError, KindInfo};
 
 use crate::average::{AverageAttention, AverageAttentionConfig};
+use crate::band::BandAttention;
 use crate::contract::AttentionState;
 use crate::linear::{LinearAttention, LinearAttentionConfig};
+use crate::local::LocalAttentionConfig;
 use crate::performer::{PerformerAttention, PerformerConfig};
 use crate::rfa::{RfaAttention, RfaConfig};
-use crate::sliding_window::{SlidingWindowAttention, SlidingWindowConfig};
+use crate::sliding_window::SlidingWindowConfig;
 use crate::{
     AdaptiveSpanAttention, AdaptiveSpanConfig, AttentionInput, AttentionOutput, MultiHeadAttention,
     MultiHeadAttentionConfig, Positioning,
@@ -26,6 +28,8 @@ pub enum AttentionConfig {
     AdaptiveSpan(AdaptiveSpanConfig),
     /// Band attention: each query sees the last `window` keys, computed by blocks.
     SlidingWindow(SlidingWindowConfig),
+    /// Image Transformer 1D local attention: query blocks see their block and a memory before it.
+    Local(LocalAttentionConfig),
     /// Linear attention, φ = elu + 1.
     Linear(LinearAttentionConfig),
     /// FAVOR+ positive (or ReLU) random features.
@@ -48,6 +52,7 @@ impl AttentionConfig {
             Self::Full(_) => "full",
             Self::AdaptiveSpan(_) => "adaptive-span",
             Self::SlidingWindow(_) => "sliding-window",
+            Self::Local(_) => "local",
             Self::Linear(_) => "linear",
             Self::Performer(_) => "performer",
             Self::Rfa(_) => "rfa",
@@ -74,6 +79,7 @@ impl AttentionConfig {
             Self::Full(c) => Self::Full(c.expanded(d_model)),
             Self::AdaptiveSpan(c) => Self::AdaptiveSpan(c.expanded(d_model)),
             Self::SlidingWindow(c) => Self::SlidingWindow(c.expanded(d_model)),
+            Self::Local(c) => Self::Local(c.expanded(d_model)),
             Self::Linear(c) => Self::Linear(c.expanded(d_model)),
             Self::Performer(c) => Self::Performer(c.expanded(d_model)),
             Self::Rfa(c) => Self::Rfa(c.expanded(d_model)),
@@ -86,6 +92,7 @@ impl AttentionConfig {
             Self::Full(c) => c.validate(d_model),
             Self::AdaptiveSpan(c) => c.validate(d_model),
             Self::SlidingWindow(c) => c.validate(d_model),
+            Self::Local(c) => c.validate(d_model),
             Self::Linear(c) => c.validate(d_model),
             Self::Performer(c) => c.validate(d_model),
             Self::Rfa(c) => c.validate(d_model),
@@ -105,6 +112,7 @@ impl AttentionConfig {
             Self::Full(c) => Attention::Full(c.init(d_model, init_std, out_std, position, device)),
             Self::AdaptiveSpan(c) => Attention::AdaptiveSpan(c.init(d_model, init_std, out_std, position, device)),
             Self::SlidingWindow(c) => Attention::SlidingWindow(c.init(d_model, init_std, out_std, position, device)),
+            Self::Local(c) => Attention::Local(c.init(d_model, init_std, out_std, position, device)),
             Self::Linear(c) => Attention::Linear(c.init(d_model, init_std, out_std, device)),
             Self::Performer(c) => Attention::Performer(c.init(d_model, init_std, out_std, device)),
             Self::Rfa(c) => Attention::Rfa(c.init(d_model, init_std, out_std, device)),
@@ -118,6 +126,7 @@ impl AttentionConfig {
             Self::Full(c) => c.heads(d_model),
             Self::AdaptiveSpan(c) => c.heads().heads(d_model),
             Self::SlidingWindow(c) => c.head_shape(d_model),
+            Self::Local(c) => c.head_shape(d_model),
             Self::Linear(c) => c.heads(d_model),
             Self::Performer(c) => c.heads(d_model),
             Self::Rfa(c) => c.heads(d_model),
@@ -132,6 +141,7 @@ impl AttentionConfig {
             // at most S keys back
             Self::AdaptiveSpan(c) => c.heads().flops_per_token(d_model, len_k.min(c.max_span)),
             Self::SlidingWindow(c) => c.flops_per_token(d_model, len_k),
+            Self::Local(c) => c.flops_per_token(d_model, len_k),
             Self::Linear(c) => kernel_flops(c.heads(d_model), c.heads(d_model).head_dim, c.chunk),
             Self::Performer(c) => kernel_flops(c.heads(d_model), c.features(d_model), c.chunk),
             Self::Rfa(c) => kernel_flops(c.heads(d_model), 2 * c.features(d_model), c.chunk),
@@ -176,6 +186,21 @@ impl AttentionConfig {
                 kind: "sliding-window",
                 summary: "band attention over the last `window` keys (look-ahead when bidirectional), computed block by block; KV cache trimmed to the window",
                 paper: "Beltagy et al. 2020, Longformer; Child et al. 2019 (local attention)",
+                caps: Capabilities {
+                    causal: true,
+                    bidirectional: true,
+                    incremental: true,
+                    score_bias: true,
+                    qk_rotation: true,
+                    aux_losses: false,
+                    variable_length: true,
+                },
+            },
+            KindInfo {
+                axis: "model.attention",
+                kind: "local",
+                summary: "Image Transformer 1D local attention: non-overlapping query blocks see their block and `memory` positions before it; computed block by block",
+                paper: "Parmar et al. 2018, Image Transformer",
                 caps: Capabilities {
                     causal: true,
                     bidirectional: true,
@@ -241,7 +266,8 @@ fn kernel_flops(h: HeadShape, features: usize, chunk: usize) -> u64 {
 pub enum Attention {
     Full(MultiHeadAttention),
     AdaptiveSpan(AdaptiveSpanAttention),
-    SlidingWindow(SlidingWindowAttention),
+    SlidingWindow(BandAttention),
+    Local(BandAttention),
     Linear(LinearAttention),
     Performer(PerformerAttention),
     Rfa(RfaAttention),
@@ -259,7 +285,7 @@ impl Attention {
             Self::AdaptiveSpan(a) => {
                 a.attention.project(x, None, mask, Some(state.kv_mut()));
             }
-            Self::SlidingWindow(a) => {
+            Self::SlidingWindow(a) | Self::Local(a) => {
                 a.attention.project(x, None, mask, Some(state.kv_mut()));
                 a.trim(state.kv_mut());
             }
@@ -275,7 +301,7 @@ impl Attention {
         match self {
             Self::Full(a) => a.content_only(query, key_value),
             Self::AdaptiveSpan(a) => a.attention.content_only(query, key_value),
-            Self::SlidingWindow(a) => a.attention.content_only(query, key_value),
+            Self::SlidingWindow(a) | Self::Local(a) => a.attention.content_only(query, key_value),
             _ => {
                 let mask = variorum_core::AttentionMask::bidirectional();
                 self.forward(AttentionInput::cross_attention(query, key_value, &mask), None).context
@@ -288,7 +314,7 @@ impl Attention {
         match self {
             Self::Full(a) => a.forward(input, state.map(AttentionState::kv_mut)),
             Self::AdaptiveSpan(a) => a.forward(input, state.map(AttentionState::kv_mut)),
-            Self::SlidingWindow(a) => a.forward(input, state.map(AttentionState::kv_mut)),
+            Self::SlidingWindow(a) | Self::Local(a) => a.forward(input, state.map(AttentionState::kv_mut)),
             Self::Linear(a) => a.forward(input, state.map(AttentionState::kernel_mut)),
             Self::Performer(a) => a.forward(input, state.map(AttentionState::kernel_mut)),
             Self::Rfa(a) => a.forward(input, state.map(AttentionState::kernel_mut)),

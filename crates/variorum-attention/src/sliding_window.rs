@@ -6,20 +6,19 @@
 //! with w = `window` keys back (the query's own position included) and a = 0 for causal
 //! attention, `look_ahead` (default w − 1: a symmetric window) for bidirectional attention.
 //!
-//! A forward over a fresh sequence is computed by blocks ([`crate::band`]): O(L·(w + B)) scores,
-//! never L × L. Decoding keeps only the last w keys and values in the cache and scores the new
-//! tokens against them directly; with a memory in front of the keys the same dense path is used.
-//! Any relative position scheme applies (one score layout serves every block).
+//! A forward over a fresh sequence is computed by blocks ([`crate::band::BandAttention`]):
+//! O(L·(w + B)) scores, never L × L. Decoding keeps only the last w keys and values in the cache
+//! and scores the new tokens against them directly; with a memory in front of the keys the same
+//! dense path is used. Any relative position scheme applies (one score layout serves every block).
 
 use burn::prelude::*;
-use burn::tensor::activation::softmax;
 use serde::{Deserialize, Serialize};
-use variorum_core::{AttentionMask, ConfigError, error::check};
+use variorum_core::{ConfigError, error::check};
 use variorum_position::HeadShape;
 
-use crate::band::{Band, banded};
-use crate::full::{MASKED_SCORE, Positioning};
-use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention, MultiHeadAttentionConfig};
+use crate::MultiHeadAttentionConfig;
+use crate::band::BandAttention;
+use crate::full::Positioning;
 
 /// `model.attention` with `kind = "sliding-window"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -100,71 +99,18 @@ impl SlidingWindowConfig {
         out_std: f64,
         position: Positioning,
         device: &Device,
-    ) -> SlidingWindowAttention {
-        SlidingWindowAttention {
+    ) -> BandAttention {
+        BandAttention {
             attention: self.heads().init(d_model, init_std, out_std, position, device),
-            window: self.window,
+            back: self.window - 1,
             look_ahead: self.look_ahead(),
             block: self.block(),
+            query_blocks: false,
         }
     }
 
     /// Multiply–adds per token: at most w keys (plus the block's slack).
     pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         self.heads().flops_per_token(d_model, len_k.min(self.window + self.block()))
-    }
-}
-
-#[derive(Module, Debug)]
-pub struct SlidingWindowAttention {
-    pub attention: MultiHeadAttention,
-    pub window: usize,
-    pub look_ahead: usize,
-    pub block: usize,
-}
-
-impl SlidingWindowAttention {
-    pub fn band(&self, causal: bool) -> Band {
-        Band { back: self.window - 1, ahead: if causal { 0 } else { self.look_ahead }, block: self.block }
-    }
-
-    /// Drops cached keys no later query can see (all but the last w).
-    pub fn trim(&self, cache: &mut KvCache) {
-        cache.drop_front(cache.len().saturating_sub(self.window));
-    }
-
-    pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
-        self.forward_with(input, cache, false)
-    }
-
-    /// With `dense`, always scores every key under the band mask (the definition; for tests).
-    pub fn forward_with(&self, input: AttentionInput, mut cache: Option<&mut KvCache>, dense: bool) -> AttentionOutput {
-        let mask = input.mask;
-        let plain = mask.padding.is_none() && mask.custom.is_none() && !input.need_weights;
-        let p = self.attention.project(input.query, input.key_value, mask, cache.as_deref_mut());
-        let band = self.band(mask.causal);
-        let aligned = p.layout.q_start == p.layout.k_start && p.layout.len_q == p.layout.len_k;
-        let out = if aligned && plain && !dense {
-            let context = banded(&self.attention, &p, band);
-            AttentionOutput { context: self.attention.merge(context), weights: None, aux_losses: Vec::new() }
-        } else {
-            let (lq, lk) = (p.layout.len_q, p.layout.len_k);
-            let device = p.q.device();
-            let outside = band.dense_mask(p.layout.q_start, p.layout.k_start, lq, lk, &device).unsqueeze_dim::<3>(0);
-            let custom = match &mask.custom {
-                Some(c) => c.clone().bool_or(outside),
-                None => outside,
-            };
-            let full = AttentionMask { k_start: p.layout.k_start, custom: Some(custom), ..mask.clone() };
-            let hidden = full.score_mask(lq, lk, &device).expect("the band mask is always there");
-            let probs = softmax(self.attention.scores(&p).mask_fill(hidden, MASKED_SCORE), 3);
-            let weights = input.need_weights.then(|| probs.clone());
-            let context = self.attention.combine(self.attention.dropout.forward(probs), &p);
-            AttentionOutput { context, weights, aux_losses: Vec::new() }
-        };
-        if let Some(c) = cache {
-            self.trim(c);
-        }
-        out
     }
 }

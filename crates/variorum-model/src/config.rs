@@ -109,8 +109,12 @@ impl ModelConfig {
                 self.exits.kind()
             )
         })?;
-        check(!(self.position.kind() == "untied" && self.attention.kind() == "sliding-window"), || {
-            "model.position.kind = \"untied\" (TUPE) scores absolute positions, which the blocks of model.attention.kind = \"sliding-window\" do not carry; use a relative scheme (alibi, rope, t5, …) or learned".into()
+        let blocked = matches!(self.attention.kind(), "sliding-window" | "local");
+        check(!(self.position.kind() == "untied" && blocked), || {
+            format!(
+                "model.position.kind = \"untied\" (TUPE) scores absolute positions, which the blocks of model.attention.kind = \"{}\" do not carry; use a relative scheme (alibi, rope, t5, …) or learned",
+                self.attention.kind()
+            )
         })?;
         let conv = self.feed_forward.kind == variorum_block::FeedForwardKind::SeparableConv;
         check(!conv || (matches!(self.exits, ExitConfig::None) && self.memory.is_none()), || {

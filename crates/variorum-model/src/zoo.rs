@@ -2,8 +2,8 @@
 //! tests run. Adding a kind to an axis's `zoo()` and to [`variants`] enrols it in both.
 
 use variorum_attention::{
-    AdaptiveSpanConfig, AttentionConfig, AverageAttentionConfig, LinearAttentionConfig, MultiHeadAttentionConfig,
-    PerformerConfig, PerformerKernel, RfaConfig, SlidingWindowConfig,
+    AdaptiveSpanConfig, AttentionConfig, AverageAttentionConfig, LinearAttentionConfig, LocalAttentionConfig,
+    MultiHeadAttentionConfig, PerformerConfig, PerformerKernel, RfaConfig, SlidingWindowConfig,
 };
 use variorum_block::{
     BlockConfig, CompressionKind, CompressiveMemoryConfig, DepthConfig, FeedForwardConfig, FeedForwardKind,
@@ -212,6 +212,14 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
         });
         out.push((
             format!("attention sliding-window + position {}", position.kind()),
+            ModelConfig { attention, position, ..tiny() },
+        ));
+    }
+    // Image Transformer local blocks
+    for position in [PositionConfig::default(), PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 16 })] {
+        let attention = AttentionConfig::Local(LocalAttentionConfig { block: 3, memory: 2, ..Default::default() });
+        out.push((
+            format!("attention local + position {}", position.kind()),
             ModelConfig { attention, position, ..tiny() },
         ));
     }

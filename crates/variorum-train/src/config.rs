@@ -323,4 +323,15 @@ path = "x.txt"
         assert!(e.contains("separable-conv") && e.contains("model.exits.kind = \"every-layer\""), "{e}");
         assert!(ExperimentConfig::parse(&bad.replace("separable-conv", "relu"), false).unwrap().validate().is_ok());
     }
+
+    #[test]
+    fn absolute_scores_with_blocked_attention_are_refused_by_name() {
+        let bad = OK
+            .replace("kind = \"full\"", "kind = \"local\"")
+            .replace("[data]", "[model.position]\nkind = \"untied\"\n[data]");
+        let e = ExperimentConfig::parse(&bad, false).unwrap().validate().unwrap_err().to_string();
+        assert!(e.contains("untied") && e.contains("\"local\""), "{e}");
+        let ok = bad.replace("untied", "alibi");
+        assert!(ExperimentConfig::parse(&ok, false).unwrap().validate().is_ok());
+    }
 }

@@ -1,0 +1,102 @@
+//! 1D local attention of the Image Transformer (Parmar et al. 2018), the `local` kind: the
+//! sequence is cut into non-overlapping query blocks of `block` positions; every query of a block
+//! attends to the keys of its own block (up to itself when causal) and to the `memory` positions
+//! before the block — and, bidirectionally, to `look_ahead` positions after it.
+//!
+//! Unlike a sliding window, all queries of a block share one key range, which is what lets the
+//! original compute each block as one small dense attention. Here it runs on the same block
+//! machinery as `sliding-window` ([`crate::band::BandAttention`]): O(L·(memory + block)) scores.
+//! (2D local attention over H×W grids is not implemented.)
+
+use burn::prelude::*;
+use serde::{Deserialize, Serialize};
+use variorum_core::{ConfigError, error::check};
+use variorum_position::HeadShape;
+
+use crate::MultiHeadAttentionConfig;
+use crate::band::BandAttention;
+use crate::full::Positioning;
+
+/// `model.attention` with `kind = "local"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LocalAttentionConfig {
+    pub n_heads: usize,
+    pub n_kv_heads: Option<usize>,
+    pub head_dim: Option<usize>,
+    pub dropout: f64,
+    pub bias: bool,
+    /// Positions per query block. Default 64.
+    pub block: usize,
+    /// Positions before the block every query of it sees. Default 64.
+    pub memory: usize,
+    /// Bidirectional only: positions after the block. Default `memory`.
+    pub look_ahead: Option<usize>,
+}
+
+impl Default for LocalAttentionConfig {
+    fn default() -> Self {
+        Self {
+            n_heads: 4,
+            n_kv_heads: None,
+            head_dim: None,
+            dropout: 0.0,
+            bias: true,
+            block: 64,
+            memory: 64,
+            look_ahead: None,
+        }
+    }
+}
+
+impl LocalAttentionConfig {
+    pub fn heads(&self) -> MultiHeadAttentionConfig {
+        MultiHeadAttentionConfig {
+            n_heads: self.n_heads,
+            n_kv_heads: self.n_kv_heads,
+            head_dim: self.head_dim,
+            dropout: self.dropout,
+            bias: self.bias,
+        }
+    }
+
+    pub fn head_shape(&self, d_model: usize) -> HeadShape {
+        self.heads().heads(d_model)
+    }
+
+    pub fn expanded(&self, d_model: usize) -> Self {
+        let h = self.heads().expanded(d_model);
+        Self { n_kv_heads: h.n_kv_heads, head_dim: h.head_dim, look_ahead: Some(self.look_ahead()), ..self.clone() }
+    }
+
+    pub fn look_ahead(&self) -> usize {
+        self.look_ahead.unwrap_or(self.memory)
+    }
+
+    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        self.heads().validate(d_model)?;
+        check(self.block >= 1, || "model.attention.block must be at least 1".into())
+    }
+
+    pub fn init(
+        &self,
+        d_model: usize,
+        init_std: f64,
+        out_std: f64,
+        position: Positioning,
+        device: &Device,
+    ) -> BandAttention {
+        BandAttention {
+            attention: self.heads().init(d_model, init_std, out_std, position, device),
+            back: self.memory,
+            look_ahead: self.look_ahead(),
+            block: self.block,
+            query_blocks: true,
+        }
+    }
+
+    /// Multiply–adds per token: at most memory + block keys.
+    pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+        self.heads().flops_per_token(d_model, len_k.min(self.memory + self.block))
+    }
+}

@@ -1,0 +1,120 @@
+//! Sliding-window and local attention: the block-by-block computation equals dense attention
+//! under the band mask, causal and bidirectional, with every relative position scheme, for
+//! lengths that are not a multiple of the block; and the masks are the patterns.
+
+use burn::prelude::*;
+use burn::tensor::Distribution;
+use variorum_attention::band::Band;
+use variorum_attention::{
+    AttentionConfig, AttentionInput, BandAttention, LocalAttentionConfig, Positioning, SlidingWindowConfig,
+};
+use variorum_core::AttentionMask;
+use variorum_position::{
+    DebertaConfig, MultiplicativeConfig, PositionConfig, RotaryConfig, ShawConfig, T5BiasConfig, XlRelativeConfig,
+};
+
+const D: usize = 16;
+
+fn schemes() -> Vec<PositionConfig> {
+    vec![
+        PositionConfig::None,
+        PositionConfig::Alibi,
+        PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 10 }),
+        PositionConfig::Rope(RotaryConfig::default()),
+        PositionConfig::TransformerXl(XlRelativeConfig::default()),
+        PositionConfig::Shaw(ShawConfig { max_distance: 3, values: true }),
+        PositionConfig::Deberta(DebertaConfig { max_distance: 3 }),
+        PositionConfig::Da,
+        PositionConfig::Multiplicative(MultiplicativeConfig { max_distance: 4 }),
+    ]
+}
+
+/// (name, config) of sliding windows and local blocks of several shapes, with GQA.
+fn patterns() -> Vec<(String, AttentionConfig)> {
+    let mut out = Vec::new();
+    for (window, block, look_ahead, kv_heads) in
+        [(3, 2, None, 4), (5, 3, Some(2), 2), (1, 4, Some(0), 4), (4, 4, None, 1)]
+    {
+        let cfg = SlidingWindowConfig {
+            window,
+            block: Some(block),
+            look_ahead,
+            n_kv_heads: Some(kv_heads),
+            ..Default::default()
+        };
+        out.push((format!("sliding-window w {window} block {block}"), AttentionConfig::SlidingWindow(cfg)));
+    }
+    for (block, memory, look_ahead, kv_heads) in [(4, 2, None, 4), (3, 5, Some(1), 2), (2, 0, Some(0), 1)] {
+        let cfg = LocalAttentionConfig { block, memory, look_ahead, n_kv_heads: Some(kv_heads), ..Default::default() };
+        out.push((format!("local block {block} memory {memory}"), AttentionConfig::Local(cfg)));
+    }
+    out
+}
+
+fn band(cfg: &AttentionConfig, position: &PositionConfig, dev: &Device) -> BandAttention {
+    cfg.validate(D).unwrap();
+    match cfg.init(D, 0.3, 0.3, Positioning { config: position, context: 32 }, dev) {
+        variorum_attention::Attention::SlidingWindow(a) | variorum_attention::Attention::Local(a) => a,
+        _ => unreachable!("band kinds only"),
+    }
+}
+
+#[test]
+fn blocks_equal_dense_attention_under_the_band_mask() {
+    let dev = Device::flex();
+    for position in schemes() {
+        for (name, cfg) in patterns() {
+            let attn = band(&cfg, &position, &dev);
+            let x: Tensor<3> = Tensor::random([2, 11, D], Distribution::Normal(0.0, 1.0), &dev);
+            for mask in [AttentionMask::causal(), AttentionMask::bidirectional()] {
+                let run =
+                    |dense| attn.forward_with(AttentionInput::self_attention(x.clone(), &mask), None, dense).context;
+                let d = (run(false) - run(true)).abs().max().into_scalar::<f32>();
+                assert!(d < 1e-5, "{} {name} causal {}: blocks differ from dense by {d}", position.kind(), mask.causal);
+            }
+        }
+    }
+}
+
+/// Which of 12 causal queries change when position `p` changes.
+fn reached_by(attn: &BandAttention, p: usize, dev: &Device) -> Vec<usize> {
+    let x: Tensor<3> = Tensor::random([1, 12, D], Distribution::Normal(0.0, 1.0), dev);
+    let y =
+        x.clone().slice_assign([0..1, p..p + 1, 0..D], Tensor::random([1, 1, D], Distribution::Normal(0.0, 1.0), dev));
+    let mask = AttentionMask::causal();
+    let run = |x: Tensor<3>| attn.forward(AttentionInput::self_attention(x, &mask), None).context;
+    let diff = (run(x) - run(y)).abs().max_dim(2).reshape([12]).into_data().try_to_vec::<f32>().unwrap();
+    diff.iter().enumerate().filter(|(_, d)| **d > 1e-6).map(|(i, _)| i).collect()
+}
+
+#[test]
+fn local_blocks_share_their_reach() {
+    // blocks of 4 with a memory of 2: block 1 (4..7) sees 2..=its query, block 2 (8..11) 6..
+    let dev = Device::flex();
+    let cfg = AttentionConfig::Local(LocalAttentionConfig { block: 4, memory: 2, ..Default::default() });
+    let attn = band(&cfg, &PositionConfig::None, &dev);
+    assert_eq!(reached_by(&attn, 1, &dev), vec![1, 2, 3]);
+    assert_eq!(reached_by(&attn, 3, &dev), vec![3, 4, 5, 6, 7]);
+    assert_eq!(reached_by(&attn, 6, &dev), vec![6, 7, 8, 9, 10, 11]);
+}
+
+#[test]
+fn the_band_mask_is_the_band() {
+    let dev = Device::flex();
+    let band = Band { back: 2, ahead: 1, block: 4, query_blocks: false, causal: false };
+    let hidden = band.dense_mask(3, 1, 2, 6, &dev).into_data().try_to_vec::<bool>().unwrap();
+    // queries at 3, 4; keys at 1..7: query 3 sees 1..4, query 4 sees 2..5
+    #[rustfmt::skip]
+    let want = vec![false, false, false, false, true, true,
+                    true, false, false, false, false, true];
+    assert_eq!(hidden, want);
+}
+
+#[test]
+fn far_keys_do_not_reach_a_query_and_near_ones_do() {
+    // a window of 4: position 2 is seen by queries 2..=5 only
+    let dev = Device::flex();
+    let cfg = AttentionConfig::SlidingWindow(SlidingWindowConfig { window: 4, block: Some(3), ..Default::default() });
+    let attn = band(&cfg, &PositionConfig::None, &dev);
+    assert_eq!(reached_by(&attn, 2, &dev), vec![2, 3, 4, 5]);
+}
