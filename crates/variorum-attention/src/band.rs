@@ -77,16 +77,17 @@ impl Band {
 }
 
 /// The band attention of aligned queries and keys (`p.layout.q_start == p.layout.k_start`, equal
-/// lengths): the per-head context `[b, h, len, d_h]`, before the output projection.
-pub fn banded(mha: &MultiHeadAttention, p: &Projected, band: Band) -> Tensor<4> {
+/// lengths): the per-head context `[b, h, len, d_h]`, before the output projection. `bands` is
+/// one band for every head, or one per head (all with the same block; the span covers the widest).
+pub fn banded(mha: &MultiHeadAttention, p: &Projected, bands: &[Band]) -> Tensor<4> {
     let [b, h, l, dh] = p.q.dims();
     let hkv = p.k.dims()[1];
     let device = p.q.device();
-    let bs = band.block.clamp(1, l.max(1));
+    let bs = bands[0].block.clamp(1, l.max(1));
     let nb = l.div_ceil(bs);
     let pad = nb * bs - l;
-    let before = band.back.div_ceil(bs);
-    let after = if band.causal { 0 } else { band.ahead.div_ceil(bs) };
+    let before = bands.iter().map(|band| band.back.div_ceil(bs)).max().unwrap_or(0);
+    let after = bands.iter().map(|band| if band.causal { 0 } else { band.ahead.div_ceil(bs) }).max().unwrap_or(0);
     let span = (before + 1 + after) * bs;
 
     // keys and values: one copy per query head (GQA shares them; the span stacking copies anyway)
@@ -119,7 +120,12 @@ pub fn banded(mha: &MultiHeadAttention, p: &Projected, band: Band) -> Tensor<4> 
         scores = s.reshape([b, nb, h, bs, span]).swap_dims(1, 2).reshape([b * h, nb, bs, span]);
     }
 
-    let mask = span_mask(band, bs, nb, before, l, &device).unsqueeze_dim::<4>(0);
+    let mask = span_mask(bands, bs, nb, before, span, l, &device);
+    let mask = if bands.len() == 1 {
+        mask
+    } else {
+        mask.unsqueeze_dim::<5>(0).expand([b, h, nb, bs, span]).reshape([b * h, nb, bs, span])
+    };
     let probs = mha.dropout.forward(softmax(scores.mask_fill(mask, MASKED_SCORE), 3));
     let mut context = probs.clone().matmul(v); // [b·h, nb, B, d]
     if let Some(pos) = &mha.position {
@@ -132,22 +138,30 @@ pub fn banded(mha: &MultiHeadAttention, p: &Projected, band: Band) -> Tensor<4> 
     context.reshape([b, h, nb * bs, dh]).narrow(2, 0, l)
 }
 
-/// `[nb, B, span]`, true where block i's query r must not see span key s: outside the band,
-/// before position 0 or past the end.
-fn span_mask(band: Band, bs: usize, nb: usize, before: usize, len: usize, device: &Device) -> Tensor<3, Bool> {
-    let after = if band.causal { 0 } else { band.ahead.div_ceil(bs) };
-    let span = bs * (before + 1 + after);
-    let mut hidden = Vec::with_capacity(nb * bs * span);
-    for i in 0..nb {
-        for r in 0..bs {
-            let q = (i * bs + r) as i64;
-            for s in 0..span {
-                let k = (i * bs + s) as i64 - (before * bs) as i64;
-                hidden.push(k < 0 || k >= len as i64 || !band.sees(q, k));
+/// `[bands, nb, B, span]`, true where block i's query r must not see span key s under each band:
+/// outside it, before position 0 or past the end.
+fn span_mask(
+    bands: &[Band],
+    bs: usize,
+    nb: usize,
+    before: usize,
+    span: usize,
+    len: usize,
+    device: &Device,
+) -> Tensor<4, Bool> {
+    let mut hidden = Vec::with_capacity(bands.len() * nb * bs * span);
+    for band in bands {
+        for i in 0..nb {
+            for r in 0..bs {
+                let q = (i * bs + r) as i64;
+                for s in 0..span {
+                    let k = (i * bs + s) as i64 - (before * bs) as i64;
+                    hidden.push(k < 0 || k >= len as i64 || !band.sees(q, k));
+                }
             }
         }
     }
-    Tensor::from_data(TensorData::new(hidden, [nb, bs, span]), device)
+    Tensor::from_data(TensorData::new(hidden, [bands.len(), nb, bs, span]), device)
 }
 
 fn pad_len(x: Tensor<4>, pad: usize) -> Tensor<4> {
@@ -168,22 +182,33 @@ pub struct BandAttention {
     pub block: usize,
     /// Reach measured from the query's block (local attention) rather than the query.
     pub query_blocks: bool,
+    /// Per-head reach back (Multi-Scale Transformer; keys ahead the same when bidirectional);
+    /// empty = `back` for every head.
+    #[module(skip)]
+    pub head_back: Vec<usize>,
 }
 
 impl BandAttention {
-    pub fn band(&self, causal: bool) -> Band {
-        Band {
-            back: self.back,
-            ahead: if causal { 0 } else { self.look_ahead },
+    /// The band of every head (one entry when all heads share it).
+    pub fn bands(&self, causal: bool) -> Vec<Band> {
+        let band = |back: usize, ahead: usize| Band {
+            back,
+            ahead: if causal { 0 } else { ahead },
             block: self.block,
             query_blocks: self.query_blocks,
             causal,
+        };
+        if self.head_back.is_empty() {
+            vec![band(self.back, self.look_ahead)]
+        } else {
+            self.head_back.iter().map(|&w| band(w, w)).collect()
         }
     }
 
     /// Drops cached keys no later query can see.
     pub fn trim(&self, cache: &mut KvCache) {
-        cache.drop_front(cache.len().saturating_sub(self.band(true).keep()));
+        let keep = self.bands(true).iter().map(Band::keep).max().unwrap_or(0);
+        cache.drop_front(cache.len().saturating_sub(keep));
     }
 
     pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
@@ -195,22 +220,26 @@ impl BandAttention {
         let mask = input.mask;
         let plain = mask.padding.is_none() && mask.custom.is_none() && !input.need_weights;
         let p = self.attention.project(input.query, input.key_value, mask, cache.as_deref_mut());
-        let band = self.band(mask.causal);
+        let bands = self.bands(mask.causal);
         let aligned = p.layout.q_start == p.layout.k_start && p.layout.len_q == p.layout.len_k;
         let out = if aligned && plain && !dense {
-            let context = banded(&self.attention, &p, band);
+            let context = banded(&self.attention, &p, &bands);
             AttentionOutput { context: self.attention.merge(context), weights: None, aux_losses: Vec::new() }
         } else {
             let (lq, lk) = (p.layout.len_q, p.layout.len_k);
             let device = p.q.device();
-            let outside = band.dense_mask(p.layout.q_start, p.layout.k_start, lq, lk, &device).unsqueeze_dim::<3>(0);
-            let custom = match &mask.custom {
-                Some(c) => c.clone().bool_or(outside),
-                None => outside,
+            let scores = self.attention.scores(&p);
+            let [b, h, _, _] = scores.dims();
+            // the band of each head, [1, bands, lq, lk], with causality, padding and custom masks
+            let outside: Vec<Tensor<2, Bool>> =
+                bands.iter().map(|band| band.dense_mask(p.layout.q_start, p.layout.k_start, lq, lk, &device)).collect();
+            let outside = Tensor::stack::<3>(outside, 0).unsqueeze_dim::<4>(0);
+            let base = AttentionMask { k_start: p.layout.k_start, ..mask.clone() };
+            let hidden = match base.score_mask(lq, lk, &device) {
+                Some(m) => m.expand([b, h, lq, lk]).bool_or(outside.expand([b, h, lq, lk])),
+                None => outside.expand([b, h, lq, lk]),
             };
-            let full = AttentionMask { k_start: p.layout.k_start, custom: Some(custom), ..mask.clone() };
-            let hidden = full.score_mask(lq, lk, &device).expect("the band mask is always there");
-            let probs = softmax(self.attention.scores(&p).mask_fill(hidden, MASKED_SCORE), 3);
+            let probs = softmax(scores.mask_fill(hidden, MASKED_SCORE), 3);
             let weights = input.need_weights.then(|| probs.clone());
             let context = self.attention.combine(self.attention.dropout.forward(probs), &p);
             AttentionOutput { context, weights, aux_losses: Vec::new() }

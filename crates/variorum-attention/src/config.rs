@@ -9,6 +9,7 @@ use crate::band::BandAttention;
 use crate::contract::AttentionState;
 use crate::linear::{LinearAttention, LinearAttentionConfig};
 use crate::local::LocalAttentionConfig;
+use crate::multi_scale::MultiScaleConfig;
 use crate::performer::{PerformerAttention, PerformerConfig};
 use crate::rfa::{RfaAttention, RfaConfig};
 use crate::sliding_window::SlidingWindowConfig;
@@ -30,6 +31,8 @@ pub enum AttentionConfig {
     SlidingWindow(SlidingWindowConfig),
     /// Image Transformer 1D local attention: query blocks see their block and a memory before it.
     Local(LocalAttentionConfig),
+    /// Band attention with one window width per head (Multi-Scale Transformer).
+    MultiScale(MultiScaleConfig),
     /// Linear attention, φ = elu + 1.
     Linear(LinearAttentionConfig),
     /// FAVOR+ positive (or ReLU) random features.
@@ -53,6 +56,7 @@ impl AttentionConfig {
             Self::AdaptiveSpan(_) => "adaptive-span",
             Self::SlidingWindow(_) => "sliding-window",
             Self::Local(_) => "local",
+            Self::MultiScale(_) => "multi-scale",
             Self::Linear(_) => "linear",
             Self::Performer(_) => "performer",
             Self::Rfa(_) => "rfa",
@@ -80,6 +84,7 @@ impl AttentionConfig {
             Self::AdaptiveSpan(c) => Self::AdaptiveSpan(c.expanded(d_model)),
             Self::SlidingWindow(c) => Self::SlidingWindow(c.expanded(d_model)),
             Self::Local(c) => Self::Local(c.expanded(d_model)),
+            Self::MultiScale(c) => Self::MultiScale(c.expanded(d_model)),
             Self::Linear(c) => Self::Linear(c.expanded(d_model)),
             Self::Performer(c) => Self::Performer(c.expanded(d_model)),
             Self::Rfa(c) => Self::Rfa(c.expanded(d_model)),
@@ -93,6 +98,7 @@ impl AttentionConfig {
             Self::AdaptiveSpan(c) => c.validate(d_model),
             Self::SlidingWindow(c) => c.validate(d_model),
             Self::Local(c) => c.validate(d_model),
+            Self::MultiScale(c) => c.validate(d_model),
             Self::Linear(c) => c.validate(d_model),
             Self::Performer(c) => c.validate(d_model),
             Self::Rfa(c) => c.validate(d_model),
@@ -113,6 +119,7 @@ impl AttentionConfig {
             Self::AdaptiveSpan(c) => Attention::AdaptiveSpan(c.init(d_model, init_std, out_std, position, device)),
             Self::SlidingWindow(c) => Attention::SlidingWindow(c.init(d_model, init_std, out_std, position, device)),
             Self::Local(c) => Attention::Local(c.init(d_model, init_std, out_std, position, device)),
+            Self::MultiScale(c) => Attention::MultiScale(c.init(d_model, init_std, out_std, position, device)),
             Self::Linear(c) => Attention::Linear(c.init(d_model, init_std, out_std, device)),
             Self::Performer(c) => Attention::Performer(c.init(d_model, init_std, out_std, device)),
             Self::Rfa(c) => Attention::Rfa(c.init(d_model, init_std, out_std, device)),
@@ -127,6 +134,7 @@ impl AttentionConfig {
             Self::AdaptiveSpan(c) => c.heads().heads(d_model),
             Self::SlidingWindow(c) => c.head_shape(d_model),
             Self::Local(c) => c.head_shape(d_model),
+            Self::MultiScale(c) => c.head_shape(d_model),
             Self::Linear(c) => c.heads(d_model),
             Self::Performer(c) => c.heads(d_model),
             Self::Rfa(c) => c.heads(d_model),
@@ -142,6 +150,7 @@ impl AttentionConfig {
             Self::AdaptiveSpan(c) => c.heads().flops_per_token(d_model, len_k.min(c.max_span)),
             Self::SlidingWindow(c) => c.flops_per_token(d_model, len_k),
             Self::Local(c) => c.flops_per_token(d_model, len_k),
+            Self::MultiScale(c) => c.flops_per_token(d_model, len_k),
             Self::Linear(c) => kernel_flops(c.heads(d_model), c.heads(d_model).head_dim, c.chunk),
             Self::Performer(c) => kernel_flops(c.heads(d_model), c.features(d_model), c.chunk),
             Self::Rfa(c) => kernel_flops(c.heads(d_model), 2 * c.features(d_model), c.chunk),
@@ -211,6 +220,21 @@ impl AttentionConfig {
                     variable_length: true,
                 },
             },
+            KindInfo {
+                axis: "model.attention",
+                kind: "multi-scale",
+                summary: "band attention with its own window width per head (`windows`), computed block by block",
+                paper: "Guo et al. 2019, Multi-Scale Self-Attention for Text Classification",
+                caps: Capabilities {
+                    causal: true,
+                    bidirectional: true,
+                    incremental: true,
+                    score_bias: true,
+                    qk_rotation: true,
+                    aux_losses: false,
+                    variable_length: true,
+                },
+            },
             kernel_kind(
                 "linear",
                 "linear attention, φ = elu + 1: φ(Q)(φ(K)ᵀV); causal by chunked prefix sums; decodes as an RNN (O(1) per token)",
@@ -268,6 +292,7 @@ pub enum Attention {
     AdaptiveSpan(AdaptiveSpanAttention),
     SlidingWindow(BandAttention),
     Local(BandAttention),
+    MultiScale(BandAttention),
     Linear(LinearAttention),
     Performer(PerformerAttention),
     Rfa(RfaAttention),
@@ -285,7 +310,7 @@ impl Attention {
             Self::AdaptiveSpan(a) => {
                 a.attention.project(x, None, mask, Some(state.kv_mut()));
             }
-            Self::SlidingWindow(a) | Self::Local(a) => {
+            Self::SlidingWindow(a) | Self::Local(a) | Self::MultiScale(a) => {
                 a.attention.project(x, None, mask, Some(state.kv_mut()));
                 a.trim(state.kv_mut());
             }
@@ -301,7 +326,7 @@ impl Attention {
         match self {
             Self::Full(a) => a.content_only(query, key_value),
             Self::AdaptiveSpan(a) => a.attention.content_only(query, key_value),
-            Self::SlidingWindow(a) | Self::Local(a) => a.attention.content_only(query, key_value),
+            Self::SlidingWindow(a) | Self::Local(a) | Self::MultiScale(a) => a.attention.content_only(query, key_value),
             _ => {
                 let mask = variorum_core::AttentionMask::bidirectional();
                 self.forward(AttentionInput::cross_attention(query, key_value, &mask), None).context
@@ -314,7 +339,9 @@ impl Attention {
         match self {
             Self::Full(a) => a.forward(input, state.map(AttentionState::kv_mut)),
             Self::AdaptiveSpan(a) => a.forward(input, state.map(AttentionState::kv_mut)),
-            Self::SlidingWindow(a) | Self::Local(a) => a.forward(input, state.map(AttentionState::kv_mut)),
+            Self::SlidingWindow(a) | Self::Local(a) | Self::MultiScale(a) => {
+                a.forward(input, state.map(AttentionState::kv_mut))
+            }
             Self::Linear(a) => a.forward(input, state.map(AttentionState::kernel_mut)),
             Self::Performer(a) => a.forward(input, state.map(AttentionState::kernel_mut)),
             Self::Rfa(a) => a.forward(input, state.map(AttentionState::kernel_mut)),

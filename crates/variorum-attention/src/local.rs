@@ -92,6 +92,7 @@ impl LocalAttentionConfig {
             look_ahead: self.look_ahead(),
             block: self.block,
             query_blocks: true,
+            head_back: Vec::new(),
         }
     }
 

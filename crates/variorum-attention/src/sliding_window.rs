@@ -106,6 +106,7 @@ impl SlidingWindowConfig {
             look_ahead: self.look_ahead(),
             block: self.block(),
             query_blocks: false,
+            head_back: Vec::new(),
         }
     }
 

@@ -6,7 +6,8 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 use variorum_attention::band::Band;
 use variorum_attention::{
-    AttentionConfig, AttentionInput, BandAttention, LocalAttentionConfig, Positioning, SlidingWindowConfig,
+    AttentionConfig, AttentionInput, BandAttention, LocalAttentionConfig, MultiScaleConfig, Positioning,
+    SlidingWindowConfig,
 };
 use variorum_core::AttentionMask;
 use variorum_position::{
@@ -48,13 +49,24 @@ fn patterns() -> Vec<(String, AttentionConfig)> {
         let cfg = LocalAttentionConfig { block, memory, look_ahead, n_kv_heads: Some(kv_heads), ..Default::default() };
         out.push((format!("local block {block} memory {memory}"), AttentionConfig::Local(cfg)));
     }
+    for (windows, block) in [(vec![1, 2, 4, 7], 3), (vec![5, 3, 5, 2], 4)] {
+        let cfg = MultiScaleConfig {
+            windows: windows.clone(),
+            block: Some(block),
+            n_kv_heads: Some(2),
+            ..Default::default()
+        };
+        out.push((format!("multi-scale {windows:?} block {block}"), AttentionConfig::MultiScale(cfg)));
+    }
     out
 }
 
 fn band(cfg: &AttentionConfig, position: &PositionConfig, dev: &Device) -> BandAttention {
     cfg.validate(D).unwrap();
     match cfg.init(D, 0.3, 0.3, Positioning { config: position, context: 32 }, dev) {
-        variorum_attention::Attention::SlidingWindow(a) | variorum_attention::Attention::Local(a) => a,
+        variorum_attention::Attention::SlidingWindow(a)
+        | variorum_attention::Attention::Local(a)
+        | variorum_attention::Attention::MultiScale(a) => a,
         _ => unreachable!("band kinds only"),
     }
 }
@@ -117,4 +129,29 @@ fn far_keys_do_not_reach_a_query_and_near_ones_do() {
     let cfg = AttentionConfig::SlidingWindow(SlidingWindowConfig { window: 4, block: Some(3), ..Default::default() });
     let attn = band(&cfg, &PositionConfig::None, &dev);
     assert_eq!(reached_by(&attn, 2, &dev), vec![2, 3, 4, 5]);
+}
+
+#[test]
+fn each_head_keeps_its_own_window() {
+    // head 0 sees 1 key (itself), head 3 sees 6: with the value of position 2 changed, head
+    // 0's context changes at query 2 only, head 3's at queries 2..=7
+    let dev = Device::flex();
+    let cfg = AttentionConfig::MultiScale(MultiScaleConfig {
+        windows: vec![1, 2, 3, 6],
+        block: Some(4),
+        ..Default::default()
+    });
+    let attn = band(&cfg, &PositionConfig::None, &dev);
+    let x: Tensor<3> = Tensor::random([1, 12, D], Distribution::Normal(0.0, 1.0), &dev);
+    let y = x.clone().slice_assign([0..1, 2..3, 0..D], Tensor::random([1, 1, D], Distribution::Normal(0.0, 1.0), &dev));
+    let mask = AttentionMask::causal();
+    let heads = |x: Tensor<3>| {
+        let p = attn.attention.project(x, None, &mask, None);
+        variorum_attention::band::banded(&attn.attention, &p, &attn.bands(true))
+    };
+    let diff = (heads(x) - heads(y)).abs().max_dim(3).reshape([4, 12]).into_data().try_to_vec::<f32>().unwrap();
+    for (h, w) in [1usize, 2, 3, 6].iter().enumerate() {
+        let changed: Vec<usize> = (0..12).filter(|&i| diff[h * 12 + i] > 1e-6).collect();
+        assert_eq!(changed, (2..2 + w).collect::<Vec<_>>(), "head {h}");
+    }
 }

@@ -109,7 +109,7 @@ impl ModelConfig {
                 self.exits.kind()
             )
         })?;
-        let blocked = matches!(self.attention.kind(), "sliding-window" | "local");
+        let blocked = matches!(self.attention.kind(), "sliding-window" | "local" | "multi-scale");
         check(!(self.position.kind() == "untied" && blocked), || {
             format!(
                 "model.position.kind = \"untied\" (TUPE) scores absolute positions, which the blocks of model.attention.kind = \"{}\" do not carry; use a relative scheme (alibi, rope, t5, …) or learned",

@@ -3,7 +3,7 @@
 
 use variorum_attention::{
     AdaptiveSpanConfig, AttentionConfig, AverageAttentionConfig, LinearAttentionConfig, LocalAttentionConfig,
-    MultiHeadAttentionConfig, PerformerConfig, PerformerKernel, RfaConfig, SlidingWindowConfig,
+    MultiHeadAttentionConfig, MultiScaleConfig, PerformerConfig, PerformerKernel, RfaConfig, SlidingWindowConfig,
 };
 use variorum_block::{
     BlockConfig, CompressionKind, CompressiveMemoryConfig, DepthConfig, FeedForwardConfig, FeedForwardKind,
@@ -223,6 +223,16 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
             ModelConfig { attention, position, ..tiny() },
         ));
     }
+    // Multi-Scale Transformer: one window per head
+    let attention = AttentionConfig::MultiScale(MultiScaleConfig {
+        windows: vec![1, 2, 4, 7],
+        block: Some(3),
+        ..Default::default()
+    });
+    out.push((
+        "attention multi-scale + position alibi".into(),
+        ModelConfig { attention, position: PositionConfig::Alibi, ..tiny() },
+    ));
     // kernelised attention (linear time, recurrent decoding); small chunks so the chunked causal
     // form and its carried sums are exercised at the harness's lengths
     let performer = PerformerConfig { chunk: 3, features: Some(16), ..Default::default() };

@@ -1,0 +1,114 @@
+//! Multi-scale attention (Guo et al. 2019, "Multi-Scale Self-Attention for Text
+//! Classification"), the `multi-scale` kind: each head h attends over its own window of w_h
+//! positions (small windows for local structure, large ones for long-range), e.g. 16, 32, 64, 128.
+//!
+//! Computed by blocks like `sliding-window` ([`crate::band::BandAttention`]) with one band per
+//! head; every head's scores cover the widest window's span, its own band masked in it (choice:
+//! one batched GEMM for all heads, at most max w / w_h more scores for the narrow heads than they
+//! need, still linear in L). The same window per head in every layer (per-layer widths are not
+//! implemented).
+
+use burn::prelude::*;
+use serde::{Deserialize, Serialize};
+use variorum_core::{ConfigError, error::check};
+use variorum_position::HeadShape;
+
+use crate::MultiHeadAttentionConfig;
+use crate::band::BandAttention;
+use crate::full::Positioning;
+
+/// `model.attention` with `kind = "multi-scale"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MultiScaleConfig {
+    pub n_heads: usize,
+    pub n_kv_heads: Option<usize>,
+    pub head_dim: Option<usize>,
+    pub dropout: f64,
+    pub bias: bool,
+    /// w_h, keys each head sees back (its own position included; as many ahead when
+    /// bidirectional), one per head. Default 16, 32, 64, 128.
+    pub windows: Vec<usize>,
+    /// Positions per block of the computation. Default min(max w, 128).
+    pub block: Option<usize>,
+}
+
+impl Default for MultiScaleConfig {
+    fn default() -> Self {
+        Self {
+            n_heads: 4,
+            n_kv_heads: None,
+            head_dim: None,
+            dropout: 0.0,
+            bias: true,
+            windows: vec![16, 32, 64, 128],
+            block: None,
+        }
+    }
+}
+
+impl MultiScaleConfig {
+    pub fn heads(&self) -> MultiHeadAttentionConfig {
+        MultiHeadAttentionConfig {
+            n_heads: self.n_heads,
+            n_kv_heads: self.n_kv_heads,
+            head_dim: self.head_dim,
+            dropout: self.dropout,
+            bias: self.bias,
+        }
+    }
+
+    pub fn head_shape(&self, d_model: usize) -> HeadShape {
+        self.heads().heads(d_model)
+    }
+
+    fn widest(&self) -> usize {
+        self.windows.iter().copied().max().unwrap_or(1)
+    }
+
+    pub fn block(&self) -> usize {
+        self.block.unwrap_or(self.widest().min(128))
+    }
+
+    pub fn expanded(&self, d_model: usize) -> Self {
+        let h = self.heads().expanded(d_model);
+        Self { n_kv_heads: h.n_kv_heads, head_dim: h.head_dim, block: Some(self.block()), ..self.clone() }
+    }
+
+    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        self.heads().validate(d_model)?;
+        check(self.windows.len() == self.n_heads, || {
+            format!(
+                "model.attention.windows has {} widths for model.attention.n_heads = {}: give one per head",
+                self.windows.len(),
+                self.n_heads
+            )
+        })?;
+        check(self.windows.iter().all(|&w| w >= 1), || "model.attention.windows must all be at least 1".into())?;
+        check(self.block() >= 1, || "model.attention.block must be at least 1".into())
+    }
+
+    pub fn init(
+        &self,
+        d_model: usize,
+        init_std: f64,
+        out_std: f64,
+        position: Positioning,
+        device: &Device,
+    ) -> BandAttention {
+        let widest = self.widest();
+        BandAttention {
+            attention: self.heads().init(d_model, init_std, out_std, position, device),
+            back: widest - 1,
+            look_ahead: widest - 1,
+            block: self.block(),
+            query_blocks: false,
+            head_back: self.windows.iter().map(|w| w - 1).collect(),
+        }
+    }
+
+    /// Multiply–adds per token: the widest window's span for every head.
+    pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+        self.heads().flops_per_token(d_model, len_k.min(self.widest() + self.block()))
+    }
+}
