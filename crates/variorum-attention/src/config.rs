@@ -349,6 +349,13 @@ impl Attention {
         }
     }
 
+    /// Whether the mechanism reads the precomputed dense `[len_q, len_k]` mask of
+    /// [`AttentionInput::dense_mask`] (sparse and kernelised kinds never form one, and a model
+    /// should not build an L × L mask for them).
+    pub fn uses_dense_mask(&self) -> bool {
+        matches!(self, Self::Full(_))
+    }
+
     /// Draws random features again (Performer, RFA); nothing for the other kinds.
     pub fn redraw(&mut self) {
         match self {

@@ -152,7 +152,12 @@ impl DecoderLm {
         let start = state.map_or(0, |s| s.position);
         let keys_before = if self.has_memory() { state.map_or(0, |s| s.context_len()) } else { start };
         let mask = AttentionMask::causal().at(start, start - keys_before);
-        let dense = mask.score_mask(len, keys_before + len, device);
+        // built once for every block, and only for mechanisms that score every key
+        let dense = if self.blocks.first().is_some_and(|b| b.attn.uses_dense_mask()) {
+            mask.score_mask(len, keys_before + len, device)
+        } else {
+            None
+        };
         (mask, dense)
     }
 
