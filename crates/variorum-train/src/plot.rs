@@ -104,7 +104,7 @@ fn draw(
         .x_desc(x_desc)
         .y_desc(y_desc)
         .x_label_formatter(&|x| if log { format!("{:.0}", 2f64.powf(*x)) } else { format!("{x:.0}") })
-        .y_label_formatter(&|y| if log { format!("{:.3}", 10f64.powf(*y)) } else { format!("{y:.3}") })
+        .y_label_formatter(&|y| if log { significant(10f64.powf(*y)) } else { format!("{y:.3}") })
         .draw()
         .map_err(|e| err(&e))?;
     for (name, points, colour, marks) in series {
@@ -121,4 +121,31 @@ fn draw(
     chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw().map_err(|e| err(&e))?;
     root.present().map_err(|e| err(&e))?;
     Ok(true)
+}
+
+/// Three significant digits, no exponent: 31623 → "31600", 0.1234 → "0.123".
+fn significant(v: f64) -> String {
+    if v <= 0.0 || !v.is_finite() {
+        return format!("{v}");
+    }
+    let digits = v.log10().floor() as i32;
+    let decimals = (2 - digits).max(0) as usize;
+    let rounded = if digits > 2 {
+        let unit = 10f64.powi(digits - 2);
+        (v / unit).round() * unit
+    } else {
+        v
+    };
+    format!("{rounded:.decimals$}")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn labels_keep_three_significant_digits() {
+        assert_eq!(super::significant(31622.777), "31600");
+        assert_eq!(super::significant(316.228), "316");
+        assert_eq!(super::significant(31.6228), "31.6");
+        assert_eq!(super::significant(0.1234), "0.123");
+    }
 }
