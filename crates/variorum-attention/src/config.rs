@@ -9,6 +9,7 @@ use crate::band::BandAttention;
 use crate::contract::AttentionState;
 use crate::linear::{LinearAttention, LinearAttentionConfig};
 use crate::local::LocalAttentionConfig;
+use crate::memory_compressed::{MemoryCompressedAttention, MemoryCompressedConfig};
 use crate::multi_scale::MultiScaleConfig;
 use crate::performer::{PerformerAttention, PerformerConfig};
 use crate::rfa::{RfaAttention, RfaConfig};
@@ -33,6 +34,8 @@ pub enum AttentionConfig {
     Local(LocalAttentionConfig),
     /// Band attention with one window width per head (Multi-Scale Transformer).
     MultiScale(MultiScaleConfig),
+    /// Keys and values shortened by a strided convolution, plus the own block's raw keys.
+    MemoryCompressed(MemoryCompressedConfig),
     /// Linear attention, φ = elu + 1.
     Linear(LinearAttentionConfig),
     /// FAVOR+ positive (or ReLU) random features.
@@ -57,6 +60,7 @@ impl AttentionConfig {
             Self::SlidingWindow(_) => "sliding-window",
             Self::Local(_) => "local",
             Self::MultiScale(_) => "multi-scale",
+            Self::MemoryCompressed(_) => "memory-compressed",
             Self::Linear(_) => "linear",
             Self::Performer(_) => "performer",
             Self::Rfa(_) => "rfa",
@@ -85,6 +89,7 @@ impl AttentionConfig {
             Self::SlidingWindow(c) => Self::SlidingWindow(c.expanded(d_model)),
             Self::Local(c) => Self::Local(c.expanded(d_model)),
             Self::MultiScale(c) => Self::MultiScale(c.expanded(d_model)),
+            Self::MemoryCompressed(c) => Self::MemoryCompressed(c.expanded(d_model)),
             Self::Linear(c) => Self::Linear(c.expanded(d_model)),
             Self::Performer(c) => Self::Performer(c.expanded(d_model)),
             Self::Rfa(c) => Self::Rfa(c.expanded(d_model)),
@@ -99,6 +104,7 @@ impl AttentionConfig {
             Self::SlidingWindow(c) => c.validate(d_model),
             Self::Local(c) => c.validate(d_model),
             Self::MultiScale(c) => c.validate(d_model),
+            Self::MemoryCompressed(c) => c.validate(d_model),
             Self::Linear(c) => c.validate(d_model),
             Self::Performer(c) => c.validate(d_model),
             Self::Rfa(c) => c.validate(d_model),
@@ -120,6 +126,7 @@ impl AttentionConfig {
             Self::SlidingWindow(c) => Attention::SlidingWindow(c.init(d_model, init_std, out_std, position, device)),
             Self::Local(c) => Attention::Local(c.init(d_model, init_std, out_std, position, device)),
             Self::MultiScale(c) => Attention::MultiScale(c.init(d_model, init_std, out_std, position, device)),
+            Self::MemoryCompressed(c) => Attention::MemoryCompressed(c.init(d_model, init_std, out_std, device)),
             Self::Linear(c) => Attention::Linear(c.init(d_model, init_std, out_std, device)),
             Self::Performer(c) => Attention::Performer(c.init(d_model, init_std, out_std, device)),
             Self::Rfa(c) => Attention::Rfa(c.init(d_model, init_std, out_std, device)),
@@ -135,6 +142,7 @@ impl AttentionConfig {
             Self::SlidingWindow(c) => c.head_shape(d_model),
             Self::Local(c) => c.head_shape(d_model),
             Self::MultiScale(c) => c.head_shape(d_model),
+            Self::MemoryCompressed(c) => c.heads(d_model),
             Self::Linear(c) => c.heads(d_model),
             Self::Performer(c) => c.heads(d_model),
             Self::Rfa(c) => c.heads(d_model),
@@ -151,6 +159,7 @@ impl AttentionConfig {
             Self::SlidingWindow(c) => c.flops_per_token(d_model, len_k),
             Self::Local(c) => c.flops_per_token(d_model, len_k),
             Self::MultiScale(c) => c.flops_per_token(d_model, len_k),
+            Self::MemoryCompressed(c) => c.flops_per_token(d_model, len_k),
             Self::Linear(c) => kernel_flops(c.heads(d_model), c.heads(d_model).head_dim, c.chunk),
             Self::Performer(c) => kernel_flops(c.heads(d_model), c.features(d_model), c.chunk),
             Self::Rfa(c) => kernel_flops(c.heads(d_model), 2 * c.features(d_model), c.chunk),
@@ -235,6 +244,21 @@ impl AttentionConfig {
                     variable_length: true,
                 },
             },
+            KindInfo {
+                axis: "model.attention",
+                kind: "memory-compressed",
+                summary: "keys/values shortened by a strided convolution (kernel = stride = s) plus the own block's raw keys; L × L/s scores",
+                paper: "Liu et al. 2018, Generating Wikipedia by Summarizing Long Sequences",
+                caps: Capabilities {
+                    causal: true,
+                    bidirectional: true,
+                    incremental: true,
+                    score_bias: false,
+                    qk_rotation: false,
+                    aux_losses: false,
+                    variable_length: true,
+                },
+            },
             kernel_kind(
                 "linear",
                 "linear attention, φ = elu + 1: φ(Q)(φ(K)ᵀV); causal by chunked prefix sums; decodes as an RNN (O(1) per token)",
@@ -293,6 +317,7 @@ pub enum Attention {
     SlidingWindow(BandAttention),
     Local(BandAttention),
     MultiScale(BandAttention),
+    MemoryCompressed(MemoryCompressedAttention),
     Linear(LinearAttention),
     Performer(PerformerAttention),
     Rfa(RfaAttention),
@@ -342,6 +367,7 @@ impl Attention {
             Self::SlidingWindow(a) | Self::Local(a) | Self::MultiScale(a) => {
                 a.forward(input, state.map(AttentionState::kv_mut))
             }
+            Self::MemoryCompressed(a) => a.forward(input, state.map(AttentionState::compressed_mut)),
             Self::Linear(a) => a.forward(input, state.map(AttentionState::kernel_mut)),
             Self::Performer(a) => a.forward(input, state.map(AttentionState::kernel_mut)),
             Self::Rfa(a) => a.forward(input, state.map(AttentionState::kernel_mut)),

@@ -5,6 +5,7 @@ use variorum_core::{AttentionMask, AuxLosses};
 
 use crate::KvCache;
 use crate::kernel::KernelState;
+use crate::memory_compressed::CompressedState;
 
 /// What every attention mechanism receives.
 #[derive(Debug)]
@@ -61,6 +62,8 @@ pub enum AttentionState {
     Kv(KvCache),
     /// The carried sums of a kernelised (recurrent) attention.
     Kernel(Option<KernelState>),
+    /// Compressed and open-block keys of memory-compressed attention.
+    Compressed(CompressedState),
 }
 
 impl AttentionState {
@@ -72,6 +75,17 @@ impl AttentionState {
         match self {
             AttentionState::Kv(c) => c,
             _ => unreachable!("replaced just above; one layer keeps one kind of state"),
+        }
+    }
+
+    /// The state of memory-compressed attention, created on first use.
+    pub fn compressed_mut(&mut self) -> &mut CompressedState {
+        if !matches!(self, AttentionState::Compressed(_)) {
+            *self = AttentionState::Compressed(CompressedState::default());
+        }
+        match self {
+            AttentionState::Compressed(s) => s,
+            _ => unreachable!("replaced just above"),
         }
     }
 

@@ -109,6 +109,12 @@ impl ModelConfig {
                 self.exits.kind()
             )
         })?;
+        check(self.memory.is_none() || self.attention.kind() != "memory-compressed", || {
+            format!(
+                "model.attention.kind = \"memory-compressed\" cannot read a memory (model.memory.kind = \"{}\"): its compressed keys would mix the memory with positions after the query",
+                self.memory.kind()
+            )
+        })?;
         let blocked = matches!(self.attention.kind(), "sliding-window" | "local" | "multi-scale");
         check(!(self.position.kind() == "untied" && blocked), || {
             format!(

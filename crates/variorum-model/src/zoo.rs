@@ -3,7 +3,8 @@
 
 use variorum_attention::{
     AdaptiveSpanConfig, AttentionConfig, AverageAttentionConfig, LinearAttentionConfig, LocalAttentionConfig,
-    MultiHeadAttentionConfig, MultiScaleConfig, PerformerConfig, PerformerKernel, RfaConfig, SlidingWindowConfig,
+    MemoryCompressedConfig, MultiHeadAttentionConfig, MultiScaleConfig, PerformerConfig, PerformerKernel, RfaConfig,
+    SlidingWindowConfig,
 };
 use variorum_block::{
     BlockConfig, CompressionKind, CompressiveMemoryConfig, DepthConfig, FeedForwardConfig, FeedForwardKind,
@@ -233,6 +234,12 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
         "attention multi-scale + position alibi".into(),
         ModelConfig { attention, position: PositionConfig::Alibi, ..tiny() },
     ));
+    // memory-compressed (strided-convolution keys plus the own block), alone and without `local`
+    for (stride, local) in [(3, true), (2, false)] {
+        let attention =
+            AttentionConfig::MemoryCompressed(MemoryCompressedConfig { stride, local, ..Default::default() });
+        out.push((format!("attention memory-compressed stride {stride}"), ModelConfig { attention, ..tiny() }));
+    }
     // kernelised attention (linear time, recurrent decoding); small chunks so the chunked causal
     // form and its carried sums are exercised at the harness's lengths
     let performer = PerformerConfig { chunk: 3, features: Some(16), ..Default::default() };
