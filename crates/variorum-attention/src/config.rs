@@ -68,6 +68,24 @@ impl AttentionConfig {
         }
     }
 
+    /// The config of layer `i`: kinds with per-layer settings (`layer_windows`) pick theirs.
+    pub fn for_layer(&self, i: usize) -> Self {
+        match self {
+            Self::SlidingWindow(c) => Self::SlidingWindow(c.for_layer(i)),
+            Self::MultiScale(c) => Self::MultiScale(c.for_layer(i)),
+            other => other.clone(),
+        }
+    }
+
+    /// Layers with their own setting (0 = the same in every layer).
+    pub fn per_layer(&self) -> usize {
+        match self {
+            Self::SlidingWindow(c) => c.layer_windows.len(),
+            Self::MultiScale(c) => c.layer_windows.len(),
+            _ => 0,
+        }
+    }
+
     /// Training steps between draws of random features (0 = never; kinds without them: 0).
     pub fn redraw_interval(&self) -> usize {
         match self {

@@ -31,6 +31,8 @@ pub struct MultiScaleConfig {
     pub windows: Vec<usize>,
     /// Positions per block of the computation. Default min(max w, 128).
     pub block: Option<usize>,
+    /// One list of head windows per layer, bottom first; empty = `windows` everywhere.
+    pub layer_windows: Vec<Vec<usize>>,
 }
 
 impl Default for MultiScaleConfig {
@@ -43,6 +45,7 @@ impl Default for MultiScaleConfig {
             bias: true,
             windows: vec![16, 32, 64, 128],
             block: None,
+            layer_windows: Vec::new(),
         }
     }
 }
@@ -75,16 +78,26 @@ impl MultiScaleConfig {
         Self { n_kv_heads: h.n_kv_heads, head_dim: h.head_dim, block: Some(self.block()), ..self.clone() }
     }
 
+    /// The config of layer `i` (its head windows from `layer_windows`).
+    pub fn for_layer(&self, i: usize) -> Self {
+        match self.layer_windows.get(i) {
+            Some(windows) => Self { windows: windows.clone(), layer_windows: Vec::new(), ..self.clone() },
+            None => self.clone(),
+        }
+    }
+
     pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         self.heads().validate(d_model)?;
-        check(self.windows.len() == self.n_heads, || {
-            format!(
-                "model.attention.windows has {} widths for model.attention.n_heads = {}: give one per head",
-                self.windows.len(),
-                self.n_heads
-            )
-        })?;
-        check(self.windows.iter().all(|&w| w >= 1), || "model.attention.windows must all be at least 1".into())?;
+        for windows in std::iter::once(&self.windows).chain(&self.layer_windows) {
+            check(windows.len() == self.n_heads, || {
+                format!(
+                    "model.attention: {windows:?} has {} widths for model.attention.n_heads = {}: give one per head",
+                    windows.len(),
+                    self.n_heads
+                )
+            })?;
+            check(windows.iter().all(|&w| w >= 1), || "model.attention windows must all be at least 1".into())?;
+        }
         check(self.block() >= 1, || "model.attention.block must be at least 1".into())
     }
 

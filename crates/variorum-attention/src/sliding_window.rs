@@ -35,6 +35,9 @@ pub struct SlidingWindowConfig {
     pub look_ahead: Option<usize>,
     /// Positions per block of the computation. Default min(w, 128).
     pub block: Option<usize>,
+    /// One window per layer, bottom first (Longformer grows them towards the top); empty =
+    /// `window` everywhere.
+    pub layer_windows: Vec<usize>,
 }
 
 impl Default for SlidingWindowConfig {
@@ -48,6 +51,7 @@ impl Default for SlidingWindowConfig {
             window: 256,
             look_ahead: None,
             block: None,
+            layer_windows: Vec::new(),
         }
     }
 }
@@ -86,9 +90,19 @@ impl SlidingWindowConfig {
         }
     }
 
+    /// The config of layer `i` (its window from `layer_windows`).
+    pub fn for_layer(&self, i: usize) -> Self {
+        match self.layer_windows.get(i) {
+            Some(&window) => Self { window, layer_windows: Vec::new(), ..self.clone() },
+            None => self.clone(),
+        }
+    }
+
     pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         self.heads().validate(d_model)?;
-        check(self.window >= 1, || "model.attention.window must be at least 1".into())?;
+        check(self.window >= 1 && self.layer_windows.iter().all(|&w| w >= 1), || {
+            "model.attention.window and layer_windows must be at least 1".into()
+        })?;
         check(self.block() >= 1, || "model.attention.block must be at least 1".into())
     }
 

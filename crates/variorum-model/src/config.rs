@@ -115,6 +115,13 @@ impl ModelConfig {
                 self.memory.kind()
             )
         })?;
+        let per_layer = self.attention.per_layer();
+        check(per_layer == 0 || (per_layer == self.n_layers && !self.depth.shared()), || {
+            format!(
+                "model.attention.layer_windows has {per_layer} entries for model.n_layers = {} distinct blocks: give one per layer (a shared Universal Transformer block has one)",
+                self.n_layers
+            )
+        })?;
         let blocked = matches!(self.attention.kind(), "sliding-window" | "local" | "multi-scale");
         check(!(self.position.kind() == "untied" && blocked), || {
             format!(

@@ -99,7 +99,10 @@ impl DecoderLm {
                 .collect(),
             embedding_dropout: DropoutConfig::new(cfg.dropout).init(),
             blocks: (0..if cfg.depth.shared() { 1 } else { cfg.n_layers })
-                .map(|_| cfg.block.init(&parts, device))
+                .map(|i| {
+                    let attention = cfg.attention.for_layer(i);
+                    cfg.block.init(&BlockParts { attention: &attention, ..parts }, device)
+                })
                 .collect(),
             depth: cfg.n_layers,
             act: cfg.depth.init_act(d, cfg.init_std, device),

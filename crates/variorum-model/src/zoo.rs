@@ -224,6 +224,20 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
             ModelConfig { attention, position, ..tiny() },
         ));
     }
+    // windows growing from the bottom layer to the top (Longformer), and per-layer head widths
+    let attention = AttentionConfig::SlidingWindow(SlidingWindowConfig {
+        layer_windows: vec![2, 6],
+        block: Some(4),
+        ..Default::default()
+    });
+    out.push(("attention sliding-window, per-layer windows".into(), ModelConfig { attention, ..tiny() }));
+    let attention = AttentionConfig::MultiScale(MultiScaleConfig {
+        windows: vec![1, 1, 1, 1],
+        layer_windows: vec![vec![1, 2, 3, 4], vec![2, 4, 6, 8]],
+        block: Some(4),
+        ..Default::default()
+    });
+    out.push(("attention multi-scale, per-layer windows".into(), ModelConfig { attention, ..tiny() }));
     // Multi-Scale Transformer: one window per head
     let attention = AttentionConfig::MultiScale(MultiScaleConfig {
         windows: vec![1, 2, 4, 7],
