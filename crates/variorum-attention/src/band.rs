@@ -44,17 +44,24 @@ pub struct Band {
 impl Band {
     /// The band as a boolean `[len_q, len_k]` mask (`true` = hidden) for queries at `q_start..`
     /// and keys at `k_start..` — for the dense path (cached decoding, memories) and for tests.
+    ///
+    /// `global` positions see every key and are seen by every query (Longformer's global
+    /// attention), causality permitting.
     pub fn dense_mask(
         &self,
         q_start: usize,
         k_start: usize,
         len_q: usize,
         len_k: usize,
+        global: &[usize],
         device: &Device,
     ) -> Tensor<2, Bool> {
         let hidden: Vec<bool> = (0..len_q)
-            .flat_map(|i| (0..len_k).map(move |j| (i, j)))
-            .map(|(i, j)| !self.sees((q_start + i) as i64, (k_start + j) as i64))
+            .flat_map(|i| (0..len_k).map(move |j| (q_start + i, k_start + j)))
+            .map(|(q, k)| {
+                let globally = (global.contains(&q) || global.contains(&k)) && (!self.causal || k <= q);
+                !(globally || self.sees(q as i64, k as i64))
+            })
             .collect();
         Tensor::from_data(TensorData::new(hidden, [len_q, len_k]), device)
     }
@@ -79,7 +86,11 @@ impl Band {
 /// The band attention of aligned queries and keys (`p.layout.q_start == p.layout.k_start`, equal
 /// lengths): the per-head context `[b, h, len, d_h]`, before the output projection. `bands` is
 /// one band for every head, or one per head (all with the same block; the span covers the widest).
-pub fn banded(mha: &MultiHeadAttention, p: &Projected, bands: &[Band]) -> Tensor<4> {
+///
+/// With `global` positions (Longformer), every query also scores the global keys (as extra
+/// columns in the same softmax; the band leaves them out so none counts twice), and each global
+/// query's row is computed over all keys: O(L·(S + g)) + O(g·L).
+pub fn banded(mha: &MultiHeadAttention, p: &Projected, bands: &[Band], global: &[usize]) -> Tensor<4> {
     let [b, h, l, dh] = p.q.dims();
     let hkv = p.k.dims()[1];
     let device = p.q.device();
@@ -90,10 +101,13 @@ pub fn banded(mha: &MultiHeadAttention, p: &Projected, bands: &[Band]) -> Tensor
     let after = bands.iter().map(|band| if band.causal { 0 } else { band.ahead.div_ceil(bs) }).max().unwrap_or(0);
     let span = (before + 1 + after) * bs;
 
+    let global: Vec<usize> = global.iter().copied().filter(|&g| g < l).collect();
     // keys and values: one copy per query head (GQA shares them; the span stacking copies anyway)
+    let expand = |x: Tensor<4>| {
+        if h == hkv { x } else { x.unsqueeze_dim::<5>(2).expand([b, hkv, h / hkv, l, dh]).reshape([b, h, l, dh]) }
+    };
     let per_head = |x: Tensor<4>| {
-        let x =
-            if h == hkv { x } else { x.unsqueeze_dim::<5>(2).expand([b, hkv, h / hkv, l, dh]).reshape([b, h, l, dh]) };
+        let x = expand(x);
         // [b·h, nb, B, d] with `before` empty blocks in front and `after` behind
         let x = pad_len(x, pad).reshape([b * h, nb, bs, dh]);
         let front = Tensor::zeros([b * h, before, bs, dh], &device);
@@ -120,28 +134,112 @@ pub fn banded(mha: &MultiHeadAttention, p: &Projected, bands: &[Band]) -> Tensor
         scores = s.reshape([b, nb, h, bs, span]).swap_dims(1, 2).reshape([b * h, nb, bs, span]);
     }
 
-    let mask = span_mask(bands, bs, nb, before, span, l, &device);
+    let mask = span_mask(bands, &global, bs, nb, before, span, l, &device);
     let mask = if bands.len() == 1 {
         mask
     } else {
         mask.unsqueeze_dim::<5>(0).expand([b, h, nb, bs, span]).reshape([b * h, nb, bs, span])
     };
-    let probs = mha.dropout.forward(softmax(scores.mask_fill(mask, MASKED_SCORE), 3));
+    let scores = scores.mask_fill(mask, MASKED_SCORE);
+    if global.is_empty() {
+        let probs = mha.dropout.forward(softmax(scores, 3));
+        return band_context(mha, probs, v, &layout, [b, h, nb, bs, span, dh]).narrow(2, 0, l);
+    }
+
+    // global keys: extra columns of every query's softmax, `[b, h, L, g]`
+    let (k_all, v_all) = (expand(p.k.clone()), expand(p.v.clone()));
+    let g = global.len();
+    let at = Tensor::<1, Int>::from_data(
+        TensorData::new(global.iter().map(|&x| x as i64).collect::<Vec<_>>(), [g]),
+        &device,
+    );
+    let (kg, vg) = (k_all.clone().select(2, at.clone()), v_all.clone().select(2, at));
+    let columns: Vec<Tensor<4>> = global
+        .iter()
+        .enumerate()
+        .map(|(j, &pos_j)| {
+            let kj = kg.clone().narrow(2, j, 1);
+            let col = p.q.clone().matmul(kj.clone().swap_dims(2, 3)); // [b, h, L, 1]
+            let col = match &mha.position {
+                Some(pos) => {
+                    pos.scores(col, p.q.clone(), kj, &ScoreLayout::new(0, pos_j, l, 1, p.layout.causal), mha.scale)
+                }
+                None => col,
+            };
+            if p.layout.causal {
+                let hidden: Vec<bool> = (0..l).map(|i| pos_j > i).collect();
+                col.mask_fill(
+                    Tensor::<1, Bool>::from_data(TensorData::new(hidden, [l]), &device).reshape([1, 1, l, 1]),
+                    MASKED_SCORE,
+                )
+            } else {
+                col
+            }
+        })
+        .collect();
+    let band_scores = scores.reshape([b, h, nb * bs, span]).narrow(2, 0, l);
+    let probs = mha.dropout.forward(softmax(Tensor::cat(vec![band_scores, Tensor::cat(columns, 3)], 3), 3));
+    let pad_rows = |x: Tensor<4>| pad_len(x, pad).reshape([b * h, nb, bs, span]);
+    let mut out = band_context(mha, pad_rows(probs.clone().narrow(3, 0, span)), v, &layout, [b, h, nb, bs, span, dh])
+        .narrow(2, 0, l);
+    let pg = probs.narrow(3, span, g);
+    out = out + pg.clone().matmul(vg);
+    if let Some(pos) = &mha.position {
+        for (j, &pos_j) in global.iter().enumerate() {
+            let layout = ScoreLayout::new(0, pos_j, l, 1, p.layout.causal);
+            if let Some(extra) = pos.context(pg.clone().narrow(3, j, 1), &layout) {
+                out = out + extra;
+            }
+        }
+    }
+
+    // global queries: a full row each, over every key they may see
+    for &pos_i in &global {
+        let qi = p.q.clone().narrow(2, pos_i, 1);
+        let n = if p.layout.causal { pos_i + 1 } else { l };
+        let (k, v) = (k_all.clone().narrow(2, 0, n), v_all.clone().narrow(2, 0, n));
+        let row_layout = ScoreLayout::new(pos_i, 0, 1, n, p.layout.causal);
+        let row = qi.clone().matmul(k.clone().swap_dims(2, 3));
+        let row = match &mha.position {
+            Some(pos) => pos.scores(row, qi, k, &row_layout, mha.scale),
+            None => row,
+        };
+        let probs = mha.dropout.forward(softmax(row, 3));
+        let mut value = probs.clone().matmul(v);
+        if let Some(extra) = mha.position.as_ref().and_then(|pos| pos.context(probs, &row_layout)) {
+            value = value + extra;
+        }
+        out = out.slice_assign([0..b, 0..h, pos_i..pos_i + 1, 0..dh], value);
+    }
+    out
+}
+
+/// probs `[b·h, nb, B, span]` × the value spans, plus a position scheme's context term:
+/// `[b, h, nb·B, d]`.
+fn band_context(
+    mha: &MultiHeadAttention,
+    probs: Tensor<4>,
+    v: Tensor<4>,
+    layout: &ScoreLayout,
+    [b, h, nb, bs, span, dh]: [usize; 6],
+) -> Tensor<4> {
     let mut context = probs.clone().matmul(v); // [b·h, nb, B, d]
     if let Some(pos) = &mha.position {
         let pb = probs.reshape([b, h, nb, bs, span]).swap_dims(1, 2).reshape([b * nb, h, bs, span]);
-        if let Some(extra) = pos.context(pb, &layout) {
+        if let Some(extra) = pos.context(pb, layout) {
             let extra = extra.reshape([b, nb, h, bs, dh]).swap_dims(1, 2).reshape([b * h, nb, bs, dh]);
             context = context + extra;
         }
     }
-    context.reshape([b, h, nb * bs, dh]).narrow(2, 0, l)
+    context.reshape([b, h, nb * bs, dh])
 }
 
 /// `[bands, nb, B, span]`, true where block i's query r must not see span key s under each band:
 /// outside it, before position 0 or past the end.
+#[allow(clippy::too_many_arguments)]
 fn span_mask(
     bands: &[Band],
+    global: &[usize],
     bs: usize,
     nb: usize,
     before: usize,
@@ -156,7 +254,9 @@ fn span_mask(
                 let q = (i * bs + r) as i64;
                 for s in 0..span {
                     let k = (i * bs + s) as i64 - (before * bs) as i64;
-                    hidden.push(k < 0 || k >= len as i64 || !band.sees(q, k));
+                    // global keys are scored in their own columns
+                    let is_global = k >= 0 && global.contains(&(k as usize));
+                    hidden.push(k < 0 || k >= len as i64 || is_global || !band.sees(q, k));
                 }
             }
         }
@@ -186,6 +286,9 @@ pub struct BandAttention {
     /// empty = `back` for every head.
     #[module(skip)]
     pub head_back: Vec<usize>,
+    /// Positions with global attention (they see every key, every query sees them).
+    #[module(skip)]
+    pub global: Vec<usize>,
 }
 
 impl BandAttention {
@@ -205,8 +308,12 @@ impl BandAttention {
         }
     }
 
-    /// Drops cached keys no later query can see.
+    /// Drops cached keys no later query can see (none when there are global positions: every
+    /// later query sees them, and the cache keeps one contiguous range).
     pub fn trim(&self, cache: &mut KvCache) {
+        if !self.global.is_empty() {
+            return;
+        }
         let keep = self.bands(true).iter().map(Band::keep).max().unwrap_or(0);
         cache.drop_front(cache.len().saturating_sub(keep));
     }
@@ -223,7 +330,7 @@ impl BandAttention {
         let bands = self.bands(mask.causal);
         let aligned = p.layout.q_start == p.layout.k_start && p.layout.len_q == p.layout.len_k;
         let out = if aligned && plain && !dense {
-            let context = banded(&self.attention, &p, &bands);
+            let context = banded(&self.attention, &p, &bands, &self.global);
             AttentionOutput { context: self.attention.merge(context), weights: None, aux_losses: Vec::new() }
         } else {
             let (lq, lk) = (p.layout.len_q, p.layout.len_k);
@@ -231,8 +338,10 @@ impl BandAttention {
             let scores = self.attention.scores(&p);
             let [b, h, _, _] = scores.dims();
             // the band of each head, [1, bands, lq, lk], with causality, padding and custom masks
-            let outside: Vec<Tensor<2, Bool>> =
-                bands.iter().map(|band| band.dense_mask(p.layout.q_start, p.layout.k_start, lq, lk, &device)).collect();
+            let outside: Vec<Tensor<2, Bool>> = bands
+                .iter()
+                .map(|band| band.dense_mask(p.layout.q_start, p.layout.k_start, lq, lk, &self.global, &device))
+                .collect();
             let outside = Tensor::stack::<3>(outside, 0).unsqueeze_dim::<4>(0);
             let base = AttentionMask { k_start: p.layout.k_start, ..mask.clone() };
             let hidden = match base.score_mask(lq, lk, &device) {

@@ -93,6 +93,7 @@ impl LocalAttentionConfig {
             block: self.block,
             query_blocks: true,
             head_back: Vec::new(),
+            global: Vec::new(),
         }
     }
 

@@ -117,6 +117,7 @@ impl MultiScaleConfig {
             block: self.block(),
             query_blocks: false,
             head_back: self.windows.iter().map(|w| w - 1).collect(),
+            global: Vec::new(),
         }
     }
 

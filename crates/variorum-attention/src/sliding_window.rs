@@ -38,6 +38,9 @@ pub struct SlidingWindowConfig {
     /// One window per layer, bottom first (Longformer grows them towards the top); empty =
     /// `window` everywhere.
     pub layer_windows: Vec<usize>,
+    /// Positions with global attention (Longformer): they attend to every key and every query
+    /// attends to them, causality permitting. Decoding then keeps the whole cache. Default none.
+    pub global: Vec<usize>,
 }
 
 impl Default for SlidingWindowConfig {
@@ -52,6 +55,7 @@ impl Default for SlidingWindowConfig {
             look_ahead: None,
             block: None,
             layer_windows: Vec::new(),
+            global: Vec::new(),
         }
     }
 }
@@ -121,6 +125,7 @@ impl SlidingWindowConfig {
             block: self.block(),
             query_blocks: false,
             head_back: Vec::new(),
+            global: self.global.clone(),
         }
     }
 

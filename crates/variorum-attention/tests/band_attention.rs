@@ -45,6 +45,17 @@ fn patterns() -> Vec<(String, AttentionConfig)> {
         };
         out.push((format!("sliding-window w {window} block {block}"), AttentionConfig::SlidingWindow(cfg)));
     }
+    // Longformer's global positions (one inside the first block, one further on)
+    for (window, block, global) in [(3, 2, vec![0, 5]), (2, 4, vec![7])] {
+        let cfg = SlidingWindowConfig {
+            window,
+            block: Some(block),
+            global: global.clone(),
+            n_kv_heads: Some(2),
+            ..Default::default()
+        };
+        out.push((format!("sliding-window w {window} global {global:?}"), AttentionConfig::SlidingWindow(cfg)));
+    }
     for (block, memory, look_ahead, kv_heads) in [(4, 2, None, 4), (3, 5, Some(1), 2), (2, 0, Some(0), 1)] {
         let cfg = LocalAttentionConfig { block, memory, look_ahead, n_kv_heads: Some(kv_heads), ..Default::default() };
         out.push((format!("local block {block} memory {memory}"), AttentionConfig::Local(cfg)));
@@ -114,7 +125,7 @@ fn local_blocks_share_their_reach() {
 fn the_band_mask_is_the_band() {
     let dev = Device::flex();
     let band = Band { back: 2, ahead: 1, block: 4, query_blocks: false, causal: false };
-    let hidden = band.dense_mask(3, 1, 2, 6, &dev).into_data().try_to_vec::<bool>().unwrap();
+    let hidden = band.dense_mask(3, 1, 2, 6, &[], &dev).into_data().try_to_vec::<bool>().unwrap();
     // queries at 3, 4; keys at 1..7: query 3 sees 1..4, query 4 sees 2..5
     #[rustfmt::skip]
     let want = vec![false, false, false, false, true, true,
@@ -147,11 +158,36 @@ fn each_head_keeps_its_own_window() {
     let mask = AttentionMask::causal();
     let heads = |x: Tensor<3>| {
         let p = attn.attention.project(x, None, &mask, None);
-        variorum_attention::band::banded(&attn.attention, &p, &attn.bands(true))
+        variorum_attention::band::banded(&attn.attention, &p, &attn.bands(true), &[])
     };
     let diff = (heads(x) - heads(y)).abs().max_dim(3).reshape([4, 12]).into_data().try_to_vec::<f32>().unwrap();
     for (h, w) in [1usize, 2, 3, 6].iter().enumerate() {
         let changed: Vec<usize> = (0..12).filter(|&i| diff[h * 12 + i] > 1e-6).collect();
         assert_eq!(changed, (2..2 + w).collect::<Vec<_>>(), "head {h}");
     }
+}
+
+#[test]
+fn global_positions_see_everything_and_are_seen_by_everyone() {
+    // window 2 with position 1 global: a change at 1 reaches every later query; a change at 6
+    // reaches 6 and 7 only, and global query 1 is not reached by it (causal)
+    let dev = Device::flex();
+    let cfg = AttentionConfig::SlidingWindow(SlidingWindowConfig {
+        window: 2,
+        block: Some(4),
+        global: vec![1],
+        ..Default::default()
+    });
+    let attn = band(&cfg, &PositionConfig::None, &dev);
+    assert_eq!(reached_by(&attn, 1, &dev), (1..12).collect::<Vec<_>>());
+    assert_eq!(reached_by(&attn, 6, &dev), vec![6, 7]);
+    // bidirectionally the global query 1 sees position 9 too
+    let x: Tensor<3> = Tensor::random([1, 12, D], Distribution::Normal(0.0, 1.0), &dev);
+    let y =
+        x.clone().slice_assign([0..1, 9..10, 0..D], Tensor::random([1, 1, D], Distribution::Normal(0.0, 1.0), &dev));
+    let open = AttentionMask::bidirectional();
+    let run = |x: Tensor<3>| attn.forward(AttentionInput::self_attention(x, &open), None).context;
+    let diff = (run(x) - run(y)).abs().max_dim(2).reshape([12]).into_data().try_to_vec::<f32>().unwrap();
+    let changed: Vec<usize> = (0..12).filter(|&i| diff[i] > 1e-6).collect();
+    assert_eq!(changed, vec![1, 8, 9, 10]);
 }

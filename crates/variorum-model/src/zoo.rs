@@ -224,6 +224,17 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
             ModelConfig { attention, position, ..tiny() },
         ));
     }
+    // Longformer's global positions, with a relative scheme
+    let attention = AttentionConfig::SlidingWindow(SlidingWindowConfig {
+        window: 3,
+        block: Some(4),
+        global: vec![0, 6],
+        ..Default::default()
+    });
+    out.push((
+        "attention sliding-window, global positions + position transformer-xl".into(),
+        ModelConfig { attention, position: PositionConfig::TransformerXl(XlRelativeConfig::default()), ..tiny() },
+    ));
     // windows growing from the bottom layer to the top (Longformer), and per-layer head widths
     let attention = AttentionConfig::SlidingWindow(SlidingWindowConfig {
         layer_windows: vec![2, 6],

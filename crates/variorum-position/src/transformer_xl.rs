@@ -102,12 +102,13 @@ impl XlRelative {
         Tensor::from_data(TensorData::new(v, [count, self.d_model]), device)
     }
 
-    /// Distances the block needs, largest first: all of them, or for causal blocks whose keys end
-    /// at the last query only the non-negative ones (the others are masked, and the shift then
-    /// reads finite values from the neighbouring row into them).
+    /// Distances the block needs, largest first: all of them, or for causal blocks whose keys
+    /// reach the last query's position only the len_k largest (every row's visible distances are
+    /// among them; the others are masked, and the shift reads finite values into them).
     fn distance_count(layout: &ScoreLayout) -> usize {
-        let keys_end_at_queries = layout.k_start + layout.len_k <= layout.q_start + layout.len_q;
-        if layout.causal && keys_end_at_queries { layout.len_k } else { layout.len_q + layout.len_k - 1 }
+        // a block whose keys end before its queries do (a global key column) needs them all
+        let keys_reach_last_query = layout.k_start + layout.len_k >= layout.q_start + layout.len_q;
+        if layout.causal && keys_reach_last_query { layout.len_k } else { layout.len_q + layout.len_k - 1 }
     }
 
     /// uᵀk_j + (q_i + v)ᵀ W_R r_{i−j} for scaled queries `q: [b, h, len_q, d_h]` and keys
@@ -178,6 +179,10 @@ mod tests {
             ScoreLayout::new(3, 0, 4, 7, true),
             ScoreLayout::new(3, 0, 4, 7, false),
             ScoreLayout::new(10, 12, 3, 2, false),
+            // causal blocks whose keys end before the queries (a global key column) or after
+            ScoreLayout::new(0, 3, 6, 1, true),
+            ScoreLayout::new(0, 2, 6, 2, true),
+            ScoreLayout::new(4, 0, 2, 9, true),
         ];
         for layout in layouts {
             let q = random([1, 2, layout.len_q, 4], &dev);
