@@ -83,14 +83,22 @@ impl Band {
     }
 }
 
-/// The band attention of aligned queries and keys (`p.layout.q_start == p.layout.k_start`, equal
-/// lengths): the per-head context `[b, h, len, d_h]`, before the output projection. `bands` is
-/// one band for every head, or one per head (all with the same block; the span covers the widest).
-///
-/// With `global` positions (Longformer), every query also scores the global keys (as extra
-/// columns in the same softmax; the band leaves them out so none counts twice), and each global
-/// query's row is computed over all keys: O(L·(S + g)) + O(g·L).
-pub fn banded(mha: &MultiHeadAttention, p: &Projected, bands: &[Band], global: &[usize]) -> Tensor<4> {
+/// Masked band scores of aligned queries and keys, block by block.
+pub struct BandScores {
+    /// `[b·h, nb, B, span]`, the position scheme applied, hidden entries at [`MASKED_SCORE`].
+    pub scores: Tensor<4>,
+    /// The value spans, `[b·h, nb, span, d_h]`.
+    pub v: Tensor<4>,
+    /// The layout every block shares.
+    pub layout: ScoreLayout,
+    /// `[b, h, nb, B, span, d_h]`.
+    pub dims: [usize; 6],
+    /// The sequence length (before padding to blocks).
+    pub len: usize,
+}
+
+/// The scores of [`banded`] before the softmax (global keys left out of the band).
+pub fn band_scores(mha: &MultiHeadAttention, p: &Projected, bands: &[Band], global: &[usize]) -> BandScores {
     let [b, h, l, dh] = p.q.dims();
     let hkv = p.k.dims()[1];
     let device = p.q.device();
@@ -141,9 +149,29 @@ pub fn banded(mha: &MultiHeadAttention, p: &Projected, bands: &[Band], global: &
         mask.unsqueeze_dim::<5>(0).expand([b, h, nb, bs, span]).reshape([b * h, nb, bs, span])
     };
     let scores = scores.mask_fill(mask, MASKED_SCORE);
+    BandScores { scores, v, layout, dims: [b, h, nb, bs, span, dh], len: l }
+}
+
+/// The band attention of aligned queries and keys (`p.layout.q_start == p.layout.k_start`, equal
+/// lengths): the per-head context `[b, h, len, d_h]`, before the output projection. `bands` is
+/// one band for every head, or one per head (all with the same block; the span covers the widest).
+///
+/// With `global` positions (Longformer), every query also scores the global keys (as extra
+/// columns in the same softmax; the band leaves them out so none counts twice), and each global
+/// query's row is computed over all keys: O(L·(S + g)) + O(g·L).
+pub fn banded(mha: &MultiHeadAttention, p: &Projected, bands: &[Band], global: &[usize]) -> Tensor<4> {
+    let BandScores { scores, v, layout, dims, len: l } = band_scores(mha, p, bands, global);
+    let [b, h, nb, bs, span, dh] = dims;
+    let device = p.q.device();
+    let pad = nb * bs - l;
+    let global: Vec<usize> = global.iter().copied().filter(|&g| g < l).collect();
+    let hkv = p.k.dims()[1];
+    let expand = |x: Tensor<4>| {
+        if h == hkv { x } else { x.unsqueeze_dim::<5>(2).expand([b, hkv, h / hkv, l, dh]).reshape([b, h, l, dh]) }
+    };
     if global.is_empty() {
         let probs = mha.dropout.forward(softmax(scores, 3));
-        return band_context(mha, probs, v, &layout, [b, h, nb, bs, span, dh]).narrow(2, 0, l);
+        return band_context(mha, probs, v, &layout, dims).narrow(2, 0, l);
     }
 
     // global keys: extra columns of every query's softmax, `[b, h, L, g]`
@@ -216,7 +244,7 @@ pub fn banded(mha: &MultiHeadAttention, p: &Projected, bands: &[Band], global: &
 
 /// probs `[b·h, nb, B, span]` × the value spans, plus a position scheme's context term:
 /// `[b, h, nb·B, d]`.
-fn band_context(
+pub fn band_context(
     mha: &MultiHeadAttention,
     probs: Tensor<4>,
     v: Tensor<4>,

@@ -17,16 +17,24 @@ pub struct ScoreLayout {
     pub len_k: usize,
     /// The scores belong to causal attention (T5 then uses its one-sided buckets).
     pub causal: bool,
+    /// Positions advance by this much per row and per column (1; a strided pattern's column
+    /// attention, whose rows and keys are every `stride`-th position, uses its stride).
+    pub stride: usize,
 }
 
 impl ScoreLayout {
     pub fn new(q_start: usize, k_start: usize, len_q: usize, len_k: usize, causal: bool) -> Self {
-        Self { q_start, k_start, len_q, len_k, causal }
+        Self { q_start, k_start, len_q, len_k, causal, stride: 1 }
+    }
+
+    /// The same block with rows and keys `stride` positions apart.
+    pub fn with_stride(self, stride: usize) -> Self {
+        Self { stride, ..self }
     }
 
     /// `query position − key position` of row `i`, column `j`.
     pub fn distance(&self, i: usize, j: usize) -> i64 {
-        (self.q_start + i) as i64 - (self.k_start + j) as i64
+        (self.q_start + i * self.stride) as i64 - (self.k_start + j * self.stride) as i64
     }
 
     /// Largest distance in the block (first key, last query).

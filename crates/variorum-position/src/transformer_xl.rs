@@ -86,13 +86,13 @@ pub fn relative_shift(x: Tensor<4>, len_k: usize) -> Tensor<4> {
 }
 
 impl XlRelative {
-    /// Sinusoids r_d for the distances `max, max−1, …, max−count+1`, `[count, d_model]`, laid out
+    /// Sinusoids r_d for the distances `max, max−step, …`, `[count, d_model]`, laid out
     /// [sin | cos] as in the paper's code.
-    fn sinusoids(&self, max: i64, count: usize, device: &Device) -> Tensor<2> {
+    fn sinusoids(&self, max: i64, count: usize, step: usize, device: &Device) -> Tensor<2> {
         let half = self.d_model / 2;
         let mut v = vec![0f32; count * self.d_model];
         for c in 0..count {
-            let d = (max - c as i64) as f64;
+            let d = (max - (c * step) as i64) as f64;
             for k in 0..half {
                 let a = d * self.base.powf(-(2.0 * k as f64) / self.d_model as f64);
                 v[c * self.d_model + k] = a.sin() as f32;
@@ -107,7 +107,7 @@ impl XlRelative {
     /// among them; the others are masked, and the shift reads finite values into them).
     fn distance_count(layout: &ScoreLayout) -> usize {
         // a block whose keys end before its queries do (a global key column) needs them all
-        let keys_reach_last_query = layout.k_start + layout.len_k >= layout.q_start + layout.len_q;
+        let keys_reach_last_query = layout.distance(layout.len_q - 1, layout.len_k - 1) <= 0;
         if layout.causal && keys_reach_last_query { layout.len_k } else { layout.len_q + layout.len_k - 1 }
     }
 
@@ -118,7 +118,7 @@ impl XlRelative {
         let [_, hkv, lk, _] = k.dims();
         let device = q.device();
         let w = Self::distance_count(layout);
-        let r = self.position_key.forward(self.sinusoids(layout.max_distance(), w, &device));
+        let r = self.position_key.forward(self.sinusoids(layout.max_distance(), w, layout.stride, &device));
         let r = r.reshape([w, h, dh]).swap_dims(0, 1).unsqueeze_dim::<4>(0); // [1, h, W, dh]
         let v = self.v.val().reshape([1, h, 1, dh]);
         let position = relative_shift((q + v).matmul(r.swap_dims(2, 3)), lk);
@@ -153,7 +153,7 @@ mod tests {
         for i in 0..lq {
             for j in 0..lk {
                 let d = layout.distance(i, j);
-                let r = xl.position_key.forward(xl.sinusoids(d, 1, &dev)).into_data().try_to_vec::<f32>().unwrap();
+                let r = xl.position_key.forward(xl.sinusoids(d, 1, 1, &dev)).into_data().try_to_vec::<f32>().unwrap();
                 for head in 0..h {
                     let mut s = 0.0;
                     for c in 0..dh {
@@ -183,6 +183,9 @@ mod tests {
             ScoreLayout::new(0, 3, 6, 1, true),
             ScoreLayout::new(0, 2, 6, 2, true),
             ScoreLayout::new(4, 0, 2, 9, true),
+            // every 3rd position (a strided pattern's columns), causal and not
+            ScoreLayout::new(2, 2, 4, 4, true).with_stride(3),
+            ScoreLayout::new(2, 2, 4, 4, false).with_stride(3),
         ];
         for layout in layouts {
             let q = random([1, 2, layout.len_q, 4], &dev);
