@@ -14,6 +14,7 @@ use crate::multi_scale::MultiScaleConfig;
 use crate::performer::{PerformerAttention, PerformerConfig};
 use crate::rfa::{RfaAttention, RfaConfig};
 use crate::sliding_window::SlidingWindowConfig;
+use crate::strided::{StridedAttention, StridedConfig};
 use crate::{
     AdaptiveSpanAttention, AdaptiveSpanConfig, AttentionInput, AttentionOutput, MultiHeadAttention,
     MultiHeadAttentionConfig, Positioning,
@@ -34,6 +35,8 @@ pub enum AttentionConfig {
     Local(LocalAttentionConfig),
     /// Band attention with one window width per head (Multi-Scale Transformer).
     MultiScale(MultiScaleConfig),
+    /// Sparse Transformer's strided pattern: the previous ℓ positions and every ℓ-th one.
+    Strided(StridedConfig),
     /// Keys and values shortened by a strided convolution, plus the own block's raw keys.
     MemoryCompressed(MemoryCompressedConfig),
     /// Linear attention, φ = elu + 1.
@@ -60,6 +63,7 @@ impl AttentionConfig {
             Self::SlidingWindow(_) => "sliding-window",
             Self::Local(_) => "local",
             Self::MultiScale(_) => "multi-scale",
+            Self::Strided(_) => "strided",
             Self::MemoryCompressed(_) => "memory-compressed",
             Self::Linear(_) => "linear",
             Self::Performer(_) => "performer",
@@ -73,6 +77,7 @@ impl AttentionConfig {
         match self {
             Self::SlidingWindow(c) => Self::SlidingWindow(c.for_layer(i)),
             Self::MultiScale(c) => Self::MultiScale(c.for_layer(i)),
+            Self::Strided(c) => Self::Strided(c.for_layer(i)),
             other => other.clone(),
         }
     }
@@ -107,6 +112,7 @@ impl AttentionConfig {
             Self::SlidingWindow(c) => Self::SlidingWindow(c.expanded(d_model)),
             Self::Local(c) => Self::Local(c.expanded(d_model)),
             Self::MultiScale(c) => Self::MultiScale(c.expanded(d_model)),
+            Self::Strided(c) => Self::Strided(c.expanded(d_model)),
             Self::MemoryCompressed(c) => Self::MemoryCompressed(c.expanded(d_model)),
             Self::Linear(c) => Self::Linear(c.expanded(d_model)),
             Self::Performer(c) => Self::Performer(c.expanded(d_model)),
@@ -122,6 +128,7 @@ impl AttentionConfig {
             Self::SlidingWindow(c) => c.validate(d_model),
             Self::Local(c) => c.validate(d_model),
             Self::MultiScale(c) => c.validate(d_model),
+            Self::Strided(c) => c.validate(d_model),
             Self::MemoryCompressed(c) => c.validate(d_model),
             Self::Linear(c) => c.validate(d_model),
             Self::Performer(c) => c.validate(d_model),
@@ -144,6 +151,7 @@ impl AttentionConfig {
             Self::SlidingWindow(c) => Attention::SlidingWindow(c.init(d_model, init_std, out_std, position, device)),
             Self::Local(c) => Attention::Local(c.init(d_model, init_std, out_std, position, device)),
             Self::MultiScale(c) => Attention::MultiScale(c.init(d_model, init_std, out_std, position, device)),
+            Self::Strided(c) => Attention::Strided(c.init(d_model, init_std, out_std, position, device)),
             Self::MemoryCompressed(c) => Attention::MemoryCompressed(c.init(d_model, init_std, out_std, device)),
             Self::Linear(c) => Attention::Linear(c.init(d_model, init_std, out_std, device)),
             Self::Performer(c) => Attention::Performer(c.init(d_model, init_std, out_std, device)),
@@ -160,6 +168,7 @@ impl AttentionConfig {
             Self::SlidingWindow(c) => c.head_shape(d_model),
             Self::Local(c) => c.head_shape(d_model),
             Self::MultiScale(c) => c.head_shape(d_model),
+            Self::Strided(c) => c.head_shape(d_model),
             Self::MemoryCompressed(c) => c.heads(d_model),
             Self::Linear(c) => c.heads(d_model),
             Self::Performer(c) => c.heads(d_model),
@@ -177,6 +186,7 @@ impl AttentionConfig {
             Self::SlidingWindow(c) => c.flops_per_token(d_model, len_k),
             Self::Local(c) => c.flops_per_token(d_model, len_k),
             Self::MultiScale(c) => c.flops_per_token(d_model, len_k),
+            Self::Strided(c) => c.flops_per_token(d_model, len_k),
             Self::MemoryCompressed(c) => c.flops_per_token(d_model, len_k),
             Self::Linear(c) => kernel_flops(c.heads(d_model), c.heads(d_model).head_dim, c.chunk),
             Self::Performer(c) => kernel_flops(c.heads(d_model), c.features(d_model), c.chunk),
@@ -277,6 +287,21 @@ impl AttentionConfig {
                     variable_length: true,
                 },
             },
+            KindInfo {
+                axis: "model.attention",
+                kind: "strided",
+                summary: "Sparse Transformer strided pattern (previous ℓ positions, every ℓ-th position): union, split heads or alternating layers; O(L√L) with ℓ ≈ √L",
+                paper: "Child et al. 2019, Generating Long Sequences with Sparse Transformers",
+                caps: Capabilities {
+                    causal: true,
+                    bidirectional: true,
+                    incremental: true,
+                    score_bias: true,
+                    qk_rotation: true,
+                    aux_losses: false,
+                    variable_length: true,
+                },
+            },
             kernel_kind(
                 "linear",
                 "linear attention, φ = elu + 1: φ(Q)(φ(K)ᵀV); causal by chunked prefix sums; decodes as an RNN (O(1) per token)",
@@ -335,6 +360,7 @@ pub enum Attention {
     SlidingWindow(BandAttention),
     Local(BandAttention),
     MultiScale(BandAttention),
+    Strided(StridedAttention),
     MemoryCompressed(MemoryCompressedAttention),
     Linear(LinearAttention),
     Performer(PerformerAttention),
@@ -357,6 +383,10 @@ impl Attention {
                 a.attention.project(x, None, mask, Some(state.kv_mut()));
                 a.trim(state.kv_mut());
             }
+            Self::Strided(a) => {
+                // the cache grows with every position (the column pattern reaches back to 0)
+                a.attention.project(x, None, mask, Some(state.kv_mut()));
+            }
             // the recurrent kinds: their state update is the forward itself
             _ => {
                 self.forward(AttentionInput::self_attention(x, mask), Some(state));
@@ -370,6 +400,7 @@ impl Attention {
             Self::Full(a) => a.content_only(query, key_value),
             Self::AdaptiveSpan(a) => a.attention.content_only(query, key_value),
             Self::SlidingWindow(a) | Self::Local(a) | Self::MultiScale(a) => a.attention.content_only(query, key_value),
+            Self::Strided(a) => a.attention.content_only(query, key_value),
             _ => {
                 let mask = variorum_core::AttentionMask::bidirectional();
                 self.forward(AttentionInput::cross_attention(query, key_value, &mask), None).context
@@ -385,6 +416,7 @@ impl Attention {
             Self::SlidingWindow(a) | Self::Local(a) | Self::MultiScale(a) => {
                 a.forward(input, state.map(AttentionState::kv_mut))
             }
+            Self::Strided(a) => a.forward(input, state.map(AttentionState::kv_mut)),
             Self::MemoryCompressed(a) => a.forward(input, state.map(AttentionState::compressed_mut)),
             Self::Linear(a) => a.forward(input, state.map(AttentionState::kernel_mut)),
             Self::Performer(a) => a.forward(input, state.map(AttentionState::kernel_mut)),

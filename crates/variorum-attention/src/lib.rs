@@ -24,6 +24,7 @@ pub mod qkv;
 pub mod random_features;
 pub mod rfa;
 pub mod sliding_window;
+pub mod strided;
 
 pub use adaptive_span::{AdaptiveSpanAttention, AdaptiveSpanConfig};
 pub use average::{AverageAttention, AverageAttentionConfig};
@@ -41,3 +42,4 @@ pub use performer::{PerformerAttention, PerformerConfig, PerformerKernel};
 pub use qkv::{QkvProjection, QkvProjectionConfig};
 pub use rfa::{RfaAttention, RfaConfig};
 pub use sliding_window::SlidingWindowConfig;
+pub use strided::{StridedAttention, StridedCombine, StridedConfig};

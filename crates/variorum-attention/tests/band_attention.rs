@@ -1,6 +1,7 @@
-//! Sliding-window and local attention: the block-by-block computation equals dense attention
-//! under the band mask, causal and bidirectional, with every relative position scheme, for
-//! lengths that are not a multiple of the block; and the masks are the patterns.
+//! Sliding-window, local, multi-scale and strided attention: the block-by-block computation
+//! equals dense attention under the pattern's mask, causal and bidirectional, with every relative
+//! position scheme, for lengths that are not a multiple of the block; and the masks are the
+//! patterns.
 
 use burn::prelude::*;
 use burn::tensor::Distribution;
@@ -190,4 +191,51 @@ fn global_positions_see_everything_and_are_seen_by_everyone() {
     let diff = (run(x) - run(y)).abs().max_dim(2).reshape([12]).into_data().try_to_vec::<f32>().unwrap();
     let changed: Vec<usize> = (0..12).filter(|&i| diff[i] > 1e-6).collect();
     assert_eq!(changed, vec![1, 8, 9, 10]);
+}
+
+#[test]
+fn strided_patterns_equal_dense_attention_under_their_mask() {
+    use variorum_attention::{StridedCombine, StridedConfig};
+    let dev = Device::flex();
+    for position in schemes() {
+        for (stride, combine, layer, len) in [
+            (3, StridedCombine::Union, 0, 11),
+            (4, StridedCombine::Heads, 0, 11),
+            (3, StridedCombine::Alternate, 0, 10),
+            (3, StridedCombine::Alternate, 1, 10),
+            (5, StridedCombine::Union, 0, 3),
+        ] {
+            let cfg = StridedConfig { stride, combine, n_kv_heads: Some(2), ..Default::default() }.for_layer(layer);
+            cfg.validate(D).unwrap();
+            let attn = cfg.init(D, 0.3, 0.3, Positioning { config: &position, context: 32 }, &dev);
+            let x: Tensor<3> = Tensor::random([2, len, D], Distribution::Normal(0.0, 1.0), &dev);
+            for mask in [AttentionMask::causal(), AttentionMask::bidirectional()] {
+                let run =
+                    |dense| attn.forward_with(AttentionInput::self_attention(x.clone(), &mask), None, dense).context;
+                let d = (run(false) - run(true)).abs().max().into_scalar::<f32>();
+                assert!(
+                    d < 1e-5,
+                    "{} stride {stride} {combine:?} layer {layer} causal {}: {d}",
+                    position.kind(),
+                    mask.causal
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn strided_union_reaches_its_window_and_every_stride_back() {
+    use variorum_attention::{StridedAttention, StridedConfig};
+    let dev = Device::flex();
+    let attn: StridedAttention =
+        StridedConfig { stride: 3, ..Default::default() }.init(D, 0.3, 0.3, Positioning::NONE, &dev);
+    let x: Tensor<3> = Tensor::random([1, 12, D], Distribution::Normal(0.0, 1.0), &dev);
+    let y = x.clone().slice_assign([0..1, 1..2, 0..D], Tensor::random([1, 1, D], Distribution::Normal(0.0, 1.0), &dev));
+    let mask = AttentionMask::causal();
+    let run = |x: Tensor<3>| attn.forward(AttentionInput::self_attention(x, &mask), None).context;
+    let diff = (run(x) - run(y)).abs().max_dim(2).reshape([12]).into_data().try_to_vec::<f32>().unwrap();
+    let changed: Vec<usize> = (0..12).filter(|&i| diff[i] > 1e-6).collect();
+    // position 1: the next two positions (window 3) and every 3rd one after it
+    assert_eq!(changed, vec![1, 2, 3, 4, 7, 10]);
 }

@@ -122,7 +122,7 @@ impl ModelConfig {
                 self.n_layers
             )
         })?;
-        let blocked = matches!(self.attention.kind(), "sliding-window" | "local" | "multi-scale");
+        let blocked = matches!(self.attention.kind(), "sliding-window" | "local" | "multi-scale" | "strided");
         check(!(self.position.kind() == "untied" && blocked), || {
             format!(
                 "model.position.kind = \"untied\" (TUPE) scores absolute positions, which the blocks of model.attention.kind = \"{}\" do not carry; use a relative scheme (alibi, rope, t5, …) or learned",

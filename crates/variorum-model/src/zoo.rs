@@ -4,7 +4,7 @@
 use variorum_attention::{
     AdaptiveSpanConfig, AttentionConfig, AverageAttentionConfig, LinearAttentionConfig, LocalAttentionConfig,
     MemoryCompressedConfig, MultiHeadAttentionConfig, MultiScaleConfig, PerformerConfig, PerformerKernel, RfaConfig,
-    SlidingWindowConfig,
+    SlidingWindowConfig, StridedCombine, StridedConfig,
 };
 use variorum_block::{
     BlockConfig, CompressionKind, CompressiveMemoryConfig, DepthConfig, FeedForwardConfig, FeedForwardKind,
@@ -249,6 +249,18 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
         ..Default::default()
     });
     out.push(("attention multi-scale, per-layer windows".into(), ModelConfig { attention, ..tiny() }));
+    // Sparse Transformer strided patterns, the three ways of combining them
+    for (combine, position) in [
+        (StridedCombine::Union, PositionConfig::Alibi),
+        (StridedCombine::Heads, PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 16 })),
+        (StridedCombine::Alternate, PositionConfig::Rope(RotaryConfig::default())),
+    ] {
+        let attention = AttentionConfig::Strided(StridedConfig { stride: 4, combine, ..Default::default() });
+        out.push((
+            format!("attention strided {combine:?} + position {}", position.kind()),
+            ModelConfig { attention, position, ..tiny() },
+        ));
+    }
     // Multi-Scale Transformer: one window per head
     let attention = AttentionConfig::MultiScale(MultiScaleConfig {
         windows: vec![1, 2, 4, 7],

@@ -1,0 +1,310 @@
+//! Strided attention of the Sparse Transformer (Child et al. 2019), the `strided` kind, with
+//! stride ℓ:
+//!
+//! A⁽¹⁾_i = {j : i − ℓ < j ≤ i}              (the previous ℓ positions)
+//! A⁽²⁾_i = {j : (i − j) mod ℓ = 0, j ≤ i}   (every ℓ-th position back)
+//!
+//! (bidirectionally without j ≤ i: |i − j| < ℓ, and every ℓ-th position either way). The
+//! reference's three ways of using them, `combine`: `union` — every head attends to A⁽¹⁾ ∪ A⁽²⁾ in
+//! one softmax; `heads` — the first half of the heads attend to A⁽¹⁾, the others to A⁽²⁾;
+//! `alternate` — even layers attend to A⁽¹⁾, odd ones to A⁽²⁾.
+//!
+//! A⁽¹⁾ runs on the band machinery ([`crate::band`]); A⁽²⁾ is attention along the columns of the
+//! sequence laid out as rows of ℓ: each residue class (positions r, r + ℓ, r + 2ℓ, …) attends
+//! within itself, O(L·L/ℓ) — with ℓ ≈ √L both parts are O(L√L), never L × L. Relative position
+//! schemes see the columns through a score layout with stride ℓ. Decoding scores new tokens
+//! against the cache under the same pattern (the cache is only trimmed for the A⁽¹⁾-only layers
+//! of `alternate`).
+
+use burn::prelude::*;
+use burn::tensor::activation::softmax;
+use serde::{Deserialize, Serialize};
+use variorum_core::{AttentionMask, ConfigError, error::check};
+use variorum_position::{HeadShape, ScoreLayout};
+
+use crate::band::{Band, BandScores, band_context, band_scores, banded};
+use crate::full::{MASKED_SCORE, Positioning, Projected};
+use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention, MultiHeadAttentionConfig};
+
+/// How the two patterns are used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StridedCombine {
+    /// One softmax over both patterns, every head.
+    #[default]
+    Union,
+    /// Half the heads on each pattern.
+    Heads,
+    /// Layers alternate: even ones the previous ℓ positions, odd ones every ℓ-th.
+    Alternate,
+}
+
+/// What one layer's heads attend to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StridedMode {
+    Union,
+    Heads,
+    Local,
+    Columns,
+}
+
+/// `model.attention` with `kind = "strided"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StridedConfig {
+    pub n_heads: usize,
+    pub n_kv_heads: Option<usize>,
+    pub head_dim: Option<usize>,
+    pub dropout: f64,
+    pub bias: bool,
+    /// ℓ. Default 64 (√L at L = 4096).
+    pub stride: usize,
+    /// `union` (default), `heads` or `alternate`.
+    pub combine: StridedCombine,
+    /// The layer this config was specialised for ([`Self::for_layer`]); `alternate` reads it.
+    #[serde(skip)]
+    pub layer: usize,
+}
+
+impl Default for StridedConfig {
+    fn default() -> Self {
+        Self {
+            n_heads: 4,
+            n_kv_heads: None,
+            head_dim: None,
+            dropout: 0.0,
+            bias: true,
+            stride: 64,
+            combine: StridedCombine::Union,
+            layer: 0,
+        }
+    }
+}
+
+impl StridedConfig {
+    pub fn heads(&self) -> MultiHeadAttentionConfig {
+        MultiHeadAttentionConfig {
+            n_heads: self.n_heads,
+            n_kv_heads: self.n_kv_heads,
+            head_dim: self.head_dim,
+            dropout: self.dropout,
+            bias: self.bias,
+        }
+    }
+
+    pub fn head_shape(&self, d_model: usize) -> HeadShape {
+        self.heads().heads(d_model)
+    }
+
+    pub fn expanded(&self, d_model: usize) -> Self {
+        let h = self.heads().expanded(d_model);
+        Self { n_kv_heads: h.n_kv_heads, head_dim: h.head_dim, ..self.clone() }
+    }
+
+    pub fn for_layer(&self, i: usize) -> Self {
+        Self { layer: i, ..self.clone() }
+    }
+
+    pub fn mode(&self) -> StridedMode {
+        match self.combine {
+            StridedCombine::Union => StridedMode::Union,
+            StridedCombine::Heads => StridedMode::Heads,
+            StridedCombine::Alternate if self.layer % 2 == 0 => StridedMode::Local,
+            StridedCombine::Alternate => StridedMode::Columns,
+        }
+    }
+
+    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        self.heads().validate(d_model)?;
+        check(self.stride >= 1, || "model.attention.stride must be at least 1".into())?;
+        check(self.combine != StridedCombine::Heads || self.n_heads >= 2, || {
+            "model.attention.combine = \"heads\" splits the heads between the two patterns: it needs n_heads >= 2"
+                .into()
+        })
+    }
+
+    pub fn init(
+        &self,
+        d_model: usize,
+        init_std: f64,
+        out_std: f64,
+        position: Positioning,
+        device: &Device,
+    ) -> StridedAttention {
+        StridedAttention {
+            attention: self.heads().init(d_model, init_std, out_std, position, device),
+            stride: self.stride,
+            mode: self.mode(),
+        }
+    }
+
+    /// Multiply–adds per token: ℓ local keys and L/ℓ column keys.
+    pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+        self.heads().flops_per_token(d_model, (2 * self.stride + len_k / self.stride.max(1)).min(len_k))
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct StridedAttention {
+    pub attention: MultiHeadAttention,
+    pub stride: usize,
+    #[module(skip)]
+    pub mode: StridedMode,
+}
+
+impl StridedAttention {
+    /// Whether head `head` of `heads` at position `q` sees position `k`.
+    pub fn sees(&self, head: usize, heads: usize, q: usize, k: usize, causal: bool) -> bool {
+        let (q, k, l) = (q as i64, k as i64, self.stride as i64);
+        if causal && k > q {
+            return false;
+        }
+        let local = (q - k).abs() < l;
+        let column = (q - k).rem_euclid(l) == 0;
+        match self.mode {
+            StridedMode::Union => local || column,
+            StridedMode::Local => local,
+            StridedMode::Columns => column,
+            StridedMode::Heads if head < heads / 2 => local,
+            StridedMode::Heads => column,
+        }
+    }
+
+    fn local_band(&self, causal: bool) -> Band {
+        let back = self.stride - 1;
+        Band { back, ahead: if causal { 0 } else { back }, block: self.stride, query_blocks: false, causal }
+    }
+
+    pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
+        self.forward_with(input, cache, false)
+    }
+
+    /// With `dense`, always scores every key under the pattern's mask (the definition; tests).
+    pub fn forward_with(&self, input: AttentionInput, mut cache: Option<&mut KvCache>, dense: bool) -> AttentionOutput {
+        let mask = input.mask;
+        let causal = mask.causal;
+        let plain = mask.padding.is_none() && mask.custom.is_none() && !input.need_weights;
+        let p = self.attention.project(input.query, input.key_value, mask, cache.as_deref_mut());
+        let aligned = p.layout.q_start == p.layout.k_start && p.layout.len_q == p.layout.len_k;
+        let out = if aligned && plain && !dense {
+            let context = match self.mode {
+                StridedMode::Local => banded(&self.attention, &p, &[self.local_band(causal)], &[]),
+                _ => self.blocked(&p, causal),
+            };
+            AttentionOutput { context: self.attention.merge(context), weights: None, aux_losses: Vec::new() }
+        } else {
+            self.dense(&p, mask, input.need_weights)
+        };
+        if let Some(c) = cache
+            && self.mode == StridedMode::Local
+        {
+            c.drop_front(c.len().saturating_sub(self.stride));
+        }
+        out
+    }
+
+    /// Every key scored, the pattern as a mask.
+    fn dense(&self, p: &Projected, mask: &AttentionMask, need_weights: bool) -> AttentionOutput {
+        let (lq, lk) = (p.layout.len_q, p.layout.len_k);
+        let device = p.q.device();
+        let scores = self.attention.scores(p);
+        let [b, h, _, _] = scores.dims();
+        let hidden: Vec<bool> = (0..h)
+            .flat_map(|head| (0..lq).flat_map(move |i| (0..lk).map(move |j| (head, i, j))))
+            .map(|(head, i, j)| !self.sees(head, h, p.layout.q_start + i, p.layout.k_start + j, mask.causal))
+            .collect();
+        let pattern = Tensor::<3, Bool>::from_data(TensorData::new(hidden, [h, lq, lk]), &device)
+            .unsqueeze_dim::<4>(0)
+            .expand([b, h, lq, lk]);
+        let base = AttentionMask { k_start: p.layout.k_start, ..mask.clone() };
+        let hidden = match base.score_mask(lq, lk, &device) {
+            Some(m) => m.expand([b, h, lq, lk]).bool_or(pattern),
+            None => pattern,
+        };
+        let probs = softmax(scores.mask_fill(hidden, MASKED_SCORE), 3);
+        let weights = need_weights.then(|| probs.clone());
+        let context = self.attention.combine(self.attention.dropout.forward(probs), p);
+        AttentionOutput { context, weights, aux_losses: Vec::new() }
+    }
+
+    /// The column pattern and (union, heads) the band, in one softmax per row: `[b, h, L, d_h]`.
+    fn blocked(&self, p: &Projected, causal: bool) -> Tensor<4> {
+        let mha = &self.attention;
+        let [b, h, l, dh] = p.q.dims();
+        let hkv = p.k.dims()[1];
+        let device = p.q.device();
+        let s = self.stride;
+        let n = l.div_ceil(s);
+        let pad = n * s - l;
+        let with_band = self.mode != StridedMode::Columns;
+        // heads on the band only (`heads`: the first half), and on the columns only
+        let band_only: Vec<bool> = (0..h).map(|i| self.mode == StridedMode::Heads && i < h / 2).collect();
+        let columns_only: Vec<bool> = (0..h)
+            .map(|i| self.mode == StridedMode::Columns || (self.mode == StridedMode::Heads && i >= h / 2))
+            .collect();
+        let head_flags =
+            |f: &[bool]| Tensor::<1, Bool>::from_data(TensorData::new(f.to_vec(), [h]), &device).reshape([1, h, 1, 1]);
+
+        // columns: [b·ℓ, h, n, d], residue r of batch row bi at index bi·ℓ + r
+        let expand = |x: Tensor<4>| {
+            if h == hkv { x } else { x.unsqueeze_dim::<5>(2).expand([b, hkv, h / hkv, l, dh]).reshape([b, h, l, dh]) }
+        };
+        let to_columns = |x: Tensor<4>| {
+            let x = if pad == 0 { x } else { Tensor::cat(vec![x.clone(), Tensor::zeros([b, h, pad, dh], &device)], 2) };
+            x.reshape([b, h, n, s, dh]).permute([0, 3, 1, 2, 4]).reshape([b * s, h, n, dh])
+        };
+        let (qc, kc, vc) = (to_columns(p.q.clone()), to_columns(expand(p.k.clone())), to_columns(expand(p.v.clone())));
+        let layout = ScoreLayout::new(0, 0, n, n, causal).with_stride(s);
+        let mut col = qc.clone().matmul(kc.clone().swap_dims(2, 3)); // [b·ℓ, h, n, n]
+        if let Some(pos) = &mha.position {
+            col = pos.scores(col, qc, kc, &layout, mha.scale);
+        }
+        // hidden: the future, padded keys, and (union) the query itself, which the band has
+        let union = self.mode == StridedMode::Union;
+        let hidden: Vec<bool> = (0..s)
+            .flat_map(|r| (0..n).flat_map(move |t| (0..n).map(move |u| (r, t, u))))
+            .map(|(r, t, u)| (causal && u > t) || u * s + r >= l || (union && u == t))
+            .collect();
+        let col_mask = Tensor::<3, Bool>::from_data(TensorData::new(hidden, [s, n, n]), &device)
+            .reshape([1, s, 1, n, n])
+            .expand([b, s, h, n, n])
+            .reshape([b * s, h, n, n]);
+        let col = col.mask_fill(col_mask, MASKED_SCORE);
+        // rows in position order: [b, h, L, n]
+        let col_rows = col.reshape([b, s, h, n, n]).permute([0, 2, 3, 1, 4]).reshape([b, h, n * s, n]).narrow(2, 0, l);
+        let col_rows = col_rows.mask_fill(head_flags(&band_only).expand([b, h, l, n]), MASKED_SCORE);
+
+        let (probs, band) = if with_band {
+            let band = band_scores(mha, p, &[self.local_band(causal)], &[]);
+            let [_, _, nb, bs, span, _] = band.dims;
+            let band_rows = band.scores.clone().reshape([b, h, nb * bs, span]).narrow(2, 0, l);
+            let band_rows = band_rows.mask_fill(head_flags(&columns_only).expand([b, h, l, span]), MASKED_SCORE);
+            (softmax(Tensor::cat(vec![band_rows, col_rows], 3), 3), Some(band))
+        } else {
+            (softmax(col_rows, 3), None)
+        };
+        let probs = mha.dropout.forward(probs);
+        let pad_rows = |x: Tensor<4>, rows: usize| {
+            let [b, h, l, w] = x.dims();
+            if rows == l { x } else { Tensor::cat(vec![x.clone(), Tensor::zeros([b, h, rows - l, w], &device)], 2) }
+        };
+
+        let mut out: Tensor<4> = Tensor::zeros([b, h, l, dh], &device);
+        let mut at = 0;
+        if let Some(BandScores { v, layout: band_layout, dims, .. }) = band {
+            let [_, _, nb, bs, span, _] = dims;
+            let pb = pad_rows(probs.clone().narrow(3, 0, span), nb * bs).reshape([b * h, nb, bs, span]);
+            out = out + band_context(mha, pb, v, &band_layout, dims).narrow(2, 0, l);
+            at = span;
+        }
+        // columns back to their layout: [b·ℓ, h, n, n]
+        let pc = pad_rows(probs.narrow(3, at, n), n * s).reshape([b, h, n, s, n]).permute([0, 3, 1, 2, 4]);
+        let pc = pc.reshape([b * s, h, n, n]);
+        let mut ctx = pc.clone().matmul(vc);
+        if let Some(extra) = mha.position.as_ref().and_then(|pos| pos.context(pc, &layout)) {
+            ctx = ctx + extra;
+        }
+        let ctx = ctx.reshape([b, s, h, n, dh]).permute([0, 2, 3, 1, 4]).reshape([b, h, n * s, dh]);
+        out + ctx.narrow(2, 0, l)
+    }
+}
