@@ -186,12 +186,19 @@ impl StridedAttention {
         let plain = mask.padding.is_none() && mask.custom.is_none() && !input.need_weights;
         let p = self.attention.project(input.query, input.key_value, mask, cache.as_deref_mut());
         let aligned = p.layout.q_start == p.layout.k_start && p.layout.len_q == p.layout.len_k;
+        // one new token after a cache: only the ℓ + L/ℓ keys it can see are scored
+        let decoding = causal
+            && p.layout.len_q == 1
+            && p.layout.k_start + p.layout.len_k == p.layout.q_start + 1
+            && self.mode != StridedMode::Local;
         let out = if aligned && plain && !dense {
             let context = match self.mode {
                 StridedMode::Local => banded(&self.attention, &p, &[self.local_band(causal)], &[]),
                 _ => self.blocked(&p, causal),
             };
             AttentionOutput { context: self.attention.merge(context), weights: None, aux_losses: Vec::new() }
+        } else if decoding && plain && !dense {
+            AttentionOutput { context: self.attention.merge(self.decode(&p)), weights: None, aux_losses: Vec::new() }
         } else {
             self.dense(&p, mask, input.need_weights)
         };
@@ -201,6 +208,73 @@ impl StridedAttention {
             c.drop_front(c.len().saturating_sub(self.stride));
         }
         out
+    }
+
+    /// The context of one new query (the last key is its own position): the window of the last
+    /// ℓ keys and the keys every ℓ positions before the window, as two score blocks (contiguous,
+    /// and with stride ℓ), in one softmax. `[b, h, 1, d_h]`.
+    fn decode(&self, p: &Projected) -> Tensor<4> {
+        let mha = &self.attention;
+        let [b, h, _, dh] = p.q.dims();
+        let [_, hkv, lk, _] = p.k.dims();
+        let device = p.q.device();
+        let s = self.stride;
+        let q_pos = p.layout.q_start;
+        let expand = |x: Tensor<4>| {
+            let n = x.dims()[2];
+            if h == hkv { x } else { x.unsqueeze_dim::<5>(2).expand([b, hkv, h / hkv, n, dh]).reshape([b, h, n, dh]) }
+        };
+        // the window: the last min(ℓ, lk) keys, the query's own included
+        let wn = s.min(lk);
+        let w0 = lk - wn;
+        // the columns: every ℓ-th key before the window, same residue as the query
+        let first = (q_pos - p.layout.k_start) % s;
+        let idx: Vec<i64> = (first..w0).step_by(s).map(|j| j as i64).collect();
+        let mut parts = vec![(
+            expand(p.k.clone().narrow(2, w0, wn)),
+            expand(p.v.clone().narrow(2, w0, wn)),
+            ScoreLayout::new(q_pos, p.layout.k_start + w0, 1, wn, true),
+        )];
+        if !idx.is_empty() {
+            let n = idx.len();
+            let at = Tensor::<1, Int>::from_data(TensorData::new(idx, [n]), &device);
+            parts.push((
+                expand(p.k.clone().select(2, at.clone())),
+                expand(p.v.clone().select(2, at)),
+                ScoreLayout::new(q_pos, p.layout.k_start + first, 1, n, true).with_stride(s),
+            ));
+        }
+        // each head's pattern decides what it sees in each part (column heads see only the query
+        // itself in the window)
+        let scores: Vec<Tensor<4>> = parts
+            .iter()
+            .map(|(k, _, layout)| {
+                let mut sc = p.q.clone().matmul(k.clone().swap_dims(2, 3));
+                if let Some(pos) = &mha.position {
+                    sc = pos.scores(sc, p.q.clone(), k.clone(), layout, mha.scale);
+                }
+                let n = layout.len_k;
+                let hidden: Vec<bool> = (0..h)
+                    .flat_map(|head| (0..n).map(move |j| (head, j)))
+                    .map(|(head, j)| !self.sees(head, h, q_pos, layout.k_start + j * layout.stride, true))
+                    .collect();
+                let m = Tensor::<3, Bool>::from_data(TensorData::new(hidden, [h, 1, n]), &device).unsqueeze_dim::<4>(0);
+                sc.mask_fill(m.expand([b, h, 1, n]), MASKED_SCORE)
+            })
+            .collect();
+        let widths: Vec<usize> = parts.iter().map(|(_, _, l)| l.len_k).collect();
+        let probs = mha.dropout.forward(softmax(Tensor::cat(scores, 3), 3));
+        let mut context: Tensor<4> = Tensor::zeros([b, h, 1, dh], &device);
+        let mut at = 0;
+        for ((_, v, layout), n) in parts.into_iter().zip(widths) {
+            let pr = probs.clone().narrow(3, at, n);
+            context = context + pr.clone().matmul(v);
+            if let Some(extra) = mha.position.as_ref().and_then(|pos| pos.context(pr, &layout)) {
+                context = context + extra;
+            }
+            at += n;
+        }
+        context
     }
 
     /// Every key scored, the pattern as a mask.
