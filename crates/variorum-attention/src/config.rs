@@ -227,51 +227,21 @@ impl AttentionConfig {
                     variable_length: true,
                 },
             },
-            KindInfo {
-                axis: "model.attention",
-                kind: "sliding-window",
-                summary: "band attention over the last `window` keys (look-ahead when bidirectional), computed block by block; KV cache trimmed to the window",
-                paper: "Beltagy et al. 2020, Longformer; Child et al. 2019 (local attention)",
-                caps: Capabilities {
-                    causal: true,
-                    bidirectional: true,
-                    incremental: true,
-                    score_bias: true,
-                    qk_rotation: true,
-                    aux_losses: false,
-                    variable_length: true,
-                },
-            },
-            KindInfo {
-                axis: "model.attention",
-                kind: "local",
-                summary: "Image Transformer 1D local attention: non-overlapping query blocks see their block and `memory` positions before it; computed block by block",
-                paper: "Parmar et al. 2018, Image Transformer",
-                caps: Capabilities {
-                    causal: true,
-                    bidirectional: true,
-                    incremental: true,
-                    score_bias: true,
-                    qk_rotation: true,
-                    aux_losses: false,
-                    variable_length: true,
-                },
-            },
-            KindInfo {
-                axis: "model.attention",
-                kind: "multi-scale",
-                summary: "band attention with its own window width per head (`windows`), computed block by block",
-                paper: "Guo et al. 2019, Multi-Scale Self-Attention for Text Classification",
-                caps: Capabilities {
-                    causal: true,
-                    bidirectional: true,
-                    incremental: true,
-                    score_bias: true,
-                    qk_rotation: true,
-                    aux_losses: false,
-                    variable_length: true,
-                },
-            },
+            sparse_kind(
+                "sliding-window",
+                "band attention over the last `window` keys (look-ahead when bidirectional), computed block by block; KV cache trimmed to the window",
+                "Beltagy et al. 2020, Longformer; Child et al. 2019 (local attention)",
+            ),
+            sparse_kind(
+                "local",
+                "Image Transformer 1D local attention: non-overlapping query blocks see their block and `memory` positions before it; computed block by block",
+                "Parmar et al. 2018, Image Transformer",
+            ),
+            sparse_kind(
+                "multi-scale",
+                "band attention with its own window width per head (`windows`), computed block by block",
+                "Guo et al. 2019, Multi-Scale Self-Attention for Text Classification",
+            ),
             KindInfo {
                 axis: "model.attention",
                 kind: "memory-compressed",
@@ -287,21 +257,11 @@ impl AttentionConfig {
                     variable_length: true,
                 },
             },
-            KindInfo {
-                axis: "model.attention",
-                kind: "strided",
-                summary: "Sparse Transformer strided pattern (previous ℓ positions, every ℓ-th position): union, split heads or alternating layers; O(L√L) with ℓ ≈ √L",
-                paper: "Child et al. 2019, Generating Long Sequences with Sparse Transformers",
-                caps: Capabilities {
-                    causal: true,
-                    bidirectional: true,
-                    incremental: true,
-                    score_bias: true,
-                    qk_rotation: true,
-                    aux_losses: false,
-                    variable_length: true,
-                },
-            },
+            sparse_kind(
+                "strided",
+                "Sparse Transformer strided pattern (previous ℓ positions, every ℓ-th position): union, split heads or alternating layers; O(L√L) with ℓ ≈ √L",
+                "Child et al. 2019, Generating Long Sequences with Sparse Transformers",
+            ),
             kernel_kind(
                 "linear",
                 "linear attention, φ = elu + 1: φ(Q)(φ(K)ᵀV); causal by chunked prefix sums; decodes as an RNN (O(1) per token)",
@@ -324,6 +284,20 @@ impl AttentionConfig {
             ),
         ]
     }
+}
+
+/// A sparse score-forming kind: causal and bidirectional, KV-cache decoding, any position scheme.
+fn sparse_kind(kind: &'static str, summary: &'static str, paper: &'static str) -> KindInfo {
+    let caps = Capabilities {
+        causal: true,
+        bidirectional: true,
+        incremental: true,
+        score_bias: true,
+        qk_rotation: true,
+        aux_losses: false,
+        variable_length: true,
+    };
+    KindInfo { axis: "model.attention", kind, summary, paper, caps }
 }
 
 /// A kernelised kind: causal and bidirectional, recurrent decoding, no score matrix.
