@@ -72,6 +72,11 @@ impl AttentionConfig {
         }
     }
 
+    /// Whether the kind scores every query against every key (an L × L matrix per head).
+    pub fn scores_every_key(&self) -> bool {
+        matches!(self, Self::Full(_))
+    }
+
     /// The config of layer `i`: kinds with per-layer settings (`layer_windows`) pick theirs.
     pub fn for_layer(&self, i: usize) -> Self {
         match self {

@@ -24,6 +24,22 @@ use crate::{AttentionInput, AttentionOutput, KvCache, QkvProjection, QkvProjecti
 /// padded row) gives a uniform distribution instead of NaN.
 pub const MASKED_SCORE: f32 = -1.0e9;
 
+/// The [`MultiHeadAttentionConfig`] of a kind's table that repeats its five head fields
+/// (`n_heads`, `n_kv_heads`, `head_dim`, `dropout`, `bias`): every kind spells its own table,
+/// because serde's `flatten` does not combine with `deny_unknown_fields`.
+#[macro_export]
+macro_rules! head_fields {
+    ($c:expr) => {
+        $crate::MultiHeadAttentionConfig {
+            n_heads: $c.n_heads,
+            n_kv_heads: $c.n_kv_heads,
+            head_dim: $c.head_dim,
+            dropout: $c.dropout,
+            bias: $c.bias,
+        }
+    };
+}
+
 /// `model.attention` with `kind = "full"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

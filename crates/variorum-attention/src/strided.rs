@@ -83,13 +83,7 @@ impl Default for StridedConfig {
 
 impl StridedConfig {
     pub fn heads(&self) -> MultiHeadAttentionConfig {
-        MultiHeadAttentionConfig {
-            n_heads: self.n_heads,
-            n_kv_heads: self.n_kv_heads,
-            head_dim: self.head_dim,
-            dropout: self.dropout,
-            bias: self.bias,
-        }
+        crate::head_fields!(self)
     }
 
     pub fn head_shape(&self, d_model: usize) -> HeadShape {

@@ -108,10 +108,11 @@ pub fn generation(
     AttentionPoint { seconds: median(&mut times), peak_mib: peak_rss_mib().zip(base).map(|(p, b)| (p - b).max(0.0)) }
 }
 
-/// Bytes a forward + backward of a score-forming kind needs for its `len × len` score matrices
-/// (scores, probabilities and their gradients, per head), or `None` for kinds that form none.
+/// Bytes a forward + backward of full attention needs for its `len × len` score matrices
+/// (scores, probabilities and their gradients, per head), or `None` for kinds that never form
+/// one (sparse kinds score a band, kernelised kinds nothing).
 pub fn score_bytes(cfg: &AttentionConfig, d_model: usize, len: usize) -> Option<u64> {
-    if !cfg.capabilities().score_bias {
+    if !cfg.scores_every_key() {
         return None;
     }
     let heads = cfg.heads(d_model).n_heads as u64;
@@ -140,5 +141,7 @@ mod tests {
         }
         assert!(score_bytes(&AttentionConfig::default(), 256, 1024).unwrap() > 0);
         assert!(score_bytes(&toml::from_str("kind = \"performer\"").unwrap(), 256, 1024).is_none());
+        // a sparse kind forms scores, but never the L × L matrix
+        assert!(score_bytes(&toml::from_str("kind = \"sliding-window\"").unwrap(), 256, 1024).is_none());
     }
 }
