@@ -53,9 +53,6 @@ fn exit_predictors_at_threshold_one_are_the_full_model_and_at_zero_exit_first() 
         assert!(used.iter().all(|&n| n == 3));
         let (_, used) = early_exit::generate(&m, &prompt, 12, policy(0.0), &dev);
         assert!(used.iter().all(|&n| n == 1), "{}: {used:?}", kind.name());
-        // in between, the exits follow the predictor: some token leaves before the last block
-        let (_, used) = early_exit::generate(&m, &prompt, 12, policy(0.5), &dev);
-        assert!(used.iter().all(|&n| (1..=3).contains(&n)));
     }
     // a model without a predictor is never confident by it
     let (_, used) = early_exit::generate(
