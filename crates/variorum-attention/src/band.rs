@@ -16,11 +16,13 @@
 //! functions of query − key distance only.
 
 use burn::prelude::*;
+use burn::tensor::IndexingUpdateOp;
 use burn::tensor::activation::softmax;
 use variorum_core::AttentionMask;
-use variorum_position::ScoreLayout;
+use variorum_position::{Distances, ScoreLayout};
 
 use crate::full::{MASKED_SCORE, Projected};
+use crate::gathered::{KeySet, gathered_scores};
 use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention};
 
 /// Which keys a query sees, relative to its own position (or to its block's), and the block size
@@ -66,7 +68,7 @@ impl Band {
         Tensor::from_data(TensorData::new(hidden, [len_q, len_k]), device)
     }
 
-    fn sees(&self, q: i64, k: i64) -> bool {
+    pub fn sees(&self, q: i64, k: i64) -> bool {
         let (first, last) = if self.query_blocks {
             let start = q - q.rem_euclid(self.block as i64);
             (start, start + self.block as i64 - 1)
@@ -155,33 +157,167 @@ pub fn band_scores(mha: &MultiHeadAttention, p: &Projected, bands: &[Band], glob
 /// The band attention of aligned queries and keys (`p.layout.q_start == p.layout.k_start`, equal
 /// lengths): the per-head context `[b, h, len, d_h]`, before the output projection. `bands` is
 /// one band for every head, or one per head (all with the same block; the span covers the widest).
-///
-/// With `global` positions (Longformer), every query also scores the global keys (as extra
-/// columns in the same softmax; the band leaves them out so none counts twice), and each global
-/// query's row is computed over all keys: O(L·(S + g)) + O(g·L).
+/// `global` positions as in [`Pattern`].
 pub fn banded(mha: &MultiHeadAttention, p: &Projected, bands: &[Band], global: &[usize]) -> Tensor<4> {
-    let BandScores { scores, v, layout, dims, len: l } = band_scores(mha, p, bands, global);
-    let [b, h, nb, bs, span, dh] = dims;
-    let device = p.q.device();
-    let pad = nb * bs - l;
-    let global: Vec<usize> = global.iter().copied().filter(|&g| g < l).collect();
+    sparse(mha, p, &Pattern { block: bands[0].block, bands, global, extra: None })
+}
+
+/// A sparse pattern, all of it in one softmax per query: a band, global positions, and keys
+/// gathered per block of queries.
+pub struct Pattern<'a> {
+    /// Queries per block of the computation (the bands' block).
+    pub block: usize,
+    /// One band for every head, one per head, or none.
+    pub bands: &'a [Band],
+    /// Positions with global attention (Longformer, BigBird): every query also scores the global
+    /// keys (as extra columns; the band and `extra` must leave them out so none counts twice),
+    /// and each global query's row is computed over all keys it may see: O(L·g) + O(g·L).
+    pub global: &'a [usize],
+    /// Further keys per block (random blocks, summaries, permuted blocks).
+    pub extra: Option<&'a KeySet>,
+}
+
+/// How the probabilities of one piece of the softmax become context.
+enum Piece {
+    Band(BandScores),
+    /// Values in block form `[b·h, nb, w, d_h]`.
+    Gathered(Tensor<4>),
+    /// Global columns scored one by one (position schemes that need a layout): their values
+    /// `[b, h, g, d_h]` and positions.
+    Columns(Tensor<4>, Vec<usize>),
+}
+
+/// The context `[b, h, len, d_h]` of aligned queries and keys under `pattern`.
+pub fn sparse(mha: &MultiHeadAttention, p: &Projected, pattern: &Pattern) -> Tensor<4> {
+    let [b, h, l, dh] = p.q.dims();
     let hkv = p.k.dims()[1];
+    let device = p.q.device();
+    let causal = p.layout.causal;
+    let bs = pattern.block.clamp(1, l.max(1));
+    let nb = l.div_ceil(bs);
+    let pad = nb * bs - l;
+    let mut global: Vec<usize> = pattern.global.iter().copied().filter(|&g| g < l).collect();
+    global.sort_unstable();
+    global.dedup();
+    let gathered_ok = mha.position.as_ref().is_none_or(|pos| pos.works_on_gathered_keys());
     let expand = |x: Tensor<4>| {
         if h == hkv { x } else { x.unsqueeze_dim::<5>(2).expand([b, hkv, h / hkv, l, dh]).reshape([b, h, l, dh]) }
     };
-    if global.is_empty() {
-        let probs = mha.dropout.forward(softmax(scores, 3));
-        return band_context(mha, probs, v, &layout, dims).narrow(2, 0, l);
+
+    // each piece's scores in block form [b·h, nb, B, w]
+    let mut pieces: Vec<(Tensor<4>, Piece)> = Vec::new();
+    if !pattern.bands.is_empty() {
+        let band = band_scores(mha, p, pattern.bands, &global);
+        pieces.push((band.scores.clone(), Piece::Band(band)));
+    }
+    if let Some(set) = pattern.extra {
+        let (scores, v) = gathered_scores(mha, p, set);
+        pieces.push((scores, Piece::Gathered(v)));
+    }
+    if !global.is_empty() {
+        if gathered_ok {
+            let (scores, v) = gathered_scores(mha, p, &KeySet::columns(l, bs, &global, causal));
+            pieces.push((scores, Piece::Gathered(v)));
+        } else {
+            let (scores, v) = global_columns(mha, p, &global);
+            let scores = pad_len(scores, pad).reshape([b * h, nb, bs, global.len()]);
+            pieces.push((scores, Piece::Columns(v, global.clone())));
+        }
     }
 
-    // global keys: extra columns of every query's softmax, `[b, h, L, g]`
+    let widths: Vec<usize> = pieces.iter().map(|(s, _)| s.dims()[3]).collect();
+    let scores: Vec<Tensor<4>> = pieces.iter().map(|(s, _)| s.clone()).collect();
+    let probs = mha.dropout.forward(softmax(Tensor::cat(scores, 3), 3));
+    let mut out: Tensor<4> = Tensor::zeros([b, h, nb * bs, dh], &device);
+    let mut at = 0;
+    for ((_, piece), w) in pieces.into_iter().zip(widths) {
+        let pr = probs.clone().narrow(3, at, w);
+        at += w;
+        out = out
+            + match piece {
+                Piece::Band(band) => band_context(mha, pr, band.v, &band.layout, band.dims),
+                Piece::Gathered(v) => pr.matmul(v).reshape([b, h, nb * bs, dh]),
+                Piece::Columns(v, positions) => {
+                    let pr = pr.reshape([b, h, nb * bs, w]);
+                    let mut context = pr.clone().matmul(v);
+                    if let Some(pos) = &mha.position {
+                        for (j, &pos_j) in positions.iter().enumerate() {
+                            let layout = ScoreLayout::new(0, pos_j, nb * bs, 1, causal);
+                            if let Some(extra) = pos.context(pr.clone().narrow(3, j, 1), &layout) {
+                                context = context + extra;
+                            }
+                        }
+                    }
+                    context
+                }
+            };
+    }
+    let out = out.narrow(2, 0, l);
+    if global.is_empty() {
+        return out;
+    }
+
+    // global queries: their rows replaced by a full row each, over every key they may see
     let (k_all, v_all) = (expand(p.k.clone()), expand(p.v.clone()));
     let g = global.len();
+    let at = Tensor::<1, Int>::from_data(TensorData::new(global.iter().map(|&x| x as i64).collect(), [g]), &device);
+    let rows = if gathered_ok {
+        let qg = p.q.clone().select(2, at.clone());
+        let mut scores = qg.matmul(k_all.swap_dims(2, 3)); // [b, h, g, L]
+        if let Some(pos) = &mha.position {
+            let values = global.iter().flat_map(|&i| (0..l).map(move |j| i as i64 - j as i64)).collect();
+            if let Some(bias) = pos.bias_at(&Distances { dims: [1, 1, g, l], values, causal }, &device) {
+                scores = scores + bias.reshape([1, h, g, l]);
+            }
+        }
+        if causal {
+            let hidden: Vec<bool> = global.iter().flat_map(|&i| (0..l).map(move |j| j > i)).collect();
+            let hidden = Tensor::<2, Bool>::from_data(TensorData::new(hidden, [g, l]), &device);
+            scores = scores.mask_fill(hidden.unsqueeze::<4>().expand([b, h, g, l]), MASKED_SCORE);
+        }
+        mha.dropout.forward(softmax(scores, 3)).matmul(v_all)
+    } else {
+        let rows = global
+            .iter()
+            .map(|&pos_i| {
+                let qi = p.q.clone().narrow(2, pos_i, 1);
+                let n = if causal { pos_i + 1 } else { l };
+                let (k, v) = (k_all.clone().narrow(2, 0, n), v_all.clone().narrow(2, 0, n));
+                let row_layout = ScoreLayout::new(pos_i, 0, 1, n, causal);
+                let row = qi.clone().matmul(k.clone().swap_dims(2, 3));
+                let row = match &mha.position {
+                    Some(pos) => pos.scores(row, qi, k, &row_layout, mha.scale),
+                    None => row,
+                };
+                let probs = mha.dropout.forward(softmax(row, 3));
+                let mut value = probs.clone().matmul(v);
+                if let Some(extra) = mha.position.as_ref().and_then(|pos| pos.context(probs, &row_layout)) {
+                    value = value + extra;
+                }
+                value
+            })
+            .collect();
+        Tensor::cat(rows, 2)
+    };
+    let current = out.clone().select(2, at.clone());
+    out.select_assign(2, at, rows - current, IndexingUpdateOp::Add)
+}
+
+/// Every query's scores against each global key, one layout per column: `[b, h, L, g]`, and
+/// the global values `[b, h, g, d_h]`.
+fn global_columns(mha: &MultiHeadAttention, p: &Projected, global: &[usize]) -> (Tensor<4>, Tensor<4>) {
+    let [b, h, l, dh] = p.q.dims();
+    let hkv = p.k.dims()[1];
+    let device = p.q.device();
+    let expand = |x: Tensor<4>| {
+        let n = x.dims()[2];
+        if h == hkv { x } else { x.unsqueeze_dim::<5>(2).expand([b, hkv, h / hkv, n, dh]).reshape([b, h, n, dh]) }
+    };
     let at = Tensor::<1, Int>::from_data(
-        TensorData::new(global.iter().map(|&x| x as i64).collect::<Vec<_>>(), [g]),
+        TensorData::new(global.iter().map(|&x| x as i64).collect::<Vec<_>>(), [global.len()]),
         &device,
     );
-    let (kg, vg) = (k_all.clone().select(2, at.clone()), v_all.clone().select(2, at));
+    let (kg, vg) = (expand(p.k.clone().select(2, at.clone())), expand(p.v.clone().select(2, at)));
     let columns: Vec<Tensor<4>> = global
         .iter()
         .enumerate()
@@ -205,41 +341,40 @@ pub fn banded(mha: &MultiHeadAttention, p: &Projected, bands: &[Band], global: &
             }
         })
         .collect();
-    let band_scores = scores.reshape([b, h, nb * bs, span]).narrow(2, 0, l);
-    let probs = mha.dropout.forward(softmax(Tensor::cat(vec![band_scores, Tensor::cat(columns, 3)], 3), 3));
-    let pad_rows = |x: Tensor<4>| pad_len(x, pad).reshape([b * h, nb, bs, span]);
-    let mut out = band_context(mha, pad_rows(probs.clone().narrow(3, 0, span)), v, &layout, [b, h, nb, bs, span, dh])
-        .narrow(2, 0, l);
-    let pg = probs.narrow(3, span, g);
-    out = out + pg.clone().matmul(vg);
-    if let Some(pos) = &mha.position {
-        for (j, &pos_j) in global.iter().enumerate() {
-            let layout = ScoreLayout::new(0, pos_j, l, 1, p.layout.causal);
-            if let Some(extra) = pos.context(pg.clone().narrow(3, j, 1), &layout) {
-                out = out + extra;
-            }
-        }
-    }
+    (Tensor::cat(columns, 3), vg)
+}
 
-    // global queries: a full row each, over every key they may see
-    for &pos_i in &global {
-        let qi = p.q.clone().narrow(2, pos_i, 1);
-        let n = if p.layout.causal { pos_i + 1 } else { l };
-        let (k, v) = (k_all.clone().narrow(2, 0, n), v_all.clone().narrow(2, 0, n));
-        let row_layout = ScoreLayout::new(pos_i, 0, 1, n, p.layout.causal);
-        let row = qi.clone().matmul(k.clone().swap_dims(2, 3));
-        let row = match &mha.position {
-            Some(pos) => pos.scores(row, qi, k, &row_layout, mha.scale),
-            None => row,
-        };
-        let probs = mha.dropout.forward(softmax(row, 3));
-        let mut value = probs.clone().matmul(v);
-        if let Some(extra) = mha.position.as_ref().and_then(|pos| pos.context(probs, &row_layout)) {
-            value = value + extra;
-        }
-        out = out.slice_assign([0..b, 0..h, pos_i..pos_i + 1, 0..dh], value);
-    }
-    out
+/// Every key scored, a pattern as the mask: `hidden(head, q, k)` at absolute positions, on top of
+/// causality, padding and custom masks. The definition the blocked paths are tested against, and
+/// the path of a KV cache or a memory (keys not aligned with the queries).
+pub fn dense_pattern(
+    mha: &MultiHeadAttention,
+    p: &Projected,
+    mask: &AttentionMask,
+    need_weights: bool,
+    hidden: impl Fn(usize, usize, usize) -> bool,
+) -> AttentionOutput {
+    let (lq, lk) = (p.layout.len_q, p.layout.len_k);
+    let device = p.q.device();
+    let scores = mha.scores(p);
+    let [b, h, _, _] = scores.dims();
+    let (q0, k0) = (p.layout.q_start, p.layout.k_start);
+    let outside: Vec<bool> = (0..h)
+        .flat_map(|head| (0..lq).flat_map(move |i| (0..lk).map(move |j| (head, i, j))))
+        .map(|(head, i, j)| hidden(head, q0 + i, k0 + j))
+        .collect();
+    let outside = Tensor::<3, Bool>::from_data(TensorData::new(outside, [h, lq, lk]), &device)
+        .unsqueeze_dim::<4>(0)
+        .expand([b, h, lq, lk]);
+    let base = AttentionMask { k_start: k0, ..mask.clone() };
+    let hidden = match base.score_mask(lq, lk, &device) {
+        Some(m) => m.expand([b, h, lq, lk]).bool_or(outside),
+        None => outside,
+    };
+    let probs = softmax(scores.mask_fill(hidden, MASKED_SCORE), 3);
+    let weights = need_weights.then(|| probs.clone());
+    let context = mha.combine(mha.dropout.forward(probs), p);
+    AttentionOutput { context, weights, aux_losses: Vec::new() }
 }
 
 /// probs `[b·h, nb, B, span]` × the value spans, plus a position scheme's context term:
@@ -361,25 +496,11 @@ impl BandAttention {
             let context = banded(&self.attention, &p, &bands, &self.global);
             AttentionOutput { context: self.attention.merge(context), weights: None, aux_losses: Vec::new() }
         } else {
-            let (lq, lk) = (p.layout.len_q, p.layout.len_k);
-            let device = p.q.device();
-            let scores = self.attention.scores(&p);
-            let [b, h, _, _] = scores.dims();
-            // the band of each head, [1, bands, lq, lk], with causality, padding and custom masks
-            let outside: Vec<Tensor<2, Bool>> = bands
-                .iter()
-                .map(|band| band.dense_mask(p.layout.q_start, p.layout.k_start, lq, lk, &self.global, &device))
-                .collect();
-            let outside = Tensor::stack::<3>(outside, 0).unsqueeze_dim::<4>(0);
-            let base = AttentionMask { k_start: p.layout.k_start, ..mask.clone() };
-            let hidden = match base.score_mask(lq, lk, &device) {
-                Some(m) => m.expand([b, h, lq, lk]).bool_or(outside.expand([b, h, lq, lk])),
-                None => outside.expand([b, h, lq, lk]),
-            };
-            let probs = softmax(scores.mask_fill(hidden, MASKED_SCORE), 3);
-            let weights = input.need_weights.then(|| probs.clone());
-            let context = self.attention.combine(self.attention.dropout.forward(probs), &p);
-            AttentionOutput { context, weights, aux_losses: Vec::new() }
+            dense_pattern(&self.attention, &p, mask, input.need_weights, |head, q, k| {
+                let band = &bands[if bands.len() == 1 { 0 } else { head }];
+                let global = (self.global.contains(&q) || self.global.contains(&k)) && (!mask.causal || k <= q);
+                !(global || band.sees(q as i64, k as i64))
+            })
         };
         if let Some(c) = cache {
             self.trim(c);

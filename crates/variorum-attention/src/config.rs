@@ -6,6 +6,7 @@ use variorum_core::{Capabilities, ConfigError, KindInfo};
 
 use crate::average::{AverageAttention, AverageAttentionConfig};
 use crate::band::BandAttention;
+use crate::bigbird::{BigBirdAttention, BigBirdConfig};
 use crate::contract::AttentionState;
 use crate::linear::{LinearAttention, LinearAttentionConfig};
 use crate::local::LocalAttentionConfig;
@@ -37,6 +38,8 @@ pub enum AttentionConfig {
     MultiScale(MultiScaleConfig),
     /// Sparse Transformer's strided pattern: the previous ℓ positions and every ℓ-th one.
     Strided(StridedConfig),
+    /// BigBird: a blocked window, global tokens and random blocks.
+    Bigbird(BigBirdConfig),
     /// Keys and values shortened by a strided convolution, plus the own block's raw keys.
     MemoryCompressed(MemoryCompressedConfig),
     /// Linear attention, φ = elu + 1.
@@ -64,6 +67,7 @@ impl AttentionConfig {
             Self::Local(_) => "local",
             Self::MultiScale(_) => "multi-scale",
             Self::Strided(_) => "strided",
+            Self::Bigbird(_) => "bigbird",
             Self::MemoryCompressed(_) => "memory-compressed",
             Self::Linear(_) => "linear",
             Self::Performer(_) => "performer",
@@ -83,8 +87,15 @@ impl AttentionConfig {
             Self::SlidingWindow(c) => Self::SlidingWindow(c.for_layer(i)),
             Self::MultiScale(c) => Self::MultiScale(c.for_layer(i)),
             Self::Strided(c) => Self::Strided(c.for_layer(i)),
+            Self::Bigbird(c) => Self::Bigbird(c.for_layer(i)),
             other => other.clone(),
         }
+    }
+
+    /// Whether some keys are gathered from anywhere in the sequence (random blocks, summaries,
+    /// permuted blocks), so only position schemes that act through the distance alone apply.
+    pub fn gathers_keys(&self) -> bool {
+        matches!(self, Self::Bigbird(_))
     }
 
     /// Layers with their own setting (0 = the same in every layer).
@@ -118,6 +129,7 @@ impl AttentionConfig {
             Self::Local(c) => Self::Local(c.expanded(d_model)),
             Self::MultiScale(c) => Self::MultiScale(c.expanded(d_model)),
             Self::Strided(c) => Self::Strided(c.expanded(d_model)),
+            Self::Bigbird(c) => Self::Bigbird(c.expanded(d_model)),
             Self::MemoryCompressed(c) => Self::MemoryCompressed(c.expanded(d_model)),
             Self::Linear(c) => Self::Linear(c.expanded(d_model)),
             Self::Performer(c) => Self::Performer(c.expanded(d_model)),
@@ -134,6 +146,7 @@ impl AttentionConfig {
             Self::Local(c) => c.validate(d_model),
             Self::MultiScale(c) => c.validate(d_model),
             Self::Strided(c) => c.validate(d_model),
+            Self::Bigbird(c) => c.validate(d_model),
             Self::MemoryCompressed(c) => c.validate(d_model),
             Self::Linear(c) => c.validate(d_model),
             Self::Performer(c) => c.validate(d_model),
@@ -157,6 +170,7 @@ impl AttentionConfig {
             Self::Local(c) => Attention::Local(c.init(d_model, init_std, out_std, position, device)),
             Self::MultiScale(c) => Attention::MultiScale(c.init(d_model, init_std, out_std, position, device)),
             Self::Strided(c) => Attention::Strided(c.init(d_model, init_std, out_std, position, device)),
+            Self::Bigbird(c) => Attention::Bigbird(c.init(d_model, init_std, out_std, position, device)),
             Self::MemoryCompressed(c) => Attention::MemoryCompressed(c.init(d_model, init_std, out_std, device)),
             Self::Linear(c) => Attention::Linear(c.init(d_model, init_std, out_std, device)),
             Self::Performer(c) => Attention::Performer(c.init(d_model, init_std, out_std, device)),
@@ -174,6 +188,7 @@ impl AttentionConfig {
             Self::Local(c) => c.head_shape(d_model),
             Self::MultiScale(c) => c.head_shape(d_model),
             Self::Strided(c) => c.head_shape(d_model),
+            Self::Bigbird(c) => c.head_shape(d_model),
             Self::MemoryCompressed(c) => c.heads(d_model),
             Self::Linear(c) => c.heads(d_model),
             Self::Performer(c) => c.heads(d_model),
@@ -192,6 +207,7 @@ impl AttentionConfig {
             Self::Local(c) => c.flops_per_token(d_model, len_k),
             Self::MultiScale(c) => c.flops_per_token(d_model, len_k),
             Self::Strided(c) => c.flops_per_token(d_model, len_k),
+            Self::Bigbird(c) => c.flops_per_token(d_model, len_k),
             Self::MemoryCompressed(c) => c.flops_per_token(d_model, len_k),
             Self::Linear(c) => kernel_flops(c.heads(d_model), c.heads(d_model).head_dim, c.chunk),
             Self::Performer(c) => kernel_flops(c.heads(d_model), c.features(d_model), c.chunk),
@@ -246,6 +262,11 @@ impl AttentionConfig {
                 "multi-scale",
                 "band attention with its own window width per head (`windows`), computed block by block",
                 "Guo et al. 2019, Multi-Scale Self-Attention for Text Classification",
+            ),
+            sparse_kind(
+                "bigbird",
+                "BigBird: blocked sliding window, global tokens (the first g positions) and r random blocks per query block, fixed per layer by a seed; computed block by block",
+                "Zaheer et al. 2020, Big Bird: Transformers for Longer Sequences",
             ),
             KindInfo {
                 axis: "model.attention",
@@ -340,6 +361,7 @@ pub enum Attention {
     Local(BandAttention),
     MultiScale(BandAttention),
     Strided(StridedAttention),
+    Bigbird(BigBirdAttention),
     MemoryCompressed(MemoryCompressedAttention),
     Linear(LinearAttention),
     Performer(PerformerAttention),
@@ -362,9 +384,9 @@ impl Attention {
                 a.attention.project(x, None, mask, Some(state.kv_mut()));
                 a.trim(state.kv_mut());
             }
-            Self::Strided(a) => {
-                // the cache grows with every position (the column pattern reaches back to 0)
-                a.attention.project(x, None, mask, Some(state.kv_mut()));
+            // the cache grows with every position (the pattern reaches back to 0)
+            Self::Strided(StridedAttention { attention, .. }) | Self::Bigbird(BigBirdAttention { attention, .. }) => {
+                attention.project(x, None, mask, Some(state.kv_mut()));
             }
             // the recurrent kinds: their state update is the forward itself
             _ => {
@@ -380,6 +402,7 @@ impl Attention {
             Self::AdaptiveSpan(a) => a.attention.content_only(query, key_value),
             Self::SlidingWindow(a) | Self::Local(a) | Self::MultiScale(a) => a.attention.content_only(query, key_value),
             Self::Strided(a) => a.attention.content_only(query, key_value),
+            Self::Bigbird(a) => a.attention.content_only(query, key_value),
             _ => {
                 let mask = variorum_core::AttentionMask::bidirectional();
                 self.forward(AttentionInput::cross_attention(query, key_value, &mask), None).context
@@ -396,6 +419,7 @@ impl Attention {
                 a.forward(input, state.map(AttentionState::kv_mut))
             }
             Self::Strided(a) => a.forward(input, state.map(AttentionState::kv_mut)),
+            Self::Bigbird(a) => a.forward(input, state.map(AttentionState::kv_mut)),
             Self::MemoryCompressed(a) => a.forward(input, state.map(AttentionState::compressed_mut)),
             Self::Linear(a) => a.forward(input, state.map(AttentionState::kernel_mut)),
             Self::Performer(a) => a.forward(input, state.map(AttentionState::kernel_mut)),

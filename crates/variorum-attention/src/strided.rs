@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use variorum_core::{AttentionMask, ConfigError, error::check};
 use variorum_position::{HeadShape, ScoreLayout};
 
-use crate::band::{Band, BandScores, band_context, band_scores, banded};
+use crate::band::{Band, BandScores, band_context, band_scores, banded, dense_pattern};
 use crate::full::{MASKED_SCORE, Positioning, Projected};
 use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention, MultiHeadAttentionConfig};
 
@@ -273,26 +273,8 @@ impl StridedAttention {
 
     /// Every key scored, the pattern as a mask.
     fn dense(&self, p: &Projected, mask: &AttentionMask, need_weights: bool) -> AttentionOutput {
-        let (lq, lk) = (p.layout.len_q, p.layout.len_k);
-        let device = p.q.device();
-        let scores = self.attention.scores(p);
-        let [b, h, _, _] = scores.dims();
-        let hidden: Vec<bool> = (0..h)
-            .flat_map(|head| (0..lq).flat_map(move |i| (0..lk).map(move |j| (head, i, j))))
-            .map(|(head, i, j)| !self.sees(head, h, p.layout.q_start + i, p.layout.k_start + j, mask.causal))
-            .collect();
-        let pattern = Tensor::<3, Bool>::from_data(TensorData::new(hidden, [h, lq, lk]), &device)
-            .unsqueeze_dim::<4>(0)
-            .expand([b, h, lq, lk]);
-        let base = AttentionMask { k_start: p.layout.k_start, ..mask.clone() };
-        let hidden = match base.score_mask(lq, lk, &device) {
-            Some(m) => m.expand([b, h, lq, lk]).bool_or(pattern),
-            None => pattern,
-        };
-        let probs = softmax(scores.mask_fill(hidden, MASKED_SCORE), 3);
-        let weights = need_weights.then(|| probs.clone());
-        let context = self.attention.combine(self.attention.dropout.forward(probs), p);
-        AttentionOutput { context, weights, aux_losses: Vec::new() }
+        let h = p.q.dims()[1];
+        dense_pattern(&self.attention, p, mask, need_weights, |head, q, k| !self.sees(head, h, q, k, mask.causal))
     }
 
     /// The column pattern and (union, heads) the band, in one softmax per row: `[b, h, L, d_h]`.

@@ -122,7 +122,16 @@ impl ModelConfig {
                 self.n_layers
             )
         })?;
-        let blocked = matches!(self.attention.kind(), "sliding-window" | "local" | "multi-scale" | "strided");
+        let blocked =
+            matches!(self.attention.kind(), "sliding-window" | "local" | "multi-scale" | "strided" | "bigbird");
+        let distance_only = matches!(self.position.kind(), "alibi" | "t5");
+        check(!self.attention.gathers_keys() || !self.position.capabilities().score_bias || distance_only, || {
+            format!(
+                "model.position.kind = \"{}\" needs contiguous keys, but model.attention.kind = \"{}\" gathers keys from anywhere in the sequence: use none, an absolute kind, rope, alibi or t5",
+                self.position.kind(),
+                self.attention.kind()
+            )
+        })?;
         check(!(self.position.kind() == "untied" && blocked), || {
             format!(
                 "model.position.kind = \"untied\" (TUPE) scores absolute positions, which the blocks of model.attention.kind = \"{}\" do not carry; use a relative scheme (alibi, rope, t5, …) or learned",

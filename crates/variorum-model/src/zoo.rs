@@ -2,9 +2,9 @@
 //! tests run. Adding a kind to an axis's `zoo()` and to [`variants`] enrols it in both.
 
 use variorum_attention::{
-    AdaptiveSpanConfig, AttentionConfig, AverageAttentionConfig, LinearAttentionConfig, LocalAttentionConfig,
-    MemoryCompressedConfig, MultiHeadAttentionConfig, MultiScaleConfig, PerformerConfig, PerformerKernel, RfaConfig,
-    SlidingWindowConfig, StridedCombine, StridedConfig,
+    AdaptiveSpanConfig, AttentionConfig, AverageAttentionConfig, BigBirdConfig, LinearAttentionConfig,
+    LocalAttentionConfig, MemoryCompressedConfig, MultiHeadAttentionConfig, MultiScaleConfig, PerformerConfig,
+    PerformerKernel, RfaConfig, SlidingWindowConfig, StridedCombine, StridedConfig,
 };
 use variorum_block::{
     BlockConfig, CompressionKind, CompressiveMemoryConfig, DepthConfig, FeedForwardConfig, FeedForwardKind,
@@ -258,6 +258,24 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
         let attention = AttentionConfig::Strided(StridedConfig { stride: 4, combine, ..Default::default() });
         out.push((
             format!("attention strided {combine:?} + position {}", position.kind()),
+            ModelConfig { attention, position, ..tiny() },
+        ));
+    }
+    // BigBird: blocked window, global tokens, random blocks (the harness's sequences span several
+    // blocks, so random blocks exist past the window)
+    for (position, global_tokens) in
+        [(PositionConfig::Alibi, 2), (PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 16 }), 0)]
+    {
+        let attention = AttentionConfig::Bigbird(BigBirdConfig {
+            block: 2,
+            window_blocks: 1,
+            random_blocks: 2,
+            global_tokens,
+            n_kv_heads: Some(2),
+            ..Default::default()
+        });
+        out.push((
+            format!("attention bigbird, {global_tokens} global + position {}", position.kind()),
             ModelConfig { attention, position, ..tiny() },
         ));
     }

@@ -13,7 +13,7 @@
 
 use burn::prelude::*;
 
-use crate::ScoreLayout;
+use crate::{Distances, ScoreLayout};
 
 /// The paper's slopes for `n_heads` heads.
 pub fn alibi_slopes(n_heads: usize) -> Vec<f64> {
@@ -46,6 +46,17 @@ impl AlibiBias {
         let slopes = Tensor::<1>::from_data(TensorData::new(slopes, [self.n_heads]), device);
         let distance = layout.values(|d| -(d.abs() as f32), device);
         slopes.reshape([1, self.n_heads, 1, 1]) * distance.unsqueeze_dim::<3>(0).unsqueeze_dim(0)
+    }
+}
+
+impl AlibiBias {
+    /// The bias of gathered keys, `[h, n, len_q, len_k]` for distances `[groups, n, len_q, len_k]`.
+    pub fn bias_at(&self, d: &Distances, device: &Device) -> Tensor<4> {
+        let slopes: Vec<f32> = alibi_slopes(self.n_heads).into_iter().map(|s| s as f32).collect();
+        let slopes = Tensor::<1>::from_data(TensorData::new(slopes, [self.n_heads]), device);
+        let [_, n, lq, lk] = d.dims;
+        let distance = d.values(|d| -(d.abs() as f32), device);
+        (slopes.reshape([self.n_heads, 1, 1, 1]) * distance).expand([self.n_heads, n, lq, lk])
     }
 }
 

@@ -66,6 +66,34 @@ impl ScoreLayout {
     }
 }
 
+/// Query − key distances of score blocks whose keys are gathered from anywhere in the sequence
+/// (BigBird's random blocks, the fixed pattern's summary columns, a blockwise permutation), where
+/// no [`ScoreLayout`] describes them: one distance per `[groups, n, len_q, len_k]` entry, with
+/// `groups` = 1 (every head alike) or one per head.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Distances {
+    pub dims: [usize; 4],
+    /// Row-major `query position − key position`.
+    pub values: Vec<i64>,
+    /// The scores belong to causal attention (T5's one-sided buckets).
+    pub causal: bool,
+}
+
+impl Distances {
+    /// `[groups, n·len_q·len_k]` integer tensor of `f(distance)`.
+    pub fn index(&self, f: impl Fn(i64) -> i64, device: &Device) -> Tensor<2, Int> {
+        let [g, n, lq, lk] = self.dims;
+        let v: Vec<i64> = self.values.iter().map(|&d| f(d)).collect();
+        Tensor::from_data(TensorData::new(v, [g, n * lq * lk]), device)
+    }
+
+    /// `[groups, n, len_q, len_k]` float tensor of `f(distance)`.
+    pub fn values(&self, f: impl Fn(i64) -> f32, device: &Device) -> Tensor<4> {
+        let v: Vec<f32> = self.values.iter().map(|&d| f(d)).collect();
+        Tensor::from_data(TensorData::new(v, self.dims), device)
+    }
+}
+
 /// `[1, h, len_q, len_k]` from a per-head table `[h, buckets]` and a bucket index `[len_q, len_k]`.
 pub fn per_head_bias(table: Tensor<2>, index: Tensor<2, Int>) -> Tensor<4> {
     let [h, _] = table.dims();

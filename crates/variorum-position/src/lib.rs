@@ -28,7 +28,7 @@ pub use alibi::{AlibiBias, alibi_slopes};
 pub use config::PositionConfig;
 pub use deberta::{DebertaConfig, Disentangled};
 pub use distance_aware::DistanceAware;
-pub use layout::ScoreLayout;
+pub use layout::{Distances, ScoreLayout};
 pub use learned::{LearnedPosition, LearnedPositionConfig};
 pub use multiplicative::{MultiplicativeConfig, MultiplicativePosition};
 pub use relative::{HeadShape, RelativePosition};

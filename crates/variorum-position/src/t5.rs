@@ -18,7 +18,7 @@ use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 use variorum_core::{ConfigError, error::check};
 
-use crate::{ScoreLayout, layout::per_head_bias};
+use crate::{Distances, ScoreLayout, layout::per_head_bias};
 
 /// `model.position` with `kind = "t5"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -98,6 +98,19 @@ impl T5Bias {
         // distance d = query − key, T5's relative position = key − query = −d
         let index = layout.index(|d| t5_bucket(-d, bidi, nb, md) as i64, device);
         per_head_bias(self.table.val(), index)
+    }
+}
+
+impl T5Bias {
+    /// The bias of gathered keys, `[h, n, len_q, len_k]` for distances `[groups, n, len_q, len_k]`.
+    pub fn bias_at(&self, d: &Distances, device: &Device) -> Tensor<4> {
+        let (nb, md, bidi) = (self.num_buckets, self.max_distance, !d.causal);
+        let [g, n, lq, lk] = d.dims;
+        let index = d.index(|d| t5_bucket(-d, bidi, nb, md) as i64, device); // [g, n·lq·lk]
+        let table = self.table.val();
+        let h = table.dims()[0];
+        let bias = if g == 1 { table.select(1, index.reshape([n * lq * lk])) } else { table.gather(1, index) };
+        bias.reshape([h, n, lq, lk])
     }
 }
 

@@ -1,0 +1,204 @@
+//! BigBird attention (Zaheer et al. 2020), the `bigbird` kind: every query block of b positions
+//! attends to
+//!
+//! - its **window**: the `window_blocks` blocks on each side and its own (BigBird's blocked sliding
+//!   window; causal: the blocks before it and itself up to the query),
+//! - the **global** tokens (BigBird-ITC: the first `global_tokens` positions attend to every key
+//!   and every query attends to them),
+//! - r **random** blocks (`random_blocks`) chosen among the blocks outside its window.
+//!
+//! The random blocks of query block t are drawn from a ChaCha stream seeded by (`seed`, layer, t):
+//! the pattern is fixed per layer, reproducible, and saved with the model (the seed is part of
+//! the config a checkpoint carries). Causally, t's candidates are the blocks before its window,
+//! so its pattern does not depend on the sequence length and cached decoding sees what the full
+//! forward saw. Bidirectionally the candidates are all blocks outside the window.
+//!
+//! Computed by blocks: the window as a band ([`crate::band`]), the random blocks as keys gathered
+//! per query block ([`crate::gathered`]), the global columns and rows, all in one softmax per
+//! query: O(L·b·(2·window_blocks + 1 + r) + L·g) scores. Random keys are gathered, so position
+//! schemes are limited to those acting through the distance (none, absolute, RoPE, ALiBi, T5).
+
+use burn::prelude::*;
+use rand::SeedableRng;
+use rand::seq::IndexedRandom;
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use variorum_core::{ConfigError, error::check};
+use variorum_position::HeadShape;
+
+use crate::band::{Band, Pattern, dense_pattern, sparse};
+use crate::full::Positioning;
+use crate::gathered::KeySet;
+use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention, MultiHeadAttentionConfig};
+
+/// `model.attention` with `kind = "bigbird"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BigBirdConfig {
+    pub n_heads: usize,
+    pub n_kv_heads: Option<usize>,
+    pub head_dim: Option<usize>,
+    pub dropout: f64,
+    pub bias: bool,
+    /// b, positions per block. Default 64 (the paper's).
+    pub block: usize,
+    /// Window blocks on each side of the query's block. Default 1 (3 blocks, as in the paper).
+    pub window_blocks: usize,
+    /// r, random key blocks per query block. Default 3 (the paper's ITC setting).
+    pub random_blocks: usize,
+    /// g, the first g positions are global. Default 64 (one block, as BigBird-ITC's first).
+    pub global_tokens: usize,
+    /// Seed of the random blocks (mixed with the layer index). Default 0.
+    pub seed: u64,
+    /// The layer this config was specialised for ([`Self::for_layer`]).
+    #[serde(skip)]
+    pub layer: usize,
+}
+
+impl Default for BigBirdConfig {
+    fn default() -> Self {
+        Self {
+            n_heads: 4,
+            n_kv_heads: None,
+            head_dim: None,
+            dropout: 0.0,
+            bias: true,
+            block: 64,
+            window_blocks: 1,
+            random_blocks: 3,
+            global_tokens: 64,
+            seed: 0,
+            layer: 0,
+        }
+    }
+}
+
+impl BigBirdConfig {
+    pub fn heads(&self) -> MultiHeadAttentionConfig {
+        crate::head_fields!(self)
+    }
+
+    pub fn head_shape(&self, d_model: usize) -> HeadShape {
+        self.heads().heads(d_model)
+    }
+
+    pub fn expanded(&self, d_model: usize) -> Self {
+        let h = self.heads().expanded(d_model);
+        Self { n_kv_heads: h.n_kv_heads, head_dim: h.head_dim, ..self.clone() }
+    }
+
+    pub fn for_layer(&self, i: usize) -> Self {
+        Self { layer: i, ..self.clone() }
+    }
+
+    /// This config as layer `i`'s (owned; [`Self::for_layer`]).
+    pub fn with_layer(self, i: usize) -> Self {
+        Self { layer: i, ..self }
+    }
+
+    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        self.heads().validate(d_model)?;
+        check(self.block >= 1, || "model.attention.block must be at least 1".into())
+    }
+
+    pub fn init(
+        &self,
+        d_model: usize,
+        init_std: f64,
+        out_std: f64,
+        position: Positioning,
+        device: &Device,
+    ) -> BigBirdAttention {
+        BigBirdAttention {
+            attention: self.heads().init(d_model, init_std, out_std, position, device),
+            block: self.block,
+            window_blocks: self.window_blocks,
+            random_blocks: self.random_blocks,
+            global_tokens: self.global_tokens,
+            seed: self.seed,
+            layer: self.layer,
+        }
+    }
+
+    /// Multiply–adds per token: the window and random blocks, the global tokens.
+    pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+        let keys = self.block * (2 * self.window_blocks + 1 + self.random_blocks) + self.global_tokens;
+        self.heads().flops_per_token(d_model, keys.min(len_k))
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct BigBirdAttention {
+    pub attention: MultiHeadAttention,
+    pub block: usize,
+    pub window_blocks: usize,
+    pub random_blocks: usize,
+    pub global_tokens: usize,
+    pub seed: u64,
+    pub layer: usize,
+}
+
+impl BigBirdAttention {
+    /// The random key blocks of query block `t` (sorted), with `blocks` blocks in the sequence.
+    pub fn random_blocks(&self, t: usize, blocks: usize, causal: bool) -> Vec<usize> {
+        let b = self.block;
+        let candidates: Vec<usize> = (0..if causal { t } else { blocks })
+            .filter(|&v| v.abs_diff(t) > self.window_blocks && (v + 1) * b > self.global_tokens)
+            .collect();
+        let stream = self.seed ^ (self.layer as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (t as u64) << 20;
+        let mut rng = ChaCha8Rng::seed_from_u64(stream);
+        let mut picked: Vec<usize> = candidates.choose_multiple(&mut rng, self.random_blocks).copied().collect();
+        picked.sort_unstable();
+        picked
+    }
+
+    /// Whether query position `q` sees key position `k` in a sequence of `len` positions.
+    fn sees(&self, q: usize, k: usize, random: &[Vec<usize>], causal: bool) -> bool {
+        if causal && k > q {
+            return false;
+        }
+        let (bq, bk) = (q / self.block, k / self.block);
+        q < self.global_tokens
+            || k < self.global_tokens
+            || bq.abs_diff(bk) <= self.window_blocks
+            || random[bq].binary_search(&bk).is_ok()
+    }
+
+    fn window(&self, causal: bool) -> Band {
+        let reach = self.window_blocks * self.block;
+        Band { back: reach, ahead: reach, block: self.block, query_blocks: true, causal }
+    }
+
+    pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
+        self.forward_with(input, cache, false)
+    }
+
+    /// With `dense`, always scores every key under the pattern's mask (the definition; tests).
+    pub fn forward_with(&self, input: AttentionInput, cache: Option<&mut KvCache>, dense: bool) -> AttentionOutput {
+        let mask = input.mask;
+        let causal = mask.causal;
+        let plain = mask.padding.is_none() && mask.custom.is_none() && !input.need_weights;
+        let p = self.attention.project(input.query, input.key_value, mask, cache);
+        let aligned = p.layout.q_start == p.layout.k_start && p.layout.len_q == p.layout.len_k;
+        let len = p.layout.k_start + p.layout.len_k;
+        let blocks = len.max(p.layout.q_start + p.layout.len_q).div_ceil(self.block);
+        let random: Vec<Vec<usize>> = (0..blocks).map(|t| self.random_blocks(t, blocks, causal)).collect();
+        if aligned && plain && !dense && p.layout.q_start == 0 {
+            let b = self.block;
+            let per_block = self.random_blocks * b;
+            let keys = KeySet::new(
+                1,
+                len,
+                b,
+                per_block,
+                |_, t, s| random[t].get(s / b).map(|&v| v * b + s % b),
+                |_, q, k| k >= self.global_tokens && (!causal || k <= q),
+            );
+            let global: Vec<usize> = (0..self.global_tokens.min(len)).collect();
+            let pattern = Pattern { block: b, bands: &[self.window(causal)], global: &global, extra: Some(&keys) };
+            let context = sparse(&self.attention, &p, &pattern);
+            return AttentionOutput { context: self.attention.merge(context), weights: None, aux_losses: Vec::new() };
+        }
+        dense_pattern(&self.attention, &p, mask, input.need_weights, |_, q, k| !self.sees(q, k, &random, causal))
+    }
+}

@@ -1,0 +1,141 @@
+//! Patterns with keys gathered from anywhere in the sequence (BigBird's random blocks): the
+//! block-by-block computation equals dense attention under the pattern's mask, causal and
+//! bidirectional, with the position schemes that act through the distance, for ragged lengths;
+//! and the pattern is what the paper says.
+
+use burn::prelude::*;
+use burn::tensor::Distribution;
+use variorum_attention::{
+    AttentionConfig, AttentionInput, AttentionOutput, BigBirdAttention, BigBirdConfig, Positioning,
+};
+use variorum_core::AttentionMask;
+use variorum_position::{PositionConfig, RotaryConfig, T5BiasConfig};
+
+const D: usize = 16;
+
+fn schemes() -> Vec<PositionConfig> {
+    vec![
+        PositionConfig::None,
+        PositionConfig::Alibi,
+        PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 10 }),
+        PositionConfig::Rope(RotaryConfig::default()),
+    ]
+}
+
+fn bigbird(cfg: &BigBirdConfig, position: &PositionConfig, dev: &Device) -> BigBirdAttention {
+    let cfg = AttentionConfig::Bigbird(cfg.clone());
+    cfg.validate(D).unwrap();
+    match cfg.init(D, 0.3, 0.3, Positioning { config: position, context: 64 }, dev) {
+        variorum_attention::Attention::Bigbird(a) => a,
+        _ => unreachable!(),
+    }
+}
+
+fn bigbirds() -> Vec<BigBirdConfig> {
+    let mut out = Vec::new();
+    for (block, window_blocks, random_blocks, global_tokens, kv) in
+        [(2, 1, 2, 0, 4), (3, 0, 1, 1, 2), (2, 0, 3, 3, 1), (4, 1, 1, 2, 4)]
+    {
+        out.push(BigBirdConfig {
+            block,
+            window_blocks,
+            random_blocks,
+            global_tokens,
+            n_kv_heads: Some(kv),
+            seed: 7,
+            ..Default::default()
+        });
+    }
+    out
+}
+
+fn run(f: impl Fn(AttentionInput) -> AttentionOutput, x: &Tensor<3>, mask: &AttentionMask) -> Tensor<3> {
+    f(AttentionInput::self_attention(x.clone(), mask)).context
+}
+
+#[test]
+fn bigbird_blocks_equal_dense_attention_under_its_mask() {
+    let dev = Device::flex();
+    for position in schemes() {
+        for cfg in bigbirds() {
+            let attn = bigbird(&cfg, &position, &dev);
+            for len in [13, 16] {
+                let x: Tensor<3> = Tensor::random([2, len, D], Distribution::Normal(0.0, 1.0), &dev);
+                for mask in [AttentionMask::causal(), AttentionMask::bidirectional()] {
+                    let blocked = run(|i| attn.forward_with(i, None, false), &x, &mask);
+                    let dense = run(|i| attn.forward_with(i, None, true), &x, &mask);
+                    let d = (blocked - dense).abs().max().into_scalar::<f32>();
+                    assert!(d < 1e-5, "{} {cfg:?} len {len} causal {}: {d}", position.kind(), mask.causal);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn random_blocks_are_fixed_by_the_seed_and_lie_outside_the_window() {
+    let dev = Device::flex();
+    let cfg = BigBirdConfig { block: 2, window_blocks: 1, random_blocks: 3, global_tokens: 2, ..Default::default() };
+    let a = bigbird(&cfg, &PositionConfig::None, &dev);
+    let again = bigbird(&cfg, &PositionConfig::None, &dev);
+    let other_layer = bigbird(&cfg.clone().with_layer(1), &PositionConfig::None, &dev);
+    let mut differs = false;
+    for causal in [true, false] {
+        for t in 0..40 {
+            let picked = a.random_blocks(t, 40, causal);
+            assert_eq!(picked, again.random_blocks(t, 40, causal));
+            differs |= picked != other_layer.random_blocks(t, 40, causal);
+            // r blocks whenever there are r candidates: outside the window, not block 0 (global),
+            // before the query's block when causal
+            let candidates = (0..if causal { t } else { 40 }).filter(|&v| v.abs_diff(t) > 1 && v > 0).count();
+            assert_eq!(picked.len(), candidates.min(3), "block {t}");
+            assert!(picked.iter().all(|&v| v.abs_diff(t) > 1 && v > 0 && (!causal || v < t)));
+            if causal {
+                // the causal pattern does not depend on the sequence length (decoding sees it too)
+                assert_eq!(picked, a.random_blocks(t, 80, true));
+            }
+        }
+    }
+    assert!(differs, "another layer draws other random blocks");
+}
+
+/// Which of `len` outputs change when position `p` changes.
+fn reached_by(attn: &BigBirdAttention, len: usize, p: usize, causal: bool, dev: &Device) -> Vec<usize> {
+    let x: Tensor<3> = Tensor::random([1, len, D], Distribution::Normal(0.0, 1.0), dev);
+    let y =
+        x.clone().slice_assign([0..1, p..p + 1, 0..D], Tensor::random([1, 1, D], Distribution::Normal(0.0, 1.0), dev));
+    let mask = if causal { AttentionMask::causal() } else { AttentionMask::bidirectional() };
+    let go = |x: Tensor<3>| attn.forward(AttentionInput::self_attention(x, &mask), None).context;
+    let diff = (go(x) - go(y)).abs().max_dim(2).reshape([len]).into_data().try_to_vec::<f32>().unwrap();
+    diff.iter().enumerate().filter(|(_, d)| **d > 1e-6).map(|(i, _)| i).collect()
+}
+
+#[test]
+fn global_tokens_see_everything_and_others_only_their_pattern() {
+    let dev = Device::flex();
+    let cfg = BigBirdConfig { block: 4, window_blocks: 1, random_blocks: 1, global_tokens: 2, ..Default::default() };
+    let attn = bigbird(&cfg, &PositionConfig::Alibi, &dev);
+    let len = 80;
+    for causal in [true, false] {
+        // a far position reaches the global queries 0 and 1 (bidirectional), its window, and the
+        // query blocks that drew its block at random — nothing else
+        let p = 60;
+        let reached = reached_by(&attn, len, p, causal, &dev);
+        let blocks = len / 4;
+        let want: Vec<usize> = (0..len)
+            .filter(|&q| {
+                let (bq, bk) = (q / 4, p / 4);
+                let sees = q < 2 || bq.abs_diff(bk) <= 1 || attn.random_blocks(bq, blocks, causal).contains(&bk);
+                sees && (!causal || p <= q)
+            })
+            .collect();
+        assert_eq!(reached, want, "causal {causal}");
+        if !causal {
+            assert!(reached.contains(&0) && reached.contains(&1), "global queries see position 60");
+        }
+        assert!(want.len() < len / 2, "the pattern is sparse");
+        // a global position reaches every query after it
+        let reached = reached_by(&attn, len, 1, causal, &dev);
+        assert_eq!(reached, (if causal { 1 } else { 0 }..len).collect::<Vec<_>>());
+    }
+}
