@@ -87,41 +87,93 @@ impl Band {
 
 /// Masked band scores of aligned queries and keys, block by block.
 pub struct BandScores {
-    /// `[b·h, nb, B, span]`, the position scheme applied, hidden entries at [`MASKED_SCORE`].
+    /// `[b·δ·h, nb, B, span]`, the position scheme applied, hidden entries at [`MASKED_SCORE`].
     pub scores: Tensor<4>,
-    /// The value spans, `[b·h, nb, span, d_h]`.
+    /// The value spans, `[b·δ·h, nb, span, d_h]`.
     pub v: Tensor<4>,
     /// The layout every block shares.
     pub layout: ScoreLayout,
-    /// `[b, h, nb, B, span, d_h]`.
+    /// `[b·δ, h, nb, B, span, d_h]`.
     pub dims: [usize; 6],
-    /// The sequence length (before padding to blocks).
+    /// The length of each residue class (the sequence length when undilated), before padding.
     pub len: usize,
+    /// δ: the band runs over every δ-th position (1 = contiguous).
+    pub dilation: usize,
+}
+
+impl BandScores {
+    /// Block-form `[b·δ·h, nb, B, w]` (or a context `[b·δ, h, nb·B, w]`) → rows in position
+    /// order, `[b, h, len, w]`.
+    pub fn to_rows(&self, x: Tensor<4>, len: usize) -> Tensor<4> {
+        let [bb, h, nb, bs, _, _] = self.dims;
+        let (d, w) = (self.dilation, x.dims()[3]);
+        x.reshape([bb / d, d, h, nb * bs, w])
+            .permute([0, 2, 3, 1, 4])
+            .reshape([bb / d, h, nb * bs * d, w])
+            .narrow(2, 0, len)
+    }
+
+    /// The inverse of [`to_rows`](Self::to_rows) for `[b, h, len, w]`: `[b·δ·h, nb, B, w]`.
+    pub fn from_rows(&self, x: Tensor<4>) -> Tensor<4> {
+        let [bb, h, nb, bs, _, _] = self.dims;
+        let d = self.dilation;
+        let [b, _, len, w] = x.dims();
+        pad_len(x, nb * bs * d - len).reshape([b, h, nb * bs, d, w]).permute([0, 3, 1, 2, 4]).reshape([
+            bb * h,
+            nb,
+            bs,
+            w,
+        ])
+    }
 }
 
 /// The scores of [`banded`] before the softmax (global keys left out of the band).
 pub fn band_scores(mha: &MultiHeadAttention, p: &Projected, bands: &[Band], global: &[usize]) -> BandScores {
+    dilated_band_scores(mha, p, bands, 1, global)
+}
+
+/// Band scores over every δ-th position (Longformer's dilated window; δ = 1 is the plain band):
+/// the sequence is split into its δ residue classes (positions r, r + δ, r + 2δ, …), each an
+/// ordinary band problem whose reach `back`/`ahead` counts keys δ positions apart. One score
+/// layout (with stride δ) still serves every block, so every relative scheme applies.
+pub fn dilated_band_scores(
+    mha: &MultiHeadAttention,
+    p: &Projected,
+    bands: &[Band],
+    dilation: usize,
+    global: &[usize],
+) -> BandScores {
     let [b, h, l, dh] = p.q.dims();
     let hkv = p.k.dims()[1];
     let device = p.q.device();
-    let bs = bands[0].block.clamp(1, l.max(1));
-    let nb = l.div_ceil(bs);
-    let pad = nb * bs - l;
+    let dil = dilation.max(1);
+    let n = l.div_ceil(dil);
+    // residue classes: [b, heads, L, d] → [b·δ, heads, n, d]
+    let residues = |x: Tensor<4>| {
+        if dil == 1 {
+            return x;
+        }
+        let [b, heads, _, d] = x.dims();
+        pad_len(x, n * dil - l).reshape([b, heads, n, dil, d]).permute([0, 3, 1, 2, 4]).reshape([b * dil, heads, n, d])
+    };
+    let bb = b * dil;
+    let bs = bands[0].block.clamp(1, n.max(1));
+    let nb = n.div_ceil(bs);
+    let pad = nb * bs - n;
     let before = bands.iter().map(|band| band.back.div_ceil(bs)).max().unwrap_or(0);
     let after = bands.iter().map(|band| if band.causal { 0 } else { band.ahead.div_ceil(bs) }).max().unwrap_or(0);
     let span = (before + 1 + after) * bs;
 
-    let global: Vec<usize> = global.iter().copied().filter(|&g| g < l).collect();
     // keys and values: one copy per query head (GQA shares them; the span stacking copies anyway)
     let expand = |x: Tensor<4>| {
-        if h == hkv { x } else { x.unsqueeze_dim::<5>(2).expand([b, hkv, h / hkv, l, dh]).reshape([b, h, l, dh]) }
+        if h == hkv { x } else { x.unsqueeze_dim::<5>(2).expand([bb, hkv, h / hkv, n, dh]).reshape([bb, h, n, dh]) }
     };
     let per_head = |x: Tensor<4>| {
-        let x = expand(x);
+        let x = expand(residues(x));
         // [b·h, nb, B, d] with `before` empty blocks in front and `after` behind
-        let x = pad_len(x, pad).reshape([b * h, nb, bs, dh]);
-        let front = Tensor::zeros([b * h, before, bs, dh], &device);
-        let back = Tensor::zeros([b * h, after, bs, dh], &device);
+        let x = pad_len(x, pad).reshape([bb * h, nb, bs, dh]);
+        let front = Tensor::zeros([bb * h, before, bs, dh], &device);
+        let back = Tensor::zeros([bb * h, after, bs, dh], &device);
         let x = Tensor::cat(vec![front, x, back], 1);
         // block i's span: blocks i … i + before + after of the padded sequence
         let views: Vec<Tensor<4>> = (0..before + 1 + after).map(|s| x.clone().narrow(1, s, nb)).collect();
@@ -129,29 +181,29 @@ pub fn band_scores(mha: &MultiHeadAttention, p: &Projected, bands: &[Band], glob
     };
     let k = per_head(p.k.clone());
     let v = per_head(p.v.clone());
-    let q = pad_len(p.q.clone(), pad).reshape([b * h, nb, bs, dh]);
+    let q = pad_len(residues(p.q.clone()), pad).reshape([bb * h, nb, bs, dh]);
     let mut scores = q.clone().matmul(k.clone().swap_dims(2, 3)); // [b·h, nb, B, span]
     // one layout for every block: its keys start `before` blocks before its queries
-    let layout = ScoreLayout::new(before * bs, 0, bs, span, p.layout.causal);
+    let layout = ScoreLayout::new(before * bs * dil, 0, bs, span, p.layout.causal).with_stride(dil);
 
     if let Some(pos) = &mha.position {
         let by_block =
-            |x: Tensor<4>, w: usize| x.reshape([b, h, nb, bs, w]).swap_dims(1, 2).reshape([b * nb, h, bs, w]);
+            |x: Tensor<4>, w: usize| x.reshape([bb, h, nb, bs, w]).swap_dims(1, 2).reshape([bb * nb, h, bs, w]);
         let s = by_block(scores, span);
         let qb = by_block(q, dh);
-        let kb = k.clone().reshape([b, h, nb, span, dh]).swap_dims(1, 2).reshape([b * nb, h, span, dh]);
+        let kb = k.clone().reshape([bb, h, nb, span, dh]).swap_dims(1, 2).reshape([bb * nb, h, span, dh]);
         let s = pos.scores(s, qb, kb, &layout, mha.scale);
-        scores = s.reshape([b, nb, h, bs, span]).swap_dims(1, 2).reshape([b * h, nb, bs, span]);
+        scores = s.reshape([bb, nb, h, bs, span]).swap_dims(1, 2).reshape([bb * h, nb, bs, span]);
     }
 
-    let mask = span_mask(bands, &global, bs, nb, before, span, l, &device);
-    let mask = if bands.len() == 1 {
-        mask
-    } else {
-        mask.unsqueeze_dim::<5>(0).expand([b, h, nb, bs, span]).reshape([b * h, nb, bs, span])
-    };
+    let mut is_global = vec![false; l];
+    for &g in global.iter().filter(|&&g| g < l) {
+        is_global[g] = true;
+    }
+    let mask = span_mask(bands, &is_global, dil, bs, nb, before, span, &device); // [δ, bands, nb, B, span]
+    let mask = mask.unsqueeze_dim::<6>(0).expand([b, dil, h, nb, bs, span]).reshape([bb * h, nb, bs, span]);
     let scores = scores.mask_fill(mask, MASKED_SCORE);
-    BandScores { scores, v, layout, dims: [b, h, nb, bs, span, dh], len: l }
+    BandScores { scores, v, layout, dims: [bb, h, nb, bs, span, dh], len: n, dilation: dil }
 }
 
 /// The band attention of aligned queries and keys (`p.layout.q_start == p.layout.k_start`, equal
@@ -159,22 +211,34 @@ pub fn band_scores(mha: &MultiHeadAttention, p: &Projected, bands: &[Band], glob
 /// one band for every head, or one per head (all with the same block; the span covers the widest).
 /// `global` positions as in [`Pattern`].
 pub fn banded(mha: &MultiHeadAttention, p: &Projected, bands: &[Band], global: &[usize]) -> Tensor<4> {
-    sparse(mha, p, &Pattern { block: bands[0].block, bands, global, extra: None })
+    let part = BandPart { bands: bands.to_vec(), dilation: 1, heads: Vec::new() };
+    sparse(mha, p, &Pattern { block: bands[0].block, bands: &[part], global, extra: None })
 }
 
-/// A sparse pattern, all of it in one softmax per query: a band, global positions, and keys
+/// A sparse pattern, all of it in one softmax per query: bands, global positions, and keys
 /// gathered per block of queries.
 pub struct Pattern<'a> {
-    /// Queries per block of the computation (the bands' block).
+    /// Queries per block of the gathered keys (`extra` and global columns).
     pub block: usize,
-    /// One band for every head, one per head, or none.
-    pub bands: &'a [Band],
+    /// Bands (several when heads differ in dilation), or none.
+    pub bands: &'a [BandPart],
     /// Positions with global attention (Longformer, BigBird): every query also scores the global
-    /// keys (as extra columns; the band and `extra` must leave them out so none counts twice),
+    /// keys (as extra columns; the bands leave them out, and `extra` must, so none counts twice),
     /// and each global query's row is computed over all keys it may see: O(L·g) + O(g·L).
     pub global: &'a [usize],
     /// Further keys per block (random blocks, summaries, permuted blocks).
     pub extra: Option<&'a KeySet>,
+}
+
+/// One band of a [`Pattern`].
+#[derive(Debug, Clone)]
+pub struct BandPart {
+    /// One band for every head, or one per head (same block).
+    pub bands: Vec<Band>,
+    /// δ: keys every δ positions (reach counted in keys).
+    pub dilation: usize,
+    /// The heads that use this band (empty = all).
+    pub heads: Vec<bool>,
 }
 
 /// How the probabilities of one piece of the softmax become context.
@@ -203,24 +267,38 @@ pub fn sparse(mha: &MultiHeadAttention, p: &Projected, pattern: &Pattern) -> Ten
     let expand = |x: Tensor<4>| {
         if h == hkv { x } else { x.unsqueeze_dim::<5>(2).expand([b, hkv, h / hkv, l, dh]).reshape([b, h, l, dh]) }
     };
+    let block_rows = |x: Tensor<4>| {
+        let w = x.dims()[3];
+        x.reshape([b, h, nb * bs, w]).narrow(2, 0, l)
+    };
+    let rows_block = |x: Tensor<4>| {
+        let w = x.dims()[3];
+        pad_len(x, pad).reshape([b * h, nb, bs, w])
+    };
 
-    // each piece's scores in block form [b·h, nb, B, w]
+    // each piece's scores as rows in position order, [b, h, L, w]
     let mut pieces: Vec<(Tensor<4>, Piece)> = Vec::new();
-    if !pattern.bands.is_empty() {
-        let band = band_scores(mha, p, pattern.bands, &global);
-        pieces.push((band.scores.clone(), Piece::Band(band)));
+    for part in pattern.bands {
+        let band = dilated_band_scores(mha, p, &part.bands, part.dilation, &global);
+        let mut rows = band.to_rows(band.scores.clone(), l);
+        if !part.heads.is_empty() {
+            let off: Vec<bool> = part.heads.iter().map(|on| !on).collect();
+            let off = Tensor::<1, Bool>::from_data(TensorData::new(off, [h]), &device).reshape([1, h, 1, 1]);
+            let w = rows.dims()[3];
+            rows = rows.mask_fill(off.expand([b, h, l, w]), MASKED_SCORE);
+        }
+        pieces.push((rows, Piece::Band(band)));
     }
     if let Some(set) = pattern.extra {
         let (scores, v) = gathered_scores(mha, p, set);
-        pieces.push((scores, Piece::Gathered(v)));
+        pieces.push((block_rows(scores), Piece::Gathered(v)));
     }
     if !global.is_empty() {
         if gathered_ok {
             let (scores, v) = gathered_scores(mha, p, &KeySet::columns(l, bs, &global, causal));
-            pieces.push((scores, Piece::Gathered(v)));
+            pieces.push((block_rows(scores), Piece::Gathered(v)));
         } else {
             let (scores, v) = global_columns(mha, p, &global);
-            let scores = pad_len(scores, pad).reshape([b * h, nb, bs, global.len()]);
             pieces.push((scores, Piece::Columns(v, global.clone())));
         }
     }
@@ -228,21 +306,23 @@ pub fn sparse(mha: &MultiHeadAttention, p: &Projected, pattern: &Pattern) -> Ten
     let widths: Vec<usize> = pieces.iter().map(|(s, _)| s.dims()[3]).collect();
     let scores: Vec<Tensor<4>> = pieces.iter().map(|(s, _)| s.clone()).collect();
     let probs = mha.dropout.forward(softmax(Tensor::cat(scores, 3), 3));
-    let mut out: Tensor<4> = Tensor::zeros([b, h, nb * bs, dh], &device);
+    let mut out: Tensor<4> = Tensor::zeros([b, h, l, dh], &device);
     let mut at = 0;
     for ((_, piece), w) in pieces.into_iter().zip(widths) {
         let pr = probs.clone().narrow(3, at, w);
         at += w;
         out = out
             + match piece {
-                Piece::Band(band) => band_context(mha, pr, band.v, &band.layout, band.dims),
-                Piece::Gathered(v) => pr.matmul(v).reshape([b, h, nb * bs, dh]),
+                Piece::Band(band) => {
+                    let context = band_context(mha, band.from_rows(pr), band.v.clone(), &band.layout, band.dims);
+                    band.to_rows(context, l)
+                }
+                Piece::Gathered(v) => block_rows(rows_block(pr).matmul(v)),
                 Piece::Columns(v, positions) => {
-                    let pr = pr.reshape([b, h, nb * bs, w]);
                     let mut context = pr.clone().matmul(v);
                     if let Some(pos) = &mha.position {
                         for (j, &pos_j) in positions.iter().enumerate() {
-                            let layout = ScoreLayout::new(0, pos_j, nb * bs, 1, causal);
+                            let layout = ScoreLayout::new(0, pos_j, l, 1, causal);
                             if let Some(extra) = pos.context(pr.clone().narrow(3, j, 1), &layout) {
                                 context = context + extra;
                             }
@@ -252,7 +332,6 @@ pub fn sparse(mha: &MultiHeadAttention, p: &Projected, pattern: &Pattern) -> Ten
                 }
             };
     }
-    let out = out.narrow(2, 0, l);
     if global.is_empty() {
         return out;
     }
@@ -344,28 +423,29 @@ fn global_columns(mha: &MultiHeadAttention, p: &Projected, global: &[usize]) -> 
     (Tensor::cat(columns, 3), vg)
 }
 
-/// Every key scored, a pattern as the mask: `hidden(head, q, k)` at absolute positions, on top of
-/// causality, padding and custom masks. The definition the blocked paths are tested against, and
-/// the path of a KV cache or a memory (keys not aligned with the queries).
+/// Every key scored, a pattern as the mask: `hidden(row, head, q, k)` at absolute positions, on
+/// top of causality, padding and custom masks. `rows` = 1 when the pattern is the same for every
+/// batch row (it is then built once), else the batch size. The definition the blocked paths are
+/// tested against, and the path of a KV cache or a memory (keys not aligned with the queries).
 pub fn dense_pattern(
     mha: &MultiHeadAttention,
     p: &Projected,
     mask: &AttentionMask,
     need_weights: bool,
-    hidden: impl Fn(usize, usize, usize) -> bool,
+    rows: usize,
+    hidden: impl Fn(usize, usize, usize, usize) -> bool,
 ) -> AttentionOutput {
     let (lq, lk) = (p.layout.len_q, p.layout.len_k);
     let device = p.q.device();
     let scores = mha.scores(p);
     let [b, h, _, _] = scores.dims();
     let (q0, k0) = (p.layout.q_start, p.layout.k_start);
-    let outside: Vec<bool> = (0..h)
-        .flat_map(|head| (0..lq).flat_map(move |i| (0..lk).map(move |j| (head, i, j))))
-        .map(|(head, i, j)| hidden(head, q0 + i, k0 + j))
+    let outside: Vec<bool> = (0..rows)
+        .flat_map(|row| (0..h).flat_map(move |head| (0..lq).flat_map(move |i| (0..lk).map(move |j| (row, head, i, j)))))
+        .map(|(row, head, i, j)| hidden(row, head, q0 + i, k0 + j))
         .collect();
-    let outside = Tensor::<3, Bool>::from_data(TensorData::new(outside, [h, lq, lk]), &device)
-        .unsqueeze_dim::<4>(0)
-        .expand([b, h, lq, lk]);
+    let outside =
+        Tensor::<4, Bool>::from_data(TensorData::new(outside, [rows, h, lq, lk]), &device).expand([b, h, lq, lk]);
     let base = AttentionMask { k_start: k0, ..mask.clone() };
     let hidden = match base.score_mask(lq, lk, &device) {
         Some(m) => m.expand([b, h, lq, lk]).bool_or(outside),
@@ -397,34 +477,37 @@ pub fn band_context(
     context.reshape([b, h, nb * bs, dh])
 }
 
-/// `[bands, nb, B, span]`, true where block i's query r must not see span key s under each band:
-/// outside it, before position 0 or past the end.
+/// `[δ, bands, nb, B, span]`, true where block i's query r of residue class c must not see span
+/// key s under each band: outside it, before position 0, past the end, or a global key (scored in
+/// its own column). Indices count within the residue class; `is_global` is by position.
 #[allow(clippy::too_many_arguments)]
 fn span_mask(
     bands: &[Band],
-    global: &[usize],
+    is_global: &[bool],
+    dilation: usize,
     bs: usize,
     nb: usize,
     before: usize,
     span: usize,
-    len: usize,
     device: &Device,
-) -> Tensor<4, Bool> {
-    let mut hidden = Vec::with_capacity(bands.len() * nb * bs * span);
-    for band in bands {
-        for i in 0..nb {
-            for r in 0..bs {
-                let q = (i * bs + r) as i64;
-                for s in 0..span {
-                    let k = (i * bs + s) as i64 - (before * bs) as i64;
-                    // global keys are scored in their own columns
-                    let is_global = k >= 0 && global.contains(&(k as usize));
-                    hidden.push(k < 0 || k >= len as i64 || is_global || !band.sees(q, k));
+) -> Tensor<5, Bool> {
+    let len = is_global.len() as i64;
+    let mut hidden = Vec::with_capacity(dilation * bands.len() * nb * bs * span);
+    for c in 0..dilation as i64 {
+        for band in bands {
+            for i in 0..nb {
+                for r in 0..bs {
+                    let q = (i * bs + r) as i64;
+                    for s in 0..span {
+                        let k = (i * bs + s) as i64 - (before * bs) as i64;
+                        let at = c + k * dilation as i64;
+                        hidden.push(k < 0 || at >= len || is_global[at as usize] || !band.sees(q, k));
+                    }
                 }
             }
         }
     }
-    Tensor::from_data(TensorData::new(hidden, [bands.len(), nb, bs, span]), device)
+    Tensor::from_data(TensorData::new(hidden, [dilation, bands.len(), nb, bs, span]), device)
 }
 
 fn pad_len(x: Tensor<4>, pad: usize) -> Tensor<4> {
@@ -496,7 +579,7 @@ impl BandAttention {
             let context = banded(&self.attention, &p, &bands, &self.global);
             AttentionOutput { context: self.attention.merge(context), weights: None, aux_losses: Vec::new() }
         } else {
-            dense_pattern(&self.attention, &p, mask, input.need_weights, |head, q, k| {
+            dense_pattern(&self.attention, &p, mask, input.need_weights, 1, |_, head, q, k| {
                 let band = &bands[if bands.len() == 1 { 0 } else { head }];
                 let global = (self.global.contains(&q) || self.global.contains(&k)) && (!mask.causal || k <= q);
                 !(global || band.sees(q as i64, k as i64))

@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use variorum_core::{ConfigError, error::check};
 use variorum_position::HeadShape;
 
-use crate::band::{Band, Pattern, dense_pattern, sparse};
+use crate::band::{Band, BandPart, Pattern, dense_pattern, sparse};
 use crate::full::Positioning;
 use crate::gathered::KeySet;
 use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention, MultiHeadAttentionConfig};
@@ -195,10 +195,11 @@ impl BigBirdAttention {
                 |_, q, k| k >= self.global_tokens && (!causal || k <= q),
             );
             let global: Vec<usize> = (0..self.global_tokens.min(len)).collect();
-            let pattern = Pattern { block: b, bands: &[self.window(causal)], global: &global, extra: Some(&keys) };
+            let window = BandPart { bands: vec![self.window(causal)], dilation: 1, heads: Vec::new() };
+            let pattern = Pattern { block: b, bands: &[window], global: &global, extra: Some(&keys) };
             let context = sparse(&self.attention, &p, &pattern);
             return AttentionOutput { context: self.attention.merge(context), weights: None, aux_losses: Vec::new() };
         }
-        dense_pattern(&self.attention, &p, mask, input.need_weights, |_, q, k| !self.sees(q, k, &random, causal))
+        dense_pattern(&self.attention, &p, mask, input.need_weights, 1, |_, _, q, k| !self.sees(q, k, &random, causal))
     }
 }

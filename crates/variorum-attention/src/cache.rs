@@ -11,6 +11,9 @@ pub struct KvCache {
     pub v: Option<Tensor<4>>,
     /// Entries dropped from the front: the first cached key sits at position `start`.
     pub start: usize,
+    /// Per batch row, positions a mechanism keeps flagged across calls (Longformer's global
+    /// tokens chosen by id: later queries must still see them).
+    pub marked: Vec<Vec<usize>>,
 }
 
 impl KvCache {

@@ -10,6 +10,7 @@ use crate::bigbird::{BigBirdAttention, BigBirdConfig};
 use crate::contract::AttentionState;
 use crate::linear::{LinearAttention, LinearAttentionConfig};
 use crate::local::LocalAttentionConfig;
+use crate::longformer::{LongformerAttention, LongformerConfig};
 use crate::memory_compressed::{MemoryCompressedAttention, MemoryCompressedConfig};
 use crate::multi_scale::MultiScaleConfig;
 use crate::performer::{PerformerAttention, PerformerConfig};
@@ -38,6 +39,8 @@ pub enum AttentionConfig {
     MultiScale(MultiScaleConfig),
     /// Sparse Transformer's strided pattern: the previous ℓ positions and every ℓ-th one.
     Strided(StridedConfig),
+    /// Longformer: sliding window with dilated heads and global positions or token ids.
+    Longformer(LongformerConfig),
     /// BigBird: a blocked window, global tokens and random blocks.
     Bigbird(BigBirdConfig),
     /// Keys and values shortened by a strided convolution, plus the own block's raw keys.
@@ -68,6 +71,7 @@ impl AttentionConfig {
             Self::MultiScale(_) => "multi-scale",
             Self::Strided(_) => "strided",
             Self::Bigbird(_) => "bigbird",
+            Self::Longformer(_) => "longformer",
             Self::MemoryCompressed(_) => "memory-compressed",
             Self::Linear(_) => "linear",
             Self::Performer(_) => "performer",
@@ -88,6 +92,7 @@ impl AttentionConfig {
             Self::MultiScale(c) => Self::MultiScale(c.for_layer(i)),
             Self::Strided(c) => Self::Strided(c.for_layer(i)),
             Self::Bigbird(c) => Self::Bigbird(c.for_layer(i)),
+            Self::Longformer(c) => Self::Longformer(c.for_layer(i)),
             other => other.clone(),
         }
     }
@@ -103,6 +108,7 @@ impl AttentionConfig {
         match self {
             Self::SlidingWindow(c) => c.layer_windows.len(),
             Self::MultiScale(c) => c.layer_windows.len(),
+            Self::Longformer(c) => c.per_layer(),
             _ => 0,
         }
     }
@@ -130,6 +136,7 @@ impl AttentionConfig {
             Self::MultiScale(c) => Self::MultiScale(c.expanded(d_model)),
             Self::Strided(c) => Self::Strided(c.expanded(d_model)),
             Self::Bigbird(c) => Self::Bigbird(c.expanded(d_model)),
+            Self::Longformer(c) => Self::Longformer(c.expanded(d_model)),
             Self::MemoryCompressed(c) => Self::MemoryCompressed(c.expanded(d_model)),
             Self::Linear(c) => Self::Linear(c.expanded(d_model)),
             Self::Performer(c) => Self::Performer(c.expanded(d_model)),
@@ -147,6 +154,7 @@ impl AttentionConfig {
             Self::MultiScale(c) => c.validate(d_model),
             Self::Strided(c) => c.validate(d_model),
             Self::Bigbird(c) => c.validate(d_model),
+            Self::Longformer(c) => c.validate(d_model),
             Self::MemoryCompressed(c) => c.validate(d_model),
             Self::Linear(c) => c.validate(d_model),
             Self::Performer(c) => c.validate(d_model),
@@ -171,6 +179,7 @@ impl AttentionConfig {
             Self::MultiScale(c) => Attention::MultiScale(c.init(d_model, init_std, out_std, position, device)),
             Self::Strided(c) => Attention::Strided(c.init(d_model, init_std, out_std, position, device)),
             Self::Bigbird(c) => Attention::Bigbird(c.init(d_model, init_std, out_std, position, device)),
+            Self::Longformer(c) => Attention::Longformer(c.init(d_model, init_std, out_std, position, device)),
             Self::MemoryCompressed(c) => Attention::MemoryCompressed(c.init(d_model, init_std, out_std, device)),
             Self::Linear(c) => Attention::Linear(c.init(d_model, init_std, out_std, device)),
             Self::Performer(c) => Attention::Performer(c.init(d_model, init_std, out_std, device)),
@@ -189,6 +198,7 @@ impl AttentionConfig {
             Self::MultiScale(c) => c.head_shape(d_model),
             Self::Strided(c) => c.head_shape(d_model),
             Self::Bigbird(c) => c.head_shape(d_model),
+            Self::Longformer(c) => c.head_shape(d_model),
             Self::MemoryCompressed(c) => c.heads(d_model),
             Self::Linear(c) => c.heads(d_model),
             Self::Performer(c) => c.heads(d_model),
@@ -208,6 +218,7 @@ impl AttentionConfig {
             Self::MultiScale(c) => c.flops_per_token(d_model, len_k),
             Self::Strided(c) => c.flops_per_token(d_model, len_k),
             Self::Bigbird(c) => c.flops_per_token(d_model, len_k),
+            Self::Longformer(c) => c.flops_per_token(d_model, len_k),
             Self::MemoryCompressed(c) => c.flops_per_token(d_model, len_k),
             Self::Linear(c) => kernel_flops(c.heads(d_model), c.heads(d_model).head_dim, c.chunk),
             Self::Performer(c) => kernel_flops(c.heads(d_model), c.features(d_model), c.chunk),
@@ -262,6 +273,11 @@ impl AttentionConfig {
                 "multi-scale",
                 "band attention with its own window width per head (`windows`), computed block by block",
                 "Guo et al. 2019, Multi-Scale Self-Attention for Text Classification",
+            ),
+            sparse_kind(
+                "longformer",
+                "Longformer: sliding window with per-head dilation, global attention for chosen positions or token ids, per-layer windows and dilations; computed block by block",
+                "Beltagy et al. 2020, Longformer: The Long-Document Transformer",
             ),
             sparse_kind(
                 "bigbird",
@@ -362,6 +378,7 @@ pub enum Attention {
     MultiScale(BandAttention),
     Strided(StridedAttention),
     Bigbird(BigBirdAttention),
+    Longformer(LongformerAttention),
     MemoryCompressed(MemoryCompressedAttention),
     Linear(LinearAttention),
     Performer(PerformerAttention),
@@ -384,6 +401,7 @@ impl Attention {
                 a.attention.project(x, None, mask, Some(state.kv_mut()));
                 a.trim(state.kv_mut());
             }
+            Self::Longformer(a) => a.extend_cache(x, mask, state.kv_mut()),
             // the cache grows with every position (the pattern reaches back to 0)
             Self::Strided(StridedAttention { attention, .. }) | Self::Bigbird(BigBirdAttention { attention, .. }) => {
                 attention.project(x, None, mask, Some(state.kv_mut()));
@@ -403,6 +421,7 @@ impl Attention {
             Self::SlidingWindow(a) | Self::Local(a) | Self::MultiScale(a) => a.attention.content_only(query, key_value),
             Self::Strided(a) => a.attention.content_only(query, key_value),
             Self::Bigbird(a) => a.attention.content_only(query, key_value),
+            Self::Longformer(a) => a.attention.content_only(query, key_value),
             _ => {
                 let mask = variorum_core::AttentionMask::bidirectional();
                 self.forward(AttentionInput::cross_attention(query, key_value, &mask), None).context
@@ -420,6 +439,7 @@ impl Attention {
             }
             Self::Strided(a) => a.forward(input, state.map(AttentionState::kv_mut)),
             Self::Bigbird(a) => a.forward(input, state.map(AttentionState::kv_mut)),
+            Self::Longformer(a) => a.forward(input, state.map(AttentionState::kv_mut)),
             Self::MemoryCompressed(a) => a.forward(input, state.map(AttentionState::compressed_mut)),
             Self::Linear(a) => a.forward(input, state.map(AttentionState::kernel_mut)),
             Self::Performer(a) => a.forward(input, state.map(AttentionState::kernel_mut)),
@@ -433,6 +453,15 @@ impl Attention {
     /// should not build an L × L mask for them).
     pub fn uses_dense_mask(&self) -> bool {
         matches!(self, Self::Full(_))
+    }
+
+    /// Token ids that get global attention wherever they occur (Longformer); a model reports
+    /// their positions in [`AttentionMask::global`](variorum_core::AttentionMask::global).
+    pub fn global_token_ids(&self) -> &[u32] {
+        match self {
+            Self::Longformer(a) => &a.global_token_ids,
+            _ => &[],
+        }
     }
 
     /// Draws random features again (Performer, RFA); nothing for the other kinds.

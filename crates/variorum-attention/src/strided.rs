@@ -274,7 +274,7 @@ impl StridedAttention {
     /// Every key scored, the pattern as a mask.
     fn dense(&self, p: &Projected, mask: &AttentionMask, need_weights: bool) -> AttentionOutput {
         let h = p.q.dims()[1];
-        dense_pattern(&self.attention, p, mask, need_weights, |head, q, k| !self.sees(head, h, q, k, mask.causal))
+        dense_pattern(&self.attention, p, mask, need_weights, 1, |_, head, q, k| !self.sees(head, h, q, k, mask.causal))
     }
 
     /// The column pattern and (union, heads) the band, in one softmax per row: `[b, h, L, d_h]`.

@@ -19,17 +19,21 @@ pub struct AttentionMask {
     pub padding: Option<Tensor<2, Bool>>,
     /// `[batch or 1, len_q, len_k]`, `true` = hidden: any extra pattern a model wants.
     pub custom: Option<Tensor<3, Bool>>,
+    /// Per batch row, the absolute positions of this call's queries that hold a global token
+    /// (chosen by token id, Longformer): mechanisms with global attention let them see every
+    /// key and be seen by every query; the others ignore them.
+    pub global: Option<Vec<Vec<usize>>>,
 }
 
 impl AttentionMask {
     /// Causal self-attention over a fresh sequence.
     pub fn causal() -> Self {
-        Self { causal: true, q_start: 0, k_start: 0, padding: None, custom: None }
+        Self { causal: true, q_start: 0, k_start: 0, padding: None, custom: None, global: None }
     }
 
     /// No restriction (encoders, cross-attention).
     pub fn bidirectional() -> Self {
-        Self { causal: false, q_start: 0, k_start: 0, padding: None, custom: None }
+        Self { causal: false, q_start: 0, k_start: 0, padding: None, custom: None, global: None }
     }
 
     /// Queries start at absolute position `q_start`, keys at `k_start`.
@@ -46,6 +50,12 @@ impl AttentionMask {
 
     pub fn with_custom(mut self, custom: Tensor<3, Bool>) -> Self {
         self.custom = Some(custom);
+        self
+    }
+
+    /// Global-token positions per batch row (see [`Self::global`]).
+    pub fn with_global(mut self, global: Vec<Vec<usize>>) -> Self {
+        self.global = Some(global);
         self
     }
 

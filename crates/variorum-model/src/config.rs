@@ -122,8 +122,10 @@ impl ModelConfig {
                 self.n_layers
             )
         })?;
-        let blocked =
-            matches!(self.attention.kind(), "sliding-window" | "local" | "multi-scale" | "strided" | "bigbird");
+        let blocked = matches!(
+            self.attention.kind(),
+            "sliding-window" | "local" | "multi-scale" | "strided" | "bigbird" | "longformer"
+        );
         let distance_only = matches!(self.position.kind(), "alibi" | "t5");
         check(!self.attention.gathers_keys() || !self.position.capabilities().score_bias || distance_only, || {
             format!(

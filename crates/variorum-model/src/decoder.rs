@@ -186,8 +186,11 @@ impl DecoderLm {
         let [b, len] = tokens.dims();
         let device = tokens.device();
         let start = state.as_ref().map_or(0, |s| s.position);
+        let ids = self.blocks[0].attn.global_token_ids();
+        let global = (!ids.is_empty()).then(|| global_positions(&tokens, ids, start));
         let mut x = self.embed(tokens, start);
-        let (mask, dense) = self.mask(len, state.as_deref(), &device);
+        let (mut mask, dense) = self.mask(len, state.as_deref(), &device);
+        mask.global = global;
         if let Some(s) = state.as_deref_mut() {
             s.layers.resize_with(self.depth, Default::default);
         }
@@ -337,4 +340,15 @@ pub fn cross_entropy(logits: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<1> {
     let [b, l, v] = logits.dims();
     let device = logits.device();
     CrossEntropyLossConfig::new().init(&device).forward(logits.reshape([b * l, v]), targets.reshape([b * l]))
+}
+
+/// Per batch row, the absolute positions (from `start`) of the tokens in `ids`.
+fn global_positions(tokens: &Tensor<2, Int>, ids: &[u32], start: usize) -> Vec<Vec<usize>> {
+    let [b, len] = tokens.dims();
+    let values = tokens.clone().into_data().convert::<i64>().try_into_vec::<i64>().unwrap_or_default();
+    (0..b)
+        .map(|i| {
+            (0..len).filter(|&j| ids.iter().any(|&id| id as i64 == values[i * len + j])).map(|j| start + j).collect()
+        })
+        .collect()
 }

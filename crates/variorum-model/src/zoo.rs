@@ -3,8 +3,8 @@
 
 use variorum_attention::{
     AdaptiveSpanConfig, AttentionConfig, AverageAttentionConfig, BigBirdConfig, LinearAttentionConfig,
-    LocalAttentionConfig, MemoryCompressedConfig, MultiHeadAttentionConfig, MultiScaleConfig, PerformerConfig,
-    PerformerKernel, RfaConfig, SlidingWindowConfig, StridedCombine, StridedConfig,
+    LocalAttentionConfig, LongformerConfig, MemoryCompressedConfig, MultiHeadAttentionConfig, MultiScaleConfig,
+    PerformerConfig, PerformerKernel, RfaConfig, SlidingWindowConfig, StridedCombine, StridedConfig,
 };
 use variorum_block::{
     BlockConfig, CompressionKind, CompressiveMemoryConfig, DepthConfig, FeedForwardConfig, FeedForwardKind,
@@ -279,6 +279,30 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
             ModelConfig { attention, position, ..tiny() },
         ));
     }
+    // Longformer: dilated heads with per-layer windows and dilations (undilated at the bottom);
+    // global attention for a token id (vocabulary 11: id 3 occurs in the harness's sequences)
+    let attention = AttentionConfig::Longformer(LongformerConfig {
+        block: Some(2),
+        layer_windows: vec![2, 3],
+        layer_dilations: vec![vec![1, 1, 1, 1], vec![1, 2, 1, 3]],
+        n_kv_heads: Some(2),
+        ..Default::default()
+    });
+    out.push((
+        "attention longformer, dilated heads + position transformer-xl".into(),
+        ModelConfig { attention, position: PositionConfig::TransformerXl(XlRelativeConfig::default()), ..tiny() },
+    ));
+    let attention = AttentionConfig::Longformer(LongformerConfig {
+        window: 2,
+        block: Some(4),
+        global_token_ids: vec![3],
+        dilations: vec![1, 1, 2, 2],
+        ..Default::default()
+    });
+    out.push((
+        "attention longformer, global token id + position alibi".into(),
+        ModelConfig { attention, position: PositionConfig::Alibi, ..tiny() },
+    ));
     // Multi-Scale Transformer: one window per head
     let attention = AttentionConfig::MultiScale(MultiScaleConfig {
         windows: vec![1, 2, 4, 7],

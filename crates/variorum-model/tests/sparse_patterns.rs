@@ -2,7 +2,7 @@
 //! blocks, and position schemes that need contiguous keys are refused by name.
 
 use burn::prelude::*;
-use variorum_attention::{Attention, AttentionConfig, BigBirdConfig};
+use variorum_attention::{Attention, AttentionConfig, BigBirdConfig, LongformerConfig};
 use variorum_model::{ModelConfig, zoo};
 use variorum_position::{PositionConfig, RotaryConfig, ShawConfig, T5BiasConfig, XlRelativeConfig};
 
@@ -47,4 +47,32 @@ fn schemes_that_need_contiguous_keys_are_refused() {
             ModelConfig { attention: attention.clone(), position, ..zoo::tiny() }.validate().unwrap();
         }
     }
+}
+
+/// Which positions' logits change when the token at position 0 changes, in a 2-layer model whose
+/// attention sees only the query itself plus global tokens.
+fn reached_from_the_first_token(global_token_ids: Vec<u32>) -> Vec<usize> {
+    let dev = Device::flex();
+    let attention = AttentionConfig::Longformer(LongformerConfig {
+        window: 1,
+        block: Some(2),
+        global_token_ids,
+        ..Default::default()
+    });
+    let cfg = ModelConfig { attention, ..zoo::tiny() };
+    cfg.validate().unwrap();
+    let m = cfg.init(&dev);
+    let tokens =
+        |first: i64| Tensor::<2, Int>::from_data(TensorData::new(vec![first, 1, 5, 2, 7, 1, 2, 8], [1, 8]), &dev);
+    let diff = (m.forward(tokens(0)).logits - m.forward(tokens(9)).logits).abs().max_dim(2).reshape([8]);
+    let diff = diff.into_data().try_to_vec::<f32>().unwrap();
+    (0..8).filter(|&i| diff[i] > 1e-6).collect()
+}
+
+#[test]
+fn a_global_token_id_makes_its_positions_global() {
+    // token 5 at position 2: as a global query it sees position 0; as a global key every later
+    // query sees it, so in the second layer the change reaches every position from 2 on
+    assert_eq!(reached_from_the_first_token(vec![5]), vec![0, 2, 3, 4, 5, 6, 7]);
+    assert_eq!(reached_from_the_first_token(vec![]), vec![0]);
 }

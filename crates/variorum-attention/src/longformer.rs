@@ -1,0 +1,331 @@
+//! Longformer attention (Beltagy et al. 2020), the `longformer` kind: a sliding window whose
+//! heads may be dilated, plus global attention.
+//!
+//! Head h with dilation δ_h sees the keys q, q − δ_h, …, q − (w − 1)·δ_h (and, bidirectionally,
+//! q + δ_h, … up to `look_ahead` keys ahead): w keys spread over a reach of (w − 1)·δ_h + 1
+//! positions. Global positions — listed in `global`, or wherever a token of `global_token_ids`
+//! occurs — see every key and are seen by every query (causality permitting). Windows may grow
+//! from the bottom layer to the top (`layer_windows`), dilations may differ per layer
+//! (`layer_dilations`: the paper keeps the bottom layers undilated and dilates two heads at the
+//! top).
+//!
+//! A dilated band is an ordinary band over each residue class of positions (r, r + δ, r + 2δ,
+//! …), so it is computed by blocks like the sliding window, with one score layout of stride δ:
+//! every relative position scheme applies. Heads with different dilations are separate band
+//! pieces in the same softmax as the global columns ([`crate::band::sparse`]); each distinct
+//! dilation is one band pass over all heads (a position scheme's per-head parameters need every
+//! head present), masked to its own heads. O(L·(w + B)·distinct dilations + L·g).
+//!
+//! Decoding keeps the last (w − 1)·max δ + 1 keys, or every key once a global token is possible;
+//! the positions of global tokens chosen by id are remembered in the cache.
+
+use burn::prelude::*;
+use serde::{Deserialize, Serialize};
+use variorum_core::{AttentionMask, ConfigError, error::check};
+use variorum_position::HeadShape;
+
+use crate::band::{Band, BandPart, Pattern, dense_pattern, sparse};
+use crate::full::{Positioning, Projected};
+use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention, MultiHeadAttentionConfig};
+
+/// `model.attention` with `kind = "longformer"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LongformerConfig {
+    pub n_heads: usize,
+    pub n_kv_heads: Option<usize>,
+    pub head_dim: Option<usize>,
+    pub dropout: f64,
+    pub bias: bool,
+    /// w, keys each query sees back, its own included (δ apart on a dilated head). Default 256.
+    pub window: usize,
+    /// Bidirectional only: keys seen ahead. Default w − 1 (symmetric).
+    pub look_ahead: Option<usize>,
+    /// Positions per block of the computation. Default min(w, 128).
+    pub block: Option<usize>,
+    /// One window per layer, bottom first; empty = `window` everywhere.
+    pub layer_windows: Vec<usize>,
+    /// δ per head; empty = 1 for every head.
+    pub dilations: Vec<usize>,
+    /// δ per head per layer, bottom first; empty = `dilations` everywhere.
+    pub layer_dilations: Vec<Vec<usize>>,
+    /// Positions with global attention. Default none.
+    pub global: Vec<usize>,
+    /// Token ids with global attention wherever they occur (e.g. a separator). Default none.
+    pub global_token_ids: Vec<u32>,
+}
+
+impl Default for LongformerConfig {
+    fn default() -> Self {
+        Self {
+            n_heads: 4,
+            n_kv_heads: None,
+            head_dim: None,
+            dropout: 0.0,
+            bias: true,
+            window: 256,
+            look_ahead: None,
+            block: None,
+            layer_windows: Vec::new(),
+            dilations: Vec::new(),
+            layer_dilations: Vec::new(),
+            global: Vec::new(),
+            global_token_ids: Vec::new(),
+        }
+    }
+}
+
+impl LongformerConfig {
+    pub fn heads(&self) -> MultiHeadAttentionConfig {
+        crate::head_fields!(self)
+    }
+
+    pub fn head_shape(&self, d_model: usize) -> HeadShape {
+        self.heads().heads(d_model)
+    }
+
+    pub fn block(&self) -> usize {
+        self.block.unwrap_or(self.window.min(128))
+    }
+
+    pub fn look_ahead(&self) -> usize {
+        self.look_ahead.unwrap_or(self.window.saturating_sub(1))
+    }
+
+    /// δ of every head.
+    pub fn head_dilations(&self) -> Vec<usize> {
+        if self.dilations.is_empty() { vec![1; self.n_heads] } else { self.dilations.clone() }
+    }
+
+    pub fn expanded(&self, d_model: usize) -> Self {
+        let h = self.heads().expanded(d_model);
+        Self {
+            n_kv_heads: h.n_kv_heads,
+            head_dim: h.head_dim,
+            look_ahead: Some(self.look_ahead()),
+            block: Some(self.block()),
+            dilations: self.head_dilations(),
+            ..self.clone()
+        }
+    }
+
+    /// The config of layer `i` (its window and dilations from the per-layer lists).
+    pub fn for_layer(&self, i: usize) -> Self {
+        let mut c = Self { layer_windows: Vec::new(), layer_dilations: Vec::new(), ..self.clone() };
+        if let Some(&window) = self.layer_windows.get(i) {
+            c.window = window;
+        }
+        if let Some(d) = self.layer_dilations.get(i) {
+            c.dilations = d.clone();
+        }
+        c
+    }
+
+    /// Layers with their own setting (0 = the same in every layer).
+    pub fn per_layer(&self) -> usize {
+        self.layer_windows.len().max(self.layer_dilations.len())
+    }
+
+    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        self.heads().validate(d_model)?;
+        check(self.window >= 1 && self.layer_windows.iter().all(|&w| w >= 1), || {
+            "model.attention.window and layer_windows must be at least 1".into()
+        })?;
+        check(self.block() >= 1, || "model.attention.block must be at least 1".into())?;
+        let lists = std::iter::once(&self.dilations).chain(&self.layer_dilations).filter(|d| !d.is_empty());
+        for d in lists {
+            check(d.len() == self.n_heads && d.iter().all(|&x| x >= 1), || {
+                format!(
+                    "model.attention.dilations {d:?}: give one dilation (at least 1) per head, {} of them",
+                    self.n_heads
+                )
+            })?;
+        }
+        check(
+            self.layer_windows.is_empty()
+                || self.layer_dilations.is_empty()
+                || self.layer_windows.len() == self.layer_dilations.len(),
+            || {
+                format!(
+                    "model.attention.layer_windows ({}) and layer_dilations ({}) must list the same layers",
+                    self.layer_windows.len(),
+                    self.layer_dilations.len()
+                )
+            },
+        )
+    }
+
+    pub fn init(
+        &self,
+        d_model: usize,
+        init_std: f64,
+        out_std: f64,
+        position: Positioning,
+        device: &Device,
+    ) -> LongformerAttention {
+        LongformerAttention {
+            attention: self.heads().init(d_model, init_std, out_std, position, device),
+            back: self.window - 1,
+            look_ahead: self.look_ahead(),
+            block: self.block(),
+            dilations: self.head_dilations(),
+            global: self.global.clone(),
+            global_token_ids: self.global_token_ids.clone(),
+        }
+    }
+
+    /// Multiply–adds per token: the window (plus the block's slack) and the global positions.
+    pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+        let keys = self.window + self.block() + self.global.len();
+        self.heads().flops_per_token(d_model, len_k.min(keys))
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct LongformerAttention {
+    pub attention: MultiHeadAttention,
+    /// Keys seen back, δ apart.
+    pub back: usize,
+    /// Bidirectional only: keys seen ahead, δ apart.
+    pub look_ahead: usize,
+    pub block: usize,
+    /// δ per head.
+    #[module(skip)]
+    pub dilations: Vec<usize>,
+    #[module(skip)]
+    pub global: Vec<usize>,
+    #[module(skip)]
+    pub global_token_ids: Vec<u32>,
+}
+
+impl LongformerAttention {
+    /// Whether head `head` at position `q` sees position `k` through its (dilated) window.
+    pub fn window_sees(&self, head: usize, q: usize, k: usize, causal: bool) -> bool {
+        let (d, dil) = (q as i64 - k as i64, self.dilations[head] as i64);
+        let ahead = if causal { 0 } else { self.look_ahead as i64 };
+        d % dil == 0 && d / dil <= self.back as i64 && d / dil >= -ahead
+    }
+
+    /// Whether global tokens can occur (then the cache keeps every key).
+    fn has_global(&self) -> bool {
+        !self.global.is_empty() || !self.global_token_ids.is_empty()
+    }
+
+    /// The global positions of each batch row: the configured ones, those the mask brings (by
+    /// token id), and those remembered in the cache; the new ones are remembered.
+    fn global_rows(&self, batch: usize, mask: &AttentionMask, cache: Option<&mut KvCache>) -> Vec<Vec<usize>> {
+        let mut rows: Vec<Vec<usize>> = (0..batch)
+            .map(|i| {
+                let mut g = self.global.clone();
+                if let Some(by_id) = mask.global.as_ref().and_then(|m| m.get(i)) {
+                    g.extend(by_id);
+                }
+                g
+            })
+            .collect();
+        if let Some(c) = cache {
+            c.marked.resize_with(batch, Vec::new);
+            for (row, marked) in rows.iter_mut().zip(c.marked.iter_mut()) {
+                marked.extend(row.iter().copied());
+                marked.sort_unstable();
+                marked.dedup();
+                row.clone_from(marked);
+            }
+        }
+        for row in &mut rows {
+            row.sort_unstable();
+            row.dedup();
+        }
+        rows
+    }
+
+    /// Drops cached keys no later query can see (none once global tokens are possible).
+    pub fn trim(&self, cache: &mut KvCache) {
+        if self.has_global() {
+            return;
+        }
+        let reach = self.back * self.dilations.iter().copied().max().unwrap_or(1) + 1;
+        cache.drop_front(cache.len().saturating_sub(reach));
+    }
+
+    pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
+        self.forward_with(input, cache, false)
+    }
+
+    /// Projects `x` into the cache and remembers its global tokens, without an output.
+    pub fn extend_cache(&self, x: Tensor<3>, mask: &AttentionMask, cache: &mut KvCache) {
+        let batch = x.dims()[0];
+        self.attention.project(x, None, mask, Some(&mut *cache));
+        self.global_rows(batch, mask, Some(&mut *cache));
+        self.trim(cache);
+    }
+
+    /// With `dense`, always scores every key under the pattern's mask (the definition; tests).
+    pub fn forward_with(&self, input: AttentionInput, mut cache: Option<&mut KvCache>, dense: bool) -> AttentionOutput {
+        let mask = input.mask;
+        let causal = mask.causal;
+        let batch = input.query.dims()[0];
+        let plain = mask.padding.is_none() && mask.custom.is_none() && !input.need_weights;
+        let p = self.attention.project(input.query, input.key_value, mask, cache.as_deref_mut());
+        let global = self.global_rows(batch, mask, cache.as_deref_mut());
+        let aligned = p.layout.q_start == p.layout.k_start && p.layout.len_q == p.layout.len_k;
+        let out = if aligned && plain && !dense && p.layout.q_start == 0 {
+            let context = if global.iter().all(|g| *g == global[0]) {
+                self.blocked(&p, &global[0])
+            } else {
+                // rows with their own global tokens: one pass each
+                let row = |x: &Tensor<4>, i: usize| x.clone().narrow(0, i, 1);
+                let parts = (0..batch)
+                    .map(|i| {
+                        let pi = Projected { q: row(&p.q, i), k: row(&p.k, i), v: row(&p.v, i), layout: p.layout };
+                        self.blocked(&pi, &global[i])
+                    })
+                    .collect();
+                Tensor::cat(parts, 0)
+            };
+            AttentionOutput { context: self.attention.merge(context), weights: None, aux_losses: Vec::new() }
+        } else {
+            let same = global.iter().all(|g| *g == global[0]);
+            dense_pattern(
+                &self.attention,
+                &p,
+                mask,
+                input.need_weights,
+                if same { 1 } else { batch },
+                |row, head, q, k| {
+                    let g = &global[row];
+                    let global = (g.binary_search(&q).is_ok() || g.binary_search(&k).is_ok()) && (!causal || k <= q);
+                    !(global || self.window_sees(head, q, k, causal))
+                },
+            )
+        };
+        if let Some(c) = cache {
+            self.trim(c);
+        }
+        out
+    }
+
+    /// One band piece per distinct dilation, with the global positions, in one softmax.
+    fn blocked(&self, p: &Projected, global: &[usize]) -> Tensor<4> {
+        let causal = p.layout.causal;
+        let band = Band {
+            back: self.back,
+            ahead: if causal { 0 } else { self.look_ahead },
+            block: self.block,
+            query_blocks: false,
+            causal,
+        };
+        let mut distinct = self.dilations.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let parts: Vec<BandPart> = distinct
+            .iter()
+            .map(|&d| BandPart {
+                bands: vec![band],
+                dilation: d,
+                heads: if distinct.len() == 1 { Vec::new() } else { self.dilations.iter().map(|&x| x == d).collect() },
+            })
+            .collect();
+        sparse(&self.attention, p, &Pattern { block: self.block, bands: &parts, global, extra: None })
+    }
+}

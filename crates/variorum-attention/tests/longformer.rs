@@ -1,0 +1,141 @@
+//! Longformer: dilated heads and global tokens (by position or by token id) computed by blocks
+//! equal dense attention under the pattern's mask, for every relative position scheme; a dilated
+//! head reaches every δ-th position; global tokens see everything; decoding token by token with
+//! global tokens chosen by id equals the full forward.
+
+use burn::prelude::*;
+use burn::tensor::Distribution;
+use variorum_attention::{AttentionInput, KvCache, LongformerAttention, LongformerConfig, Positioning};
+use variorum_core::AttentionMask;
+use variorum_position::{
+    DebertaConfig, MultiplicativeConfig, PositionConfig, RotaryConfig, ShawConfig, T5BiasConfig, XlRelativeConfig,
+};
+
+const D: usize = 16;
+
+fn schemes() -> Vec<PositionConfig> {
+    vec![
+        PositionConfig::None,
+        PositionConfig::Alibi,
+        PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 10 }),
+        PositionConfig::Rope(RotaryConfig::default()),
+        PositionConfig::TransformerXl(XlRelativeConfig::default()),
+        PositionConfig::Shaw(ShawConfig { max_distance: 3, values: true }),
+        PositionConfig::Deberta(DebertaConfig { max_distance: 3 }),
+        PositionConfig::Da,
+        PositionConfig::Multiplicative(MultiplicativeConfig { max_distance: 4 }),
+    ]
+}
+
+fn longformer(cfg: &LongformerConfig, position: &PositionConfig, dev: &Device) -> LongformerAttention {
+    cfg.validate(D).unwrap();
+    cfg.init(D, 0.3, 0.3, Positioning { config: position, context: 32 }, dev)
+}
+
+fn configs() -> Vec<LongformerConfig> {
+    vec![
+        LongformerConfig { window: 3, block: Some(2), dilations: vec![1, 2, 1, 3], ..Default::default() },
+        LongformerConfig {
+            window: 2,
+            block: Some(3),
+            look_ahead: Some(1),
+            dilations: vec![2, 2, 2, 2],
+            global: vec![0, 7],
+            n_kv_heads: Some(2),
+            ..Default::default()
+        },
+        LongformerConfig { window: 4, block: Some(4), global: vec![5], n_kv_heads: Some(1), ..Default::default() },
+    ]
+}
+
+#[test]
+fn dilated_heads_and_global_tokens_equal_dense_attention() {
+    let dev = Device::flex();
+    for position in schemes() {
+        for cfg in configs() {
+            let attn = longformer(&cfg, &position, &dev);
+            for len in [11, 12] {
+                let x: Tensor<3> = Tensor::random([2, len, D], Distribution::Normal(0.0, 1.0), &dev);
+                // the same global tokens in both rows, then different ones per row (by token id)
+                for by_id in [vec![vec![3], vec![3]], vec![vec![2, 9], vec![]]] {
+                    for mask in [AttentionMask::causal(), AttentionMask::bidirectional()] {
+                        let mask = mask.with_global(by_id.clone());
+                        let run = |dense| {
+                            attn.forward_with(AttentionInput::self_attention(x.clone(), &mask), None, dense).context
+                        };
+                        let d = (run(false) - run(true)).abs().max().into_scalar::<f32>();
+                        assert!(
+                            d < 1e-5,
+                            "{} {:?} len {len} by id {by_id:?} causal {}: {d}",
+                            position.kind(),
+                            cfg.dilations,
+                            mask.causal
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Which of 16 outputs change when position `p` changes.
+fn reached_by(attn: &LongformerAttention, mask: &AttentionMask, p: usize, dev: &Device) -> Vec<usize> {
+    let x: Tensor<3> = Tensor::random([1, 16, D], Distribution::Normal(0.0, 1.0), dev);
+    let y =
+        x.clone().slice_assign([0..1, p..p + 1, 0..D], Tensor::random([1, 1, D], Distribution::Normal(0.0, 1.0), dev));
+    let run = |x: Tensor<3>| attn.forward(AttentionInput::self_attention(x, mask), None).context;
+    let diff = (run(x) - run(y)).abs().max_dim(2).reshape([16]).into_data().try_to_vec::<f32>().unwrap();
+    (0..16).filter(|&i| diff[i] > 1e-6).collect()
+}
+
+#[test]
+fn a_dilated_window_reaches_every_delta_th_position() {
+    let dev = Device::flex();
+    let cfg = LongformerConfig { window: 3, block: Some(4), dilations: vec![3; 4], ..Default::default() };
+    let attn = longformer(&cfg, &PositionConfig::None, &dev);
+    // w = 3 keys, δ = 3 apart: position 2 reaches 2, 5, 8 and no other query
+    assert_eq!(reached_by(&attn, &AttentionMask::causal(), 2, &dev), vec![2, 5, 8]);
+    // a global token by id at 4 reaches everything after it; a far change reaches 4 too when
+    // bidirectional
+    let by_id = AttentionMask::causal().with_global(vec![vec![4]]);
+    assert_eq!(reached_by(&attn, &by_id, 4, &dev), (4..16).collect::<Vec<_>>());
+    let open = AttentionMask::bidirectional().with_global(vec![vec![4]]);
+    assert_eq!(reached_by(&attn, &open, 14, &dev), vec![4, 8, 11, 14]);
+}
+
+#[test]
+fn decoding_with_global_tokens_by_id_equals_the_full_forward() {
+    let dev = Device::flex();
+    for position in [PositionConfig::Alibi, PositionConfig::TransformerXl(XlRelativeConfig::default())] {
+        // with ids configured the mask brings the global positions and the cache keeps every key;
+        // without, the cache keeps the reach of the widest dilated window: (2 − 1)·2 + 1 keys
+        for ids in [vec![7], vec![]] {
+            let cfg = LongformerConfig {
+                window: 2,
+                block: Some(2),
+                dilations: vec![1, 2, 1, 2],
+                global_token_ids: ids.clone(),
+                ..Default::default()
+            };
+            let attn = longformer(&cfg, &position, &dev);
+            let x: Tensor<3> = Tensor::random([2, 12, D], Distribution::Normal(0.0, 1.0), &dev);
+            let by_id = if ids.is_empty() { vec![vec![], vec![]] } else { vec![vec![1, 6], vec![3]] };
+            let full_mask = AttentionMask::causal().with_global(by_id.clone());
+            let full = attn.forward(AttentionInput::self_attention(x.clone(), &full_mask), None).context;
+            let mut cache = KvCache::default();
+            let mut parts = Vec::new();
+            for (s, n) in [(0, 3)].into_iter().chain((3..12).map(|t| (t, 1))) {
+                let here: Vec<Vec<usize>> =
+                    by_id.iter().map(|row| row.iter().copied().filter(|&g| g >= s && g < s + n).collect()).collect();
+                let m = AttentionMask::causal().at(s, 0).with_global(here);
+                parts.push(
+                    attn.forward(AttentionInput::self_attention(x.clone().narrow(1, s, n), &m), Some(&mut cache))
+                        .context,
+                );
+            }
+            let d = (full - Tensor::cat(parts, 1)).abs().max().into_scalar::<f32>();
+            assert!(d < 1e-4, "{} ids {ids:?}: {d}", position.kind());
+            assert_eq!(cache.len(), if ids.is_empty() { 3 } else { 12 });
+        }
+    }
+}
