@@ -7,7 +7,9 @@ use variorum_core::{Capabilities, ConfigError, KindInfo};
 use crate::average::{AverageAttention, AverageAttentionConfig};
 use crate::band::BandAttention;
 use crate::bigbird::{BigBirdAttention, BigBirdConfig};
+use crate::blockwise::{BlockwiseAttention, BlockwiseConfig};
 use crate::contract::AttentionState;
+use crate::fixed::{FixedAttention, FixedConfig};
 use crate::linear::{LinearAttention, LinearAttentionConfig};
 use crate::local::LocalAttentionConfig;
 use crate::longformer::{LongformerAttention, LongformerConfig};
@@ -43,6 +45,10 @@ pub enum AttentionConfig {
     Longformer(LongformerConfig),
     /// BigBird: a blocked window, global tokens and random blocks.
     Bigbird(BigBirdConfig),
+    /// Sparse Transformer's fixed pattern: the own block and the last c positions of every block.
+    Fixed(FixedConfig),
+    /// Blockwise attention: each head's query block attends to one permuted key block.
+    Blockwise(BlockwiseConfig),
     /// Keys and values shortened by a strided convolution, plus the own block's raw keys.
     MemoryCompressed(MemoryCompressedConfig),
     /// Linear attention, φ = elu + 1.
@@ -71,6 +77,8 @@ impl AttentionConfig {
             Self::MultiScale(_) => "multi-scale",
             Self::Strided(_) => "strided",
             Self::Bigbird(_) => "bigbird",
+            Self::Fixed(_) => "fixed",
+            Self::Blockwise(_) => "blockwise",
             Self::Longformer(_) => "longformer",
             Self::MemoryCompressed(_) => "memory-compressed",
             Self::Linear(_) => "linear",
@@ -92,6 +100,7 @@ impl AttentionConfig {
             Self::MultiScale(c) => Self::MultiScale(c.for_layer(i)),
             Self::Strided(c) => Self::Strided(c.for_layer(i)),
             Self::Bigbird(c) => Self::Bigbird(c.for_layer(i)),
+            Self::Fixed(c) => Self::Fixed(c.for_layer(i)),
             Self::Longformer(c) => Self::Longformer(c.for_layer(i)),
             other => other.clone(),
         }
@@ -100,7 +109,7 @@ impl AttentionConfig {
     /// Whether some keys are gathered from anywhere in the sequence (random blocks, summaries,
     /// permuted blocks), so only position schemes that act through the distance alone apply.
     pub fn gathers_keys(&self) -> bool {
-        matches!(self, Self::Bigbird(_))
+        matches!(self, Self::Bigbird(_) | Self::Fixed(_) | Self::Blockwise(_))
     }
 
     /// Layers with their own setting (0 = the same in every layer).
@@ -136,6 +145,8 @@ impl AttentionConfig {
             Self::MultiScale(c) => Self::MultiScale(c.expanded(d_model)),
             Self::Strided(c) => Self::Strided(c.expanded(d_model)),
             Self::Bigbird(c) => Self::Bigbird(c.expanded(d_model)),
+            Self::Fixed(c) => Self::Fixed(c.expanded(d_model)),
+            Self::Blockwise(c) => Self::Blockwise(c.expanded(d_model)),
             Self::Longformer(c) => Self::Longformer(c.expanded(d_model)),
             Self::MemoryCompressed(c) => Self::MemoryCompressed(c.expanded(d_model)),
             Self::Linear(c) => Self::Linear(c.expanded(d_model)),
@@ -154,6 +165,8 @@ impl AttentionConfig {
             Self::MultiScale(c) => c.validate(d_model),
             Self::Strided(c) => c.validate(d_model),
             Self::Bigbird(c) => c.validate(d_model),
+            Self::Fixed(c) => c.validate(d_model),
+            Self::Blockwise(c) => c.validate(d_model),
             Self::Longformer(c) => c.validate(d_model),
             Self::MemoryCompressed(c) => c.validate(d_model),
             Self::Linear(c) => c.validate(d_model),
@@ -179,6 +192,8 @@ impl AttentionConfig {
             Self::MultiScale(c) => Attention::MultiScale(c.init(d_model, init_std, out_std, position, device)),
             Self::Strided(c) => Attention::Strided(c.init(d_model, init_std, out_std, position, device)),
             Self::Bigbird(c) => Attention::Bigbird(c.init(d_model, init_std, out_std, position, device)),
+            Self::Fixed(c) => Attention::Fixed(c.init(d_model, init_std, out_std, position, device)),
+            Self::Blockwise(c) => Attention::Blockwise(c.init(d_model, init_std, out_std, position, device)),
             Self::Longformer(c) => Attention::Longformer(c.init(d_model, init_std, out_std, position, device)),
             Self::MemoryCompressed(c) => Attention::MemoryCompressed(c.init(d_model, init_std, out_std, device)),
             Self::Linear(c) => Attention::Linear(c.init(d_model, init_std, out_std, device)),
@@ -198,6 +213,8 @@ impl AttentionConfig {
             Self::MultiScale(c) => c.head_shape(d_model),
             Self::Strided(c) => c.head_shape(d_model),
             Self::Bigbird(c) => c.head_shape(d_model),
+            Self::Fixed(c) => c.head_shape(d_model),
+            Self::Blockwise(c) => c.head_shape(d_model),
             Self::Longformer(c) => c.head_shape(d_model),
             Self::MemoryCompressed(c) => c.heads(d_model),
             Self::Linear(c) => c.heads(d_model),
@@ -218,6 +235,8 @@ impl AttentionConfig {
             Self::MultiScale(c) => c.flops_per_token(d_model, len_k),
             Self::Strided(c) => c.flops_per_token(d_model, len_k),
             Self::Bigbird(c) => c.flops_per_token(d_model, len_k),
+            Self::Fixed(c) => c.flops_per_token(d_model, len_k),
+            Self::Blockwise(c) => c.flops_per_token(d_model, len_k),
             Self::Longformer(c) => c.flops_per_token(d_model, len_k),
             Self::MemoryCompressed(c) => c.flops_per_token(d_model, len_k),
             Self::Linear(c) => kernel_flops(c.heads(d_model), c.heads(d_model).head_dim, c.chunk),
@@ -283,6 +302,16 @@ impl AttentionConfig {
                 "bigbird",
                 "BigBird: blocked sliding window, global tokens (the first g positions) and r random blocks per query block, fixed per layer by a seed; computed block by block",
                 "Zaheer et al. 2020, Big Bird: Transformers for Longer Sequences",
+            ),
+            sparse_kind(
+                "fixed",
+                "Sparse Transformer fixed pattern: the own block of ℓ and the last c positions of every block (union, split heads or alternating layers)",
+                "Child et al. 2019, Generating Long Sequences with Sparse Transformers",
+            ),
+            sparse_kind(
+                "blockwise",
+                "blockwise attention: head h's query block t sees key block (t + s_h) mod n; causal: its own block and the block s_h before",
+                "Qiu et al. 2019, Blockwise Self-Attention for Long Document Understanding",
             ),
             KindInfo {
                 axis: "model.attention",
@@ -378,6 +407,8 @@ pub enum Attention {
     MultiScale(BandAttention),
     Strided(StridedAttention),
     Bigbird(BigBirdAttention),
+    Fixed(FixedAttention),
+    Blockwise(BlockwiseAttention),
     Longformer(LongformerAttention),
     MemoryCompressed(MemoryCompressedAttention),
     Linear(LinearAttention),
@@ -403,7 +434,9 @@ impl Attention {
             }
             Self::Longformer(a) => a.extend_cache(x, mask, state.kv_mut()),
             // the cache grows with every position (the pattern reaches back to 0)
-            Self::Strided(StridedAttention { attention, .. }) | Self::Bigbird(BigBirdAttention { attention, .. }) => {
+            Self::Strided(StridedAttention { attention, .. })
+            | Self::Bigbird(BigBirdAttention { attention, .. })
+            | Self::Fixed(FixedAttention { attention, .. }) => {
                 attention.project(x, None, mask, Some(state.kv_mut()));
             }
             // the recurrent kinds: their state update is the forward itself
@@ -421,6 +454,8 @@ impl Attention {
             Self::SlidingWindow(a) | Self::Local(a) | Self::MultiScale(a) => a.attention.content_only(query, key_value),
             Self::Strided(a) => a.attention.content_only(query, key_value),
             Self::Bigbird(a) => a.attention.content_only(query, key_value),
+            Self::Fixed(a) => a.attention.content_only(query, key_value),
+            Self::Blockwise(a) => a.attention.content_only(query, key_value),
             Self::Longformer(a) => a.attention.content_only(query, key_value),
             _ => {
                 let mask = variorum_core::AttentionMask::bidirectional();
@@ -439,6 +474,8 @@ impl Attention {
             }
             Self::Strided(a) => a.forward(input, state.map(AttentionState::kv_mut)),
             Self::Bigbird(a) => a.forward(input, state.map(AttentionState::kv_mut)),
+            Self::Fixed(a) => a.forward(input, state.map(AttentionState::kv_mut)),
+            Self::Blockwise(a) => a.forward(input, state.map(AttentionState::kv_mut)),
             Self::Longformer(a) => a.forward(input, state.map(AttentionState::kv_mut)),
             Self::MemoryCompressed(a) => a.forward(input, state.map(AttentionState::compressed_mut)),
             Self::Linear(a) => a.forward(input, state.map(AttentionState::kernel_mut)),

@@ -1,12 +1,13 @@
-//! Patterns with keys gathered from anywhere in the sequence (BigBird's random blocks): the
-//! block-by-block computation equals dense attention under the pattern's mask, causal and
-//! bidirectional, with the position schemes that act through the distance, for ragged lengths;
-//! and the pattern is what the paper says.
+//! Patterns with keys gathered from anywhere in the sequence (BigBird's random blocks, the fixed
+//! pattern's summaries, blockwise permutations): the block-by-block computation equals dense
+//! attention under the pattern's mask, causal and bidirectional, with the position schemes that
+//! act through the distance, for ragged lengths; and the pattern is what the paper says.
 
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use variorum_attention::{
-    AttentionConfig, AttentionInput, AttentionOutput, BigBirdAttention, BigBirdConfig, Positioning,
+    AttentionConfig, AttentionInput, AttentionOutput, BigBirdAttention, BigBirdConfig, BlockwiseAttention,
+    BlockwiseConfig, FixedAttention, FixedConfig, Positioning, StridedCombine,
 };
 use variorum_core::AttentionMask;
 use variorum_position::{PositionConfig, RotaryConfig, T5BiasConfig};
@@ -138,4 +139,98 @@ fn global_tokens_see_everything_and_others_only_their_pattern() {
         let reached = reached_by(&attn, len, 1, causal, &dev);
         assert_eq!(reached, (if causal { 1 } else { 0 }..len).collect::<Vec<_>>());
     }
+}
+
+fn fixed(cfg: &FixedConfig, position: &PositionConfig, dev: &Device) -> FixedAttention {
+    cfg.validate(D).unwrap();
+    cfg.init(D, 0.3, 0.3, Positioning { config: position, context: 64 }, dev)
+}
+
+fn blockwise(cfg: &BlockwiseConfig, position: &PositionConfig, dev: &Device) -> BlockwiseAttention {
+    cfg.validate(D).unwrap();
+    cfg.init(D, 0.3, 0.3, Positioning { config: position, context: 64 }, dev)
+}
+
+#[test]
+fn fixed_and_blockwise_blocks_equal_dense_attention_under_their_masks() {
+    let dev = Device::flex();
+    for position in schemes() {
+        let mut runs: Vec<(String, Box<dyn Fn(AttentionInput, bool) -> AttentionOutput>)> = Vec::new();
+        for (stride, summary, combine, layer) in [
+            (4, 1, StridedCombine::Union, 0),
+            (3, 2, StridedCombine::Heads, 0),
+            (4, 2, StridedCombine::Alternate, 0),
+            (4, 2, StridedCombine::Alternate, 1),
+        ] {
+            let cfg =
+                FixedConfig { stride, summary, combine, n_kv_heads: Some(2), ..Default::default() }.for_layer(layer);
+            let attn = fixed(&cfg, &position, &dev);
+            runs.push((
+                format!("fixed {stride}/{summary} {combine:?} layer {layer}"),
+                Box::new(move |i: AttentionInput, d| attn.forward_with(i, None, d)),
+            ));
+        }
+        for (block, shifts) in [(3, vec![0, 1, 2, 3]), (2, vec![2, 2, 1, 1]), (4, vec![])] {
+            let cfg = BlockwiseConfig { block, shifts: shifts.clone(), n_kv_heads: Some(2), ..Default::default() };
+            let attn = blockwise(&cfg, &position, &dev);
+            runs.push((
+                format!("blockwise {block} {shifts:?}"),
+                Box::new(move |i: AttentionInput, d| attn.forward_with(i, None, d)),
+            ));
+        }
+        for (name, f) in &runs {
+            for len in [13, 16] {
+                let x: Tensor<3> = Tensor::random([2, len, D], Distribution::Normal(0.0, 1.0), &dev);
+                for mask in [AttentionMask::causal(), AttentionMask::bidirectional()] {
+                    let blocked = run(|i: AttentionInput| f(i, false), &x, &mask);
+                    let dense = run(|i: AttentionInput| f(i, true), &x, &mask);
+                    let d = (blocked - dense).abs().max().into_scalar::<f32>();
+                    assert!(d < 1e-5, "{} {name} len {len} causal {}: {d}", position.kind(), mask.causal);
+                }
+            }
+        }
+    }
+}
+
+/// Which of `len` outputs change when position `p` changes, for any attention.
+fn reach(
+    f: impl Fn(AttentionInput) -> AttentionOutput,
+    len: usize,
+    p: usize,
+    causal: bool,
+    dev: &Device,
+) -> Vec<usize> {
+    let x: Tensor<3> = Tensor::random([1, len, D], Distribution::Normal(0.0, 1.0), dev);
+    let y =
+        x.clone().slice_assign([0..1, p..p + 1, 0..D], Tensor::random([1, 1, D], Distribution::Normal(0.0, 1.0), dev));
+    let mask = if causal { AttentionMask::causal() } else { AttentionMask::bidirectional() };
+    let go = |x: Tensor<3>| f(AttentionInput::self_attention(x, &mask)).context;
+    let diff = (go(x) - go(y)).abs().max_dim(2).reshape([len]).into_data().try_to_vec::<f32>().unwrap();
+    diff.iter().enumerate().filter(|(_, d)| **d > 1e-6).map(|(i, _)| i).collect()
+}
+
+#[test]
+fn fixed_summaries_reach_every_later_block_and_others_only_their_own() {
+    let dev = Device::flex();
+    let attn = fixed(&FixedConfig { stride: 4, summary: 1, ..Default::default() }, &PositionConfig::None, &dev);
+    let f = |i: AttentionInput| attn.forward(i, None);
+    // position 3 is block 0's summary: every later query sees it
+    assert_eq!(reach(&f, 16, 3, true, &dev), (3..16).collect::<Vec<_>>());
+    // position 5 is not: its block (4..8) from 5 on, nothing else
+    assert_eq!(reach(&f, 16, 5, true, &dev), vec![5, 6, 7]);
+    assert_eq!(reach(&f, 16, 5, false, &dev), vec![4, 5, 6, 7]);
+}
+
+#[test]
+fn blockwise_heads_read_their_permuted_block() {
+    let dev = Device::flex();
+    // every head shifted by 1: block t reads block t + 1 (mod 4) — position 5 (block 1) reaches
+    // block 0's queries, and its own output through its query only; causally a shift of 2 reads two blocks back, so position 5 reaches
+    // its own block from 5 on and block 3
+    let cfg = BlockwiseConfig { block: 4, shifts: vec![1; 4], ..Default::default() };
+    let attn = blockwise(&cfg, &PositionConfig::Alibi, &dev);
+    assert_eq!(reach(|i: AttentionInput| attn.forward(i, None), 16, 5, false, &dev), vec![0, 1, 2, 3, 5]);
+    let cfg = BlockwiseConfig { block: 4, shifts: vec![2; 4], ..Default::default() };
+    let attn = blockwise(&cfg, &PositionConfig::Alibi, &dev);
+    assert_eq!(reach(|i: AttentionInput| attn.forward(i, None), 16, 5, true, &dev), vec![5, 6, 7, 12, 13, 14, 15]);
 }

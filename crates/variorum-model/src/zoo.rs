@@ -2,9 +2,9 @@
 //! tests run. Adding a kind to an axis's `zoo()` and to [`variants`] enrols it in both.
 
 use variorum_attention::{
-    AdaptiveSpanConfig, AttentionConfig, AverageAttentionConfig, BigBirdConfig, LinearAttentionConfig,
-    LocalAttentionConfig, LongformerConfig, MemoryCompressedConfig, MultiHeadAttentionConfig, MultiScaleConfig,
-    PerformerConfig, PerformerKernel, RfaConfig, SlidingWindowConfig, StridedCombine, StridedConfig,
+    AdaptiveSpanConfig, AttentionConfig, AverageAttentionConfig, BigBirdConfig, BlockwiseConfig, FixedConfig,
+    LinearAttentionConfig, LocalAttentionConfig, LongformerConfig, MemoryCompressedConfig, MultiHeadAttentionConfig,
+    MultiScaleConfig, PerformerConfig, PerformerKernel, RfaConfig, SlidingWindowConfig, StridedCombine, StridedConfig,
 };
 use variorum_block::{
     BlockConfig, CompressionKind, CompressiveMemoryConfig, DepthConfig, FeedForwardConfig, FeedForwardKind,
@@ -301,6 +301,24 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
     });
     out.push((
         "attention longformer, global token id + position alibi".into(),
+        ModelConfig { attention, position: PositionConfig::Alibi, ..tiny() },
+    ));
+    // Sparse Transformer fixed pattern (own block + summaries), the three combinations
+    for (combine, position) in [
+        (StridedCombine::Union, PositionConfig::Alibi),
+        (StridedCombine::Heads, PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 16 })),
+        (StridedCombine::Alternate, PositionConfig::Rope(RotaryConfig::default())),
+    ] {
+        let attention = AttentionConfig::Fixed(FixedConfig { stride: 4, summary: 2, combine, ..Default::default() });
+        out.push((
+            format!("attention fixed {combine:?} + position {}", position.kind()),
+            ModelConfig { attention, position, ..tiny() },
+        ));
+    }
+    // blockwise: own block plus a permuted (shifted) block per head
+    let attention = AttentionConfig::Blockwise(BlockwiseConfig { block: 3, n_kv_heads: Some(2), ..Default::default() });
+    out.push((
+        "attention blockwise + position alibi".into(),
         ModelConfig { attention, position: PositionConfig::Alibi, ..tiny() },
     ));
     // Multi-Scale Transformer: one window per head

@@ -1,0 +1,163 @@
+//! Blockwise attention (Qiu et al. 2019, BlockBERT), the `blockwise` kind: the sequence is cut
+//! into n blocks of B positions and head h's queries of block t attend to the keys of block
+//! π_h(t) only — an n × n block pattern with one nonzero block per block row,
+//!
+//! Attention_h(Q, K, V)_t = softmax(Q_t K_{π_h(t)}ᵀ / √d) V_{π_h(t)}.
+//!
+//! The permutations are shifts: π_h(t) = (t + s_h) mod n with s_h from `shifts` (default
+//! s_h = h, so the heads together cover n blocks of every block row when n ≤ heads). With
+//! s_h = 0 a head is block-local.
+//!
+//! Causally a block ahead cannot be read, so we define the causal variant as: head h sees its own
+//! block up to the query and the whole block s_h before it (t − s_h, when it exists and s_h > 0)
+//! — our choice; BlockBERT is bidirectional.
+//!
+//! Computed by blocks: the permuted blocks are keys gathered per query block (B per block, one
+//! set per head) — O(L·B) scores — plus, causally, the own block as a band. Gathered keys take
+//! the position schemes that act through the distance (none, absolute, RoPE, ALiBi, T5).
+
+use burn::prelude::*;
+use serde::{Deserialize, Serialize};
+use variorum_core::{ConfigError, error::check};
+use variorum_position::HeadShape;
+
+use crate::band::{Band, BandPart, Pattern, dense_pattern, sparse};
+use crate::full::Positioning;
+use crate::gathered::KeySet;
+use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention, MultiHeadAttentionConfig};
+
+/// `model.attention` with `kind = "blockwise"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BlockwiseConfig {
+    pub n_heads: usize,
+    pub n_kv_heads: Option<usize>,
+    pub head_dim: Option<usize>,
+    pub dropout: f64,
+    pub bias: bool,
+    /// B, positions per block. Default 64.
+    pub block: usize,
+    /// s_h per head, the block shift of its permutation; empty = 0, 1, …, h − 1.
+    pub shifts: Vec<usize>,
+}
+
+impl Default for BlockwiseConfig {
+    fn default() -> Self {
+        Self { n_heads: 4, n_kv_heads: None, head_dim: None, dropout: 0.0, bias: true, block: 64, shifts: Vec::new() }
+    }
+}
+
+impl BlockwiseConfig {
+    pub fn heads(&self) -> MultiHeadAttentionConfig {
+        crate::head_fields!(self)
+    }
+
+    pub fn head_shape(&self, d_model: usize) -> HeadShape {
+        self.heads().heads(d_model)
+    }
+
+    pub fn head_shifts(&self) -> Vec<usize> {
+        if self.shifts.is_empty() { (0..self.n_heads).collect() } else { self.shifts.clone() }
+    }
+
+    pub fn expanded(&self, d_model: usize) -> Self {
+        let h = self.heads().expanded(d_model);
+        Self { n_kv_heads: h.n_kv_heads, head_dim: h.head_dim, shifts: self.head_shifts(), ..self.clone() }
+    }
+
+    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        self.heads().validate(d_model)?;
+        check(self.block >= 1, || "model.attention.block must be at least 1".into())?;
+        check(self.shifts.is_empty() || self.shifts.len() == self.n_heads, || {
+            format!("model.attention.shifts {:?}: give one shift per head, {} of them", self.shifts, self.n_heads)
+        })
+    }
+
+    pub fn init(
+        &self,
+        d_model: usize,
+        init_std: f64,
+        out_std: f64,
+        position: Positioning,
+        device: &Device,
+    ) -> BlockwiseAttention {
+        BlockwiseAttention {
+            attention: self.heads().init(d_model, init_std, out_std, position, device),
+            block: self.block,
+            shifts: self.head_shifts(),
+        }
+    }
+
+    /// Multiply–adds per token: one block (two when causal).
+    pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+        self.heads().flops_per_token(d_model, (2 * self.block).min(len_k))
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct BlockwiseAttention {
+    pub attention: MultiHeadAttention,
+    pub block: usize,
+    #[module(skip)]
+    pub shifts: Vec<usize>,
+}
+
+impl BlockwiseAttention {
+    /// The key block of head `head` for query block `t` of `blocks` (causal: the block before).
+    fn partner(&self, head: usize, t: usize, blocks: usize, causal: bool) -> Option<usize> {
+        let s = self.shifts[head];
+        if causal { (s > 0 && t >= s).then(|| t - s) } else { Some((t + s) % blocks) }
+    }
+
+    /// Whether head `head` at position `q` sees position `k` in a sequence of `blocks` blocks.
+    pub fn sees(&self, head: usize, q: usize, k: usize, blocks: usize, causal: bool) -> bool {
+        let (bq, bk) = (q / self.block, k / self.block);
+        let own = causal && bq == bk && k <= q;
+        own || self.partner(head, bq, blocks, causal) == Some(bk)
+    }
+
+    pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
+        self.forward_with(input, cache, false)
+    }
+
+    /// With `dense`, always scores every key under the pattern's mask (the definition; tests).
+    pub fn forward_with(&self, input: AttentionInput, mut cache: Option<&mut KvCache>, dense: bool) -> AttentionOutput {
+        let mask = input.mask;
+        let causal = mask.causal;
+        let plain = mask.padding.is_none() && mask.custom.is_none() && !input.need_weights;
+        let p = self.attention.project(input.query, input.key_value, mask, cache.as_deref_mut());
+        let aligned = p.layout.q_start == p.layout.k_start && p.layout.len_q == p.layout.len_k;
+        let len = (p.layout.k_start + p.layout.len_k).max(p.layout.q_start + p.layout.len_q);
+        let blocks = len.div_ceil(self.block);
+        let out = if aligned && plain && !dense && p.layout.q_start == 0 {
+            let (b, h) = (self.block, self.shifts.len());
+            let keys = KeySet::new(
+                h,
+                len,
+                b,
+                b,
+                |head, t, s| self.partner(head, t, blocks, causal).map(|v| v * b + s),
+                |_, _, _| true,
+            );
+            let own = BandPart {
+                bands: vec![Band { back: 0, ahead: 0, block: b, query_blocks: true, causal }],
+                dilation: 1,
+                heads: Vec::new(),
+            };
+            let bands = if causal { vec![own] } else { Vec::new() };
+            let context =
+                sparse(&self.attention, &p, &Pattern { block: b, bands: &bands, global: &[], extra: Some(&keys) });
+            AttentionOutput { context: self.attention.merge(context), weights: None, aux_losses: Vec::new() }
+        } else {
+            let hidden = |_, head, q, k| !self.sees(head, q, k, blocks, causal);
+            dense_pattern(&self.attention, &p, mask, input.need_weights, 1, hidden)
+        };
+        // causal decoding needs the current block and the widest shift's block
+        if let Some(c) = cache {
+            let keep_blocks = self.shifts.iter().copied().max().unwrap_or(0) + 1;
+            let first = (len / self.block).saturating_sub(keep_blocks - 1) * self.block;
+            c.drop_front(first.saturating_sub(c.start));
+        }
+        out
+    }
+}

@@ -1,0 +1,213 @@
+//! The Sparse Transformer's fixed pattern (Child et al. 2019), the `fixed` kind:
+//!
+//! A⁽¹⁾_i = { j : ⌊j/ℓ⌋ = ⌊i/ℓ⌋ }   (the query's own block of ℓ positions),
+//! A⁽²⁾_i = { j : j mod ℓ ∈ {ℓ − c, …, ℓ − 1} }   (the last c "summary" positions of every block),
+//!
+//! both cut at the query when causal. Combined as for `strided`: `union` (every head sees
+//! A⁽¹⁾ ∪ A⁽²⁾), `heads` (the first half of the heads A⁽¹⁾, the others A⁽²⁾), `alternate` (even
+//! layers A⁽¹⁾, odd layers A⁽²⁾). A head on A⁽²⁾ alone also sees the query itself, so that no
+//! causal row is empty (the first block's queries precede every summary); that is our choice,
+//! the paper leaves it open.
+//!
+//! Computed by blocks of ℓ: A⁽¹⁾ as a band over the query's block, the summaries as keys gathered
+//! for every block (c·L/ℓ of them), in one softmax: O(L·(ℓ + c·L/ℓ)) scores, O(L·√(cL)) with
+//! ℓ ≈ √(cL). Summary keys are gathered, so the position schemes are those acting through the
+//! distance (none, absolute, RoPE, ALiBi, T5). Decoding keeps every key (summaries reach back
+//! to 0) and scores the new queries under the pattern's mask.
+
+use burn::prelude::*;
+use serde::{Deserialize, Serialize};
+use variorum_core::{ConfigError, error::check};
+use variorum_position::HeadShape;
+
+use crate::band::{Band, BandPart, Pattern, dense_pattern, sparse};
+use crate::full::Positioning;
+use crate::gathered::KeySet;
+use crate::strided::StridedCombine;
+use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention, MultiHeadAttentionConfig};
+
+/// `model.attention` with `kind = "fixed"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FixedConfig {
+    pub n_heads: usize,
+    pub n_kv_heads: Option<usize>,
+    pub head_dim: Option<usize>,
+    pub dropout: f64,
+    pub bias: bool,
+    /// ℓ, positions per block. Default 128 (the paper's).
+    pub stride: usize,
+    /// c, summary positions at the end of each block. Default 8 (the paper's c ∈ {8, 16, 32}).
+    pub summary: usize,
+    /// `union` (default), `heads` or `alternate`.
+    pub combine: StridedCombine,
+    /// The layer this config was specialised for ([`Self::for_layer`]); `alternate` reads it.
+    #[serde(skip)]
+    pub layer: usize,
+}
+
+impl Default for FixedConfig {
+    fn default() -> Self {
+        Self {
+            n_heads: 4,
+            n_kv_heads: None,
+            head_dim: None,
+            dropout: 0.0,
+            bias: true,
+            stride: 128,
+            summary: 8,
+            combine: StridedCombine::Union,
+            layer: 0,
+        }
+    }
+}
+
+/// What one head sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sees {
+    Both,
+    Block,
+    Summaries,
+}
+
+impl FixedConfig {
+    pub fn heads(&self) -> MultiHeadAttentionConfig {
+        crate::head_fields!(self)
+    }
+
+    pub fn head_shape(&self, d_model: usize) -> HeadShape {
+        self.heads().heads(d_model)
+    }
+
+    pub fn expanded(&self, d_model: usize) -> Self {
+        let h = self.heads().expanded(d_model);
+        Self { n_kv_heads: h.n_kv_heads, head_dim: h.head_dim, ..self.clone() }
+    }
+
+    pub fn for_layer(&self, i: usize) -> Self {
+        Self { layer: i, ..self.clone() }
+    }
+
+    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        self.heads().validate(d_model)?;
+        check(self.stride >= 1, || "model.attention.stride must be at least 1".into())?;
+        check(self.summary >= 1 && self.summary <= self.stride, || {
+            format!("model.attention.summary = {} must be between 1 and stride = {}", self.summary, self.stride)
+        })?;
+        check(self.combine != StridedCombine::Heads || self.n_heads >= 2, || {
+            "model.attention.combine = \"heads\" splits the heads between the two patterns: it needs n_heads >= 2"
+                .into()
+        })
+    }
+
+    pub fn init(
+        &self,
+        d_model: usize,
+        init_std: f64,
+        out_std: f64,
+        position: Positioning,
+        device: &Device,
+    ) -> FixedAttention {
+        let h = self.n_heads;
+        let sees: Vec<Sees> = (0..h)
+            .map(|head| match self.combine {
+                StridedCombine::Union => Sees::Both,
+                StridedCombine::Heads if head < h / 2 => Sees::Block,
+                StridedCombine::Heads => Sees::Summaries,
+                StridedCombine::Alternate if self.layer % 2 == 0 => Sees::Block,
+                StridedCombine::Alternate => Sees::Summaries,
+            })
+            .collect();
+        FixedAttention {
+            attention: self.heads().init(d_model, init_std, out_std, position, device),
+            stride: self.stride,
+            summary: self.summary,
+            head_sees: sees,
+        }
+    }
+
+    /// Multiply–adds per token: its block and c summaries per block.
+    pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+        let keys = self.stride + self.summary * len_k.div_ceil(self.stride.max(1));
+        self.heads().flops_per_token(d_model, keys.min(len_k))
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct FixedAttention {
+    pub attention: MultiHeadAttention,
+    pub stride: usize,
+    pub summary: usize,
+    /// What each head sees.
+    #[module(skip)]
+    pub head_sees: Vec<Sees>,
+}
+
+impl FixedAttention {
+    fn sees_of(&self, head: usize) -> Sees {
+        self.head_sees[head]
+    }
+
+    fn is_summary(&self, k: usize) -> bool {
+        k % self.stride >= self.stride - self.summary
+    }
+
+    /// Whether head `head` at position `q` sees position `k`.
+    pub fn sees(&self, head: usize, q: usize, k: usize, causal: bool) -> bool {
+        if causal && k > q {
+            return false;
+        }
+        let block = q / self.stride == k / self.stride;
+        match self.sees_of(head) {
+            Sees::Both => block || self.is_summary(k),
+            Sees::Block => block,
+            Sees::Summaries => self.is_summary(k) || k == q,
+        }
+    }
+
+    pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
+        self.forward_with(input, cache, false)
+    }
+
+    /// With `dense`, always scores every key under the pattern's mask (the definition; tests).
+    pub fn forward_with(&self, input: AttentionInput, cache: Option<&mut KvCache>, dense: bool) -> AttentionOutput {
+        let mask = input.mask;
+        let causal = mask.causal;
+        let plain = mask.padding.is_none() && mask.custom.is_none() && !input.need_weights;
+        let p = self.attention.project(input.query, input.key_value, mask, cache);
+        let aligned = p.layout.q_start == p.layout.k_start && p.layout.len_q == p.layout.len_k;
+        if !(aligned && plain && !dense && p.layout.q_start == 0) {
+            let sees = |_, head, q, k| !self.sees(head, q, k, causal);
+            return dense_pattern(&self.attention, &p, mask, input.need_weights, 1, sees);
+        }
+        let (len, s, h) = (p.layout.len_q, self.stride, self.head_sees.len());
+        // the band: the own block (heads on A(1)), or the query itself (heads on A(2) alone)
+        let own_block = Band { back: 0, ahead: 0, block: s, query_blocks: true, causal };
+        let itself = Band { back: 0, ahead: 0, block: s, query_blocks: false, causal };
+        let bands: Vec<Band> =
+            (0..h).map(|head| if self.sees_of(head) == Sees::Summaries { itself } else { own_block }).collect();
+        let bands = if bands.iter().all(|b| *b == bands[0]) { vec![bands[0]] } else { bands };
+        let band = BandPart { bands, dilation: 1, heads: Vec::new() };
+        // the summaries of every block, each block's own left to the band (and to the query itself)
+        let n = len.div_ceil(s);
+        let c = self.summary;
+        let summaries = |_, _, slot: usize| Some((slot / c) * s + s - c + slot % c);
+        let summary_heads = (0..h).any(|head| self.sees_of(head) != Sees::Block);
+        let context = if summary_heads {
+            let per_head = self.head_sees.iter().any(|&x| x != self.head_sees[0]);
+            let groups = if per_head { h } else { 1 };
+            let keys = KeySet::new(groups, len, s, n * c, summaries, |g, q, k| {
+                let head = if per_head { g } else { 0 };
+                match self.sees_of(head) {
+                    Sees::Block => false,
+                    Sees::Both => q / s != k / s && (!causal || k <= q),
+                    Sees::Summaries => k != q && (!causal || k <= q),
+                }
+            });
+            sparse(&self.attention, &p, &Pattern { block: s, bands: &[band], global: &[], extra: Some(&keys) })
+        } else {
+            sparse(&self.attention, &p, &Pattern { block: s, bands: &[band], global: &[], extra: None })
+        };
+        AttentionOutput { context: self.attention.merge(context), weights: None, aux_losses: Vec::new() }
+    }
+}
