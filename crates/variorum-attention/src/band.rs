@@ -200,7 +200,8 @@ pub fn dilated_band_scores(
     for &g in global.iter().filter(|&&g| g < l) {
         is_global[g] = true;
     }
-    let mask = span_mask(bands, &is_global, dil, bs, nb, before, span, &device); // [δ, bands, nb, B, span]
+    let far = p.max_back.map_or(i64::MAX, |n| n as i64);
+    let mask = span_mask(bands, &is_global, dil, bs, nb, before, span, far, &device); // [δ, bands, nb, B, span]
     let mask = mask.unsqueeze_dim::<6>(0).expand([b, dil, h, nb, bs, span]).reshape([bb * h, nb, bs, span]);
     let scores = scores.mask_fill(mask, MASKED_SCORE);
     BandScores { scores, v, layout, dims: [bb, h, nb, bs, span, dh], len: n, dilation: dil }
@@ -290,12 +291,13 @@ pub fn sparse(mha: &MultiHeadAttention, p: &Projected, pattern: &Pattern) -> Ten
         pieces.push((rows, Piece::Band(band)));
     }
     if let Some(set) = pattern.extra {
-        let (scores, v) = gathered_scores(mha, p, set);
+        let (scores, v) = gathered_scores(mha, p, &set.limited(p.max_back));
         pieces.push((block_rows(scores), Piece::Gathered(v)));
     }
     if !global.is_empty() {
         if gathered_ok {
-            let (scores, v) = gathered_scores(mha, p, &KeySet::columns(l, bs, &global, causal));
+            let columns = KeySet::columns(l, bs, &global, causal).limited(p.max_back);
+            let (scores, v) = gathered_scores(mha, p, &columns);
             pieces.push((block_rows(scores), Piece::Gathered(v)));
         } else {
             let (scores, v) = global_columns(mha, p, &global);
@@ -349,8 +351,12 @@ pub fn sparse(mha: &MultiHeadAttention, p: &Projected, pattern: &Pattern) -> Ten
                 scores = scores + bias.reshape([1, h, g, l]);
             }
         }
-        if causal {
-            let hidden: Vec<bool> = global.iter().flat_map(|&i| (0..l).map(move |j| j > i)).collect();
+        if causal || p.max_back.is_some() {
+            let far = p.max_back.unwrap_or(usize::MAX);
+            let hidden: Vec<bool> = global
+                .iter()
+                .flat_map(|&i| (0..l).map(move |j| (causal && j > i) || i.saturating_sub(j) > far))
+                .collect();
             let hidden = Tensor::<2, Bool>::from_data(TensorData::new(hidden, [g, l]), &device);
             scores = scores.mask_fill(hidden.unsqueeze::<4>().expand([b, h, g, l]), MASKED_SCORE);
         }
@@ -360,9 +366,10 @@ pub fn sparse(mha: &MultiHeadAttention, p: &Projected, pattern: &Pattern) -> Ten
             .iter()
             .map(|&pos_i| {
                 let qi = p.q.clone().narrow(2, pos_i, 1);
-                let n = if causal { pos_i + 1 } else { l };
-                let (k, v) = (k_all.clone().narrow(2, 0, n), v_all.clone().narrow(2, 0, n));
-                let row_layout = ScoreLayout::new(pos_i, 0, 1, n, causal);
+                let first = p.max_back.map_or(0, |m| pos_i.saturating_sub(m));
+                let n = if causal { pos_i + 1 } else { l } - first;
+                let (k, v) = (k_all.clone().narrow(2, first, n), v_all.clone().narrow(2, first, n));
+                let row_layout = ScoreLayout::new(pos_i, first, 1, n, causal);
                 let row = qi.clone().matmul(k.clone().swap_dims(2, 3));
                 let row = match &mha.position {
                     Some(pos) => pos.scores(row, qi, k, &row_layout, mha.scale),
@@ -409,8 +416,10 @@ fn global_columns(mha: &MultiHeadAttention, p: &Projected, global: &[usize]) -> 
                 }
                 None => col,
             };
-            if p.layout.causal {
-                let hidden: Vec<bool> = (0..l).map(|i| pos_j > i).collect();
+            if p.layout.causal || p.max_back.is_some() {
+                let far = p.max_back.unwrap_or(usize::MAX);
+                let hidden: Vec<bool> =
+                    (0..l).map(|i| (p.layout.causal && pos_j > i) || i.saturating_sub(pos_j) > far).collect();
                 col.mask_fill(
                     Tensor::<1, Bool>::from_data(TensorData::new(hidden, [l]), &device).reshape([1, 1, l, 1]),
                     MASKED_SCORE,
@@ -478,8 +487,9 @@ pub fn band_context(
 }
 
 /// `[δ, bands, nb, B, span]`, true where block i's query r of residue class c must not see span
-/// key s under each band: outside it, before position 0, past the end, or a global key (scored in
-/// its own column). Indices count within the residue class; `is_global` is by position.
+/// key s under each band: outside it, before position 0, past the end, more than `max_back`
+/// positions back, or a global key (scored in its own column). Indices count within the residue
+/// class; `is_global` is by position.
 #[allow(clippy::too_many_arguments)]
 fn span_mask(
     bands: &[Band],
@@ -489,6 +499,7 @@ fn span_mask(
     nb: usize,
     before: usize,
     span: usize,
+    max_back: i64,
     device: &Device,
 ) -> Tensor<5, Bool> {
     let len = is_global.len() as i64;
@@ -501,7 +512,8 @@ fn span_mask(
                     for s in 0..span {
                         let k = (i * bs + s) as i64 - (before * bs) as i64;
                         let at = c + k * dilation as i64;
-                        hidden.push(k < 0 || at >= len || is_global[at as usize] || !band.sees(q, k));
+                        let far = (q - k) * dilation as i64 > max_back;
+                        hidden.push(k < 0 || at >= len || far || is_global[at as usize] || !band.sees(q, k));
                     }
                 }
             }

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use variorum_core::{AttentionMask, ConfigError, error::check, error::divisors};
 use variorum_position::{HeadShape, PositionConfig, RelativePosition, ScoreLayout};
 
+use crate::band::{Band, banded};
 use crate::{AttentionInput, AttentionOutput, KvCache, QkvProjection, QkvProjectionConfig};
 
 /// Value written into hidden score entries. Finite, so a row whose keys are all hidden (a fully
@@ -172,6 +173,8 @@ pub struct Projected {
     pub k: Tensor<4>,
     pub v: Tensor<4>,
     pub layout: ScoreLayout,
+    /// No key more than this many positions before its query (`AttentionMask::max_back`).
+    pub max_back: Option<usize>,
 }
 
 impl MultiHeadAttention {
@@ -202,7 +205,7 @@ impl MultiHeadAttention {
             None => (k, v),
         };
         let layout = ScoreLayout::new(mask.q_start, k_start, lq, k.dims()[2], mask.causal);
-        Projected { q: q.mul_scalar(self.scale), k, v, layout }
+        Projected { q: q.mul_scalar(self.scale), k, v, layout, max_back: mask.max_back }
     }
 
     /// Step 2: scaled scores `[b, n_heads, len_q, len_k]` with the position scheme applied, not
@@ -241,9 +244,25 @@ impl MultiHeadAttention {
         self.out.forward(context.swap_dims(1, 2).reshape([b, lq, h * dh]))
     }
 
-    pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
+    pub fn forward(&self, input: AttentionInput, mut cache: Option<&mut KvCache>) -> AttentionOutput {
         let device = input.query.device();
-        let p = self.project(input.query, input.key_value, input.mask, cache);
+        let p = self.project(input.query, input.key_value, input.mask, cache.as_deref_mut());
+        if let Some(n) = p.max_back {
+            // at most n back: the keys before that never matter again
+            if let Some(c) = cache {
+                c.drop_front(c.len().saturating_sub(n));
+            }
+            let m = input.mask;
+            let aligned = p.layout.q_start == p.layout.k_start && p.layout.len_q == p.layout.len_k;
+            if aligned && m.padding.is_none() && m.custom.is_none() && !input.need_weights {
+                // a band, computed by blocks: no L × L matrix
+                let l = p.layout.len_q;
+                let ahead = if m.causal { 0 } else { l };
+                let band = Band { back: n, ahead, block: n.clamp(1, 128), query_blocks: false, causal: m.causal };
+                let context = banded(self, &p, &[band], &[]);
+                return AttentionOutput { context: self.merge(context), weights: None, aux_losses: Vec::new() };
+            }
+        }
         let (lq, lk) = (p.layout.len_q, p.layout.len_k);
         let scores = self.scores(&p);
         let mask = match (&input.dense_mask, p.layout.k_start == input.mask.k_start) {

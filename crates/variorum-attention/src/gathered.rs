@@ -65,6 +65,27 @@ impl KeySet {
         Self { groups, blocks, block, keys, positions, hidden }
     }
 
+    /// The same keys with those more than `max_back` positions before their query hidden.
+    pub fn limited(&self, max_back: Option<usize>) -> Self {
+        let mut set = self.clone();
+        let Some(n) = max_back else { return set };
+        let (nb, bs, m) = (self.blocks, self.block, self.keys);
+        for g in 0..self.groups {
+            for i in 0..nb {
+                for r in 0..bs {
+                    for s in 0..m {
+                        if let Some(k) = self.positions[(g * nb + i) * m + s]
+                            && (i * bs + r).saturating_sub(k) > n
+                        {
+                            set.hidden[((g * nb + i) * bs + r) * m + s] = true;
+                        }
+                    }
+                }
+            }
+        }
+        set
+    }
+
     /// The same keys for every block (global columns).
     pub fn columns(len: usize, block: usize, positions: &[usize], causal: bool) -> Self {
         Self::new(1, len, block, positions.len(), |_, _, s| Some(positions[s]), |_, q, k| !causal || k <= q)

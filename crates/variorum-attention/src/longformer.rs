@@ -277,7 +277,13 @@ impl LongformerAttention {
                 let row = |x: &Tensor<4>, i: usize| x.clone().narrow(0, i, 1);
                 let parts = (0..batch)
                     .map(|i| {
-                        let pi = Projected { q: row(&p.q, i), k: row(&p.k, i), v: row(&p.v, i), layout: p.layout };
+                        let pi = Projected {
+                            q: row(&p.q, i),
+                            k: row(&p.k, i),
+                            v: row(&p.v, i),
+                            layout: p.layout,
+                            max_back: p.max_back,
+                        };
                         self.blocked(&pi, &global[i])
                     })
                     .collect();

@@ -250,7 +250,10 @@ impl StridedAttention {
                 let n = layout.len_k;
                 let hidden: Vec<bool> = (0..h)
                     .flat_map(|head| (0..n).map(move |j| (head, j)))
-                    .map(|(head, j)| !self.sees(head, h, q_pos, layout.k_start + j * layout.stride, true))
+                    .map(|(head, j)| {
+                        let k = layout.k_start + j * layout.stride;
+                        !self.sees(head, h, q_pos, k, true) || p.max_back.is_some_and(|n| q_pos - k > n)
+                    })
                     .collect();
                 let m = Tensor::<3, Bool>::from_data(TensorData::new(hidden, [h, 1, n]), &device).unsqueeze_dim::<4>(0);
                 sc.mask_fill(m.expand([b, h, 1, n]), MASKED_SCORE)
@@ -311,9 +314,10 @@ impl StridedAttention {
         }
         // hidden: the future, padded keys, and (union) the query itself, which the band has
         let union = self.mode == StridedMode::Union;
+        let far = p.max_back.unwrap_or(usize::MAX);
         let hidden: Vec<bool> = (0..s)
             .flat_map(|r| (0..n).flat_map(move |t| (0..n).map(move |u| (r, t, u))))
-            .map(|(r, t, u)| (causal && u > t) || u * s + r >= l || (union && u == t))
+            .map(|(r, t, u)| (causal && u > t) || u * s + r >= l || (union && u == t) || t.saturating_sub(u) * s > far)
             .collect();
         let col_mask = Tensor::<3, Bool>::from_data(TensorData::new(hidden, [s, n, n]), &device)
             .reshape([1, s, 1, n, n])

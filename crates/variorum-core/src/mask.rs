@@ -23,17 +23,20 @@ pub struct AttentionMask {
     /// (chosen by token id, Longformer): mechanisms with global attention let them see every
     /// key and be seen by every query; the others ignore them.
     pub global: Option<Vec<Vec<usize>>>,
+    /// A query sees no key more than this many positions before it ("attend at most N back",
+    /// `model.max_back`).
+    pub max_back: Option<usize>,
 }
 
 impl AttentionMask {
     /// Causal self-attention over a fresh sequence.
     pub fn causal() -> Self {
-        Self { causal: true, q_start: 0, k_start: 0, padding: None, custom: None, global: None }
+        Self { causal: true, q_start: 0, k_start: 0, padding: None, custom: None, global: None, max_back: None }
     }
 
     /// No restriction (encoders, cross-attention).
     pub fn bidirectional() -> Self {
-        Self { causal: false, q_start: 0, k_start: 0, padding: None, custom: None, global: None }
+        Self { causal: false, q_start: 0, k_start: 0, padding: None, custom: None, global: None, max_back: None }
     }
 
     /// Queries start at absolute position `q_start`, keys at `k_start`.
@@ -53,6 +56,12 @@ impl AttentionMask {
         self
     }
 
+    /// At most `n` positions back (see [`Self::max_back`]).
+    pub fn with_max_back(mut self, n: Option<usize>) -> Self {
+        self.max_back = n;
+        self
+    }
+
     /// Global-token positions per batch row (see [`Self::global`]).
     pub fn with_global(mut self, global: Vec<Vec<usize>>) -> Self {
         self.global = Some(global);
@@ -69,6 +78,18 @@ impl AttentionMask {
             let offset = self.q_start as i64 - self.k_start as i64;
             let m = Tensor::<2, Bool>::tril_mask([len_q, len_k], offset, device);
             mask = Some(m.unsqueeze_dim(0));
+        }
+        if let Some(n) = self.max_back
+            && len_q > 0
+            && (self.q_start + len_q - 1) as i64 - self.k_start as i64 > n as i64
+        {
+            // hidden where (q_start + i) − (k_start + j) > n, i.e. j − i < q_start − k_start − n
+            let offset = self.q_start as i64 - self.k_start as i64 - n as i64;
+            let far = Tensor::<2, Bool>::triu_mask([len_q, len_k], offset, device).unsqueeze_dim::<3>(0);
+            mask = Some(match mask {
+                Some(m) => m.bool_or(far),
+                None => far,
+            });
         }
         if let Some(pad) = &self.padding {
             let [b, lk] = pad.dims();
@@ -122,6 +143,23 @@ mod tests {
         assert_eq!(hidden(m), want);
         // one query at the end of the keys sees everything: no mask at all
         assert!(AttentionMask::causal().at(3, 0).score_mask(1, 4, &dev).is_none());
+    }
+
+    #[test]
+    fn max_back_hides_keys_further_back() {
+        // queries at 3, 4 over keys 1..6, at most 2 back: query 3 sees 1..=3, query 4 sees 2..=4
+        let dev = Device::flex();
+        let m = AttentionMask::causal().at(3, 1).with_max_back(Some(2)).score_mask(2, 5, &dev).unwrap();
+        #[rustfmt::skip]
+        let want = vec![false, false, false, true, true,
+                        true, false, false, false, true];
+        assert_eq!(hidden(m), want);
+        let m = AttentionMask::bidirectional().with_max_back(Some(1)).score_mask(3, 3, &dev).unwrap();
+        #[rustfmt::skip]
+        let want = vec![false, false, false,
+                        false, false, false,
+                        true, false, false];
+        assert_eq!(hidden(m), want);
     }
 
     #[test]

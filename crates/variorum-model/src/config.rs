@@ -35,6 +35,10 @@ pub struct ModelConfig {
     /// Position scheme: absolute (added to the input) or relative (inside every attention layer).
     pub position: PositionConfig,
     pub attention: AttentionConfig,
+    /// Attend at most this many positions back, whatever the attention kind (score-forming
+    /// kinds only): a hard limit on top of the kind's own pattern. Full attention then runs as
+    /// a band computed by blocks, and KV caches keep only the last `max_back` keys. Default none.
+    pub max_back: Option<usize>,
     pub block: BlockConfig,
     pub feed_forward: FeedForwardConfig,
     /// Memory of earlier segments (Transformer-XL, Compressive). Default none.
@@ -59,6 +63,7 @@ impl Default for ModelConfig {
             init_std: 0.02,
             position: PositionConfig::default(),
             attention: AttentionConfig::default(),
+            max_back: None,
             block: BlockConfig::default(),
             feed_forward: FeedForwardConfig::default(),
             memory: MemoryConfig::None,
@@ -122,6 +127,16 @@ impl ModelConfig {
                 self.n_layers
             )
         })?;
+        check(
+            self.max_back.is_none()
+                || (self.attention.capabilities().score_bias && self.attention.kind() != "memory-compressed"),
+            || {
+                format!(
+                    "model.max_back limits which keys a query scores, but model.attention.kind = \"{}\" scores no individual keys: use a score-forming kind or drop max_back",
+                    self.attention.kind()
+                )
+            },
+        )?;
         let blocked = matches!(
             self.attention.kind(),
             "sliding-window" | "local" | "multi-scale" | "strided" | "bigbird" | "longformer"

@@ -69,6 +69,8 @@ pub struct DecoderLm {
     pub head: Option<Linear>,
     pub vocab_size: usize,
     pub seq_len: usize,
+    /// `model.max_back`: no query scores a key further back.
+    pub max_back: Option<usize>,
     /// √d_model when `scale_embeddings`.
     pub embedding_scale: Option<f64>,
     /// Early exits: classifiers after the blocks before the last.
@@ -111,6 +113,7 @@ impl DecoderLm {
                 .then(|| LinearConfig::new(d, vocab).with_bias(false).with_initializer(init).init(device)),
             vocab_size: vocab,
             seq_len: cfg.seq_len,
+            max_back: cfg.max_back,
             embedding_scale: cfg.scale_embeddings.then(|| (d as f64).sqrt()),
             exits: match &cfg.exits {
                 ExitConfig::None => None,
@@ -154,7 +157,7 @@ impl DecoderLm {
     ) -> (AttentionMask, Option<Tensor<4, Bool>>) {
         let start = state.map_or(0, |s| s.position);
         let keys_before = if self.has_memory() { state.map_or(0, |s| s.context_len()) } else { start };
-        let mask = AttentionMask::causal().at(start, start - keys_before);
+        let mask = AttentionMask::causal().at(start, start - keys_before).with_max_back(self.max_back);
         // built once for every block, and only for mechanisms that score every key
         let dense = if self.blocks.first().is_some_and(|b| b.attn.uses_dense_mask()) {
             mask.score_mask(len, keys_before + len, device)

@@ -321,6 +321,14 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
         "attention blockwise + position alibi".into(),
         ModelConfig { attention, position: PositionConfig::Alibi, ..tiny() },
     ));
+    // "attend at most N back" on full attention (a band computed by blocks, a trimmed cache) and
+    // on a sparse kind
+    out.push((
+        "max_back 3, attention full + position alibi".into(),
+        ModelConfig { max_back: Some(3), position: PositionConfig::Alibi, ..tiny() },
+    ));
+    let attention = AttentionConfig::Strided(StridedConfig { stride: 4, ..Default::default() });
+    out.push(("max_back 5, attention strided".into(), ModelConfig { max_back: Some(5), attention, ..tiny() }));
     // Multi-Scale Transformer: one window per head
     let attention = AttentionConfig::MultiScale(MultiScaleConfig {
         windows: vec![1, 2, 4, 7],

@@ -81,3 +81,11 @@ fn a_global_token_id_makes_its_positions_global() {
     assert_eq!(reached_from_the_first_token(vec![5]), vec![0, 2, 3, 4, 5, 6, 7]);
     assert_eq!(reached_from_the_first_token(vec![]), vec![0]);
 }
+
+#[test]
+fn max_back_is_refused_where_no_key_is_scored() {
+    use variorum_attention::LinearAttentionConfig;
+    let attention = AttentionConfig::Linear(LinearAttentionConfig::default());
+    let e = ModelConfig { attention, max_back: Some(8), ..zoo::tiny() }.validate().unwrap_err().to_string();
+    assert!(e.contains("model.max_back") && e.contains("\"linear\""), "{e}");
+}
