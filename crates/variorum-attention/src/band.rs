@@ -202,7 +202,12 @@ pub fn dilated_band_scores(
     }
     let far = p.max_back.map_or(i64::MAX, |n| n as i64);
     let mask = span_mask(bands, &is_global, dil, bs, nb, before, span, far, &device); // [δ, bands, nb, B, span]
-    let mask = mask.unsqueeze_dim::<6>(0).expand([b, dil, h, nb, bs, span]).reshape([bb * h, nb, bs, span]);
+    let mask = if dil == 1 && bands.len() == 1 {
+        // one band, undilated: broadcast over batch and heads rather than copied
+        mask.reshape([1, nb, bs, span])
+    } else {
+        mask.unsqueeze_dim::<6>(0).expand([b, dil, h, nb, bs, span]).reshape([bb * h, nb, bs, span])
+    };
     let scores = scores.mask_fill(mask, MASKED_SCORE);
     BandScores { scores, v, layout, dims: [bb, h, nb, bs, span, dh], len: n, dilation: dil }
 }

@@ -12,6 +12,7 @@ use crate::contract::AttentionState;
 use crate::fixed::{FixedAttention, FixedConfig};
 use crate::linear::{LinearAttention, LinearAttentionConfig};
 use crate::local::LocalAttentionConfig;
+use crate::local_2d::{Local2dAttention, Local2dConfig};
 use crate::longformer::{LongformerAttention, LongformerConfig};
 use crate::memory_compressed::{MemoryCompressedAttention, MemoryCompressedConfig};
 use crate::multi_scale::MultiScaleConfig;
@@ -37,6 +38,10 @@ pub enum AttentionConfig {
     SlidingWindow(SlidingWindowConfig),
     /// Image Transformer 1D local attention: query blocks see their block and a memory before it.
     Local(LocalAttentionConfig),
+    /// Image Transformer 2D local attention: query rectangles of a raster image see their memory
+    /// rectangle.
+    #[serde(rename = "local-2d")]
+    Local2d(Local2dConfig),
     /// Band attention with one window width per head (Multi-Scale Transformer).
     MultiScale(MultiScaleConfig),
     /// Sparse Transformer's strided pattern: the previous ℓ positions and every ℓ-th one.
@@ -74,6 +79,7 @@ impl AttentionConfig {
             Self::AdaptiveSpan(_) => "adaptive-span",
             Self::SlidingWindow(_) => "sliding-window",
             Self::Local(_) => "local",
+            Self::Local2d(_) => "local-2d",
             Self::MultiScale(_) => "multi-scale",
             Self::Strided(_) => "strided",
             Self::Bigbird(_) => "bigbird",
@@ -109,7 +115,7 @@ impl AttentionConfig {
     /// Whether some keys are gathered from anywhere in the sequence (random blocks, summaries,
     /// permuted blocks), so only position schemes that act through the distance alone apply.
     pub fn gathers_keys(&self) -> bool {
-        matches!(self, Self::Bigbird(_) | Self::Fixed(_) | Self::Blockwise(_))
+        matches!(self, Self::Bigbird(_) | Self::Fixed(_) | Self::Blockwise(_) | Self::Local2d(_))
     }
 
     /// Layers with their own setting (0 = the same in every layer).
@@ -142,6 +148,7 @@ impl AttentionConfig {
             Self::AdaptiveSpan(c) => Self::AdaptiveSpan(c.expanded(d_model)),
             Self::SlidingWindow(c) => Self::SlidingWindow(c.expanded(d_model)),
             Self::Local(c) => Self::Local(c.expanded(d_model)),
+            Self::Local2d(c) => Self::Local2d(c.expanded(d_model)),
             Self::MultiScale(c) => Self::MultiScale(c.expanded(d_model)),
             Self::Strided(c) => Self::Strided(c.expanded(d_model)),
             Self::Bigbird(c) => Self::Bigbird(c.expanded(d_model)),
@@ -162,6 +169,7 @@ impl AttentionConfig {
             Self::AdaptiveSpan(c) => c.validate(d_model),
             Self::SlidingWindow(c) => c.validate(d_model),
             Self::Local(c) => c.validate(d_model),
+            Self::Local2d(c) => c.validate(d_model),
             Self::MultiScale(c) => c.validate(d_model),
             Self::Strided(c) => c.validate(d_model),
             Self::Bigbird(c) => c.validate(d_model),
@@ -189,6 +197,7 @@ impl AttentionConfig {
             Self::AdaptiveSpan(c) => Attention::AdaptiveSpan(c.init(d_model, init_std, out_std, position, device)),
             Self::SlidingWindow(c) => Attention::SlidingWindow(c.init(d_model, init_std, out_std, position, device)),
             Self::Local(c) => Attention::Local(c.init(d_model, init_std, out_std, position, device)),
+            Self::Local2d(c) => Attention::Local2d(c.init(d_model, init_std, out_std, position, device)),
             Self::MultiScale(c) => Attention::MultiScale(c.init(d_model, init_std, out_std, position, device)),
             Self::Strided(c) => Attention::Strided(c.init(d_model, init_std, out_std, position, device)),
             Self::Bigbird(c) => Attention::Bigbird(c.init(d_model, init_std, out_std, position, device)),
@@ -210,6 +219,7 @@ impl AttentionConfig {
             Self::AdaptiveSpan(c) => c.heads().heads(d_model),
             Self::SlidingWindow(c) => c.head_shape(d_model),
             Self::Local(c) => c.head_shape(d_model),
+            Self::Local2d(c) => c.head_shape(d_model),
             Self::MultiScale(c) => c.head_shape(d_model),
             Self::Strided(c) => c.head_shape(d_model),
             Self::Bigbird(c) => c.head_shape(d_model),
@@ -232,6 +242,7 @@ impl AttentionConfig {
             Self::AdaptiveSpan(c) => c.heads().flops_per_token(d_model, len_k.min(c.max_span)),
             Self::SlidingWindow(c) => c.flops_per_token(d_model, len_k),
             Self::Local(c) => c.flops_per_token(d_model, len_k),
+            Self::Local2d(c) => c.flops_per_token(d_model, len_k),
             Self::MultiScale(c) => c.flops_per_token(d_model, len_k),
             Self::Strided(c) => c.flops_per_token(d_model, len_k),
             Self::Bigbird(c) => c.flops_per_token(d_model, len_k),
@@ -286,6 +297,11 @@ impl AttentionConfig {
             sparse_kind(
                 "local",
                 "Image Transformer 1D local attention: non-overlapping query blocks see their block and `memory` positions before it; computed block by block",
+                "Parmar et al. 2018, Image Transformer",
+            ),
+            sparse_kind(
+                "local-2d",
+                "Image Transformer 2D local attention: the sequence is a raster image of `width` columns; query rectangles see their memory rectangle (rows above, columns either side); computed rectangle by rectangle",
                 "Parmar et al. 2018, Image Transformer",
             ),
             sparse_kind(
@@ -404,6 +420,7 @@ pub enum Attention {
     AdaptiveSpan(AdaptiveSpanAttention),
     SlidingWindow(BandAttention),
     Local(BandAttention),
+    Local2d(Local2dAttention),
     MultiScale(BandAttention),
     Strided(StridedAttention),
     Bigbird(BigBirdAttention),
@@ -454,6 +471,7 @@ impl Attention {
             Self::SlidingWindow(a) | Self::Local(a) | Self::MultiScale(a) => a.attention.content_only(query, key_value),
             Self::Strided(a) => a.attention.content_only(query, key_value),
             Self::Bigbird(a) => a.attention.content_only(query, key_value),
+            Self::Local2d(a) => a.attention.content_only(query, key_value),
             Self::Fixed(a) => a.attention.content_only(query, key_value),
             Self::Blockwise(a) => a.attention.content_only(query, key_value),
             Self::Longformer(a) => a.attention.content_only(query, key_value),
@@ -474,6 +492,7 @@ impl Attention {
             }
             Self::Strided(a) => a.forward(input, state.map(AttentionState::kv_mut)),
             Self::Bigbird(a) => a.forward(input, state.map(AttentionState::kv_mut)),
+            Self::Local2d(a) => a.forward(input, state.map(AttentionState::kv_mut)),
             Self::Fixed(a) => a.forward(input, state.map(AttentionState::kv_mut)),
             Self::Blockwise(a) => a.forward(input, state.map(AttentionState::kv_mut)),
             Self::Longformer(a) => a.forward(input, state.map(AttentionState::kv_mut)),

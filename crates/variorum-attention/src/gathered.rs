@@ -32,6 +32,10 @@ pub struct KeySet {
     pub positions: Vec<Option<usize>>,
     /// `[groups, blocks, block, keys]`, true where the query must not see the key.
     pub hidden: Vec<bool>,
+    /// `[blocks, block]`, the position of each query row when the blocks are not consecutive
+    /// runs of the sequence (2D local attention's rectangles); `None` = row i·B + r is position
+    /// i·B + r. An empty entry is a padding row.
+    pub queries: Option<Vec<Option<usize>>>,
 }
 
 impl KeySet {
@@ -62,7 +66,45 @@ impl KeySet {
                 }
             }
         }
-        Self { groups, blocks, block, keys, positions, hidden }
+        Self { groups, blocks, block, keys, positions, hidden, queries: None }
+    }
+
+    /// Query blocks made of the listed positions (`queries[i·B + r]`, `None` for padding), one
+    /// group of keys for all heads: `slot(i, s)` lists block i's keys, `sees(q, k)` the pattern.
+    pub fn for_queries(
+        queries: Vec<Option<usize>>,
+        block: usize,
+        keys: usize,
+        len: usize,
+        slot: impl Fn(usize, usize) -> Option<usize>,
+        sees: impl Fn(usize, usize) -> bool,
+    ) -> Self {
+        let blocks = queries.len() / block;
+        let positions: Vec<Option<usize>> = (0..blocks)
+            .flat_map(|i| (0..keys).map(move |s| (i, s)))
+            .map(|(i, s)| slot(i, s).filter(|&k| k < len))
+            .collect();
+        let mut hidden = Vec::with_capacity(blocks * block * keys);
+        for i in 0..blocks {
+            for r in 0..block {
+                for s in 0..keys {
+                    let (q, k) = (queries[i * block + r], positions[i * keys + s]);
+                    hidden.push(match (q, k) {
+                        (Some(q), Some(k)) => !sees(q, k),
+                        _ => true,
+                    });
+                }
+            }
+        }
+        Self { groups: 1, blocks, block, keys, positions, hidden, queries: Some(queries) }
+    }
+
+    /// The position of query row `r` of block `i`.
+    fn query(&self, i: usize, r: usize) -> usize {
+        match &self.queries {
+            Some(q) => q[i * self.block + r].unwrap_or(0),
+            None => i * self.block + r,
+        }
     }
 
     /// The same keys with those more than `max_back` positions before their query hidden.
@@ -75,7 +117,7 @@ impl KeySet {
                 for r in 0..bs {
                     for s in 0..m {
                         if let Some(k) = self.positions[(g * nb + i) * m + s]
-                            && (i * bs + r).saturating_sub(k) > n
+                            && self.query(i, r).saturating_sub(k) > n
                         {
                             set.hidden[((g * nb + i) * bs + r) * m + s] = true;
                         }
@@ -119,9 +161,22 @@ pub fn gathered_scores(mha: &MultiHeadAttention, p: &Projected, set: &KeySet) ->
         x.reshape([b * h, nb, m, dh])
     };
     let (k, v) = (gather(p.k.clone()), gather(p.v.clone()));
-    let pad = nb * bs - l;
-    let q =
-        if pad == 0 { p.q.clone() } else { Tensor::cat(vec![p.q.clone(), Tensor::zeros([b, h, pad, dh], &device)], 2) };
+    let q = match &set.queries {
+        // rows gathered into their blocks, a zero row for padding
+        Some(rows) => {
+            let at: Vec<i64> = rows.iter().map(|r| r.unwrap_or(l) as i64).collect();
+            let at = Tensor::<1, Int>::from_data(TensorData::new(at, [nb * bs]), &device);
+            Tensor::cat(vec![p.q.clone(), Tensor::zeros([b, h, 1, dh], &device)], 2).select(2, at)
+        }
+        None => {
+            let pad = nb * bs - l;
+            if pad == 0 {
+                p.q.clone()
+            } else {
+                Tensor::cat(vec![p.q.clone(), Tensor::zeros([b, h, pad, dh], &device)], 2)
+            }
+        }
+    };
     let mut scores = q.reshape([b * h, nb, bs, dh]).matmul(k.swap_dims(2, 3));
 
     if let Some(pos) = &mha.position {
@@ -129,7 +184,7 @@ pub fn gathered_scores(mha: &MultiHeadAttention, p: &Projected, set: &KeySet) ->
             .flat_map(|g| (0..nb).flat_map(move |i| (0..bs).flat_map(move |r| (0..m).map(move |s| (g, i, r, s)))))
             .map(|(g, i, r, s)| {
                 let k = set.positions[(g * nb + i) * m + s].unwrap_or(0);
-                (i * bs + r) as i64 - k as i64
+                set.query(i, r) as i64 - k as i64
             })
             .collect();
         let distances = Distances { dims: [groups, nb, bs, m], values, causal: p.layout.causal };

@@ -6,7 +6,7 @@
 //! Unlike a sliding window, all queries of a block share one key range, which is what lets the
 //! original compute each block as one small dense attention. Here it runs on the same block
 //! machinery as `sliding-window` ([`crate::band::BandAttention`]): O(L·(memory + block)) scores.
-//! (2D local attention over H×W grids is not implemented.)
+//! 2D local attention over a raster image is the `local-2d` kind ([`crate::local_2d`]).
 
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};

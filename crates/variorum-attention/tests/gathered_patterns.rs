@@ -7,7 +7,7 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 use variorum_attention::{
     AttentionConfig, AttentionInput, AttentionOutput, BigBirdAttention, BigBirdConfig, BlockwiseAttention,
-    BlockwiseConfig, FixedAttention, FixedConfig, Positioning, StridedCombine,
+    BlockwiseConfig, FixedAttention, FixedConfig, Local2dAttention, Local2dConfig, Positioning, StridedCombine,
 };
 use variorum_core::AttentionMask;
 use variorum_position::{PositionConfig, RotaryConfig, T5BiasConfig};
@@ -233,4 +233,58 @@ fn blockwise_heads_read_their_permuted_block() {
     let cfg = BlockwiseConfig { block: 4, shifts: vec![2; 4], ..Default::default() };
     let attn = blockwise(&cfg, &PositionConfig::Alibi, &dev);
     assert_eq!(reach(|i: AttentionInput| attn.forward(i, None), 16, 5, true, &dev), vec![5, 6, 7, 12, 13, 14, 15]);
+}
+
+fn local_2d(cfg: &Local2dConfig, position: &PositionConfig, dev: &Device) -> Local2dAttention {
+    cfg.validate(D).unwrap();
+    cfg.init(D, 0.3, 0.3, Positioning { config: position, context: 64 }, dev)
+}
+
+#[test]
+fn local_2d_rectangles_equal_dense_attention_under_their_mask() {
+    let dev = Device::flex();
+    for position in schemes() {
+        for (width, query_rows, query_cols, memory_rows, memory_cols, kv) in
+            [(5, 2, 2, 1, 1, 4), (4, 1, 4, 2, 0, 2), (6, 2, 3, 0, 2, 1), (3, 3, 2, 1, 1, 4)]
+        {
+            let cfg = Local2dConfig {
+                width,
+                query_rows,
+                query_cols,
+                memory_rows,
+                memory_cols,
+                n_kv_heads: Some(kv),
+                ..Default::default()
+            };
+            let attn = local_2d(&cfg, &position, &dev);
+            // a last row that is partial, and one that is full
+            for len in [23, 24] {
+                let x: Tensor<3> = Tensor::random([2, len, D], Distribution::Normal(0.0, 1.0), &dev);
+                for mask in [AttentionMask::causal(), AttentionMask::bidirectional()] {
+                    let blocked = run(|i: AttentionInput| attn.forward_with(i, None, false), &x, &mask);
+                    let dense = run(|i: AttentionInput| attn.forward_with(i, None, true), &x, &mask);
+                    let d = (blocked - dense).abs().max().into_scalar::<f32>();
+                    assert!(d < 1e-5, "{} {cfg:?} len {len} causal {}: {d}", position.kind(), mask.causal);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_2d_query_sees_its_memory_rectangle() {
+    // an 8-wide image, rectangles of 2 × 4, memory 1 row up and 2 columns either side: position
+    // 19 (row 2, column 3) sits in the rectangle of rows 2–3, columns 0–3; its memory is rows 1–3,
+    // columns 0–5 (causal: up to itself)
+    let dev = Device::flex();
+    let cfg =
+        Local2dConfig { width: 8, query_rows: 2, query_cols: 4, memory_rows: 1, memory_cols: 2, ..Default::default() };
+    let attn = local_2d(&cfg, &PositionConfig::None, &dev);
+    let seen: Vec<usize> = (0..32).filter(|&k| attn.sees(19, k, true)).collect();
+    assert_eq!(seen, vec![8, 9, 10, 11, 12, 13, 16, 17, 18, 19]);
+    // reach: position 9 (row 1, column 1) is seen by its own rectangle from 9 on and by the
+    // rectangle below it (rows 2–3, columns 0–3); the rectangles of columns 4–7 reach back only
+    // to column 2
+    let f = |i: AttentionInput| attn.forward(i, None);
+    assert_eq!(reach(&f, 32, 9, true, &dev), vec![9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27]);
 }

@@ -6,7 +6,7 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 use variorum_attention::{
     Attention, AttentionConfig, AttentionInput, AttentionOutput, BigBirdConfig, BlockwiseConfig, FixedConfig,
-    LocalAttentionConfig, LongformerConfig, MultiHeadAttentionConfig, MultiScaleConfig, Positioning,
+    Local2dConfig, LocalAttentionConfig, LongformerConfig, MultiHeadAttentionConfig, MultiScaleConfig, Positioning,
     SlidingWindowConfig, StridedCombine, StridedConfig,
 };
 use variorum_core::AttentionMask;
@@ -42,6 +42,7 @@ fn kinds() -> Vec<AttentionConfig> {
         }),
         AttentionConfig::Fixed(FixedConfig { stride: 4, summary: 1, ..Default::default() }),
         AttentionConfig::Blockwise(BlockwiseConfig { block: 3, ..Default::default() }),
+        AttentionConfig::Local2d(Local2dConfig { width: 4, query_rows: 2, query_cols: 2, ..Default::default() }),
     ]
 }
 
@@ -73,6 +74,7 @@ fn dense(attn: &Attention, x: Tensor<3>, mask: &AttentionMask) -> AttentionOutpu
         Attention::Longformer(a) => a.forward_with(input, None, true),
         Attention::Fixed(a) => a.forward_with(input, None, true),
         Attention::Blockwise(a) => a.forward_with(input, None, true),
+        Attention::Local2d(a) => a.forward_with(input, None, true),
         other => {
             let dev = mask.clone().with_max_back(None);
             let n = mask.max_back.unwrap();

@@ -3,8 +3,9 @@
 
 use variorum_attention::{
     AdaptiveSpanConfig, AttentionConfig, AverageAttentionConfig, BigBirdConfig, BlockwiseConfig, FixedConfig,
-    LinearAttentionConfig, LocalAttentionConfig, LongformerConfig, MemoryCompressedConfig, MultiHeadAttentionConfig,
-    MultiScaleConfig, PerformerConfig, PerformerKernel, RfaConfig, SlidingWindowConfig, StridedCombine, StridedConfig,
+    LinearAttentionConfig, Local2dConfig, LocalAttentionConfig, LongformerConfig, MemoryCompressedConfig,
+    MultiHeadAttentionConfig, MultiScaleConfig, PerformerConfig, PerformerKernel, RfaConfig, SlidingWindowConfig,
+    StridedCombine, StridedConfig,
 };
 use variorum_block::{
     BlockConfig, CompressionKind, CompressiveMemoryConfig, DepthConfig, FeedForwardConfig, FeedForwardKind,
@@ -329,6 +330,19 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
     ));
     let attention = AttentionConfig::Strided(StridedConfig { stride: 4, ..Default::default() });
     out.push(("max_back 5, attention strided".into(), ModelConfig { max_back: Some(5), attention, ..tiny() }));
+    // Image Transformer 2D local attention over a 4-wide raster
+    let attention = AttentionConfig::Local2d(Local2dConfig {
+        width: 4,
+        query_rows: 2,
+        query_cols: 2,
+        memory_rows: 1,
+        memory_cols: 1,
+        ..Default::default()
+    });
+    out.push((
+        "attention local-2d + position alibi".into(),
+        ModelConfig { attention, position: PositionConfig::Alibi, ..tiny() },
+    ));
     // Multi-Scale Transformer: one window per head
     let attention = AttentionConfig::MultiScale(MultiScaleConfig {
         windows: vec![1, 2, 4, 7],

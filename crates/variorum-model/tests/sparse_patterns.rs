@@ -2,7 +2,9 @@
 //! blocks, and position schemes that need contiguous keys are refused by name.
 
 use burn::prelude::*;
-use variorum_attention::{Attention, AttentionConfig, BigBirdConfig, BlockwiseConfig, FixedConfig, LongformerConfig};
+use variorum_attention::{
+    Attention, AttentionConfig, BigBirdConfig, BlockwiseConfig, FixedConfig, Local2dConfig, LongformerConfig,
+};
 use variorum_model::{ModelConfig, zoo};
 use variorum_position::{PositionConfig, RotaryConfig, ShawConfig, T5BiasConfig, XlRelativeConfig};
 
@@ -11,6 +13,7 @@ fn gathering() -> Vec<AttentionConfig> {
         AttentionConfig::Bigbird(BigBirdConfig { block: 2, global_tokens: 1, ..Default::default() }),
         AttentionConfig::Fixed(FixedConfig { stride: 4, summary: 1, ..Default::default() }),
         AttentionConfig::Blockwise(BlockwiseConfig { block: 4, ..Default::default() }),
+        AttentionConfig::Local2d(Local2dConfig { width: 4, query_rows: 2, query_cols: 2, ..Default::default() }),
     ]
 }
 
