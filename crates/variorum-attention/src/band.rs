@@ -437,6 +437,77 @@ fn global_columns(mha: &MultiHeadAttention, p: &Projected, global: &[usize]) -> 
     (Tensor::cat(columns, 3), vg)
 }
 
+/// Whether `p` is one new query decoded after its cached keys (causal, the last key its own).
+pub fn decoding_one(p: &Projected) -> bool {
+    p.layout.causal && p.layout.len_q == 1 && p.layout.k_start + p.layout.len_k == p.layout.q_start + 1
+}
+
+/// The context `[b, h, 1, d_h]` of one new query (see [`decoding_one`]) over the keys in `runs`
+/// — ranges `start..end` of absolute positions, merged here, clipped to the cache — under
+/// `hidden(head, k)`. Each run is a contiguous score block with its own layout, so every
+/// position scheme applies; the cost is the runs' length, not the context's.
+pub fn decode_runs(
+    mha: &MultiHeadAttention,
+    p: &Projected,
+    runs: &[std::ops::Range<usize>],
+    hidden: impl Fn(usize, usize) -> bool,
+) -> Tensor<4> {
+    let [b, h, _, dh] = p.q.dims();
+    let hkv = p.k.dims()[1];
+    let device = p.q.device();
+    let (q_pos, k0) = (p.layout.q_start, p.layout.k_start);
+    let mut runs: Vec<std::ops::Range<usize>> =
+        runs.iter().map(|r| r.start.max(k0)..r.end.min(q_pos + 1)).filter(|r| !r.is_empty()).collect();
+    runs.sort_by_key(|r| r.start);
+    let mut merged: Vec<std::ops::Range<usize>> = Vec::new();
+    for r in runs {
+        match merged.last_mut() {
+            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+            _ => merged.push(r),
+        }
+    }
+    let expand = |x: Tensor<4>| {
+        let n = x.dims()[2];
+        if h == hkv { x } else { x.unsqueeze_dim::<5>(2).expand([b, hkv, h / hkv, n, dh]).reshape([b, h, n, dh]) }
+    };
+    let parts: Vec<(Tensor<4>, ScoreLayout)> = merged
+        .iter()
+        .map(|r| {
+            (expand(p.k.clone().narrow(2, r.start - k0, r.len())), ScoreLayout::new(q_pos, r.start, 1, r.len(), true))
+        })
+        .collect();
+    let scores: Vec<Tensor<4>> = parts
+        .iter()
+        .map(|(k, layout)| {
+            let mut sc = p.q.clone().matmul(k.clone().swap_dims(2, 3));
+            if let Some(pos) = &mha.position {
+                sc = pos.scores(sc, p.q.clone(), k.clone(), layout, mha.scale);
+            }
+            let n = layout.len_k;
+            let off: Vec<bool> = (0..h)
+                .flat_map(|head| (0..n).map(move |j| (head, j)))
+                .map(|(head, j)| hidden(head, layout.k_start + j))
+                .collect();
+            let off = Tensor::<3, Bool>::from_data(TensorData::new(off, [h, 1, n]), &device).unsqueeze_dim::<4>(0);
+            sc.mask_fill(off.expand([b, h, 1, n]), MASKED_SCORE)
+        })
+        .collect();
+    let probs = mha.dropout.forward(softmax(Tensor::cat(scores, 3), 3));
+    let mut context: Tensor<4> = Tensor::zeros([b, h, 1, dh], &device);
+    let mut at = 0;
+    for (_, layout) in &parts {
+        let n = layout.len_k;
+        let pr = probs.clone().narrow(3, at, n);
+        let v = expand(p.v.clone().narrow(2, layout.k_start - k0, n));
+        context = context + pr.clone().matmul(v);
+        if let Some(extra) = mha.position.as_ref().and_then(|pos| pos.context(pr, layout)) {
+            context = context + extra;
+        }
+        at += n;
+    }
+    context
+}
+
 /// Every key scored, a pattern as the mask: `hidden(row, head, q, k)` at absolute positions, on
 /// top of causality, padding and custom masks. `rows` = 1 when the pattern is the same for every
 /// batch row (it is then built once), else the batch size. The definition the blocked paths are

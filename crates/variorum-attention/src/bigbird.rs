@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use variorum_core::{ConfigError, error::check};
 use variorum_position::HeadShape;
 
-use crate::band::{Band, BandPart, Pattern, dense_pattern, sparse};
+use crate::band::{Band, BandPart, Pattern, decode_runs, decoding_one, dense_pattern, sparse};
 use crate::full::Positioning;
 use crate::gathered::KeySet;
 use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention, MultiHeadAttentionConfig};
@@ -198,6 +198,17 @@ impl BigBirdAttention {
             let window = BandPart { bands: vec![self.window(causal)], dilation: 1, heads: Vec::new() };
             let pattern = Pattern { block: b, bands: &[window], global: &global, extra: Some(&keys) };
             let context = sparse(&self.attention, &p, &pattern);
+            return AttentionOutput { context: self.attention.merge(context), weights: None, aux_losses: Vec::new() };
+        }
+        if decoding_one(&p) && plain && !dense {
+            // one new token: its window blocks, its random blocks and the global tokens
+            let (q, b) = (p.layout.q_start, self.block);
+            let t = q / b;
+            let mut runs = vec![t.saturating_sub(self.window_blocks) * b..q + 1, 0..self.global_tokens];
+            runs.extend(random[t].iter().map(|&v| v * b..(v + 1) * b));
+            let context = decode_runs(&self.attention, &p, &runs, |_, k| {
+                !self.sees(q, k, &random, true) || p.max_back.is_some_and(|n| q - k > n)
+            });
             return AttentionOutput { context: self.attention.merge(context), weights: None, aux_losses: Vec::new() };
         }
         dense_pattern(&self.attention, &p, mask, input.need_weights, 1, |_, _, q, k| !self.sees(q, k, &random, causal))

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use variorum_core::{AttentionMask, ConfigError, error::check};
 use variorum_position::HeadShape;
 
-use crate::band::{Band, BandPart, Pattern, dense_pattern, sparse};
+use crate::band::{Band, BandPart, Pattern, decode_runs, decoding_one, dense_pattern, sparse};
 use crate::full::{Positioning, Projected};
 use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention, MultiHeadAttentionConfig};
 
@@ -290,6 +290,25 @@ impl LongformerAttention {
                 Tensor::cat(parts, 0)
             };
             AttentionOutput { context: self.attention.merge(context), weights: None, aux_losses: Vec::new() }
+        } else if decoding_one(&p)
+            && plain
+            && !dense
+            && global.iter().all(|g| g.binary_search(&p.layout.q_start).is_err())
+        {
+            // one new, non-global token: its window and the global keys, each row its own
+            let rows = (0..batch)
+                .map(|i| {
+                    let row = |x: &Tensor<4>| x.clone().narrow(0, i, 1);
+                    let pi =
+                        Projected { q: row(&p.q), k: row(&p.k), v: row(&p.v), layout: p.layout, max_back: p.max_back };
+                    self.decode(&pi, &global[i])
+                })
+                .collect();
+            AttentionOutput {
+                context: self.attention.merge(Tensor::cat(rows, 0)),
+                weights: None,
+                aux_losses: Vec::new(),
+            }
         } else {
             let same = global.iter().all(|g| *g == global[0]);
             dense_pattern(
@@ -309,6 +328,18 @@ impl LongformerAttention {
             self.trim(c);
         }
         out
+    }
+
+    /// One new query over its (dilated) window and the global keys: `[1, h, 1, d_h]`.
+    fn decode(&self, p: &Projected, global: &[usize]) -> Tensor<4> {
+        let q = p.layout.q_start;
+        let reach = self.back * self.dilations.iter().copied().max().unwrap_or(1);
+        let mut runs = vec![q.saturating_sub(reach)..q + 1];
+        runs.extend(global.iter().map(|&g| g..g + 1));
+        decode_runs(&self.attention, p, &runs, |head, k| {
+            let far = p.max_back.is_some_and(|n| q - k > n);
+            far || !(global.binary_search(&k).is_ok() || self.window_sees(head, q, k, true))
+        })
     }
 
     /// One band piece per distinct dilation, with the global positions, in one softmax.

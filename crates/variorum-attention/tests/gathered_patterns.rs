@@ -288,3 +288,27 @@ fn a_2d_query_sees_its_memory_rectangle() {
     let f = |i: AttentionInput| attn.forward(i, None);
     assert_eq!(reach(&f, 32, 9, true, &dev), vec![9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27]);
 }
+
+#[test]
+fn bigbird_decoding_gathers_what_the_full_forward_sees() {
+    use variorum_attention::KvCache;
+    let dev = Device::flex();
+    for position in schemes() {
+        for cfg in bigbirds() {
+            let attn = bigbird(&cfg, &position, &dev);
+            let x: Tensor<3> = Tensor::random([2, 21, D], Distribution::Normal(0.0, 1.0), &dev);
+            let full = attn.forward(AttentionInput::self_attention(x.clone(), &AttentionMask::causal()), None).context;
+            let mut cache = KvCache::default();
+            let mut parts = Vec::new();
+            for (s, n) in std::iter::once((0, 5)).chain((5..21).map(|t| (t, 1))) {
+                let m = AttentionMask::causal().at(s, 0);
+                parts.push(
+                    attn.forward(AttentionInput::self_attention(x.clone().narrow(1, s, n), &m), Some(&mut cache))
+                        .context,
+                );
+            }
+            let d = (full - Tensor::cat(parts, 1)).abs().max().into_scalar::<f32>();
+            assert!(d < 1e-4, "{} {cfg:?}: {d}", position.kind());
+        }
+    }
+}
