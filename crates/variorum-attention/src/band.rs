@@ -437,6 +437,56 @@ fn global_columns(mha: &MultiHeadAttention, p: &Projected, global: &[usize]) -> 
     (Tensor::cat(columns, 3), vg)
 }
 
+/// One forward of a sparse pattern: the projections (the cache appended) and what decides its
+/// path — blocks for a fresh sequence, gathered keys for one decoded token, the dense definition
+/// otherwise.
+pub struct PatternCall<'a> {
+    pub p: Projected,
+    pub mask: &'a AttentionMask,
+    pub need_weights: bool,
+    /// No padding or custom mask, no weights asked for, not forced dense.
+    pub plain: bool,
+}
+
+impl<'a> PatternCall<'a> {
+    pub fn new(mha: &MultiHeadAttention, input: AttentionInput<'a>, cache: Option<&mut KvCache>, dense: bool) -> Self {
+        let mask = input.mask;
+        let plain = mask.padding.is_none() && mask.custom.is_none() && !input.need_weights && !dense;
+        let p = mha.project(input.query, input.key_value, mask, cache);
+        Self { p, mask, need_weights: input.need_weights, plain }
+    }
+
+    pub fn causal(&self) -> bool {
+        self.mask.causal
+    }
+
+    /// A fresh sequence from position 0 (keys = queries) on the plain path: blocks apply.
+    pub fn fresh(&self) -> bool {
+        let l = &self.p.layout;
+        self.plain && l.q_start == 0 && l.k_start == 0 && l.len_q == l.len_k
+    }
+
+    /// One new token after its cache on the plain path.
+    pub fn decoding(&self) -> bool {
+        self.plain && decoding_one(&self.p)
+    }
+
+    /// The output of per-head contexts `[b, h, len, d_h]`.
+    pub fn output(mha: &MultiHeadAttention, context: Tensor<4>) -> AttentionOutput {
+        AttentionOutput { context: mha.merge(context), weights: None, aux_losses: Vec::new() }
+    }
+
+    /// Every key scored under `hidden(row, head, q, k)` ([`dense_pattern`]).
+    pub fn dense(
+        &self,
+        mha: &MultiHeadAttention,
+        rows: usize,
+        hidden: impl Fn(usize, usize, usize, usize) -> bool,
+    ) -> AttentionOutput {
+        dense_pattern(mha, &self.p, self.mask, self.need_weights, rows, hidden)
+    }
+}
+
 /// Whether `p` is one new query decoded after its cached keys (causal, the last key its own).
 pub fn decoding_one(p: &Projected) -> bool {
     p.layout.causal && p.layout.len_q == 1 && p.layout.k_start + p.layout.len_k == p.layout.q_start + 1

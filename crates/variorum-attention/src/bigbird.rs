@@ -24,12 +24,11 @@ use rand::seq::IndexedRandom;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use variorum_core::{ConfigError, error::check};
-use variorum_position::HeadShape;
 
-use crate::band::{Band, BandPart, Pattern, decode_runs, decoding_one, dense_pattern, sparse};
+use crate::band::{Band, BandPart, Pattern, PatternCall, decode_runs, sparse};
 use crate::full::Positioning;
 use crate::gathered::KeySet;
-use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention, MultiHeadAttentionConfig};
+use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention};
 
 /// `model.attention` with `kind = "bigbird"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -74,17 +73,10 @@ impl Default for BigBirdConfig {
 }
 
 impl BigBirdConfig {
-    pub fn heads(&self) -> MultiHeadAttentionConfig {
-        crate::head_fields!(self)
-    }
-
-    pub fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads().heads(d_model)
-    }
+    crate::head_methods!();
 
     pub fn expanded(&self, d_model: usize) -> Self {
-        let h = self.heads().expanded(d_model);
-        Self { n_kv_heads: h.n_kv_heads, head_dim: h.head_dim, ..self.clone() }
+        self.expanded_heads(d_model)
     }
 
     pub fn for_layer(&self, i: usize) -> Self {
@@ -175,42 +167,37 @@ impl BigBirdAttention {
 
     /// With `dense`, always scores every key under the pattern's mask (the definition; tests).
     pub fn forward_with(&self, input: AttentionInput, cache: Option<&mut KvCache>, dense: bool) -> AttentionOutput {
-        let mask = input.mask;
-        let causal = mask.causal;
-        let plain = mask.padding.is_none() && mask.custom.is_none() && !input.need_weights;
-        let p = self.attention.project(input.query, input.key_value, mask, cache);
-        let aligned = p.layout.q_start == p.layout.k_start && p.layout.len_q == p.layout.len_k;
+        let call = PatternCall::new(&self.attention, input, cache, dense);
+        let (p, causal) = (&call.p, call.causal());
         let len = p.layout.k_start + p.layout.len_k;
         let blocks = len.max(p.layout.q_start + p.layout.len_q).div_ceil(self.block);
         let random: Vec<Vec<usize>> = (0..blocks).map(|t| self.random_blocks(t, blocks, causal)).collect();
-        if aligned && plain && !dense && p.layout.q_start == 0 {
-            let b = self.block;
-            let per_block = self.random_blocks * b;
+        let b = self.block;
+        if call.fresh() {
             let keys = KeySet::new(
                 1,
                 len,
                 b,
-                per_block,
+                self.random_blocks * b,
                 |_, t, s| random[t].get(s / b).map(|&v| v * b + s % b),
                 |_, q, k| k >= self.global_tokens && (!causal || k <= q),
             );
             let global: Vec<usize> = (0..self.global_tokens.min(len)).collect();
             let window = BandPart { bands: vec![self.window(causal)], dilation: 1, heads: Vec::new() };
             let pattern = Pattern { block: b, bands: &[window], global: &global, extra: Some(&keys) };
-            let context = sparse(&self.attention, &p, &pattern);
-            return AttentionOutput { context: self.attention.merge(context), weights: None, aux_losses: Vec::new() };
-        }
-        if decoding_one(&p) && plain && !dense {
+            PatternCall::output(&self.attention, sparse(&self.attention, p, &pattern))
+        } else if call.decoding() {
             // one new token: its window blocks, its random blocks and the global tokens
-            let (q, b) = (p.layout.q_start, self.block);
+            let q = p.layout.q_start;
             let t = q / b;
             let mut runs = vec![t.saturating_sub(self.window_blocks) * b..q + 1, 0..self.global_tokens];
             runs.extend(random[t].iter().map(|&v| v * b..(v + 1) * b));
-            let context = decode_runs(&self.attention, &p, &runs, |_, k| {
+            let context = decode_runs(&self.attention, p, &runs, |_, k| {
                 !self.sees(q, k, &random, true) || p.max_back.is_some_and(|n| q - k > n)
             });
-            return AttentionOutput { context: self.attention.merge(context), weights: None, aux_losses: Vec::new() };
+            PatternCall::output(&self.attention, context)
+        } else {
+            call.dense(&self.attention, 1, |_, _, q, k| !self.sees(q, k, &random, causal))
         }
-        dense_pattern(&self.attention, &p, mask, input.need_weights, 1, |_, _, q, k| !self.sees(q, k, &random, causal))
     }
 }

@@ -19,12 +19,11 @@
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 use variorum_core::{ConfigError, error::check};
-use variorum_position::HeadShape;
 
-use crate::band::{Band, BandPart, Pattern, dense_pattern, sparse};
+use crate::band::{Band, BandPart, Pattern, PatternCall, sparse};
 use crate::full::Positioning;
 use crate::gathered::KeySet;
-use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention, MultiHeadAttentionConfig};
+use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention};
 
 /// `model.attention` with `kind = "blockwise"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -48,21 +47,14 @@ impl Default for BlockwiseConfig {
 }
 
 impl BlockwiseConfig {
-    pub fn heads(&self) -> MultiHeadAttentionConfig {
-        crate::head_fields!(self)
-    }
-
-    pub fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads().heads(d_model)
-    }
+    crate::head_methods!();
 
     pub fn head_shifts(&self) -> Vec<usize> {
         if self.shifts.is_empty() { (0..self.n_heads).collect() } else { self.shifts.clone() }
     }
 
     pub fn expanded(&self, d_model: usize) -> Self {
-        let h = self.heads().expanded(d_model);
-        Self { n_kv_heads: h.n_kv_heads, head_dim: h.head_dim, shifts: self.head_shifts(), ..self.clone() }
+        Self { shifts: self.head_shifts(), ..self.expanded_heads(d_model) }
     }
 
     pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
@@ -122,14 +114,11 @@ impl BlockwiseAttention {
 
     /// With `dense`, always scores every key under the pattern's mask (the definition; tests).
     pub fn forward_with(&self, input: AttentionInput, mut cache: Option<&mut KvCache>, dense: bool) -> AttentionOutput {
-        let mask = input.mask;
-        let causal = mask.causal;
-        let plain = mask.padding.is_none() && mask.custom.is_none() && !input.need_weights;
-        let p = self.attention.project(input.query, input.key_value, mask, cache.as_deref_mut());
-        let aligned = p.layout.q_start == p.layout.k_start && p.layout.len_q == p.layout.len_k;
+        let call = PatternCall::new(&self.attention, input, cache.as_deref_mut(), dense);
+        let (p, causal) = (&call.p, call.causal());
         let len = (p.layout.k_start + p.layout.len_k).max(p.layout.q_start + p.layout.len_q);
         let blocks = len.div_ceil(self.block);
-        let out = if aligned && plain && !dense && p.layout.q_start == 0 {
+        let out = if call.fresh() {
             let (b, h) = (self.block, self.shifts.len());
             let keys = KeySet::new(
                 h,
@@ -145,12 +134,10 @@ impl BlockwiseAttention {
                 heads: Vec::new(),
             };
             let bands = if causal { vec![own] } else { Vec::new() };
-            let context =
-                sparse(&self.attention, &p, &Pattern { block: b, bands: &bands, global: &[], extra: Some(&keys) });
-            AttentionOutput { context: self.attention.merge(context), weights: None, aux_losses: Vec::new() }
+            let pattern = Pattern { block: b, bands: &bands, global: &[], extra: Some(&keys) };
+            PatternCall::output(&self.attention, sparse(&self.attention, p, &pattern))
         } else {
-            let hidden = |_, head, q, k| !self.sees(head, q, k, blocks, causal);
-            dense_pattern(&self.attention, &p, mask, input.need_weights, 1, hidden)
+            call.dense(&self.attention, 1, |_, head, q, k| !self.sees(head, q, k, blocks, causal))
         };
         // causal decoding needs the current block and the widest shift's block
         if let Some(c) = cache {

@@ -18,13 +18,12 @@
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 use variorum_core::{ConfigError, error::check};
-use variorum_position::HeadShape;
 
-use crate::band::{Band, BandPart, Pattern, dense_pattern, sparse};
+use crate::band::{Band, BandPart, Pattern, PatternCall, sparse};
 use crate::full::Positioning;
 use crate::gathered::KeySet;
 use crate::strided::StridedCombine;
-use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention, MultiHeadAttentionConfig};
+use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention};
 
 /// `model.attention` with `kind = "fixed"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -71,17 +70,10 @@ pub enum Sees {
 }
 
 impl FixedConfig {
-    pub fn heads(&self) -> MultiHeadAttentionConfig {
-        crate::head_fields!(self)
-    }
-
-    pub fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads().heads(d_model)
-    }
+    crate::head_methods!();
 
     pub fn expanded(&self, d_model: usize) -> Self {
-        let h = self.heads().expanded(d_model);
-        Self { n_kv_heads: h.n_kv_heads, head_dim: h.head_dim, ..self.clone() }
+        self.expanded_heads(d_model)
     }
 
     pub fn for_layer(&self, i: usize) -> Self {
@@ -171,14 +163,10 @@ impl FixedAttention {
 
     /// With `dense`, always scores every key under the pattern's mask (the definition; tests).
     pub fn forward_with(&self, input: AttentionInput, cache: Option<&mut KvCache>, dense: bool) -> AttentionOutput {
-        let mask = input.mask;
-        let causal = mask.causal;
-        let plain = mask.padding.is_none() && mask.custom.is_none() && !input.need_weights;
-        let p = self.attention.project(input.query, input.key_value, mask, cache);
-        let aligned = p.layout.q_start == p.layout.k_start && p.layout.len_q == p.layout.len_k;
-        if !(aligned && plain && !dense && p.layout.q_start == 0) {
-            let sees = |_, head, q, k| !self.sees(head, q, k, causal);
-            return dense_pattern(&self.attention, &p, mask, input.need_weights, 1, sees);
+        let call = PatternCall::new(&self.attention, input, cache, dense);
+        let (p, causal) = (&call.p, call.causal());
+        if !call.fresh() {
+            return call.dense(&self.attention, 1, |_, head, q, k| !self.sees(head, q, k, causal));
         }
         let (len, s, h) = (p.layout.len_q, self.stride, self.head_sees.len());
         // the band: the own block (heads on A(1)), or the query itself (heads on A(2) alone)
@@ -204,10 +192,10 @@ impl FixedAttention {
                     Sees::Summaries => k != q && (!causal || k <= q),
                 }
             });
-            sparse(&self.attention, &p, &Pattern { block: s, bands: &[band], global: &[], extra: Some(&keys) })
+            sparse(&self.attention, p, &Pattern { block: s, bands: &[band], global: &[], extra: Some(&keys) })
         } else {
-            sparse(&self.attention, &p, &Pattern { block: s, bands: &[band], global: &[], extra: None })
+            sparse(&self.attention, p, &Pattern { block: s, bands: &[band], global: &[], extra: None })
         };
-        AttentionOutput { context: self.attention.merge(context), weights: None, aux_losses: Vec::new() }
+        PatternCall::output(&self.attention, context)
     }
 }

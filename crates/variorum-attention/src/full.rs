@@ -41,6 +41,27 @@ macro_rules! head_fields {
     };
 }
 
+/// `heads()`, `head_shape()` and `expanded_heads()` of a kind's config with the five head
+/// fields (the derived defaults of the heads written out; kinds with more add theirs).
+#[macro_export]
+macro_rules! head_methods {
+    () => {
+        pub fn heads(&self) -> $crate::MultiHeadAttentionConfig {
+            $crate::head_fields!(self)
+        }
+
+        pub fn head_shape(&self, d_model: usize) -> variorum_position::HeadShape {
+            self.heads().heads(d_model)
+        }
+
+        /// The config with the heads' derived defaults written out.
+        pub fn expanded_heads(&self, d_model: usize) -> Self {
+            let h = self.heads().expanded(d_model);
+            Self { n_kv_heads: h.n_kv_heads, head_dim: h.head_dim, ..self.clone() }
+        }
+    };
+}
+
 /// `model.attention` with `kind = "full"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

@@ -11,9 +11,7 @@
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 use variorum_core::{ConfigError, error::check};
-use variorum_position::HeadShape;
 
-use crate::MultiHeadAttentionConfig;
 use crate::band::BandAttention;
 use crate::full::Positioning;
 
@@ -50,17 +48,10 @@ impl Default for LocalAttentionConfig {
 }
 
 impl LocalAttentionConfig {
-    pub fn heads(&self) -> MultiHeadAttentionConfig {
-        crate::head_fields!(self)
-    }
-
-    pub fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads().heads(d_model)
-    }
+    crate::head_methods!();
 
     pub fn expanded(&self, d_model: usize) -> Self {
-        let h = self.heads().expanded(d_model);
-        Self { n_kv_heads: h.n_kv_heads, head_dim: h.head_dim, look_ahead: Some(self.look_ahead()), ..self.clone() }
+        Self { look_ahead: Some(self.look_ahead()), ..self.expanded_heads(d_model) }
     }
 
     pub fn look_ahead(&self) -> usize {

@@ -17,12 +17,11 @@ use burn::tensor::IndexingUpdateOp;
 use burn::tensor::activation::softmax;
 use serde::{Deserialize, Serialize};
 use variorum_core::{ConfigError, error::check};
-use variorum_position::HeadShape;
 
-use crate::band::dense_pattern;
+use crate::band::PatternCall;
 use crate::full::Positioning;
 use crate::gathered::{KeySet, gathered_scores};
-use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention, MultiHeadAttentionConfig};
+use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention};
 
 /// `model.attention` with `kind = "local-2d"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -63,17 +62,10 @@ impl Default for Local2dConfig {
 }
 
 impl Local2dConfig {
-    pub fn heads(&self) -> MultiHeadAttentionConfig {
-        crate::head_fields!(self)
-    }
-
-    pub fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads().heads(d_model)
-    }
+    crate::head_methods!();
 
     pub fn expanded(&self, d_model: usize) -> Self {
-        let h = self.heads().expanded(d_model);
-        Self { n_kv_heads: h.n_kv_heads, head_dim: h.head_dim, ..self.clone() }
+        self.expanded_heads(d_model)
     }
 
     pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
@@ -142,17 +134,14 @@ impl Local2dAttention {
 
     /// With `dense`, always scores every key under the pattern's mask (the definition; tests).
     pub fn forward_with(&self, input: AttentionInput, mut cache: Option<&mut KvCache>, dense: bool) -> AttentionOutput {
-        let mask = input.mask;
-        let causal = mask.causal;
-        let plain = mask.padding.is_none() && mask.custom.is_none() && !input.need_weights;
-        let p = self.attention.project(input.query, input.key_value, mask, cache.as_deref_mut());
-        let aligned = p.layout.q_start == p.layout.k_start && p.layout.len_q == p.layout.len_k;
-        let out = if aligned && plain && !dense && p.layout.q_start == 0 {
+        let call = PatternCall::new(&self.attention, input, cache.as_deref_mut(), dense);
+        let (p, causal) = (&call.p, call.causal());
+        let out = if call.fresh() {
             let mha = &self.attention;
             let [b, h, l, dh] = p.q.dims();
             let device = p.q.device();
             let set = self.rectangles(l, causal).limited(p.max_back);
-            let (scores, v) = gathered_scores(mha, &p, &set);
+            let (scores, v) = gathered_scores(mha, p, &set);
             let probs = mha.dropout.forward(softmax(scores, 3));
             let rows = probs.matmul(v).reshape([b, h, set.blocks * set.block, dh]);
             // back to raster order: each real query row to its position
@@ -164,10 +153,9 @@ impl Local2dAttention {
             let to = Tensor::<1, Int>::from_data(TensorData::new(to, [n]), &device);
             let context =
                 Tensor::zeros([b, h, l, dh], &device).select_assign(2, to, rows.select(2, from), IndexingUpdateOp::Add);
-            AttentionOutput { context: mha.merge(context), weights: None, aux_losses: Vec::new() }
+            PatternCall::output(mha, context)
         } else {
-            let hidden = |_, _, q, k| !self.sees(q, k, causal);
-            dense_pattern(&self.attention, &p, mask, input.need_weights, 1, hidden)
+            call.dense(&self.attention, 1, |_, _, q, k| !self.sees(q, k, causal))
         };
         if let Some(c) = cache {
             // a later query's memory starts at most h_q − 1 + h_m rows above its own

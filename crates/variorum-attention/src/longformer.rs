@@ -22,11 +22,10 @@
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 use variorum_core::{AttentionMask, ConfigError, error::check};
-use variorum_position::HeadShape;
 
-use crate::band::{Band, BandPart, Pattern, decode_runs, decoding_one, dense_pattern, sparse};
+use crate::band::{Band, BandPart, Pattern, PatternCall, decode_runs, sparse};
 use crate::full::{Positioning, Projected};
-use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention, MultiHeadAttentionConfig};
+use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention};
 
 /// `model.attention` with `kind = "longformer"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -76,13 +75,7 @@ impl Default for LongformerConfig {
 }
 
 impl LongformerConfig {
-    pub fn heads(&self) -> MultiHeadAttentionConfig {
-        crate::head_fields!(self)
-    }
-
-    pub fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads().heads(d_model)
-    }
+    crate::head_methods!();
 
     pub fn block(&self) -> usize {
         self.block.unwrap_or(self.window.min(128))
@@ -98,14 +91,11 @@ impl LongformerConfig {
     }
 
     pub fn expanded(&self, d_model: usize) -> Self {
-        let h = self.heads().expanded(d_model);
         Self {
-            n_kv_heads: h.n_kv_heads,
-            head_dim: h.head_dim,
             look_ahead: Some(self.look_ahead()),
             block: Some(self.block()),
             dilations: self.head_dilations(),
-            ..self.clone()
+            ..self.expanded_heads(d_model)
         }
     }
 
@@ -262,67 +252,32 @@ impl LongformerAttention {
 
     /// With `dense`, always scores every key under the pattern's mask (the definition; tests).
     pub fn forward_with(&self, input: AttentionInput, mut cache: Option<&mut KvCache>, dense: bool) -> AttentionOutput {
-        let mask = input.mask;
-        let causal = mask.causal;
         let batch = input.query.dims()[0];
-        let plain = mask.padding.is_none() && mask.custom.is_none() && !input.need_weights;
-        let p = self.attention.project(input.query, input.key_value, mask, cache.as_deref_mut());
+        let mask = input.mask;
+        let call = PatternCall::new(&self.attention, input, cache.as_deref_mut(), dense);
+        let (p, causal) = (&call.p, call.causal());
         let global = self.global_rows(batch, mask, cache.as_deref_mut());
-        let aligned = p.layout.q_start == p.layout.k_start && p.layout.len_q == p.layout.len_k;
-        let out = if aligned && plain && !dense && p.layout.q_start == 0 {
-            let context = if global.iter().all(|g| *g == global[0]) {
-                self.blocked(&p, &global[0])
+        let row = |x: &Tensor<4>, i: usize| x.clone().narrow(0, i, 1);
+        let row_of = |i: usize| Projected { q: row(&p.q, i), k: row(&p.k, i), v: row(&p.v, i), ..*p };
+        let same = global.iter().all(|g| *g == global[0]);
+        let out = if call.fresh() {
+            let context = if same {
+                self.blocked(p, &global[0])
             } else {
                 // rows with their own global tokens: one pass each
-                let row = |x: &Tensor<4>, i: usize| x.clone().narrow(0, i, 1);
-                let parts = (0..batch)
-                    .map(|i| {
-                        let pi = Projected {
-                            q: row(&p.q, i),
-                            k: row(&p.k, i),
-                            v: row(&p.v, i),
-                            layout: p.layout,
-                            max_back: p.max_back,
-                        };
-                        self.blocked(&pi, &global[i])
-                    })
-                    .collect();
-                Tensor::cat(parts, 0)
+                Tensor::cat((0..batch).map(|i| self.blocked(&row_of(i), &global[i])).collect(), 0)
             };
-            AttentionOutput { context: self.attention.merge(context), weights: None, aux_losses: Vec::new() }
-        } else if decoding_one(&p)
-            && plain
-            && !dense
-            && global.iter().all(|g| g.binary_search(&p.layout.q_start).is_err())
-        {
+            PatternCall::output(&self.attention, context)
+        } else if call.decoding() && global.iter().all(|g| g.binary_search(&p.layout.q_start).is_err()) {
             // one new, non-global token: its window and the global keys, each row its own
-            let rows = (0..batch)
-                .map(|i| {
-                    let row = |x: &Tensor<4>| x.clone().narrow(0, i, 1);
-                    let pi =
-                        Projected { q: row(&p.q), k: row(&p.k), v: row(&p.v), layout: p.layout, max_back: p.max_back };
-                    self.decode(&pi, &global[i])
-                })
-                .collect();
-            AttentionOutput {
-                context: self.attention.merge(Tensor::cat(rows, 0)),
-                weights: None,
-                aux_losses: Vec::new(),
-            }
+            let rows = (0..batch).map(|i| self.decode(&row_of(i), &global[i])).collect();
+            PatternCall::output(&self.attention, Tensor::cat(rows, 0))
         } else {
-            let same = global.iter().all(|g| *g == global[0]);
-            dense_pattern(
-                &self.attention,
-                &p,
-                mask,
-                input.need_weights,
-                if same { 1 } else { batch },
-                |row, head, q, k| {
-                    let g = &global[row];
-                    let global = (g.binary_search(&q).is_ok() || g.binary_search(&k).is_ok()) && (!causal || k <= q);
-                    !(global || self.window_sees(head, q, k, causal))
-                },
-            )
+            call.dense(&self.attention, if same { 1 } else { batch }, |row, head, q, k| {
+                let g = &global[row];
+                let global = (g.binary_search(&q).is_ok() || g.binary_search(&k).is_ok()) && (!causal || k <= q);
+                !(global || self.window_sees(head, q, k, causal))
+            })
         };
         if let Some(c) = cache {
             self.trim(c);

@@ -11,9 +11,7 @@
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 use variorum_core::{ConfigError, error::check};
-use variorum_position::HeadShape;
 
-use crate::MultiHeadAttentionConfig;
 use crate::band::BandAttention;
 use crate::full::Positioning;
 
@@ -51,13 +49,7 @@ impl Default for MultiScaleConfig {
 }
 
 impl MultiScaleConfig {
-    pub fn heads(&self) -> MultiHeadAttentionConfig {
-        crate::head_fields!(self)
-    }
-
-    pub fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads().heads(d_model)
-    }
+    crate::head_methods!();
 
     fn widest(&self) -> usize {
         self.windows.iter().copied().max().unwrap_or(1)
@@ -68,8 +60,7 @@ impl MultiScaleConfig {
     }
 
     pub fn expanded(&self, d_model: usize) -> Self {
-        let h = self.heads().expanded(d_model);
-        Self { n_kv_heads: h.n_kv_heads, head_dim: h.head_dim, block: Some(self.block()), ..self.clone() }
+        Self { block: Some(self.block()), ..self.expanded_heads(d_model) }
     }
 
     /// The config of layer `i` (its head windows from `layer_windows`).

@@ -14,9 +14,7 @@
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 use variorum_core::{ConfigError, error::check};
-use variorum_position::HeadShape;
 
-use crate::MultiHeadAttentionConfig;
 use crate::band::BandAttention;
 use crate::full::Positioning;
 
@@ -61,13 +59,7 @@ impl Default for SlidingWindowConfig {
 }
 
 impl SlidingWindowConfig {
-    pub fn heads(&self) -> MultiHeadAttentionConfig {
-        crate::head_fields!(self)
-    }
-
-    pub fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads().heads(d_model)
-    }
+    crate::head_methods!();
 
     pub fn block(&self) -> usize {
         self.block.unwrap_or(self.window.min(128))
@@ -78,14 +70,7 @@ impl SlidingWindowConfig {
     }
 
     pub fn expanded(&self, d_model: usize) -> Self {
-        let h = self.heads().expanded(d_model);
-        Self {
-            n_kv_heads: h.n_kv_heads,
-            head_dim: h.head_dim,
-            look_ahead: Some(self.look_ahead()),
-            block: Some(self.block()),
-            ..self.clone()
-        }
+        Self { look_ahead: Some(self.look_ahead()), block: Some(self.block()), ..self.expanded_heads(d_model) }
     }
 
     /// The config of layer `i` (its window from `layer_windows`).

@@ -20,11 +20,11 @@ use burn::prelude::*;
 use burn::tensor::activation::softmax;
 use serde::{Deserialize, Serialize};
 use variorum_core::{AttentionMask, ConfigError, error::check};
-use variorum_position::{HeadShape, ScoreLayout};
+use variorum_position::ScoreLayout;
 
 use crate::band::{Band, BandScores, band_context, band_scores, banded, dense_pattern};
 use crate::full::{MASKED_SCORE, Positioning, Projected};
-use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention, MultiHeadAttentionConfig};
+use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention};
 
 /// How the two patterns are used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -82,17 +82,10 @@ impl Default for StridedConfig {
 }
 
 impl StridedConfig {
-    pub fn heads(&self) -> MultiHeadAttentionConfig {
-        crate::head_fields!(self)
-    }
-
-    pub fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads().heads(d_model)
-    }
+    crate::head_methods!();
 
     pub fn expanded(&self, d_model: usize) -> Self {
-        let h = self.heads().expanded(d_model);
-        Self { n_kv_heads: h.n_kv_heads, head_dim: h.head_dim, ..self.clone() }
+        self.expanded_heads(d_model)
     }
 
     pub fn for_layer(&self, i: usize) -> Self {
