@@ -3,33 +3,18 @@
 //! position scheme, for lengths that are not a multiple of the block; and the masks are the
 //! patterns.
 
+mod common;
+
 use burn::prelude::*;
 use burn::tensor::Distribution;
+use common::{D, schemes};
 use variorum_attention::band::Band;
 use variorum_attention::{
     AttentionConfig, AttentionInput, BandAttention, LocalAttentionConfig, MultiScaleConfig, Positioning,
     SlidingWindowConfig,
 };
 use variorum_core::AttentionMask;
-use variorum_position::{
-    DebertaConfig, MultiplicativeConfig, PositionConfig, RotaryConfig, ShawConfig, T5BiasConfig, XlRelativeConfig,
-};
-
-const D: usize = 16;
-
-fn schemes() -> Vec<PositionConfig> {
-    vec![
-        PositionConfig::None,
-        PositionConfig::Alibi,
-        PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 10 }),
-        PositionConfig::Rope(RotaryConfig::default()),
-        PositionConfig::TransformerXl(XlRelativeConfig::default()),
-        PositionConfig::Shaw(ShawConfig { max_distance: 3, values: true }),
-        PositionConfig::Deberta(DebertaConfig { max_distance: 3 }),
-        PositionConfig::Da,
-        PositionConfig::Multiplicative(MultiplicativeConfig { max_distance: 4 }),
-    ]
-}
+use variorum_position::PositionConfig;
 
 /// (name, config) of sliding windows and local blocks of several shapes, with GQA.
 fn patterns() -> Vec<(String, AttentionConfig)> {

@@ -3,25 +3,17 @@
 //! attention under the pattern's mask, causal and bidirectional, with the position schemes that
 //! act through the distance, for ragged lengths; and the pattern is what the paper says.
 
+mod common;
+
 use burn::prelude::*;
 use burn::tensor::Distribution;
+use common::{D, distance_schemes as schemes};
 use variorum_attention::{
     AttentionConfig, AttentionInput, AttentionOutput, BigBirdAttention, BigBirdConfig, BlockwiseAttention,
     BlockwiseConfig, FixedAttention, FixedConfig, Local2dAttention, Local2dConfig, Positioning, StridedCombine,
 };
 use variorum_core::AttentionMask;
-use variorum_position::{PositionConfig, RotaryConfig, T5BiasConfig};
-
-const D: usize = 16;
-
-fn schemes() -> Vec<PositionConfig> {
-    vec![
-        PositionConfig::None,
-        PositionConfig::Alibi,
-        PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 10 }),
-        PositionConfig::Rope(RotaryConfig::default()),
-    ]
-}
+use variorum_position::PositionConfig;
 
 fn bigbird(cfg: &BigBirdConfig, position: &PositionConfig, dev: &Device) -> BigBirdAttention {
     let cfg = AttentionConfig::Bigbird(cfg.clone());

@@ -3,29 +3,14 @@
 //! head reaches every δ-th position; global tokens see everything; decoding token by token with
 //! global tokens chosen by id equals the full forward.
 
+mod common;
+
 use burn::prelude::*;
 use burn::tensor::Distribution;
+use common::{D, schemes};
 use variorum_attention::{AttentionInput, KvCache, LongformerAttention, LongformerConfig, Positioning};
 use variorum_core::AttentionMask;
-use variorum_position::{
-    DebertaConfig, MultiplicativeConfig, PositionConfig, RotaryConfig, ShawConfig, T5BiasConfig, XlRelativeConfig,
-};
-
-const D: usize = 16;
-
-fn schemes() -> Vec<PositionConfig> {
-    vec![
-        PositionConfig::None,
-        PositionConfig::Alibi,
-        PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 10 }),
-        PositionConfig::Rope(RotaryConfig::default()),
-        PositionConfig::TransformerXl(XlRelativeConfig::default()),
-        PositionConfig::Shaw(ShawConfig { max_distance: 3, values: true }),
-        PositionConfig::Deberta(DebertaConfig { max_distance: 3 }),
-        PositionConfig::Da,
-        PositionConfig::Multiplicative(MultiplicativeConfig { max_distance: 4 }),
-    ]
-}
+use variorum_position::{PositionConfig, XlRelativeConfig};
 
 fn longformer(cfg: &LongformerConfig, position: &PositionConfig, dev: &Device) -> LongformerAttention {
     cfg.validate(D).unwrap();
