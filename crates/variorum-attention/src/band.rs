@@ -263,7 +263,9 @@ pub fn sparse(mha: &MultiHeadAttention, p: &Projected, pattern: &Pattern) -> Ten
     let hkv = p.k.dims()[1];
     let device = p.q.device();
     let causal = p.layout.causal;
-    let bs = pattern.block.clamp(1, l.max(1));
+    // the callers' key sets are laid out in blocks of exactly `pattern.block` (a sequence shorter
+    // than one block is one padded block)
+    let bs = pattern.block.max(1);
     let nb = l.div_ceil(bs);
     let pad = nb * bs - l;
     let mut global: Vec<usize> = pattern.global.iter().copied().filter(|&g| g < l).collect();

@@ -52,7 +52,7 @@ fn bigbird_blocks_equal_dense_attention_under_its_mask() {
     for position in schemes() {
         for cfg in bigbirds() {
             let attn = bigbird(&cfg, &position, &dev);
-            for len in [13, 16] {
+            for len in [3, 13, 16] {
                 let x: Tensor<3> = Tensor::random([2, len, D], Distribution::Normal(0.0, 1.0), &dev);
                 for mask in [AttentionMask::causal(), AttentionMask::bidirectional()] {
                     let blocked = run(|i| attn.forward_with(i, None, false), &x, &mask);
@@ -171,7 +171,7 @@ fn fixed_and_blockwise_blocks_equal_dense_attention_under_their_masks() {
             ));
         }
         for (name, f) in &runs {
-            for len in [13, 16] {
+            for len in [3, 13, 16] {
                 let x: Tensor<3> = Tensor::random([2, len, D], Distribution::Normal(0.0, 1.0), &dev);
                 for mask in [AttentionMask::causal(), AttentionMask::bidirectional()] {
                     let blocked = run(|i: AttentionInput| f(i, false), &x, &mask);
@@ -250,7 +250,7 @@ fn local_2d_rectangles_equal_dense_attention_under_their_mask() {
             };
             let attn = local_2d(&cfg, &position, &dev);
             // a last row that is partial, and one that is full
-            for len in [23, 24] {
+            for len in [2, 23, 24] {
                 let x: Tensor<3> = Tensor::random([2, len, D], Distribution::Normal(0.0, 1.0), &dev);
                 for mask in [AttentionMask::causal(), AttentionMask::bidirectional()] {
                     let blocked = run(|i: AttentionInput| attn.forward_with(i, None, false), &x, &mask);
