@@ -9,6 +9,7 @@ use crate::band::BandAttention;
 use crate::bigbird::{BigBirdAttention, BigBirdConfig};
 use crate::blockwise::{BlockwiseAttention, BlockwiseConfig};
 use crate::contract::AttentionState;
+use crate::etc::{EtcAttention, EtcConfig};
 use crate::fixed::{FixedAttention, FixedConfig};
 use crate::linear::{LinearAttention, LinearAttentionConfig};
 use crate::local::LocalAttentionConfig;
@@ -54,6 +55,8 @@ pub enum AttentionConfig {
     Fixed(FixedConfig),
     /// Blockwise attention: each head's query block attends to one permuted key block.
     Blockwise(BlockwiseConfig),
+    /// ETC global–local attention: auxiliary global tokens, one per segment, beside the sequence.
+    Etc(EtcConfig),
     /// Keys and values shortened by a strided convolution, plus the own block's raw keys.
     MemoryCompressed(MemoryCompressedConfig),
     /// Linear attention, φ = elu + 1.
@@ -85,6 +88,7 @@ impl AttentionConfig {
             Self::Bigbird(_) => "bigbird",
             Self::Fixed(_) => "fixed",
             Self::Blockwise(_) => "blockwise",
+            Self::Etc(_) => "etc",
             Self::Longformer(_) => "longformer",
             Self::MemoryCompressed(_) => "memory-compressed",
             Self::Linear(_) => "linear",
@@ -154,6 +158,7 @@ impl AttentionConfig {
             Self::Bigbird(c) => Self::Bigbird(c.expanded(d_model)),
             Self::Fixed(c) => Self::Fixed(c.expanded(d_model)),
             Self::Blockwise(c) => Self::Blockwise(c.expanded(d_model)),
+            Self::Etc(c) => Self::Etc(c.expanded(d_model)),
             Self::Longformer(c) => Self::Longformer(c.expanded(d_model)),
             Self::MemoryCompressed(c) => Self::MemoryCompressed(c.expanded(d_model)),
             Self::Linear(c) => Self::Linear(c.expanded(d_model)),
@@ -175,6 +180,7 @@ impl AttentionConfig {
             Self::Bigbird(c) => c.validate(d_model),
             Self::Fixed(c) => c.validate(d_model),
             Self::Blockwise(c) => c.validate(d_model),
+            Self::Etc(c) => c.validate(d_model),
             Self::Longformer(c) => c.validate(d_model),
             Self::MemoryCompressed(c) => c.validate(d_model),
             Self::Linear(c) => c.validate(d_model),
@@ -203,6 +209,7 @@ impl AttentionConfig {
             Self::Bigbird(c) => Attention::Bigbird(c.init(d_model, init_std, out_std, position, device)),
             Self::Fixed(c) => Attention::Fixed(c.init(d_model, init_std, out_std, position, device)),
             Self::Blockwise(c) => Attention::Blockwise(c.init(d_model, init_std, out_std, position, device)),
+            Self::Etc(c) => Attention::Etc(c.init(d_model, init_std, out_std, position, device)),
             Self::Longformer(c) => Attention::Longformer(c.init(d_model, init_std, out_std, position, device)),
             Self::MemoryCompressed(c) => Attention::MemoryCompressed(c.init(d_model, init_std, out_std, device)),
             Self::Linear(c) => Attention::Linear(c.init(d_model, init_std, out_std, device)),
@@ -225,6 +232,7 @@ impl AttentionConfig {
             Self::Bigbird(c) => c.head_shape(d_model),
             Self::Fixed(c) => c.head_shape(d_model),
             Self::Blockwise(c) => c.head_shape(d_model),
+            Self::Etc(c) => c.head_shape(d_model),
             Self::Longformer(c) => c.head_shape(d_model),
             Self::MemoryCompressed(c) => c.heads(d_model),
             Self::Linear(c) => c.heads(d_model),
@@ -248,6 +256,7 @@ impl AttentionConfig {
             Self::Bigbird(c) => c.flops_per_token(d_model, len_k),
             Self::Fixed(c) => c.flops_per_token(d_model, len_k),
             Self::Blockwise(c) => c.flops_per_token(d_model, len_k),
+            Self::Etc(c) => c.flops_per_token(d_model, len_k),
             Self::Longformer(c) => c.flops_per_token(d_model, len_k),
             Self::MemoryCompressed(c) => c.flops_per_token(d_model, len_k),
             Self::Linear(c) => kernel_flops(c.heads(d_model), c.heads(d_model).head_dim, c.chunk),
@@ -328,6 +337,11 @@ impl AttentionConfig {
                 "blockwise",
                 "blockwise attention: head h's query block t sees key block (t + s_h) mod n; causal: its own block and the block s_h before",
                 "Qiu et al. 2019, Blockwise Self-Attention for Long Document Understanding",
+            ),
+            sparse_kind(
+                "etc",
+                "ETC global-local attention: one auxiliary global token per segment beside the sequence; l2l window (relative positions), l2g completed segments, g2l own segment, g2g",
+                "Ainslie et al. 2020, ETC: Encoding Long and Structured Inputs in Transformers",
             ),
             KindInfo {
                 axis: "model.attention",
@@ -426,6 +440,7 @@ pub enum Attention {
     Bigbird(BigBirdAttention),
     Fixed(FixedAttention),
     Blockwise(BlockwiseAttention),
+    Etc(EtcAttention),
     Longformer(LongformerAttention),
     MemoryCompressed(MemoryCompressedAttention),
     Linear(LinearAttention),
@@ -474,6 +489,7 @@ impl Attention {
             Self::Local2d(a) => a.attention.content_only(query, key_value),
             Self::Fixed(a) => a.attention.content_only(query, key_value),
             Self::Blockwise(a) => a.attention.content_only(query, key_value),
+            Self::Etc(a) => a.attention.content_only(query, key_value),
             Self::Longformer(a) => a.attention.content_only(query, key_value),
             _ => {
                 let mask = variorum_core::AttentionMask::bidirectional();
@@ -495,6 +511,7 @@ impl Attention {
             Self::Local2d(a) => a.forward(input, state.map(AttentionState::kv_mut)),
             Self::Fixed(a) => a.forward(input, state.map(AttentionState::kv_mut)),
             Self::Blockwise(a) => a.forward(input, state.map(AttentionState::kv_mut)),
+            Self::Etc(a) => a.forward(input, state.map(AttentionState::etc_mut)),
             Self::Longformer(a) => a.forward(input, state.map(AttentionState::kv_mut)),
             Self::MemoryCompressed(a) => a.forward(input, state.map(AttentionState::compressed_mut)),
             Self::Linear(a) => a.forward(input, state.map(AttentionState::kernel_mut)),
@@ -509,6 +526,15 @@ impl Attention {
     /// should not build an L × L mask for them).
     pub fn uses_dense_mask(&self) -> bool {
         matches!(self, Self::Full(_))
+    }
+
+    /// ETC's segment length (one global token per segment), for the model that adds the global
+    /// input; `None` for every other kind.
+    pub fn global_segment(&self) -> Option<usize> {
+        match self {
+            Self::Etc(a) => Some(a.segment),
+            _ => None,
+        }
     }
 
     /// Token ids that get global attention wherever they occur (Longformer); a model reports

@@ -4,6 +4,7 @@ use burn::prelude::*;
 use variorum_core::{AttentionMask, AuxLosses};
 
 use crate::KvCache;
+use crate::etc::EtcState;
 use crate::kernel::KernelState;
 use crate::memory_compressed::CompressedState;
 
@@ -64,6 +65,8 @@ pub enum AttentionState {
     Kernel(Option<KernelState>),
     /// Compressed and open-block keys of memory-compressed attention.
     Compressed(CompressedState),
+    /// The long and the global caches of ETC's global–local attention.
+    Etc(EtcState),
 }
 
 impl AttentionState {
@@ -85,6 +88,17 @@ impl AttentionState {
         }
         match self {
             AttentionState::Compressed(s) => s,
+            _ => unreachable!("replaced just above"),
+        }
+    }
+
+    /// ETC's caches, created on first use.
+    pub fn etc_mut(&mut self) -> &mut EtcState {
+        if !matches!(self, AttentionState::Etc(_)) {
+            *self = AttentionState::Etc(EtcState::default());
+        }
+        match self {
+            AttentionState::Etc(s) => s,
             _ => unreachable!("replaced just above"),
         }
     }

@@ -10,7 +10,7 @@ pub mod mask;
 
 pub use capability::{Capabilities, KindInfo};
 pub use error::ConfigError;
-pub use mask::AttentionMask;
+pub use mask::{AttentionMask, GlobalLocal};
 
 /// Named auxiliary losses a forward pass adds to the language-model loss (already weighted).
 pub type AuxLosses = Vec<(String, burn::Tensor<1>)>;

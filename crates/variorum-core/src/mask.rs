@@ -26,17 +26,47 @@ pub struct AttentionMask {
     /// A query sees no key more than this many positions before it ("attend at most N back",
     /// `model.max_back`).
     pub max_back: Option<usize>,
+    /// ETC's two inputs in this call (set by a model whose attention is global–local); `None`
+    /// = long tokens only.
+    pub global_local: Option<GlobalLocal>,
+}
+
+/// Where ETC's global (auxiliary) tokens are in a call's input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GlobalLocal {
+    /// `globals` auxiliary tokens, one per segment from the first, in front of the long tokens.
+    Prefixed { globals: usize },
+    /// The auxiliary token of `segment` alone (decoding, once the segment is complete).
+    Auxiliary { segment: usize },
 }
 
 impl AttentionMask {
     /// Causal self-attention over a fresh sequence.
     pub fn causal() -> Self {
-        Self { causal: true, q_start: 0, k_start: 0, padding: None, custom: None, global: None, max_back: None }
+        Self {
+            causal: true,
+            q_start: 0,
+            k_start: 0,
+            padding: None,
+            custom: None,
+            global: None,
+            max_back: None,
+            global_local: None,
+        }
     }
 
     /// No restriction (encoders, cross-attention).
     pub fn bidirectional() -> Self {
-        Self { causal: false, q_start: 0, k_start: 0, padding: None, custom: None, global: None, max_back: None }
+        Self {
+            causal: false,
+            q_start: 0,
+            k_start: 0,
+            padding: None,
+            custom: None,
+            global: None,
+            max_back: None,
+            global_local: None,
+        }
     }
 
     /// Queries start at absolute position `q_start`, keys at `k_start`.

@@ -137,6 +137,20 @@ impl ModelConfig {
                 )
             },
         )?;
+        let per_layer_position = matches!(&self.position, PositionConfig::UniversalTimestep)
+            || matches!(&self.position, PositionConfig::Learned(c) if c.per_layer);
+        check(
+            self.attention.kind() != "etc"
+                || (self.memory.is_none()
+                    && !self.depth.shared()
+                    && matches!(self.exits, ExitConfig::None)
+                    && self.max_back.is_none()
+                    && self.feed_forward.kind != variorum_block::FeedForwardKind::SeparableConv
+                    && !per_layer_position),
+            || {
+                "model.attention.kind = \"etc\" adds a global input beside the sequence, which only a plain stack carries: use it without model.memory, a universal depth, exits, max_back, a separable-conv feed_forward or per-layer position signals".into()
+            },
+        )?;
         let blocked = matches!(
             self.attention.kind(),
             "sliding-window" | "local" | "multi-scale" | "strided" | "bigbird" | "longformer"

@@ -7,13 +7,15 @@
 //!
 //! Logits use the token embedding transposed when `tie_embeddings` (Press & Wolf 2017).
 
+use burn::module::Param;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Dropout, DropoutConfig, Embedding, EmbeddingConfig, Initializer, Linear, LinearConfig};
 use burn::prelude::*;
+use burn::tensor::Distribution;
 use burn::tensor::activation::log_softmax;
-use variorum_attention::Positioning;
+use variorum_attention::{AttentionConfig, Positioning};
 use variorum_block::{Act, BlockOutput, LayerState, Norm, TransformerBlock, block::BlockParts};
-use variorum_core::{AttentionMask, AuxLosses};
+use variorum_core::{AttentionMask, AuxLosses, GlobalLocal};
 use variorum_position::AbsolutePosition;
 
 use crate::ModelConfig;
@@ -41,6 +43,8 @@ pub struct DecoderState {
     /// Sum of the first block's outputs over the tokens so far `[batch, 1, d]`, kept by early-exit
     /// decoding for the sequence exit predictor (its input is their running mean).
     pub exit_summary: Option<Tensor<3>>,
+    /// ETC: global tokens computed so far (one per completed segment).
+    pub globals: usize,
 }
 
 impl DecoderState {
@@ -71,6 +75,10 @@ pub struct DecoderLm {
     pub seq_len: usize,
     /// `model.max_back`: no query scores a key further back.
     pub max_back: Option<usize>,
+    /// ETC's auxiliary global token `[1, d_model]` (one per segment of `global_segment`
+    /// positions), present when the attention is `etc`.
+    pub global_embedding: Option<Param<Tensor<2>>>,
+    pub global_segment: Option<usize>,
     /// √d_model when `scale_embeddings`.
     pub embedding_scale: Option<f64>,
     /// Early exits: classifiers after the blocks before the last.
@@ -114,6 +122,16 @@ impl DecoderLm {
             vocab_size: vocab,
             seq_len: cfg.seq_len,
             max_back: cfg.max_back,
+            global_embedding: match &cfg.attention {
+                AttentionConfig::Etc(_) => {
+                    Some(Param::from_tensor(Tensor::random([1, d], Distribution::Normal(0.0, cfg.init_std), device)))
+                }
+                _ => None,
+            },
+            global_segment: match &cfg.attention {
+                AttentionConfig::Etc(c) => Some(c.segment),
+                _ => None,
+            },
             embedding_scale: cfg.scale_embeddings.then(|| (d as f64).sqrt()),
             exits: match &cfg.exits {
                 ExitConfig::None => None,
@@ -186,6 +204,9 @@ impl DecoderLm {
 
     /// Forward that continues from `state` (KV caches) when given, and updates it.
     pub fn forward_with(&self, tokens: Tensor<2, Int>, mut state: Option<&mut DecoderState>) -> LmOutput {
+        if let (Some(g), Some(segment)) = (&self.global_embedding, self.global_segment) {
+            return self.forward_global_local(tokens, state, g.val(), segment);
+        }
         let [b, len] = tokens.dims();
         let device = tokens.device();
         let start = state.as_ref().map_or(0, |s| s.position);
@@ -226,6 +247,80 @@ impl DecoderLm {
             s.position += len;
         }
         LmOutput { logits: self.exit_logits(self.depth - 1, x), aux_losses, steps, hidden }
+    }
+
+    /// Forward of an ETC model: the global input (one auxiliary token per segment) runs through
+    /// every block beside the sequence. A fresh forward puts the global tokens of the segments
+    /// completed before the last position in front of the long tokens (the blocks are
+    /// position-wise, the attention tells the two apart); continuing from `state`, tokens go
+    /// one at a time, and each segment's global token is run through the blocks once the
+    /// segment is complete, before the first token that may see it.
+    fn forward_global_local(
+        &self,
+        tokens: Tensor<2, Int>,
+        mut state: Option<&mut DecoderState>,
+        global: Tensor<2>,
+        segment: usize,
+    ) -> LmOutput {
+        let [b, len] = tokens.dims();
+        let device = tokens.device();
+        let d = global.dims()[1];
+        let global_input = |n: usize| global.clone().unsqueeze_dim::<3>(0).expand([b, n, d]);
+        let mut aux_losses = Vec::new();
+        let start = state.as_ref().map_or(0, |s| s.position);
+        if let Some(s) = state.as_deref_mut() {
+            s.layers.resize_with(self.depth, Default::default);
+        }
+        if start == 0 {
+            let globals = len.saturating_sub(1) / segment;
+            let long = self.embed(tokens, 0);
+            let mut x = if globals == 0 { long } else { Tensor::cat(vec![global_input(globals), long], 1) };
+            let (mask, _) = self.mask(len, None, &device);
+            let mask = AttentionMask { global_local: Some(GlobalLocal::Prefixed { globals }), ..mask };
+            for i in 0..self.depth {
+                let out = self.layer(i, x, &mask, None, state.as_deref_mut().map(|s| &mut s.layers[i]));
+                x = out.x;
+                aux_losses.extend(out.aux_losses);
+            }
+            if let Some(s) = state {
+                s.position = len;
+                s.globals = globals;
+            }
+            let x = x.narrow(1, globals, len);
+            return LmOutput {
+                logits: self.exit_logits(self.depth - 1, x),
+                aux_losses,
+                steps: None,
+                hidden: Vec::new(),
+            };
+        }
+        let s = state.expect("continuing needs a state");
+        let mut logits = Vec::with_capacity(len);
+        for t in 0..len {
+            let at = s.position;
+            while s.globals < at / segment {
+                let mask = AttentionMask {
+                    global_local: Some(GlobalLocal::Auxiliary { segment: s.globals }),
+                    ..AttentionMask::causal().at(at, 0)
+                };
+                let mut x = global_input(1);
+                for i in 0..self.depth {
+                    x = self.layer(i, x, &mask, None, Some(&mut s.layers[i])).x;
+                }
+                s.globals += 1;
+            }
+            let (mask, _) = self.mask(1, Some(s), &device);
+            let mask = AttentionMask { global_local: Some(GlobalLocal::Prefixed { globals: 0 }), ..mask };
+            let mut x = self.embed(tokens.clone().narrow(1, t, 1), at);
+            for i in 0..self.depth {
+                let out = self.layer(i, x, &mask, None, Some(&mut s.layers[i]));
+                x = out.x;
+                aux_losses.extend(out.aux_losses);
+            }
+            logits.push(self.exit_logits(self.depth - 1, x));
+            s.position += 1;
+        }
+        LmOutput { logits: Tensor::cat(logits, 1), aux_losses, steps: None, hidden: Vec::new() }
     }
 
     /// Logits read from the output `h` of block `i`: the model's head after the last block, an

@@ -2,8 +2,8 @@
 //! tests run. Adding a kind to an axis's `zoo()` and to [`variants`] enrols it in both.
 
 use variorum_attention::{
-    AdaptiveSpanConfig, AttentionConfig, AverageAttentionConfig, BigBirdConfig, BlockwiseConfig, FixedConfig,
-    LinearAttentionConfig, Local2dConfig, LocalAttentionConfig, LongformerConfig, MemoryCompressedConfig,
+    AdaptiveSpanConfig, AttentionConfig, AverageAttentionConfig, BigBirdConfig, BlockwiseConfig, EtcConfig,
+    FixedConfig, LinearAttentionConfig, Local2dConfig, LocalAttentionConfig, LongformerConfig, MemoryCompressedConfig,
     MultiHeadAttentionConfig, MultiScaleConfig, PerformerConfig, PerformerKernel, RfaConfig, SlidingWindowConfig,
     StridedCombine, StridedConfig,
 };
@@ -343,6 +343,21 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
         "attention local-2d + position alibi".into(),
         ModelConfig { attention, position: PositionConfig::Alibi, ..tiny() },
     ));
+    // ETC: a global token per segment of 3 beside the sequence, a window of 2 (relative
+    // positions on the local part)
+    for position in [PositionConfig::default(), PositionConfig::TransformerXl(XlRelativeConfig::default())] {
+        let attention = AttentionConfig::Etc(EtcConfig {
+            window: 2,
+            segment: 3,
+            block: Some(2),
+            n_kv_heads: Some(2),
+            ..Default::default()
+        });
+        out.push((
+            format!("attention etc + position {}", position.kind()),
+            ModelConfig { attention, position, ..tiny() },
+        ));
+    }
     // Multi-Scale Transformer: one window per head
     let attention = AttentionConfig::MultiScale(MultiScaleConfig {
         windows: vec![1, 2, 4, 7],

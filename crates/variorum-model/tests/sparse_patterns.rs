@@ -92,3 +92,27 @@ fn max_back_is_refused_where_no_key_is_scored() {
     let e = ModelConfig { attention, max_back: Some(8), ..zoo::tiny() }.validate().unwrap_err().to_string();
     assert!(e.contains("model.max_back") && e.contains("\"linear\""), "{e}");
 }
+
+#[test]
+fn etc_global_tokens_carry_a_finished_segment_to_later_ones() {
+    use variorum_attention::EtcConfig;
+    // window 1 (a token sees only itself) and segments of 4: a change of token 0 reaches
+    // position 0 and — through segment 0's global token, once the segment is complete — every
+    // position from 4 on, but not 1–3
+    let dev = Device::flex();
+    let attention = AttentionConfig::Etc(EtcConfig { window: 1, segment: 4, block: Some(2), ..Default::default() });
+    let cfg = ModelConfig { attention, ..zoo::tiny() };
+    cfg.validate().unwrap();
+    let m = cfg.init(&dev);
+    let tokens = |first: i64| {
+        Tensor::<2, Int>::from_data(TensorData::new(vec![first, 1, 5, 2, 7, 1, 2, 8, 3, 4], [1, 10]), &dev)
+    };
+    let diff = (m.forward(tokens(0)).logits - m.forward(tokens(9)).logits).abs().max_dim(2).reshape([10]);
+    let diff = diff.into_data().try_to_vec::<f32>().unwrap();
+    let reached: Vec<usize> = (0..10).filter(|&i| diff[i] > 1e-6).collect();
+    assert_eq!(reached, vec![0, 4, 5, 6, 7, 8, 9]);
+    // refused where the global input has no place
+    let attention = AttentionConfig::Etc(EtcConfig::default());
+    let e = ModelConfig { attention, max_back: Some(4), ..zoo::tiny() }.validate().unwrap_err().to_string();
+    assert!(e.contains("\"etc\" adds a global input"), "{e}");
+}
