@@ -280,18 +280,33 @@ impl EtcAttention {
         let segments = |x: Tensor<4>| {
             let rows: Vec<Tensor<4>> = (first..first + n)
                 .map(|t| {
+                    // the segment's keys where the cache still has them, zeros (hidden) elsewhere
                     let (from, to) = ((t * s).max(start), ((t + 1) * s).min(start + len));
-                    let part = x.clone().narrow(2, from - start, to.saturating_sub(from));
-                    let pad = s - part.dims()[2];
-                    if pad == 0 { part } else { Tensor::cat(vec![part, Tensor::zeros([b, h, pad, dh], &device)], 2) }
+                    let zeros = |n: usize| Tensor::<4>::zeros([b, h, n, dh], &device);
+                    if to <= from {
+                        return zeros(s);
+                    }
+                    let part = x.clone().narrow(2, from - start, to - from);
+                    let (before, after) = (from - t * s, (t + 1) * s - to);
+                    let mut pieces = Vec::new();
+                    if before > 0 {
+                        pieces.push(zeros(before));
+                    }
+                    pieces.push(part);
+                    if after > 0 {
+                        pieces.push(zeros(after));
+                    }
+                    Tensor::cat(pieces, 2)
                 })
                 .collect();
             Tensor::stack::<5>(rows, 2) // [b, h, n, S, d]
         };
         let (ks, vs) = (segments(kl), segments(vl));
         let g2l = qg.unsqueeze_dim::<5>(3).matmul(ks.clone().swap_dims(3, 4)).reshape([b, h, n, s]);
-        let hidden: Vec<bool> =
-            (first..first + n).flat_map(|t| (0..s).map(move |j| t * s + j >= start + len)).collect();
+        let hidden: Vec<bool> = (first..first + n)
+            .flat_map(|t| (0..s).map(move |j| t * s + j))
+            .map(|at| at < start || at >= start + len)
+            .collect();
         let g2l = g2l.mask_fill(
             Tensor::<2, Bool>::from_data(TensorData::new(hidden, [n, s]), &device)
                 .unsqueeze::<4>()

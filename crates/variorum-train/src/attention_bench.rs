@@ -12,7 +12,7 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 use serde::{Deserialize, Serialize};
 use variorum_attention::{Attention, AttentionConfig, AttentionInput, AttentionState, Positioning};
-use variorum_core::AttentionMask;
+use variorum_core::{AttentionMask, GlobalLocal};
 use variorum_position::PositionConfig;
 
 use crate::bench::peak_rss_mib;
@@ -54,8 +54,15 @@ pub fn training(
 ) -> AttentionPoint {
     let device = device.clone().autodiff();
     let attn = layer(cfg, position, d_model, len, &device);
-    let x: Tensor<3> = Tensor::random([1, len, d_model], Distribution::Normal(0.0, 1.0), &device).require_grad();
+    // ETC: the global tokens of the finished segments in front, as its model puts them
+    let globals = attn.global_segment().map_or(0, |s| len.saturating_sub(1) / s);
+    let x: Tensor<3> =
+        Tensor::random([1, globals + len, d_model], Distribution::Normal(0.0, 1.0), &device).require_grad();
     let mask = AttentionMask::causal();
+    let mask = match attn.global_segment() {
+        Some(_) => AttentionMask { global_local: Some(GlobalLocal::Prefixed { globals }), ..mask },
+        None => mask,
+    };
     let base = current_rss_mib();
     reset_peak();
     let mut times = Vec::new();
@@ -88,6 +95,16 @@ pub fn generation(
     let base = current_rss_mib();
     reset_peak();
     let mut fed = 0;
+    // ETC: the context in one fresh call with its finished segments' global tokens in front
+    let mut globals = 0;
+    if let Some(s) = attn.global_segment().filter(|_| context > 0) {
+        globals = (context - 1) / s;
+        let x: Tensor<3> = Tensor::random([1, globals + context, d_model], Distribution::Normal(0.0, 1.0), device);
+        let mask = AttentionMask { global_local: Some(GlobalLocal::Prefixed { globals }), ..AttentionMask::causal() };
+        let out = attn.forward(AttentionInput::self_attention(x, &mask), Some(&mut state)).context;
+        let _ = out.sum().into_scalar::<f32>();
+        fed = context;
+    }
     while fed < context {
         let n = (context - fed).min(1024);
         let x: Tensor<3> = Tensor::random([1, n, d_model], Distribution::Normal(0.0, 1.0), device);
@@ -96,10 +113,23 @@ pub fn generation(
         let _ = out.sum().into_scalar::<f32>();
         fed += n;
     }
+    // ETC: each finished segment's global token, as its model runs them while decoding
+    let mut finish_segments = |state: &mut AttentionState, at: usize| {
+        while attn.global_segment().is_some_and(|s| globals < at / s) {
+            let x: Tensor<3> = Tensor::random([1, 1, d_model], Distribution::Normal(0.0, 1.0), device);
+            let mask = AttentionMask {
+                global_local: Some(GlobalLocal::Auxiliary { segment: globals }),
+                ..AttentionMask::causal().at(at, 0)
+            };
+            let _ = attn.forward(AttentionInput::self_attention(x, &mask), Some(state)).context;
+            globals += 1;
+        }
+    };
     let mut times = Vec::new();
     for t in 0..tokens {
         let x: Tensor<3> = Tensor::random([1, 1, d_model], Distribution::Normal(0.0, 1.0), device);
         let mask = AttentionMask::causal().at(context + t, 0);
+        finish_segments(&mut state, context + t);
         let t0 = Instant::now();
         let out = attn.forward(AttentionInput::self_attention(x, &mask), Some(&mut state)).context;
         let _ = out.sum().into_scalar::<f32>();
