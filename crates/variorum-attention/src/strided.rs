@@ -17,6 +17,7 @@
 //! of `alternate`).
 
 use burn::prelude::*;
+use burn::tensor::Slice;
 use burn::tensor::activation::softmax;
 use serde::{Deserialize, Serialize};
 use variorum_core::{AttentionMask, ConfigError, error::check};
@@ -216,18 +217,21 @@ impl StridedAttention {
         let w0 = lk - wn;
         // the columns: every ℓ-th key before the window, same residue as the query
         let first = (q_pos - p.layout.k_start) % s;
-        let idx: Vec<i64> = (first..w0).step_by(s).map(|j| j as i64).collect();
+        let n = (first..w0).step_by(s).len();
+        // a view with stride ℓ along the keys, no copy of the cache (a `select` would copy it whole)
+        let every_stride = |x: Tensor<4>| {
+            let all = Slice::new(0, None, 1);
+            x.slice([all, all, Slice::new(first as isize, Some(w0 as isize), s as isize), all])
+        };
         let mut parts = vec![(
             expand(p.k.clone().narrow(2, w0, wn)),
             expand(p.v.clone().narrow(2, w0, wn)),
             ScoreLayout::new(q_pos, p.layout.k_start + w0, 1, wn, true),
         )];
-        if !idx.is_empty() {
-            let n = idx.len();
-            let at = Tensor::<1, Int>::from_data(TensorData::new(idx, [n]), &device);
+        if n > 0 {
             parts.push((
-                expand(p.k.clone().select(2, at.clone())),
-                expand(p.v.clone().select(2, at)),
+                expand(every_stride(p.k.clone())),
+                expand(every_stride(p.v.clone())),
                 ScoreLayout::new(q_pos, p.layout.k_start + first, 1, n, true).with_stride(s),
             ));
         }
