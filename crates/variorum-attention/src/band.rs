@@ -15,9 +15,12 @@
 //! relative position scheme gets one [`ScoreLayout`] for all of them: relative schemes are
 //! functions of query − key distance only.
 
+use std::ops::Range;
+
 use burn::prelude::*;
-use burn::tensor::IndexingUpdateOp;
+
 use burn::tensor::activation::softmax;
+use burn::tensor::{IndexingUpdateOp, Slice};
 use variorum_core::AttentionMask;
 use variorum_position::{Distances, ScoreLayout};
 
@@ -495,42 +498,62 @@ pub fn decoding_one(p: &Projected) -> bool {
 }
 
 /// The context `[b, h, 1, d_h]` of one new query (see [`decoding_one`]) over the keys in `runs`
-/// — ranges `start..end` of absolute positions, merged here, clipped to the cache — under
-/// `hidden(head, k)`. Each run is a contiguous score block with its own layout, so every
-/// position scheme applies; the cost is the runs' length, not the context's.
+/// — ranges `start..end` of absolute positions, merged here — and in `stepped` — every `step`-th
+/// position of a range (disjoint from the rest) —, all clipped to the cache, under
+/// `hidden(head, k)`. Each run is a view of the cache scored with its own layout (stride `step`),
+/// so every position scheme applies; the cost is the runs' length, not the context's.
 pub fn decode_runs(
     mha: &MultiHeadAttention,
     p: &Projected,
-    runs: &[std::ops::Range<usize>],
+    runs: &[Range<usize>],
+    stepped: &[(Range<usize>, usize)],
     hidden: impl Fn(usize, usize) -> bool,
 ) -> Tensor<4> {
     let [b, h, _, dh] = p.q.dims();
     let hkv = p.k.dims()[1];
     let device = p.q.device();
     let (q_pos, k0) = (p.layout.q_start, p.layout.k_start);
-    let mut runs: Vec<std::ops::Range<usize>> =
+    let mut runs: Vec<Range<usize>> =
         runs.iter().map(|r| r.start.max(k0)..r.end.min(q_pos + 1)).filter(|r| !r.is_empty()).collect();
     runs.sort_by_key(|r| r.start);
-    let mut merged: Vec<std::ops::Range<usize>> = Vec::new();
+    let mut merged: Vec<(Range<usize>, usize)> = Vec::new();
     for r in runs {
         match merged.last_mut() {
-            Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
-            _ => merged.push(r),
+            Some((last, _)) if r.start <= last.end => last.end = last.end.max(r.end),
+            _ => merged.push((r, 1)),
+        }
+    }
+    for (r, step) in stepped {
+        // the first position of the run's residue class inside the cache
+        let start = if r.start >= k0 { r.start } else { r.start + (k0 - r.start).div_ceil(*step) * step };
+        let end = r.end.min(q_pos + 1);
+        if start < end {
+            merged.push((start..end, *step));
         }
     }
     let expand = |x: Tensor<4>| {
         let n = x.dims()[2];
         if h == hkv { x } else { x.unsqueeze_dim::<5>(2).expand([b, hkv, h / hkv, n, dh]).reshape([b, h, n, dh]) }
     };
-    let parts: Vec<(Tensor<4>, ScoreLayout)> = merged
+    let view = |x: &Tensor<4>, r: &Range<usize>, step: usize| {
+        let all = Slice::new(0, None, 1);
+        let along = Slice::new((r.start - k0) as isize, Some((r.end - k0) as isize), step as isize);
+        expand(x.clone().slice([all, all, along, all]))
+    };
+    let parts: Vec<(Tensor<4>, Tensor<4>, ScoreLayout)> = merged
         .iter()
-        .map(|r| {
-            (expand(p.k.clone().narrow(2, r.start - k0, r.len())), ScoreLayout::new(q_pos, r.start, 1, r.len(), true))
+        .map(|(r, step)| {
+            let n = r.clone().step_by(*step).len();
+            (
+                view(&p.k, r, *step),
+                view(&p.v, r, *step),
+                ScoreLayout::new(q_pos, r.start, 1, n, true).with_stride(*step),
+            )
         })
         .collect();
     let scores: Vec<Tensor<4>> = parts
         .iter()
-        .map(|(k, layout)| {
+        .map(|(k, _, layout)| {
             let mut sc = p.q.clone().matmul(k.clone().swap_dims(2, 3));
             if let Some(pos) = &mha.position {
                 sc = pos.scores(sc, p.q.clone(), k.clone(), layout, mha.scale);
@@ -538,7 +561,7 @@ pub fn decode_runs(
             let n = layout.len_k;
             let off: Vec<bool> = (0..h)
                 .flat_map(|head| (0..n).map(move |j| (head, j)))
-                .map(|(head, j)| hidden(head, layout.k_start + j))
+                .map(|(head, j)| hidden(head, layout.k_start + j * layout.stride))
                 .collect();
             let off = Tensor::<3, Bool>::from_data(TensorData::new(off, [h, 1, n]), &device).unsqueeze_dim::<4>(0);
             sc.mask_fill(off.expand([b, h, 1, n]), MASKED_SCORE)
@@ -547,12 +570,11 @@ pub fn decode_runs(
     let probs = mha.dropout.forward(softmax(Tensor::cat(scores, 3), 3));
     let mut context: Tensor<4> = Tensor::zeros([b, h, 1, dh], &device);
     let mut at = 0;
-    for (_, layout) in &parts {
+    for (_, v, layout) in parts {
         let n = layout.len_k;
         let pr = probs.clone().narrow(3, at, n);
-        let v = expand(p.v.clone().narrow(2, layout.k_start - k0, n));
         context = context + pr.clone().matmul(v);
-        if let Some(extra) = mha.position.as_ref().and_then(|pos| pos.context(pr, layout)) {
+        if let Some(extra) = mha.position.as_ref().and_then(|pos| pos.context(pr, &layout)) {
             context = context + extra;
         }
         at += n;

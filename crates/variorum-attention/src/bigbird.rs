@@ -192,7 +192,7 @@ impl BigBirdAttention {
             let t = q / b;
             let mut runs = vec![t.saturating_sub(self.window_blocks) * b..q + 1, 0..self.global_tokens];
             runs.extend(random[t].iter().map(|&v| v * b..(v + 1) * b));
-            let context = decode_runs(&self.attention, p, &runs, |_, k| {
+            let context = decode_runs(&self.attention, p, &runs, &[], |_, k| {
                 !self.sees(q, k, &random, true) || p.max_back.is_some_and(|n| q - k > n)
             });
             PatternCall::output(&self.attention, context)

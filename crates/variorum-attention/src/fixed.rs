@@ -13,13 +13,13 @@
 //! for every block (c·L/ℓ of them), in one softmax: O(L·(ℓ + c·L/ℓ)) scores, O(L·√(cL)) with
 //! ℓ ≈ √(cL). Summary keys are gathered, so the position schemes are those acting through the
 //! distance (none, absolute, RoPE, ALiBi, T5). Decoding keeps every key (summaries reach back
-//! to 0) and scores the new queries under the pattern's mask.
+//! to 0) and scores a new token's own block and, as c views with a step of ℓ, the summaries.
 
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 use variorum_core::{ConfigError, error::check};
 
-use crate::band::{Band, BandPart, Pattern, PatternCall, sparse};
+use crate::band::{Band, BandPart, Pattern, PatternCall, decode_runs, sparse};
 use crate::full::Positioning;
 use crate::gathered::KeySet;
 use crate::strided::StridedCombine;
@@ -165,6 +165,16 @@ impl FixedAttention {
     pub fn forward_with(&self, input: AttentionInput, cache: Option<&mut KvCache>, dense: bool) -> AttentionOutput {
         let call = PatternCall::new(&self.attention, input, cache, dense);
         let (p, causal) = (&call.p, call.causal());
+        if call.decoding() {
+            // one new token: its own block, and the summaries before it as c stepped views
+            let (q, s) = (p.layout.q_start, self.stride);
+            let own = q - q % s;
+            let summaries: Vec<_> = (s - self.summary..s).map(|r| (r..own, s)).collect();
+            let context = decode_runs(&self.attention, p, &[own..q + 1], &summaries, |head, k| {
+                !self.sees(head, q, k, true) || p.max_back.is_some_and(|n| q - k > n)
+            });
+            return PatternCall::output(&self.attention, context);
+        }
         if !call.fresh() {
             return call.dense(&self.attention, 1, |_, head, q, k| !self.sees(head, q, k, causal));
         }

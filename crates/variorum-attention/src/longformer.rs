@@ -291,7 +291,7 @@ impl LongformerAttention {
         let reach = self.back * self.dilations.iter().copied().max().unwrap_or(1);
         let mut runs = vec![q.saturating_sub(reach)..q + 1];
         runs.extend(global.iter().map(|&g| g..g + 1));
-        decode_runs(&self.attention, p, &runs, |head, k| {
+        decode_runs(&self.attention, p, &runs, &[], |head, k| {
             let far = p.max_back.is_some_and(|n| q - k > n);
             far || !(global.binary_search(&k).is_ok() || self.window_sees(head, q, k, true))
         })

@@ -304,3 +304,30 @@ fn bigbird_decoding_gathers_what_the_full_forward_sees() {
         }
     }
 }
+
+#[test]
+fn fixed_decoding_reads_its_block_and_the_summaries() {
+    use variorum_attention::KvCache;
+    let dev = Device::flex();
+    for position in schemes() {
+        for (combine, layer) in [(StridedCombine::Union, 0), (StridedCombine::Heads, 0), (StridedCombine::Alternate, 1)]
+        {
+            let cfg = FixedConfig { stride: 4, summary: 2, combine, n_kv_heads: Some(2), ..Default::default() }
+                .for_layer(layer);
+            let attn = fixed(&cfg, &position, &dev);
+            let x: Tensor<3> = Tensor::random([2, 19, D], Distribution::Normal(0.0, 1.0), &dev);
+            let full = attn.forward(AttentionInput::self_attention(x.clone(), &AttentionMask::causal()), None).context;
+            let mut cache = KvCache::default();
+            let mut parts = Vec::new();
+            for (s, n) in std::iter::once((0, 3)).chain((3..19).map(|t| (t, 1))) {
+                let m = AttentionMask::causal().at(s, 0);
+                parts.push(
+                    attn.forward(AttentionInput::self_attention(x.clone().narrow(1, s, n), &m), Some(&mut cache))
+                        .context,
+                );
+            }
+            let d = (full - Tensor::cat(parts, 1)).abs().max().into_scalar::<f32>();
+            assert!(d < 1e-4, "{} {combine:?}: {d}", position.kind());
+        }
+    }
+}
