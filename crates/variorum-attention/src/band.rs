@@ -82,6 +82,12 @@ impl Band {
         k >= first - self.back as i64 && k <= last
     }
 
+    /// [`sees`](Self::sees) with keys every `dilation` positions, reach counted in keys.
+    pub fn sees_dilated(&self, q: i64, k: i64, dilation: usize) -> bool {
+        let d = dilation as i64;
+        (q - k) % d == 0 && self.sees(q.div_euclid(d), q.div_euclid(d) - (q - k) / d)
+    }
+
     /// Cached keys a later query may still need: the last this many.
     pub fn keep(&self) -> usize {
         self.back + 1 + if self.query_blocks { self.block - 1 } else { 0 }
@@ -248,6 +254,26 @@ pub struct BandPart {
     pub dilation: usize,
     /// The heads that use this band (empty = all).
     pub heads: Vec<bool>,
+}
+
+impl BandPart {
+    /// One band per distinct dilation among `dilations` (one per head), each masked to its
+    /// heads; every distinct δ is one pass over all heads (a position scheme's per-head
+    /// parameters need every head present).
+    pub fn per_dilation(band: Band, dilations: &[usize]) -> Vec<BandPart> {
+        let mut distinct = dilations.to_vec();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let one = distinct.len() <= 1;
+        distinct
+            .iter()
+            .map(|&d| BandPart {
+                bands: vec![band],
+                dilation: d,
+                heads: if one { Vec::new() } else { dilations.iter().map(|&x| x == d).collect() },
+            })
+            .collect()
+    }
 }
 
 /// How the probabilities of one piece of the softmax become context.
@@ -697,6 +723,9 @@ pub struct BandAttention {
     /// Positions with global attention (they see every key, every query sees them).
     #[module(skip)]
     pub global: Vec<usize>,
+    /// δ per head (Longformer's dilated window: keys δ apart, reach counted in keys); empty = 1.
+    #[module(skip)]
+    pub dilations: Vec<usize>,
 }
 
 impl BandAttention {
@@ -722,7 +751,8 @@ impl BandAttention {
         if !self.global.is_empty() {
             return;
         }
-        let keep = self.bands(true).iter().map(Band::keep).max().unwrap_or(0);
+        let widest = self.dilations.iter().copied().max().unwrap_or(1);
+        let keep = self.bands(true).iter().map(|b| (b.keep() - 1) * widest + 1).max().unwrap_or(0);
         cache.drop_front(cache.len().saturating_sub(keep));
     }
 
@@ -738,13 +768,23 @@ impl BandAttention {
         let bands = self.bands(mask.causal);
         let aligned = p.layout.q_start == p.layout.k_start && p.layout.len_q == p.layout.len_k;
         let out = if aligned && plain && !dense {
-            let context = banded(&self.attention, &p, &bands, &self.global);
+            let context = if self.dilations.iter().all(|&d| d == 1) {
+                banded(&self.attention, &p, &bands, &self.global)
+            } else {
+                let parts = BandPart::per_dilation(bands[0], &self.dilations);
+                sparse(
+                    &self.attention,
+                    &p,
+                    &Pattern { block: self.block, bands: &parts, global: &self.global, extra: None },
+                )
+            };
             AttentionOutput { context: self.attention.merge(context), weights: None, aux_losses: Vec::new() }
         } else {
             dense_pattern(&self.attention, &p, mask, input.need_weights, 1, |_, head, q, k| {
                 let band = &bands[if bands.len() == 1 { 0 } else { head }];
                 let global = (self.global.contains(&q) || self.global.contains(&k)) && (!mask.causal || k <= q);
-                !(global || band.sees(q as i64, k as i64))
+                let dilation = self.dilations.get(head).copied().unwrap_or(1);
+                !(global || band.sees_dilated(q as i64, k as i64, dilation))
             })
         };
         if let Some(c) = cache {

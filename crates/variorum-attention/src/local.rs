@@ -79,6 +79,7 @@ impl LocalAttentionConfig {
             query_blocks: true,
             head_back: Vec::new(),
             global: Vec::new(),
+            dilations: Vec::new(),
         }
     }
 

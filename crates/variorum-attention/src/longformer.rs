@@ -307,17 +307,7 @@ impl LongformerAttention {
             query_blocks: false,
             causal,
         };
-        let mut distinct = self.dilations.clone();
-        distinct.sort_unstable();
-        distinct.dedup();
-        let parts: Vec<BandPart> = distinct
-            .iter()
-            .map(|&d| BandPart {
-                bands: vec![band],
-                dilation: d,
-                heads: if distinct.len() == 1 { Vec::new() } else { self.dilations.iter().map(|&x| x == d).collect() },
-            })
-            .collect();
+        let parts = BandPart::per_dilation(band, &self.dilations);
         sparse(&self.attention, p, &Pattern { block: self.block, bands: &parts, global, extra: None })
     }
 }

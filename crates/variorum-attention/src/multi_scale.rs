@@ -103,6 +103,7 @@ impl MultiScaleConfig {
             query_blocks: false,
             head_back: self.windows.iter().map(|w| w - 1).collect(),
             global: Vec::new(),
+            dilations: Vec::new(),
         }
     }
 

@@ -39,6 +39,8 @@ pub struct SlidingWindowConfig {
     /// Positions with global attention (Longformer): they attend to every key and every query
     /// attends to them, causality permitting. Decoding then keeps the whole cache. Default none.
     pub global: Vec<usize>,
+    /// δ per head (Longformer's dilated window: w keys δ apart); empty = 1 for every head.
+    pub dilations: Vec<usize>,
 }
 
 impl Default for SlidingWindowConfig {
@@ -54,6 +56,7 @@ impl Default for SlidingWindowConfig {
             block: None,
             layer_windows: Vec::new(),
             global: Vec::new(),
+            dilations: Vec::new(),
         }
     }
 }
@@ -86,7 +89,17 @@ impl SlidingWindowConfig {
         check(self.window >= 1 && self.layer_windows.iter().all(|&w| w >= 1), || {
             "model.attention.window and layer_windows must be at least 1".into()
         })?;
-        check(self.block() >= 1, || "model.attention.block must be at least 1".into())
+        check(self.block() >= 1, || "model.attention.block must be at least 1".into())?;
+        check(
+            self.dilations.is_empty()
+                || (self.dilations.len() == self.n_heads && self.dilations.iter().all(|&d| d >= 1)),
+            || {
+                format!(
+                    "model.attention.dilations {:?}: give one dilation (at least 1) per head, {} of them",
+                    self.dilations, self.n_heads
+                )
+            },
+        )
     }
 
     pub fn init(
@@ -105,6 +118,7 @@ impl SlidingWindowConfig {
             query_blocks: false,
             head_back: Vec::new(),
             global: self.global.clone(),
+            dilations: self.dilations.clone(),
         }
     }
 

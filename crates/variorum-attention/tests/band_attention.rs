@@ -42,6 +42,18 @@ fn patterns() -> Vec<(String, AttentionConfig)> {
         };
         out.push((format!("sliding-window w {window} global {global:?}"), AttentionConfig::SlidingWindow(cfg)));
     }
+    // dilated heads (Longformer): keys δ apart, with and without global positions
+    for (window, block, dilations, global) in [(3, 2, vec![1, 2, 1, 3], vec![]), (2, 3, vec![2, 2, 3, 3], vec![4])] {
+        let cfg = SlidingWindowConfig {
+            window,
+            block: Some(block),
+            dilations: dilations.clone(),
+            global,
+            n_kv_heads: Some(2),
+            ..Default::default()
+        };
+        out.push((format!("sliding-window w {window} dilations {dilations:?}"), AttentionConfig::SlidingWindow(cfg)));
+    }
     for (block, memory, look_ahead, kv_heads) in [(4, 2, None, 4), (3, 5, Some(1), 2), (2, 0, Some(0), 1)] {
         let cfg = LocalAttentionConfig { block, memory, look_ahead, n_kv_heads: Some(kv_heads), ..Default::default() };
         out.push((format!("local block {block} memory {memory}"), AttentionConfig::Local(cfg)));

@@ -243,6 +243,16 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
         ..Default::default()
     });
     out.push(("attention sliding-window, per-layer windows".into(), ModelConfig { attention, ..tiny() }));
+    let attention = AttentionConfig::SlidingWindow(SlidingWindowConfig {
+        window: 3,
+        block: Some(2),
+        dilations: vec![1, 2, 1, 3],
+        ..Default::default()
+    });
+    out.push((
+        "attention sliding-window, dilated heads + position alibi".into(),
+        ModelConfig { attention, position: PositionConfig::Alibi, ..tiny() },
+    ));
     let attention = AttentionConfig::MultiScale(MultiScaleConfig {
         windows: vec![1, 1, 1, 1],
         layer_windows: vec![vec![1, 2, 3, 4], vec![2, 4, 6, 8]],
