@@ -7,7 +7,7 @@ mod common;
 
 use burn::prelude::*;
 use burn::tensor::Distribution;
-use common::{D, schemes};
+use common::{D, decoding_gap, schemes};
 use variorum_attention::band::Band;
 use variorum_attention::{
     AttentionConfig, AttentionInput, BandAttention, LocalAttentionConfig, MultiScaleConfig, Positioning,
@@ -239,7 +239,7 @@ fn strided_union_reaches_its_window_and_every_stride_back() {
 
 #[test]
 fn strided_decoding_gathers_what_the_parallel_forward_sees() {
-    use variorum_attention::{KvCache, StridedCombine, StridedConfig};
+    use variorum_attention::{StridedCombine, StridedConfig};
     let dev = Device::flex();
     for position in schemes() {
         for (combine, layer) in [(StridedCombine::Union, 0), (StridedCombine::Heads, 0), (StridedCombine::Alternate, 1)]
@@ -247,17 +247,7 @@ fn strided_decoding_gathers_what_the_parallel_forward_sees() {
             let cfg = StridedConfig { stride: 3, combine, n_kv_heads: Some(2), ..Default::default() }.for_layer(layer);
             let attn = cfg.init(D, 0.3, 0.3, Positioning { config: &position, context: 32 }, &dev);
             let x: Tensor<3> = Tensor::random([2, 13, D], Distribution::Normal(0.0, 1.0), &dev);
-            let full = attn.forward(AttentionInput::self_attention(x.clone(), &AttentionMask::causal()), None).context;
-            let mut cache = KvCache::default();
-            let mut parts = Vec::new();
-            for (s, n) in std::iter::once((0, 4)).chain((4..13).map(|t| (t, 1))) {
-                let m = AttentionMask::causal().at(s, 0);
-                parts.push(
-                    attn.forward(AttentionInput::self_attention(x.clone().narrow(1, s, n), &m), Some(&mut cache))
-                        .context,
-                );
-            }
-            let d = (full - Tensor::cat(parts, 1)).abs().max().into_scalar::<f32>();
+            let d = decoding_gap(|i, c| attn.forward(i, c), &x, 4);
             assert!(d < 1e-4, "{} {combine:?}: {d}", position.kind());
         }
     }

@@ -7,7 +7,7 @@ mod common;
 
 use burn::prelude::*;
 use burn::tensor::Distribution;
-use common::{D, distance_schemes as schemes};
+use common::{D, decoding_gap, distance_schemes as schemes};
 use variorum_attention::{
     AttentionConfig, AttentionInput, AttentionOutput, BigBirdAttention, BigBirdConfig, BlockwiseAttention,
     BlockwiseConfig, FixedAttention, FixedConfig, Local2dAttention, Local2dConfig, Positioning, StridedCombine,
@@ -283,23 +283,12 @@ fn a_2d_query_sees_its_memory_rectangle() {
 
 #[test]
 fn bigbird_decoding_gathers_what_the_full_forward_sees() {
-    use variorum_attention::KvCache;
     let dev = Device::flex();
     for position in schemes() {
         for cfg in bigbirds() {
             let attn = bigbird(&cfg, &position, &dev);
             let x: Tensor<3> = Tensor::random([2, 21, D], Distribution::Normal(0.0, 1.0), &dev);
-            let full = attn.forward(AttentionInput::self_attention(x.clone(), &AttentionMask::causal()), None).context;
-            let mut cache = KvCache::default();
-            let mut parts = Vec::new();
-            for (s, n) in std::iter::once((0, 5)).chain((5..21).map(|t| (t, 1))) {
-                let m = AttentionMask::causal().at(s, 0);
-                parts.push(
-                    attn.forward(AttentionInput::self_attention(x.clone().narrow(1, s, n), &m), Some(&mut cache))
-                        .context,
-                );
-            }
-            let d = (full - Tensor::cat(parts, 1)).abs().max().into_scalar::<f32>();
+            let d = decoding_gap(|i, c| attn.forward(i, c), &x, 5);
             assert!(d < 1e-4, "{} {cfg:?}: {d}", position.kind());
         }
     }
@@ -307,7 +296,6 @@ fn bigbird_decoding_gathers_what_the_full_forward_sees() {
 
 #[test]
 fn fixed_decoding_reads_its_block_and_the_summaries() {
-    use variorum_attention::KvCache;
     let dev = Device::flex();
     for position in schemes() {
         for (combine, layer) in [(StridedCombine::Union, 0), (StridedCombine::Heads, 0), (StridedCombine::Alternate, 1)]
@@ -316,17 +304,7 @@ fn fixed_decoding_reads_its_block_and_the_summaries() {
                 .for_layer(layer);
             let attn = fixed(&cfg, &position, &dev);
             let x: Tensor<3> = Tensor::random([2, 19, D], Distribution::Normal(0.0, 1.0), &dev);
-            let full = attn.forward(AttentionInput::self_attention(x.clone(), &AttentionMask::causal()), None).context;
-            let mut cache = KvCache::default();
-            let mut parts = Vec::new();
-            for (s, n) in std::iter::once((0, 3)).chain((3..19).map(|t| (t, 1))) {
-                let m = AttentionMask::causal().at(s, 0);
-                parts.push(
-                    attn.forward(AttentionInput::self_attention(x.clone().narrow(1, s, n), &m), Some(&mut cache))
-                        .context,
-                );
-            }
-            let d = (full - Tensor::cat(parts, 1)).abs().max().into_scalar::<f32>();
+            let d = decoding_gap(|i, c| attn.forward(i, c), &x, 3);
             assert!(d < 1e-4, "{} {combine:?}: {d}", position.kind());
         }
     }

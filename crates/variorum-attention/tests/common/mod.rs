@@ -1,6 +1,9 @@
 //! What several attention test files share.
 #![allow(dead_code)]
 
+use burn::prelude::*;
+use variorum_attention::{AttentionInput, AttentionOutput, KvCache};
+use variorum_core::AttentionMask;
 use variorum_position::{
     DebertaConfig, MultiplicativeConfig, PositionConfig, RotaryConfig, ShawConfig, T5BiasConfig, XlRelativeConfig,
 };
@@ -31,4 +34,24 @@ pub fn distance_schemes() -> Vec<PositionConfig> {
         PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 10 }),
         PositionConfig::Rope(RotaryConfig::default()),
     ]
+}
+
+/// Largest difference between the causal forward of `x: [b, len, D]` and decoding it with a KV
+/// cache: a prompt of `prompt` tokens, then one token at a time.
+pub fn decoding_gap(
+    forward: impl Fn(AttentionInput, Option<&mut KvCache>) -> AttentionOutput,
+    x: &Tensor<3>,
+    prompt: usize,
+) -> f32 {
+    let len = x.dims()[1];
+    let full = forward(AttentionInput::self_attention(x.clone(), &AttentionMask::causal()), None).context;
+    let mut cache = KvCache::default();
+    let parts: Vec<Tensor<3>> = std::iter::once((0, prompt))
+        .chain((prompt..len).map(|t| (t, 1)))
+        .map(|(s, n)| {
+            let m = AttentionMask::causal().at(s, 0);
+            forward(AttentionInput::self_attention(x.clone().narrow(1, s, n), &m), Some(&mut cache)).context
+        })
+        .collect();
+    (full - Tensor::cat(parts, 1)).abs().max().into_scalar::<f32>()
 }
