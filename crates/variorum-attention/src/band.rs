@@ -47,30 +47,7 @@ pub struct Band {
 }
 
 impl Band {
-    /// The band as a boolean `[len_q, len_k]` mask (`true` = hidden) for queries at `q_start..`
-    /// and keys at `k_start..` — for the dense path (cached decoding, memories) and for tests.
-    ///
-    /// `global` positions see every key and are seen by every query (Longformer's global
-    /// attention), causality permitting.
-    pub fn dense_mask(
-        &self,
-        q_start: usize,
-        k_start: usize,
-        len_q: usize,
-        len_k: usize,
-        global: &[usize],
-        device: &Device,
-    ) -> Tensor<2, Bool> {
-        let hidden: Vec<bool> = (0..len_q)
-            .flat_map(|i| (0..len_k).map(move |j| (q_start + i, k_start + j)))
-            .map(|(q, k)| {
-                let globally = (global.contains(&q) || global.contains(&k)) && (!self.causal || k <= q);
-                !(globally || self.sees(q as i64, k as i64))
-            })
-            .collect();
-        Tensor::from_data(TensorData::new(hidden, [len_q, len_k]), device)
-    }
-
+    /// Whether the query at position `q` sees the key at `k`.
     pub fn sees(&self, q: i64, k: i64) -> bool {
         let (first, last) = if self.query_blocks {
             let start = q - q.rem_euclid(self.block as i64);
@@ -104,8 +81,6 @@ pub struct BandScores {
     pub layout: ScoreLayout,
     /// `[b·δ, h, nb, B, span, d_h]`.
     pub dims: [usize; 6],
-    /// The length of each residue class (the sequence length when undilated), before padding.
-    pub len: usize,
     /// δ: the band runs over every δ-th position (1 = contiguous).
     pub dilation: usize,
 }
@@ -218,7 +193,7 @@ pub fn dilated_band_scores(
         mask.unsqueeze_dim::<6>(0).expand([b, dil, h, nb, bs, span]).reshape([bb * h, nb, bs, span])
     };
     let scores = scores.mask_fill(mask, MASKED_SCORE);
-    BandScores { scores, v, layout, dims: [bb, h, nb, bs, span, dh], len: n, dilation: dil }
+    BandScores { scores, v, layout, dims: [bb, h, nb, bs, span, dh], dilation: dil }
 }
 
 /// The band attention of aligned queries and keys (`p.layout.q_start == p.layout.k_start`, equal

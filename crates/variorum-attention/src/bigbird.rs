@@ -144,8 +144,9 @@ impl BigBirdAttention {
         picked
     }
 
-    /// Whether query position `q` sees key position `k` in a sequence of `len` positions.
-    fn sees(&self, q: usize, k: usize, random: &[Vec<usize>], causal: bool) -> bool {
+    /// Whether query position `q` sees key position `k`, with `random` the random blocks of
+    /// `q`'s block.
+    fn sees(&self, q: usize, k: usize, random: &[usize], causal: bool) -> bool {
         if causal && k > q {
             return false;
         }
@@ -153,7 +154,7 @@ impl BigBirdAttention {
         q < self.global_tokens
             || k < self.global_tokens
             || bq.abs_diff(bk) <= self.window_blocks
-            || random[bq].binary_search(&bk).is_ok()
+            || random.binary_search(&bk).is_ok()
     }
 
     fn window(&self, causal: bool) -> Band {
@@ -171,8 +172,21 @@ impl BigBirdAttention {
         let (p, causal) = (&call.p, call.causal());
         let len = p.layout.k_start + p.layout.len_k;
         let blocks = len.max(p.layout.q_start + p.layout.len_q).div_ceil(self.block);
-        let random: Vec<Vec<usize>> = (0..blocks).map(|t| self.random_blocks(t, blocks, causal)).collect();
         let b = self.block;
+        if call.decoding() {
+            // one new token: its window blocks, its random blocks and the global tokens (only
+            // its own block's random draw is needed)
+            let q = p.layout.q_start;
+            let t = q / b;
+            let random = self.random_blocks(t, blocks, true);
+            let mut runs = vec![t.saturating_sub(self.window_blocks) * b..q + 1, 0..self.global_tokens];
+            runs.extend(random.iter().map(|&v| v * b..(v + 1) * b));
+            let context = decode_runs(&self.attention, p, &runs, &[], |_, k| {
+                !self.sees(q, k, &random, true) || p.max_back.is_some_and(|n| q - k > n)
+            });
+            return PatternCall::output(&self.attention, context);
+        }
+        let random: Vec<Vec<usize>> = (0..blocks).map(|t| self.random_blocks(t, blocks, causal)).collect();
         if call.fresh() {
             let keys = KeySet::new(
                 1,
@@ -186,18 +200,8 @@ impl BigBirdAttention {
             let window = BandPart { bands: vec![self.window(causal)], dilation: 1, heads: Vec::new() };
             let pattern = Pattern { block: b, bands: &[window], global: &global, extra: Some(&keys) };
             PatternCall::output(&self.attention, sparse(&self.attention, p, &pattern))
-        } else if call.decoding() {
-            // one new token: its window blocks, its random blocks and the global tokens
-            let q = p.layout.q_start;
-            let t = q / b;
-            let mut runs = vec![t.saturating_sub(self.window_blocks) * b..q + 1, 0..self.global_tokens];
-            runs.extend(random[t].iter().map(|&v| v * b..(v + 1) * b));
-            let context = decode_runs(&self.attention, p, &runs, &[], |_, k| {
-                !self.sees(q, k, &random, true) || p.max_back.is_some_and(|n| q - k > n)
-            });
-            PatternCall::output(&self.attention, context)
         } else {
-            call.dense(&self.attention, 1, |_, _, q, k| !self.sees(q, k, &random, causal))
+            call.dense(&self.attention, 1, |_, _, q, k| !self.sees(q, k, &random[q / b], causal))
         }
     }
 }
