@@ -219,6 +219,26 @@ impl AttentionConfig {
         }
     }
 
+    /// Dropout on the attention weights (kinds without weights: 0).
+    pub fn dropout(&self) -> f64 {
+        match self {
+            Self::Full(c) => c.dropout,
+            Self::AdaptiveSpan(c) => c.heads().dropout,
+            Self::SlidingWindow(c) => c.dropout,
+            Self::Local(c) => c.dropout,
+            Self::Local2d(c) => c.dropout,
+            Self::MultiScale(c) => c.dropout,
+            Self::Strided(c) => c.dropout,
+            Self::Bigbird(c) => c.dropout,
+            Self::Fixed(c) => c.dropout,
+            Self::Blockwise(c) => c.dropout,
+            Self::Etc(c) => c.dropout,
+            Self::Longformer(c) => c.dropout,
+            Self::MemoryCompressed(c) => c.dropout,
+            Self::Linear(_) | Self::Performer(_) | Self::Rfa(_) | Self::Average(_) => 0.0,
+        }
+    }
+
     /// Query heads and head size (what position schemes are built for).
     pub fn heads(&self, d_model: usize) -> HeadShape {
         match self {

@@ -54,13 +54,15 @@ impl Default for GtrxlConfig {
     }
 }
 
-/// `model.block`: `kind = "pre-ln" | "post-ln" | "gtrxl"`.
+/// `model.block`: `kind = "pre-ln" | "post-ln" | "gtrxl" | "reversible"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum BlockConfig {
     PreLn(ResidualConfig),
     PostLn(ResidualConfig),
     Gtrxl(GtrxlConfig),
+    /// Reversible residual pairs ([`crate::reversible`]): pre-LN branches, no stored activations.
+    Reversible(ResidualConfig),
 }
 
 impl Default for BlockConfig {
@@ -89,13 +91,14 @@ impl BlockConfig {
             Self::PreLn(_) => "pre-ln",
             Self::PostLn(_) => "post-ln",
             Self::Gtrxl(_) => "gtrxl",
+            Self::Reversible(_) => "reversible",
         }
     }
 
     /// The norm settings.
     pub fn residual(&self) -> ResidualConfig {
         match self {
-            Self::PreLn(r) | Self::PostLn(r) => r.clone(),
+            Self::PreLn(r) | Self::PostLn(r) | Self::Reversible(r) => r.clone(),
             Self::Gtrxl(g) => ResidualConfig { norm: g.norm, norm_eps: g.norm_eps },
         }
     }
@@ -103,6 +106,10 @@ impl BlockConfig {
     /// Norms on the branch inputs (and one after the stack), rather than after each sum.
     pub fn pre_norm(&self) -> bool {
         !matches!(self, Self::PostLn(_))
+    }
+
+    pub fn reversible(&self) -> bool {
+        matches!(self, Self::Reversible(_))
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -113,12 +120,14 @@ impl BlockConfig {
     pub fn init(&self, parts: &BlockParts, device: &Device) -> TransformerBlock {
         let r = self.residual();
         let d = parts.d_model;
+        // a reversible block drops out its branch outputs with replayed masks (crate::reversible)
+        let dropout = if self.reversible() { 0.0 } else { parts.dropout };
         TransformerBlock {
             attn_norm: r.norm.init(d, r.norm_eps, device),
             attn: parts.attention.init(d, parts.init_std, parts.out_std, parts.position, device),
             ffn_norm: r.norm.init(d, r.norm_eps, device),
-            ffn: parts.feed_forward.init(d, parts.dropout, parts.init_std, parts.out_std, device),
-            dropout: DropoutConfig::new(parts.dropout).init(),
+            ffn: parts.feed_forward.init(d, dropout, parts.init_std, parts.out_std, device),
+            dropout: DropoutConfig::new(dropout).init(),
             pre_norm: self.pre_norm(),
             gates: match self {
                 Self::Gtrxl(g) => vec![
@@ -153,6 +162,13 @@ impl BlockConfig {
                 kind: "gtrxl",
                 summary: "norms on branch inputs only, GRU-style gates instead of residual sums, gate bias > 0 (near-identity start)",
                 paper: "Parisotto et al. 2020, Stabilizing Transformers for Reinforcement Learning",
+                caps,
+            },
+            KindInfo {
+                axis: "model.block",
+                kind: "reversible",
+                summary: "two streams, Y1 = X1 + Attn(X2), Y2 = X2 + FFN(Y1); training rebuilds each block's inputs from its outputs instead of storing activations",
+                paper: "Gomez et al. 2017, The Reversible Residual Network; Kitaev et al. 2020, Reformer: The Efficient Transformer",
                 caps,
             },
         ]

@@ -13,6 +13,11 @@
 //! It is causal: position t sees inputs t−k+1…t (zeros before the start). Incremental decoding
 //! keeps the last k−1 inputs in the layer state ([`FeedForward::forward_with`]). Choice: one
 //! separable convolution and one position-wise layer (tensor2tensor stacks two separable ones).
+//!
+//! `chunks = c` (Reformer §3, "chunking"): the position-wise part runs on c slices of the
+//! sequence one after another, so the `[batch, len, d_ff]` hidden layer exists one slice at a
+//! time; the result is the same (positions are independent). It saves memory where no graph
+//! keeps the slices alive: inference, and the forward of a reversible stack.
 
 use burn::nn::conv::{Conv1d, Conv1dConfig};
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
@@ -77,11 +82,13 @@ pub struct FeedForwardConfig {
     pub bias: bool,
     /// `separable-conv` only: width k of the depthwise filter over time. Default 3.
     pub kernel_size: usize,
+    /// Run the position-wise layers on this many slices of the sequence, one at a time. Default 1.
+    pub chunks: usize,
 }
 
 impl Default for FeedForwardConfig {
     fn default() -> Self {
-        Self { kind: FeedForwardKind::Gelu, d_ff: None, bias: true, kernel_size: 3 }
+        Self { kind: FeedForwardKind::Gelu, d_ff: None, bias: true, kernel_size: 3, chunks: 1 }
     }
 }
 
@@ -97,7 +104,8 @@ impl FeedForwardConfig {
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         check(self.d_ff != Some(0), || "model.feed_forward.d_ff must be at least 1".into())?;
-        check(self.kernel_size >= 1, || "model.feed_forward.kernel_size must be at least 1".into())
+        check(self.kernel_size >= 1, || "model.feed_forward.kernel_size must be at least 1".into())?;
+        check(self.chunks >= 1, || "model.feed_forward.chunks must be at least 1".into())
     }
 
     pub fn init(&self, d_model: usize, dropout: f64, init_std: f64, out_std: f64, device: &Device) -> FeedForward {
@@ -114,6 +122,7 @@ impl FeedForwardConfig {
                 .init(device),
             dropout: DropoutConfig::new(dropout).init(),
             kind: self.kind,
+            chunks: self.chunks,
             depthwise: (self.kind == FeedForwardKind::SeparableConv)
                 .then(|| Conv1dConfig::new(d_model, d_model, self.kernel_size).with_groups(d_model).init(device)),
         }
@@ -153,6 +162,8 @@ pub struct FeedForward {
     pub dropout: Dropout,
     #[module(skip)]
     pub kind: FeedForwardKind,
+    #[module(skip)]
+    pub chunks: usize,
     /// `separable-conv`: the per-channel filter over time.
     pub depthwise: Option<Conv1d>,
 }
@@ -169,6 +180,17 @@ impl FeedForward {
             Some(conv) => causal_depthwise(conv, x, window),
             None => x,
         };
+        let len = x.dims()[1];
+        if self.chunks <= 1 || len <= 1 {
+            return self.position_wise(x);
+        }
+        let size = len.div_ceil(self.chunks);
+        let parts = (0..len).step_by(size).map(|s| self.position_wise(x.clone().narrow(1, s, size.min(len - s))));
+        Tensor::cat(parts.collect(), 1)
+    }
+
+    /// φ(x W₁ + b₁) W₂ + b₂ (or its gated form), position by position.
+    fn position_wise(&self, x: Tensor<3>) -> Tensor<3> {
         let h = self.up.forward(x);
         let h = match self.kind {
             FeedForwardKind::Relu | FeedForwardKind::SeparableConv => relu(h),
@@ -239,6 +261,21 @@ mod tests {
                 }
             }
             assert!((g - want).abs() < 1e-5, "{i}: {g} vs {want}");
+        }
+    }
+
+    #[test]
+    fn chunks_give_the_unchunked_output() {
+        let dev = Device::flex();
+        for kind in [FeedForwardKind::Gelu, FeedForwardKind::Swiglu, FeedForwardKind::SeparableConv] {
+            let whole = FeedForwardConfig { kind, ..Default::default() }.init(4, 0.0, 0.5, 0.5, &dev);
+            let x: Tensor<3> = Tensor::random([2, 7, 4], Distribution::Normal(0.0, 1.0), &dev);
+            let want = whole.forward(x.clone());
+            for chunks in [2, 3, 7, 10] {
+                let chunked = FeedForward { chunks, ..whole.clone() };
+                let diff = (chunked.forward(x.clone()) - want.clone()).abs().max().into_scalar::<f32>();
+                assert!(diff < 1e-6, "{} in {chunks} chunks: {diff}", kind.name());
+            }
         }
     }
 

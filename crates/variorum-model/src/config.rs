@@ -151,6 +151,23 @@ impl ModelConfig {
                 "model.attention.kind = \"etc\" adds a global input beside the sequence, which only a plain stack carries: use it without model.memory, a universal depth, exits, max_back, a separable-conv feed_forward or per-layer position signals".into()
             },
         )?;
+        check(
+            !self.block.reversible()
+                || (self.memory.is_none()
+                    && !self.depth.shared()
+                    && matches!(self.exits, ExitConfig::None)
+                    && self.attention.kind() != "etc"
+                    && !per_layer_position),
+            || {
+                "model.block.kind = \"reversible\" rebuilds each block's inputs from its outputs, which needs a plain stack of distinct blocks: use it without model.memory, a universal depth, exits, etc attention or per-layer position signals".into()
+            },
+        )?;
+        check(!self.block.reversible() || self.attention.dropout() == 0.0, || {
+            format!(
+                "model.attention.dropout = {} cannot be used with model.block.kind = \"reversible\": the backward recomputes each block and cannot replay attention-weight dropout; model.dropout drops the branch outputs instead",
+                self.attention.dropout()
+            )
+        })?;
         let blocked = matches!(
             self.attention.kind(),
             "sliding-window" | "local" | "multi-scale" | "strided" | "bigbird" | "longformer"

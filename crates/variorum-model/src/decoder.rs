@@ -14,7 +14,9 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::activation::log_softmax;
 use variorum_attention::{AttentionConfig, Positioning};
-use variorum_block::{Act, BlockOutput, LayerState, Norm, TransformerBlock, block::BlockParts};
+use variorum_block::{
+    Act, BlockOutput, LayerState, Norm, ReplayDropout, RevContext, Streams, TransformerBlock, block::BlockParts,
+};
 use variorum_core::{AttentionMask, AuxLosses, GlobalLocal};
 use variorum_position::AbsolutePosition;
 
@@ -83,6 +85,8 @@ pub struct DecoderLm {
     pub embedding_scale: Option<f64>,
     /// Early exits: classifiers after the blocks before the last.
     pub exits: Option<ExitHeads>,
+    /// A reversible stack ([`variorum_block::reversible`]), with this branch-output dropout.
+    pub reversible: Option<f64>,
 }
 
 impl DecoderLm {
@@ -133,6 +137,7 @@ impl DecoderLm {
                 _ => None,
             },
             embedding_scale: cfg.scale_embeddings.then(|| (d as f64).sqrt()),
+            reversible: cfg.block.reversible().then_some(cfg.dropout),
             exits: match &cfg.exits {
                 ExitConfig::None => None,
                 ExitConfig::EveryLayer(e) => Some(ExitHeads::new(
@@ -221,7 +226,17 @@ impl DecoderLm {
         let mut aux_losses = Vec::new();
         let mut hidden = Vec::new();
         let mut act = self.act.as_ref().map(|a| a.start(b, len, &device));
+        let mut streams = self.reversible.map(|_| Streams::split(x.clone()));
+        let dropout = self.replay_dropout(&device);
         for i in 0..self.depth {
+            if let Some(s) = streams.take() {
+                let cx = RevContext { mask: &mask, dense_mask: dense.as_ref(), dropout, layer: i };
+                let layer = state.as_deref_mut().map(|s| &mut s.layers[i]);
+                let (s, aux) = self.blocks[i].reversible_forward(s, &cx, layer);
+                aux_losses.extend(aux);
+                streams = Some(s);
+                continue;
+            }
             let input = x.clone();
             let out = self.layer(i, x, &mask, dense.clone(), state.as_deref_mut().map(|s| &mut s.layers[i]));
             x = out.x;
@@ -236,6 +251,9 @@ impl DecoderLm {
             if self.exits.is_some() && i + 1 < self.depth {
                 hidden.push(x.clone());
             }
+        }
+        if let Some(s) = streams {
+            x = s.merge();
         }
         let mut steps = None;
         if let (Some(a), Some(st)) = (&self.act, act) {
@@ -355,6 +373,14 @@ impl DecoderLm {
             block.attn.redraw();
         }
         self
+    }
+
+    /// The branch dropout of a reversible stack while training (on an autodiff `device`), with a
+    /// base seed drawn from the device generator; `None` otherwise.
+    pub fn replay_dropout(&self, device: &Device) -> Option<ReplayDropout> {
+        let prob = self.reversible.filter(|&p| p > 0.0 && device.is_autodiff())?;
+        let draw = Tensor::<1, Int>::random([1], Distribution::Uniform(0.0, 1e9), device);
+        Some(ReplayDropout { prob, seed: draw.into_scalar::<i64>() as u64 })
     }
 
     /// Whether blocks keep a memory of earlier segments in the state.

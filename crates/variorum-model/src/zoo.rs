@@ -155,6 +155,17 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
             ModelConfig { memory, position: PositionConfig::Alibi, ..tiny() },
         ));
     }
+    let reversible = BlockConfig::Reversible(Default::default());
+    out.push(("block reversible".into(), ModelConfig { block: reversible.clone(), n_layers: 3, ..tiny() }));
+    out.push((
+        "block reversible + alibi + sliding-window".into(),
+        ModelConfig {
+            block: reversible,
+            position: PositionConfig::Alibi,
+            attention: AttentionConfig::SlidingWindow(SlidingWindowConfig { window: 4, ..Default::default() }),
+            ..tiny()
+        },
+    ));
     out.push(("block gtrxl".into(), ModelConfig { block: BlockConfig::Gtrxl(GtrxlConfig::default()), ..tiny() }));
     out.push((
         "block gtrxl + xl memory".into(),

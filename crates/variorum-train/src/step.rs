@@ -71,18 +71,23 @@ pub fn train_step(
         {
             *m = DecoderState::default();
         }
-        let (loss, aux) = model.loss_with(inputs, targets, memory.as_deref_mut());
-        let mut total = loss.clone();
+        let (loss, aux, grads) = if model.reversible.is_some() {
+            // a reversible stack keeps no activations: its gradients come block by block
+            crate::reversible::reversible_grads(&model, inputs, targets, 1.0 / n as f64)
+        } else {
+            let (loss, aux) = model.loss_with(inputs, targets, memory.as_deref_mut());
+            let total = aux.iter().fold(loss.clone(), |t, (_, l)| t + l.clone());
+            let total = if n > 1 { total.div_scalar(n as f64) } else { total };
+            let grads = GradientsParams::from_grads(total.backward(), &model);
+            (loss, aux, grads)
+        };
         for (name, l) in aux {
-            total = total + l.clone();
             let l = l.detach();
             match aux_sums.iter_mut().find(|(n, _)| *n == name) {
                 Some((_, s)) => *s = s.clone() + l,
                 None => aux_sums.push((name, l)),
             }
         }
-        let total = if n > 1 { total.div_scalar(n as f64) } else { total };
-        let grads = GradientsParams::from_grads(total.backward(), &model);
         if n == 1 {
             single = Some(grads);
         } else {

@@ -1,0 +1,206 @@
+//! Reversible residual blocks (Gomez et al. 2017, RevNet; Kitaev et al. 2020, Reformer §3):
+//!
+//! Y₁ = X₁ + F(X₂)          F(x) = Dropout(Attention(LN(x)))
+//! Y₂ = X₂ + G(Y₁)          G(x) = Dropout(FeedForward(LN(x)))
+//!
+//! and backwards, without any stored activation:
+//!
+//! X₂ = Y₂ − G(Y₁)          X₁ = Y₁ − F(X₂)
+//!
+//! A stack starts from (X₁, X₂) = (x, x) and ends with (Y₁ + Y₂)/2 — the mean keeps the width at
+//! d_model, so the output embedding can stay tied (Reformer concatenates to 2·d_model; our choice
+//! follows lucidrains/reformer-pytorch). Training never keeps a block's activations: the decoder
+//! runs the stack without a graph, then walks it backwards, rebuilding each block's inputs from
+//! its outputs and recomputing that one block under autodiff to get its gradients
+//! (`variorum_model::DecoderLm::reversible_grads`).
+//!
+//! Dropout must draw the same masks when a block is recomputed, so a reversible block drops out
+//! its two branch outputs with masks drawn from a seed mixed with the layer and the branch
+//! ([`ReplayDropout`]); the attention-weight and FFN-hidden dropouts are not used (the config
+//! refuses `model.attention.dropout` with this block, and the FFN's is built at 0).
+
+use burn::prelude::*;
+use burn::tensor::Distribution;
+use variorum_attention::AttentionInput;
+use variorum_core::{AttentionMask, AuxLosses};
+
+use crate::{LayerState, TransformerBlock};
+
+/// The two residual streams of a reversible stack, `[batch, len, d_model]` each.
+#[derive(Debug, Clone)]
+pub struct Streams {
+    pub x1: Tensor<3>,
+    pub x2: Tensor<3>,
+}
+
+impl Streams {
+    /// The stack's input: both streams are `x`.
+    pub fn split(x: Tensor<3>) -> Self {
+        Self { x1: x.clone(), x2: x }
+    }
+
+    /// The stack's output (Y₁ + Y₂)/2.
+    pub fn merge(self) -> Tensor<3> {
+        (self.x1 + self.x2).div_scalar(2.0)
+    }
+
+    pub fn without_autodiff(self) -> Self {
+        Self { x1: self.x1.without_autodiff(), x2: self.x2.without_autodiff() }
+    }
+}
+
+/// Branch-output dropout whose masks a recomputation draws again: the mask of (layer, branch)
+/// comes from the device generator seeded with `seed` mixed with both.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ReplayDropout {
+    pub prob: f64,
+    pub seed: u64,
+}
+
+impl ReplayDropout {
+    /// Inverted dropout of `x` with the mask of (`layer`, `branch`); the same on every call.
+    pub fn apply(&self, x: Tensor<3>, layer: usize, branch: usize) -> Tensor<3> {
+        if self.prob == 0.0 {
+            return x;
+        }
+        let keep = 1.0 - self.prob;
+        // the mask is a constant: drawn on the plain device, lifted to the graph's when needed
+        let device = x.device().without_autodiff();
+        device.seed(mix(self.seed, layer as u64 * 2 + branch as u64));
+        let mask = Tensor::<3>::random(x.dims(), Distribution::Bernoulli(keep), &device);
+        let mask = if x.is_autodiff() { mask.autodiff() } else { mask };
+        x * mask.div_scalar(keep)
+    }
+}
+
+/// SplitMix64's finaliser: well-spread seeds for neighbouring (layer, branch) pairs.
+fn mix(seed: u64, salt: u64) -> u64 {
+    let mut z = seed ^ salt.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// What a reversible block needs besides its streams: the shared mask, the dropout (None =
+/// inference) and which layer it is (for the dropout masks).
+#[derive(Clone, Copy)]
+pub struct RevContext<'a> {
+    pub mask: &'a AttentionMask,
+    pub dense_mask: Option<&'a Tensor<4, Bool>>,
+    pub dropout: Option<ReplayDropout>,
+    pub layer: usize,
+}
+
+impl RevContext<'_> {
+    fn drop(&self, x: Tensor<3>, branch: usize) -> Tensor<3> {
+        match &self.dropout {
+            Some(d) => d.apply(x, self.layer, branch),
+            None => x,
+        }
+    }
+}
+
+impl TransformerBlock {
+    /// F(x) = Dropout(Attention(LN(x))), continuing from (and extending) `state`'s KV cache.
+    fn rev_attention(&self, x: Tensor<3>, cx: &RevContext, state: Option<&mut LayerState>) -> (Tensor<3>, AuxLosses) {
+        let input = AttentionInput {
+            query: self.attn_norm.forward(x),
+            key_value: None,
+            mask: cx.mask,
+            dense_mask: cx.dense_mask.cloned(),
+            need_weights: false,
+        };
+        let out = self.attn.forward(input, state.map(|s| &mut s.attention));
+        (cx.drop(out.context, 0), out.aux_losses)
+    }
+
+    /// G(x) = Dropout(FeedForward(LN(x))).
+    fn rev_feed_forward(&self, x: Tensor<3>, cx: &RevContext, state: Option<&mut LayerState>) -> Tensor<3> {
+        let window = state.map(|s| &mut s.transition);
+        cx.drop(self.ffn.forward_with(self.ffn_norm.forward(x), window), 1)
+    }
+
+    /// Y₁ = X₁ + F(X₂), Y₂ = X₂ + G(Y₁). With `state`, the attention continues from its cache
+    /// (decoding works as in any block).
+    pub fn reversible_forward(
+        &self,
+        s: Streams,
+        cx: &RevContext,
+        mut state: Option<&mut LayerState>,
+    ) -> (Streams, AuxLosses) {
+        let (f, aux) = self.rev_attention(s.x2.clone(), cx, state.as_deref_mut());
+        let y1 = s.x1 + f;
+        let y2 = s.x2 + self.rev_feed_forward(y1.clone(), cx, state);
+        (Streams { x1: y1, x2: y2 }, aux)
+    }
+
+    /// The inputs of [`reversible_forward`](Self::reversible_forward) from its outputs:
+    /// X₂ = Y₂ − G(Y₁), X₁ = Y₁ − F(X₂). Exact up to float rounding.
+    pub fn reversible_inverse(&self, y: Streams, cx: &RevContext) -> Streams {
+        let x2 = y.x2 - self.rev_feed_forward(y.x1.clone(), cx, None);
+        let x1 = y.x1 - self.rev_attention(x2.clone(), cx, None).0;
+        Streams { x1, x2 }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::block::{BlockParts, ResidualConfig};
+    use crate::{BlockConfig, FeedForwardConfig, MemoryConfig};
+    use variorum_attention::{AttentionConfig, Positioning};
+    use variorum_position::PositionConfig;
+
+    fn block(dev: &Device) -> TransformerBlock {
+        let (attention, ffn, memory, position) =
+            (AttentionConfig::default(), FeedForwardConfig::default(), MemoryConfig::None, PositionConfig::default());
+        let parts = BlockParts {
+            d_model: 16,
+            attention: &attention,
+            position: Positioning { config: &position, context: 8 },
+            feed_forward: &ffn,
+            memory: &memory,
+            dropout: 0.0,
+            init_std: 0.3,
+            out_std: 0.3,
+        };
+        BlockConfig::Reversible(ResidualConfig::default()).init(&parts, dev)
+    }
+
+    fn max_diff(a: Tensor<3>, b: Tensor<3>) -> f32 {
+        (a - b).abs().max().into_scalar::<f32>()
+    }
+
+    #[test]
+    fn replayed_dropout_draws_the_same_mask_and_different_masks_per_branch() {
+        let dev = Device::flex();
+        let x: Tensor<3> = Tensor::ones([2, 8, 16], &dev);
+        let d = ReplayDropout { prob: 0.5, seed: 7 };
+        let a = d.apply(x.clone(), 3, 0);
+        assert_eq!(max_diff(a.clone(), d.apply(x.clone(), 3, 0)), 0.0);
+        assert!(max_diff(a.clone(), d.apply(x.clone(), 3, 1)) > 0.0);
+        assert!(max_diff(a.clone(), d.apply(x.clone(), 4, 0)) > 0.0);
+        // inverted dropout: kept entries scaled by 1/keep, about half kept
+        let kept = a.clone().greater_elem(0.0).float().mean().into_scalar::<f32>();
+        assert!((kept - 0.5).abs() < 0.1, "{kept}");
+        assert!((a.max().into_scalar::<f32>() - 2.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn inverse_rebuilds_the_inputs_with_dropout() {
+        let dev = Device::flex();
+        let blk = block(&dev);
+        let s = Streams {
+            x1: Tensor::random([2, 8, 16], Distribution::Normal(0.0, 1.0), &dev),
+            x2: Tensor::random([2, 8, 16], Distribution::Normal(0.0, 1.0), &dev),
+        };
+        let mask = AttentionMask::causal();
+        let cx =
+            RevContext { mask: &mask, dense_mask: None, dropout: Some(ReplayDropout { prob: 0.3, seed: 1 }), layer: 2 };
+        let (y, _) = blk.reversible_forward(s.clone(), &cx, None);
+        assert!(max_diff(y.x1.clone(), s.x1.clone()) > 1e-2, "the block changed nothing");
+        let back = blk.reversible_inverse(y, &cx);
+        assert!(max_diff(back.x1, s.x1) < 1e-5);
+        assert!(max_diff(back.x2, s.x2) < 1e-5);
+    }
+}
