@@ -15,6 +15,7 @@ use crate::linear::{LinearAttention, LinearAttentionConfig};
 use crate::local::LocalAttentionConfig;
 use crate::local_2d::{Local2dAttention, Local2dConfig};
 use crate::longformer::{LongformerAttention, LongformerConfig};
+use crate::lsh::{LshAttention, LshConfig};
 use crate::memory_compressed::{MemoryCompressedAttention, MemoryCompressedConfig};
 use crate::multi_scale::MultiScaleConfig;
 use crate::performer::{PerformerAttention, PerformerConfig};
@@ -67,6 +68,8 @@ pub enum AttentionConfig {
     Rfa(RfaConfig),
     /// Cumulative average + FFN + gate (Average Attention Network).
     Average(AverageAttentionConfig),
+    /// Reformer's LSH attention: shared-QK, random-rotation buckets, sorted chunks.
+    Lsh(LshConfig),
 }
 
 impl Default for AttentionConfig {
@@ -95,6 +98,7 @@ impl AttentionConfig {
             Self::Performer(_) => "performer",
             Self::Rfa(_) => "rfa",
             Self::Average(_) => "average",
+            Self::Lsh(_) => "lsh",
         }
     }
 
@@ -112,6 +116,7 @@ impl AttentionConfig {
             Self::Bigbird(c) => Self::Bigbird(c.for_layer(i)),
             Self::Fixed(c) => Self::Fixed(c.for_layer(i)),
             Self::Longformer(c) => Self::Longformer(c.for_layer(i)),
+            Self::Lsh(c) => Self::Lsh(c.for_layer(i)),
             other => other.clone(),
         }
     }
@@ -165,6 +170,7 @@ impl AttentionConfig {
             Self::Performer(c) => Self::Performer(c.expanded(d_model)),
             Self::Rfa(c) => Self::Rfa(c.expanded(d_model)),
             Self::Average(c) => Self::Average(c.expanded(d_model)),
+            Self::Lsh(c) => Self::Lsh(c.expanded(d_model)),
         }
     }
 
@@ -187,6 +193,7 @@ impl AttentionConfig {
             Self::Performer(c) => c.validate(d_model),
             Self::Rfa(c) => c.validate(d_model),
             Self::Average(c) => c.validate(d_model),
+            Self::Lsh(c) => c.validate(d_model),
         }
     }
 
@@ -216,6 +223,7 @@ impl AttentionConfig {
             Self::Performer(c) => Attention::Performer(c.init(d_model, init_std, out_std, device)),
             Self::Rfa(c) => Attention::Rfa(c.init(d_model, init_std, out_std, device)),
             Self::Average(c) => Attention::Average(c.init(d_model, init_std, out_std, device)),
+            Self::Lsh(c) => Attention::Lsh(c.init(d_model, init_std, out_std, device)),
         }
     }
 
@@ -235,6 +243,7 @@ impl AttentionConfig {
             Self::Etc(c) => c.dropout,
             Self::Longformer(c) => c.dropout,
             Self::MemoryCompressed(c) => c.dropout,
+            Self::Lsh(c) => c.dropout,
             Self::Linear(_) | Self::Performer(_) | Self::Rfa(_) | Self::Average(_) => 0.0,
         }
     }
@@ -259,6 +268,7 @@ impl AttentionConfig {
             Self::Performer(c) => c.heads(d_model),
             Self::Rfa(c) => c.heads(d_model),
             Self::Average(c) => c.heads(d_model),
+            Self::Lsh(c) => c.heads(d_model),
         }
     }
 
@@ -283,6 +293,7 @@ impl AttentionConfig {
             Self::Performer(c) => kernel_flops(c.heads(d_model), c.features(d_model), c.chunk),
             Self::Rfa(c) => kernel_flops(c.heads(d_model), 2 * c.features(d_model), c.chunk),
             Self::Average(c) => c.flops_per_token(d_model),
+            Self::Lsh(c) => c.flops_per_token(d_model, len_k),
         }
     }
 
@@ -403,6 +414,21 @@ impl AttentionConfig {
                 "cumulative average of the inputs, FFN and input/forget gates instead of self-attention; O(d) per decoded token",
                 "Zhang et al. 2018, Accelerating Neural Transformer via an Average Attention Network",
             ),
+            KindInfo {
+                axis: "model.attention",
+                kind: "lsh",
+                summary: "Reformer LSH attention: shared-QK, random-rotation hashing into buckets, several rounds, sorted chunks attending to themselves and the chunk before (causal: the m positions before in the sorted order)",
+                paper: "Kitaev et al. 2020, Reformer: The Efficient Transformer",
+                caps: Capabilities {
+                    causal: true,
+                    bidirectional: true,
+                    incremental: true,
+                    score_bias: false,
+                    qk_rotation: false,
+                    aux_losses: false,
+                    variable_length: true,
+                },
+            },
         ]
     }
 }
@@ -467,6 +493,7 @@ pub enum Attention {
     Performer(PerformerAttention),
     Rfa(RfaAttention),
     Average(AverageAttention),
+    Lsh(LshAttention),
 }
 
 impl Attention {
@@ -538,6 +565,7 @@ impl Attention {
             Self::Performer(a) => a.forward(input, state.map(AttentionState::kernel_mut)),
             Self::Rfa(a) => a.forward(input, state.map(AttentionState::kernel_mut)),
             Self::Average(a) => a.forward(input, state.map(AttentionState::kernel_mut)),
+            Self::Lsh(a) => a.forward(input, state.map(AttentionState::kv_mut)),
         }
     }
 

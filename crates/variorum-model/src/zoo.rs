@@ -3,9 +3,9 @@
 
 use variorum_attention::{
     AdaptiveSpanConfig, AttentionConfig, AverageAttentionConfig, BigBirdConfig, BlockwiseConfig, EtcConfig,
-    FixedConfig, LinearAttentionConfig, Local2dConfig, LocalAttentionConfig, LongformerConfig, MemoryCompressedConfig,
-    MultiHeadAttentionConfig, MultiScaleConfig, PerformerConfig, PerformerKernel, RfaConfig, SlidingWindowConfig,
-    StridedCombine, StridedConfig,
+    FixedConfig, LinearAttentionConfig, Local2dConfig, LocalAttentionConfig, LongformerConfig, LshConfig,
+    MemoryCompressedConfig, MultiHeadAttentionConfig, MultiScaleConfig, PerformerConfig, PerformerKernel, RfaConfig,
+    SlidingWindowConfig, StridedCombine, StridedConfig,
 };
 use variorum_block::{
     BlockConfig, CompressionKind, CompressiveMemoryConfig, DepthConfig, FeedForwardConfig, FeedForwardKind,
@@ -406,6 +406,8 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
         ("rfa", AttentionConfig::Rfa(rfa.clone())),
         ("rfa gate", AttentionConfig::Rfa(RfaConfig { gate: true, gate_bias: 0.0, ..rfa })),
         ("average", AttentionConfig::Average(AverageAttentionConfig { chunk: 3, ..Default::default() })),
+        // several chunks and buckets at the harness's lengths
+        ("lsh", AttentionConfig::Lsh(LshConfig { buckets: 4, rounds: 2, chunk: 3, ..Default::default() })),
     ] {
         out.push((format!("attention {name}"), ModelConfig { attention, ..tiny() }));
     }

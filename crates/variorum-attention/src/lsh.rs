@@ -1,0 +1,313 @@
+//! LSH attention (Kitaev et al. 2020, Reformer), the `lsh` kind. Queries and keys share one
+//! projection (shared-QK: k_j = q_j / ‖q_j‖), and a query attends only to keys that hash to its
+//! bucket under random rotations,
+//!
+//! h(x) = argmax([xR; −xR]),   R ∈ ℝ^{d × b/2} random, b buckets,
+//!
+//! o_i = Σ_{j ∈ P_i} exp(q_i·k_j/√d − z(i, P_i)) v_j,   P_i = {j : h(k_i) = h(k_j)}.
+//!
+//! Computed as in the paper: per hash round, positions are sorted by (bucket, position), cut into
+//! chunks of m, and each chunk attends to itself and the chunk before — O(L·m) scores, plus the
+//! sort. Within those keys only same-bucket pairs count. A position does not attend to itself
+//! unless nothing else is available (its score is set to −10⁵). Several rounds (`rounds`) are
+//! combined by their softmax normalisers: o_i = Σ_r exp(z_r(i) − log Σ_r' exp z_r'(i)) o_i^r.
+//!
+//! Causal: a chunk boundary in the sorted order depends on how many later positions hash to lower
+//! buckets, which would leak the future into the set of keys a query sees. Our causal variant
+//! therefore lets a query see the m positions before it *in the sorted order* (not "its chunk and
+//! the one before"), restricted to its bucket: that is the last m earlier positions of its own
+//! bucket, which depend on the past alone. Cached decoding then equals the full forward; it runs
+//! the hashing over the cache again for every token (O(L·m) per token, no L × L matrix).
+//!
+//! The rotations R are drawn per head and round from a ChaCha stream seeded by (`seed`, layer):
+//! fixed per layer and reproducible (the paper draws new ones for every forward).
+//! No relative position scheme applies (there is no score matrix to bias); absolute ones do.
+
+use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
+use burn::prelude::*;
+use burn::tensor::activation::softmax;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use variorum_core::{ConfigError, error::check};
+
+use variorum_position::HeadShape;
+
+use crate::kernel;
+use crate::{AttentionInput, AttentionOutput, KvCache};
+
+/// `model.attention` with `kind = "lsh"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LshConfig {
+    pub n_heads: usize,
+    /// Default d_model / n_heads.
+    pub head_dim: Option<usize>,
+    /// Dropout on the attention weights. Default 0.
+    pub dropout: f64,
+    pub bias: bool,
+    /// b, hash buckets: 1 or an even number. Default 8.
+    pub buckets: usize,
+    /// Hash rounds combined per query. Default 2.
+    pub rounds: usize,
+    /// m, the chunk of the sorted sequence a query attends within (and the one before). Default 32.
+    pub chunk: usize,
+    /// Seed of the random rotations (mixed with the layer index). Default 0.
+    pub seed: u64,
+    /// The layer this config was specialised for ([`Self::for_layer`]).
+    #[serde(skip)]
+    pub layer: usize,
+}
+
+impl Default for LshConfig {
+    fn default() -> Self {
+        Self {
+            n_heads: 4,
+            head_dim: None,
+            dropout: 0.0,
+            bias: true,
+            buckets: 8,
+            rounds: 2,
+            chunk: 32,
+            seed: 0,
+            layer: 0,
+        }
+    }
+}
+
+impl LshConfig {
+    pub fn heads(&self, d_model: usize) -> HeadShape {
+        kernel::heads(self.n_heads, self.head_dim, d_model)
+    }
+
+    fn head_dim(&self, d_model: usize) -> usize {
+        self.heads(d_model).head_dim
+    }
+
+    pub fn for_layer(&self, i: usize) -> Self {
+        Self { layer: i, ..self.clone() }
+    }
+
+    pub fn expanded(&self, d_model: usize) -> Self {
+        Self { head_dim: Some(self.head_dim(d_model)), ..self.clone() }
+    }
+
+    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        kernel::validate_heads(self.n_heads, self.head_dim, self.chunk, d_model)?;
+        check((0.0..1.0).contains(&self.dropout), || {
+            format!("model.attention.dropout = {} must be in [0, 1)", self.dropout)
+        })?;
+        check(self.buckets == 1 || (self.buckets >= 2 && self.buckets % 2 == 0), || {
+            format!("model.attention.buckets = {} must be 1 or even (h(x) = argmax([xR; −xR]))", self.buckets)
+        })?;
+        check(self.rounds >= 1, || "model.attention.rounds must be at least 1".into())
+    }
+
+    pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> LshAttention {
+        let (h, hd) = (self.n_heads, self.head_dim(d_model));
+        let linear = |i: usize, o: usize, std: f64| {
+            LinearConfig::new(i, o)
+                .with_bias(self.bias)
+                .with_initializer(Initializer::Normal { mean: 0.0, std })
+                .init(device)
+        };
+        LshAttention {
+            qv: linear(d_model, 2 * h * hd, init_std),
+            out: linear(h * hd, d_model, out_std),
+            dropout: DropoutConfig::new(self.dropout).init(),
+            n_heads: h,
+            head_dim: hd,
+            buckets: self.buckets,
+            rounds: self.rounds,
+            chunk: self.chunk,
+            seed: self.seed,
+            layer: self.layer,
+        }
+    }
+
+    /// Multiply–adds per token: projections, the rotations, 2m scores and 2m value rows per round.
+    pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+        let (h, hd) = (self.n_heads as u64, self.head_dim(d_model) as u64);
+        let keys = (2 * self.chunk).min(len_k) as u64;
+        let per_round = h * (hd * self.buckets as u64 / 2 + 2 * keys * hd);
+        2 * (3 * d_model as u64 * h * hd + self.rounds as u64 * per_round)
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct LshAttention {
+    /// The shared query/key projection and the value projection, fused.
+    pub qv: Linear,
+    pub out: Linear,
+    pub dropout: Dropout,
+    pub n_heads: usize,
+    pub head_dim: usize,
+    pub buckets: usize,
+    pub rounds: usize,
+    pub chunk: usize,
+    pub seed: u64,
+    pub layer: usize,
+}
+
+/// A position's score against itself: below any real score, above a masked one.
+const SELF_SCORE: f32 = -1e5;
+const MASKED: f32 = -1e9;
+
+impl LshAttention {
+    /// The rotations of round `round`, `[1, heads, head_dim, buckets / 2]`, N(0, 1) entries.
+    fn rotations(&self, round: usize, device: &Device) -> Tensor<4> {
+        let half = self.buckets / 2;
+        let stream = self.seed ^ (self.layer as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (round as u64) << 40;
+        let mut rng = ChaCha8Rng::seed_from_u64(stream);
+        let n = self.n_heads * self.head_dim * half;
+        // Box–Muller: rand_distr would be a dependency for this one line
+        let values: Vec<f32> = (0..n)
+            .map(|_| {
+                let (u, v): (f64, f64) = (rng.random::<f64>().max(f64::MIN_POSITIVE), rng.random());
+                ((-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()) as f32
+            })
+            .collect();
+        Tensor::from_data(TensorData::new(values, [1, self.n_heads, self.head_dim, half]), device)
+    }
+
+    /// Bucket of each key in round `round`, `[b, heads, len]` (keys `[b, heads, len, head_dim]`).
+    pub fn buckets(&self, keys: Tensor<4>, round: usize) -> Tensor<3, Int> {
+        let [b, h, l, _] = keys.dims();
+        if self.buckets == 1 {
+            return Tensor::zeros([b, h, l], &keys.device());
+        }
+        let rotated = keys.clone().matmul(self.rotations(round, &keys.device()));
+        Tensor::cat(vec![rotated.clone(), rotated.neg()], 3).argmax(3).squeeze_dim::<3>(3)
+    }
+
+    /// Shared query/key and value heads, `[b, heads, len, head_dim]` each.
+    fn project(&self, x: Tensor<3>) -> (Tensor<4>, Tensor<4>) {
+        let [b, l, _] = x.dims();
+        let (h, hd) = (self.n_heads, self.head_dim);
+        let qv = self.qv.forward(x).reshape([b, l, 2, h, hd]);
+        let heads = |i: usize| qv.clone().narrow(2, i, 1).reshape([b, l, h, hd]).swap_dims(1, 2);
+        (heads(0), heads(1))
+    }
+
+    pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
+        let causal = input.mask.causal;
+        let (q, v) = self.project(input.query);
+        let lq = q.dims()[2];
+        // the cache keeps every position's shared projection and value: a decoded token re-runs
+        // the hashing over all of them (the result for earlier positions is the same as before)
+        let (q, v) = match cache {
+            Some(c) => c.append(q, v),
+            None => (q, v),
+        };
+        let [b, h, l, hd] = q.dims();
+        let keys = q.clone() / (q.clone().powf_scalar(2.0).sum_dim(3).sqrt() + 1e-6);
+        let mut outs = Vec::with_capacity(self.rounds);
+        let mut norms = Vec::with_capacity(self.rounds);
+        for round in 0..self.rounds {
+            let (o, z) = self.round(q.clone(), keys.clone(), v.clone(), round, causal);
+            outs.push(o);
+            norms.push(z);
+        }
+        let context = if self.rounds == 1 {
+            outs.pop().expect("one round")
+        } else {
+            // rounds weighted by their normalisers: softmax over the rounds of log Σ exp(scores)
+            let weights = softmax(Tensor::cat(norms, 3), 3);
+            outs.into_iter().enumerate().map(|(r, o)| o * weights.clone().narrow(3, r, 1)).reduce(|a, c| a + c).unwrap()
+        };
+        let context = context.narrow(2, l - lq, lq).swap_dims(1, 2).reshape([b, lq, h * hd]);
+        AttentionOutput { context: self.out.forward(context), weights: None, aux_losses: Vec::new() }
+    }
+
+    /// One hash round: outputs `[b, h, l, hd]` and log-normalisers `[b, h, l, 1]`, in position order.
+    fn round(&self, q: Tensor<4>, keys: Tensor<4>, v: Tensor<4>, round: usize, causal: bool) -> (Tensor<4>, Tensor<4>) {
+        let [b, h, l, hd] = q.dims();
+        let device = q.device();
+        let m = self.chunk.min(l);
+        let chunks = l.div_ceil(m);
+        let padded = chunks * m;
+
+        // sort by (bucket, position)
+        let bucket = self.buckets(keys.clone(), round);
+        let position = Tensor::<1, Int>::arange(0..l as i64, &device).reshape([1, 1, l]).expand([b, h, l]);
+        let (sorted_key, order) = (bucket.mul_scalar(l as i64) + position).sort_with_indices(2);
+        let pick = |t: Tensor<4>| t.gather(2, order.clone().unsqueeze_dim::<4>(3).expand([b, h, l, hd]));
+        let pad = |t: Tensor<4>| {
+            if padded == l { t } else { Tensor::cat(vec![t, Tensor::zeros([b, h, padded - l, hd], &device)], 2) }
+        };
+        let chunked = |t: Tensor<4>| pad(t).reshape([b * h, chunks, m, hd]);
+        let (sq, sk, sv) = (chunked(pick(q)), chunked(pick(keys)), chunked(pick(v)));
+        // padding sorts last, in a bucket of its own (−1 never equals a real one)
+        let sorted_bucket = sorted_key.float().div_scalar(l as f64).floor();
+        let sorted_bucket = if padded == l {
+            sorted_bucket
+        } else {
+            Tensor::cat(vec![sorted_bucket, Tensor::full([b, h, padded - l], -1.0, &device)], 2)
+        };
+        let qb = sorted_bucket.reshape([b * h, chunks, m, 1]);
+
+        // keys of a chunk: the chunk before it, then its own (one chunk: its own only)
+        let with_previous = |t: Tensor<4>, width: usize| {
+            if chunks == 1 {
+                return t;
+            }
+            let previous = Tensor::cat(vec![t.clone().narrow(1, chunks - 1, 1), t.clone().narrow(1, 0, chunks - 1)], 1);
+            Tensor::cat(vec![previous, t], 2).reshape([b * h, chunks, 2 * m, width])
+        };
+        let (ck, cv) = (with_previous(sk, hd), with_previous(sv, hd));
+        let kb = with_previous(qb.clone(), 1).swap_dims(2, 3);
+        let n_keys = ck.dims()[2];
+
+        let scores = sq.matmul(ck.swap_dims(2, 3)).div_scalar((hd as f64).sqrt());
+        let other_bucket = (qb - kb).abs().greater_elem(0.5);
+        let (is_self, outside) = self.chunk_masks(chunks, m, n_keys, causal, &device);
+        let full = [b * h, chunks, m, n_keys];
+        let scores = scores
+            .mask_fill(is_self.unsqueeze_dim::<4>(0).expand(full), SELF_SCORE)
+            .mask_fill(other_bucket.expand(full).bool_or(outside.unsqueeze_dim::<4>(0).expand(full)), MASKED);
+        let z = log_sum_exp(scores.clone()); // [bh, chunks, m, 1]
+        let probs = self.dropout.forward((scores - z.clone()).exp());
+        let out = probs.matmul(cv).reshape([b, h, padded, hd]).narrow(2, 0, l);
+        let z = z.reshape([b, h, padded, 1]).narrow(2, 0, l);
+
+        // back to position order: the inverse permutation is the sort of the permutation
+        let inverse = order.argsort(2).unsqueeze_dim::<4>(3);
+        (out.gather(2, inverse.clone().expand([b, h, l, hd])), z.gather(2, inverse))
+    }
+
+    /// Which (query, key) pairs of a chunk are the same sorted position, and which lie outside
+    /// what a query may see: `[chunks, m, keys]` each. Causal: sorted offsets 0…m back.
+    fn chunk_masks(
+        &self,
+        chunks: usize,
+        m: usize,
+        keys: usize,
+        causal: bool,
+        device: &Device,
+    ) -> (Tensor<3, Bool>, Tensor<3, Bool>) {
+        let (mut is_self, mut outside) = (Vec::new(), Vec::new());
+        for c in 0..chunks {
+            for s in c * m..(c + 1) * m {
+                for j in 0..keys {
+                    // sorted index of key j: the chunk before (chunk −1 wraps to the last, as in
+                    // the paper), then the own chunk
+                    let t = match keys == m {
+                        true => c * m + j,
+                        false if j < m => ((c + chunks - 1) % chunks) * m + j,
+                        false => c * m + j - m,
+                    };
+                    is_self.push(t == s);
+                    outside.push(causal && (t > s || s - t > m));
+                }
+            }
+        }
+        let mk = |v: Vec<bool>| Tensor::from_data(TensorData::new(v, [chunks, m, keys]), device);
+        (mk(is_self), mk(outside))
+    }
+}
+
+/// log Σ exp over the last dimension (kept), stable.
+fn log_sum_exp(t: Tensor<4>) -> Tensor<4> {
+    let max = t.clone().max_dim(3).detach();
+    (t - max.clone()).exp().sum_dim(3).log() + max
+}
