@@ -190,6 +190,8 @@ impl LshAttention {
     }
 
     pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
+        // shared-QK: keys come from the queries' positions (models refuse a memory with it)
+        assert!(input.key_value.is_none(), "lsh attention is self-attention only (shared queries and keys)");
         let causal = input.mask.causal;
         let (q, v) = self.project(input.query);
         let lq = q.dims()[2];

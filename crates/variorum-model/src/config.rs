@@ -120,6 +120,12 @@ impl ModelConfig {
                 self.memory.kind()
             )
         })?;
+        check(self.memory.is_none() || self.attention.kind() != "lsh", || {
+            format!(
+                "model.attention.kind = \"lsh\" cannot read a memory (model.memory.kind = \"{}\"): its queries and keys are one shared projection of the same positions",
+                self.memory.kind()
+            )
+        })?;
         let per_layer = self.attention.per_layer();
         check(per_layer == 0 || (per_layer == self.n_layers && !self.depth.shared()), || {
             format!(

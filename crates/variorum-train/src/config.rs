@@ -334,4 +334,16 @@ path = "x.txt"
         let ok = bad.replace("untied", "alibi");
         assert!(ExperimentConfig::parse(&ok, false).unwrap().validate().is_ok());
     }
+
+    #[test]
+    fn lsh_with_a_memory_or_a_relative_scheme_is_refused_by_name() {
+        let lsh = OK.replace("kind = \"full\"", "kind = \"lsh\"");
+        assert!(ExperimentConfig::parse(&lsh, false).unwrap().validate().is_ok());
+        let memory = lsh.replace("[data]", "[model.position]\nkind = \"none\"\n[model.memory]\nkind = \"xl\"\n[data]");
+        let e = ExperimentConfig::parse(&memory, false).unwrap().validate().unwrap_err().to_string();
+        assert!(e.contains("\"lsh\" cannot read a memory"), "{e}");
+        let alibi = lsh.replace("[data]", "[model.position]\nkind = \"alibi\"\n[data]");
+        let e = ExperimentConfig::parse(&alibi, false).unwrap().validate().unwrap_err().to_string();
+        assert!(e.contains("alibi") && e.contains("\"lsh\""), "{e}");
+    }
 }
