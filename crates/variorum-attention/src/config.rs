@@ -20,6 +20,7 @@ use crate::memory_compressed::{MemoryCompressedAttention, MemoryCompressedConfig
 use crate::multi_scale::MultiScaleConfig;
 use crate::performer::{PerformerAttention, PerformerConfig};
 use crate::rfa::{RfaAttention, RfaConfig};
+use crate::routing::{RoutingAttention, RoutingConfig};
 use crate::sliding_window::SlidingWindowConfig;
 use crate::strided::{StridedAttention, StridedConfig};
 use crate::{
@@ -70,6 +71,8 @@ pub enum AttentionConfig {
     Average(AverageAttentionConfig),
     /// Reformer's LSH attention: shared-QK, random-rotation buckets, sorted chunks.
     Lsh(LshConfig),
+    /// Routing Transformer: queries and keys clustered by online k-means, attention per cluster.
+    Routing(RoutingConfig),
 }
 
 impl Default for AttentionConfig {
@@ -99,6 +102,7 @@ impl AttentionConfig {
             Self::Rfa(_) => "rfa",
             Self::Average(_) => "average",
             Self::Lsh(_) => "lsh",
+            Self::Routing(_) => "routing",
         }
     }
 
@@ -171,6 +175,7 @@ impl AttentionConfig {
             Self::Rfa(c) => Self::Rfa(c.expanded(d_model)),
             Self::Average(c) => Self::Average(c.expanded(d_model)),
             Self::Lsh(c) => Self::Lsh(c.expanded(d_model)),
+            Self::Routing(c) => Self::Routing(c.expanded(d_model)),
         }
     }
 
@@ -194,6 +199,7 @@ impl AttentionConfig {
             Self::Rfa(c) => c.validate(d_model),
             Self::Average(c) => c.validate(d_model),
             Self::Lsh(c) => c.validate(d_model),
+            Self::Routing(c) => c.validate(d_model),
         }
     }
 
@@ -224,6 +230,7 @@ impl AttentionConfig {
             Self::Rfa(c) => Attention::Rfa(c.init(d_model, init_std, out_std, device)),
             Self::Average(c) => Attention::Average(c.init(d_model, init_std, out_std, device)),
             Self::Lsh(c) => Attention::Lsh(c.init(d_model, init_std, out_std, device)),
+            Self::Routing(c) => Attention::Routing(c.init(d_model, init_std, out_std, device)),
         }
     }
 
@@ -244,6 +251,7 @@ impl AttentionConfig {
             Self::Longformer(c) => c.dropout,
             Self::MemoryCompressed(c) => c.dropout,
             Self::Lsh(c) => c.dropout,
+            Self::Routing(c) => c.dropout,
             Self::Linear(_) | Self::Performer(_) | Self::Rfa(_) | Self::Average(_) => 0.0,
         }
     }
@@ -269,6 +277,7 @@ impl AttentionConfig {
             Self::Rfa(c) => c.heads(d_model),
             Self::Average(c) => c.heads(d_model),
             Self::Lsh(c) => c.heads(d_model),
+            Self::Routing(c) => c.heads(d_model),
         }
     }
 
@@ -294,6 +303,7 @@ impl AttentionConfig {
             Self::Rfa(c) => kernel_flops(c.heads(d_model), 2 * c.features(d_model), c.chunk),
             Self::Average(c) => c.flops_per_token(d_model),
             Self::Lsh(c) => c.flops_per_token(d_model, len_k),
+            Self::Routing(c) => c.flops_per_token(d_model, len_k),
         }
     }
 
@@ -429,6 +439,21 @@ impl AttentionConfig {
                     variable_length: true,
                 },
             },
+            KindInfo {
+                axis: "model.attention",
+                kind: "routing",
+                summary: "Routing Transformer: queries and keys clustered by online k-means (EMA centroids, one set per head), attention within the cluster over sorted chunks; optional local heads",
+                paper: "Roy et al. 2021, Efficient Content-Based Sparse Attention with Routing Transformers",
+                caps: Capabilities {
+                    causal: true,
+                    bidirectional: true,
+                    incremental: true,
+                    score_bias: false,
+                    qk_rotation: false,
+                    aux_losses: false,
+                    variable_length: true,
+                },
+            },
         ]
     }
 }
@@ -494,6 +519,7 @@ pub enum Attention {
     Rfa(RfaAttention),
     Average(AverageAttention),
     Lsh(LshAttention),
+    Routing(RoutingAttention),
 }
 
 impl Attention {
@@ -566,6 +592,7 @@ impl Attention {
             Self::Rfa(a) => a.forward(input, state.map(AttentionState::kernel_mut)),
             Self::Average(a) => a.forward(input, state.map(AttentionState::kernel_mut)),
             Self::Lsh(a) => a.forward(input, state.map(AttentionState::kv_mut)),
+            Self::Routing(a) => a.forward(input, state.map(AttentionState::kv_mut)),
         }
     }
 
@@ -591,6 +618,14 @@ impl Attention {
         match self {
             Self::Longformer(a) => &a.global_token_ids,
             _ => &[],
+        }
+    }
+
+    /// Moves routing attention's centroids toward what the training forwards since the last call
+    /// assigned to them; nothing for the other kinds.
+    pub fn update_centroids(&mut self) {
+        if let Self::Routing(a) = self {
+            a.update_centroids();
         }
     }
 

@@ -31,7 +31,9 @@ pub mod performer;
 pub mod qkv;
 pub mod random_features;
 pub mod rfa;
+pub mod routing;
 pub mod sliding_window;
+pub mod sorted_chunks;
 pub mod strided;
 
 pub use adaptive_span::{AdaptiveSpanAttention, AdaptiveSpanConfig};
@@ -56,5 +58,6 @@ pub use multi_scale::MultiScaleConfig;
 pub use performer::{PerformerAttention, PerformerConfig, PerformerKernel};
 pub use qkv::{QkvProjection, QkvProjectionConfig};
 pub use rfa::{RfaAttention, RfaConfig};
+pub use routing::{RoutingAttention, RoutingConfig};
 pub use sliding_window::SlidingWindowConfig;
 pub use strided::{StridedAttention, StridedCombine, StridedConfig};

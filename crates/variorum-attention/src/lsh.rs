@@ -6,9 +6,9 @@
 //!
 //! o_i = Σ_{j ∈ P_i} exp(q_i·k_j/√d − z(i, P_i)) v_j,   P_i = {j : h(k_i) = h(k_j)}.
 //!
-//! Computed as in the paper: per hash round, positions are sorted by (bucket, position), cut into
-//! chunks of m, and each chunk attends to itself and the chunk before — O(L·m) scores, plus the
-//! sort. Within those keys only same-bucket pairs count. A position does not attend to itself
+//! Computed as in the paper ([`crate::sorted_chunks`]): per hash round, positions are sorted by
+//! (bucket, position), cut into chunks of m, and each chunk attends to itself and the chunk
+//! before — O(L·m) scores, plus the sort. Within those keys only same-bucket pairs count. A position does not attend to itself
 //! unless nothing else is available (its score is set to −10⁵). Several rounds (`rounds`) are
 //! combined by their softmax normalisers: o_i = Σ_r exp(z_r(i) − log Σ_r' exp z_r'(i)) o_i^r.
 //!
@@ -34,6 +34,7 @@ use variorum_core::{ConfigError, error::check};
 use variorum_position::HeadShape;
 
 use crate::kernel;
+use crate::sorted_chunks::{SortedItems, sorted_chunk_attention};
 use crate::{AttentionInput, AttentionOutput, KvCache};
 
 /// `model.attention` with `kind = "lsh"`.
@@ -151,7 +152,6 @@ pub struct LshAttention {
 
 /// A position's score against itself: below any real score, above a masked one.
 const SELF_SCORE: f32 = -1e5;
-const MASKED: f32 = -1e9;
 
 impl LshAttention {
     /// The rotations of round `round`, `[1, heads, head_dim, buckets / 2]`, N(0, 1) entries.
@@ -223,93 +223,12 @@ impl LshAttention {
 
     /// One hash round: outputs `[b, h, l, hd]` and log-normalisers `[b, h, l, 1]`, in position order.
     fn round(&self, q: Tensor<4>, keys: Tensor<4>, v: Tensor<4>, round: usize, causal: bool) -> (Tensor<4>, Tensor<4>) {
-        let [b, h, l, hd] = q.dims();
-        let device = q.device();
-        let m = self.chunk.min(l);
-        let chunks = l.div_ceil(m);
-        let padded = chunks * m;
-
-        // sort by (bucket, position)
+        let [b, h, l, _] = q.dims();
         let bucket = self.buckets(keys.clone(), round);
-        let position = Tensor::<1, Int>::arange(0..l as i64, &device).reshape([1, 1, l]).expand([b, h, l]);
-        let (sorted_key, order) = (bucket.mul_scalar(l as i64) + position).sort_with_indices(2);
-        let pick = |t: Tensor<4>| t.gather(2, order.clone().unsqueeze_dim::<4>(3).expand([b, h, l, hd]));
-        let pad = |t: Tensor<4>| {
-            if padded == l { t } else { Tensor::cat(vec![t, Tensor::zeros([b, h, padded - l, hd], &device)], 2) }
-        };
-        let chunked = |t: Tensor<4>| pad(t).reshape([b * h, chunks, m, hd]);
-        let (sq, sk, sv) = (chunked(pick(q)), chunked(pick(keys)), chunked(pick(v)));
-        // padding sorts last, in a bucket of its own (−1 never equals a real one)
-        let sorted_bucket = sorted_key.float().div_scalar(l as f64).floor();
-        let sorted_bucket = if padded == l {
-            sorted_bucket
-        } else {
-            Tensor::cat(vec![sorted_bucket, Tensor::full([b, h, padded - l], -1.0, &device)], 2)
-        };
-        let qb = sorted_bucket.reshape([b * h, chunks, m, 1]);
-
-        // keys of a chunk: the chunk before it, then its own (one chunk: its own only)
-        let with_previous = |t: Tensor<4>, width: usize| {
-            if chunks == 1 {
-                return t;
-            }
-            let previous = Tensor::cat(vec![t.clone().narrow(1, chunks - 1, 1), t.clone().narrow(1, 0, chunks - 1)], 1);
-            Tensor::cat(vec![previous, t], 2).reshape([b * h, chunks, 2 * m, width])
-        };
-        let (ck, cv) = (with_previous(sk, hd), with_previous(sv, hd));
-        let kb = with_previous(qb.clone(), 1).swap_dims(2, 3);
-        let n_keys = ck.dims()[2];
-
-        let scores = sq.matmul(ck.swap_dims(2, 3)).div_scalar((hd as f64).sqrt());
-        let other_bucket = (qb - kb).abs().greater_elem(0.5);
-        let (is_self, outside) = self.chunk_masks(chunks, m, n_keys, causal, &device);
-        let full = [b * h, chunks, m, n_keys];
-        let scores = scores
-            .mask_fill(is_self.unsqueeze_dim::<4>(0).expand(full), SELF_SCORE)
-            .mask_fill(other_bucket.expand(full).bool_or(outside.unsqueeze_dim::<4>(0).expand(full)), MASKED);
-        let z = log_sum_exp(scores.clone()); // [bh, chunks, m, 1]
-        let probs = self.dropout.forward((scores - z.clone()).exp());
-        let out = probs.matmul(cv).reshape([b, h, padded, hd]).narrow(2, 0, l);
-        let z = z.reshape([b, h, padded, 1]).narrow(2, 0, l);
-
-        // back to position order: the inverse permutation is the sort of the permutation
-        let inverse = order.argsort(2).unsqueeze_dim::<4>(3);
-        (out.gather(2, inverse.clone().expand([b, h, l, hd])), z.gather(2, inverse))
+        let position = Tensor::<1, Int>::arange(0..l as i64, &q.device()).reshape([1, 1, l]).expand([b, h, l]);
+        let sort_key = bucket.clone().mul_scalar(l as i64) + position;
+        let bucket = bucket.float();
+        let items = SortedItems { q, k: keys, v, sort_key, query_bucket: bucket.clone(), key_bucket: bucket };
+        sorted_chunk_attention(items, self.chunk, causal, Some(SELF_SCORE), &self.dropout)
     }
-
-    /// Which (query, key) pairs of a chunk are the same sorted position, and which lie outside
-    /// what a query may see: `[chunks, m, keys]` each. Causal: sorted offsets 0…m back.
-    fn chunk_masks(
-        &self,
-        chunks: usize,
-        m: usize,
-        keys: usize,
-        causal: bool,
-        device: &Device,
-    ) -> (Tensor<3, Bool>, Tensor<3, Bool>) {
-        let (mut is_self, mut outside) = (Vec::new(), Vec::new());
-        for c in 0..chunks {
-            for s in c * m..(c + 1) * m {
-                for j in 0..keys {
-                    // sorted index of key j: the chunk before (chunk −1 wraps to the last, as in
-                    // the paper), then the own chunk
-                    let t = match keys == m {
-                        true => c * m + j,
-                        false if j < m => ((c + chunks - 1) % chunks) * m + j,
-                        false => c * m + j - m,
-                    };
-                    is_self.push(t == s);
-                    outside.push(causal && (t > s || s - t > m));
-                }
-            }
-        }
-        let mk = |v: Vec<bool>| Tensor::from_data(TensorData::new(v, [chunks, m, keys]), device);
-        (mk(is_self), mk(outside))
-    }
-}
-
-/// log Σ exp over the last dimension (kept), stable.
-fn log_sum_exp(t: Tensor<4>) -> Tensor<4> {
-    let max = t.clone().max_dim(3).detach();
-    (t - max.clone()).exp().sum_dim(3).log() + max
 }

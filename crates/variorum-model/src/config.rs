@@ -120,9 +120,10 @@ impl ModelConfig {
                 self.memory.kind()
             )
         })?;
-        check(self.memory.is_none() || self.attention.kind() != "lsh", || {
+        check(self.memory.is_none() || !matches!(self.attention.kind(), "lsh" | "routing"), || {
             format!(
-                "model.attention.kind = \"lsh\" cannot read a memory (model.memory.kind = \"{}\"): its queries and keys are one shared projection of the same positions",
+                "model.attention.kind = \"{}\" cannot read a memory (model.memory.kind = \"{}\"): it sorts queries and keys of the same positions together",
+                self.attention.kind(),
                 self.memory.kind()
             )
         })?;

@@ -375,6 +375,14 @@ impl DecoderLm {
         self
     }
 
+    /// Moves routing attention's centroids (the trainer calls this after each optimiser step).
+    pub fn update_centroids(mut self) -> Self {
+        for block in &mut self.blocks {
+            block.attn.update_centroids();
+        }
+        self
+    }
+
     /// The branch dropout of a reversible stack while training (on an autodiff `device`), with a
     /// base seed drawn from the device generator; `None` otherwise.
     pub fn replay_dropout(&self, device: &Device) -> Option<ReplayDropout> {

@@ -5,7 +5,7 @@ use variorum_attention::{
     AdaptiveSpanConfig, AttentionConfig, AverageAttentionConfig, BigBirdConfig, BlockwiseConfig, EtcConfig,
     FixedConfig, LinearAttentionConfig, Local2dConfig, LocalAttentionConfig, LongformerConfig, LshConfig,
     MemoryCompressedConfig, MultiHeadAttentionConfig, MultiScaleConfig, PerformerConfig, PerformerKernel, RfaConfig,
-    SlidingWindowConfig, StridedCombine, StridedConfig,
+    RoutingConfig, SlidingWindowConfig, StridedCombine, StridedConfig,
 };
 use variorum_block::{
     BlockConfig, CompressionKind, CompressiveMemoryConfig, DepthConfig, FeedForwardConfig, FeedForwardKind,
@@ -408,6 +408,11 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
         ("average", AttentionConfig::Average(AverageAttentionConfig { chunk: 3, ..Default::default() })),
         // several chunks and buckets at the harness's lengths
         ("lsh", AttentionConfig::Lsh(LshConfig { buckets: 4, rounds: 2, chunk: 3, ..Default::default() })),
+        ("routing", AttentionConfig::Routing(RoutingConfig { clusters: 3, window: 2, ..Default::default() })),
+        (
+            "routing + local heads",
+            AttentionConfig::Routing(RoutingConfig { clusters: 2, window: 3, local_heads: 2, ..Default::default() }),
+        ),
     ] {
         out.push((format!("attention {name}"), ModelConfig { attention, ..tiny() }));
     }

@@ -106,7 +106,8 @@ pub fn train_step(
     } else {
         crate::clip::global_norm(&model, &grads)
     };
-    let model = optim.step(lr, model, grads);
+    // routing attention's centroids follow the assignments of this step (EMA, not gradients)
+    let model = optim.step(lr, model, grads).update_centroids();
     let loss = loss_sum.expect("at least one micro-batch").div_scalar(n as f64);
     let aux = aux_sums.into_iter().map(|(name, s)| (name, s.div_scalar(n as f64))).collect();
     (model, StepResult { loss, grad_norm, aux })

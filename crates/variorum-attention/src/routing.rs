@@ -1,0 +1,251 @@
+//! Routing attention (Roy et al. 2021, Routing Transformer), the `routing` kind. Queries and keys
+//! are clustered by online k-means against one set of centroids μ ∈ ℝ^{k × d} per head, and a
+//! query attends only to keys of its own cluster,
+//!
+//! c(x) = argmax_c  x̂·μ_c   (x̂ = x / ‖x‖),      o_i = softmax_{j : c(k_j) = c(q_i)}(q_i·k_j / √d) v_j.
+//!
+//! The centroids are not trained by gradients: every training forward records the normalised
+//! queries and keys assigned to each centroid, and after the optimiser step
+//! ([`RoutingAttention::update_centroids`], called by the trainer) each centroid moves by an
+//! exponential moving average toward their mean, μ_c ← normalise(λ μ_c + (1 − λ) mean_c)
+//! (spherical mini-batch k-means; the paper's update sums rather than averages).
+//!
+//! Shapes stay static as with LSH ([`crate::sorted_chunks`]): the L keys and L queries become 2L
+//! routing items sorted by (cluster, position, key before query); a query sees the same-cluster
+//! keys among the 2w items before it causally (its latest same-cluster predecessors: strictly
+//! causal, where the paper's top-w per cluster would let later tokens displace earlier ones), or
+//! in its chunk of 2w items and the one before bidirectionally. A query whose cluster holds no
+//! visible key returns zero. `local_heads` (the paper's best configurations mix local and
+//! routing heads) puts every position of the first heads in one cluster: a sliding window of w.
+//!
+//! Decoding keeps every position's key, query and value and routes again over all of them
+//! (O(L·w) per token, no L × L matrix). No relative position scheme (no score matrix to bias).
+
+use std::sync::{Arc, Mutex};
+
+use burn::module::Param;
+use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
+use burn::prelude::*;
+use burn::tensor::Distribution;
+use serde::{Deserialize, Serialize};
+use variorum_core::{ConfigError, error::check};
+use variorum_position::HeadShape;
+
+use crate::kernel;
+use crate::random_features::{fixed, redraw};
+use crate::sorted_chunks::{SortedItems, sorted_chunk_attention};
+use crate::{AttentionInput, AttentionOutput, KvCache};
+
+/// `model.attention` with `kind = "routing"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RoutingConfig {
+    pub n_heads: usize,
+    /// Default d_model / n_heads.
+    pub head_dim: Option<usize>,
+    /// Dropout on the attention weights. Default 0.
+    pub dropout: f64,
+    pub bias: bool,
+    /// k, centroids per head, shared by queries and keys. Default 4.
+    pub clusters: usize,
+    /// w: a query looks among the 2w routing items (queries and keys) before it. Default 32.
+    pub window: usize,
+    /// λ, the centroids' moving-average decay. Default 0.999.
+    pub decay: f64,
+    /// The first `local_heads` heads attend locally (all positions in one cluster). Default 0.
+    pub local_heads: usize,
+}
+
+impl Default for RoutingConfig {
+    fn default() -> Self {
+        Self {
+            n_heads: 4,
+            head_dim: None,
+            dropout: 0.0,
+            bias: true,
+            clusters: 4,
+            window: 32,
+            decay: 0.999,
+            local_heads: 0,
+        }
+    }
+}
+
+impl RoutingConfig {
+    pub fn heads(&self, d_model: usize) -> HeadShape {
+        kernel::heads(self.n_heads, self.head_dim, d_model)
+    }
+
+    pub fn expanded(&self, d_model: usize) -> Self {
+        Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
+    }
+
+    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        crate::MultiHeadAttentionConfig { n_heads: self.n_heads, head_dim: self.head_dim, ..Default::default() }
+            .validate(d_model)?;
+        check(self.window >= 1, || "model.attention.window must be at least 1".into())?;
+        check((0.0..1.0).contains(&self.dropout), || {
+            format!("model.attention.dropout = {} must be in [0, 1)", self.dropout)
+        })?;
+        check(self.clusters >= 1, || "model.attention.clusters must be at least 1".into())?;
+        check((0.0..1.0).contains(&self.decay), || {
+            format!("model.attention.decay = {} must be in [0, 1)", self.decay)
+        })?;
+        check(self.local_heads <= self.n_heads, || {
+            format!("model.attention.local_heads = {} exceeds n_heads = {}", self.local_heads, self.n_heads)
+        })
+    }
+
+    pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> RoutingAttention {
+        let (h, hd) = (self.n_heads, self.heads(d_model).head_dim);
+        let linear = |i: usize, o: usize, std: f64| {
+            LinearConfig::new(i, o)
+                .with_bias(self.bias)
+                .with_initializer(Initializer::Normal { mean: 0.0, std })
+                .init(device)
+        };
+        let centroids = Tensor::random([h * self.clusters, hd], Distribution::Normal(0.0, 1.0), device);
+        RoutingAttention {
+            qkv: linear(d_model, 3 * h * hd, init_std),
+            out: linear(h * hd, d_model, out_std),
+            dropout: DropoutConfig::new(self.dropout).init(),
+            centroids: fixed(unit_rows(centroids)),
+            n_heads: h,
+            head_dim: hd,
+            clusters: self.clusters,
+            window: self.window,
+            decay: self.decay,
+            local_heads: self.local_heads,
+            stats: Default::default(),
+        }
+    }
+
+    /// Multiply–adds per token: projections, the assignments, and 4w scores and value rows for
+    /// each of its two routing items.
+    pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+        let (h, hd) = (self.n_heads as u64, self.heads(d_model).head_dim as u64);
+        let keys = (4 * self.window).min(2 * len_k) as u64;
+        2 * (4 * d_model as u64 * h * hd + h * (2 * self.clusters as u64 * hd + 2 * 2 * keys * hd))
+    }
+}
+
+/// Sums of the normalised queries and keys assigned to each centroid, `[h·k, d]`, and their
+/// counts `[h·k, 1]`, since the last update.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterStats(Arc<Mutex<Option<(Tensor<2>, Tensor<2>)>>>);
+
+#[derive(Module, Debug)]
+pub struct RoutingAttention {
+    pub qkv: Linear,
+    pub out: Linear,
+    pub dropout: Dropout,
+    /// μ, `[heads · clusters, head_dim]`, unit rows; moved by [`Self::update_centroids`].
+    pub centroids: Param<Tensor<2>>,
+    pub n_heads: usize,
+    pub head_dim: usize,
+    pub clusters: usize,
+    pub window: usize,
+    pub decay: f64,
+    pub local_heads: usize,
+    #[module(skip)]
+    pub stats: ClusterStats,
+}
+
+impl RoutingAttention {
+    /// Cluster of each vector, `[b, h, l]` (vectors `[b, h, l, head_dim]`, any norm); local
+    /// heads put everything in cluster 0.
+    pub fn assign(&self, x: Tensor<4>) -> Tensor<3, Int> {
+        let [b, h, l, _] = x.dims();
+        let mu = self.centroids.val().reshape([1, h, self.clusters, self.head_dim]).swap_dims(2, 3);
+        let cluster = unit_rows4(x).matmul(mu).argmax(3).squeeze_dim::<3>(3);
+        if self.local_heads == 0 {
+            return cluster;
+        }
+        let routed: Vec<i64> = (0..h).map(|i| i64::from(i >= self.local_heads)).collect();
+        let routed = Tensor::<1, Int>::from_data(TensorData::new(routed, [h]), &cluster.device());
+        cluster * routed.reshape([1, h, 1]).expand([b, h, l])
+    }
+
+    /// Adds the normalised `x` of each cluster to the statistics (training forwards only).
+    fn record(&self, x: Tensor<4>, cluster: Tensor<3, Int>) {
+        let [b, h, l, d] = x.dims();
+        let k = self.clusters;
+        let ids = Tensor::<1, Int>::arange(0..k as i64, &x.device()).reshape([1, 1, 1, k]).expand([b, h, l, k]);
+        let one_hot = cluster.unsqueeze_dim::<4>(3).expand([b, h, l, k]).equal(ids).float();
+        let x = unit_rows4(x.detach());
+        let sums = one_hot.clone().swap_dims(2, 3).matmul(x).sum_dim(0).reshape([h * k, d]);
+        let counts = one_hot.sum_dim(2).sum_dim(0).reshape([h * k, 1]);
+        let (sums, counts) = (sums.without_autodiff(), counts.without_autodiff());
+        let mut slot = self.stats.0.lock().unwrap_or_else(|e| e.into_inner());
+        *slot = Some(match slot.take() {
+            Some((s, c)) => (s + sums, c + counts),
+            None => (sums, counts),
+        });
+    }
+
+    /// μ_c ← normalise(λ μ_c + (1 − λ) mean of the vectors assigned to c since the last update);
+    /// centroids nothing was assigned to stay. Clears the statistics.
+    pub fn update_centroids(&mut self) {
+        let Some((sums, counts)) = self.stats.0.lock().unwrap_or_else(|e| e.into_inner()).take() else { return };
+        let mu = self.centroids.val();
+        let device = mu.device();
+        let (sums, counts) = (sums.to_device(&device), counts.to_device(&device));
+        let seen = counts.clone().greater_elem(0.0).float();
+        let mean = sums / counts.clamp_min(1.0);
+        let moved = mu.clone().mul_scalar(self.decay) + mean.mul_scalar(1.0 - self.decay);
+        let next = unit_rows(moved) * seen.clone() + mu * seen.neg().add_scalar(1.0);
+        self.centroids = redraw(&self.centroids, next);
+    }
+
+    pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
+        assert!(input.key_value.is_none(), "routing attention is self-attention only");
+        let causal = input.mask.causal;
+        let [b, lq, _] = input.query.dims();
+        let (h, hd) = (self.n_heads, self.head_dim);
+        let qkv = self.qkv.forward(input.query).reshape([b, lq, 3, h, hd]);
+        let head = |i: usize| qkv.clone().narrow(2, i, 1).reshape([b, lq, h, hd]).swap_dims(1, 2);
+        let (q, k, v) = (head(0), head(1), head(2));
+        // the cache keeps every position's key and query (the routing items) and value
+        let (q, k, v) = match cache {
+            Some(c) => {
+                let (kq, v) = c.append(Tensor::cat(vec![k, q], 3), v);
+                (kq.clone().narrow(3, hd, hd), kq.narrow(3, 0, hd), v)
+            }
+            None => (q, k, v),
+        };
+        let l = q.dims()[2];
+        let (cq, ck) = (self.assign(q.clone()), self.assign(k.clone()));
+        if q.is_autodiff() {
+            self.record(q.clone(), cq.clone());
+            self.record(k.clone(), ck.clone());
+        }
+
+        // items 0..l: the keys; l..2l: the queries; sorted by (cluster, position, key first)
+        let device = q.device();
+        let position = Tensor::<1, Int>::arange(0..l as i64, &device).reshape([1, 1, l]).expand([b, h, l]);
+        let n = 2 * l as i64;
+        let key_sort = ck.clone().mul_scalar(n) + position.clone().mul_scalar(2);
+        let query_sort = cq.clone().mul_scalar(n) + position.mul_scalar(2).add_scalar(1);
+        let none = |fill: f32| Tensor::<3>::full([b, h, l], fill, &device);
+        let zeros = Tensor::<4>::zeros([b, h, l, hd], &device);
+        let items = SortedItems {
+            q: Tensor::cat(vec![zeros.clone(), q], 2),
+            k: Tensor::cat(vec![k, zeros.clone()], 2),
+            v: Tensor::cat(vec![v, zeros], 2),
+            sort_key: Tensor::cat(vec![key_sort, query_sort], 2),
+            query_bucket: Tensor::cat(vec![none(-2.0), cq.float()], 2),
+            key_bucket: Tensor::cat(vec![ck.float(), none(-1.0)], 2),
+        };
+        let (out, _) = sorted_chunk_attention(items, 2 * self.window, causal, None, &self.dropout);
+        let context = out.narrow(2, 2 * l - lq, lq).swap_dims(1, 2).reshape([b, lq, h * hd]);
+        AttentionOutput { context: self.out.forward(context), weights: None, aux_losses: Vec::new() }
+    }
+}
+
+fn unit_rows(x: Tensor<2>) -> Tensor<2> {
+    x.clone() / (x.powf_scalar(2.0).sum_dim(1).sqrt() + 1e-6)
+}
+
+fn unit_rows4(x: Tensor<4>) -> Tensor<4> {
+    x.clone() / (x.powf_scalar(2.0).sum_dim(3).sqrt() + 1e-6)
+}

@@ -1,0 +1,128 @@
+//! Attention within buckets over a sorted sequence, the machinery content-based kinds share
+//! (`lsh`, `routing`): items are sorted by a key (bucket first), cut into chunks of m, and every
+//! chunk attends to itself and the chunk before it, only to items of the query's bucket —
+//! O(n·m) scores for n items, plus the sort.
+//!
+//! Causal: a chunk boundary depends on how many later items sort into lower buckets, which would
+//! leak the future into the keys a query sees. Causally an item sees the m items before it *in
+//! the sorted order* instead — within its bucket those are its latest predecessors, which depend
+//! on the past alone (the sort key orders a bucket's items by position).
+//!
+//! An item may be a query, a key, or both: its query bucket and key bucket are separate
+//! (−2 / −1 mark "not a query" / "not a key"), so a row whose bucket has no visible key returns
+//! zero rather than an average of masked values.
+
+use burn::nn::Dropout;
+use burn::prelude::*;
+
+/// A score below any real one: masked pairs.
+const MASKED: f32 = -1e9;
+
+/// The items of one attention call, `[batch, heads, n, …]`.
+pub struct SortedItems {
+    pub q: Tensor<4>,
+    pub k: Tensor<4>,
+    pub v: Tensor<4>,
+    /// Sort key per item, distinct within a row; items are visited in ascending order.
+    pub sort_key: Tensor<3, Int>,
+    /// Bucket of the item as a query (−2: not a query), and as a key (−1: not a key).
+    pub query_bucket: Tensor<3>,
+    pub key_bucket: Tensor<3>,
+}
+
+/// Outputs `[b, h, n, d_v]` and log-normalisers log Σ exp(scores) `[b, h, n, 1]`, in item order.
+/// `self_score`: an item's score against itself (Reformer: −10⁵, "only if nothing else").
+pub fn sorted_chunk_attention(
+    items: SortedItems,
+    chunk: usize,
+    causal: bool,
+    self_score: Option<f32>,
+    dropout: &Dropout,
+) -> (Tensor<4>, Tensor<4>) {
+    let [b, h, n, hd] = items.q.dims();
+    let dv = items.v.dims()[3];
+    let device = items.q.device();
+    let m = chunk.min(n);
+    let chunks = n.div_ceil(m);
+    let padded = chunks * m;
+
+    let (_, order) = items.sort_key.sort_with_indices(2);
+    let pick = |t: Tensor<4>, w: usize| t.gather(2, order.clone().unsqueeze_dim::<4>(3).expand([b, h, n, w]));
+    // padding sorts last; it is neither a query nor a key
+    let pad = |t: Tensor<4>, w: usize, fill: f32| {
+        if padded == n { t } else { Tensor::cat(vec![t, Tensor::full([b, h, padded - n, w], fill, &device)], 2) }
+    };
+    let chunked = |t: Tensor<4>, w: usize, fill: f32| pad(t, w, fill).reshape([b * h, chunks, m, w]);
+    let sq = chunked(pick(items.q, hd), hd, 0.0);
+    let sk = chunked(pick(items.k, hd), hd, 0.0);
+    let sv = chunked(pick(items.v, dv), dv, 0.0);
+    let qb = chunked(pick(items.query_bucket.unsqueeze_dim::<4>(3), 1), 1, -2.0);
+    let kb = chunked(pick(items.key_bucket.unsqueeze_dim::<4>(3), 1), 1, -1.0);
+
+    // keys of a chunk: the chunk before it (the first wraps to the last, as in Reformer), then
+    // its own; one chunk: its own only
+    let with_previous = |t: Tensor<4>, w: usize| {
+        if chunks == 1 {
+            return t;
+        }
+        let previous = Tensor::cat(vec![t.clone().narrow(1, chunks - 1, 1), t.clone().narrow(1, 0, chunks - 1)], 1);
+        Tensor::cat(vec![previous, t], 2).reshape([b * h, chunks, 2 * m, w])
+    };
+    let (ck, cv) = (with_previous(sk, hd), with_previous(sv, dv));
+    let kb = with_previous(kb, 1).swap_dims(2, 3);
+    let n_keys = ck.dims()[2];
+    let full = [b * h, chunks, m, n_keys];
+
+    let scores = sq.matmul(ck.swap_dims(2, 3)).div_scalar((hd as f64).sqrt());
+    let (is_self, outside) = chunk_masks(chunks, m, n_keys, causal, &device);
+    let lift = |t: Tensor<3, Bool>| t.unsqueeze_dim::<4>(0).expand(full);
+    let scores = match self_score {
+        Some(s) => scores.mask_fill(lift(is_self), s),
+        None => scores,
+    };
+    let hidden = (qb - kb).abs().greater_elem(0.5).expand(full).bool_or(lift(outside));
+    let scores = scores.mask_fill(hidden.clone(), MASKED);
+    let z = log_sum_exp(scores.clone()); // [bh, chunks, m, 1]
+    // a row with nothing visible gets zero weights, not a uniform average of hidden keys
+    let probs = (scores - z.clone()).exp() * hidden.bool_not().float();
+    let out = dropout.forward(probs).matmul(cv).reshape([b, h, padded, dv]).narrow(2, 0, n);
+    let z = z.reshape([b, h, padded, 1]).narrow(2, 0, n);
+
+    // back to item order: the inverse permutation is the sort of the permutation
+    let inverse = order.argsort(2).unsqueeze_dim::<4>(3);
+    (out.gather(2, inverse.clone().expand([b, h, n, dv])), z.gather(2, inverse))
+}
+
+/// Which (query, key) pairs of a chunk are the same sorted item, and which lie outside what a
+/// query may see: `[chunks, m, keys]` each. Causal: sorted offsets 0…m back.
+fn chunk_masks(
+    chunks: usize,
+    m: usize,
+    keys: usize,
+    causal: bool,
+    device: &Device,
+) -> (Tensor<3, Bool>, Tensor<3, Bool>) {
+    let (mut is_self, mut outside) = (Vec::new(), Vec::new());
+    for c in 0..chunks {
+        for s in c * m..(c + 1) * m {
+            for j in 0..keys {
+                // sorted index of key j: the chunk before, then the own chunk
+                let t = match keys == m {
+                    true => c * m + j,
+                    false if j < m => ((c + chunks - 1) % chunks) * m + j,
+                    false => c * m + j - m,
+                };
+                is_self.push(t == s);
+                outside.push(causal && (t > s || s - t > m));
+            }
+        }
+    }
+    let mk = |v: Vec<bool>| Tensor::from_data(TensorData::new(v, [chunks, m, keys]), device);
+    (mk(is_self), mk(outside))
+}
+
+/// log Σ exp over the last dimension (kept), stable.
+pub fn log_sum_exp(t: Tensor<4>) -> Tensor<4> {
+    let max = t.clone().max_dim(3).detach();
+    (t - max.clone()).exp().sum_dim(3).log() + max
+}
