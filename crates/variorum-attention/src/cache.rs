@@ -25,6 +25,9 @@ pub struct KvCache {
     /// Per batch row, positions a mechanism keeps flagged across calls (Longformer's global
     /// tokens chosen by id: later queries must still see them).
     pub marked: Vec<Vec<usize>>,
+    /// Per cached position, host-side labels a mechanism decodes from (LSH buckets, routing
+    /// clusters), flattened over batch rows and heads.
+    pub tags: Vec<Vec<i64>>,
 }
 
 impl KvCache {

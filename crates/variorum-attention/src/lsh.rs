@@ -16,8 +16,9 @@
 //! buckets, which would leak the future into the set of keys a query sees. Our causal variant
 //! therefore lets a query see the m positions before it *in the sorted order* (not "its chunk and
 //! the one before"), restricted to its bucket: that is the last m earlier positions of its own
-//! bucket, which depend on the past alone. Cached decoding then equals the full forward; it runs
-//! the hashing over the cache again for every token (O(L·m) per token, no L × L matrix).
+//! bucket, which depend on the past alone. Cached decoding then equals the full forward: the cache
+//! remembers every position's buckets, and a new token scores itself and the last m earlier
+//! positions of its bucket, per round (O(m) on the device per token).
 //!
 //! The rotations R are drawn per head and round from a ChaCha stream seeded by (`seed`, layer):
 //! fixed per layer and reproducible (the paper draws new ones for every forward).
@@ -34,7 +35,7 @@ use variorum_core::{ConfigError, error::check};
 use variorum_position::HeadShape;
 
 use crate::kernel;
-use crate::sorted_chunks::{SortedItems, sorted_chunk_attention};
+use crate::sorted_chunks::{SortedItems, attend_picked, sorted_chunk_attention};
 use crate::{AttentionInput, AttentionOutput, KvCache};
 
 /// `model.attention` with `kind = "lsh"`.
@@ -194,31 +195,53 @@ impl LshAttention {
         assert!(input.key_value.is_none(), "lsh attention is self-attention only (shared queries and keys)");
         let causal = input.mask.causal;
         let (q, v) = self.project(input.query);
-        let lq = q.dims()[2];
-        // the cache keeps every position's shared projection and value: a decoded token re-runs
-        // the hashing over all of them (the result for earlier positions is the same as before)
-        let (q, v) = match cache {
-            Some(c) => c.append(q, v),
-            None => (q, v),
+        let [b, h, lq, hd] = q.dims();
+        let context = match cache {
+            None => self.attend_all(q, v, lq, causal),
+            Some(cache) => {
+                // the cache keeps every position's shared projection, value and buckets
+                let buckets: Vec<Vec<i64>> = (0..self.rounds).map(|r| host(self.buckets(unit(q.clone()), r))).collect();
+                for t in 0..lq {
+                    let tags = (0..b * h).flat_map(|bh| buckets.iter().map(move |round| round[bh * lq + t]));
+                    cache.tags.push(tags.collect());
+                }
+                let (all_q, all_v) = cache.append(q.clone(), v);
+                if lq == 1 && causal && cache.tags.len() == cache.len() {
+                    self.decode_one(q, all_q, all_v, &cache.tags)
+                } else {
+                    self.attend_all(all_q, all_v, lq, causal)
+                }
+            }
         };
-        let [b, h, l, hd] = q.dims();
-        let keys = q.clone() / (q.clone().powf_scalar(2.0).sum_dim(3).sqrt() + 1e-6);
-        let mut outs = Vec::with_capacity(self.rounds);
-        let mut norms = Vec::with_capacity(self.rounds);
-        for round in 0..self.rounds {
-            let (o, z) = self.round(q.clone(), keys.clone(), v.clone(), round, causal);
-            outs.push(o);
-            norms.push(z);
-        }
-        let context = if self.rounds == 1 {
-            outs.pop().expect("one round")
-        } else {
-            // rounds weighted by their normalisers: softmax over the rounds of log Σ exp(scores)
-            let weights = softmax(Tensor::cat(norms, 3), 3);
-            outs.into_iter().enumerate().map(|(r, o)| o * weights.clone().narrow(3, r, 1)).reduce(|a, c| a + c).unwrap()
-        };
-        let context = context.narrow(2, l - lq, lq).swap_dims(1, 2).reshape([b, lq, h * hd]);
+        let context = context.swap_dims(1, 2).reshape([b, lq, h * hd]);
         AttentionOutput { context: self.out.forward(context), weights: None, aux_losses: Vec::new() }
+    }
+
+    /// Every round over all positions; the outputs of the last `lq`, `[b, h, lq, hd]`.
+    fn attend_all(&self, q: Tensor<4>, v: Tensor<4>, lq: usize, causal: bool) -> Tensor<4> {
+        let l = q.dims()[2];
+        let keys = unit(q.clone());
+        let rounds = (0..self.rounds).map(|r| self.round(q.clone(), keys.clone(), v.clone(), r, causal));
+        combine_rounds(rounds.collect()).narrow(2, l - lq, lq)
+    }
+
+    /// The newest position's query (causal) against the keys it sees, read from the buckets the
+    /// cache remembers: itself and the last m earlier positions of its bucket, per round —
+    /// O(m) work on the device per token, whatever the context.
+    fn decode_one(&self, q: Tensor<4>, all_q: Tensor<4>, all_v: Tensor<4>, tags: &[Vec<i64>]) -> Tensor<4> {
+        let [b, h, l, _] = all_q.dims();
+        let rounds = (0..self.rounds).map(|r| {
+            let picks: Vec<Vec<i64>> = (0..b * h)
+                .map(|bh| {
+                    let at = bh * self.rounds + r;
+                    let bucket = tags[l - 1][at];
+                    let earlier = (0..l - 1).rev().filter(|&p| tags[p][at] == bucket).take(self.chunk);
+                    std::iter::once(l as i64 - 1).chain(earlier.map(|p| p as i64)).collect()
+                })
+                .collect();
+            attend_picked(q.clone(), all_q.clone(), all_v.clone(), &picks, self.chunk + 1, Some(SELF_SCORE), true)
+        });
+        combine_rounds(rounds.collect())
     }
 
     /// One hash round: outputs `[b, h, l, hd]` and log-normalisers `[b, h, l, 1]`, in position order.
@@ -231,4 +254,23 @@ impl LshAttention {
         let items = SortedItems { q, k: keys, v, sort_key, query_bucket: bucket.clone(), key_bucket: bucket };
         sorted_chunk_attention(items, self.chunk, causal, Some(SELF_SCORE), &self.dropout)
     }
+}
+
+/// Rounds' outputs weighted by their normalisers: softmax over the rounds of log Σ exp(scores).
+fn combine_rounds(mut rounds: Vec<(Tensor<4>, Tensor<4>)>) -> Tensor<4> {
+    if rounds.len() == 1 {
+        return rounds.pop().expect("one round").0;
+    }
+    let weights = softmax(Tensor::cat(rounds.iter().map(|(_, z)| z.clone()).collect(), 3), 3);
+    rounds.into_iter().enumerate().map(|(r, (o, _))| o * weights.clone().narrow(3, r, 1)).reduce(|a, c| a + c).unwrap()
+}
+
+/// x / ‖x‖ over the last dimension.
+fn unit(x: Tensor<4>) -> Tensor<4> {
+    x.clone() / (x.powf_scalar(2.0).sum_dim(3).sqrt() + 1e-6)
+}
+
+/// An integer tensor's values, row-major.
+pub(crate) fn host(t: Tensor<3, Int>) -> Vec<i64> {
+    t.into_data().convert::<i64>().try_into_vec::<i64>().unwrap_or_default()
 }

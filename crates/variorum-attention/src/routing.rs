@@ -18,8 +18,8 @@
 //! visible key returns zero. `local_heads` (the paper's best configurations mix local and
 //! routing heads) puts every position of the first heads in one cluster: a sliding window of w.
 //!
-//! Decoding keeps every position's key, query and value and routes again over all of them
-//! (O(L·w) per token, no L × L matrix). No relative position scheme (no score matrix to bias).
+//! Decoding keeps every position's key, query, value and clusters; a new token scores only the
+//! keys its routing window holds (O(w) device work per token). No relative position scheme (no score matrix to bias).
 
 use std::sync::{Arc, Mutex};
 
@@ -32,8 +32,9 @@ use variorum_core::{ConfigError, error::check};
 use variorum_position::HeadShape;
 
 use crate::kernel;
+use crate::lsh::host;
 use crate::random_features::{fixed, redraw};
-use crate::sorted_chunks::{SortedItems, sorted_chunk_attention};
+use crate::sorted_chunks::{SortedItems, attend_picked, sorted_chunk_attention};
 use crate::{AttentionInput, AttentionOutput, KvCache};
 
 /// `model.attention` with `kind = "routing"`.
@@ -205,21 +206,36 @@ impl RoutingAttention {
         let qkv = self.qkv.forward(input.query).reshape([b, lq, 3, h, hd]);
         let head = |i: usize| qkv.clone().narrow(2, i, 1).reshape([b, lq, h, hd]).swap_dims(1, 2);
         let (q, k, v) = (head(0), head(1), head(2));
-        // the cache keeps every position's key and query (the routing items) and value
-        let (q, k, v) = match cache {
-            Some(c) => {
-                let (kq, v) = c.append(Tensor::cat(vec![k, q], 3), v);
-                (kq.clone().narrow(3, hd, hd), kq.narrow(3, 0, hd), v)
+        let context = match cache {
+            None => self.route_all(q, k, v, lq, causal),
+            Some(cache) => {
+                // the cache keeps every position's key and query (the routing items), value and
+                // the clusters of both
+                let (ck, cq) = (host(self.assign(k.clone())), host(self.assign(q.clone())));
+                for t in 0..lq {
+                    cache.tags.push((0..b * h).flat_map(|bh| [ck[bh * lq + t], cq[bh * lq + t]]).collect());
+                }
+                let (kq, all_v) = cache.append(Tensor::cat(vec![k, q.clone()], 3), v);
+                let (all_k, all_q) = (kq.clone().narrow(3, 0, hd), kq.narrow(3, hd, hd));
+                if lq == 1 && causal && cache.tags.len() == cache.len() {
+                    self.decode_one(q, all_k, all_v, &cache.tags)
+                } else {
+                    self.route_all(all_q, all_k, all_v, lq, causal)
+                }
             }
-            None => (q, k, v),
         };
-        let l = q.dims()[2];
+        let context = context.swap_dims(1, 2).reshape([b, lq, h * hd]);
+        AttentionOutput { context: self.out.forward(context), weights: None, aux_losses: Vec::new() }
+    }
+
+    /// Routing over all positions; the outputs of the last `lq`, `[b, h, lq, hd]`.
+    fn route_all(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, lq: usize, causal: bool) -> Tensor<4> {
+        let [b, h, l, hd] = q.dims();
         let (cq, ck) = (self.assign(q.clone()), self.assign(k.clone()));
         if q.is_autodiff() {
             self.record(q.clone(), cq.clone());
             self.record(k.clone(), ck.clone());
         }
-
         // items 0..l: the keys; l..2l: the queries; sorted by (cluster, position, key first)
         let device = q.device();
         let position = Tensor::<1, Int>::arange(0..l as i64, &device).reshape([1, 1, l]).expand([b, h, l]);
@@ -237,8 +253,36 @@ impl RoutingAttention {
             key_bucket: Tensor::cat(vec![ck.float(), none(-1.0)], 2),
         };
         let (out, _) = sorted_chunk_attention(items, 2 * self.window, causal, None, &self.dropout);
-        let context = out.narrow(2, 2 * l - lq, lq).swap_dims(1, 2).reshape([b, lq, h * hd]);
-        AttentionOutput { context: self.out.forward(context), weights: None, aux_losses: Vec::new() }
+        out.narrow(2, 2 * l - lq, lq)
+    }
+
+    /// The newest position's query (causal) against the keys it sees, from the clusters the cache
+    /// remembers: walking back through its cluster's routing items (own key, then each earlier
+    /// position's query and key), the keys among the first 2w — O(w) device work per token.
+    fn decode_one(&self, q: Tensor<4>, all_k: Tensor<4>, all_v: Tensor<4>, tags: &[Vec<i64>]) -> Tensor<4> {
+        let [b, h, l, _] = all_k.dims();
+        let reach = 2 * self.window;
+        let picks: Vec<Vec<i64>> = (0..b * h)
+            .map(|bh| {
+                let cluster = tags[l - 1][2 * bh + 1];
+                let (mut items, mut keys) = (0, Vec::new());
+                for p in (0..l).rev() {
+                    let (key, query) = (tags[p][2 * bh], tags[p][2 * bh + 1]);
+                    items += usize::from(p < l - 1 && query == cluster);
+                    if key == cluster {
+                        items += 1;
+                        if items <= reach {
+                            keys.push(p as i64);
+                        }
+                    }
+                    if items >= reach {
+                        break;
+                    }
+                }
+                keys
+            })
+            .collect();
+        attend_picked(q, all_k, all_v, &picks, reach, None, false).0
     }
 }
 
