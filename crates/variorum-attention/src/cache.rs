@@ -53,6 +53,13 @@ impl KvCache {
         Some((k.clone().narrow(2, self.offset, self.len), v.clone().narrow(2, self.offset, self.len)))
     }
 
+    /// The whole buffers `[batch, n_kv_heads, capacity, ·]` and the index of the first live
+    /// entry: a gather of a few entries reads them in place, where a gather from the live views
+    /// of [`get`](Self::get) would first copy the whole cache into one contiguous block.
+    pub fn buffers(&self) -> Option<(Tensor<4>, Tensor<4>, usize)> {
+        Some((self.k.clone()?, self.v.clone()?, self.offset))
+    }
+
     /// Appends the new keys/values and returns all of them.
     pub fn append(&mut self, k: Tensor<4>, v: Tensor<4>) -> (Tensor<4>, Tensor<4>) {
         let n = k.dims()[2];

@@ -207,7 +207,7 @@ impl LshAttention {
                 }
                 let (all_q, all_v) = cache.append(q.clone(), v);
                 if lq == 1 && causal && cache.tags.len() == cache.len() {
-                    self.decode_one(q, all_q, all_v, &cache.tags)
+                    self.decode_one(q, cache)
                 } else {
                     self.attend_all(all_q, all_v, lq, causal)
                 }
@@ -228,8 +228,9 @@ impl LshAttention {
     /// The newest position's query (causal) against the keys it sees, read from the buckets the
     /// cache remembers: itself and the last m earlier positions of its bucket, per round —
     /// O(m) work on the device per token, whatever the context.
-    fn decode_one(&self, q: Tensor<4>, all_q: Tensor<4>, all_v: Tensor<4>, tags: &[Vec<i64>]) -> Tensor<4> {
-        let [b, h, l, _] = all_q.dims();
+    fn decode_one(&self, q: Tensor<4>, cache: &KvCache) -> Tensor<4> {
+        let [b, h, _, _] = q.dims();
+        let (tags, l) = (&cache.tags, cache.len());
         let rounds = (0..self.rounds).map(|r| {
             let picks: Vec<Vec<i64>> = (0..b * h)
                 .map(|bh| {
@@ -239,7 +240,7 @@ impl LshAttention {
                     std::iter::once(l as i64 - 1).chain(earlier.map(|p| p as i64)).collect()
                 })
                 .collect();
-            attend_picked(q.clone(), all_q.clone(), all_v.clone(), &picks, self.chunk + 1, Some(SELF_SCORE), true)
+            attend_picked(q.clone(), cache, &picks, self.chunk + 1, Some(SELF_SCORE), true)
         });
         combine_rounds(rounds.collect())
     }

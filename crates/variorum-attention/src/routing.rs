@@ -216,10 +216,10 @@ impl RoutingAttention {
                     cache.tags.push((0..b * h).flat_map(|bh| [ck[bh * lq + t], cq[bh * lq + t]]).collect());
                 }
                 let (kq, all_v) = cache.append(Tensor::cat(vec![k, q.clone()], 3), v);
-                let (all_k, all_q) = (kq.clone().narrow(3, 0, hd), kq.narrow(3, hd, hd));
                 if lq == 1 && causal && cache.tags.len() == cache.len() {
-                    self.decode_one(q, all_k, all_v, &cache.tags)
+                    self.decode_one(q, cache)
                 } else {
+                    let (all_k, all_q) = (kq.clone().narrow(3, 0, hd), kq.narrow(3, hd, hd));
                     self.route_all(all_q, all_k, all_v, lq, causal)
                 }
             }
@@ -259,8 +259,9 @@ impl RoutingAttention {
     /// The newest position's query (causal) against the keys it sees, from the clusters the cache
     /// remembers: walking back through its cluster's routing items (own key, then each earlier
     /// position's query and key), the keys among the first 2w — O(w) device work per token.
-    fn decode_one(&self, q: Tensor<4>, all_k: Tensor<4>, all_v: Tensor<4>, tags: &[Vec<i64>]) -> Tensor<4> {
-        let [b, h, l, _] = all_k.dims();
+    fn decode_one(&self, q: Tensor<4>, cache: &KvCache) -> Tensor<4> {
+        let [b, h, _, _] = q.dims();
+        let (tags, l) = (&cache.tags, cache.len());
         let reach = 2 * self.window;
         let picks: Vec<Vec<i64>> = (0..b * h)
             .map(|bh| {
@@ -282,7 +283,7 @@ impl RoutingAttention {
                 keys
             })
             .collect();
-        attend_picked(q, all_k, all_v, &picks, reach, None, false).0
+        attend_picked(q, cache, &picks, reach, None, false).0
     }
 }
 

@@ -15,6 +15,8 @@
 use burn::nn::Dropout;
 use burn::prelude::*;
 
+use crate::KvCache;
+
 /// A score below any real one: masked pairs.
 const MASKED: f32 = -1e9;
 
@@ -121,35 +123,37 @@ fn chunk_masks(
     (mk(is_self), mk(outside))
 }
 
-/// One new query `[b, h, 1, hd]` against the keys it picks from `k`, `v` (`[b, h, len, ·]`):
-/// `picks[b·h]` lists key indices (at most `width`; fewer are padded as hidden). `self_score`
-/// gives index `len − 1`, the query's own position, that score. Keys are unit-normalised first
-/// when `unit_keys` (LSH's shared-QK keys). Returns the output `[b, h, 1, d_v]` and the
-/// log-normaliser `[b, h, 1, 1]`, as [`sorted_chunk_attention`] gives them for that query.
+/// One new query `[b, h, 1, hd]` against the cached keys it picks. `picks[b·h]` lists positions
+/// `0..len` of the cache (at most `width`; fewer are padded as hidden); the keys are the first
+/// `hd` features of the cache's key entries. `self_score` gives position `len − 1`, the query's
+/// own, that score; keys are unit-normalised first when `unit_keys` (LSH's shared-QK keys).
+/// Returns the output `[b, h, 1, d_v]` and the log-normaliser `[b, h, 1, 1]`, as
+/// [`sorted_chunk_attention`] gives them for that query.
 pub fn attend_picked(
     q: Tensor<4>,
-    k: Tensor<4>,
-    v: Tensor<4>,
+    cache: &KvCache,
     picks: &[Vec<i64>],
     width: usize,
     self_score: Option<f32>,
     unit_keys: bool,
 ) -> (Tensor<4>, Tensor<4>) {
-    let [b, h, l, hd] = k.dims();
-    let dv = v.dims()[3];
-    let device = k.device();
+    let [b, h, _, hd] = q.dims();
+    let (k, v, offset) = cache.buffers().expect("a token was appended");
+    let (kw, dv) = (k.dims()[3], v.dims()[3]);
+    let last = cache.len() as i64 - 1;
+    let device = q.device();
     let mut index = Vec::with_capacity(b * h * width);
     let (mut hidden, mut is_self) = (Vec::with_capacity(b * h * width), Vec::with_capacity(b * h * width));
     for row in picks {
         for j in 0..width {
             let at = row.get(j).copied();
-            index.push(at.unwrap_or(0));
+            index.push(at.unwrap_or(0) + offset as i64);
             hidden.push(at.is_none());
-            is_self.push(at == Some(l as i64 - 1));
+            is_self.push(at == Some(last));
         }
     }
     let index = Tensor::<3, Int>::from_data(TensorData::new(index, [b, h, width]), &device).unsqueeze_dim::<4>(3);
-    let keys = k.gather(2, index.clone().expand([b, h, width, hd]));
+    let keys = k.gather(2, index.clone().expand([b, h, width, kw])).narrow(3, 0, hd);
     let keys = if unit_keys { keys.clone() / (keys.powf_scalar(2.0).sum_dim(3).sqrt() + 1e-6) } else { keys };
     let values = v.gather(2, index.expand([b, h, width, dv]));
     let mask = |m: Vec<bool>| Tensor::<4, Bool>::from_data(TensorData::new(m, [b, h, 1, width]), &device);

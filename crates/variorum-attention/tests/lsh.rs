@@ -1,6 +1,8 @@
 //! LSH attention against its definition: dense shared-QK attention restricted to same-bucket
 //! pairs (every round's buckets from the layer's own hashing), self excluded unless alone.
 
+mod common;
+
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::activation::softmax;
@@ -167,4 +169,16 @@ fn rotations_are_fixed_per_layer_and_differ_between_layers() {
     assert_eq!(buckets(&a, x.clone()), buckets(&a, x.clone()));
     assert_ne!(buckets(&a, x.clone()), buckets(&b, x));
     assert!(cfg.for_layer(1).init(D, 0.5, 0.5, &dev).layer == 1);
+}
+
+#[test]
+fn decoding_token_by_token_equals_the_full_forward() {
+    let dev = Device::flex();
+    // past several buffer growths of the cache, buckets with more than m earlier positions
+    for (buckets, rounds, chunk) in [(4, 2, 3), (2, 1, 5), (1, 1, 4)] {
+        let attn = layer(buckets, rounds, chunk, &dev);
+        let x = input(2, 45, &dev);
+        let gap = common::decoding_gap(|i, c| attn.forward(i, c), &x, 7);
+        assert!(gap < 1e-5, "{buckets} buckets, {rounds} rounds, chunk {chunk}: {gap}");
+    }
 }

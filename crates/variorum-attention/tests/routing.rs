@@ -1,6 +1,8 @@
 //! Routing attention against its definition (dense attention restricted to same-cluster pairs),
 //! and its centroids' moving average.
 
+mod common;
+
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::activation::softmax;
@@ -165,4 +167,15 @@ fn centroids_move_toward_the_data_under_the_moving_average() {
     attn.update_centroids();
     assert_eq!((attn.centroids.val() - mu).abs().max().into_scalar::<f32>(), 0.0);
     assert!((attn.centroids.val() - mu0).abs().max().into_scalar::<f32>() > 1e-2);
+}
+
+#[test]
+fn decoding_token_by_token_equals_the_full_forward() {
+    let dev = Device::flex();
+    for (clusters, window, local) in [(3, 2, 0), (2, 4, 1), (1, 3, 0)] {
+        let attn = layer(clusters, window, local, &dev);
+        let x = input(2, 45, &dev);
+        let gap = common::decoding_gap(|i, c| attn.forward(i, c), &x, 7);
+        assert!(gap < 1e-5, "{clusters} clusters, window {window}, {local} local heads: {gap}");
+    }
 }
