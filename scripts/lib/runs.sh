@@ -38,3 +38,19 @@ train_once() {
   "$BIN" train "$cfg" --out "$run" --no-progress "${resume[@]}" >"$log" 2>&1 ||
     { echo "error: training $name failed; the end of $log:" >&2; tail -n 3 "$log" >&2; exit 1; }
 }
+
+# train_and_eval FAMILY_DIR NAME OUT: trains FAMILY_DIR/NAME.toml into OUT/NAME (once), evaluates
+# it on the first EVAL_TOKENS validation tokens and appends "name params tokens/s val_loss" to
+# OUT/results.tsv.
+train_and_eval() {
+  local dir=$1 r=$2 out=$3
+  train_once "$dir/$r.toml" "$out/$r" "$out/$r.log"
+  "$BIN" eval "$out/$r" --max-tokens "$EVAL_TOKENS" >"$out/$r.eval"
+  python3 - "$out/$r/summary.json" "$out/$r.eval" "$r" >>"$out/results.tsv" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+lines = open(sys.argv[2]).read().splitlines()
+loss = next(l.split()[3] for l in lines if l.strip() and not l.startswith("#") and l.split()[0].isdigit())
+print(f"{sys.argv[3]}\t{s['params']}\t{s['tokens_per_sec']:.0f}\t{loss}")
+PY
+}

@@ -424,36 +424,16 @@ impl AttentionConfig {
                 "cumulative average of the inputs, FFN and input/forget gates instead of self-attention; O(d) per decoded token",
                 "Zhang et al. 2018, Accelerating Neural Transformer via an Average Attention Network",
             ),
-            KindInfo {
-                axis: "model.attention",
-                kind: "lsh",
-                summary: "Reformer LSH attention: shared-QK, random-rotation hashing into buckets, several rounds, sorted chunks attending to themselves and the chunk before (causal: the m positions before in the sorted order)",
-                paper: "Kitaev et al. 2020, Reformer: The Efficient Transformer",
-                caps: Capabilities {
-                    causal: true,
-                    bidirectional: true,
-                    incremental: true,
-                    score_bias: false,
-                    qk_rotation: false,
-                    aux_losses: false,
-                    variable_length: true,
-                },
-            },
-            KindInfo {
-                axis: "model.attention",
-                kind: "routing",
-                summary: "Routing Transformer: queries and keys clustered by online k-means (EMA centroids, one set per head), attention within the cluster over sorted chunks; optional local heads",
-                paper: "Roy et al. 2021, Efficient Content-Based Sparse Attention with Routing Transformers",
-                caps: Capabilities {
-                    causal: true,
-                    bidirectional: true,
-                    incremental: true,
-                    score_bias: false,
-                    qk_rotation: false,
-                    aux_losses: false,
-                    variable_length: true,
-                },
-            },
+            kernel_kind(
+                "lsh",
+                "Reformer LSH attention: shared-QK, random-rotation hashing into buckets, several rounds, sorted chunks attending to themselves and the chunk before (causal: the m positions before in the sorted order)",
+                "Kitaev et al. 2020, Reformer: The Efficient Transformer",
+            ),
+            kernel_kind(
+                "routing",
+                "Routing Transformer: queries and keys clustered by online k-means (EMA centroids, one set per head), attention within the cluster over sorted chunks; optional local heads",
+                "Roy et al. 2021, Efficient Content-Based Sparse Attention with Routing Transformers",
+            ),
         ]
     }
 }
@@ -472,7 +452,8 @@ fn sparse_kind(kind: &'static str, summary: &'static str, paper: &'static str) -
     KindInfo { axis: "model.attention", kind, summary, paper, caps }
 }
 
-/// A kernelised kind: causal and bidirectional, recurrent decoding, no score matrix.
+/// A kind with no score matrix for a position scheme to act on (kernelised, content-sorted):
+/// causal and bidirectional, incremental decoding.
 fn kernel_kind(kind: &'static str, summary: &'static str, paper: &'static str) -> KindInfo {
     KindInfo {
         axis: "model.attention",
