@@ -41,15 +41,7 @@ fi
 if [[ -z ${SKIP_TRAIN:-} ]]; then
   printf 'run\tparams\ttrain_tokens_per_s\tval_loss\n' >"$OUT/results.tsv"
   for r in $RUNS; do
-    train_once "configs/attention/$r.toml" "$OUT/$r" "$OUT/$r.log"
-    "$BIN" eval "$OUT/$r" --max-tokens "$EVAL_TOKENS" >"$OUT/$r.eval"
-    python3 - "$OUT/$r/summary.json" "$OUT/$r.eval" "$r" >>"$OUT/results.tsv" <<'PY'
-import json, sys
-s = json.load(open(sys.argv[1]))
-lines = open(sys.argv[2]).read().splitlines()
-loss = next(l.split()[3] for l in lines if l.strip() and not l.startswith("#") and l.split()[0].isdigit())
-print(f"{sys.argv[3]}\t{s['params']}\t{s['tokens_per_sec']:.0f}\t{loss}")
-PY
+    train_and_eval configs/attention "$r" "$OUT"
   done
   column -t -s $'\t' "$OUT/results.tsv"
 fi
