@@ -21,27 +21,33 @@ fn wgpu_forward_and_backward_match_the_cpu() {
     }
     let cpu = Device::flex().autodiff();
     let gpu = Device::wgpu(burn::tensor::DeviceKind::DefaultDevice).autodiff();
-    let cfg = zoo::tiny();
-    cpu.seed(3);
-    let model_cpu = cfg.init(&cpu);
-    let dir = tempfile::tempdir().unwrap();
-    model_cpu.clone().save_file(dir.path().join("m")).unwrap();
-    let model_gpu = cfg.init(&gpu).load_file(dir.path().join("m"));
+    // the plain model, and the kinds that sort, gather and rebuild (content-based attention,
+    // reversible blocks)
+    let chosen = ["base (learned, full, pre-ln, gelu)", "attention lsh", "attention routing", "block reversible"];
+    let variants: Vec<_> = zoo::variants().into_iter().filter(|(n, _)| chosen.contains(&n.as_str())).collect();
+    assert_eq!(variants.len(), chosen.len(), "a chosen variant was renamed");
+    for (name, cfg) in variants {
+        cpu.seed(3);
+        let model_cpu = cfg.init(&cpu);
+        let dir = tempfile::tempdir().unwrap();
+        model_cpu.clone().save_file(dir.path().join("m")).unwrap();
+        let model_gpu = cfg.init(&gpu).load_file(dir.path().join("m"));
 
-    let ids: Vec<i64> = (0..2 * 17).map(|i| (i * 7 % 11) as i64).collect();
-    let run = |model: &variorum_model::DecoderLm, dev: &Device| {
-        let t = Tensor::<2, Int>::from_data(TensorData::new(ids.clone(), [2, 17]), dev);
-        let (loss, _) = model.loss(t.clone().slice([0..2, 0..16]), t.slice([0..2, 1..17]));
-        let value = loss.clone().into_scalar::<f32>();
-        let grads = GradientsParams::from_grads(loss.backward(), model);
-        let g = grads.get::<2>(model.token_embedding.weight.id).unwrap();
-        (value, g.into_data().try_to_vec::<f32>().unwrap())
-    };
-    let (loss_cpu, grad_cpu) = run(&model_cpu, &cpu);
-    let (loss_gpu, grad_gpu) = run(&model_gpu, &gpu);
-    assert!((loss_cpu - loss_gpu).abs() < 1e-4, "loss: cpu {loss_cpu} vs wgpu {loss_gpu}");
-    let scale = grad_cpu.iter().fold(0f32, |m, x| m.max(x.abs()));
-    let diff = grad_cpu.iter().zip(&grad_gpu).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-    assert!(scale > 0.0);
-    assert!(diff < 1e-3 * scale, "embedding gradient differs by {diff} (scale {scale})");
+        let ids: Vec<i64> = (0..2 * 17).map(|i| (i * 7 % 11) as i64).collect();
+        let run = |model: &variorum_model::DecoderLm, dev: &Device| {
+            let t = Tensor::<2, Int>::from_data(TensorData::new(ids.clone(), [2, 17]), dev);
+            let (loss, _) = model.loss(t.clone().slice([0..2, 0..16]), t.slice([0..2, 1..17]));
+            let value = loss.clone().into_scalar::<f32>();
+            let grads = GradientsParams::from_grads(loss.backward(), model);
+            let g = grads.get::<2>(model.token_embedding.weight.id).unwrap();
+            (value, g.into_data().try_to_vec::<f32>().unwrap())
+        };
+        let (loss_cpu, grad_cpu) = run(&model_cpu, &cpu);
+        let (loss_gpu, grad_gpu) = run(&model_gpu, &gpu);
+        assert!((loss_cpu - loss_gpu).abs() < 1e-4, "{name}: loss: cpu {loss_cpu} vs wgpu {loss_gpu}");
+        let scale = grad_cpu.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let diff = grad_cpu.iter().zip(&grad_gpu).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(scale > 0.0, "{name}");
+        assert!(diff < 1e-3 * scale, "{name}: embedding gradient differs by {diff} (scale {scale})");
+    }
 }
