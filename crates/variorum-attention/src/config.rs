@@ -21,6 +21,7 @@ use crate::multi_scale::MultiScaleConfig;
 use crate::performer::{PerformerAttention, PerformerConfig};
 use crate::rfa::{RfaAttention, RfaConfig};
 use crate::routing::{RoutingAttention, RoutingConfig};
+use crate::sinkhorn::{SinkhornAttention, SinkhornConfig};
 use crate::sliding_window::SlidingWindowConfig;
 use crate::strided::{StridedAttention, StridedConfig};
 use crate::{
@@ -73,6 +74,8 @@ pub enum AttentionConfig {
     Lsh(LshConfig),
     /// Routing Transformer: queries and keys clustered by online k-means, attention per cluster.
     Routing(RoutingConfig),
+    /// Sparse Sinkhorn attention: blocks attend to themselves and a learned soft sort of blocks.
+    Sinkhorn(SinkhornConfig),
 }
 
 impl Default for AttentionConfig {
@@ -103,6 +106,7 @@ impl AttentionConfig {
             Self::Average(_) => "average",
             Self::Lsh(_) => "lsh",
             Self::Routing(_) => "routing",
+            Self::Sinkhorn(_) => "sinkhorn",
         }
     }
 
@@ -176,6 +180,7 @@ impl AttentionConfig {
             Self::Average(c) => Self::Average(c.expanded(d_model)),
             Self::Lsh(c) => Self::Lsh(c.expanded(d_model)),
             Self::Routing(c) => Self::Routing(c.expanded(d_model)),
+            Self::Sinkhorn(c) => Self::Sinkhorn(c.expanded(d_model)),
         }
     }
 
@@ -200,6 +205,7 @@ impl AttentionConfig {
             Self::Average(c) => c.validate(d_model),
             Self::Lsh(c) => c.validate(d_model),
             Self::Routing(c) => c.validate(d_model),
+            Self::Sinkhorn(c) => c.validate(d_model),
         }
     }
 
@@ -231,6 +237,7 @@ impl AttentionConfig {
             Self::Average(c) => Attention::Average(c.init(d_model, init_std, out_std, device)),
             Self::Lsh(c) => Attention::Lsh(c.init(d_model, init_std, out_std, device)),
             Self::Routing(c) => Attention::Routing(c.init(d_model, init_std, out_std, device)),
+            Self::Sinkhorn(c) => Attention::Sinkhorn(c.init(d_model, init_std, out_std, device)),
         }
     }
 
@@ -252,6 +259,7 @@ impl AttentionConfig {
             Self::MemoryCompressed(c) => c.dropout,
             Self::Lsh(c) => c.dropout,
             Self::Routing(c) => c.dropout,
+            Self::Sinkhorn(c) => c.dropout,
             Self::Linear(_) | Self::Performer(_) | Self::Rfa(_) | Self::Average(_) => 0.0,
         }
     }
@@ -278,6 +286,7 @@ impl AttentionConfig {
             Self::Average(c) => c.heads(d_model),
             Self::Lsh(c) => c.heads(d_model),
             Self::Routing(c) => c.heads(d_model),
+            Self::Sinkhorn(c) => c.heads(d_model),
         }
     }
 
@@ -304,6 +313,7 @@ impl AttentionConfig {
             Self::Average(c) => c.flops_per_token(d_model),
             Self::Lsh(c) => c.flops_per_token(d_model, len_k),
             Self::Routing(c) => c.flops_per_token(d_model, len_k),
+            Self::Sinkhorn(c) => c.flops_per_token(d_model, len_k),
         }
     }
 
@@ -434,6 +444,11 @@ impl AttentionConfig {
                 "Routing Transformer: queries and keys clustered by online k-means (EMA centroids, one set per head), attention within the cluster over sorted chunks; optional local heads",
                 "Roy et al. 2021, Efficient Content-Based Sparse Attention with Routing Transformers",
             ),
+            kernel_kind(
+                "sinkhorn",
+                "Sparse Sinkhorn attention: each block attends to itself and its sorted block, a Gumbel-Sinkhorn soft permutation of key blocks scored by a sorting network; SortCut option; causal: earlier blocks only, row-normalised",
+                "Tay et al. 2020, Sparse Sinkhorn Attention",
+            ),
         ]
     }
 }
@@ -501,6 +516,7 @@ pub enum Attention {
     Average(AverageAttention),
     Lsh(LshAttention),
     Routing(RoutingAttention),
+    Sinkhorn(SinkhornAttention),
 }
 
 impl Attention {
@@ -574,6 +590,7 @@ impl Attention {
             Self::Average(a) => a.forward(input, state.map(AttentionState::kernel_mut)),
             Self::Lsh(a) => a.forward(input, state.map(AttentionState::kv_mut)),
             Self::Routing(a) => a.forward(input, state.map(AttentionState::kv_mut)),
+            Self::Sinkhorn(a) => a.forward(input, state.map(AttentionState::kv_mut)),
         }
     }
 

@@ -120,7 +120,10 @@ impl ModelConfig {
                 self.memory.kind()
             )
         })?;
-        check(self.memory.is_none() || !matches!(self.attention.kind(), "lsh" | "routing"), || {
+        check(!matches!(&self.attention, AttentionConfig::Sinkhorn(c) if c.sortcut.is_some()), || {
+            "model.attention.sortcut lets every query see the first sorted blocks, which mix the whole sequence: it is bidirectional, and a decoder LM is causal; remove it".into()
+        })?;
+        check(self.memory.is_none() || !matches!(self.attention.kind(), "lsh" | "routing" | "sinkhorn"), || {
             format!(
                 "model.attention.kind = \"{}\" cannot read a memory (model.memory.kind = \"{}\"): it sorts queries and keys of the same positions together",
                 self.attention.kind(),

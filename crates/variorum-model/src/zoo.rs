@@ -5,7 +5,7 @@ use variorum_attention::{
     AdaptiveSpanConfig, AttentionConfig, AverageAttentionConfig, BigBirdConfig, BlockwiseConfig, EtcConfig,
     FixedConfig, LinearAttentionConfig, Local2dConfig, LocalAttentionConfig, LongformerConfig, LshConfig,
     MemoryCompressedConfig, MultiHeadAttentionConfig, MultiScaleConfig, PerformerConfig, PerformerKernel, RfaConfig,
-    RoutingConfig, SlidingWindowConfig, StridedCombine, StridedConfig,
+    RoutingConfig, SinkhornConfig, SlidingWindowConfig, StridedCombine, StridedConfig,
 };
 use variorum_block::{
     BlockConfig, CompressionKind, CompressiveMemoryConfig, DepthConfig, FeedForwardConfig, FeedForwardKind,
@@ -409,6 +409,7 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
         // several chunks and buckets at the harness's lengths
         ("lsh", AttentionConfig::Lsh(LshConfig { buckets: 4, rounds: 2, chunk: 3, ..Default::default() })),
         ("routing", AttentionConfig::Routing(RoutingConfig { clusters: 3, window: 2, ..Default::default() })),
+        ("sinkhorn", AttentionConfig::Sinkhorn(SinkhornConfig { block: 3, ..Default::default() })),
         (
             "routing + local heads",
             AttentionConfig::Routing(RoutingConfig { clusters: 2, window: 3, local_heads: 2, ..Default::default() }),

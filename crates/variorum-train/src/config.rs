@@ -336,7 +336,7 @@ path = "x.txt"
     }
 
     #[test]
-    fn lsh_with_a_memory_or_a_relative_scheme_is_refused_by_name() {
+    fn content_based_kinds_refuse_a_memory_a_relative_scheme_and_a_causal_sortcut() {
         let lsh = OK.replace("kind = \"full\"", "kind = \"lsh\"");
         assert!(ExperimentConfig::parse(&lsh, false).unwrap().validate().is_ok());
         let memory = lsh.replace("[data]", "[model.position]\nkind = \"none\"\n[model.memory]\nkind = \"xl\"\n[data]");
@@ -345,5 +345,9 @@ path = "x.txt"
         let alibi = lsh.replace("[data]", "[model.position]\nkind = \"alibi\"\n[data]");
         let e = ExperimentConfig::parse(&alibi, false).unwrap().validate().unwrap_err().to_string();
         assert!(e.contains("alibi") && e.contains("\"lsh\""), "{e}");
+        let sortcut = OK.replace("kind = \"full\"", "kind = \"sinkhorn\"\nsortcut = 2");
+        let e = ExperimentConfig::parse(&sortcut, false).unwrap().validate().unwrap_err().to_string();
+        assert!(e.contains("model.attention.sortcut") && e.contains("bidirectional"), "{e}");
+        assert!(ExperimentConfig::parse(&sortcut.replace("sortcut = 2", ""), false).unwrap().validate().is_ok());
     }
 }

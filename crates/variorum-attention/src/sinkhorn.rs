@@ -1,0 +1,290 @@
+//! Sparse Sinkhorn attention (Tay et al. 2020), the `sinkhorn` kind. The sequence is cut into N
+//! blocks of b; a sorting network scores block pairs, R ∈ ℝ^{N×N}, and Gumbel–Sinkhorn
+//! normalisation turns R into a soft permutation
+//!
+//! S = Sinkhorn_k((R + Gumbel noise while training) / τ)   (k alternating row and column
+//! normalisations in log space: a doubly stochastic matrix),
+//!
+//! whose row i mixes the key and value blocks into block i's *sorted* block, K̃_i = Σ_j S_ij K_j.
+//! The queries of block i attend to their own block and their sorted block in one softmax:
+//! O(L·b) scores plus O(N²·b·d) for the mixing. `sortcut = n` (bidirectional, SortCut): every
+//! query attends to the first n sorted blocks instead — O(L·n·b).
+//!
+//! Sorting network — our choice: the paper's SortNet maps each block's pooled input to N logits,
+//! which ties a layer to one length; ours scores pairs of pooled key blocks,
+//! R_ij = (W p_i)·p_j / √d with p the block means of the keys (as reference implementations do),
+//! so any length works.
+//!
+//! Causal — our choice: block i's sorted block may only mix blocks before it, and block i's own
+//! pooled keys include positions after a query, so row i is scored from the mean of the keys of
+//! blocks < i, over columns j < i. Column normalisation would make row i depend on later rows,
+//! so causally the balancing is row normalisation only (a softmax over the earlier blocks); the
+//! first block has no sorted block. Decoding then equals the full forward: a new token scores its
+//! block so far plus its block's sorted block, mixed from the cache — O(L·d) per token, as full
+//! attention, without an L × L matrix.
+
+use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
+use burn::prelude::*;
+use burn::tensor::Distribution;
+use burn::tensor::activation::{log_softmax, softmax};
+use serde::{Deserialize, Serialize};
+use variorum_core::{ConfigError, error::check};
+use variorum_position::HeadShape;
+
+use crate::sorted_chunks::log_sum_exp;
+use crate::{AttentionInput, AttentionOutput, KvCache, kernel};
+
+const MASKED: f32 = -1e9;
+
+/// `model.attention` with `kind = "sinkhorn"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SinkhornConfig {
+    pub n_heads: usize,
+    /// Default d_model / n_heads.
+    pub head_dim: Option<usize>,
+    /// Dropout on the attention weights. Default 0.
+    pub dropout: f64,
+    pub bias: bool,
+    /// b, positions per block. Default 64.
+    pub block: usize,
+    /// k, Sinkhorn iterations (row + column normalisation each). Default 8.
+    pub iterations: usize,
+    /// τ, the temperature of the sorting. Default 0.75 (the paper's).
+    pub temperature: f64,
+    /// Gumbel noise on the sorting logits while training. Default true.
+    pub gumbel: bool,
+    /// SortCut: attend to the first n sorted blocks only (bidirectional). Default none.
+    pub sortcut: Option<usize>,
+}
+
+impl Default for SinkhornConfig {
+    fn default() -> Self {
+        Self {
+            n_heads: 4,
+            head_dim: None,
+            dropout: 0.0,
+            bias: true,
+            block: 64,
+            iterations: 8,
+            temperature: 0.75,
+            gumbel: true,
+            sortcut: None,
+        }
+    }
+}
+
+impl SinkhornConfig {
+    pub fn heads(&self, d_model: usize) -> HeadShape {
+        kernel::heads(self.n_heads, self.head_dim, d_model)
+    }
+
+    pub fn expanded(&self, d_model: usize) -> Self {
+        Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
+    }
+
+    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        crate::MultiHeadAttentionConfig { n_heads: self.n_heads, head_dim: self.head_dim, ..Default::default() }
+            .validate(d_model)?;
+        check(self.block >= 1, || "model.attention.block must be at least 1".into())?;
+        check((0.0..1.0).contains(&self.dropout), || {
+            format!("model.attention.dropout = {} must be in [0, 1)", self.dropout)
+        })?;
+        check(self.temperature > 0.0, || format!("model.attention.temperature = {} must be > 0", self.temperature))?;
+        check(self.sortcut != Some(0), || "model.attention.sortcut must be at least 1 block".into())
+    }
+
+    pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> SinkhornAttention {
+        let (h, hd) = (self.n_heads, self.heads(d_model).head_dim);
+        let linear = |i: usize, o: usize, bias: bool, std: f64| {
+            LinearConfig::new(i, o)
+                .with_bias(bias)
+                .with_initializer(Initializer::Normal { mean: 0.0, std })
+                .init(device)
+        };
+        SinkhornAttention {
+            qkv: linear(d_model, 3 * h * hd, self.bias, init_std),
+            out: linear(h * hd, d_model, self.bias, out_std),
+            sort: linear(hd, hd, false, 1.0 / (hd as f64).sqrt()),
+            dropout: DropoutConfig::new(self.dropout).init(),
+            n_heads: h,
+            head_dim: hd,
+            block: self.block,
+            iterations: self.iterations,
+            temperature: self.temperature,
+            gumbel: self.gumbel,
+            sortcut: self.sortcut,
+        }
+    }
+
+    /// Multiply–adds per token: projections, 2b (or n·b) scores and value rows, the mixing.
+    pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+        let (h, hd) = (self.n_heads as u64, self.heads(d_model).head_dim as u64);
+        let keys = self.sortcut.map_or(2 * self.block, |n| n * self.block).min(len_k) as u64;
+        let blocks = len_k.div_ceil(self.block) as u64;
+        2 * (4 * d_model as u64 * h * hd + h * (2 * keys * hd + 2 * blocks * hd))
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct SinkhornAttention {
+    pub qkv: Linear,
+    pub out: Linear,
+    /// W of the sorting network R_ij = (W p_i)·p_j / √d.
+    pub sort: Linear,
+    pub dropout: Dropout,
+    pub n_heads: usize,
+    pub head_dim: usize,
+    pub block: usize,
+    pub iterations: usize,
+    pub temperature: f64,
+    pub gumbel: bool,
+    pub sortcut: Option<usize>,
+}
+
+impl SinkhornAttention {
+    /// The soft permutation `[b, h, n, n]` of `n` key blocks `[b, h, n, block, hd]` flattened to
+    /// `[b, h, n, block · hd]` (padding as zeros). Causal rows mix earlier blocks only (row 0: none).
+    pub fn sort_matrix(&self, blocks: Tensor<4>, causal: bool) -> Tensor<4> {
+        let [b, h, n, _] = blocks.dims();
+        let hd = self.head_dim;
+        let means = blocks.reshape([b, h, n, self.block, hd]).mean_dim(3).reshape([b, h, n, hd]);
+        let device = means.device();
+        // causally, row i reads the mean of the blocks before it
+        let pooled = if causal {
+            let sums = means.clone().cumsum(2) - means.clone();
+            let counts: Vec<f32> = (0..n).map(|i| i.max(1) as f32).collect();
+            sums / Tensor::<1>::from_data(TensorData::new(counts, [n]), &device).reshape([1, 1, n, 1])
+        } else {
+            means.clone()
+        };
+        let logits = self.sort.forward(pooled).matmul(means.swap_dims(2, 3)).div_scalar((hd as f64).sqrt());
+        let logits = if self.gumbel && logits.is_autodiff() {
+            let u = logits.random_like(Distribution::Uniform(1e-6, 1.0 - 1e-6));
+            logits - u.log().neg().log()
+        } else {
+            logits
+        };
+        let logits = logits.div_scalar(self.temperature);
+        if causal {
+            let hidden: Vec<bool> = (0..n * n).map(|x| x % n >= x / n).collect();
+            let hidden = Tensor::<2, Bool>::from_data(TensorData::new(hidden, [n, n]), &device);
+            let hidden = hidden.reshape([1, 1, n, n]).expand([b, h, n, n]);
+            let first_row = Tensor::<1>::from_data(
+                TensorData::new((0..n).map(|i| f32::from(i > 0)).collect::<Vec<_>>(), [n]),
+                &device,
+            );
+            return softmax(logits.mask_fill(hidden, MASKED), 3) * first_row.reshape([1, 1, n, 1]);
+        }
+        let mut log_s = logits;
+        for _ in 0..self.iterations {
+            log_s = log_softmax(log_s, 3);
+            log_s = log_softmax(log_s, 2);
+        }
+        log_s.exp()
+    }
+
+    pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
+        assert!(input.key_value.is_none(), "sinkhorn attention is self-attention only");
+        let causal = input.mask.causal;
+        let [b, lq, _] = input.query.dims();
+        let (h, hd) = (self.n_heads, self.head_dim);
+        let qkv = self.qkv.forward(input.query).reshape([b, lq, 3, h, hd]);
+        let head = |i: usize| qkv.clone().narrow(2, i, 1).reshape([b, lq, h, hd]).swap_dims(1, 2);
+        let (q, k, v) = (head(0), head(1), head(2));
+        let context = match cache {
+            None => self.attend_all(q, k, v, lq, causal),
+            Some(cache) => {
+                let (k, v) = cache.append(k, v);
+                if lq == 1 && causal {
+                    self.decode_one(q, k, v)
+                } else {
+                    // queries before the new ones are not needed: zeros stand in for them
+                    let l = k.dims()[2];
+                    let earlier = Tensor::zeros([b, h, l - lq, hd], &q.device());
+                    self.attend_all(Tensor::cat(vec![earlier, q], 2), k, v, lq, causal)
+                }
+            }
+        };
+        let context = context.swap_dims(1, 2).reshape([b, lq, h * hd]);
+        AttentionOutput { context: self.out.forward(context), weights: None, aux_losses: Vec::new() }
+    }
+
+    /// All positions; the outputs of the last `lq`, `[b, h, lq, hd]`.
+    fn attend_all(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, lq: usize, causal: bool) -> Tensor<4> {
+        let [b, h, l, hd] = q.dims();
+        let device = q.device();
+        let m = self.block;
+        let n = l.div_ceil(m);
+        let pad = |t: Tensor<4>| {
+            if n * m == l { t } else { Tensor::cat(vec![t, Tensor::zeros([b, h, n * m - l, hd], &device)], 2) }
+        };
+        let (q, k, v) = (pad(q), pad(k), pad(v));
+        let flat = |t: Tensor<4>| t.reshape([b, h, n, m * hd]);
+        let s = self.sort_matrix(flat(k.clone()), causal);
+        let sorted = |t: Tensor<4>| s.clone().matmul(flat(t)).reshape([b * h, n, m, hd]);
+        let (ks, vs) = (sorted(k.clone()), sorted(v.clone()));
+        let blocks = |t: Tensor<4>| t.reshape([b * h, n, m, hd]);
+        let (qb, kb, vb) = (blocks(q), blocks(k), blocks(v));
+
+        let out = match self.sortcut {
+            Some(cut) if !causal => {
+                // every query against the first `cut` sorted blocks
+                let cut = cut.min(n);
+                let keys = ks.narrow(1, 0, cut).reshape([b * h, 1, cut * m, hd]);
+                let values = vs.narrow(1, 0, cut).reshape([b * h, 1, cut * m, hd]);
+                let q = qb.reshape([b * h, 1, n * m, hd]);
+                let scores = q.matmul(keys.swap_dims(2, 3)).div_scalar((hd as f64).sqrt());
+                self.dropout.forward(softmax(scores, 3)).matmul(values)
+            }
+            _ => {
+                let keys = Tensor::cat(vec![ks, kb], 2);
+                let values = Tensor::cat(vec![vs, vb], 2);
+                let scores = qb.matmul(keys.swap_dims(2, 3)).div_scalar((hd as f64).sqrt());
+                let hidden = self.hidden(n, m, l, causal, &device).unsqueeze_dim::<4>(0).expand([b * h, n, m, 2 * m]);
+                let probs = softmax(scores.mask_fill(hidden, MASKED), 3);
+                self.dropout.forward(probs).matmul(values)
+            }
+        };
+        out.reshape([b, h, n * m, hd]).narrow(2, l - lq, lq)
+    }
+
+    /// Which of [sorted block; own block] each query of each block may not see, `[n, m, 2m]`:
+    /// padding keys; causally later keys of the own block and the first block's (empty) sorted block.
+    fn hidden(&self, n: usize, m: usize, l: usize, causal: bool, device: &Device) -> Tensor<3, Bool> {
+        let mut hidden = Vec::with_capacity(n * m * 2 * m);
+        for i in 0..n {
+            for t in 0..m {
+                for j in 0..2 * m {
+                    let own = j >= m;
+                    let key = i * m + j - if own { m } else { 0 };
+                    hidden.push(if own { key >= l || (causal && j - m > t) } else { causal && i == 0 });
+                }
+            }
+        }
+        Tensor::from_data(TensorData::new(hidden, [n, m, 2 * m]), device)
+    }
+
+    /// The newest position (causal) against its block so far and its block's sorted block, mixed
+    /// from the cached keys of the blocks before it.
+    fn decode_one(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
+        let [b, h, l, hd] = k.dims();
+        let m = self.block;
+        let (i, t) = ((l - 1) / m, (l - 1) % m);
+        let mut keys = vec![k.clone().narrow(2, i * m, t + 1)];
+        let mut values = vec![v.clone().narrow(2, i * m, t + 1)];
+        if i > 0 {
+            let flat = |x: Tensor<4>| x.narrow(2, 0, i * m).reshape([b, h, i, m * hd]);
+            let (kf, vf) = (flat(k), flat(v));
+            // the row of block i in a sort over blocks 0..=i: only the blocks before it count
+            let own = Tensor::zeros([b, h, 1, m * hd], &q.device());
+            let s = self.sort_matrix(Tensor::cat(vec![kf.clone(), own], 2), true).narrow(2, i, 1).narrow(3, 0, i);
+            keys.insert(0, s.clone().matmul(kf).reshape([b, h, m, hd]));
+            values.insert(0, s.matmul(vf).reshape([b, h, m, hd]));
+        }
+        let (keys, values) = (Tensor::cat(keys, 2), Tensor::cat(values, 2));
+        let scores = q.matmul(keys.swap_dims(2, 3)).div_scalar((hd as f64).sqrt());
+        let z = log_sum_exp(scores.clone());
+        (scores - z).exp().matmul(values)
+    }
+}
