@@ -28,6 +28,9 @@ pub struct KvCache {
     /// Per cached position, host-side labels a mechanism decodes from (LSH buckets, routing
     /// clusters), flattened over batch rows and heads.
     pub tags: Vec<Vec<i64>>,
+    /// Keys and values a mechanism derived for one block and reuses for its every token
+    /// (Sinkhorn's sorted block), with that block's index.
+    pub block_keys: Option<(usize, Tensor<4>, Tensor<4>)>,
 }
 
 impl KvCache {

@@ -20,8 +20,7 @@
 //! blocks < i, over columns j < i. Column normalisation would make row i depend on later rows,
 //! so causally the balancing is row normalisation only (a softmax over the earlier blocks); the
 //! first block has no sorted block. Decoding then equals the full forward: a new token scores its
-//! block so far plus its block's sorted block, mixed from the cache — O(L·d) per token, as full
-//! attention, without an L × L matrix.
+//! block so far plus its block's sorted block, mixed from the cache once per block and kept.
 
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
 use burn::prelude::*;
@@ -197,7 +196,7 @@ impl SinkhornAttention {
             Some(cache) => {
                 let (k, v) = cache.append(k, v);
                 if lq == 1 && causal {
-                    self.decode_one(q, k, v)
+                    self.decode_one(q, k, v, &mut cache.block_keys)
                 } else {
                     // queries before the new ones are not needed: zeros stand in for them
                     let l = k.dims()[2];
@@ -266,21 +265,33 @@ impl SinkhornAttention {
     }
 
     /// The newest position (causal) against its block so far and its block's sorted block, mixed
-    /// from the cached keys of the blocks before it.
-    fn decode_one(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
+    /// from the cached keys of the blocks before it once per block (`sorted` keeps it for the
+    /// block's later tokens): O(b·d) per token, O(L·d) once per block.
+    fn decode_one(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        sorted: &mut Option<(usize, Tensor<4>, Tensor<4>)>,
+    ) -> Tensor<4> {
         let [b, h, l, hd] = k.dims();
         let m = self.block;
         let (i, t) = ((l - 1) / m, (l - 1) % m);
         let mut keys = vec![k.clone().narrow(2, i * m, t + 1)];
         let mut values = vec![v.clone().narrow(2, i * m, t + 1)];
         if i > 0 {
-            let flat = |x: Tensor<4>| x.narrow(2, 0, i * m).reshape([b, h, i, m * hd]);
-            let (kf, vf) = (flat(k), flat(v));
-            // the row of block i in a sort over blocks 0..=i: only the blocks before it count
-            let own = Tensor::zeros([b, h, 1, m * hd], &q.device());
-            let s = self.sort_matrix(Tensor::cat(vec![kf.clone(), own], 2), true).narrow(2, i, 1).narrow(3, 0, i);
-            keys.insert(0, s.clone().matmul(kf).reshape([b, h, m, hd]));
-            values.insert(0, s.matmul(vf).reshape([b, h, m, hd]));
+            if sorted.as_ref().is_none_or(|(block, _, _)| *block != i) {
+                let flat = |x: Tensor<4>| x.narrow(2, 0, i * m).reshape([b, h, i, m * hd]);
+                let (kf, vf) = (flat(k), flat(v));
+                // row i of a sort over blocks 0..=i: only the blocks before it count
+                let own = Tensor::zeros([b, h, 1, m * hd], &q.device());
+                let s = self.sort_matrix(Tensor::cat(vec![kf.clone(), own], 2), true).narrow(2, i, 1).narrow(3, 0, i);
+                let mix = |x: Tensor<4>| s.clone().matmul(x).reshape([b, h, m, hd]);
+                *sorted = Some((i, mix(kf), mix(vf)));
+            }
+            let (_, ks, vs) = sorted.as_ref().expect("set above");
+            keys.insert(0, ks.clone());
+            values.insert(0, vs.clone());
         }
         let (keys, values) = (Tensor::cat(keys, 2), Tensor::cat(values, 2));
         let scores = q.matmul(keys.swap_dims(2, 3)).div_scalar((hd as f64).sqrt());
