@@ -172,6 +172,12 @@ impl ModelConfig {
                 "model.block.kind = \"reversible\" rebuilds each block's inputs from its outputs, which needs a plain stack of distinct blocks: use it without model.memory, a universal depth, exits, etc attention or per-layer position signals".into()
             },
         )?;
+        check(
+            !self.block.reversible() || !matches!(&self.attention, AttentionConfig::Sinkhorn(c) if c.gumbel),
+            || {
+                "model.attention.gumbel = true draws noise that a reversible block's recomputation (model.block.kind = \"reversible\") cannot replay: set gumbel = false".into()
+            },
+        )?;
         check(!self.block.reversible() || self.attention.dropout() == 0.0, || {
             format!(
                 "model.attention.dropout = {} cannot be used with model.block.kind = \"reversible\": the backward recomputes each block and cannot replay attention-weight dropout; model.dropout drops the branch outputs instead",

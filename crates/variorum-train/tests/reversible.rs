@@ -8,7 +8,7 @@ use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use common::seeded;
-use variorum_attention::{AdaptiveSpanConfig, AttentionConfig, MultiHeadAttentionConfig};
+use variorum_attention::{AdaptiveSpanConfig, AttentionConfig, MultiHeadAttentionConfig, SinkhornConfig};
 use variorum_block::{BlockConfig, RevContext, Streams};
 use variorum_core::AttentionMask;
 use variorum_model::{ModelConfig, zoo};
@@ -139,7 +139,21 @@ fn attention_dropout_and_memories_are_refused_with_reversible_blocks() {
     let attention = AttentionConfig::Full(MultiHeadAttentionConfig { dropout: 0.1, ..Default::default() });
     let err = ModelConfig { attention, ..reversible(2, 0.0) }.validate().unwrap_err().to_string();
     assert!(err.contains("model.attention.dropout") && err.contains("reversible"), "{err}");
+    let sinkhorn = AttentionConfig::Sinkhorn(SinkhornConfig::default());
+    let err = ModelConfig { attention: sinkhorn, ..reversible(2, 0.0) }.validate().unwrap_err().to_string();
+    assert!(err.contains("gumbel"), "{err}");
+    let quiet = AttentionConfig::Sinkhorn(SinkhornConfig { gumbel: false, ..Default::default() });
+    assert!(ModelConfig { attention: quiet, ..reversible(2, 0.0) }.validate().is_ok());
     let per_layer = PositionConfig::UniversalTimestep;
     let err = ModelConfig { position: per_layer, ..reversible(2, 0.0) }.validate().unwrap_err().to_string();
     assert!(err.contains("model.block.kind = \"reversible\""), "{err}");
+}
+
+#[test]
+fn gradients_through_content_based_attention() {
+    use variorum_attention::LshConfig;
+    let lsh = AttentionConfig::Lsh(LshConfig { buckets: 4, rounds: 2, chunk: 4, ..Default::default() });
+    check_gradients(ModelConfig { attention: lsh, position: PositionConfig::None, ..reversible(3, 0.0) }, "lsh");
+    let sinkhorn = AttentionConfig::Sinkhorn(SinkhornConfig { block: 4, gumbel: false, ..Default::default() });
+    check_gradients(ModelConfig { attention: sinkhorn, ..reversible(3, 0.1) }, "sinkhorn, dropout 0.1");
 }
