@@ -24,7 +24,7 @@
 //! fixed per layer and reproducible (the paper draws new ones for every forward).
 //! No relative position scheme applies (there is no score matrix to bias); absolute ones do.
 
-use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
+use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
 use rand::{Rng, SeedableRng};
@@ -35,6 +35,7 @@ use variorum_core::{ConfigError, error::check};
 use variorum_position::HeadShape;
 
 use crate::kernel;
+use crate::qkv::{normal_linear, split_heads};
 use crate::sorted_chunks::{SortedItems, attend_picked, sorted_chunk_attention};
 use crate::{AttentionInput, AttentionOutput, KvCache};
 
@@ -107,15 +108,9 @@ impl LshConfig {
 
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> LshAttention {
         let (h, hd) = (self.n_heads, self.head_dim(d_model));
-        let linear = |i: usize, o: usize, std: f64| {
-            LinearConfig::new(i, o)
-                .with_bias(self.bias)
-                .with_initializer(Initializer::Normal { mean: 0.0, std })
-                .init(device)
-        };
         LshAttention {
-            qv: linear(d_model, 2 * h * hd, init_std),
-            out: linear(h * hd, d_model, out_std),
+            qv: normal_linear(d_model, 2 * h * hd, self.bias, init_std, device),
+            out: normal_linear(h * hd, d_model, self.bias, out_std, device),
             dropout: DropoutConfig::new(self.dropout).init(),
             n_heads: h,
             head_dim: hd,
@@ -183,11 +178,9 @@ impl LshAttention {
 
     /// Shared query/key and value heads, `[b, heads, len, head_dim]` each.
     fn project(&self, x: Tensor<3>) -> (Tensor<4>, Tensor<4>) {
-        let [b, l, _] = x.dims();
-        let (h, hd) = (self.n_heads, self.head_dim);
-        let qv = self.qv.forward(x).reshape([b, l, 2, h, hd]);
-        let heads = |i: usize| qv.clone().narrow(2, i, 1).reshape([b, l, h, hd]).swap_dims(1, 2);
-        (heads(0), heads(1))
+        let [q, v]: [Tensor<4>; 2] =
+            split_heads(self.qv.forward(x), 2, self.n_heads, self.head_dim).try_into().expect("two parts");
+        (q, v)
     }
 
     pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {

@@ -7,6 +7,20 @@
 use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::prelude::*;
 
+/// A linear layer with N(0, std²) weights: the projections of the kinds with their own
+/// (lsh, routing, sinkhorn).
+pub fn normal_linear(d_in: usize, d_out: usize, bias: bool, std: f64, device: &Device) -> Linear {
+    LinearConfig::new(d_in, d_out).with_bias(bias).with_initializer(Initializer::Normal { mean: 0.0, std }).init(device)
+}
+
+/// `parts` fused projections `[b, len, parts · heads · head_dim]` split into `parts` tensors of
+/// heads, `[b, heads, len, head_dim]` each.
+pub fn split_heads(x: Tensor<3>, parts: usize, heads: usize, head_dim: usize) -> Vec<Tensor<4>> {
+    let [b, l, _] = x.dims();
+    let x = x.reshape([b, l, parts, heads, head_dim]);
+    (0..parts).map(|i| x.clone().narrow(2, i, 1).reshape([b, l, heads, head_dim]).swap_dims(1, 2)).collect()
+}
+
 #[derive(Config, Debug)]
 pub struct QkvProjectionConfig {
     pub d_model: usize,

@@ -24,7 +24,7 @@
 use std::sync::{Arc, Mutex};
 
 use burn::module::Param;
-use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
+use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use serde::{Deserialize, Serialize};
@@ -33,6 +33,7 @@ use variorum_position::HeadShape;
 
 use crate::kernel;
 use crate::lsh::host;
+use crate::qkv::{normal_linear, split_heads};
 use crate::random_features::{fixed, redraw};
 use crate::sorted_chunks::{SortedItems, attend_picked, sorted_chunk_attention};
 use crate::{AttentionInput, AttentionOutput, KvCache};
@@ -99,16 +100,10 @@ impl RoutingConfig {
 
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> RoutingAttention {
         let (h, hd) = (self.n_heads, self.heads(d_model).head_dim);
-        let linear = |i: usize, o: usize, std: f64| {
-            LinearConfig::new(i, o)
-                .with_bias(self.bias)
-                .with_initializer(Initializer::Normal { mean: 0.0, std })
-                .init(device)
-        };
         let centroids = Tensor::random([h * self.clusters, hd], Distribution::Normal(0.0, 1.0), device);
         RoutingAttention {
-            qkv: linear(d_model, 3 * h * hd, init_std),
-            out: linear(h * hd, d_model, out_std),
+            qkv: normal_linear(d_model, 3 * h * hd, self.bias, init_std, device),
+            out: normal_linear(h * hd, d_model, self.bias, out_std, device),
             dropout: DropoutConfig::new(self.dropout).init(),
             centroids: fixed(unit_rows(centroids)),
             n_heads: h,
@@ -203,9 +198,8 @@ impl RoutingAttention {
         let causal = input.mask.causal;
         let [b, lq, _] = input.query.dims();
         let (h, hd) = (self.n_heads, self.head_dim);
-        let qkv = self.qkv.forward(input.query).reshape([b, lq, 3, h, hd]);
-        let head = |i: usize| qkv.clone().narrow(2, i, 1).reshape([b, lq, h, hd]).swap_dims(1, 2);
-        let (q, k, v) = (head(0), head(1), head(2));
+        let [q, k, v]: [Tensor<4>; 3] =
+            split_heads(self.qkv.forward(input.query), 3, h, hd).try_into().expect("three parts");
         let context = match cache {
             None => self.route_all(q, k, v, lq, causal),
             Some(cache) => {

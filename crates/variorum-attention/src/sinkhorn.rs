@@ -22,7 +22,7 @@
 //! first block has no sorted block. Decoding then equals the full forward: a new token scores its
 //! block so far plus its block's sorted block, mixed from the cache once per block and kept.
 
-use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
+use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::activation::{log_softmax, softmax};
@@ -30,6 +30,7 @@ use serde::{Deserialize, Serialize};
 use variorum_core::{ConfigError, error::check};
 use variorum_position::HeadShape;
 
+use crate::qkv::{normal_linear, split_heads};
 use crate::sorted_chunks::log_sum_exp;
 use crate::{AttentionInput, AttentionOutput, KvCache, kernel};
 
@@ -95,16 +96,10 @@ impl SinkhornConfig {
 
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> SinkhornAttention {
         let (h, hd) = (self.n_heads, self.heads(d_model).head_dim);
-        let linear = |i: usize, o: usize, bias: bool, std: f64| {
-            LinearConfig::new(i, o)
-                .with_bias(bias)
-                .with_initializer(Initializer::Normal { mean: 0.0, std })
-                .init(device)
-        };
         SinkhornAttention {
-            qkv: linear(d_model, 3 * h * hd, self.bias, init_std),
-            out: linear(h * hd, d_model, self.bias, out_std),
-            sort: linear(hd, hd, false, 1.0 / (hd as f64).sqrt()),
+            qkv: normal_linear(d_model, 3 * h * hd, self.bias, init_std, device),
+            out: normal_linear(h * hd, d_model, self.bias, out_std, device),
+            sort: normal_linear(hd, hd, false, 1.0 / (hd as f64).sqrt(), device),
             dropout: DropoutConfig::new(self.dropout).init(),
             n_heads: h,
             head_dim: hd,
@@ -188,9 +183,8 @@ impl SinkhornAttention {
         let causal = input.mask.causal;
         let [b, lq, _] = input.query.dims();
         let (h, hd) = (self.n_heads, self.head_dim);
-        let qkv = self.qkv.forward(input.query).reshape([b, lq, 3, h, hd]);
-        let head = |i: usize| qkv.clone().narrow(2, i, 1).reshape([b, lq, h, hd]).swap_dims(1, 2);
-        let (q, k, v) = (head(0), head(1), head(2));
+        let [q, k, v]: [Tensor<4>; 3] =
+            split_heads(self.qkv.forward(input.query), 3, h, hd).try_into().expect("three parts");
         let context = match cache {
             None => self.attend_all(q, k, v, lq, causal),
             Some(cache) => {
