@@ -133,7 +133,18 @@ fn resume_replays_the_uninterrupted_run_exactly() {
     performer.model.attention =
         toml::from_str("kind = \"performer\"\nn_heads = 4\nfeatures = 8\nredraw_interval = 3").unwrap();
 
-    for (name, cfg) in [("full", plain), ("performer", performer)] {
+    // reversible blocks (replayed branch dropout) with routing attention (EMA centroids, saved
+    // with the model) and Sinkhorn (Gumbel noise) in a plain stack
+    let mut reversible = plain.clone();
+    reversible.model.block = toml::from_str("kind = \"reversible\"").unwrap();
+    reversible.model.attention =
+        toml::from_str("kind = \"routing\"\nn_heads = 4\nclusters = 2\nwindow = 4\ndecay = 0.5").unwrap();
+    let mut sinkhorn = plain.clone();
+    sinkhorn.model.attention = toml::from_str("kind = \"sinkhorn\"\nn_heads = 4\nblock = 4").unwrap();
+
+    for (name, cfg) in
+        [("full", plain), ("performer", performer), ("reversible routing", reversible), ("sinkhorn", sinkhorn)]
+    {
         let straight = tmp.path().join(format!("{name}-straight"));
         train(cfg.clone(), &options(&straight)).unwrap();
 
