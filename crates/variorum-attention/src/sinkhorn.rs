@@ -10,6 +10,9 @@
 //! O(L·b) scores plus O(N²·b·d) for the mixing. `sortcut = n` (bidirectional, SortCut): every
 //! query attends to the first n sorted blocks instead — O(L·n·b).
 //!
+//! A last block shorter than b is padded with zero keys and values; bidirectionally they enter its
+//! mean and the mixtures (causally only earlier, whole blocks are mixed).
+//!
 //! Sorting network — our choice: the paper's SortNet maps each block's pooled input to N logits,
 //! which ties a layer to one length; ours scores pairs of pooled key blocks,
 //! R_ij = (W p_i)·p_j / √d with p the block means of the keys (as reference implementations do),
@@ -90,6 +93,7 @@ impl SinkhornConfig {
         check((0.0..1.0).contains(&self.dropout), || {
             format!("model.attention.dropout = {} must be in [0, 1)", self.dropout)
         })?;
+        check(self.iterations >= 1, || "model.attention.iterations must be at least 1".into())?;
         check(self.temperature > 0.0, || format!("model.attention.temperature = {} must be > 0", self.temperature))?;
         check(self.sortcut != Some(0), || "model.attention.sortcut must be at least 1 block".into())
     }

@@ -14,3 +14,13 @@ pub use mask::{AttentionMask, GlobalLocal};
 
 /// Named auxiliary losses a forward pass adds to the language-model loss (already weighted).
 pub type AuxLosses = Vec<(String, burn::Tensor<1>)>;
+
+/// Adds `losses` to `sums` by name (a name not yet in `sums` is appended).
+pub fn sum_aux_losses(sums: &mut AuxLosses, losses: AuxLosses) {
+    for (name, l) in losses {
+        match sums.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, s)) => *s = s.clone() + l,
+            None => sums.push((name, l)),
+        }
+    }
+}

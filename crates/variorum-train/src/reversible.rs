@@ -54,12 +54,7 @@ pub fn reversible_grads(
     for (i, block) in frozen.blocks.iter().enumerate() {
         let (s, aux) = block.reversible_forward(streams, &context(i, false), None);
         streams = s;
-        for (name, l) in aux {
-            match aux_sums.iter_mut().find(|(n, _)| *n == name) {
-                Some((_, sum)) => *sum = sum.clone() + l,
-                None => aux_sums.push((name, l)),
-            }
-        }
+        variorum_core::sum_aux_losses(&mut aux_sums, aux);
     }
 
     // 2. the head, from the output streams as leaves

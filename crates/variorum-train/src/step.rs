@@ -81,13 +81,7 @@ pub fn train_step(
             let grads = GradientsParams::from_grads(total.backward(), &model);
             (loss, aux, grads)
         };
-        for (name, l) in aux {
-            let l = l.detach();
-            match aux_sums.iter_mut().find(|(n, _)| *n == name) {
-                Some((_, s)) => *s = s.clone() + l,
-                None => aux_sums.push((name, l)),
-            }
-        }
+        variorum_core::sum_aux_losses(&mut aux_sums, aux.into_iter().map(|(n, l)| (n, l.detach())).collect());
         if n == 1 {
             single = Some(grads);
         } else {

@@ -258,12 +258,7 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
         let t0 = Instant::now();
         let (m, res) = train_step(model, &mut optim, &tc, &micro, lr, &device, memory.as_mut());
         model = m;
-        for (name, l) in res.aux {
-            match aux_acc.iter_mut().find(|(n, _)| *n == name) {
-                Some((_, a)) => *a = a.clone() + l,
-                None => aux_acc.push((name, l)),
-            }
-        }
+        variorum_core::sum_aux_losses(&mut aux_acc, res.aux);
         loss_acc = Some(match loss_acc.take() {
             Some(a) => a + res.loss,
             None => res.loss,
