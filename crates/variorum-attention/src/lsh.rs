@@ -36,7 +36,7 @@ use variorum_position::HeadShape;
 
 use crate::kernel;
 use crate::qkv::{normal_linear, split_heads};
-use crate::sorted_chunks::{SortedItems, attend_picked, sorted_chunk_attention};
+use crate::sorted_chunks::{SortedItems, attend_picked, host, sorted_chunk_attention};
 use crate::{AttentionInput, AttentionOutput, KvCache};
 
 /// `model.attention` with `kind = "lsh"`.
@@ -262,9 +262,4 @@ fn combine_rounds(mut rounds: Vec<(Tensor<4>, Tensor<4>)>) -> Tensor<4> {
 /// x / ‖x‖ over the last dimension.
 fn unit(x: Tensor<4>) -> Tensor<4> {
     x.clone() / (x.powf_scalar(2.0).sum_dim(3).sqrt() + 1e-6)
-}
-
-/// An integer tensor's values, row-major.
-pub(crate) fn host(t: Tensor<3, Int>) -> Vec<i64> {
-    t.into_data().convert::<i64>().try_into_vec::<i64>().unwrap_or_default()
 }

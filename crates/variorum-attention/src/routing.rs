@@ -32,10 +32,9 @@ use variorum_core::{ConfigError, error::check};
 use variorum_position::HeadShape;
 
 use crate::kernel;
-use crate::lsh::host;
 use crate::qkv::{normal_linear, split_heads};
 use crate::random_features::{fixed, redraw};
-use crate::sorted_chunks::{SortedItems, attend_picked, sorted_chunk_attention};
+use crate::sorted_chunks::{SortedItems, attend_picked, host, sorted_chunk_attention};
 use crate::{AttentionInput, AttentionOutput, KvCache};
 
 /// `model.attention` with `kind = "routing"`.

@@ -174,3 +174,8 @@ pub fn log_sum_exp(t: Tensor<4>) -> Tensor<4> {
     let max = t.clone().max_dim(3).detach();
     (t - max.clone()).exp().sum_dim(3).log() + max
 }
+
+/// An integer tensor's values, row-major (the labels decoding keeps on the host).
+pub fn host(t: Tensor<3, Int>) -> Vec<i64> {
+    t.into_data().convert::<i64>().try_into_vec::<i64>().unwrap_or_default()
+}
