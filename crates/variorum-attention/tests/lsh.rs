@@ -85,6 +85,7 @@ fn input(b: usize, l: usize, dev: &Device) -> Tensor<3> {
 
 #[test]
 fn one_bucket_one_round_is_full_shared_qk_attention() {
+    let _guard = common::seeded();
     let dev = Device::flex();
     let attn = layer(1, 1, 64, &dev);
     let x = input(2, 12, &dev);
@@ -97,6 +98,7 @@ fn one_bucket_one_round_is_full_shared_qk_attention() {
 
 #[test]
 fn buckets_restrict_attention_to_same_bucket_keys() {
+    let _guard = common::seeded();
     let dev = Device::flex();
     for rounds in [1, 3] {
         let attn = layer(4, rounds, 64, &dev);
@@ -114,6 +116,7 @@ fn buckets_restrict_attention_to_same_bucket_keys() {
 
 #[test]
 fn causal_chunks_see_the_last_m_positions_of_the_own_bucket() {
+    let _guard = common::seeded();
     let dev = Device::flex();
     let m = 3;
     let attn = layer(2, 2, m, &dev);
@@ -133,6 +136,7 @@ fn causal_chunks_see_the_last_m_positions_of_the_own_bucket() {
 
 #[test]
 fn bidirectional_chunks_see_their_own_and_the_previous_chunk() {
+    let _guard = common::seeded();
     let dev = Device::flex();
     let m = 4;
     let attn = layer(2, 1, m, &dev);
@@ -161,6 +165,7 @@ fn bidirectional_chunks_see_their_own_and_the_previous_chunk() {
 
 #[test]
 fn rotations_are_fixed_per_layer_and_differ_between_layers() {
+    let _guard = common::seeded();
     let dev = Device::flex();
     let x = input(1, 10, &dev);
     let cfg = LshConfig { n_heads: 2, buckets: 8, rounds: 1, ..Default::default() };
@@ -173,12 +178,14 @@ fn rotations_are_fixed_per_layer_and_differ_between_layers() {
 
 #[test]
 fn decoding_token_by_token_equals_the_full_forward() {
+    let _guard = common::seeded();
     let dev = Device::flex();
     // past several buffer growths of the cache, buckets with more than m earlier positions
     for (buckets, rounds, chunk) in [(4, 2, 3), (2, 1, 5), (1, 1, 4)] {
         let attn = layer(buckets, rounds, chunk, &dev);
         let x = input(2, 45, &dev);
         let gap = common::decoding_gap(|i, c| attn.forward(i, c), &x, 7);
-        assert!(gap < 1e-5, "{buckets} buckets, {rounds} rounds, chunk {chunk}: {gap}");
+        // the same keys summed in another order (gathered vs chunked)
+        assert!(gap < 1e-4, "{buckets} buckets, {rounds} rounds, chunk {chunk}: {gap}");
     }
 }

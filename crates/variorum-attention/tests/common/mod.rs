@@ -55,3 +55,10 @@ pub fn decoding_gap(
         .collect();
     (full - Tensor::cat(parts, 1)).abs().max().into_scalar::<f32>()
 }
+
+/// Burn's CPU backends seed one process-wide generator: tests that seed it and draw from it
+/// (inputs, lazily initialised parameters) hold this lock so that they draw what they seeded.
+pub fn seeded() -> std::sync::MutexGuard<'static, ()> {
+    static SEEDED: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SEEDED.lock().unwrap_or_else(|e| e.into_inner())
+}
