@@ -103,7 +103,9 @@ pub fn eval(args: EvalArgs) -> Result<ExitCode> {
                 continue;
             }
             let stride = args.stride.unwrap_or(len);
-            let (loss, _) = if run.model.has_memory() {
+            let (loss, _) = if run.model.mask_token.is_some() {
+                variorum_train::eval::masked_loss(&run.model, &run.config.model, &ids, len, &device)
+            } else if run.model.has_memory() {
                 variorum_train::eval::stream_loss(&run.model, &ids, len, STREAMS, true, &device)
             } else {
                 variorum_train::eval::sliding_loss(&run.model, &ids, len, stride, &device)
@@ -142,6 +144,21 @@ fn eval_memory(run: &Run, ids: &[u32], lengths: &[usize], device: &burn::prelude
     Ok(ExitCode::SUCCESS)
 }
 
+/// A masked language model: the loss on the hidden tokens of disjoint windows (the same hidden
+/// tokens as the run's own validation, the same for every run).
+fn eval_masked(run: &Run, ids: &[u32], lengths: &[usize], device: &burn::prelude::Device) -> Result<ExitCode> {
+    println!("# masked language model: loss on the hidden tokens of disjoint windows");
+    println!("{:>8} {:>10} {:>10} {:>12}", "seq_len", "hidden", "loss", "perplexity");
+    for &len in lengths {
+        let (loss, n) = variorum_train::eval::masked_loss(&run.model, &run.config.model, ids, len, device);
+        if n == 0 {
+            bail!("{} tokens are fewer than one {len}-token window", ids.len());
+        }
+        println!("{len:>8} {n:>10} {loss:>10.4} {:>12.3}", loss.exp());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 fn eval_one(args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode> {
     let run = Run::load(&args.runs[0], device)?;
     let (ids, source) = tokens(&run, args)?;
@@ -153,6 +170,9 @@ fn eval_one(args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode>
     println!("# {} tokens of {source}", ids.len());
     if run.model.has_memory() {
         return eval_memory(&run, &ids, &lengths, device);
+    }
+    if run.model.mask_token.is_some() {
+        return eval_masked(&run, &ids, &lengths, device);
     }
     let unit = run.tokenizer.unit();
     println!(

@@ -315,6 +315,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             let (device, _) = device::select(&device)?;
             let run = Run::load(&run, &device)?;
+            if run.model.mask_token.is_some() {
+                anyhow::bail!(
+                    "{} was trained with model.objective.kind = \"masked\" (bidirectional attention): it fills in hidden tokens and cannot generate left to right; see its sample.txt, or score it with `variorum eval`",
+                    run.dir.display()
+                );
+            }
             let prompt_ids = run.encode_prompt(&prompt)?;
             let cfg = SampleConfig { max_new_tokens, temperature, top_k, top_p, seed, no_cache };
             let mut out = std::io::stdout();

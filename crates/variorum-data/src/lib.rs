@@ -8,9 +8,11 @@
 mod batch;
 mod corpus;
 mod error;
+mod masking;
 mod tokenizer;
 
 pub use batch::{OrderedStreams, RandomWindows, TokenBatch, eval_batches, spread_windows};
 pub use corpus::{Corpus, DATA_DIR_ENV, DEFAULT_DATA_DIR, DataConfig, data_dir, read_text};
 pub use error::DataError;
+pub use masking::Masking;
 pub use tokenizer::{CharTokenizer, Tokenizer, TokenizerConfig};

@@ -9,6 +9,7 @@ use variorum_position::PositionConfig;
 
 use crate::DecoderLm;
 use crate::exits::ExitConfig;
+use crate::objective::ObjectiveConfig;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -48,6 +49,9 @@ pub struct ModelConfig {
     pub depth: DepthConfig,
     /// Early exits after every block (Depth-Adaptive Transformer, CALM). Default none.
     pub exits: ExitConfig,
+    /// `causal` (default): next-token prediction; `masked`: BERT's masked language model under
+    /// bidirectional attention.
+    pub objective: ObjectiveConfig,
 }
 
 impl Default for ModelConfig {
@@ -69,6 +73,7 @@ impl Default for ModelConfig {
             memory: MemoryConfig::None,
             depth: DepthConfig::Stack,
             exits: ExitConfig::None,
+            objective: ObjectiveConfig::Causal,
         }
     }
 }
@@ -98,12 +103,18 @@ impl ModelConfig {
                 self.attention.kind()
             )
         })?;
-        check(self.attention.capabilities().causal, || {
-            format!(
-                "model.attention.kind = \"{}\" cannot be causal, and a decoder LM needs causal attention",
-                self.attention.kind()
-            )
-        })?;
+        self.objective.validate()?;
+        if self.objective.is_causal() {
+            check(self.attention.capabilities().causal, || {
+                format!(
+                    "model.attention.kind = \"{}\" has no causal form ({}), and next-token prediction needs causal attention: train it with model.objective.kind = \"masked\"",
+                    self.attention.kind(),
+                    self.attention.why_not_causal()
+                )
+            })?;
+        } else {
+            self.validate_masked()?;
+        }
         self.block.validate()?;
         self.memory.validate(self.seq_len)?;
         self.depth.validate()?;
@@ -120,9 +131,13 @@ impl ModelConfig {
                 self.memory.kind()
             )
         })?;
-        check(!matches!(&self.attention, AttentionConfig::Sinkhorn(c) if c.sortcut.is_some()), || {
-            "model.attention.sortcut lets every query see the first sorted blocks, which mix the whole sequence: it is bidirectional, and a decoder LM is causal; remove it".into()
-        })?;
+        check(
+            !self.objective.is_causal()
+                || !matches!(&self.attention, AttentionConfig::Sinkhorn(c) if c.sortcut.is_some()),
+            || {
+                "model.attention.sortcut lets every query see the first sorted blocks, which mix the whole sequence: it is bidirectional: remove it, or train with model.objective.kind = \"masked\"".into()
+            },
+        )?;
         check(self.memory.is_none() || !matches!(self.attention.kind(), "lsh" | "routing" | "sinkhorn"), || {
             format!(
                 "model.attention.kind = \"{}\" cannot read a memory (model.memory.kind = \"{}\"): it sorts queries and keys of the same positions together",
@@ -247,8 +262,38 @@ impl ModelConfig {
         }
     }
 
+    /// Rows of the embedding: the text vocabulary, plus the mask token of the masked objective.
     pub fn vocab(&self) -> usize {
-        self.vocab_size.unwrap_or(256)
+        self.vocab_size.unwrap_or(256) + usize::from(!self.objective.is_causal())
+    }
+
+    /// The mask token's id (the last embedding row) under the masked objective.
+    pub fn mask_token(&self) -> Option<usize> {
+        (!self.objective.is_causal()).then(|| self.vocab_size.unwrap_or(256))
+    }
+
+    /// What the masked objective needs: bidirectional attention, and none of the pieces that only
+    /// make sense left to right.
+    fn validate_masked(&self) -> Result<(), ConfigError> {
+        check(self.attention.capabilities().bidirectional, || {
+            format!(
+                "model.attention.kind = \"{}\" has no bidirectional form, and model.objective.kind = \"masked\" needs one: use model.objective.kind = \"causal\"",
+                self.attention.kind()
+            )
+        })?;
+        let refuse = |what: &str, why: &str| {
+            Err(ConfigError::new(format!("{what} cannot be used with model.objective.kind = \"masked\": {why}")))
+        };
+        if !self.memory.is_none() {
+            return refuse("model.memory", "a memory carries earlier segments of a left-to-right stream");
+        }
+        if !matches!(self.exits, ExitConfig::None) {
+            return refuse("model.exits", "early exits are decided token by token while generating");
+        }
+        if self.max_back.is_some() {
+            return refuse("model.max_back", "it limits how far back a causal query reaches");
+        }
+        Ok(())
     }
 
     /// Builds the model. Call [`validate`](Self::validate) (and [`resolve`](Self::resolve)) first.

@@ -87,6 +87,9 @@ pub struct DecoderLm {
     pub exits: Option<ExitHeads>,
     /// A reversible stack ([`variorum_block::reversible`]), with this branch-output dropout.
     pub reversible: Option<f64>,
+    /// The masked objective's mask token (the last embedding row): attention is bidirectional and
+    /// the loss ignores targets equal to it. `None`: next-token prediction, causal attention.
+    pub mask_token: Option<usize>,
 }
 
 impl DecoderLm {
@@ -138,6 +141,7 @@ impl DecoderLm {
             },
             embedding_scale: cfg.scale_embeddings.then(|| (d as f64).sqrt()),
             reversible: cfg.block.reversible().then_some(cfg.dropout),
+            mask_token: cfg.mask_token(),
             exits: match &cfg.exits {
                 ExitConfig::None => None,
                 ExitConfig::EveryLayer(e) => Some(ExitHeads::new(
@@ -171,7 +175,7 @@ impl DecoderLm {
     }
 
     /// The mask of `len` new positions continuing `state` (shared by every block): causal over
-    /// absolute positions, keys from 0 (a KV cache) or from the start of the memory context.
+    /// absolute positions (bidirectional under the masked objective), keys from 0 (a KV cache) or from the start of the memory context.
     pub fn mask(
         &self,
         len: usize,
@@ -180,7 +184,8 @@ impl DecoderLm {
     ) -> (AttentionMask, Option<Tensor<4, Bool>>) {
         let start = state.map_or(0, |s| s.position);
         let keys_before = if self.has_memory() { state.map_or(0, |s| s.context_len()) } else { start };
-        let mask = AttentionMask::causal().at(start, start - keys_before).with_max_back(self.max_back);
+        let mask = if self.mask_token.is_some() { AttentionMask::bidirectional() } else { AttentionMask::causal() };
+        let mask = mask.at(start, start - keys_before).with_max_back(self.max_back);
         // built once for every block, and only for mechanisms that score every key
         let dense = if self.blocks.first().is_some_and(|b| b.attn.uses_dense_mask()) {
             mask.score_mask(len, keys_before + len, device)
@@ -403,7 +408,8 @@ impl DecoderLm {
         }
     }
 
-    /// Mean next-token cross-entropy of `targets` under `tokens`, plus the auxiliary losses.
+    /// Mean cross-entropy of `targets` under `tokens` ([`token_loss`](Self::token_loss)), plus the
+    /// auxiliary losses.
     pub fn loss(&self, tokens: Tensor<2, Int>, targets: Tensor<2, Int>) -> (Tensor<1>, AuxLosses) {
         self.loss_with(tokens, targets, None)
     }
@@ -463,7 +469,23 @@ impl DecoderLm {
                 aux.push(("exit_predictor".into(), p.loss(&out.hidden, &scores)));
             }
         }
-        (cross_entropy(out.logits, targets), aux)
+        (self.token_loss(out.logits, targets), aux)
+    }
+
+    /// Mean cross-entropy of the logits against the targets; under the masked objective, over the
+    /// hidden positions only (the other targets are the mask token).
+    pub fn token_loss(&self, logits: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<1> {
+        match self.mask_token {
+            None => cross_entropy(logits, targets),
+            Some(ignore) => {
+                let [b, l, v] = logits.dims();
+                let device = logits.device();
+                CrossEntropyLossConfig::new()
+                    .with_pad_tokens(Some(vec![ignore]))
+                    .init(&device)
+                    .forward(logits.reshape([b * l, v]), targets.reshape([b * l]))
+            }
+        }
     }
 }
 

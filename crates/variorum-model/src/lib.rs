@@ -1,12 +1,15 @@
-//! The zoo: models composed from the axes of a config. For now the decoder-only language model.
+//! The zoo: models composed from the axes of a config: the transformer language model, trained
+//! left to right (next token) or as a masked language model (bidirectional).
 
 pub mod config;
 pub mod decoder;
 pub mod exit_predictor;
 pub mod exits;
+pub mod objective;
 pub mod zoo;
 
 pub use config::ModelConfig;
 pub use decoder::{DecoderLm, DecoderState, LmOutput};
 pub use exit_predictor::{ExitPredictor, Oracle, PredictorKind};
 pub use exits::{EveryLayerConfig, ExitConfig};
+pub use objective::{MaskedConfig, ObjectiveConfig};

@@ -20,6 +20,7 @@ use variorum_position::{
 use crate::ModelConfig;
 use crate::exit_predictor::{Oracle, PredictorKind};
 use crate::exits::{EveryLayerConfig, ExitConfig};
+use crate::objective::{MaskedConfig, ObjectiveConfig};
 
 /// All declared kinds, axis by axis.
 pub fn kinds() -> Vec<KindInfo> {
@@ -416,6 +417,34 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
         ),
     ] {
         out.push((format!("attention {name}"), ModelConfig { attention, ..tiny() }));
+    }
+    // the masked objective (bidirectional attention): full attention, a
+    // causal-capable sparse kind run bidirectionally, a reversible stack
+    let masked = || ObjectiveConfig::Masked(MaskedConfig::default());
+    for (name, cfg) in [
+        ("masked lm", ModelConfig { objective: masked(), ..tiny() }),
+        (
+            "masked lm + position sinusoidal",
+            ModelConfig {
+                objective: masked(),
+                position: PositionConfig::Sinusoidal(SinusoidalPositionConfig::default()),
+                ..tiny()
+            },
+        ),
+        (
+            "masked lm + sliding-window",
+            ModelConfig {
+                objective: masked(),
+                attention: AttentionConfig::SlidingWindow(SlidingWindowConfig { window: 3, ..Default::default() }),
+                ..tiny()
+            },
+        ),
+        (
+            "masked lm + reversible",
+            ModelConfig { objective: masked(), block: BlockConfig::Reversible(Default::default()), ..tiny() },
+        ),
+    ] {
+        out.push((name.into(), cfg));
     }
     // relative schemes with grouped-query heads (keys shared by several query heads)
     let gqa = AttentionConfig::Full(MultiHeadAttentionConfig { n_heads: 4, n_kv_heads: Some(2), ..Default::default() });

@@ -35,7 +35,7 @@ fn max_abs_diff(a: Tensor<3>, b: Tensor<3>) -> f32 {
 }
 
 #[test]
-fn causal_outputs_ignore_future_tokens() {
+fn causal_outputs_ignore_future_tokens_and_bidirectional_ones_see_them() {
     let _guard = seeded();
     let dev = Device::flex();
     for (name, cfg) in zoo::variants() {
@@ -48,6 +48,11 @@ fn causal_outputs_ignore_future_tokens() {
         let la = model.forward(a).logits;
         let lb = model.forward(changed).logits;
         let past = max_abs_diff(la.clone().slice([0..b, 0..t + 1, 0..v]), lb.clone().slice([0..b, 0..t + 1, 0..v]));
+        if !cfg.objective.is_causal() {
+            // a masked LM's attention is bidirectional: its early outputs must see later tokens
+            assert!(past > 1e-6, "{name}: a bidirectional model's outputs ignored later tokens");
+            continue;
+        }
         let after = max_abs_diff(la.slice([0..b, t + 1..l, 0..v]), lb.slice([0..b, t + 1..l, 0..v]));
         assert!(past < 1e-5, "{name}: outputs at or before t changed by {past} when only later tokens changed");
         assert!(after > 1e-6, "{name}: outputs after t did not react to their own tokens (test is blind)");
@@ -59,7 +64,7 @@ fn cached_decoding_equals_full_forward() {
     let _guard = seeded();
     let dev = Device::flex();
     for (name, cfg) in zoo::variants() {
-        if !cfg.attention.capabilities().incremental {
+        if !cfg.attention.capabilities().incremental || !cfg.objective.is_causal() {
             continue;
         }
         let model = build(&cfg, 2, &dev);
@@ -106,9 +111,22 @@ fn tiny_model_overfits_a_tiny_batch() {
     for (name, cfg) in zoo::variants() {
         let mut model = build(&cfg, 11, &dev);
         let mut optim = AdamWConfig::new().with_weight_decay(0.0).init();
-        let toks = tokens(13, 2, 17, cfg.vocab(), &dev);
-        let inputs = toks.clone().slice([0..2, 0..16]);
-        let targets = toks.slice([0..2, 1..17]);
+        let (inputs, targets) = match cfg.mask_token() {
+            // next-token prediction: the batch shifted by one
+            None => {
+                let toks = tokens(13, 2, 17, cfg.vocab(), &dev);
+                (toks.clone().slice([0..2, 0..16]), toks.slice([0..2, 1..17]))
+            }
+            // masked LM: every third token hidden (the mask token), the others ignored as targets
+            Some(mask) => {
+                let toks = tokens(13, 2, 16, mask, &dev).into_data().convert::<i64>().try_to_vec::<i64>().unwrap();
+                let hidden = |i: usize| i % 16 % 3 == 1;
+                let ins: Vec<i64> = (0..32).map(|i| if hidden(i) { mask as i64 } else { toks[i] }).collect();
+                let outs: Vec<i64> = (0..32).map(|i| if hidden(i) { toks[i] } else { mask as i64 }).collect();
+                let t = |v: Vec<i64>| Tensor::<2, Int>::from_data(TensorData::new(v, [2, 16]), &dev);
+                (t(ins), t(outs))
+            }
+        };
         let mut first = f32::NAN;
         let mut last = f32::NAN;
         for step in 0..80 {

@@ -33,8 +33,9 @@ pub fn bench(cfg: &ExperimentConfig, device: &Device, warmup: u64, steps: u64, r
         cfg.model.vocab_size = Some(256);
     }
     let tc = &cfg.train;
-    let (b, l, v) = (tc.batch_size, cfg.model.seq_len, cfg.model.vocab());
+    let (b, l, v) = (tc.batch_size, cfg.model.seq_len, cfg.model.vocab_size.unwrap_or(256));
     let device = device.clone().autodiff();
+    let masking = crate::eval::masking(&cfg.model);
     let batch = |i: u64| {
         let mut s = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         let mut next = || {
@@ -50,7 +51,11 @@ pub fn bench(cfg: &ExperimentConfig, device: &Device, warmup: u64, steps: u64, r
             inputs.extend_from_slice(&ids[r * (l + 1)..r * (l + 1) + l]);
             targets.extend_from_slice(&ids[r * (l + 1) + 1..(r + 1) * (l + 1)]);
         }
-        TokenBatch { inputs, targets, batch_size: b, seq_len: l, reset: vec![false; b] }
+        let batch = TokenBatch { inputs, targets, batch_size: b, seq_len: l, reset: vec![false; b] };
+        match &masking {
+            Some(m) => m.apply(&batch, i),
+            None => batch,
+        }
     };
     let mut results = Vec::new();
     let mut params = 0;

@@ -1,22 +1,51 @@
 //! Validation loss on a fixed set of windows (`variorum_data::spread_windows`).
 
 use burn::prelude::*;
-use variorum_data::TokenBatch;
-use variorum_model::{DecoderLm, DecoderState, decoder::cross_entropy};
+use variorum_data::{Masking, TokenBatch};
+use variorum_model::{DecoderLm, DecoderState, ModelConfig, ObjectiveConfig, decoder::cross_entropy};
 
 use crate::step::batch_tensors;
 
-/// Mean next-token loss (nats per token) of `model` over `batches`; run it on `model.valid()`.
+/// Mean loss (nats per predicted token) of `model` over `batches`; run it on `model.valid()`.
+/// Next-token batches predict every position; masked batches ([`masked_batches`]) their hidden
+/// positions only, and each batch weighs by how many it hides.
 pub fn evaluate(model: &DecoderLm, batches: &[TokenBatch], device: &Device) -> f64 {
     let mut sum = 0.0;
     let mut count = 0usize;
     for b in batches {
+        let predicted = match model.mask_token {
+            Some(m) => b.targets.iter().filter(|&&t| t != m as i64).count(),
+            None => b.targets.len(),
+        };
         let (inputs, targets) = batch_tensors(b, device);
-        let loss = cross_entropy(model.forward(inputs).logits, targets).into_scalar::<f32>() as f64;
-        sum += loss * b.batch_size as f64;
-        count += b.batch_size;
+        let loss = model.token_loss(model.forward(inputs).logits, targets).into_scalar::<f32>() as f64;
+        sum += loss * predicted as f64;
+        count += predicted;
     }
     sum / count.max(1) as f64
+}
+
+/// The masked objective's corruption of `cfg`, `None` for next-token prediction.
+pub fn masking(cfg: &ModelConfig) -> Option<Masking> {
+    match &cfg.objective {
+        ObjectiveConfig::Causal => None,
+        ObjectiveConfig::Masked(m) => Some(Masking {
+            prob: m.mask_prob,
+            mask_token: m.mask_token_prob,
+            random_token: m.random_token_prob,
+            mask_id: cfg.mask_token().unwrap_or_default() as u32,
+        }),
+    }
+}
+
+/// Evaluation batches as the model is scored: unchanged for next-token prediction, corrupted
+/// with fixed seeds (batch i: `seed + i`) under the masked objective, so every evaluation of a
+/// run hides the same tokens.
+pub fn masked_batches(cfg: &ModelConfig, batches: Vec<TokenBatch>, seed: u64) -> Vec<TokenBatch> {
+    match masking(cfg) {
+        None => batches,
+        Some(m) => batches.iter().enumerate().map(|(i, b)| m.apply(b, seed.wrapping_add(i as u64))).collect(),
+    }
 }
 
 /// One window of a sliding-window evaluation: inputs `ids[start..start + len]`, and only the
@@ -77,6 +106,17 @@ pub fn sliding_loss(model: &DecoderLm, ids: &[u32], len: usize, stride: usize, d
         }
     }
     (sum / count.max(1) as f64, count)
+}
+
+/// Masked-LM loss of `ids` under `model` (trained with `cfg`'s masked objective): disjoint windows
+/// of `len` tokens, corrupted with fixed seeds ([`masked_batches`]), scored on the hidden tokens.
+/// Returns (mean loss, hidden tokens counted).
+pub fn masked_loss(model: &DecoderLm, cfg: &ModelConfig, ids: &[u32], len: usize, device: &Device) -> (f64, usize) {
+    let Ok(windows) = variorum_data::eval_batches(ids, len, 16, None) else { return (f64::NAN, 0) };
+    let batches = masked_batches(cfg, windows, 0);
+    let mask = model.mask_token.unwrap_or(usize::MAX) as i64;
+    let hidden = batches.iter().map(|b| b.targets.iter().filter(|&&t| t != mask).count()).sum();
+    (evaluate(model, &batches, device), hidden)
 }
 
 /// Adaptive Computation Time's steps per token over disjoint windows of `len` tokens of `ids`:

@@ -19,7 +19,6 @@ use burn::prelude::*;
 use variorum_block::{RevContext, Streams};
 use variorum_core::AuxLosses;
 use variorum_model::DecoderLm;
-use variorum_model::decoder::cross_entropy;
 
 /// The loss of `tokens` → `targets` (detached), the auxiliary losses (detached, weighted), and
 /// the gradients of `scale · (loss + Σ aux)` with respect to every parameter of a reversible
@@ -61,7 +60,7 @@ pub fn reversible_grads(
     let y1 = leaf(streams.x1.clone());
     let y2 = leaf(streams.x2.clone());
     let logits = model.exit_logits(model.depth - 1, Streams { x1: y1.clone(), x2: y2.clone() }.merge());
-    let loss = cross_entropy(logits, targets);
+    let loss = model.token_loss(logits, targets);
     let mut grads = loss.clone().mul_scalar(scale).backward();
     let mut gy = upstream(&y1, &y2, &grads);
     acc.accumulate(model, GradientsParams::from_grads(grads, model));

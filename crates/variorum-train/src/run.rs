@@ -128,6 +128,12 @@ impl Run {
         if ids.len() < 2 {
             bail!("scoring needs at least two tokens (the first has nothing to be predicted from)");
         }
+        if self.model.mask_token.is_some() {
+            bail!(
+                "{} is a masked language model (model.objective.kind = \"masked\"): it has no next-token probabilities to score; use `variorum eval`",
+                self.dir.display()
+            );
+        }
         let l = self.model.seq_len;
         let mut tokens = Vec::with_capacity(ids.len() - 1);
         let mut start = 0;

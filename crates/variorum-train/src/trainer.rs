@@ -19,7 +19,7 @@ use variorum_model::{DecoderLm, DecoderState};
 
 use crate::checkpoint::{self, TrainState, write_atomic};
 use crate::config::{Batching, ExperimentConfig, TrainConfig};
-use crate::eval::{evaluate, stream_loss};
+use crate::eval::{evaluate, masked_batches, masking, stream_loss};
 use crate::generate::{SampleConfig, generate};
 use crate::metrics::{MetricsLog, Row};
 use crate::schedule::learning_rate;
@@ -159,6 +159,9 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
         Batching::Ordered => Batches::Ordered(OrderedStreams::new(train_tokens, seq_len, tc.batch_size)?),
     };
     let eval_set = spread_windows(&corpus.val, seq_len, tc.eval_batches * tc.batch_size, tc.batch_size)?;
+    // masked LM: the same hidden tokens at every evaluation, and in every run (seed 0)
+    let eval_set = masked_batches(&cfg.model, eval_set, 0);
+    let masking = masking(&cfg.model);
 
     // --- model and optimizer
     let device = opts.device.clone().autodiff();
@@ -253,8 +256,16 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
         if redraw > 0 && step > 0 && step % redraw == 0 {
             model = model.redraw_features();
         }
-        let micro: Vec<TokenBatch> =
-            (0..tc.grad_accum as u64).map(|m| batches.get(step * tc.grad_accum as u64 + m)).collect();
+        let micro: Vec<TokenBatch> = (0..tc.grad_accum as u64)
+            .map(|m| {
+                let i = step * tc.grad_accum as u64 + m;
+                let b = batches.get(i);
+                match &masking {
+                    Some(mask) => mask.apply(&b, step_seed(tc.seed, i)),
+                    None => b,
+                }
+            })
+            .collect();
         let t0 = Instant::now();
         let (m, res) = train_step(model, &mut optim, &tc, &micro, lr, &device, memory.as_mut());
         model = m;
@@ -362,9 +373,16 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
         seed: tc.seed,
         no_cache: false,
     };
-    let sample = generate(&valid, &prompt, &sample_cfg, &inner, |_| {});
-    let mut text = corpus.tokenizer.decode(&prompt);
-    text.push_str(&corpus.tokenizer.decode(&sample));
+    let text = match (valid.mask_token, eval_set.first()) {
+        // a masked model does not generate: it fills in the hidden tokens of a validation window
+        (Some(mask), Some(b)) => fill_in_sample(&valid, b, mask, &corpus.tokenizer, &inner),
+        _ => {
+            let sample = generate(&valid, &prompt, &sample_cfg, &inner, |_| {});
+            let mut text = corpus.tokenizer.decode(&prompt);
+            text.push_str(&corpus.tokenizer.decode(&sample));
+            text
+        }
+    };
     write_atomic(&run.join("sample.txt"), text.as_bytes())?;
 
     let rows = metrics.rows()?;
@@ -456,4 +474,23 @@ fn check_same_run(run: &Path, cfg: &ExperimentConfig) -> Result<ExperimentConfig
         bail!("[data] differs from the run's {}: resume with the config the run was started with", path.display());
     }
     Ok(saved)
+}
+
+/// The first row of a masked batch three times: as the model saw it (hidden tokens as `_`), with
+/// the model's guesses in their place, and as written.
+fn fill_in_sample(model: &DecoderLm, batch: &TokenBatch, mask: usize, tok: &Tokenizer, device: &Device) -> String {
+    let l = batch.seq_len;
+    let (inputs, _) = crate::step::batch_tensors(batch, device);
+    let guesses = model.forward(inputs).logits.narrow(0, 0, 1).argmax(2);
+    let guesses = guesses.into_data().convert::<i64>().try_into_vec::<i64>().unwrap_or_default();
+    let (seen, targets) = (&batch.inputs[..l], &batch.targets[..l]);
+    let piece = |t: i64| if t < 0 || t as usize >= mask { "_".to_string() } else { tok.decode(&[t as u32]) };
+    let line = |pick: &dyn Fn(usize) -> String| (0..l).map(pick).collect::<String>();
+    let hidden = |i: usize| targets[i] != mask as i64;
+    let shown = line(&|i| if hidden(i) { "_".into() } else { piece(seen[i]) });
+    let filled = line(&|i| if hidden(i) { piece(guesses.get(i).copied().unwrap_or(-1)) } else { piece(seen[i]) });
+    let original = line(&|i| if hidden(i) { piece(targets[i]) } else { piece(seen[i]) });
+    format!(
+        "# masked language model: a validation window with its hidden tokens as _\nseen:     {shown}\nfilled:   {filled}\noriginal: {original}\n"
+    )
 }

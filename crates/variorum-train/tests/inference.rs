@@ -22,7 +22,8 @@ fn cached_generation_equals_uncached_for_every_variant() {
     let _guard = seeded();
     let dev = Device::flex();
     for (name, cfg) in zoo::variants() {
-        if !cfg.attention.capabilities().incremental {
+        // a masked LM does not generate
+        if !cfg.attention.capabilities().incremental || !cfg.objective.is_causal() {
             continue;
         }
         dev.seed(21);

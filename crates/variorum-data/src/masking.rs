@@ -1,0 +1,114 @@
+//! BERT's masked-language-model corruption (Devlin et al. 2019, §3.1): of every window, a share
+//! `prob` of the positions is chosen for prediction; a chosen token is replaced by the mask token
+//! with probability `mask_token`, by a random token with probability `random_token`, and kept
+//! otherwise. The targets are the original tokens at the chosen positions and the mask id
+//! everywhere else, which the loss ignores (the mask token is never a text token, so it cannot be
+//! a real target).
+//!
+//! Choices: positions are chosen independently (Bernoulli(`prob`)), not as an exact count; a row
+//! where none was chosen gets one chosen position, so that every row has a loss. The window is the
+//! batch's `inputs` row (its `targets`, the next-token shift, are not used). Every draw comes from
+//! a ChaCha8 stream seeded by `(seed, row)`, so a batch's corruption is a pure function of its
+//! seed: a resumed run and every evaluation see the same masks.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use sha2::{Digest, Sha256};
+
+use crate::TokenBatch;
+
+/// What a masked-LM batch hides and how.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Masking {
+    /// Share of positions chosen for prediction (BERT: 0.15).
+    pub prob: f64,
+    /// Of the chosen positions, the share replaced by the mask token (BERT: 0.8).
+    pub mask_token: f64,
+    /// Of the chosen positions, the share replaced by a random text token (BERT: 0.1).
+    pub random_token: f64,
+    /// Id of the mask token; text tokens are `0..mask_id`.
+    pub mask_id: u32,
+}
+
+impl Masking {
+    /// `batch` with its inputs corrupted and its targets the hidden tokens (the mask id elsewhere).
+    pub fn apply(&self, batch: &TokenBatch, seed: u64) -> TokenBatch {
+        let (b, l) = (batch.batch_size, batch.seq_len);
+        let ignore = i64::from(self.mask_id);
+        let mut inputs = batch.inputs.clone();
+        let mut targets = vec![ignore; b * l];
+        for r in 0..b {
+            let mut rng = row_rng(seed, r as u64);
+            let row = r * l..(r + 1) * l;
+            let mut chosen: Vec<usize> = row.clone().filter(|_| rng.random_bool(self.prob)).collect();
+            if chosen.is_empty() && l > 0 {
+                chosen.push(r * l + rng.random_range(0..l));
+            }
+            for i in chosen {
+                targets[i] = batch.inputs[i];
+                let u: f64 = rng.random();
+                if u < self.mask_token {
+                    inputs[i] = ignore;
+                } else if u < self.mask_token + self.random_token && self.mask_id > 0 {
+                    inputs[i] = i64::from(rng.random_range(0..self.mask_id));
+                }
+            }
+        }
+        TokenBatch { inputs, targets, batch_size: b, seq_len: l, reset: batch.reset.clone() }
+    }
+}
+
+fn row_rng(seed: u64, row: u64) -> ChaCha8Rng {
+    let digest = Sha256::new()
+        .chain_update(b"variorum/masked-lm/v1")
+        .chain_update(seed.to_le_bytes())
+        .chain_update(row.to_le_bytes())
+        .finalize();
+    ChaCha8Rng::from_seed(digest.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(b: usize, l: usize) -> TokenBatch {
+        let inputs: Vec<i64> = (0..b * l).map(|i| (i % 7) as i64).collect();
+        TokenBatch { targets: inputs.clone(), inputs, batch_size: b, seq_len: l, reset: vec![true; b] }
+    }
+
+    const BERT: Masking = Masking { prob: 0.15, mask_token: 0.8, random_token: 0.1, mask_id: 7 };
+
+    #[test]
+    fn hidden_positions_are_the_targets_and_the_rest_is_ignored() {
+        let src = batch(256, 128);
+        let m = BERT.apply(&src, 3);
+        let chosen: Vec<usize> = (0..m.targets.len()).filter(|&i| m.targets[i] != 7).collect();
+        let share = chosen.len() as f64 / m.targets.len() as f64;
+        assert!((share - 0.15).abs() < 0.01, "{share}");
+        // targets are the original tokens; unchosen inputs are untouched
+        for i in 0..m.targets.len() {
+            if m.targets[i] == 7 {
+                assert_eq!(m.inputs[i], src.inputs[i]);
+            } else {
+                assert_eq!(m.targets[i], src.inputs[i]);
+            }
+        }
+        let masked = chosen.iter().filter(|&&i| m.inputs[i] == 7).count() as f64 / chosen.len() as f64;
+        let kept = chosen.iter().filter(|&&i| m.inputs[i] == src.inputs[i]).count() as f64 / chosen.len() as f64;
+        assert!((masked - 0.8).abs() < 0.02, "{masked}");
+        // kept = 10% kept + random draws that hit the same token (1/7 of 10%)
+        assert!((kept - (0.1 + 0.1 / 7.0)).abs() < 0.02, "{kept}");
+        assert!(m.inputs.iter().all(|&t| (0..=7).contains(&t)));
+    }
+
+    #[test]
+    fn masks_are_a_pure_function_of_the_seed_and_every_row_has_a_target() {
+        let src = batch(50, 3);
+        assert_eq!(BERT.apply(&src, 5), BERT.apply(&src, 5));
+        assert_ne!(BERT.apply(&src, 5), BERT.apply(&src, 6));
+        let m = BERT.apply(&src, 5);
+        for row in m.targets.chunks(3) {
+            assert!(row.iter().any(|&t| t != 7), "a row without a target: {row:?}");
+        }
+    }
+}

@@ -1,0 +1,47 @@
+//! `model.objective`: the masked objective adds the mask token and needs bidirectional attention;
+//! what only makes sense left to right is refused with it, and kinds without a causal form are
+//! refused for next-token prediction with a pointer to the masked objective.
+
+use variorum_model::{ModelConfig, zoo};
+
+fn parse(extra: &str) -> ModelConfig {
+    let base = "vocab_size = 11\nd_model = 32\nn_layers = 2\nseq_len = 16\n";
+    toml::from_str(&format!("{base}{extra}")).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn refusal(extra: &str) -> String {
+    parse(extra).validate().expect_err("should be refused").to_string()
+}
+
+#[test]
+fn the_masked_objective_adds_the_mask_token() {
+    let causal = zoo::tiny();
+    assert_eq!((causal.vocab(), causal.mask_token()), (11, None));
+    let masked = parse("[objective]\nkind = \"masked\"");
+    masked.validate().unwrap();
+    assert_eq!((masked.vocab(), masked.mask_token()), (12, Some(11)));
+    let model = masked.init(&burn::prelude::Device::flex());
+    assert_eq!(model.token_embedding.weight.dims(), [12, 32]);
+}
+
+#[test]
+fn left_to_right_pieces_are_refused_with_the_masked_objective() {
+    for (extra, names) in [
+        ("[objective]\nkind = \"masked\"\n[memory]\nkind = \"xl\"", "model.memory"),
+        ("max_back = 4\n[objective]\nkind = \"masked\"", "model.max_back"),
+        ("[objective]\nkind = \"masked\"\n[exits]\nkind = \"every-layer\"", "model.exits"),
+        ("[objective]\nkind = \"masked\"\nmask_prob = 0", "model.objective.mask_prob"),
+        ("[objective]\nkind = \"masked\"\nmask_token_prob = 0.95\nrandom_token_prob = 0.1", "at most 1"),
+    ] {
+        let e = refusal(extra);
+        assert!(e.contains(names), "{extra}: {e}");
+    }
+}
+
+#[test]
+fn sinkhorn_sortcut_is_bidirectional_and_trains_only_masked() {
+    let sortcut = "[attention]\nkind = \"sinkhorn\"\nblock = 4\nsortcut = 1\n";
+    let e = refusal(sortcut);
+    assert!(e.contains("model.objective.kind = \"masked\""), "{e}");
+    parse(&format!("{sortcut}[objective]\nkind = \"masked\"")).validate().unwrap();
+}
