@@ -158,7 +158,9 @@ impl AttentionConfig {
     pub fn why_not_causal(&self) -> &'static str {
         match self.kind() {
             "linformer" => "E and F mix every position, later ones included, into each projected key and value",
-            "nystrom" => "its landmarks are means over segments that reach past the query, coupled by one pseudo-inverse",
+            "nystrom" => {
+                "its landmarks are means over segments that reach past the query, coupled by one pseudo-inverse"
+            }
             "clustered" => "a cluster's centroid, and so every member's attention, depends on later queries",
             "inducing-points" => "every slot reads the whole sequence before any position reads the slots",
             _ => "its outputs mix in positions after them",

@@ -59,7 +59,12 @@ pub fn bench_attention(args: Args) -> Result<ExitCode> {
             train.push((name.clone(), len, o));
         }
         for &ctx in &args.contexts {
-            let o = child(path, &format!("generate:{ctx}"), &args);
+            let caps = cfg.model.attention.capabilities();
+            let o = if caps.causal && caps.incremental {
+                child(path, &format!("generate:{ctx}"), &args)
+            } else {
+                Err("does not generate (no causal form)".into())
+            };
             println!("{name:<22} generate  context {ctx:>6}  {}", describe(&o, 1e3, "ms/token"));
             generate.push((name.clone(), ctx, o));
         }
@@ -143,12 +148,13 @@ fn write_outputs(dir: &Path, names: &[String], train: &Rows, generate: &Rows, ar
             .map(|r| match &r.2 {
                 Ok(p) => f(p),
                 Err(why) if why.starts_with("out of memory") => "OOM".into(),
+                Err(why) if why.starts_with("does not generate") => "—".into(),
                 Err(_) => "failed".into(),
             })
             .unwrap_or_default()
     };
     let mut md = format!(
-        "One attention layer, batch 1, d_model {}, causal, device {} (`variorum bench-attention`).\n\n",
+        "One attention layer, batch 1, d_model {}, causal (bidirectional for kinds without a causal form), device {} (`variorum bench-attention`).\n\n",
         args.d_model, args.device
     );
     let header = |first: &str, ns: &[usize]| {

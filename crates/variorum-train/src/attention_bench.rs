@@ -42,7 +42,7 @@ fn reset_peak() -> bool {
     std::fs::write("/proc/self/clear_refs", "5").is_ok()
 }
 
-/// Forward + backward of a causal self-attention layer over `[1, len, d_model]`: median seconds
+/// Forward + backward of a causal (where the kind has a causal form) self-attention layer over `[1, len, d_model]`: median seconds
 /// of `reps` runs, after one untimed run.
 pub fn training(
     cfg: &AttentionConfig,
@@ -58,7 +58,8 @@ pub fn training(
     let globals = attn.global_segment().map_or(0, |s| len.saturating_sub(1) / s);
     let x: Tensor<3> =
         Tensor::random([1, globals + len, d_model], Distribution::Normal(0.0, 1.0), &device).require_grad();
-    let mask = AttentionMask::causal();
+    // kinds without a causal form are measured as they run (bidirectionally, masked-LM models)
+    let mask = if cfg.capabilities().causal { AttentionMask::causal() } else { AttentionMask::bidirectional() };
     let mask = match attn.global_segment() {
         Some(_) => AttentionMask { global_local: Some(GlobalLocal::Prefixed { globals }), ..mask },
         None => mask,
