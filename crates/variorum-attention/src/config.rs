@@ -11,6 +11,7 @@ use crate::blockwise::{BlockwiseAttention, BlockwiseConfig};
 use crate::contract::AttentionState;
 use crate::etc::{EtcAttention, EtcConfig};
 use crate::fixed::{FixedAttention, FixedConfig};
+use crate::inducing_points::{InducingPointsAttention, InducingPointsConfig};
 use crate::linear::{LinearAttention, LinearAttentionConfig};
 use crate::local::LocalAttentionConfig;
 use crate::local_2d::{Local2dAttention, Local2dConfig};
@@ -64,6 +65,8 @@ pub enum AttentionConfig {
     MemoryCompressed(MemoryCompressedConfig),
     /// Linear attention, φ = elu + 1.
     Linear(LinearAttentionConfig),
+    /// Inducing points: m learned slots pack the sequence (ISAB / Luna), every query unpacks them.
+    InducingPoints(InducingPointsConfig),
     /// FAVOR+ positive (or ReLU) random features.
     Performer(PerformerConfig),
     /// Random Fourier features, optionally gated.
@@ -101,6 +104,7 @@ impl AttentionConfig {
             Self::Longformer(_) => "longformer",
             Self::MemoryCompressed(_) => "memory-compressed",
             Self::Linear(_) => "linear",
+            Self::InducingPoints(_) => "inducing-points",
             Self::Performer(_) => "performer",
             Self::Rfa(_) => "rfa",
             Self::Average(_) => "average",
@@ -188,6 +192,7 @@ impl AttentionConfig {
             Self::Longformer(c) => Self::Longformer(c.expanded(d_model)),
             Self::MemoryCompressed(c) => Self::MemoryCompressed(c.expanded(d_model)),
             Self::Linear(c) => Self::Linear(c.expanded(d_model)),
+            Self::InducingPoints(c) => Self::InducingPoints(c.expanded(d_model)),
             Self::Performer(c) => Self::Performer(c.expanded(d_model)),
             Self::Rfa(c) => Self::Rfa(c.expanded(d_model)),
             Self::Average(c) => Self::Average(c.expanded(d_model)),
@@ -213,6 +218,7 @@ impl AttentionConfig {
             Self::Longformer(c) => c.validate(d_model),
             Self::MemoryCompressed(c) => c.validate(d_model),
             Self::Linear(c) => c.validate(d_model),
+            Self::InducingPoints(c) => c.validate(d_model),
             Self::Performer(c) => c.validate(d_model),
             Self::Rfa(c) => c.validate(d_model),
             Self::Average(c) => c.validate(d_model),
@@ -245,6 +251,7 @@ impl AttentionConfig {
             Self::Longformer(c) => Attention::Longformer(c.init(d_model, init_std, out_std, position, device)),
             Self::MemoryCompressed(c) => Attention::MemoryCompressed(c.init(d_model, init_std, out_std, device)),
             Self::Linear(c) => Attention::Linear(c.init(d_model, init_std, out_std, device)),
+            Self::InducingPoints(c) => Attention::InducingPoints(c.init(d_model, init_std, out_std, device)),
             Self::Performer(c) => Attention::Performer(c.init(d_model, init_std, out_std, device)),
             Self::Rfa(c) => Attention::Rfa(c.init(d_model, init_std, out_std, device)),
             Self::Average(c) => Attention::Average(c.init(d_model, init_std, out_std, device)),
@@ -274,6 +281,7 @@ impl AttentionConfig {
             Self::Routing(c) => c.dropout,
             Self::Sinkhorn(c) => c.dropout,
             Self::Linear(_) | Self::Performer(_) | Self::Rfa(_) | Self::Average(_) => 0.0,
+            Self::InducingPoints(c) => c.dropout,
         }
     }
 
@@ -294,6 +302,7 @@ impl AttentionConfig {
             Self::Longformer(c) => c.head_shape(d_model),
             Self::MemoryCompressed(c) => c.heads(d_model),
             Self::Linear(c) => c.heads(d_model),
+            Self::InducingPoints(c) => c.heads(d_model),
             Self::Performer(c) => c.heads(d_model),
             Self::Rfa(c) => c.heads(d_model),
             Self::Average(c) => c.heads(d_model),
@@ -321,6 +330,7 @@ impl AttentionConfig {
             Self::Longformer(c) => c.flops_per_token(d_model, len_k),
             Self::MemoryCompressed(c) => c.flops_per_token(d_model, len_k),
             Self::Linear(c) => kernel_flops(c.heads(d_model), c.heads(d_model).head_dim, c.chunk),
+            Self::InducingPoints(c) => c.flops_per_token(d_model, len_k),
             Self::Performer(c) => kernel_flops(c.heads(d_model), c.features(d_model), c.chunk),
             Self::Rfa(c) => kernel_flops(c.heads(d_model), 2 * c.features(d_model), c.chunk),
             Self::Average(c) => c.flops_per_token(d_model),
@@ -432,6 +442,21 @@ impl AttentionConfig {
                 "linear attention, φ = elu + 1: φ(Q)(φ(K)ᵀV); causal by chunked prefix sums; decodes as an RNN (O(1) per token)",
                 "Katharopoulos et al. 2020, Transformers are RNNs",
             ),
+            KindInfo {
+                axis: "model.attention",
+                kind: "inducing-points",
+                summary: "m learned slots pack the sequence by attention, every query attends over the m packed slots (mode isab: Set Transformer ISAB, MAB on the slots; luna: Luna's pack/unpack); O(L·m·d), bidirectional only",
+                paper: "Lee et al. 2019, Set Transformer; Ma et al. 2021, Luna: Linear Unified Nested Attention",
+                caps: Capabilities {
+                    causal: false,
+                    bidirectional: true,
+                    incremental: false,
+                    score_bias: false,
+                    qk_rotation: false,
+                    aux_losses: false,
+                    variable_length: true,
+                },
+            },
             kernel_kind(
                 "performer",
                 "FAVOR+: positive orthogonal random features of the softmax kernel (or ReLU), redrawn during training; linear time, RNN decoding",
@@ -524,6 +549,7 @@ pub enum Attention {
     Longformer(LongformerAttention),
     MemoryCompressed(MemoryCompressedAttention),
     Linear(LinearAttention),
+    InducingPoints(InducingPointsAttention),
     Performer(PerformerAttention),
     Rfa(RfaAttention),
     Average(AverageAttention),
@@ -598,6 +624,7 @@ impl Attention {
             Self::Longformer(a) => a.forward(input, state.map(AttentionState::kv_mut)),
             Self::MemoryCompressed(a) => a.forward(input, state.map(AttentionState::compressed_mut)),
             Self::Linear(a) => a.forward(input, state.map(AttentionState::kernel_mut)),
+            Self::InducingPoints(a) => a.forward(input, state),
             Self::Performer(a) => a.forward(input, state.map(AttentionState::kernel_mut)),
             Self::Rfa(a) => a.forward(input, state.map(AttentionState::kernel_mut)),
             Self::Average(a) => a.forward(input, state.map(AttentionState::kernel_mut)),
