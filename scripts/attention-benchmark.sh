@@ -11,8 +11,10 @@
 # not trained again), OUT/<name>.eval and OUT/results.tsv.
 #
 # Environment:
-#   OUT               where results go (default runs/attention)
-#   RUNS              space-separated config names (default: all of configs/attention/ but base)
+#   FAMILY            the config directory (default configs/attention; configs/masked holds the
+#                     masked-LM family, where the kinds without a causal form train)
+#   OUT               where results go (default runs/<family name>)
+#   RUNS              space-separated config names (default: all of FAMILY but base)
 #   LENGTHS, CONTEXTS comma-separated lengths (defaults 1024,…,16384 and 1024,4096,16384)
 #   SKIP_BENCH=1, SKIP_TRAIN=1   leave out a part
 #   CARGO_TARGET_DIR  cargo's target dir (default: target)
@@ -20,19 +22,20 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-OUT="${OUT:-runs/attention}"
+FAMILY="${FAMILY:-configs/attention}"
+OUT="${OUT:-runs/$(basename "$FAMILY")}"
 EVAL_TOKENS="${EVAL_TOKENS:-131072}"
 BIN="${CARGO_TARGET_DIR:-target}/release/variorum"
 source scripts/lib/runs.sh
 
-RUNS=$(family_members configs/attention "${RUNS:-}")
+RUNS=$(family_members "$FAMILY" "${RUNS:-}")
 build_and_fetch
 mkdir -p "$OUT"
 
 if [[ -z ${SKIP_BENCH:-} ]]; then
   say "benchmarking one layer of each kind"
   configs=()
-  for r in $RUNS; do configs+=("configs/attention/$r.toml"); done
+  for r in $RUNS; do configs+=("$FAMILY/$r.toml"); done
   "$BIN" bench-attention "${configs[@]}" --out "$OUT/bench" \
     --lengths "${LENGTHS:-1024,2048,4096,8192,16384}" --contexts "${CONTEXTS:-1024,4096,16384}" |
     tee "$OUT/bench.txt"
@@ -41,7 +44,7 @@ fi
 if [[ -z ${SKIP_TRAIN:-} ]]; then
   printf 'run\tparams\ttrain_tokens_per_s\tval_loss\n' >"$OUT/results.tsv"
   for r in $RUNS; do
-    train_and_eval configs/attention "$r" "$OUT"
+    train_and_eval "$FAMILY" "$r" "$OUT"
   done
   column -t -s $'\t' "$OUT/results.tsv"
 fi

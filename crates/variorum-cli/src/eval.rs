@@ -148,13 +148,13 @@ fn eval_memory(run: &Run, ids: &[u32], lengths: &[usize], device: &burn::prelude
 /// tokens as the run's own validation, the same for every run).
 fn eval_masked(run: &Run, ids: &[u32], lengths: &[usize], device: &burn::prelude::Device) -> Result<ExitCode> {
     println!("# masked language model: loss on the hidden tokens of disjoint windows");
-    println!("{:>8} {:>10} {:>10} {:>12}", "seq_len", "hidden", "loss", "perplexity");
+    println!("{:>8} {:>8} {:>10} {:>10} {:>12}", "seq_len", "stride", "hidden", "loss", "perplexity");
     for &len in lengths {
         let (loss, n) = variorum_train::eval::masked_loss(&run.model, &run.config.model, ids, len, device);
         if n == 0 {
             bail!("{} tokens are fewer than one {len}-token window", ids.len());
         }
-        println!("{len:>8} {n:>10} {loss:>10.4} {:>12.3}", loss.exp());
+        println!("{len:>8} {len:>8} {n:>10} {loss:>10.4} {:>12.3}", loss.exp());
     }
     Ok(ExitCode::SUCCESS)
 }
