@@ -5,9 +5,11 @@
 //!
 //! y_i = Σ_{j ∈ N(i, w₁)} softmax_j(q_i·k_j/√d) v_j,   q, k, v = X W_Q, X W_K, X W_V,   Y = [y]W_O.
 //!
-//! Level 2 is pooling attention that reads level 1's output Y (the paper stacks the levels: the
-//! compressed memory is built after the sliding window, which is what widens the receptive field)
-//! with its own projections; its keys and values are pooled over segments of s = `pool_size`
+//! Level 2 is pooling attention that reads level 1's output Y (the levels are stacked: the
+//! compressed-memory attention is applied after the sliding window, which is what widens the
+//! receptive field — the paper's two-level schema as its abstract and the surveys describe it; the
+//! full paper text was not at hand, so the details below marked as choices are ours) with its own
+//! projections; its keys and values are pooled over segments of s = `pool_size`
 //! positions (kernel = stride = s, `pool` = max or mean, applied to the projected keys and values):
 //!
 //! k̄_j = Pool(k'_{js … js+s−1}),  v̄_j = Pool(v'_{js … js+s−1}),   q', k', v' = Y W'_Q, Y W'_K, Y W'_V,
@@ -312,10 +314,10 @@ impl PoolingformerAttention {
         st.window.append(k1.narrow(2, l - keep, keep), v1.narrow(2, l - keep, keep));
         st.window.start = l - keep;
         let done = l / s * s;
-        if let (Some(kp), Some(vp)) = (
-            pool(k2.clone().narrow(2, 0, done), s, self.max_pool, true),
-            pool(v2.clone().narrow(2, 0, done), s, self.max_pool, true),
-        ) {
+        // the complete segments (none when the prompt is shorter than one)
+        if let (Some(kp), Some(vp)) =
+            (pool(k2.clone(), s, self.max_pool, true), pool(v2.clone(), s, self.max_pool, true))
+        {
             st.pooled.append(kp, vp);
         }
         if done < l {

@@ -198,8 +198,9 @@ fn decoding_equals_the_causal_forward() {
         let attn = build(&cfg, &dev);
         let input = x(len, &dev);
         let full = run(&attn, input.clone(), true);
-        // a prompt of 5, one token, a chunk of 4, then one at a time: several segments complete
-        let mut chunks = vec![(0, 5), (5, 1), (6, 4)];
+        // a prompt (shorter than a segment when s > 2), a chunk, one token, a chunk of 4, then one
+        // at a time: several segments complete
+        let mut chunks = if s > 2 { vec![(0, 2), (2, 3), (5, 1), (6, 4)] } else { vec![(0, 5), (5, 1), (6, 4)] };
         chunks.extend((10..len).map(|t| (t, 1)));
         let mut state = PoolingState::default();
         let parts: Vec<Tensor<3>> = chunks
@@ -279,7 +280,7 @@ fn cross_attention_pools_the_source() {
     let mask = AttentionMask::bidirectional();
     let out = attn.forward(AttentionInput::cross_attention(x(4, &dev), x(10, &dev), &mask), None);
     assert_eq!(out.context.dims(), [2, 4, D]);
-    assert!(out.context.is_nan().any().into_scalar::<bool>() == false);
+    assert!(!out.context.is_nan().any().into_scalar::<bool>());
 }
 
 #[test]
