@@ -85,9 +85,10 @@ impl KvCache {
             self.v = Some(grow(self.v.take(), &v));
             self.offset = 0;
         }
-        let [b, h, _, d] = k.dims();
         let at = self.offset + self.len;
+        // keys and values may differ in their last size (low-rank keys)
         let write = |buffer: Option<Tensor<4>>, x: Tensor<4>| {
+            let [b, h, _, d] = x.dims();
             buffer.map(|buffer| buffer.slice_assign([0..b, 0..h, at..at + n, 0..d], x))
         };
         self.k = write(self.k.take(), k);

@@ -16,10 +16,12 @@ use crate::linear::{LinearAttention, LinearAttentionConfig};
 use crate::local::LocalAttentionConfig;
 use crate::local_2d::{Local2dAttention, Local2dConfig};
 use crate::longformer::{LongformerAttention, LongformerConfig};
+use crate::low_rank_band::{LowRankBandAttention, LowRankBandConfig};
 use crate::lsh::{LshAttention, LshConfig};
 use crate::memory_compressed::{MemoryCompressedAttention, MemoryCompressedConfig};
 use crate::multi_scale::MultiScaleConfig;
 use crate::performer::{PerformerAttention, PerformerConfig};
+use crate::poolingformer::{PoolingformerAttention, PoolingformerConfig};
 use crate::rfa::{RfaAttention, RfaConfig};
 use crate::routing::{RoutingAttention, RoutingConfig};
 use crate::sinkhorn::{SinkhornAttention, SinkhornConfig};
@@ -41,6 +43,10 @@ pub enum AttentionConfig {
     AdaptiveSpan(AdaptiveSpanConfig),
     /// Band attention: each query sees the last `window` keys, computed by blocks.
     SlidingWindow(SlidingWindowConfig),
+    /// Poolingformer: a sliding window, then pooling attention over its output (two levels).
+    Poolingformer(PoolingformerConfig),
+    /// A low-rank attention (small key size) mixed with a band attention per head.
+    LowRankBand(LowRankBandConfig),
     /// Image Transformer 1D local attention: query blocks see their block and a memory before it.
     Local(LocalAttentionConfig),
     /// Image Transformer 2D local attention: query rectangles of a raster image see their memory
@@ -93,6 +99,8 @@ impl AttentionConfig {
             Self::Full(_) => "full",
             Self::AdaptiveSpan(_) => "adaptive-span",
             Self::SlidingWindow(_) => "sliding-window",
+            Self::Poolingformer(_) => "poolingformer",
+            Self::LowRankBand(_) => "low-rank-band",
             Self::Local(_) => "local",
             Self::Local2d(_) => "local-2d",
             Self::MultiScale(_) => "multi-scale",
@@ -181,6 +189,8 @@ impl AttentionConfig {
             Self::Full(c) => Self::Full(c.expanded(d_model)),
             Self::AdaptiveSpan(c) => Self::AdaptiveSpan(c.expanded(d_model)),
             Self::SlidingWindow(c) => Self::SlidingWindow(c.expanded(d_model)),
+            Self::Poolingformer(c) => Self::Poolingformer(c.expanded(d_model)),
+            Self::LowRankBand(c) => Self::LowRankBand(c.expanded(d_model)),
             Self::Local(c) => Self::Local(c.expanded(d_model)),
             Self::Local2d(c) => Self::Local2d(c.expanded(d_model)),
             Self::MultiScale(c) => Self::MultiScale(c.expanded(d_model)),
@@ -207,6 +217,8 @@ impl AttentionConfig {
             Self::Full(c) => c.validate(d_model),
             Self::AdaptiveSpan(c) => c.validate(d_model),
             Self::SlidingWindow(c) => c.validate(d_model),
+            Self::Poolingformer(c) => c.validate(d_model),
+            Self::LowRankBand(c) => c.validate(d_model),
             Self::Local(c) => c.validate(d_model),
             Self::Local2d(c) => c.validate(d_model),
             Self::MultiScale(c) => c.validate(d_model),
@@ -240,6 +252,8 @@ impl AttentionConfig {
             Self::Full(c) => Attention::Full(c.init(d_model, init_std, out_std, position, device)),
             Self::AdaptiveSpan(c) => Attention::AdaptiveSpan(c.init(d_model, init_std, out_std, position, device)),
             Self::SlidingWindow(c) => Attention::SlidingWindow(c.init(d_model, init_std, out_std, position, device)),
+            Self::Poolingformer(c) => Attention::Poolingformer(c.init(d_model, init_std, out_std, device)),
+            Self::LowRankBand(c) => Attention::LowRankBand(c.init(d_model, init_std, out_std, device)),
             Self::Local(c) => Attention::Local(c.init(d_model, init_std, out_std, position, device)),
             Self::Local2d(c) => Attention::Local2d(c.init(d_model, init_std, out_std, position, device)),
             Self::MultiScale(c) => Attention::MultiScale(c.init(d_model, init_std, out_std, position, device)),
@@ -267,6 +281,8 @@ impl AttentionConfig {
             Self::Full(c) => c.dropout,
             Self::AdaptiveSpan(c) => c.heads().dropout,
             Self::SlidingWindow(c) => c.dropout,
+            Self::Poolingformer(c) => c.dropout,
+            Self::LowRankBand(c) => c.dropout,
             Self::Local(c) => c.dropout,
             Self::Local2d(c) => c.dropout,
             Self::MultiScale(c) => c.dropout,
@@ -291,6 +307,8 @@ impl AttentionConfig {
             Self::Full(c) => c.heads(d_model),
             Self::AdaptiveSpan(c) => c.heads().heads(d_model),
             Self::SlidingWindow(c) => c.head_shape(d_model),
+            Self::Poolingformer(c) => c.heads(d_model),
+            Self::LowRankBand(c) => c.heads(d_model),
             Self::Local(c) => c.head_shape(d_model),
             Self::Local2d(c) => c.head_shape(d_model),
             Self::MultiScale(c) => c.head_shape(d_model),
@@ -319,6 +337,8 @@ impl AttentionConfig {
             // at most S keys back
             Self::AdaptiveSpan(c) => c.heads().flops_per_token(d_model, len_k.min(c.max_span)),
             Self::SlidingWindow(c) => c.flops_per_token(d_model, len_k),
+            Self::Poolingformer(c) => c.flops_per_token(d_model, len_k),
+            Self::LowRankBand(c) => c.flops_per_token(d_model, len_k),
             Self::Local(c) => c.flops_per_token(d_model, len_k),
             Self::Local2d(c) => c.flops_per_token(d_model, len_k),
             Self::MultiScale(c) => c.flops_per_token(d_model, len_k),
@@ -377,6 +397,36 @@ impl AttentionConfig {
                 "band attention over the last `window` keys (look-ahead when bidirectional), computed block by block; KV cache trimmed to the window",
                 "Beltagy et al. 2020, Longformer; Child et al. 2019 (local attention)",
             ),
+            KindInfo {
+                axis: "model.attention",
+                kind: "poolingformer",
+                summary: "two-level attention: a sliding window of `window` keys, then pooling attention (max/mean over segments of `pool_size`, within `level2_window`) over the first level's output, summed; causal: finished segments only; computed by blocks",
+                paper: "Zhang et al. 2021, Poolingformer: Long Document Modeling with Pooling Attention",
+                caps: Capabilities {
+                    causal: true,
+                    bidirectional: true,
+                    incremental: true,
+                    score_bias: false,
+                    qk_rotation: false,
+                    aux_losses: false,
+                    variable_length: true,
+                },
+            },
+            KindInfo {
+                axis: "model.attention",
+                kind: "low-rank-band",
+                summary: "per head, a gated mix of a low-rank attention (query/key size `rank`, all L keys) and a band attention of width `band` (computed by blocks) over shared values",
+                paper: "Guo, Qiu, Liu, Xue, Zhang 2019, Low-Rank and Locality Constrained Self-Attention for Sequence Modeling",
+                caps: Capabilities {
+                    causal: true,
+                    bidirectional: true,
+                    incremental: true,
+                    score_bias: false,
+                    qk_rotation: false,
+                    aux_losses: false,
+                    variable_length: true,
+                },
+            },
             sparse_kind(
                 "local",
                 "Image Transformer 1D local attention: non-overlapping query blocks see their block and `memory` positions before it; computed block by block",
@@ -538,6 +588,8 @@ pub enum Attention {
     Full(MultiHeadAttention),
     AdaptiveSpan(AdaptiveSpanAttention),
     SlidingWindow(BandAttention),
+    Poolingformer(PoolingformerAttention),
+    LowRankBand(LowRankBandAttention),
     Local(BandAttention),
     Local2d(Local2dAttention),
     MultiScale(BandAttention),
@@ -615,6 +667,8 @@ impl Attention {
             Self::SlidingWindow(a) | Self::Local(a) | Self::MultiScale(a) => {
                 a.forward(input, state.map(AttentionState::kv_mut))
             }
+            Self::Poolingformer(a) => a.forward(input, state.map(AttentionState::pooling_mut)),
+            Self::LowRankBand(a) => a.forward(input, state.map(AttentionState::low_rank_band_mut)),
             Self::Strided(a) => a.forward(input, state.map(AttentionState::kv_mut)),
             Self::Bigbird(a) => a.forward(input, state.map(AttentionState::kv_mut)),
             Self::Local2d(a) => a.forward(input, state.map(AttentionState::kv_mut)),

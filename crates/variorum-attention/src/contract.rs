@@ -6,7 +6,9 @@ use variorum_core::{AttentionMask, AuxLosses};
 use crate::KvCache;
 use crate::etc::EtcState;
 use crate::kernel::KernelState;
+use crate::low_rank_band::LowRankBandState;
 use crate::memory_compressed::CompressedState;
+use crate::poolingformer::PoolingState;
 
 /// What every attention mechanism receives.
 #[derive(Debug)]
@@ -67,6 +69,10 @@ pub enum AttentionState {
     Compressed(CompressedState),
     /// The long and the global caches of ETC's global–local attention.
     Etc(EtcState),
+    /// Poolingformer's level-1 window, pooled segments and open segment.
+    Pooling(PoolingState),
+    /// The low-rank keys of every position and the band keys of the last w (low-rank-band).
+    LowRankBand(LowRankBandState),
 }
 
 impl AttentionState {
@@ -88,6 +94,28 @@ impl AttentionState {
         }
         match self {
             AttentionState::Compressed(s) => s,
+            _ => unreachable!("replaced just above"),
+        }
+    }
+
+    /// Poolingformer's state, created on first use.
+    pub fn pooling_mut(&mut self) -> &mut PoolingState {
+        if !matches!(self, AttentionState::Pooling(_)) {
+            *self = AttentionState::Pooling(PoolingState::default());
+        }
+        match self {
+            AttentionState::Pooling(s) => s,
+            _ => unreachable!("replaced just above"),
+        }
+    }
+
+    /// Low-rank-band's caches, created on first use.
+    pub fn low_rank_band_mut(&mut self) -> &mut LowRankBandState {
+        if !matches!(self, AttentionState::LowRankBand(_)) {
+            *self = AttentionState::LowRankBand(LowRankBandState::default());
+        }
+        match self {
+            AttentionState::LowRankBand(s) => s,
             _ => unreachable!("replaced just above"),
         }
     }
