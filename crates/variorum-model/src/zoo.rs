@@ -3,9 +3,10 @@
 
 use variorum_attention::{
     AdaptiveSpanConfig, AttentionConfig, AverageAttentionConfig, BigBirdConfig, BlockwiseConfig, EtcConfig,
-    FixedConfig, LinearAttentionConfig, Local2dConfig, LocalAttentionConfig, LongformerConfig, LshConfig,
-    MemoryCompressedConfig, MultiHeadAttentionConfig, MultiScaleConfig, PerformerConfig, PerformerKernel, RfaConfig,
-    RoutingConfig, SinkhornConfig, SlidingWindowConfig, StridedCombine, StridedConfig,
+    FixedConfig, InducingMode, InducingPointsConfig, LinearAttentionConfig, Local2dConfig, LocalAttentionConfig,
+    LongformerConfig, LowRankBandConfig, LshConfig, MemoryCompressedConfig, MultiHeadAttentionConfig, MultiScaleConfig,
+    PerformerConfig, PerformerKernel, PoolKind, PoolingformerConfig, RfaConfig, RoutingConfig, SinkhornConfig,
+    SlidingWindowConfig, StridedCombine, StridedConfig,
 };
 use variorum_block::{
     BlockConfig, CompressionKind, CompressiveMemoryConfig, DepthConfig, FeedForwardConfig, FeedForwardKind,
@@ -412,6 +413,21 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
         ("routing", AttentionConfig::Routing(RoutingConfig { clusters: 3, window: 2, ..Default::default() })),
         ("sinkhorn", AttentionConfig::Sinkhorn(SinkhornConfig { block: 3, ..Default::default() })),
         (
+            "poolingformer max",
+            AttentionConfig::Poolingformer(PoolingformerConfig { window: 3, pool_size: 2, ..Default::default() }),
+        ),
+        (
+            "poolingformer mean, level-2 window",
+            AttentionConfig::Poolingformer(PoolingformerConfig {
+                window: 2,
+                pool: PoolKind::Mean,
+                pool_size: 3,
+                level2_window: Some(9),
+                ..Default::default()
+            }),
+        ),
+        ("low-rank-band", AttentionConfig::LowRankBand(LowRankBandConfig { rank: 2, band: 3, ..Default::default() })),
+        (
             "routing + local heads",
             AttentionConfig::Routing(RoutingConfig { clusters: 2, window: 3, local_heads: 2, ..Default::default() }),
         ),
@@ -436,6 +452,26 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
             ModelConfig {
                 objective: masked(),
                 attention: AttentionConfig::SlidingWindow(SlidingWindowConfig { window: 3, ..Default::default() }),
+                ..tiny()
+            },
+        ),
+        (
+            "masked lm + inducing-points isab",
+            ModelConfig {
+                objective: masked(),
+                attention: AttentionConfig::InducingPoints(InducingPointsConfig { slots: 4, ..Default::default() }),
+                ..tiny()
+            },
+        ),
+        (
+            "masked lm + inducing-points luna",
+            ModelConfig {
+                objective: masked(),
+                attention: AttentionConfig::InducingPoints(InducingPointsConfig {
+                    slots: 4,
+                    mode: InducingMode::Luna,
+                    ..Default::default()
+                }),
                 ..tiny()
             },
         ),
