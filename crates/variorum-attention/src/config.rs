@@ -8,6 +8,7 @@ use crate::average::{AverageAttention, AverageAttentionConfig};
 use crate::band::BandAttention;
 use crate::bigbird::{BigBirdAttention, BigBirdConfig};
 use crate::blockwise::{BlockwiseAttention, BlockwiseConfig};
+use crate::clustered::{ClusteredAttention, ClusteredConfig};
 use crate::contract::AttentionState;
 use crate::etc::{EtcAttention, EtcConfig};
 use crate::fixed::{FixedAttention, FixedConfig};
@@ -19,6 +20,7 @@ use crate::lsh::{LshAttention, LshConfig};
 use crate::memory_compressed::{MemoryCompressedAttention, MemoryCompressedConfig};
 use crate::multi_scale::MultiScaleConfig;
 use crate::performer::{PerformerAttention, PerformerConfig};
+use crate::prob_sparse::{ProbSparseAttention, ProbSparseConfig};
 use crate::rfa::{RfaAttention, RfaConfig};
 use crate::routing::{RoutingAttention, RoutingConfig};
 use crate::sinkhorn::{SinkhornAttention, SinkhornConfig};
@@ -62,6 +64,11 @@ pub enum AttentionConfig {
     Etc(EtcConfig),
     /// Keys and values shortened by a strided convolution, plus the own block's raw keys.
     MemoryCompressed(MemoryCompressedConfig),
+    /// Clustered attention: queries grouped by k-means, attention once per centroid (bidirectional).
+    Clustered(ClusteredConfig),
+    /// Informer's ProbSparse attention: the top queries by a sparsity measure attend, the rest get
+    /// the mean of the values.
+    ProbSparse(ProbSparseConfig),
     /// Linear attention, φ = elu + 1.
     Linear(LinearAttentionConfig),
     /// FAVOR+ positive (or ReLU) random features.
@@ -100,6 +107,8 @@ impl AttentionConfig {
             Self::Etc(_) => "etc",
             Self::Longformer(_) => "longformer",
             Self::MemoryCompressed(_) => "memory-compressed",
+            Self::Clustered(_) => "clustered",
+            Self::ProbSparse(_) => "prob-sparse",
             Self::Linear(_) => "linear",
             Self::Performer(_) => "performer",
             Self::Rfa(_) => "rfa",
@@ -125,6 +134,7 @@ impl AttentionConfig {
             Self::Fixed(c) => Self::Fixed(c.for_layer(i)),
             Self::Longformer(c) => Self::Longformer(c.for_layer(i)),
             Self::Lsh(c) => Self::Lsh(c.for_layer(i)),
+            Self::ProbSparse(c) => Self::ProbSparse(c.for_layer(i)),
             other => other.clone(),
         }
     }
@@ -174,6 +184,8 @@ impl AttentionConfig {
             Self::Etc(c) => Self::Etc(c.expanded(d_model)),
             Self::Longformer(c) => Self::Longformer(c.expanded(d_model)),
             Self::MemoryCompressed(c) => Self::MemoryCompressed(c.expanded(d_model)),
+            Self::Clustered(c) => Self::Clustered(c.expanded(d_model)),
+            Self::ProbSparse(c) => Self::ProbSparse(c.expanded(d_model)),
             Self::Linear(c) => Self::Linear(c.expanded(d_model)),
             Self::Performer(c) => Self::Performer(c.expanded(d_model)),
             Self::Rfa(c) => Self::Rfa(c.expanded(d_model)),
@@ -199,6 +211,8 @@ impl AttentionConfig {
             Self::Etc(c) => c.validate(d_model),
             Self::Longformer(c) => c.validate(d_model),
             Self::MemoryCompressed(c) => c.validate(d_model),
+            Self::Clustered(c) => c.validate(d_model),
+            Self::ProbSparse(c) => c.validate(d_model),
             Self::Linear(c) => c.validate(d_model),
             Self::Performer(c) => c.validate(d_model),
             Self::Rfa(c) => c.validate(d_model),
@@ -231,6 +245,8 @@ impl AttentionConfig {
             Self::Etc(c) => Attention::Etc(c.init(d_model, init_std, out_std, position, device)),
             Self::Longformer(c) => Attention::Longformer(c.init(d_model, init_std, out_std, position, device)),
             Self::MemoryCompressed(c) => Attention::MemoryCompressed(c.init(d_model, init_std, out_std, device)),
+            Self::Clustered(c) => Attention::Clustered(c.init(d_model, init_std, out_std, device)),
+            Self::ProbSparse(c) => Attention::ProbSparse(c.init(d_model, init_std, out_std, device)),
             Self::Linear(c) => Attention::Linear(c.init(d_model, init_std, out_std, device)),
             Self::Performer(c) => Attention::Performer(c.init(d_model, init_std, out_std, device)),
             Self::Rfa(c) => Attention::Rfa(c.init(d_model, init_std, out_std, device)),
@@ -257,6 +273,8 @@ impl AttentionConfig {
             Self::Etc(c) => c.dropout,
             Self::Longformer(c) => c.dropout,
             Self::MemoryCompressed(c) => c.dropout,
+            Self::Clustered(c) => c.dropout,
+            Self::ProbSparse(c) => c.dropout,
             Self::Lsh(c) => c.dropout,
             Self::Routing(c) => c.dropout,
             Self::Sinkhorn(c) => c.dropout,
@@ -280,6 +298,8 @@ impl AttentionConfig {
             Self::Etc(c) => c.head_shape(d_model),
             Self::Longformer(c) => c.head_shape(d_model),
             Self::MemoryCompressed(c) => c.heads(d_model),
+            Self::Clustered(c) => c.heads(d_model),
+            Self::ProbSparse(c) => c.heads(d_model),
             Self::Linear(c) => c.heads(d_model),
             Self::Performer(c) => c.heads(d_model),
             Self::Rfa(c) => c.heads(d_model),
@@ -307,6 +327,8 @@ impl AttentionConfig {
             Self::Etc(c) => c.flops_per_token(d_model, len_k),
             Self::Longformer(c) => c.flops_per_token(d_model, len_k),
             Self::MemoryCompressed(c) => c.flops_per_token(d_model, len_k),
+            Self::Clustered(c) => c.flops_per_token(d_model, len_k),
+            Self::ProbSparse(c) => c.flops_per_token(d_model, len_k),
             Self::Linear(c) => kernel_flops(c.heads(d_model), c.heads(d_model).head_dim, c.chunk),
             Self::Performer(c) => kernel_flops(c.heads(d_model), c.features(d_model), c.chunk),
             Self::Rfa(c) => kernel_flops(c.heads(d_model), 2 * c.features(d_model), c.chunk),
@@ -399,6 +421,36 @@ impl AttentionConfig {
                 kind: "memory-compressed",
                 summary: "keys/values shortened by a strided convolution (kernel = stride = s) plus the own block's raw keys; L × L/s scores",
                 paper: "Liu et al. 2018, Generating Wikipedia by Summarizing Long Sequences",
+                caps: Capabilities {
+                    causal: true,
+                    bidirectional: true,
+                    incremental: true,
+                    score_bias: false,
+                    qk_rotation: false,
+                    aux_losses: false,
+                    variable_length: true,
+                },
+            },
+            KindInfo {
+                axis: "model.attention",
+                kind: "clustered",
+                summary: "clustered attention: per head, queries grouped into C clusters by k-means (fixed Lloyd iterations), softmax attention once per centroid copied to its members; optional exact top-k rescoring; O(C·L·d); bidirectional only",
+                paper: "Vyas, Katharopoulos, Fleuret 2020, Fast Transformers with Clustered Attention",
+                caps: Capabilities {
+                    causal: false,
+                    bidirectional: true,
+                    incremental: false,
+                    score_bias: false,
+                    qk_rotation: false,
+                    aux_losses: false,
+                    variable_length: true,
+                },
+            },
+            KindInfo {
+                axis: "model.attention",
+                kind: "prob-sparse",
+                summary: "Informer ProbSparse attention: sparsity measure max − mean over ⌈c·ln L⌉ seeded sampled keys, the top ⌈c·ln L⌉ queries attend, lazy ones get the mean of V; causal: prefix ranking, cumulative mean (strictly causal)",
+                paper: "Zhou et al. 2021, Informer: Beyond Efficient Transformer for Long Sequence Time-Series Forecasting",
                 caps: Capabilities {
                     causal: true,
                     bidirectional: true,
@@ -510,6 +562,8 @@ pub enum Attention {
     Etc(EtcAttention),
     Longformer(LongformerAttention),
     MemoryCompressed(MemoryCompressedAttention),
+    Clustered(ClusteredAttention),
+    ProbSparse(ProbSparseAttention),
     Linear(LinearAttention),
     Performer(PerformerAttention),
     Rfa(RfaAttention),
@@ -584,6 +638,8 @@ impl Attention {
             Self::Etc(a) => a.forward(input, state.map(AttentionState::etc_mut)),
             Self::Longformer(a) => a.forward(input, state.map(AttentionState::kv_mut)),
             Self::MemoryCompressed(a) => a.forward(input, state.map(AttentionState::compressed_mut)),
+            Self::Clustered(a) => a.forward(input, None),
+            Self::ProbSparse(a) => a.forward(input, state.map(AttentionState::prob_sparse_mut)),
             Self::Linear(a) => a.forward(input, state.map(AttentionState::kernel_mut)),
             Self::Performer(a) => a.forward(input, state.map(AttentionState::kernel_mut)),
             Self::Rfa(a) => a.forward(input, state.map(AttentionState::kernel_mut)),

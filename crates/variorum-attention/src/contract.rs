@@ -7,6 +7,7 @@ use crate::KvCache;
 use crate::etc::EtcState;
 use crate::kernel::KernelState;
 use crate::memory_compressed::CompressedState;
+use crate::prob_sparse::ProbSparseState;
 
 /// What every attention mechanism receives.
 #[derive(Debug)]
@@ -65,6 +66,8 @@ pub enum AttentionState {
     Kernel(Option<KernelState>),
     /// Compressed and open-block keys of memory-compressed attention.
     Compressed(CompressedState),
+    /// Keys, values, past sparsity measures and the running value sum of ProbSparse attention.
+    ProbSparse(ProbSparseState),
     /// The long and the global caches of ETC's global–local attention.
     Etc(EtcState),
 }
@@ -88,6 +91,17 @@ impl AttentionState {
         }
         match self {
             AttentionState::Compressed(s) => s,
+            _ => unreachable!("replaced just above"),
+        }
+    }
+
+    /// The state of ProbSparse attention, created on first use.
+    pub fn prob_sparse_mut(&mut self) -> &mut ProbSparseState {
+        if !matches!(self, AttentionState::ProbSparse(_)) {
+            *self = AttentionState::ProbSparse(ProbSparseState::default());
+        }
+        match self {
+            AttentionState::ProbSparse(s) => s,
             _ => unreachable!("replaced just above"),
         }
     }
