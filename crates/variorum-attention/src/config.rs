@@ -8,6 +8,7 @@ use crate::average::{AverageAttention, AverageAttentionConfig};
 use crate::band::BandAttention;
 use crate::bigbird::{BigBirdAttention, BigBirdConfig};
 use crate::blockwise::{BlockwiseAttention, BlockwiseConfig};
+use crate::clustered::{ClusteredAttention, ClusteredConfig};
 use crate::contract::AttentionState;
 use crate::etc::{EtcAttention, EtcConfig};
 use crate::fixed::{FixedAttention, FixedConfig};
@@ -22,6 +23,7 @@ use crate::memory_compressed::{MemoryCompressedAttention, MemoryCompressedConfig
 use crate::multi_scale::MultiScaleConfig;
 use crate::performer::{PerformerAttention, PerformerConfig};
 use crate::poolingformer::{PoolingformerAttention, PoolingformerConfig};
+use crate::prob_sparse::{ProbSparseAttention, ProbSparseConfig};
 use crate::rfa::{RfaAttention, RfaConfig};
 use crate::routing::{RoutingAttention, RoutingConfig};
 use crate::sinkhorn::{SinkhornAttention, SinkhornConfig};
@@ -69,6 +71,11 @@ pub enum AttentionConfig {
     Etc(EtcConfig),
     /// Keys and values shortened by a strided convolution, plus the own block's raw keys.
     MemoryCompressed(MemoryCompressedConfig),
+    /// Clustered attention: queries grouped by k-means, attention once per centroid (bidirectional).
+    Clustered(ClusteredConfig),
+    /// Informer's ProbSparse attention: the top queries by a sparsity measure attend, the rest get
+    /// the mean of the values.
+    ProbSparse(ProbSparseConfig),
     /// Linear attention, φ = elu + 1.
     Linear(LinearAttentionConfig),
     /// Inducing points: m learned slots pack the sequence (ISAB / Luna), every query unpacks them.
@@ -111,6 +118,8 @@ impl AttentionConfig {
             Self::Etc(_) => "etc",
             Self::Longformer(_) => "longformer",
             Self::MemoryCompressed(_) => "memory-compressed",
+            Self::Clustered(_) => "clustered",
+            Self::ProbSparse(_) => "prob-sparse",
             Self::Linear(_) => "linear",
             Self::InducingPoints(_) => "inducing-points",
             Self::Performer(_) => "performer",
@@ -137,6 +146,7 @@ impl AttentionConfig {
             Self::Fixed(c) => Self::Fixed(c.for_layer(i)),
             Self::Longformer(c) => Self::Longformer(c.for_layer(i)),
             Self::Lsh(c) => Self::Lsh(c.for_layer(i)),
+            Self::ProbSparse(c) => Self::ProbSparse(c.for_layer(i)),
             other => other.clone(),
         }
     }
@@ -201,6 +211,8 @@ impl AttentionConfig {
             Self::Etc(c) => Self::Etc(c.expanded(d_model)),
             Self::Longformer(c) => Self::Longformer(c.expanded(d_model)),
             Self::MemoryCompressed(c) => Self::MemoryCompressed(c.expanded(d_model)),
+            Self::Clustered(c) => Self::Clustered(c.expanded(d_model)),
+            Self::ProbSparse(c) => Self::ProbSparse(c.expanded(d_model)),
             Self::Linear(c) => Self::Linear(c.expanded(d_model)),
             Self::InducingPoints(c) => Self::InducingPoints(c.expanded(d_model)),
             Self::Performer(c) => Self::Performer(c.expanded(d_model)),
@@ -229,6 +241,8 @@ impl AttentionConfig {
             Self::Etc(c) => c.validate(d_model),
             Self::Longformer(c) => c.validate(d_model),
             Self::MemoryCompressed(c) => c.validate(d_model),
+            Self::Clustered(c) => c.validate(d_model),
+            Self::ProbSparse(c) => c.validate(d_model),
             Self::Linear(c) => c.validate(d_model),
             Self::InducingPoints(c) => c.validate(d_model),
             Self::Performer(c) => c.validate(d_model),
@@ -264,6 +278,8 @@ impl AttentionConfig {
             Self::Etc(c) => Attention::Etc(c.init(d_model, init_std, out_std, position, device)),
             Self::Longformer(c) => Attention::Longformer(c.init(d_model, init_std, out_std, position, device)),
             Self::MemoryCompressed(c) => Attention::MemoryCompressed(c.init(d_model, init_std, out_std, device)),
+            Self::Clustered(c) => Attention::Clustered(c.init(d_model, init_std, out_std, device)),
+            Self::ProbSparse(c) => Attention::ProbSparse(c.init(d_model, init_std, out_std, device)),
             Self::Linear(c) => Attention::Linear(c.init(d_model, init_std, out_std, device)),
             Self::InducingPoints(c) => Attention::InducingPoints(c.init(d_model, init_std, out_std, device)),
             Self::Performer(c) => Attention::Performer(c.init(d_model, init_std, out_std, device)),
@@ -293,6 +309,8 @@ impl AttentionConfig {
             Self::Etc(c) => c.dropout,
             Self::Longformer(c) => c.dropout,
             Self::MemoryCompressed(c) => c.dropout,
+            Self::Clustered(c) => c.dropout,
+            Self::ProbSparse(c) => c.dropout,
             Self::Lsh(c) => c.dropout,
             Self::Routing(c) => c.dropout,
             Self::Sinkhorn(c) => c.dropout,
@@ -319,6 +337,8 @@ impl AttentionConfig {
             Self::Etc(c) => c.head_shape(d_model),
             Self::Longformer(c) => c.head_shape(d_model),
             Self::MemoryCompressed(c) => c.heads(d_model),
+            Self::Clustered(c) => c.heads(d_model),
+            Self::ProbSparse(c) => c.heads(d_model),
             Self::Linear(c) => c.heads(d_model),
             Self::InducingPoints(c) => c.heads(d_model),
             Self::Performer(c) => c.heads(d_model),
@@ -349,6 +369,8 @@ impl AttentionConfig {
             Self::Etc(c) => c.flops_per_token(d_model, len_k),
             Self::Longformer(c) => c.flops_per_token(d_model, len_k),
             Self::MemoryCompressed(c) => c.flops_per_token(d_model, len_k),
+            Self::Clustered(c) => c.flops_per_token(d_model, len_k),
+            Self::ProbSparse(c) => c.flops_per_token(d_model, len_k),
             Self::Linear(c) => kernel_flops(c.heads(d_model), c.heads(d_model).head_dim, c.chunk),
             Self::InducingPoints(c) => c.flops_per_token(d_model, len_k),
             Self::Performer(c) => kernel_flops(c.heads(d_model), c.features(d_model), c.chunk),
@@ -482,6 +504,36 @@ impl AttentionConfig {
                     variable_length: true,
                 },
             },
+            KindInfo {
+                axis: "model.attention",
+                kind: "clustered",
+                summary: "clustered attention: per head, queries grouped into C clusters by k-means (fixed Lloyd iterations), softmax attention once per centroid copied to its members; optional exact top-k rescoring; O(C·L·d); bidirectional only",
+                paper: "Vyas, Katharopoulos, Fleuret 2020, Fast Transformers with Clustered Attention",
+                caps: Capabilities {
+                    causal: false,
+                    bidirectional: true,
+                    incremental: false,
+                    score_bias: false,
+                    qk_rotation: false,
+                    aux_losses: false,
+                    variable_length: true,
+                },
+            },
+            KindInfo {
+                axis: "model.attention",
+                kind: "prob-sparse",
+                summary: "Informer ProbSparse attention: sparsity measure max − mean over ⌈c·ln L⌉ seeded sampled keys, the top ⌈c·ln L⌉ queries attend, lazy ones get the mean of V; causal: prefix ranking, cumulative mean (strictly causal)",
+                paper: "Zhou et al. 2021, Informer: Beyond Efficient Transformer for Long Sequence Time-Series Forecasting",
+                caps: Capabilities {
+                    causal: true,
+                    bidirectional: true,
+                    incremental: true,
+                    score_bias: false,
+                    qk_rotation: false,
+                    aux_losses: false,
+                    variable_length: true,
+                },
+            },
             sparse_kind(
                 "strided",
                 "Sparse Transformer strided pattern (previous ℓ positions, every ℓ-th position): union, split heads or alternating layers; O(L√L) with ℓ ≈ √L",
@@ -600,6 +652,8 @@ pub enum Attention {
     Etc(EtcAttention),
     Longformer(LongformerAttention),
     MemoryCompressed(MemoryCompressedAttention),
+    Clustered(ClusteredAttention),
+    ProbSparse(ProbSparseAttention),
     Linear(LinearAttention),
     InducingPoints(InducingPointsAttention),
     Performer(PerformerAttention),
@@ -677,6 +731,8 @@ impl Attention {
             Self::Etc(a) => a.forward(input, state.map(AttentionState::etc_mut)),
             Self::Longformer(a) => a.forward(input, state.map(AttentionState::kv_mut)),
             Self::MemoryCompressed(a) => a.forward(input, state.map(AttentionState::compressed_mut)),
+            Self::Clustered(a) => a.forward(input, None),
+            Self::ProbSparse(a) => a.forward(input, state.map(AttentionState::prob_sparse_mut)),
             Self::Linear(a) => a.forward(input, state.map(AttentionState::kernel_mut)),
             Self::InducingPoints(a) => a.forward(input, state),
             Self::Performer(a) => a.forward(input, state.map(AttentionState::kernel_mut)),

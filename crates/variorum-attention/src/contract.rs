@@ -9,6 +9,7 @@ use crate::kernel::KernelState;
 use crate::low_rank_band::LowRankBandState;
 use crate::memory_compressed::CompressedState;
 use crate::poolingformer::PoolingState;
+use crate::prob_sparse::ProbSparseState;
 
 /// What every attention mechanism receives.
 #[derive(Debug)]
@@ -67,6 +68,8 @@ pub enum AttentionState {
     Kernel(Option<KernelState>),
     /// Compressed and open-block keys of memory-compressed attention.
     Compressed(CompressedState),
+    /// Keys, values, past sparsity measures and the running value sum of ProbSparse attention.
+    ProbSparse(ProbSparseState),
     /// The long and the global caches of ETC's global–local attention.
     Etc(EtcState),
     /// Poolingformer's level-1 window, pooled segments and open segment.
@@ -116,6 +119,17 @@ impl AttentionState {
         }
         match self {
             AttentionState::LowRankBand(s) => s,
+            _ => unreachable!("replaced just above"),
+        }
+    }
+
+    /// The state of ProbSparse attention, created on first use.
+    pub fn prob_sparse_mut(&mut self) -> &mut ProbSparseState {
+        if !matches!(self, AttentionState::ProbSparse(_)) {
+            *self = AttentionState::ProbSparse(ProbSparseState::default());
+        }
+        match self {
+            AttentionState::ProbSparse(s) => s,
             _ => unreachable!("replaced just above"),
         }
     }

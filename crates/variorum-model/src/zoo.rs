@@ -2,11 +2,11 @@
 //! tests run. Adding a kind to an axis's `zoo()` and to [`variants`] enrols it in both.
 
 use variorum_attention::{
-    AdaptiveSpanConfig, AttentionConfig, AverageAttentionConfig, BigBirdConfig, BlockwiseConfig, EtcConfig,
-    FixedConfig, InducingMode, InducingPointsConfig, LinearAttentionConfig, Local2dConfig, LocalAttentionConfig,
-    LongformerConfig, LowRankBandConfig, LshConfig, MemoryCompressedConfig, MultiHeadAttentionConfig, MultiScaleConfig,
-    PerformerConfig, PerformerKernel, PoolKind, PoolingformerConfig, RfaConfig, RoutingConfig, SinkhornConfig,
-    SlidingWindowConfig, StridedCombine, StridedConfig,
+    AdaptiveSpanConfig, AttentionConfig, AverageAttentionConfig, BigBirdConfig, BlockwiseConfig, ClusteredConfig,
+    EtcConfig, FixedConfig, InducingMode, InducingPointsConfig, LinearAttentionConfig, Local2dConfig,
+    LocalAttentionConfig, LongformerConfig, LowRankBandConfig, LshConfig, MemoryCompressedConfig,
+    MultiHeadAttentionConfig, MultiScaleConfig, PerformerConfig, PerformerKernel, PoolKind, PoolingformerConfig,
+    ProbSparseConfig, RfaConfig, RoutingConfig, SinkhornConfig, SlidingWindowConfig, StridedCombine, StridedConfig,
 };
 use variorum_block::{
     BlockConfig, CompressionKind, CompressiveMemoryConfig, DepthConfig, FeedForwardConfig, FeedForwardKind,
@@ -427,6 +427,8 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
             }),
         ),
         ("low-rank-band", AttentionConfig::LowRankBand(LowRankBandConfig { rank: 2, band: 3, ..Default::default() })),
+        // few active queries at the harness's lengths (u = ⌈ln(t + 1)⌉ by prefix rank)
+        ("prob-sparse", AttentionConfig::ProbSparse(ProbSparseConfig { factor: 1.0, ..Default::default() })),
         (
             "routing + local heads",
             AttentionConfig::Routing(RoutingConfig { clusters: 2, window: 3, local_heads: 2, ..Default::default() }),
@@ -472,6 +474,38 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
                     mode: InducingMode::Luna,
                     ..Default::default()
                 }),
+                ..tiny()
+            },
+        ),
+        (
+            "masked lm + clustered",
+            ModelConfig {
+                objective: masked(),
+                attention: AttentionConfig::Clustered(ClusteredConfig {
+                    clusters: 4,
+                    iterations: 3,
+                    ..Default::default()
+                }),
+                ..tiny()
+            },
+        ),
+        (
+            "masked lm + clustered top-k",
+            ModelConfig {
+                objective: masked(),
+                attention: AttentionConfig::Clustered(ClusteredConfig {
+                    clusters: 3,
+                    top_k: Some(4),
+                    ..Default::default()
+                }),
+                ..tiny()
+            },
+        ),
+        (
+            "masked lm + prob-sparse",
+            ModelConfig {
+                objective: masked(),
+                attention: AttentionConfig::ProbSparse(ProbSparseConfig { factor: 1.0, ..Default::default() }),
                 ..tiny()
             },
         ),
