@@ -21,7 +21,12 @@
 //!   length), no bias. Self-attention only (a cross-attention source is not aligned with the
 //!   queries). Default none, so the layer is the approximation alone; the paper uses 33.
 //! - Padding keys (`mask.padding`) are left out of the landmark means and hidden in B̃ (and from
-//!   the conv); a landmark with no real key is hidden in F̃ and Ã.
+//!   the conv). A landmark whose key segment is all padding is left out on both sides: hidden in
+//!   F̃, its row and column of Ã those of the identity (so Ã stays invertible).
+//! - Iterations: the default 6 is the paper's. More is not always better in f32: once the
+//!   iteration has converged on Ã's real singular values (≈ 10–20 iterations), further ones start
+//!   inverting the rounding noise of a (near-)singular Ã — identical landmarks make one — and
+//!   the result blows up.
 //! - Dropout acts on F̃, the L × m query–landmark probabilities. No position scheme acts inside.
 //!
 //! Bidirectional only: every landmark averages a whole segment, so B̃ V and Ã mix later positions
@@ -63,7 +68,8 @@ pub struct NystromConfig {
     pub dropout: f64,
     /// m, landmarks. Default 64 (the paper uses 32–64).
     pub landmarks: usize,
-    /// Iterations of the pseudo-inverse. Default 6 (the paper's).
+    /// Iterations of the pseudo-inverse. Default 6 (the paper's); see the module doc before
+    /// raising it far.
     pub pinv_iterations: usize,
     /// `pinv` (default) or `regularised`.
     pub inverse: NystromInverse,
@@ -237,7 +243,15 @@ impl NystromAttention {
         let pq = if same_positions { pk.clone() } else { segment_means(lq, m, None, &device).0 };
         let (q_land, k_land) = (pq.matmul(q.clone()), pk.matmul(k.clone())); // [b, h, m, d_h]
         let f = softmax(hide(q.matmul(k_land.clone().swap_dims(2, 3)), empty.clone()), 3); // [b, h, lq, m]
-        let a = softmax(hide(q_land.clone().matmul(k_land.swap_dims(2, 3)), empty), 3); // [b, h, m, m]
+        let mut a = softmax(hide(q_land.clone().matmul(k_land.swap_dims(2, 3)), empty.clone()), 3); // [b, h, m, m]
+        if let Some(empty) = empty {
+            // an empty landmark's row of Ã becomes the identity's (its column is already 0): Ã
+            // stays invertible, and with F̃'s column 0 the landmark drops out on both sides
+            let [b, _, _, _] = empty.dims();
+            let gone = empty.float().reshape([b, 1, m, 1]);
+            let eye = Tensor::<2>::eye(m, &device).reshape([1, 1, m, m]);
+            a = a * gone.clone().neg().add_scalar(1.0) + eye * gone;
+        }
         let pad_keys = padding.map(|p| p.clone().reshape([p.dims()[0], 1, 1, lk]));
         let b_ = softmax(hide(q_land.matmul(k.swap_dims(2, 3)), pad_keys), 3); // [b, h, m, lk]
         let a = if self.lambda > 0.0 {
