@@ -8,7 +8,9 @@ use burn::module::Param;
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::activation::softmax;
-use variorum_attention::{AttentionConfig, AttentionInput, LinformerAttention, LinformerConfig, LinformerShare};
+use variorum_attention::{
+    Attention, AttentionConfig, AttentionInput, LinformerAttention, LinformerConfig, LinformerShare, Positioning,
+};
 use variorum_core::AttentionMask;
 
 const D: usize = 16;
@@ -176,4 +178,24 @@ fn the_toml_names_parse() {
         })
     );
     assert!(toml::from_str::<AttentionConfig>("kind = \"linformer\"\nshare = \"layerwise\"").is_err());
+}
+
+#[test]
+fn the_axis_builds_it_and_gradients_reach_e_and_f() {
+    let _guard = common::seeded();
+    let dev = Device::flex().autodiff();
+    dev.seed(15);
+    let cfg = AttentionConfig::Linformer(config(10, 4, LinformerShare::None));
+    cfg.validate(D).unwrap();
+    let attn = cfg.init(D, 0.3, 0.3, Positioning::NONE, &dev);
+    let x = random([2, 10, D], &dev);
+    let mask = AttentionMask::bidirectional();
+    let out = attn.forward(AttentionInput::self_attention(x, &mask), None).context;
+    assert_eq!(out.dims(), [2, 10, D]);
+    let grads = out.powf_scalar(2.0).sum().backward();
+    let Attention::Linformer(l) = &attn else { panic!("built {}", cfg.kind()) };
+    for p in [&l.e, l.f.as_ref().unwrap()] {
+        let g = p.val().grad(&grads).expect("a gradient");
+        assert!(g.abs().max().into_scalar::<f32>() > 0.0);
+    }
 }

@@ -10,7 +10,9 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::activation::softmax;
 use variorum_attention::nystrom::iterative_pinv;
-use variorum_attention::{AttentionConfig, AttentionInput, NystromAttention, NystromConfig, NystromInverse};
+use variorum_attention::{
+    Attention, AttentionConfig, AttentionInput, NystromAttention, NystromConfig, NystromInverse, Positioning,
+};
 use variorum_core::AttentionMask;
 
 const D: usize = 16;
@@ -54,11 +56,10 @@ fn inverse(a: Tensor<2>) -> Tensor<2> {
         m.swap(c, p);
         let pivot = m[c][c];
         m[c].iter_mut().for_each(|x| *x /= pivot);
+        let pivot_row = m[c].clone();
         for r in (0..n).filter(|&r| r != c) {
             let f = m[r][c];
-            for j in 0..2 * n {
-                m[r][j] -= f * m[c][j];
-            }
+            m[r].iter_mut().zip(&pivot_row).for_each(|(x, p)| *x -= f * p);
         }
     }
     let inv: Vec<f32> = m.iter().flat_map(|row| row[n..].iter().map(|&x| x as f32)).collect();
@@ -249,4 +250,23 @@ fn configs_are_checked() {
     assert_eq!(cfg, AttentionConfig::Nystrom(want));
     let caps = cfg.capabilities();
     assert!(!caps.causal && caps.bidirectional && !caps.incremental && caps.variable_length);
+}
+
+#[test]
+fn the_axis_builds_it_and_gradients_pass_the_pseudo_inverse() {
+    let _guard = common::seeded();
+    let dev = Device::flex().autodiff();
+    dev.seed(27);
+    let cfg = AttentionConfig::Nystrom(config(3, NystromInverse::Pinv, 0.1, Some(3)));
+    cfg.validate(D).unwrap();
+    let attn = cfg.init(D, 0.3, 0.3, Positioning::NONE, &dev);
+    let x = random([2, 10, D], &dev).require_grad();
+    let mask = AttentionMask::bidirectional();
+    let out = attn.forward(AttentionInput::self_attention(x.clone(), &mask), None).context;
+    assert_eq!(out.dims(), [2, 10, D]);
+    let grads = out.powf_scalar(2.0).sum().backward();
+    let g = x.grad(&grads).expect("a gradient");
+    assert!(g.clone().is_finite().all().into_scalar::<bool>() && g.abs().max().into_scalar::<f32>() > 0.0);
+    let Attention::Nystrom(n) = &attn else { panic!("built {}", cfg.kind()) };
+    assert!(n.conv.as_ref().unwrap().weight.val().grad(&grads).is_some());
 }
