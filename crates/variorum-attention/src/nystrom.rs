@@ -19,7 +19,8 @@
 //! - `conv_kernel = c` adds the paper's skip connection: a depthwise 1-D convolution of V along
 //!   the length, one kernel of odd width c per head shared by its channels, zero-padded ("same"
 //!   length), no bias. Self-attention only (a cross-attention source is not aligned with the
-//!   queries). Default none, so the layer is the approximation alone; the paper uses 33.
+//!   queries). Default none, so the layer is the approximation alone (reference implementations
+//!   use widths of 33 to 65).
 //! - Padding keys (`mask.padding`) are left out of the landmark means and hidden in B̃ (and from
 //!   the conv). A landmark whose key segment is all padding is left out on both sides: hidden in
 //!   F̃, its row and column of Ã those of the identity (so Ã stays invertible).
