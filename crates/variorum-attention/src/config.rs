@@ -14,6 +14,7 @@ use crate::etc::{EtcAttention, EtcConfig};
 use crate::fixed::{FixedAttention, FixedConfig};
 use crate::inducing_points::{InducingPointsAttention, InducingPointsConfig};
 use crate::linear::{LinearAttention, LinearAttentionConfig};
+use crate::linformer::{LinformerAttention, LinformerConfig};
 use crate::local::LocalAttentionConfig;
 use crate::local_2d::{Local2dAttention, Local2dConfig};
 use crate::longformer::{LongformerAttention, LongformerConfig};
@@ -21,6 +22,7 @@ use crate::low_rank_band::{LowRankBandAttention, LowRankBandConfig};
 use crate::lsh::{LshAttention, LshConfig};
 use crate::memory_compressed::{MemoryCompressedAttention, MemoryCompressedConfig};
 use crate::multi_scale::MultiScaleConfig;
+use crate::nystrom::{NystromAttention, NystromConfig};
 use crate::performer::{PerformerAttention, PerformerConfig};
 use crate::poolingformer::{PoolingformerAttention, PoolingformerConfig};
 use crate::prob_sparse::{ProbSparseAttention, ProbSparseConfig};
@@ -41,6 +43,10 @@ use variorum_position::HeadShape;
 pub enum AttentionConfig {
     /// Multi-head scaled dot-product attention (with grouped-/multi-query K/V heads).
     Full(MultiHeadAttentionConfig),
+    /// Linformer: keys and values projected along the length to k rows (bidirectional only).
+    Linformer(LinformerConfig),
+    /// Nyströmformer: softmax attention through m segment-mean landmarks (bidirectional only).
+    Nystrom(NystromConfig),
     /// Multi-head attention with a learned soft span per head (static or per token).
     AdaptiveSpan(AdaptiveSpanConfig),
     /// Band attention: each query sees the last `window` keys, computed by blocks.
@@ -104,6 +110,8 @@ impl AttentionConfig {
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Full(_) => "full",
+            Self::Linformer(_) => "linformer",
+            Self::Nystrom(_) => "nystrom",
             Self::AdaptiveSpan(_) => "adaptive-span",
             Self::SlidingWindow(_) => "sliding-window",
             Self::Poolingformer(_) => "poolingformer",
@@ -193,10 +201,21 @@ impl AttentionConfig {
         Self::zoo().into_iter().find(|k| k.kind == self.kind()).map(|k| k.caps).unwrap_or_default()
     }
 
+    /// Refuses a sequence (or cross-attention source) of `seq_len` positions that the kind cannot
+    /// take: Linformer's projections have a fixed length. Every other kind takes any length.
+    pub fn validate_len(&self, seq_len: usize) -> Result<(), ConfigError> {
+        match self {
+            Self::Linformer(c) => c.validate_len(seq_len),
+            _ => Ok(()),
+        }
+    }
+
     /// The same config with every derived default written out.
     pub fn expanded(&self, d_model: usize) -> Self {
         match self {
             Self::Full(c) => Self::Full(c.expanded(d_model)),
+            Self::Linformer(c) => Self::Linformer(c.expanded(d_model)),
+            Self::Nystrom(c) => Self::Nystrom(c.expanded(d_model)),
             Self::AdaptiveSpan(c) => Self::AdaptiveSpan(c.expanded(d_model)),
             Self::SlidingWindow(c) => Self::SlidingWindow(c.expanded(d_model)),
             Self::Poolingformer(c) => Self::Poolingformer(c.expanded(d_model)),
@@ -227,6 +246,8 @@ impl AttentionConfig {
     pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         match self {
             Self::Full(c) => c.validate(d_model),
+            Self::Linformer(c) => c.validate(d_model),
+            Self::Nystrom(c) => c.validate(d_model),
             Self::AdaptiveSpan(c) => c.validate(d_model),
             Self::SlidingWindow(c) => c.validate(d_model),
             Self::Poolingformer(c) => c.validate(d_model),
@@ -264,6 +285,8 @@ impl AttentionConfig {
     ) -> Attention {
         match self {
             Self::Full(c) => Attention::Full(c.init(d_model, init_std, out_std, position, device)),
+            Self::Linformer(c) => Attention::Linformer(c.init(d_model, init_std, out_std, device)),
+            Self::Nystrom(c) => Attention::Nystrom(c.init(d_model, init_std, out_std, device)),
             Self::AdaptiveSpan(c) => Attention::AdaptiveSpan(c.init(d_model, init_std, out_std, position, device)),
             Self::SlidingWindow(c) => Attention::SlidingWindow(c.init(d_model, init_std, out_std, position, device)),
             Self::Poolingformer(c) => Attention::Poolingformer(c.init(d_model, init_std, out_std, device)),
@@ -295,6 +318,8 @@ impl AttentionConfig {
     pub fn dropout(&self) -> f64 {
         match self {
             Self::Full(c) => c.dropout,
+            Self::Linformer(c) => c.dropout,
+            Self::Nystrom(c) => c.dropout,
             Self::AdaptiveSpan(c) => c.heads().dropout,
             Self::SlidingWindow(c) => c.dropout,
             Self::Poolingformer(c) => c.dropout,
@@ -323,6 +348,8 @@ impl AttentionConfig {
     pub fn heads(&self, d_model: usize) -> HeadShape {
         match self {
             Self::Full(c) => c.heads(d_model),
+            Self::Linformer(c) => c.heads(d_model),
+            Self::Nystrom(c) => c.heads(d_model),
             Self::AdaptiveSpan(c) => c.heads().heads(d_model),
             Self::SlidingWindow(c) => c.head_shape(d_model),
             Self::Poolingformer(c) => c.heads(d_model),
@@ -354,6 +381,8 @@ impl AttentionConfig {
     pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         match self {
             Self::Full(c) => c.flops_per_token(d_model, len_k),
+            Self::Linformer(c) => c.flops_per_token(d_model, len_k),
+            Self::Nystrom(c) => c.flops_per_token(d_model, len_k),
             // at most S keys back
             Self::AdaptiveSpan(c) => c.heads().flops_per_token(d_model, len_k.min(c.max_span)),
             Self::SlidingWindow(c) => c.flops_per_token(d_model, len_k),
@@ -395,6 +424,36 @@ impl AttentionConfig {
                     incremental: true,
                     score_bias: true,
                     qk_rotation: true,
+                    aux_losses: false,
+                    variable_length: true,
+                },
+            },
+            KindInfo {
+                axis: "model.attention",
+                kind: "linformer",
+                summary: "Linformer: keys and values projected along the length by learned E, F (k × max_len), softmax(Q(EK)ᵀ/√d)(FV); O(L·k); bidirectional only (E mixes every position, later ones included, into each projected key, and has a fixed length max_len)",
+                paper: "Wang et al. 2020, Linformer: Self-Attention with Linear Complexity",
+                caps: Capabilities {
+                    causal: false,
+                    bidirectional: true,
+                    incremental: false,
+                    score_bias: false,
+                    qk_rotation: false,
+                    aux_losses: false,
+                    variable_length: false,
+                },
+            },
+            KindInfo {
+                axis: "model.attention",
+                kind: "nystrom",
+                summary: "Nyströmformer: m segment-mean landmarks, softmax(QK̃ᵀ)·pinv(softmax(Q̃K̃ᵀ))·softmax(Q̃Kᵀ)V with an iterative pseudo-inverse (or CSALR's (Ã + λI)⁻¹), optional depthwise conv on V; O(L·m); bidirectional only (each landmark averages a whole segment, later positions included)",
+                paper: "Xiong et al. 2021, Nyströmformer: A Nyström-Based Algorithm for Approximating Self-Attention",
+                caps: Capabilities {
+                    causal: false,
+                    bidirectional: true,
+                    incremental: false,
+                    score_bias: false,
+                    qk_rotation: false,
                     aux_losses: false,
                     variable_length: true,
                 },
@@ -638,6 +697,8 @@ fn kernel_flops(h: HeadShape, features: usize, chunk: usize) -> u64 {
 #[derive(Module, Debug)]
 pub enum Attention {
     Full(MultiHeadAttention),
+    Linformer(LinformerAttention),
+    Nystrom(NystromAttention),
     AdaptiveSpan(AdaptiveSpanAttention),
     SlidingWindow(BandAttention),
     Poolingformer(PoolingformerAttention),
@@ -717,6 +778,8 @@ impl Attention {
     pub fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
         match self {
             Self::Full(a) => a.forward(input, state.map(AttentionState::kv_mut)),
+            Self::Linformer(a) => a.forward(input, state),
+            Self::Nystrom(a) => a.forward(input, state),
             Self::AdaptiveSpan(a) => a.forward(input, state.map(AttentionState::kv_mut)),
             Self::SlidingWindow(a) | Self::Local(a) | Self::MultiScale(a) => {
                 a.forward(input, state.map(AttentionState::kv_mut))

@@ -1,0 +1,190 @@
+//! Linformer (Wang et al. 2020, "Linformer: Self-Attention with Linear Complexity"), the
+//! `linformer` kind: keys and values are projected along the length by learned E, F ∈ ℝ^{k×n},
+//!
+//! head_i = softmax(Q_i (E K_i)ᵀ / √d) (F V_i),
+//!
+//! so the score matrix is L × k and time and memory are O(L·k) (n = `max_len`, k = `k`; E K is
+//! k × d, never an L × L matrix).
+//!
+//! Choices:
+//! - Length: E and F have a fixed number of columns n = `max_len`. A sequence of L < n positions
+//!   uses the first L columns, E[:, :L] K — exactly what zero-padding K and V to n rows gives.
+//!   Longer sequences are refused before anything runs: [`LinformerConfig::validate_len`] checks
+//!   `model.seq_len ≤ model.attention.max_len` (and cross-attention sources must be as short); the
+//!   forward assumes it.
+//! - Padding keys (`mask.padding`) get zero key and value rows, so a padded tail equals the
+//!   shorter sequence. Causal, custom and `max_back` masks do not apply (see below).
+//! - Sharing (`share`, the paper's §4): `none` — one E and one F per head; `headwise` (default) —
+//!   one E and one F for all heads; `key-value` — one projection, E = F, for all heads. The
+//!   paper's layerwise sharing (one projection for every layer) is not offered: it needs a
+//!   parameter shared between layers, which the model's per-layer modules do not have.
+//! - Initialisation: E, F ~ N(0, 1/n), so that a projected key E K of a full-length sequence has
+//!   the scale of a single key (our choice; the paper does not state one).
+//! - Dropout acts on the L × k attention probabilities. No position scheme acts inside: the
+//!   projected keys have no single position.
+//!
+//! Bidirectional only: every projected key E K mixes all positions, later ones included, and E is
+//! tied to absolute positions 0..n; hiding the future would need a different E per query (the
+//! paper's Linformer is an encoder). `forward` computes the bidirectional form whatever
+//! `mask.causal` says; the model refuses the kind in a decoder through its capabilities.
+
+use burn::module::Param;
+use burn::nn::{Dropout, DropoutConfig, Initializer};
+use burn::prelude::*;
+use burn::tensor::activation::softmax;
+use serde::{Deserialize, Serialize};
+use variorum_core::{ConfigError, error::check};
+use variorum_position::HeadShape;
+
+use crate::kernel::{self, HeadProjections, hide_padding};
+use crate::{AttentionInput, AttentionOutput, AttentionState};
+
+/// Which projections Linformer shares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LinformerShare {
+    /// A separate E and F per head.
+    None,
+    /// One E and one F shared by all heads (the paper's default).
+    #[default]
+    Headwise,
+    /// One projection, E = F, shared by all heads.
+    KeyValue,
+}
+
+/// `model.attention` with `kind = "linformer"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LinformerConfig {
+    pub n_heads: usize,
+    /// Default d_model / n_heads.
+    pub head_dim: Option<usize>,
+    pub bias: bool,
+    /// Dropout on the attention probabilities. Default 0.
+    pub dropout: f64,
+    /// n, the fixed maximum length (columns of E and F). Required: the default 0 is refused.
+    pub max_len: usize,
+    /// k, the projected length (rows of E and F), 1 ≤ k ≤ n. Default 64 (the paper uses 128–256
+    /// for n = 512–4096).
+    pub k: usize,
+    /// `none`, `headwise` (default) or `key-value`.
+    pub share: LinformerShare,
+}
+
+impl Default for LinformerConfig {
+    fn default() -> Self {
+        Self {
+            n_heads: 4,
+            head_dim: None,
+            bias: true,
+            dropout: 0.0,
+            max_len: 0,
+            k: 64,
+            share: LinformerShare::Headwise,
+        }
+    }
+}
+
+impl LinformerConfig {
+    pub fn heads(&self, d_model: usize) -> HeadShape {
+        kernel::heads(self.n_heads, self.head_dim, d_model)
+    }
+
+    pub fn expanded(&self, d_model: usize) -> Self {
+        Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
+    }
+
+    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        kernel::validate_heads(self.n_heads, self.head_dim, 1, d_model)?;
+        check(self.max_len >= 1, || {
+            "model.attention.max_len must be set: the fixed maximum length n of Linformer's projections \
+             (at least model.seq_len)"
+                .into()
+        })?;
+        check(self.k >= 1, || "model.attention.k must be at least 1".into())?;
+        check(self.k <= self.max_len, || {
+            format!("model.attention.k = {} must be at most model.attention.max_len = {}", self.k, self.max_len)
+        })?;
+        check((0.0..1.0).contains(&self.dropout), || {
+            format!("model.attention.dropout = {} must be in [0, 1)", self.dropout)
+        })
+    }
+
+    /// Refuses sequences (or cross-attention sources) longer than the projections' n.
+    pub fn validate_len(&self, seq_len: usize) -> Result<(), ConfigError> {
+        check(seq_len <= self.max_len, || {
+            format!(
+                "model.seq_len = {seq_len} exceeds model.attention.max_len = {}: Linformer's projections \
+                 have a fixed length; raise max_len",
+                self.max_len
+            )
+        })
+    }
+
+    pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> LinformerAttention {
+        let h = self.heads(d_model);
+        let rows = if self.share == LinformerShare::None { h.n_heads } else { 1 };
+        let std = 1.0 / (self.max_len as f64).sqrt();
+        let draw = || Initializer::Normal { mean: 0.0, std }.init([rows, self.k, self.max_len], device);
+        LinformerAttention {
+            proj: HeadProjections::new(d_model, h.n_heads, h.head_dim, self.bias, init_std, out_std, device),
+            e: draw(),
+            f: (self.share != LinformerShare::KeyValue).then(draw),
+            dropout: DropoutConfig::new(self.dropout).init(),
+            max_len: self.max_len,
+            scale: 1.0 / (h.head_dim as f64).sqrt(),
+        }
+    }
+
+    /// Multiply–adds ×2 per token: projections, E K and F V (k·d_h per head), L × k scores and
+    /// their values.
+    pub fn flops_per_token(&self, d_model: usize, _len_k: usize) -> u64 {
+        let h = self.heads(d_model);
+        let (d, hd, k) = (d_model as u64, (h.n_heads * h.head_dim) as u64, self.k as u64);
+        2 * (4 * d * hd + 4 * k * hd)
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct LinformerAttention {
+    pub proj: HeadProjections,
+    /// E, `[n_heads or 1, k, n]`.
+    pub e: Param<Tensor<3>>,
+    /// F, the same shape; `None` when E is shared with the values (`key-value`).
+    pub f: Option<Param<Tensor<3>>>,
+    pub dropout: Dropout,
+    pub max_len: usize,
+    pub scale: f64,
+}
+
+impl LinformerAttention {
+    /// n: the longest key sequence this layer takes.
+    pub fn max_len(&self) -> usize {
+        self.max_len
+    }
+
+    /// The first `len` columns of a projection, `[1, n_heads or 1, k, len]`.
+    fn columns(p: &Param<Tensor<3>>, len: usize) -> Tensor<4> {
+        p.val().narrow(2, 0, len).unsqueeze_dim::<4>(0)
+    }
+
+    /// softmax(q (E k)ᵀ/√d)(F v) for heads `[b, h, len, d_h]` (keys at most `max_len` long).
+    pub fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
+        let lk = k.dims()[2];
+        debug_assert!(lk <= self.max_len, "{lk} keys exceed max_len {} (validate_len refuses this)", self.max_len);
+        let e = Self::columns(&self.e, lk);
+        let f = self.f.as_ref().map(|f| Self::columns(f, lk)).unwrap_or_else(|| e.clone());
+        let (ek, fv) = (e.matmul(k), f.matmul(v)); // [b, h, k, d_h]
+        let scores = q.mul_scalar(self.scale).matmul(ek.swap_dims(2, 3)); // [b, h, len_q, k]
+        self.dropout.forward(softmax(scores, 3)).matmul(fv)
+    }
+
+    /// The bidirectional form (Linformer keeps no decoding state; `state` is ignored).
+    pub fn forward(&self, input: AttentionInput, _state: Option<&mut AttentionState>) -> AttentionOutput {
+        let (q, k, v) = self.proj.split(input.query, input.key_value);
+        let padding = input.mask.padding.as_ref();
+        let (k, v) = (hide_padding(k, padding), hide_padding(v, padding));
+        let context = self.attend(q, k, v);
+        AttentionOutput { context: self.proj.merge(context), weights: None, aux_losses: Vec::new() }
+    }
+}
