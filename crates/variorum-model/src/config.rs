@@ -87,6 +87,7 @@ impl ModelConfig {
         check((0.0..1.0).contains(&self.dropout), || format!("model.dropout = {} must be in [0, 1)", self.dropout))?;
         check(self.init_std > 0.0, || format!("model.init_std = {} must be > 0", self.init_std))?;
         self.attention.validate(self.d_model)?;
+        self.attention.validate_len(self.seq_len)?;
         self.position.validate(self.attention.heads(self.d_model), self.seq_len)?;
         let (pos, attn) = (self.position.capabilities(), self.attention.capabilities());
         check(!pos.score_bias || attn.score_bias, || {

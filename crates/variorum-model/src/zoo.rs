@@ -3,10 +3,11 @@
 
 use variorum_attention::{
     AdaptiveSpanConfig, AttentionConfig, AverageAttentionConfig, BigBirdConfig, BlockwiseConfig, ClusteredConfig,
-    EtcConfig, FixedConfig, InducingMode, InducingPointsConfig, LinearAttentionConfig, Local2dConfig,
-    LocalAttentionConfig, LongformerConfig, LowRankBandConfig, LshConfig, MemoryCompressedConfig,
-    MultiHeadAttentionConfig, MultiScaleConfig, PerformerConfig, PerformerKernel, PoolKind, PoolingformerConfig,
-    ProbSparseConfig, RfaConfig, RoutingConfig, SinkhornConfig, SlidingWindowConfig, StridedCombine, StridedConfig,
+    EtcConfig, FixedConfig, InducingMode, InducingPointsConfig, LinearAttentionConfig, LinformerConfig, LinformerShare,
+    Local2dConfig, LocalAttentionConfig, LongformerConfig, LowRankBandConfig, LshConfig, MemoryCompressedConfig,
+    MultiHeadAttentionConfig, MultiScaleConfig, NystromConfig, PerformerConfig, PerformerKernel, PoolKind,
+    PoolingformerConfig, ProbSparseConfig, RfaConfig, RoutingConfig, SinkhornConfig, SlidingWindowConfig,
+    StridedCombine, StridedConfig,
 };
 use variorum_block::{
     BlockConfig, CompressionKind, CompressiveMemoryConfig, DepthConfig, FeedForwardConfig, FeedForwardKind,
@@ -472,6 +473,39 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
                 attention: AttentionConfig::InducingPoints(InducingPointsConfig {
                     slots: 4,
                     mode: InducingMode::Luna,
+                    ..Default::default()
+                }),
+                ..tiny()
+            },
+        ),
+        (
+            "masked lm + linformer",
+            ModelConfig {
+                objective: masked(),
+                attention: AttentionConfig::Linformer(LinformerConfig { max_len: 32, k: 4, ..Default::default() }),
+                ..tiny()
+            },
+        ),
+        (
+            "masked lm + linformer unshared",
+            ModelConfig {
+                objective: masked(),
+                attention: AttentionConfig::Linformer(LinformerConfig {
+                    max_len: 32,
+                    k: 4,
+                    share: LinformerShare::None,
+                    ..Default::default()
+                }),
+                ..tiny()
+            },
+        ),
+        (
+            "masked lm + nystrom",
+            ModelConfig {
+                objective: masked(),
+                attention: AttentionConfig::Nystrom(NystromConfig {
+                    landmarks: 4,
+                    conv_kernel: Some(3),
                     ..Default::default()
                 }),
                 ..tiny()

@@ -45,3 +45,24 @@ fn sinkhorn_sortcut_is_bidirectional_and_trains_only_masked() {
     assert!(e.contains("model.objective.kind = \"masked\""), "{e}");
     parse(&format!("{sortcut}[objective]\nkind = \"masked\"")).validate().unwrap();
 }
+
+#[test]
+fn kinds_without_a_causal_form_are_refused_for_next_token_prediction_and_say_why() {
+    for (kind, why) in [
+        ("kind = \"linformer\"\nmax_len = 16\nk = 4", "E and F mix every position"),
+        ("kind = \"nystrom\"\nlandmarks = 4", "landmarks are means over segments"),
+        ("kind = \"clustered\"\nclusters = 4", "centroid"),
+        ("kind = \"inducing-points\"\nslots = 4", "every slot reads the whole sequence"),
+    ] {
+        let e = refusal(&format!("[attention]\n{kind}"));
+        assert!(e.contains("has no causal form") && e.contains(why), "{kind}: {e}");
+        assert!(e.contains("model.objective.kind = \"masked\""), "{kind}: {e}");
+        parse(&format!("[attention]\n{kind}\n[objective]\nkind = \"masked\"")).validate().unwrap();
+    }
+}
+
+#[test]
+fn linformer_refuses_a_context_past_its_projections() {
+    let e = refusal("[attention]\nkind = \"linformer\"\nmax_len = 8\nk = 4\n[objective]\nkind = \"masked\"");
+    assert!(e.contains("model.seq_len = 16") && e.contains("model.attention.max_len = 8"), "{e}");
+}

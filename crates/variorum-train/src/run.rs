@@ -112,8 +112,10 @@ impl Run {
                 "a context of {len} tokens exceeds the learned position table of {max} rows (model.position.kind = \"{}\"): use at most {max}",
                 m.position.kind()
             ),
-            _ => Ok(()),
+            _ => {}
         }
+        // a fixed-length attention (Linformer's projections) has no columns past its length
+        m.attention.validate_len(len).map_err(|e| anyhow::anyhow!("a context of {len} tokens: {e}"))
     }
 
     /// Continues `prompt`, calling `on_token` with every new token as it is produced.
