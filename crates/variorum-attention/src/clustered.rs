@@ -156,7 +156,7 @@ impl ClusteredAttention {
         let c = self.clusters.min(l).max(1);
         let start: Vec<i64> = (0..c).map(|j| (j * l / c) as i64).collect();
         let mut centroids = q.clone().select(2, Tensor::<1, Int>::from_data(TensorData::new(start, [c]), &device));
-        let weights = query_weights(query_padding, b, l, &device);
+        let weights = kernel::unpadded(query_padding, b, l, &device);
         let ids = Tensor::<1, Int>::arange(0..c as i64, &device).reshape([1, 1, 1, c]).expand([b, h, l, c]);
         let mut assignment = Tensor::<3, Int>::zeros([b, h, l], &device);
         let mut one_hot = Tensor::<4>::zeros([b, h, l, c], &device);
@@ -194,7 +194,7 @@ impl ClusteredAttention {
         let clusters = self.cluster(q.clone(), query_padding, self.iterations);
         let c = clusters.one_hot.dims()[3];
         // the cluster's query: the mean of its (non-detached) members
-        let members = clusters.one_hot.clone() * query_weights(query_padding, b, lq, &device);
+        let members = clusters.one_hot.clone() * kernel::unpadded(query_padding, b, lq, &device);
         let counts = members.clone().sum_dim(2).swap_dims(2, 3).clamp_min(1.0); // [b, h, c, 1]
         let centroids = members.swap_dims(2, 3).matmul(q.clone()) / counts;
         let mut scores = centroids.matmul(k.clone().swap_dims(2, 3)).mul_scalar(self.scale); // [b, h, c, lk]
@@ -231,13 +231,5 @@ impl ClusteredAttention {
         let attended = exact.unsqueeze_dim::<5>(3).matmul(v_q).reshape([b, h, lq, dh]);
         let one_hot = clusters.one_hot;
         one_hot.clone().matmul(total) * attended + one_hot.matmul(rest)
-    }
-}
-
-/// `[b, 1, len, 1]`: 1 for a query that counts in the means, 0 for padding.
-fn query_weights(padding: Option<&Tensor<2, Bool>>, b: usize, len: usize, device: &Device) -> Tensor<4> {
-    match padding {
-        Some(p) => p.clone().bool_not().float().reshape([b, 1, len, 1]),
-        None => Tensor::ones([b, 1, len, 1], device),
     }
 }

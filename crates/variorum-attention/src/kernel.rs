@@ -363,3 +363,12 @@ pub(crate) mod tests {
         }
     }
 }
+
+/// 1 at real positions and 0 at padding, `[b, 1, len, 1]` (all ones without a padding mask): the
+/// weights of means over positions.
+pub fn unpadded(padding: Option<&Tensor<2, Bool>>, b: usize, len: usize, device: &Device) -> Tensor<4> {
+    match padding {
+        Some(p) => p.clone().bool_not().float().reshape([b, 1, len, 1]),
+        None => Tensor::ones([b, 1, len, 1], device),
+    }
+}

@@ -230,7 +230,9 @@ impl LowRankBandAttention {
         mut st: Option<&mut LowRankBandState>,
     ) -> Tensor<4> {
         let mha = &self.band_attention;
-        let causal = mask.causal && source.is_none();
+        // a memory arrives as a source under a causal mask (keys from before the queries): the
+        // band and the low-rank part stay causal over absolute positions there too
+        let causal = mask.causal;
         let device = x.device();
         let p = mha.project(x.clone(), source.clone(), mask, st.as_mut().map(|s| &mut s.band));
         let lq = p.q.dims()[2];

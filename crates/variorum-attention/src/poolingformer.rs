@@ -36,8 +36,9 @@
 //!   attends to every source key and level 2 to the pooled level-2 projections of the source.
 //!
 //! Cost: level 1 is computed by blocks ([`crate::band`]), O(L·(w₁ + B)); level 2 by query blocks of
-//! s positions against the span of pooled keys they may see, O(L·(w₂/s + 2)), or O(L·2L/s) with no
-//! level-2 window — never an L × L matrix. Decoding ([`PoolingState`]) keeps the last w₁ raw
+//! s positions against the span of pooled keys they may see, O(L·(w₂/s + 2)), or, with no level-2
+//! window (or one reaching every segment), one L × L/s score matrix as memory-compressed attention
+//! forms — never an L × L matrix. Decoding ([`PoolingState`]) keeps the last w₁ raw
 //! level-1 keys, the pooled keys of finished segments still in reach and the raw level-2 keys of
 //! the open segment: O(w₁ + L/s + s) per token.
 
@@ -267,6 +268,11 @@ impl PoolingformerAttention {
         let nb = l.div_ceil(s);
         // segments a block may reach on either side
         let reach = self.level2_window.map_or(n, |w| (w.div_ceil(s) + 1).min(n));
+        if reach == n {
+            // every block may reach every segment: one L × L/s score matrix (as memory-compressed
+            // attention forms), not a copy of all segments per block
+            return self.all_segments(q, kp, vp, causal);
+        }
         let (before, after) = (reach, if causal { 0 } else { reach });
         let span = before + 1 + after;
         let spans = |x: Tensor<4>| {
@@ -304,6 +310,29 @@ impl PoolingformerAttention {
         let probs = self.level2.dropout.forward(softmax(scores, 3));
         let seen = Tensor::<1>::from_data(TensorData::new(seen, [nb * s]), &device).reshape([1, 1, nb * s, 1]);
         (probs.matmul(vs).reshape([b, h, nb * s, dh]) * seen).narrow(2, 0, l)
+    }
+
+    /// Level 2 when every query may reach every pooled segment `kp`, `vp` (`[b, h, n, d_h]`):
+    /// `[b, h, L, n]` scores under the visibility rule.
+    fn all_segments(&self, q: Tensor<4>, kp: Tensor<4>, vp: Tensor<4>, causal: bool) -> Tensor<4> {
+        let [_, _, l, _] = q.dims();
+        let (n, s, device) = (kp.dims()[2], self.pool_size, q.device());
+        let mut hidden = Vec::with_capacity(l * n);
+        let mut seen = Vec::with_capacity(l);
+        for i in 0..l {
+            let mut any = false;
+            for j in 0..n {
+                let ok = sees_segment(i, j, s, l, causal, self.level2_window);
+                any |= ok;
+                hidden.push(!ok);
+            }
+            seen.push(if any { 1.0f32 } else { 0.0 });
+        }
+        let hidden = Tensor::<2, Bool>::from_data(TensorData::new(hidden, [l, n]), &device).reshape([1, 1, l, n]);
+        let scores = q.matmul(kp.swap_dims(2, 3)).mask_fill(hidden, MASKED_SCORE);
+        let probs = self.level2.dropout.forward(softmax(scores, 3));
+        let seen = Tensor::<1>::from_data(TensorData::new(seen, [l]), &device).reshape([1, 1, l, 1]);
+        probs.matmul(vp) * seen
     }
 
     /// The state after a fresh causal sequence.

@@ -35,9 +35,14 @@
 //!   of the call.
 //! - Padding keys are hidden from the softmax, left out of the means and out of the measure
 //!   (a query whose sampled keys are all padding has M = −10⁹ and ranks last).
-//! - Cost: U·d per query for the measure, [u, L_K] scores for the gathered active query rows
-//!   (never L × L), O(L·d) for the (cumulative) means, plus the host ranking: a sort
-//!   (bidirectional) or a Fenwick tree (causal), O(L log L).
+//! - Cost: U·d per query for the measure, [u, L_K] scores for the gathered active query rows,
+//!   O(L·d) for the (cumulative) means, plus the host ranking: a sort (bidirectional) or a Fenwick
+//!   tree (causal), O(L log L). Bidirectionally u = ⌈c·ln L⌉ rows, never L × L. Causally the
+//!   prefix ranking bounds no total: Σ_t u_t/(t + 1) ≈ c·(ln L)²/2 rows are active when the
+//!   measures are exchangeable, but measures that rise along the sequence (U_t grows with t, and
+//!   the max over more samples is larger) activate more, up to every row (measured: 762 ms and
+//!   879 MiB for one layer's forward + backward at L = 8192, ×2 per doubling from 4k, against
+//!   13.8 s / 5.3 GiB for full attention).
 //! - Decoding ([`ProbSparseState`]): keys and values in a [`KvCache`], every past measure per batch
 //!   row and head, the running sum of the values. A new token costs O(U·d + t) (measure, ranking
 //!   against the past measures, running mean) when lazy in every head, O(t·d) when active in some
@@ -222,7 +227,7 @@ impl ProbSparseAttention {
         padding: Option<&Tensor<2, Bool>>,
     ) {
         let [b, _, l, _] = v.dims();
-        let w = key_weights(padding, b, l, &v.device());
+        let w = kernel::unpadded(padding, b, l, &v.device());
         st.value_sum = Some(((v.clone() * w.clone()).sum_dim(2), w.sum_dim(2)));
         st.measures = measures;
         st.cache.append(k, v);
@@ -261,7 +266,7 @@ impl ProbSparseAttention {
             })
             .collect();
         let measures = self.measures(q.clone(), k.clone(), &samples, padding);
-        let host: Vec<f32> = measures.into_data().convert::<f32>().try_to_vec::<f32>().unwrap_or_default();
+        let host: Vec<f32> = measures.into_data().convert::<f32>().try_to_vec::<f32>().expect("f32 measures");
         let rows: Vec<Vec<f32>> = host.chunks(lq.max(1)).map(<[f32]>::to_vec).collect();
         let active: Vec<Vec<usize>> = rows
             .iter()
@@ -269,7 +274,7 @@ impl ProbSparseAttention {
             .collect();
 
         // lazy outputs: the (cumulative) mean of the visible values
-        let w = key_weights(padding, b, lk, &device); // [b, 1, lk, 1]
+        let w = kernel::unpadded(padding, b, lk, &device); // [b, 1, lk, 1]
         let lazy = if causal {
             let sums = (v.clone() * w.clone()).cumsum(2);
             let counts = w.clone().cumsum(2);
@@ -383,7 +388,7 @@ impl ProbSparseAttention {
             let scores = self.sampled_scores(qt.clone().unsqueeze_dim::<5>(3), sampled);
             let none = Tensor::<4, Bool>::from_data(TensorData::new(vec![false; m], [1, 1, 1, m]), &device);
             let measures = measure(scores, none.expand([b, h, 1, m])).reshape([b * h]);
-            let measures: Vec<f32> = measures.into_data().convert::<f32>().try_to_vec::<f32>().unwrap_or_default();
+            let measures: Vec<f32> = measures.into_data().convert::<f32>().try_to_vec::<f32>().expect("f32 measures");
             let mut active = Vec::with_capacity(b * h);
             for (row, &mt) in st.measures.iter_mut().zip(&measures) {
                 let above = row.iter().filter(|x| x.total_cmp(&mt) != std::cmp::Ordering::Less).count();
@@ -419,14 +424,6 @@ fn measure(scores: Tensor<4>, hidden: Tensor<4, Bool>) -> Tensor<4> {
     let max = scores.clone().mask_fill(hidden.clone(), MASKED_SCORE).max_dim(3);
     let mean = scores.mask_fill(hidden, 0.0).sum_dim(3) / count;
     max - mean
-}
-
-/// `[b, 1, len, 1]`: 1 for a real key, 0 for padding.
-fn key_weights(padding: Option<&Tensor<2, Bool>>, b: usize, len: usize, device: &Device) -> Tensor<4> {
-    match padding {
-        Some(p) => p.clone().bool_not().float().reshape([b, 1, len, 1]),
-        None => Tensor::ones([b, 1, len, 1], device),
-    }
 }
 
 /// The `u` queries of largest measure (ties: the earlier), in increasing order.

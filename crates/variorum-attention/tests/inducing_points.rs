@@ -210,9 +210,6 @@ fn the_output_depends_on_the_keys_only_through_the_packed_slots() {
         let q = random([B, 6, D], &dev);
         let kv = random([B, 7, D], &dev);
         let out = run(&a, q.clone(), Some(kv.clone()), &mask);
-        // forward = unpack(query, pack(source)): the m rows of P' carry all it reads of the keys
-        let via_packed = a.unpack(q.clone(), a.pack(kv.clone(), None));
-        assert!(max_diff(out.clone(), via_packed) < 1e-6);
         // another source with the same packed slots: every key twice (length 14, not 7) — each
         // slot's softmax weights halve and its sums stay — gives the same output
         let doubled = Tensor::cat(vec![kv.clone(), kv.clone()], 1);

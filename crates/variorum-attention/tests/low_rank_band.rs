@@ -128,6 +128,32 @@ fn no_output_depends_on_a_later_input() {
     }
 }
 
+/// A Transformer-XL memory arrives as `key_value = [memory; x]` under a causal mask whose keys
+/// start before the queries: no query may see a later position of `x` there either.
+#[test]
+fn no_output_depends_on_a_later_input_after_a_memory() {
+    let _guard = common::seeded();
+    let dev = Device::flex();
+    dev.seed(25);
+    let (mem, len) = (5, 9);
+    let attn = build(2, 3, &dev);
+    let memory = x(mem, &dev);
+    let a = x(len, &dev);
+    let mask = AttentionMask::causal().at(mem, 0);
+    let run_mem = |input: Tensor<3>| {
+        let kv = Tensor::cat(vec![memory.clone(), input.clone()], 1);
+        attn.forward(AttentionInput::cross_attention(input, kv, &mask), None).context
+    };
+    for p in [1, 4, 8] {
+        let noise = Tensor::random([2, len - p, D], Distribution::Normal(0.0, 1.0), &dev);
+        let b = a.clone().slice_assign([0..2, p..len, 0..D], noise);
+        let diff = (run_mem(a.clone()) - run_mem(b)).abs().max_dim(2).max_dim(0).reshape([len]);
+        let diff = diff.into_data().try_to_vec::<f32>().unwrap();
+        assert!(diff[..p].iter().all(|&e| e == 0.0), "changed from {p}: {diff:?}");
+        assert!(diff[p] > 1e-4, "the changed position itself must change");
+    }
+}
+
 #[test]
 fn decoding_equals_the_causal_forward() {
     let _guard = common::seeded();

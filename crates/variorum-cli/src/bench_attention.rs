@@ -42,6 +42,16 @@ pub fn bench_attention(args: Args) -> Result<ExitCode> {
         let name = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
         kinds.push((name, path.clone(), cfg));
     }
+    // the same file name in two families (configs/attention/x, configs/masked/x): name both rows
+    // by family too
+    let stems: Vec<String> = kinds.iter().map(|k| k.0.clone()).collect();
+    for (name, path, _) in &mut kinds {
+        if stems.iter().filter(|s| *s == name).count() > 1
+            && let Some(family) = path.parent().and_then(|p| p.file_name())
+        {
+            *name = format!("{}/{name}", family.to_string_lossy());
+        }
+    }
     if let Some(point) = &args.point {
         return measure_here(&kinds[0].2, point, &args);
     }

@@ -21,9 +21,18 @@ fn wgpu_forward_and_backward_match_the_cpu() {
     }
     let cpu = Device::flex().autodiff();
     let gpu = Device::wgpu(burn::tensor::DeviceKind::DefaultDevice).autodiff();
-    // the plain model, and the kinds that sort, gather and rebuild (content-based attention,
-    // reversible blocks)
-    let chosen = ["base (learned, full, pre-ln, gelu)", "attention lsh", "attention routing", "block reversible"];
+    // the plain model, the kinds that sort, gather and rebuild (content-based attention,
+    // reversible blocks), pool and rank on the host, and a bidirectional masked LM with an
+    // iterative pseudo-inverse
+    let chosen = [
+        "base (learned, full, pre-ln, gelu)",
+        "attention lsh",
+        "attention routing",
+        "block reversible",
+        "attention poolingformer max",
+        "attention prob-sparse",
+        "masked lm + nystrom",
+    ];
     let variants: Vec<_> = zoo::variants().into_iter().filter(|(n, _)| chosen.contains(&n.as_str())).collect();
     assert_eq!(variants.len(), chosen.len(), "a chosen variant was renamed");
     for (name, cfg) in variants {

@@ -146,6 +146,12 @@ impl ModelConfig {
                 self.memory.kind()
             )
         })?;
+        check(self.memory.is_none() || self.attention.kind() != "poolingformer", || {
+            format!(
+                "model.attention.kind = \"poolingformer\" cannot read a memory (model.memory.kind = \"{}\"): its two levels run over the segment itself and have no form for keys before it",
+                self.memory.kind()
+            )
+        })?;
         let per_layer = self.attention.per_layer();
         check(per_layer == 0 || (per_layer == self.n_layers && !self.depth.shared()), || {
             format!(

@@ -66,3 +66,11 @@ fn linformer_refuses_a_context_past_its_projections() {
     let e = refusal("[attention]\nkind = \"linformer\"\nmax_len = 8\nk = 4\n[objective]\nkind = \"masked\"");
     assert!(e.contains("model.seq_len = 16") && e.contains("model.attention.max_len = 8"), "{e}");
 }
+
+#[test]
+fn poolingformer_refuses_a_memory() {
+    let e = refusal(
+        "[attention]\nkind = \"poolingformer\"\nwindow = 4\n[memory]\nkind = \"xl\"\n[position]\nkind = \"none\"",
+    );
+    assert!(e.contains("cannot read a memory"), "{e}");
+}
