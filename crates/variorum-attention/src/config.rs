@@ -443,21 +443,11 @@ impl AttentionConfig {
                     variable_length: false,
                 },
             },
-            KindInfo {
-                axis: "model.attention",
-                kind: "nystrom",
-                summary: "Nyströmformer: m segment-mean landmarks, softmax(QK̃ᵀ)·pinv(softmax(Q̃K̃ᵀ))·softmax(Q̃Kᵀ)V with an iterative pseudo-inverse (or CSALR's (Ã + λI)⁻¹), optional depthwise conv on V; O(L·m); bidirectional only (each landmark averages a whole segment, later positions included)",
-                paper: "Xiong et al. 2021, Nyströmformer: A Nyström-Based Algorithm for Approximating Self-Attention",
-                caps: Capabilities {
-                    causal: false,
-                    bidirectional: true,
-                    incremental: false,
-                    score_bias: false,
-                    qk_rotation: false,
-                    aux_losses: false,
-                    variable_length: true,
-                },
-            },
+            bidirectional_kind(
+                "nystrom",
+                "Nyströmformer: m segment-mean landmarks, softmax(QK̃ᵀ)·pinv(softmax(Q̃K̃ᵀ))·softmax(Q̃Kᵀ)V with an iterative pseudo-inverse (or CSALR's (Ã + λI)⁻¹), optional depthwise conv on V; O(L·m); bidirectional only (each landmark averages a whole segment, later positions included)",
+                "Xiong et al. 2021, Nyströmformer: A Nyström-Based Algorithm for Approximating Self-Attention",
+            ),
             KindInfo {
                 axis: "model.attention",
                 kind: "adaptive-span",
@@ -478,36 +468,16 @@ impl AttentionConfig {
                 "band attention over the last `window` keys (look-ahead when bidirectional), computed block by block; KV cache trimmed to the window",
                 "Beltagy et al. 2020, Longformer; Child et al. 2019 (local attention)",
             ),
-            KindInfo {
-                axis: "model.attention",
-                kind: "poolingformer",
-                summary: "two-level attention: a sliding window of `window` keys, then pooling attention (max/mean over segments of `pool_size`, within `level2_window`) over the first level's output, summed; causal: finished segments only; computed by blocks",
-                paper: "Zhang et al. 2021, Poolingformer: Long Document Modeling with Pooling Attention",
-                caps: Capabilities {
-                    causal: true,
-                    bidirectional: true,
-                    incremental: true,
-                    score_bias: false,
-                    qk_rotation: false,
-                    aux_losses: false,
-                    variable_length: true,
-                },
-            },
-            KindInfo {
-                axis: "model.attention",
-                kind: "low-rank-band",
-                summary: "per head, a gated mix of a low-rank attention (query/key size `rank`, all L keys) and a band attention of width `band` (computed by blocks) over shared values",
-                paper: "Guo, Qiu, Liu, Xue, Zhang 2019, Low-Rank and Locality Constrained Self-Attention for Sequence Modeling",
-                caps: Capabilities {
-                    causal: true,
-                    bidirectional: true,
-                    incremental: true,
-                    score_bias: false,
-                    qk_rotation: false,
-                    aux_losses: false,
-                    variable_length: true,
-                },
-            },
+            kernel_kind(
+                "poolingformer",
+                "two-level attention: a sliding window of `window` keys, then pooling attention (max/mean over segments of `pool_size`, within `level2_window`) over the first level's output, summed; causal: finished segments only; computed by blocks",
+                "Zhang et al. 2021, Poolingformer: Long Document Modeling with Pooling Attention",
+            ),
+            kernel_kind(
+                "low-rank-band",
+                "per head, a gated mix of a low-rank attention (query/key size `rank`, all L keys) and a band attention of width `band` (computed by blocks) over shared values",
+                "Guo, Qiu, Liu, Xue, Zhang 2019, Low-Rank and Locality Constrained Self-Attention for Sequence Modeling",
+            ),
             sparse_kind(
                 "local",
                 "Image Transformer 1D local attention: non-overlapping query blocks see their block and `memory` positions before it; computed block by block",
@@ -563,36 +533,16 @@ impl AttentionConfig {
                     variable_length: true,
                 },
             },
-            KindInfo {
-                axis: "model.attention",
-                kind: "clustered",
-                summary: "clustered attention: per head, queries grouped into C clusters by k-means (fixed Lloyd iterations), softmax attention once per centroid copied to its members; optional exact top-k rescoring; O(C·L·d); bidirectional only",
-                paper: "Vyas, Katharopoulos, Fleuret 2020, Fast Transformers with Clustered Attention",
-                caps: Capabilities {
-                    causal: false,
-                    bidirectional: true,
-                    incremental: false,
-                    score_bias: false,
-                    qk_rotation: false,
-                    aux_losses: false,
-                    variable_length: true,
-                },
-            },
-            KindInfo {
-                axis: "model.attention",
-                kind: "prob-sparse",
-                summary: "Informer ProbSparse attention: sparsity measure max − mean over ⌈c·ln L⌉ seeded sampled keys, the top ⌈c·ln L⌉ queries attend, lazy ones get the mean of V; causal: prefix ranking, cumulative mean (strictly causal)",
-                paper: "Zhou et al. 2021, Informer: Beyond Efficient Transformer for Long Sequence Time-Series Forecasting",
-                caps: Capabilities {
-                    causal: true,
-                    bidirectional: true,
-                    incremental: true,
-                    score_bias: false,
-                    qk_rotation: false,
-                    aux_losses: false,
-                    variable_length: true,
-                },
-            },
+            bidirectional_kind(
+                "clustered",
+                "clustered attention: per head, queries grouped into C clusters by k-means (fixed Lloyd iterations), softmax attention once per centroid copied to its members; optional exact top-k rescoring; O(C·L·d); bidirectional only",
+                "Vyas, Katharopoulos, Fleuret 2020, Fast Transformers with Clustered Attention",
+            ),
+            kernel_kind(
+                "prob-sparse",
+                "Informer ProbSparse attention: sparsity measure max − mean over ⌈c·ln L⌉ seeded sampled keys, the top ⌈c·ln L⌉ queries attend, lazy ones get the mean of V; causal: prefix ranking, cumulative mean (strictly causal)",
+                "Zhou et al. 2021, Informer: Beyond Efficient Transformer for Long Sequence Time-Series Forecasting",
+            ),
             sparse_kind(
                 "strided",
                 "Sparse Transformer strided pattern (previous ℓ positions, every ℓ-th position): union, split heads or alternating layers; O(L√L) with ℓ ≈ √L",
@@ -603,21 +553,11 @@ impl AttentionConfig {
                 "linear attention, φ = elu + 1: φ(Q)(φ(K)ᵀV); causal by chunked prefix sums; decodes as an RNN (O(1) per token)",
                 "Katharopoulos et al. 2020, Transformers are RNNs",
             ),
-            KindInfo {
-                axis: "model.attention",
-                kind: "inducing-points",
-                summary: "m learned slots pack the sequence by attention, every query attends over the m packed slots (mode isab: Set Transformer ISAB, MAB on the slots; luna: Luna's pack/unpack); O(L·m·d), bidirectional only",
-                paper: "Lee et al. 2019, Set Transformer; Ma et al. 2021, Luna: Linear Unified Nested Attention",
-                caps: Capabilities {
-                    causal: false,
-                    bidirectional: true,
-                    incremental: false,
-                    score_bias: false,
-                    qk_rotation: false,
-                    aux_losses: false,
-                    variable_length: true,
-                },
-            },
+            bidirectional_kind(
+                "inducing-points",
+                "m learned slots pack the sequence by attention, every query attends over the m packed slots (mode isab: Set Transformer ISAB, MAB on the slots; luna: Luna's pack/unpack); O(L·m·d), bidirectional only",
+                "Lee et al. 2019, Set Transformer; Ma et al. 2021, Luna: Linear Unified Nested Attention",
+            ),
             kernel_kind(
                 "performer",
                 "FAVOR+: positive orthogonal random features of the softmax kernel (or ReLU), redrawn during training; linear time, RNN decoding",
@@ -666,7 +606,8 @@ fn sparse_kind(kind: &'static str, summary: &'static str, paper: &'static str) -
     KindInfo { axis: "model.attention", kind, summary, paper, caps }
 }
 
-/// A kind with no score matrix for a position scheme to act on (kernelised, content-sorted):
+/// A kind with no score matrix for a position scheme to act on (kernelised, content-sorted,
+/// pooled, query-prototype):
 /// causal and bidirectional, incremental decoding.
 fn kernel_kind(kind: &'static str, summary: &'static str, paper: &'static str) -> KindInfo {
     KindInfo {
@@ -684,6 +625,15 @@ fn kernel_kind(kind: &'static str, summary: &'static str, paper: &'static str) -
             variable_length: true,
         },
     }
+}
+
+/// A kind with no causal form (every output mixes in later positions): bidirectional only, no
+/// incremental decoding, no score matrix for a position scheme; trained as a masked LM.
+fn bidirectional_kind(kind: &'static str, summary: &'static str, paper: &'static str) -> KindInfo {
+    let mut info = kernel_kind(kind, summary, paper);
+    info.caps.causal = false;
+    info.caps.incremental = false;
+    info
 }
 
 /// Projections plus the chunked kernel sums, per token.
