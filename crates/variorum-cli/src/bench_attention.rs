@@ -69,11 +69,10 @@ pub fn bench_attention(args: Args) -> Result<ExitCode> {
             train.push((name.clone(), len, o));
         }
         for &ctx in &args.contexts {
-            let caps = cfg.model.attention.capabilities();
-            let o = if caps.causal && caps.incremental {
+            let o = if causal(cfg) && cfg.model.attention.capabilities().incremental {
                 child(path, &format!("generate:{ctx}"), &args)
             } else {
-                Err("does not generate (no causal form)".into())
+                Err("does not generate (bidirectional)".into())
             };
             println!("{name:<22} generate  context {ctx:>6}  {}", describe(&o, 1e3, "ms/token"));
             generate.push((name.clone(), ctx, o));
@@ -84,6 +83,12 @@ pub fn bench_attention(args: Args) -> Result<ExitCode> {
         write_outputs(dir, &kinds.iter().map(|k| k.0.clone()).collect::<Vec<_>>(), &train, &generate, &args)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Whether the layer runs causally as its config trains it: a next-token model (and a kind with a
+/// causal form); a masked LM runs it bidirectionally.
+fn causal(cfg: &ExperimentConfig) -> bool {
+    cfg.model.objective.is_causal() && cfg.model.attention.capabilities().causal
 }
 
 /// Full attention's score matrices at `len` when they cannot fit in the memory left.
@@ -105,7 +110,7 @@ fn measure_here(cfg: &ExperimentConfig, point: &str, args: &Args) -> Result<Exit
     let n: usize = n.parse().context("--point length")?;
     let (attn, pos) = (&cfg.model.attention, &cfg.model.position);
     let p = match mode {
-        "train" => attention_bench::training(attn, pos, args.d_model, n, args.reps.max(1), &device),
+        "train" => attention_bench::training(attn, pos, args.d_model, n, args.reps.max(1), causal(cfg), &device),
         "generate" => attention_bench::generation(attn, pos, args.d_model, n, args.tokens.max(1), &device),
         other => bail!("--point mode {other:?} is not train or generate"),
     };
@@ -164,7 +169,7 @@ fn write_outputs(dir: &Path, names: &[String], train: &Rows, generate: &Rows, ar
             .unwrap_or_default()
     };
     let mut md = format!(
-        "One attention layer, batch 1, d_model {}, causal (bidirectional for kinds without a causal form), device {} (`variorum bench-attention`).\n\n",
+        "One attention layer, batch 1, d_model {}, causal (bidirectional for masked-LM configs), device {} (`variorum bench-attention`).\n\n",
         args.d_model, args.device
     );
     let header = |first: &str, ns: &[usize]| {

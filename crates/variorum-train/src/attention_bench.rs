@@ -48,7 +48,7 @@ fn reset_peak() -> bool {
     std::fs::write("/proc/self/clear_refs", "5").is_ok()
 }
 
-/// Forward + backward of a causal (where the kind has a causal form) self-attention layer over `[1, len, d_model]`: median seconds
+/// Forward + backward of a self-attention layer (causal or bidirectional) over `[1, len, d_model]`: median seconds
 /// of `reps` runs, after one untimed run.
 pub fn training(
     cfg: &AttentionConfig,
@@ -56,6 +56,7 @@ pub fn training(
     d_model: usize,
     len: usize,
     reps: usize,
+    causal: bool,
     device: &Device,
 ) -> AttentionPoint {
     let device = device.clone().autodiff();
@@ -64,8 +65,7 @@ pub fn training(
     let globals = attn.global_segment().map_or(0, |s| len.saturating_sub(1) / s);
     let x: Tensor<3> =
         Tensor::random([1, globals + len, d_model], Distribution::Normal(0.0, 1.0), &device).require_grad();
-    // kinds without a causal form are measured as they run (bidirectionally, masked-LM models)
-    let mask = if cfg.capabilities().causal { AttentionMask::causal() } else { AttentionMask::bidirectional() };
+    let mask = if causal { AttentionMask::causal() } else { AttentionMask::bidirectional() };
     let mask = match attn.global_segment() {
         Some(_) => AttentionMask { global_local: Some(GlobalLocal::Prefixed { globals }), ..mask },
         None => mask,
@@ -171,7 +171,7 @@ mod tests {
     fn both_measurements_run_for_a_linear_and_a_full_layer() {
         let dev = Device::flex();
         for cfg in [AttentionConfig::default(), toml::from_str("kind = \"linear\"").unwrap()] {
-            let t = training(&cfg, &PositionConfig::None, 16, 32, 1, &dev);
+            let t = training(&cfg, &PositionConfig::None, 16, 32, 1, true, &dev);
             assert!(t.seconds > 0.0);
             let g = generation(&cfg, &PositionConfig::None, 16, 40, 3, &dev);
             assert!(g.seconds > 0.0);
