@@ -46,7 +46,9 @@ fn components(c: &mut Criterion) {
     let attn = MultiHeadAttentionConfig::default().init(D, 0.02, 0.02, Positioning::NONE, &device);
     let mask = AttentionMask::causal();
     c.bench_function("attention/full causal 12x64x128, 4 heads, fwd+bwd", |b| {
-        b.iter(|| forward_backward(input(&device), |x| attn.forward(AttentionInput::self_attention(x, &mask), None).context))
+        b.iter(|| {
+            forward_backward(input(&device), |x| attn.forward(AttentionInput::self_attention(x, &mask), None).context)
+        })
     });
 
     let ffn = FeedForwardConfig::default().init(D, 0.0, 0.02, 0.02, &device);
@@ -66,8 +68,11 @@ fn components(c: &mut Criterion) {
     let mut model = Some(cfg.model.init(&device));
     let mut optim = optimizer(&tc);
     let ids: Vec<i64> = (0..BATCH * (LEN + 1)).map(|i| (i * 7919 % 84) as i64).collect();
-    let (inputs, targets): (Vec<_>, Vec<_>) =
-        (0..BATCH).map(|r| (ids[r * (LEN + 1)..r * (LEN + 1) + LEN].to_vec(), ids[r * (LEN + 1) + 1..(r + 1) * (LEN + 1)].to_vec())).unzip();
+    let (inputs, targets): (Vec<_>, Vec<_>) = (0..BATCH)
+        .map(|r| {
+            (ids[r * (LEN + 1)..r * (LEN + 1) + LEN].to_vec(), ids[r * (LEN + 1) + 1..(r + 1) * (LEN + 1)].to_vec())
+        })
+        .unzip();
     let batch = TokenBatch {
         inputs: inputs.concat(),
         targets: targets.concat(),
@@ -77,7 +82,8 @@ fn components(c: &mut Criterion) {
     };
     c.bench_function("step/baby GPT training step (768 tokens)", |b| {
         b.iter(|| {
-            let (m, res) = train_step(model.take().unwrap(), &mut optim, &tc, std::slice::from_ref(&batch), tc.lr, &device, None);
+            let (m, res) =
+                train_step(model.take().unwrap(), &mut optim, &tc, std::slice::from_ref(&batch), tc.lr, &device, None);
             model = Some(m);
             let _ = res.loss.into_scalar::<f32>();
         })
