@@ -22,9 +22,11 @@
 use burn::nn::conv::{Conv1d, Conv1dConfig};
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
 use burn::prelude::*;
-use burn::tensor::activation::{gelu, relu, sigmoid, silu};
+use burn::tensor::activation::{relu, sigmoid, silu};
 use serde::{Deserialize, Serialize};
 use variorum_core::{Capabilities, ConfigError, KindInfo, error::check};
+
+use crate::fast_gelu::gelu;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
