@@ -39,7 +39,8 @@ pub fn gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
 }
 
 /// e^x for x ≤ 0 (Cephes' expf: x = n·ln 2 + r, |r| ≤ ½ ln 2, a degree-6 polynomial in r, 2ⁿ by
-/// exponent bits); 0 below −87.
+/// exponent bits); arguments below −87 are taken as −87 (e^−87 ≈ 1.6 · 10⁻³⁸, the smallest
+/// normal power of two it can build).
 #[inline(always)]
 fn exp_neg(x: f32) -> f32 {
     let x = x.max(-87.0);

@@ -238,16 +238,8 @@ enum ScoreFormat {
     Json,
 }
 
-/// mimalloc's `purge_delay` (position 15 of `mi_option_e` in the mimalloc 3 header that
-/// libmimalloc-sys 0.1.49 builds; its Rust bindings do not name it).
-const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
-
 fn main() -> ExitCode {
-    // Freed pages are never handed back to the kernel: a training step frees and reallocates the
-    // same large activation buffers, and the kernel zeroes every page it hands out again (36 % of
-    // a small-GPT step in `clear_page_erms`; 478 -> 732 tokens/s, peak RSS 5.3 -> 6.7 GiB).
-    // SAFETY: sets a process-wide allocator option; called once, before any thread starts.
-    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
+    variorum_train::allocator::keep_freed_pages();
     // A panic is a bug in variorum, not a user mistake: one line, no backtrace.
     std::panic::set_hook(Box::new(|info| {
         eprintln!("variorum: internal error: {info}");

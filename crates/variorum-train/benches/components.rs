@@ -40,8 +40,7 @@ fn forward_backward(x: Tensor<3>, f: impl Fn(Tensor<3>) -> Tensor<3>) {
 }
 
 fn components(c: &mut Criterion) {
-    // SAFETY: a process-wide allocator option (mimalloc 3's `purge_delay`), set before threads start.
-    unsafe { libmimalloc_sys::mi_option_set(15, -1) };
+    variorum_train::allocator::keep_freed_pages();
     let device = Device::flex().autodiff();
     device.seed(0);
     let x: Tensor<3> = Tensor::random([BATCH, LEN, D], Distribution::Normal(0.0, 1.0), &device);
