@@ -284,6 +284,9 @@ impl MultiHeadAttention {
                 return AttentionOutput { context: self.merge(context), weights: None, aux_losses: Vec::new() };
             }
         }
+        if let Some(context) = self.fused(&p, input.mask, input.need_weights) {
+            return AttentionOutput { context: self.out.forward(context), weights: None, aux_losses: Vec::new() };
+        }
         let (lq, lk) = (p.layout.len_q, p.layout.len_k);
         let scores = self.scores(&p);
         let mask = match (&input.dense_mask, p.layout.k_start == input.mask.k_start) {
@@ -302,6 +305,21 @@ impl MultiHeadAttention {
 }
 
 impl MultiHeadAttention {
+    /// The heads' merged context by the fused causal kernel ([`crate::fused_causal`]), where it
+    /// computes exactly what the composed path would: a causal mask and nothing else (no padding,
+    /// custom pattern or reach limit), no position term on the scores or the context (RoPE acts
+    /// before), no dropout on the probabilities and no weights asked for; `None` otherwise, or on a
+    /// backend without the kernel.
+    fn fused(&self, p: &Projected, m: &AttentionMask, need_weights: bool) -> Option<Tensor<3>> {
+        let plain_mask = m.causal && m.padding.is_none() && m.custom.is_none() && p.max_back.is_none();
+        let plain_position = matches!(self.position, None | Some(RelativePosition::Rope(_)));
+        let offset = p.layout.q_start.checked_sub(p.layout.k_start)?;
+        if !plain_mask || !plain_position || need_weights || self.dropout.prob > 0.0 {
+            return None;
+        }
+        crate::fused_causal::causal_attention(p.q.clone(), p.k.clone(), p.v.clone(), offset)
+    }
+
     /// softmax(q kᵀ/√d) v with the output projection, queries from `query`, keys and values from
     /// `key_value`, no mask and no position scheme: content-based attention, as the Compressive
     /// Transformer's attention-reconstruction loss compares it over memories.

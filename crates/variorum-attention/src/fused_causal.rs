@@ -1,0 +1,524 @@
+//! Causal scaled dot-product attention as one CPU kernel, forward and backward, on the flex
+//! backend — what FlashAttention (Dao et al. 2022) does on a GPU, for two CPU cores:
+//!
+//! O = softmax(Q Kᵀ + M) V,   M_ij = −∞ where key j comes after query i (j > i + offset),
+//!
+//! with the backward of the same paper (P recomputed from the saved log-sum-exp ℓ, never stored):
+//!
+//! P = exp(Q Kᵀ − ℓ),  dV = Pᵀ dO,  dP = dO Vᵀ,  D_i = Σ_d dO_id O_id,  dS = P ∘ (dP − D),
+//! dQ = dS K,  dK = dSᵀ Q.
+//!
+//! Composed from Burn's ops, attention forms the masked scores, the probabilities and their
+//! gradients as `[batch, heads, L, L]` tensors — eight passes over 100 MiB per layer for the small
+//! GPT (docs/cpu-speed.md) — and autodiff keeps two of them per layer for the backward pass. Here
+//! each (batch, key/value head) is one task on rayon's pool; a task walks its query heads in blocks
+//! of [`QUERY_BLOCK`] rows, scores a block against the keys it can see (the causal half: blocks
+//! past the diagonal are never formed), and keeps only a block × L scratch. Matrix products go to
+//! the `gemm` crate (flex's own GEMM) on strided views, so the head split of the fused QKV
+//! projection is read in place; the output comes back with its heads already merged,
+//! `[batch, L, heads · d_h]`, ready for the output projection.
+//!
+//! Queries must come scaled (`scale · q`); grouped-query attention maps query head h to key/value
+//! head h / (n_heads / n_kv_heads). It reaches Burn through the `backend_extension` mechanism:
+//! [`FusedAttention`] for `Flex` and for `Autodiff<Flex>` with the hand-written backward.
+//! [`causal_attention`] returns `None` where the kernel does not apply (another backend or float
+//! type), and the caller composes the ops instead.
+
+use burn::backend::autodiff::NodeId;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::flex::FlexTensor;
+use burn::backend::tensor::FloatTensor;
+use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
+use burn::prelude::*;
+use burn::tensor::DType;
+use rayon::prelude::*;
+use variorum_core::fast_math;
+
+/// Query rows scored together: a block × L score row set stays in L2 (64 × 1,024 floats is
+/// 256 KiB), and the causal saving is lost only inside the diagonal block.
+pub const QUERY_BLOCK: usize = 64;
+
+/// Causal attention of the backends that have a kernel for it.
+#[backend_extension(Flex, Autodiff)]
+pub trait FusedAttention: Backend {
+    /// `q: [b, h, Lq, d_h]` (scaled), `k`, `v: [b, h_kv, Lk, d_h]` → `[b, Lq, h · d_h]`; key j
+    /// is visible to query i when j ≤ i + `offset`.
+    fn causal_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        offset: usize,
+    ) -> FloatTensor<Self>;
+}
+
+/// softmax(q kᵀ + causal mask) v with the heads merged, `[b, Lq, h · d_h]`, by the fused kernel;
+/// `None` on a backend or float type without it.
+pub fn causal_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, offset: usize) -> Option<Tensor<3>> {
+    let flex_f32 = |t: &Tensor<4>| t.dtype() == DType::F32 && t.device().inner() == Device::flex();
+    if !(flex_f32(&q) && flex_f32(&k) && flex_f32(&v)) {
+        return None;
+    }
+    let d = Dispatch::causal_attention(q.into_dispatch(), k.into_dispatch(), v.into_dispatch(), offset);
+    Some(Tensor::from_dispatch(d))
+}
+
+/// A `[b, heads, L, d_h]` tensor read in place: its storage and the element strides of each axis.
+struct Heads<'a> {
+    data: &'a [f32],
+    start: usize,
+    dims: [usize; 4],
+    strides: [isize; 4],
+}
+
+impl<'a> Heads<'a> {
+    /// The view of `t` (copied only when a stride is negative, which gemm cannot read).
+    fn of(t: &'a FlexTensor) -> Self {
+        let l = t.layout();
+        let dims: [usize; 4] = l.shape().to_vec().try_into().expect("a 4-D tensor");
+        let strides: [isize; 4] = l.strides().try_into().expect("a 4-D tensor");
+        Self { data: t.storage::<f32>(), start: l.start_offset(), dims, strides }
+    }
+
+    /// Pointer to row 0 of head (`b`, `h`).
+    fn head(&self, b: usize, h: usize) -> *const f32 {
+        let off = self.start as isize + b as isize * self.strides[0] + h as isize * self.strides[1];
+        // SAFETY: (b, h) is within dims, so the offset is inside the tensor's storage
+        unsafe { self.data.as_ptr().offset(off) }
+    }
+
+    fn rs(&self) -> isize {
+        self.strides[2]
+    }
+
+    fn cs(&self) -> isize {
+        self.strides[3]
+    }
+}
+
+fn readable(t: &FlexTensor) -> FlexTensor {
+    if t.layout().strides().iter().all(|&s| s >= 0) { t.clone() } else { t.to_contiguous() }
+}
+
+/// A pointer shared by tasks that write disjoint parts of one buffer.
+#[derive(Clone, Copy)]
+struct Shared(*mut f32);
+// SAFETY: every task writes only the rows of its own (batch, key/value head)
+unsafe impl Send for Shared {}
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    /// The pointer (a method, so closures capture the `Send` wrapper and not its field).
+    fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
+
+/// dst (m × n) := [dst +] lhs (m × k) · rhs (k × n); strides in elements, (row, column).
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm(
+    (m, n, k): (usize, usize, usize),
+    dst: *mut f32,
+    dst_rs: isize,
+    accumulate: bool,
+    lhs: *const f32,
+    (lhs_rs, lhs_cs): (isize, isize),
+    rhs: *const f32,
+    (rhs_rs, rhs_cs): (isize, isize),
+) {
+    // SAFETY: the caller's pointers and strides describe matrices of these sizes
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst,
+            1,
+            dst_rs,
+            accumulate,
+            lhs,
+            lhs_cs,
+            lhs_rs,
+            rhs,
+            rhs_cs,
+            rhs_rs,
+            if accumulate { 1.0 } else { 0.0 },
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
+}
+
+/// The shapes of one call.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    b: usize,
+    h: usize,
+    h_kv: usize,
+    lq: usize,
+    lk: usize,
+    dh: usize,
+    offset: usize,
+}
+
+impl Shape {
+    fn of(q: &Heads, k: &Heads, v: &Heads, offset: usize) -> Self {
+        let [b, h, lq, dh] = q.dims;
+        let [_, h_kv, lk, _] = k.dims;
+        assert!(h_kv > 0 && h % h_kv == 0, "query heads {h} are not a multiple of key/value heads {h_kv}");
+        assert_eq!(k.dims, v.dims, "keys and values differ in shape");
+        assert!(lk > 0 && k.dims[0] == b && k.dims[3] == dh, "keys {:?} do not fit queries {:?}", k.dims, q.dims);
+        Self { b, h, h_kv, lq, lk, dh, offset }
+    }
+
+    fn group(&self) -> usize {
+        self.h / self.h_kv
+    }
+
+    /// Query blocks: (first row, rows, keys the block's last row sees).
+    fn blocks(&self) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+        (0..self.lq).step_by(QUERY_BLOCK).map(|q0| {
+            let rows = QUERY_BLOCK.min(self.lq - q0);
+            (q0, rows, self.lk.min(q0 + rows + self.offset))
+        })
+    }
+
+    /// Keys visible to query `i`.
+    fn visible(&self, i: usize) -> usize {
+        self.lk.min(i + self.offset + 1)
+    }
+
+    /// Merged-heads row stride of the output and its gradient.
+    fn out_rs(&self) -> isize {
+        (self.h * self.dh) as isize
+    }
+}
+
+/// Scores of a query block against the first `kend` keys into `s` (rows × kend).
+unsafe fn scores(
+    sh: &Shape,
+    q: *const f32,
+    q_rc: (isize, isize),
+    k: *const f32,
+    k_rc: (isize, isize),
+    rows: usize,
+    kend: usize,
+    s: &mut [f32],
+) {
+    // Kᵀ as a (d_h × kend) matrix: element (d, j) is K[j, d]
+    unsafe { gemm((rows, kend, sh.dh), s.as_mut_ptr(), kend as isize, false, q, q_rc, k, (k_rc.1, k_rc.0)) }
+}
+
+/// Forward: the output `[b, Lq, h · d_h]` and the log-sum-exp of every row, `[b, h, Lq]`.
+fn forward_kernel(q: &FlexTensor, k: &FlexTensor, v: &FlexTensor, offset: usize) -> (FlexTensor, FlexTensor) {
+    let (q, k, v) = (readable(q), readable(k), readable(v));
+    let (q, k, v) = (Heads::of(&q), Heads::of(&k), Heads::of(&v));
+    let sh = Shape::of(&q, &k, &v, offset);
+    let (g, dh) = (sh.group(), sh.dh);
+    let mut out = vec![0.0f32; sh.b * sh.lq * sh.h * dh];
+    let mut lse = vec![0.0f32; sh.b * sh.h * sh.lq];
+    let (out_ptr, lse_ptr) = (Shared(out.as_mut_ptr()), Shared(lse.as_mut_ptr()));
+    (0..sh.b * sh.h_kv).into_par_iter().for_each(|task| {
+        let (bi, kv) = (task / sh.h_kv, task % sh.h_kv);
+        let (kp, vp) = (k.head(bi, kv), v.head(bi, kv));
+        let mut s = vec![0.0f32; QUERY_BLOCK * sh.lk];
+        for hi in kv * g..(kv + 1) * g {
+            let qp = q.head(bi, hi);
+            for (q0, rows, kend) in sh.blocks() {
+                let s = &mut s[..rows * kend];
+                // SAFETY: row q0.. of this head, keys 0..kend ≤ Lk
+                unsafe {
+                    scores(&sh, qp.offset(q0 as isize * q.rs()), (q.rs(), q.cs()), kp, (k.rs(), k.cs()), rows, kend, s)
+                };
+                for (r, row) in s.chunks_exact_mut(kend).enumerate() {
+                    let (seen, hidden) = row.split_at_mut(sh.visible(q0 + r));
+                    let m = fast_math::max(seen);
+                    seen.iter_mut().for_each(|x| *x = fast_math::exp_neg(*x - m));
+                    let total = fast_math::sum(seen);
+                    let inv = 1.0 / total;
+                    seen.iter_mut().for_each(|x| *x *= inv);
+                    hidden.fill(0.0);
+                    // SAFETY: row (bi, hi, q0 + r) of lse belongs to this task
+                    unsafe { *lse_ptr.at((bi * sh.h + hi) * sh.lq + q0 + r) = m + total.ln() };
+                }
+                let o = out_ptr.at((bi * sh.lq + q0) * sh.h * dh + hi * dh);
+                // SAFETY: rows q0..q0+rows, columns of head hi: this task's
+                unsafe {
+                    gemm((rows, dh, kend), o, sh.out_rs(), false, s.as_ptr(), (kend as isize, 1), vp, (v.rs(), v.cs()))
+                };
+            }
+        }
+    });
+    let lse = FlexTensor::from_data(TensorData::new(lse, [sh.b, sh.h, sh.lq]));
+    (FlexTensor::from_data(TensorData::new(out, [sh.b, sh.lq, sh.h * dh])), lse)
+}
+
+/// Backward: (dq, dk, dv), contiguous, in the shapes of q, k, v.
+fn backward_kernel(
+    q: &FlexTensor,
+    k: &FlexTensor,
+    v: &FlexTensor,
+    out: &FlexTensor,
+    lse: &[f32],
+    grad: &FlexTensor,
+    offset: usize,
+) -> [FlexTensor; 3] {
+    let (q, k, v) = (readable(q), readable(k), readable(v));
+    let (qh, kh, vh) = (Heads::of(&q), Heads::of(&k), Heads::of(&v));
+    let sh = Shape::of(&qh, &kh, &vh, offset);
+    let (g, dh) = (sh.group(), sh.dh);
+    let (out, grad) = (out.to_contiguous(), grad.to_contiguous());
+    let (o, dout) = (out.storage::<f32>(), grad.storage::<f32>());
+    let mut dq = vec![0.0f32; sh.b * sh.h * sh.lq * dh];
+    let mut dk = vec![0.0f32; sh.b * sh.h_kv * sh.lk * dh];
+    let mut dv = vec![0.0f32; sh.b * sh.h_kv * sh.lk * dh];
+    let (dq_ptr, dk_ptr, dv_ptr) = (Shared(dq.as_mut_ptr()), Shared(dk.as_mut_ptr()), Shared(dv.as_mut_ptr()));
+    let out_rs = sh.out_rs();
+    (0..sh.b * sh.h_kv).into_par_iter().for_each(|task| {
+        let (bi, kv) = (task / sh.h_kv, task % sh.h_kv);
+        let (kp, vp) = (kh.head(bi, kv), vh.head(bi, kv));
+        let (dkp, dvp) = (dk_ptr.at(task * sh.lk * dh), dv_ptr.at(task * sh.lk * dh));
+        let mut p = vec![0.0f32; QUERY_BLOCK * sh.lk];
+        let mut ds = vec![0.0f32; QUERY_BLOCK * sh.lk];
+        for hi in kv * g..(kv + 1) * g {
+            let qp = qh.head(bi, hi);
+            for (q0, rows, kend) in sh.blocks() {
+                let (p, ds) = (&mut p[..rows * kend], &mut ds[..rows * kend]);
+                let qb = qp.wrapping_offset(q0 as isize * qh.rs());
+                let first = (bi * sh.lq + q0) * sh.h * dh + hi * dh;
+                let dob = dout[first..].as_ptr();
+                // SAFETY (all gemm calls below): rows q0.. of head hi and keys 0..kend, inside
+                // their tensors; dq/dk/dv rows written are this task's
+                unsafe { scores(&sh, qb, (qh.rs(), qh.cs()), kp, (kh.rs(), kh.cs()), rows, kend, p) };
+                let l = &lse[(bi * sh.h + hi) * sh.lq + q0..];
+                for (r, row) in p.chunks_exact_mut(kend).enumerate() {
+                    let (seen, hidden) = row.split_at_mut(sh.visible(q0 + r));
+                    let lr = l[r];
+                    seen.iter_mut().for_each(|x| *x = fast_math::exp_neg(*x - lr));
+                    hidden.fill(0.0);
+                }
+                // dV += Pᵀ dO
+                unsafe {
+                    gemm((kend, dh, rows), dvp, dh as isize, true, p.as_ptr(), (1, kend as isize), dob, (out_rs, 1))
+                };
+                // dP = dO Vᵀ
+                unsafe {
+                    gemm(
+                        (rows, kend, dh),
+                        ds.as_mut_ptr(),
+                        kend as isize,
+                        false,
+                        dob,
+                        (out_rs, 1),
+                        vp,
+                        (vh.cs(), vh.rs()),
+                    )
+                };
+                // dS = P ∘ (dP − D)
+                for (r, (dsr, pr)) in ds.chunks_exact_mut(kend).zip(p.chunks_exact(kend)).enumerate() {
+                    let at = first + r * out_rs as usize;
+                    let d = fast_math::dot(&dout[at..at + dh], &o[at..at + dh]);
+                    dsr.iter_mut().zip(pr).for_each(|(x, &pv)| *x = pv * (*x - d));
+                }
+                // dQ = dS K
+                let dqb = dq_ptr.at(((bi * sh.h + hi) * sh.lq + q0) * dh);
+                unsafe {
+                    gemm(
+                        (rows, dh, kend),
+                        dqb,
+                        dh as isize,
+                        false,
+                        ds.as_ptr(),
+                        (kend as isize, 1),
+                        kp,
+                        (kh.rs(), kh.cs()),
+                    )
+                };
+                // dK += dSᵀ Q
+                unsafe {
+                    gemm(
+                        (kend, dh, rows),
+                        dkp,
+                        dh as isize,
+                        true,
+                        ds.as_ptr(),
+                        (1, kend as isize),
+                        qb,
+                        (qh.rs(), qh.cs()),
+                    )
+                };
+            }
+        }
+    });
+    let data = |x: Vec<f32>, dims: [usize; 4]| FlexTensor::from_data(TensorData::new(x, dims));
+    [data(dq, qh.dims), data(dk, kh.dims), data(dv, vh.dims)]
+}
+
+impl FusedAttention for Flex {
+    fn causal_attention(q: FlexTensor, k: FlexTensor, v: FlexTensor, offset: usize) -> FlexTensor {
+        forward_kernel(&q, &k, &v, offset).0
+    }
+}
+
+#[derive(Debug)]
+struct CausalAttentionBackward;
+
+/// What the backward pass needs: the inputs (checkpointed), the output and the log-sum-exps.
+#[derive(Debug, Clone)]
+struct Saved {
+    q: NodeId,
+    k: NodeId,
+    v: NodeId,
+    out: FlexTensor,
+    lse: FlexTensor,
+    offset: usize,
+}
+
+impl Backward<Flex, 3> for CausalAttentionBackward {
+    type State = Saved;
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
+        let grad = grads.consume::<Flex>(&ops.node);
+        let s = ops.state;
+        let q: FlexTensor = checkpointer.retrieve_node_output(s.q);
+        let k: FlexTensor = checkpointer.retrieve_node_output(s.k);
+        let v: FlexTensor = checkpointer.retrieve_node_output(s.v);
+        let g = backward_kernel(&q, &k, &v, &s.out, s.lse.storage::<f32>(), &grad, s.offset);
+        for (parent, g) in ops.parents.into_iter().zip(g) {
+            if let Some(node) = parent {
+                grads.register::<Flex>(node.id, g);
+            }
+        }
+    }
+}
+
+impl<C: CheckpointStrategy> FusedAttention for Autodiff<Flex, C> {
+    fn causal_attention(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        offset: usize,
+    ) -> FloatTensor<Self> {
+        let (out, lse) = forward_kernel(q.primitive(), k.primitive(), v.primitive(), offset);
+        match CausalAttentionBackward.prepare::<C>([q.node(), k.node(), v.node()]).compute_bound().stateful() {
+            OpsKind::Tracked(mut prep) => {
+                let (qs, ks, vs) = (prep.checkpoint(&q), prep.checkpoint(&k), prep.checkpoint(&v));
+                prep.finish(Saved { q: qs, k: ks, v: vs, out: out.clone(), lse, offset }, out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::Distribution;
+    use burn::tensor::activation::softmax;
+
+    fn max_diff<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {
+        (a - b).abs().max().into_scalar::<f32>()
+    }
+
+    /// max |a − b| relative to the largest |b| (when that exceeds 1): sums over 150 keys of
+    /// gradients near 10 round differently in a different order.
+    fn rel_diff<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {
+        let scale = b.clone().abs().max().into_scalar::<f32>().max(1.0);
+        max_diff(a, b) / scale
+    }
+
+    /// The same attention from Burn's ops, as `MultiHeadAttention` composes it.
+    fn composed(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, offset: usize) -> Tensor<3> {
+        let [b, h, lq, dh] = q.dims();
+        let [_, h_kv, lk, _] = k.dims();
+        let g = h / h_kv;
+        let scores = q.reshape([b, h_kv, g * lq, dh]).matmul(k.swap_dims(2, 3)).reshape([b, h, lq, lk]);
+        let hidden = Tensor::<2, Bool>::tril_mask([lq, lk], offset as i64, &scores.device()).reshape([1, 1, lq, lk]);
+        let probs = softmax(scores.mask_fill(hidden, -1.0e9), 3).reshape([b, h_kv, g * lq, lk]);
+        probs.matmul(v).reshape([b, h, lq, dh]).swap_dims(1, 2).reshape([b, lq, h * dh])
+    }
+
+    /// q, k, v as the fused projection hands them over: strided views of one `[b, L, heads, d_h]`
+    /// tensor (scaled queries: a separate op, as in the model).
+    fn views(b: usize, h: usize, h_kv: usize, lq: usize, lk: usize, dh: usize, device: &Device) -> [Tensor<4>; 3] {
+        let heads = h + 2 * h_kv;
+        let all: Tensor<4> = Tensor::random([b, lk, heads, dh], Distribution::Normal(0.0, 1.5), device).swap_dims(1, 2);
+        let q = all.clone().narrow(1, 0, h).narrow(2, lk - lq, lq).mul_scalar(0.7);
+        [q, all.clone().narrow(1, h, h_kv), all.narrow(1, h + h_kv, h_kv)]
+    }
+
+    fn check(b: usize, h: usize, h_kv: usize, lq: usize, lk: usize, dh: usize) {
+        let device = Device::flex().autodiff();
+        device.seed(11);
+        let [q, k, v] = views(b, h, h_kv, lq, lk, dh, &device);
+        let w: Tensor<3> = Tensor::random([b, lq, h * dh], Distribution::Normal(0.0, 1.0), &device);
+        let offset = lk - lq;
+        let run = |fused: bool| {
+            let (q, k, v) = (q.clone().require_grad(), k.clone().require_grad(), v.clone().require_grad());
+            let y = if fused {
+                causal_attention(q.clone(), k.clone(), v.clone(), offset).expect("flex has the kernel")
+            } else {
+                composed(q.clone(), k.clone(), v.clone(), offset)
+            };
+            let grads = (y.clone() * w.clone()).sum().backward();
+            (y, [q.grad(&grads).unwrap(), k.grad(&grads).unwrap(), v.grad(&grads).unwrap()])
+        };
+        let (y1, g1) = run(true);
+        let (y2, g2) = run(false);
+        let shape = format!("b {b}, h {h}/{h_kv}, Lq {lq}, Lk {lk}, d_h {dh}");
+        assert!(rel_diff(y1, y2) < 1e-5, "forward, {shape}");
+        for ((a, e), name) in g1.into_iter().zip(g2).zip(["dq", "dk", "dv"]) {
+            let d = rel_diff(a, e);
+            assert!(d < 1e-5, "{name}, {shape}: {d}");
+        }
+    }
+
+    #[test]
+    fn equals_composed_attention_with_its_gradients() {
+        check(2, 3, 3, 10, 10, 8);
+    }
+
+    #[test]
+    fn query_blocks_and_the_diagonal() {
+        // three query blocks, the last one short
+        check(1, 2, 2, 2 * QUERY_BLOCK + 22, 2 * QUERY_BLOCK + 22, 4);
+    }
+
+    #[test]
+    fn grouped_queries_and_cached_keys() {
+        // two query heads per key/value head; 5 new queries after 4 cached keys
+        check(2, 4, 2, 5, 9, 8);
+        check(1, 4, 1, 1, 70, 16);
+    }
+
+    #[test]
+    fn inference_backend_takes_the_same_kernel() {
+        let device = Device::flex();
+        device.seed(3);
+        let [q, k, v] = views(2, 2, 1, 7, 7, 8, &device);
+        let fused = causal_attention(q.clone(), k.clone(), v.clone(), 0).unwrap();
+        assert!(max_diff(fused, composed(q, k, v, 0)) < 1e-5);
+    }
+
+    #[test]
+    fn no_query_sees_a_later_key() {
+        let device = Device::flex();
+        device.seed(4);
+        let [q, k, v] = views(1, 2, 2, 12, 12, 8, &device);
+        let a = causal_attention(q.clone(), k.clone(), v.clone(), 0).unwrap();
+        let later = Tensor::random([1, 2, 4, 8], Distribution::Normal(0.0, 1.0), &device);
+        let (k2, v2) = (
+            k.slice_assign([0..1, 0..2, 8..12, 0..8], later.clone()),
+            v.slice_assign([0..1, 0..2, 8..12, 0..8], later),
+        );
+        let b = causal_attention(q, k2, v2, 0).unwrap();
+        let (first, rest) = (a.clone().narrow(1, 0, 8), b.clone().narrow(1, 0, 8));
+        assert!(max_diff(first, rest) < 1e-6, "rows 0..8 must not see keys 8..12");
+        assert!(max_diff(a.narrow(1, 8, 4), b.narrow(1, 8, 4)) > 1e-3, "rows 8.. must see them");
+    }
+}

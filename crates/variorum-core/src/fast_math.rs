@@ -1,0 +1,96 @@
+//! Element-wise math the CPU kernels share, written so loops over slices vectorise (no libm
+//! call, no branch per element).
+
+/// e^x for x ≤ 0 (Cephes' expf: x = n·ln 2 + r, |r| ≤ ½ ln 2, a degree-6 polynomial in r, 2ⁿ by
+/// exponent bits); arguments below −87 are taken as −87 (e^−87 ≈ 1.6 · 10⁻³⁸, the smallest
+/// normal power of two it can build).
+#[inline(always)]
+pub fn exp_neg(x: f32) -> f32 {
+    let x = x.max(-87.0);
+    // round to nearest without a libm call: adding 1.5 · 2²³ drops the fraction
+    const ROUND: f32 = 12_582_912.0;
+    let n = (x * std::f32::consts::LOG2_E + ROUND) - ROUND;
+    let r = x - n * 0.693_359_4 + n * 2.121_944_4e-4;
+    let p = 1.987_569_1e-4;
+    let p = p * r + 1.398_199_9e-3;
+    let p = p * r + 8.333_452e-3;
+    let p = p * r + 4.166_579_6e-2;
+    let p = p * r + 1.666_666_5e-1;
+    let p = p * r + 5e-1;
+    let e = p * r * r + r + 1.0;
+    e * f32::from_bits(((n as i32 + 127) << 23) as u32)
+}
+
+/// Lanes of the partial sums below: sixteen independent accumulators let the compiler keep one
+/// AVX-512 register (or two AVX2 ones) of them, where a single running float would serialise.
+const LANES: usize = 16;
+
+/// Σ xᵢ, summed in [`LANES`] interleaved partial sums.
+#[inline]
+pub fn sum(x: &[f32]) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let tail: f32 = chunks.remainder().iter().sum();
+    for c in chunks {
+        for (a, v) in acc.iter_mut().zip(c) {
+            *a += v;
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// max xᵢ (−∞ for an empty slice).
+#[inline]
+pub fn max(x: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let tail = chunks.remainder().iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    for c in chunks {
+        for (a, v) in acc.iter_mut().zip(c) {
+            *a = a.max(*v);
+        }
+    }
+    acc.iter().fold(tail, |m, &v| m.max(v))
+}
+
+/// Σ aᵢ bᵢ over the shorter of the two.
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0.0f32; LANES];
+    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let tail: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..LANES {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_neg_holds_its_accuracy() {
+        for i in 0..=20_000 {
+            let x = -87.0 * i as f32 / 20_000.0;
+            let rel = (exp_neg(x) - x.exp()).abs() / x.exp();
+            assert!(rel < 5e-7 || x.exp() < 1e-37, "e^{x}: relative error {rel}");
+        }
+    }
+
+    #[test]
+    fn reductions_match_their_definitions() {
+        for n in [0usize, 1, 5, 16, 17, 100] {
+            let a: Vec<f32> = (0..n).map(|i| ((i * 7919) % 23) as f32 - 11.0).collect();
+            let b: Vec<f32> = (0..n).map(|i| ((i * 104_729) % 19) as f32 * 0.5).collect();
+            assert_eq!(sum(&a), a.iter().sum::<f32>(), "sum of {n}");
+            assert_eq!(max(&a), a.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)), "max of {n}");
+            let exact: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+            assert_eq!(dot(&a, &b), exact, "dot of {n}");
+        }
+    }
+}
