@@ -214,6 +214,46 @@ unsafe fn scores(
     unsafe { gemm((rows, kend, sh.dh), s.as_mut_ptr(), kend as isize, false, q, q_rc, k, (k_rc.1, k_rc.0)) }
 }
 
+variorum_core::wide_vectors! {
+    /// Rows of `s` (`kend` scores each) to probabilities over their first `visible(r)` entries,
+    /// zeros after; each row's log-sum-exp into `lse`.
+    fn softmax_rows(s: &mut [f32], kend: usize, visible: impl Fn(usize) -> usize, lse: &mut [f32]) {
+        for ((r, row), l) in s.chunks_exact_mut(kend).enumerate().zip(lse) {
+            let (seen, hidden) = row.split_at_mut(visible(r));
+            let m = fast_math::max(seen);
+            seen.iter_mut().for_each(|x| *x = fast_math::exp_neg(*x - m));
+            let total = fast_math::sum(seen);
+            let inv = 1.0 / total;
+            seen.iter_mut().for_each(|x| *x *= inv);
+            hidden.fill(0.0);
+            *l = m + total.ln();
+        }
+    }
+}
+
+variorum_core::wide_vectors! {
+    /// Scores to the probabilities of the forward pass, P = exp(S − ℓ), zeros past `visible(r)`.
+    fn probabilities(s: &mut [f32], kend: usize, visible: impl Fn(usize) -> usize, lse: &[f32]) {
+        for ((r, row), &l) in s.chunks_exact_mut(kend).enumerate().zip(lse) {
+            let (seen, hidden) = row.split_at_mut(visible(r));
+            seen.iter_mut().for_each(|x| *x = fast_math::exp_neg(*x - l));
+            hidden.fill(0.0);
+        }
+    }
+}
+
+variorum_core::wide_vectors! {
+    /// dS = P ∘ (dP − D) in place of dP, D_r = Σ_d dO_rd O_rd from the rows of `dout` and `o`
+    /// (row stride `out_rs`, from element `first`).
+    fn score_gradients(ds: &mut [f32], p: &[f32], kend: usize, dout: &[f32], o: &[f32], first: usize, out_rs: usize, dh: usize) {
+        for (r, (dsr, pr)) in ds.chunks_exact_mut(kend).zip(p.chunks_exact(kend)).enumerate() {
+            let at = first + r * out_rs;
+            let d = fast_math::dot(&dout[at..at + dh], &o[at..at + dh]);
+            dsr.iter_mut().zip(pr).for_each(|(x, &pv)| *x = pv * (*x - d));
+        }
+    }
+}
+
 /// Forward: the output `[b, Lq, h · d_h]` and the log-sum-exp of every row, `[b, h, Lq]`.
 fn forward_kernel(q: &FlexTensor, k: &FlexTensor, v: &FlexTensor, offset: usize) -> (FlexTensor, FlexTensor) {
     let (q, k, v) = (readable(q), readable(k), readable(v));
@@ -235,17 +275,9 @@ fn forward_kernel(q: &FlexTensor, k: &FlexTensor, v: &FlexTensor, offset: usize)
                 unsafe {
                     scores(&sh, qp.offset(q0 as isize * q.rs()), (q.rs(), q.cs()), kp, (k.rs(), k.cs()), rows, kend, s)
                 };
-                for (r, row) in s.chunks_exact_mut(kend).enumerate() {
-                    let (seen, hidden) = row.split_at_mut(sh.visible(q0 + r));
-                    let m = fast_math::max(seen);
-                    seen.iter_mut().for_each(|x| *x = fast_math::exp_neg(*x - m));
-                    let total = fast_math::sum(seen);
-                    let inv = 1.0 / total;
-                    seen.iter_mut().for_each(|x| *x *= inv);
-                    hidden.fill(0.0);
-                    // SAFETY: row (bi, hi, q0 + r) of lse belongs to this task
-                    unsafe { *lse_ptr.at((bi * sh.h + hi) * sh.lq + q0 + r) = m + total.ln() };
-                }
+                // SAFETY: rows (bi, hi, q0..q0 + rows) of lse belong to this task
+                let l = unsafe { std::slice::from_raw_parts_mut(lse_ptr.at((bi * sh.h + hi) * sh.lq + q0), rows) };
+                softmax_rows(s, kend, |r| sh.visible(q0 + r), l);
                 let o = out_ptr.at((bi * sh.lq + q0) * sh.h * dh + hi * dh);
                 // SAFETY: rows q0..q0+rows, columns of head hi: this task's
                 unsafe {
@@ -296,12 +328,7 @@ fn backward_kernel(
                 // their tensors; dq/dk/dv rows written are this task's
                 unsafe { scores(&sh, qb, (qh.rs(), qh.cs()), kp, (kh.rs(), kh.cs()), rows, kend, p) };
                 let l = &lse[(bi * sh.h + hi) * sh.lq + q0..];
-                for (r, row) in p.chunks_exact_mut(kend).enumerate() {
-                    let (seen, hidden) = row.split_at_mut(sh.visible(q0 + r));
-                    let lr = l[r];
-                    seen.iter_mut().for_each(|x| *x = fast_math::exp_neg(*x - lr));
-                    hidden.fill(0.0);
-                }
+                probabilities(p, kend, |r| sh.visible(q0 + r), l);
                 // dV += Pᵀ dO
                 unsafe {
                     gemm((kend, dh, rows), dvp, dh as isize, true, p.as_ptr(), (1, kend as isize), dob, (out_rs, 1))
@@ -320,11 +347,7 @@ fn backward_kernel(
                     )
                 };
                 // dS = P ∘ (dP − D)
-                for (r, (dsr, pr)) in ds.chunks_exact_mut(kend).zip(p.chunks_exact(kend)).enumerate() {
-                    let at = first + r * out_rs as usize;
-                    let d = fast_math::dot(&dout[at..at + dh], &o[at..at + dh]);
-                    dsr.iter_mut().zip(pr).for_each(|(x, &pv)| *x = pv * (*x - d));
-                }
+                score_gradients(ds, p, kend, dout, o, first, out_rs as usize, dh);
                 // dQ = dS K
                 let dqb = dq_ptr.at(((bi * sh.h + hi) * sh.lq + q0) * dh);
                 unsafe {

@@ -7,9 +7,12 @@
 #[inline(always)]
 pub fn exp_neg(x: f32) -> f32 {
     let x = x.max(-87.0);
-    // round to nearest without a libm call: adding 1.5 · 2²³ drops the fraction
+    // round to nearest without a libm call: adding 1.5 · 2²³ drops the fraction, and leaves n in
+    // the low bits of the sum (no float → int conversion, whose saturation does not vectorise)
     const ROUND: f32 = 12_582_912.0;
-    let n = (x * std::f32::consts::LOG2_E + ROUND) - ROUND;
+    let t = x * std::f32::consts::LOG2_E + ROUND;
+    let n = t - ROUND;
+    let n_int = t.to_bits().wrapping_sub(ROUND.to_bits());
     let r = x - n * 0.693_359_4 + n * 2.121_944_4e-4;
     let p = 1.987_569_1e-4;
     let p = p * r + 1.398_199_9e-3;
@@ -18,7 +21,44 @@ pub fn exp_neg(x: f32) -> f32 {
     let p = p * r + 1.666_666_5e-1;
     let p = p * r + 5e-1;
     let e = p * r * r + r + 1.0;
-    e * f32::from_bits(((n as i32 + 127) << 23) as u32)
+    e * f32::from_bits(n_int.wrapping_add(127) << 23)
+}
+
+/// Defines a function whose body is compiled three times — for AVX-512, for AVX2 and for the
+/// baseline (SSE2, which is all a default x86-64 build may assume) — and picks the widest this CPU
+/// has at run time. For loops over slices whose bodies are `#[inline]` arithmetic (the kernels'
+/// exp, erf, reductions); the body sits in an `#[inline(always)]` function, so it is vectorised
+/// inside each target-feature wrapper (a closure handed to such a wrapper is not reliably
+/// inlined, and then runs on SSE2). Arguments are plain identifiers.
+#[macro_export]
+macro_rules! wide_vectors {
+    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
+        $(#[$meta])*
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[inline(always)]
+            fn body($($arg: $ty),*) $(-> $ret)? $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,avx")]
+                fn avx512($($arg: $ty),*) $(-> $ret)? {
+                    body($($arg),*)
+                }
+                #[target_feature(enable = "avx2,avx")]
+                fn avx2($($arg: $ty),*) $(-> $ret)? {
+                    body($($arg),*)
+                }
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the CPU has the features the function is compiled for
+                    return unsafe { avx512($($arg),*) };
+                }
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    // SAFETY: as above
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            body($($arg),*)
+        }
+    };
 }
 
 /// Lanes of the partial sums below: sixteen independent accumulators let the compiler keep one
