@@ -262,7 +262,7 @@ impl MultiHeadAttention {
     /// The output projection of per-head contexts `[b, n_heads, len_q, d_h]`.
     pub fn merge(&self, context: Tensor<4>) -> Tensor<3> {
         let [b, h, lq, dh] = context.dims();
-        self.out.forward(context.swap_dims(1, 2).reshape([b, lq, h * dh]))
+        variorum_kernels::linear::forward(&self.out, context.swap_dims(1, 2).reshape([b, lq, h * dh]))
     }
 
     pub fn forward(&self, input: AttentionInput, mut cache: Option<&mut KvCache>) -> AttentionOutput {
@@ -285,7 +285,11 @@ impl MultiHeadAttention {
             }
         }
         if let Some(context) = self.fused(&p, input.mask, input.need_weights) {
-            return AttentionOutput { context: self.out.forward(context), weights: None, aux_losses: Vec::new() };
+            return AttentionOutput {
+                context: variorum_kernels::linear::forward(&self.out, context),
+                weights: None,
+                aux_losses: Vec::new(),
+            };
         }
         let (lq, lk) = (p.layout.len_q, p.layout.len_k);
         let scores = self.scores(&p);
@@ -305,7 +309,7 @@ impl MultiHeadAttention {
 }
 
 impl MultiHeadAttention {
-    /// The heads' merged context by the fused causal kernel ([`crate::fused_causal`]), where it
+    /// The heads' merged context by the fused causal kernel ([`variorum_kernels::causal_attention`]), where it
     /// computes exactly what the composed path would: a causal mask and nothing else (no padding,
     /// custom pattern or reach limit), no position term on the scores or the context (RoPE acts
     /// before), no dropout on the probabilities and no weights asked for; `None` otherwise, or on a
@@ -317,7 +321,7 @@ impl MultiHeadAttention {
         if !plain_mask || !plain_position || need_weights || self.dropout.prob > 0.0 {
             return None;
         }
-        crate::fused_causal::causal_attention(p.q.clone(), p.k.clone(), p.v.clone(), offset)
+        variorum_kernels::causal_attention::causal_attention(p.q.clone(), p.k.clone(), p.v.clone(), offset)
     }
 
     /// softmax(q kᵀ/√d) v with the output projection, queries from `query`, keys and values from

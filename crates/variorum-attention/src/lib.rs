@@ -19,7 +19,6 @@ pub mod contract;
 pub mod etc;
 pub mod fixed;
 pub mod full;
-pub mod fused_causal;
 pub mod gathered;
 pub mod inducing_points;
 pub mod kernel;

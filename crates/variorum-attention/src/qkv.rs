@@ -64,7 +64,7 @@ impl QkvProjection {
     pub fn self_attention(&self, x: Tensor<3>) -> Qkv {
         let [b, l, _] = x.dims();
         let heads = self.n_heads + 2 * self.n_kv_heads;
-        let all = self.qkv.forward(x).reshape([b, l, heads, self.head_dim]).swap_dims(1, 2);
+        let all = variorum_kernels::linear::forward(&self.qkv, x).reshape([b, l, heads, self.head_dim]).swap_dims(1, 2);
         let q = all.clone().narrow(1, 0, self.n_heads);
         let k = all.clone().narrow(1, self.n_heads, self.n_kv_heads);
         let v = all.narrow(1, self.n_heads + self.n_kv_heads, self.n_kv_heads);

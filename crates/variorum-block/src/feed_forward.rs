@@ -26,7 +26,8 @@ use burn::tensor::activation::{relu, sigmoid, silu};
 use serde::{Deserialize, Serialize};
 use variorum_core::{Capabilities, ConfigError, KindInfo, error::check};
 
-use crate::fast_gelu::gelu;
+use variorum_kernels::gelu::gelu;
+use variorum_kernels::linear;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -193,7 +194,7 @@ impl FeedForward {
 
     /// φ(x W₁ + b₁) W₂ + b₂ (or its gated form), position by position.
     fn position_wise(&self, x: Tensor<3>) -> Tensor<3> {
-        let h = self.up.forward(x);
+        let h = linear::forward(&self.up, x);
         let h = match self.kind {
             FeedForwardKind::Relu | FeedForwardKind::SeparableConv => relu(h),
             FeedForwardKind::Gelu => gelu(h),
@@ -209,7 +210,7 @@ impl FeedForward {
                 gate * value
             }
         };
-        self.down.forward(self.dropout.forward(h))
+        linear::forward(&self.down, self.dropout.forward(h))
     }
 }
 

@@ -2,7 +2,6 @@
 
 pub mod block;
 pub mod compression;
-pub mod fast_gelu;
 pub mod feed_forward;
 pub mod gtrxl;
 pub mod memory;

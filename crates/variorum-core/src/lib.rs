@@ -6,7 +6,6 @@
 
 pub mod capability;
 pub mod error;
-pub mod fast_math;
 pub mod mask;
 
 pub use capability::{Capabilities, KindInfo};

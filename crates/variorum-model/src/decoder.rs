@@ -403,8 +403,8 @@ impl DecoderLm {
 
     fn logits(&self, x: Tensor<3>) -> Tensor<3> {
         match &self.head {
-            Some(head) => head.forward(x),
-            None => x.matmul(self.token_embedding.weight.val().transpose().unsqueeze_dim(0)),
+            Some(head) => variorum_kernels::linear::forward(head, x),
+            None => variorum_kernels::linear::linear(x, self.token_embedding.weight.val().transpose(), None),
         }
     }
 

@@ -12,6 +12,7 @@
 //! `Autodiff<Flex>` with the hand-written backward. Other backends and float types take Burn's
 //! own `gelu`; [`gelu`] chooses.
 
+use crate::fast_math::exp_neg;
 use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -23,7 +24,6 @@ use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
 use burn::tensor::DType;
 use rayon::prelude::*;
-use variorum_core::fast_math::exp_neg;
 
 /// The fast exact GELU of the backends that have it.
 #[backend_extension(Flex, Autodiff)]
@@ -62,13 +62,13 @@ fn contiguous(t: &FlexTensor) -> (FlexTensor, Vec<usize>) {
 /// Elements per task: two cores share a 768 × 512 activation in 48 pieces.
 const CHUNK: usize = 8192;
 
-variorum_core::wide_vectors! {
+crate::wide_vectors! {
     fn gelu_into(out: &mut [f32], x: &[f32]) {
         out.iter_mut().zip(x).for_each(|(o, &v)| *o = v * cdf_pdf(v).0)
     }
 }
 
-variorum_core::wide_vectors! {
+crate::wide_vectors! {
     fn gelu_backward_into(out: &mut [f32], x: &[f32], dy: &[f32]) {
         for ((o, &v), &g) in out.iter_mut().zip(x).zip(dy) {
             let (cdf, pdf) = cdf_pdf(v);

@@ -24,6 +24,7 @@
 //! [`causal_attention`] returns `None` where the kernel does not apply (another backend or float
 //! type), and the caller composes the ops instead.
 
+use crate::fast_math;
 use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -35,7 +36,6 @@ use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
 use burn::tensor::DType;
 use rayon::prelude::*;
-use variorum_core::fast_math;
 
 /// Query rows scored together: a block × L score row set stays in L2 (64 × 1,024 floats is
 /// 256 KiB), and the causal saving is lost only inside the diagonal block.
@@ -214,7 +214,7 @@ unsafe fn scores(
     unsafe { gemm((rows, kend, sh.dh), s.as_mut_ptr(), kend as isize, false, q, q_rc, k, (k_rc.1, k_rc.0)) }
 }
 
-variorum_core::wide_vectors! {
+crate::wide_vectors! {
     /// Rows of `s` (`kend` scores each) to probabilities over their first `visible(r)` entries,
     /// zeros after; each row's log-sum-exp into `lse`.
     fn softmax_rows(s: &mut [f32], kend: usize, visible: impl Fn(usize) -> usize, lse: &mut [f32]) {
@@ -231,7 +231,7 @@ variorum_core::wide_vectors! {
     }
 }
 
-variorum_core::wide_vectors! {
+crate::wide_vectors! {
     /// Scores to the probabilities of the forward pass, P = exp(S − ℓ), zeros past `visible(r)`.
     fn probabilities(s: &mut [f32], kend: usize, visible: impl Fn(usize) -> usize, lse: &[f32]) {
         for ((r, row), &l) in s.chunks_exact_mut(kend).enumerate().zip(lse) {
@@ -242,7 +242,7 @@ variorum_core::wide_vectors! {
     }
 }
 
-variorum_core::wide_vectors! {
+crate::wide_vectors! {
     /// dS = P ∘ (dP − D) in place of dP, D_r = Σ_d dO_rd O_rd from the rows of `dout` and `o`
     /// (row stride `out_rs`, from element `first`).
     fn score_gradients(ds: &mut [f32], p: &[f32], kend: usize, dout: &[f32], o: &[f32], first: usize, out_rs: usize, dh: usize) {
