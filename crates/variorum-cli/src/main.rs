@@ -245,7 +245,7 @@ fn main() -> ExitCode {
         eprintln!("variorum: internal error: {info}");
     }));
     let cli = Cli::parse();
-    match run(cli) {
+    match variorum_train::threads::on_compute_pool(|| run(cli)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");

@@ -18,6 +18,7 @@ pub mod run;
 pub mod schedule;
 pub mod snapshot;
 pub mod step;
+pub mod threads;
 pub mod trainer;
 pub mod transfer;
 
