@@ -1,6 +1,7 @@
 //! Normalisation layers: LayerNorm (Ba et al. 2016) and RMSNorm (Zhang & Sennrich 2019).
 
-use burn::nn::{LayerNorm, LayerNormConfig, RmsNorm, RmsNormConfig};
+use burn::module::{Initializer, Param};
+use burn::nn::{RmsNorm, RmsNormConfig};
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -17,7 +18,7 @@ pub enum NormKind {
 impl NormKind {
     pub fn init(self, d_model: usize, eps: f64, device: &Device) -> Norm {
         match self {
-            Self::LayerNorm => Norm::Layer(LayerNormConfig::new(d_model).with_epsilon(eps).init(device)),
+            Self::LayerNorm => Norm::Layer(LayerNorm::new(d_model, eps, device)),
             Self::RmsNorm => Norm::Rms(RmsNormConfig::new(d_model).with_epsilon(eps).init(device)),
         }
     }
@@ -27,6 +28,32 @@ impl NormKind {
 pub enum Norm {
     Layer(LayerNorm),
     Rms(RmsNorm),
+}
+
+/// LayerNorm with γ and β, Burn's `LayerNorm` in parameters and checkpoint names (`gamma`,
+/// `beta`), whose forward runs the fused kernel on flex ([`variorum_kernels::layer_norm`]):
+/// Burn's keeps its ε private, and the kernel needs it.
+#[derive(Module, Debug)]
+pub struct LayerNorm {
+    pub gamma: Param<Tensor<1>>,
+    pub beta: Option<Param<Tensor<1>>>,
+    pub epsilon: f64,
+}
+
+impl LayerNorm {
+    /// γ = 1, β = 0.
+    pub fn new(d_model: usize, epsilon: f64, device: &Device) -> Self {
+        Self {
+            gamma: Initializer::Ones.init([d_model], device),
+            beta: Some(Initializer::Zeros.init([d_model], device)),
+            epsilon,
+        }
+    }
+
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        let beta = self.beta.as_ref().map(|b| b.val());
+        variorum_kernels::layer_norm::layer_norm(x, self.gamma.val(), beta, self.epsilon)
+    }
 }
 
 impl Norm {

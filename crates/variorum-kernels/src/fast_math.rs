@@ -35,14 +35,17 @@ macro_rules! wide_vectors {
     ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
         $(#[$meta])*
         $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+            $(#[$meta])*
             #[inline(always)]
             fn body($($arg: $ty),*) $(-> $ret)? $body
             #[cfg(target_arch = "x86_64")]
             {
+                $(#[$meta])*
                 #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx2,avx")]
                 fn avx512($($arg: $ty),*) $(-> $ret)? {
                     body($($arg),*)
                 }
+                $(#[$meta])*
                 #[target_feature(enable = "avx2,avx")]
                 fn avx2($($arg: $ty),*) $(-> $ret)? {
                     body($($arg),*)

@@ -8,4 +8,5 @@
 pub mod causal_attention;
 pub mod fast_math;
 pub mod gelu;
+pub mod layer_norm;
 pub mod linear;
