@@ -240,12 +240,13 @@ enum ScoreFormat {
 
 fn main() -> ExitCode {
     variorum_train::allocator::keep_freed_pages();
+    variorum_train::threads::join_compute_pool();
     // A panic is a bug in variorum, not a user mistake: one line, no backtrace.
     std::panic::set_hook(Box::new(|info| {
         eprintln!("variorum: internal error: {info}");
     }));
     let cli = Cli::parse();
-    match variorum_train::threads::on_compute_pool(|| run(cli)) {
+    match run(cli) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");

@@ -260,7 +260,9 @@ fn forward_kernel(q: &FlexTensor, k: &FlexTensor, v: &FlexTensor, offset: usize)
     let (q, k, v) = (Heads::of(&q), Heads::of(&k), Heads::of(&v));
     let sh = Shape::of(&q, &k, &v, offset);
     let (g, dh) = (sh.group(), sh.dh);
-    let mut out = vec![0.0f32; sh.b * sh.lq * sh.h * dh];
+    // written only by the GEMMs below, through pointers, each element once: no zero fill
+    let n_out = sh.b * sh.lq * sh.h * dh;
+    let mut out: Vec<f32> = Vec::with_capacity(n_out);
     let mut lse = vec![0.0f32; sh.b * sh.h * sh.lq];
     let (out_ptr, lse_ptr) = (Shared(out.as_mut_ptr()), Shared(lse.as_mut_ptr()));
     (0..sh.b * sh.h_kv).into_par_iter().for_each(|task| {
@@ -286,6 +288,8 @@ fn forward_kernel(q: &FlexTensor, k: &FlexTensor, v: &FlexTensor, offset: usize)
             }
         }
     });
+    // SAFETY: each task wrote the rows of its (batch, key/value head) for every query block
+    unsafe { out.set_len(n_out) };
     let lse = FlexTensor::from_data(TensorData::new(lse, [sh.b, sh.h, sh.lq]));
     (FlexTensor::from_data(TensorData::new(out, [sh.b, sh.lq, sh.h * dh])), lse)
 }
@@ -306,7 +310,9 @@ fn backward_kernel(
     let (g, dh) = (sh.group(), sh.dh);
     let (out, grad) = (out.to_contiguous(), grad.to_contiguous());
     let (o, dout) = (out.storage::<f32>(), grad.storage::<f32>());
-    let mut dq = vec![0.0f32; sh.b * sh.h * sh.lq * dh];
+    // dq, like the forward's output, is written once by GEMMs; dk and dv accumulate
+    let n_dq = sh.b * sh.h * sh.lq * dh;
+    let mut dq: Vec<f32> = Vec::with_capacity(n_dq);
     let mut dk = vec![0.0f32; sh.b * sh.h_kv * sh.lk * dh];
     let mut dv = vec![0.0f32; sh.b * sh.h_kv * sh.lk * dh];
     let (dq_ptr, dk_ptr, dv_ptr) = (Shared(dq.as_mut_ptr()), Shared(dk.as_mut_ptr()), Shared(dv.as_mut_ptr()));
@@ -378,6 +384,8 @@ fn backward_kernel(
             }
         }
     });
+    // SAFETY: every query block of every head was written by its task
+    unsafe { dq.set_len(n_dq) };
     let data = |x: Vec<f32>, dims: [usize; 4]| FlexTensor::from_data(TensorData::new(x, dims));
     [data(dq, qh.dims), data(dk, kh.dims), data(dv, vh.dims)]
 }

@@ -64,6 +64,19 @@ macro_rules! wide_vectors {
     };
 }
 
+/// A vector of `n` floats written by `fill` before anything reads it: no zero fill first (a
+/// zero-filled output was 5 % of a baby-GPT step, docs/cpu-speed.md).
+///
+/// # Safety
+/// `fill` writes every one of the `n` elements it is handed.
+pub unsafe fn written_by(n: usize, fill: impl FnOnce(&mut [std::mem::MaybeUninit<f32>])) -> Vec<f32> {
+    let mut v = Vec::with_capacity(n);
+    fill(&mut v.spare_capacity_mut()[..n]);
+    // SAFETY: the n elements are initialised, as the caller guarantees
+    unsafe { v.set_len(n) };
+    v
+}
+
 /// Lanes of the partial sums below: sixteen independent accumulators let the compiler keep one
 /// AVX-512 register (or two AVX2 ones) of them, where a single running float would serialise.
 const LANES: usize = 16;

@@ -12,7 +12,9 @@
 //! `Autodiff<Flex>` with the hand-written backward. Other backends and float types take Burn's
 //! own `gelu`; [`gelu`] chooses.
 
-use crate::fast_math::exp_neg;
+use std::mem::MaybeUninit;
+
+use crate::fast_math::{exp_neg, written_by};
 use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -63,16 +65,18 @@ fn contiguous(t: &FlexTensor) -> (FlexTensor, Vec<usize>) {
 const CHUNK: usize = 8192;
 
 crate::wide_vectors! {
-    fn gelu_into(out: &mut [f32], x: &[f32]) {
-        out.iter_mut().zip(x).for_each(|(o, &v)| *o = v * cdf_pdf(v).0)
+    fn gelu_into(out: &mut [MaybeUninit<f32>], x: &[f32]) {
+        out.iter_mut().zip(x).for_each(|(o, &v)| {
+            o.write(v * cdf_pdf(v).0);
+        })
     }
 }
 
 crate::wide_vectors! {
-    fn gelu_backward_into(out: &mut [f32], x: &[f32], dy: &[f32]) {
+    fn gelu_backward_into(out: &mut [MaybeUninit<f32>], x: &[f32], dy: &[f32]) {
         for ((o, &v), &g) in out.iter_mut().zip(x).zip(dy) {
             let (cdf, pdf) = cdf_pdf(v);
-            *o = g * (cdf + v * pdf);
+            o.write(g * (cdf + v * pdf));
         }
     }
 }
@@ -80,8 +84,12 @@ crate::wide_vectors! {
 fn forward_kernel(x: &FlexTensor) -> FlexTensor {
     let (x, dims) = contiguous(x);
     let xs = x.as_slice::<f32>().expect("f32, checked by `gelu`");
-    let mut out = vec![0.0f32; xs.len()];
-    out.par_chunks_mut(CHUNK).zip(xs.par_chunks(CHUNK)).for_each(|(o, x)| gelu_into(o, x));
+    // SAFETY: the chunks cover the output, and gelu_into writes each element of its chunk
+    let out = unsafe {
+        written_by(xs.len(), |out| {
+            out.par_chunks_mut(CHUNK).zip(xs.par_chunks(CHUNK)).for_each(|(o, x)| gelu_into(o, x))
+        })
+    };
     FlexTensor::from_data(TensorData::new(out, dims))
 }
 
@@ -90,9 +98,13 @@ fn backward_kernel(x: &FlexTensor, grad: &FlexTensor) -> FlexTensor {
     let (x, dims) = contiguous(x);
     let (grad, _) = contiguous(grad);
     let (xs, dy) = (x.as_slice::<f32>().expect("f32"), grad.as_slice::<f32>().expect("f32"));
-    let mut out = vec![0.0f32; xs.len()];
     let chunks = xs.par_chunks(CHUNK).zip(dy.par_chunks(CHUNK));
-    out.par_chunks_mut(CHUNK).zip(chunks).for_each(|(o, (x, dy))| gelu_backward_into(o, x, dy));
+    // SAFETY: as in the forward
+    let out = unsafe {
+        written_by(xs.len(), |out| {
+            out.par_chunks_mut(CHUNK).zip(chunks).for_each(|(o, (x, dy))| gelu_backward_into(o, x, dy))
+        })
+    };
     FlexTensor::from_data(TensorData::new(out, dims))
 }
 

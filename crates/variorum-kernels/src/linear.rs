@@ -23,6 +23,9 @@ use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
 use burn::tensor::DType;
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
+
+use crate::fast_math::written_by;
 
 /// The affine map of the backends that have a kernel for it.
 #[backend_extension(Flex, Autodiff)]
@@ -156,9 +159,15 @@ fn forward_kernel(x: &FlexTensor, w: &FlexTensor, b: Option<&FlexTensor>) -> Fle
         Some(b) => {
             let b = b.to_contiguous();
             let bias = b.storage::<f32>();
-            let mut out = vec![0.0f32; rows * d_out];
-            out.par_chunks_mut(d_out * 64)
-                .for_each(|c| c.chunks_exact_mut(d_out).for_each(|r| r.copy_from_slice(bias)));
+            let rows_of_bias = |c: &mut [MaybeUninit<f32>]| {
+                c.chunks_exact_mut(d_out).for_each(|r| {
+                    r.iter_mut().zip(bias).for_each(|(o, &b)| {
+                        o.write(b);
+                    })
+                })
+            };
+            // SAFETY: every row of every chunk gets the bias
+            let mut out = unsafe { written_by(rows * d_out, |o| o.par_chunks_mut(d_out * 64).for_each(rows_of_bias)) };
             if d_in > 0 {
                 // SAFETY: out is rows × d_out; x is contiguous rows × d_in; w is d_in × d_out
                 unsafe { gemm(rows, d_out, d_in, out.as_mut_ptr(), true, &Matrix::of(&x), &Matrix::of(&w)) };

@@ -41,6 +41,7 @@ fn forward_backward(x: Tensor<3>, f: impl Fn(Tensor<3>) -> Tensor<3>) {
 
 fn components(c: &mut Criterion) {
     variorum_train::allocator::keep_freed_pages();
+    variorum_train::threads::join_compute_pool();
     let device = Device::flex().autodiff();
     device.seed(0);
     let x: Tensor<3> = Tensor::random([BATCH, LEN, D], Distribution::Normal(0.0, 1.0), &device);
