@@ -266,6 +266,11 @@ impl MultiHeadAttention {
     }
 
     pub fn forward(&self, input: AttentionInput, mut cache: Option<&mut KvCache>) -> AttentionOutput {
+        if cache.is_none()
+            && let Some(context) = self.fused_self_attention(&input)
+        {
+            return AttentionOutput { context, weights: None, aux_losses: Vec::new() };
+        }
         let device = input.query.device();
         let p = self.project(input.query, input.key_value, input.mask, cache.as_deref_mut());
         if let Some(n) = p.max_back {
@@ -322,6 +327,37 @@ impl MultiHeadAttention {
             return None;
         }
         variorum_kernels::causal_attention::causal_attention(p.q.clone(), p.k.clone(), p.v.clone(), offset)
+    }
+
+    /// Self-attention without a cache or a position scheme, by the fused kernel straight from the
+    /// QKV projection's output ([`variorum_kernels::causal_attention::causal_self_attention`]:
+    /// no head split, scaling or merge recorded): the training path of a GPT. `None` where it
+    /// does not apply (the conditions of [`Self::fused`], and no keys from elsewhere).
+    fn fused_self_attention(&self, input: &AttentionInput) -> Option<Tensor<3>> {
+        let m = input.mask;
+        let plain = m.causal && m.padding.is_none() && m.custom.is_none() && m.max_back.is_none();
+        let offset = m.q_start.checked_sub(m.k_start)?;
+        if !plain
+            || input.key_value.is_some()
+            || self.position.is_some()
+            || input.need_weights
+            || self.dropout.prob > 0.0
+        {
+            return None;
+        }
+        if !variorum_kernels::causal_attention::has_kernel(&input.query) {
+            return None;
+        }
+        let qkv = &self.qkv;
+        let all = variorum_kernels::linear::forward(&qkv.qkv, input.query.clone());
+        let context = variorum_kernels::causal_attention::causal_self_attention(
+            all,
+            qkv.n_heads,
+            qkv.n_kv_heads,
+            self.scale,
+            offset,
+        )?;
+        Some(variorum_kernels::linear::forward(&self.out, context))
     }
 
     /// softmax(q kᵀ/√d) v with the output projection, queries from `query`, keys and values from

@@ -52,6 +52,18 @@ pub trait FusedAttention: Backend {
         v: FloatTensor<Self>,
         offset: usize,
     ) -> FloatTensor<Self>;
+
+    /// Self-attention straight from a fused projection's output `qkv: [b, L, (h + 2 h_kv) · d_h]`
+    /// (queries, keys, values side by side, unscaled) → `[b, L, h · d_h]`, scores
+    /// `scale · q kᵀ`; its gradient comes back in the projection's layout, so no head split,
+    /// scaling or merge is recorded, forward or backward.
+    fn causal_self_attention(
+        qkv: FloatTensor<Self>,
+        n_heads: usize,
+        n_kv_heads: usize,
+        scale: f64,
+        offset: usize,
+    ) -> FloatTensor<Self>;
 }
 
 /// softmax(q kᵀ + causal mask) v with the heads merged, `[b, Lq, h · d_h]`, by the fused kernel;
@@ -63,6 +75,27 @@ pub fn causal_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, offset: usize)
     }
     let d = Dispatch::causal_attention(q.into_dispatch(), k.into_dispatch(), v.into_dispatch(), offset);
     Some(Tensor::from_dispatch(d))
+}
+
+/// [`FusedAttention::causal_self_attention`] of the fused projection `qkv`, on flex (f32); `None`
+/// elsewhere. Keys j ≤ i + `offset` are visible to query i.
+pub fn causal_self_attention(
+    qkv: Tensor<3>,
+    n_heads: usize,
+    n_kv_heads: usize,
+    scale: f64,
+    offset: usize,
+) -> Option<Tensor<3>> {
+    if !has_kernel(&qkv) {
+        return None;
+    }
+    let d = Dispatch::causal_self_attention(qkv.into_dispatch(), n_heads, n_kv_heads, scale, offset);
+    Some(Tensor::from_dispatch(d))
+}
+
+/// Whether `t`'s backend and float type have these kernels (flex, f32).
+pub fn has_kernel<const D: usize>(t: &Tensor<D>) -> bool {
+    t.dtype() == DType::F32 && t.device().inner() == Device::flex()
 }
 
 /// A `[b, heads, L, d_h]` tensor read in place: its storage and the element strides of each axis.
@@ -116,7 +149,7 @@ impl Shared {
     }
 }
 
-/// dst (m × n) := [dst +] lhs (m × k) · rhs (k × n); strides in elements, (row, column).
+/// dst (m × n) := [dst +] factor · lhs (m × k) · rhs (k × n); strides in elements, (row, column).
 #[allow(clippy::too_many_arguments)]
 unsafe fn gemm(
     (m, n, k): (usize, usize, usize),
@@ -127,6 +160,7 @@ unsafe fn gemm(
     (lhs_rs, lhs_cs): (isize, isize),
     rhs: *const f32,
     (rhs_rs, rhs_cs): (isize, isize),
+    factor: f32,
 ) {
     // SAFETY: the caller's pointers and strides describe matrices of these sizes
     unsafe {
@@ -145,7 +179,7 @@ unsafe fn gemm(
             rhs_cs,
             rhs_rs,
             if accumulate { 1.0 } else { 0.0 },
-            1.0,
+            factor,
             false,
             false,
             false,
@@ -199,7 +233,8 @@ impl Shape {
     }
 }
 
-/// Scores of a query block against the first `kend` keys into `s` (rows × kend).
+/// `factor` · scores of a query block against the first `kend` keys into `s` (rows × kend).
+#[allow(clippy::too_many_arguments)]
 unsafe fn scores(
     sh: &Shape,
     q: *const f32,
@@ -209,9 +244,10 @@ unsafe fn scores(
     rows: usize,
     kend: usize,
     s: &mut [f32],
+    factor: f32,
 ) {
     // Kᵀ as a (d_h × kend) matrix: element (d, j) is K[j, d]
-    unsafe { gemm((rows, kend, sh.dh), s.as_mut_ptr(), kend as isize, false, q, q_rc, k, (k_rc.1, k_rc.0)) }
+    unsafe { gemm((rows, kend, sh.dh), s.as_mut_ptr(), kend as isize, false, q, q_rc, k, (k_rc.1, k_rc.0), factor) }
 }
 
 crate::wide_vectors! {
@@ -254,11 +290,10 @@ crate::wide_vectors! {
     }
 }
 
-/// Forward: the output `[b, Lq, h · d_h]` and the log-sum-exp of every row, `[b, h, Lq]`.
-fn forward_kernel(q: &FlexTensor, k: &FlexTensor, v: &FlexTensor, offset: usize) -> (FlexTensor, FlexTensor) {
-    let (q, k, v) = (readable(q), readable(k), readable(v));
-    let (q, k, v) = (Heads::of(&q), Heads::of(&k), Heads::of(&v));
-    let sh = Shape::of(&q, &k, &v, offset);
+/// Forward over views: the output `[b, Lq, h · d_h]` (heads merged) and the log-sum-exp of every
+/// row, `[b, h, Lq]`; scores are `scale · q kᵀ`.
+fn forward_views(q: &Heads, k: &Heads, v: &Heads, scale: f32, offset: usize) -> (FlexTensor, FlexTensor) {
+    let sh = Shape::of(q, k, v, offset);
     let (g, dh) = (sh.group(), sh.dh);
     // written only by the GEMMs below, through pointers, each element once: no zero fill
     let n_out = sh.b * sh.lq * sh.h * dh;
@@ -273,17 +308,26 @@ fn forward_kernel(q: &FlexTensor, k: &FlexTensor, v: &FlexTensor, offset: usize)
             let qp = q.head(bi, hi);
             for (q0, rows, kend) in sh.blocks() {
                 let s = &mut s[..rows * kend];
+                let qb = qp.wrapping_offset(q0 as isize * q.rs());
                 // SAFETY: row q0.. of this head, keys 0..kend ≤ Lk
-                unsafe {
-                    scores(&sh, qp.offset(q0 as isize * q.rs()), (q.rs(), q.cs()), kp, (k.rs(), k.cs()), rows, kend, s)
-                };
+                unsafe { scores(&sh, qb, (q.rs(), q.cs()), kp, (k.rs(), k.cs()), rows, kend, s, scale) };
                 // SAFETY: rows (bi, hi, q0..q0 + rows) of lse belong to this task
                 let l = unsafe { std::slice::from_raw_parts_mut(lse_ptr.at((bi * sh.h + hi) * sh.lq + q0), rows) };
                 softmax_rows(s, kend, |r| sh.visible(q0 + r), l);
                 let o = out_ptr.at((bi * sh.lq + q0) * sh.h * dh + hi * dh);
                 // SAFETY: rows q0..q0+rows, columns of head hi: this task's
                 unsafe {
-                    gemm((rows, dh, kend), o, sh.out_rs(), false, s.as_ptr(), (kend as isize, 1), vp, (v.rs(), v.cs()))
+                    gemm(
+                        (rows, dh, kend),
+                        o,
+                        sh.out_rs(),
+                        false,
+                        s.as_ptr(),
+                        (kend as isize, 1),
+                        vp,
+                        (v.rs(), v.cs()),
+                        1.0,
+                    )
                 };
             }
         }
@@ -294,7 +338,87 @@ fn forward_kernel(q: &FlexTensor, k: &FlexTensor, v: &FlexTensor, offset: usize)
     (FlexTensor::from_data(TensorData::new(out, [sh.b, sh.lq, sh.h * dh])), lse)
 }
 
-/// Backward: (dq, dk, dv), contiguous, in the shapes of q, k, v.
+/// Where the backward writes one of dq, dk, dv: element (b, head, row, d) at
+/// `ptr + b·strides[0] + head·strides[1] + row·strides[2] + d`.
+#[derive(Clone, Copy)]
+struct Dest {
+    ptr: Shared,
+    strides: [usize; 3],
+}
+
+impl Dest {
+    fn head(self, b: usize, h: usize) -> *mut f32 {
+        self.ptr.at(b * self.strides[0] + h * self.strides[1])
+    }
+
+    fn rs(self) -> isize {
+        self.strides[2] as isize
+    }
+}
+
+/// Backward over views, into `dq` (written once per element) and `dk`, `dv` (accumulated into:
+/// they must start at zero).
+#[allow(clippy::too_many_arguments)]
+fn backward_views(
+    (qh, kh, vh): (&Heads, &Heads, &Heads),
+    out: &FlexTensor,
+    lse: &[f32],
+    grad: &FlexTensor,
+    scale: f32,
+    offset: usize,
+    [dq, dk, dv]: [Dest; 3],
+) {
+    let sh = Shape::of(qh, kh, vh, offset);
+    let (g, dh) = (sh.group(), sh.dh);
+    let (out, grad) = (out.to_contiguous(), grad.to_contiguous());
+    let (o, dout) = (out.storage::<f32>(), grad.storage::<f32>());
+    let out_rs = sh.out_rs();
+    (0..sh.b * sh.h_kv).into_par_iter().for_each(|task| {
+        let (bi, kv) = (task / sh.h_kv, task % sh.h_kv);
+        let (kp, vp) = (kh.head(bi, kv), vh.head(bi, kv));
+        let (dkp, dvp) = (dk.head(bi, kv), dv.head(bi, kv));
+        let mut p = vec![0.0f32; QUERY_BLOCK * sh.lk];
+        let mut ds = vec![0.0f32; QUERY_BLOCK * sh.lk];
+        for hi in kv * g..(kv + 1) * g {
+            let qp = qh.head(bi, hi);
+            for (q0, rows, kend) in sh.blocks() {
+                let (p, ds) = (&mut p[..rows * kend], &mut ds[..rows * kend]);
+                let qb = qp.wrapping_offset(q0 as isize * qh.rs());
+                let first = (bi * sh.lq + q0) * sh.h * dh + hi * dh;
+                let dob = dout[first..].as_ptr();
+                let (qrc, krc, vrc) = ((qh.rs(), qh.cs()), (kh.rs(), kh.cs()), (vh.rs(), vh.cs()));
+                // SAFETY (all gemm calls below): rows q0.. of head hi and keys 0..kend, inside
+                // their tensors; dq/dk/dv rows written are this task's
+                unsafe { scores(&sh, qb, qrc, kp, krc, rows, kend, p, scale) };
+                let l = &lse[(bi * sh.h + hi) * sh.lq + q0..];
+                probabilities(p, kend, |r| sh.visible(q0 + r), l);
+                let pt = (1, kend as isize);
+                // dV += Pᵀ dO
+                unsafe { gemm((kend, dh, rows), dvp, dv.rs(), true, p.as_ptr(), pt, dob, (out_rs, 1), 1.0) };
+                // dP = dO Vᵀ
+                let vt = (vrc.1, vrc.0);
+                unsafe { gemm((rows, kend, dh), ds.as_mut_ptr(), kend as isize, false, dob, (out_rs, 1), vp, vt, 1.0) };
+                // dS = P ∘ (dP − D)
+                score_gradients(ds, p, kend, dout, o, first, out_rs as usize, dh);
+                // dQ = scale · dS K
+                let dqb = dq.head(bi, hi).wrapping_add(q0 * dq.strides[2]);
+                let dsr = (kend as isize, 1);
+                unsafe { gemm((rows, dh, kend), dqb, dq.rs(), false, ds.as_ptr(), dsr, kp, krc, scale) };
+                // dK += scale · dSᵀ Q
+                unsafe { gemm((kend, dh, rows), dkp, dk.rs(), true, ds.as_ptr(), pt, qb, qrc, scale) };
+            }
+        }
+    });
+}
+
+/// Forward of [`FusedAttention::causal_attention`].
+fn forward_kernel(q: &FlexTensor, k: &FlexTensor, v: &FlexTensor, offset: usize) -> (FlexTensor, FlexTensor) {
+    let (q, k, v) = (readable(q), readable(k), readable(v));
+    forward_views(&Heads::of(&q), &Heads::of(&k), &Heads::of(&v), 1.0, offset)
+}
+
+/// Backward of [`FusedAttention::causal_attention`]: (dq, dk, dv), contiguous, in the shapes of
+/// q, k, v.
 fn backward_kernel(
     q: &FlexTensor,
     k: &FlexTensor,
@@ -306,93 +430,89 @@ fn backward_kernel(
 ) -> [FlexTensor; 3] {
     let (q, k, v) = (readable(q), readable(k), readable(v));
     let (qh, kh, vh) = (Heads::of(&q), Heads::of(&k), Heads::of(&v));
-    let sh = Shape::of(&qh, &kh, &vh, offset);
-    let (g, dh) = (sh.group(), sh.dh);
-    let (out, grad) = (out.to_contiguous(), grad.to_contiguous());
-    let (o, dout) = (out.storage::<f32>(), grad.storage::<f32>());
-    // dq, like the forward's output, is written once by GEMMs; dk and dv accumulate
-    let n_dq = sh.b * sh.h * sh.lq * dh;
+    let ([b, h, lq, dh], [_, h_kv, lk, _]) = (qh.dims, kh.dims);
+    // dq is written once by GEMMs (no zero fill); dk and dv accumulate
+    let n_dq = b * h * lq * dh;
     let mut dq: Vec<f32> = Vec::with_capacity(n_dq);
-    let mut dk = vec![0.0f32; sh.b * sh.h_kv * sh.lk * dh];
-    let mut dv = vec![0.0f32; sh.b * sh.h_kv * sh.lk * dh];
-    let (dq_ptr, dk_ptr, dv_ptr) = (Shared(dq.as_mut_ptr()), Shared(dk.as_mut_ptr()), Shared(dv.as_mut_ptr()));
-    let out_rs = sh.out_rs();
-    (0..sh.b * sh.h_kv).into_par_iter().for_each(|task| {
-        let (bi, kv) = (task / sh.h_kv, task % sh.h_kv);
-        let (kp, vp) = (kh.head(bi, kv), vh.head(bi, kv));
-        let (dkp, dvp) = (dk_ptr.at(task * sh.lk * dh), dv_ptr.at(task * sh.lk * dh));
-        let mut p = vec![0.0f32; QUERY_BLOCK * sh.lk];
-        let mut ds = vec![0.0f32; QUERY_BLOCK * sh.lk];
-        for hi in kv * g..(kv + 1) * g {
-            let qp = qh.head(bi, hi);
-            for (q0, rows, kend) in sh.blocks() {
-                let (p, ds) = (&mut p[..rows * kend], &mut ds[..rows * kend]);
-                let qb = qp.wrapping_offset(q0 as isize * qh.rs());
-                let first = (bi * sh.lq + q0) * sh.h * dh + hi * dh;
-                let dob = dout[first..].as_ptr();
-                // SAFETY (all gemm calls below): rows q0.. of head hi and keys 0..kend, inside
-                // their tensors; dq/dk/dv rows written are this task's
-                unsafe { scores(&sh, qb, (qh.rs(), qh.cs()), kp, (kh.rs(), kh.cs()), rows, kend, p) };
-                let l = &lse[(bi * sh.h + hi) * sh.lq + q0..];
-                probabilities(p, kend, |r| sh.visible(q0 + r), l);
-                // dV += Pᵀ dO
-                unsafe {
-                    gemm((kend, dh, rows), dvp, dh as isize, true, p.as_ptr(), (1, kend as isize), dob, (out_rs, 1))
-                };
-                // dP = dO Vᵀ
-                unsafe {
-                    gemm(
-                        (rows, kend, dh),
-                        ds.as_mut_ptr(),
-                        kend as isize,
-                        false,
-                        dob,
-                        (out_rs, 1),
-                        vp,
-                        (vh.cs(), vh.rs()),
-                    )
-                };
-                // dS = P ∘ (dP − D)
-                score_gradients(ds, p, kend, dout, o, first, out_rs as usize, dh);
-                // dQ = dS K
-                let dqb = dq_ptr.at(((bi * sh.h + hi) * sh.lq + q0) * dh);
-                unsafe {
-                    gemm(
-                        (rows, dh, kend),
-                        dqb,
-                        dh as isize,
-                        false,
-                        ds.as_ptr(),
-                        (kend as isize, 1),
-                        kp,
-                        (kh.rs(), kh.cs()),
-                    )
-                };
-                // dK += dSᵀ Q
-                unsafe {
-                    gemm(
-                        (kend, dh, rows),
-                        dkp,
-                        dh as isize,
-                        true,
-                        ds.as_ptr(),
-                        (1, kend as isize),
-                        qb,
-                        (qh.rs(), qh.cs()),
-                    )
-                };
-            }
-        }
-    });
+    let mut dk = vec![0.0f32; b * h_kv * lk * dh];
+    let mut dv = vec![0.0f32; b * h_kv * lk * dh];
+    let dest =
+        |ptr: *mut f32, heads: usize, len: usize| Dest { ptr: Shared(ptr), strides: [heads * len * dh, len * dh, dh] };
+    let dests = [dest(dq.as_mut_ptr(), h, lq), dest(dk.as_mut_ptr(), h_kv, lk), dest(dv.as_mut_ptr(), h_kv, lk)];
+    backward_views((&qh, &kh, &vh), out, lse, grad, 1.0, offset, dests);
     // SAFETY: every query block of every head was written by its task
     unsafe { dq.set_len(n_dq) };
     let data = |x: Vec<f32>, dims: [usize; 4]| FlexTensor::from_data(TensorData::new(x, dims));
     [data(dq, qh.dims), data(dk, kh.dims), data(dv, vh.dims)]
 }
 
+/// The query, key and value heads of a fused projection's output `[b, L, (h + 2 h_kv) · d_h]`,
+/// read in place.
+fn packed_views(qkv: &FlexTensor, n_heads: usize, n_kv_heads: usize) -> [Heads<'_>; 3] {
+    let l = qkv.layout();
+    let [b, len, width]: [usize; 3] = l.shape().to_vec().try_into().expect("a 3-D projection");
+    let dh = width / (n_heads + 2 * n_kv_heads);
+    let view = |first: usize, heads: usize| Heads {
+        data: qkv.storage::<f32>(),
+        start: l.start_offset() + first * dh,
+        dims: [b, heads, len, dh],
+        strides: [(len * width) as isize, dh as isize, width as isize, 1],
+    };
+    [view(0, n_heads), view(n_heads, n_kv_heads), view(n_heads + n_kv_heads, n_kv_heads)]
+}
+
+/// Forward of [`FusedAttention::causal_self_attention`].
+fn packed_forward(qkv: &FlexTensor, heads: (usize, usize), scale: f64, offset: usize) -> (FlexTensor, FlexTensor) {
+    let qkv = readable_packed(qkv);
+    let [q, k, v] = packed_views(&qkv, heads.0, heads.1);
+    forward_views(&q, &k, &v, scale as f32, offset)
+}
+
+/// The projection contiguous in its last axis (how `packed_views` reads it).
+fn readable_packed(t: &FlexTensor) -> FlexTensor {
+    let l = t.layout();
+    let s = l.strides();
+    let dims = l.shape().to_vec();
+    let dense = s.len() == 3 && s[2] == 1 && s[1] == dims[2] as isize && s[0] == (dims[1] * dims[2]) as isize;
+    if dense { t.clone() } else { t.to_contiguous() }
+}
+
+/// Backward of [`FusedAttention::causal_self_attention`]: the gradient of `qkv`, in its layout.
+fn packed_backward(
+    qkv: &FlexTensor,
+    (n_heads, n_kv_heads): (usize, usize),
+    out: &FlexTensor,
+    lse: &[f32],
+    grad: &FlexTensor,
+    scale: f64,
+    offset: usize,
+) -> FlexTensor {
+    let qkv = readable_packed(qkv);
+    let [q, k, v] = packed_views(&qkv, n_heads, n_kv_heads);
+    let [b, _, len, dh] = q.dims;
+    let width = (n_heads + 2 * n_kv_heads) * dh;
+    // zeros: dk and dv accumulate over query blocks and the heads of a group
+    let mut d = vec![0.0f32; b * len * width];
+    let base = d.as_mut_ptr();
+    let dest = |first: usize| Dest { ptr: Shared(base.wrapping_add(first * dh)), strides: [len * width, dh, width] };
+    let dests = [dest(0), dest(n_heads), dest(n_heads + n_kv_heads)];
+    backward_views((&q, &k, &v), out, lse, grad, scale as f32, offset, dests);
+    FlexTensor::from_data(TensorData::new(d, [b, len, width]))
+}
+
 impl FusedAttention for Flex {
     fn causal_attention(q: FlexTensor, k: FlexTensor, v: FlexTensor, offset: usize) -> FlexTensor {
         forward_kernel(&q, &k, &v, offset).0
+    }
+
+    fn causal_self_attention(
+        qkv: FlexTensor,
+        n_heads: usize,
+        n_kv_heads: usize,
+        scale: f64,
+        offset: usize,
+    ) -> FlexTensor {
+        packed_forward(&qkv, (n_heads, n_kv_heads), scale, offset).0
     }
 }
 
@@ -428,7 +548,54 @@ impl Backward<Flex, 3> for CausalAttentionBackward {
     }
 }
 
+#[derive(Debug)]
+struct SelfAttentionBackward;
+
+/// The projection (checkpointed), the output, the log-sum-exps and the call's constants.
+#[derive(Debug, Clone)]
+struct SavedPacked {
+    qkv: NodeId,
+    out: FlexTensor,
+    lse: FlexTensor,
+    heads: (usize, usize),
+    scale: f64,
+    offset: usize,
+}
+
+impl Backward<Flex, 1> for SelfAttentionBackward {
+    type State = SavedPacked;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
+        let grad = grads.consume::<Flex>(&ops.node);
+        let s = ops.state;
+        let qkv: FlexTensor = checkpointer.retrieve_node_output(s.qkv);
+        let [parent] = ops.parents;
+        if let Some(node) = parent {
+            let g = packed_backward(&qkv, s.heads, &s.out, s.lse.storage::<f32>(), &grad, s.scale, s.offset);
+            grads.register::<Flex>(node.id, g);
+        }
+    }
+}
+
 impl<C: CheckpointStrategy> FusedAttention for Autodiff<Flex, C> {
+    fn causal_self_attention(
+        qkv: FloatTensor<Self>,
+        n_heads: usize,
+        n_kv_heads: usize,
+        scale: f64,
+        offset: usize,
+    ) -> FloatTensor<Self> {
+        let heads = (n_heads, n_kv_heads);
+        let (out, lse) = packed_forward(qkv.primitive(), heads, scale, offset);
+        match SelfAttentionBackward.prepare::<C>([qkv.node()]).compute_bound().stateful() {
+            OpsKind::Tracked(mut prep) => {
+                let state = SavedPacked { qkv: prep.checkpoint(&qkv), out: out.clone(), lse, heads, scale, offset };
+                prep.finish(state, out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        }
+    }
+
     fn causal_attention(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -525,6 +692,40 @@ mod tests {
         // two query heads per key/value head; 5 new queries after 4 cached keys
         check(2, 4, 2, 5, 9, 8);
         check(1, 4, 1, 1, 70, 16);
+    }
+
+    /// The packed op against the same computation from Burn's ops: split, scale, attend.
+    fn check_packed(h: usize, h_kv: usize, len: usize, offset: usize) {
+        let device = Device::flex().autodiff();
+        device.seed(12);
+        let (b, dh, scale) = (2, 8, 0.35);
+        let width = (h + 2 * h_kv) * dh;
+        let qkv: Tensor<3> = Tensor::random([b, len, width], Distribution::Normal(0.0, 1.5), &device);
+        let w: Tensor<3> = Tensor::random([b, len, h * dh], Distribution::Normal(0.0, 1.0), &device);
+        let run = |fused: bool| {
+            let x = qkv.clone().require_grad();
+            let y = if fused {
+                causal_self_attention(x.clone(), h, h_kv, scale, offset).expect("flex has the kernel")
+            } else {
+                let all = x.clone().reshape([b, len, h + 2 * h_kv, dh]).swap_dims(1, 2);
+                let q = all.clone().narrow(1, 0, h).mul_scalar(scale);
+                let (k, v) = (all.clone().narrow(1, h, h_kv), all.narrow(1, h + h_kv, h_kv));
+                composed(q, k, v, offset)
+            };
+            let grads = (y.clone() * w.clone()).sum().backward();
+            (y, x.grad(&grads).unwrap())
+        };
+        let ((y1, g1), (y2, g2)) = (run(true), run(false));
+        assert!(rel_diff(y1, y2) < 1e-5, "forward, h {h}/{h_kv}, L {len}");
+        let d = rel_diff(g1, g2);
+        assert!(d < 1e-5, "d qkv, h {h}/{h_kv}, L {len}: {d}");
+    }
+
+    #[test]
+    fn packed_self_attention_equals_composed_attention() {
+        check_packed(3, 3, 10, 0);
+        check_packed(4, 2, QUERY_BLOCK + 9, 0);
+        check_packed(2, 1, 6, 3);
     }
 
     #[test]
