@@ -348,7 +348,7 @@ impl MultiHeadAttention {
         {
             return None;
         }
-        if !variorum_kernels::causal_attention::has_kernel(&input.query) {
+        if !variorum_kernels::has_kernel(&input.query) {
             return None;
         }
         let qkv = &self.qkv;

@@ -24,7 +24,7 @@
 //! [`causal_attention`] returns `None` where the kernel does not apply (another backend or float
 //! type), and the caller composes the ops instead.
 
-use crate::fast_math;
+use crate::{fast_math, has_kernel};
 use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -34,7 +34,6 @@ use burn::backend::flex::FlexTensor;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
-use burn::tensor::DType;
 use rayon::prelude::*;
 
 /// Query rows scored together: a block × L score row set stays in L2 (64 × 1,024 floats is
@@ -69,8 +68,7 @@ pub trait FusedAttention: Backend {
 /// softmax(q kᵀ + causal mask) v with the heads merged, `[b, Lq, h · d_h]`, by the fused kernel;
 /// `None` on a backend or float type without it.
 pub fn causal_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, offset: usize) -> Option<Tensor<3>> {
-    let flex_f32 = |t: &Tensor<4>| t.dtype() == DType::F32 && t.device().inner() == Device::flex();
-    if !(flex_f32(&q) && flex_f32(&k) && flex_f32(&v)) {
+    if !(has_kernel(&q) && has_kernel(&k) && has_kernel(&v)) {
         return None;
     }
     let d = Dispatch::causal_attention(q.into_dispatch(), k.into_dispatch(), v.into_dispatch(), offset);
@@ -91,11 +89,6 @@ pub fn causal_self_attention(
     }
     let d = Dispatch::causal_self_attention(qkv.into_dispatch(), n_heads, n_kv_heads, scale, offset);
     Some(Tensor::from_dispatch(d))
-}
-
-/// Whether `t`'s backend and float type have these kernels (flex, f32).
-pub fn has_kernel<const D: usize>(t: &Tensor<D>) -> bool {
-    t.dtype() == DType::F32 && t.device().inner() == Device::flex()
 }
 
 /// A `[b, heads, L, d_h]` tensor read in place: its storage and the element strides of each axis.

@@ -24,7 +24,6 @@ use burn::backend::flex::FlexTensor;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
-use burn::tensor::DType;
 use rayon::prelude::*;
 
 /// The fast exact GELU of the backends that have it.
@@ -35,7 +34,7 @@ pub trait FastGelu: Backend {
 
 /// The exact GELU: the vectorised kernel on flex (f32), Burn's `gelu` elsewhere.
 pub fn gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
-    if x.dtype() == DType::F32 && x.device().inner() == Device::flex() {
+    if crate::has_kernel(&x) {
         Tensor::from_dispatch(Dispatch::fast_gelu(x.into_dispatch()))
     } else {
         burn::tensor::activation::gelu(x)

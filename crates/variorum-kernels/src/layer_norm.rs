@@ -20,10 +20,9 @@ use burn::backend::flex::FlexTensor;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
-use burn::tensor::DType;
 use rayon::prelude::*;
 
-use crate::fast_math;
+use crate::{fast_math, has_kernel};
 
 /// LayerNorm of the backends that have a kernel for it.
 #[backend_extension(Flex, Autodiff)]
@@ -37,15 +36,11 @@ pub trait FusedLayerNorm: Backend {
     ) -> FloatTensor<Self>;
 }
 
-fn flex_f32<const D: usize>(t: &Tensor<D>) -> bool {
-    t.dtype() == DType::F32 && t.device().inner() == Device::flex()
-}
-
 /// LayerNorm of `x` over its last axis: the kernel on flex (f32, with β), Burn's `layer_norm`
 /// elsewhere.
 pub fn layer_norm<const D: usize>(x: Tensor<D>, gamma: Tensor<1>, beta: Option<Tensor<1>>, epsilon: f64) -> Tensor<D> {
     match beta {
-        Some(beta) if flex_f32(&x) && flex_f32(&gamma) && flex_f32(&beta) => Tensor::from_dispatch(
+        Some(beta) if has_kernel(&x) && has_kernel(&gamma) && has_kernel(&beta) => Tensor::from_dispatch(
             Dispatch::layer_norm_affine(x.into_dispatch(), gamma.into_dispatch(), beta.into_dispatch(), epsilon),
         ),
         beta => burn::tensor::module::layer_norm(x, gamma, beta, epsilon),

@@ -10,3 +10,12 @@ pub mod fast_math;
 pub mod gelu;
 pub mod layer_norm;
 pub mod linear;
+
+use burn::prelude::*;
+use burn::tensor::DType;
+
+/// Whether `t`'s backend and float type have these kernels (flex, f32); every public function
+/// here falls back to Burn's ops otherwise.
+pub fn has_kernel<const D: usize>(t: &Tensor<D>) -> bool {
+    t.dtype() == DType::F32 && t.device().inner() == Device::flex()
+}

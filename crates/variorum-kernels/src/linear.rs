@@ -21,11 +21,11 @@ use burn::backend::flex::FlexTensor;
 use burn::backend::tensor::FloatTensor;
 use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
-use burn::tensor::DType;
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
 use crate::fast_math::written_by;
+use crate::has_kernel;
 
 /// The affine map of the backends that have a kernel for it.
 #[backend_extension(Flex, Autodiff)]
@@ -36,13 +36,9 @@ pub trait FusedLinear: Backend {
     fn matmul_rows(x: FloatTensor<Self>, w: FloatTensor<Self>) -> FloatTensor<Self>;
 }
 
-fn flex_f32<const D: usize>(t: &Tensor<D>) -> bool {
-    t.dtype() == DType::F32 && t.device().inner() == Device::flex()
-}
-
 /// `x w (+ b)` over the last axis of `x`: the kernel on flex (f32), Burn's `linear` elsewhere.
 pub fn linear<const D: usize>(x: Tensor<D>, w: Tensor<2>, b: Option<Tensor<1>>) -> Tensor<D> {
-    if D < 2 || !flex_f32(&x) || !flex_f32(&w) || b.as_ref().is_some_and(|b| !flex_f32(b)) {
+    if D < 2 || !has_kernel(&x) || !has_kernel(&w) || b.as_ref().is_some_and(|b| !has_kernel(b)) {
         return burn::tensor::module::linear(x, w, b);
     }
     let d = match b {
