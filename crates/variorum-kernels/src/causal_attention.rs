@@ -533,11 +533,7 @@ impl Backward<Flex, 3> for CausalAttentionBackward {
         let k: FlexTensor = checkpointer.retrieve_node_output(s.k);
         let v: FlexTensor = checkpointer.retrieve_node_output(s.v);
         let g = backward_kernel(&q, &k, &v, &s.out, s.lse.storage::<f32>(), &grad, s.offset);
-        for (parent, g) in ops.parents.into_iter().zip(g) {
-            if let Some(node) = parent {
-                grads.register::<Flex>(node.id, g);
-            }
-        }
+        crate::register(grads, ops.parents.map(|p| p.map(|n| n.id)), g.map(Some));
     }
 }
 
@@ -562,11 +558,8 @@ impl Backward<Flex, 1> for SelfAttentionBackward {
         let grad = grads.consume::<Flex>(&ops.node);
         let s = ops.state;
         let qkv: FlexTensor = checkpointer.retrieve_node_output(s.qkv);
-        let [parent] = ops.parents;
-        if let Some(node) = parent {
-            let g = packed_backward(&qkv, s.heads, &s.out, s.lse.storage::<f32>(), &grad, s.scale, s.offset);
-            grads.register::<Flex>(node.id, g);
-        }
+        let g = packed_backward(&qkv, s.heads, &s.out, s.lse.storage::<f32>(), &grad, s.scale, s.offset);
+        crate::register(grads, ops.parents.map(|p| p.map(|n| n.id)), [Some(g)]);
     }
 }
 

@@ -171,11 +171,7 @@ impl Backward<Flex, 3> for LayerNormBackward {
         let x: FlexTensor = checkpointer.retrieve_node_output(ops.state.x);
         let gamma: FlexTensor = checkpointer.retrieve_node_output(ops.state.gamma);
         let computed = backward_kernel(&x, &gamma, &ops.state, &grad);
-        for (parent, g) in ops.parents.into_iter().zip(computed) {
-            if let Some(node) = parent {
-                grads.register::<Flex>(node.id, g);
-            }
-        }
+        crate::register(grads, ops.parents.map(|p| p.map(|n| n.id)), computed.map(Some));
     }
 }
 

@@ -19,3 +19,17 @@ use burn::tensor::DType;
 pub fn has_kernel<const D: usize>(t: &Tensor<D>) -> bool {
     t.dtype() == DType::F32 && t.device().inner() == Device::flex()
 }
+
+/// Hands each computed gradient to its parent, where autodiff tracks one (the tail of every
+/// kernel's backward pass).
+fn register<const N: usize>(
+    grads: &mut burn::backend::autodiff::grads::Gradients,
+    parents: [Option<burn::backend::autodiff::NodeId>; N],
+    computed: [Option<burn::backend::flex::FlexTensor>; N],
+) {
+    for (parent, g) in parents.into_iter().zip(computed) {
+        if let (Some(id), Some(g)) = (parent, g) {
+            grads.register::<burn::backend::Flex>(id, g);
+        }
+    }
+}

@@ -249,7 +249,7 @@ struct LinearBackward;
 /// The input and the weight, checkpointed.
 type Saved = (NodeId, NodeId);
 
-fn register<const N: usize>(ops: Ops<Saved, N>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
+fn backward_step<const N: usize>(ops: Ops<Saved, N>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
     let grad = grads.consume::<Flex>(&ops.node);
     let x: FlexTensor = checkpointer.retrieve_node_output(ops.state.0);
     let w: FlexTensor = checkpointer.retrieve_node_output(ops.state.1);
@@ -266,7 +266,7 @@ impl Backward<Flex, 3> for LinearBackward {
     type State = Saved;
 
     fn backward(self, ops: Ops<Saved, 3>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
-        register(ops, grads, checkpointer);
+        backward_step(ops, grads, checkpointer);
     }
 }
 
@@ -274,7 +274,7 @@ impl Backward<Flex, 2> for LinearBackward {
     type State = Saved;
 
     fn backward(self, ops: Ops<Saved, 2>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
-        register(ops, grads, checkpointer);
+        backward_step(ops, grads, checkpointer);
     }
 }
 
