@@ -320,16 +320,22 @@ impl MultiHeadAttention {
     /// before), no dropout on the probabilities and no weights asked for; `None` otherwise, or on a
     /// backend without the kernel.
     fn fused(&self, p: &Projected, m: &AttentionMask, need_weights: bool) -> Option<Tensor<3>> {
-        let plain_mask = m.causal && m.padding.is_none() && m.custom.is_none() && p.max_back.is_none();
         let plain_position = matches!(self.position, None | Some(RelativePosition::Rope(_)));
         let offset = p.layout.q_start.checked_sub(p.layout.k_start)?;
         // one query (cached decoding): the kernel's GEMM would pack every key for a single row,
         // slower than the composed matrix–vector products (2,350 vs 2,830 tokens/s at context 1024)
         let one_query = p.layout.len_q == 1;
-        if !plain_mask || !plain_position || need_weights || self.dropout.prob > 0.0 || one_query {
+        if !self.kernel_computes(m, need_weights) || !plain_position || one_query {
             return None;
         }
         variorum_kernels::causal_attention::causal_attention(p.q.clone(), p.k.clone(), p.v.clone(), offset)
+    }
+
+    /// What both kernel paths share: a causal mask and nothing else, no dropout on the
+    /// probabilities, no weights asked for.
+    fn kernel_computes(&self, m: &AttentionMask, need_weights: bool) -> bool {
+        let plain_mask = m.causal && m.padding.is_none() && m.custom.is_none() && m.max_back.is_none();
+        plain_mask && !need_weights && self.dropout.prob == 0.0
     }
 
     /// Self-attention without a cache or a position scheme, by the fused kernel straight from the
@@ -338,14 +344,8 @@ impl MultiHeadAttention {
     /// does not apply (the conditions of [`Self::fused`], and no keys from elsewhere).
     fn fused_self_attention(&self, input: &AttentionInput) -> Option<Tensor<3>> {
         let m = input.mask;
-        let plain = m.causal && m.padding.is_none() && m.custom.is_none() && m.max_back.is_none();
         let offset = m.q_start.checked_sub(m.k_start)?;
-        if !plain
-            || input.key_value.is_some()
-            || self.position.is_some()
-            || input.need_weights
-            || self.dropout.prob > 0.0
-        {
+        if !self.kernel_computes(m, input.need_weights) || input.key_value.is_some() || self.position.is_some() {
             return None;
         }
         if !variorum_kernels::has_kernel(&input.query) {

@@ -100,7 +100,7 @@ struct Heads<'a> {
 }
 
 impl<'a> Heads<'a> {
-    /// The view of `t` (copied only when a stride is negative, which gemm cannot read).
+    /// The view of `t` as it is stored (callers make negative strides contiguous first: `readable`).
     fn of(t: &'a FlexTensor) -> Self {
         let l = t.layout();
         let dims: [usize; 4] = l.shape().to_vec().try_into().expect("a 4-D tensor");
@@ -602,19 +602,9 @@ impl<C: CheckpointStrategy> FusedAttention for Autodiff<Flex, C> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_util::{max_diff, rel_diff};
     use burn::tensor::Distribution;
     use burn::tensor::activation::softmax;
-
-    fn max_diff<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {
-        (a - b).abs().max().into_scalar::<f32>()
-    }
-
-    /// max |a − b| relative to the largest |b| (when that exceeds 1): sums over 150 keys of
-    /// gradients near 10 round differently in a different order.
-    fn rel_diff<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {
-        let scale = b.clone().abs().max().into_scalar::<f32>().max(1.0);
-        max_diff(a, b) / scale
-    }
 
     /// The same attention from Burn's ops, as `MultiHeadAttention` composes it.
     fn composed(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, offset: usize) -> Tensor<3> {

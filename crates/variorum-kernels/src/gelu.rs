@@ -146,11 +146,8 @@ impl<C: CheckpointStrategy> FastGelu for Autodiff<Flex, C> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_util::max_diff;
     use burn::tensor::Distribution;
-
-    fn max_diff<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {
-        (a - b).abs().max().into_scalar::<f32>()
-    }
 
     #[test]
     fn equals_burns_exact_gelu_with_its_gradient() {

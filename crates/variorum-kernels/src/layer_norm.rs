@@ -196,12 +196,8 @@ impl<C: CheckpointStrategy> FusedLayerNorm for Autodiff<Flex, C> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_util::rel_diff;
     use burn::tensor::Distribution;
-
-    fn rel_diff<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {
-        let scale = b.clone().abs().max().into_scalar::<f32>().max(1.0);
-        (a - b).abs().max().into_scalar::<f32>() / scale
-    }
 
     #[test]
     fn equals_burns_layer_norm_with_its_gradients() {

@@ -33,3 +33,21 @@ fn register<const N: usize>(
         }
     }
 }
+
+/// Comparisons the kernels' tests share.
+#[cfg(test)]
+mod test_util {
+    use burn::prelude::*;
+
+    /// max |a − b|.
+    pub fn max_diff<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {
+        (a - b).abs().max().into_scalar::<f32>()
+    }
+
+    /// max |a − b| relative to the largest |b| (when that exceeds 1): sums over a hundred terms
+    /// of values near 10 round differently in a different order.
+    pub fn rel_diff<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {
+        let scale = b.clone().abs().max().into_scalar::<f32>().max(1.0);
+        max_diff(a, b) / scale
+    }
+}

@@ -305,13 +305,8 @@ impl<C: CheckpointStrategy> FusedLinear for Autodiff<Flex, C> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_util::rel_diff;
     use burn::tensor::Distribution;
-
-    /// max |a − b| relative to the largest |b| (when that exceeds 1).
-    fn rel_diff<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {
-        let scale = b.clone().abs().max().into_scalar::<f32>().max(1.0);
-        (a - b).abs().max().into_scalar::<f32>() / scale
-    }
 
     fn check(bias: bool, transposed_weight: bool) {
         let device = Device::flex().autodiff();
