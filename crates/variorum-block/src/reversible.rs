@@ -20,7 +20,8 @@
 //! refuses `model.attention.dropout` with this block, and the FFN's is built at 0).
 
 use burn::prelude::*;
-use burn::tensor::Distribution;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 use variorum_attention::AttentionInput;
 use variorum_core::{AttentionMask, AuxLosses};
 
@@ -50,7 +51,7 @@ impl Streams {
 }
 
 /// Branch-output dropout whose masks a recomputation draws again: the mask of (layer, branch)
-/// comes from the device generator seeded with `seed` mixed with both.
+/// comes from a ChaCha8 stream seeded with `seed` mixed with both.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ReplayDropout {
     pub prob: f64,
@@ -64,12 +65,17 @@ impl ReplayDropout {
             return x;
         }
         let keep = 1.0 - self.prob;
-        // the mask is a constant: drawn on the plain device, lifted to the graph's when needed
-        let device = x.device().without_autodiff();
-        device.seed(mix(self.seed, layer as u64 * 2 + branch as u64));
-        let mask = Tensor::<3>::random(x.dims(), Distribution::Bernoulli(keep), &device);
+        // drawn on the host from its own generator, not the device's: reseeding a device-wide
+        // generator raced with every other draw on that device (parallel tests saw foreign masks)
+        let mut rng = ChaCha8Rng::seed_from_u64(mix(self.seed, layer as u64 * 2 + branch as u64));
+        let scale = (1.0 / keep) as f32;
+        let dims = x.dims();
+        let values: Vec<f32> =
+            (0..dims.iter().product::<usize>()).map(|_| if rng.random::<f64>() < keep { scale } else { 0.0 }).collect();
+        // the mask is a constant: built on the plain device, lifted to the graph's when needed
+        let mask = Tensor::<3>::from_data(TensorData::new(values, dims), &x.device().without_autodiff());
         let mask = if x.is_autodiff() { mask.autodiff() } else { mask };
-        x * mask.div_scalar(keep)
+        x * mask
     }
 }
 
@@ -148,6 +154,7 @@ mod tests {
     use super::*;
     use crate::block::{BlockParts, ResidualConfig};
     use crate::{BlockConfig, FeedForwardConfig, MemoryConfig};
+    use burn::tensor::Distribution;
     use variorum_attention::{AttentionConfig, Positioning};
     use variorum_position::PositionConfig;
 
