@@ -53,6 +53,7 @@ pub fn forward<const D: usize>(layer: &burn::nn::Linear, x: Tensor<D>) -> Tensor
     linear(x, layer.weight.val(), layer.bias.as_ref().map(|b| b.val()))
 }
 
+#[derive(Clone, Copy)]
 /// A matrix read in place: storage, first element, (row, column) strides in elements.
 struct Matrix<'a> {
     data: &'a [f32],
@@ -82,20 +83,25 @@ fn matrix_view(t: &FlexTensor) -> FlexTensor {
     if l.num_dims() == 2 && l.strides().iter().all(|&s| s >= 0) { t.clone() } else { t.to_contiguous() }
 }
 
-/// Same rule as flex's matmul: below 192³ multiply–adds one thread beats two.
-fn parallelism(m: usize, n: usize, k: usize) -> gemm::Parallelism {
-    if m.saturating_mul(n).saturating_mul(k) >= 192 * 192 * 192 {
-        gemm::Parallelism::Rayon(0)
-    } else {
-        gemm::Parallelism::None
-    }
+/// Below 192³ multiply–adds (flex's matmul rule) one thread beats two.
+fn worth_two_threads(m: usize, n: usize, k: usize) -> bool {
+    m.saturating_mul(n).saturating_mul(k) >= 192 * 192 * 192
 }
 
-/// dst (m × n, rows `n` apart) := [dst +] lhs (m × k) · rhs (k × n).
+/// From 2³⁰ multiply–adds (the small GPT's products, not the baby's) the gemm crate's own split
+/// of one product across both threads, which shares the packed operands, beat two independent
+/// halves: 3,541–3,608 against 3,374–3,391 small-GPT tokens/s (docs/cpu-speed.md).
+fn splits_itself(m: usize, n: usize, k: usize) -> bool {
+    m.saturating_mul(n).saturating_mul(k) >= 1 << 30
+}
+
+/// dst (m × n, rows `n` apart) := [dst +] lhs (m × k) · rhs (k × n), on the calling thread —
+/// or across the pool for the largest products ([`splits_itself`]).
 ///
 /// # Safety
 /// `dst` holds m · n floats; `lhs` and `rhs` describe matrices of these sizes in their storage.
 unsafe fn gemm(m: usize, n: usize, k: usize, dst: *mut f32, accumulate: bool, lhs: &Matrix, rhs: &Matrix) {
+    let parallelism = if splits_itself(m, n, k) { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
     // SAFETY: as the caller guarantees
     unsafe {
         gemm::gemm(
@@ -117,13 +123,38 @@ unsafe fn gemm(m: usize, n: usize, k: usize, dst: *mut f32, accumulate: bool, lh
             false,
             false,
             false,
-            parallelism(m, n, k),
+            parallelism,
         )
     }
 }
 
-/// A new m × n matrix written entirely by one GEMM: no zero fill first.
-fn gemm_new(m: usize, n: usize, k: usize, lhs: &Matrix, rhs: &Matrix) -> Vec<f32> {
+/// [`gemm`] with the rows of `dst` and `lhs` split in two halves run at once, for products
+/// large enough to pay for a second thread but below [`splits_itself`]: on the baby GPT's
+/// products two independent halves beat the gemm crate's split of one product, which
+/// synchronises its threads block by block (22,600 → 24,600 tokens/s, docs/cpu-speed.md).
+///
+/// # Safety
+/// As for [`gemm`].
+unsafe fn gemm_rows_split(m: usize, n: usize, k: usize, dst: *mut f32, accumulate: bool, lhs: &Matrix, rhs: &Matrix) {
+    if m < 2 || !worth_two_threads(m, n, k) || splits_itself(m, n, k) {
+        // SAFETY: as the caller guarantees
+        return unsafe { gemm(m, n, k, dst, accumulate, lhs, rhs) };
+    }
+    let top = m / 2;
+    let lower = Matrix { start: (lhs.start as isize + top as isize * lhs.rs) as usize, ..*lhs };
+    // raw pointers are not Send; the two halves of dst are disjoint
+    let (dst_top, dst_lower) = (dst as usize, dst as usize + top * n * size_of::<f32>());
+    rayon::join(
+        // SAFETY: rows [0, top) of dst and lhs, as the caller guarantees for all m
+        || unsafe { gemm(top, n, k, dst_top as *mut f32, accumulate, lhs, rhs) },
+        // SAFETY: rows [top, m): `lower` starts at row `top` of lhs, dst_lower at row `top` of dst
+        || unsafe { gemm(m - top, n, k, dst_lower as *mut f32, accumulate, &lower, rhs) },
+    );
+}
+
+/// A new m × n matrix written entirely by one GEMM (split by rows when `split`): no zero fill
+/// first.
+fn gemm_new(m: usize, n: usize, k: usize, lhs: &Matrix, rhs: &Matrix, split: bool) -> Vec<f32> {
     if k == 0 {
         return vec![0.0; m * n];
     }
@@ -131,7 +162,11 @@ fn gemm_new(m: usize, n: usize, k: usize, lhs: &Matrix, rhs: &Matrix) -> Vec<f32
     // SAFETY: the buffer has room for m · n floats; with k ≥ 1 and `accumulate` false the GEMM
     // writes every one of them without reading any, after which they are initialised
     unsafe {
-        gemm(m, n, k, out.as_mut_ptr(), false, lhs, rhs);
+        if split {
+            gemm_rows_split(m, n, k, out.as_mut_ptr(), false, lhs, rhs);
+        } else {
+            gemm(m, n, k, out.as_mut_ptr(), false, lhs, rhs);
+        }
         out.set_len(m * n);
     }
     out
@@ -166,11 +201,11 @@ fn forward_kernel(x: &FlexTensor, w: &FlexTensor, b: Option<&FlexTensor>) -> Fle
             let mut out = unsafe { written_by(rows * d_out, |o| o.par_chunks_mut(d_out * 64).for_each(rows_of_bias)) };
             if d_in > 0 {
                 // SAFETY: out is rows × d_out; x is contiguous rows × d_in; w is d_in × d_out
-                unsafe { gemm(rows, d_out, d_in, out.as_mut_ptr(), true, &Matrix::of(&x), &Matrix::of(&w)) };
+                unsafe { gemm_rows_split(rows, d_out, d_in, out.as_mut_ptr(), true, &Matrix::of(&x), &Matrix::of(&w)) };
             }
             out
         }
-        None => gemm_new(rows, d_out, d_in, &Matrix::of(&x), &Matrix::of(&w)),
+        None => gemm_new(rows, d_out, d_in, &Matrix::of(&x), &Matrix::of(&w), true),
     };
     FlexTensor::from_data(TensorData::new(out, with_last(&dims, d_out)))
 }
@@ -217,18 +252,27 @@ fn backward_kernel(
     let rows = grad.layout().num_elements() / d_out.max(1);
     let g = Matrix::of(&grad);
     let data = |v: Vec<f32>, dims: Vec<usize>| FlexTensor::from_data(TensorData::new(v, dims));
-    let dx = want_x.then(|| {
-        let wm = Matrix::of(&w);
-        let wt = Matrix { rs: wm.cs, cs: wm.rs, ..wm };
-        data(gemm_new(rows, d_in, d_out, &g, &wt), x_dims.clone())
-    });
-    let dw = want_w.then(|| {
-        let x = x.to_contiguous();
-        let xm = Matrix::of(&x);
-        let xt = Matrix { rs: xm.cs, cs: xm.rs, ..xm };
-        data(gemm_new(d_in, d_out, rows, &xt, &g), vec![d_in, d_out])
-    });
-    let db = want_b.then(|| data(column_sums(grad.storage::<f32>(), d_out), vec![d_out]));
+    // ∂L/∂x and ∂L/∂W take the same number of multiply–adds: one thread each when both are
+    // wanted (below the size where one product splits itself), else each split by rows
+    let both = want_x && want_w && worth_two_threads(rows, d_in, d_out) && !splits_itself(rows, d_in, d_out);
+    let dx = || {
+        want_x.then(|| {
+            let wm = Matrix::of(&w);
+            let wt = Matrix { rs: wm.cs, cs: wm.rs, ..wm };
+            data(gemm_new(rows, d_in, d_out, &g, &wt, !both), x_dims.clone())
+        })
+    };
+    let dw_db = || {
+        let dw = want_w.then(|| {
+            let x = x.to_contiguous();
+            let xm = Matrix::of(&x);
+            let xt = Matrix { rs: xm.cs, cs: xm.rs, ..xm };
+            data(gemm_new(d_in, d_out, rows, &xt, &g, !both), vec![d_in, d_out])
+        });
+        let db = want_b.then(|| data(column_sums(grad.storage::<f32>(), d_out), vec![d_out]));
+        (dw, db)
+    };
+    let (dx, (dw, db)) = if both { rayon::join(dx, dw_db) } else { (dx(), dw_db()) };
     [dx, dw, db]
 }
 
@@ -308,20 +352,21 @@ mod tests {
     use crate::test_util::rel_diff;
     use burn::tensor::Distribution;
 
-    fn check(bias: bool, transposed_weight: bool) {
+    /// `[3, seq, d_in] → [3, seq, d_out]` against Burn's linear.
+    fn check_shape(bias: bool, transposed_weight: bool, [seq, d_in, d_out]: [usize; 3]) {
         let device = Device::flex().autodiff();
         device.seed(7);
         let normal = Distribution::Normal(0.0, 1.0);
-        // a strided input (swapped axes), more rows than one GEMM tile, odd widths
-        let x: Tensor<3> = Tensor::random([3, 37, 50], normal, &device).swap_dims(1, 2);
+        // a strided input (swapped axes)
+        let x: Tensor<3> = Tensor::random([3, d_in, seq], normal, &device).swap_dims(1, 2);
         let w: Tensor<2> = if transposed_weight {
             // the tied output embedding: a transposed view
-            Tensor::random([29, 37], normal, &device).transpose()
+            Tensor::random([d_out, d_in], normal, &device).transpose()
         } else {
-            Tensor::random([37, 29], normal, &device)
+            Tensor::random([d_in, d_out], normal, &device)
         };
-        let b: Tensor<1> = Tensor::random([29], normal, &device);
-        let up: Tensor<3> = Tensor::random([3, 50, 29], normal, &device);
+        let b: Tensor<1> = Tensor::random([d_out], normal, &device);
+        let up: Tensor<3> = Tensor::random([3, seq, d_out], normal, &device);
         let run = |fused: bool| {
             let (x, w, b) = (x.clone().require_grad(), w.clone().require_grad(), b.clone().require_grad());
             let bias = bias.then(|| b.clone());
@@ -335,7 +380,7 @@ mod tests {
         };
         let (y1, dx1, dw1, db1) = run(true);
         let (y2, dx2, dw2, db2) = run(false);
-        let what = format!("bias {bias}, transposed weight {transposed_weight}");
+        let what = format!("bias {bias}, transposed weight {transposed_weight}, [{seq}, {d_in}, {d_out}]");
         assert!(rel_diff(y1, y2) < 1e-5, "forward, {what}");
         assert!(rel_diff(dx1, dx2) < 1e-5, "dx, {what}");
         assert!(rel_diff(dw1, dw2) < 1e-5, "dw, {what}");
@@ -344,6 +389,22 @@ mod tests {
             (None, None) => assert!(!bias),
             _ => panic!("bias gradient on one side only, {what}"),
         }
+    }
+
+    /// More rows than one GEMM tile, odd widths: one thread per product.
+    fn check(bias: bool, transposed_weight: bool) {
+        check_shape(bias, transposed_weight, [50, 37, 29]);
+    }
+
+    /// Products past both thresholds: rows split in two halves and ∂L/∂x beside ∂L/∂W (≥ 192³
+    /// multiply–adds), and one product split by the gemm crate itself (≥ 2³⁰).
+    #[test]
+    fn threaded_products_equal_burns_linear() {
+        assert!(worth_two_threads(3 * 250, 100, 130) && !splits_itself(3 * 250, 100, 130));
+        check_shape(true, false, [250, 100, 130]);
+        check_shape(false, true, [251, 100, 130]);
+        assert!(splits_itself(3 * 350, 1024, 1024));
+        check_shape(true, false, [350, 1024, 1024]);
     }
 
     #[test]
