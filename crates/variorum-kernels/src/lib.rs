@@ -5,6 +5,7 @@
 //! modules stay backend-agnostic. Each is tested against the composed computation to 1e-5.
 //! Where the time went and what each gave: docs/cpu-speed.md.
 
+pub mod adamw;
 pub mod causal_attention;
 pub mod fast_math;
 pub mod gelu;

@@ -1,6 +1,7 @@
 //! Training, evaluation and sampling for variorum models: the experiment config, the training loop
 //! with atomic checkpoints and exact resume, metrics, the loss plot, and the benchmark.
 
+pub mod adamw;
 pub mod allocator;
 pub mod attention_bench;
 pub mod bench;

@@ -3,12 +3,13 @@
 
 use burn::module::ParamGroup;
 use burn::optim::ModuleOptimizer;
-use burn::optim::{AdamWConfig, GradientsAccumulator, GradientsParams};
+use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::prelude::*;
 use variorum_core::AuxLosses;
 use variorum_data::TokenBatch;
 use variorum_model::{DecoderLm, DecoderState};
 
+use crate::adamw::FusedAdamW;
 use crate::clip::clip_global_norm;
 use crate::config::TrainConfig;
 
@@ -18,16 +19,17 @@ use crate::config::TrainConfig;
 /// regulariser). nanoGPT's rule otherwise: decay every matrix, embeddings included.
 const NO_DECAY: &str = r"(^|\.)(bias|gamma|beta|frequencies|alpha|scale|span)$";
 
-/// AdamW with decoupled weight decay on matrices only.
+/// AdamW with decoupled weight decay on matrices only ([`FusedAdamW`]: one kernel per
+/// parameter, Burn's AdamW state).
 pub fn optimizer(cfg: &TrainConfig) -> ModuleOptimizer {
-    let base =
-        AdamWConfig::new().with_beta_1(cfg.beta1 as f32).with_beta_2(cfg.beta2 as f32).with_epsilon(cfg.eps as f32);
+    let base = FusedAdamW {
+        beta_1: cfg.beta1 as f32,
+        beta_2: cfg.beta2 as f32,
+        epsilon: cfg.eps as f32,
+        weight_decay: cfg.weight_decay as f32,
+    };
     let no_decay = ParamGroup::from_regex(NO_DECAY).expect("constant regex is valid");
-    base.clone().with_weight_decay(cfg.weight_decay as f32).init().with_group(
-        no_decay,
-        base.with_weight_decay(0.0).build(),
-        None,
-    )
+    ModuleOptimizer::from(base).with_group(no_decay, FusedAdamW { weight_decay: 0.0, ..base }, None)
 }
 
 /// A batch as tensors on `device`.
