@@ -7,6 +7,7 @@
 
 pub mod adamw;
 pub mod causal_attention;
+pub mod cross_entropy;
 pub mod fast_math;
 pub mod gelu;
 pub mod layer_norm;

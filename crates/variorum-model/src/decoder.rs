@@ -492,8 +492,7 @@ impl DecoderLm {
 /// Mean cross-entropy of `[batch, len, vocab]` logits against `[batch, len]` targets.
 pub fn cross_entropy(logits: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<1> {
     let [b, l, v] = logits.dims();
-    let device = logits.device();
-    CrossEntropyLossConfig::new().init(&device).forward(logits.reshape([b * l, v]), targets.reshape([b * l]))
+    variorum_kernels::cross_entropy::cross_entropy(logits.reshape([b * l, v]), targets.reshape([b * l]))
 }
 
 /// Per batch row, the absolute positions (from `start`) of the tokens in `ids`.
