@@ -1,8 +1,9 @@
 //! CPU kernels for the hot path of training on Burn's flex backend: operations that Burn runs as
 //! chains of primitive ops (each a pass over memory, each recorded by autodiff) written as one
 //! kernel with a hand-written backward. Each is a `backend_extension` op for `Flex` and
-//! `Autodiff<Flex>`; its public function returns the composed result, or `None`, elsewhere, so the
-//! modules stay backend-agnostic. Each is tested against the composed computation to 1e-5.
+//! `Autodiff<Flex>` (the AdamW step, which autodiff never sees, for `Flex` alone); its public
+//! function computes the same thing with Burn's ops elsewhere, so the modules stay
+//! backend-agnostic. Each is tested against the composed computation to 1e-5.
 //! Where the time went and what each gave: docs/cpu-speed.md.
 
 pub mod adamw;
