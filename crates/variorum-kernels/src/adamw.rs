@@ -123,8 +123,9 @@ impl FusedAdamW for Flex {
         let (p, g, m, v) = (p.storage::<f32>(), g.storage::<f32>(), m.storage::<f32>(), v.storage::<f32>());
         let n = p.len();
         assert!(g.len() == n && m.len() == n && v.len() == n, "parameter, gradient and moments differ in size");
-        // SAFETY: each output is written in full, chunk by chunk, by `step_chunk` (below)
         let (mut m_out, mut v_out) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        // SAFETY: the chunks cover all n elements, and `step_chunk` writes each of its chunk's
+        // elements in all three outputs
         let out = unsafe {
             written_by(n, |out| {
                 let m_out = &mut m_out.spare_capacity_mut()[..n];

@@ -22,7 +22,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::prelude::*;
 use rayon::prelude::*;
 
-use crate::fast_math::{exp_neg, max, written_by};
+use crate::fast_math::{exp_neg, max, sum_of, written_by};
 use crate::has_kernel;
 
 /// The mean cross-entropy of the backends that have a kernel for it.
@@ -66,13 +66,7 @@ crate::wide_vectors! {
     fn log_sum_exp_rows(lse: &mut [MaybeUninit<f32>], z: &[f32], vocab: usize) {
         for (l, row) in lse.iter_mut().zip(z.chunks_exact(vocab)) {
             let m = max(row);
-            // sixteen partial sums (one vector register), as in fast_math::sum
-            let mut acc = [0.0f32; 16];
-            let mut chunks = row.chunks_exact(16);
-            for c in &mut chunks {
-                acc.iter_mut().zip(c).for_each(|(a, &x)| *a += exp_neg(x - m));
-            }
-            let total = acc.iter().sum::<f32>() + chunks.remainder().iter().map(|&x| exp_neg(x - m)).sum::<f32>();
+            let total = sum_of(row, |x| exp_neg(x - m));
             l.write(m + total.ln());
         }
     }

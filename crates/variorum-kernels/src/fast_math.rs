@@ -84,12 +84,18 @@ const LANES: usize = 16;
 /// Σ xᵢ, summed in [`LANES`] interleaved partial sums.
 #[inline]
 pub fn sum(x: &[f32]) -> f32 {
+    sum_of(x, |v| v)
+}
+
+/// Σ f(xᵢ), summed as [`sum`] (for an `#[inline]` f, e.g. an exp, without a buffer of f(xᵢ)).
+#[inline(always)]
+pub fn sum_of(x: &[f32], f: impl Fn(f32) -> f32) -> f32 {
     let mut acc = [0.0f32; LANES];
     let chunks = x.chunks_exact(LANES);
-    let tail: f32 = chunks.remainder().iter().sum();
+    let tail: f32 = chunks.remainder().iter().map(|&v| f(v)).sum();
     for c in chunks {
-        for (a, v) in acc.iter_mut().zip(c) {
-            *a += v;
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += f(v);
         }
     }
     acc.iter().sum::<f32>() + tail
@@ -144,6 +150,7 @@ mod tests {
             let a: Vec<f32> = (0..n).map(|i| ((i * 7919) % 23) as f32 - 11.0).collect();
             let b: Vec<f32> = (0..n).map(|i| ((i * 104_729) % 19) as f32 * 0.5).collect();
             assert_eq!(sum(&a), a.iter().sum::<f32>(), "sum of {n}");
+            assert_eq!(sum_of(&a, |v| v * v), a.iter().map(|v| v * v).sum::<f32>(), "sum of squares of {n}");
             assert_eq!(max(&a), a.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)), "max of {n}");
             let exact: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
             assert_eq!(dot(&a, &b), exact, "dot of {n}");

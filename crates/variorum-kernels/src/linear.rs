@@ -53,8 +53,8 @@ pub fn forward<const D: usize>(layer: &burn::nn::Linear, x: Tensor<D>) -> Tensor
     linear(x, layer.weight.val(), layer.bias.as_ref().map(|b| b.val()))
 }
 
-#[derive(Clone, Copy)]
 /// A matrix read in place: storage, first element, (row, column) strides in elements.
+#[derive(Clone, Copy)]
 struct Matrix<'a> {
     data: &'a [f32],
     start: usize,
@@ -131,7 +131,7 @@ unsafe fn gemm(m: usize, n: usize, k: usize, dst: *mut f32, accumulate: bool, lh
 /// [`gemm`] with the rows of `dst` and `lhs` split in two halves run at once, for products
 /// large enough to pay for a second thread but below [`splits_itself`]: on the baby GPT's
 /// products two independent halves beat the gemm crate's split of one product, which
-/// synchronises its threads block by block (22,600 → 24,600 tokens/s, docs/cpu-speed.md).
+/// synchronises its threads block by block (baby ×1.04, docs/cpu-speed.md, change 11).
 ///
 /// # Safety
 /// As for [`gemm`].
