@@ -16,10 +16,12 @@ use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::activation::{sigmoid, softmax};
 use serde::{Deserialize, Serialize};
-use variorum_core::{AttentionMask, ConfigError, error::check};
+use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
+use variorum_position::{HeadShape, PositionConfig, RotaryConfig};
 
 use crate::full::{MASKED_SCORE, Positioning};
-use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention, MultiHeadAttentionConfig};
+use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
+use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention, MultiHeadAttentionConfig};
 
 /// `model.attention` with `kind = "adaptive-span"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -65,20 +67,6 @@ impl AdaptiveSpanConfig {
         crate::head_fields!(self)
     }
 
-    pub fn expanded(&self, d_model: usize) -> Self {
-        let h = self.heads().expanded(d_model);
-        Self { n_kv_heads: h.n_kv_heads, head_dim: h.head_dim, ..self.clone() }
-    }
-
-    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
-        self.heads().validate(d_model)?;
-        check(self.max_span > 0 && self.ramp > 0, || "model.attention.max_span and ramp must be at least 1".into())?;
-        check((0.0..=1.0).contains(&self.init_span), || {
-            format!("model.attention.init_span = {} is a fraction of max_span, in [0, 1]", self.init_span)
-        })?;
-        check(self.penalty >= 0.0, || "model.attention.penalty must be >= 0".into())
-    }
-
     pub fn init(
         &self,
         d_model: usize,
@@ -100,6 +88,55 @@ impl AdaptiveSpanConfig {
             ramp: self.ramp,
             penalty: self.penalty,
         }
+    }
+}
+
+impl AttentionKind for AdaptiveSpanConfig {
+    type Module = AdaptiveSpanAttention;
+    const SUMMARY: &'static str = "multi-head attention with a learned soft span per head (or per token), L1 penalty, keys beyond the span not computed";
+    const PAPER: &'static str = "Sukhbaatar et al. 2019, Adaptive Attention Span in Transformers";
+    const CAPS: Capabilities = Capabilities { bidirectional: false, aux_losses: true, ..caps::SCORES };
+
+    fn expanded(&self, d_model: usize) -> Self {
+        let h = self.heads().expanded(d_model);
+        Self { n_kv_heads: h.n_kv_heads, head_dim: h.head_dim, ..self.clone() }
+    }
+
+    fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        self.heads().validate(d_model)?;
+        check(self.max_span > 0 && self.ramp > 0, || "model.attention.max_span and ramp must be at least 1".into())?;
+        check((0.0..=1.0).contains(&self.init_span), || {
+            format!("model.attention.init_span = {} is a fraction of max_span, in [0, 1]", self.init_span)
+        })?;
+        check(self.penalty >= 0.0, || "model.attention.penalty must be >= 0".into())
+    }
+
+    fn head_shape(&self, d_model: usize) -> HeadShape {
+        self.heads().heads(d_model)
+    }
+
+    fn dropout(&self) -> f64 {
+        self.heads().dropout
+    }
+
+    /// Full attention's FLOPs over at most S keys back.
+    fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+        self.heads().flops_per_token(d_model, len_k.min(self.max_span))
+    }
+
+    fn build(&self, init: &LayerInit, device: &Device) -> AdaptiveSpanAttention {
+        self.init(init.d_model, init.init_std, init.out_std, init.position, device)
+    }
+
+    /// Spans shorter than the sequence, so trimming and the soft mask both act.
+    fn test_variants() -> Vec<TestVariant<Self>> {
+        [false, true]
+            .map(|dynamic| {
+                let span = Self { max_span: 6, ramp: 2, init_span: 0.5, dynamic, ..Default::default() };
+                TestVariant::new(format!("dynamic={dynamic}"), span)
+                    .with_position(PositionConfig::Rope(RotaryConfig::default()))
+            })
+            .into()
     }
 }
 
@@ -183,6 +220,20 @@ impl AdaptiveSpanAttention {
         let weights = input.need_weights.then(|| probs.clone());
         let context = self.attention.combine(self.attention.dropout.forward(probs), &p);
         AttentionOutput { context, weights, aux_losses: vec![("adaptive_span".into(), penalty)] }
+    }
+}
+
+impl AttentionMechanism for AdaptiveSpanAttention {
+    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
+        AdaptiveSpanAttention::forward(self, input, state.map(AttentionState::kv_mut))
+    }
+
+    fn extend_cache(&self, x: Tensor<3>, mask: &AttentionMask, state: &mut AttentionState) {
+        self.attention.project(x, None, mask, Some(state.kv_mut()));
+    }
+
+    fn content_only(&self, query: Tensor<3>, key_value: Tensor<3>) -> Tensor<3> {
+        self.attention.content_only(query, key_value)
     }
 }
 

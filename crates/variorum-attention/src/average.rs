@@ -13,11 +13,12 @@ use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::activation::{relu, sigmoid};
 use serde::{Deserialize, Serialize};
-use variorum_core::{ConfigError, error::check};
+use variorum_core::{Capabilities, ConfigError, error::check};
 use variorum_position::HeadShape;
 
 use crate::kernel::{self, Features, KernelState};
-use crate::{AttentionInput, AttentionOutput};
+use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
+use crate::{AttentionInput, AttentionOutput, AttentionState};
 
 /// `model.attention` with `kind = "average"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -44,15 +45,6 @@ impl AverageAttentionConfig {
         self.d_ff.unwrap_or(d_model)
     }
 
-    pub fn expanded(&self, d_model: usize) -> Self {
-        Self { d_ff: Some(self.d_ff(d_model)), ..self.clone() }
-    }
-
-    pub fn validate(&self, _d_model: usize) -> Result<(), ConfigError> {
-        check(self.d_ff != Some(0), || "model.attention.d_ff must be at least 1".into())?;
-        check(self.chunk >= 1, || "model.attention.chunk must be at least 1".into())
-    }
-
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> AverageAttention {
         let linear =
             |i, o, std| LinearConfig::new(i, o).with_initializer(Initializer::Normal { mean: 0.0, std }).init(device);
@@ -64,11 +56,40 @@ impl AverageAttentionConfig {
             chunk: self.chunk,
         }
     }
+}
 
-    /// Multiply–adds per token: FFN and gate (the average itself is O(d)).
-    pub fn flops_per_token(&self, d_model: usize) -> u64 {
+impl AttentionKind for AverageAttentionConfig {
+    type Module = AverageAttention;
+    const SUMMARY: &'static str = "cumulative average of the inputs, FFN and input/forget gates instead of self-attention; O(d) per decoded token";
+    const PAPER: &'static str = "Zhang et al. 2018, Accelerating Neural Transformer via an Average Attention Network";
+    const CAPS: Capabilities = caps::NO_SCORES;
+
+    fn expanded(&self, d_model: usize) -> Self {
+        Self { d_ff: Some(self.d_ff(d_model)), ..self.clone() }
+    }
+
+    fn validate(&self, _d_model: usize) -> Result<(), ConfigError> {
+        check(self.d_ff != Some(0), || "model.attention.d_ff must be at least 1".into())?;
+        check(self.chunk >= 1, || "model.attention.chunk must be at least 1".into())
+    }
+
+    fn head_shape(&self, d_model: usize) -> HeadShape {
+        self.heads(d_model)
+    }
+
+    /// Multiply–adds per token: FFN and gate (the average itself is O(d), whatever `len_k`).
+    fn flops_per_token(&self, d_model: usize, _len_k: usize) -> u64 {
         let (d, f) = (d_model as u64, self.d_ff(d_model) as u64);
         2 * (2 * d * f + 4 * d * d)
+    }
+
+    fn build(&self, init: &LayerInit, device: &Device) -> AverageAttention {
+        self.init(init.d_model, init.init_std, init.out_std, device)
+    }
+
+    /// Small chunks, so the chunked causal average and its carried sums are exercised.
+    fn test_variants() -> Vec<TestVariant<Self>> {
+        vec![TestVariant::new("", Self { chunk: 3, ..Default::default() })]
     }
 }
 
@@ -104,5 +125,12 @@ impl AverageAttention {
         let gates = sigmoid(self.gate.forward(Tensor::cat(vec![y.clone(), g.clone()], 2)));
         let (i, f) = (gates.clone().narrow(2, 0, d), gates.narrow(2, d, d));
         AttentionOutput { context: i * y + f * g, weights: None, aux_losses: Vec::new() }
+    }
+}
+
+impl AttentionMechanism for AverageAttention {
+    /// Decoding state: the running sum and count, `Option<KernelState>` in the layer's state.
+    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
+        AverageAttention::forward(self, input, state.map(|s| s.get_or_default::<Option<KernelState>>()))
     }
 }

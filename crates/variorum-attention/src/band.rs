@@ -8,8 +8,9 @@
 //! constant mask keeps the exact band (and hides the padding).
 //!
 //! [`BandAttention`] is multi-head attention restricted to a band, the module of the
-//! `sliding-window` and `local` kinds: blocks for a fresh sequence, the dense masked computation
-//! when the keys are not the queries (a KV cache, a memory) or when weights are asked for.
+//! `sliding-window`, `local` and `multi-scale` kinds: blocks for a fresh sequence, the dense
+//! masked computation when the keys are not the queries (a KV cache, a memory) or when weights
+//! are asked for.
 //!
 //! Every block has the same geometry (its keys start ⌈back/B⌉·B before its queries), so a
 //! relative position scheme gets one [`ScoreLayout`] for all of them: relative schemes are
@@ -26,7 +27,8 @@ use variorum_position::{Distances, ScoreLayout};
 
 use crate::full::{MASKED_SCORE, Projected};
 use crate::gathered::{KeySet, gathered_scores};
-use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention};
+use crate::kind::AttentionMechanism;
+use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention};
 
 /// Which keys a query sees, relative to its own position (or to its block's), and the block size
 /// of the computation.
@@ -766,5 +768,22 @@ impl BandAttention {
             self.trim(c);
         }
         out
+    }
+}
+
+/// The mechanism of the `sliding-window`, `local` and `multi-scale` kinds: a KV cache trimmed to
+/// what a later query can still see.
+impl AttentionMechanism for BandAttention {
+    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
+        BandAttention::forward(self, input, state.map(AttentionState::kv_mut))
+    }
+
+    fn extend_cache(&self, x: Tensor<3>, mask: &AttentionMask, state: &mut AttentionState) {
+        self.attention.project(x, None, mask, Some(state.kv_mut()));
+        self.trim(state.kv_mut());
+    }
+
+    fn content_only(&self, query: Tensor<3>, key_value: Tensor<3>) -> Tensor<3> {
+        self.attention.content_only(query, key_value)
     }
 }

@@ -23,12 +23,14 @@ use rand::SeedableRng;
 use rand::seq::IndexedRandom;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
-use variorum_core::{ConfigError, error::check};
+use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
+use variorum_position::{HeadShape, PositionConfig, T5BiasConfig};
 
 use crate::band::{Band, BandPart, Pattern, PatternCall, decode_runs, sparse};
 use crate::full::Positioning;
 use crate::gathered::KeySet;
-use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention};
+use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
+use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention};
 
 /// `model.attention` with `kind = "bigbird"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -49,7 +51,7 @@ pub struct BigBirdConfig {
     pub global_tokens: usize,
     /// Seed of the random blocks (mixed with the layer index). Default 0.
     pub seed: u64,
-    /// The layer this config was specialised for ([`Self::for_layer`]).
+    /// The layer this config was specialised for ([`AttentionKind::for_layer`]).
     #[serde(skip)]
     pub layer: usize,
 }
@@ -75,22 +77,9 @@ impl Default for BigBirdConfig {
 impl BigBirdConfig {
     crate::head_methods!();
 
-    pub fn expanded(&self, d_model: usize) -> Self {
-        self.expanded_heads(d_model)
-    }
-
-    pub fn for_layer(&self, i: usize) -> Self {
-        Self { layer: i, ..self.clone() }
-    }
-
-    /// This config as layer `i`'s (owned; [`Self::for_layer`]).
+    /// This config as layer `i`'s (owned; [`AttentionKind::for_layer`]).
     pub fn with_layer(self, i: usize) -> Self {
         Self { layer: i, ..self }
-    }
-
-    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
-        self.heads().validate(d_model)?;
-        check(self.block >= 1, || "model.attention.block must be at least 1".into())
     }
 
     pub fn init(
@@ -111,11 +100,62 @@ impl BigBirdConfig {
             layer: self.layer,
         }
     }
+}
+
+impl AttentionKind for BigBirdConfig {
+    type Module = BigBirdAttention;
+    const SUMMARY: &'static str = "BigBird: blocked sliding window, global tokens (the first g positions) and r random blocks per query block, fixed per layer by a seed; computed block by block";
+    const PAPER: &'static str = "Zaheer et al. 2020, Big Bird: Transformers for Longer Sequences";
+    const CAPS: Capabilities = Capabilities { gathers_keys: true, ..caps::BLOCKED_SCORES };
+
+    fn expanded(&self, d_model: usize) -> Self {
+        self.expanded_heads(d_model)
+    }
+
+    fn for_layer(&self, i: usize) -> Self {
+        Self { layer: i, ..self.clone() }
+    }
+
+    fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        self.heads().validate(d_model)?;
+        check(self.block >= 1, || "model.attention.block must be at least 1".into())
+    }
+
+    fn head_shape(&self, d_model: usize) -> HeadShape {
+        self.heads().heads(d_model)
+    }
+
+    fn dropout(&self) -> f64 {
+        self.dropout
+    }
 
     /// Multiply–adds per token: the window and random blocks, the global tokens.
-    pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+    fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         let keys = self.block * (2 * self.window_blocks + 1 + self.random_blocks) + self.global_tokens;
         self.heads().flops_per_token(d_model, keys.min(len_k))
+    }
+
+    fn build(&self, init: &LayerInit, device: &Device) -> BigBirdAttention {
+        self.init(init.d_model, init.init_std, init.out_std, init.position, device)
+    }
+
+    fn test_variants() -> Vec<TestVariant<Self>> {
+        // the harness's sequences span several blocks, so random blocks exist past the window
+        [(PositionConfig::Alibi, 2), (PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 16 }), 0)]
+            .into_iter()
+            .map(|(position, global_tokens)| {
+                let cfg = Self {
+                    block: 2,
+                    window_blocks: 1,
+                    random_blocks: 2,
+                    global_tokens,
+                    n_kv_heads: Some(2),
+                    ..Default::default()
+                };
+                TestVariant::new(format!("{global_tokens} global + position {}", position.kind()), cfg)
+                    .with_position(position)
+            })
+            .collect()
     }
 }
 
@@ -203,5 +243,20 @@ impl BigBirdAttention {
         } else {
             call.dense(&self.attention, 1, |_, _, q, k| !self.sees(q, k, &random[q / b], causal))
         }
+    }
+}
+
+impl AttentionMechanism for BigBirdAttention {
+    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
+        BigBirdAttention::forward(self, input, state.map(AttentionState::kv_mut))
+    }
+
+    /// The cache grows with every position (global tokens and random blocks reach back to 0).
+    fn extend_cache(&self, x: Tensor<3>, mask: &AttentionMask, state: &mut AttentionState) {
+        self.attention.project(x, None, mask, Some(state.kv_mut()));
+    }
+
+    fn content_only(&self, query: Tensor<3>, key_value: Tensor<3>) -> Tensor<3> {
+        self.attention.content_only(query, key_value)
     }
 }

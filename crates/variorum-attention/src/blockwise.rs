@@ -18,12 +18,14 @@
 
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
-use variorum_core::{ConfigError, error::check};
+use variorum_core::{Capabilities, ConfigError, error::check};
+use variorum_position::{HeadShape, PositionConfig};
 
 use crate::band::{Band, BandPart, Pattern, PatternCall, sparse};
 use crate::full::Positioning;
 use crate::gathered::KeySet;
-use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention};
+use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
+use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention};
 
 /// `model.attention` with `kind = "blockwise"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -53,18 +55,6 @@ impl BlockwiseConfig {
         if self.shifts.is_empty() { (0..self.n_heads).collect() } else { self.shifts.clone() }
     }
 
-    pub fn expanded(&self, d_model: usize) -> Self {
-        Self { shifts: self.head_shifts(), ..self.expanded_heads(d_model) }
-    }
-
-    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
-        self.heads().validate(d_model)?;
-        check(self.block >= 1, || "model.attention.block must be at least 1".into())?;
-        check(self.shifts.is_empty() || self.shifts.len() == self.n_heads, || {
-            format!("model.attention.shifts {:?}: give one shift per head, {} of them", self.shifts, self.n_heads)
-        })
-    }
-
     pub fn init(
         &self,
         d_model: usize,
@@ -79,10 +69,49 @@ impl BlockwiseConfig {
             shifts: self.head_shifts(),
         }
     }
+}
+
+impl AttentionKind for BlockwiseConfig {
+    type Module = BlockwiseAttention;
+    const SUMMARY: &'static str = "blockwise attention: head h's query block t sees key block (t + s_h) mod n; causal: its own block and the block s_h before";
+    const PAPER: &'static str = "Qiu et al. 2019, Blockwise Self-Attention for Long Document Understanding";
+    const CAPS: Capabilities = caps::GATHERED_SCORES;
+
+    fn expanded(&self, d_model: usize) -> Self {
+        Self { shifts: self.head_shifts(), ..self.expanded_heads(d_model) }
+    }
+
+    fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        self.heads().validate(d_model)?;
+        check(self.block >= 1, || "model.attention.block must be at least 1".into())?;
+        check(self.shifts.is_empty() || self.shifts.len() == self.n_heads, || {
+            format!("model.attention.shifts {:?}: give one shift per head, {} of them", self.shifts, self.n_heads)
+        })
+    }
+
+    fn head_shape(&self, d_model: usize) -> HeadShape {
+        self.heads().heads(d_model)
+    }
+
+    fn dropout(&self) -> f64 {
+        self.dropout
+    }
 
     /// Multiply–adds per token: one block (two when causal).
-    pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+    fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         self.heads().flops_per_token(d_model, (2 * self.block).min(len_k))
+    }
+
+    fn build(&self, init: &LayerInit, device: &Device) -> BlockwiseAttention {
+        self.init(init.d_model, init.init_std, init.out_std, init.position, device)
+    }
+
+    fn test_variants() -> Vec<TestVariant<Self>> {
+        // own block plus a permuted (shifted) block per head
+        vec![
+            TestVariant::new("+ position alibi", Self { block: 3, n_kv_heads: Some(2), ..Default::default() })
+                .with_position(PositionConfig::Alibi),
+        ]
     }
 }
 
@@ -146,5 +175,15 @@ impl BlockwiseAttention {
             c.drop_front(first.saturating_sub(c.start));
         }
         out
+    }
+}
+
+impl AttentionMechanism for BlockwiseAttention {
+    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
+        BlockwiseAttention::forward(self, input, state.map(AttentionState::kv_mut))
+    }
+
+    fn content_only(&self, query: Tensor<3>, key_value: Tensor<3>) -> Tensor<3> {
+        self.attention.content_only(query, key_value)
     }
 }

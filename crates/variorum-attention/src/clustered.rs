@@ -36,11 +36,12 @@ use burn::nn::{Dropout, DropoutConfig};
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
 use serde::{Deserialize, Serialize};
-use variorum_core::{ConfigError, error::check};
+use variorum_core::{Capabilities, ConfigError, error::check};
 use variorum_position::HeadShape;
 
 use crate::full::MASKED_SCORE;
 use crate::kernel::{self, HeadProjections};
+use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
 use crate::{AttentionInput, AttentionOutput, AttentionState};
 
 /// `model.attention` with `kind = "clustered"`.
@@ -73,22 +74,6 @@ impl ClusteredConfig {
         kernel::heads(self.n_heads, self.head_dim, d_model)
     }
 
-    pub fn expanded(&self, d_model: usize) -> Self {
-        Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
-    }
-
-    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
-        kernel::validate_heads(self.n_heads, self.head_dim, 1, d_model)?;
-        check(self.clusters >= 1, || "model.attention.clusters must be at least 1".into())?;
-        check(self.iterations >= 1, || {
-            "model.attention.iterations must be at least 1 (the centroids are their members' means)".into()
-        })?;
-        check(self.top_k != Some(0), || "model.attention.top_k must be at least 1 (or absent)".into())?;
-        check((0.0..1.0).contains(&self.dropout), || {
-            format!("model.attention.dropout = {} must be in [0, 1)", self.dropout)
-        })
-    }
-
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> ClusteredAttention {
         let h = self.heads(d_model);
         ClusteredAttention {
@@ -100,16 +85,62 @@ impl ClusteredConfig {
             scale: 1.0 / (h.head_dim as f64).sqrt(),
         }
     }
+}
+
+impl AttentionKind for ClusteredConfig {
+    type Module = ClusteredAttention;
+    const SUMMARY: &'static str = "clustered attention: per head, queries grouped into C clusters by k-means (fixed Lloyd iterations), softmax attention once per centroid copied to its members; optional exact top-k rescoring; O(C·L·d); bidirectional only";
+    const PAPER: &'static str = "Vyas, Katharopoulos, Fleuret 2020, Fast Transformers with Clustered Attention";
+    const CAPS: Capabilities = caps::BIDIRECTIONAL_ONLY;
+
+    fn why_not_causal(&self) -> &'static str {
+        "a cluster's centroid, and so every member's attention, depends on later queries"
+    }
+
+    fn expanded(&self, d_model: usize) -> Self {
+        Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
+    }
+
+    fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        kernel::validate_heads(self.n_heads, self.head_dim, 1, d_model)?;
+        check(self.clusters >= 1, || "model.attention.clusters must be at least 1".into())?;
+        check(self.iterations >= 1, || {
+            "model.attention.iterations must be at least 1 (the centroids are their members' means)".into()
+        })?;
+        check(self.top_k != Some(0), || "model.attention.top_k must be at least 1 (or absent)".into())?;
+        check((0.0..1.0).contains(&self.dropout), || {
+            format!("model.attention.dropout = {} must be in [0, 1)", self.dropout)
+        })
+    }
+
+    fn head_shape(&self, d_model: usize) -> HeadShape {
+        self.heads(d_model)
+    }
+
+    fn dropout(&self) -> f64 {
+        self.dropout
+    }
 
     /// Multiply–adds per token over a context of `len_k` (L_Q = L_K): projections, the distances
     /// to C centroids per iteration, C·L_K centroid scores and value rows spread over L_K queries,
     /// the broadcast back, k exact scores and value rows.
-    pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+    fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         let h = self.heads(d_model);
         let (d, hd) = (d_model as u64, (h.n_heads * h.head_dim) as u64);
         let c = self.clusters.min(len_k.max(1)) as u64;
         let k = self.top_k.map_or(0, |k| k.min(len_k)) as u64;
         2 * (4 * d * hd) + 2 * hd * (c * (self.iterations as u64 + 3) + 2 * k)
+    }
+
+    fn build(&self, init: &LayerInit, device: &Device) -> ClusteredAttention {
+        self.init(init.d_model, init.init_std, init.out_std, device)
+    }
+
+    fn test_variants() -> Vec<TestVariant<Self>> {
+        vec![
+            TestVariant::new("", Self { clusters: 4, iterations: 3, ..Default::default() }).masked(),
+            TestVariant::new("top-k", Self { clusters: 3, top_k: Some(4), ..Default::default() }).masked(),
+        ]
     }
 }
 
@@ -231,5 +262,12 @@ impl ClusteredAttention {
         let attended = exact.unsqueeze_dim::<5>(3).matmul(v_q).reshape([b, h, lq, dh]);
         let one_hot = clusters.one_hot;
         one_hot.clone().matmul(total) * attended + one_hot.matmul(rest)
+    }
+}
+
+impl AttentionMechanism for ClusteredAttention {
+    /// Bidirectional only: no decoding state is kept (the layer's state is not passed on).
+    fn forward(&self, input: AttentionInput, _state: Option<&mut AttentionState>) -> AttentionOutput {
+        ClusteredAttention::forward(self, input, None)
     }
 }

@@ -1,15 +1,7 @@
-//! The attention contract shared by every mechanism.
+//! The attention contract shared by every mechanism (its state: [`crate::state`]).
 
 use burn::prelude::*;
 use variorum_core::{AttentionMask, AuxLosses};
-
-use crate::KvCache;
-use crate::etc::EtcState;
-use crate::kernel::KernelState;
-use crate::low_rank_band::LowRankBandState;
-use crate::memory_compressed::CompressedState;
-use crate::poolingformer::PoolingState;
-use crate::prob_sparse::ProbSparseState;
 
 /// What every attention mechanism receives.
 #[derive(Debug)]
@@ -56,103 +48,4 @@ pub struct AttentionOutput {
     pub weights: Option<Tensor<4>>,
     /// Extra losses (already weighted).
     pub aux_losses: AuxLosses,
-}
-
-/// Incremental-decoding state of one attention layer. Mechanisms without state ignore it.
-#[derive(Debug, Clone, Default)]
-pub enum AttentionState {
-    #[default]
-    Empty,
-    Kv(KvCache),
-    /// The carried sums of a kernelised (recurrent) attention.
-    Kernel(Option<KernelState>),
-    /// Compressed and open-block keys of memory-compressed attention.
-    Compressed(CompressedState),
-    /// Keys, values, past sparsity measures and the running value sum of ProbSparse attention.
-    ProbSparse(ProbSparseState),
-    /// The long and the global caches of ETC's global–local attention.
-    Etc(EtcState),
-    /// Poolingformer's level-1 window, pooled segments and open segment.
-    Pooling(PoolingState),
-    /// The low-rank keys of every position and the band keys of the last w (low-rank-band).
-    LowRankBand(LowRankBandState),
-}
-
-impl AttentionState {
-    /// The KV cache, created on first use.
-    pub fn kv_mut(&mut self) -> &mut KvCache {
-        if let AttentionState::Empty = self {
-            *self = AttentionState::Kv(KvCache::default());
-        }
-        match self {
-            AttentionState::Kv(c) => c,
-            _ => unreachable!("replaced just above; one layer keeps one kind of state"),
-        }
-    }
-
-    /// The state of memory-compressed attention, created on first use.
-    pub fn compressed_mut(&mut self) -> &mut CompressedState {
-        if !matches!(self, AttentionState::Compressed(_)) {
-            *self = AttentionState::Compressed(CompressedState::default());
-        }
-        match self {
-            AttentionState::Compressed(s) => s,
-            _ => unreachable!("replaced just above"),
-        }
-    }
-
-    /// Poolingformer's state, created on first use.
-    pub fn pooling_mut(&mut self) -> &mut PoolingState {
-        if !matches!(self, AttentionState::Pooling(_)) {
-            *self = AttentionState::Pooling(PoolingState::default());
-        }
-        match self {
-            AttentionState::Pooling(s) => s,
-            _ => unreachable!("replaced just above"),
-        }
-    }
-
-    /// Low-rank-band's caches, created on first use.
-    pub fn low_rank_band_mut(&mut self) -> &mut LowRankBandState {
-        if !matches!(self, AttentionState::LowRankBand(_)) {
-            *self = AttentionState::LowRankBand(LowRankBandState::default());
-        }
-        match self {
-            AttentionState::LowRankBand(s) => s,
-            _ => unreachable!("replaced just above"),
-        }
-    }
-
-    /// The state of ProbSparse attention, created on first use.
-    pub fn prob_sparse_mut(&mut self) -> &mut ProbSparseState {
-        if !matches!(self, AttentionState::ProbSparse(_)) {
-            *self = AttentionState::ProbSparse(ProbSparseState::default());
-        }
-        match self {
-            AttentionState::ProbSparse(s) => s,
-            _ => unreachable!("replaced just above"),
-        }
-    }
-
-    /// ETC's caches, created on first use.
-    pub fn etc_mut(&mut self) -> &mut EtcState {
-        if !matches!(self, AttentionState::Etc(_)) {
-            *self = AttentionState::Etc(EtcState::default());
-        }
-        match self {
-            AttentionState::Etc(s) => s,
-            _ => unreachable!("replaced just above"),
-        }
-    }
-
-    /// The recurrent sums of a kernelised attention, created on first use.
-    pub fn kernel_mut(&mut self) -> &mut Option<KernelState> {
-        if !matches!(self, AttentionState::Kernel(_)) {
-            *self = AttentionState::Kernel(None);
-        }
-        match self {
-            AttentionState::Kernel(s) => s,
-            _ => unreachable!("replaced just above"),
-        }
-    }
 }

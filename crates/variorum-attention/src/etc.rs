@@ -21,11 +21,13 @@
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
 use serde::{Deserialize, Serialize};
-use variorum_core::{AttentionMask, ConfigError, GlobalLocal, error::check};
+use variorum_core::{AttentionMask, Capabilities, ConfigError, GlobalLocal, error::check};
+use variorum_position::{HeadShape, PositionConfig, XlRelativeConfig};
 
 use crate::band::{Band, band_context, dilated_band_scores};
 use crate::full::{MASKED_SCORE, Positioning};
-use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention};
+use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
+use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention};
 
 /// `model.attention` with `kind = "etc"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -67,17 +69,6 @@ impl EtcConfig {
         self.block.unwrap_or(self.window.min(128))
     }
 
-    pub fn expanded(&self, d_model: usize) -> Self {
-        Self { block: Some(self.block()), ..self.expanded_heads(d_model) }
-    }
-
-    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
-        self.heads().validate(d_model)?;
-        check(self.window >= 1 && self.segment >= 1 && self.block() >= 1, || {
-            "model.attention.window, segment and block must be at least 1".into()
-        })
-    }
-
     pub fn init(
         &self,
         d_model: usize,
@@ -93,11 +84,52 @@ impl EtcConfig {
             block: self.block(),
         }
     }
+}
+
+impl AttentionKind for EtcConfig {
+    type Module = EtcAttention;
+    const SUMMARY: &'static str = "ETC global-local attention: one auxiliary global token per segment beside the sequence; l2l window (relative positions), l2g completed segments, g2l own segment, g2g";
+    const PAPER: &'static str = "Ainslie et al. 2020, ETC: Encoding Long and Structured Inputs in Transformers";
+    const CAPS: Capabilities = Capabilities { global_input: true, ..caps::SCORES };
+
+    fn expanded(&self, d_model: usize) -> Self {
+        Self { block: Some(self.block()), ..self.expanded_heads(d_model) }
+    }
+
+    fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        self.heads().validate(d_model)?;
+        check(self.window >= 1 && self.segment >= 1 && self.block() >= 1, || {
+            "model.attention.window, segment and block must be at least 1".into()
+        })
+    }
+
+    fn head_shape(&self, d_model: usize) -> HeadShape {
+        self.heads().heads(d_model)
+    }
+
+    fn dropout(&self) -> f64 {
+        self.dropout
+    }
 
     /// Multiply–adds per long token: its window and the global tokens (one per segment).
-    pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+    fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         let keys = self.window + len_k.div_ceil(self.segment.max(1));
         self.heads().flops_per_token(d_model, keys.min(len_k))
+    }
+
+    fn build(&self, init: &LayerInit, device: &Device) -> EtcAttention {
+        self.init(init.d_model, init.init_std, init.out_std, init.position, device)
+    }
+
+    /// A global token per segment of 3 beside the sequence, a window of 2 (relative positions on
+    /// the local part).
+    fn test_variants() -> Vec<TestVariant<Self>> {
+        [PositionConfig::default(), PositionConfig::TransformerXl(XlRelativeConfig::default())]
+            .map(|p| {
+                let cfg = Self { window: 2, segment: 3, block: Some(2), n_kv_heads: Some(2), ..Default::default() };
+                TestVariant::new(format!("position {}", p.kind()), cfg).with_position(p)
+            })
+            .into()
     }
 }
 
@@ -316,5 +348,19 @@ impl EtcAttention {
         let probs = mha.dropout.forward(softmax(Tensor::cat(vec![g2g, g2l], 3), 3));
         let to_segments = probs.clone().narrow(3, g, s).unsqueeze_dim::<5>(3).matmul(vs).reshape([b, h, n, dh]);
         probs.narrow(3, 0, g).matmul(vg) + to_segments
+    }
+}
+
+impl AttentionMechanism for EtcAttention {
+    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
+        EtcAttention::forward(self, input, state.map(|s| s.get_or_default::<EtcState>()))
+    }
+
+    fn content_only(&self, query: Tensor<3>, key_value: Tensor<3>) -> Tensor<3> {
+        self.attention.content_only(query, key_value)
+    }
+
+    fn global_segment(&self) -> Option<usize> {
+        Some(self.segment)
     }
 }

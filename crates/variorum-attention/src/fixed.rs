@@ -17,13 +17,15 @@
 
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
-use variorum_core::{ConfigError, error::check};
+use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
+use variorum_position::{HeadShape, PositionConfig, RotaryConfig, T5BiasConfig};
 
 use crate::band::{Band, BandPart, Pattern, PatternCall, decode_runs, sparse};
 use crate::full::Positioning;
 use crate::gathered::KeySet;
+use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
 use crate::strided::StridedCombine;
-use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention};
+use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention};
 
 /// `model.attention` with `kind = "fixed"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -40,7 +42,8 @@ pub struct FixedConfig {
     pub summary: usize,
     /// `union` (default), `heads` or `alternate`.
     pub combine: StridedCombine,
-    /// The layer this config was specialised for ([`Self::for_layer`]); `alternate` reads it.
+    /// The layer this config was specialised for ([`AttentionKind::for_layer`]); `alternate`
+    /// reads it.
     #[serde(skip)]
     pub layer: usize,
 }
@@ -72,26 +75,6 @@ pub enum Sees {
 impl FixedConfig {
     crate::head_methods!();
 
-    pub fn expanded(&self, d_model: usize) -> Self {
-        self.expanded_heads(d_model)
-    }
-
-    pub fn for_layer(&self, i: usize) -> Self {
-        Self { layer: i, ..self.clone() }
-    }
-
-    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
-        self.heads().validate(d_model)?;
-        check(self.stride >= 1, || "model.attention.stride must be at least 1".into())?;
-        check(self.summary >= 1 && self.summary <= self.stride, || {
-            format!("model.attention.summary = {} must be between 1 and stride = {}", self.summary, self.stride)
-        })?;
-        check(self.combine != StridedCombine::Heads || self.n_heads >= 2, || {
-            "model.attention.combine = \"heads\" splits the heads between the two patterns: it needs n_heads >= 2"
-                .into()
-        })
-    }
-
     pub fn init(
         &self,
         d_model: usize,
@@ -117,11 +100,65 @@ impl FixedConfig {
             head_sees: sees,
         }
     }
+}
+
+impl AttentionKind for FixedConfig {
+    type Module = FixedAttention;
+    const SUMMARY: &'static str = "Sparse Transformer fixed pattern: the own block of ℓ and the last c positions of every block (union, split heads or alternating layers)";
+    const PAPER: &'static str = "Child et al. 2019, Generating Long Sequences with Sparse Transformers";
+    const CAPS: Capabilities = caps::GATHERED_SCORES;
+
+    fn expanded(&self, d_model: usize) -> Self {
+        self.expanded_heads(d_model)
+    }
+
+    fn for_layer(&self, i: usize) -> Self {
+        Self { layer: i, ..self.clone() }
+    }
+
+    fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        self.heads().validate(d_model)?;
+        check(self.stride >= 1, || "model.attention.stride must be at least 1".into())?;
+        check(self.summary >= 1 && self.summary <= self.stride, || {
+            format!("model.attention.summary = {} must be between 1 and stride = {}", self.summary, self.stride)
+        })?;
+        check(self.combine != StridedCombine::Heads || self.n_heads >= 2, || {
+            "model.attention.combine = \"heads\" splits the heads between the two patterns: it needs n_heads >= 2"
+                .into()
+        })
+    }
+
+    fn head_shape(&self, d_model: usize) -> HeadShape {
+        self.heads().heads(d_model)
+    }
+
+    fn dropout(&self) -> f64 {
+        self.dropout
+    }
 
     /// Multiply–adds per token: its block and c summaries per block.
-    pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+    fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         let keys = self.stride + self.summary * len_k.div_ceil(self.stride.max(1));
         self.heads().flops_per_token(d_model, keys.min(len_k))
+    }
+
+    fn build(&self, init: &LayerInit, device: &Device) -> FixedAttention {
+        self.init(init.d_model, init.init_std, init.out_std, init.position, device)
+    }
+
+    fn test_variants() -> Vec<TestVariant<Self>> {
+        // own block + summaries, the three combinations
+        [
+            (StridedCombine::Union, PositionConfig::Alibi),
+            (StridedCombine::Heads, PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 16 })),
+            (StridedCombine::Alternate, PositionConfig::Rope(RotaryConfig::default())),
+        ]
+        .into_iter()
+        .map(|(combine, position)| {
+            let cfg = Self { stride: 4, summary: 2, combine, ..Default::default() };
+            TestVariant::new(format!("{combine:?} + position {}", position.kind()), cfg).with_position(position)
+        })
+        .collect()
     }
 }
 
@@ -207,5 +244,20 @@ impl FixedAttention {
             sparse(&self.attention, p, &Pattern { block: s, bands: &[band], global: &[], extra: None })
         };
         PatternCall::output(&self.attention, context)
+    }
+}
+
+impl AttentionMechanism for FixedAttention {
+    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
+        FixedAttention::forward(self, input, state.map(AttentionState::kv_mut))
+    }
+
+    /// The cache grows with every position (the summaries reach back to 0).
+    fn extend_cache(&self, x: Tensor<3>, mask: &AttentionMask, state: &mut AttentionState) {
+        self.attention.project(x, None, mask, Some(state.kv_mut()));
+    }
+
+    fn content_only(&self, query: Tensor<3>, key_value: Tensor<3>) -> Tensor<3> {
+        self.attention.content_only(query, key_value)
     }
 }

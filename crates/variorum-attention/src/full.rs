@@ -15,11 +15,12 @@ use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
 use serde::{Deserialize, Serialize};
-use variorum_core::{AttentionMask, ConfigError, error::check, error::divisors};
+use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check, error::divisors};
 use variorum_position::{HeadShape, PositionConfig, RelativePosition, ScoreLayout};
 
 use crate::band::{Band, banded};
-use crate::{AttentionInput, AttentionOutput, KvCache, QkvProjection, QkvProjectionConfig};
+use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
+use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, QkvProjection, QkvProjectionConfig};
 
 /// Value written into hidden score entries. Finite, so a row whose keys are all hidden (a fully
 /// padded row) gives a uniform distribution instead of NaN.
@@ -41,7 +42,7 @@ macro_rules! head_fields {
     };
 }
 
-/// `heads()`, `head_shape()` and `expanded_heads()` of a kind's config with the five head
+/// `heads()` and `expanded_heads()` of a kind's config with the five head
 /// fields (the derived defaults of the heads written out; kinds with more add theirs).
 #[macro_export]
 macro_rules! head_methods {
@@ -50,13 +51,9 @@ macro_rules! head_methods {
             $crate::head_fields!(self)
         }
 
-        pub fn head_shape(&self, d_model: usize) -> variorum_position::HeadShape {
-            self.heads().heads(d_model)
-        }
-
         /// The config with the heads' derived defaults written out.
         pub fn expanded_heads(&self, d_model: usize) -> Self {
-            let h = self.heads().expanded(d_model);
+            let h = $crate::AttentionKind::expanded(&self.heads(), d_model);
             Self { n_kv_heads: h.n_kv_heads, head_dim: h.head_dim, ..self.clone() }
         }
     };
@@ -94,36 +91,7 @@ impl MultiHeadAttentionConfig {
         self.head_dim.unwrap_or(d_model / self.n_heads.max(1))
     }
 
-    /// The same config with the derived defaults written out.
-    pub fn expanded(&self, d_model: usize) -> Self {
-        Self { n_kv_heads: Some(self.kv_heads()), head_dim: Some(self.head_dim(d_model)), ..self.clone() }
-    }
-
-    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
-        check(self.n_heads > 0, || "model.attention.n_heads must be at least 1".into())?;
-        if self.head_dim.is_none() {
-            check(d_model % self.n_heads == 0, || {
-                format!(
-                    "model.attention.n_heads = {} does not divide model.d_model = {d_model}: use one of {:?} or set model.attention.head_dim",
-                    self.n_heads,
-                    divisors(d_model)
-                )
-            })?;
-        }
-        check(self.head_dim != Some(0), || "model.attention.head_dim must be at least 1".into())?;
-        let kv = self.kv_heads();
-        check(kv > 0 && self.n_heads % kv == 0, || {
-            format!(
-                "model.attention.n_kv_heads = {kv} does not divide model.attention.n_heads = {}: use one of {:?}",
-                self.n_heads,
-                divisors(self.n_heads)
-            )
-        })?;
-        check((0.0..1.0).contains(&self.dropout), || {
-            format!("model.attention.dropout = {} must be in [0, 1)", self.dropout)
-        })
-    }
-
+    /// Query heads and head size (the shape every kind with these head fields reports).
     pub fn heads(&self, d_model: usize) -> HeadShape {
         HeadShape { d_model, n_heads: self.n_heads, head_dim: self.head_dim(d_model) }
     }
@@ -153,14 +121,93 @@ impl MultiHeadAttentionConfig {
             scale: position.config.content_scale() / (head_dim as f64).sqrt(),
         }
     }
+}
+
+impl AttentionKind for MultiHeadAttentionConfig {
+    type Module = MultiHeadAttention;
+    const SUMMARY: &'static str = "multi-head scaled dot-product attention; grouped-/multi-query K/V heads; KV cache";
+    const PAPER: &'static str =
+        "Vaswani et al. 2017, Attention Is All You Need; Shazeer 2019 (MQA); Ainslie et al. 2023 (GQA)";
+    const CAPS: Capabilities = caps::SCORES;
+
+    /// The same config with the derived defaults written out.
+    fn expanded(&self, d_model: usize) -> Self {
+        Self { n_kv_heads: Some(self.kv_heads()), head_dim: Some(self.head_dim(d_model)), ..self.clone() }
+    }
+
+    fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        check(self.n_heads > 0, || "model.attention.n_heads must be at least 1".into())?;
+        if self.head_dim.is_none() {
+            check(d_model % self.n_heads == 0, || {
+                format!(
+                    "model.attention.n_heads = {} does not divide model.d_model = {d_model}: use one of {:?} or set model.attention.head_dim",
+                    self.n_heads,
+                    divisors(d_model)
+                )
+            })?;
+        }
+        check(self.head_dim != Some(0), || "model.attention.head_dim must be at least 1".into())?;
+        let kv = self.kv_heads();
+        check(kv > 0 && self.n_heads % kv == 0, || {
+            format!(
+                "model.attention.n_kv_heads = {kv} does not divide model.attention.n_heads = {}: use one of {:?}",
+                self.n_heads,
+                divisors(self.n_heads)
+            )
+        })?;
+        check((0.0..1.0).contains(&self.dropout), || {
+            format!("model.attention.dropout = {} must be in [0, 1)", self.dropout)
+        })
+    }
+
+    fn head_shape(&self, d_model: usize) -> HeadShape {
+        self.heads(d_model)
+    }
+
+    fn dropout(&self) -> f64 {
+        self.dropout
+    }
 
     /// Multiply–adds per token of the score-forming part, for a context of `len_k` keys.
-    pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+    fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         let hd = (self.n_heads * self.head_dim(d_model)) as u64;
         let kvd = (self.kv_heads() * self.head_dim(d_model)) as u64;
         let d = d_model as u64;
         // projections + QKᵀ + AV, 2 FLOPs per multiply–add
         2 * (d * (hd + 2 * kvd) + hd * d) + 2 * 2 * hd * len_k as u64
+    }
+
+    fn scores_every_key(&self) -> bool {
+        true
+    }
+
+    fn build(&self, init: &LayerInit, device: &Device) -> MultiHeadAttention {
+        self.init(init.d_model, init.init_std, init.out_std, init.position, device)
+    }
+
+    fn test_variants() -> Vec<TestVariant<Self>> {
+        let heads = |n_heads, n_kv_heads| Self { n_heads, n_kv_heads, ..Default::default() };
+        vec![
+            TestVariant::new("grouped-query", heads(4, Some(2))),
+            TestVariant::new("multi-query", heads(4, Some(1))),
+            TestVariant::new(
+                "head_dim 24, no bias",
+                Self { n_heads: 2, head_dim: Some(24), bias: false, ..Default::default() },
+            ),
+        ]
+        .into_iter()
+        .chain(
+            // relative schemes with grouped-query heads (keys shared by several query heads)
+            [
+                PositionConfig::TransformerXl(Default::default()),
+                PositionConfig::Deberta(variorum_position::DebertaConfig { max_distance: 4 }),
+                PositionConfig::Rope(Default::default()),
+            ]
+            .map(|p| {
+                TestVariant::new(format!("grouped-query + position {}", p.kind()), heads(4, Some(2))).with_position(p)
+            }),
+        )
+        .collect()
     }
 }
 
@@ -244,6 +291,26 @@ impl MultiHeadAttention {
         }
     }
 
+    /// Step 2b: `scores` with the mask applied (`dense`, the model's precomputed mask, where it
+    /// covers these keys; built from `mask` otherwise), ready for the softmax.
+    pub fn mask_scores(
+        &self,
+        scores: Tensor<4>,
+        mask: &AttentionMask,
+        dense: Option<Tensor<4, Bool>>,
+        p: &Projected,
+    ) -> Tensor<4> {
+        let (lq, lk) = (p.layout.len_q, p.layout.len_k);
+        let hidden = match (dense, p.layout.k_start == mask.k_start) {
+            (Some(m), true) => Some(m),
+            _ => AttentionMask { k_start: p.layout.k_start, ..mask.clone() }.score_mask(lq, lk, &scores.device()),
+        };
+        match hidden {
+            Some(m) => scores.mask_fill(m, MASKED_SCORE),
+            None => scores,
+        }
+    }
+
     /// Step 3: the output `[b, len_q, d_model]` from probabilities `[b, n_heads, len_q, len_k]`.
     pub fn combine(&self, probs: Tensor<4>, p: &Projected) -> Tensor<3> {
         let [b, h, lq, lk] = probs.dims();
@@ -271,7 +338,6 @@ impl MultiHeadAttention {
         {
             return AttentionOutput { context, weights: None, aux_losses: Vec::new() };
         }
-        let device = input.query.device();
         let p = self.project(input.query, input.key_value, input.mask, cache.as_deref_mut());
         if let Some(n) = p.max_back {
             // at most n back: the keys before that never matter again
@@ -296,16 +362,7 @@ impl MultiHeadAttention {
                 aux_losses: Vec::new(),
             };
         }
-        let (lq, lk) = (p.layout.len_q, p.layout.len_k);
-        let scores = self.scores(&p);
-        let mask = match (&input.dense_mask, p.layout.k_start == input.mask.k_start) {
-            (Some(m), true) => Some(m.clone()),
-            _ => AttentionMask { k_start: p.layout.k_start, ..input.mask.clone() }.score_mask(lq, lk, &device),
-        };
-        let scores = match mask {
-            Some(m) => scores.mask_fill(m, MASKED_SCORE),
-            None => scores,
-        };
+        let scores = self.mask_scores(self.scores(&p), input.mask, input.dense_mask, &p);
         let probs = softmax(scores, 3);
         let weights = input.need_weights.then(|| probs.clone());
         let context = self.combine(self.dropout.forward(probs), &p);
@@ -375,6 +432,24 @@ impl MultiHeadAttention {
         let probs = softmax(q.matmul(k.swap_dims(2, 3)), 3);
         let context = probs.reshape([b, hkv, g * lq, lk]).matmul(v).reshape([b, h, lq, dh]);
         self.out.forward(context.swap_dims(1, 2).reshape([b, lq, h * dh]))
+    }
+}
+
+impl AttentionMechanism for MultiHeadAttention {
+    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
+        MultiHeadAttention::forward(self, input, state.map(AttentionState::kv_mut))
+    }
+
+    fn extend_cache(&self, x: Tensor<3>, mask: &AttentionMask, state: &mut AttentionState) {
+        self.project(x, None, mask, Some(state.kv_mut()));
+    }
+
+    fn content_only(&self, query: Tensor<3>, key_value: Tensor<3>) -> Tensor<3> {
+        MultiHeadAttention::content_only(self, query, key_value)
+    }
+
+    fn uses_dense_mask(&self) -> bool {
+        true
     }
 }
 

@@ -52,11 +52,12 @@ use burn::nn::{Dropout, DropoutConfig, Initializer, LayerNorm, LayerNormConfig, 
 use burn::prelude::*;
 use burn::tensor::activation::{relu, softmax};
 use serde::{Deserialize, Serialize};
-use variorum_core::{ConfigError, error::check};
+use variorum_core::{Capabilities, ConfigError, error::check};
 use variorum_position::HeadShape;
 
 use crate::full::MASKED_SCORE;
 use crate::kernel;
+use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
 use crate::qkv::normal_linear;
 use crate::{AttentionInput, AttentionOutput, AttentionState};
 
@@ -115,18 +116,6 @@ impl InducingPointsConfig {
         kernel::heads(self.n_heads, self.head_dim, d_model)
     }
 
-    pub fn expanded(&self, d_model: usize) -> Self {
-        Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
-    }
-
-    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
-        kernel::validate_heads(self.n_heads, self.head_dim, 1, d_model)?;
-        check(self.slots >= 1, || "model.attention.slots must be at least 1 (the number of inducing points)".into())?;
-        check((0.0..1.0).contains(&self.dropout), || {
-            format!("model.attention.dropout = {} must be in [0, 1)", self.dropout)
-        })
-    }
-
     /// Width of the packed slots the unpack reads: d_model (isab, after the output projection)
     /// or n_heads·d_h (luna, the raw heads).
     fn slot_width(&self, d_model: usize) -> usize {
@@ -162,11 +151,43 @@ impl InducingPointsConfig {
             scale: 1.0 / (h.head_dim as f64).sqrt(),
         }
     }
+}
+
+impl AttentionKind for InducingPointsConfig {
+    type Module = InducingPointsAttention;
+    const SUMMARY: &'static str = "m learned slots pack the sequence by attention, every query attends over the m packed slots (mode isab: Set Transformer ISAB, MAB on the slots; luna: Luna's pack/unpack); O(L·m·d), bidirectional only";
+    const PAPER: &'static str =
+        "Lee et al. 2019, Set Transformer; Ma et al. 2021, Luna: Linear Unified Nested Attention";
+    const CAPS: Capabilities = caps::BIDIRECTIONAL_ONLY;
+
+    fn why_not_causal(&self) -> &'static str {
+        "every slot reads the whole sequence before any position reads the slots"
+    }
+
+    fn expanded(&self, d_model: usize) -> Self {
+        Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
+    }
+
+    fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        kernel::validate_heads(self.n_heads, self.head_dim, 1, d_model)?;
+        check(self.slots >= 1, || "model.attention.slots must be at least 1 (the number of inducing points)".into())?;
+        check((0.0..1.0).contains(&self.dropout), || {
+            format!("model.attention.dropout = {} must be in [0, 1)", self.dropout)
+        })
+    }
+
+    fn head_shape(&self, d_model: usize) -> HeadShape {
+        self.heads(d_model)
+    }
+
+    fn dropout(&self) -> f64 {
+        self.dropout
+    }
 
     /// Multiply–adds per token over a context of `len_k`: the per-token projections, m scores and
     /// weighted sums in each attention, and the slot side (pack queries, pack output, rFF,
     /// unpack keys/values) amortised over the `len_k` tokens.
-    pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+    fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         let h = self.heads(d_model);
         let (d, hd, m) = (d_model as u64, (h.n_heads * h.head_dim) as u64, self.slots as u64);
         let kv = if self.tie_kv { hd } else { 2 * hd };
@@ -175,6 +196,17 @@ impl InducingPointsConfig {
         let mab = if self.mode == InducingMode::Isab { hd * d + if self.slot_mab { d * d } else { 0 } } else { 0 };
         let per_slot = 2 * (d * hd + mab + sw * kv);
         per_token + m * per_slot / len_k.max(1) as u64
+    }
+
+    fn build(&self, init: &LayerInit, device: &Device) -> InducingPointsAttention {
+        self.init(init.d_model, init.init_std, init.out_std, device)
+    }
+
+    fn test_variants() -> Vec<TestVariant<Self>> {
+        vec![
+            TestVariant::new("isab", Self { slots: 4, ..Default::default() }).masked(),
+            TestVariant::new("luna", Self { slots: 4, mode: InducingMode::Luna, ..Default::default() }).masked(),
+        ]
     }
 }
 
@@ -280,5 +312,11 @@ impl InducingPointsAttention {
         let source = input.key_value.unwrap_or_else(|| input.query.clone());
         let packed = self.pack(source, input.mask.padding.as_ref());
         AttentionOutput { context: self.unpack(input.query, packed), weights: None, aux_losses: Vec::new() }
+    }
+}
+
+impl AttentionMechanism for InducingPointsAttention {
+    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
+        InducingPointsAttention::forward(self, input, state)
     }
 }

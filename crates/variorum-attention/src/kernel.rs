@@ -18,7 +18,7 @@ use burn::prelude::*;
 use variorum_core::{ConfigError, error::check};
 use variorum_position::HeadShape;
 
-use crate::{MultiHeadAttentionConfig, QkvProjection, QkvProjectionConfig};
+use crate::{AttentionKind, MultiHeadAttentionConfig, QkvProjection, QkvProjectionConfig};
 
 /// Heads and head size of a kernelised kind (`head_dim` defaults to `d_model / n_heads`).
 pub fn heads(n_heads: usize, head_dim: Option<usize>, d_model: usize) -> HeadShape {
@@ -34,6 +34,14 @@ pub fn validate_heads(
 ) -> Result<(), ConfigError> {
     MultiHeadAttentionConfig { n_heads, head_dim, ..Default::default() }.validate(d_model)?;
     check(chunk >= 1, || "model.attention.chunk must be at least 1".into())
+}
+
+/// Forward FLOPs per token of a kernelised attention: the four projections plus the chunked
+/// kernel sums (`features` per head, chunks of `chunk`), 2 FLOPs per multiply–add.
+pub fn kernel_flops(h: HeadShape, features: usize, chunk: usize) -> u64 {
+    let (d, hd) = (h.d_model as u64, (h.n_heads * h.head_dim) as u64);
+    let (m, n) = (features as u64, h.n_heads as u64);
+    2 * (4 * d * hd) + 2 * n * (2 * m * (h.head_dim as u64 + 1) + chunk as u64 * (m + h.head_dim as u64 + 1))
 }
 
 /// Smallest normaliser φ(q)ᵀz allowed by default (sine/cosine features can make it tiny or

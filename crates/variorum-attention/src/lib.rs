@@ -6,6 +6,10 @@
 //! positions and masks from [`variorum_core::AttentionMask`], incremental state from the
 //! mechanism's own cache. Each mechanism owns its projections; the plain case shares
 //! [`QkvProjection`].
+//!
+//! A kind is its file: the config implements [`AttentionKind`] (summary, paper, capabilities,
+//! checks, init, test variants), the module [`AttentionMechanism`] (forward and hooks); one line
+//! in [`registry`] enrols it. See `docs/adding-a-mechanism.md`.
 
 pub mod adaptive_span;
 pub mod average;
@@ -14,7 +18,6 @@ pub mod bigbird;
 pub mod blockwise;
 pub mod cache;
 pub mod clustered;
-pub mod config;
 pub mod contract;
 pub mod etc;
 pub mod fixed;
@@ -22,6 +25,7 @@ pub mod full;
 pub mod gathered;
 pub mod inducing_points;
 pub mod kernel;
+pub mod kind;
 pub mod linear;
 pub mod linformer;
 pub mod local;
@@ -37,12 +41,15 @@ pub mod poolingformer;
 pub mod prob_sparse;
 pub mod qkv;
 pub mod random_features;
+pub mod registry;
 pub mod rfa;
 pub mod routing;
 pub mod sinkhorn;
 pub mod sliding_window;
 pub mod sorted_chunks;
+pub mod state;
 pub mod strided;
+pub mod talking_heads;
 
 pub use adaptive_span::{AdaptiveSpanAttention, AdaptiveSpanConfig};
 pub use average::{AverageAttention, AverageAttentionConfig};
@@ -51,13 +58,13 @@ pub use bigbird::{BigBirdAttention, BigBirdConfig};
 pub use blockwise::{BlockwiseAttention, BlockwiseConfig};
 pub use cache::KvCache;
 pub use clustered::{ClusteredAttention, ClusteredConfig};
-pub use config::{Attention, AttentionConfig};
-pub use contract::{AttentionInput, AttentionOutput, AttentionState};
+pub use contract::{AttentionInput, AttentionOutput};
 pub use etc::{EtcAttention, EtcConfig, EtcState};
 pub use fixed::{FixedAttention, FixedConfig};
 pub use full::{MultiHeadAttention, MultiHeadAttentionConfig, Positioning};
 pub use inducing_points::{InducingMode, InducingPointsAttention, InducingPointsConfig};
 pub use kernel::KernelState;
+pub use kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
 pub use linear::{LinearAttention, LinearAttentionConfig};
 pub use linformer::{LinformerAttention, LinformerConfig, LinformerShare};
 pub use local::LocalAttentionConfig;
@@ -72,8 +79,11 @@ pub use performer::{PerformerAttention, PerformerConfig, PerformerKernel};
 pub use poolingformer::{PoolKind, PoolingState, PoolingformerAttention, PoolingformerConfig};
 pub use prob_sparse::{ProbSparseAttention, ProbSparseConfig, ProbSparseState};
 pub use qkv::{QkvProjection, QkvProjectionConfig};
+pub use registry::{Attention, AttentionConfig};
 pub use rfa::{RfaAttention, RfaConfig};
 pub use routing::{RoutingAttention, RoutingConfig};
 pub use sinkhorn::{SinkhornAttention, SinkhornConfig};
 pub use sliding_window::SlidingWindowConfig;
+pub use state::AttentionState;
 pub use strided::{StridedAttention, StridedCombine, StridedConfig};
+pub use talking_heads::{TalkingHeadsAttention, TalkingHeadsConfig};

@@ -8,11 +8,12 @@
 use burn::prelude::*;
 use burn::tensor::activation::elu;
 use serde::{Deserialize, Serialize};
-use variorum_core::ConfigError;
+use variorum_core::{Capabilities, ConfigError};
 use variorum_position::HeadShape;
 
-use crate::kernel::{self, Features, HeadProjections, KernelState};
-use crate::{AttentionInput, AttentionOutput};
+use crate::kernel::{self, Features, HeadProjections, KernelState, kernel_flops};
+use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
+use crate::{AttentionInput, AttentionOutput, AttentionState};
 
 /// `model.attention` with `kind = "linear"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -39,20 +40,47 @@ impl LinearAttentionConfig {
         kernel::heads(self.n_heads, self.head_dim, d_model)
     }
 
-    pub fn expanded(&self, d_model: usize) -> Self {
-        Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
-    }
-
-    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
-        kernel::validate_heads(self.n_heads, self.head_dim, self.chunk, d_model)
-    }
-
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> LinearAttention {
         let h = self.heads(d_model);
         LinearAttention {
             proj: HeadProjections::new(d_model, h.n_heads, h.head_dim, self.bias, init_std, out_std, device),
             chunk: self.chunk,
         }
+    }
+}
+
+impl AttentionKind for LinearAttentionConfig {
+    type Module = LinearAttention;
+    const SUMMARY: &'static str = "linear attention, φ = elu + 1: φ(Q)(φ(K)ᵀV); causal by chunked prefix sums; decodes as an RNN (O(1) per token)";
+    const PAPER: &'static str = "Katharopoulos et al. 2020, Transformers are RNNs";
+    const CAPS: Capabilities = caps::NO_SCORES;
+
+    fn expanded(&self, d_model: usize) -> Self {
+        Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
+    }
+
+    fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        kernel::validate_heads(self.n_heads, self.head_dim, self.chunk, d_model)
+    }
+
+    fn head_shape(&self, d_model: usize) -> HeadShape {
+        self.heads(d_model)
+    }
+
+    /// The projections plus the chunked kernel sums, with φ of the head size.
+    fn flops_per_token(&self, d_model: usize, _len_k: usize) -> u64 {
+        let h = self.heads(d_model);
+        kernel_flops(h, h.head_dim, self.chunk)
+    }
+
+    fn build(&self, init: &LayerInit, device: &Device) -> LinearAttention {
+        self.init(init.d_model, init.init_std, init.out_std, device)
+    }
+
+    /// Small chunks, so the chunked causal form and its carried sums are exercised at the
+    /// harness's lengths.
+    fn test_variants() -> Vec<TestVariant<Self>> {
+        vec![TestVariant::new("", Self { chunk: 3, ..Default::default() })]
     }
 }
 
@@ -70,5 +98,12 @@ impl LinearAttention {
         let f = Features { q: phi(q), k, v, k_shift: None, gate: None, min_normaliser: kernel::MIN_NORMALISER };
         let context = if input.mask.causal { kernel::causal(f, state, self.chunk) } else { kernel::bidirectional(f) };
         AttentionOutput { context: self.proj.merge(context), weights: None, aux_losses: Vec::new() }
+    }
+}
+
+impl AttentionMechanism for LinearAttention {
+    /// Decoding state: the carried sums, `Option<KernelState>` in the layer's state.
+    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
+        LinearAttention::forward(self, input, state.map(|s| s.get_or_default::<Option<KernelState>>()))
     }
 }

@@ -33,10 +33,11 @@ use burn::nn::{Dropout, DropoutConfig, Initializer};
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
 use serde::{Deserialize, Serialize};
-use variorum_core::{ConfigError, error::check};
+use variorum_core::{Capabilities, ConfigError, error::check};
 use variorum_position::HeadShape;
 
 use crate::kernel::{self, HeadProjections, hide_padding};
+use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
 use crate::{AttentionInput, AttentionOutput, AttentionState};
 
 /// Which projections Linformer shares.
@@ -90,11 +91,37 @@ impl LinformerConfig {
         kernel::heads(self.n_heads, self.head_dim, d_model)
     }
 
-    pub fn expanded(&self, d_model: usize) -> Self {
+    pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> LinformerAttention {
+        let h = self.heads(d_model);
+        let rows = if self.share == LinformerShare::None { h.n_heads } else { 1 };
+        let std = 1.0 / (self.max_len as f64).sqrt();
+        let draw = || Initializer::Normal { mean: 0.0, std }.init([rows, self.k, self.max_len], device);
+        LinformerAttention {
+            proj: HeadProjections::new(d_model, h.n_heads, h.head_dim, self.bias, init_std, out_std, device),
+            e: draw(),
+            f: (self.share != LinformerShare::KeyValue).then(draw),
+            dropout: DropoutConfig::new(self.dropout).init(),
+            max_len: self.max_len,
+            scale: 1.0 / (h.head_dim as f64).sqrt(),
+        }
+    }
+}
+
+impl AttentionKind for LinformerConfig {
+    type Module = LinformerAttention;
+    const SUMMARY: &'static str = "Linformer: keys and values projected along the length by learned E, F (k × max_len), softmax(Q(EK)ᵀ/√d)(FV); O(L·k); bidirectional only (E mixes every position, later ones included, into each projected key, and has a fixed length max_len)";
+    const PAPER: &'static str = "Wang et al. 2020, Linformer: Self-Attention with Linear Complexity";
+    const CAPS: Capabilities = Capabilities { variable_length: false, ..caps::BIDIRECTIONAL_ONLY };
+
+    fn why_not_causal(&self) -> &'static str {
+        "E and F mix every position, later ones included, into each projected key and value"
+    }
+
+    fn expanded(&self, d_model: usize) -> Self {
         Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
     }
 
-    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+    fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         kernel::validate_heads(self.n_heads, self.head_dim, 1, d_model)?;
         check(self.max_len >= 1, || {
             "model.attention.max_len must be set: the fixed maximum length n of Linformer's projections \
@@ -111,7 +138,7 @@ impl LinformerConfig {
     }
 
     /// Refuses sequences (or cross-attention sources) longer than the projections' n.
-    pub fn validate_len(&self, seq_len: usize) -> Result<(), ConfigError> {
+    fn validate_len(&self, seq_len: usize) -> Result<(), ConfigError> {
         check(seq_len <= self.max_len, || {
             format!(
                 "model.seq_len = {seq_len} exceeds model.attention.max_len = {}: Linformer's projections \
@@ -121,27 +148,37 @@ impl LinformerConfig {
         })
     }
 
-    pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> LinformerAttention {
-        let h = self.heads(d_model);
-        let rows = if self.share == LinformerShare::None { h.n_heads } else { 1 };
-        let std = 1.0 / (self.max_len as f64).sqrt();
-        let draw = || Initializer::Normal { mean: 0.0, std }.init([rows, self.k, self.max_len], device);
-        LinformerAttention {
-            proj: HeadProjections::new(d_model, h.n_heads, h.head_dim, self.bias, init_std, out_std, device),
-            e: draw(),
-            f: (self.share != LinformerShare::KeyValue).then(draw),
-            dropout: DropoutConfig::new(self.dropout).init(),
-            max_len: self.max_len,
-            scale: 1.0 / (h.head_dim as f64).sqrt(),
-        }
+    /// Built for the measured length (the attention benchmark runs several).
+    fn for_length(&self, len: usize) -> Self {
+        Self { max_len: len, ..self.clone() }
+    }
+
+    fn head_shape(&self, d_model: usize) -> HeadShape {
+        self.heads(d_model)
+    }
+
+    fn dropout(&self) -> f64 {
+        self.dropout
     }
 
     /// Multiply–adds ×2 per token: projections, E K and F V (k·d_h per head), L × k scores and
     /// their values.
-    pub fn flops_per_token(&self, d_model: usize, _len_k: usize) -> u64 {
+    fn flops_per_token(&self, d_model: usize, _len_k: usize) -> u64 {
         let h = self.heads(d_model);
         let (d, hd, k) = (d_model as u64, (h.n_heads * h.head_dim) as u64, self.k as u64);
         2 * (4 * d * hd + 4 * k * hd)
+    }
+
+    fn build(&self, init: &LayerInit, device: &Device) -> LinformerAttention {
+        self.init(init.d_model, init.init_std, init.out_std, device)
+    }
+
+    fn test_variants() -> Vec<TestVariant<Self>> {
+        vec![
+            TestVariant::new("", Self { max_len: 32, k: 4, ..Default::default() }).masked(),
+            TestVariant::new("unshared", Self { max_len: 32, k: 4, share: LinformerShare::None, ..Default::default() })
+                .masked(),
+        ]
     }
 }
 
@@ -186,5 +223,11 @@ impl LinformerAttention {
         let (k, v) = (hide_padding(k, padding), hide_padding(v, padding));
         let context = self.attend(q, k, v);
         AttentionOutput { context: self.proj.merge(context), weights: None, aux_losses: Vec::new() }
+    }
+}
+
+impl AttentionMechanism for LinformerAttention {
+    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
+        LinformerAttention::forward(self, input, state)
     }
 }

@@ -10,10 +10,12 @@
 
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
-use variorum_core::{ConfigError, error::check};
+use variorum_core::{Capabilities, ConfigError, error::check};
+use variorum_position::{HeadShape, PositionConfig, T5BiasConfig};
 
 use crate::band::BandAttention;
 use crate::full::Positioning;
+use crate::kind::{AttentionKind, LayerInit, TestVariant, caps};
 
 /// `model.attention` with `kind = "local"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -50,17 +52,8 @@ impl Default for LocalAttentionConfig {
 impl LocalAttentionConfig {
     crate::head_methods!();
 
-    pub fn expanded(&self, d_model: usize) -> Self {
-        Self { look_ahead: Some(self.look_ahead()), ..self.expanded_heads(d_model) }
-    }
-
     pub fn look_ahead(&self) -> usize {
         self.look_ahead.unwrap_or(self.memory)
-    }
-
-    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
-        self.heads().validate(d_model)?;
-        check(self.block >= 1, || "model.attention.block must be at least 1".into())
     }
 
     pub fn init(
@@ -82,9 +75,47 @@ impl LocalAttentionConfig {
             dilations: Vec::new(),
         }
     }
+}
+
+impl AttentionKind for LocalAttentionConfig {
+    type Module = BandAttention;
+    const SUMMARY: &'static str = "Image Transformer 1D local attention: non-overlapping query blocks see their block and `memory` positions before it; computed block by block";
+    const PAPER: &'static str = "Parmar et al. 2018, Image Transformer";
+    const CAPS: Capabilities = caps::BLOCKED_SCORES;
+
+    fn expanded(&self, d_model: usize) -> Self {
+        Self { look_ahead: Some(self.look_ahead()), ..self.expanded_heads(d_model) }
+    }
+
+    fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        self.heads().validate(d_model)?;
+        check(self.block >= 1, || "model.attention.block must be at least 1".into())
+    }
+
+    fn head_shape(&self, d_model: usize) -> HeadShape {
+        self.heads().heads(d_model)
+    }
+
+    fn dropout(&self) -> f64 {
+        self.dropout
+    }
 
     /// Multiply–adds per token: at most memory + block keys.
-    pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+    fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         self.heads().flops_per_token(d_model, len_k.min(self.memory + self.block))
+    }
+
+    fn build(&self, init: &LayerInit, device: &Device) -> BandAttention {
+        self.init(init.d_model, init.init_std, init.out_std, init.position, device)
+    }
+
+    fn test_variants() -> Vec<TestVariant<Self>> {
+        [PositionConfig::default(), PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 16 })]
+            .into_iter()
+            .map(|position| {
+                let cfg = Self { block: 3, memory: 2, ..Default::default() };
+                TestVariant::new(format!("+ position {}", position.kind()), cfg).with_position(position)
+            })
+            .collect()
     }
 }

@@ -16,12 +16,14 @@ use burn::prelude::*;
 use burn::tensor::IndexingUpdateOp;
 use burn::tensor::activation::softmax;
 use serde::{Deserialize, Serialize};
-use variorum_core::{ConfigError, error::check};
+use variorum_core::{Capabilities, ConfigError, error::check};
+use variorum_position::{HeadShape, PositionConfig};
 
 use crate::band::PatternCall;
 use crate::full::Positioning;
 use crate::gathered::{KeySet, gathered_scores};
-use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention};
+use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
+use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention};
 
 /// `model.attention` with `kind = "local-2d"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -64,17 +66,6 @@ impl Default for Local2dConfig {
 impl Local2dConfig {
     crate::head_methods!();
 
-    pub fn expanded(&self, d_model: usize) -> Self {
-        self.expanded_heads(d_model)
-    }
-
-    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
-        self.heads().validate(d_model)?;
-        check(self.width >= 1 && self.query_rows >= 1 && self.query_cols >= 1, || {
-            "model.attention.width, query_rows and query_cols must be at least 1".into()
-        })
-    }
-
     pub fn init(
         &self,
         d_model: usize,
@@ -92,11 +83,47 @@ impl Local2dConfig {
             memory_cols: self.memory_cols,
         }
     }
+}
+
+impl AttentionKind for Local2dConfig {
+    type Module = Local2dAttention;
+    const SUMMARY: &'static str = "Image Transformer 2D local attention: the sequence is a raster image of `width` columns; query rectangles see their memory rectangle (rows above, columns either side); computed rectangle by rectangle";
+    const PAPER: &'static str = "Parmar et al. 2018, Image Transformer";
+    const CAPS: Capabilities = caps::GATHERED_SCORES;
+
+    fn expanded(&self, d_model: usize) -> Self {
+        self.expanded_heads(d_model)
+    }
+
+    fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        self.heads().validate(d_model)?;
+        check(self.width >= 1 && self.query_rows >= 1 && self.query_cols >= 1, || {
+            "model.attention.width, query_rows and query_cols must be at least 1".into()
+        })
+    }
+
+    fn head_shape(&self, d_model: usize) -> HeadShape {
+        self.heads().heads(d_model)
+    }
+
+    fn dropout(&self) -> f64 {
+        self.dropout
+    }
 
     /// Multiply–adds per token: its memory rectangle.
-    pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+    fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         let keys = (self.query_rows + 2 * self.memory_rows) * (self.query_cols + 2 * self.memory_cols);
         self.heads().flops_per_token(d_model, keys.min(len_k))
+    }
+
+    fn build(&self, init: &LayerInit, device: &Device) -> Local2dAttention {
+        self.init(init.d_model, init.init_std, init.out_std, init.position, device)
+    }
+
+    fn test_variants() -> Vec<TestVariant<Self>> {
+        // a 4-wide raster
+        let cfg = Self { width: 4, query_rows: 2, query_cols: 2, memory_rows: 1, memory_cols: 1, ..Default::default() };
+        vec![TestVariant::new("+ position alibi", cfg).with_position(PositionConfig::Alibi)]
     }
 }
 
@@ -187,5 +214,15 @@ impl Local2dAttention {
             (row >= 0 && col >= 0 && col < w as i64).then(|| row as usize * w + col as usize)
         };
         KeySet::for_queries(queries, block, mem_rows * mem_cols, len, slot, |q, k| self.sees(q, k, causal))
+    }
+}
+
+impl AttentionMechanism for Local2dAttention {
+    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
+        Local2dAttention::forward(self, input, state.map(AttentionState::kv_mut))
+    }
+
+    fn content_only(&self, query: Tensor<3>, key_value: Tensor<3>) -> Tensor<3> {
+        self.attention.content_only(query, key_value)
     }
 }

@@ -21,11 +21,13 @@
 
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
-use variorum_core::{AttentionMask, ConfigError, error::check};
+use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
+use variorum_position::{HeadShape, PositionConfig, XlRelativeConfig};
 
 use crate::band::{Band, BandPart, Pattern, PatternCall, decode_runs, sparse};
 use crate::full::{Positioning, Projected};
-use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention};
+use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
+use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention};
 
 /// `model.attention` with `kind = "longformer"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -90,7 +92,33 @@ impl LongformerConfig {
         if self.dilations.is_empty() { vec![1; self.n_heads] } else { self.dilations.clone() }
     }
 
-    pub fn expanded(&self, d_model: usize) -> Self {
+    pub fn init(
+        &self,
+        d_model: usize,
+        init_std: f64,
+        out_std: f64,
+        position: Positioning,
+        device: &Device,
+    ) -> LongformerAttention {
+        LongformerAttention {
+            attention: self.heads().init(d_model, init_std, out_std, position, device),
+            back: self.window - 1,
+            look_ahead: self.look_ahead(),
+            block: self.block(),
+            dilations: self.head_dilations(),
+            global: self.global.clone(),
+            global_token_ids: self.global_token_ids.clone(),
+        }
+    }
+}
+
+impl AttentionKind for LongformerConfig {
+    type Module = LongformerAttention;
+    const SUMMARY: &'static str = "Longformer: sliding window with per-head dilation, global attention for chosen positions or token ids, per-layer windows and dilations; computed block by block";
+    const PAPER: &'static str = "Beltagy et al. 2020, Longformer: The Long-Document Transformer";
+    const CAPS: Capabilities = caps::BLOCKED_SCORES;
+
+    fn expanded(&self, d_model: usize) -> Self {
         Self {
             look_ahead: Some(self.look_ahead()),
             block: Some(self.block()),
@@ -100,7 +128,7 @@ impl LongformerConfig {
     }
 
     /// The config of layer `i` (its window and dilations from the per-layer lists).
-    pub fn for_layer(&self, i: usize) -> Self {
+    fn for_layer(&self, i: usize) -> Self {
         let mut c = Self { layer_windows: Vec::new(), layer_dilations: Vec::new(), ..self.clone() };
         if let Some(&window) = self.layer_windows.get(i) {
             c.window = window;
@@ -112,11 +140,11 @@ impl LongformerConfig {
     }
 
     /// Layers with their own setting (0 = the same in every layer).
-    pub fn per_layer(&self) -> usize {
+    fn per_layer(&self) -> usize {
         self.layer_windows.len().max(self.layer_dilations.len())
     }
 
-    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+    fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         self.heads().validate(d_model)?;
         check(self.window >= 1 && self.layer_windows.iter().all(|&w| w >= 1), || {
             "model.attention.window and layer_windows must be at least 1".into()
@@ -145,29 +173,51 @@ impl LongformerConfig {
         )
     }
 
-    pub fn init(
-        &self,
-        d_model: usize,
-        init_std: f64,
-        out_std: f64,
-        position: Positioning,
-        device: &Device,
-    ) -> LongformerAttention {
-        LongformerAttention {
-            attention: self.heads().init(d_model, init_std, out_std, position, device),
-            back: self.window - 1,
-            look_ahead: self.look_ahead(),
-            block: self.block(),
-            dilations: self.head_dilations(),
-            global: self.global.clone(),
-            global_token_ids: self.global_token_ids.clone(),
-        }
+    fn head_shape(&self, d_model: usize) -> HeadShape {
+        self.heads().heads(d_model)
+    }
+
+    fn dropout(&self) -> f64 {
+        self.dropout
     }
 
     /// Multiply–adds per token: the window (plus the block's slack) and the global positions.
-    pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+    fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         let keys = self.window + self.block() + self.global.len();
         self.heads().flops_per_token(d_model, len_k.min(keys))
+    }
+
+    fn build(&self, init: &LayerInit, device: &Device) -> LongformerAttention {
+        self.init(init.d_model, init.init_std, init.out_std, init.position, device)
+    }
+
+    fn test_variants() -> Vec<TestVariant<Self>> {
+        vec![
+            // dilated heads with per-layer windows and dilations (undilated at the bottom)
+            TestVariant::new(
+                "dilated heads + position transformer-xl",
+                Self {
+                    block: Some(2),
+                    layer_windows: vec![2, 3],
+                    layer_dilations: vec![vec![1, 1, 1, 1], vec![1, 2, 1, 3]],
+                    n_kv_heads: Some(2),
+                    ..Default::default()
+                },
+            )
+            .with_position(PositionConfig::TransformerXl(XlRelativeConfig::default())),
+            // global attention for a token id (vocabulary 11: id 3 occurs in the harness's sequences)
+            TestVariant::new(
+                "global token id + position alibi",
+                Self {
+                    window: 2,
+                    block: Some(4),
+                    global_token_ids: vec![3],
+                    dilations: vec![1, 1, 2, 2],
+                    ..Default::default()
+                },
+            )
+            .with_position(PositionConfig::Alibi),
+        ]
     }
 }
 
@@ -309,5 +359,23 @@ impl LongformerAttention {
         };
         let parts = BandPart::per_dilation(band, &self.dilations);
         sparse(&self.attention, p, &Pattern { block: self.block, bands: &parts, global, extra: None })
+    }
+}
+
+impl AttentionMechanism for LongformerAttention {
+    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
+        LongformerAttention::forward(self, input, state.map(AttentionState::kv_mut))
+    }
+
+    fn extend_cache(&self, x: Tensor<3>, mask: &AttentionMask, state: &mut AttentionState) {
+        LongformerAttention::extend_cache(self, x, mask, state.kv_mut());
+    }
+
+    fn content_only(&self, query: Tensor<3>, key_value: Tensor<3>) -> Tensor<3> {
+        self.attention.content_only(query, key_value)
+    }
+
+    fn global_token_ids(&self) -> &[u32] {
+        &self.global_token_ids
     }
 }

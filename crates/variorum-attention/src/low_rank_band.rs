@@ -34,13 +34,16 @@ use burn::nn::Linear;
 use burn::prelude::*;
 use burn::tensor::activation::{sigmoid, softmax};
 use serde::{Deserialize, Serialize};
-use variorum_core::{AttentionMask, ConfigError, error::check};
+use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
 use variorum_position::HeadShape;
 
 use crate::band::{Band, banded};
 use crate::full::MASKED_SCORE;
+use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
 use crate::qkv::normal_linear;
-use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention, MultiHeadAttentionConfig, Positioning};
+use crate::{
+    AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention, MultiHeadAttentionConfig, Positioning,
+};
 
 /// `model.attention` with `kind = "low-rank-band"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -82,22 +85,6 @@ impl LowRankBandConfig {
         self.mha().heads(d_model)
     }
 
-    pub fn expanded(&self, d_model: usize) -> Self {
-        Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
-    }
-
-    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
-        self.mha().validate(d_model)?;
-        check(self.band >= 1, || "model.attention.band must be at least 1".into())?;
-        let dh = self.heads(d_model).head_dim;
-        check(self.rank <= dh, || {
-            format!(
-                "model.attention.rank = {} exceeds the head size {dh}: the low-rank module's keys must be smaller than the heads' (0 disables it)",
-                self.rank
-            )
-        })
-    }
-
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> LowRankBandAttention {
         let h = self.heads(d_model);
         LowRankBandAttention {
@@ -109,15 +96,55 @@ impl LowRankBandConfig {
             band: self.band,
         }
     }
+}
+
+impl AttentionKind for LowRankBandConfig {
+    type Module = LowRankBandAttention;
+    const SUMMARY: &'static str = "per head, a gated mix of a low-rank attention (query/key size `rank`, all L keys) and a band attention of width `band` (computed by blocks) over shared values";
+    const PAPER: &'static str =
+        "Guo, Qiu, Liu, Xue, Zhang 2019, Low-Rank and Locality Constrained Self-Attention for Sequence Modeling";
+    const CAPS: Capabilities = caps::NO_SCORES;
+
+    fn expanded(&self, d_model: usize) -> Self {
+        Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
+    }
+
+    fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        self.mha().validate(d_model)?;
+        check(self.band >= 1, || "model.attention.band must be at least 1".into())?;
+        let dh = self.heads(d_model).head_dim;
+        check(self.rank <= dh, || {
+            format!(
+                "model.attention.rank = {} exceeds the head size {dh}: the low-rank module's keys must be smaller than the heads' (0 disables it)",
+                self.rank
+            )
+        })
+    }
+
+    fn head_shape(&self, d_model: usize) -> HeadShape {
+        self.heads(d_model)
+    }
+
+    fn dropout(&self) -> f64 {
+        self.dropout
+    }
 
     /// Multiply–adds per token over a context of `len_k`: projections, L·r low-rank scores and
     /// L·d_h for their values, w band keys (plus the block's slack).
-    pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+    fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         let h = self.heads(d_model);
         let (d, hd, n) = (d_model as u64, (h.n_heads * h.head_dim) as u64, h.n_heads as u64);
         let low = 2 * n * self.rank as u64;
         let band = len_k.min(self.band + self.band.min(128)) as u64;
         2 * (4 * d * hd + d * low) + 2 * len_k as u64 * (n * self.rank as u64 + hd) + 4 * hd * band
+    }
+
+    fn build(&self, init: &LayerInit, device: &Device) -> LowRankBandAttention {
+        self.init(init.d_model, init.init_std, init.out_std, device)
+    }
+
+    fn test_variants() -> Vec<TestVariant<Self>> {
+        vec![TestVariant::new("", Self { rank: 2, band: 3, ..Default::default() })]
     }
 }
 
@@ -271,5 +298,11 @@ impl LowRankBandAttention {
             Some(low) => self.mix(low, band_ctx),
             None => band_ctx,
         }
+    }
+}
+
+impl AttentionMechanism for LowRankBandAttention {
+    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
+        LowRankBandAttention::forward(self, input, state.map(|s| s.get_or_default::<LowRankBandState>()))
     }
 }

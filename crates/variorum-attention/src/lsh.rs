@@ -22,7 +22,9 @@
 //!
 //! The rotations R are drawn per head and round from a ChaCha stream seeded by (`seed`, layer):
 //! fixed per layer and reproducible (the paper draws new ones for every forward).
-//! No relative position scheme applies (there is no score matrix to bias); absolute ones do.
+//! No relative position scheme applies (there is no score matrix to bias); absolute ones do. No
+//! memory either (`reads_memory: false`): shared-QK sorts the queries and keys of the same
+//! positions together.
 
 use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::prelude::*;
@@ -30,14 +32,15 @@ use burn::tensor::activation::softmax;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
-use variorum_core::{ConfigError, error::check};
+use variorum_core::{Capabilities, ConfigError, error::check};
 
 use variorum_position::HeadShape;
 
 use crate::kernel;
+use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
 use crate::qkv::{normal_linear, split_heads};
 use crate::sorted_chunks::{SortedItems, attend_picked, host, sorted_chunk_attention};
-use crate::{AttentionInput, AttentionOutput, KvCache};
+use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache};
 
 /// `model.attention` with `kind = "lsh"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -57,7 +60,7 @@ pub struct LshConfig {
     pub chunk: usize,
     /// Seed of the random rotations (mixed with the layer index). Default 0.
     pub seed: u64,
-    /// The layer this config was specialised for ([`Self::for_layer`]).
+    /// The layer this config was specialised for ([`AttentionKind::for_layer`]).
     #[serde(skip)]
     pub layer: usize,
 }
@@ -87,25 +90,6 @@ impl LshConfig {
         self.heads(d_model).head_dim
     }
 
-    pub fn for_layer(&self, i: usize) -> Self {
-        Self { layer: i, ..self.clone() }
-    }
-
-    pub fn expanded(&self, d_model: usize) -> Self {
-        Self { head_dim: Some(self.head_dim(d_model)), ..self.clone() }
-    }
-
-    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
-        kernel::validate_heads(self.n_heads, self.head_dim, self.chunk, d_model)?;
-        check((0.0..1.0).contains(&self.dropout), || {
-            format!("model.attention.dropout = {} must be in [0, 1)", self.dropout)
-        })?;
-        check(self.buckets == 1 || (self.buckets >= 2 && self.buckets % 2 == 0), || {
-            format!("model.attention.buckets = {} must be 1 or even (h(x) = argmax([xR; −xR]))", self.buckets)
-        })?;
-        check(self.rounds >= 1, || "model.attention.rounds must be at least 1".into())
-    }
-
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> LshAttention {
         let (h, hd) = (self.n_heads, self.head_dim(d_model));
         LshAttention {
@@ -121,13 +105,57 @@ impl LshConfig {
             layer: self.layer,
         }
     }
+}
+
+impl AttentionKind for LshConfig {
+    type Module = LshAttention;
+    const SUMMARY: &'static str = "Reformer LSH attention: shared-QK, random-rotation hashing into buckets, several rounds, sorted chunks attending to themselves and the chunk before (causal: the m positions before in the sorted order)";
+    const PAPER: &'static str = "Kitaev et al. 2020, Reformer: The Efficient Transformer";
+    const CAPS: Capabilities = Capabilities { reads_memory: false, ..caps::NO_SCORES };
+
+    fn expanded(&self, d_model: usize) -> Self {
+        Self { head_dim: Some(self.head_dim(d_model)), ..self.clone() }
+    }
+
+    fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        kernel::validate_heads(self.n_heads, self.head_dim, self.chunk, d_model)?;
+        check((0.0..1.0).contains(&self.dropout), || {
+            format!("model.attention.dropout = {} must be in [0, 1)", self.dropout)
+        })?;
+        check(self.buckets == 1 || (self.buckets >= 2 && self.buckets % 2 == 0), || {
+            format!("model.attention.buckets = {} must be 1 or even (h(x) = argmax([xR; −xR]))", self.buckets)
+        })?;
+        check(self.rounds >= 1, || "model.attention.rounds must be at least 1".into())
+    }
+
+    fn head_shape(&self, d_model: usize) -> HeadShape {
+        self.heads(d_model)
+    }
+
+    fn dropout(&self) -> f64 {
+        self.dropout
+    }
 
     /// Multiply–adds per token: projections, the rotations, 2m scores and 2m value rows per round.
-    pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+    fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         let (h, hd) = (self.n_heads as u64, self.head_dim(d_model) as u64);
         let keys = (2 * self.chunk).min(len_k) as u64;
         let per_round = h * (hd * self.buckets as u64 / 2 + 2 * keys * hd);
         2 * (3 * d_model as u64 * h * hd + self.rounds as u64 * per_round)
+    }
+
+    /// The rotations are seeded by the layer too.
+    fn for_layer(&self, i: usize) -> Self {
+        Self { layer: i, ..self.clone() }
+    }
+
+    fn build(&self, init: &LayerInit, device: &Device) -> LshAttention {
+        self.init(init.d_model, init.init_std, init.out_std, device)
+    }
+
+    fn test_variants() -> Vec<TestVariant<Self>> {
+        // several chunks and buckets at the harness's lengths
+        vec![TestVariant::new("", Self { buckets: 4, rounds: 2, chunk: 3, ..Default::default() })]
     }
 }
 
@@ -262,4 +290,10 @@ fn combine_rounds(mut rounds: Vec<(Tensor<4>, Tensor<4>)>) -> Tensor<4> {
 /// x / ‖x‖ over the last dimension.
 fn unit(x: Tensor<4>) -> Tensor<4> {
     x.clone() / (x.powf_scalar(2.0).sum_dim(3).sqrt() + 1e-6)
+}
+
+impl AttentionMechanism for LshAttention {
+    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
+        LshAttention::forward(self, input, state.map(AttentionState::kv_mut))
+    }
 }

@@ -13,19 +13,22 @@
 //! itself — a causal forward is always local (without it the first s − 1 positions would have
 //! nothing to attend to; choice). Decoding keeps the compressed keys of finished blocks and the
 //! raw keys of the open one ([`CompressedState`]): O(L/s + s) per token. Compressed keys have no
-//! single position, so relative position schemes are refused with this kind.
+//! single position, so relative position schemes are refused with this kind; nor does it read a
+//! memory (its capabilities say `reads_memory: false`): a compressed block would mix the memory
+//! with positions after the query.
 
 use burn::nn::conv::{Conv1d, Conv1dConfig};
 use burn::nn::{Dropout, DropoutConfig};
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
 use serde::{Deserialize, Serialize};
-use variorum_core::{ConfigError, error::check};
+use variorum_core::{Capabilities, ConfigError, error::check};
 use variorum_position::HeadShape;
 
 use crate::full::MASKED_SCORE;
 use crate::kernel::{self, HeadProjections};
-use crate::{AttentionInput, AttentionOutput};
+use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
+use crate::{AttentionInput, AttentionOutput, AttentionState};
 
 /// `model.attention` with `kind = "memory-compressed"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -54,18 +57,6 @@ impl MemoryCompressedConfig {
         kernel::heads(self.n_heads, self.head_dim, d_model)
     }
 
-    pub fn expanded(&self, d_model: usize) -> Self {
-        Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
-    }
-
-    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
-        kernel::validate_heads(self.n_heads, self.head_dim, 1, d_model)?;
-        check(self.stride >= 1, || "model.attention.stride must be at least 1".into())?;
-        check((0.0..1.0).contains(&self.dropout), || {
-            format!("model.attention.dropout = {} must be in [0, 1)", self.dropout)
-        })
-    }
-
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> MemoryCompressedAttention {
         let h = self.heads(d_model);
         let width = h.n_heads * h.head_dim;
@@ -80,13 +71,55 @@ impl MemoryCompressedConfig {
             scale: 1.0 / (h.head_dim as f64).sqrt(),
         }
     }
+}
+
+impl AttentionKind for MemoryCompressedConfig {
+    type Module = MemoryCompressedAttention;
+    const SUMMARY: &'static str = "keys/values shortened by a strided convolution (kernel = stride = s) plus the own block's raw keys; L × L/s scores";
+    const PAPER: &'static str = "Liu et al. 2018, Generating Wikipedia by Summarizing Long Sequences";
+    /// No memory beside it: its compressed keys would mix a memory with positions after the query
+    /// (`reads_memory: false`, refused by the model's rules).
+    const CAPS: Capabilities = Capabilities { reads_memory: false, ..caps::NO_SCORES };
+
+    fn expanded(&self, d_model: usize) -> Self {
+        Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
+    }
+
+    fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        kernel::validate_heads(self.n_heads, self.head_dim, 1, d_model)?;
+        check(self.stride >= 1, || "model.attention.stride must be at least 1".into())?;
+        check((0.0..1.0).contains(&self.dropout), || {
+            format!("model.attention.dropout = {} must be in [0, 1)", self.dropout)
+        })
+    }
+
+    fn head_shape(&self, d_model: usize) -> HeadShape {
+        self.heads(d_model)
+    }
+
+    fn dropout(&self) -> f64 {
+        self.dropout
+    }
 
     /// Multiply–adds per token over a context of `len_k`: projections, compression, L/s + s keys.
-    pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+    fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         let h = self.heads(d_model);
         let (d, hd) = (d_model as u64, (h.n_heads * h.head_dim) as u64);
         let keys = (len_k / self.stride.max(1) + self.stride) as u64;
         2 * (4 * d * hd + 2 * hd * hd) + 4 * hd * keys
+    }
+
+    fn build(&self, init: &LayerInit, device: &Device) -> MemoryCompressedAttention {
+        self.init(init.d_model, init.init_std, init.out_std, device)
+    }
+
+    /// Strided-convolution keys plus the own block (stride 3), and without `local` (stride 2).
+    fn test_variants() -> Vec<TestVariant<Self>> {
+        [(3, true), (2, false)]
+            .map(|(stride, local)| {
+                TestVariant::new(format!("stride {stride}"), Self { stride, local, ..Default::default() })
+            })
+            .into()
     }
 }
 
@@ -255,5 +288,11 @@ impl MemoryCompressedAttention {
             }
         }
         Tensor::cat(outs, 2)
+    }
+}
+
+impl AttentionMechanism for MemoryCompressedAttention {
+    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
+        MemoryCompressedAttention::forward(self, input, state.map(|s| s.get_or_default::<CompressedState>()))
     }
 }

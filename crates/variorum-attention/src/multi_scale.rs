@@ -10,10 +10,12 @@
 
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
-use variorum_core::{ConfigError, error::check};
+use variorum_core::{Capabilities, ConfigError, error::check};
+use variorum_position::{HeadShape, PositionConfig};
 
 use crate::band::BandAttention;
 use crate::full::Positioning;
+use crate::kind::{AttentionKind, LayerInit, TestVariant, caps};
 
 /// `model.attention` with `kind = "multi-scale"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -59,33 +61,6 @@ impl MultiScaleConfig {
         self.block.unwrap_or(self.widest().min(128))
     }
 
-    pub fn expanded(&self, d_model: usize) -> Self {
-        Self { block: Some(self.block()), ..self.expanded_heads(d_model) }
-    }
-
-    /// The config of layer `i` (its head windows from `layer_windows`).
-    pub fn for_layer(&self, i: usize) -> Self {
-        match self.layer_windows.get(i) {
-            Some(windows) => Self { windows: windows.clone(), layer_windows: Vec::new(), ..self.clone() },
-            None => self.clone(),
-        }
-    }
-
-    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
-        self.heads().validate(d_model)?;
-        for windows in std::iter::once(&self.windows).chain(&self.layer_windows) {
-            check(windows.len() == self.n_heads, || {
-                format!(
-                    "model.attention: {windows:?} has {} widths for model.attention.n_heads = {}: give one per head",
-                    windows.len(),
-                    self.n_heads
-                )
-            })?;
-            check(windows.iter().all(|&w| w >= 1), || "model.attention windows must all be at least 1".into())?;
-        }
-        check(self.block() >= 1, || "model.attention.block must be at least 1".into())
-    }
-
     pub fn init(
         &self,
         d_model: usize,
@@ -106,9 +81,80 @@ impl MultiScaleConfig {
             dilations: Vec::new(),
         }
     }
+}
+
+impl AttentionKind for MultiScaleConfig {
+    type Module = BandAttention;
+    const SUMMARY: &'static str =
+        "band attention with its own window width per head (`windows`), computed block by block";
+    const PAPER: &'static str = "Guo et al. 2019, Multi-Scale Self-Attention for Text Classification";
+    const CAPS: Capabilities = caps::BLOCKED_SCORES;
+
+    fn expanded(&self, d_model: usize) -> Self {
+        Self { block: Some(self.block()), ..self.expanded_heads(d_model) }
+    }
+
+    /// The config of layer `i` (its head windows from `layer_windows`).
+    fn for_layer(&self, i: usize) -> Self {
+        match self.layer_windows.get(i) {
+            Some(windows) => Self { windows: windows.clone(), layer_windows: Vec::new(), ..self.clone() },
+            None => self.clone(),
+        }
+    }
+
+    fn per_layer(&self) -> usize {
+        self.layer_windows.len()
+    }
+
+    fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        self.heads().validate(d_model)?;
+        for windows in std::iter::once(&self.windows).chain(&self.layer_windows) {
+            check(windows.len() == self.n_heads, || {
+                format!(
+                    "model.attention: {windows:?} has {} widths for model.attention.n_heads = {}: give one per head",
+                    windows.len(),
+                    self.n_heads
+                )
+            })?;
+            check(windows.iter().all(|&w| w >= 1), || "model.attention windows must all be at least 1".into())?;
+        }
+        check(self.block() >= 1, || "model.attention.block must be at least 1".into())
+    }
+
+    fn head_shape(&self, d_model: usize) -> HeadShape {
+        self.heads().heads(d_model)
+    }
+
+    fn dropout(&self) -> f64 {
+        self.dropout
+    }
 
     /// Multiply–adds per token: the widest window's span for every head.
-    pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+    fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         self.heads().flops_per_token(d_model, len_k.min(self.widest() + self.block()))
+    }
+
+    fn build(&self, init: &LayerInit, device: &Device) -> BandAttention {
+        self.init(init.d_model, init.init_std, init.out_std, init.position, device)
+    }
+
+    fn test_variants() -> Vec<TestVariant<Self>> {
+        vec![
+            TestVariant::new(
+                "per-layer windows",
+                Self {
+                    windows: vec![1, 1, 1, 1],
+                    layer_windows: vec![vec![1, 2, 3, 4], vec![2, 4, 6, 8]],
+                    block: Some(4),
+                    ..Default::default()
+                },
+            ),
+            // one window per head
+            TestVariant::new(
+                "+ position alibi",
+                Self { windows: vec![1, 2, 4, 7], block: Some(3), ..Default::default() },
+            )
+            .with_position(PositionConfig::Alibi),
+        ]
     }
 }

@@ -39,11 +39,12 @@ use burn::nn::{Dropout, DropoutConfig, PaddingConfig1d};
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
 use serde::{Deserialize, Serialize};
-use variorum_core::{ConfigError, error::check};
+use variorum_core::{Capabilities, ConfigError, error::check};
 use variorum_position::HeadShape;
 
 use crate::full::MASKED_SCORE;
 use crate::kernel::{self, HeadProjections, hide_padding};
+use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
 use crate::{AttentionInput, AttentionOutput, AttentionState};
 
 /// How Nyströmformer inverts the landmark matrix Ã.
@@ -101,25 +102,6 @@ impl NystromConfig {
         kernel::heads(self.n_heads, self.head_dim, d_model)
     }
 
-    pub fn expanded(&self, d_model: usize) -> Self {
-        Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
-    }
-
-    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
-        kernel::validate_heads(self.n_heads, self.head_dim, 1, d_model)?;
-        check(self.landmarks >= 1, || "model.attention.landmarks must be at least 1".into())?;
-        check(self.pinv_iterations >= 1, || "model.attention.pinv_iterations must be at least 1".into())?;
-        check(self.lambda.is_finite() && self.lambda > 0.0, || {
-            format!("model.attention.lambda = {} must be > 0", self.lambda)
-        })?;
-        check(self.conv_kernel.is_none_or(|c| c % 2 == 1), || {
-            format!("model.attention.conv_kernel = {:?} must be odd (a centred kernel)", self.conv_kernel)
-        })?;
-        check((0.0..1.0).contains(&self.dropout), || {
-            format!("model.attention.dropout = {} must be in [0, 1)", self.dropout)
-        })
-    }
-
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> NystromAttention {
         let h = self.heads(d_model);
         let conv = self.conv_kernel.map(|c| {
@@ -139,16 +121,63 @@ impl NystromConfig {
             scale: 1.0 / (h.head_dim as f64).sqrt(),
         }
     }
+}
+
+impl AttentionKind for NystromConfig {
+    type Module = NystromAttention;
+    const SUMMARY: &'static str = "Nyströmformer: m segment-mean landmarks, softmax(QK̃ᵀ)·pinv(softmax(Q̃K̃ᵀ))·softmax(Q̃Kᵀ)V with an iterative pseudo-inverse (or CSALR's (Ã + λI)⁻¹), optional depthwise conv on V; O(L·m); bidirectional only (each landmark averages a whole segment, later positions included)";
+    const PAPER: &'static str =
+        "Xiong et al. 2021, Nyströmformer: A Nyström-Based Algorithm for Approximating Self-Attention";
+    const CAPS: Capabilities = caps::BIDIRECTIONAL_ONLY;
+
+    fn why_not_causal(&self) -> &'static str {
+        "its landmarks are means over segments that reach past the query, coupled by one pseudo-inverse"
+    }
+
+    fn expanded(&self, d_model: usize) -> Self {
+        Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
+    }
+
+    fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        kernel::validate_heads(self.n_heads, self.head_dim, 1, d_model)?;
+        check(self.landmarks >= 1, || "model.attention.landmarks must be at least 1".into())?;
+        check(self.pinv_iterations >= 1, || "model.attention.pinv_iterations must be at least 1".into())?;
+        check(self.lambda.is_finite() && self.lambda > 0.0, || {
+            format!("model.attention.lambda = {} must be > 0", self.lambda)
+        })?;
+        check(self.conv_kernel.is_none_or(|c| c % 2 == 1), || {
+            format!("model.attention.conv_kernel = {:?} must be odd (a centred kernel)", self.conv_kernel)
+        })?;
+        check((0.0..1.0).contains(&self.dropout), || {
+            format!("model.attention.dropout = {} must be in [0, 1)", self.dropout)
+        })
+    }
+
+    fn head_shape(&self, d_model: usize) -> HeadShape {
+        self.heads(d_model)
+    }
+
+    fn dropout(&self) -> f64 {
+        self.dropout
+    }
 
     /// Multiply–adds ×2 per token over `len_k` keys: projections, landmark means, F̃, B̃ and B̃V
     /// (m·d_h each per head), the conv, and Ã with its inverse spread over the tokens.
-    pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+    fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         let h = self.heads(d_model);
         let (d, hd, n) = (d_model as u64, (h.n_heads * h.head_dim) as u64, h.n_heads as u64);
         let m = self.landmarks.min(len_k.max(1)) as u64;
         let per_call = 2 * m * m * hd + 4 * self.pinv_iterations as u64 * n * m * m * m;
         let conv = self.conv_kernel.unwrap_or(0) as u64 * hd;
         2 * (4 * d * hd + 2 * hd + 4 * m * hd + conv + per_call / len_k.max(1) as u64)
+    }
+
+    fn build(&self, init: &LayerInit, device: &Device) -> NystromAttention {
+        self.init(init.d_model, init.init_std, init.out_std, device)
+    }
+
+    fn test_variants() -> Vec<TestVariant<Self>> {
+        vec![TestVariant::new("", Self { landmarks: 4, conv_kernel: Some(3), ..Default::default() }).masked()]
     }
 }
 
@@ -282,5 +311,11 @@ impl NystromAttention {
             context = context + c;
         }
         AttentionOutput { context: self.proj.merge(context), weights: None, aux_losses: Vec::new() }
+    }
+}
+
+impl AttentionMechanism for NystromAttention {
+    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
+        NystromAttention::forward(self, input, state)
     }
 }

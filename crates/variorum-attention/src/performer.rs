@@ -15,22 +15,24 @@
 //! of the whole call (as in the paper's code): keys more than ~80 nats below it underflow in f32.
 //!
 //! W is a parameter without gradient (saved with the model); training draws it again every
-//! `redraw_interval` steps ([`PerformerAttention::redraw`]).
+//! `redraw_interval` optimizer steps ([`PerformerAttention::redraw`], from the trainer's
+//! [`AttentionMechanism::after_optimizer_step`]).
 
 use burn::module::Param;
 use burn::prelude::*;
 use burn::tensor::activation::relu;
 use serde::{Deserialize, Serialize};
-use variorum_core::{ConfigError, error::check};
+use variorum_core::{Capabilities, ConfigError, error::check};
 use variorum_position::HeadShape;
 
-use crate::kernel::{self, Features, HeadProjections, KernelState};
+use crate::kernel::{self, Features, HeadProjections, KernelState, kernel_flops};
+use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
 
 /// φ(q)ᵀz is a sum of positive terms here; the clamp only guards 0/0 (a larger one would make
 /// the result depend on the keys' log-scale).
 pub const MIN_NORMALISER: f64 = 1e-30;
 use crate::random_features::{fixed, gaussian_rows, redraw};
-use crate::{AttentionInput, AttentionOutput};
+use crate::{AttentionInput, AttentionOutput, AttentionState};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -55,7 +57,7 @@ pub struct PerformerConfig {
     pub kernel: PerformerKernel,
     /// Orthogonal random features. Default true.
     pub orthogonal: bool,
-    /// Draw W again every this many training steps; 0 = never. Default 1000.
+    /// Draw W again every this many optimizer steps; 0 = never. Default 1000.
     pub redraw_interval: usize,
     /// Positions per chunk of the causal form. Default 64.
     pub chunk: usize,
@@ -86,15 +88,6 @@ impl PerformerConfig {
         self.features.unwrap_or_else(|| (d * d.ln()).ceil().max(1.0) as usize)
     }
 
-    pub fn expanded(&self, d_model: usize) -> Self {
-        Self { head_dim: Some(self.heads(d_model).head_dim), features: Some(self.features(d_model)), ..self.clone() }
-    }
-
-    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
-        kernel::validate_heads(self.n_heads, self.head_dim, self.chunk, d_model)?;
-        check(self.features != Some(0), || "model.attention.features must be at least 1".into())
-    }
-
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> PerformerAttention {
         let h = self.heads(d_model);
         PerformerAttention {
@@ -103,7 +96,46 @@ impl PerformerConfig {
             kernel: self.kernel,
             orthogonal: self.orthogonal,
             chunk: self.chunk,
+            redraw_interval: self.redraw_interval,
         }
+    }
+}
+
+impl AttentionKind for PerformerConfig {
+    type Module = PerformerAttention;
+    const SUMMARY: &'static str = "FAVOR+: positive orthogonal random features of the softmax kernel (or ReLU), redrawn during training; linear time, RNN decoding";
+    const PAPER: &'static str = "Choromanski et al. 2021, Rethinking Attention with Performers";
+    const CAPS: Capabilities = caps::NO_SCORES;
+
+    fn expanded(&self, d_model: usize) -> Self {
+        Self { head_dim: Some(self.heads(d_model).head_dim), features: Some(self.features(d_model)), ..self.clone() }
+    }
+
+    fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        kernel::validate_heads(self.n_heads, self.head_dim, self.chunk, d_model)?;
+        check(self.features != Some(0), || "model.attention.features must be at least 1".into())
+    }
+
+    fn head_shape(&self, d_model: usize) -> HeadShape {
+        self.heads(d_model)
+    }
+
+    fn flops_per_token(&self, d_model: usize, _len_k: usize) -> u64 {
+        kernel_flops(self.heads(d_model), self.features(d_model), self.chunk)
+    }
+
+    fn build(&self, init: &LayerInit, device: &Device) -> PerformerAttention {
+        self.init(init.d_model, init.init_std, init.out_std, device)
+    }
+
+    fn test_variants() -> Vec<TestVariant<Self>> {
+        // small chunks so that the chunked causal form and its carried sums are exercised at the
+        // harness's lengths
+        let performer = Self { chunk: 3, features: Some(16), ..Default::default() };
+        vec![
+            TestVariant::new("", performer.clone()),
+            TestVariant::new("relu", Self { kernel: PerformerKernel::Relu, ..performer }),
+        ]
     }
 }
 
@@ -116,6 +148,9 @@ pub struct PerformerAttention {
     pub kernel: PerformerKernel,
     pub orthogonal: bool,
     pub chunk: usize,
+    /// Optimizer steps between draws of W (0 = never): the config's `redraw_interval`, not saved.
+    #[module(skip)]
+    pub redraw_interval: usize,
 }
 
 impl PerformerAttention {
@@ -175,5 +210,18 @@ impl PerformerAttention {
         let f = Features { q, k, v, k_shift: Some(shift), gate: None, min_normaliser: MIN_NORMALISER };
         let context = if input.mask.causal { kernel::causal(f, state, self.chunk) } else { kernel::bidirectional(f) };
         AttentionOutput { context: self.proj.merge(context), weights: None, aux_losses: Vec::new() }
+    }
+}
+
+impl AttentionMechanism for PerformerAttention {
+    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
+        PerformerAttention::forward(self, input, state.map(|s| s.get_or_default::<Option<KernelState>>()))
+    }
+
+    /// Draws W again every `redraw_interval` optimizer steps.
+    fn after_optimizer_step(&mut self, step: usize) {
+        if self.redraw_interval > 0 && step % self.redraw_interval == 0 {
+            self.redraw();
+        }
     }
 }

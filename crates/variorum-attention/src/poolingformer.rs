@@ -45,12 +45,15 @@
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
 use serde::{Deserialize, Serialize};
-use variorum_core::{AttentionMask, ConfigError, error::check};
+use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
 use variorum_position::{HeadShape, ScoreLayout};
 
 use crate::band::{Band, banded};
 use crate::full::{MASKED_SCORE, Projected};
-use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention, MultiHeadAttentionConfig, Positioning};
+use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
+use crate::{
+    AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention, MultiHeadAttentionConfig, Positioning,
+};
 
 /// How a segment's keys and values become one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -114,22 +117,6 @@ impl PoolingformerConfig {
         self.mha().heads(d_model)
     }
 
-    pub fn expanded(&self, d_model: usize) -> Self {
-        Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
-    }
-
-    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
-        self.mha().validate(d_model)?;
-        check(self.window >= 1, || "model.attention.window must be at least 1".into())?;
-        check(self.pool_size >= 1, || "model.attention.pool_size must be at least 1".into())?;
-        check(self.level2_window.is_none_or(|w| w >= self.pool_size), || {
-            format!(
-                "model.attention.level2_window = {:?} must be at least model.attention.pool_size = {} (or unset: the whole sequence)",
-                self.level2_window, self.pool_size
-            )
-        })
-    }
-
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> PoolingformerAttention {
         let mha = self.mha();
         PoolingformerAttention {
@@ -141,16 +128,63 @@ impl PoolingformerConfig {
             level2_window: self.level2_window,
         }
     }
+}
+
+impl AttentionKind for PoolingformerConfig {
+    type Module = PoolingformerAttention;
+    const SUMMARY: &'static str = "two-level attention: a sliding window of `window` keys, then pooling attention (max/mean over segments of `pool_size`, within `level2_window`) over the first level's output, summed; causal: finished segments only; computed by blocks";
+    const PAPER: &'static str = "Zhang et al. 2021, Poolingformer: Long Document Modeling with Pooling Attention";
+    /// No memory beside it: its pooled segments would mix a memory with positions after the
+    /// query (`reads_memory: false`, refused by the model's rules).
+    const CAPS: Capabilities = Capabilities { reads_memory: false, ..caps::NO_SCORES };
+
+    fn expanded(&self, d_model: usize) -> Self {
+        Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
+    }
+
+    fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        self.mha().validate(d_model)?;
+        check(self.window >= 1, || "model.attention.window must be at least 1".into())?;
+        check(self.pool_size >= 1, || "model.attention.pool_size must be at least 1".into())?;
+        check(self.level2_window.is_none_or(|w| w >= self.pool_size), || {
+            format!(
+                "model.attention.level2_window = {:?} must be at least model.attention.pool_size = {} (or unset: the whole sequence)",
+                self.level2_window, self.pool_size
+            )
+        })
+    }
+
+    fn head_shape(&self, d_model: usize) -> HeadShape {
+        self.heads(d_model)
+    }
+
+    fn dropout(&self) -> f64 {
+        self.dropout
+    }
 
     /// Multiply–adds per token over a context of `len_k`: two sets of projections, w₁ raw keys
     /// (plus the block's slack) and the pooled keys in reach.
-    pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+    fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         let h = self.heads(d_model);
         let (d, hd) = (d_model as u64, (h.n_heads * h.head_dim) as u64);
         let raw = len_k.min(self.window + self.window.min(128)) as u64;
         let reach = self.level2_window.map_or(len_k, |w| w.min(len_k));
         let pooled = (reach / self.pool_size.max(1) + 2) as u64;
         2 * 2 * (4 * d * hd) + 4 * hd * (raw + pooled)
+    }
+
+    fn build(&self, init: &LayerInit, device: &Device) -> PoolingformerAttention {
+        self.init(init.d_model, init.init_std, init.out_std, device)
+    }
+
+    fn test_variants() -> Vec<TestVariant<Self>> {
+        vec![
+            TestVariant::new("max", Self { window: 3, pool_size: 2, ..Default::default() }),
+            TestVariant::new(
+                "mean, level-2 window",
+                Self { window: 2, pool: PoolKind::Mean, pool_size: 3, level2_window: Some(9), ..Default::default() },
+            ),
+        ]
     }
 }
 
@@ -424,5 +458,11 @@ impl PoolingformerAttention {
             _ => q2.zeros_like(),
         };
         y + self.level2.merge(z)
+    }
+}
+
+impl AttentionMechanism for PoolingformerAttention {
+    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
+        PoolingformerAttention::forward(self, input, state.map(|s| s.get_or_default::<PoolingState>()))
     }
 }

@@ -57,12 +57,13 @@ use burn::tensor::activation::softmax;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
-use variorum_core::{ConfigError, error::check};
+use variorum_core::{Capabilities, ConfigError, error::check};
 use variorum_position::HeadShape;
 
 use crate::full::MASKED_SCORE;
 use crate::kernel::{self, HeadProjections};
-use crate::{AttentionInput, AttentionOutput, KvCache};
+use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
+use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache};
 
 /// `model.attention` with `kind = "prob-sparse"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -79,7 +80,7 @@ pub struct ProbSparseConfig {
     pub factor: f64,
     /// Seed of the sampled key positions (mixed with the layer index). Default 0.
     pub seed: u64,
-    /// The layer this config was specialised for ([`Self::for_layer`]).
+    /// The layer this config was specialised for ([`AttentionKind::for_layer`]).
     #[serde(skip)]
     pub layer: usize,
 }
@@ -95,24 +96,6 @@ impl ProbSparseConfig {
         kernel::heads(self.n_heads, self.head_dim, d_model)
     }
 
-    pub fn for_layer(&self, i: usize) -> Self {
-        Self { layer: i, ..self.clone() }
-    }
-
-    pub fn expanded(&self, d_model: usize) -> Self {
-        Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
-    }
-
-    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
-        kernel::validate_heads(self.n_heads, self.head_dim, 1, d_model)?;
-        check(self.factor.is_finite() && self.factor > 0.0, || {
-            format!("model.attention.factor = {} must be a positive number (U = ⌈c·ln L⌉)", self.factor)
-        })?;
-        check((0.0..1.0).contains(&self.dropout), || {
-            format!("model.attention.dropout = {} must be in [0, 1)", self.dropout)
-        })
-    }
-
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> ProbSparseAttention {
         let h = self.heads(d_model);
         ProbSparseAttention {
@@ -124,15 +107,60 @@ impl ProbSparseConfig {
             scale: 1.0 / (h.head_dim as f64).sqrt(),
         }
     }
+}
+
+impl AttentionKind for ProbSparseConfig {
+    type Module = ProbSparseAttention;
+    const SUMMARY: &'static str = "Informer ProbSparse attention: sparsity measure max − mean over ⌈c·ln L⌉ seeded sampled keys, the top ⌈c·ln L⌉ queries attend, lazy ones get the mean of V; causal: prefix ranking, cumulative mean (strictly causal)";
+    const PAPER: &'static str =
+        "Zhou et al. 2021, Informer: Beyond Efficient Transformer for Long Sequence Time-Series Forecasting";
+    const CAPS: Capabilities = caps::NO_SCORES;
+
+    fn for_layer(&self, i: usize) -> Self {
+        Self { layer: i, ..self.clone() }
+    }
+
+    fn expanded(&self, d_model: usize) -> Self {
+        Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
+    }
+
+    fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        kernel::validate_heads(self.n_heads, self.head_dim, 1, d_model)?;
+        check(self.factor.is_finite() && self.factor > 0.0, || {
+            format!("model.attention.factor = {} must be a positive number (U = ⌈c·ln L⌉)", self.factor)
+        })?;
+        check((0.0..1.0).contains(&self.dropout), || {
+            format!("model.attention.dropout = {} must be in [0, 1)", self.dropout)
+        })
+    }
+
+    fn head_shape(&self, d_model: usize) -> HeadShape {
+        self.heads(d_model)
+    }
+
+    fn dropout(&self) -> f64 {
+        self.dropout
+    }
 
     /// Multiply–adds per token over a context of `len_k`: projections, U sampled scores, the
     /// active share u/L of a full row (u·L_K scores and value rows spread over L_K queries), the mean.
-    pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+    fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         let h = self.heads(d_model);
         let (d, hd) = (d_model as u64, (h.n_heads * h.head_dim) as u64);
         // U sampled scores, u·L_K active scores and value rows over L_K queries, the mean
         let u = top_count(self.factor, len_k) as u64;
         2 * (4 * d * hd) + 2 * hd * (3 * u + 1)
+    }
+
+    fn build(&self, init: &LayerInit, device: &Device) -> ProbSparseAttention {
+        self.init(init.d_model, init.init_std, init.out_std, device)
+    }
+
+    /// Few active queries at the harness's lengths (u = ⌈ln(t + 1)⌉ by prefix rank), causal and
+    /// under the masked objective.
+    fn test_variants() -> Vec<TestVariant<Self>> {
+        let cfg = Self { factor: 1.0, ..Default::default() };
+        vec![TestVariant::new("causal", cfg.clone()), TestVariant::new("masked lm", cfg).masked()]
     }
 }
 
@@ -407,6 +435,12 @@ impl ProbSparseAttention {
             outs.push(out);
         }
         Tensor::cat(outs, 2)
+    }
+}
+
+impl AttentionMechanism for ProbSparseAttention {
+    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
+        ProbSparseAttention::forward(self, input, state.map(|s| s.get_or_default::<ProbSparseState>()))
     }
 }
 

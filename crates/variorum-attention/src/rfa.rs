@@ -12,19 +12,21 @@
 //!
 //! a learned recency bias. Sine/cosine features can make the normaliser φ(q)ᵀz small or
 //! negative; it is clamped at [`crate::kernel::MIN_NORMALISER`] (choice; D ≥ 2 d_h keeps it rare).
-//! W is a parameter without gradient, drawn again every `redraw_interval` training steps.
+//! W is a parameter without gradient, drawn again every `redraw_interval` optimizer steps
+//! ([`RfaAttention::redraw`], from the trainer's [`AttentionMechanism::after_optimizer_step`]).
 
 use burn::module::Param;
 use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::activation::sigmoid;
 use serde::{Deserialize, Serialize};
-use variorum_core::{ConfigError, error::check};
+use variorum_core::{Capabilities, ConfigError, error::check};
 use variorum_position::HeadShape;
 
-use crate::kernel::{self, Features, HeadProjections, KernelState};
+use crate::kernel::{self, Features, HeadProjections, KernelState, kernel_flops};
+use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
 use crate::random_features::{fixed, gaussian_rows, redraw};
-use crate::{AttentionInput, AttentionOutput};
+use crate::{AttentionInput, AttentionOutput, AttentionState};
 
 /// `model.attention` with `kind = "rfa"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -42,7 +44,7 @@ pub struct RfaConfig {
     pub gate: bool,
     /// Initial bias b_g of the gate (σ(b_g) = how much of the past each step keeps). Default 1.
     pub gate_bias: f64,
-    /// Draw W again every this many training steps; 0 = never (default).
+    /// Draw W again every this many optimizer steps; 0 = never (default).
     pub redraw_interval: usize,
     /// Positions per chunk of the causal form. Default 64.
     pub chunk: usize,
@@ -73,18 +75,6 @@ impl RfaConfig {
         self.features.unwrap_or(2 * self.heads(d_model).head_dim)
     }
 
-    pub fn expanded(&self, d_model: usize) -> Self {
-        Self { head_dim: Some(self.heads(d_model).head_dim), features: Some(self.features(d_model)), ..self.clone() }
-    }
-
-    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
-        kernel::validate_heads(self.n_heads, self.head_dim, self.chunk, d_model)?;
-        check(self.features != Some(0), || "model.attention.features must be at least 1".into())?;
-        check(self.sigma > 0.0 && self.sigma.is_finite(), || {
-            format!("model.attention.sigma = {} must be positive", self.sigma)
-        })
-    }
-
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> RfaAttention {
         let h = self.heads(d_model);
         let w = gaussian_rows(self.features(d_model), h.head_dim, false, device).div_scalar(self.sigma);
@@ -100,7 +90,48 @@ impl RfaConfig {
             }),
             sigma: self.sigma,
             chunk: self.chunk,
+            redraw_interval: self.redraw_interval,
         }
+    }
+}
+
+impl AttentionKind for RfaConfig {
+    type Module = RfaAttention;
+    const SUMMARY: &'static str =
+        "random Fourier features of the Gaussian kernel on normalised q/k; optional gated (decaying) recurrent sums";
+    const PAPER: &'static str = "Peng et al. 2021, Random Feature Attention";
+    const CAPS: Capabilities = caps::NO_SCORES;
+
+    fn expanded(&self, d_model: usize) -> Self {
+        Self { head_dim: Some(self.heads(d_model).head_dim), features: Some(self.features(d_model)), ..self.clone() }
+    }
+
+    fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        kernel::validate_heads(self.n_heads, self.head_dim, self.chunk, d_model)?;
+        check(self.features != Some(0), || "model.attention.features must be at least 1".into())?;
+        check(self.sigma > 0.0 && self.sigma.is_finite(), || {
+            format!("model.attention.sigma = {} must be positive", self.sigma)
+        })
+    }
+
+    fn head_shape(&self, d_model: usize) -> HeadShape {
+        self.heads(d_model)
+    }
+
+    /// Sine and cosine of each of the D frequencies: 2D features.
+    fn flops_per_token(&self, d_model: usize, _len_k: usize) -> u64 {
+        kernel_flops(self.heads(d_model), 2 * self.features(d_model), self.chunk)
+    }
+
+    fn build(&self, init: &LayerInit, device: &Device) -> RfaAttention {
+        self.init(init.d_model, init.init_std, init.out_std, device)
+    }
+
+    fn test_variants() -> Vec<TestVariant<Self>> {
+        // small chunks so that the chunked causal form and its carried sums are exercised at the
+        // harness's lengths
+        let rfa = Self { chunk: 3, features: Some(32), ..Default::default() };
+        vec![TestVariant::new("", rfa.clone()), TestVariant::new("gate", Self { gate: true, gate_bias: 0.0, ..rfa })]
     }
 }
 
@@ -113,6 +144,9 @@ pub struct RfaAttention {
     pub gate: Option<Linear>,
     pub sigma: f64,
     pub chunk: usize,
+    /// Optimizer steps between draws of W (0 = never): the config's `redraw_interval`, not saved.
+    #[module(skip)]
+    pub redraw_interval: usize,
 }
 
 impl RfaAttention {
@@ -139,5 +173,18 @@ impl RfaAttention {
         let f = Features { q: self.features(q), k, v, k_shift: None, gate, min_normaliser: kernel::MIN_NORMALISER };
         let context = if input.mask.causal { kernel::causal(f, state, self.chunk) } else { kernel::bidirectional(f) };
         AttentionOutput { context: self.proj.merge(context), weights: None, aux_losses: Vec::new() }
+    }
+}
+
+impl AttentionMechanism for RfaAttention {
+    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
+        RfaAttention::forward(self, input, state.map(|s| s.get_or_default::<Option<KernelState>>()))
+    }
+
+    /// Draws W again every `redraw_interval` optimizer steps.
+    fn after_optimizer_step(&mut self, step: usize) {
+        if self.redraw_interval > 0 && step % self.redraw_interval == 0 {
+            self.redraw();
+        }
     }
 }

@@ -6,7 +6,8 @@
 //!
 //! The centroids are not trained by gradients: every training forward records the normalised
 //! queries and keys assigned to each centroid, and after the optimiser step
-//! ([`RoutingAttention::update_centroids`], called by the trainer) each centroid moves by an
+//! ([`RoutingAttention::update_centroids`], from the trainer's
+//! [`AttentionMechanism::after_optimizer_step`]) each centroid moves by an
 //! exponential moving average toward their mean, μ_c ← normalise(λ μ_c + (1 − λ) mean_c)
 //! (spherical mini-batch k-means; the paper's update sums rather than averages).
 //!
@@ -19,7 +20,8 @@
 //! routing heads) puts every position of the first heads in one cluster: a sliding window of w.
 //!
 //! Decoding keeps every position's key, query, value and clusters; a new token scores only the
-//! keys its routing window holds (O(w) device work per token). No relative position scheme (no score matrix to bias).
+//! keys its routing window holds (O(w) device work per token). No relative position scheme (no score matrix to bias),
+//! and no memory (`reads_memory: false`): queries and keys of the same positions are sorted together.
 
 use std::sync::{Arc, Mutex};
 
@@ -28,14 +30,15 @@ use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use serde::{Deserialize, Serialize};
-use variorum_core::{ConfigError, error::check};
+use variorum_core::{Capabilities, ConfigError, error::check};
 use variorum_position::HeadShape;
 
 use crate::kernel;
+use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
 use crate::qkv::{normal_linear, split_heads};
 use crate::random_features::{fixed, redraw};
 use crate::sorted_chunks::{SortedItems, attend_picked, host, sorted_chunk_attention};
-use crate::{AttentionInput, AttentionOutput, KvCache};
+use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache};
 
 /// `model.attention` with `kind = "routing"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -77,26 +80,6 @@ impl RoutingConfig {
         kernel::heads(self.n_heads, self.head_dim, d_model)
     }
 
-    pub fn expanded(&self, d_model: usize) -> Self {
-        Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
-    }
-
-    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
-        crate::MultiHeadAttentionConfig { n_heads: self.n_heads, head_dim: self.head_dim, ..Default::default() }
-            .validate(d_model)?;
-        check(self.window >= 1, || "model.attention.window must be at least 1".into())?;
-        check((0.0..1.0).contains(&self.dropout), || {
-            format!("model.attention.dropout = {} must be in [0, 1)", self.dropout)
-        })?;
-        check(self.clusters >= 1, || "model.attention.clusters must be at least 1".into())?;
-        check((0.0..1.0).contains(&self.decay), || {
-            format!("model.attention.decay = {} must be in [0, 1)", self.decay)
-        })?;
-        check(self.local_heads <= self.n_heads, || {
-            format!("model.attention.local_heads = {} exceeds n_heads = {}", self.local_heads, self.n_heads)
-        })
-    }
-
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> RoutingAttention {
         let (h, hd) = (self.n_heads, self.heads(d_model).head_dim);
         let centroids = Tensor::random([h * self.clusters, hd], Distribution::Normal(0.0, 1.0), device);
@@ -114,13 +97,59 @@ impl RoutingConfig {
             stats: Default::default(),
         }
     }
+}
+
+impl AttentionKind for RoutingConfig {
+    type Module = RoutingAttention;
+    const SUMMARY: &'static str = "Routing Transformer: queries and keys clustered by online k-means (EMA centroids, one set per head), attention within the cluster over sorted chunks; optional local heads";
+    const PAPER: &'static str = "Roy et al. 2021, Efficient Content-Based Sparse Attention with Routing Transformers";
+    const CAPS: Capabilities = Capabilities { reads_memory: false, ..caps::NO_SCORES };
+
+    fn expanded(&self, d_model: usize) -> Self {
+        Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
+    }
+
+    fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        crate::MultiHeadAttentionConfig { n_heads: self.n_heads, head_dim: self.head_dim, ..Default::default() }
+            .validate(d_model)?;
+        check(self.window >= 1, || "model.attention.window must be at least 1".into())?;
+        check((0.0..1.0).contains(&self.dropout), || {
+            format!("model.attention.dropout = {} must be in [0, 1)", self.dropout)
+        })?;
+        check(self.clusters >= 1, || "model.attention.clusters must be at least 1".into())?;
+        check((0.0..1.0).contains(&self.decay), || {
+            format!("model.attention.decay = {} must be in [0, 1)", self.decay)
+        })?;
+        check(self.local_heads <= self.n_heads, || {
+            format!("model.attention.local_heads = {} exceeds n_heads = {}", self.local_heads, self.n_heads)
+        })
+    }
+
+    fn head_shape(&self, d_model: usize) -> HeadShape {
+        self.heads(d_model)
+    }
+
+    fn dropout(&self) -> f64 {
+        self.dropout
+    }
 
     /// Multiply–adds per token: projections, the assignments, and 4w scores and value rows for
     /// each of its two routing items.
-    pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+    fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         let (h, hd) = (self.n_heads as u64, self.heads(d_model).head_dim as u64);
         let keys = (4 * self.window).min(2 * len_k) as u64;
         2 * (4 * d_model as u64 * h * hd + h * (2 * self.clusters as u64 * hd + 2 * 2 * keys * hd))
+    }
+
+    fn build(&self, init: &LayerInit, device: &Device) -> RoutingAttention {
+        self.init(init.d_model, init.init_std, init.out_std, device)
+    }
+
+    fn test_variants() -> Vec<TestVariant<Self>> {
+        vec![
+            TestVariant::new("", Self { clusters: 3, window: 2, ..Default::default() }),
+            TestVariant::new("+ local heads", Self { clusters: 2, window: 3, local_heads: 2, ..Default::default() }),
+        ]
     }
 }
 
@@ -286,4 +315,15 @@ fn unit_rows(x: Tensor<2>) -> Tensor<2> {
 
 fn unit_rows4(x: Tensor<4>) -> Tensor<4> {
     x.clone() / (x.powf_scalar(2.0).sum_dim(3).sqrt() + 1e-6)
+}
+
+impl AttentionMechanism for RoutingAttention {
+    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
+        RoutingAttention::forward(self, input, state.map(AttentionState::kv_mut))
+    }
+
+    /// Moves the centroids toward what the training forwards since the last step assigned to them.
+    fn after_optimizer_step(&mut self, _step: usize) {
+        self.update_centroids();
+    }
 }

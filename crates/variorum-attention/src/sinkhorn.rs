@@ -8,7 +8,8 @@
 //! whose row i mixes the key and value blocks into block i's *sorted* block, K̃_i = Σ_j S_ij K_j.
 //! The queries of block i attend to their own block and their sorted block in one softmax:
 //! O(L·b) scores plus O(N²·b·d) for the mixing. `sortcut = n` (bidirectional, SortCut): every
-//! query attends to the first n sorted blocks instead — O(L·n·b).
+//! query attends to the first n sorted blocks instead — O(L·n·b); the first sorted blocks mix the
+//! whole sequence, so a config with it has no causal form.
 //!
 //! A last block shorter than b is padded with zero keys and values; bidirectionally they enter its
 //! mean and the mixtures (causally only earlier, whole blocks are mixed).
@@ -24,18 +25,23 @@
 //! so causally the balancing is row normalisation only (a softmax over the earlier blocks); the
 //! first block has no sorted block. Decoding then equals the full forward: a new token scores its
 //! block so far plus its block's sorted block, mixed from the cache once per block and kept.
+//!
+//! The Gumbel noise (`gumbel = true`) is drawn afresh on every training forward, so a reversible
+//! block's recomputation cannot replay it (the config is then not `replayable`). Queries and keys
+//! of the same positions are sorted together: no memory (`reads_memory: false`).
 
 use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::activation::{log_softmax, softmax};
 use serde::{Deserialize, Serialize};
-use variorum_core::{ConfigError, error::check};
+use variorum_core::{Capabilities, ConfigError, error::check};
 use variorum_position::HeadShape;
 
+use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
 use crate::qkv::{normal_linear, split_heads};
 use crate::sorted_chunks::log_sum_exp;
-use crate::{AttentionInput, AttentionOutput, KvCache, kernel};
+use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, kernel};
 
 const MASKED: f32 = -1e9;
 
@@ -82,22 +88,6 @@ impl SinkhornConfig {
         kernel::heads(self.n_heads, self.head_dim, d_model)
     }
 
-    pub fn expanded(&self, d_model: usize) -> Self {
-        Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
-    }
-
-    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
-        crate::MultiHeadAttentionConfig { n_heads: self.n_heads, head_dim: self.head_dim, ..Default::default() }
-            .validate(d_model)?;
-        check(self.block >= 1, || "model.attention.block must be at least 1".into())?;
-        check((0.0..1.0).contains(&self.dropout), || {
-            format!("model.attention.dropout = {} must be in [0, 1)", self.dropout)
-        })?;
-        check(self.iterations >= 1, || "model.attention.iterations must be at least 1".into())?;
-        check(self.temperature > 0.0, || format!("model.attention.temperature = {} must be > 0", self.temperature))?;
-        check(self.sortcut != Some(0), || "model.attention.sortcut must be at least 1 block".into())
-    }
-
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> SinkhornAttention {
         let (h, hd) = (self.n_heads, self.heads(d_model).head_dim);
         SinkhornAttention {
@@ -114,13 +104,69 @@ impl SinkhornConfig {
             sortcut: self.sortcut,
         }
     }
+}
+
+impl AttentionKind for SinkhornConfig {
+    type Module = SinkhornAttention;
+    const SUMMARY: &'static str = "Sparse Sinkhorn attention: each block attends to itself and its sorted block, a Gumbel-Sinkhorn soft permutation of key blocks scored by a sorting network; SortCut option; causal: earlier blocks only, row-normalised";
+    const PAPER: &'static str = "Tay et al. 2020, Sparse Sinkhorn Attention";
+    const CAPS: Capabilities = Capabilities { reads_memory: false, ..caps::NO_SCORES };
+
+    /// SortCut has no causal form; Gumbel noise cannot be replayed by a reversible block's
+    /// recomputation.
+    fn capabilities(&self) -> Capabilities {
+        let mut c = Self::CAPS;
+        if self.sortcut.is_some() {
+            c.causal = false;
+        }
+        if self.gumbel {
+            c.replayable = false;
+        }
+        c
+    }
+
+    fn why_not_causal(&self) -> &'static str {
+        "model.attention.sortcut lets every query see the first sorted blocks, which mix the whole sequence: a sortcut is bidirectional; remove it for a causal model"
+    }
+
+    fn expanded(&self, d_model: usize) -> Self {
+        Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
+    }
+
+    fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        crate::MultiHeadAttentionConfig { n_heads: self.n_heads, head_dim: self.head_dim, ..Default::default() }
+            .validate(d_model)?;
+        check(self.block >= 1, || "model.attention.block must be at least 1".into())?;
+        check((0.0..1.0).contains(&self.dropout), || {
+            format!("model.attention.dropout = {} must be in [0, 1)", self.dropout)
+        })?;
+        check(self.iterations >= 1, || "model.attention.iterations must be at least 1".into())?;
+        check(self.temperature > 0.0, || format!("model.attention.temperature = {} must be > 0", self.temperature))?;
+        check(self.sortcut != Some(0), || "model.attention.sortcut must be at least 1 block".into())
+    }
+
+    fn head_shape(&self, d_model: usize) -> HeadShape {
+        self.heads(d_model)
+    }
+
+    fn dropout(&self) -> f64 {
+        self.dropout
+    }
 
     /// Multiply–adds per token: projections, 2b (or n·b) scores and value rows, the mixing.
-    pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+    fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         let (h, hd) = (self.n_heads as u64, self.heads(d_model).head_dim as u64);
         let keys = self.sortcut.map_or(2 * self.block, |n| n * self.block).min(len_k) as u64;
         let blocks = len_k.div_ceil(self.block) as u64;
         2 * (4 * d_model as u64 * h * hd + h * (2 * keys * hd + 2 * blocks * hd))
+    }
+
+    fn build(&self, init: &LayerInit, device: &Device) -> SinkhornAttention {
+        self.init(init.d_model, init.init_std, init.out_std, device)
+    }
+
+    fn test_variants() -> Vec<TestVariant<Self>> {
+        vec![TestVariant::new("", Self { block: 3, ..Default::default() })]
     }
 }
 
@@ -295,5 +341,11 @@ impl SinkhornAttention {
         let scores = q.matmul(keys.swap_dims(2, 3)).div_scalar((hd as f64).sqrt());
         let z = log_sum_exp(scores.clone());
         (scores - z).exp().matmul(values)
+    }
+}
+
+impl AttentionMechanism for SinkhornAttention {
+    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
+        SinkhornAttention::forward(self, input, state.map(AttentionState::kv_mut))
     }
 }

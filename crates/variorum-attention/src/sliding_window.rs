@@ -13,10 +13,12 @@
 
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
-use variorum_core::{ConfigError, error::check};
+use variorum_core::{Capabilities, ConfigError, error::check};
+use variorum_position::{HeadShape, PositionConfig, RotaryConfig, XlRelativeConfig};
 
 use crate::band::BandAttention;
 use crate::full::Positioning;
+use crate::kind::{AttentionKind, LayerInit, TestVariant, caps};
 
 /// `model.attention` with `kind = "sliding-window"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -72,36 +74,6 @@ impl SlidingWindowConfig {
         self.look_ahead.unwrap_or(self.window.saturating_sub(1))
     }
 
-    pub fn expanded(&self, d_model: usize) -> Self {
-        Self { look_ahead: Some(self.look_ahead()), block: Some(self.block()), ..self.expanded_heads(d_model) }
-    }
-
-    /// The config of layer `i` (its window from `layer_windows`).
-    pub fn for_layer(&self, i: usize) -> Self {
-        match self.layer_windows.get(i) {
-            Some(&window) => Self { window, layer_windows: Vec::new(), ..self.clone() },
-            None => self.clone(),
-        }
-    }
-
-    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
-        self.heads().validate(d_model)?;
-        check(self.window >= 1 && self.layer_windows.iter().all(|&w| w >= 1), || {
-            "model.attention.window and layer_windows must be at least 1".into()
-        })?;
-        check(self.block() >= 1, || "model.attention.block must be at least 1".into())?;
-        check(
-            self.dilations.is_empty()
-                || (self.dilations.len() == self.n_heads && self.dilations.iter().all(|&d| d >= 1)),
-            || {
-                format!(
-                    "model.attention.dilations {:?}: give one dilation (at least 1) per head, {} of them",
-                    self.dilations, self.n_heads
-                )
-            },
-        )
-    }
-
     pub fn init(
         &self,
         d_model: usize,
@@ -121,9 +93,101 @@ impl SlidingWindowConfig {
             dilations: self.dilations.clone(),
         }
     }
+}
+
+impl AttentionKind for SlidingWindowConfig {
+    type Module = BandAttention;
+    const SUMMARY: &'static str = "band attention over the last `window` keys (look-ahead when bidirectional), computed block by block; KV cache trimmed to the window";
+    const PAPER: &'static str = "Beltagy et al. 2020, Longformer; Child et al. 2019 (local attention)";
+    const CAPS: Capabilities = caps::BLOCKED_SCORES;
+
+    fn expanded(&self, d_model: usize) -> Self {
+        Self { look_ahead: Some(self.look_ahead()), block: Some(self.block()), ..self.expanded_heads(d_model) }
+    }
+
+    /// The config of layer `i` (its window from `layer_windows`).
+    fn for_layer(&self, i: usize) -> Self {
+        match self.layer_windows.get(i) {
+            Some(&window) => Self { window, layer_windows: Vec::new(), ..self.clone() },
+            None => self.clone(),
+        }
+    }
+
+    fn per_layer(&self) -> usize {
+        self.layer_windows.len()
+    }
+
+    fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        self.heads().validate(d_model)?;
+        check(self.window >= 1 && self.layer_windows.iter().all(|&w| w >= 1), || {
+            "model.attention.window and layer_windows must be at least 1".into()
+        })?;
+        check(self.block() >= 1, || "model.attention.block must be at least 1".into())?;
+        check(
+            self.dilations.is_empty()
+                || (self.dilations.len() == self.n_heads && self.dilations.iter().all(|&d| d >= 1)),
+            || {
+                format!(
+                    "model.attention.dilations {:?}: give one dilation (at least 1) per head, {} of them",
+                    self.dilations, self.n_heads
+                )
+            },
+        )
+    }
+
+    fn head_shape(&self, d_model: usize) -> HeadShape {
+        self.heads().heads(d_model)
+    }
+
+    fn dropout(&self) -> f64 {
+        self.dropout
+    }
 
     /// Multiply–adds per token: at most w keys (plus the block's slack).
-    pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+    fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         self.heads().flops_per_token(d_model, len_k.min(self.window + self.block()))
+    }
+
+    fn build(&self, init: &LayerInit, device: &Device) -> BandAttention {
+        self.init(init.d_model, init.init_std, init.out_std, init.position, device)
+    }
+
+    fn test_variants() -> Vec<TestVariant<Self>> {
+        // block-by-block band with absolute and relative positions and GQA
+        let mut out: Vec<TestVariant<Self>> = [
+            PositionConfig::default(),
+            PositionConfig::Alibi,
+            PositionConfig::Rope(RotaryConfig::default()),
+            PositionConfig::TransformerXl(XlRelativeConfig::default()),
+        ]
+        .into_iter()
+        .map(|position| {
+            let cfg = Self { window: 5, block: Some(3), n_kv_heads: Some(2), ..Default::default() };
+            TestVariant::new(format!("+ position {}", position.kind()), cfg).with_position(position)
+        })
+        .collect();
+        // Longformer's global positions, with a relative scheme
+        out.push(
+            TestVariant::new(
+                "global positions + position transformer-xl",
+                Self { window: 3, block: Some(4), global: vec![0, 6], ..Default::default() },
+            )
+            .with_position(PositionConfig::TransformerXl(XlRelativeConfig::default())),
+        );
+        // windows growing from the bottom layer to the top (Longformer)
+        out.push(TestVariant::new(
+            "per-layer windows",
+            Self { layer_windows: vec![2, 6], block: Some(4), ..Default::default() },
+        ));
+        out.push(
+            TestVariant::new(
+                "dilated heads + position alibi",
+                Self { window: 3, block: Some(2), dilations: vec![1, 2, 1, 3], ..Default::default() },
+            )
+            .with_position(PositionConfig::Alibi),
+        );
+        // run bidirectionally under the masked objective
+        out.push(TestVariant::new("masked lm", Self { window: 3, ..Default::default() }).masked());
+        out
     }
 }

@@ -20,12 +20,13 @@ use burn::prelude::*;
 use burn::tensor::Slice;
 use burn::tensor::activation::softmax;
 use serde::{Deserialize, Serialize};
-use variorum_core::{AttentionMask, ConfigError, error::check};
-use variorum_position::ScoreLayout;
+use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
+use variorum_position::{HeadShape, PositionConfig, RotaryConfig, ScoreLayout, T5BiasConfig};
 
 use crate::band::{Band, BandScores, band_context, band_scores, banded, dense_pattern};
 use crate::full::{MASKED_SCORE, Positioning, Projected};
-use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention};
+use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
+use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention};
 
 /// How the two patterns are used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -62,7 +63,8 @@ pub struct StridedConfig {
     pub stride: usize,
     /// `union` (default), `heads` or `alternate`.
     pub combine: StridedCombine,
-    /// The layer this config was specialised for ([`Self::for_layer`]); `alternate` reads it.
+    /// The layer this config was specialised for ([`AttentionKind::for_layer`]); `alternate`
+    /// reads it.
     #[serde(skip)]
     pub layer: usize,
 }
@@ -85,14 +87,6 @@ impl Default for StridedConfig {
 impl StridedConfig {
     crate::head_methods!();
 
-    pub fn expanded(&self, d_model: usize) -> Self {
-        self.expanded_heads(d_model)
-    }
-
-    pub fn for_layer(&self, i: usize) -> Self {
-        Self { layer: i, ..self.clone() }
-    }
-
     pub fn mode(&self) -> StridedMode {
         match self.combine {
             StridedCombine::Union => StridedMode::Union,
@@ -100,15 +94,6 @@ impl StridedConfig {
             StridedCombine::Alternate if self.layer % 2 == 0 => StridedMode::Local,
             StridedCombine::Alternate => StridedMode::Columns,
         }
-    }
-
-    pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
-        self.heads().validate(d_model)?;
-        check(self.stride >= 1, || "model.attention.stride must be at least 1".into())?;
-        check(self.combine != StridedCombine::Heads || self.n_heads >= 2, || {
-            "model.attention.combine = \"heads\" splits the heads between the two patterns: it needs n_heads >= 2"
-                .into()
-        })
     }
 
     pub fn init(
@@ -125,10 +110,61 @@ impl StridedConfig {
             mode: self.mode(),
         }
     }
+}
+
+impl AttentionKind for StridedConfig {
+    type Module = StridedAttention;
+    const SUMMARY: &'static str = "Sparse Transformer strided pattern (previous ℓ positions, every ℓ-th position): union, split heads or alternating layers; O(L√L) with ℓ ≈ √L";
+    const PAPER: &'static str = "Child et al. 2019, Generating Long Sequences with Sparse Transformers";
+    const CAPS: Capabilities = caps::BLOCKED_SCORES;
+
+    fn expanded(&self, d_model: usize) -> Self {
+        self.expanded_heads(d_model)
+    }
+
+    fn for_layer(&self, i: usize) -> Self {
+        Self { layer: i, ..self.clone() }
+    }
+
+    fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        self.heads().validate(d_model)?;
+        check(self.stride >= 1, || "model.attention.stride must be at least 1".into())?;
+        check(self.combine != StridedCombine::Heads || self.n_heads >= 2, || {
+            "model.attention.combine = \"heads\" splits the heads between the two patterns: it needs n_heads >= 2"
+                .into()
+        })
+    }
+
+    fn head_shape(&self, d_model: usize) -> HeadShape {
+        self.heads().heads(d_model)
+    }
+
+    fn dropout(&self) -> f64 {
+        self.dropout
+    }
 
     /// Multiply–adds per token: ℓ local keys and L/ℓ column keys.
-    pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+    fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         self.heads().flops_per_token(d_model, (2 * self.stride + len_k / self.stride.max(1)).min(len_k))
+    }
+
+    fn build(&self, init: &LayerInit, device: &Device) -> StridedAttention {
+        self.init(init.d_model, init.init_std, init.out_std, init.position, device)
+    }
+
+    fn test_variants() -> Vec<TestVariant<Self>> {
+        // the three ways of combining the two patterns
+        [
+            (StridedCombine::Union, PositionConfig::Alibi),
+            (StridedCombine::Heads, PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 16 })),
+            (StridedCombine::Alternate, PositionConfig::Rope(RotaryConfig::default())),
+        ]
+        .into_iter()
+        .map(|(combine, position)| {
+            let cfg = Self { stride: 4, combine, ..Default::default() };
+            TestVariant::new(format!("{combine:?} + position {}", position.kind()), cfg).with_position(position)
+        })
+        .collect()
     }
 }
 
@@ -357,5 +393,20 @@ impl StridedAttention {
         }
         let ctx = ctx.reshape([b, s, h, n, dh]).permute([0, 2, 3, 1, 4]).reshape([b, h, n * s, dh]);
         out + ctx.narrow(2, 0, l)
+    }
+}
+
+impl AttentionMechanism for StridedAttention {
+    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
+        StridedAttention::forward(self, input, state.map(AttentionState::kv_mut))
+    }
+
+    /// The cache grows with every position (the pattern reaches back to 0).
+    fn extend_cache(&self, x: Tensor<3>, mask: &AttentionMask, state: &mut AttentionState) {
+        self.attention.project(x, None, mask, Some(state.kv_mut()));
+    }
+
+    fn content_only(&self, query: Tensor<3>, key_value: Tensor<3>) -> Tensor<3> {
+        self.attention.content_only(query, key_value)
     }
 }

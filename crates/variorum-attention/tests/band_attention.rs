@@ -10,7 +10,7 @@ use burn::tensor::Distribution;
 use common::{D, decoding_gap, schemes};
 use variorum_attention::band::Band;
 use variorum_attention::{
-    AttentionConfig, AttentionInput, BandAttention, LocalAttentionConfig, MultiScaleConfig, Positioning,
+    AttentionConfig, AttentionInput, AttentionKind, BandAttention, LocalAttentionConfig, MultiScaleConfig, Positioning,
     SlidingWindowConfig,
 };
 use variorum_core::AttentionMask;

@@ -8,7 +8,7 @@ mod common;
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::activation::softmax;
-use variorum_attention::{AttentionConfig, AttentionInput, ClusteredAttention, ClusteredConfig};
+use variorum_attention::{AttentionConfig, AttentionInput, AttentionKind, ClusteredAttention, ClusteredConfig};
 use variorum_core::AttentionMask;
 
 const D: usize = 16;

@@ -7,7 +7,7 @@ mod common;
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use common::D;
-use variorum_attention::{AttentionInput, EtcConfig, Positioning};
+use variorum_attention::{AttentionInput, AttentionKind, EtcConfig, Positioning};
 use variorum_core::{AttentionMask, GlobalLocal};
 use variorum_position::PositionConfig;
 

@@ -9,8 +9,9 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 use common::{D, decoding_gap, distance_schemes as schemes};
 use variorum_attention::{
-    AttentionConfig, AttentionInput, AttentionOutput, BigBirdAttention, BigBirdConfig, BlockwiseAttention,
-    BlockwiseConfig, FixedAttention, FixedConfig, Local2dAttention, Local2dConfig, Positioning, StridedCombine,
+    AttentionConfig, AttentionInput, AttentionKind, AttentionOutput, BigBirdAttention, BigBirdConfig,
+    BlockwiseAttention, BlockwiseConfig, FixedAttention, FixedConfig, Local2dAttention, Local2dConfig, Positioning,
+    StridedCombine,
 };
 use variorum_core::AttentionMask;
 use variorum_position::PositionConfig;

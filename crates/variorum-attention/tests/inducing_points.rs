@@ -11,8 +11,8 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 use common::{D, seeded};
 use variorum_attention::{
-    Attention, AttentionConfig, AttentionInput, InducingMode, InducingPointsAttention, InducingPointsConfig,
-    Positioning,
+    Attention, AttentionConfig, AttentionInput, AttentionKind, InducingMode, InducingPointsAttention,
+    InducingPointsConfig, Positioning,
 };
 use variorum_core::AttentionMask;
 

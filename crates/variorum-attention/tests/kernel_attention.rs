@@ -53,7 +53,7 @@ fn token_by_token_decoding_equals_the_parallel_forward() {
         let d = (full - Tensor::cat(parts, 1)).abs().max().into_scalar::<f32>();
         assert!(d < 1e-4, "{cfg:?}: {d}");
         // the state does not grow with the context: one [features, d_v + 1] matrix per head
-        let AttentionState::Kernel(Some(s)) = &state else { panic!("{cfg:?}: no recurrent state") };
+        let Some(Some(s)) = state.get::<Option<kernel::KernelState>>() else { panic!("{cfg:?}: no recurrent state") };
         assert_eq!(s.s.dims()[0..2], [2, if cfg.kind() == "average" { 1 } else { 4 }]);
     }
 }
@@ -147,4 +147,35 @@ fn redrawing_changes_the_features_but_not_their_parameter() {
     p.redraw();
     assert_eq!(p.projection.id, id);
     assert!((p.projection.val() - before).abs().max().into_scalar::<f32>() > 1e-3);
+}
+
+#[test]
+fn random_features_are_redrawn_every_redraw_interval_optimizer_steps() {
+    let _guard = seeded();
+    let dev = Device::flex();
+    for kind in ["performer", "rfa"] {
+        let cfg: AttentionConfig = toml::from_str(&format!("kind = \"{kind}\"\nredraw_interval = 3")).unwrap();
+        let mut attn = build(&cfg, &dev);
+        let w = |a: &Attention| match a {
+            Attention::Performer(p) => p.projection.val(),
+            Attention::Rfa(r) => r.projection.val(),
+            _ => unreachable!(),
+        };
+        let moved = |a: Tensor<2>, b: Tensor<2>| (a - b).abs().max().into_scalar::<f32>() > 1e-3;
+        let start = w(&attn);
+        for step in [1, 2] {
+            attn.after_optimizer_step(step);
+            assert!(!moved(w(&attn), start.clone()), "{kind}: redrawn after step {step}");
+        }
+        attn.after_optimizer_step(3);
+        assert!(moved(w(&attn), start), "{kind}: not redrawn after step 3");
+    }
+    // interval 0 (RFA's default): never
+    let cfg: AttentionConfig = toml::from_str("kind = \"rfa\"").unwrap();
+    let Attention::Rfa(mut r) = build(&cfg, &dev) else { unreachable!() };
+    let before = r.projection.val();
+    for step in 1..5 {
+        variorum_attention::AttentionMechanism::after_optimizer_step(&mut r, step);
+    }
+    assert_eq!((r.projection.val() - before).abs().max().into_scalar::<f32>(), 0.0);
 }

@@ -9,7 +9,8 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::activation::softmax;
 use variorum_attention::{
-    Attention, AttentionConfig, AttentionInput, LinformerAttention, LinformerConfig, LinformerShare, Positioning,
+    Attention, AttentionConfig, AttentionInput, AttentionKind, LinformerAttention, LinformerConfig, LinformerShare,
+    Positioning,
 };
 use variorum_core::AttentionMask;
 

@@ -8,7 +8,7 @@ mod common;
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use common::{D, schemes};
-use variorum_attention::{AttentionInput, KvCache, LongformerAttention, LongformerConfig, Positioning};
+use variorum_attention::{AttentionInput, AttentionKind, KvCache, LongformerAttention, LongformerConfig, Positioning};
 use variorum_core::AttentionMask;
 use variorum_position::{PositionConfig, XlRelativeConfig};
 

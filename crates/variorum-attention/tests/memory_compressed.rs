@@ -7,7 +7,7 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::activation::softmax;
 use variorum_attention::memory_compressed::CompressedState;
-use variorum_attention::{AttentionInput, MemoryCompressedAttention, MemoryCompressedConfig};
+use variorum_attention::{AttentionInput, AttentionKind, MemoryCompressedAttention, MemoryCompressedConfig};
 use variorum_core::AttentionMask;
 
 const D: usize = 16;

@@ -11,7 +11,8 @@ use burn::tensor::Distribution;
 use burn::tensor::activation::softmax;
 use variorum_attention::nystrom::iterative_pinv;
 use variorum_attention::{
-    Attention, AttentionConfig, AttentionInput, NystromAttention, NystromConfig, NystromInverse, Positioning,
+    Attention, AttentionConfig, AttentionInput, AttentionKind, NystromAttention, NystromConfig, NystromInverse,
+    Positioning,
 };
 use variorum_core::AttentionMask;
 

@@ -6,7 +6,7 @@ mod common;
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::activation::softmax;
-use variorum_attention::{AttentionInput, RoutingAttention, RoutingConfig};
+use variorum_attention::{AttentionInput, AttentionKind, RoutingAttention, RoutingConfig};
 use variorum_core::AttentionMask;
 
 const D: usize = 16;
@@ -157,9 +157,10 @@ fn centroids_move_toward_the_data_under_the_moving_average() {
     let [q, k, _] = heads(&attn.valid(), x.clone().without_autodiff());
     let before = (fit(&attn.valid(), q.clone()), fit(&attn.valid(), k.clone()));
     let mu0 = attn.centroids.val();
-    for _ in 0..5 {
+    for step in 1..=5 {
         let _ = run(&attn, x.clone(), true);
-        attn.update_centroids();
+        // what the trainer calls after every optimizer step
+        variorum_attention::AttentionMechanism::after_optimizer_step(&mut attn, step);
     }
     let after = (fit(&attn.valid(), q.clone()), fit(&attn.valid(), k.clone()));
     assert!(after.0 > before.0 + 0.05 && after.1 > before.1 + 0.05, "fit {before:?} -> {after:?}");

@@ -6,7 +6,7 @@ mod common;
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::activation::softmax;
-use variorum_attention::{AttentionInput, SinkhornAttention, SinkhornConfig};
+use variorum_attention::{AttentionInput, AttentionKind, SinkhornAttention, SinkhornConfig};
 use variorum_core::AttentionMask;
 
 const D: usize = 16;

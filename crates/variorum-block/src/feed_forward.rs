@@ -60,6 +60,11 @@ impl FeedForwardKind {
         matches!(self, Self::Glu | Self::Geglu | Self::Swiglu)
     }
 
+    /// A convolution over time keeps a window of earlier inputs as state: not position-wise.
+    pub fn capabilities(self) -> Capabilities {
+        Capabilities { position_wise: self != Self::SeparableConv, ..Capabilities::NEUTRAL }
+    }
+
     fn paper(self) -> &'static str {
         match self {
             Self::Relu => "Vaswani et al. 2017, Attention Is All You Need",
@@ -152,7 +157,7 @@ impl FeedForwardConfig {
                     "two-layer position-wise FFN"
                 },
                 paper: k.paper(),
-                caps: Capabilities::NEUTRAL,
+                caps: k.capabilities(),
             })
             .collect()
     }

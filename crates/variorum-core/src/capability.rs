@@ -20,6 +20,27 @@ pub struct Capabilities {
     pub aux_losses: bool,
     /// Works for any sequence length up to the model's context (no fixed-length parameters).
     pub variable_length: bool,
+    /// Attention: can read a memory of earlier segments (keys before the segment's own).
+    pub reads_memory: bool,
+    /// Attention: gathers keys from anywhere in the sequence (random blocks, summaries, permuted
+    /// blocks), so a score-acting position scheme must act through the distance alone.
+    pub gathers_keys: bool,
+    /// Attention: scores carry the absolute positions of query and key (a position scheme that
+    /// scores absolute positions can act on them). Position: the scheme needs that.
+    pub absolute_scores: bool,
+    /// Attention: adds a global input beside the sequence (ETC's global tokens), which only a
+    /// plain stack of distinct blocks carries.
+    pub global_input: bool,
+    /// Can be recomputed bit-identically by a reversible block's backward (no fresh noise).
+    pub replayable: bool,
+    /// Position: the scheme acts only through the query–key distance (no table of keys).
+    pub distance_only: bool,
+    /// Position: absolute positions added to the input (incoherent past a memory boundary).
+    pub absolute: bool,
+    /// Position: a signal added before every block (not carried by a skipped or shared block).
+    pub per_layer: bool,
+    /// Feed-forward: acts on each position alone (no window of earlier inputs as state).
+    pub position_wise: bool,
 }
 
 impl Capabilities {
@@ -33,6 +54,15 @@ impl Capabilities {
         qk_rotation: false,
         aux_losses: false,
         variable_length: true,
+        reads_memory: true,
+        gathers_keys: false,
+        absolute_scores: false,
+        global_input: false,
+        replayable: true,
+        distance_only: false,
+        absolute: false,
+        per_layer: false,
+        position_wise: true,
     };
 }
 

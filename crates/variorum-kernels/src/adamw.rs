@@ -10,15 +10,22 @@
 //! before the update is subtracted, bias corrections in f32), so a run resumed from a checkpoint
 //! written with either is the same run.
 
+#[cfg(feature = "flex")]
 use std::mem::MaybeUninit;
 
+#[cfg(feature = "flex")]
 use burn::backend::flex::FlexTensor;
+#[cfg(feature = "flex")]
 use burn::backend::tensor::FloatTensor;
+#[cfg(feature = "flex")]
 use burn::backend::{Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
+#[cfg(feature = "flex")]
 use rayon::prelude::*;
 
+#[cfg(feature = "flex")]
 use crate::fast_math::written_by;
+#[cfg(feature = "flex")]
 use crate::has_kernel;
 
 /// The constants of one step.
@@ -35,6 +42,7 @@ pub struct AdamWStep {
     pub time: i32,
 }
 
+#[cfg(feature = "flex")]
 /// The AdamW step of the backends that have a kernel for it.
 #[backend_extension(Flex)]
 pub trait FusedAdamW: Backend {
@@ -62,6 +70,7 @@ pub fn step<const D: usize>(
     // Burn's AdamW: decay rate η·λ in f64, then as an f32 factor
     let keep = (1.0 - s.lr as f64 * s.weight_decay as f64) as f32;
     let (m, v) = moments.unwrap_or_else(|| (grad.zeros_like(), grad.zeros_like()));
+    #[cfg(feature = "flex")]
     if has_kernel(&param) && has_kernel(&grad) && has_kernel(&m) && has_kernel(&v) {
         let constants = [s.lr, s.beta_1, s.beta_2, s.epsilon, keep, c1, c2];
         let (p, m, v) = Dispatch::adamw_step(
@@ -80,10 +89,12 @@ pub fn step<const D: usize>(
     (param, m, v)
 }
 
+#[cfg(feature = "flex")]
 /// Elements per parallel task: enough to amortise a task, few enough that the baby GPT's
 /// 65 536-element matrices use both threads.
 const CHUNK: usize = 16_384;
 
+#[cfg(feature = "flex")]
 crate::wide_vectors! {
     /// The step over one chunk; outputs are (θ, m, v).
     fn step_chunk(
@@ -110,6 +121,7 @@ crate::wide_vectors! {
     }
 }
 
+#[cfg(feature = "flex")]
 impl FusedAdamW for Flex {
     fn adamw_step(
         param: FlexTensor,
@@ -150,7 +162,7 @@ impl FusedAdamW for Flex {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "flex"))]
 mod tests {
     use super::*;
     use crate::test_util::rel_diff;

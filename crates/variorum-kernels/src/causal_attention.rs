@@ -24,22 +24,34 @@
 //! [`causal_attention`] returns `None` where the kernel does not apply (another backend or float
 //! type), and the caller composes the ops instead.
 
+#[cfg(feature = "flex")]
 use crate::{fast_math, has_kernel};
+#[cfg(feature = "flex")]
 use burn::backend::autodiff::NodeId;
+#[cfg(feature = "flex")]
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
+#[cfg(feature = "flex")]
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+#[cfg(feature = "flex")]
 use burn::backend::autodiff::grads::Gradients;
+#[cfg(feature = "flex")]
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+#[cfg(feature = "flex")]
 use burn::backend::flex::FlexTensor;
+#[cfg(feature = "flex")]
 use burn::backend::tensor::FloatTensor;
+#[cfg(feature = "flex")]
 use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
+#[cfg(feature = "flex")]
 use rayon::prelude::*;
 
+#[cfg(feature = "flex")]
 /// Query rows scored together: a block × L score row set stays in L2 (64 × 1,024 floats is
 /// 256 KiB), and the causal saving is lost only inside the diagonal block.
 pub const QUERY_BLOCK: usize = 64;
 
+#[cfg(feature = "flex")]
 /// Causal attention of the backends that have a kernel for it.
 #[backend_extension(Flex, Autodiff)]
 pub trait FusedAttention: Backend {
@@ -68,11 +80,13 @@ pub trait FusedAttention: Backend {
 /// softmax(q kᵀ + causal mask) v with the heads merged, `[b, Lq, h · d_h]`, by the fused kernel;
 /// `None` on a backend or float type without it.
 pub fn causal_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, offset: usize) -> Option<Tensor<3>> {
-    if !(has_kernel(&q) && has_kernel(&k) && has_kernel(&v)) {
-        return None;
+    #[cfg(feature = "flex")]
+    if has_kernel(&q) && has_kernel(&k) && has_kernel(&v) {
+        let d = Dispatch::causal_attention(q.into_dispatch(), k.into_dispatch(), v.into_dispatch(), offset);
+        return Some(Tensor::from_dispatch(d));
     }
-    let d = Dispatch::causal_attention(q.into_dispatch(), k.into_dispatch(), v.into_dispatch(), offset);
-    Some(Tensor::from_dispatch(d))
+    let _ = (q, k, v, offset);
+    None
 }
 
 /// [`FusedAttention::causal_self_attention`] of the fused projection `qkv`, on flex (f32); `None`
@@ -84,13 +98,16 @@ pub fn causal_self_attention(
     scale: f64,
     offset: usize,
 ) -> Option<Tensor<3>> {
-    if !has_kernel(&qkv) {
-        return None;
+    #[cfg(feature = "flex")]
+    if has_kernel(&qkv) {
+        let d = Dispatch::causal_self_attention(qkv.into_dispatch(), n_heads, n_kv_heads, scale, offset);
+        return Some(Tensor::from_dispatch(d));
     }
-    let d = Dispatch::causal_self_attention(qkv.into_dispatch(), n_heads, n_kv_heads, scale, offset);
-    Some(Tensor::from_dispatch(d))
+    let _ = (qkv, n_heads, n_kv_heads, scale, offset);
+    None
 }
 
+#[cfg(feature = "flex")]
 /// A `[b, heads, L, d_h]` tensor read in place: its storage and the element strides of each axis.
 struct Heads<'a> {
     data: &'a [f32],
@@ -99,6 +116,7 @@ struct Heads<'a> {
     strides: [isize; 4],
 }
 
+#[cfg(feature = "flex")]
 impl<'a> Heads<'a> {
     /// The view of `t` as it is stored (callers make negative strides contiguous first: `readable`).
     fn of(t: &'a FlexTensor) -> Self {
@@ -124,17 +142,22 @@ impl<'a> Heads<'a> {
     }
 }
 
+#[cfg(feature = "flex")]
 fn readable(t: &FlexTensor) -> FlexTensor {
     if t.layout().strides().iter().all(|&s| s >= 0) { t.clone() } else { t.to_contiguous() }
 }
 
+#[cfg(feature = "flex")]
 /// A pointer shared by tasks that write disjoint parts of one buffer.
 #[derive(Clone, Copy)]
 struct Shared(*mut f32);
 // SAFETY: every task writes only the rows of its own (batch, key/value head)
+#[cfg(feature = "flex")]
 unsafe impl Send for Shared {}
+#[cfg(feature = "flex")]
 unsafe impl Sync for Shared {}
 
+#[cfg(feature = "flex")]
 impl Shared {
     /// The pointer (a method, so closures capture the `Send` wrapper and not its field).
     fn at(self, i: usize) -> *mut f32 {
@@ -142,6 +165,7 @@ impl Shared {
     }
 }
 
+#[cfg(feature = "flex")]
 /// dst (m × n) := [dst +] factor · lhs (m × k) · rhs (k × n); strides in elements, (row, column).
 #[allow(clippy::too_many_arguments)]
 unsafe fn gemm(
@@ -181,6 +205,7 @@ unsafe fn gemm(
     }
 }
 
+#[cfg(feature = "flex")]
 /// The shapes of one call.
 #[derive(Debug, Clone, Copy)]
 struct Shape {
@@ -193,6 +218,7 @@ struct Shape {
     offset: usize,
 }
 
+#[cfg(feature = "flex")]
 impl Shape {
     fn of(q: &Heads, k: &Heads, v: &Heads, offset: usize) -> Self {
         let [b, h, lq, dh] = q.dims;
@@ -226,6 +252,7 @@ impl Shape {
     }
 }
 
+#[cfg(feature = "flex")]
 /// `factor` · scores of a query block against the first `kend` keys into `s` (rows × kend).
 #[allow(clippy::too_many_arguments)]
 unsafe fn scores(
@@ -243,6 +270,7 @@ unsafe fn scores(
     unsafe { gemm((rows, kend, sh.dh), s.as_mut_ptr(), kend as isize, false, q, q_rc, k, (k_rc.1, k_rc.0), factor) }
 }
 
+#[cfg(feature = "flex")]
 crate::wide_vectors! {
     /// Rows of `s` (`kend` scores each) to probabilities over their first `visible(r)` entries,
     /// zeros after; each row's log-sum-exp into `lse`.
@@ -260,6 +288,7 @@ crate::wide_vectors! {
     }
 }
 
+#[cfg(feature = "flex")]
 crate::wide_vectors! {
     /// Scores to the probabilities of the forward pass, P = exp(S − ℓ), zeros past `visible(r)`.
     fn probabilities(s: &mut [f32], kend: usize, visible: impl Fn(usize) -> usize, lse: &[f32]) {
@@ -271,6 +300,7 @@ crate::wide_vectors! {
     }
 }
 
+#[cfg(feature = "flex")]
 crate::wide_vectors! {
     /// dS = P ∘ (dP − D) in place of dP, D_r = Σ_d dO_rd O_rd from the rows of `dout` and `o`
     /// (row stride `out_rs`, from element `first`).
@@ -283,6 +313,7 @@ crate::wide_vectors! {
     }
 }
 
+#[cfg(feature = "flex")]
 /// Forward over views: the output `[b, Lq, h · d_h]` (heads merged) and the log-sum-exp of every
 /// row, `[b, h, Lq]`; scores are `scale · q kᵀ`.
 fn forward_views(q: &Heads, k: &Heads, v: &Heads, scale: f32, offset: usize) -> (FlexTensor, FlexTensor) {
@@ -331,6 +362,7 @@ fn forward_views(q: &Heads, k: &Heads, v: &Heads, scale: f32, offset: usize) -> 
     (FlexTensor::from_data(TensorData::new(out, [sh.b, sh.lq, sh.h * dh])), lse)
 }
 
+#[cfg(feature = "flex")]
 /// Where the backward writes one of dq, dk, dv: element (b, head, row, d) at
 /// `ptr + b·strides[0] + head·strides[1] + row·strides[2] + d`.
 #[derive(Clone, Copy)]
@@ -339,6 +371,7 @@ struct Dest {
     strides: [usize; 3],
 }
 
+#[cfg(feature = "flex")]
 impl Dest {
     fn head(self, b: usize, h: usize) -> *mut f32 {
         self.ptr.at(b * self.strides[0] + h * self.strides[1])
@@ -349,6 +382,7 @@ impl Dest {
     }
 }
 
+#[cfg(feature = "flex")]
 /// Backward over views, into `dq` (written once per element) and `dk`, `dv` (accumulated into:
 /// they must start at zero).
 #[allow(clippy::too_many_arguments)]
@@ -404,12 +438,14 @@ fn backward_views(
     });
 }
 
+#[cfg(feature = "flex")]
 /// Forward of [`FusedAttention::causal_attention`].
 fn forward_kernel(q: &FlexTensor, k: &FlexTensor, v: &FlexTensor, offset: usize) -> (FlexTensor, FlexTensor) {
     let (q, k, v) = (readable(q), readable(k), readable(v));
     forward_views(&Heads::of(&q), &Heads::of(&k), &Heads::of(&v), 1.0, offset)
 }
 
+#[cfg(feature = "flex")]
 /// Backward of [`FusedAttention::causal_attention`]: (dq, dk, dv), contiguous, in the shapes of
 /// q, k, v.
 fn backward_kernel(
@@ -439,6 +475,7 @@ fn backward_kernel(
     [data(dq, qh.dims), data(dk, kh.dims), data(dv, vh.dims)]
 }
 
+#[cfg(feature = "flex")]
 /// The query, key and value heads of a fused projection's output `[b, L, (h + 2 h_kv) · d_h]`,
 /// read in place.
 fn packed_views(qkv: &FlexTensor, n_heads: usize, n_kv_heads: usize) -> [Heads<'_>; 3] {
@@ -454,6 +491,7 @@ fn packed_views(qkv: &FlexTensor, n_heads: usize, n_kv_heads: usize) -> [Heads<'
     [view(0, n_heads), view(n_heads, n_kv_heads), view(n_heads + n_kv_heads, n_kv_heads)]
 }
 
+#[cfg(feature = "flex")]
 /// Forward of [`FusedAttention::causal_self_attention`].
 fn packed_forward(qkv: &FlexTensor, heads: (usize, usize), scale: f64, offset: usize) -> (FlexTensor, FlexTensor) {
     let qkv = readable_packed(qkv);
@@ -461,6 +499,7 @@ fn packed_forward(qkv: &FlexTensor, heads: (usize, usize), scale: f64, offset: u
     forward_views(&q, &k, &v, scale as f32, offset)
 }
 
+#[cfg(feature = "flex")]
 /// The projection contiguous in its last axis (how `packed_views` reads it).
 fn readable_packed(t: &FlexTensor) -> FlexTensor {
     let l = t.layout();
@@ -470,6 +509,7 @@ fn readable_packed(t: &FlexTensor) -> FlexTensor {
     if dense { t.clone() } else { t.to_contiguous() }
 }
 
+#[cfg(feature = "flex")]
 /// Backward of [`FusedAttention::causal_self_attention`]: the gradient of `qkv`, in its layout.
 fn packed_backward(
     qkv: &FlexTensor,
@@ -493,6 +533,7 @@ fn packed_backward(
     FlexTensor::from_data(TensorData::new(d, [b, len, width]))
 }
 
+#[cfg(feature = "flex")]
 impl FusedAttention for Flex {
     fn causal_attention(q: FlexTensor, k: FlexTensor, v: FlexTensor, offset: usize) -> FlexTensor {
         forward_kernel(&q, &k, &v, offset).0
@@ -509,9 +550,11 @@ impl FusedAttention for Flex {
     }
 }
 
+#[cfg(feature = "flex")]
 #[derive(Debug)]
 struct CausalAttentionBackward;
 
+#[cfg(feature = "flex")]
 /// What the backward pass needs: the inputs (checkpointed), the output and the log-sum-exps.
 #[derive(Debug, Clone)]
 struct Saved {
@@ -523,6 +566,7 @@ struct Saved {
     offset: usize,
 }
 
+#[cfg(feature = "flex")]
 impl Backward<Flex, 3> for CausalAttentionBackward {
     type State = Saved;
 
@@ -537,9 +581,11 @@ impl Backward<Flex, 3> for CausalAttentionBackward {
     }
 }
 
+#[cfg(feature = "flex")]
 #[derive(Debug)]
 struct SelfAttentionBackward;
 
+#[cfg(feature = "flex")]
 /// The projection (checkpointed), the output, the log-sum-exps and the call's constants.
 #[derive(Debug, Clone)]
 struct SavedPacked {
@@ -551,6 +597,7 @@ struct SavedPacked {
     offset: usize,
 }
 
+#[cfg(feature = "flex")]
 impl Backward<Flex, 1> for SelfAttentionBackward {
     type State = SavedPacked;
 
@@ -563,6 +610,7 @@ impl Backward<Flex, 1> for SelfAttentionBackward {
     }
 }
 
+#[cfg(feature = "flex")]
 impl<C: CheckpointStrategy> FusedAttention for Autodiff<Flex, C> {
     fn causal_self_attention(
         qkv: FloatTensor<Self>,
@@ -599,7 +647,7 @@ impl<C: CheckpointStrategy> FusedAttention for Autodiff<Flex, C> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "flex"))]
 mod tests {
     use super::*;
     use crate::test_util::{max_diff, rel_diff};

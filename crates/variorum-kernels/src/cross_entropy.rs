@@ -8,23 +8,36 @@
 //! libm's scalar `expf` alone was 1.4 % of a baby-GPT step (docs/cpu-speed.md). Here the forward
 //! keeps one log-sum-exp per row and the backward writes the gradient in one pass.
 
+#[cfg(feature = "flex")]
 use std::mem::MaybeUninit;
 
+#[cfg(feature = "flex")]
 use burn::backend::autodiff::NodeId;
+#[cfg(feature = "flex")]
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
+#[cfg(feature = "flex")]
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+#[cfg(feature = "flex")]
 use burn::backend::autodiff::grads::Gradients;
+#[cfg(feature = "flex")]
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+#[cfg(feature = "flex")]
 use burn::backend::flex::FlexTensor;
+#[cfg(feature = "flex")]
 use burn::backend::tensor::{FloatTensor, IntTensor};
+#[cfg(feature = "flex")]
 use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::prelude::*;
+#[cfg(feature = "flex")]
 use rayon::prelude::*;
 
+#[cfg(feature = "flex")]
 use crate::fast_math::{exp_neg, max, sum_of, written_by};
+#[cfg(feature = "flex")]
 use crate::has_kernel;
 
+#[cfg(feature = "flex")]
 /// The mean cross-entropy of the backends that have a kernel for it.
 #[backend_extension(Flex, Autodiff)]
 pub trait FusedCrossEntropy: Backend {
@@ -38,16 +51,19 @@ pub trait FusedCrossEntropy: Backend {
 /// # Panics
 /// On a target outside `0..vocab` (as Burn's loss does).
 pub fn cross_entropy(logits: Tensor<2>, targets: Tensor<1, Int>) -> Tensor<1> {
-    if !has_kernel(&logits) || targets.device().inner() != Device::flex() {
-        let device = logits.device();
-        return CrossEntropyLossConfig::new().init(&device).forward(logits, targets);
+    #[cfg(feature = "flex")]
+    if has_kernel(&logits) && targets.device().inner() == Device::flex() {
+        return Tensor::from_dispatch(Dispatch::cross_entropy_mean(logits.into_dispatch(), targets.into_dispatch()));
     }
-    Tensor::from_dispatch(Dispatch::cross_entropy_mean(logits.into_dispatch(), targets.into_dispatch()))
+    let device = logits.device();
+    CrossEntropyLossConfig::new().init(&device).forward(logits, targets)
 }
 
+#[cfg(feature = "flex")]
 /// Rows per parallel task.
 const ROWS: usize = 64;
 
+#[cfg(feature = "flex")]
 /// The targets as indices into a row of `vocab`.
 fn indices(targets: &FlexTensor, vocab: usize) -> Vec<usize> {
     let data = targets.clone().into_data().convert::<i64>();
@@ -61,6 +77,7 @@ fn indices(targets: &FlexTensor, vocab: usize) -> Vec<usize> {
         .collect()
 }
 
+#[cfg(feature = "flex")]
 crate::wide_vectors! {
     /// log Σⱼ e^{z_j} of each `vocab`-wide row.
     fn log_sum_exp_rows(lse: &mut [MaybeUninit<f32>], z: &[f32], vocab: usize) {
@@ -72,6 +89,7 @@ crate::wide_vectors! {
     }
 }
 
+#[cfg(feature = "flex")]
 crate::wide_vectors! {
     /// e^{z − lse} · scale for each `vocab`-wide row.
     fn scaled_softmax_rows(out: &mut [MaybeUninit<f32>], z: &[f32], lse: &[f32], vocab: usize, scale: f32) {
@@ -83,6 +101,7 @@ crate::wide_vectors! {
     }
 }
 
+#[cfg(feature = "flex")]
 /// The mean loss `[1]` and each row's log-sum-exp.
 fn forward_kernel(logits: &FlexTensor, targets: &FlexTensor) -> (FlexTensor, FlexTensor) {
     let z = logits.to_contiguous();
@@ -101,6 +120,7 @@ fn forward_kernel(logits: &FlexTensor, targets: &FlexTensor) -> (FlexTensor, Fle
     (FlexTensor::from_data(TensorData::new(vec![loss], [1])), FlexTensor::from_data(TensorData::new(lse, [n])))
 }
 
+#[cfg(feature = "flex")]
 /// ∂ℓ/∂z for an upstream gradient `grad` (`[1]`).
 fn backward_kernel(logits: &FlexTensor, targets: &FlexTensor, lse: &FlexTensor, grad: &FlexTensor) -> FlexTensor {
     let z = logits.to_contiguous();
@@ -124,15 +144,18 @@ fn backward_kernel(logits: &FlexTensor, targets: &FlexTensor, lse: &FlexTensor, 
     FlexTensor::from_data(TensorData::new(out, [n, vocab]))
 }
 
+#[cfg(feature = "flex")]
 impl FusedCrossEntropy for Flex {
     fn cross_entropy_mean(logits: FlexTensor, targets: FlexTensor) -> FlexTensor {
         forward_kernel(&logits, &targets).0
     }
 }
 
+#[cfg(feature = "flex")]
 #[derive(Debug)]
 struct CrossEntropyBackward;
 
+#[cfg(feature = "flex")]
 /// The logits (checkpointed), the targets and each row's log-sum-exp.
 #[derive(Debug, Clone)]
 struct Saved {
@@ -141,6 +164,7 @@ struct Saved {
     lse: FlexTensor,
 }
 
+#[cfg(feature = "flex")]
 impl Backward<Flex, 1> for CrossEntropyBackward {
     type State = Saved;
 
@@ -152,6 +176,7 @@ impl Backward<Flex, 1> for CrossEntropyBackward {
     }
 }
 
+#[cfg(feature = "flex")]
 impl<C: CheckpointStrategy> FusedCrossEntropy for Autodiff<Flex, C> {
     fn cross_entropy_mean(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> FloatTensor<Self> {
         let (loss, lse) = forward_kernel(logits.primitive(), &targets);
@@ -165,7 +190,7 @@ impl<C: CheckpointStrategy> FusedCrossEntropy for Autodiff<Flex, C> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "flex"))]
 mod tests {
     use super::*;
     use crate::test_util::rel_diff;

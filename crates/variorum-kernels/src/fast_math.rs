@@ -24,6 +24,22 @@ pub fn exp_neg(x: f32) -> f32 {
     e * f32::from_bits(n_int.wrapping_add(127) << 23)
 }
 
+/// Whether the CPU has every feature [`wide_vectors!`]'s AVX-512 copy is compiled for (a CPU
+/// with AVX-512F alone, without VL or DQ, must not run it).
+#[cfg(target_arch = "x86_64")]
+pub fn has_avx512() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+        && std::arch::is_x86_feature_detected!("avx512dq")
+        && has_avx2()
+}
+
+/// Whether the CPU has every feature [`wide_vectors!`]'s AVX2 copy is compiled for.
+#[cfg(target_arch = "x86_64")]
+pub fn has_avx2() -> bool {
+    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("avx")
+}
+
 /// Defines a function whose body is compiled three times — for AVX-512, for AVX2 and for the
 /// baseline (SSE2, which is all a default x86-64 build may assume) — and picks the widest this CPU
 /// has at run time. For loops over slices whose bodies are `#[inline]` arithmetic (the kernels'
@@ -50,11 +66,11 @@ macro_rules! wide_vectors {
                 fn avx2($($arg: $ty),*) $(-> $ret)? {
                     body($($arg),*)
                 }
-                if std::arch::is_x86_feature_detected!("avx512f") {
-                    // SAFETY: the CPU has the features the function is compiled for
+                if $crate::fast_math::has_avx512() {
+                    // SAFETY: the CPU has every feature the function is compiled for
                     return unsafe { avx512($($arg),*) };
                 }
-                if std::arch::is_x86_feature_detected!("avx2") {
+                if $crate::fast_math::has_avx2() {
                     // SAFETY: as above
                     return unsafe { avx2($($arg),*) };
                 }

@@ -12,20 +12,32 @@
 //! `Autodiff<Flex>` with the hand-written backward. Other backends and float types take Burn's
 //! own `gelu`; [`gelu`] chooses.
 
+#[cfg(feature = "flex")]
 use std::mem::MaybeUninit;
 
+#[cfg(feature = "flex")]
 use crate::fast_math::{exp_neg, written_by};
+#[cfg(feature = "flex")]
 use burn::backend::autodiff::NodeId;
+#[cfg(feature = "flex")]
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
+#[cfg(feature = "flex")]
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+#[cfg(feature = "flex")]
 use burn::backend::autodiff::grads::Gradients;
+#[cfg(feature = "flex")]
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+#[cfg(feature = "flex")]
 use burn::backend::flex::FlexTensor;
+#[cfg(feature = "flex")]
 use burn::backend::tensor::FloatTensor;
+#[cfg(feature = "flex")]
 use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
+#[cfg(feature = "flex")]
 use rayon::prelude::*;
 
+#[cfg(feature = "flex")]
 /// The fast exact GELU of the backends that have it.
 #[backend_extension(Flex, Autodiff)]
 pub trait FastGelu: Backend {
@@ -34,13 +46,14 @@ pub trait FastGelu: Backend {
 
 /// The exact GELU: the vectorised kernel on flex (f32), Burn's `gelu` elsewhere.
 pub fn gelu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    #[cfg(feature = "flex")]
     if crate::has_kernel(&x) {
-        Tensor::from_dispatch(Dispatch::fast_gelu(x.into_dispatch()))
-    } else {
-        burn::tensor::activation::gelu(x)
+        return Tensor::from_dispatch(Dispatch::fast_gelu(x.into_dispatch()));
     }
+    burn::tensor::activation::gelu(x)
 }
 
+#[cfg(feature = "flex")]
 /// Φ(x) = ½ (1 + erf(x/√2)) and φ(x), by Abramowitz & Stegun 7.1.26.
 #[inline(always)]
 fn cdf_pdf(x: f32) -> (f32, f32) {
@@ -54,15 +67,18 @@ fn cdf_pdf(x: f32) -> (f32, f32) {
     (0.5 * (1.0 + erf), g * 0.398_942_3)
 }
 
+#[cfg(feature = "flex")]
 fn contiguous(t: &FlexTensor) -> (FlexTensor, Vec<usize>) {
     let t = t.to_contiguous();
     let dims = t.layout().shape().to_vec();
     (t, dims)
 }
 
+#[cfg(feature = "flex")]
 /// Elements per task: two cores share a 768 × 512 activation in 48 pieces.
 const CHUNK: usize = 8192;
 
+#[cfg(feature = "flex")]
 crate::wide_vectors! {
     fn gelu_into(out: &mut [MaybeUninit<f32>], x: &[f32]) {
         out.iter_mut().zip(x).for_each(|(o, &v)| {
@@ -71,6 +87,7 @@ crate::wide_vectors! {
     }
 }
 
+#[cfg(feature = "flex")]
 crate::wide_vectors! {
     fn gelu_backward_into(out: &mut [MaybeUninit<f32>], x: &[f32], dy: &[f32]) {
         for ((o, &v), &g) in out.iter_mut().zip(x).zip(dy) {
@@ -80,6 +97,7 @@ crate::wide_vectors! {
     }
 }
 
+#[cfg(feature = "flex")]
 fn forward_kernel(x: &FlexTensor) -> FlexTensor {
     let (x, dims) = contiguous(x);
     let xs = x.as_slice::<f32>().expect("f32, checked by `gelu`");
@@ -92,6 +110,7 @@ fn forward_kernel(x: &FlexTensor) -> FlexTensor {
     FlexTensor::from_data(TensorData::new(out, dims))
 }
 
+#[cfg(feature = "flex")]
 /// ∂L/∂x = ∂L/∂y · (Φ(x) + x φ(x)).
 fn backward_kernel(x: &FlexTensor, grad: &FlexTensor) -> FlexTensor {
     let (x, dims) = contiguous(x);
@@ -107,15 +126,18 @@ fn backward_kernel(x: &FlexTensor, grad: &FlexTensor) -> FlexTensor {
     FlexTensor::from_data(TensorData::new(out, dims))
 }
 
+#[cfg(feature = "flex")]
 impl FastGelu for Flex {
     fn fast_gelu(x: FlexTensor) -> FlexTensor {
         forward_kernel(&x)
     }
 }
 
+#[cfg(feature = "flex")]
 #[derive(Debug)]
 struct GeluBackward;
 
+#[cfg(feature = "flex")]
 impl Backward<Flex, 1> for GeluBackward {
     /// The input, checkpointed.
     type State = NodeId;
@@ -130,6 +152,7 @@ impl Backward<Flex, 1> for GeluBackward {
     }
 }
 
+#[cfg(feature = "flex")]
 impl<C: CheckpointStrategy> FastGelu for Autodiff<Flex, C> {
     fn fast_gelu(x: FloatTensor<Self>) -> FloatTensor<Self> {
         let output = forward_kernel(x.primitive());
@@ -143,7 +166,7 @@ impl<C: CheckpointStrategy> FastGelu for Autodiff<Flex, C> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "flex"))]
 mod tests {
     use super::*;
     use crate::test_util::max_diff;

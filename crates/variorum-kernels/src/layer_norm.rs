@@ -11,19 +11,30 @@
 //! rayon pool; the forward saves μ and r per row (the input is checkpointed), the backward
 //! recomputes x̂ from them.
 
+#[cfg(feature = "flex")]
 use burn::backend::autodiff::NodeId;
+#[cfg(feature = "flex")]
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
+#[cfg(feature = "flex")]
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+#[cfg(feature = "flex")]
 use burn::backend::autodiff::grads::Gradients;
+#[cfg(feature = "flex")]
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+#[cfg(feature = "flex")]
 use burn::backend::flex::FlexTensor;
+#[cfg(feature = "flex")]
 use burn::backend::tensor::FloatTensor;
+#[cfg(feature = "flex")]
 use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
+#[cfg(feature = "flex")]
 use rayon::prelude::*;
 
+#[cfg(feature = "flex")]
 use crate::{fast_math, has_kernel};
 
+#[cfg(feature = "flex")]
 /// LayerNorm of the backends that have a kernel for it.
 #[backend_extension(Flex, Autodiff)]
 pub trait FusedLayerNorm: Backend {
@@ -39,17 +50,28 @@ pub trait FusedLayerNorm: Backend {
 /// LayerNorm of `x` over its last axis: the kernel on flex (f32, with β), Burn's `layer_norm`
 /// elsewhere.
 pub fn layer_norm<const D: usize>(x: Tensor<D>, gamma: Tensor<1>, beta: Option<Tensor<1>>, epsilon: f64) -> Tensor<D> {
-    match beta {
-        Some(beta) if has_kernel(&x) && has_kernel(&gamma) && has_kernel(&beta) => Tensor::from_dispatch(
-            Dispatch::layer_norm_affine(x.into_dispatch(), gamma.into_dispatch(), beta.into_dispatch(), epsilon),
-        ),
-        beta => burn::tensor::module::layer_norm(x, gamma, beta, epsilon),
+    #[cfg(feature = "flex")]
+    if let Some(b) = &beta
+        && has_kernel(&x)
+        && has_kernel(&gamma)
+        && has_kernel(b)
+    {
+        let b = b.clone();
+        return Tensor::from_dispatch(Dispatch::layer_norm_affine(
+            x.into_dispatch(),
+            gamma.into_dispatch(),
+            b.into_dispatch(),
+            epsilon,
+        ));
     }
+    burn::tensor::module::layer_norm(x, gamma, beta, epsilon)
 }
 
+#[cfg(feature = "flex")]
 /// Rows per task.
 const ROWS: usize = 64;
 
+#[cfg(feature = "flex")]
 crate::wide_vectors! {
     /// Normalises `x` (rows of `d`) into `out`, writing each row's mean and 1/σ.
     fn forward_rows(out: &mut [f32], x: &[f32], gamma: &[f32], beta: &[f32], mean: &mut [f32], rstd: &mut [f32], eps: f32) {
@@ -65,6 +87,7 @@ crate::wide_vectors! {
     }
 }
 
+#[cfg(feature = "flex")]
 crate::wide_vectors! {
     /// ∂L/∂x of rows of `d` into `dx`; adds Σ dy ∘ x̂ and Σ dy into `dgamma`, `dbeta`.
     #[allow(clippy::too_many_arguments)]
@@ -89,10 +112,12 @@ crate::wide_vectors! {
     }
 }
 
+#[cfg(feature = "flex")]
 fn contiguous_f32(t: &FlexTensor) -> FlexTensor {
     t.to_contiguous()
 }
 
+#[cfg(feature = "flex")]
 /// Forward: y, and the per-row mean and 1/σ.
 fn forward_kernel(
     x: &FlexTensor,
@@ -116,6 +141,7 @@ fn forward_kernel(
     (t(out, dims), t(mean, vec![rows]), t(rstd, vec![rows]))
 }
 
+#[cfg(feature = "flex")]
 /// Backward: ∂L/∂x, ∂L/∂γ, ∂L/∂β.
 fn backward_kernel(x: &FlexTensor, gamma: &FlexTensor, saved: &Saved, grad: &FlexTensor) -> [FlexTensor; 3] {
     let (x, gamma, grad) = (contiguous_f32(x), contiguous_f32(gamma), contiguous_f32(grad));
@@ -145,15 +171,18 @@ fn backward_kernel(x: &FlexTensor, gamma: &FlexTensor, saved: &Saved, grad: &Fle
     [t(dx, dims), t(dgamma, vec![d]), t(dbeta, vec![d])]
 }
 
+#[cfg(feature = "flex")]
 impl FusedLayerNorm for Flex {
     fn layer_norm_affine(x: FlexTensor, gamma: FlexTensor, beta: FlexTensor, epsilon: f64) -> FlexTensor {
         forward_kernel(&x, &gamma, &beta, epsilon).0
     }
 }
 
+#[cfg(feature = "flex")]
 #[derive(Debug)]
 struct LayerNormBackward;
 
+#[cfg(feature = "flex")]
 /// The input and γ (checkpointed) and the per-row statistics.
 #[derive(Debug, Clone)]
 struct Saved {
@@ -163,6 +192,7 @@ struct Saved {
     rstd: FlexTensor,
 }
 
+#[cfg(feature = "flex")]
 impl Backward<Flex, 3> for LayerNormBackward {
     type State = Saved;
 
@@ -175,6 +205,7 @@ impl Backward<Flex, 3> for LayerNormBackward {
     }
 }
 
+#[cfg(feature = "flex")]
 impl<C: CheckpointStrategy> FusedLayerNorm for Autodiff<Flex, C> {
     fn layer_norm_affine(
         x: FloatTensor<Self>,
@@ -193,7 +224,7 @@ impl<C: CheckpointStrategy> FusedLayerNorm for Autodiff<Flex, C> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "flex"))]
 mod tests {
     use super::*;
     use crate::test_util::rel_diff;

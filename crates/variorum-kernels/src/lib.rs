@@ -5,6 +5,10 @@
 //! function computes the same thing with Burn's ops elsewhere, so the modules stay
 //! backend-agnostic. Each is tested against the composed computation to 1e-5.
 //! Where the time went and what each gave: docs/cpu-speed.md.
+//!
+//! The kernels are compiled only with the `flex` feature (the CLI turns it on): without it, this
+//! crate and every library crate above it build against Burn with no backend at all, and every
+//! function here is its composed fallback.
 
 pub mod adamw;
 pub mod causal_attention;
@@ -15,16 +19,23 @@ pub mod layer_norm;
 pub mod linear;
 
 use burn::prelude::*;
-use burn::tensor::DType;
 
-/// Whether `t`'s backend and float type have these kernels (flex, f32); every public function
-/// here falls back to Burn's ops otherwise.
+/// Whether `t`'s backend and float type have these kernels (flex, f32, and the crate built with
+/// its `flex` feature); every public function here falls back to Burn's ops otherwise.
+#[cfg(feature = "flex")]
 pub fn has_kernel<const D: usize>(t: &Tensor<D>) -> bool {
-    t.dtype() == DType::F32 && t.device().inner() == Device::flex()
+    t.dtype() == burn::tensor::DType::F32 && t.device().inner() == Device::flex()
+}
+
+/// Without the `flex` feature no tensor has these kernels.
+#[cfg(not(feature = "flex"))]
+pub fn has_kernel<const D: usize>(_t: &Tensor<D>) -> bool {
+    false
 }
 
 /// Hands each computed gradient to its parent, where autodiff tracks one (the tail of every
 /// kernel's backward pass).
+#[cfg(feature = "flex")]
 fn register<const N: usize>(
     grads: &mut burn::backend::autodiff::grads::Gradients,
     parents: [Option<burn::backend::autodiff::NodeId>; N],
@@ -38,7 +49,7 @@ fn register<const N: usize>(
 }
 
 /// Comparisons the kernels' tests share.
-#[cfg(test)]
+#[cfg(all(test, feature = "flex"))]
 mod test_util {
     use burn::prelude::*;
 

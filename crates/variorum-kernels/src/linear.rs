@@ -12,21 +12,34 @@
 //! operands (the transposes are strides, not copies); the bias gradient is one pass of column
 //! sums.
 
+#[cfg(feature = "flex")]
 use burn::backend::autodiff::NodeId;
+#[cfg(feature = "flex")]
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
+#[cfg(feature = "flex")]
 use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+#[cfg(feature = "flex")]
 use burn::backend::autodiff::grads::Gradients;
+#[cfg(feature = "flex")]
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+#[cfg(feature = "flex")]
 use burn::backend::flex::FlexTensor;
+#[cfg(feature = "flex")]
 use burn::backend::tensor::FloatTensor;
+#[cfg(feature = "flex")]
 use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
+#[cfg(feature = "flex")]
 use rayon::prelude::*;
+#[cfg(feature = "flex")]
 use std::mem::MaybeUninit;
 
+#[cfg(feature = "flex")]
 use crate::fast_math::written_by;
+#[cfg(feature = "flex")]
 use crate::has_kernel;
 
+#[cfg(feature = "flex")]
 /// The affine map of the backends that have a kernel for it.
 #[backend_extension(Flex, Autodiff)]
 pub trait FusedLinear: Backend {
@@ -38,14 +51,15 @@ pub trait FusedLinear: Backend {
 
 /// `x w (+ b)` over the last axis of `x`: the kernel on flex (f32), Burn's `linear` elsewhere.
 pub fn linear<const D: usize>(x: Tensor<D>, w: Tensor<2>, b: Option<Tensor<1>>) -> Tensor<D> {
-    if D < 2 || !has_kernel(&x) || !has_kernel(&w) || b.as_ref().is_some_and(|b| !has_kernel(b)) {
-        return burn::tensor::module::linear(x, w, b);
+    #[cfg(feature = "flex")]
+    if D >= 2 && has_kernel(&x) && has_kernel(&w) && b.as_ref().is_none_or(has_kernel) {
+        let d = match b {
+            Some(b) => Dispatch::affine(x.into_dispatch(), w.into_dispatch(), b.into_dispatch()),
+            None => Dispatch::matmul_rows(x.into_dispatch(), w.into_dispatch()),
+        };
+        return Tensor::from_dispatch(d);
     }
-    let d = match b {
-        Some(b) => Dispatch::affine(x.into_dispatch(), w.into_dispatch(), b.into_dispatch()),
-        None => Dispatch::matmul_rows(x.into_dispatch(), w.into_dispatch()),
-    };
-    Tensor::from_dispatch(d)
+    burn::tensor::module::linear(x, w, b)
 }
 
 /// [`burn::nn::Linear::forward`] through [`linear`].
@@ -53,6 +67,7 @@ pub fn forward<const D: usize>(layer: &burn::nn::Linear, x: Tensor<D>) -> Tensor
     linear(x, layer.weight.val(), layer.bias.as_ref().map(|b| b.val()))
 }
 
+#[cfg(feature = "flex")]
 /// A matrix read in place: storage, first element, (row, column) strides in elements.
 #[derive(Clone, Copy)]
 struct Matrix<'a> {
@@ -62,6 +77,7 @@ struct Matrix<'a> {
     cs: isize,
 }
 
+#[cfg(feature = "flex")]
 impl<'a> Matrix<'a> {
     /// `t` seen as `[rows, last]` (its leading axes folded; `t` must then be contiguous, which
     /// the callers ensure) — or, for a 2-D tensor, with any non-negative strides.
@@ -77,17 +93,20 @@ impl<'a> Matrix<'a> {
     }
 }
 
+#[cfg(feature = "flex")]
 /// A 2-D tensor with non-negative strides as is, anything else contiguous.
 fn matrix_view(t: &FlexTensor) -> FlexTensor {
     let l = t.layout();
     if l.num_dims() == 2 && l.strides().iter().all(|&s| s >= 0) { t.clone() } else { t.to_contiguous() }
 }
 
+#[cfg(feature = "flex")]
 /// Below 192³ multiply–adds (flex's matmul rule) one thread beats two.
 fn worth_two_threads(m: usize, n: usize, k: usize) -> bool {
     m.saturating_mul(n).saturating_mul(k) >= 192 * 192 * 192
 }
 
+#[cfg(feature = "flex")]
 /// From 2³⁰ multiply–adds (the small GPT's products, not the baby's) the gemm crate's own split
 /// of one product across both threads, which shares the packed operands, beat two independent
 /// halves: 3,541–3,608 against 3,374–3,391 small-GPT tokens/s (docs/cpu-speed.md).
@@ -95,6 +114,7 @@ fn splits_itself(m: usize, n: usize, k: usize) -> bool {
     m.saturating_mul(n).saturating_mul(k) >= 1 << 30
 }
 
+#[cfg(feature = "flex")]
 /// dst (m × n, rows `n` apart) := [dst +] lhs (m × k) · rhs (k × n), on the calling thread —
 /// or across the pool for the largest products ([`splits_itself`]).
 ///
@@ -128,6 +148,7 @@ unsafe fn gemm(m: usize, n: usize, k: usize, dst: *mut f32, accumulate: bool, lh
     }
 }
 
+#[cfg(feature = "flex")]
 /// [`gemm`] with the rows of `dst` and `lhs` split in two halves run at once, for products
 /// large enough to pay for a second thread but below [`splits_itself`]: on the baby GPT's
 /// products two independent halves beat the gemm crate's split of one product, which
@@ -152,6 +173,7 @@ unsafe fn gemm_rows_split(m: usize, n: usize, k: usize, dst: *mut f32, accumulat
     );
 }
 
+#[cfg(feature = "flex")]
 /// A new m × n matrix written entirely by one GEMM (split by rows when `split`): no zero fill
 /// first.
 fn gemm_new(m: usize, n: usize, k: usize, lhs: &Matrix, rhs: &Matrix, split: bool) -> Vec<f32> {
@@ -172,6 +194,7 @@ fn gemm_new(m: usize, n: usize, k: usize, lhs: &Matrix, rhs: &Matrix, split: boo
     out
 }
 
+#[cfg(feature = "flex")]
 /// Leading dims of `x` with the last replaced by `last`.
 fn with_last(dims: &[usize], last: usize) -> Vec<usize> {
     let mut d = dims.to_vec();
@@ -179,6 +202,7 @@ fn with_last(dims: &[usize], last: usize) -> Vec<usize> {
     d
 }
 
+#[cfg(feature = "flex")]
 fn forward_kernel(x: &FlexTensor, w: &FlexTensor, b: Option<&FlexTensor>) -> FlexTensor {
     let x = x.to_contiguous();
     let w = matrix_view(w);
@@ -210,6 +234,7 @@ fn forward_kernel(x: &FlexTensor, w: &FlexTensor, b: Option<&FlexTensor>) -> Fle
     FlexTensor::from_data(TensorData::new(out, with_last(&dims, d_out)))
 }
 
+#[cfg(feature = "flex")]
 crate::wide_vectors! {
     /// Adds each `acc.len()`-wide row of `rows` into `acc`.
     fn add_rows(acc: &mut [f32], rows: &[f32]) {
@@ -219,6 +244,7 @@ crate::wide_vectors! {
     }
 }
 
+#[cfg(feature = "flex")]
 /// Σ over rows of a contiguous `[rows, n]` gradient, two halves in parallel.
 fn column_sums(g: &[f32], n: usize) -> Vec<f32> {
     let rows = g.len() / n.max(1);
@@ -238,6 +264,7 @@ fn column_sums(g: &[f32], n: usize) -> Vec<f32> {
     a.into_iter().zip(b).map(|(x, y)| x + y).collect()
 }
 
+#[cfg(feature = "flex")]
 /// The gradients of x, w and b that are asked for.
 fn backward_kernel(
     x: &FlexTensor,
@@ -276,6 +303,7 @@ fn backward_kernel(
     [dx, dw, db]
 }
 
+#[cfg(feature = "flex")]
 impl FusedLinear for Flex {
     fn affine(x: FlexTensor, w: FlexTensor, b: FlexTensor) -> FlexTensor {
         forward_kernel(&x, &w, Some(&b))
@@ -286,13 +314,16 @@ impl FusedLinear for Flex {
     }
 }
 
+#[cfg(feature = "flex")]
 /// The backward of [`FusedLinear::affine`] (`N = 3`: x, w, b) and of `matmul_rows` (`N = 2`).
 #[derive(Debug)]
 struct LinearBackward;
 
+#[cfg(feature = "flex")]
 /// The input and the weight, checkpointed.
 type Saved = (NodeId, NodeId);
 
+#[cfg(feature = "flex")]
 fn backward_step<const N: usize>(ops: Ops<Saved, N>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
     let grad = grads.consume::<Flex>(&ops.node);
     let x: FlexTensor = checkpointer.retrieve_node_output(ops.state.0);
@@ -306,6 +337,7 @@ fn backward_step<const N: usize>(ops: Ops<Saved, N>, grads: &mut Gradients, chec
     }
 }
 
+#[cfg(feature = "flex")]
 impl Backward<Flex, 3> for LinearBackward {
     type State = Saved;
 
@@ -314,6 +346,7 @@ impl Backward<Flex, 3> for LinearBackward {
     }
 }
 
+#[cfg(feature = "flex")]
 impl Backward<Flex, 2> for LinearBackward {
     type State = Saved;
 
@@ -322,6 +355,7 @@ impl Backward<Flex, 2> for LinearBackward {
     }
 }
 
+#[cfg(feature = "flex")]
 impl<C: CheckpointStrategy> FusedLinear for Autodiff<Flex, C> {
     fn affine(x: FloatTensor<Self>, w: FloatTensor<Self>, b: FloatTensor<Self>) -> FloatTensor<Self> {
         let out = forward_kernel(x.primitive(), w.primitive(), Some(b.primitive()));
@@ -346,7 +380,7 @@ impl<C: CheckpointStrategy> FusedLinear for Autodiff<Flex, C> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "flex"))]
 mod tests {
     use super::*;
     use crate::test_util::rel_diff;

@@ -89,157 +89,15 @@ impl ModelConfig {
         self.attention.validate(self.d_model)?;
         self.attention.validate_len(self.seq_len)?;
         self.position.validate(self.attention.heads(self.d_model), self.seq_len)?;
-        let (pos, attn) = (self.position.capabilities(), self.attention.capabilities());
-        check(!pos.score_bias || attn.score_bias, || {
-            format!(
-                "model.position.kind = \"{}\" acts on the attention scores, but model.attention.kind = \"{}\" never forms them: use a score-forming attention or a position kind that needs no scores (sinusoidal, learned, rope, none)",
-                self.position.kind(),
-                self.attention.kind()
-            )
-        })?;
-        check(!pos.qk_rotation || attn.qk_rotation, || {
-            format!(
-                "model.position.kind = \"{}\" rotates queries and keys, but model.attention.kind = \"{}\" has none to rotate: use an absolute position kind",
-                self.position.kind(),
-                self.attention.kind()
-            )
-        })?;
         self.objective.validate()?;
-        if self.objective.is_causal() {
-            check(self.attention.capabilities().causal, || {
-                format!(
-                    "model.attention.kind = \"{}\" has no causal form ({}), and next-token prediction needs causal attention: train it with model.objective.kind = \"masked\"",
-                    self.attention.kind(),
-                    self.attention.why_not_causal()
-                )
-            })?;
-        } else {
+        if !self.objective.is_causal() {
             self.validate_masked()?;
         }
         self.block.validate()?;
         self.memory.validate(self.seq_len)?;
         self.depth.validate()?;
         self.exits.validate()?;
-        check(matches!(self.exits, ExitConfig::None) || (!self.depth.shared() && self.memory.is_none()), || {
-            format!(
-                "model.exits.kind = \"{}\" needs a stack of distinct blocks without memory (model.depth.kind = \"stack\", model.memory.kind = \"none\")",
-                self.exits.kind()
-            )
-        })?;
-        check(self.memory.is_none() || self.attention.kind() != "memory-compressed", || {
-            format!(
-                "model.attention.kind = \"memory-compressed\" cannot read a memory (model.memory.kind = \"{}\"): its compressed keys would mix the memory with positions after the query",
-                self.memory.kind()
-            )
-        })?;
-        check(
-            !self.objective.is_causal()
-                || !matches!(&self.attention, AttentionConfig::Sinkhorn(c) if c.sortcut.is_some()),
-            || {
-                "model.attention.sortcut lets every query see the first sorted blocks, which mix the whole sequence: it is bidirectional: remove it, or train with model.objective.kind = \"masked\"".into()
-            },
-        )?;
-        check(self.memory.is_none() || !matches!(self.attention.kind(), "lsh" | "routing" | "sinkhorn"), || {
-            format!(
-                "model.attention.kind = \"{}\" cannot read a memory (model.memory.kind = \"{}\"): it sorts queries and keys of the same positions together",
-                self.attention.kind(),
-                self.memory.kind()
-            )
-        })?;
-        check(self.memory.is_none() || self.attention.kind() != "poolingformer", || {
-            format!(
-                "model.attention.kind = \"poolingformer\" cannot read a memory (model.memory.kind = \"{}\"): its two levels run over the segment itself and have no form for keys before it",
-                self.memory.kind()
-            )
-        })?;
-        let per_layer = self.attention.per_layer();
-        check(per_layer == 0 || (per_layer == self.n_layers && !self.depth.shared()), || {
-            format!(
-                "model.attention.layer_windows has {per_layer} entries for model.n_layers = {} distinct blocks: give one per layer (a shared Universal Transformer block has one)",
-                self.n_layers
-            )
-        })?;
-        check(
-            self.max_back.is_none()
-                || (self.attention.capabilities().score_bias && self.attention.kind() != "memory-compressed"),
-            || {
-                format!(
-                    "model.max_back limits which keys a query scores, but model.attention.kind = \"{}\" scores no individual keys: use a score-forming kind or drop max_back",
-                    self.attention.kind()
-                )
-            },
-        )?;
-        let per_layer_position = matches!(&self.position, PositionConfig::UniversalTimestep)
-            || matches!(&self.position, PositionConfig::Learned(c) if c.per_layer);
-        check(
-            self.attention.kind() != "etc"
-                || (self.memory.is_none()
-                    && !self.depth.shared()
-                    && matches!(self.exits, ExitConfig::None)
-                    && self.max_back.is_none()
-                    && self.feed_forward.kind != variorum_block::FeedForwardKind::SeparableConv
-                    && !per_layer_position),
-            || {
-                "model.attention.kind = \"etc\" adds a global input beside the sequence, which only a plain stack carries: use it without model.memory, a universal depth, exits, max_back, a separable-conv feed_forward or per-layer position signals".into()
-            },
-        )?;
-        check(
-            !self.block.reversible()
-                || (self.memory.is_none()
-                    && !self.depth.shared()
-                    && matches!(self.exits, ExitConfig::None)
-                    && self.attention.kind() != "etc"
-                    && !per_layer_position),
-            || {
-                "model.block.kind = \"reversible\" rebuilds each block's inputs from its outputs, which needs a plain stack of distinct blocks: use it without model.memory, a universal depth, exits, etc attention or per-layer position signals".into()
-            },
-        )?;
-        check(
-            !self.block.reversible() || !matches!(&self.attention, AttentionConfig::Sinkhorn(c) if c.gumbel),
-            || {
-                "model.attention.gumbel = true draws noise that a reversible block's recomputation (model.block.kind = \"reversible\") cannot replay: set gumbel = false".into()
-            },
-        )?;
-        check(!self.block.reversible() || self.attention.dropout() == 0.0, || {
-            format!(
-                "model.attention.dropout = {} cannot be used with model.block.kind = \"reversible\": the backward recomputes each block and cannot replay attention-weight dropout; model.dropout drops the branch outputs instead",
-                self.attention.dropout()
-            )
-        })?;
-        let blocked = matches!(
-            self.attention.kind(),
-            "sliding-window" | "local" | "multi-scale" | "strided" | "bigbird" | "longformer"
-        );
-        let distance_only = matches!(self.position.kind(), "alibi" | "t5");
-        check(!self.attention.gathers_keys() || !self.position.capabilities().score_bias || distance_only, || {
-            format!(
-                "model.position.kind = \"{}\" needs contiguous keys, but model.attention.kind = \"{}\" gathers keys from anywhere in the sequence: use none, an absolute kind, rope, alibi or t5",
-                self.position.kind(),
-                self.attention.kind()
-            )
-        })?;
-        check(!(self.position.kind() == "untied" && blocked), || {
-            format!(
-                "model.position.kind = \"untied\" (TUPE) scores absolute positions, which the blocks of model.attention.kind = \"{}\" do not carry; use a relative scheme (alibi, rope, t5, …) or learned",
-                self.attention.kind()
-            )
-        })?;
-        let conv = self.feed_forward.kind == variorum_block::FeedForwardKind::SeparableConv;
-        check(!conv || (matches!(self.exits, ExitConfig::None) && self.memory.is_none()), || {
-            format!(
-                "model.feed_forward.kind = \"separable-conv\" cannot be combined with model.exits.kind = \"{}\" or model.memory.kind = \"{}\": its window of recent inputs is neither propagated to skipped blocks nor carried across segments; use a position-wise feed_forward",
-                self.exits.kind(),
-                self.memory.kind()
-            )
-        })?;
-        let absolute = matches!(self.position.kind(), "learned" | "sinusoidal" | "untied" | "universal-timestep");
-        check(self.memory.is_none() || !absolute, || {
-            format!(
-                "model.memory.kind = \"{}\" needs a relative position scheme (memories reach past the segment, where absolute positions are incoherent), but model.position.kind = \"{}\": use transformer-xl, rope, alibi, t5, shaw or none",
-                self.memory.kind(),
-                self.position.kind()
-            )
-        })?;
+        crate::rules::check_rules(self)?;
         self.feed_forward.validate()
     }
 
@@ -282,12 +140,6 @@ impl ModelConfig {
     /// What the masked objective needs: bidirectional attention, and none of the pieces that only
     /// make sense left to right.
     fn validate_masked(&self) -> Result<(), ConfigError> {
-        check(self.attention.capabilities().bidirectional, || {
-            format!(
-                "model.attention.kind = \"{}\" has no bidirectional form, and model.objective.kind = \"masked\" needs one: use model.objective.kind = \"causal\"",
-                self.attention.kind()
-            )
-        })?;
         let refuse = |what: &str, why: &str| {
             Err(ConfigError::new(format!("{what} cannot be used with model.objective.kind = \"masked\": {why}")))
         };

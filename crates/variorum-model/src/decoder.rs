@@ -13,7 +13,7 @@ use burn::nn::{Dropout, DropoutConfig, Embedding, EmbeddingConfig, Initializer, 
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::activation::log_softmax;
-use variorum_attention::{AttentionConfig, Positioning};
+use variorum_attention::Positioning;
 use variorum_block::{
     Act, BlockOutput, LayerState, Norm, ReplayDropout, RevContext, Streams, TransformerBlock, block::BlockParts,
 };
@@ -77,8 +77,8 @@ pub struct DecoderLm {
     pub seq_len: usize,
     /// `model.max_back`: no query scores a key further back.
     pub max_back: Option<usize>,
-    /// ETC's auxiliary global token `[1, d_model]` (one per segment of `global_segment`
-    /// positions), present when the attention is `etc`.
+    /// The auxiliary global token `[1, d_model]` (one per segment of `global_segment`
+    /// positions), present when the attention declares a global input (ETC).
     pub global_embedding: Option<Param<Tensor<2>>>,
     pub global_segment: Option<usize>,
     /// √d_model when `scale_embeddings`.
@@ -108,53 +108,51 @@ impl DecoderLm {
             out_std,
         };
         let norm = cfg.block.residual();
-        Self {
-            token_embedding: EmbeddingConfig::new(vocab, d).with_initializer(init.clone()).init(device),
-            position: cfg.position.init_input(d, cfg.seq_len, device),
-            layer_positions: (0..cfg.n_layers)
-                .filter_map(|i| cfg.position.init_layer(i, d, cfg.seq_len, device))
-                .collect(),
-            embedding_dropout: DropoutConfig::new(cfg.dropout).init(),
-            blocks: (0..if cfg.depth.shared() { 1 } else { cfg.n_layers })
-                .map(|i| {
-                    let attention = cfg.attention.for_layer(i);
-                    cfg.block.init(&BlockParts { attention: &attention, ..parts }, device)
-                })
-                .collect(),
-            depth: cfg.n_layers,
-            act: cfg.depth.init_act(d, cfg.init_std, device),
-            final_norm: cfg.block.pre_norm().then(|| norm.norm.init(d, norm.norm_eps, device)),
-            head: (!cfg.tie_embeddings)
-                .then(|| LinearConfig::new(d, vocab).with_bias(false).with_initializer(init).init(device)),
-            vocab_size: vocab,
-            seq_len: cfg.seq_len,
-            max_back: cfg.max_back,
-            global_embedding: match &cfg.attention {
-                AttentionConfig::Etc(_) => {
-                    Some(Param::from_tensor(Tensor::random([1, d], Distribution::Normal(0.0, cfg.init_std), device)))
-                }
-                _ => None,
-            },
-            global_segment: match &cfg.attention {
-                AttentionConfig::Etc(c) => Some(c.segment),
-                _ => None,
-            },
-            embedding_scale: cfg.scale_embeddings.then(|| (d as f64).sqrt()),
-            reversible: cfg.block.reversible().then_some(cfg.dropout),
-            mask_token: cfg.mask_token(),
-            exits: match &cfg.exits {
-                ExitConfig::None => None,
-                ExitConfig::EveryLayer(e) => Some(ExitHeads::new(
-                    e,
-                    cfg.n_layers,
-                    d,
-                    vocab,
-                    cfg.init_std,
-                    || norm.norm.init(d, norm.norm_eps, device),
-                    device,
-                )),
-            },
-        }
+        let mut lm =
+            Self {
+                token_embedding: EmbeddingConfig::new(vocab, d).with_initializer(init.clone()).init(device),
+                position: cfg.position.init_input(d, cfg.seq_len, device),
+                layer_positions: (0..cfg.n_layers)
+                    .filter_map(|i| cfg.position.init_layer(i, d, cfg.seq_len, device))
+                    .collect(),
+                embedding_dropout: DropoutConfig::new(cfg.dropout).init(),
+                blocks: (0..if cfg.depth.shared() { 1 } else { cfg.n_layers })
+                    .map(|i| {
+                        let attention = cfg.attention.for_layer(i);
+                        cfg.block.init(&BlockParts { attention: &attention, ..parts }, device)
+                    })
+                    .collect(),
+                depth: cfg.n_layers,
+                act: cfg.depth.init_act(d, cfg.init_std, device),
+                final_norm: cfg.block.pre_norm().then(|| norm.norm.init(d, norm.norm_eps, device)),
+                head: (!cfg.tie_embeddings)
+                    .then(|| LinearConfig::new(d, vocab).with_bias(false).with_initializer(init).init(device)),
+                vocab_size: vocab,
+                seq_len: cfg.seq_len,
+                max_back: cfg.max_back,
+                global_embedding: cfg.attention.capabilities().global_input.then(|| {
+                    Param::from_tensor(Tensor::random([1, d], Distribution::Normal(0.0, cfg.init_std), device))
+                }),
+                global_segment: None,
+                embedding_scale: cfg.scale_embeddings.then(|| (d as f64).sqrt()),
+                reversible: cfg.block.reversible().then_some(cfg.dropout),
+                mask_token: cfg.mask_token(),
+                exits: match &cfg.exits {
+                    ExitConfig::None => None,
+                    ExitConfig::EveryLayer(e) => Some(ExitHeads::new(
+                        e,
+                        cfg.n_layers,
+                        d,
+                        vocab,
+                        cfg.init_std,
+                        || norm.norm.init(d, norm.norm_eps, device),
+                        device,
+                    )),
+                },
+            };
+        // the attention that adds a global input says its segment
+        lm.global_segment = lm.global_embedding.as_ref().and_then(|_| lm.blocks[0].attn.global_segment());
+        lm
     }
 
     /// Full forward over fresh sequences `[batch, len]`.
@@ -372,18 +370,11 @@ impl DecoderLm {
         self.blocks[i % self.blocks.len()].extend_cache(h, mask, state);
     }
 
-    /// Draws the random features of random-feature attentions (Performer, RFA) again.
-    pub fn redraw_features(mut self) -> Self {
+    /// What the mechanisms do between optimizer steps (random features redrawn, centroids
+    /// moved); the trainer calls it after every step, `step` counting completed steps from 1.
+    pub fn after_optimizer_step(mut self, step: usize) -> Self {
         for block in &mut self.blocks {
-            block.attn.redraw();
-        }
-        self
-    }
-
-    /// Moves routing attention's centroids (the trainer calls this after each optimiser step).
-    pub fn update_centroids(mut self) -> Self {
-        for block in &mut self.blocks {
-            block.attn.update_centroids();
+            block.attn.after_optimizer_step(step);
         }
         self
     }
@@ -412,6 +403,28 @@ impl DecoderLm {
     /// auxiliary losses.
     pub fn loss(&self, tokens: Tensor<2, Int>, targets: Tensor<2, Int>) -> (Tensor<1>, AuxLosses) {
         self.loss_with(tokens, targets, None)
+    }
+
+    /// The loss of `tokens` → `targets` (detached), the auxiliary losses (detached) and the
+    /// gradients of `(loss + Σ aux) / micro_batches` with respect to every parameter, on an autodiff
+    /// device: the one call a training step makes, whatever the model. A reversible stack keeps
+    /// no activations and computes its gradients block by block ([`crate::reversible_grads`]);
+    /// every other model back-propagates its graph, continuing `state` for a memory model.
+    pub fn loss_and_grads(
+        &self,
+        tokens: Tensor<2, Int>,
+        targets: Tensor<2, Int>,
+        state: Option<&mut DecoderState>,
+        micro_batches: usize,
+    ) -> (Tensor<1>, AuxLosses, burn::optim::GradientsParams) {
+        if self.reversible.is_some() {
+            return crate::reversible_grads::reversible_grads(self, tokens, targets, 1.0 / micro_batches as f64);
+        }
+        let (loss, aux) = self.loss_with(tokens, targets, state);
+        let total = aux.iter().fold(loss.clone(), |t, (_, l)| t + l.clone());
+        let total = if micro_batches > 1 { total.div_scalar(micro_batches as f64) } else { total };
+        let grads = burn::optim::GradientsParams::from_grads(total.backward(), self);
+        (loss.detach(), aux.into_iter().map(|(n, l)| (n, l.detach())).collect(), grads)
     }
 
     /// [`loss`](Self::loss) continuing from (and updating) `state`: a memory model trained on

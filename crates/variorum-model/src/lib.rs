@@ -6,6 +6,8 @@ pub mod decoder;
 pub mod exit_predictor;
 pub mod exits;
 pub mod objective;
+pub mod reversible_grads;
+pub mod rules;
 pub mod zoo;
 
 pub use config::ModelConfig;

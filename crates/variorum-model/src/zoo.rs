@@ -1,13 +1,9 @@
 //! Every kind on every axis: the rows of `variorum zoo`, and the tiny model variants the generic
-//! tests run. Adding a kind to an axis's `zoo()` and to [`variants`] enrols it in both.
+//! tests run. An attention kind declares its variants beside itself (`AttentionKind::test_variants`);
+//! the other axes' kinds and the model-level combinations are listed here.
 
 use variorum_attention::{
-    AdaptiveSpanConfig, AttentionConfig, AverageAttentionConfig, BigBirdConfig, BlockwiseConfig, ClusteredConfig,
-    EtcConfig, FixedConfig, InducingMode, InducingPointsConfig, LinearAttentionConfig, LinformerConfig, LinformerShare,
-    Local2dConfig, LocalAttentionConfig, LongformerConfig, LowRankBandConfig, LshConfig, MemoryCompressedConfig,
-    MultiHeadAttentionConfig, MultiScaleConfig, NystromConfig, PerformerConfig, PerformerKernel, PoolKind,
-    PoolingformerConfig, ProbSparseConfig, RfaConfig, RoutingConfig, SinkhornConfig, SlidingWindowConfig,
-    StridedCombine, StridedConfig,
+    AdaptiveSpanConfig, AttentionConfig, MultiHeadAttentionConfig, SlidingWindowConfig, StridedConfig,
 };
 use variorum_block::{
     BlockConfig, CompressionKind, CompressiveMemoryConfig, DepthConfig, FeedForwardConfig, FeedForwardKind,
@@ -75,14 +71,6 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
     for p in positions {
         out.push((format!("position {p:?}"), ModelConfig { position: p, ..tiny() }));
     }
-    let attentions = [
-        MultiHeadAttentionConfig { n_heads: 4, n_kv_heads: Some(2), ..Default::default() },
-        MultiHeadAttentionConfig { n_heads: 4, n_kv_heads: Some(1), ..Default::default() },
-        MultiHeadAttentionConfig { n_heads: 2, head_dim: Some(24), bias: false, ..Default::default() },
-    ];
-    for a in attentions {
-        out.push((format!("attention {a:?}"), ModelConfig { attention: AttentionConfig::Full(a), ..tiny() }));
-    }
     for norm in [NormKind::LayerNorm, NormKind::RmsNorm] {
         let r = ResidualConfig { norm, ..Default::default() };
         out.push((format!("block post-ln {norm:?}"), ModelConfig { block: BlockConfig::PostLn(r.clone()), ..tiny() }));
@@ -103,18 +91,6 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
             ..tiny()
         },
     ));
-    // adaptive span: spans shorter than the sequence, so trimming and the soft mask both act
-    for dynamic in [false, true] {
-        let span = AdaptiveSpanConfig { max_span: 6, ramp: 2, init_span: 0.5, dynamic, ..Default::default() };
-        out.push((
-            format!("attention adaptive-span dynamic={dynamic}"),
-            ModelConfig {
-                attention: AttentionConfig::AdaptiveSpan(span),
-                position: PositionConfig::Rope(RotaryConfig::default()),
-                ..tiny()
-            },
-        ));
-    }
     out.push((
         "attention adaptive-span + xl memory".into(),
         ModelConfig {
@@ -213,139 +189,6 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
             ModelConfig { n_layers: 3, exits, ..tiny() },
         ));
     }
-    // sliding window (block-by-block band), with absolute and relative positions and GQA
-    for position in [
-        PositionConfig::default(),
-        PositionConfig::Alibi,
-        PositionConfig::Rope(RotaryConfig::default()),
-        PositionConfig::TransformerXl(XlRelativeConfig::default()),
-    ] {
-        let attention = AttentionConfig::SlidingWindow(SlidingWindowConfig {
-            window: 5,
-            block: Some(3),
-            n_kv_heads: Some(2),
-            ..Default::default()
-        });
-        out.push((
-            format!("attention sliding-window + position {}", position.kind()),
-            ModelConfig { attention, position, ..tiny() },
-        ));
-    }
-    // Image Transformer local blocks
-    for position in [PositionConfig::default(), PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 16 })] {
-        let attention = AttentionConfig::Local(LocalAttentionConfig { block: 3, memory: 2, ..Default::default() });
-        out.push((
-            format!("attention local + position {}", position.kind()),
-            ModelConfig { attention, position, ..tiny() },
-        ));
-    }
-    // Longformer's global positions, with a relative scheme
-    let attention = AttentionConfig::SlidingWindow(SlidingWindowConfig {
-        window: 3,
-        block: Some(4),
-        global: vec![0, 6],
-        ..Default::default()
-    });
-    out.push((
-        "attention sliding-window, global positions + position transformer-xl".into(),
-        ModelConfig { attention, position: PositionConfig::TransformerXl(XlRelativeConfig::default()), ..tiny() },
-    ));
-    // windows growing from the bottom layer to the top (Longformer), and per-layer head widths
-    let attention = AttentionConfig::SlidingWindow(SlidingWindowConfig {
-        layer_windows: vec![2, 6],
-        block: Some(4),
-        ..Default::default()
-    });
-    out.push(("attention sliding-window, per-layer windows".into(), ModelConfig { attention, ..tiny() }));
-    let attention = AttentionConfig::SlidingWindow(SlidingWindowConfig {
-        window: 3,
-        block: Some(2),
-        dilations: vec![1, 2, 1, 3],
-        ..Default::default()
-    });
-    out.push((
-        "attention sliding-window, dilated heads + position alibi".into(),
-        ModelConfig { attention, position: PositionConfig::Alibi, ..tiny() },
-    ));
-    let attention = AttentionConfig::MultiScale(MultiScaleConfig {
-        windows: vec![1, 1, 1, 1],
-        layer_windows: vec![vec![1, 2, 3, 4], vec![2, 4, 6, 8]],
-        block: Some(4),
-        ..Default::default()
-    });
-    out.push(("attention multi-scale, per-layer windows".into(), ModelConfig { attention, ..tiny() }));
-    // Sparse Transformer strided patterns, the three ways of combining them
-    for (combine, position) in [
-        (StridedCombine::Union, PositionConfig::Alibi),
-        (StridedCombine::Heads, PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 16 })),
-        (StridedCombine::Alternate, PositionConfig::Rope(RotaryConfig::default())),
-    ] {
-        let attention = AttentionConfig::Strided(StridedConfig { stride: 4, combine, ..Default::default() });
-        out.push((
-            format!("attention strided {combine:?} + position {}", position.kind()),
-            ModelConfig { attention, position, ..tiny() },
-        ));
-    }
-    // BigBird: blocked window, global tokens, random blocks (the harness's sequences span several
-    // blocks, so random blocks exist past the window)
-    for (position, global_tokens) in
-        [(PositionConfig::Alibi, 2), (PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 16 }), 0)]
-    {
-        let attention = AttentionConfig::Bigbird(BigBirdConfig {
-            block: 2,
-            window_blocks: 1,
-            random_blocks: 2,
-            global_tokens,
-            n_kv_heads: Some(2),
-            ..Default::default()
-        });
-        out.push((
-            format!("attention bigbird, {global_tokens} global + position {}", position.kind()),
-            ModelConfig { attention, position, ..tiny() },
-        ));
-    }
-    // Longformer: dilated heads with per-layer windows and dilations (undilated at the bottom);
-    // global attention for a token id (vocabulary 11: id 3 occurs in the harness's sequences)
-    let attention = AttentionConfig::Longformer(LongformerConfig {
-        block: Some(2),
-        layer_windows: vec![2, 3],
-        layer_dilations: vec![vec![1, 1, 1, 1], vec![1, 2, 1, 3]],
-        n_kv_heads: Some(2),
-        ..Default::default()
-    });
-    out.push((
-        "attention longformer, dilated heads + position transformer-xl".into(),
-        ModelConfig { attention, position: PositionConfig::TransformerXl(XlRelativeConfig::default()), ..tiny() },
-    ));
-    let attention = AttentionConfig::Longformer(LongformerConfig {
-        window: 2,
-        block: Some(4),
-        global_token_ids: vec![3],
-        dilations: vec![1, 1, 2, 2],
-        ..Default::default()
-    });
-    out.push((
-        "attention longformer, global token id + position alibi".into(),
-        ModelConfig { attention, position: PositionConfig::Alibi, ..tiny() },
-    ));
-    // Sparse Transformer fixed pattern (own block + summaries), the three combinations
-    for (combine, position) in [
-        (StridedCombine::Union, PositionConfig::Alibi),
-        (StridedCombine::Heads, PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 16 })),
-        (StridedCombine::Alternate, PositionConfig::Rope(RotaryConfig::default())),
-    ] {
-        let attention = AttentionConfig::Fixed(FixedConfig { stride: 4, summary: 2, combine, ..Default::default() });
-        out.push((
-            format!("attention fixed {combine:?} + position {}", position.kind()),
-            ModelConfig { attention, position, ..tiny() },
-        ));
-    }
-    // blockwise: own block plus a permuted (shifted) block per head
-    let attention = AttentionConfig::Blockwise(BlockwiseConfig { block: 3, n_kv_heads: Some(2), ..Default::default() });
-    out.push((
-        "attention blockwise + position alibi".into(),
-        ModelConfig { attention, position: PositionConfig::Alibi, ..tiny() },
-    ));
     // "attend at most N back" on full attention (a band computed by blocks, a trimmed cache) and
     // on a sparse kind
     out.push((
@@ -354,91 +197,18 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
     ));
     let attention = AttentionConfig::Strided(StridedConfig { stride: 4, ..Default::default() });
     out.push(("max_back 5, attention strided".into(), ModelConfig { max_back: Some(5), attention, ..tiny() }));
-    // Image Transformer 2D local attention over a 4-wide raster
-    let attention = AttentionConfig::Local2d(Local2dConfig {
-        width: 4,
-        query_rows: 2,
-        query_cols: 2,
-        memory_rows: 1,
-        memory_cols: 1,
-        ..Default::default()
-    });
-    out.push((
-        "attention local-2d + position alibi".into(),
-        ModelConfig { attention, position: PositionConfig::Alibi, ..tiny() },
-    ));
-    // ETC: a global token per segment of 3 beside the sequence, a window of 2 (relative
-    // positions on the local part)
-    for position in [PositionConfig::default(), PositionConfig::TransformerXl(XlRelativeConfig::default())] {
-        let attention = AttentionConfig::Etc(EtcConfig {
-            window: 2,
-            segment: 3,
-            block: Some(2),
-            n_kv_heads: Some(2),
-            ..Default::default()
-        });
-        out.push((
-            format!("attention etc + position {}", position.kind()),
-            ModelConfig { attention, position, ..tiny() },
-        ));
+    // every attention kind's own variants (declared beside the kind)
+    for v in AttentionConfig::test_variants() {
+        let mut cfg = ModelConfig { attention: v.config, ..tiny() };
+        if let Some(position) = v.position {
+            cfg.position = position;
+        }
+        if v.masked {
+            cfg.objective = ObjectiveConfig::Masked(MaskedConfig::default());
+        }
+        out.push((v.name, cfg));
     }
-    // Multi-Scale Transformer: one window per head
-    let attention = AttentionConfig::MultiScale(MultiScaleConfig {
-        windows: vec![1, 2, 4, 7],
-        block: Some(3),
-        ..Default::default()
-    });
-    out.push((
-        "attention multi-scale + position alibi".into(),
-        ModelConfig { attention, position: PositionConfig::Alibi, ..tiny() },
-    ));
-    // memory-compressed (strided-convolution keys plus the own block), alone and without `local`
-    for (stride, local) in [(3, true), (2, false)] {
-        let attention =
-            AttentionConfig::MemoryCompressed(MemoryCompressedConfig { stride, local, ..Default::default() });
-        out.push((format!("attention memory-compressed stride {stride}"), ModelConfig { attention, ..tiny() }));
-    }
-    // kernelised attention (linear time, recurrent decoding); small chunks so the chunked causal
-    // form and its carried sums are exercised at the harness's lengths
-    let performer = PerformerConfig { chunk: 3, features: Some(16), ..Default::default() };
-    let rfa = RfaConfig { chunk: 3, features: Some(32), ..Default::default() };
-    for (name, attention) in [
-        ("linear", AttentionConfig::Linear(LinearAttentionConfig { chunk: 3, ..Default::default() })),
-        ("performer", AttentionConfig::Performer(performer.clone())),
-        ("performer relu", AttentionConfig::Performer(PerformerConfig { kernel: PerformerKernel::Relu, ..performer })),
-        ("rfa", AttentionConfig::Rfa(rfa.clone())),
-        ("rfa gate", AttentionConfig::Rfa(RfaConfig { gate: true, gate_bias: 0.0, ..rfa })),
-        ("average", AttentionConfig::Average(AverageAttentionConfig { chunk: 3, ..Default::default() })),
-        // several chunks and buckets at the harness's lengths
-        ("lsh", AttentionConfig::Lsh(LshConfig { buckets: 4, rounds: 2, chunk: 3, ..Default::default() })),
-        ("routing", AttentionConfig::Routing(RoutingConfig { clusters: 3, window: 2, ..Default::default() })),
-        ("sinkhorn", AttentionConfig::Sinkhorn(SinkhornConfig { block: 3, ..Default::default() })),
-        (
-            "poolingformer max",
-            AttentionConfig::Poolingformer(PoolingformerConfig { window: 3, pool_size: 2, ..Default::default() }),
-        ),
-        (
-            "poolingformer mean, level-2 window",
-            AttentionConfig::Poolingformer(PoolingformerConfig {
-                window: 2,
-                pool: PoolKind::Mean,
-                pool_size: 3,
-                level2_window: Some(9),
-                ..Default::default()
-            }),
-        ),
-        ("low-rank-band", AttentionConfig::LowRankBand(LowRankBandConfig { rank: 2, band: 3, ..Default::default() })),
-        // few active queries at the harness's lengths (u = ⌈ln(t + 1)⌉ by prefix rank)
-        ("prob-sparse", AttentionConfig::ProbSparse(ProbSparseConfig { factor: 1.0, ..Default::default() })),
-        (
-            "routing + local heads",
-            AttentionConfig::Routing(RoutingConfig { clusters: 2, window: 3, local_heads: 2, ..Default::default() }),
-        ),
-    ] {
-        out.push((format!("attention {name}"), ModelConfig { attention, ..tiny() }));
-    }
-    // the masked objective (bidirectional attention): full attention, a
-    // causal-capable sparse kind run bidirectionally, a reversible stack
+    // the masked objective (bidirectional attention): full attention, a reversible stack
     let masked = || ObjectiveConfig::Masked(MaskedConfig::default());
     for (name, cfg) in [
         ("masked lm", ModelConfig { objective: masked(), ..tiny() }),
@@ -451,116 +221,51 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
             },
         ),
         (
-            "masked lm + sliding-window",
-            ModelConfig {
-                objective: masked(),
-                attention: AttentionConfig::SlidingWindow(SlidingWindowConfig { window: 3, ..Default::default() }),
-                ..tiny()
-            },
-        ),
-        (
-            "masked lm + inducing-points isab",
-            ModelConfig {
-                objective: masked(),
-                attention: AttentionConfig::InducingPoints(InducingPointsConfig { slots: 4, ..Default::default() }),
-                ..tiny()
-            },
-        ),
-        (
-            "masked lm + inducing-points luna",
-            ModelConfig {
-                objective: masked(),
-                attention: AttentionConfig::InducingPoints(InducingPointsConfig {
-                    slots: 4,
-                    mode: InducingMode::Luna,
-                    ..Default::default()
-                }),
-                ..tiny()
-            },
-        ),
-        (
-            "masked lm + linformer",
-            ModelConfig {
-                objective: masked(),
-                attention: AttentionConfig::Linformer(LinformerConfig { max_len: 32, k: 4, ..Default::default() }),
-                ..tiny()
-            },
-        ),
-        (
-            "masked lm + linformer unshared",
-            ModelConfig {
-                objective: masked(),
-                attention: AttentionConfig::Linformer(LinformerConfig {
-                    max_len: 32,
-                    k: 4,
-                    share: LinformerShare::None,
-                    ..Default::default()
-                }),
-                ..tiny()
-            },
-        ),
-        (
-            "masked lm + nystrom",
-            ModelConfig {
-                objective: masked(),
-                attention: AttentionConfig::Nystrom(NystromConfig {
-                    landmarks: 4,
-                    conv_kernel: Some(3),
-                    ..Default::default()
-                }),
-                ..tiny()
-            },
-        ),
-        (
-            "masked lm + clustered",
-            ModelConfig {
-                objective: masked(),
-                attention: AttentionConfig::Clustered(ClusteredConfig {
-                    clusters: 4,
-                    iterations: 3,
-                    ..Default::default()
-                }),
-                ..tiny()
-            },
-        ),
-        (
-            "masked lm + clustered top-k",
-            ModelConfig {
-                objective: masked(),
-                attention: AttentionConfig::Clustered(ClusteredConfig {
-                    clusters: 3,
-                    top_k: Some(4),
-                    ..Default::default()
-                }),
-                ..tiny()
-            },
-        ),
-        (
-            "masked lm + prob-sparse",
-            ModelConfig {
-                objective: masked(),
-                attention: AttentionConfig::ProbSparse(ProbSparseConfig { factor: 1.0, ..Default::default() }),
-                ..tiny()
-            },
-        ),
-        (
             "masked lm + reversible",
             ModelConfig { objective: masked(), block: BlockConfig::Reversible(Default::default()), ..tiny() },
         ),
     ] {
         out.push((name.into(), cfg));
     }
-    // relative schemes with grouped-query heads (keys shared by several query heads)
-    let gqa = AttentionConfig::Full(MultiHeadAttentionConfig { n_heads: 4, n_kv_heads: Some(2), ..Default::default() });
-    for p in [
-        PositionConfig::TransformerXl(XlRelativeConfig::default()),
-        PositionConfig::Deberta(DebertaConfig { max_distance: 4 }),
-        PositionConfig::Rope(RotaryConfig::default()),
-    ] {
-        out.push((
-            format!("gqa + position {}", p.kind()),
-            ModelConfig { position: p, attention: gqa.clone(), ..tiny() },
-        ));
-    }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kind a model config selects on `axis`.
+    fn kind_on(axis: &str, m: &ModelConfig) -> &'static str {
+        match axis {
+            "model.position" => m.position.kind(),
+            "model.attention" => m.attention.kind(),
+            "model.block" => m.block.kind(),
+            "model.feed_forward" => m.feed_forward.kind.name(),
+            "model.memory" => m.memory.kind(),
+            "model.depth" => m.depth.kind(),
+            "model.exits" => m.exits.kind(),
+            other => panic!("an axis the harness does not know: {other}"),
+        }
+    }
+
+    #[test]
+    fn every_zoo_row_has_a_test_variant_and_every_variant_is_valid() {
+        let variants = variants();
+        for row in kinds() {
+            assert!(
+                variants.iter().any(|(_, m)| kind_on(row.axis, m) == row.kind),
+                "{} = \"{}\" is in the zoo but no generic-test variant selects it: declare one beside the kind",
+                row.axis,
+                row.kind
+            );
+        }
+        for (name, m) in &variants {
+            m.validate().unwrap_or_else(|e| panic!("variant {name}: {e}"));
+        }
+        let mut names: Vec<_> = variants.iter().map(|(n, _)| n.as_str()).collect();
+        names.sort();
+        let before = names.len();
+        names.dedup();
+        assert_eq!(names.len(), before, "two variants share a name");
+    }
 }

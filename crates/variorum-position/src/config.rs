@@ -68,8 +68,11 @@ impl PositionConfig {
         }
     }
 
+    /// The declared capabilities of the kind, with what this config adds (a learned table
+    /// before every block is a per-layer signal).
     pub fn capabilities(&self) -> Capabilities {
-        Self::zoo().into_iter().find(|k| k.kind == self.kind()).map(|k| k.caps).unwrap_or_default()
+        let declared = Self::zoo().into_iter().find(|k| k.kind == self.kind()).map(|k| k.caps).unwrap_or_default();
+        Capabilities { per_layer: declared.per_layer || matches!(self, Self::Learned(c) if c.per_layer), ..declared }
     }
 
     /// The same config with derived defaults written out.
@@ -169,20 +172,22 @@ impl PositionConfig {
     /// `qk_rotation`: it rotates q and k, so the attention must have them.
     pub fn zoo() -> Vec<KindInfo> {
         let input = Capabilities::NEUTRAL;
+        let absolute = Capabilities { absolute: true, ..input };
         let scores = Capabilities { score_bias: true, ..input };
+        let distance = Capabilities { distance_only: true, ..scores };
         let row = |kind, summary, paper, caps| KindInfo { axis: "model.position", kind, summary, paper, caps };
         vec![
             row(
                 "sinusoidal",
                 "fixed sin/cos of position added to the embeddings; configurable base, optionally learnable frequencies",
                 "Vaswani et al. 2017, Attention Is All You Need; Wang et al. 2021 (learnable)",
-                input,
+                absolute,
             ),
             row(
                 "learned",
                 "a learned vector per absolute position up to max_len, once or before every block (per_layer)",
                 "Gehring et al. 2017; Radford et al. 2018 (GPT); Al-Rfou et al. 2018 (per layer)",
-                Capabilities { variable_length: false, ..input },
+                Capabilities { variable_length: false, ..absolute },
             ),
             row(
                 "none",
@@ -206,13 +211,13 @@ impl PositionConfig {
                 "t5",
                 "learned scalar bias per head over log-spaced distance buckets",
                 "Raffel et al. 2020, Exploring the Limits of Transfer Learning (T5)",
-                scores,
+                distance,
             ),
             row(
                 "alibi",
                 "fixed linear distance penalty, geometric slopes per head; no parameters",
                 "Press et al. 2022, Train Short, Test Long (ALiBi)",
-                scores,
+                distance,
             ),
             row(
                 "rope",
@@ -236,7 +241,7 @@ impl PositionConfig {
                 "untied",
                 "content–content plus a separately projected position–position term (TUPE)",
                 "Ke et al. 2021, Rethinking Positional Encoding in Language Pre-training",
-                Capabilities { variable_length: false, ..scores },
+                Capabilities { variable_length: false, absolute: true, absolute_scores: true, ..scores },
             ),
             row(
                 "deberta",
@@ -248,7 +253,7 @@ impl PositionConfig {
                 "universal-timestep",
                 "position ⊕ recurrence-step sinusoids added before every block",
                 "Dehghani et al. 2019, Universal Transformers",
-                input,
+                Capabilities { per_layer: true, ..absolute },
             ),
         ]
     }

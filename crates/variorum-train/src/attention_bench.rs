@@ -11,7 +11,7 @@ use std::time::Instant;
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use serde::{Deserialize, Serialize};
-use variorum_attention::{Attention, AttentionConfig, AttentionInput, AttentionState, LinformerConfig, Positioning};
+use variorum_attention::{Attention, AttentionConfig, AttentionInput, AttentionState, Positioning};
 use variorum_core::{AttentionMask, GlobalLocal};
 use variorum_position::PositionConfig;
 
@@ -30,11 +30,7 @@ pub struct AttentionPoint {
 /// The layer a model of context `len` would have: a fixed-length kind (Linformer) is built for
 /// that length.
 fn layer(cfg: &AttentionConfig, position: &PositionConfig, d_model: usize, len: usize, device: &Device) -> Attention {
-    let cfg = match cfg {
-        AttentionConfig::Linformer(c) => AttentionConfig::Linformer(LinformerConfig { max_len: len, ..c.clone() }),
-        other => other.clone(),
-    };
-    cfg.init(d_model, 0.02, 0.02, Positioning { config: position, context: len }, device)
+    cfg.for_length(len).init(d_model, 0.02, 0.02, Positioning { config: position, context: len }, device)
 }
 
 fn current_rss_mib() -> Option<f64> {

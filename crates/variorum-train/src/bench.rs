@@ -77,7 +77,7 @@ pub fn bench(cfg: &ExperimentConfig, device: &Device, warmup: u64, steps: u64, r
             }
             let micro: Vec<TokenBatch> = (0..tc.grad_accum as u64).map(|m| batch(i * 16 + m)).collect();
             let (m, res) = train_step(model, &mut optim, tc, &micro, tc.lr, &device, memory.as_mut());
-            model = m;
+            model = m.after_optimizer_step(i as usize + 1);
             last_loss = Some(res.loss);
         }
         // the trainer reads the loss once per logging interval; here once per run

@@ -14,7 +14,6 @@ pub mod freeze;
 pub mod generate;
 pub mod metrics;
 pub mod plot;
-pub mod reversible;
 pub mod run;
 pub mod schedule;
 pub mod snapshot;

@@ -73,17 +73,8 @@ pub fn train_step(
         {
             *m = DecoderState::default();
         }
-        let (loss, aux, grads) = if model.reversible.is_some() {
-            // a reversible stack keeps no activations: its gradients come block by block
-            crate::reversible::reversible_grads(&model, inputs, targets, 1.0 / n as f64)
-        } else {
-            let (loss, aux) = model.loss_with(inputs, targets, memory.as_deref_mut());
-            let total = aux.iter().fold(loss.clone(), |t, (_, l)| t + l.clone());
-            let total = if n > 1 { total.div_scalar(n as f64) } else { total };
-            let grads = GradientsParams::from_grads(total.backward(), &model);
-            (loss, aux, grads)
-        };
-        variorum_core::sum_aux_losses(&mut aux_sums, aux.into_iter().map(|(n, l)| (n, l.detach())).collect());
+        let (loss, aux, grads) = model.loss_and_grads(inputs, targets, memory.as_deref_mut(), n);
+        variorum_core::sum_aux_losses(&mut aux_sums, aux);
         if n == 1 {
             single = Some(grads);
         } else {
@@ -102,8 +93,7 @@ pub fn train_step(
     } else {
         crate::clip::global_norm(&model, &grads)
     };
-    // routing attention's centroids follow the assignments of this step (EMA, not gradients)
-    let model = optim.step(lr, model, grads).update_centroids();
+    let model = optim.step(lr, model, grads);
     let loss = loss_sum.expect("at least one micro-batch").div_scalar(n as f64);
     let aux = aux_sums.into_iter().map(|(name, s)| (name, s.div_scalar(n as f64))).collect();
     (model, StepResult { loss, grad_norm, aux })

@@ -250,12 +250,6 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
         let step = state.step;
         let lr = learning_rate(&tc, step);
         device.seed(step_seed(tc.seed, step));
-        // random-feature attentions draw their projections again now and then (seeded by the
-        // step, so a resumed run draws what the uninterrupted one did)
-        let redraw = cfg.model.attention.redraw_interval() as u64;
-        if redraw > 0 && step > 0 && step % redraw == 0 {
-            model = model.redraw_features();
-        }
         let micro: Vec<TokenBatch> = (0..tc.grad_accum as u64)
             .map(|m| {
                 let i = step * tc.grad_accum as u64 + m;
@@ -268,7 +262,9 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
             .collect();
         let t0 = Instant::now();
         let (m, res) = train_step(model, &mut optim, &tc, &micro, lr, &device, memory.as_mut());
-        model = m;
+        // the mechanisms' own updates between steps (random features redrawn, centroids moved),
+        // drawn from the step's seeded stream, so a resumed run replays them
+        model = m.after_optimizer_step(step as usize + 1);
         variorum_core::sum_aux_losses(&mut aux_acc, res.aux);
         loss_acc = Some(match loss_acc.take() {
             Some(a) => a + res.loss,

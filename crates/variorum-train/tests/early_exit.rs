@@ -115,7 +115,7 @@ fn skipped_blocks_get_the_propagated_keys_and_the_full_pass_matches_the_forward(
         );
     }
     for layer in &state.layers {
-        let variorum_attention::AttentionState::Kv(kv) = &layer.attention else { panic!("no cache") };
+        let Some(kv) = layer.attention.get::<variorum_attention::KvCache>() else { panic!("no cache") };
         assert_eq!(kv.len(), 10);
     }
     // at threshold 1 the teacher-forced loss equals the plain forward's on the same windows

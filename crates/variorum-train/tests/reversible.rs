@@ -11,9 +11,9 @@ use common::seeded;
 use variorum_attention::{AdaptiveSpanConfig, AttentionConfig, MultiHeadAttentionConfig, SinkhornConfig};
 use variorum_block::{BlockConfig, RevContext, Streams};
 use variorum_core::AttentionMask;
+use variorum_model::reversible_grads::reversible_grads;
 use variorum_model::{ModelConfig, zoo};
 use variorum_position::PositionConfig;
-use variorum_train::reversible::reversible_grads;
 
 fn reversible(n_layers: usize, dropout: f64) -> ModelConfig {
     ModelConfig { block: BlockConfig::Reversible(Default::default()), n_layers, dropout, ..zoo::tiny() }

@@ -14,11 +14,11 @@
 //! its public API (`Tensor::grad`, `GradientsParams::from_module`, `GradientsAccumulator`).
 //! Peak memory is one block's graph plus the streams, whatever the depth.
 
+use crate::DecoderLm;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::prelude::*;
 use variorum_block::{RevContext, Streams};
 use variorum_core::AuxLosses;
-use variorum_model::DecoderLm;
 
 /// The loss of `tokens` → `targets` (detached), the auxiliary losses (detached, weighted), and
 /// the gradients of `scale · (loss + Σ aux)` with respect to every parameter of a reversible

@@ -1,0 +1,203 @@
+//! What one attention kind declares: [`AttentionKind`] on its config, [`AttentionMechanism`] on
+//! its module. Both live in the kind's own file; one line in [`crate::registry`] enrols the kind
+//! in the config enum, the module enum, `variorum zoo`, validation and the generic tests.
+
+use burn::prelude::*;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use variorum_core::{AttentionMask, Capabilities, ConfigError};
+use variorum_position::HeadShape;
+
+use crate::{AttentionInput, AttentionOutput, AttentionState, Positioning};
+
+/// What every attention kind's `build` receives: the model's width, the initialisation scales
+/// and the layer's position scheme.
+#[derive(Debug, Clone, Copy)]
+pub struct LayerInit<'a> {
+    pub d_model: usize,
+    /// std of the normal initialisation of the input projections.
+    pub init_std: f64,
+    /// std of the residual output projection (GPT-2: `init_std / √(2·n_layers)`).
+    pub out_std: f64,
+    /// The relative position scheme the layer is built with (absolute schemes: none).
+    pub position: Positioning<'a>,
+}
+
+/// A tiny setting of a kind for the generic tests (leak, decode = forward, save/load, overfit),
+/// declared beside the kind: the harness builds a 2-layer model around it.
+#[derive(Debug, Clone)]
+pub struct TestVariant<C> {
+    /// Says what the variant exercises (`"dilated heads"`); the harness prefixes the kind.
+    pub name: String,
+    pub config: C,
+    /// Run with the masked (bidirectional) objective instead of next-token prediction.
+    pub masked: bool,
+    /// A position scheme to run it with (default: the harness's learned table).
+    pub position: Option<variorum_position::PositionConfig>,
+}
+
+impl<C> TestVariant<C> {
+    /// A causal variant with the harness's position scheme.
+    pub fn new(name: impl Into<String>, config: C) -> Self {
+        Self { name: name.into(), config, masked: false, position: None }
+    }
+
+    /// The same variant under the masked objective.
+    pub fn masked(mut self) -> Self {
+        self.masked = true;
+        self
+    }
+
+    pub fn with_position(mut self, position: variorum_position::PositionConfig) -> Self {
+        self.position = Some(position);
+        self
+    }
+}
+
+/// A kind's config (`model.attention` with `kind = "…"`): what it is, what it supports, how it
+/// is checked and built. The name a config selects it by is given at registration.
+pub trait AttentionKind:
+    Clone + core::fmt::Debug + PartialEq + Default + Serialize + DeserializeOwned + Send + Sync + 'static
+{
+    /// The initialised mechanism.
+    type Module: AttentionMechanism;
+
+    /// One line for `variorum zoo`.
+    const SUMMARY: &'static str;
+    /// Authors, year, title.
+    const PAPER: &'static str;
+    /// What the kind supports whatever its settings (the zoo row; validation reads
+    /// [`capabilities`](Self::capabilities)).
+    const CAPS: Capabilities;
+
+    /// What this configured instance supports (a setting may take a capability away).
+    fn capabilities(&self) -> Capabilities {
+        Self::CAPS
+    }
+
+    /// Why a setting without a causal form has none, for the refusal of a next-token model.
+    fn why_not_causal(&self) -> &'static str {
+        "its outputs mix in positions after them"
+    }
+
+    /// The same config with every derived default written out.
+    fn expanded(&self, d_model: usize) -> Self;
+
+    /// Checks the settings against the model width; errors name the key
+    /// (`model.attention.…`) and what would work.
+    fn validate(&self, d_model: usize) -> Result<(), ConfigError>;
+
+    /// Refuses a sequence (or cross-attention source) of `len` positions the kind cannot take
+    /// (fixed-length parameters). Default: any length.
+    fn validate_len(&self, _len: usize) -> Result<(), ConfigError> {
+        Ok(())
+    }
+
+    /// The config a model of context `len` has: a fixed-length kind (Linformer) is built for
+    /// that length (attention benchmarks over several lengths). Default: unchanged.
+    fn for_length(&self, _len: usize) -> Self {
+        self.clone()
+    }
+
+    /// Query heads and head size (what position schemes are built for).
+    fn head_shape(&self, d_model: usize) -> HeadShape;
+
+    /// Dropout on the attention weights (kinds without weights: 0).
+    fn dropout(&self) -> f64 {
+        0.0
+    }
+
+    /// Forward FLOPs per token (2 per multiply–add) for a context of `len_k` keys.
+    fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64;
+
+    /// The config of layer `layer` (kinds with per-layer settings pick theirs).
+    fn for_layer(&self, _layer: usize) -> Self {
+        self.clone()
+    }
+
+    /// Layers with their own setting (0 = the same in every layer).
+    fn per_layer(&self) -> usize {
+        0
+    }
+
+    /// Whether every query is scored against every key (an L × L matrix per head), for memory
+    /// estimates.
+    fn scores_every_key(&self) -> bool {
+        false
+    }
+
+    fn build(&self, init: &LayerInit, device: &Device) -> Self::Module;
+
+    /// Tiny settings the generic harness runs (at least one per kind: a test fails otherwise).
+    fn test_variants() -> Vec<TestVariant<Self>>;
+}
+
+/// An initialised attention mechanism: the attention contract, and the hooks a model or trainer
+/// calls without knowing the kind.
+pub trait AttentionMechanism: Module + core::fmt::Debug {
+    /// Runs the mechanism; `state` carries its incremental-decoding state when decoding (the
+    /// kind keeps its own type in it, see [`AttentionState::get_or_default`]).
+    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput;
+
+    /// Appends what a forward would to the state (keys and values, recurrent sums) without
+    /// needing the output: CALM's propagation to skipped blocks. Default: a forward.
+    fn extend_cache(&self, x: Tensor<3>, mask: &AttentionMask, state: &mut AttentionState) {
+        self.forward(AttentionInput::self_attention(x, mask), Some(state));
+    }
+
+    /// Content-based attention of `query` over `key_value`, without mask or position scheme
+    /// (the compressive memory's reconstruction loss). Default: a bidirectional cross-attention
+    /// forward.
+    fn content_only(&self, query: Tensor<3>, key_value: Tensor<3>) -> Tensor<3> {
+        let mask = AttentionMask::bidirectional();
+        self.forward(AttentionInput::cross_attention(query, key_value, &mask), None).context
+    }
+
+    /// Whether the mechanism reads the dense `[len_q, len_k]` mask of
+    /// [`AttentionInput::dense_mask`] (a model builds it only for those that do).
+    fn uses_dense_mask(&self) -> bool {
+        false
+    }
+
+    /// The segment length of a global input beside the sequence (ETC: one global token per
+    /// segment), for the model that adds it.
+    fn global_segment(&self) -> Option<usize> {
+        None
+    }
+
+    /// Token ids that get global attention wherever they occur (Longformer).
+    fn global_token_ids(&self) -> &[u32] {
+        &[]
+    }
+
+    /// Called by the trainer after every optimizer step (`step` counts from 1): random features
+    /// redrawn, centroids moved.
+    fn after_optimizer_step(&mut self, _step: usize) {}
+}
+
+/// Capability presets the kinds declare theirs from.
+pub mod caps {
+    use variorum_core::Capabilities;
+
+    /// Forms a score matrix over keys at their absolute positions (full attention and its
+    /// restrictions): causal and bidirectional, KV-cache decoding, any position scheme, a memory.
+    pub const SCORES: Capabilities =
+        Capabilities { score_bias: true, qk_rotation: true, absolute_scores: true, ..Capabilities::NEUTRAL };
+
+    /// Forms scores block by block from relative offsets (band and strided patterns): any
+    /// relative scheme, but none that scores absolute positions.
+    pub const BLOCKED_SCORES: Capabilities = Capabilities { absolute_scores: false, ..SCORES };
+
+    /// Gathers keys from anywhere (random blocks, summaries, permuted blocks): a score-acting
+    /// scheme must act through the distance alone.
+    pub const GATHERED_SCORES: Capabilities = Capabilities { gathers_keys: true, ..SCORES };
+
+    /// No score matrix for a position scheme to act on (kernelised, content-sorted, pooled,
+    /// query-prototype): causal and bidirectional, incremental decoding.
+    pub const NO_SCORES: Capabilities = Capabilities::NEUTRAL;
+
+    /// No causal form (every output mixes in later positions): bidirectional only, no
+    /// incremental decoding, no score matrix; trained as a masked LM.
+    pub const BIDIRECTIONAL_ONLY: Capabilities =
+        Capabilities { causal: false, incremental: false, ..Capabilities::NEUTRAL };
+}

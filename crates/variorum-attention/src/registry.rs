@@ -1,0 +1,225 @@
+//! Every attention kind, registered once. One line names a kind (its `kind = "…"` value),
+//! the variant it becomes, its config type ([`AttentionKind`]) and its module type
+//! ([`AttentionMechanism`]); [`attention_kinds!`] writes from the list the config enum
+//! [`AttentionConfig`], the module enum [`Attention`] and their dispatch. Adding a kind is its
+//! file plus one line here.
+
+use burn::prelude::*;
+use serde::{Deserialize, Serialize};
+use variorum_core::{AttentionMask, Capabilities, ConfigError, KindInfo};
+use variorum_position::HeadShape;
+
+use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant};
+use crate::{AttentionInput, AttentionOutput, AttentionState, Positioning};
+
+/// Writes the config enum, the module enum and their dispatch from a list of
+/// `"kind" => Variant(ConfigType, ModuleType),` lines (doc comments allowed before each).
+/// Every method forwards to the kind's [`AttentionKind`] or [`AttentionMechanism`] impl, so no
+/// per-kind logic lives here.
+macro_rules! attention_kinds {
+    ($( $(#[$doc:meta])* $kind:literal => $variant:ident($config:ty, $module:ty), )+) => {
+        /// `model.attention`: one variant per registered kind, chosen by `kind`.
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        #[serde(tag = "kind", deny_unknown_fields)]
+        pub enum AttentionConfig {
+            $( $(#[$doc])* #[serde(rename = $kind)] $variant($config), )+
+        }
+
+        /// An initialised attention mechanism, one variant per registered kind.
+        #[derive(Module, Debug)]
+        pub enum Attention {
+            $( $variant($module), )+
+        }
+
+        impl AttentionConfig {
+            /// The `kind = "…"` value.
+            pub fn kind(&self) -> &'static str {
+                match self { $( Self::$variant(_) => $kind, )+ }
+            }
+
+            /// The zoo rows of every registered kind, in registration order.
+            pub fn zoo() -> Vec<KindInfo> {
+                vec![$( KindInfo {
+                    axis: "model.attention",
+                    kind: $kind,
+                    summary: <$config as AttentionKind>::SUMMARY,
+                    paper: <$config as AttentionKind>::PAPER,
+                    caps: <$config as AttentionKind>::CAPS,
+                }, )+]
+            }
+
+            /// Every kind's test variants (the kind's name first in each name).
+            pub fn test_variants() -> Vec<TestVariant<Self>> {
+                let mut out = Vec::new();
+                $(
+                    out.extend(<$config as AttentionKind>::test_variants().into_iter().map(|v| TestVariant {
+                        name: format!("attention {} {}", $kind, v.name).trim_end().to_string(),
+                        config: Self::$variant(v.config),
+                        masked: v.masked,
+                        position: v.position,
+                    }));
+                )+
+                out
+            }
+
+            pub fn capabilities(&self) -> Capabilities {
+                match self { $( Self::$variant(c) => AttentionKind::capabilities(c), )+ }
+            }
+
+            pub fn why_not_causal(&self) -> &'static str {
+                match self { $( Self::$variant(c) => AttentionKind::why_not_causal(c), )+ }
+            }
+
+            pub fn expanded(&self, d_model: usize) -> Self {
+                match self { $( Self::$variant(c) => Self::$variant(AttentionKind::expanded(c, d_model)), )+ }
+            }
+
+            pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+                match self { $( Self::$variant(c) => AttentionKind::validate(c, d_model), )+ }
+            }
+
+            pub fn validate_len(&self, len: usize) -> Result<(), ConfigError> {
+                match self { $( Self::$variant(c) => AttentionKind::validate_len(c, len), )+ }
+            }
+
+            pub fn for_length(&self, len: usize) -> Self {
+                match self { $( Self::$variant(c) => Self::$variant(AttentionKind::for_length(c, len)), )+ }
+            }
+
+            pub fn heads(&self, d_model: usize) -> HeadShape {
+                match self { $( Self::$variant(c) => AttentionKind::head_shape(c, d_model), )+ }
+            }
+
+            pub fn dropout(&self) -> f64 {
+                match self { $( Self::$variant(c) => AttentionKind::dropout(c), )+ }
+            }
+
+            pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+                match self { $( Self::$variant(c) => AttentionKind::flops_per_token(c, d_model, len_k), )+ }
+            }
+
+            pub fn for_layer(&self, layer: usize) -> Self {
+                match self { $( Self::$variant(c) => Self::$variant(AttentionKind::for_layer(c, layer)), )+ }
+            }
+
+            pub fn scores_every_key(&self) -> bool {
+                match self { $( Self::$variant(c) => AttentionKind::scores_every_key(c), )+ }
+            }
+
+            pub fn per_layer(&self) -> usize {
+                match self { $( Self::$variant(c) => AttentionKind::per_layer(c), )+ }
+            }
+
+            /// `init_std` for the input projections, `out_std` for the output projection;
+            /// `position` supplies the layer's relative scheme, if any.
+            pub fn init(
+                &self,
+                d_model: usize,
+                init_std: f64,
+                out_std: f64,
+                position: Positioning,
+                device: &Device,
+            ) -> Attention {
+                let init = LayerInit { d_model, init_std, out_std, position };
+                match self { $( Self::$variant(c) => Attention::$variant(AttentionKind::build(c, &init, device)), )+ }
+            }
+        }
+
+        impl Attention {
+            pub fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
+                match self { $( Self::$variant(a) => AttentionMechanism::forward(a, input, state), )+ }
+            }
+
+            pub fn extend_cache(&self, x: Tensor<3>, mask: &AttentionMask, state: &mut AttentionState) {
+                match self { $( Self::$variant(a) => AttentionMechanism::extend_cache(a, x, mask, state), )+ }
+            }
+
+            pub fn content_only(&self, query: Tensor<3>, key_value: Tensor<3>) -> Tensor<3> {
+                match self { $( Self::$variant(a) => AttentionMechanism::content_only(a, query, key_value), )+ }
+            }
+
+            pub fn uses_dense_mask(&self) -> bool {
+                match self { $( Self::$variant(a) => AttentionMechanism::uses_dense_mask(a), )+ }
+            }
+
+            pub fn global_segment(&self) -> Option<usize> {
+                match self { $( Self::$variant(a) => AttentionMechanism::global_segment(a), )+ }
+            }
+
+            pub fn global_token_ids(&self) -> &[u32] {
+                match self { $( Self::$variant(a) => AttentionMechanism::global_token_ids(a), )+ }
+            }
+
+            pub fn after_optimizer_step(&mut self, step: usize) {
+                match self { $( Self::$variant(a) => AttentionMechanism::after_optimizer_step(a, step), )+ }
+            }
+        }
+    };
+}
+
+attention_kinds! {
+    /// Multi-head scaled dot-product attention (with grouped-/multi-query K/V heads).
+    "full" => Full(crate::MultiHeadAttentionConfig, crate::MultiHeadAttention),
+    /// Linformer: keys and values projected along the length to k rows (bidirectional only).
+    "linformer" => Linformer(crate::LinformerConfig, crate::LinformerAttention),
+    /// Nyströmformer: softmax attention through m segment-mean landmarks (bidirectional only).
+    "nystrom" => Nystrom(crate::NystromConfig, crate::NystromAttention),
+    /// Multi-head attention with a learned soft span per head (static or per token).
+    "adaptive-span" => AdaptiveSpan(crate::AdaptiveSpanConfig, crate::AdaptiveSpanAttention),
+    /// Band attention: each query sees the last `window` keys, computed by blocks.
+    "sliding-window" => SlidingWindow(crate::SlidingWindowConfig, crate::BandAttention),
+    /// Poolingformer: a sliding window, then pooling attention over its output (two levels).
+    "poolingformer" => Poolingformer(crate::PoolingformerConfig, crate::PoolingformerAttention),
+    /// A low-rank attention (small key size) mixed with a band attention per head.
+    "low-rank-band" => LowRankBand(crate::LowRankBandConfig, crate::LowRankBandAttention),
+    /// Image Transformer 1D local attention: query blocks see their block and a memory before it.
+    "local" => Local(crate::LocalAttentionConfig, crate::BandAttention),
+    /// Image Transformer 2D local attention: query rectangles of a raster image see their memory
+    /// rectangle.
+    "local-2d" => Local2d(crate::Local2dConfig, crate::Local2dAttention),
+    /// Band attention with one window width per head (Multi-Scale Transformer).
+    "multi-scale" => MultiScale(crate::MultiScaleConfig, crate::BandAttention),
+    /// Sparse Transformer's strided pattern: the previous ℓ positions and every ℓ-th one.
+    "strided" => Strided(crate::StridedConfig, crate::StridedAttention),
+    /// Longformer: sliding window with dilated heads and global positions or token ids.
+    "longformer" => Longformer(crate::LongformerConfig, crate::LongformerAttention),
+    /// BigBird: a blocked window, global tokens and random blocks.
+    "bigbird" => Bigbird(crate::BigBirdConfig, crate::BigBirdAttention),
+    /// Sparse Transformer's fixed pattern: the own block and the last c positions of every block.
+    "fixed" => Fixed(crate::FixedConfig, crate::FixedAttention),
+    /// Blockwise attention: each head's query block attends to one permuted key block.
+    "blockwise" => Blockwise(crate::BlockwiseConfig, crate::BlockwiseAttention),
+    /// ETC global–local attention: auxiliary global tokens, one per segment, beside the sequence.
+    "etc" => Etc(crate::EtcConfig, crate::EtcAttention),
+    /// Keys and values shortened by a strided convolution, plus the own block's raw keys.
+    "memory-compressed" => MemoryCompressed(crate::MemoryCompressedConfig, crate::MemoryCompressedAttention),
+    /// Clustered attention: queries grouped by k-means, attention once per centroid (bidirectional).
+    "clustered" => Clustered(crate::ClusteredConfig, crate::ClusteredAttention),
+    /// Informer's ProbSparse attention: the top queries by a sparsity measure attend, the rest get
+    /// the mean of the values.
+    "prob-sparse" => ProbSparse(crate::ProbSparseConfig, crate::ProbSparseAttention),
+    /// Linear attention, φ = elu + 1.
+    "linear" => Linear(crate::LinearAttentionConfig, crate::LinearAttention),
+    /// Inducing points: m learned slots pack the sequence (ISAB / Luna), every query unpacks them.
+    "inducing-points" => InducingPoints(crate::InducingPointsConfig, crate::InducingPointsAttention),
+    /// FAVOR+ positive (or ReLU) random features.
+    "performer" => Performer(crate::PerformerConfig, crate::PerformerAttention),
+    /// Random Fourier features, optionally gated.
+    "rfa" => Rfa(crate::RfaConfig, crate::RfaAttention),
+    /// Cumulative average + FFN + gate (Average Attention Network).
+    "average" => Average(crate::AverageAttentionConfig, crate::AverageAttention),
+    /// Reformer's LSH attention: shared-QK, random-rotation buckets, sorted chunks.
+    "lsh" => Lsh(crate::LshConfig, crate::LshAttention),
+    /// Routing Transformer: queries and keys clustered by online k-means, attention per cluster.
+    "routing" => Routing(crate::RoutingConfig, crate::RoutingAttention),
+    /// Sparse Sinkhorn attention: blocks attend to themselves and a learned soft sort of blocks.
+    "sinkhorn" => Sinkhorn(crate::SinkhornConfig, crate::SinkhornAttention),
+    /// Talking heads: learned mixes across heads before and after the softmax.
+    "talking-heads" => TalkingHeads(crate::TalkingHeadsConfig, crate::TalkingHeadsAttention),
+}
+
+impl Default for AttentionConfig {
+    fn default() -> Self {
+        Self::Full(crate::MultiHeadAttentionConfig::default())
+    }
+}

@@ -1,0 +1,229 @@
+//! Which pieces combine: a table of rules over the capabilities the kinds declare. No rule names
+//! a kind: a new kind that declares its capabilities is checked by every rule at once.
+
+use variorum_core::{Capabilities, ConfigError};
+
+use crate::ModelConfig;
+use crate::exits::ExitConfig;
+
+/// What the rules read of a model config: each axis's capabilities and the model-level choices.
+pub struct Setting<'a> {
+    pub model: &'a ModelConfig,
+    pub attention: Capabilities,
+    pub position: Capabilities,
+    pub feed_forward: Capabilities,
+}
+
+impl<'a> Setting<'a> {
+    pub fn of(model: &'a ModelConfig) -> Self {
+        Self {
+            model,
+            attention: model.attention.capabilities(),
+            position: model.position.capabilities(),
+            feed_forward: model.feed_forward.kind.capabilities(),
+        }
+    }
+
+    fn attention_kind(&self) -> &'static str {
+        self.model.attention.kind()
+    }
+
+    fn position_kind(&self) -> &'static str {
+        self.model.position.kind()
+    }
+
+    fn memory(&self) -> bool {
+        !self.model.memory.is_none()
+    }
+
+    fn exits(&self) -> bool {
+        !matches!(self.model.exits, ExitConfig::None)
+    }
+
+    /// n_layers distinct blocks (not one shared block).
+    fn stack(&self) -> bool {
+        !self.model.depth.shared()
+    }
+}
+
+/// One compatibility rule: `holds` must be true, else the config is refused with `why`.
+pub struct Rule {
+    pub holds: fn(&Setting) -> bool,
+    pub why: fn(&Setting) -> String,
+}
+
+/// Every rule, checked in order; the first that fails is reported.
+pub const RULES: &[Rule] = &[
+    Rule {
+        holds: |s| !s.position.score_bias || s.attention.score_bias,
+        why: |s| {
+            format!(
+                "model.position.kind = \"{}\" acts on the attention scores, but model.attention.kind = \"{}\" never forms them: use a score-forming attention or a position kind that needs no scores (sinusoidal, learned, rope, none)",
+                s.position_kind(),
+                s.attention_kind()
+            )
+        },
+    },
+    Rule {
+        holds: |s| !s.position.qk_rotation || s.attention.qk_rotation,
+        why: |s| {
+            format!(
+                "model.position.kind = \"{}\" rotates queries and keys, but model.attention.kind = \"{}\" has none to rotate: use an absolute position kind",
+                s.position_kind(),
+                s.attention_kind()
+            )
+        },
+    },
+    Rule {
+        holds: |s| !s.model.objective.is_causal() || s.attention.causal,
+        why: |s| {
+            format!(
+                "model.attention.kind = \"{}\" has no causal form ({}), and next-token prediction needs causal attention: train it with model.objective.kind = \"masked\"",
+                s.attention_kind(),
+                s.model.attention.why_not_causal()
+            )
+        },
+    },
+    Rule {
+        holds: |s| s.model.objective.is_causal() || s.attention.bidirectional,
+        why: |s| {
+            format!(
+                "model.attention.kind = \"{}\" has no bidirectional form, and model.objective.kind = \"masked\" needs one: use model.objective.kind = \"causal\"",
+                s.attention_kind()
+            )
+        },
+    },
+    Rule {
+        holds: |s| !s.exits() || (s.stack() && !s.memory()),
+        why: |s| {
+            format!(
+                "model.exits.kind = \"{}\" needs a stack of distinct blocks without memory (model.depth.kind = \"stack\", model.memory.kind = \"none\")",
+                s.model.exits.kind()
+            )
+        },
+    },
+    Rule {
+        holds: |s| !s.memory() || s.attention.reads_memory,
+        why: |s| {
+            format!(
+                "model.attention.kind = \"{}\" cannot read a memory (model.memory.kind = \"{}\"): its keys are formed from the segment itself (compressed, sorted or pooled together with positions after the query)",
+                s.attention_kind(),
+                s.model.memory.kind()
+            )
+        },
+    },
+    Rule {
+        holds: |s| {
+            let per_layer = s.model.attention.per_layer();
+            per_layer == 0 || (per_layer == s.model.n_layers && s.stack())
+        },
+        why: |s| {
+            format!(
+                "model.attention.layer_windows has {} entries for model.n_layers = {} distinct blocks: give one per layer (a shared Universal Transformer block has one)",
+                s.model.attention.per_layer(),
+                s.model.n_layers
+            )
+        },
+    },
+    Rule {
+        holds: |s| s.model.max_back.is_none() || s.attention.score_bias,
+        why: |s| {
+            format!(
+                "model.max_back limits which keys a query scores, but model.attention.kind = \"{}\" scores no individual keys: use a score-forming kind or drop max_back",
+                s.attention_kind()
+            )
+        },
+    },
+    Rule {
+        holds: |s| {
+            !s.attention.global_input
+                || (!s.memory()
+                    && s.stack()
+                    && !s.exits()
+                    && s.model.max_back.is_none()
+                    && s.feed_forward.position_wise
+                    && !s.position.per_layer
+                    && !s.model.block.reversible())
+        },
+        why: |s| {
+            format!(
+                "model.attention.kind = \"{}\" adds a global input beside the sequence, which only a plain stack carries: use it without model.memory, a universal depth, exits, max_back, a reversible block, a separable-conv feed_forward or per-layer position signals",
+                s.attention_kind()
+            )
+        },
+    },
+    Rule {
+        holds: |s| !s.model.block.reversible() || (!s.memory() && s.stack() && !s.exits() && !s.position.per_layer),
+        why: |_| {
+            "model.block.kind = \"reversible\" rebuilds each block's inputs from its outputs, which needs a plain stack of distinct blocks: use it without model.memory, a universal depth, exits or per-layer position signals".into()
+        },
+    },
+    Rule {
+        holds: |s| !s.model.block.reversible() || s.attention.replayable,
+        why: |s| {
+            format!(
+                "model.attention.kind = \"{}\" draws noise in this setting (e.g. gumbel = true) that a reversible block's recomputation (model.block.kind = \"reversible\") cannot replay: turn the noise off",
+                s.attention_kind()
+            )
+        },
+    },
+    Rule {
+        holds: |s| !s.model.block.reversible() || s.model.attention.dropout() == 0.0,
+        why: |s| {
+            format!(
+                "model.attention.dropout = {} cannot be used with model.block.kind = \"reversible\": the backward recomputes each block and cannot replay attention-weight dropout; model.dropout drops the branch outputs instead",
+                s.model.attention.dropout()
+            )
+        },
+    },
+    Rule {
+        holds: |s| !s.attention.gathers_keys || !s.position.score_bias || s.position.distance_only,
+        why: |s| {
+            format!(
+                "model.position.kind = \"{}\" needs contiguous keys, but model.attention.kind = \"{}\" gathers keys from anywhere in the sequence: use none, an absolute kind, rope, alibi or t5",
+                s.position_kind(),
+                s.attention_kind()
+            )
+        },
+    },
+    Rule {
+        holds: |s| !s.position.absolute_scores || s.attention.absolute_scores,
+        why: |s| {
+            format!(
+                "model.position.kind = \"{}\" scores absolute positions, which the blocks of model.attention.kind = \"{}\" do not carry; use a relative scheme (alibi, rope, t5, …) or learned",
+                s.position_kind(),
+                s.attention_kind()
+            )
+        },
+    },
+    Rule {
+        holds: |s| s.feed_forward.position_wise || (!s.exits() && !s.memory()),
+        why: |s| {
+            format!(
+                "model.feed_forward.kind = \"{}\" cannot be combined with model.exits.kind = \"{}\" or model.memory.kind = \"{}\": its window of recent inputs is neither propagated to skipped blocks nor carried across segments; use a position-wise feed_forward",
+                s.model.feed_forward.kind.name(),
+                s.model.exits.kind(),
+                s.model.memory.kind()
+            )
+        },
+    },
+    Rule {
+        holds: |s| !s.memory() || !s.position.absolute,
+        why: |s| {
+            format!(
+                "model.memory.kind = \"{}\" needs a relative position scheme (memories reach past the segment, where absolute positions are incoherent), but model.position.kind = \"{}\": use transformer-xl, rope, alibi, t5, shaw or none",
+                s.model.memory.kind(),
+                s.position_kind()
+            )
+        },
+    },
+];
+
+/// Checks every rule of [`RULES`] against `model`.
+pub fn check_rules(model: &ModelConfig) -> Result<(), ConfigError> {
+    let setting = Setting::of(model);
+    match RULES.iter().find(|r| !(r.holds)(&setting)) {
+        Some(rule) => Err(ConfigError::new((rule.why)(&setting))),
+        None => Ok(()),
+    }
+}
