@@ -60,7 +60,7 @@ pub trait AttentionKind:
     Clone + core::fmt::Debug + PartialEq + Default + Serialize + DeserializeOwned + Send + Sync + 'static
 {
     /// The initialised mechanism.
-    type Module: AttentionMechanism;
+    type Module: AttentionMechanism + 'static;
 
     /// One line for `variorum zoo`.
     const SUMMARY: &'static str;
@@ -134,7 +134,7 @@ pub trait AttentionKind:
 
 /// An initialised attention mechanism: the attention contract, and the hooks a model or trainer
 /// calls without knowing the kind.
-pub trait AttentionMechanism: Module + core::fmt::Debug {
+pub trait AttentionMechanism: Module + burn::module::ModuleDisplay + core::fmt::Debug {
     /// Runs the mechanism; `state` carries its incremental-decoding state when decoding (the
     /// kind keeps its own type in it, see [`AttentionState::get_or_default`]).
     fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput;

@@ -2,13 +2,15 @@
 //! the variant it becomes, its config type ([`AttentionKind`]) and its module type
 //! ([`AttentionMechanism`]); [`attention_kinds!`] writes from the list the config enum
 //! [`AttentionConfig`], the module enum [`Attention`] and their dispatch. Adding a kind is its
-//! file plus one line here.
+//! file plus one line here; a kind defined in another crate is registered at run time instead
+//! ([`crate::external::register`]) and becomes [`AttentionConfig::External`].
 
 use burn::prelude::*;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use variorum_core::{AttentionMask, Capabilities, ConfigError, KindInfo};
 use variorum_position::HeadShape;
 
+use crate::external::{ExternalAttention, ExternalConfig};
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant};
 use crate::{AttentionInput, AttentionOutput, AttentionState, Positioning};
 
@@ -18,34 +20,98 @@ use crate::{AttentionInput, AttentionOutput, AttentionState, Positioning};
 /// per-kind logic lives here.
 macro_rules! attention_kinds {
     ($( $(#[$doc:meta])* $kind:literal => $variant:ident($config:ty, $module:ty), )+) => {
-        /// `model.attention`: one variant per registered kind, chosen by `kind`.
-        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-        #[serde(tag = "kind", deny_unknown_fields)]
+        /// `model.attention`: one variant per registered kind, chosen by `kind`, and
+        /// [`External`](Self::External) for a kind registered at run time from another crate
+        /// ([`crate::external::register`]).
+        #[derive(Debug, Clone, PartialEq)]
         pub enum AttentionConfig {
-            $( $(#[$doc])* #[serde(rename = $kind)] $variant($config), )+
+            $( $(#[$doc])* $variant($config), )+
+            /// A kind registered from outside this crate.
+            External(ExternalConfig),
+        }
+
+        /// The built-in kinds' tables, as serde reads them (tagged by `kind`, unknown keys
+        /// refused).
+        #[derive(Deserialize)]
+        #[serde(tag = "kind", deny_unknown_fields)]
+        enum BuiltinConfig {
+            $( #[serde(rename = $kind)] $variant($config), )+
+        }
+
+        /// The built-in kinds' tables, as serde writes them.
+        #[derive(Serialize)]
+        #[serde(tag = "kind")]
+        enum BuiltinRef<'a> {
+            $( #[serde(rename = $kind)] $variant(&'a $config), )+
+        }
+
+        impl Serialize for AttentionConfig {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                match self {
+                    $( Self::$variant(c) => BuiltinRef::$variant(c).serialize(serializer), )+
+                    Self::External(c) => c.serialize(serializer),
+                }
+            }
+        }
+
+        impl<'de> Deserialize<'de> for AttentionConfig {
+            /// A registered kind's table goes to its own type; a built-in kind's to the tagged
+            /// enum, whose errors name the unknown key or kind and what would work.
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let table = serde_json::Value::deserialize(deserializer)?;
+                let kind = table.get("kind").and_then(|k| k.as_str()).map(str::to_owned);
+                if let Some(kind) = &kind
+                    && let Some(parsed) = crate::external::parse_registered(kind, table.clone())
+                {
+                    return parsed.map(Self::External).map_err(serde::de::Error::custom);
+                }
+                let builtin = BuiltinConfig::deserialize(table).map_err(|e| {
+                    let registered = crate::external::registered_kinds();
+                    if registered.is_empty() || !e.to_string().starts_with("unknown variant") {
+                        serde::de::Error::custom(e)
+                    } else {
+                        serde::de::Error::custom(format!("{e}, or a registered kind: {}", registered.join(", ")))
+                    }
+                })?;
+                Ok(match builtin {
+                    $( BuiltinConfig::$variant(c) => Self::$variant(c), )+
+                })
+            }
         }
 
         /// An initialised attention mechanism, one variant per registered kind.
         #[derive(Module, Debug)]
         pub enum Attention {
             $( $variant($module), )+
+            External(ExternalAttention),
         }
 
         impl AttentionConfig {
             /// The `kind = "…"` value.
             pub fn kind(&self) -> &'static str {
-                match self { $( Self::$variant(_) => $kind, )+ }
+                match self {
+                    $( Self::$variant(_) => $kind, )+
+                    Self::External(c) => c.kind,
+                }
             }
 
-            /// The zoo rows of every registered kind, in registration order.
+            /// The names of the built-in kinds, in registration order.
+            pub fn builtin_kinds() -> &'static [&'static str] {
+                &[$( $kind, )+]
+            }
+
+            /// The zoo rows of every kind: the built-in ones in registration order, then the
+            /// ones registered at run time.
             pub fn zoo() -> Vec<KindInfo> {
-                vec![$( KindInfo {
+                let mut rows = vec![$( KindInfo {
                     axis: "model.attention",
                     kind: $kind,
                     summary: <$config as AttentionKind>::SUMMARY,
                     paper: <$config as AttentionKind>::PAPER,
                     caps: <$config as AttentionKind>::CAPS,
-                }, )+]
+                }, )+];
+                rows.extend(crate::external::zoo());
+                rows
             }
 
             /// Every kind's test variants (the kind's name first in each name).
@@ -59,55 +125,92 @@ macro_rules! attention_kinds {
                         position: v.position,
                     }));
                 )+
+                out.extend(crate::external::test_variants());
                 out
             }
 
             pub fn capabilities(&self) -> Capabilities {
-                match self { $( Self::$variant(c) => AttentionKind::capabilities(c), )+ }
+                match self {
+                    $( Self::$variant(c) => AttentionKind::capabilities(c), )+
+                    Self::External(c) => c.config.capabilities(),
+                }
             }
 
             pub fn why_not_causal(&self) -> &'static str {
-                match self { $( Self::$variant(c) => AttentionKind::why_not_causal(c), )+ }
+                match self {
+                    $( Self::$variant(c) => AttentionKind::why_not_causal(c), )+
+                    Self::External(c) => c.config.why_not_causal(),
+                }
             }
 
             pub fn expanded(&self, d_model: usize) -> Self {
-                match self { $( Self::$variant(c) => Self::$variant(AttentionKind::expanded(c, d_model)), )+ }
+                match self {
+                    $( Self::$variant(c) => Self::$variant(AttentionKind::expanded(c, d_model)), )+
+                    Self::External(c) => Self::External(c.with(c.config.expanded(d_model))),
+                }
             }
 
             pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
-                match self { $( Self::$variant(c) => AttentionKind::validate(c, d_model), )+ }
+                match self {
+                    $( Self::$variant(c) => AttentionKind::validate(c, d_model), )+
+                    Self::External(c) => c.config.validate(d_model),
+                }
             }
 
             pub fn validate_len(&self, len: usize) -> Result<(), ConfigError> {
-                match self { $( Self::$variant(c) => AttentionKind::validate_len(c, len), )+ }
+                match self {
+                    $( Self::$variant(c) => AttentionKind::validate_len(c, len), )+
+                    Self::External(c) => c.config.validate_len(len),
+                }
             }
 
             pub fn for_length(&self, len: usize) -> Self {
-                match self { $( Self::$variant(c) => Self::$variant(AttentionKind::for_length(c, len)), )+ }
+                match self {
+                    $( Self::$variant(c) => Self::$variant(AttentionKind::for_length(c, len)), )+
+                    Self::External(c) => Self::External(c.with(c.config.for_length(len))),
+                }
             }
 
             pub fn heads(&self, d_model: usize) -> HeadShape {
-                match self { $( Self::$variant(c) => AttentionKind::head_shape(c, d_model), )+ }
+                match self {
+                    $( Self::$variant(c) => AttentionKind::head_shape(c, d_model), )+
+                    Self::External(c) => c.config.head_shape(d_model),
+                }
             }
 
             pub fn dropout(&self) -> f64 {
-                match self { $( Self::$variant(c) => AttentionKind::dropout(c), )+ }
+                match self {
+                    $( Self::$variant(c) => AttentionKind::dropout(c), )+
+                    Self::External(c) => c.config.dropout(),
+                }
             }
 
             pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
-                match self { $( Self::$variant(c) => AttentionKind::flops_per_token(c, d_model, len_k), )+ }
+                match self {
+                    $( Self::$variant(c) => AttentionKind::flops_per_token(c, d_model, len_k), )+
+                    Self::External(c) => c.config.flops_per_token(d_model, len_k),
+                }
             }
 
             pub fn for_layer(&self, layer: usize) -> Self {
-                match self { $( Self::$variant(c) => Self::$variant(AttentionKind::for_layer(c, layer)), )+ }
+                match self {
+                    $( Self::$variant(c) => Self::$variant(AttentionKind::for_layer(c, layer)), )+
+                    Self::External(c) => Self::External(c.with(c.config.for_layer(layer))),
+                }
             }
 
             pub fn scores_every_key(&self) -> bool {
-                match self { $( Self::$variant(c) => AttentionKind::scores_every_key(c), )+ }
+                match self {
+                    $( Self::$variant(c) => AttentionKind::scores_every_key(c), )+
+                    Self::External(c) => c.config.scores_every_key(),
+                }
             }
 
             pub fn per_layer(&self) -> usize {
-                match self { $( Self::$variant(c) => AttentionKind::per_layer(c), )+ }
+                match self {
+                    $( Self::$variant(c) => AttentionKind::per_layer(c), )+
+                    Self::External(c) => c.config.per_layer(),
+                }
             }
 
             /// `init_std` for the input projections, `out_std` for the output projection;
@@ -121,37 +224,61 @@ macro_rules! attention_kinds {
                 device: &Device,
             ) -> Attention {
                 let init = LayerInit { d_model, init_std, out_std, position };
-                match self { $( Self::$variant(c) => Attention::$variant(AttentionKind::build(c, &init, device)), )+ }
+                match self {
+                    $( Self::$variant(c) => Attention::$variant(AttentionKind::build(c, &init, device)), )+
+                    Self::External(c) => Attention::External(ExternalAttention(c.config.build(&init, device))),
+                }
             }
         }
 
         impl Attention {
             pub fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
-                match self { $( Self::$variant(a) => AttentionMechanism::forward(a, input, state), )+ }
+                match self {
+                    $( Self::$variant(a) => AttentionMechanism::forward(a, input, state), )+
+                    Self::External(a) => AttentionMechanism::forward(a, input, state),
+                }
             }
 
             pub fn extend_cache(&self, x: Tensor<3>, mask: &AttentionMask, state: &mut AttentionState) {
-                match self { $( Self::$variant(a) => AttentionMechanism::extend_cache(a, x, mask, state), )+ }
+                match self {
+                    $( Self::$variant(a) => AttentionMechanism::extend_cache(a, x, mask, state), )+
+                    Self::External(a) => AttentionMechanism::extend_cache(a, x, mask, state),
+                }
             }
 
             pub fn content_only(&self, query: Tensor<3>, key_value: Tensor<3>) -> Tensor<3> {
-                match self { $( Self::$variant(a) => AttentionMechanism::content_only(a, query, key_value), )+ }
+                match self {
+                    $( Self::$variant(a) => AttentionMechanism::content_only(a, query, key_value), )+
+                    Self::External(a) => AttentionMechanism::content_only(a, query, key_value),
+                }
             }
 
             pub fn uses_dense_mask(&self) -> bool {
-                match self { $( Self::$variant(a) => AttentionMechanism::uses_dense_mask(a), )+ }
+                match self {
+                    $( Self::$variant(a) => AttentionMechanism::uses_dense_mask(a), )+
+                    Self::External(a) => AttentionMechanism::uses_dense_mask(a),
+                }
             }
 
             pub fn global_segment(&self) -> Option<usize> {
-                match self { $( Self::$variant(a) => AttentionMechanism::global_segment(a), )+ }
+                match self {
+                    $( Self::$variant(a) => AttentionMechanism::global_segment(a), )+
+                    Self::External(a) => AttentionMechanism::global_segment(a),
+                }
             }
 
             pub fn global_token_ids(&self) -> &[u32] {
-                match self { $( Self::$variant(a) => AttentionMechanism::global_token_ids(a), )+ }
+                match self {
+                    $( Self::$variant(a) => AttentionMechanism::global_token_ids(a), )+
+                    Self::External(a) => AttentionMechanism::global_token_ids(a),
+                }
             }
 
             pub fn after_optimizer_step(&mut self, step: usize) {
-                match self { $( Self::$variant(a) => AttentionMechanism::after_optimizer_step(a, step), )+ }
+                match self {
+                    $( Self::$variant(a) => AttentionMechanism::after_optimizer_step(a, step), )+
+                    Self::External(a) => AttentionMechanism::after_optimizer_step(a, step),
+                }
             }
         }
     };

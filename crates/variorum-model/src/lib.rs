@@ -5,6 +5,7 @@ pub mod config;
 pub mod decoder;
 pub mod exit_predictor;
 pub mod exits;
+pub mod harness;
 pub mod objective;
 pub mod reversible_grads;
 pub mod rules;

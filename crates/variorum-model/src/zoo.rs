@@ -3,7 +3,7 @@
 //! the other axes' kinds and the model-level combinations are listed here.
 
 use variorum_attention::{
-    AdaptiveSpanConfig, AttentionConfig, MultiHeadAttentionConfig, SlidingWindowConfig, StridedConfig,
+    AdaptiveSpanConfig, AttentionConfig, MultiHeadAttentionConfig, SlidingWindowConfig, StridedConfig, TestVariant,
 };
 use variorum_block::{
     BlockConfig, CompressionKind, CompressiveMemoryConfig, DepthConfig, FeedForwardConfig, FeedForwardKind,
@@ -46,6 +46,25 @@ pub fn tiny() -> ModelConfig {
 }
 
 /// One tiny model per kind on every axis (each differs from [`tiny`] on one axis), named.
+/// The tiny model of one attention test variant: [`tiny`] with the variant's attention, its
+/// position scheme if it names one, and the masked objective if it asks for it.
+pub fn attention_variant(v: TestVariant<AttentionConfig>) -> (String, ModelConfig) {
+    let mut cfg = ModelConfig { attention: v.config, ..tiny() };
+    if let Some(position) = v.position {
+        cfg.position = position;
+    }
+    if v.masked {
+        cfg.objective = ObjectiveConfig::Masked(MaskedConfig::default());
+    }
+    (v.name, cfg)
+}
+
+/// The tiny models of one attention kind's test variants (a built-in kind, or one registered
+/// from another crate): what [`crate::harness::check_all`] runs for a user's kind.
+pub fn attention_variants_of(kind: &str) -> Vec<(String, ModelConfig)> {
+    AttentionConfig::test_variants().into_iter().filter(|v| v.config.kind() == kind).map(attention_variant).collect()
+}
+
 pub fn variants() -> Vec<(String, ModelConfig)> {
     let mut out = vec![("base (learned, full, pre-ln, gelu)".to_string(), tiny())];
     // relative schemes use small clipping distances so that a context of 16 reaches past them
@@ -198,16 +217,7 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
     let attention = AttentionConfig::Strided(StridedConfig { stride: 4, ..Default::default() });
     out.push(("max_back 5, attention strided".into(), ModelConfig { max_back: Some(5), attention, ..tiny() }));
     // every attention kind's own variants (declared beside the kind)
-    for v in AttentionConfig::test_variants() {
-        let mut cfg = ModelConfig { attention: v.config, ..tiny() };
-        if let Some(position) = v.position {
-            cfg.position = position;
-        }
-        if v.masked {
-            cfg.objective = ObjectiveConfig::Masked(MaskedConfig::default());
-        }
-        out.push((v.name, cfg));
-    }
+    out.extend(AttentionConfig::test_variants().into_iter().map(attention_variant));
     // the masked objective (bidirectional attention): full attention, a reversible stack
     let masked = || ObjectiveConfig::Masked(MaskedConfig::default());
     for (name, cfg) in [

@@ -1,0 +1,179 @@
+//! The checks every kind gets, on one tiny model per variant ([`crate::zoo::variants`], or a
+//! user's own list): no leak from the future (and a bidirectional model does see later tokens),
+//! cached decoding equals the full forward, save → load is bit-identical, a tiny batch is overfit.
+//!
+//! Each check takes the device to run on, so the crate names no backend: the workspace's tests
+//! call them on flex (`crates/variorum-model/tests/generic.rs`), a user calls [`check_all`] on
+//! whatever backend their project uses. Each returns the first failure as one line naming the
+//! variant.
+
+use burn::optim::{AdamWConfig, GradientsParams};
+use burn::prelude::*;
+
+use crate::{DecoderLm, DecoderState, ModelConfig};
+
+/// Burn's CPU backends seed one process-wide RNG: checks that rely on seeded initialisation or
+/// dropout take this lock, so that concurrent tests do not draw from each other's stream.
+static SEEDED: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn seeded() -> std::sync::MutexGuard<'static, ()> {
+    SEEDED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Seeded pseudo-random token ids `[batch, len]` below `vocab`.
+pub fn tokens(seed: u64, batch: usize, len: usize, vocab: usize, device: &Device) -> Tensor<2, Int> {
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let ids: Vec<i64> = (0..batch * len)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 33) % vocab as u64) as i64
+        })
+        .collect();
+    Tensor::from_data(TensorData::new(ids, [batch, len]), device)
+}
+
+fn build(name: &str, cfg: &ModelConfig, seed: u64, device: &Device) -> Result<DecoderLm, String> {
+    cfg.validate().map_err(|e| format!("{name}: the variant does not validate: {e}"))?;
+    device.seed(seed);
+    Ok(cfg.init(device))
+}
+
+fn max_abs_diff(a: Tensor<3>, b: Tensor<3>) -> f32 {
+    (a - b).abs().max().into_scalar::<f32>()
+}
+
+fn ensure(holds: bool, why: impl FnOnce() -> String) -> Result<(), String> {
+    if holds { Ok(()) } else { Err(why()) }
+}
+
+/// A causal model's outputs up to position t ignore every token after t (and react to their
+/// own); a masked (bidirectional) model's early outputs do see later tokens.
+pub fn check_causality(name: &str, cfg: &ModelConfig, device: &Device) -> Result<(), String> {
+    let _guard = seeded();
+    let model = build(name, cfg, 1, device)?;
+    let (b, l, v, t) = (2, 12, cfg.vocab(), 5);
+    let a = tokens(3, b, l, v, device);
+    // replace every token after position t
+    let future = tokens(4, b, l - t - 1, v, device).add_scalar(1).remainder_scalar(v as i64);
+    let changed = a.clone().slice_assign([0..b, t + 1..l], future);
+    let la = model.forward(a).logits;
+    let lb = model.forward(changed).logits;
+    let past = max_abs_diff(la.clone().slice([0..b, 0..t + 1, 0..v]), lb.clone().slice([0..b, 0..t + 1, 0..v]));
+    if !cfg.objective.is_causal() {
+        return ensure(past > 1e-6, || format!("{name}: a bidirectional model's outputs ignored later tokens"));
+    }
+    let after = max_abs_diff(la.slice([0..b, t + 1..l, 0..v]), lb.slice([0..b, t + 1..l, 0..v]));
+    ensure(past < 1e-5, || format!("{name}: outputs at or before t changed by {past} when only later tokens changed"))?;
+    ensure(after > 1e-6, || format!("{name}: outputs after t did not react to their own tokens (the check is blind)"))
+}
+
+/// A prompt of 4 tokens, then one token at a time through the decoding state, gives the logits
+/// of one full forward (causal models whose attention decodes incrementally; others pass).
+pub fn check_cached_decoding(name: &str, cfg: &ModelConfig, device: &Device) -> Result<(), String> {
+    if !cfg.attention.capabilities().incremental || !cfg.objective.is_causal() {
+        return Ok(());
+    }
+    let _guard = seeded();
+    let model = build(name, cfg, 2, device)?;
+    let (b, l, v) = (2, 10, cfg.vocab());
+    let toks = tokens(5, b, l, v, device);
+    let full = model.forward(toks.clone()).logits;
+    let mut state = DecoderState::default();
+    let mut parts = vec![model.forward_with(toks.clone().slice([0..b, 0..4]), Some(&mut state)).logits];
+    for i in 4..l {
+        parts.push(model.forward_with(toks.clone().slice([0..b, i..i + 1]), Some(&mut state)).logits);
+    }
+    let diff = max_abs_diff(full, Tensor::cat(parts, 1));
+    ensure(diff < 1e-4, || format!("{name}: cached decoding differs from the full forward by {diff}"))?;
+    ensure(state.position == l, || format!("{name}: the state counts {} positions after {l}", state.position))
+}
+
+/// Saving a model and loading it into one initialised from another seed gives bit-identical
+/// outputs (and the other seed gives different ones, so the check can fail).
+pub fn check_save_load(name: &str, cfg: &ModelConfig, device: &Device) -> Result<(), String> {
+    let _guard = seeded();
+    let model = build(name, cfg, 7, device)?;
+    let toks = tokens(9, 2, 8, cfg.vocab(), device);
+    let before = model.forward(toks.clone()).logits.into_data();
+    let dir = std::env::temp_dir().join(format!("variorum-harness-{}-{}", std::process::id(), unique()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{name}: cannot create {}: {e}", dir.display()))?;
+    let path = dir.join("model");
+    let result = (|| {
+        model.save_file(&path).map_err(|e| format!("{name}: saving failed: {e:?}"))?;
+        let fresh = build(name, cfg, 99, device)?;
+        let differs = fresh.forward(toks.clone()).logits.into_data() != before;
+        ensure(differs, || format!("{name}: a different seed gave the same model (the check is blind)"))?;
+        let after = fresh.load_file(&path).forward(toks).logits.into_data();
+        ensure(before == after, || format!("{name}: outputs differ after save/load"))
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn unique() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// AdamW memorises one tiny batch (loss below 0.3 within 200 steps, from above 1.5) on
+/// `autodiff_device` (a device with autodiff: `Device::….autodiff()`).
+pub fn check_overfit(name: &str, cfg: &ModelConfig, autodiff_device: &Device) -> Result<(), String> {
+    let _guard = seeded();
+    let dev = autodiff_device;
+    let mut model = build(name, cfg, 11, dev)?;
+    let mut optim = AdamWConfig::new().with_weight_decay(0.0).init();
+    let (inputs, targets) = match cfg.mask_token() {
+        // next-token prediction: the batch shifted by one
+        None => {
+            let toks = tokens(13, 2, 17, cfg.vocab(), dev);
+            (toks.clone().slice([0..2, 0..16]), toks.slice([0..2, 1..17]))
+        }
+        // masked LM: every third token hidden (the mask token), the others ignored as targets
+        Some(mask) => {
+            let toks = tokens(13, 2, 16, mask, dev).into_data().convert::<i64>();
+            let toks = toks.try_to_vec::<i64>().map_err(|e| format!("{name}: {e:?}"))?;
+            let hidden = |i: usize| i % 16 % 3 == 1;
+            let ins: Vec<i64> = (0..32).map(|i| if hidden(i) { mask as i64 } else { toks[i] }).collect();
+            let outs: Vec<i64> = (0..32).map(|i| if hidden(i) { toks[i] } else { mask as i64 }).collect();
+            let t = |v: Vec<i64>| Tensor::<2, Int>::from_data(TensorData::new(v, [2, 16]), dev);
+            (t(ins), t(outs))
+        }
+    };
+    let (mut first, mut last) = (f32::NAN, f32::NAN);
+    // up to 200 steps, stopping once it is memorised: the slower kinds (rfa's gated random
+    // features) need more than 80, and how many depends on rounding (GEMM kernels differ by CPU)
+    for step in 0..200 {
+        let (loss, _) = model.loss(inputs.clone(), targets.clone());
+        last = loss.clone().into_scalar::<f32>();
+        if step == 0 {
+            first = last;
+        }
+        if last < 0.3 {
+            break;
+        }
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = optim.step(1e-2, model, grads);
+    }
+    ensure(first > 1.5, || format!("{name}: initial loss {first} is suspiciously low"))?;
+    ensure(last < 0.3, || format!("{name}: loss only fell from {first} to {last} in 200 steps on one batch"))
+}
+
+/// Every check on every variant: `device` for the forward checks, `device.autodiff()`'s
+/// equivalent `autodiff_device` for the overfit. The first failure of each variant, one line each.
+pub fn check_all(
+    variants: &[(String, ModelConfig)],
+    device: &Device,
+    autodiff_device: &Device,
+) -> Result<(), Vec<String>> {
+    let failures: Vec<String> = variants
+        .iter()
+        .filter_map(|(name, cfg)| {
+            check_causality(name, cfg, device)
+                .and_then(|()| check_cached_decoding(name, cfg, device))
+                .and_then(|()| check_save_load(name, cfg, device))
+                .and_then(|()| check_overfit(name, cfg, autodiff_device))
+                .err()
+        })
+        .collect();
+    if failures.is_empty() { Ok(()) } else { Err(failures) }
+}
