@@ -22,7 +22,6 @@ use burn::prelude::*;
 use rand::SeedableRng;
 use rand::seq::IndexedRandom;
 use rand_chacha::ChaCha8Rng;
-use serde::{Deserialize, Serialize};
 use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
 use variorum_position::{HeadShape, PositionConfig, T5BiasConfig};
 
@@ -32,51 +31,26 @@ use crate::gathered::KeySet;
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention};
 
-/// `model.attention` with `kind = "bigbird"`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct BigBirdConfig {
-    pub n_heads: usize,
-    pub n_kv_heads: Option<usize>,
-    pub head_dim: Option<usize>,
-    pub dropout: f64,
-    pub bias: bool,
-    /// b, positions per block. Default 64 (the paper's).
-    pub block: usize,
-    /// Window blocks on each side of the query's block. Default 1 (3 blocks, as in the paper).
-    pub window_blocks: usize,
-    /// r, random key blocks per query block. Default 3 (the paper's ITC setting).
-    pub random_blocks: usize,
-    /// g, the first g positions are global. Default 64 (one block, as BigBird-ITC's first).
-    pub global_tokens: usize,
-    /// Seed of the random blocks (mixed with the layer index). Default 0.
-    pub seed: u64,
-    /// The layer this config was specialised for ([`AttentionKind::for_layer`]).
-    #[serde(skip)]
-    pub layer: usize,
-}
-
-impl Default for BigBirdConfig {
-    fn default() -> Self {
-        Self {
-            n_heads: 4,
-            n_kv_heads: None,
-            head_dim: None,
-            dropout: 0.0,
-            bias: true,
-            block: 64,
-            window_blocks: 1,
-            random_blocks: 3,
-            global_tokens: 64,
-            seed: 0,
-            layer: 0,
-        }
+crate::attention_config! {
+    /// `model.attention` with `kind = "bigbird"`.
+    pub struct BigBirdConfig {
+        /// b, positions per block. Default 64 (the paper's).
+        pub block: usize = 64,
+        /// Window blocks on each side of the query's block. Default 1 (3 blocks, as in the paper).
+        pub window_blocks: usize = 1,
+        /// r, random key blocks per query block. Default 3 (the paper's ITC setting).
+        pub random_blocks: usize = 3,
+        /// g, the first g positions are global. Default 64 (one block, as BigBird-ITC's first).
+        pub global_tokens: usize = 64,
+        /// Seed of the random blocks (mixed with the layer index). Default 0.
+        pub seed: u64 = 0,
+        /// The layer this config was specialised for ([`AttentionKind::for_layer`]).
+        #[serde(skip)]
+        pub layer: usize = 0,
     }
 }
 
 impl BigBirdConfig {
-    crate::head_methods!();
-
     /// This config as layer `i`'s (owned; [`AttentionKind::for_layer`]).
     pub fn with_layer(self, i: usize) -> Self {
         Self { layer: i, ..self }

@@ -17,7 +17,6 @@
 //! the position schemes that act through the distance (none, absolute, RoPE, ALiBi, T5).
 
 use burn::prelude::*;
-use serde::{Deserialize, Serialize};
 use variorum_core::{Capabilities, ConfigError, error::check};
 use variorum_position::{HeadShape, PositionConfig};
 
@@ -27,30 +26,17 @@ use crate::gathered::KeySet;
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention};
 
-/// `model.attention` with `kind = "blockwise"`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct BlockwiseConfig {
-    pub n_heads: usize,
-    pub n_kv_heads: Option<usize>,
-    pub head_dim: Option<usize>,
-    pub dropout: f64,
-    pub bias: bool,
-    /// B, positions per block. Default 64.
-    pub block: usize,
-    /// s_h per head, the block shift of its permutation; empty = 0, 1, …, h − 1.
-    pub shifts: Vec<usize>,
-}
-
-impl Default for BlockwiseConfig {
-    fn default() -> Self {
-        Self { n_heads: 4, n_kv_heads: None, head_dim: None, dropout: 0.0, bias: true, block: 64, shifts: Vec::new() }
+crate::attention_config! {
+    /// `model.attention` with `kind = "blockwise"`.
+    pub struct BlockwiseConfig {
+        /// B, positions per block. Default 64.
+        pub block: usize = 64,
+        /// s_h per head, the block shift of its permutation; empty = 0, 1, …, h − 1.
+        pub shifts: Vec<usize> = Vec::new(),
     }
 }
 
 impl BlockwiseConfig {
-    crate::head_methods!();
-
     pub fn head_shifts(&self) -> Vec<usize> {
         if self.shifts.is_empty() { (0..self.n_heads).collect() } else { self.shifts.clone() }
     }

@@ -20,7 +20,6 @@
 
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
-use serde::{Deserialize, Serialize};
 use variorum_core::{AttentionMask, Capabilities, ConfigError, GlobalLocal, error::check};
 use variorum_position::{HeadShape, PositionConfig, XlRelativeConfig};
 
@@ -29,42 +28,20 @@ use crate::full::{MASKED_SCORE, Positioning};
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention};
 
-/// `model.attention` with `kind = "etc"`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct EtcConfig {
-    pub n_heads: usize,
-    pub n_kv_heads: Option<usize>,
-    pub head_dim: Option<usize>,
-    pub dropout: f64,
-    pub bias: bool,
-    /// w, long keys each long query sees back (its own included; as many ahead when
-    /// bidirectional). Default 128.
-    pub window: usize,
-    /// S, long positions per segment, each with one global token. Default 64.
-    pub segment: usize,
-    /// Positions per block of the l2l band. Default min(window, 128).
-    pub block: Option<usize>,
-}
-
-impl Default for EtcConfig {
-    fn default() -> Self {
-        Self {
-            n_heads: 4,
-            n_kv_heads: None,
-            head_dim: None,
-            dropout: 0.0,
-            bias: true,
-            window: 128,
-            segment: 64,
-            block: None,
-        }
+crate::attention_config! {
+    /// `model.attention` with `kind = "etc"`.
+    pub struct EtcConfig {
+        /// w, long keys each long query sees back (its own included; as many ahead when
+        /// bidirectional). Default 128.
+        pub window: usize = 128,
+        /// S, long positions per segment, each with one global token. Default 64.
+        pub segment: usize = 64,
+        /// Positions per block of the l2l band. Default min(window, 128).
+        pub block: Option<usize> = None,
     }
 }
 
 impl EtcConfig {
-    crate::head_methods!();
-
     pub fn block(&self) -> usize {
         self.block.unwrap_or(self.window.min(128))
     }

@@ -16,7 +16,6 @@
 //! to 0) and scores a new token's own block and, as c views with a step of ℓ, the summaries.
 
 use burn::prelude::*;
-use serde::{Deserialize, Serialize};
 use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
 use variorum_position::{HeadShape, PositionConfig, RotaryConfig, T5BiasConfig};
 
@@ -27,40 +26,19 @@ use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, cap
 use crate::strided::StridedCombine;
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention};
 
-/// `model.attention` with `kind = "fixed"`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct FixedConfig {
-    pub n_heads: usize,
-    pub n_kv_heads: Option<usize>,
-    pub head_dim: Option<usize>,
-    pub dropout: f64,
-    pub bias: bool,
-    /// ℓ, positions per block. Default 128 (the paper's).
-    pub stride: usize,
-    /// c, summary positions at the end of each block. Default 8 (the paper's c ∈ {8, 16, 32}).
-    pub summary: usize,
-    /// `union` (default), `heads` or `alternate`.
-    pub combine: StridedCombine,
-    /// The layer this config was specialised for ([`AttentionKind::for_layer`]); `alternate`
-    /// reads it.
-    #[serde(skip)]
-    pub layer: usize,
-}
-
-impl Default for FixedConfig {
-    fn default() -> Self {
-        Self {
-            n_heads: 4,
-            n_kv_heads: None,
-            head_dim: None,
-            dropout: 0.0,
-            bias: true,
-            stride: 128,
-            summary: 8,
-            combine: StridedCombine::Union,
-            layer: 0,
-        }
+crate::attention_config! {
+    /// `model.attention` with `kind = "fixed"`.
+    pub struct FixedConfig {
+        /// ℓ, positions per block. Default 128 (the paper's).
+        pub stride: usize = 128,
+        /// c, summary positions at the end of each block. Default 8 (the paper's c ∈ {8, 16, 32}).
+        pub summary: usize = 8,
+        /// `union` (default), `heads` or `alternate`.
+        pub combine: StridedCombine = StridedCombine::Union,
+        /// The layer this config was specialised for ([`AttentionKind::for_layer`]); `alternate`
+        /// reads it.
+        #[serde(skip)]
+        pub layer: usize = 0,
     }
 }
 
@@ -73,8 +51,6 @@ pub enum Sees {
 }
 
 impl FixedConfig {
-    crate::head_methods!();
-
     pub fn init(
         &self,
         d_model: usize,

@@ -59,6 +59,67 @@ macro_rules! head_methods {
     };
 }
 
+/// Writes a kind's config struct whose table begins with `full`'s five head fields: the head
+/// fields with their docs and defaults (written here once), then the kind's own fields, each
+/// with its default after `=`; plus `Default`, `heads()` and `expanded_heads()`
+/// ([`head_methods!`]). A field-by-field struct rather than `#[serde(flatten)]`, because serde's
+/// `flatten` does not combine with `deny_unknown_fields`; the keys and their order in a
+/// written-out config are what a hand-written struct with these fields gives.
+///
+/// ```ignore
+/// variorum_attention::attention_config! {
+///     /// `model.attention` with `kind = "sliding-window"`.
+///     pub struct SlidingWindowConfig {
+///         /// w, keys each query sees back, its own included. Default 256.
+///         pub window: usize = 256,
+///     }
+/// }
+/// ```
+#[macro_export]
+macro_rules! attention_config {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident {
+            $( $(#[$fmeta:meta])* pub $field:ident : $ty:ty = $default:expr ),* $(,)?
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+        #[serde(default, deny_unknown_fields)]
+        pub struct $name {
+            /// Query heads. Default 4.
+            pub n_heads: usize,
+            /// Key/value heads: `n_heads` (default) is multi-head, 1 is multi-query, anything
+            /// dividing `n_heads` is grouped-query attention.
+            pub n_kv_heads: Option<usize>,
+            /// Size of each head. Default `d_model / n_heads`.
+            pub head_dim: Option<usize>,
+            /// Dropout on the attention probabilities. Default 0.
+            pub dropout: f64,
+            /// Biases in the q/k/v and output projections. Default true.
+            pub bias: bool,
+            $( $(#[$fmeta])* pub $field: $ty, )*
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                Self {
+                    n_heads: 4,
+                    n_kv_heads: None,
+                    head_dim: None,
+                    dropout: 0.0,
+                    bias: true,
+                    $( $field: $default, )*
+                }
+            }
+        }
+
+        impl $name {
+            $crate::head_methods!();
+        }
+    };
+}
+
 /// `model.attention` with `kind = "full"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

@@ -9,7 +9,6 @@
 //! 2D local attention over a raster image is the `local-2d` kind ([`crate::local_2d`]).
 
 use burn::prelude::*;
-use serde::{Deserialize, Serialize};
 use variorum_core::{Capabilities, ConfigError, error::check};
 use variorum_position::{HeadShape, PositionConfig, T5BiasConfig};
 
@@ -17,41 +16,19 @@ use crate::band::BandAttention;
 use crate::full::Positioning;
 use crate::kind::{AttentionKind, LayerInit, TestVariant, caps};
 
-/// `model.attention` with `kind = "local"`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct LocalAttentionConfig {
-    pub n_heads: usize,
-    pub n_kv_heads: Option<usize>,
-    pub head_dim: Option<usize>,
-    pub dropout: f64,
-    pub bias: bool,
-    /// Positions per query block. Default 64.
-    pub block: usize,
-    /// Positions before the block every query of it sees. Default 64.
-    pub memory: usize,
-    /// Bidirectional only: positions after the block. Default `memory`.
-    pub look_ahead: Option<usize>,
-}
-
-impl Default for LocalAttentionConfig {
-    fn default() -> Self {
-        Self {
-            n_heads: 4,
-            n_kv_heads: None,
-            head_dim: None,
-            dropout: 0.0,
-            bias: true,
-            block: 64,
-            memory: 64,
-            look_ahead: None,
-        }
+crate::attention_config! {
+    /// `model.attention` with `kind = "local"`.
+    pub struct LocalAttentionConfig {
+        /// Positions per query block. Default 64.
+        pub block: usize = 64,
+        /// Positions before the block every query of it sees. Default 64.
+        pub memory: usize = 64,
+        /// Bidirectional only: positions after the block. Default `memory`.
+        pub look_ahead: Option<usize> = None,
     }
 }
 
 impl LocalAttentionConfig {
-    crate::head_methods!();
-
     pub fn look_ahead(&self) -> usize {
         self.look_ahead.unwrap_or(self.memory)
     }

@@ -15,7 +15,6 @@
 use burn::prelude::*;
 use burn::tensor::IndexingUpdateOp;
 use burn::tensor::activation::softmax;
-use serde::{Deserialize, Serialize};
 use variorum_core::{Capabilities, ConfigError, error::check};
 use variorum_position::{HeadShape, PositionConfig};
 
@@ -25,47 +24,23 @@ use crate::gathered::{KeySet, gathered_scores};
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention};
 
-/// `model.attention` with `kind = "local-2d"`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct Local2dConfig {
-    pub n_heads: usize,
-    pub n_kv_heads: Option<usize>,
-    pub head_dim: Option<usize>,
-    pub dropout: f64,
-    pub bias: bool,
-    /// W, positions per image row. Default 32.
-    pub width: usize,
-    /// h_q, rows per query rectangle. Default 8.
-    pub query_rows: usize,
-    /// w_q, columns per query rectangle. Default 8.
-    pub query_cols: usize,
-    /// h_m, memory rows above the rectangle (and below, bidirectionally). Default 8.
-    pub memory_rows: usize,
-    /// w_m, memory columns left and right of the rectangle. Default 8.
-    pub memory_cols: usize,
-}
-
-impl Default for Local2dConfig {
-    fn default() -> Self {
-        Self {
-            n_heads: 4,
-            n_kv_heads: None,
-            head_dim: None,
-            dropout: 0.0,
-            bias: true,
-            width: 32,
-            query_rows: 8,
-            query_cols: 8,
-            memory_rows: 8,
-            memory_cols: 8,
-        }
+crate::attention_config! {
+    /// `model.attention` with `kind = "local-2d"`.
+    pub struct Local2dConfig {
+        /// W, positions per image row. Default 32.
+        pub width: usize = 32,
+        /// h_q, rows per query rectangle. Default 8.
+        pub query_rows: usize = 8,
+        /// w_q, columns per query rectangle. Default 8.
+        pub query_cols: usize = 8,
+        /// h_m, memory rows above the rectangle (and below, bidirectionally). Default 8.
+        pub memory_rows: usize = 8,
+        /// w_m, memory columns left and right of the rectangle. Default 8.
+        pub memory_cols: usize = 8,
     }
 }
 
 impl Local2dConfig {
-    crate::head_methods!();
-
     pub fn init(
         &self,
         d_model: usize,

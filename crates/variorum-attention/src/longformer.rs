@@ -20,7 +20,6 @@
 //! the positions of global tokens chosen by id are remembered in the cache.
 
 use burn::prelude::*;
-use serde::{Deserialize, Serialize};
 use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
 use variorum_position::{HeadShape, PositionConfig, XlRelativeConfig};
 
@@ -29,56 +28,29 @@ use crate::full::{Positioning, Projected};
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention};
 
-/// `model.attention` with `kind = "longformer"`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct LongformerConfig {
-    pub n_heads: usize,
-    pub n_kv_heads: Option<usize>,
-    pub head_dim: Option<usize>,
-    pub dropout: f64,
-    pub bias: bool,
-    /// w, keys each query sees back, its own included (δ apart on a dilated head). Default 256.
-    pub window: usize,
-    /// Bidirectional only: keys seen ahead. Default w − 1 (symmetric).
-    pub look_ahead: Option<usize>,
-    /// Positions per block of the computation. Default min(w, 128).
-    pub block: Option<usize>,
-    /// One window per layer, bottom first; empty = `window` everywhere.
-    pub layer_windows: Vec<usize>,
-    /// δ per head; empty = 1 for every head.
-    pub dilations: Vec<usize>,
-    /// δ per head per layer, bottom first; empty = `dilations` everywhere.
-    pub layer_dilations: Vec<Vec<usize>>,
-    /// Positions with global attention. Default none.
-    pub global: Vec<usize>,
-    /// Token ids with global attention wherever they occur (e.g. a separator). Default none.
-    pub global_token_ids: Vec<u32>,
-}
-
-impl Default for LongformerConfig {
-    fn default() -> Self {
-        Self {
-            n_heads: 4,
-            n_kv_heads: None,
-            head_dim: None,
-            dropout: 0.0,
-            bias: true,
-            window: 256,
-            look_ahead: None,
-            block: None,
-            layer_windows: Vec::new(),
-            dilations: Vec::new(),
-            layer_dilations: Vec::new(),
-            global: Vec::new(),
-            global_token_ids: Vec::new(),
-        }
+crate::attention_config! {
+    /// `model.attention` with `kind = "longformer"`.
+    pub struct LongformerConfig {
+        /// w, keys each query sees back, its own included (δ apart on a dilated head). Default 256.
+        pub window: usize = 256,
+        /// Bidirectional only: keys seen ahead. Default w − 1 (symmetric).
+        pub look_ahead: Option<usize> = None,
+        /// Positions per block of the computation. Default min(w, 128).
+        pub block: Option<usize> = None,
+        /// One window per layer, bottom first; empty = `window` everywhere.
+        pub layer_windows: Vec<usize> = Vec::new(),
+        /// δ per head; empty = 1 for every head.
+        pub dilations: Vec<usize> = Vec::new(),
+        /// δ per head per layer, bottom first; empty = `dilations` everywhere.
+        pub layer_dilations: Vec<Vec<usize>> = Vec::new(),
+        /// Positions with global attention. Default none.
+        pub global: Vec<usize> = Vec::new(),
+        /// Token ids with global attention wherever they occur (e.g. a separator). Default none.
+        pub global_token_ids: Vec<u32> = Vec::new(),
     }
 }
 
 impl LongformerConfig {
-    crate::head_methods!();
-
     pub fn block(&self) -> usize {
         self.block.unwrap_or(self.window.min(128))
     }

@@ -9,7 +9,6 @@
 //! implemented).
 
 use burn::prelude::*;
-use serde::{Deserialize, Serialize};
 use variorum_core::{Capabilities, ConfigError, error::check};
 use variorum_position::{HeadShape, PositionConfig};
 
@@ -17,42 +16,20 @@ use crate::band::BandAttention;
 use crate::full::Positioning;
 use crate::kind::{AttentionKind, LayerInit, TestVariant, caps};
 
-/// `model.attention` with `kind = "multi-scale"`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct MultiScaleConfig {
-    pub n_heads: usize,
-    pub n_kv_heads: Option<usize>,
-    pub head_dim: Option<usize>,
-    pub dropout: f64,
-    pub bias: bool,
-    /// w_h, keys each head sees back (its own position included; as many ahead when
-    /// bidirectional), one per head. Default 16, 32, 64, 128.
-    pub windows: Vec<usize>,
-    /// Positions per block of the computation. Default min(max w, 128).
-    pub block: Option<usize>,
-    /// One list of head windows per layer, bottom first; empty = `windows` everywhere.
-    pub layer_windows: Vec<Vec<usize>>,
-}
-
-impl Default for MultiScaleConfig {
-    fn default() -> Self {
-        Self {
-            n_heads: 4,
-            n_kv_heads: None,
-            head_dim: None,
-            dropout: 0.0,
-            bias: true,
-            windows: vec![16, 32, 64, 128],
-            block: None,
-            layer_windows: Vec::new(),
-        }
+crate::attention_config! {
+    /// `model.attention` with `kind = "multi-scale"`.
+    pub struct MultiScaleConfig {
+        /// w_h, keys each head sees back (its own position included; as many ahead when
+        /// bidirectional), one per head. Default 16, 32, 64, 128.
+        pub windows: Vec<usize> = vec![16, 32, 64, 128],
+        /// Positions per block of the computation. Default min(max w, 128).
+        pub block: Option<usize> = None,
+        /// One list of head windows per layer, bottom first; empty = `windows` everywhere.
+        pub layer_windows: Vec<Vec<usize>> = Vec::new(),
     }
 }
 
 impl MultiScaleConfig {
-    crate::head_methods!();
-
     fn widest(&self) -> usize {
         self.windows.iter().copied().max().unwrap_or(1)
     }

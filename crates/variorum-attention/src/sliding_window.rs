@@ -12,7 +12,6 @@
 //! dense path is used. Any relative position scheme applies (one score layout serves every block).
 
 use burn::prelude::*;
-use serde::{Deserialize, Serialize};
 use variorum_core::{Capabilities, ConfigError, error::check};
 use variorum_position::{HeadShape, PositionConfig, RotaryConfig, XlRelativeConfig};
 
@@ -20,52 +19,27 @@ use crate::band::BandAttention;
 use crate::full::Positioning;
 use crate::kind::{AttentionKind, LayerInit, TestVariant, caps};
 
-/// `model.attention` with `kind = "sliding-window"`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct SlidingWindowConfig {
-    pub n_heads: usize,
-    pub n_kv_heads: Option<usize>,
-    pub head_dim: Option<usize>,
-    pub dropout: f64,
-    pub bias: bool,
-    /// w, keys each query sees back, its own included. Default 256.
-    pub window: usize,
-    /// Bidirectional only: keys seen ahead. Default w − 1 (symmetric).
-    pub look_ahead: Option<usize>,
-    /// Positions per block of the computation. Default min(w, 128).
-    pub block: Option<usize>,
-    /// One window per layer, bottom first (Longformer grows them towards the top); empty =
-    /// `window` everywhere.
-    pub layer_windows: Vec<usize>,
-    /// Positions with global attention (Longformer): they attend to every key and every query
-    /// attends to them, causality permitting. Decoding then keeps the whole cache. Default none.
-    pub global: Vec<usize>,
-    /// δ per head (Longformer's dilated window: w keys δ apart); empty = 1 for every head.
-    pub dilations: Vec<usize>,
-}
-
-impl Default for SlidingWindowConfig {
-    fn default() -> Self {
-        Self {
-            n_heads: 4,
-            n_kv_heads: None,
-            head_dim: None,
-            dropout: 0.0,
-            bias: true,
-            window: 256,
-            look_ahead: None,
-            block: None,
-            layer_windows: Vec::new(),
-            global: Vec::new(),
-            dilations: Vec::new(),
-        }
+crate::attention_config! {
+    /// `model.attention` with `kind = "sliding-window"`.
+    pub struct SlidingWindowConfig {
+        /// w, keys each query sees back, its own included. Default 256.
+        pub window: usize = 256,
+        /// Bidirectional only: keys seen ahead. Default w − 1 (symmetric).
+        pub look_ahead: Option<usize> = None,
+        /// Positions per block of the computation. Default min(w, 128).
+        pub block: Option<usize> = None,
+        /// One window per layer, bottom first (Longformer grows them towards the top); empty =
+        /// `window` everywhere.
+        pub layer_windows: Vec<usize> = Vec::new(),
+        /// Positions with global attention (Longformer): they attend to every key and every query
+        /// attends to them, causality permitting. Decoding then keeps the whole cache. Default none.
+        pub global: Vec<usize> = Vec::new(),
+        /// δ per head (Longformer's dilated window: w keys δ apart); empty = 1 for every head.
+        pub dilations: Vec<usize> = Vec::new(),
     }
 }
 
 impl SlidingWindowConfig {
-    crate::head_methods!();
-
     pub fn block(&self) -> usize {
         self.block.unwrap_or(self.window.min(128))
     }

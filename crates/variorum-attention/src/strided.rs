@@ -50,43 +50,21 @@ pub enum StridedMode {
     Columns,
 }
 
-/// `model.attention` with `kind = "strided"`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct StridedConfig {
-    pub n_heads: usize,
-    pub n_kv_heads: Option<usize>,
-    pub head_dim: Option<usize>,
-    pub dropout: f64,
-    pub bias: bool,
-    /// ℓ. Default 64 (√L at L = 4096).
-    pub stride: usize,
-    /// `union` (default), `heads` or `alternate`.
-    pub combine: StridedCombine,
-    /// The layer this config was specialised for ([`AttentionKind::for_layer`]); `alternate`
-    /// reads it.
-    #[serde(skip)]
-    pub layer: usize,
-}
-
-impl Default for StridedConfig {
-    fn default() -> Self {
-        Self {
-            n_heads: 4,
-            n_kv_heads: None,
-            head_dim: None,
-            dropout: 0.0,
-            bias: true,
-            stride: 64,
-            combine: StridedCombine::Union,
-            layer: 0,
-        }
+crate::attention_config! {
+    /// `model.attention` with `kind = "strided"`.
+    pub struct StridedConfig {
+        /// ℓ. Default 64 (√L at L = 4096).
+        pub stride: usize = 64,
+        /// `union` (default), `heads` or `alternate`.
+        pub combine: StridedCombine = StridedCombine::Union,
+        /// The layer this config was specialised for ([`AttentionKind::for_layer`]); `alternate`
+        /// reads it.
+        #[serde(skip)]
+        pub layer: usize = 0,
     }
 }
 
 impl StridedConfig {
-    crate::head_methods!();
-
     pub fn mode(&self) -> StridedMode {
         match self.combine {
             StridedCombine::Union => StridedMode::Union,

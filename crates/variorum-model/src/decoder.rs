@@ -36,6 +36,15 @@ pub struct LmOutput {
     pub hidden: Vec<Tensor<3>>,
 }
 
+/// What the caller of [`DecoderLm::run_blocks`] answers after each block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    /// Run the next block.
+    Continue,
+    /// Stop here (an early exit).
+    Stop,
+}
+
 /// The state a forward continues from and updates: the position of the next token and each
 /// layer's KV cache or memory.
 #[derive(Debug, Clone, Default)]
@@ -210,6 +219,47 @@ impl DecoderLm {
         self.blocks[i % self.blocks.len()].forward(x, mask, dense, state, false)
     }
 
+    /// The block loop every forward runs: block application `i` (its position signal, then the
+    /// block) on the output of application `i − 1`, from `x` on, for `depth` applications — or
+    /// through the two streams of a reversible stack. After each application `after(i, input,
+    /// output)` lets the caller act (ACT's halting update, the exits' hiddens, an early-exit
+    /// decision) and stop the loop; a reversible stack has no per-block output to hand over
+    /// (the rules refuse exits and shared blocks with it) and is not stopped. `layers` holds one
+    /// state per application when decoding. Returns the last output, the auxiliary losses and
+    /// how many applications ran.
+    pub fn run_blocks(
+        &self,
+        mut x: Tensor<3>,
+        mask: &AttentionMask,
+        dense: Option<Tensor<4, Bool>>,
+        mut layers: Option<&mut [LayerState]>,
+        mut after: impl FnMut(usize, Tensor<3>, &Tensor<3>) -> Flow,
+    ) -> (Tensor<3>, AuxLosses, usize) {
+        let mut aux_losses = Vec::new();
+        if self.reversible.is_some() {
+            let dropout = self.replay_dropout(&x.device());
+            let mut streams = Streams::split(x);
+            for i in 0..self.depth {
+                let cx = RevContext { mask, dense_mask: dense.as_ref(), dropout, layer: i };
+                let (s, aux) =
+                    self.blocks[i].reversible_forward(streams, &cx, layers.as_deref_mut().map(|l| &mut l[i]));
+                aux_losses.extend(aux);
+                streams = s;
+            }
+            return (streams.merge(), aux_losses, self.depth);
+        }
+        for i in 0..self.depth {
+            let input = x.clone();
+            let out = self.layer(i, x, mask, dense.clone(), layers.as_deref_mut().map(|l| &mut l[i]));
+            x = out.x;
+            aux_losses.extend(out.aux_losses);
+            if let Flow::Stop = after(i, input, &x) {
+                return (x, aux_losses, i + 1);
+            }
+        }
+        (x, aux_losses, self.depth)
+    }
+
     /// Forward that continues from `state` (KV caches) when given, and updates it.
     pub fn forward_with(&self, tokens: Tensor<2, Int>, mut state: Option<&mut DecoderState>) -> LmOutput {
         if let (Some(g), Some(segment)) = (&self.global_embedding, self.global_segment) {
@@ -220,44 +270,28 @@ impl DecoderLm {
         let start = state.as_ref().map_or(0, |s| s.position);
         let ids = self.blocks[0].attn.global_token_ids();
         let global = (!ids.is_empty()).then(|| global_positions(&tokens, ids, start));
-        let mut x = self.embed(tokens, start);
+        let x = self.embed(tokens, start);
         let (mut mask, dense) = self.mask(len, state.as_deref(), &device);
         mask.global = global;
         if let Some(s) = state.as_deref_mut() {
             s.layers.resize_with(self.depth, Default::default);
         }
-        let mut aux_losses = Vec::new();
         let mut hidden = Vec::new();
         let mut act = self.act.as_ref().map(|a| a.start(b, len, &device));
-        let mut streams = self.reversible.map(|_| Streams::split(x.clone()));
-        let dropout = self.replay_dropout(&device);
-        for i in 0..self.depth {
-            if let Some(s) = streams.take() {
-                let cx = RevContext { mask: &mask, dense_mask: dense.as_ref(), dropout, layer: i };
-                let layer = state.as_deref_mut().map(|s| &mut s.layers[i]);
-                let (s, aux) = self.blocks[i].reversible_forward(s, &cx, layer);
-                aux_losses.extend(aux);
-                streams = Some(s);
-                continue;
-            }
-            let input = x.clone();
-            let out = self.layer(i, x, &mask, dense.clone(), state.as_deref_mut().map(|s| &mut s.layers[i]));
-            x = out.x;
-            aux_losses.extend(out.aux_losses);
+        let layers = state.as_deref_mut().map(|s| s.layers.as_mut_slice());
+        let (mut x, mut aux_losses, _) = self.run_blocks(x, &mask, dense, layers, |i, input, out| {
             if let (Some(a), Some(st)) = (&self.act, act.as_mut()) {
                 let input = match self.layer_positions.get(i) {
                     Some(p) => p.forward(input, start),
                     None => input,
                 };
-                a.step(st, input, x.clone(), i + 1 == self.depth);
+                a.step(st, input, out.clone(), i + 1 == self.depth);
             }
             if self.exits.is_some() && i + 1 < self.depth {
-                hidden.push(x.clone());
+                hidden.push(out.clone());
             }
-        }
-        if let Some(s) = streams {
-            x = s.merge();
-        }
+            Flow::Continue
+        });
         let mut steps = None;
         if let (Some(a), Some(st)) = (&self.act, act) {
             aux_losses.push(("ponder".into(), a.ponder_cost(&st)));
@@ -295,14 +329,12 @@ impl DecoderLm {
         if start == 0 {
             let globals = len.saturating_sub(1) / segment;
             let long = self.embed(tokens, 0);
-            let mut x = if globals == 0 { long } else { Tensor::cat(vec![global_input(globals), long], 1) };
+            let x = if globals == 0 { long } else { Tensor::cat(vec![global_input(globals), long], 1) };
             let (mask, _) = self.mask(len, None, &device);
             let mask = AttentionMask { global_local: Some(GlobalLocal::Prefixed { globals }), ..mask };
-            for i in 0..self.depth {
-                let out = self.layer(i, x, &mask, None, state.as_deref_mut().map(|s| &mut s.layers[i]));
-                x = out.x;
-                aux_losses.extend(out.aux_losses);
-            }
+            let layers = state.as_deref_mut().map(|s| s.layers.as_mut_slice());
+            let (x, aux, _) = self.run_blocks(x, &mask, None, layers, |_, _, _| Flow::Continue);
+            aux_losses.extend(aux);
             if let Some(s) = state {
                 s.position = len;
                 s.globals = globals;
@@ -324,20 +356,14 @@ impl DecoderLm {
                     global_local: Some(GlobalLocal::Auxiliary { segment: s.globals }),
                     ..AttentionMask::causal().at(at, 0)
                 };
-                let mut x = global_input(1);
-                for i in 0..self.depth {
-                    x = self.layer(i, x, &mask, None, Some(&mut s.layers[i])).x;
-                }
+                self.run_blocks(global_input(1), &mask, None, Some(&mut s.layers), |_, _, _| Flow::Continue);
                 s.globals += 1;
             }
             let (mask, _) = self.mask(1, Some(s), &device);
             let mask = AttentionMask { global_local: Some(GlobalLocal::Prefixed { globals: 0 }), ..mask };
-            let mut x = self.embed(tokens.clone().narrow(1, t, 1), at);
-            for i in 0..self.depth {
-                let out = self.layer(i, x, &mask, None, Some(&mut s.layers[i]));
-                x = out.x;
-                aux_losses.extend(out.aux_losses);
-            }
+            let x = self.embed(tokens.clone().narrow(1, t, 1), at);
+            let (x, aux, _) = self.run_blocks(x, &mask, None, Some(&mut s.layers), |_, _, _| Flow::Continue);
+            aux_losses.extend(aux);
             logits.push(self.exit_logits(self.depth - 1, x));
             s.position += 1;
         }

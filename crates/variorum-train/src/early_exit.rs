@@ -25,6 +25,7 @@
 use burn::prelude::*;
 use burn::tensor::activation::{log_softmax, softmax};
 use serde::{Deserialize, Serialize};
+use variorum_model::decoder::Flow;
 use variorum_model::{DecoderLm, DecoderState, PredictorKind};
 
 /// How confident an exit is.
@@ -71,26 +72,26 @@ pub fn step(
     let input = Tensor::<2, Int>::from_data(TensorData::new(vec![token as i64], [1, 1]), device);
     let (mask, dense) = model.mask(1, Some(state), device);
     state.layers.resize_with(model.depth, Default::default);
-    let mut x = model.embed(input, state.position);
+    let x = model.embed(input, state.position);
     let mut used = model.depth;
     let mut logits = None;
     let predictor = model.exits.as_ref().and_then(|e| e.predictor.as_ref());
     // the multinomial predictors' cumulative q over the exits, known after the first block
     let mut exited_by = Vec::new();
-    for i in 0..model.depth {
-        let before = x.clone();
-        x = model.layer(i, x, &mask, dense.clone(), Some(&mut state.layers[i])).x;
+    let position = state.position;
+    let summary = &mut state.exit_summary;
+    let (x, _, ran) = model.run_blocks(x, &mask, dense, Some(&mut state.layers), |i, before, x| {
         if i == 0
             && let Some(p) = predictor
             && p.kind != PredictorKind::TokenGeometric
         {
             let input = if p.kind == PredictorKind::Sequence {
-                let sum = match state.exit_summary.take() {
+                let sum = match summary.take() {
                     Some(s) => s + x.clone(),
                     None => x.clone(),
                 };
-                state.exit_summary = Some(sum.clone());
-                sum.div_scalar((state.position + 1) as f64)
+                *summary = Some(sum.clone());
+                sum.div_scalar((position + 1) as f64)
             } else {
                 x.clone()
             };
@@ -98,10 +99,10 @@ pub fn step(
         }
         if i + 1 == model.depth {
             logits = Some(model.exit_logits(i, x.clone()));
-            break;
+            return Flow::Stop;
         }
         if policy.threshold >= 1.0 {
-            continue;
+            return Flow::Continue;
         }
         let exit_logits = model.exit_logits(i, x.clone());
         let c = match policy.confidence {
@@ -125,11 +126,13 @@ pub fn step(
         if c >= policy.threshold {
             used = i + 1;
             logits = Some(exit_logits);
-            for j in i + 1..model.depth {
-                model.propagate(j, x.clone(), &mask, &mut state.layers[j]);
-            }
-            break;
+            return Flow::Stop;
         }
+        Flow::Continue
+    });
+    // the blocks the token skipped still need its keys and values for later tokens
+    for j in ran..model.depth {
+        model.propagate(j, x.clone(), &mask, &mut state.layers[j]);
     }
     state.position += 1;
     let logits = logits.expect("the last block always gives logits");
