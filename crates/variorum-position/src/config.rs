@@ -71,7 +71,7 @@ impl PositionConfig {
     /// The declared capabilities of the kind, with what this config adds (a learned table
     /// before every block is a per-layer signal).
     pub fn capabilities(&self) -> Capabilities {
-        let declared = Self::zoo().into_iter().find(|k| k.kind == self.kind()).map(|k| k.caps).unwrap_or_default();
+        let declared = self.declaration().2;
         Capabilities { per_layer: declared.per_layer || matches!(self, Self::Learned(c) if c.per_layer), ..declared }
     }
 
@@ -171,90 +171,107 @@ impl PositionConfig {
     /// `score_bias`: the scheme acts on the score matrix, so the attention must form one;
     /// `qk_rotation`: it rotates q and k, so the attention must have them.
     pub fn zoo() -> Vec<KindInfo> {
+        Self::every_kind()
+            .iter()
+            .map(|c| {
+                let (summary, paper, caps) = c.declaration();
+                KindInfo { axis: "model.position", kind: c.kind(), summary, paper, caps }
+            })
+            .collect()
+    }
+
+    /// One config of every kind (its defaults), in zoo order.
+    pub fn every_kind() -> Vec<Self> {
+        vec![
+            Self::Sinusoidal(Default::default()),
+            Self::Learned(Default::default()),
+            Self::None,
+            Self::Shaw(Default::default()),
+            Self::TransformerXl(Default::default()),
+            Self::T5(Default::default()),
+            Self::Alibi,
+            Self::Rope(Default::default()),
+            Self::Da,
+            Self::Multiplicative(Default::default()),
+            Self::Untied(Default::default()),
+            Self::Deberta(Default::default()),
+            Self::UniversalTimestep,
+        ]
+    }
+
+    /// Summary, paper and capabilities of this config's kind: one exhaustive match, so a new
+    /// kind cannot be left without a declaration.
+    fn declaration(&self) -> (&'static str, &'static str, Capabilities) {
         let input = Capabilities::NEUTRAL;
         let absolute = Capabilities { absolute: true, ..input };
         let scores = Capabilities { score_bias: true, ..input };
         let distance = Capabilities { distance_only: true, ..scores };
-        let row = |kind, summary, paper, caps| KindInfo { axis: "model.position", kind, summary, paper, caps };
-        vec![
-            row(
-                "sinusoidal",
+        match self {
+            Self::Sinusoidal(_) => (
                 "fixed sin/cos of position added to the embeddings; configurable base, optionally learnable frequencies",
                 "Vaswani et al. 2017, Attention Is All You Need; Wang et al. 2021 (learnable)",
                 absolute,
             ),
-            row(
-                "learned",
+            Self::Learned(_) => (
                 "a learned vector per absolute position up to max_len, once or before every block (per_layer)",
                 "Gehring et al. 2017; Radford et al. 2018 (GPT); Al-Rfou et al. 2018 (per layer)",
                 Capabilities { variable_length: false, ..absolute },
             ),
-            row(
-                "none",
+            Self::None => (
                 "no position signal (NoPE)",
                 "Haviv et al. 2022, Transformer Language Models without Positional Encodings Still Learn Positional Information",
                 input,
             ),
-            row(
-                "shaw",
+            Self::Shaw(_) => (
                 "learned relative key/value vectors, offsets clipped to ±k",
                 "Shaw et al. 2018, Self-Attention with Relative Position Representations",
                 scores,
             ),
-            row(
-                "transformer-xl",
+            Self::TransformerXl(_) => (
                 "sinusoidal relative encodings, position key projection, global biases u, v; relative shift",
                 "Dai et al. 2019, Transformer-XL",
                 scores,
             ),
-            row(
-                "t5",
+            Self::T5(_) => (
                 "learned scalar bias per head over log-spaced distance buckets",
                 "Raffel et al. 2020, Exploring the Limits of Transfer Learning (T5)",
                 distance,
             ),
-            row(
-                "alibi",
+            Self::Alibi => (
                 "fixed linear distance penalty, geometric slopes per head; no parameters",
                 "Press et al. 2022, Train Short, Test Long (ALiBi)",
                 distance,
             ),
-            row(
-                "rope",
+            Self::Rope(_) => (
                 "rotary embedding of q and k; rotate-half or interleaved; partial rotary dimension",
                 "Su et al. 2021, RoFormer",
                 Capabilities { qk_rotation: true, ..input },
             ),
-            row(
-                "da",
+            Self::Da => (
                 "ReLU(QKᵀ) scaled by a learned per-head function of distance",
                 "Wu et al. 2021, DA-Transformer: Distance-aware Transformer",
                 scores,
             ),
-            row(
-                "multiplicative",
+            Self::Multiplicative(_) => (
                 "a learned scalar per |i−j| multiplying the scores",
                 "Prince 2023, Transformers III (position-and-efficiency eq. 12)",
                 scores,
             ),
-            row(
-                "untied",
+            Self::Untied(_) => (
                 "content–content plus a separately projected position–position term (TUPE)",
                 "Ke et al. 2021, Rethinking Positional Encoding in Language Pre-training",
                 Capabilities { variable_length: false, absolute: true, absolute_scores: true, ..scores },
             ),
-            row(
-                "deberta",
+            Self::Deberta(_) => (
                 "disentangled attention: content→content + content→position + position→content",
                 "He et al. 2021, DeBERTa",
                 scores,
             ),
-            row(
-                "universal-timestep",
+            Self::UniversalTimestep => (
                 "position ⊕ recurrence-step sinusoids added before every block",
                 "Dehghani et al. 2019, Universal Transformers",
                 Capabilities { per_layer: true, ..absolute },
             ),
-        ]
+        }
     }
 }
