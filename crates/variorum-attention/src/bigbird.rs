@@ -23,12 +23,12 @@ use rand::SeedableRng;
 use rand::seq::IndexedRandom;
 use rand_chacha::ChaCha8Rng;
 use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
-use variorum_position::{HeadShape, PositionConfig, T5BiasConfig};
+use variorum_position::{PositionConfig, T5BiasConfig};
 
 use crate::band::{Band, BandPart, Pattern, PatternCall, decode_runs, sparse};
 use crate::full::Positioning;
 use crate::gathered::KeySet;
-use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
+use crate::kind::{AttentionKind, AttentionMechanism, TestVariant, caps};
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention};
 
 crate::attention_config! {
@@ -81,6 +81,7 @@ impl AttentionKind for BigBirdConfig {
     const SUMMARY: &'static str = "BigBird: blocked sliding window, global tokens (the first g positions) and r random blocks per query block, fixed per layer by a seed; computed block by block";
     const PAPER: &'static str = "Zaheer et al. 2020, Big Bird: Transformers for Longer Sequences";
     const CAPS: Capabilities = Capabilities { gathers_keys: true, ..caps::BLOCKED_SCORES };
+    crate::head_kind_items!();
 
     fn expanded(&self, d_model: usize) -> Self {
         self.expanded_heads(d_model)
@@ -95,22 +96,10 @@ impl AttentionKind for BigBirdConfig {
         check(self.block >= 1, || "model.attention.block must be at least 1".into())
     }
 
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads().heads(d_model)
-    }
-
-    fn dropout(&self) -> f64 {
-        self.dropout
-    }
-
     /// Multiply–adds per token: the window and random blocks, the global tokens.
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         let keys = self.block * (2 * self.window_blocks + 1 + self.random_blocks) + self.global_tokens;
         self.heads().flops_per_token(d_model, keys.min(len_k))
-    }
-
-    fn build(&self, init: &LayerInit, device: &Device) -> BigBirdAttention {
-        self.init(init.d_model, init.init_std, init.out_std, init.position, device)
     }
 
     fn test_variants() -> Vec<TestVariant<Self>> {

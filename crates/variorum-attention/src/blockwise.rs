@@ -18,12 +18,12 @@
 
 use burn::prelude::*;
 use variorum_core::{Capabilities, ConfigError, error::check};
-use variorum_position::{HeadShape, PositionConfig};
+use variorum_position::PositionConfig;
 
 use crate::band::{Band, BandPart, Pattern, PatternCall, sparse};
 use crate::full::Positioning;
 use crate::gathered::KeySet;
-use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
+use crate::kind::{AttentionKind, AttentionMechanism, TestVariant, caps};
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention};
 
 crate::attention_config! {
@@ -62,6 +62,7 @@ impl AttentionKind for BlockwiseConfig {
     const SUMMARY: &'static str = "blockwise attention: head h's query block t sees key block (t + s_h) mod n; causal: its own block and the block s_h before";
     const PAPER: &'static str = "Qiu et al. 2019, Blockwise Self-Attention for Long Document Understanding";
     const CAPS: Capabilities = caps::GATHERED_SCORES;
+    crate::head_kind_items!();
 
     fn expanded(&self, d_model: usize) -> Self {
         Self { shifts: self.head_shifts(), ..self.expanded_heads(d_model) }
@@ -75,21 +76,9 @@ impl AttentionKind for BlockwiseConfig {
         })
     }
 
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads().heads(d_model)
-    }
-
-    fn dropout(&self) -> f64 {
-        self.dropout
-    }
-
     /// Multiply–adds per token: one block (two when causal).
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         self.heads().flops_per_token(d_model, (2 * self.block).min(len_k))
-    }
-
-    fn build(&self, init: &LayerInit, device: &Device) -> BlockwiseAttention {
-        self.init(init.d_model, init.init_std, init.out_std, init.position, device)
     }
 
     fn test_variants() -> Vec<TestVariant<Self>> {

@@ -21,11 +21,11 @@
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
 use variorum_core::{AttentionMask, Capabilities, ConfigError, GlobalLocal, error::check};
-use variorum_position::{HeadShape, PositionConfig, XlRelativeConfig};
+use variorum_position::{PositionConfig, XlRelativeConfig};
 
 use crate::band::{Band, band_context, dilated_band_scores};
 use crate::full::{MASKED_SCORE, Positioning};
-use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
+use crate::kind::{AttentionKind, AttentionMechanism, TestVariant, caps};
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention};
 
 crate::attention_config! {
@@ -68,6 +68,7 @@ impl AttentionKind for EtcConfig {
     const SUMMARY: &'static str = "ETC global-local attention: one auxiliary global token per segment beside the sequence; l2l window (relative positions), l2g completed segments, g2l own segment, g2g";
     const PAPER: &'static str = "Ainslie et al. 2020, ETC: Encoding Long and Structured Inputs in Transformers";
     const CAPS: Capabilities = Capabilities { global_input: true, ..caps::SCORES };
+    crate::head_kind_items!();
 
     fn expanded(&self, d_model: usize) -> Self {
         Self { block: Some(self.block()), ..self.expanded_heads(d_model) }
@@ -80,22 +81,10 @@ impl AttentionKind for EtcConfig {
         })
     }
 
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads().heads(d_model)
-    }
-
-    fn dropout(&self) -> f64 {
-        self.dropout
-    }
-
     /// Multiply–adds per long token: its window and the global tokens (one per segment).
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         let keys = self.window + len_k.div_ceil(self.segment.max(1));
         self.heads().flops_per_token(d_model, keys.min(len_k))
-    }
-
-    fn build(&self, init: &LayerInit, device: &Device) -> EtcAttention {
-        self.init(init.d_model, init.init_std, init.out_std, init.position, device)
     }
 
     /// A global token per segment of 3 beside the sequence, a window of 2 (relative positions on

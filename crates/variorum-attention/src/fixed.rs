@@ -17,12 +17,12 @@
 
 use burn::prelude::*;
 use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
-use variorum_position::{HeadShape, PositionConfig, RotaryConfig, T5BiasConfig};
+use variorum_position::{PositionConfig, RotaryConfig, T5BiasConfig};
 
 use crate::band::{Band, BandPart, Pattern, PatternCall, decode_runs, sparse};
 use crate::full::Positioning;
 use crate::gathered::KeySet;
-use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
+use crate::kind::{AttentionKind, AttentionMechanism, TestVariant, caps};
 use crate::strided::StridedCombine;
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention};
 
@@ -83,6 +83,7 @@ impl AttentionKind for FixedConfig {
     const SUMMARY: &'static str = "Sparse Transformer fixed pattern: the own block of ℓ and the last c positions of every block (union, split heads or alternating layers)";
     const PAPER: &'static str = "Child et al. 2019, Generating Long Sequences with Sparse Transformers";
     const CAPS: Capabilities = caps::GATHERED_SCORES;
+    crate::head_kind_items!();
 
     fn expanded(&self, d_model: usize) -> Self {
         self.expanded_heads(d_model)
@@ -104,22 +105,10 @@ impl AttentionKind for FixedConfig {
         })
     }
 
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads().heads(d_model)
-    }
-
-    fn dropout(&self) -> f64 {
-        self.dropout
-    }
-
     /// Multiply–adds per token: its block and c summaries per block.
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         let keys = self.stride + self.summary * len_k.div_ceil(self.stride.max(1));
         self.heads().flops_per_token(d_model, keys.min(len_k))
-    }
-
-    fn build(&self, init: &LayerInit, device: &Device) -> FixedAttention {
-        self.init(init.d_model, init.init_std, init.out_std, init.position, device)
     }
 
     fn test_variants() -> Vec<TestVariant<Self>> {

@@ -120,6 +120,27 @@ macro_rules! attention_config {
     };
 }
 
+/// The [`AttentionKind`] items every kind written with [`attention_config!`] shares: the head
+/// shape and the weight dropout from its head fields, and `build` through its inherent `init`
+/// (`init(d_model, init_std, out_std, position, device)`). Invoked inside the kind's
+/// `impl AttentionKind`.
+#[macro_export]
+macro_rules! head_kind_items {
+    () => {
+        fn head_shape(&self, d_model: usize) -> variorum_position::HeadShape {
+            self.heads().heads(d_model)
+        }
+
+        fn dropout(&self) -> f64 {
+            self.dropout
+        }
+
+        fn build(&self, init: &$crate::LayerInit, device: &burn::prelude::Device) -> Self::Module {
+            self.init(init.d_model, init.init_std, init.out_std, init.position, device)
+        }
+    };
+}
+
 /// `model.attention` with `kind = "full"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

@@ -10,11 +10,11 @@
 
 use burn::prelude::*;
 use variorum_core::{Capabilities, ConfigError, error::check};
-use variorum_position::{HeadShape, PositionConfig, T5BiasConfig};
+use variorum_position::{PositionConfig, T5BiasConfig};
 
 use crate::band::BandAttention;
 use crate::full::Positioning;
-use crate::kind::{AttentionKind, LayerInit, TestVariant, caps};
+use crate::kind::{AttentionKind, TestVariant, caps};
 
 crate::attention_config! {
     /// `model.attention` with `kind = "local"`.
@@ -59,6 +59,7 @@ impl AttentionKind for LocalAttentionConfig {
     const SUMMARY: &'static str = "Image Transformer 1D local attention: non-overlapping query blocks see their block and `memory` positions before it; computed block by block";
     const PAPER: &'static str = "Parmar et al. 2018, Image Transformer";
     const CAPS: Capabilities = caps::BLOCKED_SCORES;
+    crate::head_kind_items!();
 
     fn expanded(&self, d_model: usize) -> Self {
         Self { look_ahead: Some(self.look_ahead()), ..self.expanded_heads(d_model) }
@@ -69,21 +70,9 @@ impl AttentionKind for LocalAttentionConfig {
         check(self.block >= 1, || "model.attention.block must be at least 1".into())
     }
 
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads().heads(d_model)
-    }
-
-    fn dropout(&self) -> f64 {
-        self.dropout
-    }
-
     /// Multiply–adds per token: at most memory + block keys.
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         self.heads().flops_per_token(d_model, len_k.min(self.memory + self.block))
-    }
-
-    fn build(&self, init: &LayerInit, device: &Device) -> BandAttention {
-        self.init(init.d_model, init.init_std, init.out_std, init.position, device)
     }
 
     fn test_variants() -> Vec<TestVariant<Self>> {

@@ -16,12 +16,12 @@ use burn::prelude::*;
 use burn::tensor::IndexingUpdateOp;
 use burn::tensor::activation::softmax;
 use variorum_core::{Capabilities, ConfigError, error::check};
-use variorum_position::{HeadShape, PositionConfig};
+use variorum_position::PositionConfig;
 
 use crate::band::PatternCall;
 use crate::full::Positioning;
 use crate::gathered::{KeySet, gathered_scores};
-use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
+use crate::kind::{AttentionKind, AttentionMechanism, TestVariant, caps};
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention};
 
 crate::attention_config! {
@@ -65,6 +65,7 @@ impl AttentionKind for Local2dConfig {
     const SUMMARY: &'static str = "Image Transformer 2D local attention: the sequence is a raster image of `width` columns; query rectangles see their memory rectangle (rows above, columns either side); computed rectangle by rectangle";
     const PAPER: &'static str = "Parmar et al. 2018, Image Transformer";
     const CAPS: Capabilities = caps::GATHERED_SCORES;
+    crate::head_kind_items!();
 
     fn expanded(&self, d_model: usize) -> Self {
         self.expanded_heads(d_model)
@@ -77,22 +78,10 @@ impl AttentionKind for Local2dConfig {
         })
     }
 
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads().heads(d_model)
-    }
-
-    fn dropout(&self) -> f64 {
-        self.dropout
-    }
-
     /// Multiply–adds per token: its memory rectangle.
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         let keys = (self.query_rows + 2 * self.memory_rows) * (self.query_cols + 2 * self.memory_cols);
         self.heads().flops_per_token(d_model, keys.min(len_k))
-    }
-
-    fn build(&self, init: &LayerInit, device: &Device) -> Local2dAttention {
-        self.init(init.d_model, init.init_std, init.out_std, init.position, device)
     }
 
     fn test_variants() -> Vec<TestVariant<Self>> {

@@ -21,11 +21,11 @@
 
 use burn::prelude::*;
 use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
-use variorum_position::{HeadShape, PositionConfig, XlRelativeConfig};
+use variorum_position::{PositionConfig, XlRelativeConfig};
 
 use crate::band::{Band, BandPart, Pattern, PatternCall, decode_runs, sparse};
 use crate::full::{Positioning, Projected};
-use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
+use crate::kind::{AttentionKind, AttentionMechanism, TestVariant, caps};
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention};
 
 crate::attention_config! {
@@ -89,6 +89,7 @@ impl AttentionKind for LongformerConfig {
     const SUMMARY: &'static str = "Longformer: sliding window with per-head dilation, global attention for chosen positions or token ids, per-layer windows and dilations; computed block by block";
     const PAPER: &'static str = "Beltagy et al. 2020, Longformer: The Long-Document Transformer";
     const CAPS: Capabilities = caps::BLOCKED_SCORES;
+    crate::head_kind_items!();
 
     fn expanded(&self, d_model: usize) -> Self {
         Self {
@@ -145,22 +146,10 @@ impl AttentionKind for LongformerConfig {
         )
     }
 
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads().heads(d_model)
-    }
-
-    fn dropout(&self) -> f64 {
-        self.dropout
-    }
-
     /// Multiply–adds per token: the window (plus the block's slack) and the global positions.
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         let keys = self.window + self.block() + self.global.len();
         self.heads().flops_per_token(d_model, len_k.min(keys))
-    }
-
-    fn build(&self, init: &LayerInit, device: &Device) -> LongformerAttention {
-        self.init(init.d_model, init.init_std, init.out_std, init.position, device)
     }
 
     fn test_variants() -> Vec<TestVariant<Self>> {

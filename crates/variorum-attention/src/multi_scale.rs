@@ -10,11 +10,11 @@
 
 use burn::prelude::*;
 use variorum_core::{Capabilities, ConfigError, error::check};
-use variorum_position::{HeadShape, PositionConfig};
+use variorum_position::PositionConfig;
 
 use crate::band::BandAttention;
 use crate::full::Positioning;
-use crate::kind::{AttentionKind, LayerInit, TestVariant, caps};
+use crate::kind::{AttentionKind, TestVariant, caps};
 
 crate::attention_config! {
     /// `model.attention` with `kind = "multi-scale"`.
@@ -66,6 +66,7 @@ impl AttentionKind for MultiScaleConfig {
         "band attention with its own window width per head (`windows`), computed block by block";
     const PAPER: &'static str = "Guo et al. 2019, Multi-Scale Self-Attention for Text Classification";
     const CAPS: Capabilities = caps::BLOCKED_SCORES;
+    crate::head_kind_items!();
 
     fn expanded(&self, d_model: usize) -> Self {
         Self { block: Some(self.block()), ..self.expanded_heads(d_model) }
@@ -98,21 +99,9 @@ impl AttentionKind for MultiScaleConfig {
         check(self.block() >= 1, || "model.attention.block must be at least 1".into())
     }
 
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads().heads(d_model)
-    }
-
-    fn dropout(&self) -> f64 {
-        self.dropout
-    }
-
     /// Multiply–adds per token: the widest window's span for every head.
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         self.heads().flops_per_token(d_model, len_k.min(self.widest() + self.block()))
-    }
-
-    fn build(&self, init: &LayerInit, device: &Device) -> BandAttention {
-        self.init(init.d_model, init.init_std, init.out_std, init.position, device)
     }
 
     fn test_variants() -> Vec<TestVariant<Self>> {

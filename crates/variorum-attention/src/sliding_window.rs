@@ -13,11 +13,11 @@
 
 use burn::prelude::*;
 use variorum_core::{Capabilities, ConfigError, error::check};
-use variorum_position::{HeadShape, PositionConfig, RotaryConfig, XlRelativeConfig};
+use variorum_position::{PositionConfig, RotaryConfig, XlRelativeConfig};
 
 use crate::band::BandAttention;
 use crate::full::Positioning;
-use crate::kind::{AttentionKind, LayerInit, TestVariant, caps};
+use crate::kind::{AttentionKind, TestVariant, caps};
 
 crate::attention_config! {
     /// `model.attention` with `kind = "sliding-window"`.
@@ -74,6 +74,7 @@ impl AttentionKind for SlidingWindowConfig {
     const SUMMARY: &'static str = "band attention over the last `window` keys (look-ahead when bidirectional), computed block by block; KV cache trimmed to the window";
     const PAPER: &'static str = "Beltagy et al. 2020, Longformer; Child et al. 2019 (local attention)";
     const CAPS: Capabilities = caps::BLOCKED_SCORES;
+    crate::head_kind_items!();
 
     fn expanded(&self, d_model: usize) -> Self {
         Self { look_ahead: Some(self.look_ahead()), block: Some(self.block()), ..self.expanded_heads(d_model) }
@@ -109,21 +110,9 @@ impl AttentionKind for SlidingWindowConfig {
         )
     }
 
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads().heads(d_model)
-    }
-
-    fn dropout(&self) -> f64 {
-        self.dropout
-    }
-
     /// Multiply–adds per token: at most w keys (plus the block's slack).
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         self.heads().flops_per_token(d_model, len_k.min(self.window + self.block()))
-    }
-
-    fn build(&self, init: &LayerInit, device: &Device) -> BandAttention {
-        self.init(init.d_model, init.init_std, init.out_std, init.position, device)
     }
 
     fn test_variants() -> Vec<TestVariant<Self>> {

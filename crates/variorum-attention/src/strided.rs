@@ -21,11 +21,11 @@ use burn::tensor::Slice;
 use burn::tensor::activation::softmax;
 use serde::{Deserialize, Serialize};
 use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
-use variorum_position::{HeadShape, PositionConfig, RotaryConfig, ScoreLayout, T5BiasConfig};
+use variorum_position::{PositionConfig, RotaryConfig, ScoreLayout, T5BiasConfig};
 
 use crate::band::{Band, BandScores, band_context, band_scores, banded, dense_pattern};
 use crate::full::{MASKED_SCORE, Positioning, Projected};
-use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
+use crate::kind::{AttentionKind, AttentionMechanism, TestVariant, caps};
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention};
 
 /// How the two patterns are used.
@@ -95,6 +95,7 @@ impl AttentionKind for StridedConfig {
     const SUMMARY: &'static str = "Sparse Transformer strided pattern (previous ℓ positions, every ℓ-th position): union, split heads or alternating layers; O(L√L) with ℓ ≈ √L";
     const PAPER: &'static str = "Child et al. 2019, Generating Long Sequences with Sparse Transformers";
     const CAPS: Capabilities = caps::BLOCKED_SCORES;
+    crate::head_kind_items!();
 
     fn expanded(&self, d_model: usize) -> Self {
         self.expanded_heads(d_model)
@@ -113,21 +114,9 @@ impl AttentionKind for StridedConfig {
         })
     }
 
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads().heads(d_model)
-    }
-
-    fn dropout(&self) -> f64 {
-        self.dropout
-    }
-
     /// Multiply–adds per token: ℓ local keys and L/ℓ column keys.
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         self.heads().flops_per_token(d_model, (2 * self.stride + len_k / self.stride.max(1)).min(len_k))
-    }
-
-    fn build(&self, init: &LayerInit, device: &Device) -> StridedAttention {
-        self.init(init.d_model, init.init_std, init.out_std, init.position, device)
     }
 
     fn test_variants() -> Vec<TestVariant<Self>> {
