@@ -124,8 +124,13 @@ mod tests {
     use super::*;
     use variorum_model::{harness, zoo};
 
+    /// Burn's CPU backend has one process-wide RNG, which the trainer reseeds every step: the
+    /// harness's seeded initialisations must not interleave with a training run.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     #[test]
     fn the_registered_kind_passes_the_generic_harness() {
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
         register();
         let variants = zoo::attention_variants_of("qk-norm");
         assert_eq!(variants.len(), 3, "the kind's three test variants");
@@ -139,6 +144,7 @@ mod tests {
 
     #[test]
     fn a_toml_config_selects_it_by_name_and_the_trainer_trains_it() {
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
         register();
         let dir = std::env::temp_dir().join(format!("variorum-own-attention-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
