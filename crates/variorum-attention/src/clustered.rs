@@ -108,9 +108,7 @@ impl AttentionKind for ClusteredConfig {
             "model.attention.iterations must be at least 1 (the centroids are their members' means)".into()
         })?;
         check(self.top_k != Some(0), || "model.attention.top_k must be at least 1 (or absent)".into())?;
-        check((0.0..1.0).contains(&self.dropout), || {
-            format!("model.attention.dropout = {} must be in [0, 1)", self.dropout)
-        })
+        crate::kind::check_dropout(self.dropout)
     }
 
     fn head_shape(&self, d_model: usize) -> HeadShape {

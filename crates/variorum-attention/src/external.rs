@@ -96,21 +96,19 @@ pub(crate) fn test_variants() -> Vec<TestVariant<AttentionConfig>> {
     registry.iter().flat_map(|e| (e.variants)(e.kind)).collect()
 }
 
-/// The config of registered kind `kind` from its table (the `kind` key included); `None` when no
-/// kind of that name is registered.
-pub(crate) fn parse_registered(kind: &str, mut table: serde_json::Value) -> Option<Result<ExternalConfig, String>> {
+/// The config of registered kind `kind` from its table (the `kind` key included).
+pub(crate) fn parse_registered(kind: &str, mut table: serde_json::Value) -> Result<ExternalConfig, String> {
     let registry = REGISTRY.read().unwrap_or_else(|e| e.into_inner());
-    let entry = registry.iter().find(|e| e.kind == kind)?;
+    let entry = registry.iter().find(|e| e.kind == kind).ok_or_else(|| format!("unknown attention kind `{kind}`"))?;
     if let Some(map) = table.as_object_mut() {
         map.remove("kind");
     }
-    Some((entry.parse)(table).map(|config| ExternalConfig { kind: entry.kind, config }))
+    (entry.parse)(table).map(|config| ExternalConfig { kind: entry.kind, config })
 }
 
 /// What the registry asks of a config, object-safe; implemented for every [`AttentionKind`].
 pub trait DynKind: Debug + Send + Sync {
     fn clone_box(&self) -> Box<dyn DynKind>;
-    fn as_any(&self) -> &dyn Any;
     fn to_value(&self) -> serde_json::Value;
     fn capabilities(&self) -> Capabilities;
     fn why_not_causal(&self) -> &'static str;
@@ -130,9 +128,6 @@ pub trait DynKind: Debug + Send + Sync {
 impl<C: AttentionKind> DynKind for C {
     fn clone_box(&self) -> Box<dyn DynKind> {
         Box::new(self.clone())
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
     }
     fn to_value(&self) -> serde_json::Value {
         serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
@@ -186,11 +181,6 @@ pub struct ExternalConfig {
 }
 
 impl ExternalConfig {
-    /// The settings as the user's type `C`, when they are one.
-    pub fn get<C: 'static>(&self) -> Option<&C> {
-        self.config.as_any().downcast_ref()
-    }
-
     pub(crate) fn with(&self, config: Box<dyn DynKind>) -> Self {
         Self { kind: self.kind, config }
     }
@@ -247,7 +237,6 @@ impl Serialize for ExternalConfig {
 /// [`AttentionMechanism`].
 pub trait DynMechanism: Debug + Send {
     fn clone_box(&self) -> Box<dyn DynMechanism>;
-    fn as_any(&self) -> &dyn Any;
     fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput;
     fn extend_cache(&self, x: Tensor<3>, mask: &AttentionMask, state: &mut AttentionState);
     fn content_only(&self, query: Tensor<3>, key_value: Tensor<3>) -> Tensor<3>;
@@ -270,9 +259,6 @@ pub trait DynMechanism: Debug + Send {
 impl<M: AttentionMechanism + 'static> DynMechanism for M {
     fn clone_box(&self) -> Box<dyn DynMechanism> {
         Box::new(self.clone())
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
     }
     fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
         AttentionMechanism::forward(self, input, state)
@@ -330,13 +316,6 @@ impl<M: AttentionMechanism + 'static> DynMechanism for M {
 /// A registered kind's initialised mechanism.
 #[derive(Debug)]
 pub struct ExternalAttention(pub Box<dyn DynMechanism>);
-
-impl ExternalAttention {
-    /// The mechanism as the user's type `M`, when it is one.
-    pub fn get<M: 'static>(&self) -> Option<&M> {
-        self.0.as_any().downcast_ref()
-    }
-}
 
 impl Clone for ExternalAttention {
     fn clone(&self) -> Self {

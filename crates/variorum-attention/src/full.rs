@@ -237,9 +237,7 @@ impl AttentionKind for MultiHeadAttentionConfig {
                 divisors(self.n_heads)
             )
         })?;
-        check((0.0..1.0).contains(&self.dropout), || {
-            format!("model.attention.dropout = {} must be in [0, 1)", self.dropout)
-        })
+        crate::kind::check_dropout(self.dropout)
     }
 
     fn head_shape(&self, d_model: usize) -> HeadShape {

@@ -171,9 +171,7 @@ impl AttentionKind for InducingPointsConfig {
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         kernel::validate_heads(self.n_heads, self.head_dim, 1, d_model)?;
         check(self.slots >= 1, || "model.attention.slots must be at least 1 (the number of inducing points)".into())?;
-        check((0.0..1.0).contains(&self.dropout), || {
-            format!("model.attention.dropout = {} must be in [0, 1)", self.dropout)
-        })
+        crate::kind::check_dropout(self.dropout)
     }
 
     fn head_shape(&self, d_model: usize) -> HeadShape {

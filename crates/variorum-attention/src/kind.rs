@@ -175,6 +175,13 @@ pub trait AttentionMechanism: Module + burn::module::ModuleDisplay + core::fmt::
     fn after_optimizer_step(&mut self, _step: usize) {}
 }
 
+/// Refuses a dropout probability outside [0, 1) for `model.attention.dropout`.
+pub fn check_dropout(dropout: f64) -> Result<(), ConfigError> {
+    variorum_core::error::check((0.0..1.0).contains(&dropout), || {
+        format!("model.attention.dropout = {dropout} must be in [0, 1)")
+    })
+}
+
 /// Capability presets the kinds declare theirs from.
 pub mod caps {
     use variorum_core::Capabilities;

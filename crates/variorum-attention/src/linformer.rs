@@ -132,9 +132,7 @@ impl AttentionKind for LinformerConfig {
         check(self.k <= self.max_len, || {
             format!("model.attention.k = {} must be at most model.attention.max_len = {}", self.k, self.max_len)
         })?;
-        check((0.0..1.0).contains(&self.dropout), || {
-            format!("model.attention.dropout = {} must be in [0, 1)", self.dropout)
-        })
+        crate::kind::check_dropout(self.dropout)
     }
 
     /// Refuses sequences (or cross-attention sources) longer than the projections' n.

@@ -119,9 +119,7 @@ impl AttentionKind for LshConfig {
 
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         kernel::validate_heads(self.n_heads, self.head_dim, self.chunk, d_model)?;
-        check((0.0..1.0).contains(&self.dropout), || {
-            format!("model.attention.dropout = {} must be in [0, 1)", self.dropout)
-        })?;
+        crate::kind::check_dropout(self.dropout)?;
         check(self.buckets == 1 || (self.buckets >= 2 && self.buckets % 2 == 0), || {
             format!("model.attention.buckets = {} must be 1 or even (h(x) = argmax([xR; −xR]))", self.buckets)
         })?;

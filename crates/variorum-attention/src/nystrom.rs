@@ -148,9 +148,7 @@ impl AttentionKind for NystromConfig {
         check(self.conv_kernel.is_none_or(|c| c % 2 == 1), || {
             format!("model.attention.conv_kernel = {:?} must be odd (a centred kernel)", self.conv_kernel)
         })?;
-        check((0.0..1.0).contains(&self.dropout), || {
-            format!("model.attention.dropout = {} must be in [0, 1)", self.dropout)
-        })
+        crate::kind::check_dropout(self.dropout)
     }
 
     fn head_shape(&self, d_model: usize) -> HeadShape {

@@ -129,9 +129,7 @@ impl AttentionKind for ProbSparseConfig {
         check(self.factor.is_finite() && self.factor > 0.0, || {
             format!("model.attention.factor = {} must be a positive number (U = ⌈c·ln L⌉)", self.factor)
         })?;
-        check((0.0..1.0).contains(&self.dropout), || {
-            format!("model.attention.dropout = {} must be in [0, 1)", self.dropout)
-        })
+        crate::kind::check_dropout(self.dropout)
     }
 
     fn head_shape(&self, d_model: usize) -> HeadShape {

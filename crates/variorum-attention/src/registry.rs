@@ -59,19 +59,18 @@ macro_rules! attention_kinds {
             /// enum, whose errors name the unknown key or kind and what would work.
             fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
                 let table = serde_json::Value::deserialize(deserializer)?;
-                let kind = table.get("kind").and_then(|k| k.as_str()).map(str::to_owned);
-                if let Some(kind) = &kind
-                    && let Some(parsed) = crate::external::parse_registered(kind, table.clone())
-                {
-                    return parsed.map(Self::External).map_err(serde::de::Error::custom);
+                let registered = crate::external::registered_kinds();
+                let kind = table.get("kind").and_then(|k| k.as_str());
+                if let Some(kind) = kind.and_then(|k| registered.iter().copied().find(|r| *r == k)) {
+                    return crate::external::parse_registered(kind, table)
+                        .map(Self::External)
+                        .map_err(serde::de::Error::custom);
                 }
-                let builtin = BuiltinConfig::deserialize(table).map_err(|e| {
-                    let registered = crate::external::registered_kinds();
-                    if registered.is_empty() || !e.to_string().starts_with("unknown variant") {
-                        serde::de::Error::custom(e)
-                    } else {
-                        serde::de::Error::custom(format!("{e}, or a registered kind: {}", registered.join(", ")))
-                    }
+                // an unknown kind: serde lists the built-in ones, the registered ones are added
+                let unknown = kind.is_some_and(|k| !Self::builtin_kinds().contains(&k)) && !registered.is_empty();
+                let builtin = BuiltinConfig::deserialize(table).map_err(|e| match unknown {
+                    true => serde::de::Error::custom(format!("{e}, or a registered kind: {}", registered.join(", "))),
+                    false => serde::de::Error::custom(e),
                 })?;
                 Ok(match builtin {
                     $( BuiltinConfig::$variant(c) => Self::$variant(c), )+

@@ -113,9 +113,7 @@ impl AttentionKind for RoutingConfig {
         crate::MultiHeadAttentionConfig { n_heads: self.n_heads, head_dim: self.head_dim, ..Default::default() }
             .validate(d_model)?;
         check(self.window >= 1, || "model.attention.window must be at least 1".into())?;
-        check((0.0..1.0).contains(&self.dropout), || {
-            format!("model.attention.dropout = {} must be in [0, 1)", self.dropout)
-        })?;
+        crate::kind::check_dropout(self.dropout)?;
         check(self.clusters >= 1, || "model.attention.clusters must be at least 1".into())?;
         check((0.0..1.0).contains(&self.decay), || {
             format!("model.attention.decay = {} must be in [0, 1)", self.decay)

@@ -137,9 +137,7 @@ impl AttentionKind for SinkhornConfig {
         crate::MultiHeadAttentionConfig { n_heads: self.n_heads, head_dim: self.head_dim, ..Default::default() }
             .validate(d_model)?;
         check(self.block >= 1, || "model.attention.block must be at least 1".into())?;
-        check((0.0..1.0).contains(&self.dropout), || {
-            format!("model.attention.dropout = {} must be in [0, 1)", self.dropout)
-        })?;
+        crate::kind::check_dropout(self.dropout)?;
         check(self.iterations >= 1, || "model.attention.iterations must be at least 1".into())?;
         check(self.temperature > 0.0, || format!("model.attention.temperature = {} must be > 0", self.temperature))?;
         check(self.sortcut != Some(0), || "model.attention.sortcut must be at least 1 block".into())

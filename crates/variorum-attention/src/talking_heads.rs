@@ -19,7 +19,7 @@ use burn::module::Param;
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
 use serde::{Deserialize, Serialize};
-use variorum_core::{ConfigError, error::check};
+use variorum_core::ConfigError;
 use variorum_position::{HeadShape, PositionConfig, RotaryConfig};
 
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
@@ -78,10 +78,8 @@ impl AttentionKind for TalkingHeadsConfig {
     }
 
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
-        self.heads().validate(d_model)?;
-        check((0.0..1.0).contains(&self.dropout), || {
-            format!("model.attention.dropout = {} must be in [0, 1)", self.dropout)
-        })
+        // the head checks of `full`, dropout included
+        self.heads().validate(d_model)
     }
 
     fn head_shape(&self, d_model: usize) -> HeadShape {
