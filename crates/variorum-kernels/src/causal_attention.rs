@@ -24,65 +24,15 @@
 //! [`causal_attention`] returns `None` where the kernel does not apply (another backend or float
 //! type), and the caller composes the ops instead.
 
-#[cfg(feature = "flex")]
-use crate::{fast_math, has_kernel};
-#[cfg(feature = "flex")]
-use burn::backend::autodiff::NodeId;
-#[cfg(feature = "flex")]
-use burn::backend::autodiff::checkpoint::base::Checkpointer;
-#[cfg(feature = "flex")]
-use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
-#[cfg(feature = "flex")]
-use burn::backend::autodiff::grads::Gradients;
-#[cfg(feature = "flex")]
-use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
-#[cfg(feature = "flex")]
-use burn::backend::flex::FlexTensor;
-#[cfg(feature = "flex")]
-use burn::backend::tensor::FloatTensor;
-#[cfg(feature = "flex")]
-use burn::backend::{Autodiff, Backend, Dispatch, Flex, backend_extension};
 use burn::prelude::*;
-#[cfg(feature = "flex")]
-use rayon::prelude::*;
-
-#[cfg(feature = "flex")]
-/// Query rows scored together: a block × L score row set stays in L2 (64 × 1,024 floats is
-/// 256 KiB), and the causal saving is lost only inside the diagonal block.
-pub const QUERY_BLOCK: usize = 64;
-
-#[cfg(feature = "flex")]
-/// Causal attention of the backends that have a kernel for it.
-#[backend_extension(Flex, Autodiff)]
-pub trait FusedAttention: Backend {
-    /// `q: [b, h, Lq, d_h]` (scaled), `k`, `v: [b, h_kv, Lk, d_h]` → `[b, Lq, h · d_h]`; key j
-    /// is visible to query i when j ≤ i + `offset`.
-    fn causal_attention(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        offset: usize,
-    ) -> FloatTensor<Self>;
-
-    /// Self-attention straight from a fused projection's output `qkv: [b, L, (h + 2 h_kv) · d_h]`
-    /// (queries, keys, values side by side, unscaled) → `[b, L, h · d_h]`, scores
-    /// `scale · q kᵀ`; its gradient comes back in the projection's layout, so no head split,
-    /// scaling or merge is recorded, forward or backward.
-    fn causal_self_attention(
-        qkv: FloatTensor<Self>,
-        n_heads: usize,
-        n_kv_heads: usize,
-        scale: f64,
-        offset: usize,
-    ) -> FloatTensor<Self>;
-}
 
 /// softmax(q kᵀ + causal mask) v with the heads merged, `[b, Lq, h · d_h]`, by the fused kernel;
 /// `None` on a backend or float type without it.
 pub fn causal_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, offset: usize) -> Option<Tensor<3>> {
     #[cfg(feature = "flex")]
-    if has_kernel(&q) && has_kernel(&k) && has_kernel(&v) {
-        let d = Dispatch::causal_attention(q.into_dispatch(), k.into_dispatch(), v.into_dispatch(), offset);
+    if crate::has_kernel(&q) && crate::has_kernel(&k) && crate::has_kernel(&v) {
+        let d =
+            burn::backend::Dispatch::causal_attention(q.into_dispatch(), k.into_dispatch(), v.into_dispatch(), offset);
         return Some(Tensor::from_dispatch(d));
     }
     let _ = (q, k, v, offset);
@@ -99,8 +49,8 @@ pub fn causal_self_attention(
     offset: usize,
 ) -> Option<Tensor<3>> {
     #[cfg(feature = "flex")]
-    if has_kernel(&qkv) {
-        let d = Dispatch::causal_self_attention(qkv.into_dispatch(), n_heads, n_kv_heads, scale, offset);
+    if crate::has_kernel(&qkv) {
+        let d = burn::backend::Dispatch::causal_self_attention(qkv.into_dispatch(), n_heads, n_kv_heads, scale, offset);
         return Some(Tensor::from_dispatch(d));
     }
     let _ = (qkv, n_heads, n_kv_heads, scale, offset);
@@ -108,673 +58,699 @@ pub fn causal_self_attention(
 }
 
 #[cfg(feature = "flex")]
-/// A `[b, heads, L, d_h]` tensor read in place: its storage and the element strides of each axis.
-struct Heads<'a> {
-    data: &'a [f32],
-    start: usize,
-    dims: [usize; 4],
-    strides: [isize; 4],
-}
+pub use flex::*;
 
+/// The kernels themselves, compiled with the `flex` feature.
 #[cfg(feature = "flex")]
-impl<'a> Heads<'a> {
-    /// The view of `t` as it is stored (callers make negative strides contiguous first: `readable`).
-    fn of(t: &'a FlexTensor) -> Self {
+mod flex {
+    use super::*;
+
+    use crate::fast_math;
+    use burn::backend::autodiff::NodeId;
+    use burn::backend::autodiff::checkpoint::base::Checkpointer;
+    use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+    use burn::backend::autodiff::grads::Gradients;
+    use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+    use burn::backend::flex::FlexTensor;
+    use burn::backend::tensor::FloatTensor;
+    use burn::backend::{Autodiff, Backend, Flex, backend_extension};
+    use rayon::prelude::*;
+
+    /// Query rows scored together: a block × L score row set stays in L2 (64 × 1,024 floats is
+    /// 256 KiB), and the causal saving is lost only inside the diagonal block.
+    pub const QUERY_BLOCK: usize = 64;
+
+    /// Causal attention of the backends that have a kernel for it.
+    #[backend_extension(Flex, Autodiff)]
+    pub trait FusedAttention: Backend {
+        /// `q: [b, h, Lq, d_h]` (scaled), `k`, `v: [b, h_kv, Lk, d_h]` → `[b, Lq, h · d_h]`; key j
+        /// is visible to query i when j ≤ i + `offset`.
+        fn causal_attention(
+            q: FloatTensor<Self>,
+            k: FloatTensor<Self>,
+            v: FloatTensor<Self>,
+            offset: usize,
+        ) -> FloatTensor<Self>;
+
+        /// Self-attention straight from a fused projection's output `qkv: [b, L, (h + 2 h_kv) · d_h]`
+        /// (queries, keys, values side by side, unscaled) → `[b, L, h · d_h]`, scores
+        /// `scale · q kᵀ`; its gradient comes back in the projection's layout, so no head split,
+        /// scaling or merge is recorded, forward or backward.
+        fn causal_self_attention(
+            qkv: FloatTensor<Self>,
+            n_heads: usize,
+            n_kv_heads: usize,
+            scale: f64,
+            offset: usize,
+        ) -> FloatTensor<Self>;
+    }
+
+    /// A `[b, heads, L, d_h]` tensor read in place: its storage and the element strides of each axis.
+    struct Heads<'a> {
+        data: &'a [f32],
+        start: usize,
+        dims: [usize; 4],
+        strides: [isize; 4],
+    }
+
+    impl<'a> Heads<'a> {
+        /// The view of `t` as it is stored (callers make negative strides contiguous first: `readable`).
+        fn of(t: &'a FlexTensor) -> Self {
+            let l = t.layout();
+            let dims: [usize; 4] = l.shape().to_vec().try_into().expect("a 4-D tensor");
+            let strides: [isize; 4] = l.strides().try_into().expect("a 4-D tensor");
+            Self { data: t.storage::<f32>(), start: l.start_offset(), dims, strides }
+        }
+
+        /// Pointer to row 0 of head (`b`, `h`).
+        fn head(&self, b: usize, h: usize) -> *const f32 {
+            let off = self.start as isize + b as isize * self.strides[0] + h as isize * self.strides[1];
+            // SAFETY: (b, h) is within dims, so the offset is inside the tensor's storage
+            unsafe { self.data.as_ptr().offset(off) }
+        }
+
+        fn rs(&self) -> isize {
+            self.strides[2]
+        }
+
+        fn cs(&self) -> isize {
+            self.strides[3]
+        }
+    }
+
+    fn readable(t: &FlexTensor) -> FlexTensor {
+        if t.layout().strides().iter().all(|&s| s >= 0) { t.clone() } else { t.to_contiguous() }
+    }
+
+    /// A pointer shared by tasks that write disjoint parts of one buffer.
+    #[derive(Clone, Copy)]
+    struct Shared(*mut f32);
+
+    // SAFETY: every task writes only the rows of its own (batch, key/value head)
+    unsafe impl Send for Shared {}
+
+    unsafe impl Sync for Shared {}
+
+    impl Shared {
+        /// The pointer (a method, so closures capture the `Send` wrapper and not its field).
+        fn at(self, i: usize) -> *mut f32 {
+            self.0.wrapping_add(i)
+        }
+    }
+
+    /// dst (m × n) := [dst +] factor · lhs (m × k) · rhs (k × n); strides in elements, (row, column).
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn gemm(
+        (m, n, k): (usize, usize, usize),
+        dst: *mut f32,
+        dst_rs: isize,
+        accumulate: bool,
+        lhs: *const f32,
+        (lhs_rs, lhs_cs): (isize, isize),
+        rhs: *const f32,
+        (rhs_rs, rhs_cs): (isize, isize),
+        factor: f32,
+    ) {
+        // SAFETY: the caller's pointers and strides describe matrices of these sizes
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                dst,
+                1,
+                dst_rs,
+                accumulate,
+                lhs,
+                lhs_cs,
+                lhs_rs,
+                rhs,
+                rhs_cs,
+                rhs_rs,
+                if accumulate { 1.0 } else { 0.0 },
+                factor,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            )
+        }
+    }
+
+    /// The shapes of one call.
+    #[derive(Debug, Clone, Copy)]
+    struct Shape {
+        b: usize,
+        h: usize,
+        h_kv: usize,
+        lq: usize,
+        lk: usize,
+        dh: usize,
+        offset: usize,
+    }
+
+    impl Shape {
+        fn of(q: &Heads, k: &Heads, v: &Heads, offset: usize) -> Self {
+            let [b, h, lq, dh] = q.dims;
+            let [_, h_kv, lk, _] = k.dims;
+            assert!(h_kv > 0 && h % h_kv == 0, "query heads {h} are not a multiple of key/value heads {h_kv}");
+            assert_eq!(k.dims, v.dims, "keys and values differ in shape");
+            assert!(lk > 0 && k.dims[0] == b && k.dims[3] == dh, "keys {:?} do not fit queries {:?}", k.dims, q.dims);
+            Self { b, h, h_kv, lq, lk, dh, offset }
+        }
+
+        fn group(&self) -> usize {
+            self.h / self.h_kv
+        }
+
+        /// Query blocks: (first row, rows, keys the block's last row sees).
+        fn blocks(&self) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
+            (0..self.lq).step_by(QUERY_BLOCK).map(|q0| {
+                let rows = QUERY_BLOCK.min(self.lq - q0);
+                (q0, rows, self.lk.min(q0 + rows + self.offset))
+            })
+        }
+
+        /// Keys visible to query `i`.
+        fn visible(&self, i: usize) -> usize {
+            self.lk.min(i + self.offset + 1)
+        }
+
+        /// Merged-heads row stride of the output and its gradient.
+        fn out_rs(&self) -> isize {
+            (self.h * self.dh) as isize
+        }
+    }
+
+    /// `factor` · scores of a query block against the first `kend` keys into `s` (rows × kend).
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn scores(
+        sh: &Shape,
+        q: *const f32,
+        q_rc: (isize, isize),
+        k: *const f32,
+        k_rc: (isize, isize),
+        rows: usize,
+        kend: usize,
+        s: &mut [f32],
+        factor: f32,
+    ) {
+        // Kᵀ as a (d_h × kend) matrix: element (d, j) is K[j, d]
+        unsafe { gemm((rows, kend, sh.dh), s.as_mut_ptr(), kend as isize, false, q, q_rc, k, (k_rc.1, k_rc.0), factor) }
+    }
+
+    crate::wide_vectors! {
+        /// Rows of `s` (`kend` scores each) to probabilities over their first `visible(r)` entries,
+        /// zeros after; each row's log-sum-exp into `lse`.
+        fn softmax_rows(s: &mut [f32], kend: usize, visible: impl Fn(usize) -> usize, lse: &mut [f32]) {
+            for ((r, row), l) in s.chunks_exact_mut(kend).enumerate().zip(lse) {
+                let (seen, hidden) = row.split_at_mut(visible(r));
+                let m = fast_math::max(seen);
+                seen.iter_mut().for_each(|x| *x = fast_math::exp_neg(*x - m));
+                let total = fast_math::sum(seen);
+                let inv = 1.0 / total;
+                seen.iter_mut().for_each(|x| *x *= inv);
+                hidden.fill(0.0);
+                *l = m + total.ln();
+            }
+        }
+    }
+
+    crate::wide_vectors! {
+        /// Scores to the probabilities of the forward pass, P = exp(S − ℓ), zeros past `visible(r)`.
+        fn probabilities(s: &mut [f32], kend: usize, visible: impl Fn(usize) -> usize, lse: &[f32]) {
+            for ((r, row), &l) in s.chunks_exact_mut(kend).enumerate().zip(lse) {
+                let (seen, hidden) = row.split_at_mut(visible(r));
+                seen.iter_mut().for_each(|x| *x = fast_math::exp_neg(*x - l));
+                hidden.fill(0.0);
+            }
+        }
+    }
+
+    crate::wide_vectors! {
+        /// dS = P ∘ (dP − D) in place of dP, D_r = Σ_d dO_rd O_rd from the rows of `dout` and `o`
+        /// (row stride `out_rs`, from element `first`).
+        fn score_gradients(ds: &mut [f32], p: &[f32], kend: usize, dout: &[f32], o: &[f32], first: usize, out_rs: usize, dh: usize) {
+            for (r, (dsr, pr)) in ds.chunks_exact_mut(kend).zip(p.chunks_exact(kend)).enumerate() {
+                let at = first + r * out_rs;
+                let d = fast_math::dot(&dout[at..at + dh], &o[at..at + dh]);
+                dsr.iter_mut().zip(pr).for_each(|(x, &pv)| *x = pv * (*x - d));
+            }
+        }
+    }
+
+    /// Forward over views: the output `[b, Lq, h · d_h]` (heads merged) and the log-sum-exp of every
+    /// row, `[b, h, Lq]`; scores are `scale · q kᵀ`.
+    fn forward_views(q: &Heads, k: &Heads, v: &Heads, scale: f32, offset: usize) -> (FlexTensor, FlexTensor) {
+        let sh = Shape::of(q, k, v, offset);
+        let (g, dh) = (sh.group(), sh.dh);
+        // written only by the GEMMs below, through pointers, each element once: no zero fill
+        let n_out = sh.b * sh.lq * sh.h * dh;
+        let mut out: Vec<f32> = Vec::with_capacity(n_out);
+        let mut lse = vec![0.0f32; sh.b * sh.h * sh.lq];
+        let (out_ptr, lse_ptr) = (Shared(out.as_mut_ptr()), Shared(lse.as_mut_ptr()));
+        (0..sh.b * sh.h_kv).into_par_iter().for_each(|task| {
+            let (bi, kv) = (task / sh.h_kv, task % sh.h_kv);
+            let (kp, vp) = (k.head(bi, kv), v.head(bi, kv));
+            let mut s = vec![0.0f32; QUERY_BLOCK * sh.lk];
+            for hi in kv * g..(kv + 1) * g {
+                let qp = q.head(bi, hi);
+                for (q0, rows, kend) in sh.blocks() {
+                    let s = &mut s[..rows * kend];
+                    let qb = qp.wrapping_offset(q0 as isize * q.rs());
+                    // SAFETY: row q0.. of this head, keys 0..kend ≤ Lk
+                    unsafe { scores(&sh, qb, (q.rs(), q.cs()), kp, (k.rs(), k.cs()), rows, kend, s, scale) };
+                    // SAFETY: rows (bi, hi, q0..q0 + rows) of lse belong to this task
+                    let l = unsafe { std::slice::from_raw_parts_mut(lse_ptr.at((bi * sh.h + hi) * sh.lq + q0), rows) };
+                    softmax_rows(s, kend, |r| sh.visible(q0 + r), l);
+                    let o = out_ptr.at((bi * sh.lq + q0) * sh.h * dh + hi * dh);
+                    // SAFETY: rows q0..q0+rows, columns of head hi: this task's
+                    unsafe {
+                        gemm(
+                            (rows, dh, kend),
+                            o,
+                            sh.out_rs(),
+                            false,
+                            s.as_ptr(),
+                            (kend as isize, 1),
+                            vp,
+                            (v.rs(), v.cs()),
+                            1.0,
+                        )
+                    };
+                }
+            }
+        });
+        // SAFETY: each task wrote the rows of its (batch, key/value head) for every query block
+        unsafe { out.set_len(n_out) };
+        let lse = FlexTensor::from_data(TensorData::new(lse, [sh.b, sh.h, sh.lq]));
+        (FlexTensor::from_data(TensorData::new(out, [sh.b, sh.lq, sh.h * dh])), lse)
+    }
+
+    /// Where the backward writes one of dq, dk, dv: element (b, head, row, d) at
+    /// `ptr + b·strides[0] + head·strides[1] + row·strides[2] + d`.
+    #[derive(Clone, Copy)]
+    struct Dest {
+        ptr: Shared,
+        strides: [usize; 3],
+    }
+
+    impl Dest {
+        fn head(self, b: usize, h: usize) -> *mut f32 {
+            self.ptr.at(b * self.strides[0] + h * self.strides[1])
+        }
+
+        fn rs(self) -> isize {
+            self.strides[2] as isize
+        }
+    }
+
+    /// Backward over views, into `dq` (written once per element) and `dk`, `dv` (accumulated into:
+    /// they must start at zero).
+    #[allow(clippy::too_many_arguments)]
+    fn backward_views(
+        (qh, kh, vh): (&Heads, &Heads, &Heads),
+        out: &FlexTensor,
+        lse: &[f32],
+        grad: &FlexTensor,
+        scale: f32,
+        offset: usize,
+        [dq, dk, dv]: [Dest; 3],
+    ) {
+        let sh = Shape::of(qh, kh, vh, offset);
+        let (g, dh) = (sh.group(), sh.dh);
+        let (out, grad) = (out.to_contiguous(), grad.to_contiguous());
+        let (o, dout) = (out.storage::<f32>(), grad.storage::<f32>());
+        let out_rs = sh.out_rs();
+        (0..sh.b * sh.h_kv).into_par_iter().for_each(|task| {
+            let (bi, kv) = (task / sh.h_kv, task % sh.h_kv);
+            let (kp, vp) = (kh.head(bi, kv), vh.head(bi, kv));
+            let (dkp, dvp) = (dk.head(bi, kv), dv.head(bi, kv));
+            let mut p = vec![0.0f32; QUERY_BLOCK * sh.lk];
+            let mut ds = vec![0.0f32; QUERY_BLOCK * sh.lk];
+            for hi in kv * g..(kv + 1) * g {
+                let qp = qh.head(bi, hi);
+                for (q0, rows, kend) in sh.blocks() {
+                    let (p, ds) = (&mut p[..rows * kend], &mut ds[..rows * kend]);
+                    let qb = qp.wrapping_offset(q0 as isize * qh.rs());
+                    let first = (bi * sh.lq + q0) * sh.h * dh + hi * dh;
+                    let dob = dout[first..].as_ptr();
+                    let (qrc, krc, vrc) = ((qh.rs(), qh.cs()), (kh.rs(), kh.cs()), (vh.rs(), vh.cs()));
+                    // SAFETY (all gemm calls below): rows q0.. of head hi and keys 0..kend, inside
+                    // their tensors; dq/dk/dv rows written are this task's
+                    unsafe { scores(&sh, qb, qrc, kp, krc, rows, kend, p, scale) };
+                    let l = &lse[(bi * sh.h + hi) * sh.lq + q0..];
+                    probabilities(p, kend, |r| sh.visible(q0 + r), l);
+                    let pt = (1, kend as isize);
+                    // dV += Pᵀ dO
+                    unsafe { gemm((kend, dh, rows), dvp, dv.rs(), true, p.as_ptr(), pt, dob, (out_rs, 1), 1.0) };
+                    // dP = dO Vᵀ
+                    let vt = (vrc.1, vrc.0);
+                    unsafe {
+                        gemm((rows, kend, dh), ds.as_mut_ptr(), kend as isize, false, dob, (out_rs, 1), vp, vt, 1.0)
+                    };
+                    // dS = P ∘ (dP − D)
+                    score_gradients(ds, p, kend, dout, o, first, out_rs as usize, dh);
+                    // dQ = scale · dS K
+                    let dqb = dq.head(bi, hi).wrapping_add(q0 * dq.strides[2]);
+                    let dsr = (kend as isize, 1);
+                    unsafe { gemm((rows, dh, kend), dqb, dq.rs(), false, ds.as_ptr(), dsr, kp, krc, scale) };
+                    // dK += scale · dSᵀ Q
+                    unsafe { gemm((kend, dh, rows), dkp, dk.rs(), true, ds.as_ptr(), pt, qb, qrc, scale) };
+                }
+            }
+        });
+    }
+
+    /// Forward of [`FusedAttention::causal_attention`].
+    fn forward_kernel(q: &FlexTensor, k: &FlexTensor, v: &FlexTensor, offset: usize) -> (FlexTensor, FlexTensor) {
+        let (q, k, v) = (readable(q), readable(k), readable(v));
+        forward_views(&Heads::of(&q), &Heads::of(&k), &Heads::of(&v), 1.0, offset)
+    }
+
+    /// Backward of [`FusedAttention::causal_attention`]: (dq, dk, dv), contiguous, in the shapes of
+    /// q, k, v.
+    fn backward_kernel(
+        q: &FlexTensor,
+        k: &FlexTensor,
+        v: &FlexTensor,
+        out: &FlexTensor,
+        lse: &[f32],
+        grad: &FlexTensor,
+        offset: usize,
+    ) -> [FlexTensor; 3] {
+        let (q, k, v) = (readable(q), readable(k), readable(v));
+        let (qh, kh, vh) = (Heads::of(&q), Heads::of(&k), Heads::of(&v));
+        let ([b, h, lq, dh], [_, h_kv, lk, _]) = (qh.dims, kh.dims);
+        // dq is written once by GEMMs (no zero fill); dk and dv accumulate
+        let n_dq = b * h * lq * dh;
+        let mut dq: Vec<f32> = Vec::with_capacity(n_dq);
+        let mut dk = vec![0.0f32; b * h_kv * lk * dh];
+        let mut dv = vec![0.0f32; b * h_kv * lk * dh];
+        let dest = |ptr: *mut f32, heads: usize, len: usize| Dest {
+            ptr: Shared(ptr),
+            strides: [heads * len * dh, len * dh, dh],
+        };
+        let dests = [dest(dq.as_mut_ptr(), h, lq), dest(dk.as_mut_ptr(), h_kv, lk), dest(dv.as_mut_ptr(), h_kv, lk)];
+        backward_views((&qh, &kh, &vh), out, lse, grad, 1.0, offset, dests);
+        // SAFETY: every query block of every head was written by its task
+        unsafe { dq.set_len(n_dq) };
+        let data = |x: Vec<f32>, dims: [usize; 4]| FlexTensor::from_data(TensorData::new(x, dims));
+        [data(dq, qh.dims), data(dk, kh.dims), data(dv, vh.dims)]
+    }
+
+    /// The query, key and value heads of a fused projection's output `[b, L, (h + 2 h_kv) · d_h]`,
+    /// read in place.
+    fn packed_views(qkv: &FlexTensor, n_heads: usize, n_kv_heads: usize) -> [Heads<'_>; 3] {
+        let l = qkv.layout();
+        let [b, len, width]: [usize; 3] = l.shape().to_vec().try_into().expect("a 3-D projection");
+        let dh = width / (n_heads + 2 * n_kv_heads);
+        let view = |first: usize, heads: usize| Heads {
+            data: qkv.storage::<f32>(),
+            start: l.start_offset() + first * dh,
+            dims: [b, heads, len, dh],
+            strides: [(len * width) as isize, dh as isize, width as isize, 1],
+        };
+        [view(0, n_heads), view(n_heads, n_kv_heads), view(n_heads + n_kv_heads, n_kv_heads)]
+    }
+
+    /// Forward of [`FusedAttention::causal_self_attention`].
+    fn packed_forward(qkv: &FlexTensor, heads: (usize, usize), scale: f64, offset: usize) -> (FlexTensor, FlexTensor) {
+        let qkv = readable_packed(qkv);
+        let [q, k, v] = packed_views(&qkv, heads.0, heads.1);
+        forward_views(&q, &k, &v, scale as f32, offset)
+    }
+
+    /// The projection contiguous in its last axis (how `packed_views` reads it).
+    fn readable_packed(t: &FlexTensor) -> FlexTensor {
         let l = t.layout();
-        let dims: [usize; 4] = l.shape().to_vec().try_into().expect("a 4-D tensor");
-        let strides: [isize; 4] = l.strides().try_into().expect("a 4-D tensor");
-        Self { data: t.storage::<f32>(), start: l.start_offset(), dims, strides }
+        let s = l.strides();
+        let dims = l.shape().to_vec();
+        let dense = s.len() == 3 && s[2] == 1 && s[1] == dims[2] as isize && s[0] == (dims[1] * dims[2]) as isize;
+        if dense { t.clone() } else { t.to_contiguous() }
     }
 
-    /// Pointer to row 0 of head (`b`, `h`).
-    fn head(&self, b: usize, h: usize) -> *const f32 {
-        let off = self.start as isize + b as isize * self.strides[0] + h as isize * self.strides[1];
-        // SAFETY: (b, h) is within dims, so the offset is inside the tensor's storage
-        unsafe { self.data.as_ptr().offset(off) }
-    }
-
-    fn rs(&self) -> isize {
-        self.strides[2]
-    }
-
-    fn cs(&self) -> isize {
-        self.strides[3]
-    }
-}
-
-#[cfg(feature = "flex")]
-fn readable(t: &FlexTensor) -> FlexTensor {
-    if t.layout().strides().iter().all(|&s| s >= 0) { t.clone() } else { t.to_contiguous() }
-}
-
-#[cfg(feature = "flex")]
-/// A pointer shared by tasks that write disjoint parts of one buffer.
-#[derive(Clone, Copy)]
-struct Shared(*mut f32);
-// SAFETY: every task writes only the rows of its own (batch, key/value head)
-#[cfg(feature = "flex")]
-unsafe impl Send for Shared {}
-#[cfg(feature = "flex")]
-unsafe impl Sync for Shared {}
-
-#[cfg(feature = "flex")]
-impl Shared {
-    /// The pointer (a method, so closures capture the `Send` wrapper and not its field).
-    fn at(self, i: usize) -> *mut f32 {
-        self.0.wrapping_add(i)
-    }
-}
-
-#[cfg(feature = "flex")]
-/// dst (m × n) := [dst +] factor · lhs (m × k) · rhs (k × n); strides in elements, (row, column).
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm(
-    (m, n, k): (usize, usize, usize),
-    dst: *mut f32,
-    dst_rs: isize,
-    accumulate: bool,
-    lhs: *const f32,
-    (lhs_rs, lhs_cs): (isize, isize),
-    rhs: *const f32,
-    (rhs_rs, rhs_cs): (isize, isize),
-    factor: f32,
-) {
-    // SAFETY: the caller's pointers and strides describe matrices of these sizes
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst,
-            1,
-            dst_rs,
-            accumulate,
-            lhs,
-            lhs_cs,
-            lhs_rs,
-            rhs,
-            rhs_cs,
-            rhs_rs,
-            if accumulate { 1.0 } else { 0.0 },
-            factor,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        )
-    }
-}
-
-#[cfg(feature = "flex")]
-/// The shapes of one call.
-#[derive(Debug, Clone, Copy)]
-struct Shape {
-    b: usize,
-    h: usize,
-    h_kv: usize,
-    lq: usize,
-    lk: usize,
-    dh: usize,
-    offset: usize,
-}
-
-#[cfg(feature = "flex")]
-impl Shape {
-    fn of(q: &Heads, k: &Heads, v: &Heads, offset: usize) -> Self {
-        let [b, h, lq, dh] = q.dims;
-        let [_, h_kv, lk, _] = k.dims;
-        assert!(h_kv > 0 && h % h_kv == 0, "query heads {h} are not a multiple of key/value heads {h_kv}");
-        assert_eq!(k.dims, v.dims, "keys and values differ in shape");
-        assert!(lk > 0 && k.dims[0] == b && k.dims[3] == dh, "keys {:?} do not fit queries {:?}", k.dims, q.dims);
-        Self { b, h, h_kv, lq, lk, dh, offset }
-    }
-
-    fn group(&self) -> usize {
-        self.h / self.h_kv
-    }
-
-    /// Query blocks: (first row, rows, keys the block's last row sees).
-    fn blocks(&self) -> impl Iterator<Item = (usize, usize, usize)> + '_ {
-        (0..self.lq).step_by(QUERY_BLOCK).map(|q0| {
-            let rows = QUERY_BLOCK.min(self.lq - q0);
-            (q0, rows, self.lk.min(q0 + rows + self.offset))
-        })
-    }
-
-    /// Keys visible to query `i`.
-    fn visible(&self, i: usize) -> usize {
-        self.lk.min(i + self.offset + 1)
-    }
-
-    /// Merged-heads row stride of the output and its gradient.
-    fn out_rs(&self) -> isize {
-        (self.h * self.dh) as isize
-    }
-}
-
-#[cfg(feature = "flex")]
-/// `factor` · scores of a query block against the first `kend` keys into `s` (rows × kend).
-#[allow(clippy::too_many_arguments)]
-unsafe fn scores(
-    sh: &Shape,
-    q: *const f32,
-    q_rc: (isize, isize),
-    k: *const f32,
-    k_rc: (isize, isize),
-    rows: usize,
-    kend: usize,
-    s: &mut [f32],
-    factor: f32,
-) {
-    // Kᵀ as a (d_h × kend) matrix: element (d, j) is K[j, d]
-    unsafe { gemm((rows, kend, sh.dh), s.as_mut_ptr(), kend as isize, false, q, q_rc, k, (k_rc.1, k_rc.0), factor) }
-}
-
-#[cfg(feature = "flex")]
-crate::wide_vectors! {
-    /// Rows of `s` (`kend` scores each) to probabilities over their first `visible(r)` entries,
-    /// zeros after; each row's log-sum-exp into `lse`.
-    fn softmax_rows(s: &mut [f32], kend: usize, visible: impl Fn(usize) -> usize, lse: &mut [f32]) {
-        for ((r, row), l) in s.chunks_exact_mut(kend).enumerate().zip(lse) {
-            let (seen, hidden) = row.split_at_mut(visible(r));
-            let m = fast_math::max(seen);
-            seen.iter_mut().for_each(|x| *x = fast_math::exp_neg(*x - m));
-            let total = fast_math::sum(seen);
-            let inv = 1.0 / total;
-            seen.iter_mut().for_each(|x| *x *= inv);
-            hidden.fill(0.0);
-            *l = m + total.ln();
-        }
-    }
-}
-
-#[cfg(feature = "flex")]
-crate::wide_vectors! {
-    /// Scores to the probabilities of the forward pass, P = exp(S − ℓ), zeros past `visible(r)`.
-    fn probabilities(s: &mut [f32], kend: usize, visible: impl Fn(usize) -> usize, lse: &[f32]) {
-        for ((r, row), &l) in s.chunks_exact_mut(kend).enumerate().zip(lse) {
-            let (seen, hidden) = row.split_at_mut(visible(r));
-            seen.iter_mut().for_each(|x| *x = fast_math::exp_neg(*x - l));
-            hidden.fill(0.0);
-        }
-    }
-}
-
-#[cfg(feature = "flex")]
-crate::wide_vectors! {
-    /// dS = P ∘ (dP − D) in place of dP, D_r = Σ_d dO_rd O_rd from the rows of `dout` and `o`
-    /// (row stride `out_rs`, from element `first`).
-    fn score_gradients(ds: &mut [f32], p: &[f32], kend: usize, dout: &[f32], o: &[f32], first: usize, out_rs: usize, dh: usize) {
-        for (r, (dsr, pr)) in ds.chunks_exact_mut(kend).zip(p.chunks_exact(kend)).enumerate() {
-            let at = first + r * out_rs;
-            let d = fast_math::dot(&dout[at..at + dh], &o[at..at + dh]);
-            dsr.iter_mut().zip(pr).for_each(|(x, &pv)| *x = pv * (*x - d));
-        }
-    }
-}
-
-#[cfg(feature = "flex")]
-/// Forward over views: the output `[b, Lq, h · d_h]` (heads merged) and the log-sum-exp of every
-/// row, `[b, h, Lq]`; scores are `scale · q kᵀ`.
-fn forward_views(q: &Heads, k: &Heads, v: &Heads, scale: f32, offset: usize) -> (FlexTensor, FlexTensor) {
-    let sh = Shape::of(q, k, v, offset);
-    let (g, dh) = (sh.group(), sh.dh);
-    // written only by the GEMMs below, through pointers, each element once: no zero fill
-    let n_out = sh.b * sh.lq * sh.h * dh;
-    let mut out: Vec<f32> = Vec::with_capacity(n_out);
-    let mut lse = vec![0.0f32; sh.b * sh.h * sh.lq];
-    let (out_ptr, lse_ptr) = (Shared(out.as_mut_ptr()), Shared(lse.as_mut_ptr()));
-    (0..sh.b * sh.h_kv).into_par_iter().for_each(|task| {
-        let (bi, kv) = (task / sh.h_kv, task % sh.h_kv);
-        let (kp, vp) = (k.head(bi, kv), v.head(bi, kv));
-        let mut s = vec![0.0f32; QUERY_BLOCK * sh.lk];
-        for hi in kv * g..(kv + 1) * g {
-            let qp = q.head(bi, hi);
-            for (q0, rows, kend) in sh.blocks() {
-                let s = &mut s[..rows * kend];
-                let qb = qp.wrapping_offset(q0 as isize * q.rs());
-                // SAFETY: row q0.. of this head, keys 0..kend ≤ Lk
-                unsafe { scores(&sh, qb, (q.rs(), q.cs()), kp, (k.rs(), k.cs()), rows, kend, s, scale) };
-                // SAFETY: rows (bi, hi, q0..q0 + rows) of lse belong to this task
-                let l = unsafe { std::slice::from_raw_parts_mut(lse_ptr.at((bi * sh.h + hi) * sh.lq + q0), rows) };
-                softmax_rows(s, kend, |r| sh.visible(q0 + r), l);
-                let o = out_ptr.at((bi * sh.lq + q0) * sh.h * dh + hi * dh);
-                // SAFETY: rows q0..q0+rows, columns of head hi: this task's
-                unsafe {
-                    gemm(
-                        (rows, dh, kend),
-                        o,
-                        sh.out_rs(),
-                        false,
-                        s.as_ptr(),
-                        (kend as isize, 1),
-                        vp,
-                        (v.rs(), v.cs()),
-                        1.0,
-                    )
-                };
-            }
-        }
-    });
-    // SAFETY: each task wrote the rows of its (batch, key/value head) for every query block
-    unsafe { out.set_len(n_out) };
-    let lse = FlexTensor::from_data(TensorData::new(lse, [sh.b, sh.h, sh.lq]));
-    (FlexTensor::from_data(TensorData::new(out, [sh.b, sh.lq, sh.h * dh])), lse)
-}
-
-#[cfg(feature = "flex")]
-/// Where the backward writes one of dq, dk, dv: element (b, head, row, d) at
-/// `ptr + b·strides[0] + head·strides[1] + row·strides[2] + d`.
-#[derive(Clone, Copy)]
-struct Dest {
-    ptr: Shared,
-    strides: [usize; 3],
-}
-
-#[cfg(feature = "flex")]
-impl Dest {
-    fn head(self, b: usize, h: usize) -> *mut f32 {
-        self.ptr.at(b * self.strides[0] + h * self.strides[1])
-    }
-
-    fn rs(self) -> isize {
-        self.strides[2] as isize
-    }
-}
-
-#[cfg(feature = "flex")]
-/// Backward over views, into `dq` (written once per element) and `dk`, `dv` (accumulated into:
-/// they must start at zero).
-#[allow(clippy::too_many_arguments)]
-fn backward_views(
-    (qh, kh, vh): (&Heads, &Heads, &Heads),
-    out: &FlexTensor,
-    lse: &[f32],
-    grad: &FlexTensor,
-    scale: f32,
-    offset: usize,
-    [dq, dk, dv]: [Dest; 3],
-) {
-    let sh = Shape::of(qh, kh, vh, offset);
-    let (g, dh) = (sh.group(), sh.dh);
-    let (out, grad) = (out.to_contiguous(), grad.to_contiguous());
-    let (o, dout) = (out.storage::<f32>(), grad.storage::<f32>());
-    let out_rs = sh.out_rs();
-    (0..sh.b * sh.h_kv).into_par_iter().for_each(|task| {
-        let (bi, kv) = (task / sh.h_kv, task % sh.h_kv);
-        let (kp, vp) = (kh.head(bi, kv), vh.head(bi, kv));
-        let (dkp, dvp) = (dk.head(bi, kv), dv.head(bi, kv));
-        let mut p = vec![0.0f32; QUERY_BLOCK * sh.lk];
-        let mut ds = vec![0.0f32; QUERY_BLOCK * sh.lk];
-        for hi in kv * g..(kv + 1) * g {
-            let qp = qh.head(bi, hi);
-            for (q0, rows, kend) in sh.blocks() {
-                let (p, ds) = (&mut p[..rows * kend], &mut ds[..rows * kend]);
-                let qb = qp.wrapping_offset(q0 as isize * qh.rs());
-                let first = (bi * sh.lq + q0) * sh.h * dh + hi * dh;
-                let dob = dout[first..].as_ptr();
-                let (qrc, krc, vrc) = ((qh.rs(), qh.cs()), (kh.rs(), kh.cs()), (vh.rs(), vh.cs()));
-                // SAFETY (all gemm calls below): rows q0.. of head hi and keys 0..kend, inside
-                // their tensors; dq/dk/dv rows written are this task's
-                unsafe { scores(&sh, qb, qrc, kp, krc, rows, kend, p, scale) };
-                let l = &lse[(bi * sh.h + hi) * sh.lq + q0..];
-                probabilities(p, kend, |r| sh.visible(q0 + r), l);
-                let pt = (1, kend as isize);
-                // dV += Pᵀ dO
-                unsafe { gemm((kend, dh, rows), dvp, dv.rs(), true, p.as_ptr(), pt, dob, (out_rs, 1), 1.0) };
-                // dP = dO Vᵀ
-                let vt = (vrc.1, vrc.0);
-                unsafe { gemm((rows, kend, dh), ds.as_mut_ptr(), kend as isize, false, dob, (out_rs, 1), vp, vt, 1.0) };
-                // dS = P ∘ (dP − D)
-                score_gradients(ds, p, kend, dout, o, first, out_rs as usize, dh);
-                // dQ = scale · dS K
-                let dqb = dq.head(bi, hi).wrapping_add(q0 * dq.strides[2]);
-                let dsr = (kend as isize, 1);
-                unsafe { gemm((rows, dh, kend), dqb, dq.rs(), false, ds.as_ptr(), dsr, kp, krc, scale) };
-                // dK += scale · dSᵀ Q
-                unsafe { gemm((kend, dh, rows), dkp, dk.rs(), true, ds.as_ptr(), pt, qb, qrc, scale) };
-            }
-        }
-    });
-}
-
-#[cfg(feature = "flex")]
-/// Forward of [`FusedAttention::causal_attention`].
-fn forward_kernel(q: &FlexTensor, k: &FlexTensor, v: &FlexTensor, offset: usize) -> (FlexTensor, FlexTensor) {
-    let (q, k, v) = (readable(q), readable(k), readable(v));
-    forward_views(&Heads::of(&q), &Heads::of(&k), &Heads::of(&v), 1.0, offset)
-}
-
-#[cfg(feature = "flex")]
-/// Backward of [`FusedAttention::causal_attention`]: (dq, dk, dv), contiguous, in the shapes of
-/// q, k, v.
-fn backward_kernel(
-    q: &FlexTensor,
-    k: &FlexTensor,
-    v: &FlexTensor,
-    out: &FlexTensor,
-    lse: &[f32],
-    grad: &FlexTensor,
-    offset: usize,
-) -> [FlexTensor; 3] {
-    let (q, k, v) = (readable(q), readable(k), readable(v));
-    let (qh, kh, vh) = (Heads::of(&q), Heads::of(&k), Heads::of(&v));
-    let ([b, h, lq, dh], [_, h_kv, lk, _]) = (qh.dims, kh.dims);
-    // dq is written once by GEMMs (no zero fill); dk and dv accumulate
-    let n_dq = b * h * lq * dh;
-    let mut dq: Vec<f32> = Vec::with_capacity(n_dq);
-    let mut dk = vec![0.0f32; b * h_kv * lk * dh];
-    let mut dv = vec![0.0f32; b * h_kv * lk * dh];
-    let dest =
-        |ptr: *mut f32, heads: usize, len: usize| Dest { ptr: Shared(ptr), strides: [heads * len * dh, len * dh, dh] };
-    let dests = [dest(dq.as_mut_ptr(), h, lq), dest(dk.as_mut_ptr(), h_kv, lk), dest(dv.as_mut_ptr(), h_kv, lk)];
-    backward_views((&qh, &kh, &vh), out, lse, grad, 1.0, offset, dests);
-    // SAFETY: every query block of every head was written by its task
-    unsafe { dq.set_len(n_dq) };
-    let data = |x: Vec<f32>, dims: [usize; 4]| FlexTensor::from_data(TensorData::new(x, dims));
-    [data(dq, qh.dims), data(dk, kh.dims), data(dv, vh.dims)]
-}
-
-#[cfg(feature = "flex")]
-/// The query, key and value heads of a fused projection's output `[b, L, (h + 2 h_kv) · d_h]`,
-/// read in place.
-fn packed_views(qkv: &FlexTensor, n_heads: usize, n_kv_heads: usize) -> [Heads<'_>; 3] {
-    let l = qkv.layout();
-    let [b, len, width]: [usize; 3] = l.shape().to_vec().try_into().expect("a 3-D projection");
-    let dh = width / (n_heads + 2 * n_kv_heads);
-    let view = |first: usize, heads: usize| Heads {
-        data: qkv.storage::<f32>(),
-        start: l.start_offset() + first * dh,
-        dims: [b, heads, len, dh],
-        strides: [(len * width) as isize, dh as isize, width as isize, 1],
-    };
-    [view(0, n_heads), view(n_heads, n_kv_heads), view(n_heads + n_kv_heads, n_kv_heads)]
-}
-
-#[cfg(feature = "flex")]
-/// Forward of [`FusedAttention::causal_self_attention`].
-fn packed_forward(qkv: &FlexTensor, heads: (usize, usize), scale: f64, offset: usize) -> (FlexTensor, FlexTensor) {
-    let qkv = readable_packed(qkv);
-    let [q, k, v] = packed_views(&qkv, heads.0, heads.1);
-    forward_views(&q, &k, &v, scale as f32, offset)
-}
-
-#[cfg(feature = "flex")]
-/// The projection contiguous in its last axis (how `packed_views` reads it).
-fn readable_packed(t: &FlexTensor) -> FlexTensor {
-    let l = t.layout();
-    let s = l.strides();
-    let dims = l.shape().to_vec();
-    let dense = s.len() == 3 && s[2] == 1 && s[1] == dims[2] as isize && s[0] == (dims[1] * dims[2]) as isize;
-    if dense { t.clone() } else { t.to_contiguous() }
-}
-
-#[cfg(feature = "flex")]
-/// Backward of [`FusedAttention::causal_self_attention`]: the gradient of `qkv`, in its layout.
-fn packed_backward(
-    qkv: &FlexTensor,
-    (n_heads, n_kv_heads): (usize, usize),
-    out: &FlexTensor,
-    lse: &[f32],
-    grad: &FlexTensor,
-    scale: f64,
-    offset: usize,
-) -> FlexTensor {
-    let qkv = readable_packed(qkv);
-    let [q, k, v] = packed_views(&qkv, n_heads, n_kv_heads);
-    let [b, _, len, dh] = q.dims;
-    let width = (n_heads + 2 * n_kv_heads) * dh;
-    // zeros: dk and dv accumulate over query blocks and the heads of a group
-    let mut d = vec![0.0f32; b * len * width];
-    let base = d.as_mut_ptr();
-    let dest = |first: usize| Dest { ptr: Shared(base.wrapping_add(first * dh)), strides: [len * width, dh, width] };
-    let dests = [dest(0), dest(n_heads), dest(n_heads + n_kv_heads)];
-    backward_views((&q, &k, &v), out, lse, grad, scale as f32, offset, dests);
-    FlexTensor::from_data(TensorData::new(d, [b, len, width]))
-}
-
-#[cfg(feature = "flex")]
-impl FusedAttention for Flex {
-    fn causal_attention(q: FlexTensor, k: FlexTensor, v: FlexTensor, offset: usize) -> FlexTensor {
-        forward_kernel(&q, &k, &v, offset).0
-    }
-
-    fn causal_self_attention(
-        qkv: FlexTensor,
-        n_heads: usize,
-        n_kv_heads: usize,
+    /// Backward of [`FusedAttention::causal_self_attention`]: the gradient of `qkv`, in its layout.
+    fn packed_backward(
+        qkv: &FlexTensor,
+        (n_heads, n_kv_heads): (usize, usize),
+        out: &FlexTensor,
+        lse: &[f32],
+        grad: &FlexTensor,
         scale: f64,
         offset: usize,
     ) -> FlexTensor {
-        packed_forward(&qkv, (n_heads, n_kv_heads), scale, offset).0
+        let qkv = readable_packed(qkv);
+        let [q, k, v] = packed_views(&qkv, n_heads, n_kv_heads);
+        let [b, _, len, dh] = q.dims;
+        let width = (n_heads + 2 * n_kv_heads) * dh;
+        // zeros: dk and dv accumulate over query blocks and the heads of a group
+        let mut d = vec![0.0f32; b * len * width];
+        let base = d.as_mut_ptr();
+        let dest =
+            |first: usize| Dest { ptr: Shared(base.wrapping_add(first * dh)), strides: [len * width, dh, width] };
+        let dests = [dest(0), dest(n_heads), dest(n_heads + n_kv_heads)];
+        backward_views((&q, &k, &v), out, lse, grad, scale as f32, offset, dests);
+        FlexTensor::from_data(TensorData::new(d, [b, len, width]))
     }
-}
 
-#[cfg(feature = "flex")]
-#[derive(Debug)]
-struct CausalAttentionBackward;
+    impl FusedAttention for Flex {
+        fn causal_attention(q: FlexTensor, k: FlexTensor, v: FlexTensor, offset: usize) -> FlexTensor {
+            forward_kernel(&q, &k, &v, offset).0
+        }
 
-#[cfg(feature = "flex")]
-/// What the backward pass needs: the inputs (checkpointed), the output and the log-sum-exps.
-#[derive(Debug, Clone)]
-struct Saved {
-    q: NodeId,
-    k: NodeId,
-    v: NodeId,
-    out: FlexTensor,
-    lse: FlexTensor,
-    offset: usize,
-}
-
-#[cfg(feature = "flex")]
-impl Backward<Flex, 3> for CausalAttentionBackward {
-    type State = Saved;
-
-    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
-        let grad = grads.consume::<Flex>(&ops.node);
-        let s = ops.state;
-        let q: FlexTensor = checkpointer.retrieve_node_output(s.q);
-        let k: FlexTensor = checkpointer.retrieve_node_output(s.k);
-        let v: FlexTensor = checkpointer.retrieve_node_output(s.v);
-        let g = backward_kernel(&q, &k, &v, &s.out, s.lse.storage::<f32>(), &grad, s.offset);
-        crate::register(grads, ops.parents.map(|p| p.map(|n| n.id)), g.map(Some));
+        fn causal_self_attention(
+            qkv: FlexTensor,
+            n_heads: usize,
+            n_kv_heads: usize,
+            scale: f64,
+            offset: usize,
+        ) -> FlexTensor {
+            packed_forward(&qkv, (n_heads, n_kv_heads), scale, offset).0
+        }
     }
-}
 
-#[cfg(feature = "flex")]
-#[derive(Debug)]
-struct SelfAttentionBackward;
+    #[derive(Debug)]
+    struct CausalAttentionBackward;
 
-#[cfg(feature = "flex")]
-/// The projection (checkpointed), the output, the log-sum-exps and the call's constants.
-#[derive(Debug, Clone)]
-struct SavedPacked {
-    qkv: NodeId,
-    out: FlexTensor,
-    lse: FlexTensor,
-    heads: (usize, usize),
-    scale: f64,
-    offset: usize,
-}
-
-#[cfg(feature = "flex")]
-impl Backward<Flex, 1> for SelfAttentionBackward {
-    type State = SavedPacked;
-
-    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
-        let grad = grads.consume::<Flex>(&ops.node);
-        let s = ops.state;
-        let qkv: FlexTensor = checkpointer.retrieve_node_output(s.qkv);
-        let g = packed_backward(&qkv, s.heads, &s.out, s.lse.storage::<f32>(), &grad, s.scale, s.offset);
-        crate::register(grads, ops.parents.map(|p| p.map(|n| n.id)), [Some(g)]);
+    /// What the backward pass needs: the inputs (checkpointed), the output and the log-sum-exps.
+    #[derive(Debug, Clone)]
+    struct Saved {
+        q: NodeId,
+        k: NodeId,
+        v: NodeId,
+        out: FlexTensor,
+        lse: FlexTensor,
+        offset: usize,
     }
-}
 
-#[cfg(feature = "flex")]
-impl<C: CheckpointStrategy> FusedAttention for Autodiff<Flex, C> {
-    fn causal_self_attention(
-        qkv: FloatTensor<Self>,
-        n_heads: usize,
-        n_kv_heads: usize,
+    impl Backward<Flex, 3> for CausalAttentionBackward {
+        type State = Saved;
+
+        fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
+            let grad = grads.consume::<Flex>(&ops.node);
+            let s = ops.state;
+            let q: FlexTensor = checkpointer.retrieve_node_output(s.q);
+            let k: FlexTensor = checkpointer.retrieve_node_output(s.k);
+            let v: FlexTensor = checkpointer.retrieve_node_output(s.v);
+            let g = backward_kernel(&q, &k, &v, &s.out, s.lse.storage::<f32>(), &grad, s.offset);
+            crate::register(grads, ops.parents.map(|p| p.map(|n| n.id)), g.map(Some));
+        }
+    }
+
+    #[derive(Debug)]
+    struct SelfAttentionBackward;
+
+    /// The projection (checkpointed), the output, the log-sum-exps and the call's constants.
+    #[derive(Debug, Clone)]
+    struct SavedPacked {
+        qkv: NodeId,
+        out: FlexTensor,
+        lse: FlexTensor,
+        heads: (usize, usize),
         scale: f64,
         offset: usize,
-    ) -> FloatTensor<Self> {
-        let heads = (n_heads, n_kv_heads);
-        let (out, lse) = packed_forward(qkv.primitive(), heads, scale, offset);
-        match SelfAttentionBackward.prepare::<C>([qkv.node()]).compute_bound().stateful() {
-            OpsKind::Tracked(mut prep) => {
-                let state = SavedPacked { qkv: prep.checkpoint(&qkv), out: out.clone(), lse, heads, scale, offset };
-                prep.finish(state, out)
+    }
+
+    impl Backward<Flex, 1> for SelfAttentionBackward {
+        type State = SavedPacked;
+
+        fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
+            let grad = grads.consume::<Flex>(&ops.node);
+            let s = ops.state;
+            let qkv: FlexTensor = checkpointer.retrieve_node_output(s.qkv);
+            let g = packed_backward(&qkv, s.heads, &s.out, s.lse.storage::<f32>(), &grad, s.scale, s.offset);
+            crate::register(grads, ops.parents.map(|p| p.map(|n| n.id)), [Some(g)]);
+        }
+    }
+
+    impl<C: CheckpointStrategy> FusedAttention for Autodiff<Flex, C> {
+        fn causal_self_attention(
+            qkv: FloatTensor<Self>,
+            n_heads: usize,
+            n_kv_heads: usize,
+            scale: f64,
+            offset: usize,
+        ) -> FloatTensor<Self> {
+            let heads = (n_heads, n_kv_heads);
+            let (out, lse) = packed_forward(qkv.primitive(), heads, scale, offset);
+            match SelfAttentionBackward.prepare::<C>([qkv.node()]).compute_bound().stateful() {
+                OpsKind::Tracked(mut prep) => {
+                    let state = SavedPacked { qkv: prep.checkpoint(&qkv), out: out.clone(), lse, heads, scale, offset };
+                    prep.finish(state, out)
+                }
+                OpsKind::UnTracked(prep) => prep.finish(out),
             }
-            OpsKind::UnTracked(prep) => prep.finish(out),
         }
-    }
 
-    fn causal_attention(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        offset: usize,
-    ) -> FloatTensor<Self> {
-        let (out, lse) = forward_kernel(q.primitive(), k.primitive(), v.primitive(), offset);
-        match CausalAttentionBackward.prepare::<C>([q.node(), k.node(), v.node()]).compute_bound().stateful() {
-            OpsKind::Tracked(mut prep) => {
-                let (qs, ks, vs) = (prep.checkpoint(&q), prep.checkpoint(&k), prep.checkpoint(&v));
-                prep.finish(Saved { q: qs, k: ks, v: vs, out: out.clone(), lse, offset }, out)
+        fn causal_attention(
+            q: FloatTensor<Self>,
+            k: FloatTensor<Self>,
+            v: FloatTensor<Self>,
+            offset: usize,
+        ) -> FloatTensor<Self> {
+            let (out, lse) = forward_kernel(q.primitive(), k.primitive(), v.primitive(), offset);
+            match CausalAttentionBackward.prepare::<C>([q.node(), k.node(), v.node()]).compute_bound().stateful() {
+                OpsKind::Tracked(mut prep) => {
+                    let (qs, ks, vs) = (prep.checkpoint(&q), prep.checkpoint(&k), prep.checkpoint(&v));
+                    prep.finish(Saved { q: qs, k: ks, v: vs, out: out.clone(), lse, offset }, out)
+                }
+                OpsKind::UnTracked(prep) => prep.finish(out),
             }
-            OpsKind::UnTracked(prep) => prep.finish(out),
-        }
-    }
-}
-
-#[cfg(all(test, feature = "flex"))]
-mod tests {
-    use super::*;
-    use crate::test_util::{max_diff, rel_diff};
-    use burn::tensor::Distribution;
-    use burn::tensor::activation::softmax;
-
-    /// The same attention from Burn's ops, as `MultiHeadAttention` composes it.
-    fn composed(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, offset: usize) -> Tensor<3> {
-        let [b, h, lq, dh] = q.dims();
-        let [_, h_kv, lk, _] = k.dims();
-        let g = h / h_kv;
-        let scores = q.reshape([b, h_kv, g * lq, dh]).matmul(k.swap_dims(2, 3)).reshape([b, h, lq, lk]);
-        let hidden = Tensor::<2, Bool>::tril_mask([lq, lk], offset as i64, &scores.device()).reshape([1, 1, lq, lk]);
-        let probs = softmax(scores.mask_fill(hidden, -1.0e9), 3).reshape([b, h_kv, g * lq, lk]);
-        probs.matmul(v).reshape([b, h, lq, dh]).swap_dims(1, 2).reshape([b, lq, h * dh])
-    }
-
-    /// q, k, v as the fused projection hands them over: strided views of one `[b, L, heads, d_h]`
-    /// tensor (scaled queries: a separate op, as in the model).
-    fn views(b: usize, h: usize, h_kv: usize, lq: usize, lk: usize, dh: usize, device: &Device) -> [Tensor<4>; 3] {
-        let heads = h + 2 * h_kv;
-        let all: Tensor<4> = Tensor::random([b, lk, heads, dh], Distribution::Normal(0.0, 1.5), device).swap_dims(1, 2);
-        let q = all.clone().narrow(1, 0, h).narrow(2, lk - lq, lq).mul_scalar(0.7);
-        [q, all.clone().narrow(1, h, h_kv), all.narrow(1, h + h_kv, h_kv)]
-    }
-
-    fn check(b: usize, h: usize, h_kv: usize, lq: usize, lk: usize, dh: usize) {
-        let device = Device::flex().autodiff();
-        device.seed(11);
-        let [q, k, v] = views(b, h, h_kv, lq, lk, dh, &device);
-        let w: Tensor<3> = Tensor::random([b, lq, h * dh], Distribution::Normal(0.0, 1.0), &device);
-        let offset = lk - lq;
-        let run = |fused: bool| {
-            let (q, k, v) = (q.clone().require_grad(), k.clone().require_grad(), v.clone().require_grad());
-            let y = if fused {
-                causal_attention(q.clone(), k.clone(), v.clone(), offset).expect("flex has the kernel")
-            } else {
-                composed(q.clone(), k.clone(), v.clone(), offset)
-            };
-            let grads = (y.clone() * w.clone()).sum().backward();
-            (y, [q.grad(&grads).unwrap(), k.grad(&grads).unwrap(), v.grad(&grads).unwrap()])
-        };
-        let (y1, g1) = run(true);
-        let (y2, g2) = run(false);
-        let shape = format!("b {b}, h {h}/{h_kv}, Lq {lq}, Lk {lk}, d_h {dh}");
-        assert!(rel_diff(y1, y2) < 1e-5, "forward, {shape}");
-        for ((a, e), name) in g1.into_iter().zip(g2).zip(["dq", "dk", "dv"]) {
-            let d = rel_diff(a, e);
-            assert!(d < 1e-5, "{name}, {shape}: {d}");
         }
     }
 
-    #[test]
-    fn equals_composed_attention_with_its_gradients() {
-        check(2, 3, 3, 10, 10, 8);
-    }
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use crate::test_util::{max_diff, rel_diff};
+        use burn::tensor::Distribution;
+        use burn::tensor::activation::softmax;
 
-    #[test]
-    fn query_blocks_and_the_diagonal() {
-        // three query blocks, the last one short
-        check(1, 2, 2, 2 * QUERY_BLOCK + 22, 2 * QUERY_BLOCK + 22, 4);
-    }
+        /// The same attention from Burn's ops, as `MultiHeadAttention` composes it.
+        fn composed(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, offset: usize) -> Tensor<3> {
+            let [b, h, lq, dh] = q.dims();
+            let [_, h_kv, lk, _] = k.dims();
+            let g = h / h_kv;
+            let scores = q.reshape([b, h_kv, g * lq, dh]).matmul(k.swap_dims(2, 3)).reshape([b, h, lq, lk]);
+            let hidden =
+                Tensor::<2, Bool>::tril_mask([lq, lk], offset as i64, &scores.device()).reshape([1, 1, lq, lk]);
+            let probs = softmax(scores.mask_fill(hidden, -1.0e9), 3).reshape([b, h_kv, g * lq, lk]);
+            probs.matmul(v).reshape([b, h, lq, dh]).swap_dims(1, 2).reshape([b, lq, h * dh])
+        }
 
-    #[test]
-    fn grouped_queries_and_cached_keys() {
-        // two query heads per key/value head; 5 new queries after 4 cached keys
-        check(2, 4, 2, 5, 9, 8);
-        check(1, 4, 1, 1, 70, 16);
-    }
+        /// q, k, v as the fused projection hands them over: strided views of one `[b, L, heads, d_h]`
+        /// tensor (scaled queries: a separate op, as in the model).
+        fn views(b: usize, h: usize, h_kv: usize, lq: usize, lk: usize, dh: usize, device: &Device) -> [Tensor<4>; 3] {
+            let heads = h + 2 * h_kv;
+            let all: Tensor<4> =
+                Tensor::random([b, lk, heads, dh], Distribution::Normal(0.0, 1.5), device).swap_dims(1, 2);
+            let q = all.clone().narrow(1, 0, h).narrow(2, lk - lq, lq).mul_scalar(0.7);
+            [q, all.clone().narrow(1, h, h_kv), all.narrow(1, h + h_kv, h_kv)]
+        }
 
-    /// The packed op against the same computation from Burn's ops: split, scale, attend.
-    fn check_packed(h: usize, h_kv: usize, len: usize, offset: usize) {
-        let device = Device::flex().autodiff();
-        device.seed(12);
-        let (b, dh, scale) = (2, 8, 0.35);
-        let width = (h + 2 * h_kv) * dh;
-        let qkv: Tensor<3> = Tensor::random([b, len, width], Distribution::Normal(0.0, 1.5), &device);
-        let w: Tensor<3> = Tensor::random([b, len, h * dh], Distribution::Normal(0.0, 1.0), &device);
-        let run = |fused: bool| {
-            let x = qkv.clone().require_grad();
-            let y = if fused {
-                causal_self_attention(x.clone(), h, h_kv, scale, offset).expect("flex has the kernel")
-            } else {
-                let all = x.clone().reshape([b, len, h + 2 * h_kv, dh]).swap_dims(1, 2);
-                let q = all.clone().narrow(1, 0, h).mul_scalar(scale);
-                let (k, v) = (all.clone().narrow(1, h, h_kv), all.narrow(1, h + h_kv, h_kv));
-                composed(q, k, v, offset)
+        fn check(b: usize, h: usize, h_kv: usize, lq: usize, lk: usize, dh: usize) {
+            let device = Device::flex().autodiff();
+            device.seed(11);
+            let [q, k, v] = views(b, h, h_kv, lq, lk, dh, &device);
+            let w: Tensor<3> = Tensor::random([b, lq, h * dh], Distribution::Normal(0.0, 1.0), &device);
+            let offset = lk - lq;
+            let run = |fused: bool| {
+                let (q, k, v) = (q.clone().require_grad(), k.clone().require_grad(), v.clone().require_grad());
+                let y = if fused {
+                    causal_attention(q.clone(), k.clone(), v.clone(), offset).expect("flex has the kernel")
+                } else {
+                    composed(q.clone(), k.clone(), v.clone(), offset)
+                };
+                let grads = (y.clone() * w.clone()).sum().backward();
+                (y, [q.grad(&grads).unwrap(), k.grad(&grads).unwrap(), v.grad(&grads).unwrap()])
             };
-            let grads = (y.clone() * w.clone()).sum().backward();
-            (y, x.grad(&grads).unwrap())
-        };
-        let ((y1, g1), (y2, g2)) = (run(true), run(false));
-        assert!(rel_diff(y1, y2) < 1e-5, "forward, h {h}/{h_kv}, L {len}");
-        let d = rel_diff(g1, g2);
-        assert!(d < 1e-5, "d qkv, h {h}/{h_kv}, L {len}: {d}");
-    }
+            let (y1, g1) = run(true);
+            let (y2, g2) = run(false);
+            let shape = format!("b {b}, h {h}/{h_kv}, Lq {lq}, Lk {lk}, d_h {dh}");
+            assert!(rel_diff(y1, y2) < 1e-5, "forward, {shape}");
+            for ((a, e), name) in g1.into_iter().zip(g2).zip(["dq", "dk", "dv"]) {
+                let d = rel_diff(a, e);
+                assert!(d < 1e-5, "{name}, {shape}: {d}");
+            }
+        }
 
-    #[test]
-    fn packed_self_attention_equals_composed_attention() {
-        check_packed(3, 3, 10, 0);
-        check_packed(4, 2, QUERY_BLOCK + 9, 0);
-        check_packed(2, 1, 6, 3);
-    }
+        #[test]
+        fn equals_composed_attention_with_its_gradients() {
+            check(2, 3, 3, 10, 10, 8);
+        }
 
-    #[test]
-    fn inference_backend_takes_the_same_kernel() {
-        let device = Device::flex();
-        device.seed(3);
-        let [q, k, v] = views(2, 2, 1, 7, 7, 8, &device);
-        let fused = causal_attention(q.clone(), k.clone(), v.clone(), 0).unwrap();
-        assert!(max_diff(fused, composed(q, k, v, 0)) < 1e-5);
-    }
+        #[test]
+        fn query_blocks_and_the_diagonal() {
+            // three query blocks, the last one short
+            check(1, 2, 2, 2 * QUERY_BLOCK + 22, 2 * QUERY_BLOCK + 22, 4);
+        }
 
-    #[test]
-    fn no_query_sees_a_later_key() {
-        let device = Device::flex();
-        device.seed(4);
-        let [q, k, v] = views(1, 2, 2, 12, 12, 8, &device);
-        let a = causal_attention(q.clone(), k.clone(), v.clone(), 0).unwrap();
-        let later = Tensor::random([1, 2, 4, 8], Distribution::Normal(0.0, 1.0), &device);
-        let (k2, v2) = (
-            k.slice_assign([0..1, 0..2, 8..12, 0..8], later.clone()),
-            v.slice_assign([0..1, 0..2, 8..12, 0..8], later),
-        );
-        let b = causal_attention(q, k2, v2, 0).unwrap();
-        let (first, rest) = (a.clone().narrow(1, 0, 8), b.clone().narrow(1, 0, 8));
-        assert!(max_diff(first, rest) < 1e-6, "rows 0..8 must not see keys 8..12");
-        assert!(max_diff(a.narrow(1, 8, 4), b.narrow(1, 8, 4)) > 1e-3, "rows 8.. must see them");
+        #[test]
+        fn grouped_queries_and_cached_keys() {
+            // two query heads per key/value head; 5 new queries after 4 cached keys
+            check(2, 4, 2, 5, 9, 8);
+            check(1, 4, 1, 1, 70, 16);
+        }
+
+        /// The packed op against the same computation from Burn's ops: split, scale, attend.
+        fn check_packed(h: usize, h_kv: usize, len: usize, offset: usize) {
+            let device = Device::flex().autodiff();
+            device.seed(12);
+            let (b, dh, scale) = (2, 8, 0.35);
+            let width = (h + 2 * h_kv) * dh;
+            let qkv: Tensor<3> = Tensor::random([b, len, width], Distribution::Normal(0.0, 1.5), &device);
+            let w: Tensor<3> = Tensor::random([b, len, h * dh], Distribution::Normal(0.0, 1.0), &device);
+            let run = |fused: bool| {
+                let x = qkv.clone().require_grad();
+                let y = if fused {
+                    causal_self_attention(x.clone(), h, h_kv, scale, offset).expect("flex has the kernel")
+                } else {
+                    let all = x.clone().reshape([b, len, h + 2 * h_kv, dh]).swap_dims(1, 2);
+                    let q = all.clone().narrow(1, 0, h).mul_scalar(scale);
+                    let (k, v) = (all.clone().narrow(1, h, h_kv), all.narrow(1, h + h_kv, h_kv));
+                    composed(q, k, v, offset)
+                };
+                let grads = (y.clone() * w.clone()).sum().backward();
+                (y, x.grad(&grads).unwrap())
+            };
+            let ((y1, g1), (y2, g2)) = (run(true), run(false));
+            assert!(rel_diff(y1, y2) < 1e-5, "forward, h {h}/{h_kv}, L {len}");
+            let d = rel_diff(g1, g2);
+            assert!(d < 1e-5, "d qkv, h {h}/{h_kv}, L {len}: {d}");
+        }
+
+        #[test]
+        fn packed_self_attention_equals_composed_attention() {
+            check_packed(3, 3, 10, 0);
+            check_packed(4, 2, QUERY_BLOCK + 9, 0);
+            check_packed(2, 1, 6, 3);
+        }
+
+        #[test]
+        fn inference_backend_takes_the_same_kernel() {
+            let device = Device::flex();
+            device.seed(3);
+            let [q, k, v] = views(2, 2, 1, 7, 7, 8, &device);
+            let fused = causal_attention(q.clone(), k.clone(), v.clone(), 0).unwrap();
+            assert!(max_diff(fused, composed(q, k, v, 0)) < 1e-5);
+        }
+
+        #[test]
+        fn no_query_sees_a_later_key() {
+            let device = Device::flex();
+            device.seed(4);
+            let [q, k, v] = views(1, 2, 2, 12, 12, 8, &device);
+            let a = causal_attention(q.clone(), k.clone(), v.clone(), 0).unwrap();
+            let later = Tensor::random([1, 2, 4, 8], Distribution::Normal(0.0, 1.0), &device);
+            let (k2, v2) = (
+                k.slice_assign([0..1, 0..2, 8..12, 0..8], later.clone()),
+                v.slice_assign([0..1, 0..2, 8..12, 0..8], later),
+            );
+            let b = causal_attention(q, k2, v2, 0).unwrap();
+            let (first, rest) = (a.clone().narrow(1, 0, 8), b.clone().narrow(1, 0, 8));
+            assert!(max_diff(first, rest) < 1e-6, "rows 0..8 must not see keys 8..12");
+            assert!(max_diff(a.narrow(1, 8, 4), b.narrow(1, 8, 4)) > 1e-3, "rows 8.. must see them");
+        }
     }
 }
