@@ -86,10 +86,9 @@ pub struct DecoderLm {
     pub seq_len: usize,
     /// `model.max_back`: no query scores a key further back.
     pub max_back: Option<usize>,
-    /// The auxiliary global token `[1, d_model]` (one per segment of `global_segment`
-    /// positions), present when the attention declares a global input (ETC).
+    /// The auxiliary global token `[1, d_model]` (one per segment of the positions the
+    /// attention's `global_segment` says), present when it declares a global input (ETC).
     pub global_embedding: Option<Param<Tensor<2>>>,
-    pub global_segment: Option<usize>,
     /// √d_model when `scale_embeddings`.
     pub embedding_scale: Option<f64>,
     /// Early exits: classifiers after the blocks before the last.
@@ -117,51 +116,48 @@ impl DecoderLm {
             out_std,
         };
         let norm = cfg.block.residual();
-        let mut lm =
-            Self {
-                token_embedding: EmbeddingConfig::new(vocab, d).with_initializer(init.clone()).init(device),
-                position: cfg.position.init_input(d, cfg.seq_len, device),
-                layer_positions: (0..cfg.n_layers)
-                    .filter_map(|i| cfg.position.init_layer(i, d, cfg.seq_len, device))
-                    .collect(),
-                embedding_dropout: DropoutConfig::new(cfg.dropout).init(),
-                blocks: (0..if cfg.depth.shared() { 1 } else { cfg.n_layers })
-                    .map(|i| {
-                        let attention = cfg.attention.for_layer(i);
-                        cfg.block.init(&BlockParts { attention: &attention, ..parts }, device)
-                    })
-                    .collect(),
-                depth: cfg.n_layers,
-                act: cfg.depth.init_act(d, cfg.init_std, device),
-                final_norm: cfg.block.pre_norm().then(|| norm.norm.init(d, norm.norm_eps, device)),
-                head: (!cfg.tie_embeddings)
-                    .then(|| LinearConfig::new(d, vocab).with_bias(false).with_initializer(init).init(device)),
-                vocab_size: vocab,
-                seq_len: cfg.seq_len,
-                max_back: cfg.max_back,
-                global_embedding: cfg.attention.capabilities().global_input.then(|| {
-                    Param::from_tensor(Tensor::random([1, d], Distribution::Normal(0.0, cfg.init_std), device))
-                }),
-                global_segment: None,
-                embedding_scale: cfg.scale_embeddings.then(|| (d as f64).sqrt()),
-                reversible: cfg.block.reversible().then_some(cfg.dropout),
-                mask_token: cfg.mask_token(),
-                exits: match &cfg.exits {
-                    ExitConfig::None => None,
-                    ExitConfig::EveryLayer(e) => Some(ExitHeads::new(
-                        e,
-                        cfg.n_layers,
-                        d,
-                        vocab,
-                        cfg.init_std,
-                        || norm.norm.init(d, norm.norm_eps, device),
-                        device,
-                    )),
-                },
-            };
-        // the attention that adds a global input says its segment
-        lm.global_segment = lm.global_embedding.as_ref().and_then(|_| lm.blocks[0].attn.global_segment());
-        lm
+        Self {
+            token_embedding: EmbeddingConfig::new(vocab, d).with_initializer(init.clone()).init(device),
+            position: cfg.position.init_input(d, cfg.seq_len, device),
+            layer_positions: (0..cfg.n_layers)
+                .filter_map(|i| cfg.position.init_layer(i, d, cfg.seq_len, device))
+                .collect(),
+            embedding_dropout: DropoutConfig::new(cfg.dropout).init(),
+            blocks: (0..if cfg.depth.shared() { 1 } else { cfg.n_layers })
+                .map(|i| {
+                    let attention = cfg.attention.for_layer(i);
+                    cfg.block.init(&BlockParts { attention: &attention, ..parts }, device)
+                })
+                .collect(),
+            depth: cfg.n_layers,
+            act: cfg.depth.init_act(d, cfg.init_std, device),
+            final_norm: cfg.block.pre_norm().then(|| norm.norm.init(d, norm.norm_eps, device)),
+            head: (!cfg.tie_embeddings)
+                .then(|| LinearConfig::new(d, vocab).with_bias(false).with_initializer(init).init(device)),
+            vocab_size: vocab,
+            seq_len: cfg.seq_len,
+            max_back: cfg.max_back,
+            global_embedding: cfg
+                .attention
+                .capabilities()
+                .global_input
+                .then(|| Param::from_tensor(Tensor::random([1, d], Distribution::Normal(0.0, cfg.init_std), device))),
+            embedding_scale: cfg.scale_embeddings.then(|| (d as f64).sqrt()),
+            reversible: cfg.block.reversible().then_some(cfg.dropout),
+            mask_token: cfg.mask_token(),
+            exits: match &cfg.exits {
+                ExitConfig::None => None,
+                ExitConfig::EveryLayer(e) => Some(ExitHeads::new(
+                    e,
+                    cfg.n_layers,
+                    d,
+                    vocab,
+                    cfg.init_std,
+                    || norm.norm.init(d, norm.norm_eps, device),
+                    device,
+                )),
+            },
+        }
     }
 
     /// Full forward over fresh sequences `[batch, len]`.
@@ -262,7 +258,7 @@ impl DecoderLm {
 
     /// Forward that continues from `state` (KV caches) when given, and updates it.
     pub fn forward_with(&self, tokens: Tensor<2, Int>, mut state: Option<&mut DecoderState>) -> LmOutput {
-        if let (Some(g), Some(segment)) = (&self.global_embedding, self.global_segment) {
+        if let (Some(g), Some(segment)) = (&self.global_embedding, self.blocks[0].attn.global_segment()) {
             return self.forward_global_local(tokens, state, g.val(), segment);
         }
         let [b, len] = tokens.dims();
