@@ -104,7 +104,7 @@ impl AttentionKind for BigBirdConfig {
 
     fn test_variants() -> Vec<TestVariant<Self>> {
         // the harness's sequences span several blocks, so random blocks exist past the window
-        [(PositionConfig::Alibi, 2), (PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 16 }), 0)]
+        [(PositionConfig::Alibi(Default::default()), 2), (PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 16 }), 0)]
             .into_iter()
             .map(|(position, global_tokens)| {
                 let cfg = Self {

@@ -85,7 +85,7 @@ impl AttentionKind for BlockwiseConfig {
         // own block plus a permuted (shifted) block per head
         vec![
             TestVariant::new("+ position alibi", Self { block: 3, n_kv_heads: Some(2), ..Default::default() })
-                .with_position(PositionConfig::Alibi),
+                .with_position(PositionConfig::Alibi(Default::default())),
         ]
     }
 }

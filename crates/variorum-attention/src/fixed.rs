@@ -114,7 +114,7 @@ impl AttentionKind for FixedConfig {
     fn test_variants() -> Vec<TestVariant<Self>> {
         // own block + summaries, the three combinations
         [
-            (StridedCombine::Union, PositionConfig::Alibi),
+            (StridedCombine::Union, PositionConfig::Alibi(Default::default())),
             (StridedCombine::Heads, PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 16 })),
             (StridedCombine::Alternate, PositionConfig::Rope(RotaryConfig::default())),
         ]

@@ -87,7 +87,7 @@ impl AttentionKind for Local2dConfig {
     fn test_variants() -> Vec<TestVariant<Self>> {
         // a 4-wide raster
         let cfg = Self { width: 4, query_rows: 2, query_cols: 2, memory_rows: 1, memory_cols: 1, ..Default::default() };
-        vec![TestVariant::new("+ position alibi", cfg).with_position(PositionConfig::Alibi)]
+        vec![TestVariant::new("+ position alibi", cfg).with_position(PositionConfig::Alibi(Default::default()))]
     }
 }
 

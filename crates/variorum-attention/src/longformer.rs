@@ -177,7 +177,7 @@ impl AttentionKind for LongformerConfig {
                     ..Default::default()
                 },
             )
-            .with_position(PositionConfig::Alibi),
+            .with_position(PositionConfig::Alibi(Default::default())),
         ]
     }
 }

@@ -120,7 +120,7 @@ impl AttentionKind for MultiScaleConfig {
                 "+ position alibi",
                 Self { windows: vec![1, 2, 4, 7], block: Some(3), ..Default::default() },
             )
-            .with_position(PositionConfig::Alibi),
+            .with_position(PositionConfig::Alibi(Default::default())),
         ]
     }
 }

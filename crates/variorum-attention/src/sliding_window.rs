@@ -119,7 +119,7 @@ impl AttentionKind for SlidingWindowConfig {
         // block-by-block band with absolute and relative positions and GQA
         let mut out: Vec<TestVariant<Self>> = [
             PositionConfig::default(),
-            PositionConfig::Alibi,
+            PositionConfig::Alibi(Default::default()),
             PositionConfig::Rope(RotaryConfig::default()),
             PositionConfig::TransformerXl(XlRelativeConfig::default()),
         ]
@@ -147,7 +147,7 @@ impl AttentionKind for SlidingWindowConfig {
                 "dilated heads + position alibi",
                 Self { window: 3, block: Some(2), dilations: vec![1, 2, 1, 3], ..Default::default() },
             )
-            .with_position(PositionConfig::Alibi),
+            .with_position(PositionConfig::Alibi(Default::default())),
         );
         // run bidirectionally under the masked objective
         out.push(TestVariant::new("masked lm", Self { window: 3, ..Default::default() }).masked());

@@ -122,7 +122,7 @@ impl AttentionKind for StridedConfig {
     fn test_variants() -> Vec<TestVariant<Self>> {
         // the three ways of combining the two patterns
         [
-            (StridedCombine::Union, PositionConfig::Alibi),
+            (StridedCombine::Union, PositionConfig::Alibi(Default::default())),
             (StridedCombine::Heads, PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 16 })),
             (StridedCombine::Alternate, PositionConfig::Rope(RotaryConfig::default())),
         ]

@@ -113,7 +113,7 @@ fn local_blocks_share_their_reach() {
     // blocks of 4 with a memory of 2: block 1 (4..7) sees 2..=its query, block 2 (8..11) 6..
     let dev = Device::flex();
     let cfg = AttentionConfig::Local(LocalAttentionConfig { block: 4, memory: 2, ..Default::default() });
-    let attn = band(&cfg, &PositionConfig::None, &dev);
+    let attn = band(&cfg, &PositionConfig::None(Default::default()), &dev);
     assert_eq!(reached_by(&attn, 1, &dev), vec![1, 2, 3]);
     assert_eq!(reached_by(&attn, 3, &dev), vec![3, 4, 5, 6, 7]);
     assert_eq!(reached_by(&attn, 6, &dev), vec![6, 7, 8, 9, 10, 11]);
@@ -135,7 +135,7 @@ fn far_keys_do_not_reach_a_query_and_near_ones_do() {
     // a window of 4: position 2 is seen by queries 2..=5 only
     let dev = Device::flex();
     let cfg = AttentionConfig::SlidingWindow(SlidingWindowConfig { window: 4, block: Some(3), ..Default::default() });
-    let attn = band(&cfg, &PositionConfig::None, &dev);
+    let attn = band(&cfg, &PositionConfig::None(Default::default()), &dev);
     assert_eq!(reached_by(&attn, 2, &dev), vec![2, 3, 4, 5]);
 }
 
@@ -149,7 +149,7 @@ fn each_head_keeps_its_own_window() {
         block: Some(4),
         ..Default::default()
     });
-    let attn = band(&cfg, &PositionConfig::None, &dev);
+    let attn = band(&cfg, &PositionConfig::None(Default::default()), &dev);
     let x: Tensor<3> = Tensor::random([1, 12, D], Distribution::Normal(0.0, 1.0), &dev);
     let y = x.clone().slice_assign([0..1, 2..3, 0..D], Tensor::random([1, 1, D], Distribution::Normal(0.0, 1.0), &dev));
     let mask = AttentionMask::causal();
@@ -175,7 +175,7 @@ fn global_positions_see_everything_and_are_seen_by_everyone() {
         global: vec![1],
         ..Default::default()
     });
-    let attn = band(&cfg, &PositionConfig::None, &dev);
+    let attn = band(&cfg, &PositionConfig::None(Default::default()), &dev);
     assert_eq!(reached_by(&attn, 1, &dev), (1..12).collect::<Vec<_>>());
     assert_eq!(reached_by(&attn, 6, &dev), vec![6, 7]);
     // bidirectionally the global query 1 sees position 9 too

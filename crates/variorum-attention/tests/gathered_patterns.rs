@@ -70,9 +70,9 @@ fn bigbird_blocks_equal_dense_attention_under_its_mask() {
 fn random_blocks_are_fixed_by_the_seed_and_lie_outside_the_window() {
     let dev = Device::flex();
     let cfg = BigBirdConfig { block: 2, window_blocks: 1, random_blocks: 3, global_tokens: 2, ..Default::default() };
-    let a = bigbird(&cfg, &PositionConfig::None, &dev);
-    let again = bigbird(&cfg, &PositionConfig::None, &dev);
-    let other_layer = bigbird(&cfg.clone().with_layer(1), &PositionConfig::None, &dev);
+    let a = bigbird(&cfg, &PositionConfig::None(Default::default()), &dev);
+    let again = bigbird(&cfg, &PositionConfig::None(Default::default()), &dev);
+    let other_layer = bigbird(&cfg.clone().with_layer(1), &PositionConfig::None(Default::default()), &dev);
     let mut differs = false;
     for causal in [true, false] {
         for t in 0..40 {
@@ -108,7 +108,7 @@ fn reached_by(attn: &BigBirdAttention, len: usize, p: usize, causal: bool, dev: 
 fn global_tokens_see_everything_and_others_only_their_pattern() {
     let dev = Device::flex();
     let cfg = BigBirdConfig { block: 4, window_blocks: 1, random_blocks: 1, global_tokens: 2, ..Default::default() };
-    let attn = bigbird(&cfg, &PositionConfig::Alibi, &dev);
+    let attn = bigbird(&cfg, &PositionConfig::Alibi(Default::default()), &dev);
     let len = 80;
     for causal in [true, false] {
         // a far position reaches the global queries 0 and 1 (bidirectional), its window, and the
@@ -205,7 +205,7 @@ fn reach(
 #[test]
 fn fixed_summaries_reach_every_later_block_and_others_only_their_own() {
     let dev = Device::flex();
-    let attn = fixed(&FixedConfig { stride: 4, summary: 1, ..Default::default() }, &PositionConfig::None, &dev);
+    let attn = fixed(&FixedConfig { stride: 4, summary: 1, ..Default::default() }, &PositionConfig::None(Default::default()), &dev);
     let f = |i: AttentionInput| attn.forward(i, None);
     // position 3 is block 0's summary: every later query sees it
     assert_eq!(reach(&f, 16, 3, true, &dev), (3..16).collect::<Vec<_>>());
@@ -221,10 +221,10 @@ fn blockwise_heads_read_their_permuted_block() {
     // block 0's queries, and its own output through its query only; causally a shift of 2 reads two blocks back, so position 5 reaches
     // its own block from 5 on and block 3
     let cfg = BlockwiseConfig { block: 4, shifts: vec![1; 4], ..Default::default() };
-    let attn = blockwise(&cfg, &PositionConfig::Alibi, &dev);
+    let attn = blockwise(&cfg, &PositionConfig::Alibi(Default::default()), &dev);
     assert_eq!(reach(|i: AttentionInput| attn.forward(i, None), 16, 5, false, &dev), vec![0, 1, 2, 3, 5]);
     let cfg = BlockwiseConfig { block: 4, shifts: vec![2; 4], ..Default::default() };
-    let attn = blockwise(&cfg, &PositionConfig::Alibi, &dev);
+    let attn = blockwise(&cfg, &PositionConfig::Alibi(Default::default()), &dev);
     assert_eq!(reach(|i: AttentionInput| attn.forward(i, None), 16, 5, true, &dev), vec![5, 6, 7, 12, 13, 14, 15]);
 }
 
@@ -272,7 +272,7 @@ fn a_2d_query_sees_its_memory_rectangle() {
     let dev = Device::flex();
     let cfg =
         Local2dConfig { width: 8, query_rows: 2, query_cols: 4, memory_rows: 1, memory_cols: 2, ..Default::default() };
-    let attn = local_2d(&cfg, &PositionConfig::None, &dev);
+    let attn = local_2d(&cfg, &PositionConfig::None(Default::default()), &dev);
     let seen: Vec<usize> = (0..32).filter(|&k| attn.sees(19, k, true)).collect();
     assert_eq!(seen, vec![8, 9, 10, 11, 12, 13, 16, 17, 18, 19]);
     // reach: position 9 (row 1, column 1) is seen by its own rectangle from 9 on and by the

@@ -77,7 +77,7 @@ fn reached_by(attn: &LongformerAttention, mask: &AttentionMask, p: usize, dev: &
 fn a_dilated_window_reaches_every_delta_th_position() {
     let dev = Device::flex();
     let cfg = LongformerConfig { window: 3, block: Some(4), dilations: vec![3; 4], ..Default::default() };
-    let attn = longformer(&cfg, &PositionConfig::None, &dev);
+    let attn = longformer(&cfg, &PositionConfig::None(Default::default()), &dev);
     // w = 3 keys, δ = 3 apart: position 2 reaches 2, 5, 8 and no other query
     assert_eq!(reached_by(&attn, &AttentionMask::causal(), 2, &dev), vec![2, 5, 8]);
     // a global token by id at 4 reaches everything after it; a far change reaches 4 too when
@@ -91,7 +91,7 @@ fn a_dilated_window_reaches_every_delta_th_position() {
 #[test]
 fn decoding_with_global_tokens_by_id_equals_the_full_forward() {
     let dev = Device::flex();
-    for position in [PositionConfig::Alibi, PositionConfig::TransformerXl(XlRelativeConfig::default())] {
+    for position in [PositionConfig::Alibi(Default::default()), PositionConfig::TransformerXl(XlRelativeConfig::default())] {
         // with ids configured the mask brings the global positions and the cache keeps every key;
         // without, the cache keeps the reach of the widest dilated window: (2 − 1)·2 + 1 keys
         for ids in [vec![7], vec![]] {

@@ -58,7 +58,7 @@ fn masks(cfg: &AttentionConfig) -> Vec<AttentionMask> {
 
 fn init(cfg: &AttentionConfig, dev: &Device) -> Attention {
     cfg.validate(D).unwrap();
-    cfg.init(D, 0.3, 0.3, Positioning { config: &PositionConfig::Alibi, context: 32 }, dev)
+    cfg.init(D, 0.3, 0.3, Positioning { config: &PositionConfig::Alibi(Default::default()), context: 32 }, dev)
 }
 
 /// The mechanism's own dense computation under its pattern and the mask (for the kinds that have

@@ -25,14 +25,14 @@ fn schemes() -> Vec<PositionConfig> {
         PositionConfig::Shaw(ShawConfig { max_distance: 3, values: true }),
         PositionConfig::TransformerXl(XlRelativeConfig::default()),
         PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 10 }),
-        PositionConfig::Alibi,
+        PositionConfig::Alibi(Default::default()),
         PositionConfig::Rope(RotaryConfig::default()),
         PositionConfig::Rope(RotaryConfig {
             layout: RopeLayout::Interleaved,
             rotary_dim: Some(2),
             ..Default::default()
         }),
-        PositionConfig::Da,
+        PositionConfig::Da(Default::default()),
         PositionConfig::Multiplicative(MultiplicativeConfig { max_distance: 4 }),
         PositionConfig::Deberta(DebertaConfig { max_distance: 3 }),
     ]

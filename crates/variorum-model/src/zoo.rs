@@ -73,19 +73,19 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
         PositionConfig::Sinusoidal(SinusoidalPositionConfig { learnable: true, ..Default::default() }),
         PositionConfig::Learned(LearnedPositionConfig { max_len: Some(32), per_layer: false }),
         PositionConfig::Learned(LearnedPositionConfig { max_len: None, per_layer: true }),
-        PositionConfig::None,
+        PositionConfig::None(Default::default()),
         PositionConfig::Shaw(ShawConfig { max_distance: 4, values: true }),
         PositionConfig::Shaw(ShawConfig { max_distance: 4, values: false }),
         PositionConfig::TransformerXl(XlRelativeConfig::default()),
         PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 12 }),
-        PositionConfig::Alibi,
+        PositionConfig::Alibi(Default::default()),
         PositionConfig::Rope(RotaryConfig::default()),
         PositionConfig::Rope(RotaryConfig { layout: RopeLayout::Interleaved, rotary_dim: Some(4), base: 500.0 }),
-        PositionConfig::Da,
+        PositionConfig::Da(Default::default()),
         PositionConfig::Multiplicative(MultiplicativeConfig { max_distance: 6 }),
         PositionConfig::Untied(UntiedConfig::default()),
         PositionConfig::Deberta(DebertaConfig { max_distance: 4 }),
-        PositionConfig::UniversalTimestep,
+        PositionConfig::UniversalTimestep(Default::default()),
     ];
     for p in positions {
         out.push((format!("position {p:?}"), ModelConfig { position: p, ..tiny() }));
@@ -121,7 +121,7 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
                 ..Default::default()
             }),
             memory: MemoryConfig::Xl(XlMemoryConfig { length: 12 }),
-            position: PositionConfig::Alibi,
+            position: PositionConfig::Alibi(Default::default()),
             ..tiny()
         },
     ));
@@ -150,7 +150,7 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
         });
         out.push((
             format!("memory compressive {}", compression.name()),
-            ModelConfig { memory, position: PositionConfig::Alibi, ..tiny() },
+            ModelConfig { memory, position: PositionConfig::Alibi(Default::default()), ..tiny() },
         ));
     }
     let reversible = BlockConfig::Reversible(Default::default());
@@ -159,7 +159,7 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
         "block reversible + alibi + sliding-window".into(),
         ModelConfig {
             block: reversible,
-            position: PositionConfig::Alibi,
+            position: PositionConfig::Alibi(Default::default()),
             attention: AttentionConfig::SlidingWindow(SlidingWindowConfig { window: 4, ..Default::default() }),
             ..tiny()
         },
@@ -178,7 +178,7 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
     // Universal Transformer: 3 steps of one block, with and without ACT, pre- and post-LN
     let ut = |act: bool, block: BlockConfig| ModelConfig {
         n_layers: 3,
-        position: PositionConfig::UniversalTimestep,
+        position: PositionConfig::UniversalTimestep(Default::default()),
         depth: DepthConfig::Universal(UniversalConfig { act, halting_bias: -1.0, ..Default::default() }),
         block,
         ..tiny()
@@ -212,7 +212,7 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
     // on a sparse kind
     out.push((
         "max_back 3, attention full + position alibi".into(),
-        ModelConfig { max_back: Some(3), position: PositionConfig::Alibi, ..tiny() },
+        ModelConfig { max_back: Some(3), position: PositionConfig::Alibi(Default::default()), ..tiny() },
     ));
     let attention = AttentionConfig::Strided(StridedConfig { stride: 4, ..Default::default() });
     out.push(("max_back 5, attention strided".into(), ModelConfig { max_back: Some(5), attention, ..tiny() }));

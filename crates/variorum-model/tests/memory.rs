@@ -28,7 +28,7 @@ fn segment_two_with_memory_equals_the_tail_of_the_concatenated_input() {
     for position in [
         PositionConfig::TransformerXl(XlRelativeConfig::default()),
         PositionConfig::Rope(Default::default()),
-        PositionConfig::Alibi,
+        PositionConfig::Alibi(Default::default()),
         PositionConfig::T5(Default::default()),
     ] {
         let cfg = xl_model(position.clone());
@@ -83,7 +83,7 @@ fn compressive(rate: usize, compression: CompressionKind) -> ModelConfig {
         reconstruction_weight: 1.0,
         autoencoding_weight: 1.0,
     });
-    ModelConfig { seq_len: 4, memory, position: PositionConfig::Alibi, ..zoo::tiny() }
+    ModelConfig { seq_len: 4, memory, position: PositionConfig::Alibi(Default::default()), ..zoo::tiny() }
 }
 
 /// Aux losses of three segments of 4 (the second and third evict 4 states each).

@@ -47,7 +47,7 @@ fn schemes_that_need_contiguous_keys_are_refused() {
             assert!(e.contains(&format!("model.position.kind = \"{kind}\" needs contiguous keys")), "{e}");
         }
         for position in [
-            PositionConfig::Alibi,
+            PositionConfig::Alibi(Default::default()),
             PositionConfig::T5(T5BiasConfig::default()),
             PositionConfig::Rope(RotaryConfig::default()),
             PositionConfig::default(),

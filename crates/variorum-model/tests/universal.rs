@@ -14,7 +14,7 @@ fn tokens(batch: usize, len: usize, vocab: usize, device: &Device) -> Tensor<2, 
 fn ut(act: bool) -> ModelConfig {
     ModelConfig {
         n_layers: 3,
-        position: PositionConfig::UniversalTimestep,
+        position: PositionConfig::UniversalTimestep(Default::default()),
         depth: DepthConfig::Universal(UniversalConfig { act, halting_bias: -1.0, ..Default::default() }),
         ..zoo::tiny()
     }

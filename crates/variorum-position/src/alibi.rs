@@ -14,6 +14,11 @@
 use burn::prelude::*;
 
 use crate::{Distances, ScoreLayout};
+use serde::{Deserialize, Serialize};
+use variorum_core::Capabilities;
+
+use crate::RelativePosition;
+use crate::kind::{HeadShape, PositionKind, RelativeScheme};
 
 /// The paper's slopes for `n_heads` heads.
 pub fn alibi_slopes(n_heads: usize) -> Vec<f64> {
@@ -57,6 +62,36 @@ impl AlibiBias {
         let [_, n, lq, lk] = d.dims;
         let distance = d.values(|d| -(d.abs() as f32), device);
         (slopes.reshape([self.n_heads, 1, 1, 1]) * distance).expand([self.n_heads, n, lq, lk])
+    }
+}
+
+/// `model.position` with `kind = "alibi"`: no settings (the slopes follow from the head count).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlibiConfig {}
+
+impl PositionKind for AlibiConfig {
+    const SUMMARY: &'static str = "fixed linear distance penalty, geometric slopes per head; no parameters";
+    const PAPER: &'static str = "Press et al. 2022, Train Short, Test Long (ALiBi)";
+    const CAPS: Capabilities = Capabilities { score_bias: true, distance_only: true, ..Capabilities::NEUTRAL };
+
+    fn init_relative(&self, heads: HeadShape, _context: usize, _device: &Device) -> Option<RelativePosition> {
+        Some(AlibiBias::new(heads.n_heads).into())
+    }
+}
+
+impl RelativeScheme for AlibiBias {
+    fn scores(&self, scores: Tensor<4>, _q: Tensor<4>, _k: Tensor<4>, layout: &ScoreLayout, _scale: f64) -> Tensor<4> {
+        let device = scores.device();
+        scores + self.bias(layout, &device)
+    }
+
+    fn works_on_gathered_keys(&self) -> bool {
+        true
+    }
+
+    fn bias_at(&self, d: &Distances, device: &Device) -> Option<Tensor<4>> {
+        Some(AlibiBias::bias_at(self, d, device))
     }
 }
 

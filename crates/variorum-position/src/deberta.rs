@@ -18,6 +18,9 @@ use variorum_core::{ConfigError, error::check};
 
 use crate::ScoreLayout;
 use crate::layout::gather_buckets;
+use crate::kind::{HeadShape, PositionKind, RelativeScheme};
+use crate::RelativePosition;
+use variorum_core::Capabilities;
 
 /// `model.position` with `kind = "deberta"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -97,5 +100,30 @@ impl Disentangled {
             ScoreLayout { q_start: layout.k_start, k_start: layout.q_start, len_q: lk, len_k: layout.len_q, ..*layout };
         let p2c = gather_buckets(p2c, transposed.index(delta, &device)).swap_dims(2, 3);
         c2p + p2c
+    }
+}
+
+impl PositionKind for DebertaConfig {
+    const SUMMARY: &'static str = "disentangled attention: content→content + content→position + position→content";
+    const PAPER: &'static str = "He et al. 2021, DeBERTa";
+    const CAPS: Capabilities = Capabilities { score_bias: true, ..Capabilities::NEUTRAL };
+
+    fn validate(&self, _heads: HeadShape, _context: usize) -> Result<(), ConfigError> {
+        DebertaConfig::validate(self)
+    }
+
+    fn init_relative(&self, heads: HeadShape, _context: usize, device: &Device) -> Option<RelativePosition> {
+        Some(self.init(heads.d_model, heads.n_heads, heads.head_dim, device).into())
+    }
+
+    /// DeBERTa divides the scores by √(3d): its two position terms are of the content term's size.
+    fn content_scale(&self) -> f64 {
+        (1.0f64 / 3.0).sqrt()
+    }
+}
+
+impl RelativeScheme for Disentangled {
+    fn scores(&self, scores: Tensor<4>, q_scaled: Tensor<4>, k: Tensor<4>, layout: &ScoreLayout, scale: f64) -> Tensor<4> {
+        scores + self.score_term(q_scaled, k, layout, scale)
     }
 }

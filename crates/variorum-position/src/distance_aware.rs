@@ -13,6 +13,11 @@ use burn::prelude::*;
 use burn::tensor::activation::relu;
 
 use crate::ScoreLayout;
+use serde::{Deserialize, Serialize};
+use variorum_core::Capabilities;
+
+use crate::RelativePosition;
+use crate::kind::{HeadShape, PositionKind, RelativeScheme};
 
 #[derive(Module, Debug)]
 pub struct DistanceAware {
@@ -46,6 +51,27 @@ impl DistanceAware {
     pub fn apply(&self, scores: Tensor<4>, layout: &ScoreLayout) -> Tensor<4> {
         let f = self.weights(layout, &scores.device());
         relu(scores) * f
+    }
+}
+
+/// `model.position` with `kind = "da"`: no settings.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DistanceAwareConfig {}
+
+impl PositionKind for DistanceAwareConfig {
+    const SUMMARY: &'static str = "ReLU(QKᵀ) scaled by a learned per-head function of distance";
+    const PAPER: &'static str = "Wu et al. 2021, DA-Transformer: Distance-aware Transformer";
+    const CAPS: Capabilities = Capabilities { score_bias: true, ..Capabilities::NEUTRAL };
+
+    fn init_relative(&self, heads: HeadShape, _context: usize, device: &Device) -> Option<RelativePosition> {
+        Some(DistanceAware::new(heads.n_heads, device).into())
+    }
+}
+
+impl RelativeScheme for DistanceAware {
+    fn scores(&self, scores: Tensor<4>, _q: Tensor<4>, _k: Tensor<4>, layout: &ScoreLayout, _scale: f64) -> Tensor<4> {
+        self.apply(scores, layout)
     }
 }
 

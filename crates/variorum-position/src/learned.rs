@@ -11,6 +11,9 @@ use burn::nn::Initializer;
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 use variorum_core::{ConfigError, error::check};
+use crate::kind::{AbsoluteSignal, HeadShape, PositionKind};
+use crate::AbsolutePosition;
+use variorum_core::Capabilities;
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -56,5 +59,43 @@ impl LearnedPosition {
         let [max_len, d] = table.dims();
         assert!(start + len <= max_len, "learned position table has {max_len} rows, asked for {}", start + len);
         table.slice([start..start + len, 0..d])
+    }
+}
+
+impl PositionKind for LearnedPositionConfig {
+    const SUMMARY: &'static str =
+        "a learned vector per absolute position up to max_len, once or before every block (per_layer)";
+    const PAPER: &'static str = "Gehring et al. 2017; Radford et al. 2018 (GPT); Al-Rfou et al. 2018 (per layer)";
+    const CAPS: Capabilities = Capabilities { absolute: true, variable_length: false, ..Capabilities::NEUTRAL };
+
+    /// A table before every block is a per-layer signal.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { per_layer: self.per_layer, ..Self::CAPS }
+    }
+
+    fn expanded(&self, context: usize) -> Self {
+        Self { max_len: Some(self.max_len.unwrap_or(context)), ..self.clone() }
+    }
+
+    fn validate(&self, _heads: HeadShape, context: usize) -> Result<(), ConfigError> {
+        LearnedPositionConfig::validate(self, context)
+    }
+
+    fn init_input(&self, d_model: usize, context: usize, device: &Device) -> Option<AbsolutePosition> {
+        (!self.per_layer).then(|| self.init(d_model, context, device).into())
+    }
+
+    fn init_layer(&self, _layer: usize, d_model: usize, context: usize, device: &Device) -> Option<AbsolutePosition> {
+        self.per_layer.then(|| self.init(d_model, context, device).into())
+    }
+
+    fn max_len(&self, context: usize) -> Option<usize> {
+        Some(self.max_len.unwrap_or(context))
+    }
+}
+
+impl AbsoluteSignal for LearnedPosition {
+    fn encode(&self, start: usize, len: usize, _device: &Device) -> Tensor<2> {
+        LearnedPosition::encode(self, start, len)
     }
 }

@@ -6,15 +6,15 @@
 //! and receive the absolute positions of the attention contract through a [`ScoreLayout`] —
 //! [`RelativePosition`]. One file per scheme, its defining equation in the doc comment.
 
-pub mod absolute;
 pub mod alibi;
-pub mod config;
 pub mod deberta;
 pub mod distance_aware;
+pub mod kind;
 pub mod layout;
 pub mod learned;
 pub mod multiplicative;
-pub mod relative;
+pub mod none;
+pub mod registry;
 pub mod rope;
 pub mod shaw;
 pub mod sinusoidal;
@@ -23,19 +23,19 @@ pub mod timestep;
 pub mod transformer_xl;
 pub mod untied;
 
-pub use absolute::AbsolutePosition;
-pub use alibi::{AlibiBias, alibi_slopes};
-pub use config::PositionConfig;
+pub use alibi::{AlibiBias, AlibiConfig, alibi_slopes};
 pub use deberta::{DebertaConfig, Disentangled};
-pub use distance_aware::DistanceAware;
+pub use distance_aware::{DistanceAware, DistanceAwareConfig};
+pub use kind::{AbsoluteSignal, HeadShape, PositionKind, RelativeScheme};
 pub use layout::{Distances, ScoreLayout};
 pub use learned::{LearnedPosition, LearnedPositionConfig};
 pub use multiplicative::{MultiplicativeConfig, MultiplicativePosition};
-pub use relative::{HeadShape, RelativePosition};
+pub use none::NoPositionConfig;
+pub use registry::{AbsolutePosition, PositionConfig, RelativePosition};
 pub use rope::{RopeLayout, RotaryConfig, RotaryEmbedding};
 pub use shaw::{ShawConfig, ShawRelative};
 pub use sinusoidal::{SinusoidalPosition, SinusoidalPositionConfig};
 pub use t5::{T5Bias, T5BiasConfig, t5_bucket};
-pub use timestep::TimestepEncoding;
+pub use timestep::{TimestepConfig, TimestepEncoding};
 pub use transformer_xl::{XlRelative, XlRelativeConfig, relative_shift};
 pub use untied::{Untied, UntiedConfig};

@@ -12,6 +12,9 @@ use serde::{Deserialize, Serialize};
 use variorum_core::{ConfigError, error::check};
 
 use crate::ScoreLayout;
+use crate::kind::{HeadShape, PositionKind, RelativeScheme};
+use crate::RelativePosition;
+use variorum_core::Capabilities;
 
 /// `model.position` with `kind = "multiplicative"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -54,5 +57,26 @@ impl MultiplicativePosition {
         let index = layout.index(|d| d.abs().min(m), device);
         let [lq, lk] = index.dims();
         self.scale.val().select(0, index.reshape([lq * lk])).reshape([1, 1, lq, lk])
+    }
+}
+
+impl PositionKind for MultiplicativeConfig {
+    const SUMMARY: &'static str = "a learned scalar per |i−j| multiplying the scores";
+    const PAPER: &'static str = "Prince 2023, Transformers III (position-and-efficiency eq. 12)";
+    const CAPS: Capabilities = Capabilities { score_bias: true, ..Capabilities::NEUTRAL };
+
+    fn validate(&self, _heads: HeadShape, _context: usize) -> Result<(), ConfigError> {
+        MultiplicativeConfig::validate(self)
+    }
+
+    fn init_relative(&self, _heads: HeadShape, _context: usize, device: &Device) -> Option<RelativePosition> {
+        Some(self.init(device).into())
+    }
+}
+
+impl RelativeScheme for MultiplicativePosition {
+    fn scores(&self, scores: Tensor<4>, _q: Tensor<4>, _k: Tensor<4>, layout: &ScoreLayout, _scale: f64) -> Tensor<4> {
+        let device = scores.device();
+        scores * self.factors(layout, &device)
     }
 }

@@ -14,6 +14,9 @@
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 use variorum_core::{ConfigError, error::check};
+use crate::kind::{HeadShape, PositionKind, RelativeScheme};
+use crate::{RelativePosition, ScoreLayout};
+use variorum_core::Capabilities;
 
 /// Which dimensions are rotated together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -110,6 +113,39 @@ impl RotaryEmbedding {
             Tensor::cat(vec![y0, y1], 3)
         };
         if r == dh { rotated } else { Tensor::cat(vec![rotated, x.narrow(3, r, dh - r)], 3) }
+    }
+}
+
+impl PositionKind for RotaryConfig {
+    const SUMMARY: &'static str = "rotary embedding of q and k; rotate-half or interleaved; partial rotary dimension";
+    const PAPER: &'static str = "Su et al. 2021, RoFormer";
+    const CAPS: Capabilities = Capabilities { qk_rotation: true, ..Capabilities::NEUTRAL };
+
+    fn validate(&self, heads: HeadShape, _context: usize) -> Result<(), ConfigError> {
+        RotaryConfig::validate(self, heads.head_dim)
+    }
+
+    fn init_relative(&self, heads: HeadShape, _context: usize, _device: &Device) -> Option<RelativePosition> {
+        Some(self.init(heads.head_dim).into())
+    }
+}
+
+/// RoPE acts on q and k only: the scores pass unchanged, and gathered keys need no bias.
+impl RelativeScheme for RotaryEmbedding {
+    fn rotate(&self, x: Tensor<4>, start: usize) -> Tensor<4> {
+        RotaryEmbedding::rotate(self, x, start)
+    }
+
+    fn scores(&self, scores: Tensor<4>, _q: Tensor<4>, _k: Tensor<4>, _layout: &ScoreLayout, _scale: f64) -> Tensor<4> {
+        scores
+    }
+
+    fn works_on_gathered_keys(&self) -> bool {
+        true
+    }
+
+    fn bias_at(&self, _d: &crate::Distances, _device: &Device) -> Option<Tensor<4>> {
+        None
     }
 }
 

@@ -16,6 +16,9 @@ use variorum_core::{ConfigError, error::check};
 
 use crate::ScoreLayout;
 use crate::layout::{gather_buckets, scatter_buckets};
+use crate::kind::{HeadShape, PositionKind, RelativeScheme};
+use crate::RelativePosition;
+use variorum_core::Capabilities;
 
 /// `model.position` with `kind = "shaw"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -77,5 +80,29 @@ impl ShawRelative {
         let index = self.index(layout, &probs.device());
         let by_offset = scatter_buckets(probs, index, 2 * self.max_distance + 1);
         Some(by_offset.matmul(values.unsqueeze_dim::<3>(0).unsqueeze_dim(0)))
+    }
+}
+
+impl PositionKind for ShawConfig {
+    const SUMMARY: &'static str = "learned relative key/value vectors, offsets clipped to ±k";
+    const PAPER: &'static str = "Shaw et al. 2018, Self-Attention with Relative Position Representations";
+    const CAPS: Capabilities = Capabilities { score_bias: true, ..Capabilities::NEUTRAL };
+
+    fn validate(&self, _heads: HeadShape, _context: usize) -> Result<(), ConfigError> {
+        ShawConfig::validate(self)
+    }
+
+    fn init_relative(&self, heads: HeadShape, _context: usize, device: &Device) -> Option<RelativePosition> {
+        Some(self.init(heads.head_dim, device).into())
+    }
+}
+
+impl RelativeScheme for ShawRelative {
+    fn scores(&self, scores: Tensor<4>, q_scaled: Tensor<4>, _k: Tensor<4>, layout: &ScoreLayout, _scale: f64) -> Tensor<4> {
+        scores + self.score_term(q_scaled, layout)
+    }
+
+    fn context(&self, probs: Tensor<4>, layout: &ScoreLayout) -> Option<Tensor<4>> {
+        self.context_term(probs, layout)
     }
 }

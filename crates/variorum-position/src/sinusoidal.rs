@@ -11,6 +11,9 @@ use burn::module::Param;
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 use variorum_core::{ConfigError, error::check};
+use crate::kind::{AbsoluteSignal, HeadShape, PositionKind};
+use crate::AbsolutePosition;
+use variorum_core::Capabilities;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -58,6 +61,27 @@ impl SinusoidalPosition {
         let angles = pos.reshape([len, 1]) * freqs.reshape([1, half]); // [len, half]
         // interleave: dims 2k = sin, 2k+1 = cos
         Tensor::stack::<3>(vec![angles.clone().sin(), angles.cos()], 2).reshape([len, 2 * half])
+    }
+}
+
+impl PositionKind for SinusoidalPositionConfig {
+    const SUMMARY: &'static str =
+        "fixed sin/cos of position added to the embeddings; configurable base, optionally learnable frequencies";
+    const PAPER: &'static str = "Vaswani et al. 2017, Attention Is All You Need; Wang et al. 2021 (learnable)";
+    const CAPS: Capabilities = Capabilities { absolute: true, ..Capabilities::NEUTRAL };
+
+    fn validate(&self, heads: HeadShape, _context: usize) -> Result<(), ConfigError> {
+        SinusoidalPositionConfig::validate(self, heads.d_model)
+    }
+
+    fn init_input(&self, d_model: usize, _context: usize, device: &Device) -> Option<AbsolutePosition> {
+        Some(self.init(d_model, device).into())
+    }
+}
+
+impl AbsoluteSignal for SinusoidalPosition {
+    fn encode(&self, start: usize, len: usize, device: &Device) -> Tensor<2> {
+        SinusoidalPosition::encode(self, start, len, device)
     }
 }
 

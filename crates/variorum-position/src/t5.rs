@@ -19,6 +19,9 @@ use serde::{Deserialize, Serialize};
 use variorum_core::{ConfigError, error::check};
 
 use crate::{Distances, ScoreLayout, layout::per_head_bias};
+use crate::kind::{HeadShape, PositionKind, RelativeScheme};
+use crate::RelativePosition;
+use variorum_core::Capabilities;
 
 /// `model.position` with `kind = "t5"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -111,6 +114,35 @@ impl T5Bias {
         let h = table.dims()[0];
         let bias = if g == 1 { table.select(1, index.reshape([n * lq * lk])) } else { table.gather(1, index) };
         bias.reshape([h, n, lq, lk])
+    }
+}
+
+impl PositionKind for T5BiasConfig {
+    const SUMMARY: &'static str = "learned scalar bias per head over log-spaced distance buckets";
+    const PAPER: &'static str = "Raffel et al. 2020, Exploring the Limits of Transfer Learning (T5)";
+    const CAPS: Capabilities = Capabilities { score_bias: true, distance_only: true, ..Capabilities::NEUTRAL };
+
+    fn validate(&self, _heads: HeadShape, _context: usize) -> Result<(), ConfigError> {
+        T5BiasConfig::validate(self)
+    }
+
+    fn init_relative(&self, heads: HeadShape, _context: usize, device: &Device) -> Option<RelativePosition> {
+        Some(self.init(heads.n_heads, device).into())
+    }
+}
+
+impl RelativeScheme for T5Bias {
+    fn scores(&self, scores: Tensor<4>, _q: Tensor<4>, _k: Tensor<4>, layout: &ScoreLayout, _scale: f64) -> Tensor<4> {
+        let device = scores.device();
+        scores + self.bias(layout, &device)
+    }
+
+    fn works_on_gathered_keys(&self) -> bool {
+        true
+    }
+
+    fn bias_at(&self, d: &Distances, device: &Device) -> Option<Tensor<4>> {
+        Some(T5Bias::bias_at(self, d, device))
     }
 }
 

@@ -8,6 +8,11 @@
 //! (a Universal Transformer with untied weights); the universal block uses it with its own steps.
 
 use burn::prelude::*;
+use serde::{Deserialize, Serialize};
+use variorum_core::{Capabilities, ConfigError};
+
+use crate::AbsolutePosition;
+use crate::kind::{AbsoluteSignal, HeadShape, PositionKind};
 
 #[derive(Module, Debug)]
 pub struct TimestepEncoding {
@@ -40,6 +45,33 @@ impl TimestepEncoding {
             }
         }
         Tensor::from_data(TensorData::new(v, [len, self.d_model]), device)
+    }
+}
+
+/// `model.position` with `kind = "universal-timestep"`: no settings.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimestepConfig {}
+
+impl PositionKind for TimestepConfig {
+    const SUMMARY: &'static str = "position ⊕ recurrence-step sinusoids added before every block";
+    const PAPER: &'static str = "Dehghani et al. 2019, Universal Transformers";
+    const CAPS: Capabilities = Capabilities { absolute: true, per_layer: true, ..Capabilities::NEUTRAL };
+
+    fn validate(&self, heads: HeadShape, _context: usize) -> Result<(), ConfigError> {
+        variorum_core::error::check(heads.d_model % 2 == 0, || {
+            format!("model.position.kind = \"universal-timestep\" needs an even model.d_model, got {}", heads.d_model)
+        })
+    }
+
+    fn init_layer(&self, layer: usize, d_model: usize, _context: usize, _device: &Device) -> Option<AbsolutePosition> {
+        Some(TimestepEncoding::new(layer + 1, d_model).into())
+    }
+}
+
+impl AbsoluteSignal for TimestepEncoding {
+    fn encode(&self, start: usize, len: usize, device: &Device) -> Tensor<2> {
+        TimestepEncoding::encode(self, start, len, device)
     }
 }
 

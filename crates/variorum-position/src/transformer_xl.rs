@@ -24,6 +24,9 @@ use serde::{Deserialize, Serialize};
 use variorum_core::{ConfigError, error::check};
 
 use crate::ScoreLayout;
+use crate::kind::{HeadShape, PositionKind, RelativeScheme};
+use crate::RelativePosition;
+use variorum_core::Capabilities;
 
 /// `model.position` with `kind = "transformer-xl"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -128,6 +131,27 @@ impl XlRelative {
         let u = self.u.val().reshape([1, hkv, g, dh]).swap_dims(2, 3);
         let content = k.matmul(u).swap_dims(2, 3).reshape([b, h, 1, lk]);
         position + content
+    }
+}
+
+impl PositionKind for XlRelativeConfig {
+    const SUMMARY: &'static str =
+        "sinusoidal relative encodings, position key projection, global biases u, v; relative shift";
+    const PAPER: &'static str = "Dai et al. 2019, Transformer-XL";
+    const CAPS: Capabilities = Capabilities { score_bias: true, ..Capabilities::NEUTRAL };
+
+    fn validate(&self, heads: HeadShape, _context: usize) -> Result<(), ConfigError> {
+        XlRelativeConfig::validate(self, heads.d_model)
+    }
+
+    fn init_relative(&self, heads: HeadShape, _context: usize, device: &Device) -> Option<RelativePosition> {
+        Some(self.init(heads.d_model, heads.n_heads, heads.head_dim, device).into())
+    }
+}
+
+impl RelativeScheme for XlRelative {
+    fn scores(&self, scores: Tensor<4>, q_scaled: Tensor<4>, k: Tensor<4>, layout: &ScoreLayout, _scale: f64) -> Tensor<4> {
+        scores + self.score_term(q_scaled, k, layout)
     }
 }
 

@@ -18,6 +18,9 @@ use serde::{Deserialize, Serialize};
 use variorum_core::{ConfigError, error::check};
 
 use crate::ScoreLayout;
+use crate::kind::{HeadShape, PositionKind, RelativeScheme};
+use crate::RelativePosition;
+use variorum_core::Capabilities;
 
 /// `model.position` with `kind = "untied"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
@@ -83,5 +86,44 @@ impl Untied {
         let q = self.project(layout.q_start, layout.len_q, 0).mul_scalar(scale);
         let k = self.project(layout.k_start, layout.len_k, 1);
         q.matmul(k.swap_dims(1, 2)).unsqueeze_dim(0)
+    }
+}
+
+impl PositionKind for UntiedConfig {
+    const SUMMARY: &'static str = "content–content plus a separately projected position–position term (TUPE)";
+    const PAPER: &'static str = "Ke et al. 2021, Rethinking Positional Encoding in Language Pre-training";
+    const CAPS: Capabilities = Capabilities {
+        variable_length: false,
+        absolute: true,
+        absolute_scores: true,
+        score_bias: true,
+        ..Capabilities::NEUTRAL
+    };
+
+    fn expanded(&self, context: usize) -> Self {
+        Self { max_len: Some(self.max_len.unwrap_or(context)) }
+    }
+
+    fn validate(&self, _heads: HeadShape, context: usize) -> Result<(), ConfigError> {
+        UntiedConfig::validate(self, context)
+    }
+
+    fn init_relative(&self, heads: HeadShape, context: usize, device: &Device) -> Option<RelativePosition> {
+        Some(self.init(heads.d_model, heads.n_heads, heads.head_dim, context, device).into())
+    }
+
+    /// TUPE divides the content scores by √(2d): its position term adds one more of the same size.
+    fn content_scale(&self) -> f64 {
+        0.5f64.sqrt()
+    }
+
+    fn max_len(&self, context: usize) -> Option<usize> {
+        Some(self.max_len.unwrap_or(context))
+    }
+}
+
+impl RelativeScheme for Untied {
+    fn scores(&self, scores: Tensor<4>, _q: Tensor<4>, _k: Tensor<4>, layout: &ScoreLayout, scale: f64) -> Tensor<4> {
+        scores + self.score_term(layout, scale)
     }
 }

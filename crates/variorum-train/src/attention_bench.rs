@@ -167,9 +167,9 @@ mod tests {
     fn both_measurements_run_for_a_linear_and_a_full_layer() {
         let dev = Device::flex();
         for cfg in [AttentionConfig::default(), toml::from_str("kind = \"linear\"").unwrap()] {
-            let t = training(&cfg, &PositionConfig::None, 16, 32, 1, true, &dev);
+            let t = training(&cfg, &PositionConfig::None(Default::default()), 16, 32, 1, true, &dev);
             assert!(t.seconds > 0.0);
-            let g = generation(&cfg, &PositionConfig::None, 16, 40, 3, &dev);
+            let g = generation(&cfg, &PositionConfig::None(Default::default()), 16, 40, 3, &dev);
             assert!(g.seconds > 0.0);
         }
         assert!(score_bytes(&AttentionConfig::default(), 256, 1024).unwrap() > 0);

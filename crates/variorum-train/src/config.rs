@@ -262,7 +262,7 @@ path = "x.txt"
         assert_eq!((c.model.d_model, c.model.n_layers), (64, 2), "kept from the base, overridden");
         assert_eq!(
             c.model.position,
-            variorum_position::PositionConfig::Alibi,
+            variorum_position::PositionConfig::Alibi(Default::default()),
             "max_len of the base's learned table is gone"
         );
         // a missing base and a cycle are clear errors

@@ -139,7 +139,7 @@ mod tests {
     fn weight_decay_falls_on_matrices_only() {
         let span = AttentionConfig::AdaptiveSpan(AdaptiveSpanConfig::default());
         let mut all = decayed(PositionConfig::Multiplicative(MultiplicativeConfig::default()), span);
-        all.extend(decayed(PositionConfig::Da, AttentionConfig::default()));
+        all.extend(decayed(PositionConfig::Da(Default::default()), AttentionConfig::default()));
         let is = |suffix: &str, want: bool| {
             let hits: Vec<_> = all.iter().filter(|(p, _)| p.ends_with(suffix)).collect();
             assert!(!hits.is_empty(), "no parameter ends with {suffix}: {all:?}");

@@ -127,7 +127,7 @@ fn gradients_include_the_auxiliary_losses_and_relative_positions() {
     let span = AdaptiveSpanConfig { n_heads: 4, max_span: 8, ramp: 2, ..Default::default() };
     let cfg = ModelConfig {
         attention: AttentionConfig::AdaptiveSpan(span),
-        position: PositionConfig::Alibi,
+        position: PositionConfig::Alibi(Default::default()),
         tie_embeddings: false,
         ..reversible(3, 0.0)
     };
@@ -144,7 +144,7 @@ fn attention_dropout_and_memories_are_refused_with_reversible_blocks() {
     assert!(err.contains("gumbel"), "{err}");
     let quiet = AttentionConfig::Sinkhorn(SinkhornConfig { gumbel: false, ..Default::default() });
     assert!(ModelConfig { attention: quiet, ..reversible(2, 0.0) }.validate().is_ok());
-    let per_layer = PositionConfig::UniversalTimestep;
+    let per_layer = PositionConfig::UniversalTimestep(Default::default());
     let err = ModelConfig { position: per_layer, ..reversible(2, 0.0) }.validate().unwrap_err().to_string();
     assert!(err.contains("model.block.kind = \"reversible\""), "{err}");
 }
@@ -153,7 +153,7 @@ fn attention_dropout_and_memories_are_refused_with_reversible_blocks() {
 fn gradients_through_content_based_attention() {
     use variorum_attention::LshConfig;
     let lsh = AttentionConfig::Lsh(LshConfig { buckets: 4, rounds: 2, chunk: 4, ..Default::default() });
-    check_gradients(ModelConfig { attention: lsh, position: PositionConfig::None, ..reversible(3, 0.0) }, "lsh");
+    check_gradients(ModelConfig { attention: lsh, position: PositionConfig::None(Default::default()), ..reversible(3, 0.0) }, "lsh");
     let sinkhorn = AttentionConfig::Sinkhorn(SinkhornConfig { block: 4, gumbel: false, ..Default::default() });
     check_gradients(ModelConfig { attention: sinkhorn, ..reversible(3, 0.1) }, "sinkhorn, dropout 0.1");
 }

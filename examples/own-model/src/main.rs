@@ -98,7 +98,7 @@ pub fn position_for(attention: &AttentionConfig) -> PositionConfig {
     if attention.capabilities().qk_rotation {
         PositionConfig::Rope(RotaryConfig::default())
     } else {
-        PositionConfig::None
+        PositionConfig::None(Default::default())
     }
 }
 

@@ -19,7 +19,7 @@ pub fn schemes() -> Vec<PositionConfig> {
         PositionConfig::TransformerXl(XlRelativeConfig::default()),
         PositionConfig::Shaw(ShawConfig { max_distance: 3, values: true }),
         PositionConfig::Deberta(DebertaConfig { max_distance: 3 }),
-        PositionConfig::Da,
+        PositionConfig::Da(Default::default()),
         PositionConfig::Multiplicative(MultiplicativeConfig { max_distance: 4 }),
     ]);
     all
@@ -29,8 +29,8 @@ pub fn schemes() -> Vec<PositionConfig> {
 /// with gathered keys take.
 pub fn distance_schemes() -> Vec<PositionConfig> {
     vec![
-        PositionConfig::None,
-        PositionConfig::Alibi,
+        PositionConfig::None(Default::default()),
+        PositionConfig::Alibi(Default::default()),
         PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 10 }),
         PositionConfig::Rope(RotaryConfig::default()),
     ]

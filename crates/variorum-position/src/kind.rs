@@ -1,0 +1,122 @@
+//! What one position scheme declares: [`PositionKind`] on its config, and [`RelativeScheme`] or
+//! [`AbsoluteSignal`] on the module it builds. All three live in the scheme's own file; one line
+//! in [`crate::registry`] enrols it in `model.position`, the module enums, `variorum zoo` and
+//! the generic tests.
+
+use burn::prelude::*;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use variorum_core::{Capabilities, ConfigError};
+
+use crate::{AbsolutePosition, Distances, RelativePosition, ScoreLayout};
+
+/// The head geometry a relative scheme is built for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeadShape {
+    pub d_model: usize,
+    pub n_heads: usize,
+    pub head_dim: usize,
+}
+
+/// A scheme's config (`model.position` with `kind = "…"`): what it is, how it is checked, what
+/// it builds. Every builder defaults to nothing, so a scheme writes only the ones it has: an
+/// absolute scheme [`init_input`](Self::init_input) or [`init_layer`](Self::init_layer), a
+/// relative one [`init_relative`](Self::init_relative).
+pub trait PositionKind:
+    Clone + core::fmt::Debug + PartialEq + Default + Serialize + DeserializeOwned + Send + Sync + 'static
+{
+    /// One line for `variorum zoo`.
+    const SUMMARY: &'static str;
+    /// Authors, year, title.
+    const PAPER: &'static str;
+    /// What the scheme needs and gives whatever its settings (the zoo row).
+    const CAPS: Capabilities;
+
+    /// What this configured instance declares (a setting may add or take away a capability).
+    fn capabilities(&self) -> Capabilities {
+        Self::CAPS
+    }
+
+    /// The same config with derived defaults written out; `context` is `model.seq_len`.
+    fn expanded(&self, _context: usize) -> Self {
+        self.clone()
+    }
+
+    /// Checks the settings against the head geometry and the context; errors name the key.
+    fn validate(&self, _heads: HeadShape, _context: usize) -> Result<(), ConfigError> {
+        Ok(())
+    }
+
+    /// What is added to the embeddings before the first block.
+    fn init_input(&self, _d_model: usize, _context: usize, _device: &Device) -> Option<AbsolutePosition> {
+        None
+    }
+
+    /// What is added to the input of block `layer` (0-based).
+    fn init_layer(&self, _layer: usize, _d_model: usize, _context: usize, _device: &Device) -> Option<AbsolutePosition> {
+        None
+    }
+
+    /// The scheme's part inside one attention layer.
+    fn init_relative(&self, _heads: HeadShape, _context: usize, _device: &Device) -> Option<RelativePosition> {
+        None
+    }
+
+    /// Factor on the content scores' 1/√d_h (schemes that add score terms of the same size).
+    fn content_scale(&self) -> f64 {
+        1.0
+    }
+
+    /// Longest position the scheme can encode, if it is bounded.
+    fn max_len(&self, _context: usize) -> Option<usize> {
+        None
+    }
+}
+
+/// A relative scheme as it acts inside attention. A score-forming mechanism calls, in order,
+/// [`rotate`](Self::rotate) on new queries and keys, [`scores`](Self::scores) on each block of
+/// scaled scores it forms (with that block's [`ScoreLayout`]), and [`context`](Self::context) on
+/// the probabilities. Every hook reads positions from the layout only, so caches, memories and
+/// score blocks need nothing else.
+pub trait RelativeScheme {
+    /// Rotates `x: [b, heads, len, d_h]` whose rows sit at positions `start..` (RoPE).
+    /// Default: the identity.
+    fn rotate(&self, x: Tensor<4>, _start: usize) -> Tensor<4> {
+        x
+    }
+
+    /// The scheme applied to a block of scores `[b, h, len_q, len_k]` that were formed as
+    /// `scale · q kᵀ` from queries `q_scaled = scale · q: [b, h, len_q, d_h]` and keys
+    /// `k: [b, h_kv, len_k, d_h]`.
+    fn scores(&self, scores: Tensor<4>, q_scaled: Tensor<4>, k: Tensor<4>, layout: &ScoreLayout, scale: f64)
+    -> Tensor<4>;
+
+    /// Whether the scheme reaches scores through the query–key distance alone, or not at all,
+    /// so it applies to keys gathered from anywhere ([`bias_at`](Self::bias_at)). Default: no.
+    fn works_on_gathered_keys(&self) -> bool {
+        false
+    }
+
+    /// The additive term of gathered keys at distances `[groups, n, len_q, len_k]`:
+    /// `[n_heads, n, len_q, len_k]`, or `None` when the scheme adds nothing there.
+    ///
+    /// # Panics
+    ///
+    /// By default: a scheme without [`works_on_gathered_keys`](Self::works_on_gathered_keys),
+    /// which configs refuse before a model is built.
+    fn bias_at(&self, _d: &Distances, _device: &Device) -> Option<Tensor<4>> {
+        panic!("this position scheme needs a score layout, not gathered distances")
+    }
+
+    /// A term added to the attention output `[b, h, len_q, d_h]` from the probabilities (Shaw's
+    /// value vectors). Default: none.
+    fn context(&self, _probs: Tensor<4>, _layout: &ScoreLayout) -> Option<Tensor<4>> {
+        None
+    }
+}
+
+/// An absolute signal: vectors added to the residual stream.
+pub trait AbsoluteSignal {
+    /// Position vectors for positions `start..start + len`, shape `[len, d_model]`.
+    fn encode(&self, start: usize, len: usize, device: &Device) -> Tensor<2>;
+}
