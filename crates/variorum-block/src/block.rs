@@ -16,13 +16,16 @@ use burn::prelude::*;
 use burn::tensor::activation::relu;
 use serde::{Deserialize, Serialize};
 use variorum_attention::{Attention, AttentionConfig, AttentionInput, AttentionState, Positioning};
-use variorum_core::{AttentionMask, AuxLosses, Capabilities, ConfigError, KindInfo, error::check};
+use variorum_core::{AttentionMask, AuxLosses, ConfigError, error::check};
 
 use crate::gtrxl::GtrxlGate;
 use crate::memory::{Evicted, LayerMemory, MemoryConfig, MemoryState};
+use crate::gtrxl::GtrxlConfig;
+use crate::placement::{PostLnConfig, PreLnConfig};
+use crate::reversible::ReversibleConfig;
 use crate::{FeedForward, FeedForwardConfig, Norm, NormKind};
 
-/// Settings shared by the residual kinds.
+/// The norm settings every block kind has.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ResidualConfig {
@@ -38,36 +41,53 @@ impl Default for ResidualConfig {
     }
 }
 
-/// `model.block` with `kind = "gtrxl"`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct GtrxlConfig {
-    pub norm: NormKind,
-    pub norm_eps: f64,
-    /// b_g, the update gate's bias; > 0 starts each block near the identity. Default 2 (the paper's).
-    pub gate_bias: f64,
-}
+/// A block kind's config: the residual wiring it asks of [`TransformerBlock`]. Its file
+/// implements this and [`variorum_core::Declared`]; one line in [`BlockConfig`]'s list
+/// registers it.
+pub trait BlockKind {
+    /// The norm settings.
+    fn residual(&self) -> ResidualConfig;
 
-impl Default for GtrxlConfig {
-    fn default() -> Self {
-        Self { norm: NormKind::LayerNorm, norm_eps: 1e-5, gate_bias: 2.0 }
+    /// Norms on the branch inputs (and one after the stack), rather than after each sum.
+    /// Default: yes.
+    fn pre_norm(&self) -> bool {
+        true
+    }
+
+    /// Two streams whose blocks are inverted in the backward instead of storing activations
+    /// (the depth loop and the gradients take the reversible path). Default: no.
+    fn reversible(&self) -> bool {
+        false
+    }
+
+    /// Gates replacing the two residual sums (attention, feed-forward). Default: none, sums.
+    fn gates(&self, _d_model: usize, _init_std: f64, _device: &Device) -> Vec<GtrxlGate> {
+        Vec::new()
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let eps = self.residual().norm_eps;
+        check(eps > 0.0 && eps < 1.0, || format!("model.block.norm_eps = {eps} must be in (0, 1)"))
     }
 }
 
-/// `model.block`: `kind = "pre-ln" | "post-ln" | "gtrxl" | "reversible"`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
-pub enum BlockConfig {
-    PreLn(ResidualConfig),
-    PostLn(ResidualConfig),
-    Gtrxl(GtrxlConfig),
-    /// Reversible residual pairs ([`crate::reversible`]): pre-LN branches, no stored activations.
-    Reversible(ResidualConfig),
+variorum_core::kind_enum! {
+    /// `model.block`, chosen by `kind`.
+    pub enum BlockConfig: dyn BlockKind, axis "model.block" {
+        /// Norm after each residual sum (the original Transformer).
+        "post-ln" => PostLn(PostLnConfig),
+        /// Norm at the start of each residual branch, final norm after the stack.
+        "pre-ln" => PreLn(PreLnConfig),
+        /// GRU-style gates instead of residual sums.
+        "gtrxl" => Gtrxl(GtrxlConfig),
+        /// Reversible residual pairs ([`crate::reversible`]): pre-LN branches, no stored activations.
+        "reversible" => Reversible(ReversibleConfig),
+    }
 }
 
 impl Default for BlockConfig {
     fn default() -> Self {
-        Self::PreLn(ResidualConfig::default())
+        Self::PreLn(PreLnConfig::default())
     }
 }
 
@@ -86,35 +106,22 @@ pub struct BlockParts<'a> {
 }
 
 impl BlockConfig {
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::PreLn(_) => "pre-ln",
-            Self::PostLn(_) => "post-ln",
-            Self::Gtrxl(_) => "gtrxl",
-            Self::Reversible(_) => "reversible",
-        }
-    }
-
     /// The norm settings.
     pub fn residual(&self) -> ResidualConfig {
-        match self {
-            Self::PreLn(r) | Self::PostLn(r) | Self::Reversible(r) => r.clone(),
-            Self::Gtrxl(g) => ResidualConfig { norm: g.norm, norm_eps: g.norm_eps },
-        }
+        self.spec().residual()
     }
 
     /// Norms on the branch inputs (and one after the stack), rather than after each sum.
     pub fn pre_norm(&self) -> bool {
-        !matches!(self, Self::PostLn(_))
+        self.spec().pre_norm()
     }
 
     pub fn reversible(&self) -> bool {
-        matches!(self, Self::Reversible(_))
+        self.spec().reversible()
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let eps = self.residual().norm_eps;
-        check(eps > 0.0 && eps < 1.0, || format!("model.block.norm_eps = {eps} must be in (0, 1)"))
+        self.spec().validate()
     }
 
     pub fn init(&self, parts: &BlockParts, device: &Device) -> TransformerBlock {
@@ -129,49 +136,9 @@ impl BlockConfig {
             ffn: parts.feed_forward.init(d, dropout, parts.init_std, parts.out_std, device),
             dropout: DropoutConfig::new(dropout).init(),
             pre_norm: self.pre_norm(),
-            gates: match self {
-                Self::Gtrxl(g) => vec![
-                    GtrxlGate::new(d, g.gate_bias, parts.init_std, device),
-                    GtrxlGate::new(d, g.gate_bias, parts.init_std, device),
-                ],
-                _ => Vec::new(),
-            },
+            gates: self.spec().gates(d, parts.init_std, device),
             memory: parts.memory.init(d, parts.position.context, device),
         }
-    }
-
-    pub fn zoo() -> Vec<KindInfo> {
-        let caps = Capabilities::NEUTRAL;
-        vec![
-            KindInfo {
-                axis: "model.block",
-                kind: "post-ln",
-                summary: "norm after each residual sum (original Transformer)",
-                paper: "Vaswani et al. 2017, Attention Is All You Need",
-                caps,
-            },
-            KindInfo {
-                axis: "model.block",
-                kind: "pre-ln",
-                summary: "norm at the start of each residual branch, final norm after the stack",
-                paper: "Xiong et al. 2020, On Layer Normalization in the Transformer Architecture; Radford et al. 2019 (GPT-2)",
-                caps,
-            },
-            KindInfo {
-                axis: "model.block",
-                kind: "gtrxl",
-                summary: "norms on branch inputs only, GRU-style gates instead of residual sums, gate bias > 0 (near-identity start)",
-                paper: "Parisotto et al. 2020, Stabilizing Transformers for Reinforcement Learning",
-                caps,
-            },
-            KindInfo {
-                axis: "model.block",
-                kind: "reversible",
-                summary: "two streams, Y1 = X1 + Attn(X2), Y2 = X2 + FFN(Y1); training rebuilds each block's inputs from its outputs instead of storing activations",
-                paper: "Gomez et al. 2017, The Reversible Residual Network; Kitaev et al. 2020, Reformer: The Efficient Transformer",
-                caps,
-            },
-        ]
     }
 }
 

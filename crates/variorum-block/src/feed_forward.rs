@@ -1,18 +1,12 @@
-//! Position-wise feed-forward networks, the `model.feed_forward` axis:
+//! Position-wise feed-forward networks, the `model.feed_forward` axis: the layers every kind
+//! shares,
 //!
-//! FFN(x) = φ(x W₁ + b₁) W₂ + b₂                       (relu, gelu; Vaswani et al. 2017, Hendrycks & Gimpel 2016)
-//! FFN(x) = (σ(x W) ⊗ x V) W₂   with σ = sigmoid, GELU, Swish  (glu, geglu, swiglu; Dauphin et al. 2017, Shazeer 2020)
+//! FFN(x) = φ(x W₁ + b₁) W₂ + b₂,   or, gated,   FFN(x) = (φ(x W) ⊗ x V) W₂,
 //!
-//! FFN(x) = ReLU(DepthwiseConv_k(x) W₁ + b₁) W₂ + b₂   (separable-conv; the Universal Transformer's
-//!                                                     other transition, Dehghani et al. 2019)
-//!
-//! The gated variants compute x W and x V with one fused GEMM and split the result.
-//!
-//! `separable-conv` is a depthwise-separable convolution over time — a per-channel filter of width
-//! k (`kernel_size`) followed by the pointwise projection W₁ — then ReLU and the position-wise W₂.
-//! It is causal: position t sees inputs t−k+1…t (zeros before the start). Incremental decoding
-//! keeps the last k−1 inputs in the layer state ([`FeedForward::forward_with`]). Choice: one
-//! separable convolution and one position-wise layer (tensor2tensor stacks two separable ones).
+//! with the kind deciding φ, the gating and an optional convolution over time first. Each kind
+//! is its own file and one line in [`FeedForwardKind`]'s list: [`crate::dense_ffn`] (relu,
+//! gelu), [`crate::glu`] (glu, geglu, swiglu), [`crate::separable_conv`]. The gated kinds
+//! compute x W and x V with one fused GEMM and split the result.
 //!
 //! `chunks = c` (Reformer §3, "chunking"): the position-wise part runs on c slices of the
 //! sequence one after another, so the `[batch, len, d_ff]` hidden layer exists one slice at a
@@ -22,59 +16,88 @@
 use burn::nn::conv::{Conv1d, Conv1dConfig};
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
 use burn::prelude::*;
-use burn::tensor::activation::{relu, sigmoid, silu};
 use serde::{Deserialize, Serialize};
-use variorum_core::{Capabilities, ConfigError, KindInfo, error::check};
-
-use variorum_kernels::gelu::gelu;
+use variorum_core::{Capabilities, ConfigError, Declared, KindInfo, error::check};
 use variorum_kernels::linear;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum FeedForwardKind {
-    Relu,
-    #[default]
-    Gelu,
-    Glu,
-    Geglu,
-    Swiglu,
-    SeparableConv,
+use crate::dense_ffn::{GeluFfn, ReluFfn};
+use crate::glu::{GegluFfn, GluFfn, SwigluFfn};
+use crate::separable_conv::SeparableConvFfn;
+
+/// What a feed-forward kind changes in the shared layers: its nonlinearity, whether the
+/// up-projection is a gate and a value, whether a convolution over time comes first. A kind is a
+/// unit type implementing this and [`Declared`] in its own file, and one line in
+/// [`FeedForwardKind`]'s list.
+pub trait FeedForwardActivation: Sync {
+    /// The up-projection yields a gate and a value (2·d_ff wide), joined as φ(gate) ⊗ value.
+    /// Default: no.
+    fn gated(&self) -> bool {
+        false
+    }
+
+    /// A causal depthwise filter over time (`kernel_size` wide) runs before the position-wise
+    /// layers; the layer then keeps a window of earlier inputs as decoding state. Default: no.
+    fn mixes_time(&self) -> bool {
+        false
+    }
+
+    /// φ on the hidden layer (on the gate, for a gated kind).
+    fn activate(&self, h: Tensor<3>) -> Tensor<3>;
+}
+
+/// Writes [`FeedForwardKind`] (the `kind` key: one unit variant per registered kind) and its
+/// dispatch from `"kind" => Variant(Type),` lines.
+macro_rules! feed_forward_kinds {
+    ($( $(#[$doc:meta])* $kind:literal => $variant:ident($ty:ident), )+) => {
+        /// `model.feed_forward.kind`.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+        pub enum FeedForwardKind {
+            $( $(#[$doc])* #[serde(rename = $kind)] $variant, )+
+        }
+
+        impl FeedForwardKind {
+            /// Every registered kind, in zoo order.
+            pub const ALL: &'static [FeedForwardKind] = &[ $( Self::$variant, )+ ];
+
+            pub fn name(self) -> &'static str {
+                match self { $( Self::$variant => $kind, )+ }
+            }
+
+            /// The kind's definition.
+            pub fn spec(self) -> &'static dyn FeedForwardActivation {
+                match self { $( Self::$variant => &$ty, )+ }
+            }
+
+            /// Summary, paper and capabilities.
+            fn declared(self) -> (&'static str, &'static str, Capabilities) {
+                match self { $( Self::$variant => (<$ty as Declared>::SUMMARY, <$ty as Declared>::PAPER, <$ty as Declared>::CAPS), )+ }
+            }
+        }
+    };
+}
+
+feed_forward_kinds! {
+    "relu" => Relu(ReluFfn),
+    "gelu" => Gelu(GeluFfn),
+    "glu" => Glu(GluFfn),
+    "geglu" => Geglu(GegluFfn),
+    "swiglu" => Swiglu(SwigluFfn),
+    "separable-conv" => SeparableConv(SeparableConvFfn),
+}
+
+impl Default for FeedForwardKind {
+    fn default() -> Self {
+        Self::Gelu
+    }
 }
 
 impl FeedForwardKind {
-    pub const ALL: [FeedForwardKind; 6] =
-        [Self::Relu, Self::Gelu, Self::Glu, Self::Geglu, Self::Swiglu, Self::SeparableConv];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Relu => "relu",
-            Self::Gelu => "gelu",
-            Self::Glu => "glu",
-            Self::Geglu => "geglu",
-            Self::Swiglu => "swiglu",
-            Self::SeparableConv => "separable-conv",
-        }
-    }
-
     pub fn gated(self) -> bool {
-        matches!(self, Self::Glu | Self::Geglu | Self::Swiglu)
+        self.spec().gated()
     }
 
-    /// A convolution over time keeps a window of earlier inputs as state: not position-wise.
     pub fn capabilities(self) -> Capabilities {
-        Capabilities { position_wise: self != Self::SeparableConv, ..Capabilities::NEUTRAL }
-    }
-
-    fn paper(self) -> &'static str {
-        match self {
-            Self::Relu => "Vaswani et al. 2017, Attention Is All You Need",
-            Self::Gelu => "Hendrycks & Gimpel 2016, Gaussian Error Linear Units; Radford et al. 2018 (GPT)",
-            Self::Glu => "Dauphin et al. 2017, Language Modeling with Gated Convolutional Networks",
-            Self::Geglu | Self::Swiglu => "Shazeer 2020, GLU Variants Improve Transformer",
-            Self::SeparableConv => {
-                "Dehghani et al. 2019, Universal Transformers; Chollet 2017, Xception (depthwise-separable convolution)"
-            }
-        }
+        self.declared().2
     }
 }
 
@@ -131,7 +154,7 @@ impl FeedForwardConfig {
             dropout: DropoutConfig::new(dropout).init(),
             kind: self.kind,
             chunks: self.chunks,
-            depthwise: (self.kind == FeedForwardKind::SeparableConv)
+            depthwise: self.kind.spec().mixes_time()
                 .then(|| Conv1dConfig::new(d_model, d_model, self.kernel_size).with_groups(d_model).init(device)),
         }
     }
@@ -139,25 +162,16 @@ impl FeedForwardConfig {
     pub fn flops_per_token(&self, d_model: usize) -> u64 {
         let d_ff = self.d_ff(d_model) as u64;
         let up = if self.kind.gated() { 2 * d_ff } else { d_ff };
-        let depthwise = if self.kind == FeedForwardKind::SeparableConv { self.kernel_size as u64 } else { 0 };
+        let depthwise = if self.kind.spec().mixes_time() { self.kernel_size as u64 } else { 0 };
         2 * (d_model as u64 * (up + depthwise) + d_ff * d_model as u64)
     }
 
     pub fn zoo() -> Vec<KindInfo> {
         FeedForwardKind::ALL
             .iter()
-            .map(|k| KindInfo {
-                axis: "model.feed_forward",
-                kind: k.name(),
-                summary: if k.gated() {
-                    "gated linear unit FFN, fused gate/value projection"
-                } else if *k == FeedForwardKind::SeparableConv {
-                    "causal depthwise-separable convolution over time, ReLU, position-wise layer (incremental window state)"
-                } else {
-                    "two-layer position-wise FFN"
-                },
-                paper: k.paper(),
-                caps: k.capabilities(),
+            .map(|k| {
+                let (summary, paper, caps) = k.declared();
+                KindInfo { axis: "model.feed_forward", kind: k.name(), summary, paper, caps }
             })
             .collect()
     }
@@ -185,7 +199,7 @@ impl FeedForward {
     /// the last k−1 before `x` — and keeps the last k−1 after; position-wise kinds ignore it.
     pub fn forward_with(&self, x: Tensor<3>, window: Option<&mut Option<Tensor<3>>>) -> Tensor<3> {
         let x = match &self.depthwise {
-            Some(conv) => causal_depthwise(conv, x, window),
+            Some(conv) => crate::separable_conv::causal_depthwise(conv, x, window),
             None => x,
         };
         let len = x.dims()[1];
@@ -200,47 +214,22 @@ impl FeedForward {
     /// φ(x W₁ + b₁) W₂ + b₂ (or its gated form), position by position.
     fn position_wise(&self, x: Tensor<3>) -> Tensor<3> {
         let h = linear::forward(&self.up, x);
-        let h = match self.kind {
-            FeedForwardKind::Relu | FeedForwardKind::SeparableConv => relu(h),
-            FeedForwardKind::Gelu => gelu(h),
-            gated => {
-                let w = h.dims()[2];
-                let gate = h.clone().narrow(2, 0, w / 2);
-                let value = h.narrow(2, w / 2, w / 2);
-                let gate = match gated {
-                    FeedForwardKind::Glu => sigmoid(gate),
-                    FeedForwardKind::Geglu => gelu(gate),
-                    _ => silu(gate),
-                };
-                gate * value
-            }
+        let kind = self.kind.spec();
+        let h = if kind.gated() {
+            let w = h.dims()[2];
+            let gate = h.clone().narrow(2, 0, w / 2);
+            kind.activate(gate) * h.narrow(2, w / 2, w / 2)
+        } else {
+            kind.activate(h)
         };
         linear::forward(&self.down, self.dropout.forward(h))
     }
 }
 
-/// y_t = Σ_{j<k} w_j ⊙ x_{t−j} + b per channel, with x before the start taken from `window` (or
-/// zeros); `window` then holds the last k−1 inputs.
-fn causal_depthwise(conv: &Conv1d, x: Tensor<3>, window: Option<&mut Option<Tensor<3>>>) -> Tensor<3> {
-    let [b, l, d] = x.dims();
-    let k = conv.weight.dims()[2];
-    let past = k - 1;
-    let x = if past == 0 {
-        x
-    } else {
-        let before = window.as_deref().cloned().flatten().unwrap_or_else(|| Tensor::zeros([b, past, d], &x.device()));
-        let padded = Tensor::cat(vec![before, x], 1);
-        if let Some(w) = window {
-            *w = Some(padded.clone().narrow(1, l, past).detach());
-        }
-        padded
-    };
-    conv.forward(x.swap_dims(1, 2)).swap_dims(1, 2)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::separable_conv::causal_depthwise;
     use burn::tensor::Distribution;
 
     fn sepconv(k: usize, dev: &Device) -> FeedForward {

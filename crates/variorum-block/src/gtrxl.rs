@@ -11,6 +11,46 @@
 use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::activation::sigmoid;
+use serde::{Deserialize, Serialize};
+use variorum_core::{Capabilities, Declared};
+
+use crate::NormKind;
+use crate::block::{BlockKind, ResidualConfig};
+
+/// `model.block` with `kind = "gtrxl"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GtrxlConfig {
+    /// `layer-norm` (default) or `rms-norm`.
+    pub norm: NormKind,
+    /// ε of the norms. Default 1e-5.
+    pub norm_eps: f64,
+    /// b_g, the update gate's bias; > 0 starts each block near the identity. Default 2 (the paper's).
+    pub gate_bias: f64,
+}
+
+impl Default for GtrxlConfig {
+    fn default() -> Self {
+        Self { norm: NormKind::LayerNorm, norm_eps: 1e-5, gate_bias: 2.0 }
+    }
+}
+
+impl Declared for GtrxlConfig {
+    const SUMMARY: &'static str = "norms on branch inputs only, GRU-style gates instead of residual sums, gate bias > 0 (near-identity start)";
+    const PAPER: &'static str = "Parisotto et al. 2020, Stabilizing Transformers for Reinforcement Learning";
+    const CAPS: Capabilities = Capabilities::NEUTRAL;
+}
+
+/// The identity-map reordering: pre-LN branches whose outputs (after a ReLU) go through a gate.
+impl BlockKind for GtrxlConfig {
+    fn residual(&self) -> ResidualConfig {
+        ResidualConfig { norm: self.norm, norm_eps: self.norm_eps }
+    }
+
+    fn gates(&self, d_model: usize, init_std: f64, device: &Device) -> Vec<GtrxlGate> {
+        vec![GtrxlGate::new(d_model, self.gate_bias, init_std, device), GtrxlGate::new(d_model, self.gate_bias, init_std, device)]
+    }
+}
 
 #[derive(Module, Debug)]
 pub struct GtrxlGate {

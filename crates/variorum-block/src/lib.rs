@@ -2,18 +2,27 @@
 
 pub mod block;
 pub mod compression;
+pub mod compressive;
+pub mod dense_ffn;
 pub mod feed_forward;
+pub mod glu;
 pub mod gtrxl;
 pub mod memory;
 pub mod norm;
+pub mod placement;
 pub mod reversible;
+pub mod separable_conv;
 pub mod universal;
+pub mod xl_memory;
 
-pub use block::{BlockConfig, BlockOutput, GtrxlConfig, LayerState, TransformerBlock};
+pub use block::{BlockConfig, BlockKind, BlockOutput, LayerState, ResidualConfig, TransformerBlock};
 pub use compression::{CompressionKind, Compressor};
-pub use feed_forward::{FeedForward, FeedForwardConfig, FeedForwardKind};
-pub use gtrxl::GtrxlGate;
-pub use memory::{CompressiveMemoryConfig, LayerMemory, MemoryConfig, MemoryState, XlMemoryConfig};
+pub use feed_forward::{FeedForward, FeedForwardActivation, FeedForwardConfig, FeedForwardKind};
+pub use gtrxl::{GtrxlConfig, GtrxlGate};
+pub use placement::{PostLnConfig, PreLnConfig};
+pub use compressive::CompressiveMemoryConfig;
+pub use memory::{LayerMemory, MemoryConfig, MemoryKind, MemoryState, NoMemoryConfig};
+pub use xl_memory::XlMemoryConfig;
 pub use norm::{Norm, NormKind};
-pub use reversible::{ReplayDropout, RevContext, Streams};
+pub use reversible::{ReplayDropout, RevContext, ReversibleConfig, Streams};
 pub use universal::{Act, ActState, DepthConfig, UniversalConfig};

@@ -1,13 +1,10 @@
 //! Segment-level memories, the `model.memory` axis: what a block's attention sees of the past
 //! beyond the current segment.
 //!
-//! Transformer-XL (Dai et al. 2019): each layer attends over [SG(m^{n−1}_τ) ∘ h^{n−1}_{τ+1}], the
-//! stop-gradient memory of the previous segment's inputs to that layer followed by the current
-//! ones; after the segment the memory keeps the last `length` of them.
-//!
-//! Compressive Transformer (Rae et al. 2020): the states that fall out of the FIFO memory are not
-//! dropped but compressed by a rate c into a second FIFO, the compressed memory; attention runs
-//! over [compressed memory; memory; segment], oldest first ([`crate::compression`]).
+//! Each kind is its own file and one line in [`MemoryConfig`]'s list: [`crate::xl_memory`]
+//! (Transformer-XL's segment recurrence), [`crate::compressive`] (the Compressive
+//! Transformer's second, compressed FIFO). This file holds what they share: the per-layer FIFO
+//! ([`LayerMemory`]) and its state.
 //!
 //! The memory lives in the model state ([`MemoryState`], one per layer), never in the module: a
 //! model trained with memory runs on ordered streams, and evaluation and generation carry it the
@@ -17,152 +14,72 @@
 
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
-use variorum_core::{ConfigError, KindInfo, error::check};
+use variorum_core::{Capabilities, ConfigError, Declared};
 
 use crate::compression::{CompressionKind, Compressor};
+use crate::compressive::CompressiveMemoryConfig;
+use crate::xl_memory::XlMemoryConfig;
 
-/// `model.memory`, chosen by `kind`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
-#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
-pub enum MemoryConfig {
-    /// No memory: every sequence starts from nothing.
-    #[default]
-    None,
-    /// Transformer-XL segment recurrence.
-    Xl(XlMemoryConfig),
-    /// Compressive Transformer: memory plus compressed memory.
-    Compressive(CompressiveMemoryConfig),
+/// A memory kind's config: how it is checked, what each layer builds. Its file implements
+/// this and [`Declared`]; one line in [`MemoryConfig`]'s list registers it.
+pub trait MemoryKind {
+    /// `segment` is the model's segment length (`model.seq_len`).
+    fn validate(&self, _segment: usize) -> Result<(), ConfigError> {
+        Ok(())
+    }
+
+    /// The per-layer part (sizes; a compression network for `compressive`), or none.
+    fn init(&self, d_model: usize, segment: usize, device: &Device) -> Option<LayerMemory>;
 }
 
-/// `model.memory` with `kind = "xl"`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct XlMemoryConfig {
-    /// States kept per layer (the paper's m). Default 64.
-    pub length: usize,
-}
-
-impl Default for XlMemoryConfig {
-    fn default() -> Self {
-        Self { length: 64 }
+variorum_core::kind_enum! {
+    /// `model.memory`, chosen by `kind`.
+    pub enum MemoryConfig: dyn MemoryKind, axis "model.memory" {
+        /// No memory: every sequence starts from nothing.
+        "none" => None(NoMemoryConfig),
+        /// Transformer-XL segment recurrence.
+        "xl" => Xl(XlMemoryConfig),
+        /// Compressive Transformer: memory plus compressed memory.
+        "compressive" => Compressive(CompressiveMemoryConfig),
     }
 }
 
-/// `model.memory` with `kind = "compressive"`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct CompressiveMemoryConfig {
-    /// FIFO memory per layer (n_m). Default 32.
-    pub length: usize,
-    /// Compressed memory per layer (n_cm). Default 32.
-    pub compressed_length: usize,
-    /// Compression rate c: states per compressed state. Default 2.
-    pub rate: usize,
-    /// `max-pool`, `mean-pool`, `conv` (default), `dilated-conv` or `most-used`.
-    pub compression: CompressionKind,
-    /// Weight of the attention-reconstruction loss (0 = off). Default 1.
-    pub reconstruction_weight: f64,
-    /// Weight of the auto-encoding loss (0 = off). Default 0.
-    pub autoencoding_weight: f64,
-}
-
-impl Default for CompressiveMemoryConfig {
+impl Default for MemoryConfig {
     fn default() -> Self {
-        Self {
-            length: 32,
-            compressed_length: 32,
-            rate: 2,
-            compression: CompressionKind::Conv,
-            reconstruction_weight: 1.0,
-            autoencoding_weight: 0.0,
-        }
+        Self::None(NoMemoryConfig {})
     }
 }
 
 impl MemoryConfig {
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::None => "none",
-            Self::Xl(_) => "xl",
-            Self::Compressive(_) => "compressive",
-        }
-    }
-
     pub fn is_none(&self) -> bool {
-        matches!(self, Self::None)
+        matches!(self, Self::None(_))
     }
 
     /// `segment` is the model's segment length (`model.seq_len`).
     pub fn validate(&self, segment: usize) -> Result<(), ConfigError> {
-        match self {
-            Self::None => Ok(()),
-            Self::Xl(c) => check(c.length > 0, || "model.memory.length must be at least 1".into()),
-            Self::Compressive(c) => {
-                check(c.length > 0 && c.compressed_length > 0, || {
-                    "model.memory.length and compressed_length must be at least 1".into()
-                })?;
-                check(c.rate > 0, || "model.memory.rate must be at least 1".into())?;
-                check(segment % c.rate == 0 && c.length % c.rate == 0, || {
-                    format!(
-                        "model.memory.rate = {} must divide model.seq_len = {segment} and model.memory.length = {}, so that whole groups of states are compressed",
-                        c.rate, c.length
-                    )
-                })?;
-                check(c.reconstruction_weight >= 0.0 && c.autoencoding_weight >= 0.0, || {
-                    "model.memory.reconstruction_weight and autoencoding_weight must be >= 0".into()
-                })
-            }
-        }
+        self.spec().validate(segment)
     }
 
-    /// The per-layer part (a compression network for `compressive`).
+    /// The per-layer part, if the kind has one.
     pub fn init(&self, d_model: usize, segment: usize, device: &Device) -> Option<LayerMemory> {
-        match self {
-            Self::None => None,
-            Self::Xl(c) => Some(LayerMemory {
-                length: c.length,
-                compressed_length: 0,
-                segment,
-                compressor: None,
-                reconstruction_weight: 0.0,
-                autoencoding_weight: 0.0,
-            }),
-            Self::Compressive(c) => Some(LayerMemory {
-                length: c.length,
-                compressed_length: c.compressed_length,
-                segment,
-                compressor: Some(c.compression.init(d_model, c.rate, c.autoencoding_weight > 0.0, device)),
-                reconstruction_weight: c.reconstruction_weight,
-                autoencoding_weight: c.autoencoding_weight,
-            }),
-        }
+        self.spec().init(d_model, segment, device)
     }
+}
 
-    pub fn zoo() -> Vec<KindInfo> {
-        let caps = variorum_core::Capabilities::NEUTRAL;
-        vec![
-            KindInfo {
-                axis: "model.memory",
-                kind: "none",
-                summary: "no memory beyond the current context",
-                paper: "",
-                caps,
-            },
-            KindInfo {
-                axis: "model.memory",
-                kind: "xl",
-                summary: "segment recurrence: each layer attends over the stop-gradient states of the previous segment",
-                paper: "Dai et al. 2019, Transformer-XL",
-                caps,
-            },
-            KindInfo {
-                axis: "model.memory",
-                kind: "compressive",
-                summary: "FIFO memory whose evicted states are compressed (pooling, convolution, most-used) into a second memory; reconstruction losses",
-                paper: "Rae et al. 2020, Compressive Transformers for Long-Range Sequence Modelling",
-                caps: variorum_core::Capabilities { aux_losses: true, ..caps },
-            },
-        ]
+/// `model.memory` with `kind = "none"`: no settings.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoMemoryConfig {}
+
+impl Declared for NoMemoryConfig {
+    const SUMMARY: &'static str = "no memory beyond the current context";
+    const PAPER: &'static str = "";
+    const CAPS: Capabilities = Capabilities::NEUTRAL;
+}
+
+impl MemoryKind for NoMemoryConfig {
+    fn init(&self, _d_model: usize, _segment: usize, _device: &Device) -> Option<LayerMemory> {
+        None
     }
 }
 

@@ -23,9 +23,45 @@ use burn::prelude::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use variorum_attention::AttentionInput;
-use variorum_core::{AttentionMask, AuxLosses};
+use serde::{Deserialize, Serialize};
+use variorum_core::{AttentionMask, AuxLosses, Capabilities, Declared};
 
-use crate::{LayerState, TransformerBlock};
+use crate::block::{BlockKind, ResidualConfig};
+use crate::{LayerState, NormKind, TransformerBlock};
+
+/// `model.block` with `kind = "reversible"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReversibleConfig {
+    /// `layer-norm` (default) or `rms-norm`.
+    pub norm: NormKind,
+    /// ε of the norms. Default 1e-5.
+    pub norm_eps: f64,
+}
+
+impl Default for ReversibleConfig {
+    fn default() -> Self {
+        let ResidualConfig { norm, norm_eps } = ResidualConfig::default();
+        Self { norm, norm_eps }
+    }
+}
+
+impl Declared for ReversibleConfig {
+    const SUMMARY: &'static str = "two streams, Y1 = X1 + Attn(X2), Y2 = X2 + FFN(Y1); training rebuilds each block's inputs from its outputs instead of storing activations";
+    const PAPER: &'static str =
+        "Gomez et al. 2017, The Reversible Residual Network; Kitaev et al. 2020, Reformer: The Efficient Transformer";
+    const CAPS: Capabilities = Capabilities::NEUTRAL;
+}
+
+impl BlockKind for ReversibleConfig {
+    fn residual(&self) -> ResidualConfig {
+        ResidualConfig { norm: self.norm, norm_eps: self.norm_eps }
+    }
+
+    fn reversible(&self) -> bool {
+        true
+    }
+}
 
 /// The two residual streams of a reversible stack, `[batch, len, d_model]` each.
 #[derive(Debug, Clone)]
@@ -152,7 +188,7 @@ impl TransformerBlock {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::block::{BlockParts, ResidualConfig};
+    use crate::block::BlockParts;
     use crate::{BlockConfig, FeedForwardConfig, MemoryConfig};
     use burn::tensor::Distribution;
     use variorum_attention::{AttentionConfig, Positioning};
@@ -160,7 +196,7 @@ mod tests {
 
     fn block(dev: &Device) -> TransformerBlock {
         let (attention, ffn, memory, position) =
-            (AttentionConfig::default(), FeedForwardConfig::default(), MemoryConfig::None, PositionConfig::default());
+            (AttentionConfig::default(), FeedForwardConfig::default(), MemoryConfig::None(Default::default()), PositionConfig::default());
         let parts = BlockParts {
             d_model: 16,
             attention: &attention,
@@ -171,7 +207,7 @@ mod tests {
             init_std: 0.3,
             out_std: 0.3,
         };
-        BlockConfig::Reversible(ResidualConfig::default()).init(&parts, dev)
+        BlockConfig::Reversible(ReversibleConfig::default()).init(&parts, dev)
     }
 
     fn max_diff(a: Tensor<3>, b: Tensor<3>) -> f32 {

@@ -59,6 +59,13 @@ impl DepthConfig {
         }
     }
 
+    /// Tiny settings the generic tests run, named by what they exercise (the zoo runs them with
+    /// 3 block applications and the timestep signal).
+    pub fn test_variants() -> Vec<(String, Self)> {
+        let ut = |act: bool| Self::Universal(UniversalConfig { act, halting_bias: -1.0, ..Default::default() });
+        vec![("depth universal".into(), ut(false)), ("depth universal + act".into(), ut(true))]
+    }
+
     /// Whether the blocks share one set of weights.
     pub fn shared(&self) -> bool {
         matches!(self, Self::Universal(_))

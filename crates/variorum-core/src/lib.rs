@@ -6,10 +6,12 @@
 
 pub mod capability;
 pub mod error;
+pub mod kind;
 pub mod mask;
 
 pub use capability::{Capabilities, KindInfo};
 pub use error::ConfigError;
+pub use kind::Declared;
 pub use mask::{AttentionMask, GlobalLocal};
 
 /// Named auxiliary losses a forward pass adds to the language-model loss (already weighted).

@@ -70,7 +70,7 @@ impl Default for ModelConfig {
             max_back: None,
             block: BlockConfig::default(),
             feed_forward: FeedForwardConfig::default(),
-            memory: MemoryConfig::None,
+            memory: MemoryConfig::None(Default::default()),
             depth: DepthConfig::Stack,
             exits: ExitConfig::None,
             objective: ObjectiveConfig::Causal,

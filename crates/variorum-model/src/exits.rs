@@ -81,6 +81,25 @@ impl ExitConfig {
         }
     }
 
+    /// Tiny settings the generic tests run, named by what they exercise: a shared head and one
+    /// classifier per block; the Depth-Adaptive Transformer's predictors with both oracles.
+    pub fn test_variants() -> Vec<(String, Self)> {
+        let mut out = Vec::new();
+        for shared in [true, false] {
+            let c = EveryLayerConfig { shared, classifier: shared, ..Default::default() };
+            out.push((format!("exits every-layer shared={shared}"), Self::EveryLayer(c)));
+        }
+        for (predictor, oracle) in [
+            (PredictorKind::Sequence, Oracle::Likelihood),
+            (PredictorKind::TokenMultinomial, Oracle::Correctness),
+            (PredictorKind::TokenGeometric, Oracle::Likelihood),
+        ] {
+            let c = EveryLayerConfig { predictor, oracle, ..Default::default() };
+            out.push((format!("exits predictor {} ({oracle:?})", predictor.name()), Self::EveryLayer(c)));
+        }
+        out
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         match self {
             Self::None => Ok(()),

@@ -1,23 +1,15 @@
 //! Every kind on every axis: the rows of `variorum zoo`, and the tiny model variants the generic
-//! tests run. An attention kind declares its variants beside itself (`AttentionKind::test_variants`);
-//! the other axes' kinds and the model-level combinations are listed here.
+//! tests run. Each kind declares its variants beside itself (`AttentionKind::test_variants`,
+//! `PositionKind::test_variants`, `Declared::test_variants`); this file only composes them into
+//! models. Combinations of several axes live in the test kit (`crates/variorum-testkit`).
 
-use variorum_attention::{
-    AdaptiveSpanConfig, AttentionConfig, MultiHeadAttentionConfig, SlidingWindowConfig, StridedConfig, TestVariant,
-};
-use variorum_block::{
-    BlockConfig, CompressionKind, CompressiveMemoryConfig, DepthConfig, FeedForwardConfig, FeedForwardKind,
-    GtrxlConfig, MemoryConfig, NormKind, UniversalConfig, XlMemoryConfig, block::ResidualConfig,
-};
+use variorum_attention::{AttentionConfig, MultiHeadAttentionConfig, TestVariant};
+use variorum_block::{BlockConfig, DepthConfig, FeedForwardConfig, FeedForwardKind, MemoryConfig};
 use variorum_core::KindInfo;
-use variorum_position::{
-    DebertaConfig, LearnedPositionConfig, MultiplicativeConfig, PositionConfig, RopeLayout, RotaryConfig, ShawConfig,
-    SinusoidalPositionConfig, T5BiasConfig, UntiedConfig, XlRelativeConfig,
-};
+use variorum_position::PositionConfig;
 
 use crate::ModelConfig;
-use crate::exit_predictor::{Oracle, PredictorKind};
-use crate::exits::{EveryLayerConfig, ExitConfig};
+use crate::exits::ExitConfig;
 use crate::objective::{MaskedConfig, ObjectiveConfig};
 
 /// All declared kinds, axis by axis.
@@ -65,178 +57,40 @@ pub fn attention_variants_of(kind: &str) -> Vec<(String, ModelConfig)> {
     AttentionConfig::test_variants().into_iter().filter(|v| v.config.kind() == kind).map(attention_variant).collect()
 }
 
+/// One tiny model per declared test variant of every kind on every axis, each differing from
+/// [`tiny`] on that axis, with what the axis needs around it: memories run under ALiBi,
+/// universal depth with 3 steps of the timestep signal, exits and blocks with 3 layers. (A
+/// lossy memory cannot match the full forward once it compresses or drops states, so memories
+/// run on tiny's context here; the test kit's combinations cross segment boundaries with a
+/// memory that keeps everything.) Every row comes from a kind's own declaration; combinations of several axes are the
+/// test kit's (`variorum-testkit`).
 pub fn variants() -> Vec<(String, ModelConfig)> {
+    let named = |axis: &str, name: String| format!("{axis} {name}").trim_end().to_string();
     let mut out = vec![("base (learned, full, pre-ln, gelu)".to_string(), tiny())];
-    // relative schemes use small clipping distances so that a context of 16 reaches past them
-    let positions = [
-        PositionConfig::Sinusoidal(SinusoidalPositionConfig::default()),
-        PositionConfig::Sinusoidal(SinusoidalPositionConfig { learnable: true, ..Default::default() }),
-        PositionConfig::Learned(LearnedPositionConfig { max_len: Some(32), per_layer: false }),
-        PositionConfig::Learned(LearnedPositionConfig { max_len: None, per_layer: true }),
-        PositionConfig::None(Default::default()),
-        PositionConfig::Shaw(ShawConfig { max_distance: 4, values: true }),
-        PositionConfig::Shaw(ShawConfig { max_distance: 4, values: false }),
-        PositionConfig::TransformerXl(XlRelativeConfig::default()),
-        PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 12 }),
-        PositionConfig::Alibi(Default::default()),
-        PositionConfig::Rope(RotaryConfig::default()),
-        PositionConfig::Rope(RotaryConfig { layout: RopeLayout::Interleaved, rotary_dim: Some(4), base: 500.0 }),
-        PositionConfig::Da(Default::default()),
-        PositionConfig::Multiplicative(MultiplicativeConfig { max_distance: 6 }),
-        PositionConfig::Untied(UntiedConfig::default()),
-        PositionConfig::Deberta(DebertaConfig { max_distance: 4 }),
-        PositionConfig::UniversalTimestep(Default::default()),
-    ];
-    for p in positions {
-        out.push((format!("position {p:?}"), ModelConfig { position: p, ..tiny() }));
+    for (name, position) in PositionConfig::test_variants() {
+        out.push((named("position", name), ModelConfig { position, ..tiny() }));
     }
-    for norm in [NormKind::LayerNorm, NormKind::RmsNorm] {
-        let r = ResidualConfig { norm, ..Default::default() };
-        out.push((format!("block post-ln {norm:?}"), ModelConfig { block: BlockConfig::PostLn(r.clone()), ..tiny() }));
-        out.push((format!("block pre-ln {norm:?}"), ModelConfig { block: BlockConfig::PreLn(r), ..tiny() }));
-    }
-    for kind in FeedForwardKind::ALL {
-        out.push((
-            format!("feed_forward {}", kind.name()),
-            ModelConfig { feed_forward: FeedForwardConfig { kind, d_ff: Some(48), ..Default::default() }, ..tiny() },
-        ));
-    }
-    out.push(("untied head".into(), ModelConfig { tie_embeddings: false, ..tiny() }));
-    out.push((
-        "scaled embeddings + sinusoidal".into(),
-        ModelConfig {
-            scale_embeddings: true,
-            position: PositionConfig::Sinusoidal(SinusoidalPositionConfig::default()),
-            ..tiny()
-        },
-    ));
-    out.push((
-        "attention adaptive-span + xl memory".into(),
-        ModelConfig {
-            seq_len: 4,
-            attention: AttentionConfig::AdaptiveSpan(AdaptiveSpanConfig {
-                max_span: 8,
-                ramp: 2,
-                init_span: 0.5,
-                ..Default::default()
-            }),
-            memory: MemoryConfig::Xl(XlMemoryConfig { length: 12 }),
-            position: PositionConfig::Alibi(Default::default()),
-            ..tiny()
-        },
-    ));
-    // memories: XL over segments of 4 with a memory long enough that token-by-token decoding
-    // across segment boundaries still sees every earlier token; compressive with each function
-    let xl = PositionConfig::TransformerXl(XlRelativeConfig::default());
-    out.push((
-        "memory xl".into(),
-        ModelConfig {
-            seq_len: 4,
-            memory: MemoryConfig::Xl(XlMemoryConfig { length: 12 }),
-            position: xl.clone(),
-            ..tiny()
-        },
-    ));
-    for compression in
-        [CompressionKind::Conv, CompressionKind::MaxPool, CompressionKind::DilatedConv, CompressionKind::MostUsed]
-    {
-        let memory = MemoryConfig::Compressive(CompressiveMemoryConfig {
-            length: 4,
-            compressed_length: 4,
-            rate: 2,
-            compression,
-            autoencoding_weight: 0.5,
-            ..Default::default()
-        });
-        out.push((
-            format!("memory compressive {}", compression.name()),
-            ModelConfig { memory, position: PositionConfig::Alibi(Default::default()), ..tiny() },
-        ));
-    }
-    let reversible = BlockConfig::Reversible(Default::default());
-    out.push(("block reversible".into(), ModelConfig { block: reversible.clone(), n_layers: 3, ..tiny() }));
-    out.push((
-        "block reversible + alibi + sliding-window".into(),
-        ModelConfig {
-            block: reversible,
-            position: PositionConfig::Alibi(Default::default()),
-            attention: AttentionConfig::SlidingWindow(SlidingWindowConfig { window: 4, ..Default::default() }),
-            ..tiny()
-        },
-    ));
-    out.push(("block gtrxl".into(), ModelConfig { block: BlockConfig::Gtrxl(GtrxlConfig::default()), ..tiny() }));
-    out.push((
-        "block gtrxl + xl memory".into(),
-        ModelConfig {
-            seq_len: 4,
-            block: BlockConfig::Gtrxl(GtrxlConfig::default()),
-            memory: MemoryConfig::Xl(XlMemoryConfig { length: 12 }),
-            position: PositionConfig::Rope(RotaryConfig::default()),
-            ..tiny()
-        },
-    ));
-    // Universal Transformer: 3 steps of one block, with and without ACT, pre- and post-LN
-    let ut = |act: bool, block: BlockConfig| ModelConfig {
-        n_layers: 3,
-        position: PositionConfig::UniversalTimestep(Default::default()),
-        depth: DepthConfig::Universal(UniversalConfig { act, halting_bias: -1.0, ..Default::default() }),
-        block,
-        ..tiny()
-    };
-    out.push(("depth universal".into(), ut(false, BlockConfig::default())));
-    out.push(("depth universal + act".into(), ut(true, BlockConfig::default())));
-    out.push(("depth universal + act, post-ln".into(), ut(true, BlockConfig::PostLn(ResidualConfig::default()))));
-    let sepconv = FeedForwardConfig { kind: FeedForwardKind::SeparableConv, d_ff: Some(48), ..Default::default() };
-    out.push((
-        "depth universal + act, separable-conv transition".into(),
-        ModelConfig { feed_forward: sepconv, ..ut(true, BlockConfig::default()) },
-    ));
-    // early exits: shared head, and one classifier per block
-    for shared in [true, false] {
-        let exits = ExitConfig::EveryLayer(EveryLayerConfig { shared, classifier: shared, ..Default::default() });
-        out.push((format!("exits every-layer shared={shared}"), ModelConfig { n_layers: 3, exits, ..tiny() }));
-    }
-    // the Depth-Adaptive Transformer's exit predictors, with both oracles
-    for (predictor, oracle) in [
-        (PredictorKind::Sequence, Oracle::Likelihood),
-        (PredictorKind::TokenMultinomial, Oracle::Correctness),
-        (PredictorKind::TokenGeometric, Oracle::Likelihood),
-    ] {
-        let exits = ExitConfig::EveryLayer(EveryLayerConfig { predictor, oracle, ..Default::default() });
-        out.push((
-            format!("exits predictor {} ({oracle:?})", predictor.name()),
-            ModelConfig { n_layers: 3, exits, ..tiny() },
-        ));
-    }
-    // "attend at most N back" on full attention (a band computed by blocks, a trimmed cache) and
-    // on a sparse kind
-    out.push((
-        "max_back 3, attention full + position alibi".into(),
-        ModelConfig { max_back: Some(3), position: PositionConfig::Alibi(Default::default()), ..tiny() },
-    ));
-    let attention = AttentionConfig::Strided(StridedConfig { stride: 4, ..Default::default() });
-    out.push(("max_back 5, attention strided".into(), ModelConfig { max_back: Some(5), attention, ..tiny() }));
-    // every attention kind's own variants (declared beside the kind)
     out.extend(AttentionConfig::test_variants().into_iter().map(attention_variant));
-    // the masked objective (bidirectional attention): full attention, a reversible stack
-    let masked = || ObjectiveConfig::Masked(MaskedConfig::default());
-    for (name, cfg) in [
-        ("masked lm", ModelConfig { objective: masked(), ..tiny() }),
-        (
-            "masked lm + position sinusoidal",
-            ModelConfig {
-                objective: masked(),
-                position: PositionConfig::Sinusoidal(SinusoidalPositionConfig::default()),
-                ..tiny()
-            },
-        ),
-        (
-            "masked lm + reversible",
-            ModelConfig { objective: masked(), block: BlockConfig::Reversible(Default::default()), ..tiny() },
-        ),
-    ] {
-        out.push((name.into(), cfg));
+    for (name, block) in BlockConfig::test_variants() {
+        out.push((named("block", name), ModelConfig { block, n_layers: 3, ..tiny() }));
     }
+    for &kind in FeedForwardKind::ALL {
+        let feed_forward = FeedForwardConfig { kind, d_ff: Some(48), ..Default::default() };
+        out.push((named("feed_forward", kind.name().into()), ModelConfig { feed_forward, ..tiny() }));
+    }
+    for (name, memory) in MemoryConfig::test_variants().into_iter().filter(|(_, m)| !m.is_none()) {
+        let position = PositionConfig::Alibi(Default::default());
+        out.push((named("memory", name), ModelConfig { memory, position, ..tiny() }));
+    }
+    for (name, depth) in DepthConfig::test_variants() {
+        let position = PositionConfig::UniversalTimestep(Default::default());
+        out.push((name, ModelConfig { n_layers: 3, depth, position, ..tiny() }));
+    }
+    for (name, exits) in ExitConfig::test_variants() {
+        out.push((name, ModelConfig { n_layers: 3, exits, ..tiny() }));
+    }
+    let masked = ObjectiveConfig::Masked(MaskedConfig::default());
+    out.push(("masked lm".into(), ModelConfig { objective: masked, ..tiny() }));
     out
 }
 

@@ -1,13 +1,14 @@
-//! Tests every kind on every axis gets for free (one tiny model per kind, from `zoo::variants`),
+//! Tests every kind on every axis gets for free (one tiny model per declared variant, from
+//! `zoo::variants`, and the test kit's cross-axis combinations),
 //! through the checks of `variorum_model::harness`: causality, cached decoding = full forward,
 //! save → load bit-identical, a tiny batch is overfit.
 
 use burn::prelude::*;
-use variorum_model::{ModelConfig, harness, zoo};
+use variorum_model::{ModelConfig, harness};
 
 /// Runs `check` on every zoo variant and fails with every variant it fails on.
 fn every_variant(check: impl Fn(&str, &ModelConfig) -> Result<(), String>) {
-    let failures: Vec<String> = zoo::variants().iter().filter_map(|(name, cfg)| check(name, cfg).err()).collect();
+    let failures: Vec<String> = variorum_testkit::variants().iter().filter_map(|(name, cfg)| check(name, cfg).err()).collect();
     assert!(failures.is_empty(), "{} variant(s) failed:\n{}", failures.len(), failures.join("\n"));
 }
 

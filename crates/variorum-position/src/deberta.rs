@@ -120,6 +120,10 @@ impl PositionKind for DebertaConfig {
     fn content_scale(&self) -> f64 {
         (1.0f64 / 3.0).sqrt()
     }
+
+    fn test_variants() -> Vec<(&'static str, Self)> {
+        vec![("to 4", Self { max_distance: 4 })]
+    }
 }
 
 impl RelativeScheme for Disentangled {

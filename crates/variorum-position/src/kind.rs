@@ -71,6 +71,12 @@ pub trait PositionKind:
     fn max_len(&self, _context: usize) -> Option<usize> {
         None
     }
+
+    /// Tiny settings the generic tests run (a 2-layer model of context 16), each with what it
+    /// exercises. Default: the scheme's defaults, unnamed.
+    fn test_variants() -> Vec<(&'static str, Self)> {
+        vec![("", Self::default())]
+    }
 }
 
 /// A relative scheme as it acts inside attention. A score-forming mechanism calls, in order,

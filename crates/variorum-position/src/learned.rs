@@ -92,6 +92,13 @@ impl PositionKind for LearnedPositionConfig {
     fn max_len(&self, context: usize) -> Option<usize> {
         Some(self.max_len.unwrap_or(context))
     }
+
+    fn test_variants() -> Vec<(&'static str, Self)> {
+        vec![
+            ("table longer than the context", Self { max_len: Some(32), per_layer: false }),
+            ("per layer", Self { max_len: None, per_layer: true }),
+        ]
+    }
 }
 
 impl AbsoluteSignal for LearnedPosition {

@@ -72,6 +72,10 @@ impl PositionKind for MultiplicativeConfig {
     fn init_relative(&self, _heads: HeadShape, _context: usize, device: &Device) -> Option<RelativePosition> {
         Some(self.init(device).into())
     }
+
+    fn test_variants() -> Vec<(&'static str, Self)> {
+        vec![("to 6", Self { max_distance: 6 })]
+    }
 }
 
 impl RelativeScheme for MultiplicativePosition {

@@ -77,6 +77,15 @@ macro_rules! position_kinds {
                 }, )+ ]
             }
 
+            /// Every scheme's test variants, named `"<kind> <what it exercises>"`.
+            pub fn test_variants() -> Vec<(String, Self)> {
+                let mut out = Vec::new();
+                $( for (what, c) in <$config as PositionKind>::test_variants() {
+                    out.push((format!("{} {}", $kind, what).trim_end().to_string(), Self::$variant(c)));
+                } )+
+                out
+            }
+
             /// What this configured scheme declares.
             pub fn capabilities(&self) -> Capabilities {
                 match self { $( Self::$variant(c) => <$config as PositionKind>::capabilities(c), )+ }

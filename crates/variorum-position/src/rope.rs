@@ -128,6 +128,11 @@ impl PositionKind for RotaryConfig {
     fn init_relative(&self, heads: HeadShape, _context: usize, _device: &Device) -> Option<RelativePosition> {
         Some(self.init(heads.head_dim).into())
     }
+
+    fn test_variants() -> Vec<(&'static str, Self)> {
+        let partial = Self { layout: RopeLayout::Interleaved, rotary_dim: Some(4), base: 500.0 };
+        vec![("rotate-half", Self::default()), ("interleaved, partial", partial)]
+    }
 }
 
 /// RoPE acts on q and k only: the scores pass unchanged, and gathered keys need no bias.

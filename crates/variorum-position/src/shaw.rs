@@ -95,6 +95,14 @@ impl PositionKind for ShawConfig {
     fn init_relative(&self, heads: HeadShape, _context: usize, device: &Device) -> Option<RelativePosition> {
         Some(self.init(heads.head_dim, device).into())
     }
+
+    /// Clipped at 4, so that a context of 16 reaches past the clipping distance.
+    fn test_variants() -> Vec<(&'static str, Self)> {
+        vec![
+            ("keys and values", Self { max_distance: 4, values: true }),
+            ("keys only", Self { max_distance: 4, values: false }),
+        ]
+    }
 }
 
 impl RelativeScheme for ShawRelative {

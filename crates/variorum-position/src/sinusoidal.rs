@@ -77,6 +77,10 @@ impl PositionKind for SinusoidalPositionConfig {
     fn init_input(&self, d_model: usize, _context: usize, device: &Device) -> Option<AbsolutePosition> {
         Some(self.init(d_model, device).into())
     }
+
+    fn test_variants() -> Vec<(&'static str, Self)> {
+        vec![("fixed", Self::default()), ("learnable frequencies", Self { learnable: true, ..Self::default() })]
+    }
 }
 
 impl AbsoluteSignal for SinusoidalPosition {

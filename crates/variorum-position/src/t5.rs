@@ -129,6 +129,10 @@ impl PositionKind for T5BiasConfig {
     fn init_relative(&self, heads: HeadShape, _context: usize, device: &Device) -> Option<RelativePosition> {
         Some(self.init(heads.n_heads, device).into())
     }
+
+    fn test_variants() -> Vec<(&'static str, Self)> {
+        vec![("8 buckets to 12", Self { num_buckets: 8, max_distance: 12 })]
+    }
 }
 
 impl RelativeScheme for T5Bias {

@@ -21,7 +21,7 @@ fn sample_cfg(temperature: f64, seed: u64, no_cache: bool) -> SampleConfig {
 fn cached_generation_equals_uncached_for_every_variant() {
     let _guard = seeded();
     let dev = Device::flex();
-    for (name, cfg) in zoo::variants() {
+    for (name, cfg) in variorum_testkit::variants() {
         // a masked LM does not generate
         if !cfg.attention.capabilities().incremental || !cfg.objective.is_causal() {
             continue;

@@ -41,7 +41,7 @@ impl Classifier {
             attention,
             position: Positioning { config: position, context: LEN },
             feed_forward: &FeedForwardConfig::default(),
-            memory: &MemoryConfig::None,
+            memory: &MemoryConfig::None(Default::default()),
             dropout: 0.0,
             init_std: 0.02,
             out_std: 0.02 / 2.0,
