@@ -15,7 +15,6 @@ use burn::module::Param;
 use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::activation::{sigmoid, softmax};
-use serde::{Deserialize, Serialize};
 use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
 use variorum_position::{HeadShape, PositionConfig, RotaryConfig};
 
@@ -23,41 +22,19 @@ use crate::full::{MASKED_SCORE, Positioning};
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention, MultiHeadAttentionConfig};
 
-/// `model.attention` with `kind = "adaptive-span"`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct AdaptiveSpanConfig {
-    pub n_heads: usize,
-    pub n_kv_heads: Option<usize>,
-    pub head_dim: Option<usize>,
-    pub dropout: f64,
-    pub bias: bool,
-    /// S, the largest span. Default 256.
-    pub max_span: usize,
-    /// R, the length of the soft ramp. Default 32 (the paper's).
-    pub ramp: usize,
-    /// Initial span as a fraction of S. Default 0 (the paper's: spans grow where useful).
-    pub init_span: f64,
-    /// λ of the L1 penalty on spans (per token of span). Default 2e-6 (the paper's).
-    pub penalty: f64,
-    /// Predict the span from each position's input instead of learning one per head.
-    pub dynamic: bool,
-}
-
-impl Default for AdaptiveSpanConfig {
-    fn default() -> Self {
-        Self {
-            n_heads: 4,
-            n_kv_heads: None,
-            head_dim: None,
-            dropout: 0.0,
-            bias: true,
-            max_span: 256,
-            ramp: 32,
-            init_span: 0.0,
-            penalty: 2e-6,
-            dynamic: false,
-        }
+crate::attention_config! {
+    /// `model.attention` with `kind = "adaptive-span"`.
+    pub struct AdaptiveSpanConfig [n_heads, n_kv_heads, head_dim, dropout, bias] {
+        /// S, the largest span. Default 256.
+        pub max_span: usize = 256,
+        /// R, the length of the soft ramp. Default 32 (the paper's).
+        pub ramp: usize = 32,
+        /// Initial span as a fraction of S. Default 0 (the paper's: spans grow where useful).
+        pub init_span: f64 = 0.0,
+        /// λ of the L1 penalty on spans (per token of span). Default 2e-6 (the paper's).
+        pub penalty: f64 = 2e-6,
+        /// Predict the span from each position's input instead of learning one per head.
+        pub dynamic: bool = false,
     }
 }
 

@@ -35,7 +35,6 @@
 use burn::nn::{Dropout, DropoutConfig};
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
-use serde::{Deserialize, Serialize};
 use variorum_core::{Capabilities, ConfigError, error::check};
 use variorum_position::HeadShape;
 
@@ -44,28 +43,16 @@ use crate::kernel::{self, HeadProjections};
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
 use crate::{AttentionInput, AttentionOutput, AttentionState};
 
-/// `model.attention` with `kind = "clustered"`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ClusteredConfig {
-    pub n_heads: usize,
-    /// Default d_model / n_heads.
-    pub head_dim: Option<usize>,
-    pub bias: bool,
-    /// Dropout on the centroids' (and top-k) attention weights. Default 0.
-    pub dropout: f64,
-    /// C, query clusters per head (capped at the sequence length). Default 32.
-    pub clusters: usize,
-    /// Lloyd iterations of the k-means. Default 10 (the paper's).
-    pub iterations: usize,
-    /// k keys per cluster rescored exactly for each query ("improved clustered"); `None` = plain
-    /// clustered attention. Default `None`.
-    pub top_k: Option<usize>,
-}
-
-impl Default for ClusteredConfig {
-    fn default() -> Self {
-        Self { n_heads: 4, head_dim: None, bias: true, dropout: 0.0, clusters: 32, iterations: 10, top_k: None }
+crate::attention_config! {
+    /// `model.attention` with `kind = "clustered"`.
+    pub struct ClusteredConfig [n_heads, head_dim, bias, dropout] {
+        /// C, query clusters per head (capped at the sequence length). Default 32.
+        pub clusters: usize = 32,
+        /// Lloyd iterations of the k-means. Default 10 (the paper's).
+        pub iterations: usize = 10,
+        /// k keys per cluster rescored exactly for each query ("improved clustered"); `None` = plain
+        /// clustered attention. Default `None`.
+        pub top_k: Option<usize> = None,
     }
 }
 

@@ -62,7 +62,9 @@ macro_rules! head_methods {
 /// Writes a kind's config struct whose table begins with `full`'s five head fields: the head
 /// fields with their docs and defaults (written here once), then the kind's own fields, each
 /// with its default after `=`; plus `Default`, `heads()` and `expanded_heads()`
-/// ([`head_methods!`]). A field-by-field struct rather than `#[serde(flatten)]`, because serde's
+/// ([`head_methods!`]). A kind with only some of the head fields names them after the struct's
+/// name, in its table's order (`pub struct PerformerConfig [n_heads, head_dim, bias] { … }`),
+/// and gets the struct and `Default`. A field-by-field struct rather than `#[serde(flatten)]`, because serde's
 /// `flatten` does not combine with `deny_unknown_fields`; the keys and their order in a
 /// written-out config are what a hand-written struct with these fields gives.
 ///
@@ -77,45 +79,76 @@ macro_rules! head_methods {
 /// ```
 #[macro_export]
 macro_rules! attention_config {
+    // The five head fields of `full`, in its order, and `heads()` / `expanded_heads()`.
     (
         $(#[$meta:meta])*
-        pub struct $name:ident {
-            $( $(#[$fmeta:meta])* pub $field:ident : $ty:ty = $default:expr ),* $(,)?
+        pub struct $name:ident $own:tt
+    ) => {
+        $crate::attention_config! {
+            @fields [$(#[$meta])*] $name [n_heads n_kv_heads head_dim dropout bias] [] [] $own
         }
+
+        impl $name {
+            $crate::head_methods!();
+        }
+    };
+    // A subset of the head fields, in the order given (kinds without weights have no dropout,
+    // kernelised ones no grouped keys); the kind writes its own head checks.
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident [$($head:ident),+] $own:tt
+    ) => {
+        $crate::attention_config! { @fields [$(#[$meta])*] $name [$($head)+] [] [] $own }
+    };
+    // One head field at a time: its declaration and its default, written here once.
+    (@fields $meta:tt $name:ident [n_heads $($rest:ident)*] [$($decl:tt)*] [$($init:tt)*] $own:tt) => {
+        $crate::attention_config! { @fields $meta $name [$($rest)*]
+            [$($decl)* #[doc = " Query heads. Default 4."] pub n_heads: usize,]
+            [$($init)* n_heads: 4,] $own }
+    };
+    (@fields $meta:tt $name:ident [n_kv_heads $($rest:ident)*] [$($decl:tt)*] [$($init:tt)*] $own:tt) => {
+        $crate::attention_config! { @fields $meta $name [$($rest)*]
+            [$($decl)*
+                #[doc = " Key/value heads: `n_heads` (default) is multi-head, 1 is multi-query, anything"]
+                #[doc = " dividing `n_heads` is grouped-query attention."]
+                pub n_kv_heads: Option<usize>,]
+            [$($init)* n_kv_heads: None,] $own }
+    };
+    (@fields $meta:tt $name:ident [head_dim $($rest:ident)*] [$($decl:tt)*] [$($init:tt)*] $own:tt) => {
+        $crate::attention_config! { @fields $meta $name [$($rest)*]
+            [$($decl)* #[doc = " Size of each head. Default `d_model / n_heads`."] pub head_dim: Option<usize>,]
+            [$($init)* head_dim: None,] $own }
+    };
+    (@fields $meta:tt $name:ident [dropout $($rest:ident)*] [$($decl:tt)*] [$($init:tt)*] $own:tt) => {
+        $crate::attention_config! { @fields $meta $name [$($rest)*]
+            [$($decl)* #[doc = " Dropout on the attention probabilities. Default 0."] pub dropout: f64,]
+            [$($init)* dropout: 0.0,] $own }
+    };
+    (@fields $meta:tt $name:ident [bias $($rest:ident)*] [$($decl:tt)*] [$($init:tt)*] $own:tt) => {
+        $crate::attention_config! { @fields $meta $name [$($rest)*]
+            [$($decl)* #[doc = " Biases in the q/k/v and output projections. Default true."] pub bias: bool,]
+            [$($init)* bias: true,] $own }
+    };
+    // Every head field written: the struct, then `Default`.
+    (
+        @fields [$(#[$meta:meta])*] $name:ident [] [$($decl:tt)*] [$($init:tt)*]
+        { $( $(#[$fmeta:meta])* pub $field:ident : $ty:ty = $default:expr ),* $(,)? }
     ) => {
         $(#[$meta])*
         #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
         #[serde(default, deny_unknown_fields)]
         pub struct $name {
-            /// Query heads. Default 4.
-            pub n_heads: usize,
-            /// Key/value heads: `n_heads` (default) is multi-head, 1 is multi-query, anything
-            /// dividing `n_heads` is grouped-query attention.
-            pub n_kv_heads: Option<usize>,
-            /// Size of each head. Default `d_model / n_heads`.
-            pub head_dim: Option<usize>,
-            /// Dropout on the attention probabilities. Default 0.
-            pub dropout: f64,
-            /// Biases in the q/k/v and output projections. Default true.
-            pub bias: bool,
+            $($decl)*
             $( $(#[$fmeta])* pub $field: $ty, )*
         }
 
         impl Default for $name {
             fn default() -> Self {
                 Self {
-                    n_heads: 4,
-                    n_kv_heads: None,
-                    head_dim: None,
-                    dropout: 0.0,
-                    bias: true,
+                    $($init)*
                     $( $field: $default, )*
                 }
             }
-        }
-
-        impl $name {
-            $crate::head_methods!();
         }
     };
 }

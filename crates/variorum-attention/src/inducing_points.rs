@@ -72,42 +72,19 @@ pub enum InducingMode {
     Luna,
 }
 
-/// `model.attention` with `kind = "inducing-points"`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct InducingPointsConfig {
-    /// Heads of both attentions. Default 4.
-    pub n_heads: usize,
-    /// Size of each head. Default `d_model / n_heads`.
-    pub head_dim: Option<usize>,
-    /// Biases in the projections. Default true.
-    pub bias: bool,
-    /// Dropout on the pack and unpack attention probabilities. Default 0.
-    pub dropout: f64,
-    /// m, the number of learned slots (inducing points). Default 16.
-    pub slots: usize,
-    /// `"isab"` (Set Transformer) or `"luna"`. Default `"isab"`.
-    pub mode: InducingMode,
-    /// One projection for keys and values in each attention (k = v, Luna's tied model).
-    /// Default false.
-    pub tie_kv: bool,
-    /// `isab` only: the inner MAB's residual LayerNorm and residual rFF + LayerNorm on the packed
-    /// slots. Default true (ignored by `luna`, which has no norm on its packed context here).
-    pub slot_mab: bool,
-}
-
-impl Default for InducingPointsConfig {
-    fn default() -> Self {
-        Self {
-            n_heads: 4,
-            head_dim: None,
-            bias: true,
-            dropout: 0.0,
-            slots: 16,
-            mode: InducingMode::Isab,
-            tie_kv: false,
-            slot_mab: true,
-        }
+crate::attention_config! {
+    /// `model.attention` with `kind = "inducing-points"`.
+    pub struct InducingPointsConfig [n_heads, head_dim, bias, dropout] {
+        /// m, the number of learned slots (inducing points). Default 16.
+        pub slots: usize = 16,
+        /// `"isab"` (Set Transformer) or `"luna"`. Default `"isab"`.
+        pub mode: InducingMode = InducingMode::Isab,
+        /// One projection for keys and values in each attention (k = v, Luna's tied model).
+        /// Default false.
+        pub tie_kv: bool = false,
+        /// `isab` only: the inner MAB's residual LayerNorm and residual rFF + LayerNorm on the packed
+        /// slots. Default true (ignored by `luna`, which has no norm on its packed context here).
+        pub slot_mab: bool = true,
     }
 }
 

@@ -7,7 +7,6 @@
 
 use burn::prelude::*;
 use burn::tensor::activation::elu;
-use serde::{Deserialize, Serialize};
 use variorum_core::{Capabilities, ConfigError};
 use variorum_position::HeadShape;
 
@@ -15,23 +14,11 @@ use crate::kernel::{self, Features, HeadProjections, KernelState, kernel_flops};
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
 use crate::{AttentionInput, AttentionOutput, AttentionState};
 
-/// `model.attention` with `kind = "linear"`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct LinearAttentionConfig {
-    /// Heads. Default 4.
-    pub n_heads: usize,
-    /// Size of each head. Default `d_model / n_heads`.
-    pub head_dim: Option<usize>,
-    /// Biases in the projections. Default true.
-    pub bias: bool,
-    /// Positions per chunk of the causal form (memory ∝ chunk, not length). Default 64.
-    pub chunk: usize,
-}
-
-impl Default for LinearAttentionConfig {
-    fn default() -> Self {
-        Self { n_heads: 4, head_dim: None, bias: true, chunk: 64 }
+crate::attention_config! {
+    /// `model.attention` with `kind = "linear"`.
+    pub struct LinearAttentionConfig [n_heads, head_dim, bias] {
+        /// Positions per chunk of the causal form (memory ∝ chunk, not length). Default 64.
+        pub chunk: usize = 64,
     }
 }
 

@@ -53,36 +53,16 @@ pub enum LinformerShare {
     KeyValue,
 }
 
-/// `model.attention` with `kind = "linformer"`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct LinformerConfig {
-    pub n_heads: usize,
-    /// Default d_model / n_heads.
-    pub head_dim: Option<usize>,
-    pub bias: bool,
-    /// Dropout on the attention probabilities. Default 0.
-    pub dropout: f64,
-    /// n, the fixed maximum length (columns of E and F). Required: the default 0 is refused.
-    pub max_len: usize,
-    /// k, the projected length (rows of E and F), 1 ≤ k ≤ n. Default 64 (the paper uses 128–256
-    /// for n = 512–4096).
-    pub k: usize,
-    /// `none`, `headwise` (default) or `key-value`.
-    pub share: LinformerShare,
-}
-
-impl Default for LinformerConfig {
-    fn default() -> Self {
-        Self {
-            n_heads: 4,
-            head_dim: None,
-            bias: true,
-            dropout: 0.0,
-            max_len: 0,
-            k: 64,
-            share: LinformerShare::Headwise,
-        }
+crate::attention_config! {
+    /// `model.attention` with `kind = "linformer"`.
+    pub struct LinformerConfig [n_heads, head_dim, bias, dropout] {
+        /// n, the fixed maximum length (columns of E and F). Required: the default 0 is refused.
+        pub max_len: usize = 0,
+        /// k, the projected length (rows of E and F), 1 ≤ k ≤ n. Default 64 (the paper uses 128–256
+        /// for n = 512–4096).
+        pub k: usize = 64,
+        /// `none`, `headwise` (default) or `key-value`.
+        pub share: LinformerShare = LinformerShare::Headwise,
     }
 }
 

@@ -33,7 +33,6 @@ use burn::module::Param;
 use burn::nn::Linear;
 use burn::prelude::*;
 use burn::tensor::activation::{sigmoid, softmax};
-use serde::{Deserialize, Serialize};
 use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
 use variorum_position::HeadShape;
 
@@ -45,28 +44,14 @@ use crate::{
     AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention, MultiHeadAttentionConfig, Positioning,
 };
 
-/// `model.attention` with `kind = "low-rank-band"`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct LowRankBandConfig {
-    pub n_heads: usize,
-    /// Size of each head (of the band module's queries and keys, and of the values). Default
-    /// `d_model / n_heads`.
-    pub head_dim: Option<usize>,
-    /// Biases in the projections. Default true.
-    pub bias: bool,
-    /// Dropout on the attention probabilities of both modules. Default 0.
-    pub dropout: f64,
-    /// r, the low-rank module's query/key size per head; 0 disables the module. Default 4.
-    pub rank: usize,
-    /// w, the band module's width: keys back, the query's own included (bidirectional: also
-    /// w − 1 ahead). Default 16.
-    pub band: usize,
-}
-
-impl Default for LowRankBandConfig {
-    fn default() -> Self {
-        Self { n_heads: 4, head_dim: None, bias: true, dropout: 0.0, rank: 4, band: 16 }
+crate::attention_config! {
+    /// `model.attention` with `kind = "low-rank-band"`.
+    pub struct LowRankBandConfig [n_heads, head_dim, bias, dropout] {
+        /// r, the low-rank module's query/key size per head; 0 disables the module. Default 4.
+        pub rank: usize = 4,
+        /// w, the band module's width: keys back, the query's own included (bidirectional: also
+        /// w − 1 ahead). Default 16.
+        pub band: usize = 16,
     }
 }
 

@@ -31,7 +31,6 @@ use burn::prelude::*;
 use burn::tensor::activation::softmax;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use serde::{Deserialize, Serialize};
 use variorum_core::{Capabilities, ConfigError, error::check};
 
 use variorum_position::HeadShape;
@@ -42,42 +41,20 @@ use crate::qkv::{normal_linear, split_heads};
 use crate::sorted_chunks::{SortedItems, attend_picked, host, sorted_chunk_attention};
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache};
 
-/// `model.attention` with `kind = "lsh"`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct LshConfig {
-    pub n_heads: usize,
-    /// Default d_model / n_heads.
-    pub head_dim: Option<usize>,
-    /// Dropout on the attention weights. Default 0.
-    pub dropout: f64,
-    pub bias: bool,
-    /// b, hash buckets: 1 or an even number. Default 8.
-    pub buckets: usize,
-    /// Hash rounds combined per query. Default 2.
-    pub rounds: usize,
-    /// m, the chunk of the sorted sequence a query attends within (and the one before). Default 32.
-    pub chunk: usize,
-    /// Seed of the random rotations (mixed with the layer index). Default 0.
-    pub seed: u64,
-    /// The layer this config was specialised for ([`AttentionKind::for_layer`]).
-    #[serde(skip)]
-    pub layer: usize,
-}
-
-impl Default for LshConfig {
-    fn default() -> Self {
-        Self {
-            n_heads: 4,
-            head_dim: None,
-            dropout: 0.0,
-            bias: true,
-            buckets: 8,
-            rounds: 2,
-            chunk: 32,
-            seed: 0,
-            layer: 0,
-        }
+crate::attention_config! {
+    /// `model.attention` with `kind = "lsh"`.
+    pub struct LshConfig [n_heads, head_dim, dropout, bias] {
+        /// b, hash buckets: 1 or an even number. Default 8.
+        pub buckets: usize = 8,
+        /// Hash rounds combined per query. Default 2.
+        pub rounds: usize = 2,
+        /// m, the chunk of the sorted sequence a query attends within (and the one before). Default 32.
+        pub chunk: usize = 32,
+        /// Seed of the random rotations (mixed with the layer index). Default 0.
+        pub seed: u64 = 0,
+        /// The layer this config was specialised for ([`AttentionKind::for_layer`]).
+        #[serde(skip)]
+        pub layer: usize = 0,
     }
 }
 

@@ -21,7 +21,6 @@ use burn::nn::conv::{Conv1d, Conv1dConfig};
 use burn::nn::{Dropout, DropoutConfig};
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
-use serde::{Deserialize, Serialize};
 use variorum_core::{Capabilities, ConfigError, error::check};
 use variorum_position::HeadShape;
 
@@ -30,25 +29,14 @@ use crate::kernel::{self, HeadProjections};
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
 use crate::{AttentionInput, AttentionOutput, AttentionState};
 
-/// `model.attention` with `kind = "memory-compressed"`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct MemoryCompressedConfig {
-    pub n_heads: usize,
-    pub head_dim: Option<usize>,
-    pub bias: bool,
-    /// Dropout on the attention probabilities. Default 0.
-    pub dropout: f64,
-    /// s, kernel and stride of the compression. Default 3 (the paper's).
-    pub stride: usize,
-    /// Also attend to the raw keys of the query's own block (always on for causal attention).
-    /// Default true.
-    pub local: bool,
-}
-
-impl Default for MemoryCompressedConfig {
-    fn default() -> Self {
-        Self { n_heads: 4, head_dim: None, bias: true, dropout: 0.0, stride: 3, local: true }
+crate::attention_config! {
+    /// `model.attention` with `kind = "memory-compressed"`.
+    pub struct MemoryCompressedConfig [n_heads, head_dim, bias, dropout] {
+        /// s, kernel and stride of the compression. Default 3 (the paper's).
+        pub stride: usize = 3,
+        /// Also attend to the raw keys of the query's own block (always on for causal attention).
+        /// Default true.
+        pub local: bool = true,
     }
 }
 

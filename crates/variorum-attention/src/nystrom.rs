@@ -58,42 +58,20 @@ pub enum NystromInverse {
     Regularised,
 }
 
-/// `model.attention` with `kind = "nystrom"`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct NystromConfig {
-    pub n_heads: usize,
-    /// Default d_model / n_heads.
-    pub head_dim: Option<usize>,
-    pub bias: bool,
-    /// Dropout on F̃. Default 0.
-    pub dropout: f64,
-    /// m, landmarks. Default 64 (the paper uses 32–64).
-    pub landmarks: usize,
-    /// Iterations of the pseudo-inverse. Default 6 (the paper's); see the module doc before
-    /// raising it far.
-    pub pinv_iterations: usize,
-    /// `pinv` (default) or `regularised`.
-    pub inverse: NystromInverse,
-    /// λ of `regularised`. Default 0.1 (our choice).
-    pub lambda: f64,
-    /// Width of the depthwise convolution on V (odd); none = no skip connection. Default none.
-    pub conv_kernel: Option<usize>,
-}
-
-impl Default for NystromConfig {
-    fn default() -> Self {
-        Self {
-            n_heads: 4,
-            head_dim: None,
-            bias: true,
-            dropout: 0.0,
-            landmarks: 64,
-            pinv_iterations: 6,
-            inverse: NystromInverse::Pinv,
-            lambda: 0.1,
-            conv_kernel: None,
-        }
+crate::attention_config! {
+    /// `model.attention` with `kind = "nystrom"`.
+    pub struct NystromConfig [n_heads, head_dim, bias, dropout] {
+        /// m, landmarks. Default 64 (the paper uses 32–64).
+        pub landmarks: usize = 64,
+        /// Iterations of the pseudo-inverse. Default 6 (the paper's); see the module doc before
+        /// raising it far.
+        pub pinv_iterations: usize = 6,
+        /// `pinv` (default) or `regularised`.
+        pub inverse: NystromInverse = NystromInverse::Pinv,
+        /// λ of `regularised`. Default 0.1 (our choice).
+        pub lambda: f64 = 0.1,
+        /// Width of the depthwise convolution on V (odd); none = no skip connection. Default none.
+        pub conv_kernel: Option<usize> = None,
     }
 }
 

@@ -44,37 +44,19 @@ pub enum PerformerKernel {
     Relu,
 }
 
-/// `model.attention` with `kind = "performer"`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct PerformerConfig {
-    pub n_heads: usize,
-    pub head_dim: Option<usize>,
-    pub bias: bool,
-    /// m, random features. Default ⌈d_h · ln d_h⌉ (the paper's choice).
-    pub features: Option<usize>,
-    /// `softmax` (default) or `relu`.
-    pub kernel: PerformerKernel,
-    /// Orthogonal random features. Default true.
-    pub orthogonal: bool,
-    /// Draw W again every this many optimizer steps; 0 = never. Default 1000.
-    pub redraw_interval: usize,
-    /// Positions per chunk of the causal form. Default 64.
-    pub chunk: usize,
-}
-
-impl Default for PerformerConfig {
-    fn default() -> Self {
-        Self {
-            n_heads: 4,
-            head_dim: None,
-            bias: true,
-            features: None,
-            kernel: PerformerKernel::Softmax,
-            orthogonal: true,
-            redraw_interval: 1000,
-            chunk: 64,
-        }
+crate::attention_config! {
+    /// `model.attention` with `kind = "performer"`.
+    pub struct PerformerConfig [n_heads, head_dim, bias] {
+        /// m, random features. Default ⌈d_h · ln d_h⌉ (the paper's choice).
+        pub features: Option<usize> = None,
+        /// `softmax` (default) or `relu`.
+        pub kernel: PerformerKernel = PerformerKernel::Softmax,
+        /// Orthogonal random features. Default true.
+        pub orthogonal: bool = true,
+        /// Draw W again every this many optimizer steps; 0 = never. Default 1000.
+        pub redraw_interval: usize = 1000,
+        /// Positions per chunk of the causal form. Default 64.
+        pub chunk: usize = 64,
     }
 }
 

@@ -65,40 +65,18 @@ pub enum PoolKind {
     Mean,
 }
 
-/// `model.attention` with `kind = "poolingformer"`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct PoolingformerConfig {
-    pub n_heads: usize,
-    /// Size of each head. Default `d_model / n_heads`.
-    pub head_dim: Option<usize>,
-    /// Biases in the projections of both levels. Default true.
-    pub bias: bool,
-    /// Dropout on the attention probabilities of both levels. Default 0.
-    pub dropout: f64,
-    /// w₁, level 1's window: keys back, the query's own included (bidirectional: also w₁ − 1
-    /// ahead). Default 128 (the paper's).
-    pub window: usize,
-    /// Pooling of the level-2 keys and values: "max" (default) or "mean".
-    pub pool: PoolKind,
-    /// s, kernel and stride of the pooling. Default 4.
-    pub pool_size: usize,
-    /// w₂, the larger window the pooled segments come from; `None` (default) = the whole sequence.
-    pub level2_window: Option<usize>,
-}
-
-impl Default for PoolingformerConfig {
-    fn default() -> Self {
-        Self {
-            n_heads: 4,
-            head_dim: None,
-            bias: true,
-            dropout: 0.0,
-            window: 128,
-            pool: PoolKind::Max,
-            pool_size: 4,
-            level2_window: None,
-        }
+crate::attention_config! {
+    /// `model.attention` with `kind = "poolingformer"`.
+    pub struct PoolingformerConfig [n_heads, head_dim, bias, dropout] {
+        /// w₁, level 1's window: keys back, the query's own included (bidirectional: also w₁ − 1
+        /// ahead). Default 128 (the paper's).
+        pub window: usize = 128,
+        /// Pooling of the level-2 keys and values: "max" (default) or "mean".
+        pub pool: PoolKind = PoolKind::Max,
+        /// s, kernel and stride of the pooling. Default 4.
+        pub pool_size: usize = 4,
+        /// w₂, the larger window the pooled segments come from; `None` (default) = the whole sequence.
+        pub level2_window: Option<usize> = None,
     }
 }
 

@@ -56,7 +56,6 @@ use burn::tensor::IndexingUpdateOp;
 use burn::tensor::activation::softmax;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use serde::{Deserialize, Serialize};
 use variorum_core::{Capabilities, ConfigError, error::check};
 use variorum_position::HeadShape;
 
@@ -65,29 +64,17 @@ use crate::kernel::{self, HeadProjections};
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache};
 
-/// `model.attention` with `kind = "prob-sparse"`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ProbSparseConfig {
-    pub n_heads: usize,
-    /// Default d_model / n_heads.
-    pub head_dim: Option<usize>,
-    pub bias: bool,
-    /// Dropout on the active queries' attention weights. Default 0.
-    pub dropout: f64,
-    /// c: U = ⌈c·ln L_K⌉ sampled keys per query, u = ⌈c·ln L_Q⌉ active queries. Default 5 (the
-    /// paper's).
-    pub factor: f64,
-    /// Seed of the sampled key positions (mixed with the layer index). Default 0.
-    pub seed: u64,
-    /// The layer this config was specialised for ([`AttentionKind::for_layer`]).
-    #[serde(skip)]
-    pub layer: usize,
-}
-
-impl Default for ProbSparseConfig {
-    fn default() -> Self {
-        Self { n_heads: 4, head_dim: None, bias: true, dropout: 0.0, factor: 5.0, seed: 0, layer: 0 }
+crate::attention_config! {
+    /// `model.attention` with `kind = "prob-sparse"`.
+    pub struct ProbSparseConfig [n_heads, head_dim, bias, dropout] {
+        /// c: U = ⌈c·ln L_K⌉ sampled keys per query, u = ⌈c·ln L_Q⌉ active queries. Default 5 (the
+        /// paper's).
+        pub factor: f64 = 5.0,
+        /// Seed of the sampled key positions (mixed with the layer index). Default 0.
+        pub seed: u64 = 0,
+        /// The layer this config was specialised for ([`AttentionKind::for_layer`]).
+        #[serde(skip)]
+        pub layer: usize = 0,
     }
 }
 

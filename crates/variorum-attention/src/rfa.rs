@@ -19,7 +19,6 @@ use burn::module::Param;
 use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::activation::sigmoid;
-use serde::{Deserialize, Serialize};
 use variorum_core::{Capabilities, ConfigError, error::check};
 use variorum_position::HeadShape;
 
@@ -28,41 +27,22 @@ use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, cap
 use crate::random_features::{fixed, gaussian_rows, redraw};
 use crate::{AttentionInput, AttentionOutput, AttentionState};
 
-/// `model.attention` with `kind = "rfa"`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RfaConfig {
-    pub n_heads: usize,
-    pub head_dim: Option<usize>,
-    pub bias: bool,
-    /// D, random frequencies (2D features). Default 2 · d_h.
-    pub features: Option<usize>,
-    /// σ, the kernel width: attention ≈ softmax(q̂·k̂/σ²). Smaller is sharper but needs more
-    /// frequencies (the estimate of a small kernel value is noisier). Default 1.
-    pub sigma: f64,
-    /// RFA-Gate: decaying recurrent sums. Default false.
-    pub gate: bool,
-    /// Initial bias b_g of the gate (σ(b_g) = how much of the past each step keeps). Default 1.
-    pub gate_bias: f64,
-    /// Draw W again every this many optimizer steps; 0 = never (default).
-    pub redraw_interval: usize,
-    /// Positions per chunk of the causal form. Default 64.
-    pub chunk: usize,
-}
-
-impl Default for RfaConfig {
-    fn default() -> Self {
-        Self {
-            n_heads: 4,
-            head_dim: None,
-            bias: true,
-            features: None,
-            sigma: 1.0,
-            gate: false,
-            gate_bias: 1.0,
-            redraw_interval: 0,
-            chunk: 64,
-        }
+crate::attention_config! {
+    /// `model.attention` with `kind = "rfa"`.
+    pub struct RfaConfig [n_heads, head_dim, bias] {
+        /// D, random frequencies (2D features). Default 2 · d_h.
+        pub features: Option<usize> = None,
+        /// σ, the kernel width: attention ≈ softmax(q̂·k̂/σ²). Smaller is sharper but needs more
+        /// frequencies (the estimate of a small kernel value is noisier). Default 1.
+        pub sigma: f64 = 1.0,
+        /// RFA-Gate: decaying recurrent sums. Default false.
+        pub gate: bool = false,
+        /// Initial bias b_g of the gate (σ(b_g) = how much of the past each step keeps). Default 1.
+        pub gate_bias: f64 = 1.0,
+        /// Draw W again every this many optimizer steps; 0 = never (default).
+        pub redraw_interval: usize = 0,
+        /// Positions per chunk of the causal form. Default 64.
+        pub chunk: usize = 64,
     }
 }
 

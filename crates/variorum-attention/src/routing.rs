@@ -29,7 +29,6 @@ use burn::module::Param;
 use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::prelude::*;
 use burn::tensor::Distribution;
-use serde::{Deserialize, Serialize};
 use variorum_core::{Capabilities, ConfigError, error::check};
 use variorum_position::HeadShape;
 
@@ -40,38 +39,17 @@ use crate::random_features::{fixed, redraw};
 use crate::sorted_chunks::{SortedItems, attend_picked, host, sorted_chunk_attention};
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache};
 
-/// `model.attention` with `kind = "routing"`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RoutingConfig {
-    pub n_heads: usize,
-    /// Default d_model / n_heads.
-    pub head_dim: Option<usize>,
-    /// Dropout on the attention weights. Default 0.
-    pub dropout: f64,
-    pub bias: bool,
-    /// k, centroids per head, shared by queries and keys. Default 4.
-    pub clusters: usize,
-    /// w: a query looks among the 2w routing items (queries and keys) before it. Default 32.
-    pub window: usize,
-    /// λ, the centroids' moving-average decay. Default 0.999.
-    pub decay: f64,
-    /// The first `local_heads` heads attend locally (all positions in one cluster). Default 0.
-    pub local_heads: usize,
-}
-
-impl Default for RoutingConfig {
-    fn default() -> Self {
-        Self {
-            n_heads: 4,
-            head_dim: None,
-            dropout: 0.0,
-            bias: true,
-            clusters: 4,
-            window: 32,
-            decay: 0.999,
-            local_heads: 0,
-        }
+crate::attention_config! {
+    /// `model.attention` with `kind = "routing"`.
+    pub struct RoutingConfig [n_heads, head_dim, dropout, bias] {
+        /// k, centroids per head, shared by queries and keys. Default 4.
+        pub clusters: usize = 4,
+        /// w: a query looks among the 2w routing items (queries and keys) before it. Default 32.
+        pub window: usize = 32,
+        /// λ, the centroids' moving-average decay. Default 0.999.
+        pub decay: f64 = 0.999,
+        /// The first `local_heads` heads attend locally (all positions in one cluster). Default 0.
+        pub local_heads: usize = 0,
     }
 }
 

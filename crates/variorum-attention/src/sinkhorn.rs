@@ -34,7 +34,6 @@ use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::activation::{log_softmax, softmax};
-use serde::{Deserialize, Serialize};
 use variorum_core::{Capabilities, ConfigError, error::check};
 use variorum_position::HeadShape;
 
@@ -45,41 +44,19 @@ use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, kernel};
 
 const MASKED: f32 = -1e9;
 
-/// `model.attention` with `kind = "sinkhorn"`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct SinkhornConfig {
-    pub n_heads: usize,
-    /// Default d_model / n_heads.
-    pub head_dim: Option<usize>,
-    /// Dropout on the attention weights. Default 0.
-    pub dropout: f64,
-    pub bias: bool,
-    /// b, positions per block. Default 64.
-    pub block: usize,
-    /// k, Sinkhorn iterations (row + column normalisation each). Default 8.
-    pub iterations: usize,
-    /// τ, the temperature of the sorting. Default 0.75 (the paper's).
-    pub temperature: f64,
-    /// Gumbel noise on the sorting logits while training. Default true.
-    pub gumbel: bool,
-    /// SortCut: attend to the first n sorted blocks only (bidirectional). Default none.
-    pub sortcut: Option<usize>,
-}
-
-impl Default for SinkhornConfig {
-    fn default() -> Self {
-        Self {
-            n_heads: 4,
-            head_dim: None,
-            dropout: 0.0,
-            bias: true,
-            block: 64,
-            iterations: 8,
-            temperature: 0.75,
-            gumbel: true,
-            sortcut: None,
-        }
+crate::attention_config! {
+    /// `model.attention` with `kind = "sinkhorn"`.
+    pub struct SinkhornConfig [n_heads, head_dim, dropout, bias] {
+        /// b, positions per block. Default 64.
+        pub block: usize = 64,
+        /// k, Sinkhorn iterations (row + column normalisation each). Default 8.
+        pub iterations: usize = 8,
+        /// τ, the temperature of the sorting. Default 0.75 (the paper's).
+        pub temperature: f64 = 0.75,
+        /// Gumbel noise on the sorting logits while training. Default true.
+        pub gumbel: bool = true,
+        /// SortCut: attend to the first n sorted blocks only (bidirectional). Default none.
+        pub sortcut: Option<usize> = None,
     }
 }
 

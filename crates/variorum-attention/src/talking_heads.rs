@@ -18,32 +18,15 @@
 use burn::module::Param;
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
-use serde::{Deserialize, Serialize};
 use variorum_core::ConfigError;
 use variorum_position::{HeadShape, PositionConfig, RotaryConfig};
 
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention, Positioning};
 
-/// `model.attention` with `kind = "talking-heads"`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct TalkingHeadsConfig {
-    /// Query heads (and the size of both mixes). Default 4.
-    pub n_heads: usize,
-    /// Key/value heads (grouped-query when fewer than `n_heads`). Default `n_heads`.
-    pub n_kv_heads: Option<usize>,
-    /// Size of each head. Default `d_model / n_heads`.
-    pub head_dim: Option<usize>,
-    /// Dropout on the mixed weights W'. Default 0.
-    pub dropout: f64,
-    /// Biases in the q/k/v and output projections. Default true.
-    pub bias: bool,
-}
-
-impl Default for TalkingHeadsConfig {
-    fn default() -> Self {
-        Self { n_heads: 4, n_kv_heads: None, head_dim: None, dropout: 0.0, bias: true }
+crate::attention_config! {
+    /// `model.attention` with `kind = "talking-heads"`.
+    pub struct TalkingHeadsConfig [n_heads, n_kv_heads, head_dim, dropout, bias] {
     }
 }
 
