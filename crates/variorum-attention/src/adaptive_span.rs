@@ -3,13 +3,20 @@
 //! m_z(x) = clamp((R + z − x) / R, 0, 1),   a_tr = m_z(t − r) exp(s_tr) / Σ_q m_z(t − q) exp(s_tq),
 //!
 //! multi-head attention whose weights fade to zero over a ramp of R positions beyond a learned
-//! span z per head (z ∈ [0, S], stored as z/S clamped to [0, 1]). The loss gets λ·Σ_h z_h per layer
-//! (`adaptive_span` auxiliary loss), so heads keep long spans only where they pay. Keys further
+//! span z per head (z ∈ [0, S], stored as z/S). The loss gets the paper's
+//!
+//! λ/M · Σ_{i=1..M} z_i,
+//!
+//! the mean over the M heads of a layer (`adaptive_span` auxiliary loss), so heads keep long
+//! spans only where they pay. As in the paper's code, the stored z/S is clamped to [0, 1] after
+//! every optimizer step ([`AttentionMechanism::after_optimizer_step`]): the mask always reaches
+//! the query itself (m_z(0) ≥ 1 for z ≥ 0), so no head can be pushed so far below zero that all
+//! its weights, and its gradients, vanish. Keys further
 //! back than the current largest span plus the ramp are never projected or scored: the work falls
 //! as spans shrink (with a memory, `model.memory.length` should be about S).
 //!
 //! Dynamic variant (`dynamic = true`): z_t = S·σ(vᵀx_t + b) per head and query position; the
-//! penalty is λ times the mean over positions of Σ_h z_t. Keys are then trimmed at S.
+//! penalty is λ times the mean over heads and positions of z_t. Keys are then trimmed at S.
 
 use burn::module::Param;
 use burn::nn::{Initializer, Linear, LinearConfig};
@@ -180,14 +187,14 @@ impl AdaptiveSpanAttention {
         let (z, penalty) = match &self.predictor {
             Some(pred) => {
                 let z = sigmoid(pred.forward(query)).mul_scalar(s).swap_dims(1, 2).unsqueeze_dim::<4>(3); // [b, h, lq, 1]
-                let penalty = z.clone().sum_dim(1).mean().mul_scalar(self.penalty).reshape([1]);
+                let penalty = z.clone().mean().mul_scalar(self.penalty).reshape([1]);
                 (z, penalty)
             }
             None => {
-                // the mask reads z unclamped, so a span pushed just below 0 still gets the
-                // gradient that can bring it back (the paper clamps the stored value instead)
+                // z as stored (clamped to [0, 1] after each optimizer step, as the paper's code
+                // does), so a span at 0 still gets the gradient that can make it grow
                 let p = self.span.val();
-                let penalty = p.clone().clamp(0.0, 1.0).mul_scalar(s).sum().mul_scalar(self.penalty).reshape([1]);
+                let penalty = p.clone().mul_scalar(s).mean().mul_scalar(self.penalty).reshape([1]);
                 (p.mul_scalar(s).reshape([1, h, 1, 1]), penalty)
             }
         };
@@ -207,6 +214,15 @@ impl AttentionMechanism for AdaptiveSpanAttention {
 
     fn extend_cache(&self, x: Tensor<3>, mask: &AttentionMask, state: &mut AttentionState) {
         self.attention.project(x, None, mask, Some(state.kv_mut()));
+    }
+
+    /// The paper's `clamp_param`: z/S back into [0, 1] after the step moved it.
+    fn after_optimizer_step(&mut self, _step: usize) {
+        self.span = self.span.clone().map(|z| {
+            let grad = z.is_require_grad();
+            let z = z.clamp(0.0, 1.0).detach();
+            if grad { z.require_grad() } else { z }
+        });
     }
 
     fn content_only(&self, query: Tensor<3>, key_value: Tensor<3>) -> Tensor<3> {
@@ -301,9 +317,43 @@ mod tests {
         let (_, penalty) = &out.aux_losses[0];
         let grads = penalty.backward();
         let g = attn.span.grad(&grads).unwrap().into_data().try_to_vec::<f32>().unwrap();
-        // d(λ·S·Σ z/S)/dz = λ·S for every head inside (0, 1)
+        // the paper's λ/M Σ_i z_i with z = S·p: d/dp = λ·S/M for each of the M = 4 heads, a
+        // quarter of a sum over heads
         for v in g {
-            assert!((v - 2e-6 * 8.0).abs() < 1e-9, "{v}");
+            assert!((v - 2e-6 * 8.0 / 4.0).abs() < 1e-10, "{v}");
         }
+    }
+
+    #[test]
+    fn the_penalty_is_the_mean_span_over_heads() {
+        let dev = Device::flex();
+        let mut attn = build(0.5, &dev);
+        attn.span = Param::from_tensor(Tensor::from_floats([0.25, 0.5, 0.75, 1.0], &dev));
+        let out = attn.forward(AttentionInput::self_attention(random([1, 4, 16], &dev), &AttentionMask::causal()), None);
+        let penalty = out.aux_losses[0].1.clone().into_scalar::<f32>();
+        // λ · mean(z) = 2e-6 · 8 · 0.625
+        assert!((penalty - 2e-6 * 8.0 * 0.625).abs() < 1e-10, "{penalty}");
+    }
+
+    /// A step that pushes a span far below zero must not kill the head: after the hook every
+    /// query still attends to itself, and the span still gets gradient.
+    #[test]
+    fn spans_are_clamped_after_each_step_and_no_head_dies() {
+        let dev = Device::flex().autodiff();
+        let mut attn = build(0.5, &dev);
+        attn.span = Param::from_tensor(Tensor::from_floats([-3.0, 0.5, 1.7, 0.2], &dev));
+        attn.after_optimizer_step(1);
+        assert_eq!(attn.span.val().into_data().try_to_vec::<f32>().unwrap(), vec![0.0, 0.5, 1.0, 0.2]);
+        let x = random([1, 6, 16], &dev);
+        let mask = AttentionMask::causal();
+        let out = attn.forward(AttentionInput { need_weights: true, ..AttentionInput::self_attention(x, &mask) }, None);
+        let w = out.weights.unwrap(); // [1, h, 6, 6]
+        let own = w.clone().narrow(1, 0, 1).reshape([6, 6]).into_data().try_to_vec::<f32>().unwrap();
+        for i in 0..6 {
+            assert!(own[i * 6 + i] > 1e-3, "head 0 no longer attends to position {i} itself: {}", own[i * 6 + i]);
+        }
+        let grads = out.context.powf_scalar(2.0).sum().backward();
+        let g = attn.span.grad(&grads).unwrap().into_data().try_to_vec::<f32>().unwrap();
+        assert!(g[0] != 0.0, "the clamped span gets no gradient");
     }
 }

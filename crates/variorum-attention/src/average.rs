@@ -118,6 +118,7 @@ impl AverageAttention {
             v: source.unsqueeze_dim(1),
             k_shift: None,
             gate: None,
+            rescale: false,
             min_normaliser: kernel::MIN_NORMALISER,
         };
         let avg = if input.mask.causal { kernel::causal(f, state, self.chunk) } else { kernel::bidirectional(f) };

@@ -112,6 +112,7 @@ pub trait DynKind: Debug + Send + Sync {
     fn to_value(&self) -> serde_json::Value;
     fn capabilities(&self) -> Capabilities;
     fn why_not_causal(&self) -> &'static str;
+    fn inexact_causality(&self) -> Option<&'static str>;
     fn expanded(&self, d_model: usize) -> Box<dyn DynKind>;
     fn validate(&self, d_model: usize) -> Result<(), ConfigError>;
     fn validate_len(&self, len: usize) -> Result<(), ConfigError>;
@@ -137,6 +138,9 @@ impl<C: AttentionKind> DynKind for C {
     }
     fn why_not_causal(&self) -> &'static str {
         AttentionKind::why_not_causal(self)
+    }
+    fn inexact_causality(&self) -> Option<&'static str> {
+        AttentionKind::inexact_causality(self)
     }
     fn expanded(&self, d_model: usize) -> Box<dyn DynKind> {
         Box::new(AttentionKind::expanded(self, d_model))

@@ -5,7 +5,12 @@
 //!
 //! over all j (bidirectional) or j ≤ i (causal). Both sums are carried as one matrix
 //! S = Σ_j w_j φ(k_j) [v_j; 1]ᵀ `[features, d_v + 1]`, whose last column is the normaliser z. With
-//! a gate (RFA-Gate, Peng et al. 2021) the sums decay: S_t = g_t S_{t−1} + (1 − g_t) φ(k_t)[v_t; 1]ᵀ.
+//! a gate (RFA-Gate, Peng et al. 2021) the sums decay: S_t = g_t S_{t−1} + (1 − g_t) φ(k_t)[v_t; 1]ᵀ;
+//! a running rescale (Performer's causal stabiliser) is the same scan with S_t = g_t S_{t−1} +
+//! φ(k_t)[v_t; 1]ᵀ.
+//!
+//! Causal outputs depend on the keys at or before them only, in their rounding too: the carried
+//! sums are exclusive prefix sums, and no scale is taken from later keys.
 //!
 //! The causal form runs in chunks of C positions: inside a chunk the C × C products
 //! φ(q_i)·φ(k_j), j ≤ i, are formed directly; across chunks only S is carried (a prefix sum over
@@ -67,8 +72,12 @@ pub struct Features {
     pub v: Tensor<4>,
     /// The per-head log-scale taken out of φ(k), `[b, h]` (zeros when none).
     pub k_shift: Option<Tensor<2>>,
-    /// g_t ∈ (0, 1) per key, `[b, h, len_k]` (RFA-Gate).
+    /// g_t ∈ (0, 1] per key, `[b, h, len_k]`: the sums decay by g_t before key t joins them.
     pub gate: Option<Tensor<3>>,
+    /// How a gated key joins the sums: weighted by 1 − g_t (false: RFA-Gate), or by 1 (true: a
+    /// running rescale, g_t = exp(M_{t−1} − M_t) for a log-scale M that only grows, which
+    /// moves the carried shift to M; Performer's prefix stabiliser).
+    pub rescale: bool,
     /// The normaliser is clamped below at this ([`MIN_NORMALISER`] unless a kind knows better).
     pub min_normaliser: f64,
 }
@@ -92,14 +101,21 @@ pub fn causal(f: Features, state: Option<&mut Option<KernelState>>, chunk: usize
     if let Some(Some(st)) = state.as_deref() {
         s0 = st.s.clone() * (st.shift.clone() - shift.clone()).exp().reshape([b, h, 1, 1]);
     }
-    // g = 0 would make log g = −∞ (a sigmoid can underflow to it)
-    let (mut k, mut v1, mut gate) = (f.k, with_ones(f.v), f.gate.map(|g| g.clamp_min(1e-6)));
+    // g = 0 would make log g = −∞ (a sigmoid can underflow to it; a rescale by more than 69
+    // nats leaves nothing of the earlier sums in f32 anyway)
+    let floor = if f.rescale { 1e-30 } else { 1e-6 };
+    let (mut k, mut v1, mut gate) = (f.k, with_ones(f.v), f.gate.map(|g| g.clamp_min(floor)));
+    // a running rescale leaves the sums at the scale the decays moved them to
+    let end_shift = match (&gate, f.rescale) {
+        (Some(g), true) => shift.clone() - g.clone().log().sum_dim(2).reshape([b, h]),
+        _ => shift.clone(),
+    };
     // keys in front of the queries: every query sees them
     if lk > lq {
         let front = lk - lq;
         let (kf, vf) = (k.clone().narrow(2, 0, front), v1.clone().narrow(2, 0, front));
         let decay = gate.as_ref().map(|g| g.clone().narrow(2, 0, front));
-        s0 = fold_into(s0, kf, vf, decay);
+        s0 = fold_into(s0, kf, vf, decay, f.rescale);
         k = k.narrow(2, front, lq);
         v1 = v1.narrow(2, front, lq);
         gate = gate.map(|g| g.narrow(2, front, lq));
@@ -121,17 +137,21 @@ pub fn causal(f: Features, state: Option<&mut Option<KernelState>>, chunk: usize
         None => {
             let intra = scores.mask_fill(future, 0.0).matmul(v1.clone());
             let u = k.swap_dims(2, 3).matmul(v1); // each chunk's Σ φ(k)[v; 1]ᵀ, [bh, n, m, dv+1]
-            let upto = u.clone().cumsum(1);
-            let before = upto.clone() - u + s0.clone().unsqueeze_dim::<4>(1);
-            let last = upto.narrow(1, n - 1, 1).reshape([bh, m, dv + 1]) + s0;
+            // the chunks strictly before each one (not "up to it, minus it", whose rounding would
+            // depend on the chunk's later keys)
+            let before = exclusive_cumsum(u.clone(), 1);
+            let last = before.clone().narrow(1, n - 1, 1).reshape([bh, m, dv + 1])
+                + u.narrow(1, n - 1, 1).reshape([bh, m, dv + 1])
+                + s0.clone();
+            let before = before + s0.unsqueeze_dim::<4>(1);
             (intra + q.matmul(before), last)
         }
         Some(g) => {
-            // log decays; padded keys get g = 1 (no decay) and weight 1 − g = 0
+            // log decays; padded keys get g = 1 (no decay), and weight 1 − g = 0 or φ(k) = 0
             let g = pad_gate(g, pad).reshape([bh, n, c]);
             let a = g.clone().log();
             let cum = a.cumsum(2); // G_i = Σ_{r ≤ i} log g_r within the chunk
-            let weight = g.neg().add_scalar(1.0); // 1 − g_j
+            let weight = key_weight(g, f.rescale);
             // key j's contribution at query i ≥ j: exp(G_i − G_j)(1 − g_j)
             let diff = cum.clone().unsqueeze_dim::<4>(3) - cum.clone().unsqueeze_dim::<4>(2);
             let decay = diff.mask_fill(future, f32::NEG_INFINITY).exp() * weight.clone().unsqueeze_dim::<4>(2);
@@ -154,23 +174,41 @@ pub fn causal(f: Features, state: Option<&mut Option<KernelState>>, chunk: usize
         }
     };
     if let Some(st) = state {
-        *st = Some(KernelState { s: last.reshape([b, h, m, dv + 1]), shift });
+        *st = Some(KernelState { s: last.reshape([b, h, m, dv + 1]), shift: end_shift });
     }
     let out = out.reshape([b, h, n * c, dv + 1]).narrow(2, 0, lq);
     normalise(out, f.min_normaliser)
 }
 
 /// s + Σ_j w_j φ(k_j)[v_j; 1]ᵀ over keys seen by everyone, with decays applied in order.
-fn fold_into(s: Tensor<4>, k: Tensor<4>, v1: Tensor<4>, gate: Option<Tensor<3>>) -> Tensor<4> {
+fn fold_into(s: Tensor<4>, k: Tensor<4>, v1: Tensor<4>, gate: Option<Tensor<3>>, rescale: bool) -> Tensor<4> {
     match gate {
         None => s + k.swap_dims(2, 3).matmul(v1),
         Some(g) => {
             let a = g.clone().log();
             let total = a.clone().sum_dim(2); // [b, h, 1]
-            let to_end = (total.clone() - a.cumsum(2)).exp() * g.neg().add_scalar(1.0);
+            let to_end = (total.clone() - a.cumsum(2)).exp() * key_weight(g, rescale);
             s * total.exp().unsqueeze_dim::<4>(3) + (k * to_end.unsqueeze_dim::<4>(3)).swap_dims(2, 3).matmul(v1)
         }
     }
+}
+
+/// The weight a gated key joins the sums with: 1 − g (RFA-Gate) or 1 (a running rescale).
+fn key_weight(g: Tensor<3>, rescale: bool) -> Tensor<3> {
+    if rescale { g.ones_like() } else { g.neg().add_scalar(1.0) }
+}
+
+/// Σ_{j < i} x_j along `dim` (0 at i = 0): each entry depends on the earlier ones only, also in
+/// its rounding.
+pub fn exclusive_cumsum<const D: usize>(x: Tensor<D>, dim: usize) -> Tensor<D> {
+    let n = x.dims()[dim];
+    if n <= 1 {
+        return x.zeros_like();
+    }
+    let mut zero = x.dims();
+    zero[dim] = 1;
+    let zeros = Tensor::zeros(zero, &x.device());
+    Tensor::cat(vec![zeros, x.narrow(dim, 0, n - 1)], dim).cumsum(dim)
 }
 
 fn with_ones(v: Tensor<4>) -> Tensor<4> {
@@ -303,6 +341,7 @@ pub(crate) mod tests {
             v: v.clone(),
             k_shift: None,
             gate: gate.cloned(),
+            rescale: false,
             min_normaliser: MIN_NORMALISER,
         }
     }
@@ -347,6 +386,7 @@ pub(crate) mod tests {
                     v: v.clone().narrow(2, s, n),
                     k_shift: None,
                     gate: gate.map(|g| g.clone().narrow(2, s, n)),
+                    rescale: false,
                     min_normaliser: MIN_NORMALISER,
                 };
                 parts.push(causal(f, Some(&mut state), 4));

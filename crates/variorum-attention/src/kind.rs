@@ -80,6 +80,13 @@ pub trait AttentionKind:
         "its outputs mix in positions after them"
     }
 
+    /// Why this setting's causal outputs may change in their last bits (never in value) when
+    /// only later tokens change, if they may. Default: they may not — the generic leak test
+    /// asks for bit-identical outputs before the first changed token.
+    fn inexact_causality(&self) -> Option<&'static str> {
+        None
+    }
+
     /// The same config with every derived default written out.
     fn expanded(&self, d_model: usize) -> Self;
 

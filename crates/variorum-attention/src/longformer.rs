@@ -89,6 +89,14 @@ impl AttentionKind for LongformerConfig {
     const SUMMARY: &'static str = "Longformer: sliding window with per-head dilation, global attention for chosen positions or token ids, per-layer windows and dilations; computed block by block";
     const PAPER: &'static str = "Beltagy et al. 2020, Longformer: The Long-Document Transformer";
     const CAPS: Capabilities = caps::BLOCKED_SCORES;
+
+    /// Global positions chosen by token id come from the whole sequence: a later global token
+    /// adds a (fully masked) column to the earlier query blocks' softmax and matmuls, whose
+    /// different width can change the summation order — last bits only, its weight is exactly 0.
+    fn inexact_causality(&self) -> Option<&'static str> {
+        (!self.global_token_ids.is_empty())
+            .then_some("global positions chosen by token id widen every query block's (masked) global columns")
+    }
     crate::head_kind_items!();
 
     fn expanded(&self, d_model: usize) -> Self {

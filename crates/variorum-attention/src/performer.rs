@@ -153,43 +153,92 @@ impl PerformerAttention {
     }
 
     /// φ(q) (up to a per-query constant) and φ(k) with its per-head log-scale, continuing the
-    /// scale of `previous` (the recurrent state's).
+    /// scale of `previous` (the recurrent state's): the bidirectional form, where every key is
+    /// seen by every query and one scale, the largest exponent of the call, serves them all.
     pub fn features(
         &self,
         q: Tensor<4>,
         k: Tensor<4>,
         previous: Option<Tensor<2>>,
     ) -> (Tensor<4>, Tensor<4>, Tensor<2>) {
-        let m = self.projection.val().dims()[0] as f64;
         let [b, h, _, _] = k.dims();
         match self.kernel {
             PerformerKernel::Relu => {
-                let phi = |x: Tensor<4>| relu(self.project(x).0).div_scalar(m.sqrt()).add_scalar(1e-3);
                 let shift = previous.unwrap_or_else(|| Tensor::zeros([b, h], &k.device()));
-                (phi(q), phi(k), shift)
+                (self.relu_features(q), self.relu_features(k), shift)
             }
             PerformerKernel::Softmax => {
-                let (wq, nq) = self.project(q);
-                let eq = wq - nq;
-                let eq = eq.clone() - eq.max_dim(3).detach();
-                let (wk, nk) = self.project(k);
-                let ek = wk - nk;
+                let ek = self.exponents(k);
                 let mut shift = ek.clone().max_dim(3).max_dim(2).reshape([b, h]).detach();
                 if let Some(p) = previous {
                     shift = shift.max_pair(p);
                 }
-                let phi_k = (ek - shift.clone().reshape([b, h, 1, 1])).exp().div_scalar(m.sqrt());
-                (eq.exp().div_scalar(m.sqrt()), phi_k, shift)
+                let phi_k = (ek - shift.clone().reshape([b, h, 1, 1])).exp().div_scalar(self.sqrt_m());
+                (self.query_features(q), phi_k, shift)
             }
         }
     }
 
+    /// The causal form: φ(k_j) is scaled by a running maximum M_j of the exponents of keys
+    /// 1..j (from `previous` on), never by a later key, and the sums are rescaled by
+    /// exp(M_{j−1} − M_j) as M grows ([`Features::rescale`]). A later key far above the earlier
+    /// ones can then neither underflow them nor change their rounding: outputs depend on the
+    /// keys at or before them only. Returns φ(q), φ(k), the rescale gates and the start scale.
+    fn causal_features(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        previous: Option<Tensor<2>>,
+    ) -> (Tensor<4>, Tensor<4>, Option<Tensor<3>>, Tensor<2>) {
+        let [b, h, l, _] = k.dims();
+        if self.kernel == PerformerKernel::Relu {
+            let start = previous.unwrap_or_else(|| Tensor::zeros([b, h], &k.device()));
+            return (self.relu_features(q), self.relu_features(k), None, start);
+        }
+        let ek = self.exponents(k);
+        let own = ek.clone().max_dim(3).reshape([b, h, l]).detach(); // each key's largest exponent
+        let start = previous.unwrap_or_else(|| own.clone().narrow(2, 0, 1).reshape([b, h]));
+        let running = Tensor::cat(vec![start.clone().reshape([b, h, 1]), own], 2).cummax(2); // [b, h, l + 1]
+        let (before, now) = (running.clone().narrow(2, 0, l), running.narrow(2, 1, l));
+        let gate = (before - now.clone()).exp();
+        let phi_k = (ek - now.unsqueeze_dim::<4>(3)).exp().div_scalar(self.sqrt_m());
+        (self.query_features(q), phi_k, Some(gate), start)
+    }
+
+    fn sqrt_m(&self) -> f64 {
+        (self.projection.val().dims()[0] as f64).sqrt()
+    }
+
+    /// w·x − ‖x‖²/2 per feature, on x·d^{−1/4}: `[b, h, l, m]`.
+    fn exponents(&self, x: Tensor<4>) -> Tensor<4> {
+        let (wx, half_norm) = self.project(x);
+        wx - half_norm
+    }
+
+    /// φ(q) up to a per-query constant (its largest exponent, which cancels in the ratio).
+    fn query_features(&self, q: Tensor<4>) -> Tensor<4> {
+        let eq = self.exponents(q);
+        let eq = eq.clone() - eq.max_dim(3).detach();
+        eq.exp().div_scalar(self.sqrt_m())
+    }
+
+    fn relu_features(&self, x: Tensor<4>) -> Tensor<4> {
+        relu(self.project(x).0).div_scalar(self.sqrt_m()).add_scalar(1e-3)
+    }
+
     pub fn forward(&self, input: AttentionInput, state: Option<&mut Option<KernelState>>) -> AttentionOutput {
         let (q, k, v) = self.proj.split(input.query, input.key_value);
-        let previous = state.as_deref().and_then(|s| s.as_ref()).map(|s| s.shift.clone());
-        let (q, k, shift) = self.features(q, k, if input.mask.causal { previous } else { None });
-        let k = kernel::hide_padding(k, input.mask.padding.as_ref());
-        let f = Features { q, k, v, k_shift: Some(shift), gate: None, min_normaliser: MIN_NORMALISER };
+        let f = if input.mask.causal {
+            let previous = state.as_deref().and_then(|s| s.as_ref()).map(|s| s.shift.clone());
+            let (q, k, gate, start) = self.causal_features(q, k, previous);
+            let k = kernel::hide_padding(k, input.mask.padding.as_ref());
+            let rescale = gate.is_some();
+            Features { q, k, v, k_shift: Some(start), gate, rescale, min_normaliser: MIN_NORMALISER }
+        } else {
+            let (q, k, shift) = self.features(q, k, None);
+            let k = kernel::hide_padding(k, input.mask.padding.as_ref());
+            Features { q, k, v, k_shift: Some(shift), gate: None, rescale: false, min_normaliser: MIN_NORMALISER }
+        };
         let context = if input.mask.causal { kernel::causal(f, state, self.chunk) } else { kernel::bidirectional(f) };
         AttentionOutput { context: self.proj.merge(context), weights: None, aux_losses: Vec::new() }
     }

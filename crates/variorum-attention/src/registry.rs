@@ -142,6 +142,15 @@ macro_rules! attention_kinds {
                 }
             }
 
+            /// Why causal outputs may differ in their last bits when later tokens change
+            /// ([`AttentionKind::inexact_causality`]).
+            pub fn inexact_causality(&self) -> Option<&'static str> {
+                match self {
+                    $( Self::$variant(c) => AttentionKind::inexact_causality(c), )+
+                    Self::External(c) => c.config.inexact_causality(),
+                }
+            }
+
             pub fn expanded(&self, d_model: usize) -> Self {
                 match self {
                     $( Self::$variant(c) => Self::$variant(AttentionKind::expanded(c, d_model)), )+

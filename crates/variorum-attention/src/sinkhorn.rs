@@ -171,7 +171,7 @@ impl SinkhornAttention {
         let device = means.device();
         // causally, row i reads the mean of the blocks before it
         let pooled = if causal {
-            let sums = means.clone().cumsum(2) - means.clone();
+            let sums = crate::kernel::exclusive_cumsum(means.clone(), 2);
             let counts: Vec<f32> = (0..n).map(|i| i.max(1) as f32).collect();
             sums / Tensor::<1>::from_data(TensorData::new(counts, [n]), &device).reshape([1, 1, n, 1])
         } else {
