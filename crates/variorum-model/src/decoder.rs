@@ -492,8 +492,10 @@ impl DecoderLm {
                 let k = v.len() as f64;
                 v.into_iter().reduce(|a, b| a + b).map(|t| t.div_scalar(k))
             };
-            if let Some(m) = mean(exit_losses) {
-                aux.push(("early_exits".into(), m.mul_scalar(e.weight)));
+            let depth = exit_losses.len() + 1;
+            let weighted = exit_losses.into_iter().enumerate().map(|(i, l)| l.mul_scalar(e.weighting.weight(i + 1, depth)));
+            if let Some(sum) = weighted.reduce(|a, b| a + b) {
+                aux.push(("early_exits".into(), sum.mul_scalar(e.weight)));
             }
             if let Some(m) = mean(classifier_losses) {
                 aux.push(("exit_classifier".into(), m));

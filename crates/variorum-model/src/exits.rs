@@ -5,9 +5,16 @@
 //! p(y_t | h^n_t) = softmax(W_n · norm_n(h^n_t)),
 //!
 //! with W_n, norm_n the model's own head and final norm (`shared = true`, CALM's choice) or one
-//! classifier per block. Training adds the mean cross-entropy of the intermediate exits as the
-//! `early_exits` auxiliary loss (weighted), so every exit learns to predict ("aligned training":
-//! all exits on every token).
+//! classifier per block. Training adds the intermediate exits' cross-entropies as the
+//! `early_exits` auxiliary loss (times `weight`), so every exit learns to predict on every token,
+//! weighted by `weighting`:
+//!
+//! - `uniform` (default): their mean, (1/(N−1)) Σ_{n<N} L_n — Elbayad et al.'s aligned training;
+//! - `calm`: CALM's L = Σ_{n=1..N} ω_n L_n with ω_n = n / Σ_j j (Schuster et al. 2022, eq. 5),
+//!   deeper exits weighted more. We add Σ_{n<N} (n/N) L_n to the last block's loss, which is
+//!   CALM's loss divided by ω_N: the same gradients up to one constant factor, which Adam's update
+//!   does not see (only its ε and the clipping threshold do), and the reported training loss stays
+//!   the last block's.
 //!
 //! With `classifier = true` every intermediate block also gets CALM's learned exit classifier,
 //! c_n = σ(w_n·h^n + b_n), trained (as the `exit_classifier` loss, binary cross-entropy) to predict
@@ -36,13 +43,38 @@ pub enum ExitConfig {
     EveryLayer(EveryLayerConfig),
 }
 
+/// `model.exits.weighting`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ExitWeighting {
+    /// The mean of the intermediate exits' losses (Elbayad et al. 2020).
+    #[default]
+    Uniform,
+    /// Exit n of N weighted n/N (Schuster et al. 2022).
+    Calm,
+}
+
+impl ExitWeighting {
+    /// The weight of intermediate exit `n` (1-based) of a stack of `depth` blocks, relative to the
+    /// last block's loss.
+    pub fn weight(self, n: usize, depth: usize) -> f64 {
+        match self {
+            Self::Uniform => 1.0 / (depth - 1) as f64,
+            Self::Calm => n as f64 / depth as f64,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EveryLayerConfig {
     /// Every exit uses the model's final norm and output head. Default true.
     pub shared: bool,
-    /// Weight of the intermediate exits' mean loss. Default 1.
+    /// Weight of the intermediate exits' loss. Default 1.
     pub weight: f64,
+    /// How the exits' losses are combined: `uniform` (their mean; default) or `calm` (exit n of N
+    /// weighted n/N, CALM's ω_n up to a constant).
+    pub weighting: ExitWeighting,
     /// Train CALM's per-block exit classifier too. Default false.
     pub classifier: bool,
     /// Elbayad et al.'s exit predictor: `none` (default), `sequence`, `token-multinomial`,
@@ -63,6 +95,7 @@ impl Default for EveryLayerConfig {
         Self {
             shared: true,
             weight: 1.0,
+            weighting: ExitWeighting::Uniform,
             classifier: false,
             predictor: PredictorKind::None,
             oracle: Oracle::Likelihood,
@@ -89,6 +122,8 @@ impl ExitConfig {
             let c = EveryLayerConfig { shared, classifier: shared, ..Default::default() };
             out.push((format!("exits every-layer shared={shared}"), Self::EveryLayer(c)));
         }
+        let calm = EveryLayerConfig { weighting: ExitWeighting::Calm, classifier: true, ..Default::default() };
+        out.push(("exits every-layer, CALM's weighting".into(), Self::EveryLayer(calm)));
         for (predictor, oracle) in [
             (PredictorKind::Sequence, Oracle::Likelihood),
             (PredictorKind::TokenMultinomial, Oracle::Correctness),
@@ -139,6 +174,9 @@ pub struct ExitHeads {
     pub norms: Vec<Norm>,
     pub heads: Vec<Linear>,
     pub weight: f64,
+    /// How the exits' losses are combined.
+    #[module(skip)]
+    pub weighting: ExitWeighting,
     /// CALM's exit classifiers, one per intermediate block (empty when off).
     pub classifiers: Vec<Linear>,
     /// The Depth-Adaptive Transformer's exit predictor.
@@ -170,6 +208,7 @@ impl ExitHeads {
                 .map(|_| LinearConfig::new(d_model, vocab).with_bias(false).with_initializer(init.clone()).init(device))
                 .collect(),
             weight: cfg.weight,
+            weighting: cfg.weighting,
             classifiers: (0..if cfg.classifier { blocks.saturating_sub(1) } else { 0 })
                 .map(|_| LinearConfig::new(d_model, 1).with_initializer(init.clone()).init(device))
                 .collect(),
@@ -184,6 +223,46 @@ impl ExitHeads {
                 init_std,
                 device,
             ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decoder::cross_entropy;
+    use crate::{ModelConfig, harness, zoo};
+
+    /// The `early_exits` loss is Σ_{n<N} w_n L_n with the weighting's w_n: the mean (uniform),
+    /// or n/N (CALM's ω_n / ω_N), here for N = 4 blocks.
+    #[test]
+    fn exit_losses_are_weighted_as_configured() {
+        let dev = Device::flex();
+        for weighting in [ExitWeighting::Uniform, ExitWeighting::Calm] {
+            let exits = ExitConfig::EveryLayer(EveryLayerConfig { weighting, weight: 0.5, ..Default::default() });
+            let cfg = ModelConfig { n_layers: 4, exits, ..zoo::tiny() };
+            dev.seed(4);
+            let model = cfg.init(&dev);
+            let tokens = harness::tokens(1, 2, 9, 11, &dev);
+            let (input, targets) = (tokens.clone().narrow(1, 0, 8), tokens.narrow(1, 1, 8));
+            let (_, aux) = model.loss(input.clone(), targets.clone());
+            let got = aux.iter().find(|(n, _)| n == "early_exits").unwrap().1.clone().into_scalar::<f32>();
+            let hidden = model.forward(input).hidden;
+            assert_eq!(hidden.len(), 3);
+            let want: f64 = hidden
+                .into_iter()
+                .enumerate()
+                .map(|(i, h)| {
+                    let l = cross_entropy(model.exit_logits(i, h), targets.clone()).into_scalar::<f32>() as f64;
+                    let w = match weighting {
+                        ExitWeighting::Uniform => 1.0 / 3.0,
+                        ExitWeighting::Calm => (i + 1) as f64 / 4.0,
+                    };
+                    w * l
+                })
+                .sum::<f64>()
+                * 0.5;
+            assert!((got as f64 - want).abs() < 1e-5, "{weighting:?}: {got} vs {want}");
         }
     }
 }

@@ -14,5 +14,5 @@ pub mod zoo;
 pub use config::ModelConfig;
 pub use decoder::{DecoderLm, DecoderState, LmOutput};
 pub use exit_predictor::{ExitPredictor, Oracle, PredictorKind};
-pub use exits::{EveryLayerConfig, ExitConfig};
+pub use exits::{EveryLayerConfig, ExitConfig, ExitWeighting};
 pub use objective::{MaskedConfig, ObjectiveConfig};
