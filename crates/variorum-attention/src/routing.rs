@@ -4,6 +4,12 @@
 //!
 //! c(x) = argmax_c  x̂·μ_c   (x̂ = x / ‖x‖),      o_i = softmax_{j : c(k_j) = c(q_i)}(q_i·k_j / √d) v_j.
 //!
+//! Choice: queries and keys are routed by their ℓ2-normalised direction x̂. The paper routes a
+//! LayerNorm of them without scale and bias, (x − mean(x)) / std(x): a vector of norm √d in the
+//! direction of x − mean(x). Ours skips the centring, so the two route alike where the mean of
+//! x's coordinates is small against ‖x‖ and differ otherwise; both compare directions only. The
+//! attention itself reads the raw q and k.
+//!
 //! The centroids are not trained by gradients: every training forward records the normalised
 //! queries and keys assigned to each centroid, and after the optimiser step
 //! ([`RoutingAttention::update_centroids`], from the trainer's
