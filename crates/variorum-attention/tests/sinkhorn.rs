@@ -149,3 +149,25 @@ fn decoding_token_by_token_equals_the_full_forward() {
         assert!(gap < 1e-4, "block {block}: {gap}");
     }
 }
+
+/// A causal output may not depend on a later position even in its rounding: changing the last
+/// positions of a block leaves every earlier output bit-identical. ("The blocks before i" as
+/// cumsum − own block rounded differently when the own block changed.)
+#[test]
+fn causal_outputs_before_a_change_are_bit_identical() {
+    let dev = Device::flex();
+    let attn = layer(4, None, &dev);
+    let x = input(2, 24, &dev);
+    let before = run(&attn, x.clone(), true);
+    for (seed, at) in [(1, 11), (2, 15), (3, 22), (4, 7)] {
+        dev.seed(seed);
+        let later = Tensor::random([2, 24 - at, D], Distribution::Normal(0.0, 3.0), &dev);
+        let y = x.clone().slice_assign([0..2, at..24, 0..D], later);
+        let after = run(&attn, y, true);
+        assert_eq!(
+            before.clone().narrow(1, 0, at).into_data(),
+            after.narrow(1, 0, at).into_data(),
+            "outputs before position {at} changed"
+        );
+    }
+}
