@@ -8,6 +8,13 @@
 //! of its own block of s positions, in the same softmax (the paper pairs the compression with
 //! local attention).
 //!
+//! `local_layers = B` gives the paper's own arrangement instead (T-DMCA: "we interleave local
+//! attention layers with memory-compressed attention layers"): the 1st, 3rd, … layers attend
+//! within blocks of B positions (causal inside the block; the paper's B = 256) and the others to
+//! the compressed keys alone, without raw keys. Causally such a layer sees only finished blocks,
+//! so a query before the first finished block gets a zero output (its residual passes it on; the
+//! local layers around it see its neighbours; choice).
+//!
 //! Causal use: a compressed key summarises s positions, so query i sees compressed block j only
 //! once the whole block lies before it ((j + 1)·s ≤ i), and always its own block's raw keys up to
 //! itself — a causal forward is always local (without it the first s − 1 positions would have
@@ -37,6 +44,13 @@ crate::attention_config! {
         /// Also attend to the raw keys of the query's own block (always on for causal attention).
         /// Default true.
         pub local: bool = true,
+        /// The paper's arrangement: every other layer (the 1st, 3rd, …) is local attention in
+        /// blocks of this many positions, the others memory-compressed without raw keys. Default
+        /// none: every layer attends to [compressed keys; own block] in one softmax.
+        pub local_layers: Option<usize> = None,
+        /// The layer this config was specialised for ([`AttentionKind::for_layer`]).
+        #[serde(skip)]
+        pub layer: usize = 0,
     }
 }
 
@@ -57,8 +71,30 @@ impl MemoryCompressedConfig {
             stride: self.stride,
             local: self.local,
             scale: 1.0 / (h.head_dim as f64).sqrt(),
+            role: self.role(),
         }
     }
+
+    /// What this layer attends to.
+    pub fn role(&self) -> Role {
+        match self.local_layers {
+            None => Role::Joint,
+            Some(block) if self.layer % 2 == 0 => Role::Local(block),
+            Some(_) => Role::Compressed,
+        }
+    }
+}
+
+/// What one memory-compressed layer attends to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Role {
+    /// Compressed keys and the own block's raw keys, in one softmax.
+    #[default]
+    Joint,
+    /// Raw keys within blocks of this many positions (the paper's local layers).
+    Local(usize),
+    /// Compressed keys only.
+    Compressed,
 }
 
 impl AttentionKind for MemoryCompressedConfig {
@@ -76,6 +112,7 @@ impl AttentionKind for MemoryCompressedConfig {
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         kernel::validate_heads(self.n_heads, self.head_dim, 1, d_model)?;
         check(self.stride >= 1, || "model.attention.stride must be at least 1".into())?;
+        check(self.local_layers != Some(0), || "model.attention.local_layers must be at least 1".into())?;
         crate::kind::check_dropout(self.dropout)
     }
 
@@ -87,25 +124,42 @@ impl AttentionKind for MemoryCompressedConfig {
         self.dropout
     }
 
-    /// Multiply–adds per token over a context of `len_k`: projections, compression, L/s + s keys.
+    /// Multiply–adds per token over a context of `len_k`: projections, compression, L/s + s keys
+    /// (interleaved: the mean of a local layer's B keys and a compressed layer's L/s).
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         let h = self.heads(d_model);
         let (d, hd) = (d_model as u64, (h.n_heads * h.head_dim) as u64);
-        let keys = (len_k / self.stride.max(1) + self.stride) as u64;
+        let compressed = (len_k / self.stride.max(1)) as u64;
+        let keys = match self.local_layers {
+            None => compressed + self.stride as u64,
+            Some(block) => (compressed + block.min(len_k) as u64) / 2,
+        };
         2 * (4 * d * hd + 2 * hd * hd) + 4 * hd * keys
+    }
+
+    fn for_layer(&self, layer: usize) -> Self {
+        Self { layer, ..self.clone() }
+    }
+
+    fn per_layer(&self) -> usize {
+        if self.local_layers.is_some() { 2 } else { 0 }
     }
 
     fn build(&self, init: &LayerInit, device: &Device) -> MemoryCompressedAttention {
         self.init(init.d_model, init.init_std, init.out_std, device)
     }
 
-    /// Strided-convolution keys plus the own block (stride 3), and without `local` (stride 2).
+    /// Strided-convolution keys plus the own block (stride 3), without `local` (stride 2), and
+    /// the paper's interleaved layers (local blocks of 4, then compressed only).
     fn test_variants() -> Vec<TestVariant<Self>> {
-        [(3, true), (2, false)]
+        let mut out: Vec<_> = [(3, true), (2, false)]
             .map(|(stride, local)| {
                 TestVariant::new(format!("stride {stride}"), Self { stride, local, ..Default::default() })
             })
-            .into()
+            .into();
+        let interleaved = Self { stride: 2, local_layers: Some(4), ..Default::default() };
+        out.push(TestVariant::new("interleaved local 4", interleaved));
+        out
     }
 }
 
@@ -126,6 +180,8 @@ pub struct MemoryCompressedAttention {
     pub stride: usize,
     pub local: bool,
     pub scale: f64,
+    #[module(skip)]
+    pub role: Role,
 }
 
 fn cat(a: Option<Tensor<4>>, b: Tensor<4>) -> Tensor<4> {
@@ -169,6 +225,14 @@ impl MemoryCompressedAttention {
     /// The state after a fresh sequence of keys and values.
     fn start_state(&self, st: &mut CompressedState, k: Tensor<4>, v: Tensor<4>) {
         let l = k.dims()[2];
+        if let Role::Local(block) = self.role {
+            // only the open local block matters to later queries
+            let done = l / block * block;
+            if done < l {
+                st.open = Some((k.narrow(2, done, l - done), v.narrow(2, done, l - done)));
+            }
+            return;
+        }
         let done = l / self.stride * self.stride;
         if done > 0 {
             let ck = self.compress(&self.compress_k, k.clone().narrow(2, 0, done));
@@ -187,11 +251,15 @@ impl MemoryCompressedAttention {
         let lk = k.dims()[2];
         let s = self.stride;
         let device = q.device();
-        let local = (self.local || causal) && lk == l;
+        let (local, with_compressed, lb) = match self.role {
+            Role::Joint => ((self.local || causal) && lk == l, true, s),
+            Role::Local(block) => (true, false, block),
+            Role::Compressed => (false, true, s),
+        };
         let done = lk / s * s;
         let mut scores = Vec::new();
         let mut compressed = None;
-        if done > 0 {
+        if with_compressed && done > 0 {
             let ck = self.compress(&self.compress_k, k.clone().narrow(2, 0, done));
             let cv = self.compress(&self.compress_v, v.clone().narrow(2, 0, done));
             let n = done / s;
@@ -207,7 +275,8 @@ impl MemoryCompressedAttention {
         }
         let mut blocks = None;
         if local {
-            // own block, by blocks of s: [b·h, nb, s, s]
+            // own block, by blocks of lb: [b·h, nb, lb, lb]
+            let s = lb;
             let nb = l.div_ceil(s);
             let pad = nb * s - l;
             let blocked = |x: Tensor<4>| {
@@ -225,7 +294,7 @@ impl MemoryCompressedAttention {
             blocks = Some((vb, nb));
         }
         if scores.is_empty() {
-            // a causal forward is always local: only a bidirectional one shorter than s gets here
+            // nothing finished yet (compressed-only), or a bidirectional joint forward shorter than s
             return Tensor::zeros([b, h, l, dh], &device);
         }
         let widths: Vec<usize> = scores.iter().map(|t| t.dims()[3]).collect();
@@ -237,11 +306,17 @@ impl MemoryCompressedAttention {
             at = widths[0];
         }
         if let Some((vb, nb)) = blocks {
+            let s = lb;
             let p = probs.narrow(3, at, s);
             let pad = nb * s - l;
             let p = if pad == 0 { p } else { Tensor::cat(vec![p.clone(), Tensor::zeros([b, h, pad, s], &device)], 2) };
             let local_out = p.reshape([b * h, nb, s, s]).matmul(vb).reshape([b, h, nb * s, dh]).narrow(2, 0, l);
             out = out + local_out;
+        }
+        if self.role == Role::Compressed && causal {
+            // queries before the first finished block see nothing: zero, not a mean of masked keys
+            let seen: Vec<f32> = (0..l).map(|i| f32::from(i >= s)).collect();
+            out = out * Tensor::<1>::from_data(TensorData::new(seen, [l]), &device).reshape([1, 1, l, 1]);
         }
         out
     }
@@ -256,12 +331,23 @@ impl MemoryCompressedAttention {
                 Some((a, b)) => (cat(Some(a), kt), cat(Some(b), vt)),
                 None => (kt, vt),
             };
-            let (keys, values) = match &st.memory {
-                Some((mk, mv)) => (cat(Some(mk.clone()), ok.clone()), cat(Some(mv.clone()), ov.clone())),
-                None => (ok.clone(), ov.clone()),
+            let qt = q.clone().narrow(2, t, 1);
+            let attend = |keys: Tensor<4>, values: Tensor<4>| {
+                self.dropout.forward(softmax(qt.clone().matmul(keys.swap_dims(2, 3)), 3)).matmul(values)
             };
-            let probs = self.dropout.forward(softmax(q.clone().narrow(2, t, 1).matmul(keys.swap_dims(2, 3)), 3));
-            outs.push(probs.matmul(values));
+            if let Role::Local(block) = self.role {
+                outs.push(attend(ok.clone(), ov.clone()));
+                if ok.dims()[2] < block {
+                    st.open = Some((ok, ov));
+                }
+                continue;
+            }
+            outs.push(match (&st.memory, self.role) {
+                (None, Role::Compressed) => qt.zeros_like(),
+                (Some((mk, mv)), Role::Compressed) => attend(mk.clone(), mv.clone()),
+                (Some((mk, mv)), _) => attend(cat(Some(mk.clone()), ok.clone()), cat(Some(mv.clone()), ov.clone())),
+                (None, _) => attend(ok.clone(), ov.clone()),
+            });
             if ok.dims()[2] == self.stride {
                 let ck = self.compress(&self.compress_k, ok);
                 let cv = self.compress(&self.compress_v, ov);
