@@ -141,9 +141,6 @@ impl AttentionKind for MemoryCompressedConfig {
         Self { layer, ..self.clone() }
     }
 
-    fn per_layer(&self) -> usize {
-        if self.local_layers.is_some() { 2 } else { 0 }
-    }
 
     fn build(&self, init: &LayerInit, device: &Device) -> MemoryCompressedAttention {
         self.init(init.d_model, init.init_std, init.out_std, device)
