@@ -329,7 +329,8 @@ mod tests {
         let dev = Device::flex();
         let mut attn = build(0.5, &dev);
         attn.span = Param::from_tensor(Tensor::from_floats([0.25, 0.5, 0.75, 1.0], &dev));
-        let out = attn.forward(AttentionInput::self_attention(random([1, 4, 16], &dev), &AttentionMask::causal()), None);
+        let out =
+            attn.forward(AttentionInput::self_attention(random([1, 4, 16], &dev), &AttentionMask::causal()), None);
         let penalty = out.aux_losses[0].1.clone().into_scalar::<f32>();
         // λ · mean(z) = 2e-6 · 8 · 0.625
         assert!((penalty - 2e-6 * 8.0 * 0.625).abs() < 1e-10, "{penalty}");

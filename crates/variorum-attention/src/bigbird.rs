@@ -104,21 +104,24 @@ impl AttentionKind for BigBirdConfig {
 
     fn test_variants() -> Vec<TestVariant<Self>> {
         // the harness's sequences span several blocks, so random blocks exist past the window
-        [(PositionConfig::Alibi(Default::default()), 2), (PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 16 }), 0)]
-            .into_iter()
-            .map(|(position, global_tokens)| {
-                let cfg = Self {
-                    block: 2,
-                    window_blocks: 1,
-                    random_blocks: 2,
-                    global_tokens,
-                    n_kv_heads: Some(2),
-                    ..Default::default()
-                };
-                TestVariant::new(format!("{global_tokens} global + position {}", position.kind()), cfg)
-                    .with_position(position)
-            })
-            .collect()
+        [
+            (PositionConfig::Alibi(Default::default()), 2),
+            (PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 16 }), 0),
+        ]
+        .into_iter()
+        .map(|(position, global_tokens)| {
+            let cfg = Self {
+                block: 2,
+                window_blocks: 1,
+                random_blocks: 2,
+                global_tokens,
+                n_kv_heads: Some(2),
+                ..Default::default()
+            };
+            TestVariant::new(format!("{global_tokens} global + position {}", position.kind()), cfg)
+                .with_position(position)
+        })
+        .collect()
     }
 }
 

@@ -334,7 +334,8 @@ pub struct Positioning<'a> {
 
 impl Positioning<'_> {
     /// No relative scheme (absolute positions, or none).
-    pub const NONE: Positioning<'static> = Positioning { config: &PositionConfig::None(variorum_position::NoPositionConfig {}), context: 0 };
+    pub const NONE: Positioning<'static> =
+        Positioning { config: &PositionConfig::None(variorum_position::NoPositionConfig {}), context: 0 };
 }
 
 #[derive(Module, Debug)]

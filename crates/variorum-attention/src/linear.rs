@@ -82,7 +82,15 @@ impl LinearAttention {
         let (q, k, v) = self.proj.split(input.query, input.key_value);
         let phi = |x: Tensor<4>| elu(x, 1.0).add_scalar(1.0);
         let k = kernel::hide_padding(phi(k), input.mask.padding.as_ref());
-        let f = Features { q: phi(q), k, v, k_shift: None, gate: None, rescale: false, min_normaliser: kernel::MIN_NORMALISER };
+        let f = Features {
+            q: phi(q),
+            k,
+            v,
+            k_shift: None,
+            gate: None,
+            rescale: false,
+            min_normaliser: kernel::MIN_NORMALISER,
+        };
         let context = if input.mask.causal { kernel::causal(f, state, self.chunk) } else { kernel::bidirectional(f) };
         AttentionOutput { context: self.proj.merge(context), weights: None, aux_losses: Vec::new() }
     }

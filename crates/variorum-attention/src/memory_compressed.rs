@@ -141,7 +141,6 @@ impl AttentionKind for MemoryCompressedConfig {
         Self { layer, ..self.clone() }
     }
 
-
     fn build(&self, init: &LayerInit, device: &Device) -> MemoryCompressedAttention {
         self.init(init.d_model, init.init_std, init.out_std, device)
     }

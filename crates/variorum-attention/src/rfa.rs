@@ -150,7 +150,15 @@ impl RfaAttention {
         let (q, k, v) = self.proj.split(input.query, input.key_value);
         let k = kernel::hide_padding(self.features(k), input.mask.padding.as_ref());
         let gate = self.gate.as_ref().map(|g| sigmoid(g.forward(source)).swap_dims(1, 2));
-        let f = Features { q: self.features(q), k, v, k_shift: None, gate, rescale: false, min_normaliser: kernel::MIN_NORMALISER };
+        let f = Features {
+            q: self.features(q),
+            k,
+            v,
+            k_shift: None,
+            gate,
+            rescale: false,
+            min_normaliser: kernel::MIN_NORMALISER,
+        };
         let context = if input.mask.causal { kernel::causal(f, state, self.chunk) } else { kernel::bidirectional(f) };
         AttentionOutput { context: self.proj.merge(context), weights: None, aux_losses: Vec::new() }
     }

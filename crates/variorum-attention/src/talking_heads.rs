@@ -92,7 +92,8 @@ impl AttentionKind for TalkingHeadsConfig {
             TestVariant::new("", Self::default()),
             TestVariant::new("grouped-query + position rope", Self { n_kv_heads: Some(2), ..Self::default() })
                 .with_position(PositionConfig::Rope(RotaryConfig::default())),
-            TestVariant::new("position alibi", Self::default()).with_position(PositionConfig::Alibi(Default::default())),
+            TestVariant::new("position alibi", Self::default())
+                .with_position(PositionConfig::Alibi(Default::default())),
         ]
     }
 }

@@ -35,7 +35,8 @@ fn global_local_pieces_equal_masked_full_attention() {
     for (window, segment, kv) in [(2, 3, 4), (3, 4, 2), (1, 2, 1)] {
         let cfg = EtcConfig { window, segment, block: Some(2), n_kv_heads: Some(kv), ..Default::default() };
         cfg.validate(D).unwrap();
-        let etc = cfg.init(D, 0.3, 0.3, Positioning { config: &PositionConfig::None(Default::default()), context: 64 }, &dev);
+        let etc =
+            cfg.init(D, 0.3, 0.3, Positioning { config: &PositionConfig::None(Default::default()), context: 64 }, &dev);
         for len in [7, 9, 12] {
             for causal in [true, false] {
                 let globals = if causal { (len - 1) / segment } else { len.div_ceil(segment) };

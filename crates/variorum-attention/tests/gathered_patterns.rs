@@ -205,7 +205,11 @@ fn reach(
 #[test]
 fn fixed_summaries_reach_every_later_block_and_others_only_their_own() {
     let dev = Device::flex();
-    let attn = fixed(&FixedConfig { stride: 4, summary: 1, ..Default::default() }, &PositionConfig::None(Default::default()), &dev);
+    let attn = fixed(
+        &FixedConfig { stride: 4, summary: 1, ..Default::default() },
+        &PositionConfig::None(Default::default()),
+        &dev,
+    );
     let f = |i: AttentionInput| attn.forward(i, None);
     // position 3 is block 0's summary: every later query sees it
     assert_eq!(reach(&f, 16, 3, true, &dev), (3..16).collect::<Vec<_>>());

@@ -101,8 +101,15 @@ fn mean_error(kind: &str, features: usize, dev: &Device) -> f64 {
                     unreachable!()
                 };
                 let (fq, fk, shift) = p.features(q.clone(), k.clone(), None);
-                let f =
-                    Features { q: fq, k: fk, v: v.clone(), k_shift: Some(shift), gate: None, rescale: false, min_normaliser: 1e-30 };
+                let f = Features {
+                    q: fq,
+                    k: fk,
+                    v: v.clone(),
+                    k_shift: Some(shift),
+                    gate: None,
+                    rescale: false,
+                    min_normaliser: 1e-30,
+                };
                 let exact = softmax(q.matmul(k.swap_dims(2, 3)).div_scalar((d as f64).sqrt()), 3).matmul(v);
                 (kernel::bidirectional(f), exact)
             }

@@ -91,7 +91,9 @@ fn a_dilated_window_reaches_every_delta_th_position() {
 #[test]
 fn decoding_with_global_tokens_by_id_equals_the_full_forward() {
     let dev = Device::flex();
-    for position in [PositionConfig::Alibi(Default::default()), PositionConfig::TransformerXl(XlRelativeConfig::default())] {
+    for position in
+        [PositionConfig::Alibi(Default::default()), PositionConfig::TransformerXl(XlRelativeConfig::default())]
+    {
         // with ids configured the mask brings the global positions and the cache keeps every key;
         // without, the cache keeps the reach of the widest dilated window: (2 − 1)·2 + 1 keys
         for ids in [vec![7], vec![]] {

@@ -18,9 +18,9 @@ use serde::{Deserialize, Serialize};
 use variorum_attention::{Attention, AttentionConfig, AttentionInput, AttentionState, Positioning};
 use variorum_core::{AttentionMask, AuxLosses, ConfigError, error::check};
 
+use crate::gtrxl::GtrxlConfig;
 use crate::gtrxl::GtrxlGate;
 use crate::memory::{Evicted, LayerMemory, MemoryConfig, MemoryState};
-use crate::gtrxl::GtrxlConfig;
 use crate::placement::{PostLnConfig, PreLnConfig};
 use crate::reversible::ReversibleConfig;
 use crate::{FeedForward, FeedForwardConfig, Norm, NormKind};

@@ -57,7 +57,14 @@ impl Declared for CompressiveMemoryConfig {
         ]
         .into_iter()
         .map(|(name, compression)| {
-            let c = Self { length: 4, compressed_length: 4, rate: 2, compression, autoencoding_weight: 0.5, ..Self::default() };
+            let c = Self {
+                length: 4,
+                compressed_length: 4,
+                rate: 2,
+                compression,
+                autoencoding_weight: 0.5,
+                ..Self::default()
+            };
             (name, c)
         })
         .collect()

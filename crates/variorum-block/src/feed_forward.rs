@@ -154,7 +154,10 @@ impl FeedForwardConfig {
             dropout: DropoutConfig::new(dropout).init(),
             kind: self.kind,
             chunks: self.chunks,
-            depthwise: self.kind.spec().mixes_time()
+            depthwise: self
+                .kind
+                .spec()
+                .mixes_time()
                 .then(|| Conv1dConfig::new(d_model, d_model, self.kernel_size).with_groups(d_model).init(device)),
         }
     }

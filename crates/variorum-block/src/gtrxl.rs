@@ -36,7 +36,8 @@ impl Default for GtrxlConfig {
 }
 
 impl Declared for GtrxlConfig {
-    const SUMMARY: &'static str = "norms on branch inputs only, GRU-style gates instead of residual sums, gate bias > 0 (near-identity start)";
+    const SUMMARY: &'static str =
+        "norms on branch inputs only, GRU-style gates instead of residual sums, gate bias > 0 (near-identity start)";
     const PAPER: &'static str = "Parisotto et al. 2020, Stabilizing Transformers for Reinforcement Learning";
     const CAPS: Capabilities = Capabilities::NEUTRAL;
 }
@@ -48,7 +49,10 @@ impl BlockKind for GtrxlConfig {
     }
 
     fn gates(&self, d_model: usize, init_std: f64, device: &Device) -> Vec<GtrxlGate> {
-        vec![GtrxlGate::new(d_model, self.gate_bias, init_std, device), GtrxlGate::new(d_model, self.gate_bias, init_std, device)]
+        vec![
+            GtrxlGate::new(d_model, self.gate_bias, init_std, device),
+            GtrxlGate::new(d_model, self.gate_bias, init_std, device),
+        ]
     }
 }
 

@@ -17,12 +17,12 @@ pub mod xl_memory;
 
 pub use block::{BlockConfig, BlockKind, BlockOutput, LayerState, ResidualConfig, TransformerBlock};
 pub use compression::{CompressionKind, Compressor};
+pub use compressive::CompressiveMemoryConfig;
 pub use feed_forward::{FeedForward, FeedForwardActivation, FeedForwardConfig, FeedForwardKind};
 pub use gtrxl::{GtrxlConfig, GtrxlGate};
-pub use placement::{PostLnConfig, PreLnConfig};
-pub use compressive::CompressiveMemoryConfig;
 pub use memory::{LayerMemory, MemoryConfig, MemoryKind, MemoryState, NoMemoryConfig};
-pub use xl_memory::XlMemoryConfig;
 pub use norm::{Norm, NormKind};
+pub use placement::{PostLnConfig, PreLnConfig};
 pub use reversible::{ReplayDropout, RevContext, ReversibleConfig, Streams};
 pub use universal::{Act, ActState, DepthConfig, UniversalConfig};
+pub use xl_memory::XlMemoryConfig;

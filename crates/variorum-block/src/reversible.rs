@@ -22,8 +22,8 @@
 use burn::prelude::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use variorum_attention::AttentionInput;
 use serde::{Deserialize, Serialize};
+use variorum_attention::AttentionInput;
 use variorum_core::{AttentionMask, AuxLosses, Capabilities, Declared};
 
 use crate::block::{BlockKind, ResidualConfig};
@@ -195,8 +195,12 @@ mod tests {
     use variorum_position::PositionConfig;
 
     fn block(dev: &Device) -> TransformerBlock {
-        let (attention, ffn, memory, position) =
-            (AttentionConfig::default(), FeedForwardConfig::default(), MemoryConfig::None(Default::default()), PositionConfig::default());
+        let (attention, ffn, memory, position) = (
+            AttentionConfig::default(),
+            FeedForwardConfig::default(),
+            MemoryConfig::None(Default::default()),
+            PositionConfig::default(),
+        );
         let parts = BlockParts {
             d_model: 16,
             attention: &attention,

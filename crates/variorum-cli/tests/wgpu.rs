@@ -32,7 +32,8 @@ fn wgpu_forward_and_backward_match_the_cpu() {
         "attention prob-sparse causal",
         "attention nystrom",
     ];
-    let variants: Vec<_> = variorum_testkit::variants().into_iter().filter(|(n, _)| chosen.contains(&n.as_str())).collect();
+    let variants: Vec<_> =
+        variorum_testkit::variants().into_iter().filter(|(n, _)| chosen.contains(&n.as_str())).collect();
     assert_eq!(variants.len(), chosen.len(), "a chosen variant was renamed");
     for (name, cfg) in variants {
         cpu.seed(3);

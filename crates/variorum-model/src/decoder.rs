@@ -493,7 +493,8 @@ impl DecoderLm {
                 v.into_iter().reduce(|a, b| a + b).map(|t| t.div_scalar(k))
             };
             let depth = exit_losses.len() + 1;
-            let weighted = exit_losses.into_iter().enumerate().map(|(i, l)| l.mul_scalar(e.weighting.weight(i + 1, depth)));
+            let weighted =
+                exit_losses.into_iter().enumerate().map(|(i, l)| l.mul_scalar(e.weighting.weight(i + 1, depth)));
             if let Some(sum) = weighted.reduce(|a, b| a + b) {
                 aux.push(("early_exits".into(), sum.mul_scalar(e.weight)));
             }

@@ -8,7 +8,8 @@ use variorum_model::{ModelConfig, harness};
 
 /// Runs `check` on every zoo variant and fails with every variant it fails on.
 fn every_variant(check: impl Fn(&str, &ModelConfig) -> Result<(), String>) {
-    let failures: Vec<String> = variorum_testkit::variants().iter().filter_map(|(name, cfg)| check(name, cfg).err()).collect();
+    let failures: Vec<String> =
+        variorum_testkit::variants().iter().filter_map(|(name, cfg)| check(name, cfg).err()).collect();
     assert!(failures.is_empty(), "{} variant(s) failed:\n{}", failures.len(), failures.join("\n"));
 }
 

@@ -16,10 +16,10 @@ use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 use variorum_core::{ConfigError, error::check};
 
-use crate::ScoreLayout;
-use crate::layout::gather_buckets;
-use crate::kind::{HeadShape, PositionKind, RelativeScheme};
 use crate::RelativePosition;
+use crate::ScoreLayout;
+use crate::kind::{HeadShape, PositionKind, RelativeScheme};
+use crate::layout::gather_buckets;
 use variorum_core::Capabilities;
 
 /// `model.position` with `kind = "deberta"`.
@@ -127,7 +127,14 @@ impl PositionKind for DebertaConfig {
 }
 
 impl RelativeScheme for Disentangled {
-    fn scores(&self, scores: Tensor<4>, q_scaled: Tensor<4>, k: Tensor<4>, layout: &ScoreLayout, scale: f64) -> Tensor<4> {
+    fn scores(
+        &self,
+        scores: Tensor<4>,
+        q_scaled: Tensor<4>,
+        k: Tensor<4>,
+        layout: &ScoreLayout,
+        scale: f64,
+    ) -> Tensor<4> {
         scores + self.score_term(q_scaled, k, layout, scale)
     }
 }

@@ -53,7 +53,13 @@ pub trait PositionKind:
     }
 
     /// What is added to the input of block `layer` (0-based).
-    fn init_layer(&self, _layer: usize, _d_model: usize, _context: usize, _device: &Device) -> Option<AbsolutePosition> {
+    fn init_layer(
+        &self,
+        _layer: usize,
+        _d_model: usize,
+        _context: usize,
+        _device: &Device,
+    ) -> Option<AbsolutePosition> {
         None
     }
 
@@ -94,8 +100,14 @@ pub trait RelativeScheme {
     /// The scheme applied to a block of scores `[b, h, len_q, len_k]` that were formed as
     /// `scale · q kᵀ` from queries `q_scaled = scale · q: [b, h, len_q, d_h]` and keys
     /// `k: [b, h_kv, len_k, d_h]`.
-    fn scores(&self, scores: Tensor<4>, q_scaled: Tensor<4>, k: Tensor<4>, layout: &ScoreLayout, scale: f64)
-    -> Tensor<4>;
+    fn scores(
+        &self,
+        scores: Tensor<4>,
+        q_scaled: Tensor<4>,
+        k: Tensor<4>,
+        layout: &ScoreLayout,
+        scale: f64,
+    ) -> Tensor<4>;
 
     /// Whether the scheme reaches scores through the query–key distance alone, or not at all,
     /// so it applies to keys gathered from anywhere ([`bias_at`](Self::bias_at)). Default: no.

@@ -6,14 +6,14 @@
 //! 2018, "Character-Level Language Modeling with Deeper Self-Attention"), instead of one table
 //! added to the embeddings.
 
+use crate::AbsolutePosition;
+use crate::kind::{AbsoluteSignal, HeadShape, PositionKind};
 use burn::module::Param;
 use burn::nn::Initializer;
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
-use variorum_core::{ConfigError, error::check};
-use crate::kind::{AbsoluteSignal, HeadShape, PositionKind};
-use crate::AbsolutePosition;
 use variorum_core::Capabilities;
+use variorum_core::{ConfigError, error::check};
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

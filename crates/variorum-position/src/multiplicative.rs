@@ -11,9 +11,9 @@ use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 use variorum_core::{ConfigError, error::check};
 
+use crate::RelativePosition;
 use crate::ScoreLayout;
 use crate::kind::{HeadShape, PositionKind, RelativeScheme};
-use crate::RelativePosition;
 use variorum_core::Capabilities;
 
 /// `model.position` with `kind = "multiplicative"`.

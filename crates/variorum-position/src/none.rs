@@ -14,7 +14,6 @@ pub struct NoPositionConfig {}
 
 impl PositionKind for NoPositionConfig {
     const SUMMARY: &'static str = "no position signal (NoPE)";
-    const PAPER: &'static str =
-        "Haviv et al. 2022, Transformer Language Models without Positional Encodings Still Learn Positional Information";
+    const PAPER: &'static str = "Haviv et al. 2022, Transformer Language Models without Positional Encodings Still Learn Positional Information";
     const CAPS: Capabilities = Capabilities::NEUTRAL;
 }

@@ -11,12 +11,12 @@
 //! map up to a fixed permutation of the head dimensions. `rotary_dim < head_dim` rotates only the
 //! first `rotary_dim` dimensions of each head (GPT-J, GPT-NeoX) and passes the rest through.
 
-use burn::prelude::*;
-use serde::{Deserialize, Serialize};
-use variorum_core::{ConfigError, error::check};
 use crate::kind::{HeadShape, PositionKind, RelativeScheme};
 use crate::{RelativePosition, ScoreLayout};
+use burn::prelude::*;
+use serde::{Deserialize, Serialize};
 use variorum_core::Capabilities;
+use variorum_core::{ConfigError, error::check};
 
 /// Which dimensions are rotated together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]

@@ -14,10 +14,10 @@ use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 use variorum_core::{ConfigError, error::check};
 
-use crate::ScoreLayout;
-use crate::layout::{gather_buckets, scatter_buckets};
-use crate::kind::{HeadShape, PositionKind, RelativeScheme};
 use crate::RelativePosition;
+use crate::ScoreLayout;
+use crate::kind::{HeadShape, PositionKind, RelativeScheme};
+use crate::layout::{gather_buckets, scatter_buckets};
 use variorum_core::Capabilities;
 
 /// `model.position` with `kind = "shaw"`.
@@ -106,7 +106,14 @@ impl PositionKind for ShawConfig {
 }
 
 impl RelativeScheme for ShawRelative {
-    fn scores(&self, scores: Tensor<4>, q_scaled: Tensor<4>, _k: Tensor<4>, layout: &ScoreLayout, _scale: f64) -> Tensor<4> {
+    fn scores(
+        &self,
+        scores: Tensor<4>,
+        q_scaled: Tensor<4>,
+        _k: Tensor<4>,
+        layout: &ScoreLayout,
+        _scale: f64,
+    ) -> Tensor<4> {
         scores + self.score_term(q_scaled, layout)
     }
 

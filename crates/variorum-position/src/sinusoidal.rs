@@ -7,13 +7,13 @@
 //! Embeddings in BERT"). The table is computed for the requested positions on every call, so any
 //! length can be encoded and there is nothing to save unless the frequencies are learned.
 
+use crate::AbsolutePosition;
+use crate::kind::{AbsoluteSignal, HeadShape, PositionKind};
 use burn::module::Param;
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
-use variorum_core::{ConfigError, error::check};
-use crate::kind::{AbsoluteSignal, HeadShape, PositionKind};
-use crate::AbsolutePosition;
 use variorum_core::Capabilities;
+use variorum_core::{ConfigError, error::check};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

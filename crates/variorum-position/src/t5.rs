@@ -18,9 +18,9 @@ use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 use variorum_core::{ConfigError, error::check};
 
-use crate::{Distances, ScoreLayout, layout::per_head_bias};
-use crate::kind::{HeadShape, PositionKind, RelativeScheme};
 use crate::RelativePosition;
+use crate::kind::{HeadShape, PositionKind, RelativeScheme};
+use crate::{Distances, ScoreLayout, layout::per_head_bias};
 use variorum_core::Capabilities;
 
 /// `model.position` with `kind = "t5"`.

@@ -23,9 +23,9 @@ use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 use variorum_core::{ConfigError, error::check};
 
+use crate::RelativePosition;
 use crate::ScoreLayout;
 use crate::kind::{HeadShape, PositionKind, RelativeScheme};
-use crate::RelativePosition;
 use variorum_core::Capabilities;
 
 /// `model.position` with `kind = "transformer-xl"`.
@@ -150,7 +150,14 @@ impl PositionKind for XlRelativeConfig {
 }
 
 impl RelativeScheme for XlRelative {
-    fn scores(&self, scores: Tensor<4>, q_scaled: Tensor<4>, k: Tensor<4>, layout: &ScoreLayout, _scale: f64) -> Tensor<4> {
+    fn scores(
+        &self,
+        scores: Tensor<4>,
+        q_scaled: Tensor<4>,
+        k: Tensor<4>,
+        layout: &ScoreLayout,
+        _scale: f64,
+    ) -> Tensor<4> {
         scores + self.score_term(q_scaled, k, layout)
     }
 }

@@ -153,7 +153,10 @@ fn attention_dropout_and_memories_are_refused_with_reversible_blocks() {
 fn gradients_through_content_based_attention() {
     use variorum_attention::LshConfig;
     let lsh = AttentionConfig::Lsh(LshConfig { buckets: 4, rounds: 2, chunk: 4, ..Default::default() });
-    check_gradients(ModelConfig { attention: lsh, position: PositionConfig::None(Default::default()), ..reversible(3, 0.0) }, "lsh");
+    check_gradients(
+        ModelConfig { attention: lsh, position: PositionConfig::None(Default::default()), ..reversible(3, 0.0) },
+        "lsh",
+    );
     let sinkhorn = AttentionConfig::Sinkhorn(SinkhornConfig { block: 4, gumbel: false, ..Default::default() });
     check_gradients(ModelConfig { attention: sinkhorn, ..reversible(3, 0.1) }, "sinkhorn, dropout 0.1");
 }
