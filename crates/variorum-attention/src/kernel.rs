@@ -66,11 +66,13 @@ pub struct KernelState {
 pub struct Features {
     /// φ(q), `[b, h, len_q, m]`.
     pub q: Tensor<4>,
-    /// φ(k) · exp(−k_shift), `[b, h, len_k, m]`.
+    /// φ(k) · exp(−k_shift), `[b, h, len_k, m]` (with a running rescale: φ(k_j) · exp(−M_j), each
+    /// key at its own running scale).
     pub k: Tensor<4>,
     /// `[b, h, len_k, d_v]`.
     pub v: Tensor<4>,
-    /// The per-head log-scale taken out of φ(k), `[b, h]` (zeros when none).
+    /// The per-head log-scale taken out of φ(k), `[b, h]` (zeros when none); with a running
+    /// rescale, the scale the carried sums start at (M before the first key).
     pub k_shift: Option<Tensor<2>>,
     /// g_t ∈ (0, 1] per key, `[b, h, len_k]`: the sums decay by g_t before key t joins them.
     pub gate: Option<Tensor<3>>,

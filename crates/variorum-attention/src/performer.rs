@@ -152,27 +152,18 @@ impl PerformerAttention {
         (x.matmul(w), half_norm)
     }
 
-    /// φ(q) (up to a per-query constant) and φ(k) with its per-head log-scale, continuing the
-    /// scale of `previous` (the recurrent state's): the bidirectional form, where every key is
-    /// seen by every query and one scale, the largest exponent of the call, serves them all.
-    pub fn features(
-        &self,
-        q: Tensor<4>,
-        k: Tensor<4>,
-        previous: Option<Tensor<2>>,
-    ) -> (Tensor<4>, Tensor<4>, Tensor<2>) {
+    /// φ(q) (up to a per-query constant) and φ(k) with its per-head log-scale: the
+    /// bidirectional form, where every key is seen by every query and one scale, the largest
+    /// exponent of the call, serves them all.
+    pub fn features(&self, q: Tensor<4>, k: Tensor<4>) -> (Tensor<4>, Tensor<4>, Tensor<2>) {
         let [b, h, _, _] = k.dims();
         match self.kernel {
             PerformerKernel::Relu => {
-                let shift = previous.unwrap_or_else(|| Tensor::zeros([b, h], &k.device()));
-                (self.relu_features(q), self.relu_features(k), shift)
+                (self.relu_features(q), self.relu_features(k), Tensor::zeros([b, h], &self.projection.val().device()))
             }
             PerformerKernel::Softmax => {
                 let ek = self.exponents(k);
-                let mut shift = ek.clone().max_dim(3).max_dim(2).reshape([b, h]).detach();
-                if let Some(p) = previous {
-                    shift = shift.max_pair(p);
-                }
+                let shift = ek.clone().max_dim(3).max_dim(2).reshape([b, h]).detach();
                 let phi_k = (ek - shift.clone().reshape([b, h, 1, 1])).exp().div_scalar(self.sqrt_m());
                 (self.query_features(q), phi_k, shift)
             }
@@ -235,7 +226,7 @@ impl PerformerAttention {
             let rescale = gate.is_some();
             Features { q, k, v, k_shift: Some(start), gate, rescale, min_normaliser: MIN_NORMALISER }
         } else {
-            let (q, k, shift) = self.features(q, k, None);
+            let (q, k, shift) = self.features(q, k);
             let k = kernel::hide_padding(k, input.mask.padding.as_ref());
             Features { q, k, v, k_shift: Some(shift), gate: None, rescale: false, min_normaliser: MIN_NORMALISER }
         };

@@ -100,7 +100,7 @@ fn mean_error(kind: &str, features: usize, dev: &Device) -> f64 {
                 let Attention::Performer(p) = cfg.init(h * d, 0.02, 0.02, Positioning::NONE, dev) else {
                     unreachable!()
                 };
-                let (fq, fk, shift) = p.features(q.clone(), k.clone(), None);
+                let (fq, fk, shift) = p.features(q.clone(), k.clone());
                 let f = Features {
                     q: fq,
                     k: fk,

@@ -132,4 +132,28 @@ mod tests {
         names.dedup();
         assert_eq!(names.len(), before, "two variants share a name");
     }
+
+    /// Every registered kind of the axes written by registries round-trips through a TOML
+    /// `[model]` table unchanged, and an unknown key in its table is refused by name.
+    #[test]
+    fn every_kind_round_trips_and_refuses_unknown_keys() {
+        let mut models: Vec<ModelConfig> = Vec::new();
+        models.extend(PositionConfig::every_kind().into_iter().map(|position| ModelConfig { position, ..tiny() }));
+        models.extend(BlockConfig::every_kind().into_iter().map(|block| ModelConfig { block, ..tiny() }));
+        models.extend(MemoryConfig::every_kind().into_iter().map(|memory| ModelConfig { memory, ..tiny() }));
+        models.extend(
+            FeedForwardKind::ALL
+                .iter()
+                .map(|&kind| ModelConfig { feed_forward: FeedForwardConfig { kind, ..Default::default() }, ..tiny() }),
+        );
+        for m in models {
+            let text = toml::to_string(&m).unwrap();
+            assert_eq!(toml::from_str::<ModelConfig>(&text).unwrap(), m, "{text}");
+            for table in ["[position]", "[block]", "[memory]", "[feed_forward]"] {
+                let bad = text.replace(table, &format!("{table}\nnonsense = 1"));
+                let err = toml::from_str::<ModelConfig>(&bad).err().map(|e| e.to_string()).unwrap_or_default();
+                assert!(err.contains("nonsense"), "{table} of {text} accepted an unknown key: {err}");
+            }
+        }
+    }
 }
