@@ -10,7 +10,10 @@
 //! (bucket, position), cut into chunks of m, and each chunk attends to itself and the chunk
 //! before — O(L·m) scores, plus the sort. Within those keys only same-bucket pairs count. A position does not attend to itself
 //! unless nothing else is available (its score is set to −10⁵). Several rounds (`rounds`) are
-//! combined by their softmax normalisers: o_i = Σ_r exp(z_r(i) − log Σ_r' exp z_r'(i)) o_i^r.
+//! combined as in the paper's appendix: within round r the score of key j loses log N_ij, N_ij
+//! the number of rounds in which j is among the keys i sees, and the rounds are weighted by their
+//! normalisers, o_i = Σ_r exp(z_r(i) − log Σ_r' exp z_r'(i)) o_i^r. Together that is one softmax
+//! over the union of the rounds' keys — a key met in r rounds counts once, not r times.
 //!
 //! Causal: a chunk boundary in the sorted order depends on how many later positions hash to lower
 //! buckets, which would leak the future into the set of keys a query sees. Our causal variant
@@ -38,7 +41,7 @@ use variorum_position::HeadShape;
 use crate::kernel;
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
 use crate::qkv::{normal_linear, split_heads};
-use crate::sorted_chunks::{SortedItems, attend_picked, host, sorted_chunk_attention};
+use crate::sorted_chunks::{RoundLayout, SortedItems, attend_picked, host, sorted_chunk_attention};
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache};
 
 crate::attention_config! {
@@ -215,9 +218,30 @@ impl LshAttention {
 
     /// Every round over all positions; the outputs of the last `lq`, `[b, h, lq, hd]`.
     fn attend_all(&self, q: Tensor<4>, v: Tensor<4>, lq: usize, causal: bool) -> Tensor<4> {
-        let l = q.dims()[2];
+        let [b, h, l, _] = q.dims();
         let keys = unit(q.clone());
-        let rounds = (0..self.rounds).map(|r| self.round(q.clone(), keys.clone(), v.clone(), r, causal));
+        let position = Tensor::<1, Int>::arange(0..l as i64, &q.device()).reshape([1, 1, l]).expand([b, h, l]);
+        // sorted by (bucket, position)
+        let layouts: Vec<RoundLayout> = (0..self.rounds)
+            .map(|r| {
+                let bucket = self.buckets(keys.clone(), r);
+                RoundLayout::new(bucket.clone(), bucket.mul_scalar(l as i64) + position.clone())
+            })
+            .collect();
+        let duplicates = if self.rounds > 1 { layouts.clone() } else { Vec::new() };
+        let rounds = layouts.into_iter().map(|layout| {
+            let bucket = layout.bucket.float();
+            let items = SortedItems {
+                q: q.clone(),
+                k: keys.clone(),
+                v: v.clone(),
+                sort_key: layout.rank,
+                query_bucket: bucket.clone(),
+                key_bucket: bucket,
+                rounds: duplicates.clone(),
+            };
+            sorted_chunk_attention(items, self.chunk, causal, Some(SELF_SCORE), &self.dropout)
+        });
         combine_rounds(rounds.collect()).narrow(2, l - lq, lq)
     }
 
@@ -227,33 +251,38 @@ impl LshAttention {
     fn decode_one(&self, q: Tensor<4>, cache: &KvCache) -> Tensor<4> {
         let [b, h, _, _] = q.dims();
         let (tags, l) = (&cache.tags, cache.len());
-        let rounds = (0..self.rounds).map(|r| {
-            let picks: Vec<Vec<i64>> = (0..b * h)
-                .map(|bh| {
-                    let at = bh * self.rounds + r;
-                    let bucket = tags[l - 1][at];
-                    let earlier = (0..l - 1).rev().filter(|&p| tags[p][at] == bucket).take(self.chunk);
-                    std::iter::once(l as i64 - 1).chain(earlier.map(|p| p as i64)).collect()
-                })
-                .collect();
-            attend_picked(q.clone(), cache, &picks, self.chunk + 1, Some(SELF_SCORE), true)
+        // picks[round][b·h]: itself, then the last m earlier positions of its bucket
+        let picks: Vec<Vec<Vec<i64>>> = (0..self.rounds)
+            .map(|r| {
+                (0..b * h)
+                    .map(|bh| {
+                        let at = bh * self.rounds + r;
+                        let bucket = tags[l - 1][at];
+                        let earlier = (0..l - 1).rev().filter(|&p| tags[p][at] == bucket).take(self.chunk);
+                        std::iter::once(l as i64 - 1).chain(earlier.map(|p| p as i64)).collect()
+                    })
+                    .collect()
+            })
+            .collect();
+        // in how many rounds each picked position is picked (the duplicate correction)
+        let met: Vec<Vec<Vec<usize>>> = picks
+            .iter()
+            .map(|round| {
+                let count = |bh: usize, p: &i64| picks.iter().filter(|other| other[bh].contains(p)).count();
+                round.iter().enumerate().map(|(bh, row)| row.iter().map(|p| count(bh, p)).collect()).collect()
+            })
+            .collect();
+        let rounds = picks.iter().zip(&met).map(|(picks, met)| {
+            let met = (self.rounds > 1).then_some(met.as_slice());
+            attend_picked(q.clone(), cache, picks, self.chunk + 1, Some(SELF_SCORE), true, met)
         });
         combine_rounds(rounds.collect())
-    }
-
-    /// One hash round: outputs `[b, h, l, hd]` and log-normalisers `[b, h, l, 1]`, in position order.
-    fn round(&self, q: Tensor<4>, keys: Tensor<4>, v: Tensor<4>, round: usize, causal: bool) -> (Tensor<4>, Tensor<4>) {
-        let [b, h, l, _] = q.dims();
-        let bucket = self.buckets(keys.clone(), round);
-        let position = Tensor::<1, Int>::arange(0..l as i64, &q.device()).reshape([1, 1, l]).expand([b, h, l]);
-        let sort_key = bucket.clone().mul_scalar(l as i64) + position;
-        let bucket = bucket.float();
-        let items = SortedItems { q, k: keys, v, sort_key, query_bucket: bucket.clone(), key_bucket: bucket };
-        sorted_chunk_attention(items, self.chunk, causal, Some(SELF_SCORE), &self.dropout)
     }
 }
 
 /// Rounds' outputs weighted by their normalisers: softmax over the rounds of log Σ exp(scores).
+/// With the duplicate correction in the scores this is one softmax over the union of the rounds'
+/// keys (Reformer, appendix): Σ_r e^{z_r} o_r / Σ_r e^{z_r} = Σ_{j ∈ ∪P_r} e^{s_ij} v_j / Σ e^{s_ij}.
 fn combine_rounds(mut rounds: Vec<(Tensor<4>, Tensor<4>)>) -> Tensor<4> {
     if rounds.len() == 1 {
         return rounds.pop().expect("one round").0;

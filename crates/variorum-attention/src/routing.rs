@@ -255,6 +255,7 @@ impl RoutingAttention {
             sort_key: Tensor::cat(vec![key_sort, query_sort], 2),
             query_bucket: Tensor::cat(vec![none(-2.0), cq.float()], 2),
             key_bucket: Tensor::cat(vec![ck.float(), none(-1.0)], 2),
+            rounds: Vec::new(),
         };
         let (out, _) = sorted_chunk_attention(items, 2 * self.window, causal, None, &self.dropout);
         out.narrow(2, 2 * l - lq, lq)
@@ -287,7 +288,7 @@ impl RoutingAttention {
                 keys
             })
             .collect();
-        attend_picked(q, cache, &picks, reach, None, false).0
+        attend_picked(q, cache, &picks, reach, None, false, None).0
     }
 }
 

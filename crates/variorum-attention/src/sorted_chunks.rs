@@ -30,6 +30,25 @@ pub struct SortedItems {
     /// Bucket of the item as a query (−2: not a query), and as a key (−1: not a key).
     pub query_bucket: Tensor<3>,
     pub key_bucket: Tensor<3>,
+    /// Where every item lies in each of several hash rounds (this call's included), for
+    /// Reformer's duplicate correction: a pair's score loses log N, N the number of these rounds
+    /// in which the key is among what the query sees. Empty: no correction (one round, routing).
+    pub rounds: Vec<RoundLayout>,
+}
+
+/// An item's bucket and its index in the sorted order of one hash round, `[batch, heads, n]`
+/// each (LSH: queries and keys are the same items, so one bucket serves both).
+#[derive(Clone)]
+pub struct RoundLayout {
+    pub bucket: Tensor<3, Int>,
+    pub rank: Tensor<3, Int>,
+}
+
+impl RoundLayout {
+    /// The layout of a round sorted by `sort_key` (distinct within a row), buckets `bucket`.
+    pub fn new(bucket: Tensor<3, Int>, sort_key: Tensor<3, Int>) -> Self {
+        Self { bucket, rank: sort_key.argsort(2).argsort(2) }
+    }
 }
 
 /// Outputs `[b, h, n, d_v]` and log-normalisers log Σ exp(scores) `[b, h, n, 1]`, in item order.
@@ -74,6 +93,18 @@ pub fn sorted_chunk_attention(
     let kb = with_previous(kb, 1).swap_dims(2, 3);
     let n_keys = ck.dims()[2];
     let full = [b * h, chunks, m, n_keys];
+    // per round, a query's and a key's bucket, sorted index and chunk: [bh, chunks, m, 3] and
+    // [bh, chunks, 3, keys]
+    let layouts: Vec<(Tensor<4>, Tensor<4>)> = items
+        .rounds
+        .iter()
+        .map(|round| {
+            let chunk_of = round.rank.clone().div_scalar(m as i64);
+            let parts = [round.bucket.clone(), round.rank.clone(), chunk_of].map(|t| t.float().unsqueeze_dim::<4>(3));
+            let place = chunked(pick(Tensor::cat(parts.to_vec(), 3), 3), 3, -1.0);
+            (place.clone(), with_previous(place, 3).swap_dims(2, 3))
+        })
+        .collect();
 
     let scores = sq.matmul(ck.swap_dims(2, 3)).div_scalar((hd as f64).sqrt());
     let (is_self, outside) = chunk_masks(chunks, m, n_keys, causal, &device);
@@ -81,6 +112,10 @@ pub fn sorted_chunk_attention(
     let scores = match self_score {
         Some(s) => scores.mask_fill(lift(is_self), s),
         None => scores,
+    };
+    let scores = match layouts.is_empty() {
+        true => scores,
+        false => scores - met_in_rounds(layouts, m, chunks, causal).clamp_min(1.0).log(),
     };
     let hidden = (qb - kb).abs().greater_elem(0.5).expand(full).bool_or(lift(outside));
     let scores = scores.mask_fill(hidden.clone(), MASKED);
@@ -93,6 +128,33 @@ pub fn sorted_chunk_attention(
     // back to item order: the inverse permutation is the sort of the permutation
     let inverse = order.argsort(2).unsqueeze_dim::<4>(3);
     (out.gather(2, inverse.clone().expand([b, h, n, dv])), z.gather(2, inverse))
+}
+
+/// N_ij, the number of rounds in which key j is among what query i sees, `[bh, chunks, m, keys]`
+/// from each round's query places `[bh, chunks, m, 3]` and key places `[bh, chunks, 3, keys]`
+/// (bucket, sorted index, chunk). Seen means: the same bucket, and causally at most m sorted
+/// items back (self included), otherwise in the query's chunk or the one before it (the first
+/// chunk's "before" wraps to the last, as [`sorted_chunk_attention`] arranges the keys).
+fn met_in_rounds(layouts: Vec<(Tensor<4>, Tensor<4>)>, m: usize, chunks: usize, causal: bool) -> Tensor<4> {
+    let field = |t: &Tensor<4>, f: usize, dim: usize| t.clone().narrow(dim, f, 1);
+    layouts
+        .into_iter()
+        .map(|(q, k)| {
+            // small integers in f32: exact, so these comparisons are too
+            let same_bucket = (field(&q, 0, 3) - field(&k, 0, 2)).abs().lower_elem(0.5);
+            let seen = if causal {
+                let back = field(&q, 1, 3) - field(&k, 1, 2);
+                back.clone().greater_elem(-0.5).bool_and(back.lower_elem(m as f32 + 0.5))
+            } else {
+                // chunk distance 0 (own), 1 (the one before) or −(chunks − 1) (the wrap)
+                let back = field(&q, 2, 3) - field(&k, 2, 2);
+                let near = |t: f32| back.clone().sub_scalar(t).abs().lower_elem(0.5);
+                near(0.0).bool_or(near(1.0)).bool_or(near(1.0 - chunks as f32))
+            };
+            same_bucket.bool_and(seen).float()
+        })
+        .reduce(|a, c| a + c)
+        .expect("at least one round")
 }
 
 /// Which (query, key) pairs of a chunk are the same sorted item, and which lie outside what a
@@ -127,8 +189,9 @@ fn chunk_masks(
 /// `0..len` of the cache (at most `width`; fewer are padded as hidden); the keys are the first
 /// `hd` features of the cache's key entries. `self_score` gives position `len − 1`, the query's
 /// own, that score; keys are unit-normalised first when `unit_keys` (LSH's shared-QK keys).
-/// Returns the output `[b, h, 1, d_v]` and the log-normaliser `[b, h, 1, 1]`, as
-/// [`sorted_chunk_attention`] gives them for that query.
+/// `met[b·h][j]`, when given, is how many hash rounds pick `picks[b·h][j]` (Reformer's duplicate
+/// correction: the score loses its log). Returns the output `[b, h, 1, d_v]` and the
+/// log-normaliser `[b, h, 1, 1]`, as [`sorted_chunk_attention`] gives them for that query.
 pub fn attend_picked(
     q: Tensor<4>,
     cache: &KvCache,
@@ -136,6 +199,7 @@ pub fn attend_picked(
     width: usize,
     self_score: Option<f32>,
     unit_keys: bool,
+    met: Option<&[Vec<usize>]>,
 ) -> (Tensor<4>, Tensor<4>) {
     let [b, h, _, hd] = q.dims();
     let (k, v, offset) = cache.buffers().expect("a token was appended");
@@ -144,12 +208,14 @@ pub fn attend_picked(
     let device = q.device();
     let mut index = Vec::with_capacity(b * h * width);
     let (mut hidden, mut is_self) = (Vec::with_capacity(b * h * width), Vec::with_capacity(b * h * width));
-    for row in picks {
+    let mut log_met = Vec::with_capacity(b * h * width);
+    for (r, row) in picks.iter().enumerate() {
         for j in 0..width {
             let at = row.get(j).copied();
             index.push(at.unwrap_or(0) + offset as i64);
             hidden.push(at.is_none());
             is_self.push(at == Some(last));
+            log_met.push(met.and_then(|m| m[r].get(j)).map_or(0.0, |&n| (n.max(1) as f32).ln()));
         }
     }
     let index = Tensor::<3, Int>::from_data(TensorData::new(index, [b, h, width]), &device).unsqueeze_dim::<4>(3);
@@ -161,6 +227,10 @@ pub fn attend_picked(
     let scores = q.matmul(keys.swap_dims(2, 3)).div_scalar((hd as f64).sqrt());
     let scores = match self_score {
         Some(s) => scores.mask_fill(mask(is_self), s),
+        None => scores,
+    };
+    let scores = match met {
+        Some(_) => scores - Tensor::<4>::from_data(TensorData::new(log_met, [b, h, 1, width]), &device),
         None => scores,
     };
     let scores = scores.mask_fill(hidden.clone(), MASKED);

@@ -1,5 +1,6 @@
 //! LSH attention against its definition: dense shared-QK attention restricted to same-bucket
-//! pairs (every round's buckets from the layer's own hashing), self excluded unless alone.
+//! pairs (every round's buckets from the layer's own hashing), self excluded unless alone, and
+//! several rounds as one softmax over the union of their pairs (the duplicate correction).
 
 mod common;
 
@@ -17,8 +18,9 @@ fn layer(buckets: usize, rounds: usize, chunk: usize, dev: &Device) -> LshAttent
     cfg.init(D, 0.5, 0.5, dev)
 }
 
-/// Dense reference: per round, scores q·k̂/√d over the pairs `sees(round, batch, head, q, k)`
-/// allows, self at −10⁵; rounds combined by their normalisers.
+/// Dense reference: one softmax of q·k̂/√d over the union of the rounds' pairs
+/// (`sees(round, batch, head, q, k)` in any round), self at −10⁵ — Reformer's multi-round
+/// attention with the duplicate correction, where a key met in several rounds counts once.
 fn dense(attn: &LshAttention, x: Tensor<3>, sees: impl Fn(usize, usize, usize, usize, usize) -> bool) -> Tensor<3> {
     let [b, l, _] = x.dims();
     let (h, hd) = (attn.n_heads, attn.head_dim);
@@ -28,30 +30,22 @@ fn dense(attn: &LshAttention, x: Tensor<3>, sees: impl Fn(usize, usize, usize, u
     let v = qv.narrow(2, 1, 1).reshape([b, l, h, hd]).swap_dims(1, 2);
     let k = q.clone() / (q.clone().powf_scalar(2.0).sum_dim(3).sqrt() + 1e-6);
     let scores = q.matmul(k.swap_dims(2, 3)).div_scalar((hd as f64).sqrt());
-    let mut outs = Vec::new();
-    let mut norms = Vec::new();
-    for r in 0..attn.rounds {
-        let mut hidden = Vec::new();
-        let mut is_self = Vec::new();
-        for bi in 0..b {
-            for hi in 0..h {
-                for i in 0..l {
-                    for j in 0..l {
-                        hidden.push(!sees(r, bi, hi, i, j));
-                        is_self.push(i == j);
-                    }
+    let mut hidden = Vec::new();
+    let mut is_self = Vec::new();
+    for bi in 0..b {
+        for hi in 0..h {
+            for i in 0..l {
+                for j in 0..l {
+                    hidden.push(!(0..attn.rounds).any(|r| sees(r, bi, hi, i, j)));
+                    is_self.push(i == j);
                 }
             }
         }
-        let hidden = Tensor::<4, Bool>::from_data(TensorData::new(hidden, [b, h, l, l]), &dev);
-        let is_self = Tensor::<4, Bool>::from_data(TensorData::new(is_self, [b, h, l, l]), &dev);
-        let s = scores.clone().mask_fill(is_self, -1e5).mask_fill(hidden, -1e9);
-        let max = s.clone().max_dim(3);
-        norms.push((s.clone() - max.clone()).exp().sum_dim(3).log() + max);
-        outs.push(softmax(s, 3).matmul(v.clone()));
     }
-    let w = softmax(Tensor::cat(norms, 3), 3);
-    let out = outs.into_iter().enumerate().map(|(r, o)| o * w.clone().narrow(3, r, 1)).reduce(|a, c| a + c).unwrap();
+    let hidden = Tensor::<4, Bool>::from_data(TensorData::new(hidden, [b, h, l, l]), &dev);
+    let is_self = Tensor::<4, Bool>::from_data(TensorData::new(is_self, [b, h, l, l]), &dev);
+    let s = scores.mask_fill(is_self, -1e5).mask_fill(hidden, -1e9);
+    let out = softmax(s, 3).matmul(v);
     attn.out.forward(out.swap_dims(1, 2).reshape([b, l, h * hd]))
 }
 
@@ -139,28 +133,36 @@ fn bidirectional_chunks_see_their_own_and_the_previous_chunk() {
     let _guard = common::seeded();
     let dev = Device::flex();
     let m = 4;
-    let attn = layer(2, 1, m, &dev);
-    let (l, x) = (13, input(1, 13, &dev));
-    let hb = buckets(&attn, x.clone());
-    // sorted index of each position: by (bucket, position)
-    let rank = |h: usize| {
-        let bk = &hb[0][0][h];
-        let mut order: Vec<usize> = (0..l).collect();
-        order.sort_by_key(|&p| (bk[p], p));
-        let mut rank = vec![0; l];
-        for (s, &p) in order.iter().enumerate() {
-            rank[p] = s;
+    for rounds in [1, 3] {
+        let attn = layer(2, rounds, m, &dev);
+        let (l, x) = (13, input(1, 13, &dev));
+        let hb = buckets(&attn, x.clone());
+        // sorted index of each position per round and head: by (bucket, position)
+        let rank = |r: usize, h: usize| {
+            let bk = &hb[r][0][h];
+            let mut order: Vec<usize> = (0..l).collect();
+            order.sort_by_key(|&p| (bk[p], p));
+            let mut rank = vec![0; l];
+            for (s, &p) in order.iter().enumerate() {
+                rank[p] = s;
+            }
+            rank
+        };
+        let ranks: Vec<[Vec<usize>; 2]> = (0..rounds).map(|r| [rank(r, 0), rank(r, 1)]).collect();
+        let chunks = l.div_ceil(m);
+        let sees = |r: usize, _: usize, h: usize, i: usize, j: usize| {
+            let (ci, cj) = (ranks[r][h][i] / m, ranks[r][h][j] / m);
+            hb[r][0][h][i] == hb[r][0][h][j] && (ci == cj || cj == (ci + chunks - 1) % chunks)
+        };
+        if rounds > 1 {
+            // the rounds overlap partly, so counting a key once or per round differs
+            let met = |i: usize, j: usize| (0..rounds).filter(|&r| sees(r, 0, 0, i, j)).count();
+            let counts: Vec<usize> = (0..l).flat_map(|i| (0..l).map(move |j| (i, j))).map(|(i, j)| met(i, j)).collect();
+            assert!(counts.contains(&1) && counts.iter().any(|&n| n > 1 && n < rounds + 1));
         }
-        rank
-    };
-    let ranks = [rank(0), rank(1)];
-    let chunks = l.div_ceil(m);
-    let sees = |_: usize, _: usize, h: usize, i: usize, j: usize| {
-        let (ci, cj) = (ranks[h][i] / m, ranks[h][j] / m);
-        hb[0][0][h][i] == hb[0][0][h][j] && (ci == cj || cj == (ci + chunks - 1) % chunks)
-    };
-    let diff = max_diff(run(&attn, x.clone(), false), dense(&attn, x, sees));
-    assert!(diff < 1e-5, "{diff}");
+        let diff = max_diff(run(&attn, x.clone(), false), dense(&attn, x, sees));
+        assert!(diff < 1e-5, "{rounds} rounds: {diff}");
+    }
 }
 
 #[test]
