@@ -16,17 +16,45 @@
 //! dilation is one band pass over all heads (a position scheme's per-head parameters need every
 //! head present), masked to its own heads. O(L·(w + B)·distinct dilations + L·g).
 //!
-//! Decoding keeps the last (w − 1)·max δ + 1 keys, or every key once a global token is possible;
-//! the positions of global tokens chosen by id are remembered in the cache.
+//! Global attention has its own projections, as in the paper (§3.1: "two sets of projections,
+//! Q_s, K_s, V_s for the sliding window and Q_g, K_g, V_g for the global attention"; their code
+//! initialises Q_g, K_g, V_g from the local ones, and so do we): a global token's output is
+//!
+//! o_g = softmax(Q_g x_g · (K_g X)ᵀ / √d) V_g X    over every key (causal: keys ≤ g),
+//!
+//! while every other query scores the global keys with the local projections, in its window's
+//! softmax (as the reference implementation does). They exist when the config names global
+//! positions or token ids; `global_projections = "shared"` uses the local projections for both
+//! (the form before this option, which also loads runs trained with it). The output projection
+//! is shared. Global rows are computed one global position at a time over all keys: O(L·g).
+//!
+//! Decoding keeps the last (w − 1)·max δ + 1 keys, or every key once a global token is possible
+//! (and, with separate projections, every position's K_g, V_g in a second cache); the positions
+//! of global tokens chosen by id are remembered in the cache.
 
+use burn::module::Param;
+use burn::nn::Linear;
 use burn::prelude::*;
+use serde::{Deserialize, Serialize};
 use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
 use variorum_position::{PositionConfig, XlRelativeConfig};
 
-use crate::band::{Band, BandPart, Pattern, PatternCall, decode_runs, sparse};
+use crate::band::{Band, BandPart, Pattern, PatternCall, decode_runs, dense_pattern, sparse};
 use crate::full::{Positioning, Projected};
 use crate::kind::{AttentionKind, AttentionMechanism, TestVariant, caps};
+use crate::qkv::QkvProjection;
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention};
+
+/// Which projections Longformer's global attention uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GlobalProjections {
+    /// Q_g, K_g, V_g of their own, initialised from the local ones (the paper's).
+    #[default]
+    Separate,
+    /// The sliding window's projections for global attention too.
+    Shared,
+}
 
 crate::attention_config! {
     /// `model.attention` with `kind = "longformer"`.
@@ -47,6 +75,8 @@ crate::attention_config! {
         pub global: Vec<usize> = Vec::new(),
         /// Token ids with global attention wherever they occur (e.g. a separator). Default none.
         pub global_token_ids: Vec<u32> = Vec::new(),
+        /// `separate` (Q_g, K_g, V_g, the paper's; default) or `shared` with the window.
+        pub global_projections: GlobalProjections = GlobalProjections::Separate,
     }
 }
 
@@ -72,8 +102,12 @@ impl LongformerConfig {
         position: Positioning,
         device: &Device,
     ) -> LongformerAttention {
+        let attention = self.heads().init(d_model, init_std, out_std, position, device);
+        let has_global = !self.global.is_empty() || !self.global_token_ids.is_empty();
         LongformerAttention {
-            attention: self.heads().init(d_model, init_std, out_std, position, device),
+            global_qkv: (has_global && self.global_projections == GlobalProjections::Separate)
+                .then(|| copy_of(&attention.qkv)),
+            attention,
             back: self.window - 1,
             look_ahead: self.look_ahead(),
             block: self.block(),
@@ -190,9 +224,29 @@ impl AttentionKind for LongformerConfig {
     }
 }
 
+/// A copy of `qkv`'s values as new parameters (their own ids, so trained apart).
+fn copy_of(qkv: &QkvProjection) -> QkvProjection {
+    let fresh = |p: &Param<Tensor<2>>| Param::from_tensor(p.val().clone());
+    let qkv_linear = Linear {
+        weight: fresh(&qkv.qkv.weight),
+        bias: qkv.qkv.bias.as_ref().map(|b| Param::from_tensor(b.val().clone())),
+    };
+    QkvProjection { qkv: qkv_linear, ..qkv.clone() }
+}
+
+/// Decoding state: the window's KV cache, and the global projections' keys and values of every
+/// position (when separate).
+#[derive(Debug, Clone, Default)]
+pub struct LongformerCache {
+    pub local: KvCache,
+    pub global: KvCache,
+}
+
 #[derive(Module, Debug)]
 pub struct LongformerAttention {
     pub attention: MultiHeadAttention,
+    /// Q_g, K_g, V_g, when global attention has its own projections.
+    pub global_qkv: Option<QkvProjection>,
     /// Keys seen back, δ apart.
     pub back: usize,
     /// Bidirectional only: keys seen ahead, δ apart.
@@ -257,20 +311,36 @@ impl LongformerAttention {
         cache.drop_front(cache.len().saturating_sub(reach));
     }
 
-    pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
+    pub fn forward(&self, input: AttentionInput, cache: Option<&mut LongformerCache>) -> AttentionOutput {
         self.forward_with(input, cache, false)
     }
 
-    /// Projects `x` into the cache and remembers its global tokens, without an output.
-    pub fn extend_cache(&self, x: Tensor<3>, mask: &AttentionMask, cache: &mut KvCache) {
+    /// Projects `x` into the caches and remembers its global tokens, without an output.
+    pub fn extend_cache(&self, x: Tensor<3>, mask: &AttentionMask, cache: &mut LongformerCache) {
         let batch = x.dims()[0];
-        self.attention.project(x, None, mask, Some(&mut *cache));
-        self.global_rows(batch, mask, Some(&mut *cache));
-        self.trim(cache);
+        if let Some(g) = self.global_attention() {
+            g.project(x.clone(), None, mask, Some(&mut cache.global));
+        }
+        self.attention.project(x, None, mask, Some(&mut cache.local));
+        self.global_rows(batch, mask, Some(&mut cache.local));
+        self.trim(&mut cache.local);
     }
 
     /// With `dense`, always scores every key under the pattern's mask (the definition; tests).
-    pub fn forward_with(&self, input: AttentionInput, mut cache: Option<&mut KvCache>, dense: bool) -> AttentionOutput {
+    pub fn forward_with(
+        &self,
+        input: AttentionInput,
+        cache: Option<&mut LongformerCache>,
+        dense: bool,
+    ) -> AttentionOutput {
+        let (mut cache, global_cache) = match cache {
+            Some(c) => (Some(&mut c.local), Some(&mut c.global)),
+            None => (None, None),
+        };
+        let global_projected = self.global_attention().map(|g| {
+            let p = g.project(input.query.clone(), input.key_value.clone(), input.mask, global_cache);
+            (g, p)
+        });
         let batch = input.query.dims()[0];
         let mask = input.mask;
         let call = PatternCall::new(&self.attention, input, cache.as_deref_mut(), dense);
@@ -301,7 +371,16 @@ impl LongformerAttention {
         if let Some(c) = cache {
             self.trim(c);
         }
-        out
+        match global_projected {
+            Some((g, gp)) => with_global_rows(out, &g, &gp, mask, &global),
+            None => out,
+        }
+    }
+
+    /// Attention with the global projections (and the window's position scheme and output
+    /// projection), when they are separate.
+    fn global_attention(&self) -> Option<MultiHeadAttention> {
+        self.global_qkv.as_ref().map(|qkv| MultiHeadAttention { qkv: qkv.clone(), ..self.attention.clone() })
     }
 
     /// One new query over its (dilated) window and the global keys: `[1, h, 1, d_h]`.
@@ -331,13 +410,60 @@ impl LongformerAttention {
     }
 }
 
+/// `out` with the rows of this call's global queries replaced by global attention over every
+/// key with the global projections `gp` (one global position at a time; a position global in
+/// some batch rows only is replaced in those).
+fn with_global_rows(
+    out: AttentionOutput,
+    g: &MultiHeadAttention,
+    gp: &Projected,
+    mask: &AttentionMask,
+    global: &[Vec<usize>],
+) -> AttentionOutput {
+    let (q0, lq) = (gp.layout.q_start, gp.layout.len_q);
+    let mut positions: Vec<usize> = global.iter().flatten().copied().filter(|&p| p >= q0 && p < q0 + lq).collect();
+    positions.sort_unstable();
+    positions.dedup();
+    let AttentionOutput { mut context, mut weights, aux_losses } = out;
+    let [b, _, d] = context.dims();
+    let device = context.device();
+    for pos in positions {
+        let i = pos - q0;
+        let p = Projected {
+            q: gp.q.clone().narrow(2, i, 1),
+            k: gp.k.clone(),
+            v: gp.v.clone(),
+            layout: variorum_position::ScoreLayout::new(pos, gp.layout.k_start, 1, gp.layout.len_k, gp.layout.causal),
+            max_back: gp.max_back,
+        };
+        let row_mask =
+            AttentionMask { q_start: pos, custom: mask.custom.clone().map(|c| c.narrow(1, i, 1)), ..mask.clone() };
+        let row = dense_pattern(g, &p, &row_mask, weights.is_some(), 1, |_, _, _, _| false);
+        let here: Vec<f32> = global.iter().map(|rows| if rows.contains(&pos) { 1.0 } else { 0.0 }).collect();
+        let all = here.iter().all(|&x| x == 1.0);
+        let select = Tensor::<1>::from_data(TensorData::new(here, [b]), &device);
+        let blend = |old: Tensor<3>, new: Tensor<3>| {
+            if all { new } else { old.clone() + (new - old) * select.clone().reshape([b, 1, 1]) }
+        };
+        let old = context.clone().narrow(1, i, 1);
+        context = context.slice_assign([0..b, i..i + 1, 0..d], blend(old, row.context));
+        if let (Some(w), Some(rw)) = (weights.as_mut(), row.weights) {
+            let [_, h, _, lk] = w.dims();
+            let old = w.clone().narrow(2, i, 1);
+            let new = if all { rw } else { old.clone() + (rw - old) * select.clone().reshape([b, 1, 1, 1]) };
+            *w = w.clone().slice_assign([0..b, 0..h, i..i + 1, 0..lk], new);
+        }
+    }
+    AttentionOutput { context, weights, aux_losses }
+}
+
 impl AttentionMechanism for LongformerAttention {
     fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
-        LongformerAttention::forward(self, input, state.map(AttentionState::kv_mut))
+        LongformerAttention::forward(self, input, state.map(|s| s.get_or_default::<LongformerCache>()))
     }
 
     fn extend_cache(&self, x: Tensor<3>, mask: &AttentionMask, state: &mut AttentionState) {
-        LongformerAttention::extend_cache(self, x, mask, state.kv_mut());
+        LongformerAttention::extend_cache(self, x, mask, state.get_or_default());
     }
 
     fn content_only(&self, query: Tensor<3>, key_value: Tensor<3>) -> Tensor<3> {

@@ -183,12 +183,49 @@ fn random_features_are_redrawn_every_redraw_interval_optimizer_steps() {
         attn.after_optimizer_step(3);
         assert!(moved(w(&attn), start), "{kind}: not redrawn after step 3");
     }
-    // interval 0 (RFA's default): never
-    let cfg: AttentionConfig = toml::from_str("kind = \"rfa\"").unwrap();
-    let Attention::Rfa(mut r) = build(&cfg, &dev) else { unreachable!() };
-    let before = r.projection.val();
-    for step in 1..5 {
-        variorum_attention::AttentionMechanism::after_optimizer_step(&mut r, step);
+    // RFA's default: every step (the paper resamples during training); interval 0: never
+    for (interval, redrawn) in [("", true), ("redraw_interval = 0", false)] {
+        let cfg: AttentionConfig = toml::from_str(&format!("kind = \"rfa\"\n{interval}")).unwrap();
+        let Attention::Rfa(mut r) = build(&cfg, &dev) else { unreachable!() };
+        for step in 1..5 {
+            let before = r.projection.val();
+            variorum_attention::AttentionMechanism::after_optimizer_step(&mut r, step);
+            let moved = (r.projection.val() - before).abs().max().into_scalar::<f32>() > 0.0;
+            assert_eq!(moved, redrawn, "'{interval}', step {step}");
+        }
     }
-    assert_eq!((r.projection.val() - before).abs().max().into_scalar::<f32>(), 0.0);
+}
+
+/// RFA's paper form: a learned frequency scale per head and dimension, starting at 1/σ and
+/// trained by the loss, and one draw of ε per head; the fixed form shares one W = ε/σ.
+#[test]
+fn rfa_learns_the_frequency_scale_and_draws_per_head() {
+    let _guard = seeded();
+    let ad = Device::flex().autodiff();
+    let (h, d) = (2, 8);
+    let cfg = |extra: &str| -> AttentionConfig {
+        toml::from_str(&format!("kind = \"rfa\"\nn_heads = {h}\nsigma = 0.5\nfeatures = 16\n{extra}")).unwrap()
+    };
+    let Attention::Rfa(r) = cfg("").init(h * d, 0.02, 0.02, Positioning::NONE, &ad) else { unreachable!() };
+    let scale = r.frequency_scale.clone().expect("learned by default");
+    assert_eq!(scale.val().dims(), [h, d]);
+    assert_eq!(scale.val().into_data().try_to_vec::<f32>().unwrap(), vec![2.0; h * d]);
+    assert_eq!(r.projection.val().dims(), [h * 16, d]);
+    // one vector in both heads: different features per head
+    let x = Tensor::<4>::random([1, 1, 3, d], Distribution::Normal(0.0, 1.0), &ad).repeat_dim(1, h);
+    let per_head = |r: &variorum_attention::RfaAttention| {
+        let f = r.features(x.clone());
+        (f.clone().narrow(1, 0, 1) - f.narrow(1, 1, 1)).abs().max().into_scalar::<f32>()
+    };
+    assert!(per_head(&r) > 1e-3);
+    // the loss reaches the scale (Σ φ, not Σ φ²: sin² + cos² = 1 whatever the scale)
+    let grads = r.features(x.clone()).sum().backward();
+    let g = scale.val().grad(&grads).expect("a gradient for the frequency scale");
+    assert!(g.abs().sum().into_scalar::<f32>() > 0.0);
+
+    let fixed = "learn_sigma = false\nshared_features = true";
+    let Attention::Rfa(f) = cfg(fixed).init(h * d, 0.02, 0.02, Positioning::NONE, &ad) else { unreachable!() };
+    assert!(f.frequency_scale.is_none());
+    assert_eq!(f.projection.val().dims(), [16, d]);
+    assert_eq!(per_head(&f), 0.0);
 }

@@ -1,14 +1,15 @@
 //! Longformer: dilated heads and global tokens (by position or by token id) computed by blocks
 //! equal dense attention under the pattern's mask, for every relative position scheme; a dilated
 //! head reaches every δ-th position; global tokens see everything; decoding token by token with
-//! global tokens chosen by id equals the full forward.
+//! global tokens chosen by id equals the full forward; global attention has its own projections.
 
 mod common;
 
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use common::{D, schemes};
-use variorum_attention::{AttentionInput, AttentionKind, KvCache, LongformerAttention, LongformerConfig, Positioning};
+use variorum_attention::longformer::{GlobalProjections, LongformerCache};
+use variorum_attention::{AttentionInput, AttentionKind, LongformerAttention, LongformerConfig, Positioning};
 use variorum_core::AttentionMask;
 use variorum_position::{PositionConfig, XlRelativeConfig};
 
@@ -109,7 +110,7 @@ fn decoding_with_global_tokens_by_id_equals_the_full_forward() {
             let by_id = if ids.is_empty() { vec![vec![], vec![]] } else { vec![vec![1, 6], vec![3]] };
             let full_mask = AttentionMask::causal().with_global(by_id.clone());
             let full = attn.forward(AttentionInput::self_attention(x.clone(), &full_mask), None).context;
-            let mut cache = KvCache::default();
+            let mut cache = LongformerCache::default();
             let mut parts = Vec::new();
             for (s, n) in [(0, 3)].into_iter().chain((3..12).map(|t| (t, 1))) {
                 let here: Vec<Vec<usize>> =
@@ -122,7 +123,56 @@ fn decoding_with_global_tokens_by_id_equals_the_full_forward() {
             }
             let d = (full - Tensor::cat(parts, 1)).abs().max().into_scalar::<f32>();
             assert!(d < 1e-4, "{} ids {ids:?}: {d}", position.kind());
-            assert_eq!(cache.len(), if ids.is_empty() { 3 } else { 12 });
+            assert_eq!(cache.local.len(), if ids.is_empty() { 3 } else { 12 });
+            // the global projections' keys of every position, when there are global tokens
+            assert_eq!(cache.global.len(), if ids.is_empty() { 0 } else { 12 });
+        }
+    }
+}
+
+/// The paper's separate Q_g, K_g, V_g: a global token's output is attention over every key with
+/// them; every other output scores the global keys with the window's projections, so the global
+/// projections change the global rows only. They start as copies of the window's: a fresh layer
+/// equals the shared form.
+#[test]
+fn global_attention_has_its_own_projections() {
+    let dev = Device::flex();
+    let cfg = LongformerConfig { window: 3, block: Some(2), global: vec![2, 9], ..Default::default() };
+    let global_rows = [2, 9];
+    // only a layer with global tokens has them; `shared` keeps the window's
+    let none = PositionConfig::None(Default::default());
+    assert!(longformer(&LongformerConfig::default(), &none, &dev).global_qkv.is_none());
+    let shared_cfg = LongformerConfig { global_projections: GlobalProjections::Shared, ..cfg.clone() };
+    assert!(longformer(&shared_cfg, &none, &dev).global_qkv.is_none());
+    for position in schemes() {
+        let fresh = longformer(&cfg, &position, &dev);
+        let shared = LongformerAttention { global_qkv: None, ..fresh.clone() };
+        // trained apart: other values in Q_g, K_g, V_g
+        let other = longformer(&cfg, &position, &dev).global_qkv;
+        let separate = LongformerAttention { global_qkv: other.clone(), ..fresh.clone() };
+        // the shared form of the global projections: its global rows are the definition
+        let by_global = LongformerAttention { global_qkv: None, ..fresh.clone() };
+        let by_global = LongformerAttention {
+            attention: variorum_attention::MultiHeadAttention { qkv: other.unwrap(), ..by_global.attention.clone() },
+            ..by_global
+        };
+        let x: Tensor<3> = Tensor::random([2, 12, D], Distribution::Normal(0.0, 1.0), &dev);
+        for mask in [AttentionMask::causal(), AttentionMask::bidirectional()] {
+            let run =
+                |a: &LongformerAttention| a.forward(AttentionInput::self_attention(x.clone(), &mask), None).context;
+            let row = |t: &Tensor<3>, i: usize| t.clone().narrow(1, i, 1);
+            let gap = |a: Tensor<3>, b: Tensor<3>| (a - b).abs().max().into_scalar::<f32>();
+            let what = format!("{} causal {}", position.kind(), mask.causal);
+            assert!(gap(run(&fresh), run(&shared)) < 1e-5, "{what}: a fresh layer is the shared form");
+            let (sep, sh, def) = (run(&separate), run(&shared), run(&by_global));
+            for i in 0..12 {
+                if global_rows.contains(&i) {
+                    assert!(gap(row(&sep, i), row(&def, i)) < 1e-5, "{what}: global row {i}");
+                    assert!(gap(row(&sep, i), row(&sh, i)) > 1e-3, "{what}: global row {i} unchanged");
+                } else {
+                    assert_eq!(gap(row(&sep, i), row(&sh, i)), 0.0, "{what}: row {i}");
+                }
+            }
         }
     }
 }

@@ -7,7 +7,12 @@
 //! where x is the residual stream and y the branch output (after a ReLU, in the paper's
 //! identity-map reordering: norms on the branch inputs only). With the bias b_g > 0 the update
 //! gate starts nearly closed, z ≈ σ(−b_g), so a fresh block is close to the identity map.
+//!
+//! b_g^(l) is learned, like the paper's: a parameter of each gate (one per dimension, as a GRU's
+//! biases are), starting at the config's `gate_bias`. `learn_gate_bias = false` keeps it a
+//! constant (the form before this option, which also loads runs trained with it).
 
+use burn::module::Param;
 use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::activation::sigmoid;
@@ -25,13 +30,17 @@ pub struct GtrxlConfig {
     pub norm: NormKind,
     /// ε of the norms. Default 1e-5.
     pub norm_eps: f64,
-    /// b_g, the update gate's bias; > 0 starts each block near the identity. Default 2 (the paper's).
+    /// b_g, the update gate's (initial) bias; > 0 starts each block near the identity. Default 2
+    /// (the paper's).
     pub gate_bias: f64,
+    /// Learn b_g per gate and dimension from `gate_bias` (the paper's); false: a constant.
+    /// Default true.
+    pub learn_gate_bias: bool,
 }
 
 impl Default for GtrxlConfig {
     fn default() -> Self {
-        Self { norm: NormKind::LayerNorm, norm_eps: 1e-5, gate_bias: 2.0 }
+        Self { norm: NormKind::LayerNorm, norm_eps: 1e-5, gate_bias: 2.0, learn_gate_bias: true }
     }
 }
 
@@ -49,10 +58,8 @@ impl BlockKind for GtrxlConfig {
     }
 
     fn gates(&self, d_model: usize, init_std: f64, device: &Device) -> Vec<GtrxlGate> {
-        vec![
-            GtrxlGate::new(d_model, self.gate_bias, init_std, device),
-            GtrxlGate::new(d_model, self.gate_bias, init_std, device),
-        ]
+        let gate = || GtrxlGate::new(d_model, self.gate_bias, self.learn_gate_bias, init_std, device);
+        vec![gate(), gate()]
     }
 }
 
@@ -64,14 +71,23 @@ pub struct GtrxlGate {
     pub from_stream: Linear,
     /// U_g applied to r ⊙ x.
     pub candidate: Linear,
+    /// b_g, `[d_model]`, when learned.
+    pub learned_bias: Option<Param<Tensor<1>>>,
+    /// b_g when constant (`learn_gate_bias = false`), else its initial value.
     pub gate_bias: f64,
 }
 
 impl GtrxlGate {
-    pub fn new(d_model: usize, gate_bias: f64, init_std: f64, device: &Device) -> Self {
+    pub fn new(d_model: usize, gate_bias: f64, learned: bool, init_std: f64, device: &Device) -> Self {
         let init = Initializer::Normal { mean: 0.0, std: init_std };
         let lin = |o: usize| LinearConfig::new(d_model, o).with_bias(false).with_initializer(init.clone()).init(device);
-        Self { from_branch: lin(3 * d_model), from_stream: lin(2 * d_model), candidate: lin(d_model), gate_bias }
+        Self {
+            from_branch: lin(3 * d_model),
+            from_stream: lin(2 * d_model),
+            candidate: lin(d_model),
+            learned_bias: learned.then(|| Param::from_tensor(Tensor::full([d_model], gate_bias, device))),
+            gate_bias,
+        }
     }
 
     /// g(x, y) for the stream `x` and the branch output `y`, both `[b, len, d]`.
@@ -80,7 +96,11 @@ impl GtrxlGate {
         let wy = self.from_branch.forward(y);
         let ux = self.from_stream.forward(x.clone());
         let r = sigmoid(wy.clone().narrow(2, 0, d) + ux.clone().narrow(2, 0, d));
-        let z = sigmoid(wy.clone().narrow(2, d, d) + ux.narrow(2, d, d) - self.gate_bias);
+        let z = wy.clone().narrow(2, d, d) + ux.narrow(2, d, d);
+        let z = sigmoid(match &self.learned_bias {
+            Some(b) => z - b.val().unsqueeze_dim::<2>(0).unsqueeze_dim::<3>(0),
+            None => z.sub_scalar(self.gate_bias),
+        });
         let h = (wy.narrow(2, 2 * d, d) + self.candidate.forward(r * x.clone())).tanh();
         x.clone() + z * (h - x)
     }
@@ -99,12 +119,32 @@ mod tests {
         let norm = |t: Tensor<3>| t.powf_scalar(2.0).sum().sqrt().into_scalar::<f32>();
         // relative change of the stream: about σ(−b_g), the update gate's opening
         let change = |b_g: f64| {
-            let out = GtrxlGate::new(16, b_g, 0.02, &dev).forward(x.clone(), y.clone());
+            let out = GtrxlGate::new(16, b_g, true, 0.02, &dev).forward(x.clone(), y.clone());
             norm(out - x.clone()) / norm(x.clone())
         };
         let sigma = |v: f64| 1.0 / (1.0 + (-v).exp());
         assert!((change(2.0) as f64) < sigma(-2.0) + 0.05, "b_g = 2: {}", change(2.0));
         assert!(change(6.0) < 0.01, "b_g = 6: {}", change(6.0));
         assert!(change(-4.0) > 0.8, "a negative bias opens the gate: {}", change(-4.0));
+    }
+
+    /// b_g is a parameter the loss trains (the paper's b_g^(l)), starting at `gate_bias`; the
+    /// constant form equals the learned one at initialisation.
+    #[test]
+    fn the_gate_bias_is_learned() {
+        let dev = Device::flex().autodiff();
+        dev.seed(3);
+        let x: Tensor<3> = Tensor::random([2, 5, 16], Distribution::Normal(0.0, 1.0), &dev);
+        let y: Tensor<3> = Tensor::random([2, 5, 16], Distribution::Normal(0.0, 1.0), &dev);
+        let gate = GtrxlGate::new(16, 2.0, true, 0.02, &dev);
+        let b = gate.learned_bias.clone().expect("learned by default");
+        assert_eq!(b.val().into_data().try_to_vec::<f32>().unwrap(), vec![2.0; 16]);
+        let grads = gate.forward(x.clone(), y.clone()).sum().backward();
+        let g = b.val().grad(&grads).expect("a gradient for b_g");
+        assert!(g.abs().min().into_scalar::<f32>() > 0.0, "every dimension's bias is trained");
+
+        let constant = GtrxlGate { learned_bias: None, ..gate.clone() };
+        let gap = (constant.forward(x.clone(), y.clone()) - gate.forward(x, y)).abs().max().into_scalar::<f32>();
+        assert_eq!(gap, 0.0);
     }
 }

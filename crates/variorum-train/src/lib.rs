@@ -21,6 +21,7 @@ pub mod step;
 pub mod threads;
 pub mod trainer;
 pub mod transfer;
+pub mod weights;
 
 pub use config::{ExperimentConfig, TrainConfig};
 pub use trainer::{Outcome, Summary, TrainOptions, train};

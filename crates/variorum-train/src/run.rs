@@ -82,10 +82,7 @@ impl Run {
         };
         let mut model_cfg = config.model.clone();
         model_cfg.resolve(tokenizer.vocab_size())?;
-        let model = model_cfg
-            .init(device)
-            .try_load_file(&weights)
-            .map_err(|e| anyhow::anyhow!("weights {} cannot be loaded: {e}", weights.display()))?;
+        let model = crate::weights::load_weights(model_cfg.init(device), &weights, "weights")?;
         Ok(Run { dir: dir.to_path_buf(), config, tokenizer, model, weights, device: device.clone() })
     }
 

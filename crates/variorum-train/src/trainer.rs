@@ -170,9 +170,7 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
     let mut optim = optimizer(&tc);
     let mut state = TrainState::default();
     if let Some((dir, st)) = &resume {
-        model = model
-            .try_load_file(dir.join("model.bpk"))
-            .map_err(|e| anyhow::anyhow!("checkpoint {} cannot be loaded: {e}", dir.join("model.bpk").display()))?;
+        model = crate::weights::load_weights(model, &dir.join("model.bpk"), "checkpoint")?;
         // Burn 0.22.1 builds the reloaded moments on `Device::default()` (the BURN_DEVICE
         // backend; the CLI sets it from --device) and moves each to its parameter's device on
         // the next step.
