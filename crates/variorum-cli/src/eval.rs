@@ -21,6 +21,8 @@ pub struct EvalArgs {
     pub stride: Option<usize>,
     pub max_tokens: Option<usize>,
     pub plot: Option<PathBuf>,
+    /// `key=value` settings applied to every run's config before loading (`--set`).
+    pub settings: Vec<String>,
     pub device: String,
 }
 
@@ -77,6 +79,9 @@ fn draw(series: &[(String, Vec<(f64, f64)>)], path: PathBuf) -> Result<()> {
 pub fn eval(args: EvalArgs) -> Result<ExitCode> {
     check_lengths(&args.seq_len, args.stride)?;
     let (device, _) = device::select(&args.device)?;
+    if !args.settings.is_empty() {
+        println!("# with {}", args.settings.join(", "));
+    }
     if args.runs.len() == 1 {
         return eval_one(&args, &device);
     }
@@ -91,7 +96,7 @@ pub fn eval(args: EvalArgs) -> Result<ExitCode> {
     let mut series = Vec::new();
     let mut notes = Vec::new();
     for dir in &args.runs {
-        let run = Run::load(dir, &device)?;
+        let run = Run::load_with(dir, &device, &args.settings)?;
         let (ids, _) = tokens(&run, &args)?;
         let name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
         print!("{name:<28}");
@@ -160,7 +165,7 @@ fn eval_masked(run: &Run, ids: &[u32], lengths: &[usize], device: &burn::prelude
 }
 
 fn eval_one(args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode> {
-    let run = Run::load(&args.runs[0], device)?;
+    let run = Run::load_with(&args.runs[0], device, &args.settings)?;
     let (ids, source) = tokens(&run, args)?;
     let lengths = if args.seq_len.is_empty() { vec![run.model.seq_len] } else { args.seq_len.clone() };
     check_lengths(&lengths, args.stride)?;

@@ -4,6 +4,8 @@ mod bench_attention;
 mod device;
 mod early_exit;
 mod eval;
+mod favor_error;
+mod spectrum;
 
 /// Tensor buffers are allocated and freed at a high rate; glibc's malloc returns large ones to the
 /// kernel each time (mmap/munmap, then page zeroing on the next touch). mimalloc keeps and reuses
@@ -132,6 +134,10 @@ enum Command {
         /// or ./eval.png when comparing runs.
         #[arg(long)]
         plot: Option<PathBuf>,
+        /// Evaluate under another setting of the run's config, KEY=VALUE (repeatable), e.g.
+        /// `--set model.memory.length=256` for a longer memory than in training.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        settings: Vec<String>,
         #[arg(long, default_value = "cpu")]
         device: String,
     },
@@ -224,6 +230,47 @@ enum Command {
     Zoo {
         #[arg(long)]
         json: bool,
+    },
+    /// How low-rank a run's attention matrices are: the normalised cumulative singular values of
+    /// every head's probability matrix, per layer, over windows of the validation split
+    /// (Linformer's Figure 1), and a plot.
+    Spectrum {
+        /// Run directory (a plain stack whose attention forms probabilities).
+        run: PathBuf,
+        /// Windows of the model's context, spread over the validation split.
+        #[arg(long, default_value_t = 16)]
+        windows: usize,
+        /// Where to draw the curves (default RUN/spectrum.png).
+        #[arg(long)]
+        plot: Option<PathBuf>,
+        #[arg(long, default_value = "cpu")]
+        device: String,
+    },
+    /// Performer's FAVOR+ against softmax attention: the error of the approximated attention
+    /// matrix against the number of random features, i.i.d. and orthogonal (the paper's Figure 3).
+    FavorError {
+        /// Random feature counts, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "8,16,32,64,128,256")]
+        features: Vec<usize>,
+        /// Sequence length of the random queries and keys.
+        #[arg(long, default_value_t = 256)]
+        len: usize,
+        /// Head size d.
+        #[arg(long, default_value_t = 16)]
+        head_dim: usize,
+        /// Standard deviation of the queries' and keys' entries.
+        #[arg(long, default_value_t = 1.0)]
+        std: f64,
+        /// Draws of the features (and of q, k) averaged per point.
+        #[arg(long, default_value_t = 20)]
+        draws: usize,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Where to draw the curves (log–log).
+        #[arg(long)]
+        plot: Option<PathBuf>,
+        #[arg(long, default_value = "cpu")]
+        device: String,
     },
 }
 
@@ -406,8 +453,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Eval { runs, data, seq_len, stride, max_tokens, plot, device } => {
-            eval::eval(eval::EvalArgs { runs, data, seq_len, stride, max_tokens, plot, device })
+        Command::Eval { runs, data, seq_len, stride, max_tokens, plot, settings, device } => {
+            eval::eval(eval::EvalArgs { runs, data, seq_len, stride, max_tokens, plot, settings, device })
         }
         Command::EarlyExit { run, thresholds, max_tokens, tolerance, ltt_delta, ltt_epsilon, plot, device } => {
             early_exit::early_exit(early_exit::Args {
@@ -469,6 +516,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 device,
                 point,
             })
+        }
+        Command::Spectrum { run, windows, plot, device } => {
+            spectrum::spectrum(spectrum::Args { run, windows, plot, device })
+        }
+        Command::FavorError { features, len, head_dim, std, draws, seed, plot, device } => {
+            favor_error::favor_error(favor_error::Args { features, len, head_dim, std, draws, seed, plot, device })
         }
         Command::Zoo { json } => {
             let kinds = variorum_model::zoo::kinds();

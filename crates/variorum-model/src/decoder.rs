@@ -165,6 +165,30 @@ impl DecoderLm {
         self.forward_with(tokens, None)
     }
 
+    /// The attention probabilities of every block application over fresh sequences
+    /// `[batch, len]`: one `[batch, heads, len, len]` per application, `None` where the kind
+    /// forms no weights (kernelised, sorted-bucket kinds). A plain stack only: a reversible
+    /// stack, exits and ACT are refused (their blocks run under another schedule).
+    pub fn attention_maps(&self, tokens: Tensor<2, Int>) -> Result<Vec<Option<Tensor<4>>>, String> {
+        if self.reversible.is_some() || self.act.is_some() || self.global_embedding.is_some() {
+            return Err("attention maps are read from plain stacks (not reversible, ACT or ETC models)".into());
+        }
+        let len = tokens.dims()[1];
+        let mut x = self.embed(tokens, 0);
+        let (mask, dense) = self.mask(len, None, &x.device());
+        let mut maps = Vec::with_capacity(self.depth);
+        for i in 0..self.depth {
+            let input = match self.layer_positions.get(i) {
+                Some(p) => p.forward(x, mask.q_start),
+                None => x,
+            };
+            let out = self.blocks[i % self.blocks.len()].forward(input, &mask, dense.clone(), None, true);
+            maps.push(out.weights);
+            x = out.x;
+        }
+        Ok(maps)
+    }
+
     /// Token embeddings of `tokens` at positions `start..`, with the input position signal.
     pub fn embed(&self, tokens: Tensor<2, Int>, start: usize) -> Tensor<3> {
         let mut x = self.token_embedding.forward(tokens);

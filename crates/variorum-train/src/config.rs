@@ -189,6 +189,48 @@ impl ExperimentConfig {
         self.train.validate()
     }
 
+    /// The config with `key = value` settings applied (`model.memory.length=256`: a dotted key,
+    /// a TOML value, or else a string), validated again. For evaluating a trained run under
+    /// another setting that needs no other weights (a longer memory, a longer context).
+    pub fn with_settings(&self, settings: &[String]) -> Result<Self, ConfigError> {
+        if settings.is_empty() {
+            return Ok(self.clone());
+        }
+        let mut root = toml::Value::try_from(self).map_err(|e| ConfigError::new(one_line(&e.to_string())))?;
+        for setting in settings {
+            let Some((key, text)) = setting.split_once('=') else {
+                return Err(ConfigError::new(format!(
+                    "--set {setting}: expected KEY=VALUE, e.g. model.memory.length=256"
+                )));
+            };
+            let (key, text) = (key.trim(), text.trim());
+            let value = toml::from_str::<toml::Table>(&format!("v = {text}"))
+                .ok()
+                .and_then(|mut t| t.remove("v"))
+                .unwrap_or_else(|| toml::Value::String(text.to_string()));
+            let mut parts: Vec<&str> = key.split('.').collect();
+            let last = parts
+                .pop()
+                .filter(|l| !l.is_empty())
+                .ok_or_else(|| ConfigError::new(format!("--set {setting}: empty key")))?;
+            let mut table = root.as_table_mut().expect("a config is a table");
+            for (i, part) in parts.iter().enumerate() {
+                table = match table.get_mut(*part).and_then(toml::Value::as_table_mut) {
+                    Some(t) => t,
+                    None => {
+                        let at = parts[..=i].join(".");
+                        return Err(ConfigError::new(format!("--set {setting}: the config has no table {at}")));
+                    }
+                };
+            }
+            table.insert(last.to_string(), value);
+        }
+        let text = toml::to_string(&root).map_err(|e| ConfigError::new(one_line(&e.to_string())))?;
+        let cfg = Self::parse(&text, false).map_err(|e| ConfigError::new(format!("--set: {e}")))?;
+        cfg.validate().map_err(|e| ConfigError::new(format!("--set: {e}")))?;
+        Ok(cfg)
+    }
+
     /// The config with every default written out.
     pub fn to_toml(&self) -> String {
         let expanded = Self { model: self.model.expanded(), ..self.clone() };
@@ -349,5 +391,24 @@ path = "x.txt"
         let e = ExperimentConfig::parse(&sortcut, false).unwrap().validate().unwrap_err().to_string();
         assert!(e.contains("model.attention.sortcut") && e.contains("bidirectional"), "{e}");
         assert!(ExperimentConfig::parse(&sortcut.replace("sortcut = 2", ""), false).unwrap().validate().is_ok());
+    }
+
+    #[test]
+    fn settings_change_one_key_and_are_checked_like_a_config() {
+        let base = ExperimentConfig::parse(&OK.replace("[data]", "[model.position]\nkind = \"alibi\"\n[model.memory]\nkind = \"xl\"\n[train]\nbatching = \"ordered\"\n[data]"), false).unwrap();
+        let set = |s: &[&str]| base.with_settings(&s.iter().map(|x| x.to_string()).collect::<Vec<_>>());
+        let c = set(&["model.memory.length=256", "model.attention.n_heads = 2"]).unwrap();
+        assert_eq!(c.model.memory, variorum_block::MemoryConfig::Xl(variorum_block::XlMemoryConfig { length: 256 }));
+        assert!(c.to_toml().contains("n_heads = 2"));
+        assert_eq!(set(&[]).unwrap(), base);
+        for (bad, names) in [
+            (&["model.memory.lenght=3"][..], "unknown field `lenght`"),
+            (&["model.nothing.x=1"][..], "no table model.nothing"),
+            (&["model.memory.length"][..], "KEY=VALUE"),
+            (&["model.attention.n_heads=3"][..], "n_heads"),
+        ] {
+            let e = set(bad).unwrap_err().to_string();
+            assert!(e.contains(names) && !e.contains('\n'), "{bad:?}: {e}");
+        }
     }
 }

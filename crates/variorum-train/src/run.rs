@@ -63,6 +63,13 @@ impl Run {
     /// Loads `dir`: its expanded config, its tokenizer, and the final weights (`model.bpk`) or,
     /// for an unfinished run, the latest checkpoint's.
     pub fn load(dir: &Path, device: &Device) -> Result<Run> {
+        Self::load_with(dir, device, &[])
+    }
+
+    /// [`load`](Self::load) with `settings` (`key=value`, see
+    /// [`ExperimentConfig::with_settings`]) applied to the run's config first; the weights must
+    /// still fit it.
+    pub fn load_with(dir: &Path, device: &Device, settings: &[String]) -> Result<Run> {
         if !dir.is_dir() {
             bail!("run directory {} does not exist", dir.display());
         }
@@ -70,7 +77,7 @@ impl Run {
         if !config_path.is_file() {
             bail!("{} is not a run directory (it has no config.toml)", dir.display());
         }
-        let config = ExperimentConfig::load(&config_path)?;
+        let config = ExperimentConfig::load(&config_path)?.with_settings(settings)?;
         let tokenizer = Tokenizer::load(&dir.join("tokenizer.json"))?;
         let weights = if dir.join("model.bpk").is_file() {
             dir.join("model.bpk")

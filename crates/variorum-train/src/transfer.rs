@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Result, anyhow, bail};
-use burn::store::{ApplyError, BurnpackStore, ModuleSnapshot, ModuleStore, SafetensorsStore};
+use burn::store::{ApplyError, ApplyResult, BurnpackStore, KeyRemapper, ModuleSnapshot, ModuleStore, SafetensorsStore};
 use variorum_model::DecoderLm;
 
 use crate::checkpoint;
@@ -80,25 +80,87 @@ pub fn weights_file(path: &Path) -> Result<PathBuf> {
 
 /// Loads what fits of `source` (a run directory, a `.bpk` or a `.safetensors` file) into `model`:
 /// tensors with the same name and shape are copied, the rest keep their initialisation.
+///
+/// Names are matched as written first; then a tensor still missing takes an unused source
+/// tensor whose name differs only in enum variants and in the wrappers kinds put around the
+/// standard projections (`proj`: kernelised kinds; `attention`: patterns built on multi-head
+/// attention). So a softmax model's `blocks.0.attn.qkv.qkv.weight` initialises a Performer's
+/// `blocks.0.attn.proj.qkv.qkv.weight` — the same map (Performer's backward compatibility).
 pub fn init_from(model: &mut DecoderLm, source: &Path) -> Result<InitReport> {
     let file = weights_file(source)?;
-    let safetensors = file.extension().is_some_and(|e| e.eq_ignore_ascii_case("safetensors"));
-    let cannot = |e: &dyn std::fmt::Display| anyhow!("{} cannot be loaded: {e}", file.display());
-    let result = if safetensors {
-        let mut store = SafetensorsStore::from_file(&file).allow_partial(true).validate(false).skip_enum_variants(true);
-        model.load_from(&mut store).map_err(|e| cannot(&e))?
-    } else {
-        let mut store = BurnpackStore::from_file(&file).allow_partial(true).validate(false);
-        model.load_from(&mut store).map_err(|e| cannot(&e))?
-    };
-    let mut report = InitReport { source: file, unused: result.unused, ..Default::default() };
-    for e in &result.errors {
-        match e {
-            ApplyError::ShapeMismatch { path, .. } => report.skipped_shape.push(path.clone()),
-            other => bail!("{} cannot be loaded: {other}", report.source.display()),
+    let result = load_matching(model, &file, None)?;
+    // the second pass: unused source names that match a missing one once normalised
+    let missing: Vec<String> = result.missing.iter().map(|(p, _)| p.clone()).collect();
+    let mut aliases = Vec::new();
+    for m in &missing {
+        if let Some(u) = result.unused.iter().find(|u| normalised(u) == normalised(m)) {
+            aliases.push((u.clone(), m.clone()));
         }
     }
-    report.loaded = result.applied.into_iter().filter(|p| !report.skipped_shape.contains(p)).collect();
-    report.new = result.missing.into_iter().map(|(p, _)| p).collect();
+    let second = if aliases.is_empty() {
+        None
+    } else {
+        let mut remapper = KeyRemapper::new();
+        for (from, to) in &aliases {
+            remapper = remapper
+                .add_pattern(format!("^{}$", escaped(from)), to.as_str())
+                .map_err(|e| anyhow!("cannot match {from}: {e}"))?;
+        }
+        Some(load_matching(model, &file, Some(remapper))?)
+    };
+    let mut report = InitReport { source: file.clone(), ..Default::default() };
+    let aliased: Vec<&String> = aliases.iter().map(|(_, to)| to).collect();
+    for r in std::iter::once(&result).chain(second.as_ref()) {
+        for e in &r.errors {
+            match e {
+                ApplyError::ShapeMismatch { path, .. } => {
+                    if !report.skipped_shape.contains(path) {
+                        report.skipped_shape.push(path.clone())
+                    }
+                }
+                other => bail!("{} cannot be loaded: {other}", file.display()),
+            }
+        }
+    }
+    report.loaded = result.applied.iter().filter(|p| !report.skipped_shape.contains(p)).cloned().collect();
+    if let Some(r) = &second {
+        let extra = r.applied.iter().filter(|p| aliased.contains(p) && !report.skipped_shape.contains(p));
+        report.loaded.extend(extra.cloned());
+    }
+    let used_aliases: Vec<&String> =
+        aliases.iter().filter(|(_, to)| report.loaded.contains(to)).map(|(f, _)| f).collect();
+    report.unused = result.unused.iter().filter(|u| !used_aliases.contains(u)).cloned().collect();
+    report.new = missing.into_iter().filter(|m| !report.loaded.contains(m)).collect();
     Ok(report)
+}
+
+/// One loading pass of `file` into `model` (`remapper`: source names to rename first).
+fn load_matching(model: &mut DecoderLm, file: &Path, remapper: Option<KeyRemapper>) -> Result<ApplyResult> {
+    let safetensors = file.extension().is_some_and(|e| e.eq_ignore_ascii_case("safetensors"));
+    let cannot = |e: &dyn std::fmt::Display| anyhow!("{} cannot be loaded: {e}", file.display());
+    if safetensors {
+        let mut store = SafetensorsStore::from_file(file).allow_partial(true).validate(false).skip_enum_variants(true);
+        if let Some(r) = remapper {
+            store = store.remap(r);
+        }
+        model.load_from(&mut store).map_err(|e| cannot(&e))
+    } else {
+        let mut store = BurnpackStore::from_file(file).allow_partial(true).validate(false);
+        if let Some(r) = remapper {
+            store = store.remap(r);
+        }
+        model.load_from(&mut store).map_err(|e| cannot(&e))
+    }
+}
+
+/// A tensor name without enum variants (capitalised segments) and projection wrappers.
+fn normalised(path: &str) -> Vec<&str> {
+    path.split('.')
+        .filter(|s| !s.starts_with(|c: char| c.is_ascii_uppercase()) && !matches!(*s, "proj" | "attention"))
+        .collect()
+}
+
+/// `name` as a regex matching itself.
+fn escaped(name: &str) -> String {
+    name.chars().flat_map(|c| if c.is_ascii_alphanumeric() || c == '_' { vec![c] } else { vec!['\\', c] }).collect()
 }

@@ -457,3 +457,39 @@ fn frozen_groups_do_not_move() {
     assert!(same(qkv(a, 0), qkv(b, 0)), "frozen block 0 moved");
     assert!(!same(qkv(a, 1), qkv(b, 1)), "block 1 is not frozen and must train");
 }
+
+/// A softmax model initialises a kernelised one (Performer's backward compatibility): the
+/// Performer's q/k/v and output projections (`attn.proj.…`) take the softmax attention's
+/// (`attn.qkv`, `attn.out`), from a run's `.bpk` and from safetensors alike.
+#[test]
+fn a_softmax_model_initialises_a_performer() {
+    use variorum_attention::{Attention, AttentionConfig, PerformerConfig};
+    let _guard = seeded();
+    let tmp = tempfile::tempdir().unwrap();
+    let dev = Device::flex();
+    let full = tiny_config(&corpus(tmp.path()), 0.0);
+    let mut soft_cfg = full.model.clone();
+    soft_cfg.resolve(40).unwrap();
+    let soft = soft_cfg.init(&dev);
+    let bpk = tmp.path().join("soft.bpk");
+    soft.clone().save_file(&bpk).unwrap();
+    let st = tmp.path().join("soft.safetensors");
+    variorum_train::transfer::export_safetensors(&soft, &st).unwrap();
+    let mut perf_cfg = soft_cfg.clone();
+    perf_cfg.attention = AttentionConfig::Performer(PerformerConfig { n_heads: 4, ..Default::default() });
+    perf_cfg.position = variorum_position::PositionConfig::Learned(Default::default());
+    for file in [&bpk, &st] {
+        let mut perf = perf_cfg.init(&dev);
+        let report = variorum_train::transfer::init_from(&mut perf, file).unwrap();
+        for i in 0..2 {
+            let (Attention::Full(a), Attention::Performer(p)) = (&soft.blocks[i].attn, &perf.blocks[i].attn) else {
+                panic!("kinds")
+            };
+            let same = |x: Tensor<2>, y: Tensor<2>| (x - y).abs().max().into_scalar::<f32>() == 0.0;
+            assert!(same(a.qkv.qkv.weight.val(), p.proj.qkv.qkv.weight.val()), "{}", report.summary());
+            assert!(same(a.out.weight.val(), p.proj.out.weight.val()), "{}", report.summary());
+        }
+        assert!(report.new.iter().all(|n| !n.contains("qkv") && !n.contains("out")), "{}", report.summary());
+        assert!(report.unused.iter().all(|n| !n.contains("qkv")), "{}", report.summary());
+    }
+}
