@@ -5,7 +5,7 @@
 # explains each claim, the paper's figure it comes from, and the numbers of the last full run.
 #
 # Usage: scripts/reproduce.sh [--quick] [CLAIM...]
-#   --quick   a smoke version (200 training steps, one seed, shorter evaluations; ~10 minutes on
+#   --quick   a smoke version (200 training steps, one seed, shorter evaluations; ~12 minutes on
 #             2 cores): checks that everything runs, its verdicts mean little
 #   CLAIM     any of: alibi xl adaptive-span compressive reversible decoding favor
 #             performer-convert low-rank calm act (default: all)
