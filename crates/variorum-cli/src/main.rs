@@ -302,9 +302,20 @@ fn main() -> ExitCode {
     }
 }
 
+/// A numeric flag below its least sensible value: a one-line error naming the flag.
+fn at_least<T: PartialOrd + std::fmt::Display>(flag: &str, value: T, min: T) -> Result<()> {
+    if value < min {
+        anyhow::bail!("{flag} {value} must be at least {min}");
+    }
+    Ok(())
+}
+
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Train { config, device, out, max_steps, resume, stop_at, init_from, no_progress } => {
+            if let Some(n) = stop_at {
+                at_least("--stop-at", n, 1)?;
+            }
             let (device, device_name) = device::select(&device)?;
             let cfg = ExperimentConfig::load(&config)?;
             let run_dir = out.unwrap_or_else(|| {
@@ -356,6 +367,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
         }
         Command::Generate { run, prompt, max_new_tokens, temperature, top_k, top_p, seed, device, no_cache, beams } => {
+            at_least("--beams", beams, 1)?;
+            at_least("--max-new-tokens", max_new_tokens, 1)?;
             if !(temperature >= 0.0 && temperature.is_finite()) {
                 anyhow::bail!("--temperature {temperature} must be >= 0 (0 = greedy)");
             }
@@ -457,6 +470,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
             eval::eval(eval::EvalArgs { runs, data, seq_len, stride, max_tokens, plot, settings, device })
         }
         Command::EarlyExit { run, thresholds, max_tokens, tolerance, ltt_delta, ltt_epsilon, plot, device } => {
+            if !(tolerance >= 0.0 && tolerance.is_finite()) {
+                anyhow::bail!("--tolerance {tolerance} must be >= 0 (nats of loss above the full model)");
+            }
             early_exit::early_exit(early_exit::Args {
                 run,
                 thresholds,
@@ -481,9 +497,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Inspect { config } => inspect(&config),
         Command::Bench { config, device, steps, warmup, runs, json } => {
+            at_least("--steps", steps, 1)?;
+            at_least("--runs", runs, 1)?;
             let (device, name) = device::select(&device)?;
             let cfg = ExperimentConfig::load(&config)?;
-            let r = variorum_train::bench::bench(&cfg, &device, warmup, steps.max(1), runs.max(1))?;
+            let r = variorum_train::bench::bench(&cfg, &device, warmup, steps, runs)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
@@ -505,6 +523,15 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::BenchAttention { configs, lengths, contexts, d_model, reps, tokens, out, device, point } => {
+            for &n in &lengths {
+                at_least("--lengths", n, 1)?;
+            }
+            for &n in &contexts {
+                at_least("--contexts", n, 1)?;
+            }
+            at_least("--d-model", d_model, 1)?;
+            at_least("--reps", reps, 1)?;
+            at_least("--tokens", tokens, 1)?;
             bench_attention::bench_attention(bench_attention::Args {
                 configs,
                 lengths,

@@ -113,6 +113,36 @@ fn train_writes_a_run_directory() {
     assert!(out.join("eval.png").exists());
     assert_clean_error(&variorum(&["eval", run, "--seq-len", "64"], tmp.path()), "learned position table");
     assert_clean_error(&variorum(&["eval", run, "--stride", "99"], tmp.path()), "--stride 99");
+
+    // numeric flags out of range: one line naming the flag
+    let c = cfg.to_str().unwrap();
+    for (args, flag) in [
+        (&["generate", run, "--prompt", "Now", "--beams", "0"][..], "--beams 0"),
+        (&["generate", run, "--prompt", "Now", "--max-new-tokens", "0"][..], "--max-new-tokens 0"),
+        (&["generate", run, "--prompt", "Now", "--temperature=-1"][..], "--temperature -1"),
+        (&["generate", run, "--prompt", "Now", "--top-p", "1.5"][..], "--top-p 1.5"),
+        (&["eval", run, "--seq-len", "0"][..], "--seq-len 0"),
+        (&["eval", run, "--set", "model.memory"][..], "KEY=VALUE"),
+        (&["bench", c, "--steps", "0"][..], "--steps 0"),
+        (&["bench", c, "--runs", "0"][..], "--runs 0"),
+        (&["bench-attention", c, "--lengths", "0"][..], "--lengths 0"),
+        (&["bench-attention", c, "--reps", "0"][..], "--reps 0"),
+        (&["train", c, "--out", "elsewhere", "--stop-at", "0"][..], "--stop-at 0"),
+        (&["train", c, "--out", "elsewhere", "--max-steps", "0"][..], "--max-steps"),
+        (&["spectrum", run, "--windows", "0"][..], "--windows"),
+        (&["favor-error", "--features", "0"][..], "--features"),
+        (&["favor-error", "--std=-1"][..], "--std"),
+    ] {
+        assert_clean_error(&variorum(args, tmp.path()), flag);
+    }
+
+    // one training per run directory: a held lock refuses a second one, naming the holder
+    let lock = variorum_train::lock::RunLock::acquire(&out).unwrap();
+    let o = variorum(&["train", c, "--out", run, "--resume", "--max-steps", "8"], tmp.path());
+    assert_clean_error(&o, "in use by another training");
+    drop(lock);
+    let o = variorum(&["train", c, "--out", run, "--resume", "--max-steps", "8"], tmp.path());
+    assert!(o.status.success(), "released, it trains: {}", stderr(&o));
 }
 
 #[test]

@@ -12,6 +12,7 @@ pub mod early_exit;
 pub mod eval;
 pub mod freeze;
 pub mod generate;
+pub mod lock;
 pub mod metrics;
 pub mod plot;
 pub mod run;

@@ -146,6 +146,9 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
     let corpus = Corpus::load(&cfg.data, tokenizer)?;
     cfg.model.resolve(corpus.tokenizer.vocab_size())?;
     fs::create_dir_all(run).with_context(|| format!("cannot create run directory {}", run.display()))?;
+    // one training per run directory, held to the end, before anything in it is written (a
+    // second one that got past the checks above is refused here)
+    let _lock = crate::lock::RunLock::acquire(run)?;
     write_atomic(&run.join("config.toml"), cfg.to_toml().as_bytes())?;
     if resume.is_none() {
         corpus.tokenizer.save(&tokenizer_path)?;
