@@ -24,7 +24,7 @@ CLAIMS=()
 for arg in "$@"; do
   case $arg in
     --quick) QUICK=1 ;;
-    -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "error: unknown option $arg (see --help)" >&2; exit 2 ;;
     *)
       [[ " $ALL " == *" $arg "* ]] || { echo "error: unknown claim '$arg'; claims: $ALL" >&2; exit 2; }
@@ -127,12 +127,13 @@ print("## ALiBi extrapolates past its training length (Press et al. 2022, Figure
 print("| trained at 64 | " + " | ".join(head[1:]) + " | rise 64 → longest |")
 print("|---|" + "---|" * len(head))
 rise = {}
+fmt = lambda x, f: format(x, f) if x is not None else "n/a"
 for name, v in rows.items():
-    rise[name] = v[-1] - v[0] if v[-1] is not None else None
-    print(f"| {name} | " + " | ".join(f"{x:.4f}" if x is not None else "n/a" for x in v) + f" | {rise[name]:+.4f} |")
+    rise[name] = v[-1] - v[0] if v[-1] is not None and v[0] is not None else None
+    print(f"| {name} | " + " | ".join(fmt(x, ".4f") for x in v) + f" | {fmt(rise[name], '+.4f')} |")
 a, s = rise.get("pos-alibi"), rise.get("pos-sinusoidal")
 holds = a is not None and s is not None and a < 0.05 and s > 0.2
-print(f"\nVerdict: {'holds' if holds else 'does not hold here'} (ALiBi's loss moves {a:+.3f} nats, sinusoidal's {s:+.3f}). Plot: alibi.png")
+print(f"\nVerdict: {'holds' if holds else 'does not hold here'} (ALiBi's loss moves {fmt(a, '+.3f')} nats, sinusoidal's {fmt(s, '+.3f')}). Plot: alibi.png")
 PY
   report alibi
 }

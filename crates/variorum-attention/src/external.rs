@@ -248,6 +248,7 @@ pub trait DynMechanism: Debug + Send {
     fn global_segment(&self) -> Option<usize>;
     fn global_token_ids(&self) -> &[u32];
     fn after_optimizer_step(&mut self, step: usize);
+    fn after_partial_load(&mut self, fresh: &dyn Fn(&str) -> bool);
     fn collect_devices(&self, devices: Devices) -> Devices;
     fn fork(self: Box<Self>, device: &Device) -> Box<dyn DynMechanism>;
     fn to_device(self: Box<Self>, device: &Device) -> Box<dyn DynMechanism>;
@@ -284,6 +285,9 @@ impl<M: AttentionMechanism + 'static> DynMechanism for M {
     }
     fn after_optimizer_step(&mut self, step: usize) {
         AttentionMechanism::after_optimizer_step(self, step)
+    }
+    fn after_partial_load(&mut self, fresh: &dyn Fn(&str) -> bool) {
+        AttentionMechanism::after_partial_load(self, fresh)
     }
     fn collect_devices(&self, devices: Devices) -> Devices {
         Module::collect_devices(self, devices)
@@ -386,6 +390,9 @@ impl AttentionMechanism for ExternalAttention {
     }
     fn after_optimizer_step(&mut self, step: usize) {
         self.0.after_optimizer_step(step)
+    }
+    fn after_partial_load(&mut self, fresh: &dyn Fn(&str) -> bool) {
+        self.0.after_partial_load(fresh)
     }
 }
 

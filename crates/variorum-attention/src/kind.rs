@@ -180,6 +180,12 @@ pub trait AttentionMechanism: Module + burn::module::ModuleDisplay + core::fmt::
     /// Called by the trainer after every optimizer step (`step` counts from 1): random features
     /// redrawn, centroids moved.
     fn after_optimizer_step(&mut self, _step: usize) {}
+
+    /// Called after weights were loaded into a freshly built module that did not all find a
+    /// match (`--init-from`): `fresh(field)` says whether parameters under that field kept their
+    /// initialisation. A kind that initialises some parameters from others (Longformer's global
+    /// projections from the window's) derives them again from the loaded ones.
+    fn after_partial_load(&mut self, _fresh: &dyn Fn(&str) -> bool) {}
 }
 
 /// Refuses a dropout probability outside [0, 1) for `model.attention.dropout`.

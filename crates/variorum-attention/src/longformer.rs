@@ -473,4 +473,11 @@ impl AttentionMechanism for LongformerAttention {
     fn global_token_ids(&self) -> &[u32] {
         &self.global_token_ids
     }
+
+    /// Global projections that found nothing to load start again from the (loaded) window's.
+    fn after_partial_load(&mut self, fresh: &dyn Fn(&str) -> bool) {
+        if self.global_qkv.is_some() && fresh("global_qkv") {
+            self.global_qkv = Some(copy_of(&self.attention.qkv));
+        }
+    }
 }

@@ -288,6 +288,13 @@ macro_rules! attention_kinds {
                     Self::External(a) => AttentionMechanism::after_optimizer_step(a, step),
                 }
             }
+
+            pub fn after_partial_load(&mut self, fresh: &dyn Fn(&str) -> bool) {
+                match self {
+                    $( Self::$variant(a) => AttentionMechanism::after_partial_load(a, fresh), )+
+                    Self::External(a) => AttentionMechanism::after_partial_load(a, fresh),
+                }
+            }
         }
     };
 }

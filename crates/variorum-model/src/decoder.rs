@@ -167,15 +167,19 @@ impl DecoderLm {
 
     /// The attention probabilities of every block application over fresh sequences
     /// `[batch, len]`: one `[batch, heads, len, len]` per application, `None` where the kind
-    /// forms no weights (kernelised, sorted-bucket kinds). A plain stack only: a reversible
-    /// stack, exits and ACT are refused (their blocks run under another schedule).
+    /// forms no weights (kernelised, sorted-bucket kinds). Global tokens by id (Longformer) are
+    /// marked as in the forward. A reversible stack, ACT and ETC's global input are refused
+    /// (their blocks run under another schedule).
     pub fn attention_maps(&self, tokens: Tensor<2, Int>) -> Result<Vec<Option<Tensor<4>>>, String> {
         if self.reversible.is_some() || self.act.is_some() || self.global_embedding.is_some() {
             return Err("attention maps are read from plain stacks (not reversible, ACT or ETC models)".into());
         }
         let len = tokens.dims()[1];
+        let ids = self.blocks[0].attn.global_token_ids();
+        let global = (!ids.is_empty()).then(|| global_positions(&tokens, ids, 0));
         let mut x = self.embed(tokens, 0);
-        let (mask, dense) = self.mask(len, None, &x.device());
+        let (mut mask, dense) = self.mask(len, None, &x.device());
+        mask.global = global;
         let mut maps = Vec::with_capacity(self.depth);
         for i in 0..self.depth {
             let input = match self.layer_positions.get(i) {
@@ -421,6 +425,19 @@ impl DecoderLm {
     pub fn after_optimizer_step(mut self, step: usize) -> Self {
         for block in &mut self.blocks {
             block.attn.after_optimizer_step(step);
+        }
+        self
+    }
+
+    /// After a partial load (`--init-from`): `fresh` lists the parameter paths that kept their
+    /// initialisation; each block's attention derives again what it initialises from others.
+    pub fn after_partial_load(mut self, fresh: &[String]) -> Self {
+        for (i, block) in self.blocks.iter_mut().enumerate() {
+            let prefix = format!("blocks.{i}.attn.");
+            let under = |field: &str| {
+                fresh.iter().any(|p| p.strip_prefix(&prefix).is_some_and(|rest| rest.split('.').any(|s| s == field)))
+            };
+            block.attn.after_partial_load(&under);
         }
         self
     }

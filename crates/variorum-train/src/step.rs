@@ -13,11 +13,13 @@ use crate::adamw::FusedAdamW;
 use crate::clip::clip_global_norm;
 use crate::config::TrainConfig;
 
-/// Parameters that get no weight decay: biases, norm gains/shifts, sinusoid frequencies, and
-/// the per-head or per-distance scalars of position schemes and adaptive spans (DA's α/β, the
+/// Parameters that get no weight decay: biases (GTrXL's learned gate bias among them: decay
+/// would pull it to 0 and open the gate), norm gains/shifts, sinusoid frequencies, and the
+/// per-head or per-distance scalars of position schemes and adaptive spans (DA's α/β, the
 /// multiplicative scalars that start at 1, the span fractions, whose L1 penalty is their own
-/// regulariser). nanoGPT's rule otherwise: decay every matrix, embeddings included.
-const NO_DECAY: &str = r"(^|\.)(bias|gamma|beta|frequencies|alpha|scale|span)$";
+/// regulariser, RFA's learned frequency scale, which decay would flatten). nanoGPT's rule
+/// otherwise: decay every matrix, embeddings included.
+const NO_DECAY: &str = r"(^|\.)(bias|learned_bias|gamma|beta|frequencies|frequency_scale|alpha|scale|span)$";
 
 /// AdamW with decoupled weight decay on matrices only ([`FusedAdamW`]: one kernel per
 /// parameter, Burn's AdamW state).
@@ -128,7 +130,10 @@ mod tests {
     }
 
     fn decayed(position: PositionConfig, attention: AttentionConfig) -> Vec<(String, bool)> {
-        let cfg = variorum_model::ModelConfig { position, attention, ..variorum_model::zoo::tiny() };
+        decayed_with(variorum_model::ModelConfig { position, attention, ..variorum_model::zoo::tiny() })
+    }
+
+    fn decayed_with(cfg: variorum_model::ModelConfig) -> Vec<(String, bool)> {
         let model = cfg.init(&Device::flex());
         let mut v = Paths { stack: Vec::new(), group: ParamGroup::from_regex(NO_DECAY).unwrap(), found: Vec::new() };
         model.visit(&mut v);
@@ -140,12 +145,19 @@ mod tests {
         let span = AttentionConfig::AdaptiveSpan(AdaptiveSpanConfig::default());
         let mut all = decayed(PositionConfig::Multiplicative(MultiplicativeConfig::default()), span);
         all.extend(decayed(PositionConfig::Da(Default::default()), AttentionConfig::default()));
+        // GTrXL's learned gate bias, RFA's learned frequency scale
+        all.extend(decayed_with(variorum_model::ModelConfig {
+            position: PositionConfig::Learned(Default::default()),
+            attention: AttentionConfig::Rfa(Default::default()),
+            block: variorum_block::BlockConfig::Gtrxl(Default::default()),
+            ..variorum_model::zoo::tiny()
+        }));
         let is = |suffix: &str, want: bool| {
             let hits: Vec<_> = all.iter().filter(|(p, _)| p.ends_with(suffix)).collect();
             assert!(!hits.is_empty(), "no parameter ends with {suffix}: {all:?}");
             assert!(hits.iter().all(|(_, d)| *d == want), "{suffix}: {hits:?}");
         };
-        for exempt in [".span", ".scale", ".alpha", ".beta", ".bias", ".gamma"] {
+        for exempt in [".span", ".scale", ".alpha", ".beta", ".bias", ".gamma", ".learned_bias", ".frequency_scale"] {
             is(exempt, false);
         }
         for matrix in ["qkv.weight", "token_embedding.weight", "out.weight"] {

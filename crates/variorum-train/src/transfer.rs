@@ -130,7 +130,11 @@ pub fn init_from(model: &mut DecoderLm, source: &Path) -> Result<InitReport> {
     let used_aliases: Vec<&String> =
         aliases.iter().filter(|(_, to)| report.loaded.contains(to)).map(|(f, _)| f).collect();
     report.unused = result.unused.iter().filter(|u| !used_aliases.contains(u)).cloned().collect();
-    report.new = missing.into_iter().filter(|m| !report.loaded.contains(m)).collect();
+    // a name that found its counterpart with another shape is reported as skipped, not new
+    report.new =
+        missing.into_iter().filter(|m| !report.loaded.contains(m) && !report.skipped_shape.contains(m)).collect();
+    let model_now = std::mem::replace(model, model.clone());
+    *model = model_now.after_partial_load(&report.new);
     Ok(report)
 }
 

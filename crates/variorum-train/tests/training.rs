@@ -493,3 +493,32 @@ fn a_softmax_model_initialises_a_performer() {
         assert!(report.unused.iter().all(|n| !n.contains("qkv")), "{}", report.summary());
     }
 }
+
+/// Longformer's global projections start as copies of the window's (the paper's code): when a
+/// model is initialised from another run that has no global projections, they are copied from
+/// the window's *loaded* projections, not left at a copy of the random ones.
+#[test]
+fn init_from_starts_longformer_global_projections_from_the_loaded_window() {
+    use variorum_attention::{Attention, AttentionConfig, LongformerConfig};
+    let _guard = seeded();
+    let tmp = tempfile::tempdir().unwrap();
+    let dev = Device::flex();
+    let mut soft_cfg = tiny_config(&corpus(tmp.path()), 0.0).model;
+    soft_cfg.resolve(40).unwrap();
+    let soft = soft_cfg.init(&dev);
+    let bpk = tmp.path().join("soft.bpk");
+    soft.clone().save_file(&bpk).unwrap();
+    let mut long_cfg = soft_cfg.clone();
+    long_cfg.attention =
+        AttentionConfig::Longformer(LongformerConfig { n_heads: 4, window: 4, global: vec![0], ..Default::default() });
+    let mut long = long_cfg.init(&dev);
+    let report = variorum_train::transfer::init_from(&mut long, &bpk).unwrap();
+    let (Attention::Full(a), Attention::Longformer(l)) = (&soft.blocks[0].attn, &long.blocks[0].attn) else {
+        panic!("kinds")
+    };
+    let same = |x: Tensor<2>, y: Tensor<2>| (x - y).abs().max().into_scalar::<f32>() == 0.0;
+    assert!(same(a.qkv.qkv.weight.val(), l.attention.qkv.qkv.weight.val()), "{}", report.summary());
+    let global = l.global_qkv.as_ref().expect("global projections");
+    assert!(same(a.qkv.qkv.weight.val(), global.qkv.weight.val()), "{}", report.summary());
+    assert_ne!(global.qkv.weight.id, l.attention.qkv.qkv.weight.id, "trained apart");
+}
