@@ -95,6 +95,33 @@ fn prune(dir: &Path, keep: usize, latest: &str) -> Result<()> {
     Ok(())
 }
 
+/// Every checkpoint of a run, newest first (by step, whatever `latest` says or whether it
+/// exists), each with its state or why that cannot be read — what resuming chooses from.
+pub fn all(run: &Path) -> Result<Vec<(PathBuf, Result<TrainState, String>)>> {
+    let dir = checkpoints_dir(run);
+    if !dir.is_dir() {
+        return Ok(Vec::new());
+    }
+    let mut names: Vec<String> = fs::read_dir(&dir)
+        .with_context(|| format!("cannot read {}", dir.display()))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("step-"))
+        .collect();
+    names.sort_unstable_by(|a, b| b.cmp(a));
+    Ok(names
+        .into_iter()
+        .map(|n| {
+            let step = dir.join(n);
+            let path = step.join("state.json");
+            let state = fs::read_to_string(&path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))
+                .and_then(|t| serde_json::from_str(&t).map_err(|e| format!("{} is corrupt: {e}", path.display())));
+            (step, state)
+        })
+        .collect())
+}
+
 /// The latest checkpoint of a run, if there is one: its directory and state.
 pub fn latest(run: &Path) -> Result<Option<(PathBuf, TrainState)>> {
     let pointer = checkpoints_dir(run).join("latest");

@@ -119,21 +119,23 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
     if opts.resume && opts.init_from.is_some() {
         bail!("--init-from starts a new run and --resume continues one: use one of them");
     }
-    let resume = match (opts.resume, checkpoint::latest(run)?) {
-        (true, Some(found)) => Some(found),
+    let checkpoints = checkpoint::all(run)?;
+    match (opts.resume, checkpoints.first()) {
         (true, None) => bail!("nothing to resume: {} holds no checkpoint (start without --resume)", run.display()),
-        (false, Some((_, st))) => bail!(
-            "{} already holds a run (checkpoint at step {}): pass --resume to continue it, or --out to start another",
+        (false, Some((dir, _))) => bail!(
+            "{} already holds a run (checkpoint {}): pass --resume to continue it, or --out to start another",
             run.display(),
-            st.step
+            dir.display()
         ),
-        (false, None) => None,
-    };
+        _ => {}
+    }
+    // the checkpoint resumed from, once one loads completely (below)
+    let mut resume: Option<(PathBuf, TrainState)> = None;
 
     // --- data and tokenizer
     let tokenizer_path = run.join("tokenizer.json");
-    let tokenizer = if resume.is_some() { Some(Tokenizer::load(&tokenizer_path)?) } else { None };
-    if resume.is_some() {
+    let tokenizer = if opts.resume { Some(Tokenizer::load(&tokenizer_path)?) } else { None };
+    if opts.resume {
         // The run continues with its own training settings, so its curve is the one an
         // uninterrupted run would have drawn; --max-steps may still extend it.
         let saved = check_same_run(run, &cfg)?;
@@ -150,7 +152,7 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
     // second one that got past the checks above is refused here)
     let _lock = crate::lock::RunLock::acquire(run)?;
     write_atomic(&run.join("config.toml"), cfg.to_toml().as_bytes())?;
-    if resume.is_none() {
+    if !opts.resume {
         corpus.tokenizer.save(&tokenizer_path)?;
     }
 
@@ -172,15 +174,10 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
     let mut model: DecoderLm = cfg.model.init(&device);
     let mut optim = optimizer(&tc);
     let mut state = TrainState::default();
-    if let Some((dir, st)) = &resume {
-        model = crate::weights::load_weights(model, &dir.join("model.bpk"), "checkpoint")?;
-        // Burn 0.22.1 builds the reloaded moments on `Device::default()` (the BURN_DEVICE
-        // backend; the CLI sets it from --device) and moves each to its parameter's device on
-        // the next step.
-        optim = optim
-            .load(dir.join("optim.bpk"))
-            .map_err(|e| anyhow::anyhow!("checkpoint {} cannot be loaded: {e}", dir.join("optim.bpk").display()))?;
-        state = st.clone();
+    if opts.resume {
+        let (m, o, dir, st) = newest_complete_checkpoint(&checkpoints, model, &tc)?;
+        (model, optim, state) = (m, o, st.clone());
+        resume = Some((dir, st));
         if state.step > tc.steps {
             bail!(
                 "the run is already at step {}, past train.steps = {}: raise --max-steps to continue",
@@ -455,6 +452,45 @@ fn finish_plot(run: &Path, metrics: &MetricsLog) -> Result<()> {
         eprintln!("note: loss.png not drawn (no font found; install fonts-dejavu-core)");
     }
     Ok(())
+}
+
+/// The newest checkpoint that loads completely — state, weights and optimizer — with them; a
+/// damaged newer one is skipped, and a note says which and why. Nothing is deleted here: the
+/// damaged one stays for inspection, and pruning after the next save removes it in turn.
+fn newest_complete_checkpoint(
+    checkpoints: &[(PathBuf, std::result::Result<TrainState, String>)],
+    model: DecoderLm,
+    tc: &TrainConfig,
+) -> Result<(DecoderLm, burn::optim::ModuleOptimizer, PathBuf, TrainState)> {
+    let mut skipped = Vec::new();
+    for (dir, state) in checkpoints {
+        let attempt = || -> Result<_> {
+            let state = state.clone().map_err(|e| anyhow::anyhow!(e))?;
+            let model = crate::weights::load_weights(model.clone(), &dir.join("model.bpk"), "checkpoint")?;
+            // Burn 0.22.1 builds the reloaded moments on `Device::default()` (the BURN_DEVICE
+            // backend; the CLI sets it from --device) and moves each to its parameter's device on
+            // the next step.
+            let optim = optimizer(tc)
+                .load(dir.join("optim.bpk"))
+                .map_err(|e| anyhow::anyhow!("checkpoint {} cannot be loaded: {e}", dir.join("optim.bpk").display()))?;
+            Ok((model, optim, state))
+        };
+        match attempt() {
+            Ok((model, optim, state)) => {
+                if !skipped.is_empty() {
+                    eprintln!(
+                        "note: resuming from {} (step {}); newer ones do not load: {}",
+                        dir.display(),
+                        state.step,
+                        skipped.join("; ")
+                    );
+                }
+                return Ok((model, optim, dir.clone(), state));
+            }
+            Err(e) => skipped.push(format!("{e:#}")),
+        }
+    }
+    bail!("no checkpoint of the run loads completely: {}", skipped.join("; "))
 }
 
 /// Refuses to resume a run with a different model or data section; returns the run's config.

@@ -313,6 +313,40 @@ fn a_corrupt_checkpoint_is_a_clear_error() {
     assert!(e.contains("cannot be loaded") && e.contains("model.bpk"), "{e}");
 }
 
+/// A damaged newest checkpoint (weights, state, or the `latest` pointer) does not stop
+/// `--resume`: it continues from the newest checkpoint that loads completely and says so.
+#[test]
+fn resume_falls_back_to_the_newest_checkpoint_that_loads() {
+    let _guard = seeded();
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tiny_config(&corpus(tmp.path()), 0.0);
+    let run = tmp.path().join("run");
+    let mut opts = options(&run);
+    opts.stop_at = Some(15);
+    train(cfg.clone(), &opts).unwrap();
+    let all = variorum_train::checkpoint::all(&run).unwrap();
+    let steps: Vec<u64> = all.iter().map(|(_, s)| s.as_ref().unwrap().step).collect();
+    assert_eq!(steps, vec![15, 10], "newest first, two kept");
+    // the newest: garbage weights; the pointer to it gone
+    std::fs::write(all[0].0.join("model.bpk"), b"this is not a burnpack file").unwrap();
+    std::fs::remove_file(variorum_train::checkpoint::checkpoints_dir(&run).join("latest")).unwrap();
+    let mut opts = options(&run);
+    opts.resume = true;
+    let Outcome::Finished(s) = train(cfg.clone(), &opts).unwrap() else { panic!("interrupted") };
+    assert_eq!(s.steps, 20);
+    let rows = metrics::read(&run.join("metrics.csv")).unwrap();
+    assert!(rows.iter().any(|r| r.step == 15), "steps 11–15 trained again from step 10");
+    // a truncated state.json of the newest is skipped too
+    let all = variorum_train::checkpoint::all(&run).unwrap();
+    let newest = &all[0].0;
+    std::fs::write(newest.join("state.json"), b"{\"step\": 2").unwrap();
+    assert!(variorum_train::checkpoint::all(&run).unwrap()[0].1.is_err());
+    let mut opts = options(&run);
+    opts.resume = true;
+    opts.max_steps = Some(22);
+    assert!(train(cfg, &opts).is_ok());
+}
+
 #[test]
 fn a_missing_corpus_is_a_clear_error() {
     let _guard = seeded();
