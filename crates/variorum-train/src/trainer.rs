@@ -352,10 +352,15 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
 
     // --- final artefacts
     let valid = model.valid();
-    valid
-        .clone()
-        .save_file(run.join("model.bpk"))
-        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", run.join("model.bpk").display()))?;
+    // written beside and renamed into place: a failed or cut-off write never leaves a truncated
+    // model.bpk (which loading prefers to the checkpoints)
+    let (tmp, weights) = (run.join(".model.tmp.bpk"), run.join("model.bpk"));
+    valid.clone().save_file(&tmp).map_err(|e| {
+        anyhow::anyhow!("cannot write {}: {e}; the checkpoints are intact (--resume finishes the run)", tmp.display())
+    })?;
+    fs::rename(&tmp, &weights).with_context(|| {
+        format!("cannot move {} to {}; the checkpoints are intact", tmp.display(), weights.display())
+    })?;
     finish_plot(run, &metrics)?;
     let inner = device.clone().inner();
     let prompt = corpus.tokenizer.encode("\n").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| vec![0]);

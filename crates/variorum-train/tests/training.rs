@@ -347,6 +347,45 @@ fn resume_falls_back_to_the_newest_checkpoint_that_loads() {
     assert!(train(cfg, &opts).is_ok());
 }
 
+/// Failed writes, injected: a checkpoint whose directory cannot be made, and final weights that
+/// cannot be written, stop the run with a clear error and leave the previous checkpoint intact,
+/// from which `--resume` continues once the obstacle is gone.
+#[test]
+fn failed_writes_stop_the_run_and_keep_the_previous_checkpoint() {
+    let _guard = seeded();
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = tiny_config(&corpus(tmp.path()), 0.0);
+    let run = tmp.path().join("run");
+    let mut opts = options(&run);
+    opts.stop_at = Some(5);
+    train(cfg.clone(), &opts).unwrap();
+    let dir = variorum_train::checkpoint::checkpoints_dir(&run);
+    let resume = || {
+        let mut o = options(&run);
+        o.resume = true;
+        train(cfg.clone(), &o)
+    };
+    // the checkpoint at step 10 cannot be staged: a file where its temporary directory goes
+    let blocker = dir.join(".step-00000010.tmp");
+    std::fs::write(&blocker, b"in the way").unwrap();
+    let e = format!("{:#}", resume().err().expect("the checkpoint write must fail"));
+    assert!(e.contains(".step-00000010.tmp"), "{e}");
+    let (_, st) = variorum_train::checkpoint::latest(&run).unwrap().unwrap();
+    assert_eq!(st.step, 5, "the previous checkpoint stays the latest");
+    std::fs::remove_file(&blocker).unwrap();
+    // the final weights cannot be written: a directory where they are staged
+    let staged = run.join(".model.tmp.bpk");
+    std::fs::create_dir(&staged).unwrap();
+    let e = format!("{:#}", resume().err().expect("the final write must fail"));
+    assert!(e.contains("cannot write") && e.contains("checkpoints are intact"), "{e}");
+    assert!(!run.join("model.bpk").exists(), "no half-written weights");
+    let (_, st) = variorum_train::checkpoint::latest(&run).unwrap().unwrap();
+    assert_eq!(st.step, 20);
+    std::fs::remove_dir(&staged).unwrap();
+    assert!(resume().is_ok(), "with the obstacle gone the run finishes");
+    assert!(run.join("model.bpk").exists());
+}
+
 #[test]
 fn a_missing_corpus_is_a_clear_error() {
     let _guard = seeded();
