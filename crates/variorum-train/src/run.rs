@@ -79,17 +79,38 @@ impl Run {
         }
         let config = ExperimentConfig::load(&config_path)?.with_settings(settings)?;
         let tokenizer = Tokenizer::load(&dir.join("tokenizer.json"))?;
-        let weights = if dir.join("model.bpk").is_file() {
-            dir.join("model.bpk")
-        } else {
-            match checkpoint::latest(dir)? {
-                Some((ckpt, _)) => ckpt.join("model.bpk"),
-                None => bail!("{} has no weights yet (no model.bpk and no checkpoint)", dir.display()),
-            }
-        };
         let mut model_cfg = config.model.clone();
         model_cfg.resolve(tokenizer.vocab_size())?;
-        let model = crate::weights::load_weights(model_cfg.init(device), &weights, "weights")?;
+        let (model, weights) = if dir.join("model.bpk").is_file() {
+            let weights = dir.join("model.bpk");
+            (crate::weights::load_weights(model_cfg.init(device), &weights, "weights")?, weights)
+        } else {
+            // an unfinished run: the newest checkpoint whose weights load (by step; the `latest`
+            // pointer is not needed)
+            let checkpoints = checkpoint::all(dir)?;
+            if checkpoints.is_empty() {
+                bail!("{} has no weights yet (no model.bpk and no checkpoint)", dir.display());
+            }
+            let mut skipped = Vec::new();
+            let mut found = None;
+            for (ckpt, _) in &checkpoints {
+                let weights = ckpt.join("model.bpk");
+                match crate::weights::load_weights(model_cfg.init(device), &weights, "checkpoint") {
+                    Ok(model) => {
+                        found = Some((model, weights));
+                        break;
+                    }
+                    Err(e) => skipped.push(format!("{e:#}")),
+                }
+            }
+            let Some(found) = found else {
+                bail!("no checkpoint of {} loads: {}", dir.display(), skipped.join("; "));
+            };
+            if !skipped.is_empty() {
+                eprintln!("note: using {}; newer ones do not load: {}", found.1.display(), skipped.join("; "));
+            }
+            found
+        };
         Ok(Run { dir: dir.to_path_buf(), config, tokenizer, model, weights, device: device.clone() })
     }
 

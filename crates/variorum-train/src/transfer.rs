@@ -72,7 +72,7 @@ pub fn weights_file(path: &Path) -> Result<PathBuf> {
     if path.join("model.bpk").is_file() {
         return Ok(path.join("model.bpk"));
     }
-    match checkpoint::latest(path)? {
+    match checkpoint::all(path)?.first() {
         Some((dir, _)) => Ok(dir.join("model.bpk")),
         None => bail!("{} has no weights (no model.bpk and no checkpoint)", path.display()),
     }

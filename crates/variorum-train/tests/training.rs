@@ -330,6 +330,9 @@ fn resume_falls_back_to_the_newest_checkpoint_that_loads() {
     // the newest: garbage weights; the pointer to it gone
     std::fs::write(all[0].0.join("model.bpk"), b"this is not a burnpack file").unwrap();
     std::fs::remove_file(variorum_train::checkpoint::checkpoints_dir(&run).join("latest")).unwrap();
+    // loading the unfinished run for generation or evaluation skips it too
+    let loaded = variorum_train::run::Run::load(&run, &Device::flex()).unwrap();
+    assert!(loaded.weights.ends_with("step-00000010/model.bpk"), "{}", loaded.weights.display());
     let mut opts = options(&run);
     opts.resume = true;
     let Outcome::Finished(s) = train(cfg.clone(), &opts).unwrap() else { panic!("interrupted") };
