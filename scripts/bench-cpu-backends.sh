@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin="${CARGO_TARGET_DIR:-target}/release/variorum"
-[ -x "$bin" ] || cargo build --release -p variorum-cli
+[ -x "$bin" ] || cargo test --release --workspace --no-run
 configs=("$@")
 [ ${#configs[@]} -gt 0 ] || configs=(configs/gpt-baby-shakespeare-char.toml)
 printf '%-48s %-8s %12s %10s\n' config device tokens/s peak_MiB

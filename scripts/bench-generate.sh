@@ -53,7 +53,7 @@ ensure_corpus
 # 3. variorum (built only when missing).
 if [[ ! -x "$BIN" ]]; then
   say "building variorum (release)"
-  cargo build --release -p variorum-cli
+  cargo test --release --workspace --no-run
 fi
 if [[ ! -x "$BIN" ]]; then
   echo "error: $BIN not found after the build" >&2

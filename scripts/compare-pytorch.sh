@@ -48,7 +48,7 @@ ensure_corpus
 
 # 3. variorum.
 say "building variorum (release)"
-cargo build --release -p variorum-cli
+cargo test --release --workspace --no-run
 if [[ ! -x "$BIN" ]]; then
   echo "error: $BIN not found after the build" >&2
   exit 1

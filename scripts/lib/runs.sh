@@ -21,7 +21,7 @@ family_members() {
 build_and_fetch() {
   [[ -f data/shakespeare/input.txt ]] || bash datasets/shakespeare/fetch.sh
   say "building variorum"
-  cargo build --release -p variorum-cli >&2
+  cargo test --release --workspace --no-run >&2
 }
 
 # train_once CONFIG RUN_DIR LOG
