@@ -296,15 +296,22 @@ fn a_diverging_run_stops_and_keeps_its_last_good_checkpoint() {
     assert!(st.step >= 1);
 }
 
-#[test]
-fn a_corrupt_checkpoint_is_a_clear_error() {
-    let _guard = seeded();
+/// A tiny run trained to `stop_at` and stopped there (checkpoints every 5 steps): the temporary
+/// directory holding it, its config and its run directory.
+fn stopped_run(stop_at: u64) -> (tempfile::TempDir, ExperimentConfig, PathBuf) {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = tiny_config(&corpus(tmp.path()), 0.0);
     let run = tmp.path().join("run");
     let mut opts = options(&run);
-    opts.stop_at = Some(5);
+    opts.stop_at = Some(stop_at);
     train(cfg.clone(), &opts).unwrap();
+    (tmp, cfg, run)
+}
+
+#[test]
+fn a_corrupt_checkpoint_is_a_clear_error() {
+    let _guard = seeded();
+    let (_tmp, cfg, run) = stopped_run(5);
     let (dir, _) = variorum_train::checkpoint::latest(&run).unwrap().unwrap();
     std::fs::write(dir.join("model.bpk"), b"this is not a burnpack file").unwrap();
     let mut opts = options(&run);
@@ -318,12 +325,7 @@ fn a_corrupt_checkpoint_is_a_clear_error() {
 #[test]
 fn resume_falls_back_to_the_newest_checkpoint_that_loads() {
     let _guard = seeded();
-    let tmp = tempfile::tempdir().unwrap();
-    let cfg = tiny_config(&corpus(tmp.path()), 0.0);
-    let run = tmp.path().join("run");
-    let mut opts = options(&run);
-    opts.stop_at = Some(15);
-    train(cfg.clone(), &opts).unwrap();
+    let (_tmp, cfg, run) = stopped_run(15);
     let all = variorum_train::checkpoint::all(&run).unwrap();
     let steps: Vec<u64> = all.iter().map(|(_, s)| s.as_ref().unwrap().step).collect();
     assert_eq!(steps, vec![15, 10], "newest first, two kept");
@@ -356,12 +358,7 @@ fn resume_falls_back_to_the_newest_checkpoint_that_loads() {
 #[test]
 fn failed_writes_stop_the_run_and_keep_the_previous_checkpoint() {
     let _guard = seeded();
-    let tmp = tempfile::tempdir().unwrap();
-    let cfg = tiny_config(&corpus(tmp.path()), 0.0);
-    let run = tmp.path().join("run");
-    let mut opts = options(&run);
-    opts.stop_at = Some(5);
-    train(cfg.clone(), &opts).unwrap();
+    let (_tmp, cfg, run) = stopped_run(5);
     let dir = variorum_train::checkpoint::checkpoints_dir(&run);
     let resume = || {
         let mut o = options(&run);
