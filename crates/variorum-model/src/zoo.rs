@@ -94,6 +94,19 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
     out
 }
 
+/// Panics unless every test variant validates and no two share a name (the zoo's own variants,
+/// and the cross-axis combinations of `variorum-testkit`).
+pub fn assert_valid_and_named_once(variants: &[(String, ModelConfig)]) {
+    for (name, m) in variants {
+        m.validate().unwrap_or_else(|e| panic!("variant {name}: {e}"));
+    }
+    let mut names: Vec<_> = variants.iter().map(|(n, _)| n.as_str()).collect();
+    names.sort();
+    let before = names.len();
+    names.dedup();
+    assert_eq!(names.len(), before, "two variants share a name");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,14 +136,7 @@ mod tests {
                 row.kind
             );
         }
-        for (name, m) in &variants {
-            m.validate().unwrap_or_else(|e| panic!("variant {name}: {e}"));
-        }
-        let mut names: Vec<_> = variants.iter().map(|(n, _)| n.as_str()).collect();
-        names.sort();
-        let before = names.len();
-        names.dedup();
-        assert_eq!(names.len(), before, "two variants share a name");
+        assert_valid_and_named_once(&variants);
     }
 
     /// Every registered kind of the axes written by registries round-trips through a TOML

@@ -127,14 +127,6 @@ pub fn combinations() -> Vec<(String, ModelConfig)> {
 mod tests {
     #[test]
     fn every_combination_is_valid_and_named_once() {
-        let variants = super::variants();
-        for (name, m) in &variants {
-            m.validate().unwrap_or_else(|e| panic!("variant {name}: {e}"));
-        }
-        let mut names: Vec<_> = variants.iter().map(|(n, _)| n.as_str()).collect();
-        names.sort();
-        let before = names.len();
-        names.dedup();
-        assert_eq!(names.len(), before, "two variants share a name");
+        variorum_model::zoo::assert_valid_and_named_once(&super::variants());
     }
 }

@@ -122,6 +122,23 @@ pub fn all(run: &Path) -> Result<Vec<(PathBuf, Result<TrainState, String>)>> {
         .collect())
 }
 
+/// The newest of `checkpoints` (as [`all`] lists them) for which `load` succeeds: its
+/// directory, what `load` made of it, and why each newer one was skipped. An error lists why
+/// every one failed.
+pub fn newest_that_loads<T>(
+    checkpoints: &[(PathBuf, Result<TrainState, String>)],
+    mut load: impl FnMut(&Path, &Result<TrainState, String>) -> Result<T>,
+) -> Result<(PathBuf, T, Vec<String>)> {
+    let mut skipped = Vec::new();
+    for (dir, state) in checkpoints {
+        match load(dir, state) {
+            Ok(loaded) => return Ok((dir.clone(), loaded, skipped)),
+            Err(e) => skipped.push(format!("{e:#}")),
+        }
+    }
+    bail!("no checkpoint loads: {}", skipped.join("; "))
+}
+
 /// The latest checkpoint of a run, if there is one: its directory and state.
 pub fn latest(run: &Path) -> Result<Option<(PathBuf, TrainState)>> {
     let pointer = checkpoints_dir(run).join("latest");

@@ -91,25 +91,15 @@ impl Run {
             if checkpoints.is_empty() {
                 bail!("{} has no weights yet (no model.bpk and no checkpoint)", dir.display());
             }
-            let mut skipped = Vec::new();
-            let mut found = None;
-            for (ckpt, _) in &checkpoints {
-                let weights = ckpt.join("model.bpk");
-                match crate::weights::load_weights(model_cfg.init(device), &weights, "checkpoint") {
-                    Ok(model) => {
-                        found = Some((model, weights));
-                        break;
-                    }
-                    Err(e) => skipped.push(format!("{e:#}")),
-                }
-            }
-            let Some(found) = found else {
-                bail!("no checkpoint of {} loads: {}", dir.display(), skipped.join("; "));
-            };
+            let (ckpt, model, skipped) = checkpoint::newest_that_loads(&checkpoints, |ckpt, _| {
+                crate::weights::load_weights(model_cfg.init(device), &ckpt.join("model.bpk"), "checkpoint")
+            })
+            .map_err(|e| anyhow::anyhow!("{}: {e:#}", dir.display()))?;
+            let weights = ckpt.join("model.bpk");
             if !skipped.is_empty() {
-                eprintln!("note: using {}; newer ones do not load: {}", found.1.display(), skipped.join("; "));
+                eprintln!("note: using {}; newer ones do not load: {}", weights.display(), skipped.join("; "));
             }
-            found
+            (model, weights)
         };
         Ok(Run { dir: dir.to_path_buf(), config, tokenizer, model, weights, device: device.clone() })
     }

@@ -461,41 +461,32 @@ fn finish_plot(run: &Path, metrics: &MetricsLog) -> Result<()> {
 
 /// The newest checkpoint that loads completely — state, weights and optimizer — with them; a
 /// damaged newer one is skipped, and a note says which and why. Nothing is deleted here: the
-/// damaged one stays for inspection, and pruning after the next save removes it in turn.
+/// damaged one stays for inspection, and the next save at its step replaces it.
 fn newest_complete_checkpoint(
     checkpoints: &[(PathBuf, std::result::Result<TrainState, String>)],
     model: DecoderLm,
     tc: &TrainConfig,
 ) -> Result<(DecoderLm, burn::optim::ModuleOptimizer, PathBuf, TrainState)> {
-    let mut skipped = Vec::new();
-    for (dir, state) in checkpoints {
-        let attempt = || -> Result<_> {
-            let state = state.clone().map_err(|e| anyhow::anyhow!(e))?;
-            let model = crate::weights::load_weights(model.clone(), &dir.join("model.bpk"), "checkpoint")?;
-            // Burn 0.22.1 builds the reloaded moments on `Device::default()` (the BURN_DEVICE
-            // backend; the CLI sets it from --device) and moves each to its parameter's device on
-            // the next step.
-            let optim = optimizer(tc)
-                .load(dir.join("optim.bpk"))
-                .map_err(|e| anyhow::anyhow!("checkpoint {} cannot be loaded: {e}", dir.join("optim.bpk").display()))?;
-            Ok((model, optim, state))
-        };
-        match attempt() {
-            Ok((model, optim, state)) => {
-                if !skipped.is_empty() {
-                    eprintln!(
-                        "note: resuming from {} (step {}); newer ones do not load: {}",
-                        dir.display(),
-                        state.step,
-                        skipped.join("; ")
-                    );
-                }
-                return Ok((model, optim, dir.clone(), state));
-            }
-            Err(e) => skipped.push(format!("{e:#}")),
-        }
+    let (dir, (model, optim, state), skipped) = checkpoint::newest_that_loads(checkpoints, |dir, state| {
+        let state = state.clone().map_err(|e| anyhow::anyhow!(e))?;
+        let model = crate::weights::load_weights(model.clone(), &dir.join("model.bpk"), "checkpoint")?;
+        // Burn 0.22.1 builds the reloaded moments on `Device::default()` (the BURN_DEVICE
+        // backend; the CLI sets it from --device) and moves each to its parameter's device on
+        // the next step.
+        let optim = optimizer(tc)
+            .load(dir.join("optim.bpk"))
+            .map_err(|e| anyhow::anyhow!("checkpoint {} cannot be loaded: {e}", dir.join("optim.bpk").display()))?;
+        Ok((model, optim, state))
+    })?;
+    if !skipped.is_empty() {
+        eprintln!(
+            "note: resuming from {} (step {}); newer ones do not load: {}",
+            dir.display(),
+            state.step,
+            skipped.join("; ")
+        );
     }
-    bail!("no checkpoint of the run loads completely: {}", skipped.join("; "))
+    Ok((model, optim, dir, state))
 }
 
 /// Refuses to resume a run with a different model or data section; returns the run's config.
