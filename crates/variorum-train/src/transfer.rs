@@ -103,7 +103,7 @@ pub fn init_from(model: &mut DecoderLm, source: &Path) -> Result<InitReport> {
         let mut remapper = KeyRemapper::new();
         for (from, to) in &aliases {
             remapper = remapper
-                .add_pattern(format!("^{}$", escaped(from)), to.as_str())
+                .add_pattern(format!("^{}$", regex::escape(from)), to.as_str())
                 .map_err(|e| anyhow!("cannot match {from}: {e}"))?;
         }
         Some(load_matching(model, &file, Some(remapper))?)
@@ -162,9 +162,4 @@ fn normalised(path: &str) -> Vec<&str> {
     path.split('.')
         .filter(|s| !s.starts_with(|c: char| c.is_ascii_uppercase()) && !matches!(*s, "proj" | "attention"))
         .collect()
-}
-
-/// `name` as a regex matching itself.
-fn escaped(name: &str) -> String {
-    name.chars().flat_map(|c| if c.is_ascii_alphanumeric() || c == '_' { vec![c] } else { vec!['\\', c] }).collect()
 }
