@@ -78,10 +78,20 @@ impl Default for ModelConfig {
     }
 }
 
+/// The most layers [`ModelConfig::validate`] accepts.
+pub const MAX_LAYERS: usize = 10_000;
+
 impl ModelConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         check(self.d_model > 0, || "model.d_model must be at least 1".into())?;
         check(self.n_layers > 0, || "model.n_layers must be at least 1".into())?;
+        // A model is built before weights are read into it, and each layer's modules cost memory
+        // even while its parameters are still lazy (≈ 23 KiB): a config from elsewhere with an
+        // absurd depth would exhaust memory before the weights could refuse it. DeepNet's 1,000
+        // layers are the deepest Transformer trained; ten times that is the limit.
+        check(self.n_layers <= MAX_LAYERS, || {
+            format!("model.n_layers = {} is more than {MAX_LAYERS}, the deepest model variorum builds", self.n_layers)
+        })?;
         check(self.seq_len > 0, || "model.seq_len must be at least 1".into())?;
         check(self.vocab_size != Some(0), || "model.vocab_size must be at least 1".into())?;
         check((0.0..1.0).contains(&self.dropout), || format!("model.dropout = {} must be in [0, 1)", self.dropout))?;

@@ -355,6 +355,14 @@ path = "x.txt"
     }
 
     #[test]
+    fn an_absurd_depth_is_refused_before_anything_is_built() {
+        let depth = |n: &str| OK.replace("d_model = 64", &format!("d_model = 64\nn_layers = {n}"));
+        let e = ExperimentConfig::parse(&depth("100000000"), false).unwrap().validate().unwrap_err().to_string();
+        assert!(e.contains("model.n_layers = 100000000 is more than 10000"), "{e}");
+        assert!(ExperimentConfig::parse(&depth("10000"), false).unwrap().validate().is_ok());
+    }
+
+    #[test]
     fn a_convolutional_transition_with_exits_is_refused_by_name() {
         let bad = OK.replace(
             "[data]",

@@ -83,9 +83,7 @@ pub fn load_memory(layout: &MemoryLayout, path: &Path, device: &Device) -> anyho
         template.states.extend([zeros3(&l.compressed), zeros3(&l.memory), zeros3(&l.pending)].into_iter().flatten());
         template.usage.extend(l.usage.map(|s| param(Tensor::<2>::zeros(s, device))));
     }
-    let loaded = template
-        .try_load_file(path)
-        .map_err(|e| anyhow::anyhow!("memory checkpoint {} cannot be loaded: {e}", path.display()))?;
+    let loaded = crate::weights::load_weights(template, path, "memory checkpoint")?;
     let mut states = loaded.states.into_iter().map(|p| p.val());
     let mut usage = loaded.usage.into_iter().map(|p| p.val());
     let mut out = DecoderState { position: layout.position, ..Default::default() };

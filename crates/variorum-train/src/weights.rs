@@ -10,19 +10,58 @@ use burn::store::RecordError;
 /// learned gate bias, RFA's learned scale, Longformer's global projections): the message says
 /// so, and docs/upgrading.md lists the option that loads them as trained.
 pub fn load_weights<M: Module>(model: M, path: &Path, what: &str) -> anyhow::Result<M> {
+    let file = || format!("{what} {}", path.display());
     model.try_load_file(path).map_err(|e| match e {
-        RecordError::Validation(msg) if msg.starts_with("Missing tensors") => {
-            let missing: Vec<&str> = msg.split('"').skip(1).step_by(2).collect();
+        // Burn reports these as one debug-printed list of every tensor: a model of another size
+        // gives a line per tensor. Count them and name the first.
+        RecordError::Validation(msg) if msg.starts_with("Missing tensors") && !quoted(&msg).is_empty() => {
+            let missing = quoted(&msg);
             anyhow::anyhow!(
-                "{what} {} lacks {} parameter(s) the config expects (first: {}): written by an older \
+                "{} lacks {} parameter(s) the config expects (first: {}): written by an older \
                  variorum or for another config; docs/upgrading.md lists the options that load older runs",
-                path.display(),
+                file(),
                 missing.len(),
-                missing.first().copied().unwrap_or("?")
+                missing.first().map_or("?", |s| s.as_str())
             )
         }
-        e => anyhow::anyhow!("{what} {} cannot be loaded: {e}", path.display()),
+        RecordError::Validation(msg) if msg.starts_with("Apply errors") && !quoted(&msg).is_empty() => {
+            let errors = quoted(&msg);
+            let first = errors.first().map_or("?".to_string(), |e| shapes_in_words(e));
+            anyhow::anyhow!(
+                "{} does not fit the config: {} tensor(s) differ (first: {first}); the weights were \
+                 written for another config",
+                file(),
+                errors.len()
+            )
+        }
+        RecordError::Validation(msg) if msg.starts_with("Unused tensors") && !quoted(&msg).is_empty() => {
+            let unused = quoted(&msg);
+            anyhow::anyhow!(
+                "{} holds {} tensor(s) the config has no place for (first: {}): the weights were \
+                 written for another config",
+                file(),
+                unused.len(),
+                unused.first().map_or("?", |s| s.as_str())
+            )
+        }
+        e => anyhow::anyhow!("{} cannot be loaded: {e}", file()),
     })
+}
+
+/// The strings of a debug-printed `Vec<String>` inside `msg` (`["a", "b \"c\""]`).
+fn quoted(msg: &str) -> Vec<String> {
+    let list = msg.find('[').map_or("", |i| &msg[i..]);
+    serde_json::from_str::<Vec<String>>(list).unwrap_or_default()
+}
+
+/// `path: shape mismatch, expected Shape { dims: [a, b] } but record has Shape { dims: [c, d] }`
+/// as `path: the config has [a, b], the file [c, d]`; anything else as it is.
+fn shapes_in_words(error: &str) -> String {
+    let dims: Vec<&str> = error.split("dims: ").skip(1).filter_map(|s| s.split(']').next()).collect();
+    match (error.split_once(": shape mismatch"), dims.as_slice()) {
+        (Some((path, _)), [expected, found]) => format!("{path}: the config has {expected}], the file {found}]"),
+        _ => error.to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -47,5 +86,27 @@ mod tests {
         std::fs::write(&garbage, b"not a burnpack").unwrap();
         let err = load_weights(LinearConfig::new(3, 2).init(&dev), &garbage, "weights").unwrap_err().to_string();
         assert!(err.starts_with("weights ") && err.contains("cannot be loaded"), "{err}");
+    }
+
+    #[test]
+    fn weights_of_another_size_are_summed_up_in_one_short_line() {
+        let dev = Device::flex();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.bpk");
+        LinearConfig::new(3, 2).init(&dev).save_file(&path).unwrap();
+        // every tensor another shape: one line that counts them and names the first
+        let err = load_weights(LinearConfig::new(300, 200).init(&dev), &path, "weights").unwrap_err().to_string();
+        assert!(err.contains("does not fit the config: 2 tensor(s) differ"), "{err}");
+        assert!(
+            err.contains("the config has [200], the file [2]")
+                || err.contains("the config has [300, 200], the file [3, 2]"),
+            "{err}"
+        );
+        assert!(!err.contains('\n') && err.len() < 300, "{err}");
+        // tensors the model has no place for
+        let err = load_weights(LinearConfig::new(3, 2).with_bias(false).init(&dev), &path, "weights")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("holds 1 tensor(s) the config has no place for (first: bias)"), "{err}");
     }
 }
