@@ -82,7 +82,15 @@ impl MetricsLog {
     pub fn open(run: &Path, resume_step: Option<u64>) -> Result<Self> {
         let path = run.join("metrics.csv");
         let kept: Vec<Row> = match resume_step {
-            Some(step) if path.exists() => read(&path)?.into_iter().filter(|r| r.step <= step).collect(),
+            Some(step) if path.exists() => {
+                // The log is a record, not training state: damaged rows are dropped, never a
+                // reason to refuse a resume.
+                let (rows, damaged) = read_counting(&path)?;
+                if damaged > 0 {
+                    eprintln!("note: {}: {damaged} damaged row(s) dropped", path.display());
+                }
+                rows.into_iter().filter(|r| r.step <= step).collect()
+            }
             _ => Vec::new(),
         };
         let mut text = format!("{HEADER}\n");
@@ -108,14 +116,44 @@ impl MetricsLog {
     }
 }
 
+/// The rows of a metrics log; lines that are not rows (damaged ones) are skipped.
 pub fn read(path: &Path) -> Result<Vec<Row>> {
-    let text = fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    Ok(text.lines().skip(1).filter_map(Row::parse).collect())
+    Ok(read_counting(path)?.0)
+}
+
+/// The rows, and how many lines after the header are not rows.
+fn read_counting(path: &Path) -> Result<(Vec<Row>, usize)> {
+    let bytes = fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let text = String::from_utf8_lossy(&bytes);
+    let lines: Vec<&str> = text.lines().skip(1).filter(|l| !l.is_empty()).collect();
+    let rows: Vec<Row> = lines.iter().filter_map(|l| Row::parse(l)).collect();
+    let damaged = lines.len() - rows.len();
+    Ok((rows, damaged))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn damaged_rows_are_dropped_not_a_reason_to_stop() {
+        // found by the property tests (hostile_files.rs): one byte of the header made invalid
+        // UTF-8 stopped --resume
+        let dir = tempfile::tempdir().unwrap();
+        let log = MetricsLog::open(dir.path(), None).unwrap();
+        for step in [10, 20, 30] {
+            log.append(&Row { step, lr: 1e-3, ..Default::default() }).unwrap();
+        }
+        let path = dir.path().join("metrics.csv");
+        let mut bytes = fs::read(&path).unwrap();
+        bytes[0] ^= 128;
+        let row2 = bytes.iter().enumerate().filter(|(_, b)| **b == b'\n').nth(1).unwrap().0 + 1;
+        bytes[row2] = 0xff; // the row of step 20
+        fs::write(&path, &bytes).unwrap();
+        let log = MetricsLog::open(dir.path(), Some(30)).unwrap();
+        let steps: Vec<u64> = log.rows().unwrap().iter().map(|r| r.step).collect();
+        assert_eq!(steps, [10, 30]);
+    }
 
     #[test]
     fn resume_drops_rows_after_the_checkpoint() {
