@@ -1,8 +1,9 @@
 //! Files from elsewhere are input too: arbitrary, truncated and bit-flipped bytes given to the
-//! loaders of configs, tokenizers, weights (`.bpk`) and checkpoint state give an error — never a
-//! panic, an abort or a hang. Property tests (proptest) with fixed seeds: 512 cases for each
-//! text loader, 256 for weights files; a failing case prints its minimal input, which then
-//! belongs here as a regression test.
+//! loaders of configs, tokenizers, weights (`.bpk`, `.safetensors`), checkpoint state, whole run
+//! directories (loaded, and resumed) and corpora give an error — never a panic, an abort or a
+//! hang. Property tests (proptest) with fixed seeds; the cases per loader are in
+//! docs/reliability.md. A failing case prints its minimal input, which then belongs beside the
+//! code it found wrong as a regression test (the damaged `metrics.csv`: `metrics.rs`).
 
 use std::path::Path;
 
