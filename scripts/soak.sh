@@ -43,6 +43,11 @@ csv="$OUT/soak.csv"
 echo "elapsed_s,step,rss_kib,peak_rss_kib,run_dir_bytes,checkpoints" >"$csv"
 nice -n "$NICE" "$BIN" train "$cfg" --out "$run" --no-progress >"$OUT/train.log" 2>&1 &
 pid=$!
+# Ctrl-C in the terminal reaches the training too, which saves a checkpoint and stops; the
+# script waits for it and still writes the summary (a second INT from here would make the
+# training stop without its checkpoint).
+user_stop=0
+trap 'user_stop=1' INT
 start=$(date +%s)
 deadline=$((start + MINUTES * 60))
 sample() {
@@ -50,7 +55,7 @@ sample() {
   now=$(($(date +%s) - start))
   rss=$(awk '/^VmRSS:/ {print $2}' "/proc/$pid/status" 2>/dev/null || echo "")
   hwm=$(awk '/^VmHWM:/ {print $2}' "/proc/$pid/status" 2>/dev/null || echo "")
-  [[ -n $rss ]] || return 1
+  [[ $rss =~ ^[0-9]+$ && $hwm =~ ^[0-9]+$ ]] || return 1
   step=$(tail -n 1 "$run/metrics.csv" 2>/dev/null | cut -d, -f1)
   [[ $step =~ ^[0-9]+$ ]] || step=0
   bytes=$(du -sb "$run" 2>/dev/null | cut -f1)
@@ -62,13 +67,19 @@ while kill -0 "$pid" 2>/dev/null && (($(date +%s) < deadline)); do
   sample || break
   sleep "$INTERVAL"
 done
-if kill -0 "$pid" 2>/dev/null; then
+reached=0
+if kill -0 "$pid" 2>/dev/null && ((user_stop == 0)); then
   sample || true
+  reached=1
   kill -INT "$pid"
 fi
 set +e
-wait "$pid"
-status=$?
+# a trapped INT interrupts `wait`: wait again until the training has ended
+while :; do
+  wait "$pid"
+  status=$?
+  kill -0 "$pid" 2>/dev/null || break
+done
 set -e
 echo "training exited with $status; the end of $OUT/train.log:" >&2
 tail -n 3 "$OUT/train.log" >&2
@@ -92,6 +103,13 @@ if after:
 sizes = [int(r["run_dir_bytes"]) for r in rows]
 print(f"run directory: at most {max(sizes) / 2**20:.1f} MiB, at the end {sizes[-1] / 2**20:.1f} MiB; "
       f"checkpoint directories at most {max(int(r['checkpoints']) for r in rows)}")
-final = sorted(os.listdir(os.path.join(sys.argv[2], "checkpoints")))
-print(f"checkpoints on disk after the stop: {' '.join(final)}")
+ckpts = os.path.join(sys.argv[2], "checkpoints")
+final = sorted(os.listdir(ckpts)) if os.path.isdir(ckpts) else []
+print(f"checkpoints on disk after the stop: {' '.join(final) or 'none'}")
 PY
+# Healthy: stopped at the deadline (or by the user) with its checkpoint, exit code 130.
+if ((status != 130 || (reached == 0 && user_stop == 0))); then
+  echo "error: the training ended on its own before the deadline (exit $status): see $OUT/train.log" >&2
+  exit 1
+fi
+((user_stop == 0)) || exit 130

@@ -80,17 +80,33 @@ impl Default for ModelConfig {
 
 /// The most layers [`ModelConfig::validate`] accepts.
 pub const MAX_LAYERS: usize = 10_000;
+/// The widest residual stream (`d_model`), and the most query width (`n_heads × head_dim`), it
+/// accepts.
+pub const MAX_WIDTH: usize = 1 << 17;
 
 impl ModelConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         check(self.d_model > 0, || "model.d_model must be at least 1".into())?;
         check(self.n_layers > 0, || "model.n_layers must be at least 1".into())?;
-        // A model is built before weights are read into it, and each layer's modules cost memory
-        // even while its parameters are still lazy (≈ 23 KiB): a config from elsewhere with an
-        // absurd depth would exhaust memory before the weights could refuse it. DeepNet's 1,000
-        // layers are the deepest Transformer trained; ten times that is the limit.
+        // A model is built before weights are read into it: each layer's modules cost memory even
+        // while its parameters are still lazy (≈ 23 KiB), and a few small tensors sized by a width
+        // are built at once. A config from elsewhere with an absurd depth or width would exhaust
+        // memory before the weights could refuse it. DeepNet's 1,000 layers and PaLM's 18,432
+        // wide stream are the largest trained; the limits are well beyond them.
         check(self.n_layers <= MAX_LAYERS, || {
             format!("model.n_layers = {} is more than {MAX_LAYERS}, the deepest model variorum builds", self.n_layers)
+        })?;
+        check(self.d_model <= MAX_WIDTH, || {
+            format!("model.d_model = {} is more than {MAX_WIDTH}, the widest model variorum builds", self.d_model)
+        })?;
+        let h = self.attention.heads(self.d_model);
+        check(h.n_heads.saturating_mul(h.head_dim) <= MAX_WIDTH, || {
+            format!(
+                "model.attention: {} heads of {} ({} in all) are more than {MAX_WIDTH}, the widest attention variorum builds",
+                h.n_heads,
+                h.head_dim,
+                h.n_heads.saturating_mul(h.head_dim)
+            )
         })?;
         check(self.seq_len > 0, || "model.seq_len must be at least 1".into())?;
         check(self.vocab_size != Some(0), || "model.vocab_size must be at least 1".into())?;

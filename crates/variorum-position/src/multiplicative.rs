@@ -32,12 +32,17 @@ impl Default for MultiplicativeConfig {
 
 impl MultiplicativeConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
-        check(self.max_distance > 0, || "model.position.max_distance must be at least 1".into())
+        check(self.max_distance > 0, || "model.position.max_distance must be at least 1".into())?;
+        // one scalar per distance: a bound keeps `max_distance + 1` from overflowing
+        check(self.max_distance < 1 << 24, || {
+            format!("model.position.max_distance = {} must be below 2^24", self.max_distance)
+        })
     }
 
     pub fn init(&self, device: &Device) -> MultiplicativePosition {
         MultiplicativePosition {
-            scale: Param::from_tensor(Tensor::ones([self.max_distance + 1], device)),
+            // lazy, like the other parameters: nothing is allocated before weights are loaded
+            scale: burn::nn::Initializer::Ones.init([self.max_distance + 1], device),
             max_distance: self.max_distance,
         }
     }

@@ -355,11 +355,25 @@ path = "x.txt"
     }
 
     #[test]
-    fn an_absurd_depth_is_refused_before_anything_is_built() {
-        let depth = |n: &str| OK.replace("d_model = 64", &format!("d_model = 64\nn_layers = {n}"));
-        let e = ExperimentConfig::parse(&depth("100000000"), false).unwrap().validate().unwrap_err().to_string();
-        assert!(e.contains("model.n_layers = 100000000 is more than 10000"), "{e}");
-        assert!(ExperimentConfig::parse(&depth("10000"), false).unwrap().validate().is_ok());
+    fn an_absurd_size_is_refused_before_anything_is_built() {
+        let refused = |from: &str, to: &str, says: &str| {
+            let e = ExperimentConfig::parse(&OK.replace(from, to), false).unwrap().validate().unwrap_err().to_string();
+            assert!(e.contains(says), "{e}");
+        };
+        refused("d_model = 64", "d_model = 64\nn_layers = 100000000", "model.n_layers = 100000000 is more than 10000");
+        refused("d_model = 64", "d_model = 1048576", "model.d_model = 1048576 is more than 131072");
+        refused(
+            "n_heads = 4",
+            "n_heads = 4\nhead_dim = 1000000",
+            "4 heads of 1000000 (4000000 in all) are more than 131072",
+        );
+        refused(
+            "[data]",
+            "[model.position]\nkind = \"multiplicative\"\nmax_distance = 18446744073709551615\n[data]",
+            "max_distance = 18446744073709551615 must be below 2^24",
+        );
+        let at_the_limits = OK.replace("d_model = 64", "d_model = 131072\nn_layers = 10000");
+        assert!(ExperimentConfig::parse(&at_the_limits, false).unwrap().validate().is_ok());
     }
 
     #[test]

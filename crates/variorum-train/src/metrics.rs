@@ -52,15 +52,16 @@ impl Row {
         if f.len() != 7 && f.len() != 8 {
             return None;
         }
-        let num = |s: &str| if s.is_empty() { None } else { s.parse::<f64>().ok() };
+        // an empty field is a missing value; one that does not parse makes the row damaged
+        let num = |s: &str| if s.is_empty() { Some(None) } else { s.parse::<f64>().ok().map(Some) };
         Some(Row {
             step: f[0].parse().ok()?,
-            train_loss: num(f[1]),
-            val_loss: num(f[2]),
-            lr: num(f[3]).unwrap_or(0.0),
-            grad_norm: num(f[4]),
-            tokens_per_sec: num(f[5]),
-            elapsed_sec: num(f[6]).unwrap_or(0.0),
+            train_loss: num(f[1])?,
+            val_loss: num(f[2])?,
+            lr: num(f[3])?.unwrap_or(0.0),
+            grad_norm: num(f[4])?,
+            tokens_per_sec: num(f[5])?,
+            elapsed_sec: num(f[6])?.unwrap_or(0.0),
             aux: f
                 .get(7)
                 .into_iter()
@@ -83,13 +84,20 @@ impl MetricsLog {
         let path = run.join("metrics.csv");
         let kept: Vec<Row> = match resume_step {
             Some(step) if path.exists() => {
-                // The log is a record, not training state: damaged rows are dropped, never a
-                // reason to refuse a resume.
-                let (rows, damaged) = read_counting(&path)?;
-                if damaged > 0 {
-                    eprintln!("note: {}: {damaged} damaged row(s) dropped", path.display());
+                // The log is a record, not training state: damaged rows are dropped, and a log
+                // that cannot be read is started afresh — never a reason to refuse a resume.
+                match read_counting(&path) {
+                    Ok((rows, damaged)) => {
+                        if damaged > 0 {
+                            eprintln!("note: {}: {damaged} damaged row(s) dropped", path.display());
+                        }
+                        rows.into_iter().filter(|r| r.step <= step).collect()
+                    }
+                    Err(e) => {
+                        eprintln!("note: {e:#}; the metrics log starts afresh");
+                        Vec::new()
+                    }
                 }
-                rows.into_iter().filter(|r| r.step <= step).collect()
             }
             _ => Vec::new(),
         };
@@ -149,10 +157,15 @@ mod tests {
         bytes[0] ^= 128;
         let row2 = bytes.iter().enumerate().filter(|(_, b)| **b == b'\n').nth(1).unwrap().0 + 1;
         bytes[row2] = 0xff; // the row of step 20
+        // the row of step 30 with a field that is not a number
+        let row3 = bytes.iter().enumerate().filter(|(_, b)| **b == b'\n').nth(2).unwrap().0 + 1;
+        let comma = row3 + bytes[row3..].iter().position(|&b| b == b',').unwrap();
+        bytes[comma + 1] = b'x';
         fs::write(&path, &bytes).unwrap();
+        assert_eq!(read_counting(&path).unwrap().1, 2);
         let log = MetricsLog::open(dir.path(), Some(30)).unwrap();
         let steps: Vec<u64> = log.rows().unwrap().iter().map(|r| r.step).collect();
-        assert_eq!(steps, [10, 30]);
+        assert_eq!(steps, [10]);
     }
 
     #[test]

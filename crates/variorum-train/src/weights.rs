@@ -44,14 +44,47 @@ pub fn load_weights<M: Module>(model: M, path: &Path, what: &str) -> anyhow::Res
                 unused.first().map_or("?", |s| s.as_str())
             )
         }
-        e => anyhow::anyhow!("{} cannot be loaded: {e}", file()),
+        e => {
+            // one line, and short: a message may quote names from the file
+            let e: String = e.to_string().replace('\n', " ").chars().take(300).collect();
+            anyhow::anyhow!("{} cannot be loaded: {e}", file())
+        }
     })
 }
 
-/// The strings of a debug-printed `Vec<String>` inside `msg` (`["a", "b \"c\""]`).
+/// The strings of a debug-printed `Vec<String>` inside `msg` (`["a", "b\"c", "d\u{1b}"]`).
+/// Burn gives these lists only as text, and Rust's debug format is not JSON (`\u{…}` escapes),
+/// nor has it a parser crate: a few lines read it. An escape is kept as the escaped character,
+/// `\u{…}` and `\n` as `?`; each name is cut to 120 characters (names come from the file).
 fn quoted(msg: &str) -> Vec<String> {
-    let list = msg.find('[').map_or("", |i| &msg[i..]);
-    serde_json::from_str::<Vec<String>>(list).unwrap_or_default()
+    let mut out = Vec::new();
+    let mut current: Option<String> = None;
+    let mut chars = msg[msg.find('[').unwrap_or(msg.len())..].chars();
+    while let Some(c) = chars.next() {
+        match (&mut current, c) {
+            (None, '"') => current = Some(String::new()),
+            (None, _) => {}
+            (Some(s), '"') => {
+                out.push(std::mem::take(s));
+                current = None;
+            }
+            (Some(s), '\\') => match chars.next() {
+                Some('u') => {
+                    chars.by_ref().take_while(|&c| c != '}').for_each(drop);
+                    s.push('?');
+                }
+                Some('n') => s.push('?'),
+                Some(e) => s.push(e),
+                None => {}
+            },
+            (Some(s), c) => {
+                if s.chars().count() < 120 {
+                    s.push(c)
+                }
+            }
+        }
+    }
+    out
 }
 
 /// `path: shape mismatch, expected Shape { dims: [a, b] } but record has Shape { dims: [c, d] }`
@@ -86,6 +119,15 @@ mod tests {
         std::fs::write(&garbage, b"not a burnpack").unwrap();
         let err = load_weights(LinearConfig::new(3, 2).init(&dev), &garbage, "weights").unwrap_err().to_string();
         assert!(err.starts_with("weights ") && err.contains("cannot be loaded"), "{err}");
+    }
+
+    #[test]
+    fn debug_printed_lists_are_read_with_their_escapes() {
+        let msg = r#"Unused tensors: ["a\u{1b}b", "c\"d", "e\\f", "g\nh", "plain.weight"]"#;
+        assert_eq!(quoted(msg), ["a?b", "c\"d", "e\\f", "g?h", "plain.weight"]);
+        assert!(quoted("Missing tensors: []").is_empty());
+        let long = format!("Unused tensors: [\"{}\"]", "x".repeat(10_000));
+        assert_eq!(quoted(&long)[0].len(), 120);
     }
 
     #[test]

@@ -365,11 +365,12 @@ fn failed_writes_stop_the_run_and_keep_the_previous_checkpoint() {
         o.resume = true;
         train(cfg.clone(), &o)
     };
-    // the metrics log cannot be written: a directory where it goes
+    // the metrics log cannot be written: a directory where it goes (an unreadable log alone
+    // would not stop the resume: it starts afresh)
     std::fs::remove_file(run.join("metrics.csv")).unwrap();
     std::fs::create_dir_all(run.join("metrics.csv").join("in-the-way")).unwrap();
     let e = format!("{:#}", resume().err().expect("the metrics write must fail"));
-    assert!(e.contains("metrics.csv") && !e.contains('\n'), "{e}");
+    assert!(e.contains("cannot write") && e.contains("metrics.csv") && !e.contains('\n'), "{e}");
     let (_, st) = variorum_train::checkpoint::latest(&run).unwrap().unwrap();
     assert_eq!(st.step, 5, "the previous checkpoint stays the latest");
     std::fs::remove_dir_all(run.join("metrics.csv")).unwrap();
