@@ -358,6 +358,8 @@ attention_kinds! {
     "sinkhorn" => Sinkhorn(crate::SinkhornConfig, crate::SinkhornAttention),
     /// Talking heads: learned mixes across heads before and after the softmax.
     "talking-heads" => TalkingHeads(crate::TalkingHeadsConfig, crate::TalkingHeadsAttention),
+    /// Hard-coded Gaussian heads on the previous, current and next token: no queries or keys.
+    "hard-coded-gaussian" => HardCodedGaussian(crate::HardCodedGaussianConfig, crate::HardCodedGaussianAttention),
 }
 
 impl Default for AttentionConfig {
