@@ -19,7 +19,7 @@
 //!   `[heads, len_q, len_k]` matrix serves the whole batch, and no score GEMM is run.
 //! - Decoding caches the values; a new token's weights are its own row of the same formula.
 
-use burn::nn::{Initializer, Linear, LinearConfig};
+use burn::nn::Linear;
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
 use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
@@ -28,6 +28,7 @@ use variorum_position::HeadShape;
 use crate::full::MASKED_SCORE;
 use crate::kernel;
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
+use crate::qkv::{normal_linear, split_heads};
 use crate::{AttentionInput, AttentionOutput, AttentionState};
 
 crate::attention_config! {
@@ -46,15 +47,9 @@ impl HardCodedGaussianConfig {
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> HardCodedGaussianAttention {
         let h = self.heads(d_model);
         let width = h.n_heads * h.head_dim;
-        let linear = |i, o, std| {
-            LinearConfig::new(i, o)
-                .with_bias(self.bias)
-                .with_initializer(Initializer::Normal { mean: 0.0, std })
-                .init(device)
-        };
         HardCodedGaussianAttention {
-            value: linear(d_model, width, init_std),
-            out: linear(width, d_model, out_std),
+            value: normal_linear(d_model, width, self.bias, init_std, device),
+            out: normal_linear(width, d_model, self.bias, out_std, device),
             n_heads: h.n_heads,
             head_dim: h.head_dim,
             std: self.std,
@@ -161,8 +156,7 @@ impl HardCodedGaussianAttention {
     pub fn forward(&self, input: AttentionInput, state: Option<&mut GaussianCache>) -> AttentionOutput {
         let [b, lq, _] = input.query.dims();
         let source = input.key_value.unwrap_or(input.query);
-        let ls = source.dims()[1];
-        let v = self.value.forward(source).reshape([b, ls, self.n_heads, self.head_dim]).swap_dims(1, 2);
+        let v = split_heads(self.value.forward(source), 1, self.n_heads, self.head_dim).remove(0);
         let v = match state {
             Some(cache) => {
                 let all = match cache.values.take() {
