@@ -3,6 +3,8 @@
 use burn::prelude::*;
 use variorum_core::{AttentionMask, AuxLosses};
 
+use crate::CarriedMaps;
+
 /// What every attention mechanism receives.
 #[derive(Debug)]
 pub struct AttentionInput<'a> {
@@ -17,19 +19,27 @@ pub struct AttentionInput<'a> {
     pub dense_mask: Option<Tensor<4, Bool>>,
     /// Return the attention weights (for inspection).
     pub need_weights: bool,
+    /// The previous block application's maps and the slot for this one's
+    /// ([`CarriedMaps`]); `None` outside a model's block loop (one layer alone, as the first).
+    pub carried: Option<&'a mut CarriedMaps>,
 }
 
 impl<'a> AttentionInput<'a> {
     pub fn self_attention(query: Tensor<3>, mask: &'a AttentionMask) -> Self {
-        Self { query, key_value: None, mask, dense_mask: None, need_weights: false }
+        Self { query, key_value: None, mask, dense_mask: None, need_weights: false, carried: None }
     }
 
     pub fn cross_attention(query: Tensor<3>, key_value: Tensor<3>, mask: &'a AttentionMask) -> Self {
-        Self { query, key_value: Some(key_value), mask, dense_mask: None, need_weights: false }
+        Self { query, key_value: Some(key_value), mask, dense_mask: None, need_weights: false, carried: None }
     }
 
     pub fn with_dense_mask(mut self, m: Option<Tensor<4, Bool>>) -> Self {
         self.dense_mask = m;
+        self
+    }
+
+    pub fn with_carried(mut self, c: &'a mut CarriedMaps) -> Self {
+        self.carried = Some(c);
         self
     }
 

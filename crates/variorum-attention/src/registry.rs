@@ -360,6 +360,14 @@ attention_kinds! {
     "talking-heads" => TalkingHeads(crate::TalkingHeadsConfig, crate::TalkingHeadsAttention),
     /// Hard-coded Gaussian heads on the previous, current and next token: no queries or keys.
     "hard-coded-gaussian" => HardCodedGaussian(crate::HardCodedGaussianConfig, crate::HardCodedGaussianAttention),
+    /// Localness modelling: a Gaussian prior on the scores around a centre and window predicted from each query.
+    "gaussian-prior" => GaussianPrior(crate::GaussianPriorConfig, crate::GaussianPriorAttention),
+    /// Synthesizer: scores from an MLP of each token (dense), a per-head ℓ × ℓ table (random), their factorized forms, or a learned mix with dot products.
+    "synthesizer" => Synthesizer(crate::SynthesizerConfig, crate::SynthesizerAttention),
+    /// RealFormer: residual attention, each layer adds the previous layer's raw scores.
+    "realformer" => RealFormer(crate::RealFormerConfig, crate::RealFormerAttention),
+    /// Lazyformer: probabilities computed once per block of layers, reused by the rest.
+    "lazyformer" => Lazyformer(crate::LazyformerConfig, crate::LazyAttention),
 }
 
 impl Default for AttentionConfig {

@@ -1,6 +1,9 @@
 //! The incremental-decoding state of one attention layer, open to every kind: each mechanism
 //! keeps its own type in it (a KV cache, recurrent sums, a kind's several caches), created on
 //! first use. A kind defined outside this crate keeps its state here the same way.
+//!
+//! [`CarriedMaps`] is the same open box with another lifetime: what one block application hands
+//! the next within one forward (RealFormer's raw scores, Lazyformer's probabilities).
 
 use core::any::Any;
 use core::fmt::Debug;
@@ -10,6 +13,7 @@ trait LayerState: Any + Debug + Send + Sync {
     fn clone_boxed(&self) -> Box<dyn LayerState>;
     fn as_any(&self) -> &dyn Any;
     fn as_any_mut(&mut self) -> &mut dyn Any;
+    fn into_any(self: Box<Self>) -> Box<dyn Any>;
 }
 
 impl<T: Any + Debug + Clone + Send + Sync> LayerState for T {
@@ -22,6 +26,10 @@ impl<T: Any + Debug + Clone + Send + Sync> LayerState for T {
     }
 
     fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn Any> {
         self
     }
 }
@@ -57,9 +65,59 @@ impl AttentionState {
         self.0.is_none()
     }
 
+    /// Stores `s`, replacing whatever the layer held.
+    pub fn put<S: Any + Debug + Clone + Send + Sync>(&mut self, s: S) {
+        self.0 = Some(Box::new(s));
+    }
+
+    /// Takes the state out if it is of type `S` (leaving the layer empty); `None` otherwise, and
+    /// then a state of another type stays where it is.
+    pub fn take<S: Any>(&mut self) -> Option<S> {
+        if !self.0.as_ref().is_some_and(|s| (**s).as_any().is::<S>()) {
+            return None;
+        }
+        let boxed = self.0.take().expect("checked above").into_any();
+        Some(*boxed.downcast::<S>().expect("checked above"))
+    }
+
     /// The KV cache, created on first use (the state of every kind that caches keys and values).
     pub fn kv_mut(&mut self) -> &mut crate::KvCache {
         self.get_or_default()
+    }
+}
+
+/// What one block application hands the next within one forward: attention maps for kinds
+/// that read the previous layer's (RealFormer adds its raw scores, Lazyformer reuses its
+/// probabilities, evolving attention convolves them). The model creates one empty slot per
+/// forward and passes it through every block application in order (a shared block's every
+/// application included); a kind takes what the previous application left, of its own type,
+/// and puts what the next should read. Kinds that ignore it leave it as it is. Open like
+/// [`AttentionState`]: a kind outside this crate carries its own type.
+///
+/// Only kinds that declare `Capabilities::cross_layer` read it, and the rules keep them out of
+/// stacks that do not run their blocks in order once per forward (a reversible stack's backward
+/// inverts block by block).
+#[derive(Debug, Clone, Default)]
+pub struct CarriedMaps(AttentionState);
+
+impl CarriedMaps {
+    /// What the previous block application left, if it is of type `S`.
+    pub fn take<S: Any>(&mut self) -> Option<S> {
+        self.0.take()
+    }
+
+    /// Leaves `s` for the next block application.
+    pub fn put<S: Any + Debug + Clone + Send + Sync>(&mut self, s: S) {
+        self.0.put(s)
+    }
+
+    /// What the slot holds, if of type `S`, without taking it.
+    pub fn get<S: Any>(&self) -> Option<&S> {
+        self.0.get()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 }
 
@@ -82,5 +140,16 @@ mod tests {
         assert_eq!(s.get::<Sums>(), Some(&Sums(vec![3, 4, 5])));
         assert_eq!(*s.get_or_default::<u64>(), 0, "another type starts afresh");
         assert!(s.get::<Sums>().is_none());
+    }
+
+    #[test]
+    fn a_carried_map_is_taken_once_and_only_as_its_own_type() {
+        let mut c = CarriedMaps::default();
+        assert!(c.take::<Sums>().is_none() && c.is_empty());
+        c.put(Sums(vec![1]));
+        assert!(c.take::<u64>().is_none(), "another type takes nothing");
+        assert_eq!(c.get::<Sums>(), Some(&Sums(vec![1])));
+        assert_eq!(c.take::<Sums>(), Some(Sums(vec![1])));
+        assert!(c.is_empty(), "taking empties the slot");
     }
 }

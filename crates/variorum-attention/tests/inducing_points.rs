@@ -140,7 +140,7 @@ fn max_diff(a: Tensor<3>, b: Tensor<3>) -> f32 {
 }
 
 fn run(a: &InducingPointsAttention, query: Tensor<3>, key_value: Option<Tensor<3>>, mask: &AttentionMask) -> Tensor<3> {
-    let input = AttentionInput { query, key_value, mask, dense_mask: None, need_weights: false };
+    let input = AttentionInput { query, key_value, mask, dense_mask: None, need_weights: false, carried: None };
     a.forward(input, None).context
 }
 

@@ -15,7 +15,7 @@ use burn::nn::{Dropout, DropoutConfig};
 use burn::prelude::*;
 use burn::tensor::activation::relu;
 use serde::{Deserialize, Serialize};
-use variorum_attention::{Attention, AttentionConfig, AttentionInput, AttentionState, Positioning};
+use variorum_attention::{Attention, AttentionConfig, AttentionInput, AttentionState, CarriedMaps, Positioning};
 use variorum_core::{AttentionMask, AuxLosses, ConfigError, error::check};
 
 use crate::gtrxl::GtrxlConfig;
@@ -174,12 +174,15 @@ pub struct BlockOutput {
 impl TransformerBlock {
     /// `mask` describes queries `x` and keys [memory context; x] (the decoder sets `k_start`
     /// before `q_start` by the context length). Without a memory, `state` holds the KV cache.
+    /// `carried` is the slot the previous block application left its attention maps in
+    /// ([`CarriedMaps`]), passed on to the attention.
     pub fn forward(
         &self,
         x: Tensor<3>,
         mask: &AttentionMask,
         dense_mask: Option<Tensor<4, Bool>>,
         state: Option<&mut LayerState>,
+        carried: Option<&mut CarriedMaps>,
         need_weights: bool,
     ) -> BlockOutput {
         let [_, lq, _] = x.dims();
@@ -199,7 +202,8 @@ impl TransformerBlock {
             }
             None => (norm_in(x.clone()), None),
         };
-        let input = AttentionInput { query, key_value, mask, dense_mask, need_weights: need_weights || track_usage };
+        let weights = need_weights || track_usage;
+        let input = AttentionInput { query, key_value, mask, dense_mask, need_weights: weights, carried };
         // a memory model keeps layer inputs, not keys and values
         let cache = if self.memory.is_none() && incremental { Some(&mut state.attention) } else { None };
         let a = self.attn.forward(input, cache);

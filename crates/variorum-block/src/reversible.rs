@@ -151,6 +151,8 @@ impl TransformerBlock {
             mask: cx.mask,
             dense_mask: cx.dense_mask.cloned(),
             need_weights: false,
+            // the rules keep kinds that read the previous layer's maps out of reversible stacks
+            carried: None,
         };
         let out = self.attn.forward(input, state.map(|s| &mut s.attention));
         (cx.drop(out.context, 0), out.aux_losses)

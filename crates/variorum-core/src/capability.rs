@@ -33,6 +33,10 @@ pub struct Capabilities {
     pub global_input: bool,
     /// Can be recomputed bit-identically by a reversible block's backward (no fresh noise).
     pub replayable: bool,
+    /// Attention: reads the attention maps the previous block application left
+    /// (`variorum_attention::CarriedMaps`: RealFormer, Lazyformer), so its blocks must run in
+    /// order, once each per forward.
+    pub cross_layer: bool,
     /// Position: the scheme acts only through the query–key distance (no table of keys).
     pub distance_only: bool,
     /// Position: absolute positions added to the input (incoherent past a memory boundary).
@@ -59,6 +63,7 @@ impl Capabilities {
         absolute_scores: false,
         global_input: false,
         replayable: true,
+        cross_layer: false,
         distance_only: false,
         absolute: false,
         per_layer: false,

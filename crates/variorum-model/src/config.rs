@@ -189,9 +189,13 @@ impl ModelConfig {
     /// Forward FLOPs per token (2 per multiply–add), with every query attending over the full
     /// `seq_len` keys (the usual estimate; causal masking does not shrink dense attention's work).
     /// Training costs about three times this (forward + backward).
+    /// Layers with their own settings count their own (Lazyformer's reusing layers form no
+    /// scores).
     pub fn flops_per_token(&self) -> u64 {
-        let per_layer = self.attention.flops_per_token(self.d_model, self.seq_len)
-            + self.feed_forward.flops_per_token(self.d_model);
-        self.n_layers as u64 * per_layer + 2 * (self.d_model * self.vocab()) as u64
+        let layer = |i: usize| {
+            let attention = self.attention.for_layer(if self.depth.shared() { 0 } else { i });
+            attention.flops_per_token(self.d_model, self.seq_len) + self.feed_forward.flops_per_token(self.d_model)
+        };
+        (0..self.n_layers).map(layer).sum::<u64>() + 2 * (self.d_model * self.vocab()) as u64
     }
 }

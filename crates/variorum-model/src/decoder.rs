@@ -13,7 +13,7 @@ use burn::nn::{Dropout, DropoutConfig, Embedding, EmbeddingConfig, Initializer, 
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::activation::log_softmax;
-use variorum_attention::Positioning;
+use variorum_attention::{CarriedMaps, Positioning};
 use variorum_block::{
     Act, BlockOutput, LayerState, Norm, ReplayDropout, RevContext, Streams, TransformerBlock, block::BlockParts,
 };
@@ -181,12 +181,14 @@ impl DecoderLm {
         let (mut mask, dense) = self.mask(len, None, &x.device());
         mask.global = global;
         let mut maps = Vec::with_capacity(self.depth);
+        let mut carried = CarriedMaps::default();
         for i in 0..self.depth {
             let input = match self.layer_positions.get(i) {
                 Some(p) => p.forward(x, mask.q_start),
                 None => x,
             };
-            let out = self.blocks[i % self.blocks.len()].forward(input, &mask, dense.clone(), None, true);
+            let out =
+                self.blocks[i % self.blocks.len()].forward(input, &mask, dense.clone(), None, Some(&mut carried), true);
             maps.push(out.weights);
             x = out.x;
         }
@@ -226,7 +228,8 @@ impl DecoderLm {
         (mask, dense)
     }
 
-    /// Block application `i` (its position signal, then the block) on `x`.
+    /// Block application `i` (its position signal, then the block) on `x`, reading and leaving
+    /// attention maps in `carried` (the slot the loop passes from one application to the next).
     pub fn layer(
         &self,
         i: usize,
@@ -234,13 +237,14 @@ impl DecoderLm {
         mask: &AttentionMask,
         dense: Option<Tensor<4, Bool>>,
         state: Option<&mut LayerState>,
+        carried: &mut CarriedMaps,
     ) -> BlockOutput {
         let x = match self.layer_positions.get(i) {
             Some(p) => p.forward(x, mask.q_start),
             None => x,
         };
         // a shared block keeps one state per application (its keys differ at every step)
-        self.blocks[i % self.blocks.len()].forward(x, mask, dense, state, false)
+        self.blocks[i % self.blocks.len()].forward(x, mask, dense, state, Some(carried), false)
     }
 
     /// The block loop every forward runs: block application `i` (its position signal, then the
@@ -272,9 +276,11 @@ impl DecoderLm {
             }
             return (streams.merge(), aux_losses, self.depth);
         }
+        // the attention maps each application hands the next (cross-layer kinds)
+        let mut carried = CarriedMaps::default();
         for i in 0..self.depth {
             let input = x.clone();
-            let out = self.layer(i, x, mask, dense.clone(), layers.as_deref_mut().map(|l| &mut l[i]));
+            let out = self.layer(i, x, mask, dense.clone(), layers.as_deref_mut().map(|l| &mut l[i]), &mut carried);
             x = out.x;
             aux_losses.extend(out.aux_losses);
             if let Flow::Stop = after(i, input, &x) {

@@ -177,6 +177,15 @@ pub const RULES: &[Rule] = &[
         },
     },
     Rule {
+        holds: |s| !s.attention.cross_layer || (!s.model.block.reversible() && !s.memory()),
+        why: |s| {
+            format!(
+                "model.attention.kind = \"{}\" reads the previous layer's attention maps, which a reversible block's backward (it inverts one block at a time) and a memory's reconstruction pass do not carry: use it without model.block.kind = \"reversible\" and model.memory",
+                s.attention_kind()
+            )
+        },
+    },
+    Rule {
         holds: |s| !s.attention.gathers_keys || !s.position.score_bias || s.position.distance_only,
         why: |s| {
             format!(

@@ -130,7 +130,18 @@ impl Run {
             _ => {}
         }
         // a fixed-length attention (Linformer's projections) has no columns past its length
-        m.attention.validate_len(len).map_err(|e| anyhow::anyhow!("a context of {len} tokens: {e}"))
+        m.attention.validate_len(len).map_err(|e| anyhow::anyhow!("a context of {len} tokens: {e}"))?;
+        // and the entries of fixed-length parameters past the trained context were never trained
+        // (Linformer's columns past seq_len; the Synthesizer's tables are seq_len long)
+        if !m.attention.capabilities().variable_length && len > m.seq_len {
+            bail!(
+                "a context of {len} tokens exceeds model.seq_len = {}, the length model.attention.kind = \"{}\" trained its fixed-length parameters for: use at most {}",
+                m.seq_len,
+                m.attention.kind(),
+                m.seq_len
+            );
+        }
+        Ok(())
     }
 
     /// Continues `prompt`, calling `on_token` with every new token as it is produced.

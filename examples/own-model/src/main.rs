@@ -13,7 +13,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Embedding, EmbeddingConfig, LayerNorm, LayerNormConfig, Linear, LinearConfig};
 use burn::optim::{AdamWConfig, GradientsParams};
 use burn::prelude::*;
-use variorum_attention::{AttentionConfig, Positioning};
+use variorum_attention::{AttentionConfig, CarriedMaps, Positioning};
 use variorum_block::block::BlockParts;
 use variorum_block::{BlockConfig, FeedForwardConfig, MemoryConfig, TransformerBlock};
 use variorum_core::AttentionMask;
@@ -62,8 +62,10 @@ impl Classifier {
     pub fn forward(&self, tokens: Tensor<2, Int>) -> Tensor<2> {
         let mask = AttentionMask::causal();
         let mut x = self.embedding.forward(tokens);
+        // the slot in which blocks hand attention maps to the next (RealFormer, Lazyformer)
+        let mut carried = CarriedMaps::default();
         for block in &self.blocks {
-            x = block.forward(x, &mask, None, None, false).x;
+            x = block.forward(x, &mask, None, None, Some(&mut carried), false).x;
         }
         let [batch, len, d] = x.dims();
         let last = x.slice([0..batch, len - 1..len, 0..d]).reshape([batch, d]);
