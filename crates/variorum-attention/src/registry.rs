@@ -368,6 +368,8 @@ attention_kinds! {
     "realformer" => RealFormer(crate::RealFormerConfig, crate::RealFormerAttention),
     /// Lazyformer: probabilities computed once per block of layers, reused by the rest.
     "lazyformer" => Lazyformer(crate::LazyformerConfig, crate::LazyAttention),
+    /// Evolving attention: each layer's logits mix a residual convolution of the previous layer's.
+    "evolving" => Evolving(crate::EvolvingConfig, crate::EvolvingAttention),
 }
 
 impl Default for AttentionConfig {
