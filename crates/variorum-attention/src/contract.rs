@@ -20,7 +20,8 @@ pub struct AttentionInput<'a> {
     /// Return the attention weights (for inspection).
     pub need_weights: bool,
     /// The previous block application's maps and the slot for this one's
-    /// ([`CarriedMaps`]); `None` outside a model's block loop (one layer alone, as the first).
+    /// ([`CarriedMaps`]); `None` outside a model's block loop (one layer alone, as the first;
+    /// a Lazyformer layer that reuses maps cannot run so).
     pub carried: Option<&'a mut CarriedMaps>,
 }
 

@@ -18,8 +18,12 @@
 //! - `group = 1` is plain multi-head attention in every layer, on its fast path.
 //! - Cached decoding: the computing layer caches keys and values as `full` does; a reusing
 //!   layer caches its values (in a [`KvCache`] whose keys are one zero column: it has none) and
-//!   keeps as many as the computing layer's probabilities cover (a reach limit drops the same
-//!   oldest keys in both).
+//!   keeps as many as the computing layer's probabilities cover. Under a reach limit
+//!   (`max_back`) neither drops old keys from its cache (the mask hides them; `full` drops
+//!   them), so the caches grow until the generator restarts its window.
+//! - A reusing layer cannot run alone: without its block's computing layer before it (nothing
+//!   carried) it has no probabilities, and its forward panics naming the cause. A model's
+//!   block loop always runs the computing layer first; the rules refuse a shared block.
 
 use burn::nn::Linear;
 use burn::prelude::*;
@@ -82,7 +86,12 @@ impl AttentionKind for LazyformerConfig {
     type Module = LazyAttention;
     const SUMMARY: &'static str = "Lazyformer: attention probabilities computed in the first layer of each block of `group` layers and reused by the rest (no Q/K there); KV cache";
     const PAPER: &'static str = "Ying, Ke, He, Liu 2021, LazyFormer: Self Attention with Lazy Update";
-    const CAPS: Capabilities = Capabilities { cross_layer: true, ..caps::SCORES };
+    const CAPS: Capabilities = Capabilities { cross_layer: true, distinct_layers: true, ..caps::SCORES };
+
+    /// `group = 1` is plain attention in every layer: nothing carried, no roles.
+    fn capabilities(&self) -> Capabilities {
+        if self.group == 1 { caps::SCORES } else { Self::CAPS }
+    }
 
     fn expanded(&self, d_model: usize) -> Self {
         self.expanded_heads(d_model)

@@ -7,6 +7,9 @@
 //! where B_l is the position scheme's bias on the scores (if any) and M the mask.
 //!
 //! Choices:
+//! - B_l is part of S_l and is carried with it, so with an additive relative bias (ALiBi, T5)
+//!   layer l's scores hold the sum of l biases (ALiBi's slopes grow by m per layer): the
+//!   residual carries the scores as they were, as the paper's residual does.
 //! - S_l is carried unmasked, as the paper writes it: a hidden (query, key) pair is hidden in
 //!   every layer by the same mask, so what its raw score accumulates never reaches a weight.
 //! - The first layer, and a layer run alone (no previous scores), is plain multi-head attention.

@@ -364,6 +364,8 @@ attention_kinds! {
     "gaussian-prior" => GaussianPrior(crate::GaussianPriorConfig, crate::GaussianPriorAttention),
     /// Synthesizer: scores from an MLP of each token (dense), a per-head ℓ × ℓ table (random), their factorized forms, or a learned mix with dot products.
     "synthesizer" => Synthesizer(crate::SynthesizerConfig, crate::SynthesizerAttention),
+    /// Collaborative heads: shared query/key projections re-weighted per head by mixing vectors.
+    "collaborative" => Collaborative(crate::CollaborativeConfig, crate::CollaborativeAttention),
     /// RealFormer: residual attention, each layer adds the previous layer's raw scores.
     "realformer" => RealFormer(crate::RealFormerConfig, crate::RealFormerAttention),
     /// Lazyformer: probabilities computed once per block of layers, reused by the rest.

@@ -34,9 +34,12 @@ pub struct Capabilities {
     /// Can be recomputed bit-identically by a reversible block's backward (no fresh noise).
     pub replayable: bool,
     /// Attention: reads the attention maps the previous block application left
-    /// (`variorum_attention::CarriedMaps`: RealFormer, Lazyformer), so its blocks must run in
-    /// order, once each per forward.
+    /// (`variorum_attention::CarriedMaps`: RealFormer, Lazyformer, evolving attention), so its
+    /// blocks must run in order, once each per forward.
     pub cross_layer: bool,
+    /// Attention: its layers play different roles by index (Lazyformer's computing and reusing
+    /// layers), which one shared block applied at every depth cannot.
+    pub distinct_layers: bool,
     /// Position: the scheme acts only through the query–key distance (no table of keys).
     pub distance_only: bool,
     /// Position: absolute positions added to the input (incoherent past a memory boundary).
@@ -64,6 +67,7 @@ impl Capabilities {
         global_input: false,
         replayable: true,
         cross_layer: false,
+        distinct_layers: false,
         distance_only: false,
         absolute: false,
         per_layer: false,

@@ -177,6 +177,15 @@ pub const RULES: &[Rule] = &[
         },
     },
     Rule {
+        holds: |s| !s.attention.distinct_layers || s.stack(),
+        why: |s| {
+            format!(
+                "model.attention.kind = \"{}\" gives its layers different roles by index, which one shared block (model.depth universal) cannot play: use a stack of distinct layers",
+                s.attention_kind()
+            )
+        },
+    },
+    Rule {
         holds: |s| !s.attention.cross_layer || (!s.model.block.reversible() && !s.memory()),
         why: |s| {
             format!(

@@ -59,7 +59,7 @@ fn realformer_layers_read_the_scores_the_loop_carries() {
 
 #[test]
 fn kinds_that_read_the_previous_layer_are_refused_where_it_is_not_carried() {
-    for kind in ["realformer", "lazyformer"] {
+    for kind in ["realformer", "lazyformer", "evolving"] {
         for (setting, needle) in
             [("[block]\nkind = \"reversible\"", "reversible"), ("[memory]\nkind = \"xl\"\nlength = 8", "model.memory")]
         {
@@ -67,4 +67,12 @@ fn kinds_that_read_the_previous_layer_are_refused_where_it_is_not_carried() {
             assert!(e.contains("previous layer's attention maps") && e.contains(needle), "{kind} with {setting}: {e}");
         }
     }
+    // one shared block cannot be both a computing and a reusing Lazyformer layer
+    let shared = "[attention]\nkind = \"lazyformer\"\n[depth]\nkind = \"universal\"\n[position]\nkind = \"learned\"";
+    let e = config(shared).validate().unwrap_err().to_string();
+    assert!(e.contains("different roles by index"), "{e}");
+    config(&shared.replace("kind = \"lazyformer\"", "kind = \"lazyformer\"\ngroup = 1")).validate().unwrap();
+    config("[attention]\nkind = \"realformer\"\n[depth]\nkind = \"universal\"\n[position]\nkind = \"learned\"")
+        .validate()
+        .unwrap();
 }
