@@ -60,7 +60,7 @@ use burn::tensor::activation::{sigmoid, softmax};
 use burn::tensor::module::conv2d;
 use burn::tensor::ops::ConvOptions;
 use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
-use variorum_position::{HeadShape, PositionConfig, RotaryConfig};
+use variorum_position::HeadShape;
 
 use crate::full::{MASKED_SCORE, Projected};
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
@@ -156,14 +156,7 @@ impl AttentionKind for EvolvingConfig {
     }
 
     fn test_variants() -> Vec<TestVariant<Self>> {
-        vec![
-            TestVariant::new("", Self::default()),
-            TestVariant::new("grouped-query + position rope", Self { n_kv_heads: Some(2), ..Self::default() })
-                .with_position(PositionConfig::Rope(RotaryConfig::default())),
-            TestVariant::new("position alibi", Self::default())
-                .with_position(PositionConfig::Alibi(Default::default())),
-            TestVariant::new("bidirectional", Self::default()).masked(),
-        ]
+        TestVariant::score_path(Self::default(), Self { n_kv_heads: Some(2), ..Self::default() })
     }
 }
 

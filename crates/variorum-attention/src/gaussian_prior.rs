@@ -44,7 +44,7 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::activation::{sigmoid, softmax};
 use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
-use variorum_position::{PositionConfig, RotaryConfig, ScoreLayout};
+use variorum_position::ScoreLayout;
 
 use crate::full::{Positioning, Projected};
 use crate::kind::{AttentionKind, AttentionMechanism, TestVariant, caps};
@@ -125,14 +125,7 @@ impl AttentionKind for GaussianPriorConfig {
     }
 
     fn test_variants() -> Vec<TestVariant<Self>> {
-        vec![
-            TestVariant::new("", Self::default()),
-            TestVariant::new("grouped-query + position rope", Self { n_kv_heads: Some(2), ..Self::default() })
-                .with_position(PositionConfig::Rope(RotaryConfig::default())),
-            TestVariant::new("position alibi", Self::default())
-                .with_position(PositionConfig::Alibi(Default::default())),
-            TestVariant::new("bidirectional", Self::default()).masked(),
-        ]
+        TestVariant::score_path(Self::default(), Self { n_kv_heads: Some(2), ..Self::default() })
     }
 }
 

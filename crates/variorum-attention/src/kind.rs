@@ -54,6 +54,22 @@ impl<C> TestVariant<C> {
     }
 }
 
+impl<C: Clone> TestVariant<C> {
+    /// The variants of a kind on full attention's score path (talking heads, RealFormer,
+    /// Lazyformer, …): `base` alone, `grouped` (`base` with two key/value heads) under RoPE,
+    /// `base` under ALiBi, and `base` under the masked objective.
+    pub fn score_path(base: C, grouped: C) -> Vec<Self> {
+        use variorum_position::{PositionConfig, RotaryConfig};
+        vec![
+            Self::new("", base.clone()),
+            Self::new("grouped-query + position rope", grouped)
+                .with_position(PositionConfig::Rope(RotaryConfig::default())),
+            Self::new("position alibi", base.clone()).with_position(PositionConfig::Alibi(Default::default())),
+            Self::new("bidirectional", base).masked(),
+        ]
+    }
+}
+
 /// A kind's config (`model.attention` with `kind = "…"`): what it is, what it supports, how it
 /// is checked and built. The name a config selects it by is given at registration.
 pub trait AttentionKind:

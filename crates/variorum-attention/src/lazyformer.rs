@@ -29,9 +29,8 @@ use burn::nn::Linear;
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
 use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
-use variorum_position::{HeadShape, PositionConfig, RotaryConfig};
 
-use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
+use crate::kind::{AttentionKind, AttentionMechanism, TestVariant, caps};
 use crate::qkv::{normal_linear, split_heads};
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention, Positioning};
 
@@ -93,6 +92,8 @@ impl AttentionKind for LazyformerConfig {
         if self.group == 1 { caps::SCORES } else { Self::CAPS }
     }
 
+    crate::head_kind_items!();
+
     fn expanded(&self, d_model: usize) -> Self {
         self.expanded_heads(d_model)
     }
@@ -106,14 +107,6 @@ impl AttentionKind for LazyformerConfig {
         check(self.group >= 1, || {
             "model.attention.group must be at least 1 (1 = every layer computes its attention)".into()
         })
-    }
-
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads().heads(d_model)
-    }
-
-    fn dropout(&self) -> f64 {
-        self.dropout
     }
 
     /// A computing layer: full attention's. A reusing layer: the value and output projections
@@ -132,19 +125,8 @@ impl AttentionKind for LazyformerConfig {
         true
     }
 
-    fn build(&self, init: &LayerInit, device: &Device) -> LazyAttention {
-        self.init(init.d_model, init.init_std, init.out_std, init.position, device)
-    }
-
     fn test_variants() -> Vec<TestVariant<Self>> {
-        vec![
-            TestVariant::new("", Self::default()),
-            TestVariant::new("grouped-query + position rope", Self { n_kv_heads: Some(2), ..Self::default() })
-                .with_position(PositionConfig::Rope(RotaryConfig::default())),
-            TestVariant::new("position alibi", Self::default())
-                .with_position(PositionConfig::Alibi(Default::default())),
-            TestVariant::new("bidirectional", Self::default()).masked(),
-        ]
+        TestVariant::score_path(Self::default(), Self { n_kv_heads: Some(2), ..Self::default() })
     }
 }
 

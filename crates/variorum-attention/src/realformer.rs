@@ -25,9 +25,8 @@
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
 use variorum_core::{Capabilities, ConfigError};
-use variorum_position::{HeadShape, PositionConfig, RotaryConfig};
 
-use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
+use crate::kind::{AttentionKind, AttentionMechanism, TestVariant, caps};
 use crate::{AttentionInput, AttentionOutput, AttentionState, CarriedMaps, KvCache, MultiHeadAttention, Positioning};
 
 crate::attention_config! {
@@ -57,20 +56,14 @@ impl AttentionKind for RealFormerConfig {
     const PAPER: &'static str = "He, Ravula, Kanagal, Ainslie 2020, RealFormer: Transformer Likes Residual Attention";
     const CAPS: Capabilities = Capabilities { cross_layer: true, ..caps::SCORES };
 
+    crate::head_kind_items!();
+
     fn expanded(&self, d_model: usize) -> Self {
         self.expanded_heads(d_model)
     }
 
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         self.heads().validate(d_model)
-    }
-
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads().heads(d_model)
-    }
-
-    fn dropout(&self) -> f64 {
-        self.dropout
     }
 
     /// Full attention's, plus one addition per head and key.
@@ -82,19 +75,8 @@ impl AttentionKind for RealFormerConfig {
         true
     }
 
-    fn build(&self, init: &LayerInit, device: &Device) -> RealFormerAttention {
-        self.init(init.d_model, init.init_std, init.out_std, init.position, device)
-    }
-
     fn test_variants() -> Vec<TestVariant<Self>> {
-        vec![
-            TestVariant::new("", Self::default()),
-            TestVariant::new("grouped-query + position rope", Self { n_kv_heads: Some(2), ..Self::default() })
-                .with_position(PositionConfig::Rope(RotaryConfig::default())),
-            TestVariant::new("position alibi", Self::default())
-                .with_position(PositionConfig::Alibi(Default::default())),
-            TestVariant::new("bidirectional", Self::default()).masked(),
-        ]
+        TestVariant::score_path(Self::default(), Self { n_kv_heads: Some(2), ..Self::default() })
     }
 }
 

@@ -19,7 +19,7 @@ use burn::module::Param;
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
 use variorum_core::ConfigError;
-use variorum_position::{HeadShape, PositionConfig, RotaryConfig};
+use variorum_position::HeadShape;
 
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention, Positioning};
@@ -88,13 +88,7 @@ impl AttentionKind for TalkingHeadsConfig {
     }
 
     fn test_variants() -> Vec<TestVariant<Self>> {
-        vec![
-            TestVariant::new("", Self::default()),
-            TestVariant::new("grouped-query + position rope", Self { n_kv_heads: Some(2), ..Self::default() })
-                .with_position(PositionConfig::Rope(RotaryConfig::default())),
-            TestVariant::new("position alibi", Self::default())
-                .with_position(PositionConfig::Alibi(Default::default())),
-        ]
+        TestVariant::score_path(Self::default(), Self { n_kv_heads: Some(2), ..Self::default() })
     }
 }
 
