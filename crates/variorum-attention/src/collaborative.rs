@@ -577,9 +577,9 @@ fn dominant_subspace(w: &Tensor<3>, u: &Tensor<3>, rank: usize, rng: &mut ChaCha
     x
 }
 
-// Host-side linear algebra in f64. Hand-written: this crate has no linear-algebra dependency
-// (nalgebra is the workspace's, for `variorum spectrum`, and not this crate's), and all it takes
-// is a Cholesky factorisation of R × R Gram products and a Gram–Schmidt.
+// Host-side linear algebra in f64: the R × R solves by nalgebra; the Gram–Schmidt below is
+// written out because it also replaces a column with nothing left by a basis vector, which a QR
+// factorisation does not.
 
 /// A `[rows, cols]` tensor on the host, row-major, in f64.
 fn host(t: Tensor<2>) -> Vec<f64> {
@@ -613,37 +613,21 @@ fn solve(p: Tensor<2>, g: &[f64], r: usize) -> Tensor<2> {
 }
 
 /// Solves x G = p (G symmetric, so G x = p) for every row p of `rows` (row-major, `r` columns)
-/// by Cholesky, G + εI = L Lᵀ with a ridge ε = 1e-9 · tr(G)/r that keeps a rank-deficient G
-/// (a column of the decomposition gone unused) solvable.
-#[allow(clippy::needless_range_loop)]
+/// by nalgebra's Cholesky of G + εI, with a ridge ε = 1e-9 · tr(G)/r that keeps a
+/// rank-deficient G (a column of the decomposition gone unused) solvable.
 fn solve_rows(g: &[f64], r: usize, rows: &[f64]) -> Vec<f64> {
     let trace: f64 = (0..r).map(|i| g[i * r + i]).sum();
     let ridge = (1e-9 * trace / r as f64).max(f64::MIN_POSITIVE);
-    let mut l = vec![0.0; r * r];
-    for i in 0..r {
-        for j in 0..=i {
-            let s = g[i * r + j] - (0..j).map(|k| l[i * r + k] * l[j * r + k]).sum::<f64>();
-            if i == j {
-                l[i * r + i] = (s + ridge).max(ridge).sqrt();
-            } else {
-                l[i * r + j] = s / l[j * r + j];
-            }
-        }
-    }
-    let mut out = Vec::with_capacity(rows.len());
-    for p in rows.chunks(r) {
-        // L y = p, then Lᵀ x = y
-        let mut y = vec![0.0; r];
-        for i in 0..r {
-            y[i] = (p[i] - (0..i).map(|k| l[i * r + k] * y[k]).sum::<f64>()) / l[i * r + i];
-        }
-        let mut x = vec![0.0; r];
-        for i in (0..r).rev() {
-            x[i] = (y[i] - (i + 1..r).map(|k| l[k * r + i] * x[k]).sum::<f64>()) / l[i * r + i];
-        }
-        out.extend(x);
-    }
-    out
+    let gram = nalgebra::DMatrix::from_row_slice(r, r, g) + nalgebra::DMatrix::identity(r, r) * ridge;
+    let n = rows.len() / r;
+    // columns of the right-hand side are the rows p
+    let rhs = nalgebra::DMatrix::from_column_slice(r, n, rows);
+    let x = match gram.clone().cholesky() {
+        Some(c) => c.solve(&rhs),
+        // not positive definite even with the ridge (a degenerate Gram): least squares
+        None => gram.svd(true, true).solve(&rhs, 1e-12).unwrap_or_else(|_| nalgebra::DMatrix::zeros(r, n)),
+    };
+    x.as_slice().to_vec()
 }
 
 /// The columns of `x` (`[d, r]`, row-major) made orthonormal by modified Gram–Schmidt, each

@@ -12,7 +12,8 @@ use variorum_position::PositionConfig;
 fn every_accepted_position_scheme_builds_and_runs() {
     let kinds = ["collaborative", "synthesizer", "gaussian-prior", "realformer", "lazyformer", "evolving"];
     let dev = Device::flex();
-    let tokens = Tensor::<2, Int>::from_data(TensorData::new((0..12).map(|i| i % 11).collect::<Vec<i64>>(), [1, 12]), &dev);
+    let tokens =
+        Tensor::<2, Int>::from_data(TensorData::new((0..12).map(|i| i % 11).collect::<Vec<i64>>(), [1, 12]), &dev);
     let mut failures = Vec::new();
     let mut accepted = 0;
     for kind in kinds {
