@@ -23,7 +23,7 @@ EVAL_TOKENS="${EVAL_TOKENS:-131072}"
 BIN="${CARGO_TARGET_DIR:-target}/release/variorum"
 source scripts/lib/runs.sh
 
-RUNS=$(family_members "$FAMILY" "${RUNS:-full talking-heads realformer lazyformer evolving gaussian-prior synthesizer synthesizer-random synthesizer-mixture collaborative hard-coded-gaussian}")
+RUNS=$(family_members "$FAMILY" "${RUNS:-full talking-heads realformer lazyformer evolving gaussian-prior synthesizer synthesizer-random synthesizer-mixture collaborative hard-coded-gaussian full-relu full-sigmoid full-sparsemax full-entmax full-head-temperature}")
 SEEDS="${SEEDS:-1337 2}"
 build_and_fetch
 mkdir -p "$OUT/configs"

@@ -47,8 +47,17 @@ crate::attention_config! {
 
 impl AdaptiveSpanConfig {
     /// The multi-head attention it is built on.
+    /// The heads, softmax-normalised: the soft mask reweights softmax's distribution and
+    /// renormalises it (the paper's definition), which has no meaning for the other normalisers.
     pub fn heads(&self) -> MultiHeadAttentionConfig {
-        crate::head_fields!(self)
+        MultiHeadAttentionConfig {
+            n_heads: self.n_heads,
+            n_kv_heads: self.n_kv_heads,
+            head_dim: self.head_dim,
+            dropout: self.dropout,
+            bias: self.bias,
+            ..Default::default()
+        }
     }
 
     pub fn init(

@@ -20,7 +20,6 @@ use std::ops::Range;
 
 use burn::prelude::*;
 
-use burn::tensor::activation::softmax;
 use burn::tensor::{IndexingUpdateOp, Slice};
 use variorum_core::AttentionMask;
 use variorum_position::{Distances, ScoreLayout};
@@ -320,7 +319,7 @@ pub fn sparse(mha: &MultiHeadAttention, p: &Projected, pattern: &Pattern) -> Ten
 
     let widths: Vec<usize> = pieces.iter().map(|(s, _)| s.dims()[3]).collect();
     let scores: Vec<Tensor<4>> = pieces.iter().map(|(s, _)| s.clone()).collect();
-    let probs = mha.dropout.forward(softmax(Tensor::cat(scores, 3), 3));
+    let probs = mha.dropout.forward(mha.normalise(Tensor::cat(scores, 3)));
     let mut out: Tensor<4> = Tensor::zeros([b, h, l, dh], &device);
     let mut at = 0;
     for ((_, piece), w) in pieces.into_iter().zip(widths) {
@@ -373,7 +372,7 @@ pub fn sparse(mha: &MultiHeadAttention, p: &Projected, pattern: &Pattern) -> Ten
             let hidden = Tensor::<2, Bool>::from_data(TensorData::new(hidden, [g, l]), &device);
             scores = scores.mask_fill(hidden.unsqueeze::<4>().expand([b, h, g, l]), MASKED_SCORE);
         }
-        mha.dropout.forward(softmax(scores, 3)).matmul(v_all)
+        mha.dropout.forward(mha.normalise(scores)).matmul(v_all)
     } else {
         let rows = global
             .iter()
@@ -388,7 +387,7 @@ pub fn sparse(mha: &MultiHeadAttention, p: &Projected, pattern: &Pattern) -> Ten
                     Some(pos) => pos.scores(row, qi, k, &row_layout, mha.scale),
                     None => row,
                 };
-                let probs = mha.dropout.forward(softmax(row, 3));
+                let probs = mha.dropout.forward(mha.normalise(row));
                 let mut value = probs.clone().matmul(v);
                 if let Some(extra) = mha.position.as_ref().and_then(|pos| pos.context(probs, &row_layout)) {
                     value = value + extra;
@@ -570,7 +569,7 @@ pub fn decode_runs(
             sc.mask_fill(off.expand([b, h, 1, n]), MASKED_SCORE)
         })
         .collect();
-    let probs = mha.dropout.forward(softmax(Tensor::cat(scores, 3), 3));
+    let probs = mha.dropout.forward(mha.normalise(Tensor::cat(scores, 3)));
     let mut context: Tensor<4> = Tensor::zeros([b, h, 1, dh], &device);
     let mut at = 0;
     for (_, v, layout) in parts {
@@ -613,7 +612,7 @@ pub fn dense_pattern(
         Some(m) => m.expand([b, h, lq, lk]).bool_or(outside),
         None => outside,
     };
-    let probs = softmax(scores.mask_fill(hidden, MASKED_SCORE), 3);
+    let probs = mha.normalise(scores.mask_fill(hidden, MASKED_SCORE));
     let weights = need_weights.then(|| probs.clone());
     let context = mha.combine(mha.dropout.forward(probs), p);
     AttentionOutput { context, weights, aux_losses: Vec::new() }

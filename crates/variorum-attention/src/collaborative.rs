@@ -48,7 +48,6 @@
 use burn::module::Param;
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear};
 use burn::prelude::*;
-use burn::tensor::activation::softmax;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
@@ -57,12 +56,13 @@ use variorum_position::{HeadShape, PositionConfig, RelativePosition, ScoreLayout
 use crate::full::MASKED_SCORE;
 use crate::kernel;
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
+use crate::normaliser::ScoreNormaliser;
 use crate::qkv::normal_linear;
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention, Positioning};
 
 crate::attention_config! {
     /// `model.attention` with `kind = "collaborative"`.
-    pub struct CollaborativeConfig [n_heads, head_dim, dropout, bias] {
+    pub struct CollaborativeConfig [n_heads, head_dim, dropout, bias, normaliser] {
         /// D̃, the width of the query and key projections shared by every head. Default
         /// `n_heads · head_dim` (as many dimensions as concatenated heads); smaller compresses
         /// them (the paper's headline: a quarter of the width for the same accuracy).
@@ -107,6 +107,7 @@ impl CollaborativeConfig {
             out: normal_linear(h * dh, d_model, self.bias, out_std, device),
             position: relative,
             dropout: DropoutConfig::new(self.dropout).init(),
+            normaliser: self.normaliser.init(h, self.head_temperature, position.context, device),
             n_heads: h,
             head_dim: dh,
             shared_dim: s,
@@ -179,6 +180,10 @@ impl AttentionKind for CollaborativeConfig {
             TestVariant::new("", Self::default()),
             TestVariant::new("shared_dim 8 (4× compressed)", Self { shared_dim: Some(8), ..Self::default() }),
             TestVariant::new(
+                "sparsemax + head temperature",
+                Self { normaliser: crate::Normaliser::Sparsemax, head_temperature: true, ..Self::default() },
+            ),
+            TestVariant::new(
                 "2 heads of 12, shared_dim 6, no bias",
                 Self { n_heads: 2, head_dim: Some(12), shared_dim: Some(6), bias: false, ..Self::default() },
             )
@@ -203,6 +208,7 @@ pub struct CollaborativeAttention {
     /// A distance-only score scheme (ALiBi, T5), if the layer has one.
     pub position: Option<RelativePosition>,
     pub dropout: Dropout,
+    pub normaliser: ScoreNormaliser,
     pub n_heads: usize,
     pub head_dim: usize,
     /// D̃.
@@ -285,7 +291,7 @@ impl CollaborativeAttention {
             Some(m) => scores.mask_fill(m, MASKED_SCORE),
             None => scores,
         };
-        let probs = softmax(scores, 3);
+        let probs = self.normaliser.forward(scores);
         let context = self.dropout.forward(probs.clone()).matmul(v);
         let context = context.swap_dims(1, 2).reshape([b, lq, h * dh]);
         (variorum_kernels::linear::forward(&self.out, context), probs)
@@ -444,6 +450,7 @@ impl CollaborativeAttention {
             out: copy(&full.out),
             position: full.position.clone(),
             dropout: full.dropout.clone(),
+            normaliser: full.normaliser.clone(),
             n_heads: h,
             head_dim: dh,
             shared_dim,
@@ -668,6 +675,7 @@ mod tests {
     use super::*;
     use crate::MultiHeadAttentionConfig;
     use burn::tensor::Distribution;
+    use burn::tensor::activation::softmax;
 
     const D: usize = 16;
 

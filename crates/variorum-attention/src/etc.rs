@@ -19,7 +19,6 @@
 //! global token through the layers once the segment is complete.
 
 use burn::prelude::*;
-use burn::tensor::activation::softmax;
 use variorum_core::{AttentionMask, Capabilities, ConfigError, GlobalLocal, error::check};
 use variorum_position::{PositionConfig, XlRelativeConfig};
 
@@ -95,7 +94,18 @@ impl AttentionKind for EtcConfig {
                 let cfg = Self { window: 2, segment: 3, block: Some(2), n_kv_heads: Some(2), ..Default::default() };
                 TestVariant::new(format!("position {}", p.kind()), cfg).with_position(p)
             })
-            .into()
+            .into_iter()
+            .chain([TestVariant::new(
+                "sparsemax",
+                Self {
+                    window: 2,
+                    segment: 3,
+                    block: Some(2),
+                    normaliser: crate::Normaliser::Sparsemax,
+                    ..Default::default()
+                },
+            )])
+            .collect()
     }
 }
 
@@ -207,11 +217,11 @@ impl EtcAttention {
         let joint = |local: Tensor<4>| match &global {
             Some((scores, vg)) => {
                 let w = local.dims()[3];
-                let probs = mha.dropout.forward(softmax(Tensor::cat(vec![local, scores.clone()], 3), 3));
+                let probs = mha.dropout.forward(mha.normalise(Tensor::cat(vec![local, scores.clone()], 3)));
                 let g = scores.dims()[3];
                 (probs.clone().narrow(3, 0, w), Some(probs.narrow(3, w, g).matmul(vg.clone())))
             }
-            None => (mha.dropout.forward(softmax(local, 3)), None),
+            None => (mha.dropout.forward(mha.normalise(local)), None),
         };
         let aligned = p.layout.q_start == p.layout.k_start && p.layout.len_q == p.layout.len_k;
         let ahead = if causal { 0 } else { self.window - 1 };
@@ -270,7 +280,7 @@ impl EtcAttention {
             MASKED_SCORE,
         );
         let Some(((kl, vl), start)) = long else {
-            return mha.dropout.forward(softmax(g2g, 3)).matmul(vg);
+            return mha.dropout.forward(mha.normalise(g2g)).matmul(vg);
         };
         // g2l: global token of segment t sees the long keys of segment t, gathered per segment
         let (kl, vl) = (self.per_head(kl, h), self.per_head(vl, h));
@@ -311,7 +321,7 @@ impl EtcAttention {
                 .expand([b, h, n, s]),
             MASKED_SCORE,
         );
-        let probs = mha.dropout.forward(softmax(Tensor::cat(vec![g2g, g2l], 3), 3));
+        let probs = mha.dropout.forward(mha.normalise(Tensor::cat(vec![g2g, g2l], 3)));
         let to_segments = probs.clone().narrow(3, g, s).unsqueeze_dim::<5>(3).matmul(vs).reshape([b, h, n, dh]);
         probs.narrow(3, 0, g).matmul(vg) + to_segments
     }

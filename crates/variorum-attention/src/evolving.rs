@@ -56,7 +56,7 @@
 
 use burn::module::Param;
 use burn::prelude::*;
-use burn::tensor::activation::{sigmoid, softmax};
+use burn::tensor::activation::sigmoid;
 use burn::tensor::module::conv2d;
 use burn::tensor::ops::ConvOptions;
 use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
@@ -68,7 +68,7 @@ use crate::{AttentionInput, AttentionOutput, AttentionState, CarriedMaps, KvCach
 
 crate::attention_config! {
     /// `model.attention` with `kind = "evolving"`.
-    pub struct EvolvingConfig [n_heads, n_kv_heads, head_dim, dropout, bias] {
+    pub struct EvolvingConfig [n_heads, n_kv_heads, head_dim, dropout, bias, normaliser] {
         /// `[k_q, k_k]`, the convolution's extent over the previous layer's map: k_q query rows
         /// (the query's own and the k_q − 1 before it under a causal mask, centred under a
         /// bidirectional one) and k_k key columns centred on the key (odd). Default `[3, 3]`,
@@ -228,7 +228,7 @@ impl EvolvingAttention {
             Some(m) => logits.mask_fill(m, MASKED_SCORE),
             None => logits,
         };
-        let probs = softmax(scores, 3);
+        let probs = a.normalise(scores);
         let weights = input.need_weights.then(|| probs.clone());
         let context = a.combine(a.dropout.forward(probs), &p);
         AttentionOutput { context, weights, aux_losses: Vec::new() }
@@ -352,6 +352,7 @@ impl AttentionMechanism for EvolvingAttention {
 mod tests {
     use super::*;
     use burn::tensor::Distribution;
+    use burn::tensor::activation::softmax;
 
     fn setup(device: &Device) -> (EvolvingAttention, Tensor<3>) {
         device.seed(11);

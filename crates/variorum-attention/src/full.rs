@@ -13,21 +13,21 @@
 
 use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
 use burn::prelude::*;
-use burn::tensor::activation::softmax;
 use serde::{Deserialize, Serialize};
 use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check, error::divisors};
 use variorum_position::{HeadShape, PositionConfig, RelativePosition, ScoreLayout};
 
 use crate::band::{Band, banded};
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
+use crate::normaliser::{Normaliser, ScoreNormaliser};
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, QkvProjection, QkvProjectionConfig};
 
 /// Value written into hidden score entries. Finite, so a row whose keys are all hidden (a fully
 /// padded row) gives a uniform distribution instead of NaN.
 pub const MASKED_SCORE: f32 = -1.0e9;
 
-/// The [`MultiHeadAttentionConfig`] of a kind's table that repeats its five head fields
-/// (`n_heads`, `n_kv_heads`, `head_dim`, `dropout`, `bias`): every kind spells its own table,
+/// The [`MultiHeadAttentionConfig`] of a kind's table that repeats its head fields (`n_heads`,
+/// `n_kv_heads`, `head_dim`, `dropout`, `bias`, `normaliser`): every kind spells its own table,
 /// because serde's `flatten` does not combine with `deny_unknown_fields`.
 #[macro_export]
 macro_rules! head_fields {
@@ -38,6 +38,8 @@ macro_rules! head_fields {
             head_dim: $c.head_dim,
             dropout: $c.dropout,
             bias: $c.bias,
+            normaliser: $c.normaliser,
+            head_temperature: $c.head_temperature,
         }
     };
 }
@@ -85,7 +87,7 @@ macro_rules! attention_config {
         pub struct $name:ident $own:tt
     ) => {
         $crate::attention_config! {
-            @fields [$(#[$meta])*] $name [n_heads n_kv_heads head_dim dropout bias] [] [] $own
+            @fields [$(#[$meta])*] $name [n_heads n_kv_heads head_dim dropout bias normaliser] [] [] $own
         }
 
         impl $name {
@@ -128,6 +130,17 @@ macro_rules! attention_config {
         $crate::attention_config! { @fields $meta $name [$($rest)*]
             [$($decl)* #[doc = " Biases in the q/k/v and output projections. Default true."] pub bias: bool,]
             [$($init)* bias: true,] $own }
+    };
+    // `normaliser` is two fields: the row function and the per-head temperature.
+    (@fields $meta:tt $name:ident [normaliser $($rest:ident)*] [$($decl:tt)*] [$($init:tt)*] $own:tt) => {
+        $crate::attention_config! { @fields $meta $name [$($rest)*]
+            [$($decl)*
+                #[doc = " How each row of scores becomes weights: \"softmax\" (default), \"relu\", \"sigmoid\","]
+                #[doc = " \"sparsemax\" or \"entmax-1.5\" ([`Normaliser`](crate::Normaliser))."]
+                pub normaliser: $crate::Normaliser,
+                #[doc = " A learned temperature per head dividing its scores. Default false."]
+                pub head_temperature: bool,]
+            [$($init)* normaliser: $crate::Normaliser::Softmax, head_temperature: false,] $own }
     };
     // Every head field written: the struct, then `Default`.
     (
@@ -189,11 +202,24 @@ pub struct MultiHeadAttentionConfig {
     pub dropout: f64,
     /// Biases in the q/k/v and output projections. Default true.
     pub bias: bool,
+    /// How each row of scores becomes weights: "softmax" (default), "relu", "sigmoid",
+    /// "sparsemax" or "entmax-1.5" ([`Normaliser`]).
+    pub normaliser: Normaliser,
+    /// A learned temperature per head dividing its scores before the normaliser. Default false.
+    pub head_temperature: bool,
 }
 
 impl Default for MultiHeadAttentionConfig {
     fn default() -> Self {
-        Self { n_heads: 4, n_kv_heads: None, head_dim: None, dropout: 0.0, bias: true }
+        Self {
+            n_heads: 4,
+            n_kv_heads: None,
+            head_dim: None,
+            dropout: 0.0,
+            bias: true,
+            normaliser: Normaliser::Softmax,
+            head_temperature: false,
+        }
     }
 }
 
@@ -233,6 +259,7 @@ impl MultiHeadAttentionConfig {
                 .with_initializer(Initializer::Normal { mean: 0.0, std: out_std })
                 .init(device),
             dropout: DropoutConfig::new(self.dropout).init(),
+            normaliser: self.normaliser.init(self.n_heads, self.head_temperature, position.context, device),
             scale: position.config.content_scale() / (head_dim as f64).sqrt(),
         }
     }
@@ -307,6 +334,20 @@ impl AttentionKind for MultiHeadAttentionConfig {
                 "head_dim 24, no bias",
                 Self { n_heads: 2, head_dim: Some(24), bias: false, ..Default::default() },
             ),
+            // every normaliser through the fused kernel (training) and the composed path (decoding)
+            TestVariant::new("relu", Self { normaliser: Normaliser::Relu, ..Default::default() }),
+            TestVariant::new("sigmoid", Self { normaliser: Normaliser::Sigmoid, ..Default::default() }),
+            TestVariant::new("sparsemax", Self { normaliser: Normaliser::Sparsemax, ..Default::default() }),
+            TestVariant::new(
+                "entmax-1.5, grouped-query",
+                Self { normaliser: Normaliser::Entmax15, ..heads(4, Some(2)) },
+            ),
+            TestVariant::new("head temperature", Self { head_temperature: true, ..Default::default() }).masked(),
+            TestVariant::new(
+                "sparsemax + head temperature + position alibi",
+                Self { normaliser: Normaliser::Sparsemax, head_temperature: true, ..Default::default() },
+            )
+            .with_position(PositionConfig::Alibi(Default::default())),
         ]
         .into_iter()
         .chain(
@@ -344,6 +385,8 @@ pub struct MultiHeadAttention {
     pub position: Option<RelativePosition>,
     pub out: Linear,
     pub dropout: Dropout,
+    /// Scores to weights (softmax unless the config says otherwise).
+    pub normaliser: ScoreNormaliser,
     pub scale: f64,
 }
 
@@ -425,6 +468,12 @@ impl MultiHeadAttention {
         }
     }
 
+    /// Step 2c: weights from masked scores `[b, n_heads, len_q, len_k]` (heads on axis 1, keys
+    /// on axis 3), by the configured normaliser.
+    pub fn normalise(&self, scores: Tensor<4>) -> Tensor<4> {
+        self.normaliser.forward(scores)
+    }
+
     /// Step 3: the output `[b, len_q, d_model]` from probabilities `[b, n_heads, len_q, len_k]`.
     pub fn combine(&self, probs: Tensor<4>, p: &Projected) -> Tensor<3> {
         let [b, h, lq, lk] = probs.dims();
@@ -477,7 +526,7 @@ impl MultiHeadAttention {
             };
         }
         let scores = self.mask_scores(self.scores(&p), input.mask, input.dense_mask, &p);
-        let probs = softmax(scores, 3);
+        let probs = self.normalise(scores);
         let weights = input.need_weights.then(|| probs.clone());
         let context = self.combine(self.dropout.forward(probs), &p);
         AttentionOutput { context, weights, aux_losses: Vec::new() }
@@ -499,7 +548,12 @@ impl MultiHeadAttention {
         if !self.kernel_computes(m, need_weights) || !plain_position || one_query {
             return None;
         }
-        variorum_kernels::causal_attention::causal_attention(p.q.clone(), p.k.clone(), p.v.clone(), offset)
+        // a head's temperature scales its scores, so its queries: s/τ = (q/τ)·k
+        let q = match self.normaliser.query_factor() {
+            Some(f) => p.q.clone() * f,
+            None => p.q.clone(),
+        };
+        variorum_kernels::causal_attention::causal_attention(q, p.k.clone(), p.v.clone(), offset, self.normaliser.row)
     }
 
     /// What both kernel paths share: a causal mask and nothing else, no dropout on the
@@ -516,7 +570,12 @@ impl MultiHeadAttention {
     fn fused_self_attention(&self, input: &AttentionInput) -> Option<Tensor<3>> {
         let m = input.mask;
         let offset = m.q_start.checked_sub(m.k_start)?;
-        if !self.kernel_computes(m, input.need_weights) || input.key_value.is_some() || self.position.is_some() {
+        let learned_temperature = self.normaliser.log_temperature.is_some();
+        if !self.kernel_computes(m, input.need_weights)
+            || input.key_value.is_some()
+            || self.position.is_some()
+            || learned_temperature
+        {
             return None;
         }
         if !variorum_kernels::has_kernel(&input.query) {
@@ -530,6 +589,7 @@ impl MultiHeadAttention {
             qkv.n_kv_heads,
             self.scale,
             offset,
+            self.normaliser.row,
         )?;
         Some(variorum_kernels::linear::forward(&self.out, context))
     }
@@ -543,7 +603,7 @@ impl MultiHeadAttention {
         let (h, hkv, dh) = (self.qkv.n_heads, self.qkv.n_kv_heads, self.qkv.head_dim);
         let (g, lk) = (h / hkv, k.dims()[2]);
         let q = q.mul_scalar(1.0 / (dh as f64).sqrt()).reshape([b, hkv, g * lq, dh]);
-        let probs = softmax(q.matmul(k.swap_dims(2, 3)), 3);
+        let probs = self.normalise(q.matmul(k.swap_dims(2, 3)).reshape([b, h, lq, lk]));
         let context = probs.reshape([b, hkv, g * lq, lk]).matmul(v).reshape([b, h, lq, dh]);
         self.out.forward(context.swap_dims(1, 2).reshape([b, lq, h * dh]))
     }
@@ -570,6 +630,7 @@ impl AttentionMechanism for MultiHeadAttention {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use burn::module::Param;
     use burn::tensor::Distribution;
     use variorum_core::AttentionMask;
 
@@ -627,5 +688,45 @@ mod tests {
         let out = attn.forward(AttentionInput::self_attention(random([1, 5, 16], &dev), &mask).with_weights(), None);
         assert_eq!(out.weights.unwrap().dims(), [1, 4, 5, 5]);
         assert_eq!(attn.qkv.qkv.weight.val().dims(), [16, (4 + 2) * 4]);
+    }
+
+    /// Every normaliser, with and without a learned temperature, computes the same outputs and
+    /// gradients on the fast path (the fused kernel, taken when no weights are asked for) as on
+    /// the composed path (asking for the weights forces it).
+    #[test]
+    fn every_normaliser_takes_the_fast_path_to_the_same_result() {
+        let dev = Device::flex().autodiff();
+        dev.seed(21);
+        let x = random([2, 9, 16], &dev);
+        for normaliser in
+            [Normaliser::Softmax, Normaliser::Relu, Normaliser::Sigmoid, Normaliser::Sparsemax, Normaliser::Entmax15]
+        {
+            for head_temperature in [false, true] {
+                let cfg = MultiHeadAttentionConfig { normaliser, head_temperature, ..Default::default() };
+                let mut attn = cfg.init(16, 0.4, 0.4, Positioning { context: 16, ..Positioning::NONE }, &dev);
+                if head_temperature {
+                    let t = Tensor::<1>::from_floats([0.7f32, 1.3, 1.0, 0.4], &dev).log();
+                    attn.normaliser.log_temperature = Some(Param::from_tensor(t));
+                }
+                let run = |weights: bool| {
+                    let x = x.clone().require_grad();
+                    let mask = AttentionMask::causal();
+                    let input =
+                        AttentionInput { need_weights: weights, ..AttentionInput::self_attention(x.clone(), &mask) };
+                    let out = attn.forward(input, None);
+                    assert_eq!(out.weights.is_some(), weights);
+                    let grads = out.context.clone().powf_scalar(2.0).sum().backward();
+                    (out.context.inner(), x.grad(&grads).unwrap())
+                };
+                let ((fast, g_fast), (composed, g_composed)) = (run(false), run(true));
+                let what = format!("{} (temperature {head_temperature})", normaliser.name());
+                let d = (fast - composed).abs().max().into_scalar::<f32>();
+                assert!(d < 1e-5, "{what}: outputs differ by {d}");
+                // relative to the gradient's size: sums of dozens of terms of either sign
+                let size = g_composed.clone().abs().max().into_scalar::<f32>().max(1.0);
+                let d = (g_fast - g_composed).abs().max().into_scalar::<f32>() / size;
+                assert!(d < 1e-5, "{what}: input gradients differ by {d} of their largest ({size})");
+            }
+        }
     }
 }

@@ -42,7 +42,7 @@ use burn::module::Param;
 use burn::nn::Linear;
 use burn::prelude::*;
 use burn::tensor::Distribution;
-use burn::tensor::activation::{sigmoid, softmax};
+use burn::tensor::activation::sigmoid;
 use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
 use variorum_position::ScoreLayout;
 
@@ -201,7 +201,7 @@ impl GaussianPriorAttention {
         let a = &self.attention;
         let p = a.project(input.query, input.key_value, input.mask, cache);
         let scores = a.scores(&p) + self.prior(&p);
-        let probs = softmax(a.mask_scores(scores, input.mask, input.dense_mask, &p), 3);
+        let probs = a.normalise(a.mask_scores(scores, input.mask, input.dense_mask, &p));
         let weights = input.need_weights.then(|| probs.clone());
         let context = a.combine(a.dropout.forward(probs), &p);
         AttentionOutput { context, weights, aux_losses: Vec::new() }
@@ -225,6 +225,7 @@ impl AttentionMechanism for GaussianPriorAttention {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use burn::tensor::activation::softmax;
 
     const L: usize = 7;
 

@@ -27,7 +27,6 @@
 
 use burn::nn::Linear;
 use burn::prelude::*;
-use burn::tensor::activation::softmax;
 use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
 
 use crate::kind::{AttentionKind, AttentionMechanism, TestVariant, caps};
@@ -36,7 +35,7 @@ use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadA
 
 crate::attention_config! {
     /// `model.attention` with `kind = "lazyformer"`.
-    pub struct LazyformerConfig [n_heads, n_kv_heads, head_dim, dropout, bias] {
+    pub struct LazyformerConfig [n_heads, n_kv_heads, head_dim, dropout, bias, normaliser] {
         /// Layers per lazy block: the first computes the attention probabilities, the next
         /// `group − 1` reuse them. Default 2 (the paper's best trade-off on GLUE was blocks of
         /// two layers); 1 is plain multi-head attention.
@@ -163,7 +162,7 @@ impl LazyAttention {
             (Some(a), _) if !self.publish => a.forward(input, cache),
             (Some(a), _) => {
                 let p = a.project(input.query, input.key_value, input.mask, cache);
-                let probs = softmax(a.mask_scores(a.scores(&p), input.mask, input.dense_mask, &p), 3);
+                let probs = a.normalise(a.mask_scores(a.scores(&p), input.mask, input.dense_mask, &p));
                 if let Some(carried) = input.carried {
                     carried.put(LazyMaps(probs.clone()));
                 }

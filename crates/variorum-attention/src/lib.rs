@@ -41,6 +41,7 @@ pub mod low_rank_band;
 pub mod lsh;
 pub mod memory_compressed;
 pub mod multi_scale;
+pub mod normaliser;
 pub mod nystrom;
 pub mod performer;
 pub mod poolingformer;
@@ -88,6 +89,7 @@ pub use low_rank_band::{LowRankBandAttention, LowRankBandConfig, LowRankBandStat
 pub use lsh::{LshAttention, LshConfig};
 pub use memory_compressed::{MemoryCompressedAttention, MemoryCompressedConfig};
 pub use multi_scale::MultiScaleConfig;
+pub use normaliser::{Normaliser, ScoreNormaliser};
 pub use nystrom::{NystromAttention, NystromConfig, NystromInverse};
 pub use performer::{PerformerAttention, PerformerConfig, PerformerKernel};
 pub use poolingformer::{PoolKind, PoolingState, PoolingformerAttention, PoolingformerConfig};

@@ -14,7 +14,6 @@
 
 use burn::prelude::*;
 use burn::tensor::IndexingUpdateOp;
-use burn::tensor::activation::softmax;
 use variorum_core::{Capabilities, ConfigError, error::check};
 use variorum_position::PositionConfig;
 
@@ -87,7 +86,13 @@ impl AttentionKind for Local2dConfig {
     fn test_variants() -> Vec<TestVariant<Self>> {
         // a 4-wide raster
         let cfg = Self { width: 4, query_rows: 2, query_cols: 2, memory_rows: 1, memory_cols: 1, ..Default::default() };
-        vec![TestVariant::new("+ position alibi", cfg).with_position(PositionConfig::Alibi(Default::default()))]
+        vec![
+            TestVariant::new("+ position alibi", cfg.clone()).with_position(PositionConfig::Alibi(Default::default())),
+            TestVariant::new(
+                "sparsemax + head temperature",
+                Self { normaliser: crate::Normaliser::Sparsemax, head_temperature: true, ..cfg },
+            ),
+        ]
     }
 }
 
@@ -133,7 +138,10 @@ impl Local2dAttention {
             let device = p.q.device();
             let set = self.rectangles(l, causal).limited(p.max_back);
             let (scores, v) = gathered_scores(mha, p, &set);
-            let probs = mha.dropout.forward(softmax(scores, 3));
+            let [_, nb, bs, w] = scores.dims();
+            // heads back on axis 1 for the normaliser (a temperature per head)
+            let probs = mha.normalise(scores.reshape([b, h, nb * bs, w])).reshape([b * h, nb, bs, w]);
+            let probs = mha.dropout.forward(probs);
             let rows = probs.matmul(v).reshape([b, h, set.blocks * set.block, dh]);
             // back to raster order: each real query row to its position
             let queries = set.queries.as_deref().unwrap_or_default();

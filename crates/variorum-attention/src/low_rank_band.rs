@@ -63,6 +63,7 @@ impl LowRankBandConfig {
             head_dim: self.head_dim,
             dropout: self.dropout,
             bias: self.bias,
+            ..Default::default()
         }
     }
 

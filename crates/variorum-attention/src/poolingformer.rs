@@ -88,6 +88,7 @@ impl PoolingformerConfig {
             head_dim: self.head_dim,
             dropout: self.dropout,
             bias: self.bias,
+            ..Default::default()
         }
     }
 

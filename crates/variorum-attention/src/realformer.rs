@@ -23,7 +23,6 @@
 //!   them) does not apply: this kind takes the composed path, like talking heads.
 
 use burn::prelude::*;
-use burn::tensor::activation::softmax;
 use variorum_core::{Capabilities, ConfigError};
 
 use crate::kind::{AttentionKind, AttentionMechanism, TestVariant, caps};
@@ -31,7 +30,7 @@ use crate::{AttentionInput, AttentionOutput, AttentionState, CarriedMaps, KvCach
 
 crate::attention_config! {
     /// `model.attention` with `kind = "realformer"`.
-    pub struct RealFormerConfig [n_heads, n_kv_heads, head_dim, dropout, bias] {
+    pub struct RealFormerConfig [n_heads, n_kv_heads, head_dim, dropout, bias, normaliser] {
     }
 }
 
@@ -101,7 +100,7 @@ impl RealFormerAttention {
             }
             carried.put(ResidualScores(scores.clone()));
         }
-        let probs = softmax(a.mask_scores(scores, input.mask, input.dense_mask, &p), 3);
+        let probs = a.normalise(a.mask_scores(scores, input.mask, input.dense_mask, &p));
         let weights = input.need_weights.then(|| probs.clone());
         let context = a.combine(a.dropout.forward(probs), &p);
         AttentionOutput { context, weights, aux_losses: Vec::new() }
@@ -138,6 +137,7 @@ impl AttentionMechanism for RealFormerAttention {
 mod tests {
     use super::*;
     use burn::tensor::Distribution;
+    use burn::tensor::activation::softmax;
     use variorum_core::AttentionMask;
 
     fn setup(device: &Device) -> (RealFormerAttention, Tensor<3>) {

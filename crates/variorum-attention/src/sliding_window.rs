@@ -151,6 +151,21 @@ impl AttentionKind for SlidingWindowConfig {
         );
         // run bidirectionally under the masked objective
         out.push(TestVariant::new("masked lm", Self { window: 3, ..Default::default() }).masked());
+        // other normalisers on the block-by-block band
+        out.push(TestVariant::new(
+            "entmax-1.5 + head temperature",
+            Self {
+                window: 5,
+                block: Some(3),
+                normaliser: crate::Normaliser::Entmax15,
+                head_temperature: true,
+                ..Default::default()
+            },
+        ));
+        out.push(TestVariant::new(
+            "relu",
+            Self { window: 5, block: Some(3), normaliser: crate::Normaliser::Relu, ..Default::default() },
+        ));
         out
     }
 }

@@ -18,7 +18,6 @@
 
 use burn::prelude::*;
 use burn::tensor::Slice;
-use burn::tensor::activation::softmax;
 use serde::{Deserialize, Serialize};
 use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
 use variorum_position::{PositionConfig, RotaryConfig, ScoreLayout, T5BiasConfig};
@@ -131,6 +130,10 @@ impl AttentionKind for StridedConfig {
             let cfg = Self { stride: 4, combine, ..Default::default() };
             TestVariant::new(format!("{combine:?} + position {}", position.kind()), cfg).with_position(position)
         })
+        .chain([TestVariant::new(
+            "sigmoid",
+            Self { stride: 4, normaliser: crate::Normaliser::Sigmoid, ..Default::default() },
+        )])
         .collect()
     }
 }
@@ -260,7 +263,7 @@ impl StridedAttention {
             })
             .collect();
         let widths: Vec<usize> = parts.iter().map(|(_, _, l)| l.len_k).collect();
-        let probs = mha.dropout.forward(softmax(Tensor::cat(scores, 3), 3));
+        let probs = mha.dropout.forward(mha.normalise(Tensor::cat(scores, 3)));
         let mut context: Tensor<4> = Tensor::zeros([b, h, 1, dh], &device);
         let mut at = 0;
         for ((_, v, layout), n) in parts.into_iter().zip(widths) {
@@ -333,9 +336,9 @@ impl StridedAttention {
             let [_, _, nb, bs, span, _] = band.dims;
             let band_rows = band.scores.clone().reshape([b, h, nb * bs, span]).narrow(2, 0, l);
             let band_rows = band_rows.mask_fill(head_flags(&columns_only).expand([b, h, l, span]), MASKED_SCORE);
-            (softmax(Tensor::cat(vec![band_rows, col_rows], 3), 3), Some(band))
+            (mha.normalise(Tensor::cat(vec![band_rows, col_rows], 3)), Some(band))
         } else {
-            (softmax(col_rows, 3), None)
+            (mha.normalise(col_rows), None)
         };
         let probs = mha.dropout.forward(probs);
         let pad_rows = |x: Tensor<4>, rows: usize| {

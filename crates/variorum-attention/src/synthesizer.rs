@@ -83,7 +83,7 @@ pub enum SynthesizerVariant {
 
 crate::attention_config! {
     /// `model.attention` with `kind = "synthesizer"`.
-    pub struct SynthesizerConfig [n_heads, head_dim, dropout, bias] {
+    pub struct SynthesizerConfig [n_heads, head_dim, dropout, bias, normaliser] {
         /// `dense` (default), `random` or `mixture`.
         pub variant: SynthesizerVariant = SynthesizerVariant::Dense,
         /// Factorized scores: dense from two MLP heads of lengths a and b, random as R1 R2ᵀ.
@@ -191,6 +191,7 @@ impl SynthesizerConfig {
             value: normal_linear(d_model, width, self.bias, init_std, device),
             out: normal_linear(width, d_model, self.bias, out_std, device),
             dropout: DropoutConfig::new(self.dropout).init(),
+            normaliser: self.normaliser.init(h, self.head_temperature, position.context, device),
             n_heads: h,
             head_dim: dh,
             context,
@@ -320,6 +321,10 @@ impl AttentionKind for SynthesizerConfig {
             )
             .with_position(PositionConfig::Rope(RotaryConfig::default())),
             TestVariant::new("dense, bidirectional", Self::default()).masked(),
+            TestVariant::new(
+                "random, entmax-1.5",
+                Self { normaliser: crate::Normaliser::Entmax15, ..of(SynthesizerVariant::Random) },
+            ),
         ]
     }
 }
@@ -444,6 +449,7 @@ pub struct SynthesizerAttention {
     /// W_O, `[n_heads · head_dim, d_model]`.
     pub out: Linear,
     pub dropout: Dropout,
+    pub normaliser: crate::ScoreNormaliser,
     pub n_heads: usize,
     pub head_dim: usize,
     /// ℓ, the positions the score tables cover (the model's context).
@@ -514,7 +520,7 @@ impl SynthesizerAttention {
             }
             None => scores,
         };
-        let probs = softmax(scores, 3);
+        let probs = self.normaliser.forward(scores);
         let weights = need_weights.then(|| probs.clone().expand([b, h, lq, lk]));
         let context = if probs.dims()[0] == 1 && b > 1 && self.dropout.prob == 0.0 {
             // one matrix for the whole batch (the random synthesizer): [h, lq, lk] @ [h, lk, b·d_h]
@@ -739,6 +745,7 @@ mod tests {
             position: None,
             out: att.out.clone(),
             dropout: DropoutConfig::new(0.0).init(),
+            normaliser: crate::ScoreNormaliser::softmax(),
             scale: 0.5,
         };
         let masks = [AttentionMask::causal(), AttentionMask::bidirectional()];

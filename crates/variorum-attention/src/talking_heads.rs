@@ -17,7 +17,6 @@
 
 use burn::module::Param;
 use burn::prelude::*;
-use burn::tensor::activation::softmax;
 use variorum_core::ConfigError;
 use variorum_position::HeadShape;
 
@@ -26,7 +25,7 @@ use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadA
 
 crate::attention_config! {
     /// `model.attention` with `kind = "talking-heads"`.
-    pub struct TalkingHeadsConfig [n_heads, n_kv_heads, head_dim, dropout, bias] {
+    pub struct TalkingHeadsConfig [n_heads, n_kv_heads, head_dim, dropout, bias, normaliser] {
     }
 }
 
@@ -114,7 +113,7 @@ impl TalkingHeadsAttention {
         let a = &self.attention;
         let p = a.project(input.query, input.key_value, input.mask, cache);
         let logits = mix_heads(&self.logits_mix, a.scores(&p));
-        let probs = softmax(a.mask_scores(logits, input.mask, input.dense_mask, &p), 3);
+        let probs = a.normalise(a.mask_scores(logits, input.mask, input.dense_mask, &p));
         let weights = mix_heads(&self.weights_mix, probs);
         let returned = input.need_weights.then(|| weights.clone());
         let context = a.combine(a.dropout.forward(weights), &p);

@@ -8,6 +8,11 @@
 //! P = exp(Q Kᵀ − ℓ),  dV = Pᵀ dO,  dP = dO Vᵀ,  D_i = Σ_d dO_id O_id,  dS = P ∘ (dP − D),
 //! dQ = dS K,  dK = dSᵀ Q.
 //!
+//! The row normaliser is softmax by default; ReLU, sigmoid, sparsemax and entmax-1.5
+//! ([`RowNormaliser`]) use the same blocks, saving the row's threshold τ in place of the
+//! log-sum-exp where they have one (sparsemax, entmax-1.5), and their own score gradients in place
+//! of P ∘ (dP − D).
+//!
 //! Composed from Burn's ops, attention forms the masked scores, the probabilities and their
 //! gradients as `[batch, heads, L, L]` tensors — eight passes over 100 MiB per layer for the small
 //! GPT (docs/cpu-speed.md) — and autodiff keeps two of them per layer for the backward pass. Here
@@ -24,36 +29,46 @@
 //! [`causal_attention`] returns `None` where the kernel does not apply (another backend or float
 //! type), and the caller composes the ops instead.
 
+use crate::normalisers::RowNormaliser;
 use burn::prelude::*;
 
-/// softmax(q kᵀ + causal mask) v with the heads merged, `[b, Lq, h · d_h]`, by the fused kernel;
+/// `norm`(q kᵀ + causal mask) v with the heads merged, `[b, Lq, h · d_h]`, by the fused kernel;
 /// `None` on a backend or float type without it.
-pub fn causal_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, offset: usize) -> Option<Tensor<3>> {
+pub fn causal_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    offset: usize,
+    norm: RowNormaliser,
+) -> Option<Tensor<3>> {
     #[cfg(feature = "flex")]
     if crate::has_kernel(&q) && crate::has_kernel(&k) && crate::has_kernel(&v) {
-        let d =
-            burn::backend::Dispatch::causal_attention(q.into_dispatch(), k.into_dispatch(), v.into_dispatch(), offset);
+        let (q, k, v) = (q.into_dispatch(), k.into_dispatch(), v.into_dispatch());
+        let d = burn::backend::Dispatch::causal_attention(q, k, v, offset, norm);
         return Some(Tensor::from_dispatch(d));
     }
-    let _ = (q, k, v, offset);
+    let _ = (q, k, v, offset, norm);
     None
 }
 
 /// [`FusedAttention::causal_self_attention`] of the fused projection `qkv`, on flex (f32); `None`
-/// elsewhere. Keys j ≤ i + `offset` are visible to query i.
+/// elsewhere. Keys j ≤ i + `offset` are visible to query i; `norm` maps each row of scores to
+/// weights.
 pub fn causal_self_attention(
     qkv: Tensor<3>,
     n_heads: usize,
     n_kv_heads: usize,
     scale: f64,
     offset: usize,
+    norm: RowNormaliser,
 ) -> Option<Tensor<3>> {
     #[cfg(feature = "flex")]
     if crate::has_kernel(&qkv) {
-        let d = burn::backend::Dispatch::causal_self_attention(qkv.into_dispatch(), n_heads, n_kv_heads, scale, offset);
+        let qkv = qkv.into_dispatch();
+        let d = burn::backend::Dispatch::causal_self_attention(qkv, n_heads, n_kv_heads, scale, offset, norm);
         return Some(Tensor::from_dispatch(d));
     }
-    let _ = (qkv, n_heads, n_kv_heads, scale, offset);
+    let _ = (qkv, n_heads, n_kv_heads, scale, offset, norm);
     None
 }
 
@@ -66,6 +81,7 @@ mod flex {
     use super::*;
 
     use crate::fast_math;
+    use crate::normalisers::{entmax15_threshold, sparsemax_threshold};
     use burn::backend::autodiff::NodeId;
     use burn::backend::autodiff::checkpoint::base::Checkpointer;
     use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -84,12 +100,13 @@ mod flex {
     #[backend_extension(Flex, Autodiff)]
     pub trait FusedAttention: Backend {
         /// `q: [b, h, Lq, d_h]` (scaled), `k`, `v: [b, h_kv, Lk, d_h]` → `[b, Lq, h · d_h]`; key j
-        /// is visible to query i when j ≤ i + `offset`.
+        /// is visible to query i when j ≤ i + `offset`; `norm` maps each row of scores to weights.
         fn causal_attention(
             q: FloatTensor<Self>,
             k: FloatTensor<Self>,
             v: FloatTensor<Self>,
             offset: usize,
+            norm: RowNormaliser,
         ) -> FloatTensor<Self>;
 
         /// Self-attention straight from a fused projection's output `qkv: [b, L, (h + 2 h_kv) · d_h]`
@@ -102,6 +119,7 @@ mod flex {
             n_kv_heads: usize,
             scale: f64,
             offset: usize,
+            norm: RowNormaliser,
         ) -> FloatTensor<Self>;
     }
 
@@ -299,9 +317,165 @@ mod flex {
         }
     }
 
-    /// Forward over views: the output `[b, Lq, h · d_h]` (heads merged) and the log-sum-exp of every
-    /// row, `[b, h, Lq]`; scores are `scale · q kᵀ`.
-    fn forward_views(q: &Heads, k: &Heads, v: &Heads, scale: f32, offset: usize) -> (FlexTensor, FlexTensor) {
+    /// The logistic sigmoid σ(t) = 1 / (1 + e^{−t}), from e^{−|t|} (which never overflows):
+    /// 1 / (1 + e^{−t}) for t ≥ 0, e^t / (1 + e^t) below.
+    #[inline(always)]
+    fn logistic(t: f32) -> f32 {
+        let e = fast_math::exp_neg(-t.abs());
+        let r = 1.0 / (1.0 + e);
+        if t >= 0.0 { r } else { e * r }
+    }
+
+    /// A row's visible scores to its weights in place, given the row's saved slot `t`: softmax
+    /// exp(S − ℓ) (`t` its log-sum-exp), ReLU scale · max(S, 0), sigmoid σ(S + bias), sparsemax
+    /// max(S − τ, 0), entmax-1.5 max(S/2 − τ, 0)² (`t` the threshold τ; unused by ReLU and sigmoid).
+    #[inline(always)]
+    fn row_probabilities(norm: RowNormaliser, seen: &mut [f32], t: f32) {
+        match norm {
+            RowNormaliser::Softmax => seen.iter_mut().for_each(|x| *x = fast_math::exp_neg(*x - t)),
+            RowNormaliser::Relu { scale } => seen.iter_mut().for_each(|x| *x = scale * x.max(0.0)),
+            RowNormaliser::Sigmoid { bias } => seen.iter_mut().for_each(|x| *x = logistic(*x + bias)),
+            RowNormaliser::Sparsemax => seen.iter_mut().for_each(|x| *x = (*x - t).max(0.0)),
+            RowNormaliser::Entmax15 => seen.iter_mut().for_each(|x| {
+                let y = (0.5 * *x - t).max(0.0);
+                *x = y * y;
+            }),
+        }
+    }
+
+    crate::wide_vectors! {
+        /// [`softmax_rows`] for the other normalisers (softmax's ℓ needs the row's max and sum
+        /// first): each row's threshold τ into `slot` (sparsemax, entmax-1.5; 0 for ReLU and
+        /// sigmoid), `scratch` the sort's buffer.
+        fn normaliser_rows(
+            norm: RowNormaliser,
+            s: &mut [f32],
+            kend: usize,
+            visible: impl Fn(usize) -> usize,
+            slot: &mut [f32],
+            scratch: &mut Vec<f32>,
+        ) {
+            for ((r, row), t) in s.chunks_exact_mut(kend).enumerate().zip(slot) {
+                let (seen, hidden) = row.split_at_mut(visible(r));
+                *t = match norm {
+                    RowNormaliser::Sparsemax => sparsemax_threshold(seen, scratch),
+                    RowNormaliser::Entmax15 => entmax15_threshold(seen, scratch),
+                    _ => 0.0,
+                };
+                row_probabilities(norm, seen, *t);
+                hidden.fill(0.0);
+            }
+        }
+    }
+
+    /// Rows of `s` to `norm`'s weights over their first `visible(r)` entries, zeros after; each
+    /// row's log-sum-exp (softmax) or threshold τ (sparsemax, entmax-1.5) into `slot`, 0 otherwise.
+    fn normalise_rows(
+        norm: RowNormaliser,
+        s: &mut [f32],
+        kend: usize,
+        visible: impl Fn(usize) -> usize,
+        slot: &mut [f32],
+        scratch: &mut Vec<f32>,
+    ) {
+        match norm {
+            RowNormaliser::Softmax => softmax_rows(s, kend, visible, slot),
+            _ => normaliser_rows(norm, s, kend, visible, slot, scratch),
+        }
+    }
+
+    crate::wide_vectors! {
+        /// [`probabilities`] for the other normalisers, from each row's saved slot.
+        fn normaliser_probabilities(
+            norm: RowNormaliser,
+            s: &mut [f32],
+            kend: usize,
+            visible: impl Fn(usize) -> usize,
+            slot: &[f32],
+        ) {
+            for ((r, row), &t) in s.chunks_exact_mut(kend).enumerate().zip(slot) {
+                let (seen, hidden) = row.split_at_mut(visible(r));
+                row_probabilities(norm, seen, t);
+                hidden.fill(0.0);
+            }
+        }
+    }
+
+    /// Scores to the weights of the forward pass (zeros past `visible(r)`), from each row's saved
+    /// log-sum-exp or threshold.
+    fn recompute_rows(norm: RowNormaliser, s: &mut [f32], kend: usize, visible: impl Fn(usize) -> usize, slot: &[f32]) {
+        match norm {
+            RowNormaliser::Softmax => probabilities(s, kend, visible, slot),
+            _ => normaliser_probabilities(norm, s, kend, visible, slot),
+        }
+    }
+
+    crate::wide_vectors! {
+        /// dS in place of dP for the normalisers other than softmax ([`score_gradients`]), from the
+        /// rows of P; zeros past `visible(r)`. On a row, with J = {j : P_j > 0}:
+        ///
+        /// ReLU: dS_j = scale · dP_j on J.   Sigmoid: dS_j = dP_j · P_j (1 − P_j).
+        /// Sparsemax: dS_j = dP_j − Σ_{i∈J} dP_i / |J| on J.
+        /// Entmax-1.5: with g = √P (= S/2 − τ on J, the derivative of P by S),
+        /// dS_j = g_j dP_j − g_j · Σ_i g_i dP_i / Σ_i g_i.
+        ///
+        /// Off J the sparse ones and ReLU give 0.
+        fn normaliser_gradients(
+            norm: RowNormaliser,
+            ds: &mut [f32],
+            p: &[f32],
+            kend: usize,
+            visible: impl Fn(usize) -> usize,
+        ) {
+            for (r, (dsr, pr)) in ds.chunks_exact_mut(kend).zip(p.chunks_exact(kend)).enumerate() {
+                let (seen, hidden) = dsr.split_at_mut(visible(r));
+                let pr = &pr[..seen.len()];
+                match norm {
+                    RowNormaliser::Softmax => unreachable!("softmax's score gradients are score_gradients"),
+                    RowNormaliser::Relu { scale } => {
+                        seen.iter_mut().zip(pr).for_each(|(x, &pv)| *x = if pv != 0.0 { scale * *x } else { 0.0 })
+                    }
+                    RowNormaliser::Sigmoid { .. } => seen.iter_mut().zip(pr).for_each(|(x, &pv)| *x *= pv * (1.0 - pv)),
+                    RowNormaliser::Sparsemax => {
+                        let (mut total, mut count) = (0.0f32, 0.0f32);
+                        for (&x, &pv) in seen.iter().zip(pr) {
+                            if pv > 0.0 {
+                                total += x;
+                                count += 1.0;
+                            }
+                        }
+                        // the row's largest score is always in the support: count ≥ 1
+                        let mean = total / count.max(1.0);
+                        seen.iter_mut().zip(pr).for_each(|(x, &pv)| *x = if pv > 0.0 { *x - mean } else { 0.0 });
+                    }
+                    RowNormaliser::Entmax15 => {
+                        let (mut gdp, mut gsum) = (0.0f32, 0.0f32);
+                        for (&x, &pv) in seen.iter().zip(pr) {
+                            let g = pv.sqrt();
+                            gdp += g * x;
+                            gsum += g;
+                        }
+                        // Σ g ≥ Σ P = 1 (√P ≥ P below 1); the guard is for a row of NaNs
+                        let c = if gsum > 0.0 { gdp / gsum } else { 0.0 };
+                        seen.iter_mut().zip(pr).for_each(|(x, &pv)| *x = pv.sqrt() * (*x - c));
+                    }
+                }
+                hidden.fill(0.0);
+            }
+        }
+    }
+
+    /// Forward over views: the output `[b, Lq, h · d_h]` (heads merged) and each row's saved slot,
+    /// `[b, h, Lq]`: the row's log-sum-exp, or its threshold τ (sparsemax, entmax-1.5; 0 for ReLU
+    /// and sigmoid); scores are `scale · q kᵀ`, weights `norm` of them.
+    fn forward_views(
+        q: &Heads,
+        k: &Heads,
+        v: &Heads,
+        scale: f32,
+        offset: usize,
+        norm: RowNormaliser,
+    ) -> (FlexTensor, FlexTensor) {
         let sh = Shape::of(q, k, v, offset);
         let (g, dh) = (sh.group(), sh.dh);
         // written only by the GEMMs below, through pointers, each element once: no zero fill
@@ -313,6 +487,8 @@ mod flex {
             let (bi, kv) = (task / sh.h_kv, task % sh.h_kv);
             let (kp, vp) = (k.head(bi, kv), v.head(bi, kv));
             let mut s = vec![0.0f32; QUERY_BLOCK * sh.lk];
+            // the sort buffer of the thresholds, one row at a time
+            let mut scratch: Vec<f32> = Vec::with_capacity(if norm.needs_threshold() { sh.lk } else { 0 });
             for hi in kv * g..(kv + 1) * g {
                 let qp = q.head(bi, hi);
                 for (q0, rows, kend) in sh.blocks() {
@@ -322,7 +498,7 @@ mod flex {
                     unsafe { scores(&sh, qb, (q.rs(), q.cs()), kp, (k.rs(), k.cs()), rows, kend, s, scale) };
                     // SAFETY: rows (bi, hi, q0..q0 + rows) of lse belong to this task
                     let l = unsafe { std::slice::from_raw_parts_mut(lse_ptr.at((bi * sh.h + hi) * sh.lq + q0), rows) };
-                    softmax_rows(s, kend, |r| sh.visible(q0 + r), l);
+                    normalise_rows(norm, s, kend, |r| sh.visible(q0 + r), l, &mut scratch);
                     let o = out_ptr.at((bi * sh.lq + q0) * sh.h * dh + hi * dh);
                     // SAFETY: rows q0..q0+rows, columns of head hi: this task's
                     unsafe {
@@ -375,6 +551,7 @@ mod flex {
         grad: &FlexTensor,
         scale: f32,
         offset: usize,
+        norm: RowNormaliser,
         [dq, dk, dv]: [Dest; 3],
     ) {
         let sh = Shape::of(qh, kh, vh, offset);
@@ -400,7 +577,7 @@ mod flex {
                     // their tensors; dq/dk/dv rows written are this task's
                     unsafe { scores(&sh, qb, qrc, kp, krc, rows, kend, p, scale) };
                     let l = &lse[(bi * sh.h + hi) * sh.lq + q0..];
-                    probabilities(p, kend, |r| sh.visible(q0 + r), l);
+                    recompute_rows(norm, p, kend, |r| sh.visible(q0 + r), l);
                     let pt = (1, kend as isize);
                     // dV += Pᵀ dO
                     unsafe { gemm((kend, dh, rows), dvp, dv.rs(), true, p.as_ptr(), pt, dob, (out_rs, 1), 1.0) };
@@ -409,8 +586,11 @@ mod flex {
                     unsafe {
                         gemm((rows, kend, dh), ds.as_mut_ptr(), kend as isize, false, dob, (out_rs, 1), vp, vt, 1.0)
                     };
-                    // dS = P ∘ (dP − D)
-                    score_gradients(ds, p, kend, dout, o, first, out_rs as usize, dh);
+                    // dS = P ∘ (dP − D) for softmax, each other normaliser's own otherwise
+                    match norm {
+                        RowNormaliser::Softmax => score_gradients(ds, p, kend, dout, o, first, out_rs as usize, dh),
+                        _ => normaliser_gradients(norm, ds, p, kend, |r| sh.visible(q0 + r)),
+                    }
                     // dQ = scale · dS K
                     let dqb = dq.head(bi, hi).wrapping_add(q0 * dq.strides[2]);
                     let dsr = (kend as isize, 1);
@@ -423,13 +603,20 @@ mod flex {
     }
 
     /// Forward of [`FusedAttention::causal_attention`].
-    fn forward_kernel(q: &FlexTensor, k: &FlexTensor, v: &FlexTensor, offset: usize) -> (FlexTensor, FlexTensor) {
+    fn forward_kernel(
+        q: &FlexTensor,
+        k: &FlexTensor,
+        v: &FlexTensor,
+        offset: usize,
+        norm: RowNormaliser,
+    ) -> (FlexTensor, FlexTensor) {
         let (q, k, v) = (readable(q), readable(k), readable(v));
-        forward_views(&Heads::of(&q), &Heads::of(&k), &Heads::of(&v), 1.0, offset)
+        forward_views(&Heads::of(&q), &Heads::of(&k), &Heads::of(&v), 1.0, offset, norm)
     }
 
     /// Backward of [`FusedAttention::causal_attention`]: (dq, dk, dv), contiguous, in the shapes of
-    /// q, k, v.
+    /// q, k, v. `lse` holds each row's log-sum-exp, or its threshold τ.
+    #[allow(clippy::too_many_arguments)]
     fn backward_kernel(
         q: &FlexTensor,
         k: &FlexTensor,
@@ -438,6 +625,7 @@ mod flex {
         lse: &[f32],
         grad: &FlexTensor,
         offset: usize,
+        norm: RowNormaliser,
     ) -> [FlexTensor; 3] {
         let (q, k, v) = (readable(q), readable(k), readable(v));
         let (qh, kh, vh) = (Heads::of(&q), Heads::of(&k), Heads::of(&v));
@@ -452,7 +640,7 @@ mod flex {
             strides: [heads * len * dh, len * dh, dh],
         };
         let dests = [dest(dq.as_mut_ptr(), h, lq), dest(dk.as_mut_ptr(), h_kv, lk), dest(dv.as_mut_ptr(), h_kv, lk)];
-        backward_views((&qh, &kh, &vh), out, lse, grad, 1.0, offset, dests);
+        backward_views((&qh, &kh, &vh), out, lse, grad, 1.0, offset, norm, dests);
         // SAFETY: every query block of every head was written by its task
         unsafe { dq.set_len(n_dq) };
         let data = |x: Vec<f32>, dims: [usize; 4]| FlexTensor::from_data(TensorData::new(x, dims));
@@ -475,10 +663,16 @@ mod flex {
     }
 
     /// Forward of [`FusedAttention::causal_self_attention`].
-    fn packed_forward(qkv: &FlexTensor, heads: (usize, usize), scale: f64, offset: usize) -> (FlexTensor, FlexTensor) {
+    fn packed_forward(
+        qkv: &FlexTensor,
+        heads: (usize, usize),
+        scale: f64,
+        offset: usize,
+        norm: RowNormaliser,
+    ) -> (FlexTensor, FlexTensor) {
         let qkv = readable_packed(qkv);
         let [q, k, v] = packed_views(&qkv, heads.0, heads.1);
-        forward_views(&q, &k, &v, scale as f32, offset)
+        forward_views(&q, &k, &v, scale as f32, offset, norm)
     }
 
     /// The projection contiguous in its last axis (how `packed_views` reads it).
@@ -491,6 +685,8 @@ mod flex {
     }
 
     /// Backward of [`FusedAttention::causal_self_attention`]: the gradient of `qkv`, in its layout.
+    /// `lse` holds each row's log-sum-exp, or its threshold τ.
+    #[allow(clippy::too_many_arguments)]
     fn packed_backward(
         qkv: &FlexTensor,
         (n_heads, n_kv_heads): (usize, usize),
@@ -499,6 +695,7 @@ mod flex {
         grad: &FlexTensor,
         scale: f64,
         offset: usize,
+        norm: RowNormaliser,
     ) -> FlexTensor {
         let qkv = readable_packed(qkv);
         let [q, k, v] = packed_views(&qkv, n_heads, n_kv_heads);
@@ -510,13 +707,19 @@ mod flex {
         let dest =
             |first: usize| Dest { ptr: Shared(base.wrapping_add(first * dh)), strides: [len * width, dh, width] };
         let dests = [dest(0), dest(n_heads), dest(n_heads + n_kv_heads)];
-        backward_views((&q, &k, &v), out, lse, grad, scale as f32, offset, dests);
+        backward_views((&q, &k, &v), out, lse, grad, scale as f32, offset, norm, dests);
         FlexTensor::from_data(TensorData::new(d, [b, len, width]))
     }
 
     impl FusedAttention for Flex {
-        fn causal_attention(q: FlexTensor, k: FlexTensor, v: FlexTensor, offset: usize) -> FlexTensor {
-            forward_kernel(&q, &k, &v, offset).0
+        fn causal_attention(
+            q: FlexTensor,
+            k: FlexTensor,
+            v: FlexTensor,
+            offset: usize,
+            norm: RowNormaliser,
+        ) -> FlexTensor {
+            forward_kernel(&q, &k, &v, offset, norm).0
         }
 
         fn causal_self_attention(
@@ -525,15 +728,17 @@ mod flex {
             n_kv_heads: usize,
             scale: f64,
             offset: usize,
+            norm: RowNormaliser,
         ) -> FlexTensor {
-            packed_forward(&qkv, (n_heads, n_kv_heads), scale, offset).0
+            packed_forward(&qkv, (n_heads, n_kv_heads), scale, offset, norm).0
         }
     }
 
     #[derive(Debug)]
     struct CausalAttentionBackward;
 
-    /// What the backward pass needs: the inputs (checkpointed), the output and the log-sum-exps.
+    /// What the backward pass needs: the inputs (checkpointed), the output, each row's log-sum-exp
+    /// or threshold τ, and the call's constants.
     #[derive(Debug, Clone)]
     struct Saved {
         q: NodeId,
@@ -542,6 +747,7 @@ mod flex {
         out: FlexTensor,
         lse: FlexTensor,
         offset: usize,
+        norm: RowNormaliser,
     }
 
     impl Backward<Flex, 3> for CausalAttentionBackward {
@@ -553,7 +759,7 @@ mod flex {
             let q: FlexTensor = checkpointer.retrieve_node_output(s.q);
             let k: FlexTensor = checkpointer.retrieve_node_output(s.k);
             let v: FlexTensor = checkpointer.retrieve_node_output(s.v);
-            let g = backward_kernel(&q, &k, &v, &s.out, s.lse.storage::<f32>(), &grad, s.offset);
+            let g = backward_kernel(&q, &k, &v, &s.out, s.lse.storage::<f32>(), &grad, s.offset, s.norm);
             crate::register(grads, ops.parents.map(|p| p.map(|n| n.id)), g.map(Some));
         }
     }
@@ -561,7 +767,8 @@ mod flex {
     #[derive(Debug)]
     struct SelfAttentionBackward;
 
-    /// The projection (checkpointed), the output, the log-sum-exps and the call's constants.
+    /// The projection (checkpointed), the output, each row's log-sum-exp or threshold τ, and the
+    /// call's constants.
     #[derive(Debug, Clone)]
     struct SavedPacked {
         qkv: NodeId,
@@ -570,6 +777,7 @@ mod flex {
         heads: (usize, usize),
         scale: f64,
         offset: usize,
+        norm: RowNormaliser,
     }
 
     impl Backward<Flex, 1> for SelfAttentionBackward {
@@ -579,7 +787,8 @@ mod flex {
             let grad = grads.consume::<Flex>(&ops.node);
             let s = ops.state;
             let qkv: FlexTensor = checkpointer.retrieve_node_output(s.qkv);
-            let g = packed_backward(&qkv, s.heads, &s.out, s.lse.storage::<f32>(), &grad, s.scale, s.offset);
+            let lse = s.lse.storage::<f32>();
+            let g = packed_backward(&qkv, s.heads, &s.out, lse, &grad, s.scale, s.offset, s.norm);
             crate::register(grads, ops.parents.map(|p| p.map(|n| n.id)), [Some(g)]);
         }
     }
@@ -591,12 +800,14 @@ mod flex {
             n_kv_heads: usize,
             scale: f64,
             offset: usize,
+            norm: RowNormaliser,
         ) -> FloatTensor<Self> {
             let heads = (n_heads, n_kv_heads);
-            let (out, lse) = packed_forward(qkv.primitive(), heads, scale, offset);
+            let (out, lse) = packed_forward(qkv.primitive(), heads, scale, offset, norm);
             match SelfAttentionBackward.prepare::<C>([qkv.node()]).compute_bound().stateful() {
                 OpsKind::Tracked(mut prep) => {
-                    let state = SavedPacked { qkv: prep.checkpoint(&qkv), out: out.clone(), lse, heads, scale, offset };
+                    let node = prep.checkpoint(&qkv);
+                    let state = SavedPacked { qkv: node, out: out.clone(), lse, heads, scale, offset, norm };
                     prep.finish(state, out)
                 }
                 OpsKind::UnTracked(prep) => prep.finish(out),
@@ -608,12 +819,13 @@ mod flex {
             k: FloatTensor<Self>,
             v: FloatTensor<Self>,
             offset: usize,
+            norm: RowNormaliser,
         ) -> FloatTensor<Self> {
-            let (out, lse) = forward_kernel(q.primitive(), k.primitive(), v.primitive(), offset);
+            let (out, lse) = forward_kernel(q.primitive(), k.primitive(), v.primitive(), offset, norm);
             match CausalAttentionBackward.prepare::<C>([q.node(), k.node(), v.node()]).compute_bound().stateful() {
                 OpsKind::Tracked(mut prep) => {
                     let (qs, ks, vs) = (prep.checkpoint(&q), prep.checkpoint(&k), prep.checkpoint(&v));
-                    prep.finish(Saved { q: qs, k: ks, v: vs, out: out.clone(), lse, offset }, out)
+                    prep.finish(Saved { q: qs, k: ks, v: vs, out: out.clone(), lse, offset, norm }, out)
                 }
                 OpsKind::UnTracked(prep) => prep.finish(out),
             }
@@ -623,20 +835,38 @@ mod flex {
     #[cfg(test)]
     mod tests {
         use super::*;
+        use crate::normalisers::normalise_scores;
         use crate::test_util::{max_diff, rel_diff};
         use burn::tensor::Distribution;
-        use burn::tensor::activation::softmax;
 
-        /// The same attention from Burn's ops, as `MultiHeadAttention` composes it.
-        fn composed(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, offset: usize) -> Tensor<3> {
+        /// The same attention from Burn's ops, as `MultiHeadAttention` composes it (softmax), with
+        /// `norm` over the keys.
+        fn composed(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, offset: usize, norm: RowNormaliser) -> Tensor<3> {
             let [b, h, lq, dh] = q.dims();
             let [_, h_kv, lk, _] = k.dims();
             let g = h / h_kv;
             let scores = q.reshape([b, h_kv, g * lq, dh]).matmul(k.swap_dims(2, 3)).reshape([b, h, lq, lk]);
             let hidden =
                 Tensor::<2, Bool>::tril_mask([lq, lk], offset as i64, &scores.device()).reshape([1, 1, lq, lk]);
-            let probs = softmax(scores.mask_fill(hidden, -1.0e9), 3).reshape([b, h_kv, g * lq, lk]);
+            let probs = normalise_scores(scores.mask_fill(hidden, -1.0e9), norm).reshape([b, h_kv, g * lq, lk]);
             probs.matmul(v).reshape([b, h, lq, dh]).swap_dims(1, 2).reshape([b, lq, h * dh])
+        }
+
+        /// The normalisers besides softmax, as a model with 16 keys would configure them.
+        fn normalisers() -> [RowNormaliser; 4] {
+            [
+                RowNormaliser::Relu { scale: 1.0 / 16.0 },
+                RowNormaliser::Sigmoid { bias: -(16.0f32).ln() },
+                RowNormaliser::Sparsemax,
+                RowNormaliser::Entmax15,
+            ]
+        }
+
+        /// How close the kernel must come to the composed ops: 1e-5 for softmax; 1e-4 for the others,
+        /// whose references sum their thresholds over the row in f32 in another order (the kernel
+        /// in f64) and whose sigmoid is libm's exp (the kernel's a polynomial).
+        fn tolerance(norm: RowNormaliser) -> f32 {
+            if norm == RowNormaliser::Softmax { 1e-5 } else { 1e-4 }
         }
 
         /// q, k, v as the fused projection hands them over: strided views of one `[b, L, heads, d_h]`
@@ -649,7 +879,7 @@ mod flex {
             [q, all.clone().narrow(1, h, h_kv), all.narrow(1, h + h_kv, h_kv)]
         }
 
-        fn check(b: usize, h: usize, h_kv: usize, lq: usize, lk: usize, dh: usize) {
+        fn check(norm: RowNormaliser, b: usize, h: usize, h_kv: usize, lq: usize, lk: usize, dh: usize) {
             let device = Device::flex().autodiff();
             device.seed(11);
             let [q, k, v] = views(b, h, h_kv, lq, lk, dh, &device);
@@ -658,43 +888,55 @@ mod flex {
             let run = |fused: bool| {
                 let (q, k, v) = (q.clone().require_grad(), k.clone().require_grad(), v.clone().require_grad());
                 let y = if fused {
-                    causal_attention(q.clone(), k.clone(), v.clone(), offset).expect("flex has the kernel")
+                    causal_attention(q.clone(), k.clone(), v.clone(), offset, norm).expect("flex has the kernel")
                 } else {
-                    composed(q.clone(), k.clone(), v.clone(), offset)
+                    composed(q.clone(), k.clone(), v.clone(), offset, norm)
                 };
                 let grads = (y.clone() * w.clone()).sum().backward();
                 (y, [q.grad(&grads).unwrap(), k.grad(&grads).unwrap(), v.grad(&grads).unwrap()])
             };
             let (y1, g1) = run(true);
             let (y2, g2) = run(false);
-            let shape = format!("b {b}, h {h}/{h_kv}, Lq {lq}, Lk {lk}, d_h {dh}");
-            assert!(rel_diff(y1, y2) < 1e-5, "forward, {shape}");
+            let (shape, tol) = (format!("{norm:?}, b {b}, h {h}/{h_kv}, Lq {lq}, Lk {lk}, d_h {dh}"), tolerance(norm));
+            let d = rel_diff(y1, y2);
+            assert!(d < tol, "forward, {shape}: {d}");
             for ((a, e), name) in g1.into_iter().zip(g2).zip(["dq", "dk", "dv"]) {
                 let d = rel_diff(a, e);
-                assert!(d < 1e-5, "{name}, {shape}: {d}");
+                assert!(d < tol, "{name}, {shape}: {d}");
             }
         }
 
         #[test]
         fn equals_composed_attention_with_its_gradients() {
-            check(2, 3, 3, 10, 10, 8);
+            check(RowNormaliser::Softmax, 2, 3, 3, 10, 10, 8);
         }
 
         #[test]
         fn query_blocks_and_the_diagonal() {
             // three query blocks, the last one short
-            check(1, 2, 2, 2 * QUERY_BLOCK + 22, 2 * QUERY_BLOCK + 22, 4);
+            check(RowNormaliser::Softmax, 1, 2, 2, 2 * QUERY_BLOCK + 22, 2 * QUERY_BLOCK + 22, 4);
         }
 
         #[test]
         fn grouped_queries_and_cached_keys() {
             // two query heads per key/value head; 5 new queries after 4 cached keys
-            check(2, 4, 2, 5, 9, 8);
-            check(1, 4, 1, 1, 70, 16);
+            check(RowNormaliser::Softmax, 2, 4, 2, 5, 9, 8);
+            check(RowNormaliser::Softmax, 1, 4, 1, 1, 70, 16);
+        }
+
+        #[test]
+        fn every_normaliser_equals_composed_attention_with_its_gradients() {
+            // ties at a sparse support's boundary, where the two could disagree, have probability 0
+            for norm in normalisers() {
+                check(norm, 2, 3, 3, 10, 10, 8);
+                check(norm, 1, 2, 2, 2 * QUERY_BLOCK + 22, 2 * QUERY_BLOCK + 22, 4);
+                check(norm, 2, 4, 2, 5, 9, 8);
+                check(norm, 1, 4, 1, 1, 70, 16);
+            }
         }
 
         /// The packed op against the same computation from Burn's ops: split, scale, attend.
-        fn check_packed(h: usize, h_kv: usize, len: usize, offset: usize) {
+        fn check_packed(norm: RowNormaliser, h: usize, h_kv: usize, len: usize, offset: usize) {
             let device = Device::flex().autodiff();
             device.seed(12);
             let (b, dh, scale) = (2, 8, 0.35);
@@ -704,27 +946,38 @@ mod flex {
             let run = |fused: bool| {
                 let x = qkv.clone().require_grad();
                 let y = if fused {
-                    causal_self_attention(x.clone(), h, h_kv, scale, offset).expect("flex has the kernel")
+                    causal_self_attention(x.clone(), h, h_kv, scale, offset, norm).expect("flex has the kernel")
                 } else {
                     let all = x.clone().reshape([b, len, h + 2 * h_kv, dh]).swap_dims(1, 2);
                     let q = all.clone().narrow(1, 0, h).mul_scalar(scale);
                     let (k, v) = (all.clone().narrow(1, h, h_kv), all.narrow(1, h + h_kv, h_kv));
-                    composed(q, k, v, offset)
+                    composed(q, k, v, offset, norm)
                 };
                 let grads = (y.clone() * w.clone()).sum().backward();
                 (y, x.grad(&grads).unwrap())
             };
             let ((y1, g1), (y2, g2)) = (run(true), run(false));
-            assert!(rel_diff(y1, y2) < 1e-5, "forward, h {h}/{h_kv}, L {len}");
+            let tol = tolerance(norm);
+            let d = rel_diff(y1, y2);
+            assert!(d < tol, "forward, {norm:?}, h {h}/{h_kv}, L {len}: {d}");
             let d = rel_diff(g1, g2);
-            assert!(d < 1e-5, "d qkv, h {h}/{h_kv}, L {len}: {d}");
+            assert!(d < tol, "d qkv, {norm:?}, h {h}/{h_kv}, L {len}: {d}");
         }
 
         #[test]
         fn packed_self_attention_equals_composed_attention() {
-            check_packed(3, 3, 10, 0);
-            check_packed(4, 2, QUERY_BLOCK + 9, 0);
-            check_packed(2, 1, 6, 3);
+            check_packed(RowNormaliser::Softmax, 3, 3, 10, 0);
+            check_packed(RowNormaliser::Softmax, 4, 2, QUERY_BLOCK + 9, 0);
+            check_packed(RowNormaliser::Softmax, 2, 1, 6, 3);
+        }
+
+        #[test]
+        fn every_normaliser_packed_equals_composed_attention() {
+            for norm in normalisers() {
+                check_packed(norm, 3, 3, 10, 0);
+                check_packed(norm, 4, 2, QUERY_BLOCK + 9, 0);
+                check_packed(norm, 2, 1, 6, 3);
+            }
         }
 
         #[test]
@@ -732,8 +985,11 @@ mod flex {
             let device = Device::flex();
             device.seed(3);
             let [q, k, v] = views(2, 2, 1, 7, 7, 8, &device);
-            let fused = causal_attention(q.clone(), k.clone(), v.clone(), 0).unwrap();
-            assert!(max_diff(fused, composed(q, k, v, 0)) < 1e-5);
+            for norm in [RowNormaliser::Softmax].into_iter().chain(normalisers()) {
+                let fused = causal_attention(q.clone(), k.clone(), v.clone(), 0, norm).unwrap();
+                let d = max_diff(fused, composed(q.clone(), k.clone(), v.clone(), 0, norm));
+                assert!(d < tolerance(norm), "{norm:?}: {d}");
+            }
         }
 
         #[test]
@@ -741,13 +997,13 @@ mod flex {
             let device = Device::flex();
             device.seed(4);
             let [q, k, v] = views(1, 2, 2, 12, 12, 8, &device);
-            let a = causal_attention(q.clone(), k.clone(), v.clone(), 0).unwrap();
+            let a = causal_attention(q.clone(), k.clone(), v.clone(), 0, RowNormaliser::Softmax).unwrap();
             let later = Tensor::random([1, 2, 4, 8], Distribution::Normal(0.0, 1.0), &device);
             let (k2, v2) = (
                 k.slice_assign([0..1, 0..2, 8..12, 0..8], later.clone()),
                 v.slice_assign([0..1, 0..2, 8..12, 0..8], later),
             );
-            let b = causal_attention(q, k2, v2, 0).unwrap();
+            let b = causal_attention(q, k2, v2, 0, RowNormaliser::Softmax).unwrap();
             let (first, rest) = (a.clone().narrow(1, 0, 8), b.clone().narrow(1, 0, 8));
             assert!(max_diff(first, rest) < 1e-6, "rows 0..8 must not see keys 8..12");
             assert!(max_diff(a.narrow(1, 8, 4), b.narrow(1, 8, 4)) > 1e-3, "rows 8.. must see them");

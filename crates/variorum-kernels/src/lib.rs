@@ -17,6 +17,7 @@ pub mod fast_math;
 pub mod gelu;
 pub mod layer_norm;
 pub mod linear;
+pub mod normalisers;
 
 use burn::prelude::*;
 

@@ -54,6 +54,7 @@ impl QkNormConfig {
             head_dim: self.head_dim,
             dropout: self.dropout,
             bias: true,
+            ..Default::default()
         }
     }
 }
