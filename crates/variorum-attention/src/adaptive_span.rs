@@ -46,8 +46,7 @@ crate::attention_config! {
 }
 
 impl AdaptiveSpanConfig {
-    /// The multi-head attention it is built on.
-    /// The heads, softmax-normalised: the soft mask reweights softmax's distribution and
+    /// The multi-head attention it is built on, softmax-normalised: the soft mask reweights softmax's distribution and
     /// renormalises it (the paper's definition), which has no meaning for the other normalisers.
     pub fn heads(&self) -> MultiHeadAttentionConfig {
         MultiHeadAttentionConfig {

@@ -24,6 +24,8 @@ use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 use variorum_kernels::normalisers::{RowNormaliser, normalise_scores};
 
+use crate::full::MASKED_SCORE;
+
 /// `model.attention.normaliser`: how each row of scores becomes attention weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub enum Normaliser {
@@ -96,7 +98,11 @@ impl ScoreNormaliser {
         let scores = match &self.log_temperature {
             Some(theta) => {
                 let h = theta.dims()[0];
-                scores * theta.val().neg().exp().reshape([1, h, 1, 1])
+                debug_assert_eq!(scores.dims()[1], h, "scores with the heads on axis 1");
+                // hidden entries stay exactly MASKED_SCORE: scaled, a row of them would hand θ
+                // rounding noise times 1e9 as gradient
+                let hidden = scores.clone().lower_equal_elem(MASKED_SCORE / 2.0);
+                (scores * theta.val().neg().exp().reshape([1, h, 1, 1])).mask_fill(hidden, MASKED_SCORE)
             }
             None => scores,
         };
