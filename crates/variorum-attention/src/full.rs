@@ -18,6 +18,7 @@ use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check, erro
 use variorum_position::{HeadShape, PositionConfig, RelativePosition, ScoreLayout};
 
 use crate::band::{Band, banded};
+use crate::head_losses::{self, Disagreement, DiversityConfig, GuidanceConfig};
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
 use crate::normaliser::{Normaliser, ScoreNormaliser};
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, QkvProjection, QkvProjectionConfig};
@@ -40,6 +41,8 @@ macro_rules! head_fields {
             bias: $c.bias,
             normaliser: $c.normaliser,
             head_temperature: $c.head_temperature,
+            diversity: None,
+            guidance: None,
         }
     };
 }
@@ -207,6 +210,12 @@ pub struct MultiHeadAttentionConfig {
     pub normaliser: Normaliser,
     /// A learned temperature per head dividing its scores before the normaliser. Default false.
     pub head_temperature: bool,
+    /// Disagreement regularisation of the heads (`{ on = "subspace" | "positions" | "outputs",
+    /// weight = 0.1 }`, [`head_losses`](crate::head_losses)). Default none.
+    pub diversity: Option<DiversityConfig>,
+    /// Heads pulled toward fixed patterns (`{ patterns = ["previous", "first", …], weight = 0.1 }`,
+    /// [`head_losses`](crate::head_losses)). Default none.
+    pub guidance: Option<GuidanceConfig>,
 }
 
 impl Default for MultiHeadAttentionConfig {
@@ -219,6 +228,8 @@ impl Default for MultiHeadAttentionConfig {
             bias: true,
             normaliser: Normaliser::Softmax,
             head_temperature: false,
+            diversity: None,
+            guidance: None,
         }
     }
 }
@@ -260,6 +271,7 @@ impl MultiHeadAttentionConfig {
                 .init(device),
             dropout: DropoutConfig::new(self.dropout).init(),
             normaliser: self.normaliser.init(self.n_heads, self.head_temperature, position.context, device),
+            losses: HeadLosses { diversity: self.diversity.clone(), guidance: self.guidance.clone() },
             scale: position.config.content_scale() / (head_dim as f64).sqrt(),
         }
     }
@@ -297,7 +309,12 @@ impl AttentionKind for MultiHeadAttentionConfig {
                 divisors(self.n_heads)
             )
         })?;
-        crate::kind::check_dropout(self.dropout)
+        crate::kind::check_dropout(self.dropout)?;
+        head_losses::validate(self.diversity.as_ref(), self.guidance.as_ref(), self.n_heads)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { aux_losses: self.diversity.is_some() || self.guidance.is_some(), ..Self::CAPS }
     }
 
     fn head_shape(&self, d_model: usize) -> HeadShape {
@@ -348,6 +365,38 @@ impl AttentionKind for MultiHeadAttentionConfig {
                 Self { normaliser: Normaliser::Sparsemax, head_temperature: true, ..Default::default() },
             )
             .with_position(PositionConfig::Alibi(Default::default())),
+            // auxiliary losses on the heads (Li et al. 2018; Deshpande & Narasimhan 2020)
+            TestVariant::new(
+                "diversity on outputs",
+                Self {
+                    diversity: Some(DiversityConfig { on: Disagreement::Outputs, weight: 0.1 }),
+                    ..Default::default()
+                },
+            ),
+            TestVariant::new(
+                "diversity on positions, grouped-query",
+                Self {
+                    diversity: Some(DiversityConfig { on: Disagreement::Positions, weight: 0.1 }),
+                    ..heads(4, Some(2))
+                },
+            ),
+            TestVariant::new(
+                "diversity on subspace",
+                Self {
+                    diversity: Some(DiversityConfig { on: Disagreement::Subspace, weight: 0.1 }),
+                    ..Default::default()
+                },
+            ),
+            TestVariant::new(
+                "guidance previous, first",
+                Self {
+                    guidance: Some(GuidanceConfig {
+                        patterns: vec![head_losses::Pattern::Previous, head_losses::Pattern::First],
+                        weight: 0.1,
+                    }),
+                    ..Default::default()
+                },
+            ),
         ]
         .into_iter()
         .chain(
@@ -387,7 +436,17 @@ pub struct MultiHeadAttention {
     pub dropout: Dropout,
     /// Scores to weights (softmax unless the config says otherwise).
     pub normaliser: ScoreNormaliser,
+    /// Auxiliary losses on the heads (`full` only; none by default).
+    #[module(skip)]
+    pub losses: HeadLosses,
     pub scale: f64,
+}
+
+/// The auxiliary losses a `full` layer adds ([`head_losses`](crate::head_losses)).
+#[derive(Debug, Clone, Default)]
+pub struct HeadLosses {
+    pub diversity: Option<DiversityConfig>,
+    pub guidance: Option<GuidanceConfig>,
 }
 
 /// Queries (scaled), keys and values of one forward, and where their scores sit.
@@ -476,6 +535,12 @@ impl MultiHeadAttention {
 
     /// Step 3: the output `[b, len_q, d_model]` from probabilities `[b, n_heads, len_q, len_k]`.
     pub fn combine(&self, probs: Tensor<4>, p: &Projected) -> Tensor<3> {
+        variorum_kernels::linear::forward(&self.out, self.combine_heads(probs, p))
+    }
+
+    /// Step 3 without the output projection: the heads' contexts side by side,
+    /// `[b, len_q, n_heads · d_h]`.
+    pub fn combine_heads(&self, probs: Tensor<4>, p: &Projected) -> Tensor<3> {
         let [b, h, lq, lk] = probs.dims();
         let [_, hkv, _, dh] = p.v.dims();
         let g = h / hkv;
@@ -486,20 +551,79 @@ impl MultiHeadAttention {
             Some(e) => context + e,
             None => context,
         };
-        self.merge(context)
+        concat_heads(context)
     }
 
     /// The output projection of per-head contexts `[b, n_heads, len_q, d_h]`.
     pub fn merge(&self, context: Tensor<4>) -> Tensor<3> {
-        let [b, h, lq, dh] = context.dims();
-        variorum_kernels::linear::forward(&self.out, context.swap_dims(1, 2).reshape([b, lq, h * dh]))
+        variorum_kernels::linear::forward(&self.out, concat_heads(context))
     }
 
-    pub fn forward(&self, input: AttentionInput, mut cache: Option<&mut KvCache>) -> AttentionOutput {
+    pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
+        let HeadLosses { diversity, guidance } = &self.losses;
+        if diversity.is_none() && guidance.is_none() {
+            let (heads, weights) = self.attend_heads(input, cache);
+            let context = variorum_kernels::linear::forward(&self.out, heads);
+            return AttentionOutput { context, weights, aux_losses: Vec::new() };
+        }
+        self.forward_with_losses(input, cache)
+    }
+
+    /// [`forward`](Self::forward) with the heads' auxiliary losses: the weights are formed where a
+    /// loss reads them (the composed path), the values projected once more for the subspace one.
+    fn forward_with_losses(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
+        let HeadLosses { diversity, guidance } = &self.losses;
+        let asked = input.need_weights;
+        let reads_weights = guidance.is_some() || diversity.as_ref().is_some_and(|d| d.on == Disagreement::Positions);
+        let values = diversity.as_ref().filter(|d| d.on == Disagreement::Subspace).map(|_| {
+            let (_, _, v) = match &input.key_value {
+                Some(src) => self.qkv.cross_attention(input.query.clone(), src.clone()),
+                None => self.qkv.self_attention(input.query.clone()),
+            };
+            v
+        });
+        let mask = input.mask;
+        let k_start = mask.k_start + cache.as_ref().map_or(0, |c| c.start);
+        let (q_start, causal) = (mask.q_start, mask.causal);
+        let input = AttentionInput { need_weights: asked || reads_weights, ..input };
+        let (heads, weights) = self.attend_heads(input, cache);
+        let mut aux_losses = Vec::new();
+        if let Some(d) = diversity {
+            let loss = match d.on {
+                Disagreement::Subspace => head_losses::cosine_agreement(values.expect("projected above"), d.weight),
+                Disagreement::Outputs => {
+                    let [b, l, _] = heads.dims();
+                    let (h, dh) = (self.qkv.n_heads, self.qkv.head_dim);
+                    head_losses::cosine_agreement(heads.clone().reshape([b, l, h, dh]).swap_dims(1, 2), d.weight)
+                }
+                Disagreement::Positions => {
+                    head_losses::position_agreement(weights.clone().expect("weights asked for"), d.weight)
+                }
+            };
+            aux_losses.push(("head_disagreement".to_string(), loss));
+        }
+        if let Some(g) = guidance {
+            let w = weights.clone().expect("weights asked for");
+            let [_, _, lq, lk] = w.dims();
+            let layout = ScoreLayout::new(q_start, k_start, lq, lk, causal);
+            aux_losses.push(("head_guidance".to_string(), head_losses::pattern_loss(w, &layout, g)));
+        }
+        let context = variorum_kernels::linear::forward(&self.out, heads);
+        AttentionOutput { context, weights: weights.filter(|_| asked), aux_losses }
+    }
+
+    /// [`forward`](Self::forward) up to the output projection: the heads' contexts side by side,
+    /// `[b, len_q, n_heads · d_h]`, and the weights where asked for. Kinds that combine heads
+    /// otherwise (capsule routing) start here, on the same fast paths.
+    pub fn attend_heads(
+        &self,
+        input: AttentionInput,
+        mut cache: Option<&mut KvCache>,
+    ) -> (Tensor<3>, Option<Tensor<4>>) {
         if cache.is_none()
             && let Some(context) = self.fused_self_attention(&input)
         {
-            return AttentionOutput { context, weights: None, aux_losses: Vec::new() };
+            return (context, None);
         }
         let p = self.project(input.query, input.key_value, input.mask, cache.as_deref_mut());
         if let Some(n) = p.max_back {
@@ -514,23 +638,23 @@ impl MultiHeadAttention {
                 let l = p.layout.len_q;
                 let ahead = if m.causal { 0 } else { l };
                 let band = Band { back: n, ahead, block: n.clamp(1, 128), query_blocks: false, causal: m.causal };
-                let context = banded(self, &p, &[band], &[]);
-                return AttentionOutput { context: self.merge(context), weights: None, aux_losses: Vec::new() };
+                return (concat_heads(banded(self, &p, &[band], &[])), None);
             }
         }
         if let Some(context) = self.fused(&p, input.mask, input.need_weights) {
-            return AttentionOutput {
-                context: variorum_kernels::linear::forward(&self.out, context),
-                weights: None,
-                aux_losses: Vec::new(),
-            };
+            return (context, None);
         }
         let scores = self.mask_scores(self.scores(&p), input.mask, input.dense_mask, &p);
         let probs = self.normalise(scores);
         let weights = input.need_weights.then(|| probs.clone());
-        let context = self.combine(self.dropout.forward(probs), &p);
-        AttentionOutput { context, weights, aux_losses: Vec::new() }
+        (self.combine_heads(self.dropout.forward(probs), &p), weights)
     }
+}
+
+/// Per-head contexts `[b, n_heads, len_q, d_h]` side by side, `[b, len_q, n_heads · d_h]`.
+pub fn concat_heads(context: Tensor<4>) -> Tensor<3> {
+    let [b, h, lq, dh] = context.dims();
+    context.swap_dims(1, 2).reshape([b, lq, h * dh])
 }
 
 impl MultiHeadAttention {
@@ -565,8 +689,9 @@ impl MultiHeadAttention {
 
     /// Self-attention without a cache or a position scheme, by the fused kernel straight from the
     /// QKV projection's output ([`variorum_kernels::causal_attention::causal_self_attention`]:
-    /// no head split, scaling or merge recorded): the training path of a GPT. `None` where it
-    /// does not apply (the conditions of [`Self::fused`], and no keys from elsewhere).
+    /// no head split, scaling or merge recorded): the training path of a GPT. The heads' contexts
+    /// side by side, before the output projection; `None` where it does not apply (the
+    /// conditions of [`Self::fused`], and no keys from elsewhere).
     fn fused_self_attention(&self, input: &AttentionInput) -> Option<Tensor<3>> {
         let m = input.mask;
         let offset = m.q_start.checked_sub(m.k_start)?;
@@ -583,29 +708,33 @@ impl MultiHeadAttention {
         }
         let qkv = &self.qkv;
         let all = variorum_kernels::linear::forward(&qkv.qkv, input.query.clone());
-        let context = variorum_kernels::causal_attention::causal_self_attention(
+        variorum_kernels::causal_attention::causal_self_attention(
             all,
             qkv.n_heads,
             qkv.n_kv_heads,
             self.scale,
             offset,
             self.normaliser.row,
-        )?;
-        Some(variorum_kernels::linear::forward(&self.out, context))
+        )
     }
 
     /// softmax(q kᵀ/√d) v with the output projection, queries from `query`, keys and values from
     /// `key_value`, no mask and no position scheme: content-based attention, as the Compressive
     /// Transformer's attention-reconstruction loss compares it over memories.
     pub fn content_only(&self, query: Tensor<3>, key_value: Tensor<3>) -> Tensor<3> {
+        self.out.forward(self.content_only_heads(query, key_value))
+    }
+
+    /// [`content_only`](Self::content_only) before the output projection: the heads' contexts
+    /// side by side, `[b, len_q, n_heads · d_h]`.
+    pub fn content_only_heads(&self, query: Tensor<3>, key_value: Tensor<3>) -> Tensor<3> {
         let [b, lq, _] = query.dims();
         let (q, k, v) = self.qkv.cross_attention(query, key_value);
         let (h, hkv, dh) = (self.qkv.n_heads, self.qkv.n_kv_heads, self.qkv.head_dim);
         let (g, lk) = (h / hkv, k.dims()[2]);
         let q = q.mul_scalar(1.0 / (dh as f64).sqrt()).reshape([b, hkv, g * lq, dh]);
         let probs = self.normalise(q.matmul(k.swap_dims(2, 3)).reshape([b, h, lq, lk]));
-        let context = probs.reshape([b, hkv, g * lq, lk]).matmul(v).reshape([b, h, lq, dh]);
-        self.out.forward(context.swap_dims(1, 2).reshape([b, lq, h * dh]))
+        concat_heads(probs.reshape([b, hkv, g * lq, lk]).matmul(v).reshape([b, h, lq, dh]))
     }
 }
 
@@ -688,6 +817,54 @@ mod tests {
         let out = attn.forward(AttentionInput::self_attention(random([1, 5, 16], &dev), &mask).with_weights(), None);
         assert_eq!(out.weights.unwrap().dims(), [1, 4, 5, 5]);
         assert_eq!(attn.qkv.qkv.weight.val().dims(), [16, (4 + 2) * 4]);
+    }
+
+    /// The losses leave the output alone, and minimising them does what they say: the guided head
+    /// moves its weight onto the previous token, the disagreeing heads' outputs turn apart.
+    #[test]
+    fn head_losses_guide_and_spread_the_heads_they_name() {
+        use burn::optim::{AdamWConfig, GradientsParams};
+        let dev = Device::flex().autodiff();
+        dev.seed(8);
+        let x = random([2, 8, 16], &dev);
+        let mask = AttentionMask::causal();
+        let plain = attention(4, 4, &dev);
+        let guided = MultiHeadAttention {
+            losses: HeadLosses {
+                guidance: Some(GuidanceConfig { patterns: vec![head_losses::Pattern::Previous], weight: 1.0 }),
+                diversity: Some(DiversityConfig { on: Disagreement::Outputs, weight: 1.0 }),
+            },
+            ..plain.clone()
+        };
+        let same = guided.forward(AttentionInput::self_attention(x.clone(), &mask), None);
+        let base = plain.forward(AttentionInput::self_attention(x.clone(), &mask), None);
+        assert!((same.context.clone() - base.context).abs().max().into_scalar::<f32>() < 1e-6);
+        assert!(same.weights.is_none(), "weights formed for the loss are not handed out unasked");
+        let losses = |m: &MultiHeadAttention| -> Vec<f32> {
+            let out = m.forward(AttentionInput::self_attention(x.clone(), &mask), None);
+            out.aux_losses.iter().map(|(_, l)| l.clone().into_scalar::<f32>()).collect()
+        };
+        let before = losses(&guided);
+        let mut optim = AdamWConfig::new().with_weight_decay(0.0).init();
+        let mut layer = guided;
+        for _ in 0..80 {
+            let out = layer.forward(AttentionInput::self_attention(x.clone(), &mask), None);
+            let loss = out.aux_losses.into_iter().map(|(_, l)| l).reduce(|a, b| a + b).unwrap();
+            let grads = GradientsParams::from_grads(loss.backward(), &layer);
+            layer = optim.step(1e-2, layer, grads);
+        }
+        let after = losses(&layer);
+        // [disagreement, guidance]
+        assert!(after[0] < before[0] - 0.05, "outputs did not turn apart: {before:?} → {after:?}");
+        assert!(after[1] < 0.1 * before[1], "the guided head did not move: {before:?} → {after:?}");
+        let w = layer.forward(AttentionInput::self_attention(x, &mask).with_weights(), None).weights.unwrap();
+        let head0 = w.narrow(1, 0, 1).reshape([2, 8, 8]).into_data().try_to_vec::<f32>().unwrap();
+        for b in 0..2 {
+            for i in 1..8 {
+                let p = head0[(b * 8 + i) * 8 + i - 1];
+                assert!(p > 0.8, "head 0, query {i}: {p} on the previous token");
+            }
+        }
     }
 
     /// Every normaliser, with and without a learned temperature, computes the same outputs and

@@ -358,6 +358,8 @@ attention_kinds! {
     "sinkhorn" => Sinkhorn(crate::SinkhornConfig, crate::SinkhornAttention),
     /// Talking heads: learned mixes across heads before and after the softmax.
     "talking-heads" => TalkingHeads(crate::TalkingHeadsConfig, crate::TalkingHeadsAttention),
+    /// Capsule-routing head aggregation: heads combined by dynamic or EM routing-by-agreement.
+    "capsule-heads" => CapsuleHeads(crate::CapsuleHeadsConfig, crate::CapsuleHeadsAttention),
     /// Hard-coded Gaussian heads on the previous, current and next token: no queries or keys.
     "hard-coded-gaussian" => HardCodedGaussian(crate::HardCodedGaussianConfig, crate::HardCodedGaussianAttention),
     /// Localness modelling: a Gaussian prior on the scores around a centre and window predicted from each query.

@@ -746,6 +746,7 @@ mod tests {
             out: att.out.clone(),
             dropout: DropoutConfig::new(0.0).init(),
             normaliser: crate::ScoreNormaliser::softmax(),
+            losses: Default::default(),
             scale: 0.5,
         };
         let masks = [AttentionMask::causal(), AttentionMask::bidirectional()];
