@@ -21,8 +21,9 @@ fn wgpu_forward_and_backward_match_the_cpu() {
     let cpu = Device::flex().autodiff();
     let gpu = Device::wgpu(burn::tensor::DeviceKind::DefaultDevice).autodiff();
     // the plain model, the kinds that sort, gather and rebuild (content-based attention,
-    // reversible blocks), pool and rank on the host, and a bidirectional masked LM with an
-    // iterative pseudo-inverse
+    // reversible blocks), pool and rank on the host, a bidirectional masked LM with an
+    // iterative pseudo-inverse, a sorted normaliser (the fused kernel on the CPU, sort and cumsum
+    // ops on the GPU), capsule routing, and a loss on the weights
     let chosen = [
         "base (learned, full, pre-ln, gelu)",
         "attention lsh",
@@ -31,6 +32,9 @@ fn wgpu_forward_and_backward_match_the_cpu() {
         "attention poolingformer max",
         "attention prob-sparse causal",
         "attention nystrom",
+        "attention full entmax-1.5, grouped-query",
+        "attention capsule-heads em",
+        "attention full guidance previous, first",
     ];
     let variants: Vec<_> =
         variorum_testkit::variants().into_iter().filter(|(n, _)| chosen.contains(&n.as_str())).collect();
