@@ -23,10 +23,10 @@ use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::activation::{sigmoid, softmax};
 use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
-use variorum_position::{HeadShape, PositionConfig, RotaryConfig};
+use variorum_position::{PositionConfig, RotaryConfig};
 
 use crate::full::{MASKED_SCORE, Positioning};
-use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
+use crate::kind::{AttentionKind, AttentionMechanism, TestVariant, caps};
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention, MultiHeadAttentionConfig};
 
 crate::attention_config! {
@@ -88,6 +88,7 @@ impl AttentionKind for AdaptiveSpanConfig {
     const SUMMARY: &'static str = "multi-head attention with a learned soft span per head (or per token), L1 penalty, keys beyond the span not computed";
     const PAPER: &'static str = "Sukhbaatar et al. 2019, Adaptive Attention Span in Transformers";
     const CAPS: Capabilities = Capabilities { bidirectional: false, aux_losses: true, ..caps::SCORES };
+    crate::head_kind_items!();
 
     fn expanded(&self, d_model: usize) -> Self {
         let h = self.heads().expanded(d_model);
@@ -103,21 +104,9 @@ impl AttentionKind for AdaptiveSpanConfig {
         check(self.penalty >= 0.0, || "model.attention.penalty must be >= 0".into())
     }
 
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads().heads(d_model)
-    }
-
-    fn dropout(&self) -> f64 {
-        self.heads().dropout
-    }
-
     /// Full attention's FLOPs over at most S keys back.
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         self.heads().flops_per_token(d_model, len_k.min(self.max_span))
-    }
-
-    fn build(&self, init: &LayerInit, device: &Device) -> AdaptiveSpanAttention {
-        self.init(init.d_model, init.init_std, init.out_std, init.position, device)
     }
 
     /// Spans shorter than the sequence, so trimming and the soft mask both act.

@@ -60,10 +60,9 @@ use burn::tensor::activation::sigmoid;
 use burn::tensor::module::conv2d;
 use burn::tensor::ops::ConvOptions;
 use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
-use variorum_position::HeadShape;
 
 use crate::full::{MASKED_SCORE, Projected};
-use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
+use crate::kind::{AttentionKind, AttentionMechanism, TestVariant, caps};
 use crate::{AttentionInput, AttentionOutput, AttentionState, CarriedMaps, KvCache, MultiHeadAttention, Positioning};
 
 crate::attention_config! {
@@ -109,6 +108,7 @@ impl AttentionKind for EvolvingConfig {
     const PAPER: &'static str =
         "Wang, Yang, Bai, Zhang, Bai, Yu, Zhang, Huang, Tong 2021, Evolving Attention with Residual Convolutions";
     const CAPS: Capabilities = Capabilities { cross_layer: true, ..caps::SCORES };
+    crate::head_kind_items!();
 
     fn expanded(&self, d_model: usize) -> Self {
         self.expanded_heads(d_model)
@@ -130,14 +130,6 @@ impl AttentionKind for EvolvingConfig {
         })
     }
 
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads().heads(d_model)
-    }
-
-    fn dropout(&self) -> f64 {
-        self.dropout
-    }
-
     /// Full attention's, plus per head and key the convolution (h · k_q · k_k multiply–adds)
     /// and the residual and α mix.
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
@@ -149,10 +141,6 @@ impl AttentionKind for EvolvingConfig {
 
     fn scores_every_key(&self) -> bool {
         true
-    }
-
-    fn build(&self, init: &LayerInit, device: &Device) -> EvolvingAttention {
-        self.init(init.d_model, init.init_std, init.out_std, init.position, device)
     }
 
     fn test_variants() -> Vec<TestVariant<Self>> {

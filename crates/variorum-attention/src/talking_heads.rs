@@ -18,9 +18,8 @@
 use burn::module::Param;
 use burn::prelude::*;
 use variorum_core::ConfigError;
-use variorum_position::HeadShape;
 
-use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
+use crate::kind::{AttentionKind, AttentionMechanism, TestVariant, caps};
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention, Positioning};
 
 crate::attention_config! {
@@ -54,6 +53,7 @@ impl AttentionKind for TalkingHeadsConfig {
     const SUMMARY: &'static str = "talking heads: learned h × h mixes across heads on the logits before the softmax and on the weights after it (identity at init); KV cache";
     const PAPER: &'static str = "Shazeer, Lan, Cheng, Ding, Hou 2020, Talking-Heads Attention";
     const CAPS: variorum_core::Capabilities = caps::SCORES;
+    crate::head_kind_items!();
 
     fn expanded(&self, d_model: usize) -> Self {
         self.expanded_heads(d_model)
@@ -64,14 +64,6 @@ impl AttentionKind for TalkingHeadsConfig {
         self.heads().validate(d_model)
     }
 
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads().heads(d_model)
-    }
-
-    fn dropout(&self) -> f64 {
-        self.dropout
-    }
-
     /// Full attention's, plus the two mixes: h multiply–adds per head and key, twice.
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         let h = self.n_heads as u64;
@@ -80,10 +72,6 @@ impl AttentionKind for TalkingHeadsConfig {
 
     fn scores_every_key(&self) -> bool {
         true
-    }
-
-    fn build(&self, init: &LayerInit, device: &Device) -> TalkingHeadsAttention {
-        self.init(init.d_model, init.init_std, init.out_std, init.position, device)
     }
 
     fn test_variants() -> Vec<TestVariant<Self>> {
