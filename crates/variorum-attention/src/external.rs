@@ -123,6 +123,7 @@ pub trait DynKind: Debug + Send + Sync {
     fn for_layer(&self, layer: usize) -> Box<dyn DynKind>;
     fn per_layer(&self) -> usize;
     fn scores_every_key(&self) -> bool;
+    fn tags(&self) -> Option<usize>;
     fn build(&self, init: &LayerInit, device: &Device) -> Box<dyn DynMechanism>;
 }
 
@@ -171,6 +172,9 @@ impl<C: AttentionKind> DynKind for C {
     }
     fn scores_every_key(&self) -> bool {
         AttentionKind::scores_every_key(self)
+    }
+    fn tags(&self) -> Option<usize> {
+        AttentionKind::tags(self)
     }
     fn build(&self, init: &LayerInit, device: &Device) -> Box<dyn DynMechanism> {
         Box::new(AttentionKind::build(self, init, device))

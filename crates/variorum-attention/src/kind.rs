@@ -149,6 +149,13 @@ pub trait AttentionKind:
         false
     }
 
+    /// How many example tags the kind is conditioned on (ids `0..n`, read from
+    /// `AttentionMask::tags`), when it is: the data must then be tagged (`data.tags`) with at
+    /// most `n` tags. Default: the kind ignores tags.
+    fn tags(&self) -> Option<usize> {
+        None
+    }
+
     fn build(&self, init: &LayerInit, device: &Device) -> Self::Module;
 
     /// Tiny settings the generic harness runs (at least one per kind: a test fails otherwise).

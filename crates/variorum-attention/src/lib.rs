@@ -61,6 +61,7 @@ pub mod state;
 pub mod strided;
 pub mod synthesizer;
 pub mod talking_heads;
+pub mod task_prior;
 
 pub use adaptive_span::{AdaptiveSpanAttention, AdaptiveSpanConfig};
 pub use average::{AverageAttention, AverageAttentionConfig};
@@ -110,3 +111,4 @@ pub use synthesizer::{
     DenseSynthesizer, RandomSynthesizer, ScoreTable, SynthesizerAttention, SynthesizerConfig, SynthesizerVariant,
 };
 pub use talking_heads::{TalkingHeadsAttention, TalkingHeadsConfig};
+pub use task_prior::{TaskPriorAttention, TaskPriorConfig};

@@ -214,6 +214,15 @@ macro_rules! attention_kinds {
                 }
             }
 
+            /// How many example tags the attention is conditioned on, if it is
+            /// ([`AttentionKind::tags`]).
+            pub fn tags(&self) -> Option<usize> {
+                match self {
+                    $( Self::$variant(c) => AttentionKind::tags(c), )+
+                    Self::External(c) => c.config.tags(),
+                }
+            }
+
             pub fn per_layer(&self) -> usize {
                 match self {
                     $( Self::$variant(c) => AttentionKind::per_layer(c), )+
@@ -364,6 +373,8 @@ attention_kinds! {
     "hard-coded-gaussian" => HardCodedGaussian(crate::HardCodedGaussianConfig, crate::HardCodedGaussianAttention),
     /// Localness modelling: a Gaussian prior on the scores around a centre and window predicted from each query.
     "gaussian-prior" => GaussianPrior(crate::GaussianPriorConfig, crate::GaussianPriorAttention),
+    /// CAMTL's task prior: a block-diagonal prior on the scores conditioned on the example's tag.
+    "task-prior" => TaskPrior(crate::TaskPriorConfig, crate::TaskPriorAttention),
     /// Synthesizer: scores from an MLP of each token (dense), a per-head ℓ × ℓ table (random), their factorized forms, or a learned mix with dot products.
     "synthesizer" => Synthesizer(crate::SynthesizerConfig, crate::SynthesizerAttention),
     /// Collaborative heads: shared query/key projections re-weighted per head by mixing vectors.

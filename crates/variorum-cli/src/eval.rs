@@ -10,6 +10,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use plotters::style::{Palette, Palette99, RGBColor};
+use variorum_data::SplitTags;
 use variorum_train::run::Run;
 
 use crate::device;
@@ -26,15 +27,22 @@ pub struct EvalArgs {
     pub device: String,
 }
 
-/// The token ids to evaluate `run` on, and where they come from.
-fn tokens(run: &Run, args: &EvalArgs) -> Result<(Vec<u32>, String)> {
-    let (mut ids, source) = match &args.data {
+/// The token ids to evaluate `run` on, where they come from and, for the run's tagged
+/// validation split, where its example tags change.
+fn tokens(run: &Run, args: &EvalArgs) -> Result<(Vec<u32>, String, Option<SplitTags>)> {
+    let (mut ids, source, tags) = match &args.data {
         Some(path) => {
             let text = variorum_data::read_text(path)?;
             let ids = run.tokenizer.encode(&text).with_context(|| format!("{} cannot be encoded", path.display()))?;
-            (ids, path.display().to_string())
+            if run.config.model.attention.tags().is_some() {
+                eprintln!("note: {} is read untagged (tag 0) by a model conditioned on example tags", path.display());
+            }
+            (ids, path.display().to_string(), None)
         }
-        None => (run.validation_tokens()?, "the validation split".to_string()),
+        None => {
+            let (ids, tags) = run.validation_split()?;
+            (ids, "the validation split".to_string(), tags)
+        }
     };
     if let Some(n) = args.max_tokens {
         ids.truncate(n);
@@ -42,7 +50,7 @@ fn tokens(run: &Run, args: &EvalArgs) -> Result<(Vec<u32>, String)> {
     if ids.len() < 2 {
         bail!("{source} has {} tokens: nothing to evaluate", ids.len());
     }
-    Ok((ids, source))
+    Ok((ids, source, tags))
 }
 
 fn check_lengths(lengths: &[usize], stride: Option<usize>) -> Result<()> {
@@ -97,7 +105,7 @@ pub fn eval(args: EvalArgs) -> Result<ExitCode> {
     let mut notes = Vec::new();
     for dir in &args.runs {
         let run = Run::load_with(dir, &device, &args.settings)?;
-        let (ids, _) = tokens(&run, &args)?;
+        let (ids, _, tags) = tokens(&run, &args)?;
         let name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
         print!("{name:<28}");
         let mut points = Vec::new();
@@ -109,11 +117,11 @@ pub fn eval(args: EvalArgs) -> Result<ExitCode> {
             }
             let stride = args.stride.unwrap_or(len);
             let (loss, _) = if run.model.mask_token.is_some() {
-                variorum_train::eval::masked_loss(&run.model, &run.config.model, &ids, len, &device)
+                variorum_train::eval::masked_loss(&run.model, &run.config.model, &ids, tags.as_ref(), len, &device)
             } else if run.model.has_memory() {
                 variorum_train::eval::stream_loss(&run.model, &ids, len, STREAMS, true, &device)
             } else {
-                variorum_train::eval::sliding_loss(&run.model, &ids, len, stride, &device)
+                variorum_train::eval::sliding_loss(&run.model, &ids, tags.as_ref(), len, stride, &device)
             };
             print!(" {loss:>9.4}");
             std::io::Write::flush(&mut std::io::stdout())?;
@@ -151,11 +159,17 @@ fn eval_memory(run: &Run, ids: &[u32], lengths: &[usize], device: &burn::prelude
 
 /// A masked language model: the loss on the hidden tokens of disjoint windows (the same hidden
 /// tokens as the run's own validation, the same for every run).
-fn eval_masked(run: &Run, ids: &[u32], lengths: &[usize], device: &burn::prelude::Device) -> Result<ExitCode> {
+fn eval_masked(
+    run: &Run,
+    ids: &[u32],
+    tags: Option<&SplitTags>,
+    lengths: &[usize],
+    device: &burn::prelude::Device,
+) -> Result<ExitCode> {
     println!("# masked language model: loss on the hidden tokens of disjoint windows");
     println!("{:>8} {:>8} {:>10} {:>10} {:>12}", "seq_len", "stride", "hidden", "loss", "perplexity");
     for &len in lengths {
-        let (loss, n) = variorum_train::eval::masked_loss(&run.model, &run.config.model, ids, len, device);
+        let (loss, n) = variorum_train::eval::masked_loss(&run.model, &run.config.model, ids, tags, len, device);
         if n == 0 {
             bail!("{} tokens are fewer than one {len}-token window", ids.len());
         }
@@ -166,7 +180,7 @@ fn eval_masked(run: &Run, ids: &[u32], lengths: &[usize], device: &burn::prelude
 
 fn eval_one(args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode> {
     let run = Run::load_with(&args.runs[0], device, &args.settings)?;
-    let (ids, source) = tokens(&run, args)?;
+    let (ids, source, tags) = tokens(&run, args)?;
     let lengths = if args.seq_len.is_empty() { vec![run.model.seq_len] } else { args.seq_len.clone() };
     check_lengths(&lengths, args.stride)?;
     for &len in &lengths {
@@ -177,7 +191,7 @@ fn eval_one(args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode>
         return eval_memory(&run, &ids, &lengths, device);
     }
     if run.model.mask_token.is_some() {
-        return eval_masked(&run, &ids, &lengths, device);
+        return eval_masked(&run, &ids, tags.as_ref(), &lengths, device);
     }
     let unit = run.tokenizer.unit();
     println!(
@@ -192,7 +206,7 @@ fn eval_one(args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode>
     let mut points = Vec::new();
     for len in lengths {
         let stride = args.stride.unwrap_or(len);
-        let (loss, n) = variorum_train::eval::sliding_loss(&run.model, &ids, len, stride, device);
+        let (loss, n) = variorum_train::eval::sliding_loss(&run.model, &ids, tags.as_ref(), len, stride, device);
         println!(
             "{len:>8} {stride:>8} {n:>10} {loss:>10.4} {:>12.3} {:>12.4}",
             loss.exp(),

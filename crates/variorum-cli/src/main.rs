@@ -94,6 +94,10 @@ enum Command {
         /// Beam search with this many beams (deterministic; ignores the sampling options).
         #[arg(long, default_value_t = 1)]
         beams: usize,
+        /// Generate under this example tag (a run trained on tagged data: the names are in its
+        /// tags.json, e.g. "HAMLET, PRINCE OF DENMARK").
+        #[arg(long)]
+        tag: Option<String>,
     },
     /// Per-token log-probabilities of a text under a trained run, and their total.
     Score {
@@ -175,6 +179,21 @@ enum Command {
         /// Output file. Default: RUN/model.safetensors.
         #[arg(long)]
         out: Option<PathBuf>,
+    },
+    /// Re-parameterise a run's full multi-head attention as collaborative heads (Cordonnier et
+    /// al. 2020: shared query/key projections, a mixing vector per head); writes a new run.
+    Collaborate {
+        /// A run directory with model.attention.kind = "full".
+        run: PathBuf,
+        /// The new run directory (must not exist, or be empty).
+        #[arg(long)]
+        out: PathBuf,
+        /// Width of the shared query/key projections. Default n_heads · head_dim (exact); less
+        /// compresses them by a CP decomposition whose relative error is printed per layer.
+        #[arg(long)]
+        shared_dim: Option<usize>,
+        #[arg(long, default_value = "cpu")]
+        device: String,
     },
     /// Print a config with every default expanded, its parameter count and FLOPs per token.
     Inspect {
@@ -366,7 +385,19 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 }
             }
         }
-        Command::Generate { run, prompt, max_new_tokens, temperature, top_k, top_p, seed, device, no_cache, beams } => {
+        Command::Generate {
+            run,
+            prompt,
+            max_new_tokens,
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            device,
+            no_cache,
+            beams,
+            tag,
+        } => {
             at_least("--beams", beams, 1)?;
             at_least("--max-new-tokens", max_new_tokens, 1)?;
             if !(temperature >= 0.0 && temperature.is_finite()) {
@@ -384,7 +415,15 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 );
             }
             let prompt_ids = run.encode_prompt(&prompt)?;
-            let cfg = SampleConfig { max_new_tokens, temperature, top_k, top_p, seed, no_cache };
+            let tag = tag.map(|name| run.tag_id(&name)).transpose()?;
+            if tag.is_none() && run.config.model.attention.tags().is_some() && !run.tags.is_empty() {
+                eprintln!(
+                    "note: generating untagged (tag 0); pass --tag with one of the {} tags in {}",
+                    run.tags.len() - 1,
+                    run.dir.join(variorum_train::run::TAGS_FILE).display()
+                );
+            }
+            let cfg = SampleConfig { max_new_tokens, temperature, top_k, top_p, seed, no_cache, tag };
             let mut out = std::io::stdout();
             write!(out, "{prompt}")?;
             out.flush()?;
@@ -395,7 +434,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let start = std::time::Instant::now();
             if beams > 1 {
                 let best =
-                    variorum_train::generate::beam_search(&run.model, &prompt_ids, beams, max_new_tokens, &device);
+                    variorum_train::generate::beam_search(&run.model, &prompt_ids, beams, max_new_tokens, tag, &device);
                 let secs = start.elapsed().as_secs_f64();
                 writeln!(out, "{}", run.tokenizer.decode(&best))?;
                 eprintln!(
@@ -493,6 +532,49 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 println!("{n}");
             }
             eprintln!("{} tensors written to {}", names.len(), path.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Collaborate { run, out, shared_dim, device } => {
+            if let Some(n) = shared_dim {
+                at_least("--shared-dim", n, 1)?;
+            }
+            let (device, _) = device::select(&device)?;
+            let loaded = Run::load(&run, &device)?;
+            let r = variorum_train::collaborate::collaborate(&loaded, shared_dim, &out)?;
+            println!(
+                "{} heads of {}: shared query/key width {} of {}{}",
+                r.n_heads,
+                r.head_dim,
+                r.shared_dim,
+                r.full_width,
+                if r.shared_dim == r.full_width { " (exact)" } else { "" }
+            );
+            for (i, e) in r.layer_errors.iter().enumerate() {
+                println!("layer {i:>3}: relative error of the query-key products {e:.6}");
+            }
+            let change = |before: usize, after: usize| 100.0 * (after as f64 - before as f64) / (before.max(1) as f64);
+            println!(
+                "attention parameters {} -> {} ({:+.1}%)",
+                r.attention_params_before,
+                r.attention_params_after,
+                change(r.attention_params_before, r.attention_params_after)
+            );
+            println!(
+                "model parameters     {} -> {} ({:+.1}%)",
+                r.model_params_before,
+                r.model_params_after,
+                change(r.model_params_before, r.model_params_after)
+            );
+            for note in &r.notes {
+                eprintln!("note: {note}");
+            }
+            eprintln!(
+                "run written to {}; evaluate with `variorum eval {}`, fine-tune with `variorum train {} --init-from {} --out DIR`",
+                out.display(),
+                out.display(),
+                out.join("config.toml").display(),
+                out.display()
+            );
             Ok(ExitCode::SUCCESS)
         }
         Command::Inspect { config } => inspect(&config),

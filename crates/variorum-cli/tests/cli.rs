@@ -194,6 +194,65 @@ fn inspect_prints_the_expanded_config_and_counts() {
 }
 
 #[test]
+fn collaborate_reparameterises_a_trained_run_that_evaluates_and_fine_tunes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path(), "");
+    let run = tmp.path().join("run");
+    let o = variorum(&["train", cfg.to_str().unwrap(), "--out", run.to_str().unwrap(), "--max-steps", "2"], tmp.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let run = run.to_str().unwrap();
+
+    // exact (shared width n_heads · head_dim = 32), then compressed 4×
+    for (shared, exact) in [(None, true), (Some("8"), false)] {
+        let out = tmp.path().join(format!("collab-{}", shared.unwrap_or("full")));
+        let mut args = vec!["collaborate", run, "--out", out.to_str().unwrap()];
+        args.extend(shared.map(|s| ["--shared-dim", s]).into_iter().flatten());
+        let o = variorum(&args, tmp.path());
+        assert!(o.status.success(), "{}", stderr(&o));
+        let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(stdout.lines().any(|l| l.starts_with("layer   0:")), "{stdout}");
+        assert!(stdout.contains("attention parameters"), "{stdout}");
+        assert_eq!(stdout.contains("(exact)"), exact, "{stdout}");
+        assert!(stderr(&o).contains("variorum eval"), "{}", stderr(&o));
+        let o = variorum(&["eval", out.to_str().unwrap()], tmp.path());
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+
+    // fine-tuning the re-parameterised run from its own config: every tensor fits
+    let collab = tmp.path().join("collab-full");
+    let o = variorum(
+        &[
+            "train",
+            collab.join("config.toml").to_str().unwrap(),
+            "--out",
+            tmp.path().join("tuned").to_str().unwrap(),
+            "--init-from",
+            collab.to_str().unwrap(),
+            "--max-steps",
+            "2",
+        ],
+        tmp.path(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("tensors loaded, 0 new"), "{}", stderr(&o));
+
+    // mistakes: one line each
+    let elsewhere = tmp.path().join("elsewhere");
+    let elsewhere = elsewhere.to_str().unwrap();
+    assert_clean_error(&variorum(&["collaborate", run, "--out", run], tmp.path()), "not empty");
+    assert_clean_error(
+        &variorum(&["collaborate", run, "--out", elsewhere, "--shared-dim", "0"], tmp.path()),
+        "--shared-dim 0",
+    );
+    assert_clean_error(
+        &variorum(&["collaborate", run, "--out", elsewhere, "--shared-dim", "33"], tmp.path()),
+        "1..=32",
+    );
+    let collab = collab.to_str().unwrap();
+    assert_clean_error(&variorum(&["collaborate", collab, "--out", elsewhere], tmp.path()), "only `full`");
+}
+
+#[test]
 fn zoo_lists_every_axis() {
     let o = variorum(&["zoo"], Path::new("."));
     assert!(o.status.success());

@@ -29,6 +29,11 @@ pub struct AttentionMask {
     /// ETC's two inputs in this call (set by a model whose attention is global–local); `None`
     /// = long tokens only.
     pub global_local: Option<GlobalLocal>,
+    /// `[batch]`: each row's example tag (`data.tags`: the play or corpus a window comes from),
+    /// for kinds conditioned on it (the task prior). `None` = untagged, tag 0 for every row.
+    /// Not a restriction like the fields above, but like them a fact about this forward's rows
+    /// that every layer reads.
+    pub tags: Option<Tensor<1, Int>>,
 }
 
 /// Where ETC's global (auxiliary) tokens are in a call's input.
@@ -52,6 +57,7 @@ impl AttentionMask {
             global: None,
             max_back: None,
             global_local: None,
+            tags: None,
         }
     }
 
@@ -66,6 +72,7 @@ impl AttentionMask {
             global: None,
             max_back: None,
             global_local: None,
+            tags: None,
         }
     }
 
@@ -89,6 +96,12 @@ impl AttentionMask {
     /// At most `n` positions back (see [`Self::max_back`]).
     pub fn with_max_back(mut self, n: Option<usize>) -> Self {
         self.max_back = n;
+        self
+    }
+
+    /// Each row's example tag (see [`Self::tags`]).
+    pub fn with_tags(mut self, tags: Option<Tensor<1, Int>>) -> Self {
+        self.tags = tags;
         self
     }
 

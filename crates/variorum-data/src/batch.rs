@@ -4,6 +4,9 @@
 //! shared by every model. Ids are `i64` because that is what the tensor
 //! library's integer tensors take. Every batch is a pure function of its step
 //! number: resuming a run at step k needs no saved sampler state.
+//!
+//! Given the [`SplitTags`] of their split, the samplers also tag every row with
+//! the section its window comes from; without them, `TokenBatch::tags` is empty.
 
 use std::sync::Arc;
 
@@ -12,6 +15,7 @@ use rand_chacha::ChaCha8Rng;
 use sha2::{Digest, Sha256};
 
 use crate::error::DataError;
+use crate::tags::SplitTags;
 
 /// `batch_size` rows of `seq_len` tokens, row-major: row `r` is
 /// `inputs[r * seq_len..(r + 1) * seq_len]`, and `targets[t]` is the token
@@ -24,6 +28,10 @@ pub struct TokenBatch {
     pub seq_len: usize,
     /// Per row: true if this row starts a new stream (recurrent state must be reset).
     pub reset: Vec<bool>,
+    /// Per row, when the data is tagged: the tag of the row's input window (the
+    /// tag holding most of its tokens, [`SplitTags::window_tag`]). Empty when
+    /// the data is not tagged.
+    pub tags: Vec<i64>,
 }
 
 impl TokenBatch {
@@ -34,15 +42,20 @@ impl TokenBatch {
             batch_size: 0,
             seq_len,
             reset: Vec::with_capacity(batch_size),
+            tags: Vec::new(),
         }
     }
 
-    /// Appends the window `tokens[start..=start + seq_len]` as one row.
-    fn push_row(&mut self, tokens: &[u32], start: usize, reset: bool) {
+    /// Appends the window `tokens[start..=start + seq_len]` as one row, tagged
+    /// with the tag of its input window when `tags` are given.
+    fn push_row(&mut self, tokens: &[u32], start: usize, reset: bool, tags: Option<&SplitTags>) {
         let window = &tokens[start..start + self.seq_len + 1];
         self.inputs.extend(window[..self.seq_len].iter().map(|&t| i64::from(t)));
         self.targets.extend(window[1..].iter().map(|&t| i64::from(t)));
         self.reset.push(reset);
+        if let Some(tags) = tags {
+            self.tags.push(i64::from(tags.window_tag(start, self.seq_len)));
+        }
         self.batch_size += 1;
     }
 }
@@ -67,6 +80,7 @@ pub struct RandomWindows {
     seq_len: usize,
     batch_size: usize,
     seed: u64,
+    tags: Option<Arc<SplitTags>>,
 }
 
 impl RandomWindows {
@@ -81,7 +95,14 @@ impl RandomWindows {
                 seq_len.saturating_add(1)
             )));
         }
-        Ok(RandomWindows { tokens, seq_len, batch_size, seed })
+        Ok(RandomWindows { tokens, seq_len, batch_size, seed, tags: None })
+    }
+
+    /// Tags every row with [`SplitTags::window_tag`] of its input window. `tags`
+    /// must describe the same split as the tokens (e.g. `corpus.tags.train` for
+    /// `corpus.train`). The windows drawn do not change.
+    pub fn with_tags(self, tags: Arc<SplitTags>) -> Self {
+        RandomWindows { tags: Some(tags), ..self }
     }
 
     pub fn seq_len(&self) -> usize {
@@ -98,7 +119,7 @@ impl RandomWindows {
         let mut batch = TokenBatch::with_capacity(self.batch_size, self.seq_len);
         for row in 0..self.batch_size {
             let start = row_rng(self.seed, step, row as u64).random_range(0..=max_start);
-            batch.push_row(&self.tokens, start, true);
+            batch.push_row(&self.tokens, start, true, self.tags.as_deref());
         }
         batch
     }
@@ -132,6 +153,7 @@ pub struct OrderedStreams {
     batch_size: usize,
     stream_len: usize,
     segments: usize,
+    tags: Option<Arc<SplitTags>>,
 }
 
 impl OrderedStreams {
@@ -149,7 +171,14 @@ impl OrderedStreams {
                 batch_size.saturating_mul(seq_len).saturating_add(1)
             )));
         }
-        Ok(OrderedStreams { tokens, seq_len, batch_size, stream_len, segments })
+        Ok(OrderedStreams { tokens, seq_len, batch_size, stream_len, segments, tags: None })
+    }
+
+    /// Tags every row with [`SplitTags::window_tag`] of its input window (the
+    /// row's current segment). `tags` must describe the same split as the tokens
+    /// (e.g. `corpus.tags.train` for `corpus.train`). The streams do not change.
+    pub fn with_tags(self, tags: Arc<SplitTags>) -> Self {
+        OrderedStreams { tags: Some(tags), ..self }
     }
 
     /// Batches per pass over the streams; step `k` uses segment `k % segments_per_epoch()`.
@@ -172,7 +201,7 @@ impl OrderedStreams {
         let mut batch = TokenBatch::with_capacity(self.batch_size, self.seq_len);
         for row in 0..self.batch_size {
             let start = row * self.stream_len + segment * self.seq_len;
-            batch.push_row(&self.tokens, start, segment == 0);
+            batch.push_row(&self.tokens, start, segment == 0, self.tags.as_deref());
         }
         batch
     }
@@ -182,12 +211,14 @@ impl OrderedStreams {
 /// tokens (stride `seq_len`, so every token but the first is predicted exactly
 /// once) from the start of `tokens`, grouped in batches, at most `max_batches`
 /// batches (`None` = all; `Some(0)` = none). The last partial batch is kept
-/// (smaller `batch_size`). Every row has `reset = true`.
+/// (smaller `batch_size`). Every row has `reset = true`. With `tags` (those of
+/// the same split), every row is tagged with the tag of its input window.
 pub fn eval_batches(
     tokens: &[u32],
     seq_len: usize,
     batch_size: usize,
     max_batches: Option<usize>,
+    tags: Option<&SplitTags>,
 ) -> Result<Vec<TokenBatch>, DataError> {
     check_shape(seq_len, batch_size)?;
     let windows = tokens.len().saturating_sub(1) / seq_len;
@@ -201,18 +232,20 @@ pub fn eval_batches(
     }
     let starts: Vec<usize> =
         (0..windows).map(|w| w * seq_len).take(max_batches.unwrap_or(usize::MAX).saturating_mul(batch_size)).collect();
-    Ok(batches_from_starts(tokens, &starts, seq_len, batch_size))
+    Ok(batches_from_starts(tokens, &starts, seq_len, batch_size, tags))
 }
 
 /// `n` windows of `seq_len + 1` tokens spread evenly over `tokens` — window i starts at
 /// ⌊i·(len − seq_len − 1)/(n − 1)⌋, so the first starts at the first token and the last ends at
 /// the last — grouped into batches of `batch_size`. Deterministic, and it samples the whole split
 /// rather than its beginning; the PyTorch reference (scripts/reference) uses the same rule.
+/// With `tags` (those of the same split), every row is tagged with the tag of its input window.
 pub fn spread_windows(
     tokens: &[u32],
     seq_len: usize,
     n: usize,
     batch_size: usize,
+    tags: Option<&SplitTags>,
 ) -> Result<Vec<TokenBatch>, DataError> {
     check_shape(seq_len, batch_size)?;
     if tokens.len() <= seq_len {
@@ -225,16 +258,22 @@ pub fn spread_windows(
     }
     let span = tokens.len() - seq_len - 1;
     let starts: Vec<usize> = (0..n).map(|i| if n > 1 { i * span / (n - 1) } else { 0 }).collect();
-    Ok(batches_from_starts(tokens, &starts, seq_len, batch_size))
+    Ok(batches_from_starts(tokens, &starts, seq_len, batch_size, tags))
 }
 
-fn batches_from_starts(tokens: &[u32], starts: &[usize], seq_len: usize, batch_size: usize) -> Vec<TokenBatch> {
+fn batches_from_starts(
+    tokens: &[u32],
+    starts: &[usize],
+    seq_len: usize,
+    batch_size: usize,
+    tags: Option<&SplitTags>,
+) -> Vec<TokenBatch> {
     starts
         .chunks(batch_size)
         .map(|chunk| {
             let mut batch = TokenBatch::with_capacity(chunk.len(), seq_len);
             for &start in chunk {
-                batch.push_row(tokens, start, true);
+                batch.push_row(tokens, start, true, tags);
             }
             batch
         })
@@ -244,6 +283,9 @@ fn batches_from_starts(tokens: &[u32], starts: &[usize], seq_len: usize, batch_s
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::corpus::{Corpus, DataConfig};
+    use crate::tags::{Holdout, TagConfig};
+    use crate::tokenizer::TokenizerConfig;
 
     /// Token id = position, so windows can be checked by arithmetic.
     fn counting(n: u32) -> Arc<Vec<u32>> {
@@ -342,7 +384,7 @@ mod tests {
     fn eval_batches_cover_windows_in_order() {
         // 23 tokens, seq_len 5: windows start at 0, 5, 10, 15 (15 + 5 = 20 <= 22).
         let tokens: Vec<u32> = (0..23).collect();
-        let batches = eval_batches(&tokens, 5, 3, None).expect("long enough");
+        let batches = eval_batches(&tokens, 5, 3, None, None).expect("long enough");
         assert_eq!(batches.len(), 2);
         assert_eq!(batches[0].batch_size, 3);
         assert_eq!(batches[1].batch_size, 1, "last partial batch kept");
@@ -355,27 +397,117 @@ mod tests {
             assert!(b.reset.iter().all(|&r| r));
         }
 
-        let limited = eval_batches(&tokens, 5, 3, Some(1)).expect("long enough");
+        let limited = eval_batches(&tokens, 5, 3, Some(1), None).expect("long enough");
         assert_eq!(limited, batches[..1]);
-        assert!(eval_batches(&tokens, 5, 3, Some(0)).expect("ok").is_empty());
+        assert!(eval_batches(&tokens, 5, 3, Some(0), None).expect("ok").is_empty());
     }
 
     #[test]
     fn eval_batches_too_short() {
-        let msg = eval_batches(&[1, 2, 3], 3, 2, None).expect_err("too short").to_string();
+        let msg = eval_batches(&[1, 2, 3], 3, 2, None, None).expect_err("too short").to_string();
         assert!(msg.contains("seq_len + 1 = 4") && msg.contains("has 3"), "{msg}");
-        assert_eq!(eval_batches(&[1, 2, 3, 4], 3, 2, None).expect("exactly enough").len(), 1);
+        assert_eq!(eval_batches(&[1, 2, 3, 4], 3, 2, None, None).expect("exactly enough").len(), 1);
     }
 
     #[test]
     fn spread_windows_cover_the_split_end_to_end() {
         let tokens: Vec<u32> = (0..100).collect();
-        let b = spread_windows(&tokens, 9, 5, 2).unwrap();
+        let b = spread_windows(&tokens, 9, 5, 2, None).unwrap();
         assert_eq!(b.len(), 3);
         assert_eq!(b[0].inputs[0], 0);
         assert_eq!(b[0].targets[0], 1);
         assert_eq!(b[2].inputs[0], 90, "the last window ends at the last token");
         assert_eq!(*b[2].targets.last().unwrap(), 99);
-        assert!(spread_windows(&tokens[..9], 9, 5, 2).is_err());
+        assert!(spread_windows(&tokens[..9], 9, 5, 2, None).is_err());
+    }
+
+    /// A corpus whose sections are told apart by their chars: section `X` is
+    /// `X` then a run of `x`; the untagged prefix is a run of `z`.
+    fn lettered(holdout: Holdout) -> Corpus {
+        let runs = [('z', 11), ('A', 20), ('B', 7), ('A', 9), ('C', 30), ('B', 25), ('D', 9), ('C', 40), ('E', 30)];
+        let section = |c: char, n: usize| match c {
+            'z' => "z".repeat(n),
+            _ => format!("{c}{}", c.to_ascii_lowercase().to_string().repeat(n)),
+        };
+        let text: String = runs.iter().map(|&(c, n)| section(c, n)).collect();
+        let cfg = DataConfig {
+            dataset: None,
+            path: Some("letters.txt".into()),
+            tokenizer: TokenizerConfig::Char,
+            val_fraction: 0.3,
+            tags: Some(TagConfig { section: "[A-Z]".into(), holdout }),
+        };
+        Corpus::from_text(&text, &cfg, None, "letters.txt".into()).expect("loads")
+    }
+
+    /// The tag a row should carry, from its chars alone: the section with most
+    /// of them, ties to the one that appears last.
+    fn expected_tag(corpus: &Corpus, batch: &TokenBatch, row: usize) -> i64 {
+        let tags = corpus.tags.as_ref().expect("tagged");
+        let inputs = &batch.inputs[row * batch.seq_len..(row + 1) * batch.seq_len];
+        let ids: Vec<u32> = inputs.iter().map(|&t| u32::try_from(t).expect("a token id")).collect();
+        // (tag, chars, last position)
+        let mut counts: Vec<(u32, usize, usize)> = Vec::new();
+        for (pos, c) in corpus.tokenizer.decode(&ids).chars().enumerate() {
+            let name = if c == 'z' { "(untagged)".to_string() } else { c.to_ascii_uppercase().to_string() };
+            let tag = tags.id(&name).expect("a section");
+            match counts.iter_mut().find(|e| e.0 == tag) {
+                Some(e) => *e = (tag, e.1 + 1, pos),
+                None => counts.push((tag, 1, pos)),
+            }
+        }
+        i64::from(counts.into_iter().max_by_key(|&(_, n, last)| (n, last)).expect("a window").0)
+    }
+
+    #[test]
+    fn rows_carry_the_tag_of_their_window() {
+        for holdout in [Holdout::End, Holdout::EachSection] {
+            let c = lettered(holdout);
+            let tags = c.tags.clone().expect("tagged");
+            let train = Arc::new(c.train.clone());
+            let (seq_len, batch_size) = (6, 4);
+
+            let plain = RandomWindows::new(train.clone(), seq_len, batch_size, 5).expect("long enough");
+            let tagged = plain.clone().with_tags(Arc::new(tags.train.clone()));
+            let mut seen = std::collections::BTreeSet::new();
+            for step in 0..300 {
+                let (p, b) = (plain.batch(step), tagged.batch(step));
+                assert!(p.tags.is_empty(), "no tags without with_tags");
+                assert_eq!((&b.inputs, &b.targets, &b.reset), (&p.inputs, &p.targets, &p.reset), "same windows");
+                assert_eq!(b.tags.len(), batch_size);
+                for r in 0..batch_size {
+                    assert_eq!(b.tags[r], expected_tag(&c, &b, r), "{holdout:?} step {step} row {r}");
+                    seen.insert(b.tags[r]);
+                }
+            }
+            assert!(seen.len() >= 5, "windows from most sections: {seen:?}");
+
+            let streams = OrderedStreams::new(train, seq_len, 3).expect("long enough");
+            let tagged = streams.clone().with_tags(Arc::new(tags.train.clone()));
+            for step in 0..tagged.segments_per_epoch() as u64 {
+                let b = tagged.batch(step);
+                assert_eq!(b.inputs, streams.batch(step).inputs);
+                for r in 0..3 {
+                    assert_eq!(b.tags[r], expected_tag(&c, &b, r), "{holdout:?} stream step {step} row {r}");
+                }
+            }
+
+            let plain = eval_batches(&c.val, seq_len, batch_size, None, None).expect("long enough");
+            let evals = eval_batches(&c.val, seq_len, batch_size, None, Some(&tags.val)).expect("long enough");
+            let spread = spread_windows(&c.val, seq_len, 9, batch_size, Some(&tags.val)).expect("long enough");
+            assert!(plain.iter().all(|b| b.tags.is_empty()));
+            for b in evals.iter().chain(&spread) {
+                assert_eq!(b.tags.len(), b.batch_size);
+                for r in 0..b.batch_size {
+                    assert_eq!(b.tags[r], expected_tag(&c, b, r), "{holdout:?} eval row {r}");
+                }
+            }
+            if holdout == Holdout::EachSection {
+                // Every section is validated on: short eval windows see every tag.
+                let short = eval_batches(&c.val, 2, batch_size, None, Some(&tags.val)).expect("long enough");
+                let seen: std::collections::BTreeSet<i64> = short.iter().flat_map(|b| b.tags.clone()).collect();
+                assert_eq!(seen.len(), tags.len(), "{seen:?}");
+            }
+        }
     }
 }

@@ -4,13 +4,18 @@
 //! Splitting by position (the validation text is the end of the file) rather
 //! than by random lines keeps the validation text unseen in a meaningful way:
 //! with random lines, near-duplicate neighbouring lines would leak into training.
+//!
+//! With `[data.tags]` the text is also cut into named sections (see `tags.rs`),
+//! and each split carries the tag of every token.
 
+use std::borrow::Cow;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{DataError, one_line};
+use crate::tags::{Holdout, Piece, SplitPieces, SplitTags, TagConfig, TagSections};
 use crate::tokenizer::{Tokenizer, TokenizerConfig};
 
 /// Environment variable naming the directory where named datasets live
@@ -41,6 +46,11 @@ pub struct DataConfig {
     /// Fraction of the text (by position, at the end) held out for validation.
     #[serde(default = "default_val_fraction")]
     pub val_fraction: f64,
+    /// Tag every example with the section of the text it comes from (off by
+    /// default). Left out of the serialized config when off, so configs written
+    /// before tags existed read and write back unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tags: Option<TagConfig>,
 }
 
 impl Default for DataConfig {
@@ -52,6 +62,7 @@ impl Default for DataConfig {
             path: None,
             tokenizer: TokenizerConfig::default(),
             val_fraction: default_val_fraction(),
+            tags: None,
         }
     }
 }
@@ -105,7 +116,7 @@ impl DataConfig {
     }
 
     /// Checks the section: exactly one of `dataset`/`path`, `0 < val_fraction < 1`,
-    /// and the tokenizer settings. Messages name the key, e.g.
+    /// the tag expression and the tokenizer settings. Messages name the key, e.g.
     /// `data.val_fraction = 1.5 must be in (0, 1)`.
     pub fn validate(&self) -> Result<(), DataError> {
         self.source()?;
@@ -116,6 +127,9 @@ impl DataConfig {
                 "data.val_fraction = {v} must be in (0, 1), e.g. 0.1 to hold out the last 10% \
                  of the text"
             )));
+        }
+        if let Some(tags) = &self.tags {
+            tags.validate()?;
         }
         self.tokenizer.validate()
     }
@@ -176,10 +190,14 @@ fn dataset_hint(name: &str) -> String {
 #[derive(Debug, Clone)]
 pub struct Corpus {
     pub tokenizer: Tokenizer,
-    /// Token ids of the training part (the first `1 - val_fraction` of the chars).
+    /// Token ids of the training part (the first `1 - val_fraction` of the chars;
+    /// with `holdout = "each-section"`, the first part of every section).
     pub train: Vec<u32>,
     /// Token ids of the validation part (the rest).
     pub val: Vec<u32>,
+    /// The tag names and, per split, the tag of every token: `Some` exactly when
+    /// `data.tags` is set.
+    pub tags: Option<TagSections>,
     /// The file the text came from.
     pub path: PathBuf,
     /// Characters in the training part: with `train.len()` this converts
@@ -213,6 +231,13 @@ impl Corpus {
     /// are the training part, the rest (at least one char each) the validation
     /// part — and tokenizes both. `path` only labels the corpus in messages.
     ///
+    /// With `data.tags` the text is cut into sections, the split is the end of
+    /// the text or the end of every section (`data.tags.holdout`), and every
+    /// piece of a section is tokenized on its own, so that section starts fall
+    /// on token boundaries and their token offsets are exact (with BPE, the
+    /// tokens at a section boundary can differ from those of the untagged text;
+    /// with char and byte they are the same).
+    ///
     /// Without a given tokenizer one is trained: BPE on the training part only
     /// (so validation measures generalisation of the learnt merges too); byte
     /// needs no training; char on the *whole* text, because a char-level model
@@ -239,11 +264,39 @@ impl Corpus {
         let split = text.char_indices().nth(n_train).map_or(text.len(), |(i, _)| i);
         let (train_text, val_text) = text.split_at(split);
 
+        // Tagged: the sections on each side of the split, and the tag names.
+        let tagged: Option<(Vec<String>, SplitPieces)> = match &cfg.tags {
+            None => None,
+            Some(tc) => {
+                let sections = tc.sections(text, &path)?;
+                let pieces = match tc.holdout {
+                    Holdout::End => sections.split_at(split, n_train, n_val),
+                    Holdout::EachSection => sections.split_each_section(text, cfg.val_fraction),
+                };
+                if pieces.val.is_empty() {
+                    return Err(DataError::TooShort(format!(
+                        "corpus {}: every section that data.tags.section = {:?} finds is one \
+                         character long, so data.tags.holdout = \"each-section\" leaves nothing \
+                         for validation: use an expression that matches fewer places, or \
+                         holdout = \"end\"",
+                        path.display(),
+                        tc.section
+                    )));
+                }
+                Some((sections.names, pieces))
+            }
+        };
+        let (train_chars, val_chars) = tagged.as_ref().map_or((n_train, n_val), |(_, p)| (p.train_chars, p.val_chars));
+
         let tokenizer = match tokenizer {
             Some(t) => t,
             None => match &cfg.tokenizer {
                 TokenizerConfig::Char => Tokenizer::train(&cfg.tokenizer, text)?,
-                other => Tokenizer::train(other, train_text)?,
+                other => {
+                    // With each-section holdout the training text is not one stretch of the file.
+                    let train_text = tagged.as_ref().map_or(Cow::Borrowed(train_text), |(_, p)| p.train_text(text));
+                    Tokenizer::train(other, &train_text)?
+                }
             },
         };
         let in_corpus = |offset_base: usize| {
@@ -257,9 +310,30 @@ impl Corpus {
                 e => e,
             }
         };
-        let train = tokenizer.encode(train_text).map_err(in_corpus(0))?;
-        let val = tokenizer.encode(val_text).map_err(in_corpus(split))?;
-        Ok(Corpus { tokenizer, train, val, path, train_chars: n_train, val_chars: n_val })
+        let (train, val, tags) = match tagged {
+            None => (
+                tokenizer.encode(train_text).map_err(in_corpus(0))?,
+                tokenizer.encode(val_text).map_err(in_corpus(split))?,
+                None,
+            ),
+            Some((names, pieces)) => {
+                // Piece by piece, recording the token offset where each piece starts.
+                let encode = |pieces: &[Piece]| -> Result<(Vec<u32>, SplitTags), DataError> {
+                    let mut ids: Vec<u32> = Vec::new();
+                    let mut marks = Vec::with_capacity(pieces.len());
+                    for p in pieces {
+                        marks.push((ids.len(), p.tag));
+                        ids.extend(tokenizer.encode(&text[p.bytes.clone()]).map_err(in_corpus(p.bytes.start))?);
+                    }
+                    let tags = SplitTags::from_marks(marks, ids.len());
+                    Ok((ids, tags))
+                };
+                let (train, train_tags) = encode(&pieces.train)?;
+                let (val, val_tags) = encode(&pieces.val)?;
+                (train, val, Some(TagSections { names, train: train_tags, val: val_tags }))
+            }
+        };
+        Ok(Corpus { tokenizer, train, val, tags, path, train_chars, val_chars })
     }
 }
 
@@ -273,6 +347,7 @@ mod tests {
             path: Some(path.to_path_buf()),
             tokenizer: TokenizerConfig::Char,
             val_fraction: 0.1,
+            tags: None,
         }
     }
 
@@ -418,6 +493,137 @@ mod tests {
         assert_eq!((c.train.len(), c.val.len()), (1, 1));
     }
 
+    /// A small play as (tag name, section) parts; `^ACT ([IVX]+)$` finds its sections.
+    const PLAY: [(&str, &str); 5] = [
+        ("(untagged)", "Prologue: ünder the stars\n"),
+        ("I", "ACT I\nfirst act text, café\nmore of it\n"),
+        ("II", "ACT II\nsecond act — text\n"),
+        ("I", "ACT I\nback to one\n"),
+        ("III", "ACT III\nthe end, naïve déjà vu\n"),
+    ];
+
+    /// The text of [`PLAY`], and the tag name of every char.
+    fn play() -> (String, Vec<&'static str>) {
+        let text = PLAY.iter().map(|p| p.1).collect();
+        let names = PLAY.iter().flat_map(|&(name, s)| std::iter::repeat_n(name, s.chars().count())).collect();
+        (text, names)
+    }
+
+    fn tagged_cfg(holdout: Holdout) -> DataConfig {
+        DataConfig { tags: Some(TagConfig { section: "^ACT ([IVX]+)$".into(), holdout }), ..text_cfg() }
+    }
+
+    /// The tag name of every token of a split, by [`SplitTags::tag_at`].
+    fn token_names<'a>(tags: &'a TagSections, split: &SplitTags, len: usize) -> Vec<&'a str> {
+        (0..len).map(|i| tags.name(split.tag_at(i)).expect("a known tag")).collect()
+    }
+
+    #[test]
+    fn end_holdout_keeps_the_untagged_split_and_tags_every_token() {
+        let (text, names) = play();
+        for val_fraction in [0.05, 0.1, 0.3, 0.5, 0.9] {
+            let plain =
+                Corpus::from_text(&text, &DataConfig { val_fraction, ..text_cfg() }, None, "m".into()).expect("loads");
+            let cfg = DataConfig { val_fraction, ..tagged_cfg(Holdout::End) };
+            let c = Corpus::from_text(&text, &cfg, None, "m".into()).expect("loads");
+            assert!(plain.tags.is_none());
+            assert_eq!((&c.train, &c.val), (&plain.train, &plain.val), "val_fraction {val_fraction}");
+            assert_eq!((c.train_chars, c.val_chars), (plain.train_chars, plain.val_chars));
+            let vocab: Vec<u32> = (0..plain.tokenizer.vocab_size() as u32).collect();
+            assert_eq!(c.tokenizer.decode(&vocab), plain.tokenizer.decode(&vocab), "the same vocabulary");
+            let tags = c.tags.as_ref().expect("tagged");
+            assert_eq!(tags.names, ["(untagged)", "I", "II", "III"]);
+            assert_eq!(token_names(tags, &tags.train, c.train.len()), names[..c.train_chars]);
+            assert_eq!(token_names(tags, &tags.val, c.val.len()), names[c.train_chars..]);
+        }
+    }
+
+    #[test]
+    fn each_section_holdout_puts_every_tag_in_both_splits() {
+        let (text, names) = play();
+        let cfg = DataConfig { val_fraction: 0.2, ..tagged_cfg(Holdout::EachSection) };
+        let c = Corpus::from_text(&text, &cfg, None, "m".into()).expect("loads");
+        assert_eq!(c.train_chars + c.val_chars, text.chars().count());
+        assert_eq!((c.train.len(), c.val.len()), (c.train_chars, c.val_chars), "char tokens");
+        let tags = c.tags.as_ref().expect("tagged");
+        let train_names = token_names(tags, &tags.train, c.train.len());
+        let val_names = token_names(tags, &tags.val, c.val.len());
+        for name in ["(untagged)", "I", "II", "III"] {
+            assert!(train_names.contains(&name) && val_names.contains(&name), "{name}");
+        }
+        // Both splits are the sections' parts in text order, and together hold every char once.
+        let (train, val) = (c.tokenizer.decode(&c.train), c.tokenizer.decode(&c.val));
+        assert!(train.starts_with("Prologue") && train.contains("ACT II\nsecond") && !train.ends_with('\n'), "{train}");
+        assert!(val.ends_with("jà vu\n"), "{val}");
+        let mut all: Vec<char> = (train + &val).chars().collect();
+        let mut expected: Vec<char> = text.chars().collect();
+        all.sort_unstable();
+        expected.sort_unstable();
+        assert_eq!(all, expected);
+        // Every token's tag is that of its char in the text.
+        let mut text_names = names.iter();
+        let mut train_it = train_names.iter();
+        let mut val_it = val_names.iter();
+        for (section, piece) in PLAY {
+            let n = piece.chars().count();
+            let n_val = ((n as f64) * 0.2).round() as usize;
+            for _ in 0..n - n_val {
+                assert_eq!((train_it.next(), text_names.next()), (Some(&section), Some(&section)));
+            }
+            for _ in 0..n_val {
+                assert_eq!((val_it.next(), text_names.next()), (Some(&section), Some(&section)));
+            }
+        }
+        assert_eq!((train_it.next(), val_it.next(), text_names.next()), (None, None, None));
+    }
+
+    #[test]
+    fn tagged_bpe_trains_on_the_training_sections() {
+        let (text, _) = play();
+        let text = text.repeat(20);
+        let tokenizer = TokenizerConfig::Bpe { vocab_size: 300, min_frequency: 2 };
+        for holdout in [Holdout::End, Holdout::EachSection] {
+            let cfg = DataConfig { tokenizer: tokenizer.clone(), ..tagged_cfg(holdout) };
+            let c = Corpus::from_text(&text, &cfg, None, "m".into()).expect("loads");
+            let tags = c.tags.as_ref().expect("tagged");
+            assert_eq!(tags.len(), 4);
+            let joined = c.tokenizer.decode(&c.train) + &c.tokenizer.decode(&c.val);
+            assert_eq!(joined.len(), text.len());
+            assert_eq!(c.train_chars + c.val_chars, text.chars().count());
+            // Section starts are token boundaries: the token at a start decodes to the header.
+            for (&start, &tag) in tags.train.starts().iter().zip(tags.train.tags()).skip(1) {
+                let header = format!("ACT {}", tags.name(tag).expect("named"));
+                let rest = c.tokenizer.decode(&c.train[start..]);
+                assert!(rest.starts_with(&header), "{header}: {}", rest.chars().take(20).collect::<String>());
+            }
+        }
+    }
+
+    #[test]
+    fn tag_errors_name_the_key() {
+        let (text, _) = play();
+        let bad = DataConfig { tags: Some(TagConfig { section: "ACT (".into(), holdout: Holdout::End }), ..text_cfg() };
+        let msg = bad.validate().expect_err("bad regex").to_string();
+        assert!(msg.contains("data.tags.section = \"ACT (\""), "{msg}");
+        assert!(Corpus::from_text(&text, &bad, None, "m".into()).is_err());
+
+        let empty =
+            DataConfig { tags: Some(TagConfig { section: "(ACT)?".into(), holdout: Holdout::End }), ..text_cfg() };
+        let msg = empty.validate().expect_err("matches the empty string").to_string();
+        assert!(msg.contains("data.tags.section") && msg.contains("empty string"), "{msg}");
+
+        let nowhere =
+            DataConfig { tags: Some(TagConfig { section: "^SCENE".into(), holdout: Holdout::End }), ..text_cfg() };
+        assert!(nowhere.validate().is_ok(), "only the text can tell");
+        let msg = Corpus::from_text(&text, &nowhere, None, "x/play.txt".into()).expect_err("no match").to_string();
+        assert!(msg.contains("data.tags.section = \"^SCENE\" matches nowhere in corpus x/play.txt"), "{msg}");
+
+        let tiny =
+            DataConfig { tags: Some(TagConfig { section: ".".into(), holdout: Holdout::EachSection }), ..text_cfg() };
+        let msg = Corpus::from_text("ab", &tiny, None, "m".into()).expect_err("nothing held out").to_string();
+        assert!(msg.contains("leaves nothing for validation"), "{msg}");
+    }
+
     #[test]
     fn config_serde() {
         let cfg: DataConfig = serde_json::from_str(r#"{"dataset":"shakespeare"}"#).expect("ok");
@@ -427,5 +633,16 @@ mod tests {
                 .expect("ok");
         assert_eq!(cfg.tokenizer, TokenizerConfig::Bpe { vocab_size: 512, min_frequency: 2 });
         assert!(serde_json::from_str::<DataConfig>(r#"{"dataset":"x","valfraction":0.2}"#).is_err());
+
+        let cfg: DataConfig =
+            serde_json::from_str(r#"{"path":"a.txt","tags":{"section":"^ACT ([IVX]+)$","holdout":"each-section"}}"#)
+                .expect("ok");
+        assert_eq!(cfg.tags, Some(TagConfig { section: "^ACT ([IVX]+)$".into(), holdout: Holdout::EachSection }));
+        let json = serde_json::to_string(&cfg).expect("serializes");
+        assert_eq!(serde_json::from_str::<DataConfig>(&json).expect("round trip"), cfg);
+        assert!(serde_json::from_str::<DataConfig>(r#"{"path":"a.txt","tags":{"section":"x","every":1}}"#).is_err());
+        assert!(serde_json::from_str::<DataConfig>(r#"{"path":"a.txt","tags":{"holdout":"end"}}"#).is_err());
+        let untagged = serde_json::to_string(&DataConfig::default()).expect("serializes");
+        assert!(!untagged.contains("tags"), "untagged configs serialize as before: {untagged}");
     }
 }

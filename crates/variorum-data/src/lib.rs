@@ -1,5 +1,6 @@
 //! Text data for variorum: reading a corpus, tokenizing it (char, byte or BPE),
-//! and cutting the token ids into training and evaluation batches.
+//! and cutting the token ids into training and evaluation batches, optionally
+//! tagged with the section of the text each example comes from.
 //!
 //! Nothing here depends on the tensor library: batches are plain `Vec<i64>`,
 //! so this crate is quick to build and test, and the index arithmetic that
@@ -9,10 +10,12 @@ mod batch;
 mod corpus;
 mod error;
 mod masking;
+mod tags;
 mod tokenizer;
 
 pub use batch::{OrderedStreams, RandomWindows, TokenBatch, eval_batches, spread_windows};
 pub use corpus::{Corpus, DATA_DIR_ENV, DEFAULT_DATA_DIR, DataConfig, data_dir, read_text};
 pub use error::DataError;
 pub use masking::Masking;
+pub use tags::{Holdout, SplitTags, TagConfig, TagSections, UNTAGGED};
 pub use tokenizer::{CharTokenizer, Tokenizer, TokenizerConfig};

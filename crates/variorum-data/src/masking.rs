@@ -54,7 +54,7 @@ impl Masking {
                 }
             }
         }
-        TokenBatch { inputs, targets, batch_size: b, seq_len: l, reset: batch.reset.clone() }
+        TokenBatch { inputs, targets, batch_size: b, seq_len: l, reset: batch.reset.clone(), tags: batch.tags.clone() }
     }
 }
 
@@ -73,7 +73,7 @@ mod tests {
 
     fn batch(b: usize, l: usize) -> TokenBatch {
         let inputs: Vec<i64> = (0..b * l).map(|i| (i % 7) as i64).collect();
-        TokenBatch { targets: inputs.clone(), inputs, batch_size: b, seq_len: l, reset: vec![true; b] }
+        TokenBatch { targets: inputs.clone(), inputs, batch_size: b, seq_len: l, reset: vec![true; b], tags: vec![] }
     }
 
     const BERT: Masking = Masking { prob: 0.15, mask_token: 0.8, random_token: 0.1, mask_id: 7 };

@@ -291,9 +291,21 @@ impl DecoderLm {
     }
 
     /// Forward that continues from `state` (KV caches) when given, and updates it.
-    pub fn forward_with(&self, tokens: Tensor<2, Int>, mut state: Option<&mut DecoderState>) -> LmOutput {
+    pub fn forward_with(&self, tokens: Tensor<2, Int>, state: Option<&mut DecoderState>) -> LmOutput {
+        self.forward_tagged(tokens, None, state)
+    }
+
+    /// [`forward_with`](Self::forward_with) of rows tagged `tags` (`[batch]`, `data.tags`: the
+    /// play or corpus each row comes from), which every block's attention reads from the mask
+    /// (kinds conditioned on a task; the others ignore it). `None`: untagged.
+    pub fn forward_tagged(
+        &self,
+        tokens: Tensor<2, Int>,
+        tags: Option<Tensor<1, Int>>,
+        mut state: Option<&mut DecoderState>,
+    ) -> LmOutput {
         if let (Some(g), Some(segment)) = (&self.global_embedding, self.blocks[0].attn.global_segment()) {
-            return self.forward_global_local(tokens, state, g.val(), segment);
+            return self.forward_global_local(tokens, tags, state, g.val(), segment);
         }
         let [b, len] = tokens.dims();
         let device = tokens.device();
@@ -303,6 +315,7 @@ impl DecoderLm {
         let x = self.embed(tokens, start);
         let (mut mask, dense) = self.mask(len, state.as_deref(), &device);
         mask.global = global;
+        mask.tags = tags;
         if let Some(s) = state.as_deref_mut() {
             s.layers.resize_with(self.depth, Default::default);
         }
@@ -343,6 +356,7 @@ impl DecoderLm {
     fn forward_global_local(
         &self,
         tokens: Tensor<2, Int>,
+        tags: Option<Tensor<1, Int>>,
         mut state: Option<&mut DecoderState>,
         global: Tensor<2>,
         segment: usize,
@@ -361,7 +375,7 @@ impl DecoderLm {
             let long = self.embed(tokens, 0);
             let x = if globals == 0 { long } else { Tensor::cat(vec![global_input(globals), long], 1) };
             let (mask, _) = self.mask(len, None, &device);
-            let mask = AttentionMask { global_local: Some(GlobalLocal::Prefixed { globals }), ..mask };
+            let mask = AttentionMask { global_local: Some(GlobalLocal::Prefixed { globals }), tags, ..mask };
             let layers = state.as_deref_mut().map(|s| s.layers.as_mut_slice());
             let (x, aux, _) = self.run_blocks(x, &mask, None, layers, |_, _, _| Flow::Continue);
             aux_losses.extend(aux);
@@ -384,13 +398,15 @@ impl DecoderLm {
             while s.globals < at / segment {
                 let mask = AttentionMask {
                     global_local: Some(GlobalLocal::Auxiliary { segment: s.globals }),
+                    tags: tags.clone(),
                     ..AttentionMask::causal().at(at, 0)
                 };
                 self.run_blocks(global_input(1), &mask, None, Some(&mut s.layers), |_, _, _| Flow::Continue);
                 s.globals += 1;
             }
             let (mask, _) = self.mask(1, Some(s), &device);
-            let mask = AttentionMask { global_local: Some(GlobalLocal::Prefixed { globals: 0 }), ..mask };
+            let mask =
+                AttentionMask { global_local: Some(GlobalLocal::Prefixed { globals: 0 }), tags: tags.clone(), ..mask };
             let x = self.embed(tokens.clone().narrow(1, t, 1), at);
             let (x, aux, _) = self.run_blocks(x, &mask, None, Some(&mut s.layers), |_, _, _| Flow::Continue);
             aux_losses.extend(aux);
@@ -471,40 +487,44 @@ impl DecoderLm {
     /// Mean cross-entropy of `targets` under `tokens` ([`token_loss`](Self::token_loss)), plus the
     /// auxiliary losses.
     pub fn loss(&self, tokens: Tensor<2, Int>, targets: Tensor<2, Int>) -> (Tensor<1>, AuxLosses) {
-        self.loss_with(tokens, targets, None)
+        self.loss_with(tokens, targets, None, None)
     }
 
     /// The loss of `tokens` → `targets` (detached), the auxiliary losses (detached) and the
     /// gradients of `(loss + Σ aux) / micro_batches` with respect to every parameter, on an autodiff
-    /// device: the one call a training step makes, whatever the model. A reversible stack keeps
+    /// device: the one call a training step makes, whatever the model. `tags`: each row's example
+    /// tag, when the data is tagged ([`forward_tagged`](Self::forward_tagged)). A reversible stack keeps
     /// no activations and computes its gradients block by block ([`crate::reversible_grads`]);
     /// every other model back-propagates its graph, continuing `state` for a memory model.
     pub fn loss_and_grads(
         &self,
         tokens: Tensor<2, Int>,
         targets: Tensor<2, Int>,
+        tags: Option<Tensor<1, Int>>,
         state: Option<&mut DecoderState>,
         micro_batches: usize,
     ) -> (Tensor<1>, AuxLosses, burn::optim::GradientsParams) {
         if self.reversible.is_some() {
-            return crate::reversible_grads::reversible_grads(self, tokens, targets, 1.0 / micro_batches as f64);
+            return crate::reversible_grads::reversible_grads(self, tokens, targets, tags, 1.0 / micro_batches as f64);
         }
-        let (loss, aux) = self.loss_with(tokens, targets, state);
+        let (loss, aux) = self.loss_with(tokens, targets, tags, state);
         let total = aux.iter().fold(loss.clone(), |t, (_, l)| t + l.clone());
         let total = if micro_batches > 1 { total.div_scalar(micro_batches as f64) } else { total };
         let grads = burn::optim::GradientsParams::from_grads(total.backward(), self);
         (loss.detach(), aux.into_iter().map(|(n, l)| (n, l.detach())).collect(), grads)
     }
 
-    /// [`loss`](Self::loss) continuing from (and updating) `state`: a memory model trained on
-    /// ordered streams carries its memory from one segment to the next this way.
+    /// [`loss`](Self::loss) of rows tagged `tags`, continuing from (and updating) `state`: a
+    /// memory model trained on ordered streams carries its memory from one segment to the next
+    /// this way.
     pub fn loss_with(
         &self,
         tokens: Tensor<2, Int>,
         targets: Tensor<2, Int>,
+        tags: Option<Tensor<1, Int>>,
         state: Option<&mut DecoderState>,
     ) -> (Tensor<1>, AuxLosses) {
-        let out = self.forward_with(tokens, state);
+        let out = self.forward_tagged(tokens, tags, state);
         let mut aux = out.aux_losses;
         if let Some(e) = &self.exits
             && !out.hidden.is_empty()

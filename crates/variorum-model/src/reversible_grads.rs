@@ -22,11 +22,12 @@ use variorum_core::AuxLosses;
 
 /// The loss of `tokens` → `targets` (detached), the auxiliary losses (detached, weighted), and
 /// the gradients of `scale · (loss + Σ aux)` with respect to every parameter of a reversible
-/// `model` on an autodiff device.
+/// `model` on an autodiff device, for rows tagged `tags` (`None`: untagged).
 pub fn reversible_grads(
     model: &DecoderLm,
     tokens: Tensor<2, Int>,
     targets: Tensor<2, Int>,
+    tags: Option<Tensor<1, Int>>,
     scale: f64,
 ) -> (Tensor<1>, AuxLosses, GradientsParams) {
     let [_, len] = tokens.dims();
@@ -39,6 +40,9 @@ pub fn reversible_grads(
     let dropout = model.replay_dropout(&device);
     let (mask, dense) = model.mask(len, None, &plain);
     let (mask_ad, dense_ad) = model.mask(len, None, &device);
+    // the same tags on either device (integer tensors carry no graph)
+    let mask = mask.with_tags(tags.as_ref().map(|t| Tensor::from_data(t.to_data(), &plain)));
+    let mask_ad = mask_ad.with_tags(tags);
     let context = |layer: usize, autodiff: bool| RevContext {
         mask: if autodiff { &mask_ad } else { &mask },
         dense_mask: if autodiff { dense_ad.as_ref() } else { dense.as_ref() },

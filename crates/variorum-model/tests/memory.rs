@@ -60,7 +60,7 @@ fn no_gradient_flows_into_the_memory() {
     // segment 1 or a plain constant copy of it
     let grad_of = |state: &mut DecoderState| {
         let (loss, _) =
-            model.loss_with(toks.clone().slice([0..1, 6..12]), toks.clone().slice([0..1, 6..12]), Some(state));
+            model.loss_with(toks.clone().slice([0..1, 6..12]), toks.clone().slice([0..1, 6..12]), None, Some(state));
         let grads = loss.backward();
         model.token_embedding.weight.grad(&grads).unwrap()
     };

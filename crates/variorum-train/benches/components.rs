@@ -91,6 +91,7 @@ fn components(c: &mut Criterion) {
         batch_size: BATCH,
         seq_len: LEN,
         reset: vec![false; BATCH],
+        tags: vec![],
     };
     c.bench_function("step/baby GPT training step (768 tokens)", |b| {
         b.iter(|| {

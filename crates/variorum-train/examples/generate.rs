@@ -17,7 +17,15 @@ fn main() -> anyhow::Result<()> {
     let run = Run::load(dir.as_ref(), &device)?;
 
     let prompt_ids = run.encode_prompt(&prompt)?;
-    let cfg = SampleConfig { max_new_tokens: 200, temperature: 0.8, top_k: 0, top_p: 0.95, seed: 1, no_cache: false };
+    let cfg = SampleConfig {
+        max_new_tokens: 200,
+        temperature: 0.8,
+        top_k: 0,
+        top_p: 0.95,
+        seed: 1,
+        no_cache: false,
+        tag: None,
+    };
     let continuation = run.generate(&prompt_ids, &cfg, |_| {});
     println!("{prompt}{}", run.tokenizer.decode(&continuation));
 

@@ -1,10 +1,10 @@
 //! Validation loss on a fixed set of windows (`variorum_data::spread_windows`).
 
 use burn::prelude::*;
-use variorum_data::{Masking, TokenBatch};
+use variorum_data::{Masking, SplitTags, TokenBatch};
 use variorum_model::{DecoderLm, DecoderState, ModelConfig, ObjectiveConfig, decoder::cross_entropy};
 
-use crate::step::batch_tensors;
+use crate::step::{batch_tags, batch_tensors};
 
 /// Mean loss (nats per predicted token) of `model` over `batches`; run it on `model.valid()`.
 /// Next-token batches predict every position; masked batches ([`masked_batches`]) their hidden
@@ -18,7 +18,8 @@ pub fn evaluate(model: &DecoderLm, batches: &[TokenBatch], device: &Device) -> f
             None => b.targets.len(),
         };
         let (inputs, targets) = batch_tensors(b, device);
-        let loss = model.token_loss(model.forward(inputs).logits, targets).into_scalar::<f32>() as f64;
+        let logits = model.forward_tagged(inputs, batch_tags(b, device), None).logits;
+        let loss = model.token_loss(logits, targets).into_scalar::<f32>() as f64;
         sum += loss * predicted as f64;
         count += predicted;
     }
@@ -82,8 +83,16 @@ pub fn sliding_windows(n: usize, len: usize, stride: usize) -> Vec<Window> {
 }
 
 /// Loss in nats per predicted token of `ids` under `model`, evaluated with windows of `len`
-/// tokens every `stride` tokens ([`sliding_windows`]). Returns (mean loss, tokens counted).
-pub fn sliding_loss(model: &DecoderLm, ids: &[u32], len: usize, stride: usize, device: &Device) -> (f64, usize) {
+/// tokens every `stride` tokens ([`sliding_windows`]), each window tagged by `tags` when the
+/// text is tagged. Returns (mean loss, tokens counted).
+pub fn sliding_loss(
+    model: &DecoderLm,
+    ids: &[u32],
+    tags: Option<&SplitTags>,
+    len: usize,
+    stride: usize,
+    device: &Device,
+) -> (f64, usize) {
     let windows = sliding_windows(ids.len(), len, stride);
     let len = len.min(ids.len().saturating_sub(1));
     let mut sum = 0.0;
@@ -96,7 +105,12 @@ pub fn sliding_loss(model: &DecoderLm, ids: &[u32], len: usize, stride: usize, d
             group.iter().flat_map(|w| ids[w.start + 1..w.start + len + 1].iter().map(|&t| t as i64)).collect();
         let x = Tensor::<2, Int>::from_data(TensorData::new(inputs, [b, len]), device);
         let t = Tensor::<3, Int>::from_data(TensorData::new(targets, [b, len, 1]), device);
-        let logp = burn::tensor::activation::log_softmax(model.forward(x).logits, 2).gather(2, t);
+        let rows = tags.map(|tags| {
+            let ids: Vec<i64> = group.iter().map(|w| i64::from(tags.window_tag(w.start, len))).collect();
+            Tensor::<1, Int>::from_data(TensorData::new(ids, [b]), device)
+        });
+        let logits = model.forward_tagged(x, rows, None).logits;
+        let logp = burn::tensor::activation::log_softmax(logits, 2).gather(2, t);
         let values = logp.into_data().try_to_vec::<f32>().unwrap_or_default();
         for (w, row) in group.iter().zip(values.chunks(len)) {
             for lp in &row[w.from..] {
@@ -111,8 +125,15 @@ pub fn sliding_loss(model: &DecoderLm, ids: &[u32], len: usize, stride: usize, d
 /// Masked-LM loss of `ids` under `model` (trained with `cfg`'s masked objective): disjoint windows
 /// of `len` tokens, corrupted with fixed seeds ([`masked_batches`]), scored on the hidden tokens.
 /// Returns (mean loss, hidden tokens counted).
-pub fn masked_loss(model: &DecoderLm, cfg: &ModelConfig, ids: &[u32], len: usize, device: &Device) -> (f64, usize) {
-    let Ok(windows) = variorum_data::eval_batches(ids, len, 16, None) else { return (f64::NAN, 0) };
+pub fn masked_loss(
+    model: &DecoderLm,
+    cfg: &ModelConfig,
+    ids: &[u32],
+    tags: Option<&SplitTags>,
+    len: usize,
+    device: &Device,
+) -> (f64, usize) {
+    let Ok(windows) = variorum_data::eval_batches(ids, len, 16, None, tags) else { return (f64::NAN, 0) };
     let batches = masked_batches(cfg, windows, 0);
     let mask = model.mask_token.unwrap_or(usize::MAX) as i64;
     let hidden = batches.iter().map(|b| b.targets.iter().filter(|&&t| t != mask).count()).sum();

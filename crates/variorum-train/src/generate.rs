@@ -18,6 +18,14 @@ pub struct SampleConfig {
     /// Recompute the whole window for every token instead of using the KV cache (for comparison).
     pub no_cache: bool,
     pub seed: u64,
+    /// The example tag to generate under (`data.tags`: e.g. the play), for a model conditioned
+    /// on one; `None` = untagged (tag 0).
+    pub tag: Option<u32>,
+}
+
+/// `rows` copies of `tag`, the rows' tags for the model (`None` stays untagged).
+fn tags(tag: Option<u32>, rows: usize, device: &Device) -> Option<Tensor<1, Int>> {
+    tag.map(|t| Tensor::from_data(TensorData::new(vec![i64::from(t); rows], [rows]), device))
 }
 
 /// Continues `prompt` by up to `max_new_tokens` tokens; `on_token` sees each new token as it is
@@ -49,7 +57,7 @@ pub fn generate(
         if cfg.no_cache {
             state = DecoderState::default();
         }
-        let last = feed(model, &all[window + state.position..], &mut state, device);
+        let last = feed(model, &all[window + state.position..], cfg.tag, &mut state, device);
         let next = pick(&last, cfg, &mut rng);
         on_token(next);
         all.push(next);
@@ -57,12 +65,13 @@ pub fn generate(
     all.split_off(prompt.len())
 }
 
-/// Runs `tokens` through the model from `state` and returns the logits after the last one.
-fn feed(model: &DecoderLm, tokens: &[u32], state: &mut DecoderState, device: &Device) -> Vec<f32> {
+/// Runs `tokens` (tagged `tag`) through the model from `state` and returns the logits after the
+/// last one.
+fn feed(model: &DecoderLm, tokens: &[u32], tag: Option<u32>, state: &mut DecoderState, device: &Device) -> Vec<f32> {
     let ids: Vec<i64> = tokens.iter().map(|&t| t as i64).collect();
     let n = ids.len();
     let input = Tensor::<2, Int>::from_data(TensorData::new(ids, [1, n]), device);
-    let logits = model.forward_with(input, Some(state)).logits;
+    let logits = model.forward_tagged(input, tags(tag, 1, device), Some(state)).logits;
     let v = logits.dims()[2];
     logits.slice([0..1, n - 1..n, 0..v]).into_data().try_to_vec::<f32>().unwrap_or_default()
 }
@@ -87,7 +96,7 @@ fn generate_with_memory(
         while state.position < all.len() {
             let room = segment - state.position % segment;
             let end = all.len().min(state.position + room);
-            last = feed(model, &all[state.position..end], &mut state, device);
+            last = feed(model, &all[state.position..end], cfg.tag, &mut state, device);
         }
         let next = pick(&last, cfg, &mut rng);
         on_token(next);
@@ -99,12 +108,13 @@ fn generate_with_memory(
 /// Beam search: keeps the `beams` continuations of highest total log-probability and returns the
 /// best after `max_new_tokens` tokens. All beams run as one batch; each step recomputes the last
 /// `model.seq_len` tokens (no cache: reordering caches between beams is not worth it at these
-/// sizes).
+/// sizes). `tag`: as [`SampleConfig::tag`].
 pub fn beam_search(
     model: &DecoderLm,
     prompt: &[u32],
     beams: usize,
     max_new_tokens: usize,
+    tag: Option<u32>,
     device: &Device,
 ) -> Vec<u32> {
     let context = model.seq_len.max(1);
@@ -116,7 +126,7 @@ pub fn beam_search(
         let ids: Vec<i64> = alive.iter().flat_map(|(t, _)| t[t.len() - len..].iter().map(|&x| x as i64)).collect();
         let b = alive.len();
         let x = Tensor::<2, Int>::from_data(TensorData::new(ids, [b, len]), device);
-        let logits = model.forward(x).logits;
+        let logits = model.forward_tagged(x, tags(tag, b, device), None).logits;
         let v = logits.dims()[2];
         let logp = burn::tensor::activation::log_softmax(logits.slice([0..b, len - 1..len, 0..v]), 2);
         let logp: Vec<f32> = logp.into_data().try_to_vec::<f32>().unwrap_or_default();
@@ -184,7 +194,7 @@ mod tests {
     use super::*;
 
     fn cfg(temperature: f64, top_k: usize, top_p: f64) -> SampleConfig {
-        SampleConfig { max_new_tokens: 1, temperature, top_k, top_p, seed: 0, no_cache: false }
+        SampleConfig { max_new_tokens: 1, temperature, top_k, top_p, seed: 0, no_cache: false, tag: None }
     }
 
     impl SampleConfig {
@@ -201,8 +211,8 @@ mod tests {
         let model = variorum_model::zoo::tiny().init(&dev);
         let prompt = [3u32, 1, 4];
         let greedy = generate(&model, &prompt, &cfg(0.0, 0, 1.0).with_tokens(10), &dev, |_| {});
-        assert_eq!(beam_search(&model, &prompt, 1, 10, &dev), greedy, "one beam is greedy decoding");
-        let beam = beam_search(&model, &prompt, 4, 10, &dev);
+        assert_eq!(beam_search(&model, &prompt, 1, 10, None, &dev), greedy, "one beam is greedy decoding");
+        let beam = beam_search(&model, &prompt, 4, 10, None, &dev);
         let logprob = |cont: &[u32]| {
             let all: Vec<i64> = prompt.iter().chain(cont).map(|&t| t as i64).collect();
             let n = all.len();

@@ -7,6 +7,7 @@ pub mod attention_bench;
 pub mod bench;
 pub mod checkpoint;
 pub mod clip;
+pub mod collaborate;
 pub mod config;
 pub mod early_exit;
 pub mod eval;

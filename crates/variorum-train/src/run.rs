@@ -6,7 +6,7 @@
 //! let device = burn::prelude::Device::flex();
 //! let run = variorum_train::run::Run::load("runs/gpt-baby-shakespeare-char".as_ref(), &device)?;
 //! let prompt = run.encode_prompt("ROMEO:")?;
-//! let cfg = SampleConfig { max_new_tokens: 100, temperature: 0.8, top_k: 0, top_p: 1.0, seed: 1, no_cache: false };
+//! let cfg = SampleConfig { max_new_tokens: 100, temperature: 0.8, top_k: 0, top_p: 1.0, seed: 1, no_cache: false, tag: None };
 //! let text = run.tokenizer.decode(&run.generate(&prompt, &cfg, |_| {}));
 //! let scores = run.score(&run.encode_prompt("To be, or not to be")?)?;
 //! println!("{text}\n{} nats", -scores.total_logprob);
@@ -36,7 +36,13 @@ pub struct Run {
     /// Where the weights came from (`model.bpk` or a checkpoint's).
     pub weights: PathBuf,
     pub device: Device,
+    /// The example tags the run was trained with (`tags.json`, index = tag id, 0 = untagged);
+    /// empty for untagged data.
+    pub tags: Vec<String>,
 }
+
+/// The file of a run directory naming its example tags (a JSON array, index = tag id).
+pub const TAGS_FILE: &str = "tags.json";
 
 /// Log-probability of one token given everything before it (within the model's context).
 #[derive(Debug, Clone, Serialize)]
@@ -101,7 +107,28 @@ impl Run {
             }
             (model, weights)
         };
-        Ok(Run { dir: dir.to_path_buf(), config, tokenizer, model, weights, device: device.clone() })
+        let tags = read_tags(dir)?;
+        Ok(Run { dir: dir.to_path_buf(), config, tokenizer, model, weights, device: device.clone(), tags })
+    }
+
+    /// The id of the example tag `name` (`--tag`), refused by name when the run has no such tag.
+    pub fn tag_id(&self, name: &str) -> Result<u32> {
+        if self.tags.is_empty() {
+            bail!("{} was trained on untagged data (no {TAGS_FILE}): --tag {name:?} names nothing", self.dir.display());
+        }
+        match self.tags.iter().position(|t| t == name) {
+            Some(i) => Ok(i as u32),
+            None => {
+                let some: Vec<&str> = self.tags.iter().skip(1).take(6).map(String::as_str).collect();
+                bail!(
+                    "{} has no tag {name:?}: it has {} tags, e.g. {:?} (all in {})",
+                    self.dir.display(),
+                    self.tags.len(),
+                    some,
+                    self.dir.join(TAGS_FILE).display()
+                )
+            }
+        }
     }
 
     /// Token ids of a prompt; an empty prompt is refused (the models have no BOS token).
@@ -115,8 +142,13 @@ impl Run {
 
     /// The token ids of the run's validation split.
     pub fn validation_tokens(&self) -> Result<Vec<u32>> {
+        Ok(self.validation_split()?.0)
+    }
+
+    /// The token ids of the run's validation split and, for tagged data, where its tags change.
+    pub fn validation_split(&self) -> Result<(Vec<u32>, Option<variorum_data::SplitTags>)> {
         let corpus = variorum_data::Corpus::load(&self.config.data, Some(self.tokenizer.clone()))?;
-        Ok(corpus.val)
+        Ok((corpus.val, corpus.tags.map(|t| t.val)))
     }
 
     /// Checks that windows of `len` tokens can be encoded (a learned position table is bounded).
@@ -188,4 +220,14 @@ impl Run {
         let total_logprob = tokens.iter().map(|t| t.logprob).sum();
         Ok(Scores { tokens, total_logprob, unit: self.tokenizer.unit() })
     }
+}
+
+/// The tag names in `dir/tags.json`; none when the file is absent (untagged data).
+fn read_tags(dir: &Path) -> Result<Vec<String>> {
+    let path = dir.join(TAGS_FILE);
+    if !path.is_file() {
+        return Ok(Vec::new());
+    }
+    let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{} is not a JSON array of tag names: {e}", path.display()))
 }

@@ -43,6 +43,11 @@ pub fn batch_tensors(batch: &TokenBatch, device: &Device) -> (Tensor<2, Int>, Te
     )
 }
 
+/// Each row's example tag (`[batch]`), when the data is tagged (`data.tags`).
+pub fn batch_tags(batch: &TokenBatch, device: &Device) -> Option<Tensor<1, Int>> {
+    (!batch.tags.is_empty()).then(|| Tensor::from_data(TensorData::new(batch.tags.clone(), [batch.tags.len()]), device))
+}
+
 /// Result of a step, kept on the device (no host sync).
 pub struct StepResult {
     /// Mean loss over the micro-batches (detached), `[1]`.
@@ -75,7 +80,8 @@ pub fn train_step(
         {
             *m = DecoderState::default();
         }
-        let (loss, aux, grads) = model.loss_and_grads(inputs, targets, memory.as_deref_mut(), n);
+        let (loss, aux, grads) =
+            model.loss_and_grads(inputs, targets, batch_tags(batch, device), memory.as_deref_mut(), n);
         variorum_core::sum_aux_losses(&mut aux_sums, aux);
         if n == 1 {
             single = Some(grads);

@@ -147,6 +147,7 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
     }
     let corpus = Corpus::load(&cfg.data, tokenizer)?;
     cfg.model.resolve(corpus.tokenizer.vocab_size())?;
+    check_tags(&cfg, &corpus)?;
     fs::create_dir_all(run).with_context(|| format!("cannot create run directory {}", run.display()))?;
     // one training per run directory, held to the end, before anything in it is written (a
     // second one that got past the checks above is refused here)
@@ -155,15 +156,32 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
     if !opts.resume {
         corpus.tokenizer.save(&tokenizer_path)?;
     }
+    if let Some(tags) = &corpus.tags {
+        write_atomic(&run.join(crate::run::TAGS_FILE), serde_json::to_string_pretty(&tags.names)?.as_bytes())?;
+    }
 
     let tc = cfg.train.clone();
     let seq_len = cfg.model.seq_len;
     let train_tokens = Arc::new(corpus.train.clone());
+    let train_tags = corpus.tags.as_ref().map(|t| Arc::new(t.train.clone()));
     let batches = match tc.batching {
-        Batching::Random => Batches::Random(RandomWindows::new(train_tokens, seq_len, tc.batch_size, tc.seed)?),
-        Batching::Ordered => Batches::Ordered(OrderedStreams::new(train_tokens, seq_len, tc.batch_size)?),
+        Batching::Random => {
+            let w = RandomWindows::new(train_tokens, seq_len, tc.batch_size, tc.seed)?;
+            Batches::Random(match train_tags {
+                Some(t) => w.with_tags(t),
+                None => w,
+            })
+        }
+        Batching::Ordered => {
+            let s = OrderedStreams::new(train_tokens, seq_len, tc.batch_size)?;
+            Batches::Ordered(match train_tags {
+                Some(t) => s.with_tags(t),
+                None => s,
+            })
+        }
     };
-    let eval_set = spread_windows(&corpus.val, seq_len, tc.eval_batches * tc.batch_size, tc.batch_size)?;
+    let val_tags = corpus.tags.as_ref().map(|t| &t.val);
+    let eval_set = spread_windows(&corpus.val, seq_len, tc.eval_batches * tc.batch_size, tc.batch_size, val_tags)?;
     // masked LM: the same hidden tokens at every evaluation, and in every run (seed 0)
     let eval_set = masked_batches(&cfg.model, eval_set, 0);
     let masking = masking(&cfg.model);
@@ -371,6 +389,7 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
         top_p: 1.0,
         seed: tc.seed,
         no_cache: false,
+        tag: None,
     };
     let text = match (valid.mask_token, eval_set.first()) {
         // a masked model does not generate: it fills in the hidden tokens of a validation window
@@ -522,4 +541,26 @@ fn fill_in_sample(model: &DecoderLm, batch: &TokenBatch, mask: usize, tok: &Toke
     format!(
         "# masked language model: a validation window with its hidden tokens as _\nseen:     {shown}\nfilled:   {filled}\noriginal: {original}\n"
     )
+}
+
+/// A model conditioned on example tags (a task prior) needs tagged data with at most as many
+/// tags as its table holds.
+fn check_tags(cfg: &ExperimentConfig, corpus: &Corpus) -> Result<()> {
+    let Some(capacity) = cfg.model.attention.tags() else { return Ok(()) };
+    let kind = cfg.model.attention.kind();
+    match &corpus.tags {
+        None => bail!(
+            "model.attention.kind = \"{kind}\" is conditioned on example tags, but the data is untagged: set \
+             data.tags.section to a regular expression whose matches start the sections (e.g. the title \
+             lines of a collection of works; configs/attention/full-tagged.toml has one for Complete Shakespeare)"
+        ),
+        Some(t) if t.names.len() > capacity => bail!(
+            "data.tags finds {} tags in {} (untagged text included), more than model.attention.tasks = {capacity} \
+             holds: raise model.attention.tasks to at least {}",
+            t.names.len(),
+            corpus.path.display(),
+            t.names.len()
+        ),
+        Some(_) => Ok(()),
+    }
 }

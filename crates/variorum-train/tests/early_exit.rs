@@ -27,7 +27,15 @@ fn threshold_one_is_the_full_model_and_zero_exits_at_the_first_block() {
     let dev = Device::flex();
     let m = model(&dev);
     let prompt = [1u32, 4, 2];
-    let sample = SampleConfig { max_new_tokens: 20, temperature: 0.0, top_k: 0, top_p: 1.0, no_cache: false, seed: 0 };
+    let sample = SampleConfig {
+        max_new_tokens: 20,
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        no_cache: false,
+        seed: 0,
+        tag: None,
+    };
     let full = generate(&m, &prompt, &sample, &dev, |_| {});
     // (this model has no exit predictor: see the predictors' own test)
     for confidence in Confidence::ALL.into_iter().filter(|c| *c != Confidence::Predictor) {
@@ -43,7 +51,15 @@ fn threshold_one_is_the_full_model_and_zero_exits_at_the_first_block() {
 fn exit_predictors_at_threshold_one_are_the_full_model_and_at_zero_exit_first() {
     let dev = Device::flex();
     let prompt = [3u32, 1, 4, 1, 5];
-    let sample = SampleConfig { max_new_tokens: 12, temperature: 0.0, top_k: 0, top_p: 1.0, no_cache: false, seed: 0 };
+    let sample = SampleConfig {
+        max_new_tokens: 12,
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        no_cache: false,
+        seed: 0,
+        tag: None,
+    };
     for kind in [PredictorKind::Sequence, PredictorKind::TokenMultinomial, PredictorKind::TokenGeometric] {
         let m = with_predictor(kind, &dev);
         let full = generate(&m, &prompt, &sample, &dev, |_| {});
@@ -121,7 +137,7 @@ fn skipped_blocks_get_the_propagated_keys_and_the_full_pass_matches_the_forward(
     // at threshold 1 the teacher-forced loss equals the plain forward's on the same windows
     let full = ExitPolicy { confidence: Confidence::Saturation, threshold: 1.0 };
     let (loss, blocks) = early_exit::exit_loss(&m, &ids, full, &dev);
-    let (reference, _) = variorum_train::eval::sliding_loss(&m, &ids[..33], 16, 16, &dev);
+    let (reference, _) = variorum_train::eval::sliding_loss(&m, &ids[..33], None, 16, 16, &dev);
     assert!((loss - reference).abs() < 1e-4, "{loss} vs {reference}");
     assert_eq!(blocks, 3.0);
     // calibration with an infinite tolerance picks the smallest threshold, with fewer blocks;

@@ -207,7 +207,7 @@ proptest! {
         let dev = Device::flex();
         if let Ok(r) = variorum_train::run::Run::load(&run, &dev) {
             if let Ok(ids) = r.encode_prompt("the cat") {
-                let cfg = variorum_train::generate::SampleConfig { max_new_tokens: 3, temperature: 1.0, top_k: 0, top_p: 1.0, seed: 1, no_cache: false };
+                let cfg = variorum_train::generate::SampleConfig { max_new_tokens: 3, temperature: 1.0, top_k: 0, top_p: 1.0, seed: 1, no_cache: false, tag: None };
                 let _ = r.generate(&ids, &cfg, |_| {});
                 let _ = r.score(&ids);
             }
@@ -253,12 +253,12 @@ proptest! {
         let dir = tempfile::tempdir().unwrap();
         let p = write(dir.path(), "corpus.txt", &bytes);
         let tokenizer = if byte_level { variorum_data::TokenizerConfig::Byte } else { variorum_data::TokenizerConfig::Char };
-        let cfg = variorum_data::DataConfig { dataset: None, path: Some(p), tokenizer, val_fraction };
+        let cfg = variorum_data::DataConfig { dataset: None, path: Some(p), tokenizer, val_fraction, tags: None };
         if let Ok(corpus) = variorum_data::Corpus::load(&cfg, None) {
             if let Ok(w) = variorum_data::RandomWindows::new(std::sync::Arc::new(corpus.train.clone()), seq_len, 2, 7) {
                 let _ = w.batch(3);
             }
-            let _ = variorum_data::eval_batches(&corpus.val, seq_len, 2, Some(2));
+            let _ = variorum_data::eval_batches(&corpus.val, seq_len, 2, Some(2), None);
             let _ = corpus.tokenizer.decode(&corpus.val);
         }
     }

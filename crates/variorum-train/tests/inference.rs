@@ -14,7 +14,7 @@ use variorum_train::run::Run;
 use variorum_train::{ExperimentConfig, TrainOptions, train};
 
 fn sample_cfg(temperature: f64, seed: u64, no_cache: bool) -> SampleConfig {
-    SampleConfig { max_new_tokens: 40, temperature, top_k: 0, top_p: 1.0, seed, no_cache }
+    SampleConfig { max_new_tokens: 40, temperature, top_k: 0, top_p: 1.0, seed, no_cache, tag: None }
 }
 
 #[test]
@@ -74,13 +74,13 @@ fn score_total_equals_eval_loss_times_tokens() {
     let ids = &ids[..3 * 16 + 1]; // three whole windows
     let scores = run.score(ids).unwrap();
     assert_eq!(scores.tokens.len(), 48);
-    let batches = variorum_data::eval_batches(ids, 16, 2, None).unwrap();
+    let batches = variorum_data::eval_batches(ids, 16, 2, None, None).unwrap();
     let mean = evaluate(&run.model, &batches, &run.device);
     let total = -scores.total_logprob;
     assert!((total - mean * 48.0).abs() < 1e-3 * total, "score total {total} vs eval {}", mean * 48.0);
     assert!(scores.tokens.iter().all(|t| t.logprob <= 0.0));
     // disjoint sliding windows are the same windows
-    let (sliding, n) = variorum_train::eval::sliding_loss(&run.model, ids, 16, 16, &run.device);
+    let (sliding, n) = variorum_train::eval::sliding_loss(&run.model, ids, None, 16, 16, &run.device);
     assert_eq!(n, 48);
     assert!((sliding * 48.0 - total).abs() < 1e-3 * total);
 }

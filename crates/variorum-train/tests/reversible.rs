@@ -96,7 +96,7 @@ fn check_gradients(cfg: ModelConfig, what: &str) {
     let stored = GradientsParams::from_grads(total.backward(), &model);
 
     dev.seed(9);
-    let (rev_loss, rev_aux, rebuilt) = reversible_grads(&model, x, y, 1.0);
+    let (rev_loss, rev_aux, rebuilt) = reversible_grads(&model, x, y, None, 1.0);
     let dl = (loss - rev_loss).abs().into_scalar::<f32>();
     assert!(dl < 1e-5, "{what}: losses differ by {dl}");
     let sum = |a: &variorum_core::AuxLosses| a.iter().map(|(_, l)| l.clone().into_scalar::<f32>()).sum::<f32>();

@@ -79,6 +79,10 @@ fn every_shipped_config_parses_builds_and_trains_a_step() {
         cfg.train.eval_batches = 1;
         cfg.train.sample_tokens = 4;
         cfg.train.batch_size = cfg.train.batch_size.min(4);
+        // tagged configs: two tags this corpus has, instead of the titles of Shakespeare's works
+        if let Some(tags) = &mut cfg.data.tags {
+            tags.section = "(whether|in the mind)".into();
+        }
         let run = tmp.path().join(path.strip_prefix(&dir).unwrap()).with_extension("");
         let mut opts = options(&run);
         opts.max_steps = Some(1);
@@ -416,7 +420,14 @@ fn gradient_accumulation_equals_one_large_batch() {
     let dev = Device::flex().autodiff();
     let rows = |seed: i64, n: usize| {
         let ids: Vec<i64> = (0..n * 17).map(|i| (i as i64 * 7 + seed * 13) % 40).collect();
-        let mut b = TokenBatch { inputs: vec![], targets: vec![], batch_size: n, seq_len: 16, reset: vec![true; n] };
+        let mut b = TokenBatch {
+            inputs: vec![],
+            targets: vec![],
+            batch_size: n,
+            seq_len: 16,
+            reset: vec![true; n],
+            tags: vec![],
+        };
         for r in 0..n {
             b.inputs.extend_from_slice(&ids[r * 17..r * 17 + 16]);
             b.targets.extend_from_slice(&ids[r * 17 + 1..r * 17 + 17]);
@@ -430,6 +441,7 @@ fn gradient_accumulation_equals_one_large_batch() {
         batch_size: 4,
         seq_len: 16,
         reset: vec![true; 4],
+        tags: vec![],
     };
     let mut tc = cfg.train.clone();
     tc.grad_clip = 0.5; // clipping must act on the accumulated gradient
@@ -603,4 +615,48 @@ fn init_from_starts_longformer_global_projections_from_the_loaded_window() {
     let global = l.global_qkv.as_ref().expect("global projections");
     assert!(same(a.qkv.qkv.weight.val(), global.qkv.weight.val()), "{}", report.summary());
     assert_ne!(global.qkv.weight.id, l.attention.qkv.qkv.weight.id, "trained apart");
+}
+
+#[test]
+fn a_model_conditioned_on_tags_needs_tagged_data_and_keeps_its_tag_names() {
+    let _guard = seeded();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cfg = tiny_config(&corpus(tmp.path()), 0.0);
+    cfg.model.attention = toml::from_str("kind = \"task-prior\"\nn_heads = 4\ntasks = 2").unwrap();
+    let mut opts = options(&tmp.path().join("untagged"));
+    opts.max_steps = Some(2);
+    let msg = format!("{:#}", train(cfg.clone(), &opts).err().expect("untagged data is refused"));
+    assert!(msg.contains("task-prior") && msg.contains("data.tags.section"), "{msg}");
+
+    // two named sections and the untagged text before the first: three tags, more than 2 rows
+    cfg.data.tags = Some(toml::from_str("section = \"(whether|in the mind)\"").unwrap());
+    let mut opts = options(&tmp.path().join("too-many"));
+    opts.max_steps = Some(2);
+    let msg = format!("{:#}", train(cfg.clone(), &opts).err().expect("too many tags are refused"));
+    assert!(msg.contains("model.attention.tasks = 2") && msg.contains("at least 3"), "{msg}");
+
+    cfg.model.attention = toml::from_str("kind = \"task-prior\"\nn_heads = 4\ntasks = 3").unwrap();
+    let run = tmp.path().join("tagged");
+    let mut opts = options(&run);
+    opts.max_steps = Some(2);
+    let Outcome::Finished(s) = train(cfg, &opts).unwrap() else { panic!("interrupted") };
+    assert!(s.final_val_loss.unwrap().is_finite());
+    let names: Vec<String> = serde_json::from_str(&std::fs::read_to_string(run.join("tags.json")).unwrap()).unwrap();
+    assert_eq!(names.len(), 3, "{names:?}");
+    let loaded = variorum_train::run::Run::load(&run, &Device::flex()).unwrap();
+    let whether = loaded.tag_id("whether").unwrap();
+    assert!(whether == 1 || whether == 2, "{names:?}");
+    let msg = loaded.tag_id("nope").unwrap_err().to_string();
+    assert!(msg.contains("no tag \"nope\""), "{msg}");
+    let cfg = variorum_train::generate::SampleConfig {
+        max_new_tokens: 5,
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        seed: 0,
+        no_cache: false,
+        tag: Some(whether),
+    };
+    let prompt = loaded.encode_prompt("to be").unwrap();
+    assert_eq!(loaded.generate(&prompt, &cfg, |_| {}).len(), 5);
 }
