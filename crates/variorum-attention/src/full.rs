@@ -533,6 +533,23 @@ impl MultiHeadAttention {
         self.normaliser.forward(scores)
     }
 
+    /// The composed forward with `bias(&projected)` added to the scaled scores before the mask
+    /// and the normaliser (a prior on the scores: the Gaussian prior, the task prior). `bias`
+    /// broadcasts against `[b, n_heads, len_q, len_k]`.
+    pub fn forward_with_score_bias(
+        &self,
+        input: AttentionInput,
+        cache: Option<&mut KvCache>,
+        bias: impl FnOnce(&Projected) -> Tensor<4>,
+    ) -> AttentionOutput {
+        let p = self.project(input.query, input.key_value, input.mask, cache);
+        let scores = self.scores(&p) + bias(&p);
+        let probs = self.normalise(self.mask_scores(scores, input.mask, input.dense_mask, &p));
+        let weights = input.need_weights.then(|| probs.clone());
+        let context = self.combine(self.dropout.forward(probs), &p);
+        AttentionOutput { context, weights, aux_losses: Vec::new() }
+    }
+
     /// Step 3: the output `[b, len_q, d_model]` from probabilities `[b, n_heads, len_q, len_k]`.
     pub fn combine(&self, probs: Tensor<4>, p: &Projected) -> Tensor<3> {
         variorum_kernels::linear::forward(&self.out, self.combine_heads(probs, p))

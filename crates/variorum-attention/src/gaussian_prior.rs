@@ -198,13 +198,7 @@ impl GaussianPriorAttention {
     }
 
     pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
-        let a = &self.attention;
-        let p = a.project(input.query, input.key_value, input.mask, cache);
-        let scores = a.scores(&p) + self.prior(&p);
-        let probs = a.normalise(a.mask_scores(scores, input.mask, input.dense_mask, &p));
-        let weights = input.need_weights.then(|| probs.clone());
-        let context = a.combine(a.dropout.forward(probs), &p);
-        AttentionOutput { context, weights, aux_losses: Vec::new() }
+        self.attention.forward_with_score_bias(input, cache, |p| self.prior(p))
     }
 }
 

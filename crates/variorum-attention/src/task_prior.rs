@@ -11,7 +11,7 @@
 //! task is the example's tag from the data (`data.tags`: the play a window comes from, or a
 //! corpus name), read from `AttentionMask::tags`.
 //!
-//! Choices where the paper leaves one open:
+//! Choices where the paper leaves one open, or where we depart from it:
 //! - The task embedding is this layer's own table (`tasks` rows of `task_dim`), not one shared
 //!   by the model: the kind stays one file. Row 0 is the untagged example's (text before the
 //!   first section, or a forward given no tags), so a model runs without tags too.
@@ -20,9 +20,10 @@
 //! - L is the model's context (`model.seq_len`) and the block size ⌈L/N⌉, so N need not divide L.
 //!   Positions are absolute, so a cached query gets the row the full forward gives it; a
 //!   position past the last block (none within the context) gets no prior.
-//! - Initialisation: A_n = 0, γ's bias 1 and β's 0 with small weights, z ~ N(0, 1): M(z) starts
-//!   near 0 (training starts from plain attention, as an adapter on a trained model should) and
-//!   the gradient reaches A_n through γ ≈ 1 from the first step.
+//! - Initialisation: the paper draws A_n at random; we start it at 0, with γ's bias 1 and β's 0
+//!   (small weights) and z ~ N(0, 1): M(z) starts near 0, so training starts from plain
+//!   attention (as an adapter added to a trained model should) and the gradient reaches A_n
+//!   through γ ≈ 1 from the first step.
 //!
 //! The causal form and cached decoding are `full`'s (a KV cache). M(z) needs every score, so
 //! the fused attention kernel does not apply: this kind takes the composed path.
@@ -181,15 +182,10 @@ impl TaskPriorAttention {
     }
 
     pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
-        let a = &self.attention;
-        let b = input.query.dims()[0];
+        let [b, _, _] = input.query.dims();
         let device = input.query.device();
-        let p = a.project(input.query, input.key_value, input.mask, cache);
-        let scores = a.scores(&p) + self.prior(input.mask.tags.clone(), &p.layout, b, &device);
-        let probs = a.normalise(a.mask_scores(scores, input.mask, input.dense_mask, &p));
-        let weights = input.need_weights.then(|| probs.clone());
-        let context = a.combine(a.dropout.forward(probs), &p);
-        AttentionOutput { context, weights, aux_losses: Vec::new() }
+        let tags = input.mask.tags.clone();
+        self.attention.forward_with_score_bias(input, cache, |p| self.prior(tags, &p.layout, b, &device))
     }
 
     /// The projections a forward forms (for tests and inspection).
@@ -288,7 +284,7 @@ mod tests {
         let mask = AttentionMask::causal().with_tags(tags(&[1, 2, 3], &dev));
         let plain = attn.attention.forward(AttentionInput::self_attention(x.clone(), &mask), None).context;
         assert!(max_diff(output(&attn, x.clone(), &mask).context, plain.clone()) > 1e-4, "the prior must act");
-        // β = 0 and A_n = 0: M(z) = 0 whatever the task
+        // FiLM's weights and biases 0, so γ = β = 0: M(z) = A_n ⊙ 0 + 0 = 0 whatever the task
         attn.film.weight = Param::from_tensor(Tensor::zeros([4, 18], &dev));
         attn.film.bias = Some(Param::from_tensor(Tensor::zeros([18], &dev)));
         let diff = max_diff(output(&attn, x, &mask).context, plain);

@@ -113,6 +113,9 @@ enum Command {
         format: ScoreFormat,
         #[arg(long, default_value = "cpu")]
         device: String,
+        /// Score under this example tag (a run trained on tagged data; names in its tags.json).
+        #[arg(long)]
+        tag: Option<String>,
     },
     /// Loss, perplexity and bits per unit of a run on its validation split or a file, with
     /// sliding windows, for one or several context lengths; with several runs, a side-by-side
@@ -474,7 +477,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Command::Score { run, text, prompt, format, device } => {
+        Command::Score { run, text, prompt, format, device, tag } => {
             let (device, _) = device::select(&device)?;
             let run = Run::load(&run, &device)?;
             let text = match (text, prompt) {
@@ -483,7 +486,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 (None, None) => anyhow::bail!("give --text FILE or --prompt TEXT"),
             };
             let ids = run.encode_prompt(&text)?;
-            let scores = run.score(&ids)?;
+            let tag = tag.map(|name| run.tag_id(&name)).transpose()?;
+            let scores = run.score_tagged(&ids, tag)?;
             match format {
                 ScoreFormat::Json => println!("{}", serde_json::to_string_pretty(&scores)?),
                 ScoreFormat::Tsv => {

@@ -84,7 +84,7 @@ pub fn collaborate(run: &Run, shared_dim: Option<usize>, out: &Path) -> Result<C
     let shared = shared_dim.unwrap_or(width);
     if !(1..=width).contains(&shared) {
         bail!(
-            "shared_dim = {shared} does not fit {source}: it must be in 1..={width} (n_heads · head_dim = {n_heads} · {head_dim}; {width} is exact, less compresses the query/key projections)"
+            "--shared-dim {shared} does not fit {source}: it must be in 1..={width} (n_heads · head_dim = {n_heads} · {head_dim}; {width} is exact, less compresses the query/key projections)"
         );
     }
 
@@ -196,22 +196,22 @@ fn write_run(
         _ => PathBuf::from("."),
     };
     fs::create_dir_all(&parent).with_context(|| format!("cannot create {}", parent.display()))?;
-    let stage = parent.join(format!(".{name}.collaborate.tmp"));
-    if stage.exists() {
-        fs::remove_dir_all(&stage).with_context(|| format!("cannot remove stale {}", stage.display()))?;
+    // a fresh staging directory of its own beside `out` (two conversions never share one), removed
+    // when dropped, on an error or a panic alike, unless it has been moved into place
+    let stage = tempfile::Builder::new()
+        .prefix(&format!(".{name}.collaborate."))
+        .tempdir_in(&parent)
+        .with_context(|| format!("cannot create a staging directory in {}", parent.display()))?;
+    fill(run, config, model, report, stage.path())?;
+    // rename replaces an empty directory (check_out refused any other) in one step
+    fs::rename(stage.path(), out)
+        .with_context(|| format!("cannot move {} to {}", stage.path().display(), out.display()))?;
+    // the staging path is gone: nothing left for the guard to remove
+    let _ = stage.keep();
+    if let Ok(dir) = fs::File::open(&parent) {
+        dir.sync_all().ok();
     }
-    fs::create_dir(&stage).with_context(|| format!("cannot create {}", stage.display()))?;
-    let written = fill(run, config, model, report, &stage).and_then(|()| {
-        if out.exists() {
-            // an empty directory (check_out): replaced by the complete one
-            fs::remove_dir(out).with_context(|| format!("cannot replace the empty directory {}", out.display()))?;
-        }
-        fs::rename(&stage, out).with_context(|| format!("cannot move {} to {}", stage.display(), out.display()))
-    });
-    if written.is_err() {
-        fs::remove_dir_all(&stage).ok();
-    }
-    written
+    Ok(())
 }
 
 /// The files of the new run, in `dir`; the weights are read back into the new config's model,
@@ -349,7 +349,7 @@ mod tests {
         let full = Run::load(&tiny_run(tmp.path(), "f", FULL, LEARNED, &dev), &dev).unwrap();
         for bad in [0, 17] {
             let e = collaborate(&full, Some(bad), &tmp.path().join("out")).unwrap_err().to_string();
-            assert!(e.contains(&format!("shared_dim = {bad}")) && e.contains("1..=16"), "{e}");
+            assert!(e.contains(&format!("--shared-dim {bad}")) && e.contains("1..=16"), "{e}");
         }
         assert!(!tmp.path().join("out").exists());
     }

@@ -108,6 +108,16 @@ impl Run {
             (model, weights)
         };
         let tags = read_tags(dir)?;
+        if let Some(capacity) = config.model.attention.tags()
+            && tags.len() > capacity
+        {
+            bail!(
+                "{} names {} tags, more than model.attention.tasks = {capacity} in {}: the files do not belong together",
+                dir.join(TAGS_FILE).display(),
+                tags.len(),
+                config_path.display()
+            );
+        }
         Ok(Run { dir: dir.to_path_buf(), config, tokenizer, model, weights, device: device.clone(), tags })
     }
 
@@ -146,8 +156,19 @@ impl Run {
     }
 
     /// The token ids of the run's validation split and, for tagged data, where its tags change.
+    /// The tags found must be those the run was trained with (`tags.json`), or the ids would
+    /// name other sections.
     pub fn validation_split(&self) -> Result<(Vec<u32>, Option<variorum_data::SplitTags>)> {
         let corpus = variorum_data::Corpus::load(&self.config.data, Some(self.tokenizer.clone()))?;
+        let found = corpus.tags.as_ref().map_or(&[][..], |t| t.names.as_slice());
+        if found != self.tags.as_slice() {
+            bail!(
+                "the data now gives {} tags where {} lists {}: the corpus or data.tags changed since training",
+                found.len(),
+                self.dir.join(TAGS_FILE).display(),
+                self.tags.len()
+            );
+        }
         Ok((corpus.val, corpus.tags.map(|t| t.val)))
     }
 
@@ -185,6 +206,12 @@ impl Run {
     /// `seq_len + 1` tokens overlapping by one (stride `seq_len`), so each token is predicted
     /// exactly once, from the tokens before it in its window — the windows `eval_batches` uses.
     pub fn score(&self, ids: &[u32]) -> Result<Scores> {
+        self.score_tagged(ids, None)
+    }
+
+    /// [`score`](Self::score) under the example tag `tag` ([`tag_id`](Self::tag_id); `None`:
+    /// untagged).
+    pub fn score_tagged(&self, ids: &[u32], tag: Option<u32>) -> Result<Scores> {
         if ids.len() < 2 {
             bail!("scoring needs at least two tokens (the first has nothing to be predicted from)");
         }
@@ -204,7 +231,8 @@ impl Run {
             let x = Tensor::<2, Int>::from_data(TensorData::new(inputs, [1, n]), &self.device);
             let targets: Vec<i64> = ids[start + 1..end].iter().map(|&t| t as i64).collect();
             let t = Tensor::<3, Int>::from_data(TensorData::new(targets, [1, n, 1]), &self.device);
-            let logp = log_softmax(self.model.forward(x).logits, 2).gather(2, t);
+            let tags = tag.map(|t| Tensor::<1, Int>::from_data(TensorData::new(vec![i64::from(t)], [1]), &self.device));
+            let logp = log_softmax(self.model.forward_tagged(x, tags, None).logits, 2).gather(2, t);
             let values = logp.into_data().try_to_vec::<f32>().map_err(|e| anyhow::anyhow!("{e:?}"))?;
             for (i, lp) in values.into_iter().enumerate() {
                 let token = ids[start + 1 + i];

@@ -157,7 +157,20 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
         corpus.tokenizer.save(&tokenizer_path)?;
     }
     if let Some(tags) = &corpus.tags {
-        write_atomic(&run.join(crate::run::TAGS_FILE), serde_json::to_string_pretty(&tags.names)?.as_bytes())?;
+        let path = run.join(crate::run::TAGS_FILE);
+        if opts.resume && path.is_file() {
+            let saved: Vec<String> = serde_json::from_str(&fs::read_to_string(&path)?)
+                .map_err(|e| anyhow::anyhow!("{} is not a JSON array of tag names: {e}", path.display()))?;
+            if saved != tags.names {
+                bail!(
+                    "the data now gives {} tags where {} lists {}: the corpus or data.tags changed since the run started",
+                    tags.names.len(),
+                    path.display(),
+                    saved.len()
+                );
+            }
+        }
+        write_atomic(&path, serde_json::to_string_pretty(&tags.names)?.as_bytes())?;
     }
 
     let tc = cfg.train.clone();
@@ -389,7 +402,8 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
         top_p: 1.0,
         seed: tc.seed,
         no_cache: false,
-        tag: None,
+        // a tagged run samples under the tag of its first validation window
+        tag: eval_set.first().and_then(|b| b.tags.first()).map(|&t| t as u32),
     };
     let text = match (valid.mask_token, eval_set.first()) {
         // a masked model does not generate: it fills in the hidden tokens of a validation window

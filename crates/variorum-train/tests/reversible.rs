@@ -82,21 +82,27 @@ impl ModuleVisitor for Compare<'_> {
 }
 
 fn check_gradients(cfg: ModelConfig, what: &str) {
+    check_tagged_gradients(cfg, None, what)
+}
+
+/// [`check_gradients`] of rows tagged `tags` (a model conditioned on them).
+fn check_tagged_gradients(cfg: ModelConfig, tags: Option<[i64; 3]>, what: &str) {
     let _g = seeded();
     let dev = Device::flex().autodiff();
     dev.seed(5);
     let model = cfg.init(&dev);
     let (x, y) = (tokens(1, 3, 16, 11, &dev), tokens(2, 3, 16, 11, &dev));
+    let tags = tags.map(|t| Tensor::<1, Int>::from_data(TensorData::new(t.to_vec(), [3]), &dev));
     // parameters are initialised lazily, drawing from the generator: do it before seeding
     let _ = model.valid().forward(x.clone().without_autodiff());
 
     dev.seed(9);
-    let (loss, aux) = model.loss(x.clone(), y.clone());
+    let (loss, aux) = model.loss_with(x.clone(), y.clone(), tags.clone(), None);
     let total = aux.iter().fold(loss.clone(), |t, (_, l)| t + l.clone());
     let stored = GradientsParams::from_grads(total.backward(), &model);
 
     dev.seed(9);
-    let (rev_loss, rev_aux, rebuilt) = reversible_grads(&model, x, y, None, 1.0);
+    let (rev_loss, rev_aux, rebuilt) = reversible_grads(&model, x, y, tags, 1.0);
     let dl = (loss - rev_loss).abs().into_scalar::<f32>();
     assert!(dl < 1e-5, "{what}: losses differ by {dl}");
     let sum = |a: &variorum_core::AuxLosses| a.iter().map(|(_, l)| l.clone().into_scalar::<f32>()).sum::<f32>();
@@ -132,6 +138,22 @@ fn gradients_include_the_auxiliary_losses_and_relative_positions() {
         ..reversible(3, 0.0)
     };
     check_gradients(cfg, "adaptive span + alibi, untied");
+}
+
+#[test]
+fn gradients_of_a_model_conditioned_on_example_tags() {
+    let attention: AttentionConfig = toml::from_str("kind = \"task-prior\"\ntasks = 4").unwrap();
+    let cfg = ModelConfig { attention, init_std: 0.2, ..reversible(3, 0.0) };
+    // the tags reach both passes: a loss under other tags differs
+    let dev = Device::flex();
+    dev.seed(5);
+    let model = cfg.init(&dev);
+    let (x, y) = (tokens(1, 3, 16, 11, &dev), tokens(2, 3, 16, 11, &dev));
+    let tagged = |t: [i64; 3]| Some(Tensor::<1, Int>::from_data(TensorData::new(t.to_vec(), [3]), &dev));
+    let a = model.loss_with(x.clone(), y.clone(), tagged([1, 2, 3]), None).0.into_scalar::<f32>();
+    let b = model.loss_with(x, y, tagged([3, 3, 0]), None).0.into_scalar::<f32>();
+    assert!((a - b).abs() > 1e-6, "the tags changed nothing: {a} vs {b}");
+    check_tagged_gradients(cfg, Some([1, 2, 3]), "task prior, tagged rows");
 }
 
 #[test]

@@ -648,7 +648,8 @@ fn a_model_conditioned_on_tags_needs_tagged_data_and_keeps_its_tag_names() {
     assert!(whether == 1 || whether == 2, "{names:?}");
     let msg = loaded.tag_id("nope").unwrap_err().to_string();
     assert!(msg.contains("no tag \"nope\""), "{msg}");
-    let cfg = variorum_train::generate::SampleConfig {
+    use variorum_train::generate::SampleConfig;
+    let cfg = SampleConfig {
         max_new_tokens: 5,
         temperature: 0.0,
         top_k: 0,
@@ -658,5 +659,12 @@ fn a_model_conditioned_on_tags_needs_tagged_data_and_keeps_its_tag_names() {
         tag: Some(whether),
     };
     let prompt = loaded.encode_prompt("to be").unwrap();
-    assert_eq!(loaded.generate(&prompt, &cfg, |_| {}).len(), 5);
+    let cached = loaded.generate(&prompt, &cfg, |_| {});
+    assert_eq!(cached.len(), 5);
+    // the tag reaches the cached path as it does the full forward
+    let uncached = SampleConfig { no_cache: true, ..cfg.clone() };
+    assert_eq!(loaded.generate(&prompt, &uncached, |_| {}), cached, "cached and uncached tagged decoding differ");
+    // and it conditions the scores
+    let (a, b) = (loaded.score_tagged(&prompt, Some(1)).unwrap(), loaded.score_tagged(&prompt, Some(2)).unwrap());
+    assert!((a.total_logprob - b.total_logprob).abs() > 1e-6, "two tags score the prompt alike");
 }
