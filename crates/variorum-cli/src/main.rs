@@ -198,6 +198,29 @@ enum Command {
         #[arg(long, default_value = "cpu")]
         device: String,
     },
+    /// Draw the attention pattern of a config's kind (a query × key grid of what each query may
+    /// attend to, per head), read from the real module; or of a trained run on a text.
+    Pattern {
+        /// A config file, or a run directory (then --prompt gives the text).
+        source: PathBuf,
+        /// Positions drawn (a config; at most model.seq_len, which is also the default up to 64).
+        #[arg(long)]
+        len: Option<usize>,
+        /// The block application drawn.
+        #[arg(long, default_value_t = 0)]
+        layer: usize,
+        /// Draw this head only.
+        #[arg(long)]
+        head: Option<usize>,
+        /// The text a run reads (data-dependent kinds draw the pattern of their input).
+        #[arg(long)]
+        prompt: Option<String>,
+        /// PNG or SVG, by extension.
+        #[arg(long, default_value = "pattern.png")]
+        out: PathBuf,
+        #[arg(long, default_value = "cpu")]
+        device: String,
+    },
     /// Print a config with every default expanded, its parameter count and FLOPs per token.
     Inspect {
         /// A config file, or a run directory.
@@ -582,6 +605,55 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Inspect { config } => inspect(&config),
+        Command::Pattern { source, len, layer, head, prompt, out, device } => {
+            use variorum_train::pattern;
+            let (device, _) = device::select(&device)?;
+            let mut p = if source.is_dir() {
+                let Some(text) = prompt else {
+                    anyhow::bail!("{} is a run: give the text it reads with --prompt", source.display())
+                };
+                let run = Run::load(&source, &device)?;
+                let ids = run.encode_prompt(&text)?;
+                let ids: Vec<i64> = ids.iter().take(run.model.seq_len).map(|&t| i64::from(t)).collect();
+                let n = ids.len();
+                let tokens = burn::prelude::Tensor::<2, burn::prelude::Int>::from_data(
+                    burn::prelude::TensorData::new(ids, [1, n]),
+                    &device,
+                );
+                pattern::read(&run.model, &run.config.model, tokens, layer, None)?
+            } else {
+                if prompt.is_some() {
+                    anyhow::bail!("--prompt is read through a trained run: give a run directory, not a config");
+                }
+                let cfg = ExperimentConfig::load(&source)?;
+                pattern::of_config(&cfg.model, len.unwrap_or(cfg.model.seq_len.min(64)), layer, &device)?
+            };
+            if let Some(h) = head {
+                if h >= p.grids.len() {
+                    anyhow::bail!(
+                        "--head {h}: {} has {} grid(s) here (heads are drawn apart only from weights)",
+                        p.kind,
+                        p.grids.len()
+                    );
+                }
+                p.grids = vec![p.grids.swap_remove(h)];
+            }
+            pattern::draw(&p, &out)?;
+            let densities: Vec<String> = p.densities().iter().map(|d| format!("{:.1} %", 100.0 * d)).collect();
+            println!(
+                "{}, layer {}, {} positions, read from {}: reachable {} — {}",
+                p.kind,
+                p.layer,
+                p.len,
+                match p.reading {
+                    pattern::Reading::Weights => "the weights",
+                    pattern::Reading::Gradient => "gradients",
+                },
+                densities.join(", "),
+                out.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Bench { config, device, steps, warmup, runs, json } => {
             at_least("--steps", steps, 1)?;
             at_least("--runs", runs, 1)?;

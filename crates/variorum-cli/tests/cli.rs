@@ -182,6 +182,36 @@ fn missing_and_empty_corpora_are_one_line_errors() {
 }
 
 #[test]
+fn pattern_draws_a_config_and_a_run_and_refuses_mistakes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path(), "");
+    let out = tmp.path().join("p.svg");
+    let o = variorum(&["pattern", cfg.to_str().unwrap(), "--len", "12", "--out", out.to_str().unwrap()], tmp.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = String::from_utf8_lossy(&o.stdout);
+    // causal full attention: 78 of 144 entries per head
+    assert!(s.contains("read from the weights") && s.contains("54.2 %"), "{s}");
+    assert!(std::fs::read_to_string(&out).unwrap().contains("<svg"), "not an SVG");
+
+    let o = variorum(&["pattern", cfg.to_str().unwrap(), "--len", "99"], tmp.path());
+    assert_clean_error(&o, "--len 99");
+    let o = variorum(&["pattern", cfg.to_str().unwrap(), "--head", "7"], tmp.path());
+    assert_clean_error(&o, "--head 7");
+
+    let run = tmp.path().join("run");
+    let o = variorum(&["train", cfg.to_str().unwrap(), "--out", run.to_str().unwrap(), "--no-progress"], tmp.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = variorum(&["pattern", run.to_str().unwrap()], tmp.path());
+    assert_clean_error(&o, "--prompt");
+    let png = tmp.path().join("run.png");
+    let args = ["pattern", run.to_str().unwrap(), "--prompt", "Now is the winter", "--out", png.to_str().unwrap()];
+    let o = variorum(&args, tmp.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("16 positions"));
+    assert!(std::fs::metadata(&png).unwrap().len() > 100);
+}
+
+#[test]
 fn inspect_prints_the_expanded_config_and_counts() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = write_config(tmp.path(), "");

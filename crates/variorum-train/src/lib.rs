@@ -15,6 +15,7 @@ pub mod freeze;
 pub mod generate;
 pub mod lock;
 pub mod metrics;
+pub mod pattern;
 pub mod plot;
 pub mod run;
 pub mod schedule;

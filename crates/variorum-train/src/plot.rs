@@ -17,6 +17,11 @@ const FONTS: &[&str] = &[
     "C:\\Windows\\Fonts\\arial.ttf",
 ];
 
+/// Whether a font for labels is available (registering it on first use).
+pub(crate) fn has_font() -> bool {
+    register_font()
+}
+
 fn register_font() -> bool {
     static ONCE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ONCE.get_or_init(|| {

@@ -1,0 +1,303 @@
+//! Attention patterns as the papers draw them (`variorum pattern`): a query × key grid of what
+//! each query may attend to, read from the real modules — never redrawn by hand — so the
+//! picture is the mechanism's truth by construction.
+//!
+//! Two readings, one per kind of mechanism:
+//! - **weights**: a kind that forms attention weights hands them to
+//!   [`DecoderLm::attention_maps`]; entry (i, j) of head h is reachable when its weight is not
+//!   zero (hidden entries are exactly zero after the normaliser: the masked score underflows).
+//!   Heads are drawn apart, since patterns differ per head (dilated and strided heads, BigBird's
+//!   random blocks are per layer);
+//! - **gradient**: a kind without weights (kernelised, sorted buckets, recurrent sums) is read
+//!   from its layer alone: key j is reachable from query i when output i's gradient with respect
+//!   to input j is not zero. A data-dependent selection (hash buckets, clusters, top-k queries)
+//!   is an integer choice the gradient does not pass through, so it reads the keys chosen for
+//!   this input — where perturbing input j would move the buckets themselves and reach
+//!   everything. One grid for the layer (its heads are mixed by the output projection).
+//!
+//! Data-dependent kinds (LSH, routing, Sinkhorn, clustered) draw the pattern of the input they
+//! are given: random states for a config, or a text through a trained run.
+
+use std::path::Path;
+
+use anyhow::{Result, bail};
+use burn::prelude::*;
+use burn::tensor::Distribution;
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use variorum_attention::AttentionInput;
+use variorum_core::AttentionMask;
+use variorum_model::{DecoderLm, ModelConfig};
+
+/// How a pattern was read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reading {
+    /// From the attention weights the kind forms, per head.
+    Weights,
+    /// From which inputs each output's gradient reaches, for the layer.
+    Gradient,
+}
+
+/// The reachable (query, key) entries of one layer.
+#[derive(Debug, Clone)]
+pub struct Pattern {
+    /// `model.attention.kind`.
+    pub kind: String,
+    pub layer: usize,
+    pub len: usize,
+    pub reading: Reading,
+    /// One `len × len` grid per head (weights) or one for the layer (gradient), row-major
+    /// (query i, key j at `i * len + j`).
+    pub grids: Vec<Vec<bool>>,
+}
+
+impl Pattern {
+    /// Whether any grid reaches (query i, key j).
+    pub fn reachable(&self, i: usize, j: usize) -> bool {
+        self.grids.iter().any(|g| g[i * self.len + j])
+    }
+
+    /// The share of reachable entries per grid.
+    pub fn densities(&self) -> Vec<f64> {
+        self.grids.iter().map(|g| g.iter().filter(|&&r| r).count() as f64 / g.len().max(1) as f64).collect()
+    }
+}
+
+/// Reads the pattern of `model`'s block application `layer` over `tokens` (`[1, len]`): from the
+/// weights when the kind forms them and `reading` allows, else from the layer's gradients.
+pub fn read(
+    model: &DecoderLm,
+    cfg: &ModelConfig,
+    tokens: Tensor<2, Int>,
+    layer: usize,
+    reading: Option<Reading>,
+) -> Result<Pattern> {
+    let [_, len] = tokens.dims();
+    if layer >= model.depth {
+        bail!("--layer {layer}: the model has {} layers (0..{})", model.depth, model.depth);
+    }
+    let kind = cfg.attention.kind().to_string();
+    if reading != Some(Reading::Gradient)
+        && let Ok(maps) = model.attention_maps(tokens.clone())
+        && let Some(Some(w)) = maps.into_iter().nth(layer)
+    {
+        let [_, h, lq, lk] = w.dims();
+        let values = w.into_data().try_to_vec::<f32>().unwrap_or_default();
+        let grids = (0..h)
+            .map(|head| values[head * lq * lk..(head + 1) * lq * lk].iter().map(|&v| v != 0.0).collect())
+            .collect();
+        return Ok(Pattern { kind, layer, len, reading: Reading::Weights, grids });
+    }
+    if reading == Some(Reading::Weights) {
+        bail!("model.attention.kind = \"{kind}\" forms no attention weights in layer {layer}: read it from gradients");
+    }
+    Ok(Pattern { kind, layer, len, reading: Reading::Gradient, grids: vec![gradient_reach(model, layer, len)] })
+}
+
+/// Key j reaches query i when the gradient of output i (projected on a random direction) with
+/// respect to the layer's input at j is not zero; the layer runs on an autodiff copy of the
+/// model's device (deterministic kinds only draw the same selection in every forward: random
+/// features and hashes are fixed at build, dropout is off in a pattern's model).
+fn gradient_reach(model: &DecoderLm, layer: usize, len: usize) -> Vec<bool> {
+    let d = model.token_embedding.weight.dims()[1];
+    let device = model.token_embedding.weight.device().autodiff();
+    let attn = model.blocks[layer % model.blocks.len()].attn.clone().to_device(&device);
+    let mask = if model.mask_token.is_some() { AttentionMask::bidirectional() } else { AttentionMask::causal() };
+    let x: Tensor<3> = Tensor::random([1, len, d], Distribution::Normal(0.0, 1.0), &device);
+    let direction: Tensor<3> = Tensor::random([1, 1, d], Distribution::Normal(0.0, 1.0), &device);
+    let mut grid = vec![false; len * len];
+    for i in 0..len {
+        // one forward per query: Burn's backward consumes its graph
+        let x = x.clone().require_grad();
+        let out = attn.forward(AttentionInput::self_attention(x.clone(), &mask), None).context;
+        let grads = (out.narrow(1, i, 1) * direction.clone()).sum().backward();
+        let Some(g) = x.grad(&grads) else { continue };
+        let reach = g.abs().sum_dim(2).reshape([len]).into_data().try_to_vec::<f32>().unwrap_or_default();
+        for (j, r) in reach.into_iter().enumerate() {
+            grid[i * len + j] = r > 0.0;
+        }
+    }
+    grid
+}
+
+/// The pattern of `cfg`'s layer `layer` at `len` positions, from a freshly initialised model on
+/// random tokens (seeded): what the kind may attend to, as a paper's pattern figure shows it.
+pub fn of_config(cfg: &ModelConfig, len: usize, layer: usize, device: &Device) -> Result<Pattern> {
+    let mut cfg = cfg.clone();
+    if cfg.vocab_size.is_none() {
+        // any vocabulary: the pattern of a config does not depend on it
+        cfg.vocab_size = Some(64);
+    }
+    if len == 0 || len > cfg.seq_len {
+        bail!("--len {len} must be in 1..={} (model.seq_len)", cfg.seq_len);
+    }
+    cfg.validate()?;
+    device.seed(0);
+    let model = cfg.init(device);
+    let tokens = variorum_model::harness::tokens(1, 1, len, cfg.vocab(), device);
+    read(&model, &cfg, tokens, layer, None)
+}
+
+/// Draws `pattern` (one grid per head, reachable entries dark) to `path`, PNG or SVG by its
+/// extension.
+pub fn draw(pattern: &Pattern, path: &Path) -> Result<()> {
+    let n = pattern.grids.len();
+    let cols = n.min(4);
+    let rows = n.div_ceil(cols);
+    let cell = (256 / pattern.len.max(1)).clamp(2, 16) as u32;
+    let side = cell * pattern.len as u32;
+    // wide enough for the title line above a single grid
+    let (w, h) = ((cols as u32 * (side + 24) + 24).max(620), rows as u32 * (side + 40) + 40);
+    let svg = path.extension().and_then(|e| e.to_str()).is_some_and(|e| e.eq_ignore_ascii_case("svg"));
+    let result = if svg {
+        let area = SVGBackend::new(path, (w, h)).into_drawing_area();
+        paint(pattern, &area, cols, cell).and_then(|()| area.present().map_err(|e| anyhow::anyhow!("{e}")))
+    } else {
+        let area = BitMapBackend::new(path, (w, h)).into_drawing_area();
+        paint(pattern, &area, cols, cell).and_then(|()| area.present().map_err(|e| anyhow::anyhow!("{e}")))
+    };
+    result.map_err(|e| anyhow::anyhow!("cannot draw {}: {e}", path.display()))
+}
+
+fn paint<DB: DrawingBackend>(pattern: &Pattern, area: &DrawingArea<DB, Shift>, cols: usize, cell: u32) -> Result<()> {
+    let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow::anyhow!("{e}");
+    area.fill(&WHITE).map_err(err)?;
+    let font = crate::plot::has_font();
+    if font {
+        let title = format!(
+            "{}, layer {}, {} positions ({})",
+            pattern.kind,
+            pattern.layer,
+            pattern.len,
+            match pattern.reading {
+                Reading::Weights => "non-zero weights per head",
+                Reading::Gradient => "inputs each output's gradient reaches",
+            }
+        );
+        area.draw(&Text::new(title, (12, 10), ("sans-serif", 16).into_font())).map_err(err)?;
+    }
+    let side = (cell as usize * pattern.len) as i32;
+    for (k, grid) in pattern.grids.iter().enumerate() {
+        let (x0, y0) = (24 + (k % cols) as i32 * (side + 24), 40 + (k / cols) as i32 * (side + 40));
+        if font && pattern.grids.len() > 1 {
+            area.draw(&Text::new(format!("head {k}"), (x0, y0 - 4 - 12), ("sans-serif", 12).into_font()))
+                .map_err(err)?;
+        }
+        for i in 0..pattern.len {
+            for j in 0..pattern.len {
+                let (x, y) = (x0 + (j as u32 * cell) as i32, y0 + (i as u32 * cell) as i32);
+                let colour = if grid[i * pattern.len + j] { RGBColor(30, 60, 140) } else { RGBColor(235, 238, 245) };
+                area.draw(&Rectangle::new([(x, y), (x + cell as i32, y + cell as i32)], colour.filled()))
+                    .map_err(err)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use variorum_attention::AttentionConfig;
+    use variorum_model::zoo;
+
+    fn config(attention: &str) -> ModelConfig {
+        let attention: AttentionConfig = toml::from_str(attention).unwrap();
+        ModelConfig { attention, seq_len: 16, ..zoo::tiny() }
+    }
+
+    fn both(cfg: &ModelConfig) -> (Pattern, Pattern) {
+        let dev = Device::flex();
+        dev.seed(0);
+        let model = cfg.clone().init(&dev);
+        let tokens = variorum_model::harness::tokens(1, 1, 16, cfg.vocab(), &dev);
+        let w = read(&model, cfg, tokens.clone(), 0, Some(Reading::Weights)).unwrap();
+        let p = read(&model, cfg, tokens, 0, Some(Reading::Gradient)).unwrap();
+        (w, p)
+    }
+
+    #[test]
+    fn full_causal_attention_reaches_the_lower_triangle() {
+        let cfg = config("kind = \"full\"\nn_heads = 2");
+        let p = of_config(&cfg, 12, 1, &Device::flex()).unwrap();
+        assert_eq!((p.reading, p.grids.len()), (Reading::Weights, 2));
+        for g in &p.grids {
+            for i in 0..12 {
+                for j in 0..12 {
+                    assert_eq!(g[i * 12 + j], j <= i, "entry ({i}, {j})");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_sliding_window_reaches_its_band() {
+        let cfg = config("kind = \"sliding-window\"\nn_heads = 2\nwindow = 4");
+        let p = of_config(&cfg, 16, 0, &Device::flex()).unwrap();
+        for i in 0..16 {
+            for j in 0..16 {
+                assert_eq!(p.reachable(i, j), j <= i && i - j < 4, "entry ({i}, {j})");
+            }
+        }
+    }
+
+    #[test]
+    fn the_weights_drawn_are_the_reach_of_the_layer() {
+        // two readings that share nothing: the union of the heads' non-zero weights, and which
+        // inputs each output's gradient reaches
+        for attention in [
+            "kind = \"full\"\nn_heads = 2",
+            "kind = \"sliding-window\"\nn_heads = 2\nwindow = 3",
+            "kind = \"strided\"\nn_heads = 2\nstride = 4",
+            "kind = \"bigbird\"\nn_heads = 2\nblock = 2\nglobal_tokens = 1",
+        ] {
+            let cfg = config(attention);
+            cfg.validate().unwrap_or_else(|e| panic!("{attention}: {e}"));
+            let (w, p) = both(&cfg);
+            let union: Vec<bool> = (0..16 * 16).map(|e| w.reachable(e / 16, e % 16)).collect();
+            assert_eq!(union, p.grids[0], "{attention}: the weights and the gradients disagree");
+            assert!(w.densities().iter().all(|&d| d > 0.0 && d <= 17.0 / 32.0 + 1e-9), "{attention}: causal densities");
+        }
+    }
+
+    #[test]
+    fn kinds_without_weights_are_read_from_gradients_and_drawn() {
+        let cfg = config("kind = \"linear\"\nn_heads = 2");
+        let p = of_config(&cfg, 8, 0, &Device::flex()).unwrap();
+        assert_eq!(p.reading, Reading::Gradient);
+        for i in 0..8 {
+            for j in 0..8 {
+                assert_eq!(p.reachable(i, j), j <= i, "causal linear attention, entry ({i}, {j})");
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["p.png", "p.svg"] {
+            let path = dir.path().join(name);
+            draw(&p, &path).unwrap();
+            assert!(std::fs::metadata(&path).unwrap().len() > 100, "{name} is empty");
+        }
+        let e = of_config(&cfg, 99, 0, &Device::flex()).unwrap_err().to_string();
+        assert!(e.contains("--len 99"), "{e}");
+    }
+
+    #[test]
+    fn hashed_buckets_draw_the_keys_chosen_for_the_input() {
+        // one round of 4 buckets in chunks of 4: a query sees its own chunk and the one before
+        // in the sorted order, at most 8 keys, however the input hashes, and its own input
+        // reaches it through its query (Reformer hides a token's own key): at most 9. A
+        // perturbation reading would reach everything (moving one input re-sorts the buckets)
+        let cfg = ModelConfig {
+            attention: toml::from_str("kind = \"lsh\"\nn_heads = 2\nbuckets = 4\nrounds = 1\nchunk = 4").unwrap(),
+            seq_len: 32,
+            ..zoo::tiny()
+        };
+        let p = of_config(&cfg, 32, 0, &Device::flex()).unwrap();
+        assert_eq!(p.reading, Reading::Gradient);
+        for i in 0..32 {
+            let keys = (0..32).filter(|&j| p.reachable(i, j)).count();
+            // (a query alone with one key has weight 1 whatever its query: it reaches that key)
+            assert!((1..=9).contains(&keys), "query {i} reaches {keys} keys");
+            assert!((i + 1..32).all(|j| !p.reachable(i, j)), "query {i} reaches a later key");
+        }
+    }
+}
