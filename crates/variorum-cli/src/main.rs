@@ -614,7 +614,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 };
                 let run = Run::load(&source, &device)?;
                 let ids = run.encode_prompt(&text)?;
-                let ids: Vec<i64> = ids.iter().take(run.model.seq_len).map(|&t| i64::from(t)).collect();
+                let most = len.unwrap_or(run.model.seq_len).min(run.model.seq_len);
+                if most == 0 || most > 512 {
+                    anyhow::bail!("--len {most} must be in 1..=512 (a picture of at most 512 × 512 positions)");
+                }
+                let ids: Vec<i64> = ids.iter().take(most).map(|&t| i64::from(t)).collect();
                 let n = ids.len();
                 let tokens = burn::prelude::Tensor::<2, burn::prelude::Int>::from_data(
                     burn::prelude::TensorData::new(ids, [1, n]),
@@ -629,6 +633,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 pattern::of_config(&cfg.model, len.unwrap_or(cfg.model.seq_len.min(64)), layer, &device)?
             };
             if let Some(h) = head {
+                if p.reading == pattern::Reading::Gradient {
+                    anyhow::bail!(
+                        "--head {h}: {} forms no weights, so its pattern is read for the whole layer (the output projection mixes the heads)",
+                        p.kind
+                    );
+                }
                 if h >= p.grids.len() {
                     anyhow::bail!(
                         "--head {h}: {} has {} grid(s) here (heads are drawn apart only from weights)",

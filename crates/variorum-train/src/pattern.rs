@@ -26,7 +26,6 @@ use burn::tensor::Distribution;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use variorum_attention::AttentionInput;
-use variorum_core::AttentionMask;
 use variorum_model::{DecoderLm, ModelConfig};
 
 /// How a pattern was read.
@@ -77,12 +76,13 @@ pub fn read(
         bail!("--layer {layer}: the model has {} layers (0..{})", model.depth, model.depth);
     }
     let kind = cfg.attention.kind().to_string();
-    if reading != Some(Reading::Gradient)
-        && let Ok(maps) = model.attention_maps(tokens.clone())
-        && let Some(Some(w)) = maps.into_iter().nth(layer)
-    {
+    let maps = if reading == Some(Reading::Gradient) { None } else { model.attention_maps(tokens.clone()).ok() };
+    if let Some(Some(w)) = maps.and_then(|m| m.into_iter().nth(layer)) {
         let [_, h, lq, lk] = w.dims();
-        let values = w.into_data().try_to_vec::<f32>().unwrap_or_default();
+        let values = w.into_data().convert::<f32>().try_to_vec::<f32>().unwrap_or_default();
+        if (lq, lk) != (len, len) || values.len() != h * len * len {
+            bail!("the weights of layer {layer} are {lq} × {lk}, not {len} × {len}: this model cannot be drawn");
+        }
         let grids = (0..h)
             .map(|head| values[head * lq * lk..(head + 1) * lq * lk].iter().map(|&v| v != 0.0).collect())
             .collect();
@@ -91,33 +91,70 @@ pub fn read(
     if reading == Some(Reading::Weights) {
         bail!("model.attention.kind = \"{kind}\" forms no attention weights in layer {layer}: read it from gradients");
     }
-    Ok(Pattern { kind, layer, len, reading: Reading::Gradient, grids: vec![gradient_reach(model, layer, len)] })
+    let grid = gradient_reach(model, cfg, tokens, layer)?;
+    Ok(Pattern { kind, layer, len, reading: Reading::Gradient, grids: vec![grid] })
 }
 
 /// Key j reaches query i when the gradient of output i (projected on a random direction) with
-/// respect to the layer's input at j is not zero; the layer runs on an autodiff copy of the
-/// model's device (deterministic kinds only draw the same selection in every forward: random
-/// features and hashes are fixed at build, dropout is off in a pattern's model).
-fn gradient_reach(model: &DecoderLm, layer: usize, len: usize) -> Vec<bool> {
-    let d = model.token_embedding.weight.dims()[1];
-    let device = model.token_embedding.weight.device().autodiff();
-    let attn = model.blocks[layer % model.blocks.len()].attn.clone().to_device(&device);
-    let mask = if model.mask_token.is_some() { AttentionMask::bidirectional() } else { AttentionMask::causal() };
-    let x: Tensor<3> = Tensor::random([1, len, d], Distribution::Normal(0.0, 1.0), &device);
+/// respect to the layer's input at j is not zero. The input is the one the model hands the
+/// layer for `tokens` (the blocks below it run first, under the model's own mask), so a
+/// data-dependent selection is the one this text gets; the layer then runs on an autodiff copy
+/// of the device, with the same mask.
+fn gradient_reach(model: &DecoderLm, cfg: &ModelConfig, tokens: Tensor<2, Int>, layer: usize) -> Result<Vec<bool>> {
+    let kind = cfg.attention.kind();
+    if model.global_embedding.is_some() {
+        bail!("model.attention.kind = \"{kind}\" adds global tokens beside the sequence: its pattern is not drawn yet");
+    }
+    if cfg.attention.capabilities().cross_layer {
+        bail!(
+            "model.attention.kind = \"{kind}\" reads the previous layer's maps and forms no weights here: its pattern is not drawn"
+        );
+    }
+    if model.reversible.is_some() && layer > 0 {
+        bail!("--layer {layer}: a reversible stack's layers above the first are drawn from weights only");
+    }
+    if cfg.attention.dropout() > 0.0 {
+        // the autodiff copy would drop a different set of weights for every query
+        bail!(
+            "model.attention.dropout = {} would punch random holes in a pattern read from gradients: draw a config with 0",
+            cfg.attention.dropout()
+        );
+    }
+    let [_, len] = tokens.dims();
+    let plain = tokens.device();
+    let (mask, dense) = model.mask(len, None, &plain);
+    let mut x = model.embed(tokens, 0);
+    let mut carried = variorum_attention::CarriedMaps::default();
+    for i in 0..layer {
+        x = model.layer(i, x, &mask, dense.clone(), None, &mut carried).x;
+    }
+    let x = match model.layer_positions.get(layer) {
+        Some(p) => p.forward(x, 0),
+        None => x,
+    };
+    let block = &model.blocks[layer % model.blocks.len()];
+    let x = if block.pre_norm { block.attn_norm.forward(x) } else { x };
+    let device = plain.autodiff();
+    let x: Tensor<3> = Tensor::from_data(x.into_data(), &device);
+    let (mask, dense) = model.mask(len, None, &device);
+    let attn = block.attn.clone().to_device(&device);
+    let d = x.dims()[2];
     let direction: Tensor<3> = Tensor::random([1, 1, d], Distribution::Normal(0.0, 1.0), &device);
     let mut grid = vec![false; len * len];
     for i in 0..len {
         // one forward per query: Burn's backward consumes its graph
         let x = x.clone().require_grad();
-        let out = attn.forward(AttentionInput::self_attention(x.clone(), &mask), None).context;
+        let input = AttentionInput::self_attention(x.clone(), &mask).with_dense_mask(dense.clone());
+        let out = attn.forward(input, None).context;
         let grads = (out.narrow(1, i, 1) * direction.clone()).sum().backward();
         let Some(g) = x.grad(&grads) else { continue };
-        let reach = g.abs().sum_dim(2).reshape([len]).into_data().try_to_vec::<f32>().unwrap_or_default();
+        let reach = g.abs().sum_dim(2).reshape([len]).into_data().convert::<f32>().try_to_vec::<f32>();
+        let reach = reach.map_err(|e| anyhow::anyhow!("cannot read the gradients of layer {layer}: {e:?}"))?;
         for (j, r) in reach.into_iter().enumerate() {
             grid[i * len + j] = r > 0.0;
         }
     }
-    grid
+    Ok(grid)
 }
 
 /// The pattern of `cfg`'s layer `layer` at `len` positions, from a freshly initialised model on
@@ -128,8 +165,8 @@ pub fn of_config(cfg: &ModelConfig, len: usize, layer: usize, device: &Device) -
         // any vocabulary: the pattern of a config does not depend on it
         cfg.vocab_size = Some(64);
     }
-    if len == 0 || len > cfg.seq_len {
-        bail!("--len {len} must be in 1..={} (model.seq_len)", cfg.seq_len);
+    if len == 0 || len > cfg.seq_len.min(512) {
+        bail!("--len {len} must be in 1..={} (model.seq_len, and at most 512 for a picture)", cfg.seq_len.min(512));
     }
     cfg.validate()?;
     device.seed(0);
@@ -278,6 +315,26 @@ mod tests {
         }
         let e = of_config(&cfg, 99, 0, &Device::flex()).unwrap_err().to_string();
         assert!(e.contains("--len 99"), "{e}");
+    }
+
+    #[test]
+    fn a_data_dependent_pattern_is_that_of_the_text_read() {
+        let cfg = ModelConfig {
+            attention: toml::from_str("kind = \"lsh\"\nn_heads = 2\nbuckets = 4\nrounds = 1\nchunk = 4").unwrap(),
+            seq_len: 32,
+            vocab_size: Some(40),
+            init_std: 0.5,
+            ..zoo::tiny()
+        };
+        let dev = Device::flex();
+        dev.seed(3);
+        let model = cfg.init(&dev);
+        let text = |seed| variorum_model::harness::tokens(seed, 1, 32, 40, &dev);
+        let read_layer = |seed, layer| read(&model, &cfg, text(seed), layer, None).unwrap().grids;
+        for layer in [0, 1] {
+            assert_eq!(read_layer(1, layer), read_layer(1, layer), "layer {layer}: one text, two pictures");
+        }
+        assert_ne!(read_layer(1, 1), read_layer(5, 1), "two texts hash alike");
     }
 
     #[test]
