@@ -13,6 +13,7 @@ pub mod early_exit;
 pub mod eval;
 pub mod freeze;
 pub mod generate;
+pub mod listing;
 pub mod lock;
 pub mod metrics;
 pub mod pattern;
