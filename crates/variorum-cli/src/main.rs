@@ -340,6 +340,14 @@ enum ScoreFormat {
 }
 
 fn main() -> ExitCode {
+    // A closed pipe (`variorum eval … | head`) ends the process as it ends other Unix tools,
+    // by SIGPIPE, instead of a failed print that Rust turns into a panic: Rust ignores SIGPIPE by
+    // default, and std has no safe way to restore it (hence libc).
+    #[cfg(unix)]
+    // SAFETY: called first thing in main, before any thread starts; SIG_DFL is a valid handler.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     variorum_train::allocator::keep_freed_pages();
     variorum_train::threads::join_compute_pool();
     // A panic is a bug in variorum, not a user mistake: one line, no backtrace.

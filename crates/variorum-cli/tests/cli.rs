@@ -410,3 +410,20 @@ fn early_exit_draws_the_calm_curve_or_explains_why_not() {
     );
     assert_clean_error(&variorum(&["early-exit", other.to_str().unwrap()], tmp.path()), "has no early exits");
 }
+
+#[cfg(unix)]
+#[test]
+fn a_closed_pipe_ends_the_output_without_a_panic() {
+    use std::process::Stdio;
+    // the reader goes away before the first line is printed (`variorum zoo | head -0`)
+    let mut child = Command::new(env!("CARGO_BIN_EXE_variorum"))
+        .arg("zoo")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run variorum");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("internal error") && !err.contains("panicked"), "{err}");
+}
