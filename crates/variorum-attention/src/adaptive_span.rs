@@ -27,7 +27,7 @@ use variorum_position::{PositionConfig, RotaryConfig};
 
 use crate::full::{MASKED_SCORE, Positioning};
 use crate::kind::{AttentionKind, AttentionMechanism, TestVariant, caps};
-use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention, MultiHeadAttentionConfig};
+use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention, MultiHeadAttentionConfig};
 
 crate::attention_config! {
     /// `model.attention` with `kind = "adaptive-span"`.
@@ -205,13 +205,7 @@ impl AdaptiveSpanAttention {
 }
 
 impl AttentionMechanism for AdaptiveSpanAttention {
-    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
-        AdaptiveSpanAttention::forward(self, input, state.map(AttentionState::kv_mut))
-    }
-
-    fn extend_cache(&self, x: Tensor<3>, mask: &AttentionMask, state: &mut AttentionState) {
-        self.attention.project(x, None, mask, Some(state.kv_mut()));
-    }
+    crate::kv_cache_hooks!();
 
     /// The paper's `clamp_param`: z/S back into [0, 1] after the step moved it.
     fn after_optimizer_step(&mut self, _step: usize) {

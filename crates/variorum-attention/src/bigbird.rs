@@ -22,14 +22,14 @@ use burn::prelude::*;
 use rand::SeedableRng;
 use rand::seq::IndexedRandom;
 use rand_chacha::ChaCha8Rng;
-use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
+use variorum_core::{Capabilities, ConfigError, error::check};
 use variorum_position::{PositionConfig, T5BiasConfig};
 
 use crate::band::{Band, BandPart, Pattern, PatternCall, decode_runs, sparse};
 use crate::full::Positioning;
 use crate::gathered::KeySet;
 use crate::kind::{AttentionKind, AttentionMechanism, TestVariant, caps};
-use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention};
+use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention};
 
 crate::attention_config! {
     /// `model.attention` with `kind = "bigbird"`.
@@ -213,14 +213,8 @@ impl BigBirdAttention {
 }
 
 impl AttentionMechanism for BigBirdAttention {
-    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
-        BigBirdAttention::forward(self, input, state.map(AttentionState::kv_mut))
-    }
-
-    /// The cache grows with every position (global tokens and random blocks reach back to 0).
-    fn extend_cache(&self, x: Tensor<3>, mask: &AttentionMask, state: &mut AttentionState) {
-        self.attention.project(x, None, mask, Some(state.kv_mut()));
-    }
+    // The cache grows with every position (global tokens and random blocks reach back to 0).
+    crate::kv_cache_hooks!();
 
     fn content_only(&self, query: Tensor<3>, key_value: Tensor<3>) -> Tensor<3> {
         self.attention.content_only(query, key_value)

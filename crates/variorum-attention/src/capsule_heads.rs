@@ -33,11 +33,11 @@ use burn::nn::{Initializer, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::activation::{log_sigmoid, sigmoid, softmax};
 use serde::{Deserialize, Serialize};
-use variorum_core::{AttentionMask, ConfigError, error::check};
+use variorum_core::{ConfigError, error::check};
 use variorum_position::{PositionConfig, RotaryConfig};
 
 use crate::kind::{AttentionKind, AttentionMechanism, TestVariant, caps};
-use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention, Positioning};
+use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention, Positioning};
 
 /// How the heads' outputs are routed to the output capsules.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -275,13 +275,7 @@ pub fn em_routing(
 }
 
 impl AttentionMechanism for CapsuleHeadsAttention {
-    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
-        CapsuleHeadsAttention::forward(self, input, state.map(AttentionState::kv_mut))
-    }
-
-    fn extend_cache(&self, x: Tensor<3>, mask: &AttentionMask, state: &mut AttentionState) {
-        self.attention.project(x, None, mask, Some(state.kv_mut()));
-    }
+    crate::kv_cache_hooks!();
 
     fn content_only(&self, query: Tensor<3>, key_value: Tensor<3>) -> Tensor<3> {
         self.aggregate(self.attention.content_only_heads(query, key_value))
@@ -296,6 +290,7 @@ impl AttentionMechanism for CapsuleHeadsAttention {
 mod tests {
     use super::*;
     use burn::tensor::Distribution;
+    use variorum_core::AttentionMask;
 
     const D: usize = 16;
 

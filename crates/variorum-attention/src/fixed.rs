@@ -16,7 +16,7 @@
 //! to 0) and scores a new token's own block and, as c views with a step of ℓ, the summaries.
 
 use burn::prelude::*;
-use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
+use variorum_core::{Capabilities, ConfigError, error::check};
 use variorum_position::{PositionConfig, RotaryConfig, T5BiasConfig};
 
 use crate::band::{Band, BandPart, Pattern, PatternCall, decode_runs, sparse};
@@ -24,7 +24,7 @@ use crate::full::Positioning;
 use crate::gathered::KeySet;
 use crate::kind::{AttentionKind, AttentionMechanism, TestVariant, caps};
 use crate::strided::StridedCombine;
-use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention};
+use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention};
 
 crate::attention_config! {
     /// `model.attention` with `kind = "fixed"`.
@@ -213,14 +213,8 @@ impl FixedAttention {
 }
 
 impl AttentionMechanism for FixedAttention {
-    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
-        FixedAttention::forward(self, input, state.map(AttentionState::kv_mut))
-    }
-
-    /// The cache grows with every position (the summaries reach back to 0).
-    fn extend_cache(&self, x: Tensor<3>, mask: &AttentionMask, state: &mut AttentionState) {
-        self.attention.project(x, None, mask, Some(state.kv_mut()));
-    }
+    // The cache grows with every position (the summaries reach back to 0).
+    crate::kv_cache_hooks!();
 
     fn content_only(&self, query: Tensor<3>, key_value: Tensor<3>) -> Tensor<3> {
         self.attention.content_only(query, key_value)

@@ -169,6 +169,32 @@ macro_rules! attention_config {
     };
 }
 
+/// The two [`AttentionMechanism`] hooks of a kind whose module keeps `full`'s KV cache through
+/// its `attention: MultiHeadAttention` field: `forward` hands the kind's inherent
+/// `forward(input, Option<&mut KvCache>)` the state's cache, and `extend_cache` projects new
+/// positions into it without an output. Invoked inside the kind's `impl AttentionMechanism`.
+#[macro_export]
+macro_rules! kv_cache_hooks {
+    () => {
+        fn forward(
+            &self,
+            input: $crate::AttentionInput,
+            state: Option<&mut $crate::AttentionState>,
+        ) -> $crate::AttentionOutput {
+            Self::forward(self, input, state.map($crate::AttentionState::kv_mut))
+        }
+
+        fn extend_cache(
+            &self,
+            x: burn::prelude::Tensor<3>,
+            mask: &variorum_core::AttentionMask,
+            state: &mut $crate::AttentionState,
+        ) {
+            self.attention.project(x, None, mask, Some(state.kv_mut()));
+        }
+    };
+}
+
 /// The [`AttentionKind`] items every kind written with [`attention_config!`] shares: the head
 /// shape and the weight dropout from its head fields, and `build` through its inherent `init`
 /// (`init(d_model, init_std, out_std, position, device)`). Invoked inside the kind's

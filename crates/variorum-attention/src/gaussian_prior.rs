@@ -43,13 +43,13 @@ use burn::nn::Linear;
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::activation::sigmoid;
-use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
+use variorum_core::{Capabilities, ConfigError, error::check};
 use variorum_position::ScoreLayout;
 
 use crate::full::{Positioning, Projected};
 use crate::kind::{AttentionKind, AttentionMechanism, TestVariant, caps};
 use crate::qkv::normal_linear;
-use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention};
+use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention};
 
 /// b_p at initialisation: sigmoid(0) = 1/2, the centre in the middle of the visible range.
 const CENTRE_BIAS: f32 = 0.0;
@@ -203,13 +203,7 @@ impl GaussianPriorAttention {
 }
 
 impl AttentionMechanism for GaussianPriorAttention {
-    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
-        GaussianPriorAttention::forward(self, input, state.map(AttentionState::kv_mut))
-    }
-
-    fn extend_cache(&self, x: Tensor<3>, mask: &AttentionMask, state: &mut AttentionState) {
-        self.attention.project(x, None, mask, Some(state.kv_mut()));
-    }
+    crate::kv_cache_hooks!();
 
     fn uses_dense_mask(&self) -> bool {
         true
@@ -220,6 +214,7 @@ impl AttentionMechanism for GaussianPriorAttention {
 mod tests {
     use super::*;
     use burn::tensor::activation::softmax;
+    use variorum_core::AttentionMask;
 
     const L: usize = 7;
 

@@ -26,7 +26,7 @@ use burn::prelude::*;
 use variorum_core::{Capabilities, ConfigError};
 
 use crate::kind::{AttentionKind, AttentionMechanism, TestVariant, caps};
-use crate::{AttentionInput, AttentionOutput, AttentionState, CarriedMaps, KvCache, MultiHeadAttention, Positioning};
+use crate::{AttentionInput, AttentionOutput, CarriedMaps, KvCache, MultiHeadAttention, Positioning};
 
 crate::attention_config! {
     /// `model.attention` with `kind = "realformer"`.
@@ -120,13 +120,7 @@ impl RealFormerAttention {
 }
 
 impl AttentionMechanism for RealFormerAttention {
-    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
-        RealFormerAttention::forward(self, input, state.map(AttentionState::kv_mut))
-    }
-
-    fn extend_cache(&self, x: Tensor<3>, mask: &variorum_core::AttentionMask, state: &mut AttentionState) {
-        self.attention.project(x, None, mask, Some(state.kv_mut()));
-    }
+    crate::kv_cache_hooks!();
 
     fn uses_dense_mask(&self) -> bool {
         true

@@ -25,7 +25,7 @@ use variorum_position::{PositionConfig, RotaryConfig, ScoreLayout, T5BiasConfig}
 use crate::band::{Band, BandScores, band_context, band_scores, banded, dense_pattern};
 use crate::full::{MASKED_SCORE, Positioning, Projected};
 use crate::kind::{AttentionKind, AttentionMechanism, TestVariant, caps};
-use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention};
+use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention};
 
 /// How the two patterns are used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -367,14 +367,8 @@ impl StridedAttention {
 }
 
 impl AttentionMechanism for StridedAttention {
-    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
-        StridedAttention::forward(self, input, state.map(AttentionState::kv_mut))
-    }
-
-    /// The cache grows with every position (the pattern reaches back to 0).
-    fn extend_cache(&self, x: Tensor<3>, mask: &AttentionMask, state: &mut AttentionState) {
-        self.attention.project(x, None, mask, Some(state.kv_mut()));
-    }
+    // The cache grows with every position (the pattern reaches back to 0).
+    crate::kv_cache_hooks!();
 
     fn content_only(&self, query: Tensor<3>, key_value: Tensor<3>) -> Tensor<3> {
         self.attention.content_only(query, key_value)

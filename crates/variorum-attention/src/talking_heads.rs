@@ -20,7 +20,7 @@ use burn::prelude::*;
 use variorum_core::ConfigError;
 
 use crate::kind::{AttentionKind, AttentionMechanism, TestVariant, caps};
-use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention, Positioning};
+use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention, Positioning};
 
 crate::attention_config! {
     /// `model.attention` with `kind = "talking-heads"`.
@@ -110,13 +110,7 @@ impl TalkingHeadsAttention {
 }
 
 impl AttentionMechanism for TalkingHeadsAttention {
-    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
-        TalkingHeadsAttention::forward(self, input, state.map(AttentionState::kv_mut))
-    }
-
-    fn extend_cache(&self, x: Tensor<3>, mask: &variorum_core::AttentionMask, state: &mut AttentionState) {
-        self.attention.project(x, None, mask, Some(state.kv_mut()));
-    }
+    crate::kv_cache_hooks!();
 
     fn uses_dense_mask(&self) -> bool {
         true

@@ -38,7 +38,7 @@ use variorum_position::ScoreLayout;
 use crate::full::{Positioning, Projected};
 use crate::kind::{AttentionKind, AttentionMechanism, TestVariant, caps};
 use crate::qkv::normal_linear;
-use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention};
+use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention};
 
 crate::attention_config! {
     /// `model.attention` with `kind = "task-prior"`.
@@ -195,13 +195,7 @@ impl TaskPriorAttention {
 }
 
 impl AttentionMechanism for TaskPriorAttention {
-    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
-        TaskPriorAttention::forward(self, input, state.map(AttentionState::kv_mut))
-    }
-
-    fn extend_cache(&self, x: Tensor<3>, mask: &AttentionMask, state: &mut AttentionState) {
-        self.attention.project(x, None, mask, Some(state.kv_mut()));
-    }
+    crate::kv_cache_hooks!();
 
     fn uses_dense_mask(&self) -> bool {
         true
