@@ -4,8 +4,9 @@
 #   mesa-vulkan-drivers  lavapipe, a software Vulkan driver: --device wgpu without a GPU
 #   fonts-dejavu-core    a font for the loss-curve plot
 #   pkg-config           finds OpenBLAS at build time
+#   chromium-headless-shell  a headless browser: the run report's test loads the page in it
 set -euo pipefail
-pkgs=(libopenblas-dev mesa-vulkan-drivers fonts-dejavu-core pkg-config)
+pkgs=(libopenblas-dev mesa-vulkan-drivers fonts-dejavu-core pkg-config chromium-headless-shell)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

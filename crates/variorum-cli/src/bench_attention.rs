@@ -10,6 +10,7 @@ use anyhow::{Context, Result, bail};
 use plotters::style::{Palette, Palette99, RGBColor};
 use variorum_train::ExperimentConfig;
 use variorum_train::attention_bench::{self, AttentionPoint};
+use variorum_train::progress;
 
 use crate::device;
 
@@ -58,26 +59,34 @@ pub fn bench_attention(args: Args) -> Result<ExitCode> {
     println!("# one attention layer, batch 1, d_model {}, device {}", args.d_model, args.device);
     let mut train = Vec::new();
     let mut generate = Vec::new();
+    // one step per point, here in the parent only: a child (`--point`) returned above, and its
+    // stderr is a pipe, where no bar draws
+    let pb = progress::bar((kinds.len() * (args.lengths.len() + args.contexts.len())) as u64, "");
     for (name, path, cfg) in &kinds {
         for &len in &args.lengths {
+            pb.set_message(format!("{name} train L = {len}"));
             let o = if let Some(why) = too_big(cfg, args.d_model, len) {
                 Err(why)
             } else {
                 child(path, &format!("train:{len}"), &args)
             };
-            println!("{name:<22} train     L = {len:>6}  {}", describe(&o, 1e3, "ms"));
+            pb.suspend(|| println!("{name:<22} train     L = {len:>6}  {}", describe(&o, 1e3, "ms")));
+            pb.inc(1);
             train.push((name.clone(), len, o));
         }
         for &ctx in &args.contexts {
+            pb.set_message(format!("{name} generate context {ctx}"));
             let o = if causal(cfg) && cfg.model.attention.capabilities().incremental {
                 child(path, &format!("generate:{ctx}"), &args)
             } else {
                 Err("does not generate (bidirectional)".into())
             };
-            println!("{name:<22} generate  context {ctx:>6}  {}", describe(&o, 1e3, "ms/token"));
+            pb.suspend(|| println!("{name:<22} generate  context {ctx:>6}  {}", describe(&o, 1e3, "ms/token")));
+            pb.inc(1);
             generate.push((name.clone(), ctx, o));
         }
     }
+    pb.finish_and_clear();
     if let Some(dir) = &args.out {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         write_outputs(dir, &kinds.iter().map(|k| k.0.clone()).collect::<Vec<_>>(), &train, &generate, &args)?;

@@ -5,12 +5,14 @@
 //! line per run. A memory model is read as ordered streams carrying its memory (and, alone,
 //! also without it, at the same segment length).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use plotters::style::{Palette, Palette99, RGBColor};
 use variorum_data::SplitTags;
+use variorum_train::eval_record::{self, EvalRow};
+use variorum_train::progress;
 use variorum_train::run::Run;
 
 use crate::device;
@@ -66,6 +68,26 @@ fn check_lengths(lengths: &[usize], stride: Option<usize>) -> Result<()> {
     Ok(())
 }
 
+/// A run's name in tables and progress messages: its directory's last component.
+fn run_name(dir: &Path) -> String {
+    dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned())
+}
+
+/// Windows (batch rows) read by the sliding-window evaluation of `n` tokens: the progress unit.
+fn sliding_windows(n: usize, len: usize, stride: usize) -> u64 {
+    variorum_train::eval::sliding_windows(n, len, stride).len() as u64
+}
+
+/// Windows read by the masked evaluation of `n` tokens (disjoint, as `variorum_data::eval_batches`).
+fn masked_windows(n: usize, len: usize) -> u64 {
+    (n.saturating_sub(1) / len.max(1)) as u64
+}
+
+/// Windows read by one memory evaluation of `n` tokens: [`STREAMS`] per segment.
+fn stream_windows(n: usize, len: usize) -> u64 {
+    (STREAMS * (n.saturating_sub(1) / STREAMS / len.max(1))) as u64
+}
+
 fn draw(series: &[(String, Vec<(f64, f64)>)], path: PathBuf) -> Result<()> {
     let colours = series.iter().enumerate().map(|(i, _)| {
         let (r, g, b) = Palette99::COLORS[i % Palette99::COLORS.len()];
@@ -103,33 +125,54 @@ pub fn eval(args: EvalArgs) -> Result<ExitCode> {
     println!();
     let mut series = Vec::new();
     let mut notes = Vec::new();
-    for dir in &args.runs {
-        let run = Run::load_with(dir, &device, &args.settings)?;
-        let (ids, _, tags) = tokens(&run, &args)?;
-        let name = dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned());
-        print!("{name:<28}");
+    // counted in windows; a run's count is known once it is loaded, so the runs still to load are
+    // taken to read as many as this one (exact when they share the validation text)
+    let pb = progress::bar(0, "");
+    for (i, dir) in args.runs.iter().enumerate() {
+        let name = run_name(dir);
+        // loading may print notes to stderr: the bar steps aside meanwhile
+        let (run, ids, tags) = pb.suspend(|| -> Result<_> {
+            let run = Run::load_with(dir, &device, &args.settings)?;
+            let (ids, _, tags) = tokens(&run, &args)?;
+            Ok((run, ids, tags))
+        })?;
+        let windows = |len: usize| {
+            if run.model.mask_token.is_some() {
+                masked_windows(ids.len(), len)
+            } else if run.model.has_memory() {
+                stream_windows(ids.len(), len)
+            } else {
+                sliding_windows(ids.len(), len, args.stride.unwrap_or(len))
+            }
+        };
+        let this: u64 = args.seq_len.iter().filter(|&&len| run.check_len(len).is_ok()).map(|&len| windows(len)).sum();
+        pb.set_length(pb.position() + this * (args.runs.len() - i) as u64);
+        // the row is printed whole, so that it does not share a line with the bar
+        let mut row = format!("{name:<28}");
         let mut points = Vec::new();
         for &len in &args.seq_len {
             if let Err(e) = run.check_len(len) {
-                print!(" {:>9}", "n/a");
+                row += &format!(" {:>9}", "n/a");
                 notes.push(format!("{name} at {len}: {e}"));
                 continue;
             }
+            pb.set_message(format!("{name} L={len}"));
             let stride = args.stride.unwrap_or(len);
+            let bar = Some(&pb);
             let (loss, _) = if run.model.mask_token.is_some() {
-                variorum_train::eval::masked_loss(&run.model, &run.config.model, &ids, tags.as_ref(), len, &device)
+                variorum_train::eval::masked_loss(&run.model, &run.config.model, &ids, tags.as_ref(), len, &device, bar)
             } else if run.model.has_memory() {
-                variorum_train::eval::stream_loss(&run.model, &ids, len, STREAMS, true, &device)
+                variorum_train::eval::stream_loss(&run.model, &ids, len, STREAMS, true, &device, bar)
             } else {
-                variorum_train::eval::sliding_loss(&run.model, &ids, tags.as_ref(), len, stride, &device)
+                variorum_train::eval::sliding_loss(&run.model, &ids, tags.as_ref(), len, stride, &device, bar)
             };
-            print!(" {loss:>9.4}");
-            std::io::Write::flush(&mut std::io::stdout())?;
+            row += &format!(" {loss:>9.4}");
             points.push((len as f64, loss));
         }
-        println!();
+        pb.suspend(|| println!("{row}"));
         series.push((name, points));
     }
+    pb.finish_and_clear();
     for n in notes {
         println!("# n/a: {n}");
     }
@@ -143,39 +186,81 @@ const STREAMS: usize = 16;
 
 /// A memory model: the same segments scored carrying the memory from segment to segment, and
 /// each from nothing.
-fn eval_memory(run: &Run, ids: &[u32], lengths: &[usize], device: &burn::prelude::Device) -> Result<ExitCode> {
+fn eval_memory(
+    run: &Run,
+    name: &str,
+    ids: &[u32],
+    lengths: &[usize],
+    device: &burn::prelude::Device,
+) -> Result<Vec<EvalRow>> {
     println!("# {STREAMS} streams read segment by segment; memory = {}", run.config.model.memory.kind());
     println!("{:>8} {:>10} {:>14} {:>14} {:>10}", "segment", "tokens", "with memory", "without", "gain");
+    // each length is read twice: with the memory and without
+    let pb = progress::bar(lengths.iter().map(|&len| 2 * stream_windows(ids.len(), len)).sum(), name);
+    let mut rows = Vec::new();
     for &len in lengths {
-        let (with, n) = variorum_train::eval::stream_loss(&run.model, ids, len, STREAMS, true, device);
-        let (without, _) = variorum_train::eval::stream_loss(&run.model, ids, len, STREAMS, false, device);
+        pb.set_message(format!("{name} L={len} with memory"));
+        let (with, n) = variorum_train::eval::stream_loss(&run.model, ids, len, STREAMS, true, device, Some(&pb));
+        pb.set_message(format!("{name} L={len} without memory"));
+        let (without, _) = variorum_train::eval::stream_loss(&run.model, ids, len, STREAMS, false, device, Some(&pb));
         if n == 0 {
             bail!("{} tokens are fewer than {STREAMS} streams of one {len}-token segment", ids.len());
         }
-        println!("{len:>8} {n:>10} {with:>14.4} {without:>14.4} {:>10.4}", without - with);
+        pb.suspend(|| println!("{len:>8} {n:>10} {with:>14.4} {without:>14.4} {:>10.4}", without - with));
+        for (reading, loss) in [("with memory", with), ("without memory", without)] {
+            rows.push(row(len, None, Some(reading), n, loss));
+        }
     }
-    Ok(ExitCode::SUCCESS)
+    pb.finish_and_clear();
+    Ok(rows)
 }
 
 /// A masked language model: the loss on the hidden tokens of disjoint windows (the same hidden
 /// tokens as the run's own validation, the same for every run).
 fn eval_masked(
     run: &Run,
+    name: &str,
     ids: &[u32],
     tags: Option<&SplitTags>,
     lengths: &[usize],
     device: &burn::prelude::Device,
-) -> Result<ExitCode> {
+) -> Result<Vec<EvalRow>> {
     println!("# masked language model: loss on the hidden tokens of disjoint windows");
     println!("{:>8} {:>8} {:>10} {:>10} {:>12}", "seq_len", "stride", "hidden", "loss", "perplexity");
+    let pb = progress::bar(lengths.iter().map(|&len| masked_windows(ids.len(), len)).sum(), name);
+    let mut rows = Vec::new();
     for &len in lengths {
-        let (loss, n) = variorum_train::eval::masked_loss(&run.model, &run.config.model, ids, tags, len, device);
+        pb.set_message(format!("{name} L={len}"));
+        let (loss, n) =
+            variorum_train::eval::masked_loss(&run.model, &run.config.model, ids, tags, len, device, Some(&pb));
         if n == 0 {
             bail!("{} tokens are fewer than one {len}-token window", ids.len());
         }
-        println!("{len:>8} {len:>8} {n:>10} {loss:>10.4} {:>12.3}", loss.exp());
+        pb.suspend(|| println!("{len:>8} {len:>8} {n:>10} {loss:>10.4} {:>12.3}", loss.exp()));
+        rows.push(row(len, Some(len), Some("masked"), n, loss));
     }
-    Ok(ExitCode::SUCCESS)
+    pb.finish_and_clear();
+    Ok(rows)
+}
+
+fn row(seq_len: usize, stride: Option<usize>, reading: Option<&str>, tokens: usize, loss: f64) -> EvalRow {
+    EvalRow { data: String::new(), seq_len, stride, reading: reading.map(str::to_string), tokens, loss }
+}
+
+/// Keeps the losses in the run's `eval.json`, for its report — not those of a config changed
+/// by `--set`, which are not the run's.
+fn record(run: &Run, args: &EvalArgs, source: &str, rows: Vec<EvalRow>) {
+    if !args.settings.is_empty() || rows.is_empty() {
+        return;
+    }
+    let data = match args.max_tokens {
+        Some(n) => format!("{source}, first {n} tokens"),
+        None => source.to_string(),
+    };
+    let rows: Vec<EvalRow> = rows.into_iter().map(|r| EvalRow { data: data.clone(), ..r }).collect();
+    if let Err(e) = eval_record::record(&run.dir, &rows) {
+        eprintln!("note: {} not updated: {e:#}", run.dir.join(eval_record::EVAL_FILE).display());
+    }
 }
 
 fn eval_one(args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode> {
@@ -187,11 +272,16 @@ fn eval_one(args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode>
         run.check_len(len)?;
     }
     println!("# {} tokens of {source}", ids.len());
+    let name = run_name(&args.runs[0]);
     if run.model.has_memory() {
-        return eval_memory(&run, &ids, &lengths, device);
+        let rows = eval_memory(&run, &name, &ids, &lengths, device)?;
+        record(&run, args, &source, rows);
+        return Ok(ExitCode::SUCCESS);
     }
     if run.model.mask_token.is_some() {
-        return eval_masked(&run, &ids, tags.as_ref(), &lengths, device);
+        let rows = eval_masked(&run, &name, &ids, tags.as_ref(), &lengths, device)?;
+        record(&run, args, &source, rows);
+        return Ok(ExitCode::SUCCESS);
     }
     let unit = run.tokenizer.unit();
     println!(
@@ -204,16 +294,26 @@ fn eval_one(args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode>
         format!("bits/{unit}")
     );
     let mut points = Vec::new();
+    let mut rows = Vec::new();
+    let total: u64 = lengths.iter().map(|&len| sliding_windows(ids.len(), len, args.stride.unwrap_or(len))).sum();
+    let pb = progress::bar(total, &name);
     for len in lengths {
+        pb.set_message(format!("{name} L={len}"));
         let stride = args.stride.unwrap_or(len);
-        let (loss, n) = variorum_train::eval::sliding_loss(&run.model, &ids, tags.as_ref(), len, stride, device);
-        println!(
-            "{len:>8} {stride:>8} {n:>10} {loss:>10.4} {:>12.3} {:>12.4}",
-            loss.exp(),
-            loss / std::f64::consts::LN_2
-        );
+        let (loss, n) =
+            variorum_train::eval::sliding_loss(&run.model, &ids, tags.as_ref(), len, stride, device, Some(&pb));
+        pb.suspend(|| {
+            println!(
+                "{len:>8} {stride:>8} {n:>10} {loss:>10.4} {:>12.3} {:>12.4}",
+                loss.exp(),
+                loss / std::f64::consts::LN_2
+            )
+        });
         points.push((len as f64, loss));
+        rows.push(row(len, Some(stride), None, n, loss));
     }
+    pb.finish_and_clear();
+    record(&run, args, &source, rows);
     if let Some((mean, shares)) = variorum_train::eval::steps_per_token(&run.model, &ids, run.model.seq_len, device) {
         println!("# adaptive computation time: {}", variorum_train::eval::format_steps(mean, &shares));
     }

@@ -1,5 +1,6 @@
 //! `variorum`: train, inspect, benchmark and list the Transformer variants of the zoo.
 
+mod attention;
 mod bench_attention;
 mod device;
 mod early_exit;
@@ -66,6 +67,9 @@ enum Command {
         /// No progress bar (log lines only).
         #[arg(long)]
         no_progress: bool,
+        /// Do not write report.html into the run directory (at each checkpoint and at the end).
+        #[arg(long)]
+        no_report: bool,
     },
     /// Continue a prompt with a trained run, streaming the text as it is produced.
     Generate {
@@ -218,6 +222,22 @@ enum Command {
         /// PNG or SVG, by extension.
         #[arg(long, default_value = "pattern.png")]
         out: PathBuf,
+        #[arg(long, default_value = "cpu")]
+        device: String,
+    },
+    /// Draw a run's learned attention weights on a text as heatmaps with the tokens on the axes
+    /// (a grid of heads per layer), with each head's entropy and mean attended distance.
+    Attention(attention::AttentionArgs),
+    /// One self-contained HTML page for one or several runs: config, curves (overlaid), auxiliary
+    /// losses, throughput and memory, sample, attention pattern and learned heatmaps, recorded
+    /// evaluations, and what adaptive models learned.
+    Report {
+        /// Run directories.
+        #[arg(required = true)]
+        runs: Vec<PathBuf>,
+        /// Default: RUN/report.html for one run, report.html for several.
+        #[arg(long)]
+        out: Option<PathBuf>,
         #[arg(long, default_value = "cpu")]
         device: String,
     },
@@ -374,7 +394,7 @@ fn at_least<T: PartialOrd + std::fmt::Display>(flag: &str, value: T, min: T) -> 
 
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
-        Command::Train { config, device, out, max_steps, resume, stop_at, init_from, no_progress } => {
+        Command::Train { config, device, out, max_steps, resume, stop_at, init_from, no_progress, no_report } => {
             if let Some(n) = stop_at {
                 at_least("--stop-at", n, 1)?;
             }
@@ -404,6 +424,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 device_name,
                 progress: !no_progress && std::io::IsTerminal::is_terminal(&std::io::stderr()),
                 interrupt,
+                report: !no_report,
             };
             match variorum_train::train(cfg, &opts)? {
                 Outcome::Finished(s) => {
@@ -569,9 +590,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Export { run, format: ExportFormat::Safetensors, out } => {
             let (device, _) = device::select("cpu")?;
+            let spinner = variorum_train::progress::spinner(&format!("loading {}", run.display()));
             let loaded = Run::load(&run, &device)?;
             let path = out.unwrap_or_else(|| run.join("model.safetensors"));
+            spinner.set_message(format!("writing {}", path.display()));
             let names = variorum_train::transfer::export_safetensors(&loaded.model, &path)?;
+            spinner.finish_and_clear();
             for n in &names {
                 println!("{n}");
             }
@@ -622,6 +646,21 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Inspect { config } => inspect(&config),
+        Command::Attention(args) => attention::run(args),
+        Command::Report { runs, out, device } => {
+            let (device, _) = device::select(&device)?;
+            let out = match (out, runs.as_slice()) {
+                (Some(out), _) => out,
+                (None, [one]) => one.join(variorum_train::report::REPORT_FILE),
+                (None, _) => PathBuf::from(variorum_train::report::REPORT_FILE),
+            };
+            let pb = variorum_train::progress::spinner(&format!("reading {} run(s)", runs.len()));
+            let written = variorum_train::report::write(&runs, &out, &device);
+            pb.finish_and_clear();
+            written?;
+            eprintln!("report written to {}", out.display());
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Runs { dir, json } => {
             let root = dir.unwrap_or_else(|| PathBuf::from("runs"));
             let rows = variorum_train::listing::list(&root)?;

@@ -45,7 +45,16 @@ fn train_writes_a_run_directory() {
     let out = tmp.path().join("run");
     let o = variorum(&["train", cfg.to_str().unwrap(), "--out", out.to_str().unwrap(), "--device", "cpu"], tmp.path());
     assert!(o.status.success(), "{}", stderr(&o));
-    for f in ["config.toml", "metrics.csv", "loss.png", "sample.txt", "summary.json", "model.bpk", "tokenizer.json"] {
+    for f in [
+        "config.toml",
+        "metrics.csv",
+        "loss.png",
+        "sample.txt",
+        "summary.json",
+        "model.bpk",
+        "tokenizer.json",
+        "report.html",
+    ] {
         assert!(out.join(f).exists(), "{f} missing");
     }
     let png = std::fs::read(out.join("loss.png")).unwrap();
@@ -111,6 +120,19 @@ fn train_writes_a_run_directory() {
     let table = String::from_utf8_lossy(&o.stdout).into_owned();
     assert_eq!(table.lines().filter(|l| !l.starts_with('#') && l.contains("      4 ")).count(), 2, "{table}");
     assert!(out.join("eval.png").exists());
+    // the evaluations are kept for the run's report, which `variorum report` rewrites; two runs
+    // share one page
+    let recorded: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("eval.json")).unwrap()).unwrap();
+    assert_eq!(recorded.as_array().map(Vec::len), Some(2), "{recorded}");
+    let o = variorum(&["report", run], tmp.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(html.contains("<section id=\"eval\">") && html.contains("<td>8</td><td>4</td>"), "the eval rows");
+    let both = tmp.path().join("both.html");
+    let o = variorum(&["report", run, run2.to_str().unwrap(), "--out", both.to_str().unwrap()], tmp.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(std::fs::read_to_string(&both).unwrap().contains("run2"));
+    assert_clean_error(&variorum(&["report", "no-such-run"], tmp.path()), "no-such-run");
     assert_clean_error(&variorum(&["eval", run, "--seq-len", "64"], tmp.path()), "learned position table");
     assert_clean_error(&variorum(&["eval", run, "--stride", "99"], tmp.path()), "--stride 99");
 
@@ -426,4 +448,44 @@ fn a_closed_pipe_ends_the_output_without_a_panic() {
     let out = child.wait_with_output().expect("wait");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("internal error") && !err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn attention_draws_the_learned_weights_of_a_run_and_refuses_mistakes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path(), "");
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("n_layers = 1", "n_layers = 2")
+        .replace("\nsteps = 4", "\nsteps = 2");
+    std::fs::write(&cfg, text).unwrap();
+    let run = tmp.path().join("run");
+    let o = variorum(&["train", cfg.to_str().unwrap(), "--out", run.to_str().unwrap(), "--no-progress"], tmp.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = run.to_str().unwrap();
+
+    // every layer and head: one row each (2 layers × 2 heads)
+    let svg = tmp.path().join("a.svg");
+    let o = variorum(&["attention", r, "--prompt", "Now is the", "--out", svg.to_str().unwrap()], tmp.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let picture = std::fs::read_to_string(&svg).unwrap();
+    assert!(!picture.is_empty() && picture.contains("<svg"), "not an SVG");
+    let table = String::from_utf8_lossy(&o.stdout).into_owned();
+    let mut lines = table.lines().filter(|l| !l.trim().is_empty());
+    assert!(lines.next().is_some_and(|h| h.starts_with("layer") && h.contains("entropy")), "{table}");
+    assert_eq!(lines.count(), 2 * 2, "{table}");
+    assert!(stderr(&o).contains("a.svg"), "{}", stderr(&o));
+
+    // one layer, one head, to the default picture
+    let o = variorum(&["attention", r, "--prompt", "Now is", "--layer", "1", "--head", "0"], tmp.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_eq!(table.lines().filter(|l| !l.trim().is_empty()).count(), 2, "{table}");
+    assert!(std::fs::metadata(run.join("attention.png")).unwrap().len() > 100);
+
+    assert_clean_error(&variorum(&["attention", r, "--prompt", "Now", "--layer", "2"], tmp.path()), "--layer 2");
+    assert_clean_error(&variorum(&["attention", r, "--prompt", "Now", "--head", "9"], tmp.path()), "--head 9");
+    assert_clean_error(&variorum(&["attention", r, "--prompt", ""], tmp.path()), "--prompt");
+    assert_clean_error(&variorum(&["attention", r, "--prompt", "Now is the winter of"], tmp.path()), "--prompt");
+    assert_clean_error(&variorum(&["attention", r, "--prompt", "Now", "--out", "x.jpg"], tmp.path()), "--out");
 }

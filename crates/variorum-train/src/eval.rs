@@ -1,6 +1,7 @@
 //! Validation loss on a fixed set of windows (`variorum_data::spread_windows`).
 
 use burn::prelude::*;
+use indicatif::ProgressBar;
 use variorum_data::{Masking, SplitTags, TokenBatch};
 use variorum_model::{DecoderLm, DecoderState, ModelConfig, ObjectiveConfig, decoder::cross_entropy};
 
@@ -10,6 +11,11 @@ use crate::step::{batch_tags, batch_tensors};
 /// Next-token batches predict every position; masked batches ([`masked_batches`]) their hidden
 /// positions only, and each batch weighs by how many it hides.
 pub fn evaluate(model: &DecoderLm, batches: &[TokenBatch], device: &Device) -> f64 {
+    evaluate_with(model, batches, device, None)
+}
+
+/// [`evaluate`], advancing `progress` by each batch's rows.
+fn evaluate_with(model: &DecoderLm, batches: &[TokenBatch], device: &Device, progress: Option<&ProgressBar>) -> f64 {
     let mut sum = 0.0;
     let mut count = 0usize;
     for b in batches {
@@ -22,6 +28,9 @@ pub fn evaluate(model: &DecoderLm, batches: &[TokenBatch], device: &Device) -> f
         let loss = model.token_loss(logits, targets).into_scalar::<f32>() as f64;
         sum += loss * predicted as f64;
         count += predicted;
+        if let Some(pb) = progress {
+            pb.inc(b.batch_size as u64);
+        }
     }
     sum / count.max(1) as f64
 }
@@ -84,7 +93,7 @@ pub fn sliding_windows(n: usize, len: usize, stride: usize) -> Vec<Window> {
 
 /// Loss in nats per predicted token of `ids` under `model`, evaluated with windows of `len`
 /// tokens every `stride` tokens ([`sliding_windows`]), each window tagged by `tags` when the
-/// text is tagged. Returns (mean loss, tokens counted).
+/// text is tagged. `progress` advances by one per window. Returns (mean loss, tokens counted).
 pub fn sliding_loss(
     model: &DecoderLm,
     ids: &[u32],
@@ -92,6 +101,7 @@ pub fn sliding_loss(
     len: usize,
     stride: usize,
     device: &Device,
+    progress: Option<&ProgressBar>,
 ) -> (f64, usize) {
     let windows = sliding_windows(ids.len(), len, stride);
     let len = len.min(ids.len().saturating_sub(1));
@@ -118,13 +128,16 @@ pub fn sliding_loss(
                 count += 1;
             }
         }
+        if let Some(pb) = progress {
+            pb.inc(b as u64);
+        }
     }
     (sum / count.max(1) as f64, count)
 }
 
 /// Masked-LM loss of `ids` under `model` (trained with `cfg`'s masked objective): disjoint windows
 /// of `len` tokens, corrupted with fixed seeds ([`masked_batches`]), scored on the hidden tokens.
-/// Returns (mean loss, hidden tokens counted).
+/// `progress` advances by one per window. Returns (mean loss, hidden tokens counted).
 pub fn masked_loss(
     model: &DecoderLm,
     cfg: &ModelConfig,
@@ -132,12 +145,13 @@ pub fn masked_loss(
     tags: Option<&SplitTags>,
     len: usize,
     device: &Device,
+    progress: Option<&ProgressBar>,
 ) -> (f64, usize) {
     let Ok(windows) = variorum_data::eval_batches(ids, len, 16, None, tags) else { return (f64::NAN, 0) };
     let batches = masked_batches(cfg, windows, 0);
     let mask = model.mask_token.unwrap_or(usize::MAX) as i64;
     let hidden = batches.iter().map(|b| b.targets.iter().filter(|&&t| t != mask).count()).sum();
-    (evaluate(model, &batches, device), hidden)
+    (evaluate_with(model, &batches, device, progress), hidden)
 }
 
 /// Adaptive Computation Time's steps per token over disjoint windows of `len` tokens of `ids`:
@@ -172,7 +186,8 @@ pub fn format_steps(mean: f64, shares: &[f64]) -> String {
 /// Loss of a model read as `streams` contiguous streams of `ids`, segment by segment (`seg_len`
 /// tokens): with `carry_memory` each segment continues from the state the previous one left
 /// (Transformer-XL evaluation), without it every segment starts from nothing. Both read the same
-/// segments, so the difference is what the memory is worth. Returns (mean loss, tokens counted).
+/// segments, so the difference is what the memory is worth. `progress` advances by `streams` per
+/// segment (one per window read). Returns (mean loss, tokens counted).
 pub fn stream_loss(
     model: &DecoderLm,
     ids: &[u32],
@@ -180,6 +195,7 @@ pub fn stream_loss(
     streams: usize,
     carry_memory: bool,
     device: &Device,
+    progress: Option<&ProgressBar>,
 ) -> (f64, usize) {
     let streams = streams.max(1);
     let stream_len = ids.len().saturating_sub(1) / streams;
@@ -201,6 +217,9 @@ pub fn stream_loss(
             if carry_memory { model.forward_with(x, Some(&mut state)).logits } else { model.forward(x).logits };
         sum += cross_entropy(logits, t).into_scalar::<f32>() as f64 * (streams * seg_len) as f64;
         count += streams * seg_len;
+        if let Some(pb) = progress {
+            pb.inc(streams as u64);
+        }
     }
     (sum / count.max(1) as f64, count)
 }

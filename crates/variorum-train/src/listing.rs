@@ -91,7 +91,8 @@ fn locked(dir: &Path) -> bool {
     }
 }
 
-fn row(dir: &Path) -> RunRow {
+/// The row of one run directory.
+pub fn row(dir: &Path) -> RunRow {
     let rows = metrics::read(&dir.join("metrics.csv")).unwrap_or_default();
     let steps_done = rows.last().map_or(0, |r| r.step);
     let best_val_loss = rows.iter().filter_map(|r| r.val_loss).filter(|v| v.is_finite()).reduce(f64::min);

@@ -1,4 +1,5 @@
-//! The loss-curve PNG of a run (train and validation loss against the step).
+//! Line charts: the loss-curve PNG of a run (train and validation loss against the step), and
+//! the same charts as SVG for the run report.
 
 use std::path::Path;
 
@@ -87,21 +88,55 @@ fn draw(
     if !register_font() || series.iter().all(|s| s.1.is_empty()) {
         return Ok(false);
     }
+    let root = BitMapBackend::new(path, (900, 560)).into_drawing_area();
+    chart(&root, series, title, x_desc, y_desc, log).map_err(|e| anyhow!("cannot draw {}: {e}", path.display()))?;
+    Ok(true)
+}
+
+/// [`lines`] as an SVG document of `size` pixels, for a page; `None` when there is nothing to
+/// draw or no font.
+pub fn lines_svg(
+    series: &[(&str, Vec<(f64, f64)>, RGBColor, bool)],
+    size: (u32, u32),
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+) -> Result<Option<String>> {
+    if !register_font() || series.iter().all(|s| s.1.is_empty()) {
+        return Ok(None);
+    }
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
+        chart(&root, series, title, x_desc, y_desc, false).map_err(|e| anyhow!("cannot draw {title}: {e}"))?;
+    }
+    Ok(Some(svg))
+}
+
+fn chart<DB: DrawingBackend>(
+    root: &DrawingArea<DB, plotters::coord::Shift>,
+    series: &[(&str, Vec<(f64, f64)>, RGBColor, bool)],
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+    log: bool,
+) -> Result<()> {
+    let err = |e: &dyn std::fmt::Display| anyhow!("{e}");
     let all = series.iter().flat_map(|s| s.1.iter());
     let (x0, x1) = all.clone().map(|p| p.0).fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| (a.min(x), b.max(x)));
     let (lo, hi) = all.map(|p| p.1).fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), y| (a.min(y), b.max(y)));
-    let pad = ((hi - lo) * 0.05).max(1e-3);
+    let pad = ((hi - lo) * 0.05).max(1e-3 * hi.abs().max(1e-9)).max(f64::MIN_POSITIVE);
     let x0 = if !log && x0 > 0.0 && x0 < 0.2 * x1 { 0.0 } else { x0 };
     let x1 = if x1 > x0 { x1 } else { x0 + 1.0 };
+    // a range spanning several decades (the learning rate's warm-up) gets exponent labels
+    let wide = !log && (hi.abs().max(lo.abs()) < 1e-2 || hi.abs() >= 1e5);
 
-    let root = BitMapBackend::new(path, (900, 560)).into_drawing_area();
-    let err = |e: &dyn std::fmt::Display| anyhow!("cannot draw {}: {e}", path.display());
     root.fill(&WHITE).map_err(|e| err(&e))?;
-    let mut chart = ChartBuilder::on(&root)
+    let mut chart = ChartBuilder::on(root)
         .caption(title, ("sans-serif", 22))
         .margin(12)
         .x_label_area_size(40)
-        .y_label_area_size(56)
+        .y_label_area_size(if wide { 72 } else { 56 })
         .build_cartesian_2d(x0..x1, (lo - pad)..(hi + pad))
         .map_err(|e| err(&e))?;
     chart
@@ -109,7 +144,15 @@ fn draw(
         .x_desc(x_desc)
         .y_desc(y_desc)
         .x_label_formatter(&|x| if log { format!("{:.0}", 2f64.powf(*x)) } else { format!("{x:.0}") })
-        .y_label_formatter(&|y| if log { significant(10f64.powf(*y)) } else { format!("{y:.3}") })
+        .y_label_formatter(&|y| {
+            if log {
+                significant(10f64.powf(*y))
+            } else if wide {
+                format!("{y:.2e}")
+            } else {
+                format!("{y:.3}")
+            }
+        })
         .draw()
         .map_err(|e| err(&e))?;
     for (name, points, colour, marks) in series {
@@ -125,7 +168,7 @@ fn draw(
     }
     chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw().map_err(|e| err(&e))?;
     root.present().map_err(|e| err(&e))?;
-    Ok(true)
+    Ok(())
 }
 
 /// Three significant digits, no exponent: 31623 → "31600", 0.1234 → "0.123".

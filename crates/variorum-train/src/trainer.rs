@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use burn::prelude::*;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget};
 use serde::Serialize;
 use variorum_data::{Corpus, OrderedStreams, RandomWindows, TokenBatch, Tokenizer, spread_windows};
 use variorum_model::{DecoderLm, DecoderState};
@@ -47,6 +47,8 @@ pub struct TrainOptions {
     pub progress: bool,
     /// Set by a Ctrl-C handler: save and stop after the current step.
     pub interrupt: Arc<AtomicBool>,
+    /// Write `report.html` into the run directory at each checkpoint and at the end.
+    pub report: bool,
 }
 
 impl TrainOptions {
@@ -62,6 +64,7 @@ impl TrainOptions {
             device_name: device_name.into(),
             progress: false,
             interrupt: Arc::new(AtomicBool::new(false)),
+            report: false,
         }
     }
 }
@@ -78,6 +81,8 @@ pub struct Summary {
     pub flops_per_token: u64,
     pub device: String,
     pub train_seconds: f64,
+    /// Peak resident set size of the training process, MiB (Linux).
+    pub peak_rss_mib: Option<f64>,
 }
 
 pub enum Outcome {
@@ -226,10 +231,7 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
 
     let pb = if opts.progress { ProgressBar::new(tc.steps) } else { ProgressBar::hidden() };
     pb.set_draw_target(if opts.progress { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() });
-    pb.set_style(
-        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg} ETA {eta}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
+    pb.set_style(crate::progress::style());
     pb.set_position(state.step);
     let say = |s: String| pb.suspend(|| eprintln!("{s}"));
     say(format!(
@@ -274,6 +276,7 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
             let ckpt = save_checkpoint(run, &state, tc.keep_checkpoints, &model, &optim, memory.as_ref())?;
             pb.abandon();
             finish_plot(run, &metrics)?;
+            write_report(run, opts, |s| eprintln!("{s}"));
             return Ok(Outcome::Interrupted { step: state.step, checkpoint: ckpt });
         }
         let step = state.step;
@@ -327,7 +330,8 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
                     let v = if model.has_memory() {
                         // memory models are scored as they run: segments of ordered streams
                         let n = (tc.eval_batches * tc.batch_size * seq_len + 1).min(corpus.val.len());
-                        match stream_loss(&model.valid(), &corpus.val[..n], seq_len, tc.batch_size, true, &inner) {
+                        match stream_loss(&model.valid(), &corpus.val[..n], seq_len, tc.batch_size, true, &inner, None)
+                        {
                             (_, 0) => evaluate(&model.valid(), &eval_set, &inner),
                             (v, _) => v,
                         }
@@ -372,6 +376,7 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
             }
             if ckpt_now {
                 save_checkpoint(run, &state, tc.keep_checkpoints, &model, &optim, memory.as_ref())?;
+                write_report(run, opts, &say);
             }
         } else {
             let dt = t0.elapsed().as_secs_f64();
@@ -431,8 +436,10 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
         flops_per_token: cfg.model.flops_per_token(),
         device: opts.device_name.clone(),
         train_seconds: state.train_seconds,
+        peak_rss_mib: crate::bench::peak_rss_mib(),
     };
     write_atomic(&run.join("summary.json"), serde_json::to_string_pretty(&summary)?.as_bytes())?;
+    write_report(run, opts, |s| eprintln!("{s}"));
     Ok(Outcome::Finished(summary))
 }
 
@@ -481,6 +488,18 @@ fn save_checkpoint(
         optim.save(dir.join("optim.bpk")).map_err(|e| anyhow::anyhow!("cannot write optimizer checkpoint: {e}"))?;
         Ok(())
     })
+}
+
+/// Writes the run's report (`--no-report` turns it off); a report that cannot be drawn is a
+/// note, never a reason to stop training.
+fn write_report(run: &Path, opts: &TrainOptions, say: impl Fn(String)) {
+    if !opts.report {
+        return;
+    }
+    let out = run.join(crate::report::REPORT_FILE);
+    if let Err(e) = crate::report::write(&[run.to_path_buf()], &out, &opts.device) {
+        say(format!("note: {} not written: {e:#}", out.display()));
+    }
 }
 
 fn finish_plot(run: &Path, metrics: &MetricsLog) -> Result<()> {

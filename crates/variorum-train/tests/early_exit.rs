@@ -137,7 +137,7 @@ fn skipped_blocks_get_the_propagated_keys_and_the_full_pass_matches_the_forward(
     // at threshold 1 the teacher-forced loss equals the plain forward's on the same windows
     let full = ExitPolicy { confidence: Confidence::Saturation, threshold: 1.0 };
     let (loss, blocks) = early_exit::exit_loss(&m, &ids, full, &dev);
-    let (reference, _) = variorum_train::eval::sliding_loss(&m, &ids[..33], None, 16, 16, &dev);
+    let (reference, _) = variorum_train::eval::sliding_loss(&m, &ids[..33], None, 16, 16, &dev, None);
     assert!((loss - reference).abs() < 1e-4, "{loss} vs {reference}");
     assert_eq!(blocks, 3.0);
     // calibration with an infinite tolerance picks the smallest threshold, with fewer blocks;

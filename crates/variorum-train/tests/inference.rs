@@ -80,7 +80,7 @@ fn score_total_equals_eval_loss_times_tokens() {
     assert!((total - mean * 48.0).abs() < 1e-3 * total, "score total {total} vs eval {}", mean * 48.0);
     assert!(scores.tokens.iter().all(|t| t.logprob <= 0.0));
     // disjoint sliding windows are the same windows
-    let (sliding, n) = variorum_train::eval::sliding_loss(&run.model, ids, None, 16, 16, &run.device);
+    let (sliding, n) = variorum_train::eval::sliding_loss(&run.model, ids, None, 16, 16, &run.device, None);
     assert_eq!(n, 48);
     assert!((sliding * 48.0 - total).abs() < 1e-3 * total);
 }

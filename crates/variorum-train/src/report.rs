@@ -1,0 +1,579 @@
+//! `variorum report RUN... [--out report.html]`: a run — or several side by side — on one
+//! self-contained HTML page.
+//!
+//! The page holds the expanded config, the loss curves (train and validation, learning rate,
+//! gradient norm; one colour per run, overlaid), the auxiliary losses, throughput and memory,
+//! the sample, the attention pattern and the learned attention of each run, the evaluations
+//! `variorum eval` recorded, and the views of what adaptive models learned (spans per head,
+//! steps per token, the early-exit curve). Nothing is fetched: styles are inlined, line charts
+//! are inline SVG and the grids (patterns, heatmaps) are PNG data URIs, so the file can be
+//! mailed or archived as it is. `variorum train` writes `report.html` into the run directory at
+//! each checkpoint and at the end.
+//!
+//! The HTML is laid out by a template (`report.html` beside this file, rendered by minijinja,
+//! which escapes every string); this module only gathers the figures.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use base64::Engine;
+use burn::prelude::*;
+use plotters::style::{Palette, Palette99, RGBColor};
+use serde::Serialize;
+
+use crate::checkpoint::write_atomic;
+use crate::eval_record::{self, EvalRow};
+use crate::listing;
+use crate::metrics::{self, Row};
+use crate::run::Run;
+
+/// The `id`s of the page's `<section>`s, in order. Every report has all of them; a section with
+/// nothing to show says why.
+pub const SECTIONS: &[&str] =
+    &["summary", "config", "curves", "aux", "throughput", "sample", "pattern", "attention", "eval", "learned"];
+
+/// The file `variorum train` writes into a run directory.
+pub const REPORT_FILE: &str = "report.html";
+
+const TEMPLATE: &str = include_str!("report.html");
+
+/// Positions drawn in the pattern picture, and tokens in the learned heatmaps (at most).
+const PATTERN_LEN: usize = 64;
+const HEATMAP_LEN: usize = 32;
+/// Layers of learned heatmaps shown (the first ones).
+const HEATMAP_LAYERS: usize = 4;
+/// Validation tokens read for the adaptive-depth views.
+const STEPS_TOKENS: usize = 4096;
+const EXIT_TOKENS: usize = 256;
+
+/// Renders and writes the report of `runs` to `out`, atomically.
+pub fn write(runs: &[PathBuf], out: &Path, device: &Device) -> Result<()> {
+    let html = render(runs, device)?;
+    write_atomic(out, html.as_bytes())
+}
+
+/// The report of `runs` (run directories) as one HTML document.
+pub fn render(runs: &[PathBuf], device: &Device) -> Result<String> {
+    if runs.is_empty() {
+        bail!("no run directory given");
+    }
+    for dir in runs {
+        if !dir.join("config.toml").is_file() {
+            bail!("{} is not a run directory (it has no config.toml)", dir.display());
+        }
+    }
+    let names = names(runs);
+    let mut pages = Vec::with_capacity(runs.len());
+    let mut histories = Vec::with_capacity(runs.len());
+    for (i, (dir, name)) in runs.iter().zip(&names).enumerate() {
+        let (rows, note) = match read_metrics(dir) {
+            Ok(rows) => (rows, None),
+            Err(e) => (Vec::new(), Some(format!("{e:#}"))),
+        };
+        pages.push(run_page(dir, name, colour(i), note, device));
+        histories.push((name.as_str(), colour(i), rows));
+    }
+    let title = if runs.len() == 1 {
+        format!("variorum report: {}", names[0])
+    } else {
+        format!("variorum report: {} runs", runs.len())
+    };
+    let page = Page {
+        title,
+        sections: SECTIONS,
+        curves: curves(&histories),
+        aux: aux_curves(&histories),
+        throughput: throughput_curve(&histories),
+        runs: pages,
+    };
+    let mut env = minijinja::Environment::new();
+    env.add_template("report.html", TEMPLATE).context("the report template does not parse")?;
+    let html = env
+        .get_template("report.html")
+        .and_then(|t| t.render(minijinja::value::Serde(&page)))
+        .map_err(|e| anyhow::anyhow!("cannot lay out the report: {e:#}"))?;
+    Ok(html)
+}
+
+#[derive(Serialize)]
+struct Page {
+    title: String,
+    sections: &'static [&'static str],
+    curves: Vec<Figure>,
+    aux: Vec<Figure>,
+    throughput: Figure,
+    runs: Vec<RunPage>,
+}
+
+/// A picture, or why there is none.
+#[derive(Serialize, Default)]
+struct Figure {
+    title: String,
+    /// An SVG document, inlined.
+    svg: Option<String>,
+    /// A PNG, base64.
+    png: Option<String>,
+    missing: Option<String>,
+}
+
+impl Figure {
+    fn missing(title: &str, why: impl Into<String>) -> Self {
+        Figure { title: title.into(), missing: Some(why.into()), ..Default::default() }
+    }
+
+    fn from_svg(title: &str, drawn: Result<Option<String>>) -> Self {
+        match drawn {
+            Ok(Some(svg)) => Figure { title: title.into(), svg: Some(svg), ..Default::default() },
+            Ok(None) => Self::missing(title, "nothing to draw yet (or no font installed: Debian fonts-dejavu-core)"),
+            Err(e) => Self::missing(title, format!("{e:#}")),
+        }
+    }
+
+    /// A picture drawn by `draw` into a PNG file, read back and encoded.
+    fn from_png(title: &str, draw: impl FnOnce(&Path) -> Result<()>) -> Self {
+        let drawn = (|| -> Result<Vec<u8>> {
+            let dir = tempfile::tempdir()?;
+            let path = dir.path().join("figure.png");
+            draw(&path)?;
+            Ok(std::fs::read(&path)?)
+        })();
+        match drawn {
+            Ok(bytes) => Figure {
+                title: title.into(),
+                png: Some(base64::engine::general_purpose::STANDARD.encode(bytes)),
+                ..Default::default()
+            },
+            Err(e) => Self::missing(title, format!("{e:#}")),
+        }
+    }
+}
+
+#[derive(Serialize, Default)]
+struct RunPage {
+    name: String,
+    dir: String,
+    /// CSS colour of the run's lines.
+    colour: String,
+    model: String,
+    status: String,
+    steps: String,
+    best_val_loss: String,
+    final_train_loss: String,
+    tokens_per_sec: String,
+    params: String,
+    flops_per_token: String,
+    /// Achieved training GFLOP/s (3 × forward FLOPs per token × tokens/s).
+    gflops: String,
+    train_time: String,
+    device: String,
+    peak_memory: String,
+    /// Weights and AdamW's two moments, fp32.
+    state_memory: String,
+    config: String,
+    metrics_note: Option<String>,
+    sample: Option<String>,
+    pattern: Figure,
+    attention: Figure,
+    /// The text the learned attention was read on.
+    attention_text: Option<String>,
+    head_stats: Vec<HeadRow>,
+    eval: Vec<EvalLine>,
+    eval_note: Option<String>,
+    learned: Vec<Learned>,
+}
+
+#[derive(Serialize)]
+struct HeadRow {
+    layer: usize,
+    head: usize,
+    entropy: String,
+    distance: String,
+}
+
+#[derive(Serialize)]
+struct EvalLine {
+    data: String,
+    reading: String,
+    seq_len: usize,
+    stride: String,
+    tokens: usize,
+    loss: String,
+    perplexity: String,
+}
+
+/// One view of what an adaptive model learned.
+#[derive(Serialize)]
+struct Learned {
+    title: String,
+    lines: Vec<String>,
+    figure: Option<Figure>,
+}
+
+/// Each run's name on the page: its directory's name, or its path when two share a name.
+fn names(runs: &[PathBuf]) -> Vec<String> {
+    let short: Vec<String> = runs
+        .iter()
+        .map(|d| d.file_name().map_or_else(|| d.display().to_string(), |n| n.to_string_lossy().into_owned()))
+        .collect();
+    short
+        .iter()
+        .zip(runs)
+        .map(|(s, d)| if short.iter().filter(|t| *t == s).count() > 1 { d.display().to_string() } else { s.clone() })
+        .collect()
+}
+
+fn colour(i: usize) -> RGBColor {
+    let (r, g, b) = Palette99::COLORS[i % Palette99::COLORS.len()];
+    RGBColor(r, g, b)
+}
+
+fn css(c: RGBColor) -> String {
+    format!("#{:02x}{:02x}{:02x}", c.0, c.1, c.2)
+}
+
+fn read_metrics(dir: &Path) -> Result<Vec<Row>> {
+    let path = dir.join("metrics.csv");
+    if !path.is_file() {
+        return Ok(Vec::new());
+    }
+    metrics::read(&path)
+}
+
+fn fixed(v: Option<f64>, decimals: usize) -> String {
+    v.filter(|v| v.is_finite()).map_or_else(|| "–".to_string(), |v| format!("{v:.decimals$}"))
+}
+
+fn run_page(dir: &Path, name: &str, colour: RGBColor, metrics_note: Option<String>, device: &Device) -> RunPage {
+    let row = listing::row(dir);
+    let summary: Option<serde_json::Value> =
+        std::fs::read_to_string(dir.join("summary.json")).ok().and_then(|s| serde_json::from_str(&s).ok());
+    let number = |key: &str| summary.as_ref().and_then(|s| s.get(key)).and_then(|v| v.as_f64());
+    let config = std::fs::read_to_string(dir.join("config.toml")).unwrap_or_else(|e| format!("# cannot read: {e}"));
+    let parsed = crate::config::ExperimentConfig::load(&dir.join("config.toml")).ok();
+    let flops = parsed.as_ref().map(|c| c.model.flops_per_token() as f64).or_else(|| number("flops_per_token"));
+    let tokens_per_sec = number("tokens_per_sec").or(row.tokens_per_sec);
+    let params = number("params");
+    let mut page = RunPage {
+        name: name.to_string(),
+        dir: dir.display().to_string(),
+        colour: css(colour),
+        model: row.model.clone(),
+        status: format!("{:?}", row.status).to_lowercase(),
+        steps: format!("{} of {}", row.steps_done, row.steps),
+        best_val_loss: fixed(row.best_val_loss, 4),
+        final_train_loss: fixed(number("final_train_loss"), 4),
+        tokens_per_sec: fixed(tokens_per_sec, 0),
+        params: params.map_or_else(|| "–".into(), |p| format!("{:.3} M", p / 1e6)),
+        flops_per_token: flops.map_or_else(|| "–".into(), |f| format!("{:.2} M forward", f / 1e6)),
+        gflops: fixed(flops.zip(tokens_per_sec).map(|(f, t)| 3.0 * f * t / 1e9), 1),
+        train_time: number("train_seconds").map_or_else(|| "–".into(), |s| format!("{s:.0} s")),
+        device: summary.as_ref().and_then(|s| s.get("device")).and_then(|d| d.as_str()).unwrap_or("–").to_string(),
+        peak_memory: number("peak_rss_mib").map_or_else(
+            || "not recorded (written by train at the end of a run)".into(),
+            |m| format!("{m:.0} MiB (peak resident set of the training process)"),
+        ),
+        state_memory: params.map_or_else(|| "–".into(), |p| format!("{:.1} MiB", p * 12.0 / (1 << 20) as f64)),
+        config,
+        metrics_note,
+        sample: std::fs::read_to_string(dir.join("sample.txt")).ok(),
+        ..Default::default()
+    };
+    match eval_record::read(dir) {
+        Ok(rows) => page.eval = rows.iter().map(eval_line).collect(),
+        Err(e) => page.eval_note = Some(format!("{e:#}")),
+    }
+    model_views(dir, &mut page, device);
+    page
+}
+
+fn eval_line(r: &EvalRow) -> EvalLine {
+    EvalLine {
+        data: r.data.clone(),
+        reading: r.reading.clone().unwrap_or_else(|| "windows".into()),
+        seq_len: r.seq_len,
+        stride: r.stride.map_or_else(|| "–".into(), |s| s.to_string()),
+        tokens: r.tokens,
+        loss: format!("{:.4}", r.loss),
+        perplexity: format!("{:.3}", r.loss.exp()),
+    }
+}
+
+/// The views read from the model itself: its pattern, its learned attention, and what adaptive
+/// models learned. Each says why it is missing instead of failing the page.
+fn model_views(dir: &Path, page: &mut RunPage, device: &Device) {
+    let run = match Run::load(dir, device) {
+        Ok(run) => run,
+        Err(e) => {
+            let why = format!("the model cannot be loaded: {e:#}");
+            page.pattern = Figure::missing("pattern", why.clone());
+            page.attention = Figure::missing("learned attention", why);
+            return;
+        }
+    };
+    // the text read: the start of the validation split, or the sample when the corpus is gone
+    let text: Result<Vec<u32>> = run
+        .validation_tokens()
+        .and_then(|ids| if ids.len() < 2 { bail!("the validation split has {} tokens", ids.len()) } else { Ok(ids) });
+    let text = text.or_else(|e| {
+        let sample = page.sample.as_deref().unwrap_or_default();
+        let ids = run.tokenizer.encode(sample).unwrap_or_default();
+        if ids.len() >= 2 { Ok(ids) } else { Err(e) }
+    });
+    let ids = match text {
+        Ok(ids) => ids,
+        Err(e) => {
+            let why = format!("no text to read the model on: {e:#}");
+            page.pattern = Figure::missing("pattern", why.clone());
+            page.attention = Figure::missing("learned attention", why);
+            return;
+        }
+    };
+    let cfg = &run.config.model;
+    let kind = cfg.attention.kind().to_string();
+
+    let len = PATTERN_LEN.min(cfg.seq_len).min(ids.len());
+    let title = format!("pattern of {kind}, layer 0, on the first {len} validation tokens");
+    let tokens =
+        Tensor::<2, Int>::from_data(TensorData::new(ids[..len].iter().map(|&t| t as i64).collect(), [1, len]), device);
+    page.pattern = match crate::pattern::read(&run.model, cfg, tokens, 0, None) {
+        Ok(p) => Figure::from_png(&title, |path| crate::pattern::draw(&p, path)),
+        Err(e) => Figure::missing(&title, format!("{e:#}")),
+    };
+
+    let len = HEATMAP_LEN.min(cfg.seq_len).min(ids.len());
+    let title = format!("learned attention of {kind} on {len} validation tokens");
+    let labels = crate::heatmap::token_labels(&run.tokenizer, &ids[..len]);
+    match crate::heatmap::read(&run.model, cfg, &ids[..len], labels, None, None, device) {
+        Ok(mut maps) => {
+            page.head_stats = maps
+                .stats()
+                .into_iter()
+                .map(|(layer, head, s)| HeadRow {
+                    layer,
+                    head,
+                    entropy: format!("{:.3}", s.entropy),
+                    distance: format!("{:.2}", s.mean_distance),
+                })
+                .collect();
+            let shown = maps.layers.len().min(HEATMAP_LAYERS);
+            let title = if shown < maps.layers.len() {
+                format!("{title} (layers {} of {}; every head in the table)", shown, maps.layers.len())
+            } else {
+                title
+            };
+            maps.layers.truncate(shown);
+            page.attention = Figure::from_png(&title, |path| crate::heatmap::draw(&maps, path));
+            page.attention_text = Some(run.tokenizer.decode(&ids[..len]));
+        }
+        Err(e) => page.attention = Figure::missing(&title, format!("{e:#}")),
+    }
+    page.learned = learned(&run, &ids, device);
+}
+
+/// Spans per head (adaptive span), steps per token (ACT) and the exit curve (early exits).
+fn learned(run: &Run, ids: &[u32], device: &Device) -> Vec<Learned> {
+    let mut views = Vec::new();
+    let mut spans = Vec::new();
+    let mut header = String::new();
+    for (i, block) in run.model.blocks.iter().enumerate() {
+        let variorum_attention::Attention::AdaptiveSpan(a) = &block.attn else { continue };
+        if header.is_empty() {
+            let dynamic = if a.predictor.is_some() {
+                "; dynamic spans are per token, these are the unused static ones"
+            } else {
+                ""
+            };
+            header = format!("positions, at most {}, ramp {}{dynamic}", a.max_span, a.ramp);
+        }
+        let z: Vec<String> = a.spans().iter().map(|z| format!("{z:.1}")).collect();
+        spans.push(format!("layer {i}: {}", z.join("  ")));
+    }
+    if !spans.is_empty() {
+        views.push(Learned { title: format!("learned span per head ({header})"), lines: spans, figure: None });
+    }
+    let read = &ids[..ids.len().min(STEPS_TOKENS)];
+    if let Some((mean, shares)) = crate::eval::steps_per_token(&run.model, read, run.model.seq_len, device) {
+        views.push(Learned {
+            title: format!("adaptive computation time: steps per token ({} validation tokens)", read.len()),
+            lines: vec![crate::eval::format_steps(mean, &shares)],
+            figure: None,
+        });
+    }
+    if run.model.exits.is_some() {
+        use crate::early_exit::{Confidence, sweep};
+        let read = &ids[..ids.len().min(EXIT_TOKENS)];
+        let points = sweep(&run.model, read, Confidence::SoftmaxResponse, &[0.9, 0.7, 0.5, 0.3, 0.1, 0.0], device);
+        let curve: Vec<(f64, f64)> = points.iter().map(|p| (p.blocks(), p.loss())).collect();
+        let lines = points
+            .iter()
+            .map(|p| format!("threshold {:.1}: {:.2} blocks, loss {:.4}", p.threshold, p.blocks(), p.loss()))
+            .collect();
+        let title = format!("early exit: loss against blocks used (softmax response, {} tokens)", read.len());
+        let svg = crate::plot::lines_svg(
+            &[("exits", curve, RGBColor(30, 60, 140), true)],
+            (720, 420),
+            &title,
+            "mean blocks per token",
+            "loss (nats/token)",
+        );
+        views.push(Learned { title: title.clone(), lines, figure: Some(Figure::from_svg(&title, svg)) });
+    }
+    views
+}
+
+type History<'a> = (&'a str, RGBColor, Vec<Row>);
+
+fn series(histories: &[History], value: impl Fn(&Row) -> Option<f64>) -> Vec<(String, Vec<(f64, f64)>, RGBColor)> {
+    histories
+        .iter()
+        .map(|(name, c, rows)| {
+            let points =
+                rows.iter().filter_map(|r| Some((r.step as f64, value(r).filter(|v| v.is_finite())?))).collect();
+            (name.to_string(), points, *c)
+        })
+        .collect()
+}
+
+fn chart(title: &str, y: &str, lines: &[(String, Vec<(f64, f64)>, RGBColor, bool)]) -> Figure {
+    let borrowed: Vec<(&str, Vec<(f64, f64)>, RGBColor, bool)> =
+        lines.iter().map(|(n, p, c, m)| (n.as_str(), p.clone(), *c, *m)).collect();
+    Figure::from_svg(title, crate::plot::lines_svg(&borrowed, (900, 480), title, "step", y))
+}
+
+/// Loss (train thin, validation marked), learning rate and gradient norm, every run overlaid.
+fn curves(histories: &[History]) -> Vec<Figure> {
+    let several = histories.len() > 1;
+    let label = |name: &str, what: &str| if several { format!("{name} {what}") } else { what.to_string() };
+    let mut loss = Vec::new();
+    for (name, points, c) in series(histories, |r| r.train_loss) {
+        loss.push((label(&name, "train"), points, c, false));
+    }
+    for (name, points, c) in series(histories, |r| r.val_loss) {
+        loss.push((label(&name, "validation"), points, c, true));
+    }
+    let plain = |what: &str, v: fn(&Row) -> Option<f64>| -> Vec<(String, Vec<(f64, f64)>, RGBColor, bool)> {
+        series(histories, v).into_iter().map(|(n, p, c)| (label(&n, what), p, c, false)).collect()
+    };
+    vec![
+        chart("loss", "loss (nats/token)", &loss),
+        chart("learning rate", "learning rate", &plain("learning rate", |r| Some(r.lr))),
+        chart("gradient norm", "global gradient norm (before clipping)", &plain("gradient norm", |r| r.grad_norm)),
+    ]
+}
+
+/// One chart per auxiliary loss, a line per run that has it.
+fn aux_curves(histories: &[History]) -> Vec<Figure> {
+    let mut names: Vec<String> =
+        histories.iter().flat_map(|h| h.2.iter().flat_map(|r| r.aux.iter().map(|a| a.0.clone()))).collect();
+    names.sort();
+    names.dedup();
+    names
+        .iter()
+        .map(|aux| {
+            let lines: Vec<_> = series(histories, |r| r.aux.iter().find(|a| &a.0 == aux).map(|a| a.1))
+                .into_iter()
+                .filter(|s| !s.1.is_empty())
+                .map(|(n, p, c)| (n, p, c, false))
+                .collect();
+            chart(&format!("auxiliary loss: {aux}"), "weighted loss, mean over the interval", &lines)
+        })
+        .collect()
+}
+
+/// Training tokens per second over the run (the first interval, with its warm-up, left out).
+fn throughput_curve(histories: &[History]) -> Figure {
+    let lines: Vec<_> = histories
+        .iter()
+        .map(|(name, c, rows)| {
+            let points = rows.iter().skip(1).filter_map(|r| Some((r.step as f64, r.tokens_per_sec?))).collect();
+            (name.to_string(), points, *c, false)
+        })
+        .collect();
+    chart("training throughput", "tokens/s", &lines)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_are_named_by_directory_and_by_path_when_names_clash() {
+        let runs = [PathBuf::from("a/x"), PathBuf::from("b/x"), PathBuf::from("c/y")];
+        assert_eq!(names(&runs), ["a/x", "b/x", "y"]);
+    }
+
+    /// A run directory with an untrained adaptive-span model, two metrics rows (one with an
+    /// auxiliary loss), a recorded evaluation and a sample that looks like markup.
+    fn hand_made_run(dir: &Path, device: &Device) -> PathBuf {
+        use variorum_data::{Tokenizer, TokenizerConfig};
+        let text = "the cat sat on a mat; a dog ate the <hat>.\n".repeat(20);
+        let corpus = dir.join("text.txt");
+        std::fs::write(&corpus, &text).unwrap();
+        let toml = format!(
+            "[model]\nd_model = 16\nn_layers = 2\nseq_len = 16\n[model.attention]\nkind = \"adaptive-span\"\nn_heads = 2\nmax_span = 16\n[data]\npath = \"{}\"\n",
+            corpus.display()
+        );
+        let mut cfg = crate::config::ExperimentConfig::parse(&toml, false).unwrap();
+        let tokenizer = Tokenizer::train(&TokenizerConfig::Char, &text).unwrap();
+        cfg.model.resolve(tokenizer.vocab_size()).unwrap();
+        let run = dir.join("span-run");
+        std::fs::create_dir_all(&run).unwrap();
+        std::fs::write(run.join("config.toml"), cfg.to_toml()).unwrap();
+        tokenizer.save(&run.join("tokenizer.json")).unwrap();
+        cfg.model.init(device).save_file(run.join("model.bpk")).unwrap();
+        std::fs::write(
+            run.join("metrics.csv"),
+            format!("{}\n10,3.1,,1e-3,0.9,1000,1,span=2e-3\n20,2.9,3.0,1e-3,0.8,1100,2,span=1e-3\n", metrics::HEADER),
+        )
+        .unwrap();
+        std::fs::write(run.join("sample.txt"), "<script>alert(1)</script>").unwrap();
+        let row = EvalRow {
+            data: "the validation split".into(),
+            seq_len: 16,
+            stride: Some(16),
+            reading: None,
+            tokens: 99,
+            loss: 2.5,
+        };
+        eval_record::record(&run, &[row]).unwrap();
+        run
+    }
+
+    #[test]
+    fn a_run_has_every_section_with_its_own_views_and_its_text_escaped() {
+        let dir = tempfile::tempdir().unwrap();
+        let device = Device::flex();
+        let run = hand_made_run(dir.path(), &device);
+        let html = render(&[run], &device).unwrap();
+        let mut at = 0;
+        for id in SECTIONS {
+            let found = html[at..]
+                .find(&format!("<section id=\"{id}\">"))
+                .unwrap_or_else(|| panic!("no section {id} after byte {at}"));
+            at += found;
+        }
+        // the sample is text, never markup
+        let sample = html.find("alert(1)").map(|i| &html[i.saturating_sub(40)..i + 40]);
+        assert!(html.contains("&lt;script&gt;alert(1)&lt;&#x2f;script&gt;") && !html.contains("<script"), "{sample:?}");
+        // the adaptive span's own view, its auxiliary loss, the recorded evaluation
+        assert!(html.contains("learned span per head"), "no span view");
+        assert!(html.contains("auxiliary loss: span"), "no auxiliary-loss chart");
+        assert!(html.contains("<td>16</td><td>16</td><td>99</td><td>2.5000</td><td>12.182</td>"), "no evaluation row");
+        // the pattern and the heatmaps are pictures, the curves inline SVG
+        assert_eq!(html.matches("src=\"data:image/png;base64,").count(), 2, "pattern and heatmap PNGs");
+        if crate::plot::has_font() {
+            assert!(
+                html.matches("<svg").count() >= 4,
+                "loss, learning rate, gradient norm, span and throughput charts"
+            );
+        }
+    }
+
+    #[test]
+    fn a_directory_that_is_not_a_run_is_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = render(&[dir.path().to_path_buf()], &Device::flex()).unwrap_err().to_string();
+        assert!(e.contains("not a run directory") && e.contains(&dir.path().display().to_string()), "{e}");
+        assert!(render(&[], &Device::flex()).is_err());
+    }
+}
