@@ -30,8 +30,8 @@ pub struct EvalArgs {
 }
 
 /// The token ids to evaluate `run` on, where they come from and, for the run's tagged
-/// validation split, where its example tags change.
-fn tokens(run: &Run, args: &EvalArgs) -> Result<(Vec<u32>, String, Option<SplitTags>)> {
+/// validation split, where its example tags change; and how `eval.json` names what was read.
+fn tokens(run: &Run, args: &EvalArgs) -> Result<(Vec<u32>, String, Option<SplitTags>, String)> {
     let (mut ids, source, tags) = match &args.data {
         Some(path) => {
             let text = variorum_data::read_text(path)?;
@@ -46,13 +46,21 @@ fn tokens(run: &Run, args: &EvalArgs) -> Result<(Vec<u32>, String, Option<SplitT
             (ids, "the validation split".to_string(), tags)
         }
     };
-    if let Some(n) = args.max_tokens {
+    // the same file however its path is written
+    let mut label = match &args.data {
+        Some(path) => path.canonicalize().unwrap_or_else(|_| path.clone()).display().to_string(),
+        None => source.clone(),
+    };
+    if let Some(n) = args.max_tokens
+        && n < ids.len()
+    {
         ids.truncate(n);
+        label += &format!(", first {n} tokens");
     }
     if ids.len() < 2 {
         bail!("{source} has {} tokens: nothing to evaluate", ids.len());
     }
-    Ok((ids, source, tags))
+    Ok((ids, source, tags, label))
 }
 
 fn check_lengths(lengths: &[usize], stride: Option<usize>) -> Result<()> {
@@ -131,10 +139,10 @@ pub fn eval(args: EvalArgs) -> Result<ExitCode> {
     for (i, dir) in args.runs.iter().enumerate() {
         let name = run_name(dir);
         // loading may print notes to stderr: the bar steps aside meanwhile
-        let (run, ids, tags) = pb.suspend(|| -> Result<_> {
+        let (run, ids, tags, label) = pb.suspend(|| -> Result<_> {
             let run = Run::load_with(dir, &device, &args.settings)?;
-            let (ids, _, tags) = tokens(&run, &args)?;
-            Ok((run, ids, tags))
+            let (ids, _, tags, label) = tokens(&run, &args)?;
+            Ok((run, ids, tags, label))
         })?;
         let windows = |len: usize| {
             if run.model.mask_token.is_some() {
@@ -149,6 +157,7 @@ pub fn eval(args: EvalArgs) -> Result<ExitCode> {
         pb.set_length(pb.position() + this * (args.runs.len() - i) as u64);
         // the row is printed whole, so that it does not share a line with the bar
         let mut row = format!("{name:<28}");
+        let mut rows = Vec::new();
         let mut points = Vec::new();
         for &len in &args.seq_len {
             if let Err(e) = run.check_len(len) {
@@ -159,17 +168,37 @@ pub fn eval(args: EvalArgs) -> Result<ExitCode> {
             pb.set_message(format!("{name} L={len}"));
             let stride = args.stride.unwrap_or(len);
             let bar = Some(&pb);
-            let (loss, _) = if run.model.mask_token.is_some() {
-                variorum_train::eval::masked_loss(&run.model, &run.config.model, &ids, tags.as_ref(), len, &device, bar)
+            let (loss, n) = if run.model.mask_token.is_some() {
+                let (loss, n) = variorum_train::eval::masked_loss(
+                    &run.model,
+                    &run.config.model,
+                    &ids,
+                    tags.as_ref(),
+                    len,
+                    &device,
+                    bar,
+                );
+                rows.push(eval_row(len, Some(len), Some("masked"), n, loss));
+                (loss, n)
             } else if run.model.has_memory() {
-                variorum_train::eval::stream_loss(&run.model, &ids, len, STREAMS, true, &device, bar)
+                let (loss, n) = variorum_train::eval::stream_loss(&run.model, &ids, len, STREAMS, true, &device, bar);
+                rows.push(eval_row(len, None, Some("with memory"), n, loss));
+                (loss, n)
             } else {
-                variorum_train::eval::sliding_loss(&run.model, &ids, tags.as_ref(), len, stride, &device, bar)
+                let (loss, n) =
+                    variorum_train::eval::sliding_loss(&run.model, &ids, tags.as_ref(), len, stride, &device, bar);
+                rows.push(eval_row(len.min(ids.len() - 1), Some(stride), None, n, loss));
+                (loss, n)
             };
+            // nothing scored is not a loss to keep
+            if n == 0 {
+                rows.pop();
+            }
             row += &format!(" {loss:>9.4}");
             points.push((len as f64, loss));
         }
         pb.suspend(|| println!("{row}"));
+        record(&run, &args, &label, rows);
         series.push((name, points));
     }
     pb.finish_and_clear();
@@ -208,7 +237,7 @@ fn eval_memory(
         }
         pb.suspend(|| println!("{len:>8} {n:>10} {with:>14.4} {without:>14.4} {:>10.4}", without - with));
         for (reading, loss) in [("with memory", with), ("without memory", without)] {
-            rows.push(row(len, None, Some(reading), n, loss));
+            rows.push(eval_row(len, None, Some(reading), n, loss));
         }
     }
     pb.finish_and_clear();
@@ -237,27 +266,26 @@ fn eval_masked(
             bail!("{} tokens are fewer than one {len}-token window", ids.len());
         }
         pb.suspend(|| println!("{len:>8} {len:>8} {n:>10} {loss:>10.4} {:>12.3}", loss.exp()));
-        rows.push(row(len, Some(len), Some("masked"), n, loss));
+        rows.push(eval_row(len, Some(len), Some("masked"), n, loss));
     }
     pb.finish_and_clear();
     Ok(rows)
 }
 
-fn row(seq_len: usize, stride: Option<usize>, reading: Option<&str>, tokens: usize, loss: f64) -> EvalRow {
-    EvalRow { data: String::new(), seq_len, stride, reading: reading.map(str::to_string), tokens, loss }
+fn eval_row(seq_len: usize, stride: Option<usize>, reading: Option<&str>, tokens: usize, loss: f64) -> EvalRow {
+    EvalRow { data: String::new(), seq_len, stride, reading: reading.map(str::to_string), tokens, loss, weights: None }
 }
 
 /// Keeps the losses in the run's `eval.json`, for its report — not those of a config changed
 /// by `--set`, which are not the run's.
-fn record(run: &Run, args: &EvalArgs, source: &str, rows: Vec<EvalRow>) {
+fn record(run: &Run, args: &EvalArgs, data: &str, rows: Vec<EvalRow>) {
     if !args.settings.is_empty() || rows.is_empty() {
         return;
     }
-    let data = match args.max_tokens {
-        Some(n) => format!("{source}, first {n} tokens"),
-        None => source.to_string(),
-    };
-    let rows: Vec<EvalRow> = rows.into_iter().map(|r| EvalRow { data: data.clone(), ..r }).collect();
+    // a running or interrupted run is measured with a checkpoint's weights: say which
+    let weights = run.weights.strip_prefix(&run.dir).unwrap_or(&run.weights).display().to_string();
+    let rows: Vec<EvalRow> =
+        rows.into_iter().map(|r| EvalRow { data: data.to_string(), weights: Some(weights.clone()), ..r }).collect();
     if let Err(e) = eval_record::record(&run.dir, &rows) {
         eprintln!("note: {} not updated: {e:#}", run.dir.join(eval_record::EVAL_FILE).display());
     }
@@ -265,7 +293,7 @@ fn record(run: &Run, args: &EvalArgs, source: &str, rows: Vec<EvalRow>) {
 
 fn eval_one(args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode> {
     let run = Run::load_with(&args.runs[0], device, &args.settings)?;
-    let (ids, source, tags) = tokens(&run, args)?;
+    let (ids, source, tags, label) = tokens(&run, args)?;
     let lengths = if args.seq_len.is_empty() { vec![run.model.seq_len] } else { args.seq_len.clone() };
     check_lengths(&lengths, args.stride)?;
     for &len in &lengths {
@@ -275,12 +303,12 @@ fn eval_one(args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode>
     let name = run_name(&args.runs[0]);
     if run.model.has_memory() {
         let rows = eval_memory(&run, &name, &ids, &lengths, device)?;
-        record(&run, args, &source, rows);
+        record(&run, args, &label, rows);
         return Ok(ExitCode::SUCCESS);
     }
     if run.model.mask_token.is_some() {
         let rows = eval_masked(&run, &name, &ids, tags.as_ref(), &lengths, device)?;
-        record(&run, args, &source, rows);
+        record(&run, args, &label, rows);
         return Ok(ExitCode::SUCCESS);
     }
     let unit = run.tokenizer.unit();
@@ -310,10 +338,11 @@ fn eval_one(args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode>
             )
         });
         points.push((len as f64, loss));
-        rows.push(row(len, Some(stride), None, n, loss));
+        // a text shorter than the window is read in one window of all its tokens
+        rows.push(eval_row(len.min(ids.len() - 1), Some(stride), None, n, loss));
     }
     pb.finish_and_clear();
-    record(&run, args, &source, rows);
+    record(&run, args, &label, rows);
     if let Some((mean, shares)) = variorum_train::eval::steps_per_token(&run.model, &ids, run.model.seq_len, device) {
         println!("# adaptive computation time: {}", variorum_train::eval::format_steps(mean, &shares));
     }

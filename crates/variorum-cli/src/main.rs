@@ -892,37 +892,16 @@ fn inspect(path: &Path) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// For a run with adaptive-span attention: the learned span of every head, layer by layer; for
-/// one with Adaptive Computation Time: its steps per token on the start of the validation split.
+/// What an adaptive-span or ACT run learned (the views of its report, as text): the span of
+/// every head, the steps per token on the validation split.
 fn learned_behaviour(run: &Path) -> Result<()> {
     let (device, _) = device::select("cpu")?;
     let loaded = Run::load(run, &device)?;
-    if loaded.model.act.is_some() {
-        let mut ids = loaded.validation_tokens()?;
-        ids.truncate(16 * 1024);
-        if let Some((mean, shares)) =
-            variorum_train::eval::steps_per_token(&loaded.model, &ids, loaded.model.seq_len, &device)
-        {
-            println!(
-                "# adaptive computation time (16 K validation tokens): {}",
-                variorum_train::eval::format_steps(mean, &shares)
-            );
+    for (title, lines) in variorum_train::report::learned_text(&loaded, &device)? {
+        println!("# {title}");
+        for line in lines {
+            println!("#   {line}");
         }
-    }
-    let mut header = false;
-    for (i, block) in loaded.model.blocks.iter().enumerate() {
-        let variorum_attention::Attention::AdaptiveSpan(a) = &block.attn else { continue };
-        if !header {
-            let dynamic = if a.predictor.is_some() {
-                " (dynamic spans: S·σ(vᵀx + b) per token; the table shows the unused static ones)"
-            } else {
-                ""
-            };
-            println!("# learned spans (positions, max {}, ramp {}){dynamic}", a.max_span, a.ramp);
-            header = true;
-        }
-        let spans: Vec<String> = a.spans().iter().map(|z| format!("{z:6.1}")).collect();
-        println!("#   layer {i:>2}: {}", spans.join(" "));
     }
     Ok(())
 }

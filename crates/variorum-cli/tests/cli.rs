@@ -346,6 +346,10 @@ fn a_memory_model_trains_on_streams_evaluates_with_and_without_memory_and_genera
     let o = variorum(&["eval", run.to_str().unwrap(), "--seq-len", "16"], tmp.path());
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success() && out.contains("with memory") && out.contains("without"), "{out}{}", stderr(&o));
+    // the evaluation is recorded: the report says what the memory is worth
+    assert!(variorum(&["report", run.to_str().unwrap()], tmp.path()).status.success());
+    let report = std::fs::read_to_string(run.join("report.html")).unwrap();
+    assert!(report.contains("what the memory is worth") && report.contains("segments of 16: loss"), "the memory view");
     let o = variorum(&["generate", run.to_str().unwrap(), "--prompt", "Now is", "--max-new-tokens", "40"], tmp.path());
     assert!(o.status.success() && stderr(&o).contains("memory carried"), "{}", stderr(&o));
     // an absolute position scheme with a memory is refused by name
@@ -372,7 +376,10 @@ fn inspect_shows_the_learned_spans_of_a_run() {
     assert!(o.status.success(), "{}", stderr(&o));
     let o = variorum(&["inspect", run.to_str().unwrap()], tmp.path());
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(out.contains("learned spans") && out.contains("layer  0:"), "{out}");
+    assert!(out.contains("learned span per head") && out.contains("layer 0:"), "{out}");
+    // its report shows the same view, and the run as finished
+    let report = std::fs::read_to_string(run.join("report.html")).unwrap();
+    assert!(report.contains("learned span per head") && report.contains("<td>finished</td>"), "the report");
     let metrics = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
     assert!(metrics.contains("adaptive_span="), "the span penalty is logged: {metrics}");
 }
@@ -419,6 +426,12 @@ fn early_exit_draws_the_calm_curve_or_explains_why_not() {
         stderr(&o)
     );
     assert!(run.join("early-exit.png").exists());
+    // the report written at the end draws the exit curve from decoded tokens
+    let report = std::fs::read_to_string(run.join("report.html")).unwrap();
+    assert!(
+        report.contains("early exit: loss against blocks used") && report.contains("threshold 0.0: 1.00 blocks"),
+        "the exit view"
+    );
     assert_clean_error(&variorum(&["early-exit", run.to_str().unwrap(), "--ltt-delta", "0"], tmp.path()), "(0, 1)");
     assert_clean_error(
         &variorum(&["early-exit", run.to_str().unwrap(), "--thresholds", "2"], tmp.path()),

@@ -28,6 +28,10 @@ pub struct EvalRow {
     pub tokens: usize,
     /// Mean loss per token, nats.
     pub loss: f64,
+    /// The weights measured, relative to the run directory (`model.bpk`, or a checkpoint's for
+    /// a run still training).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weights: Option<String>,
 }
 
 impl EvalRow {
@@ -71,6 +75,7 @@ mod tests {
             reading: None,
             tokens: 100,
             loss,
+            weights: Some("model.bpk".into()),
         }
     }
 

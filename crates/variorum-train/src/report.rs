@@ -22,10 +22,13 @@ use plotters::style::{Palette, Palette99, RGBColor};
 use serde::Serialize;
 
 use crate::checkpoint::write_atomic;
+use crate::config::ExperimentConfig;
 use crate::eval_record::{self, EvalRow};
-use crate::listing;
+use crate::listing::{self, Status};
 use crate::metrics::{self, Row};
 use crate::run::Run;
+use variorum_data::Tokenizer;
+use variorum_model::DecoderLm;
 
 /// The `id`s of the page's `<section>`s, in order. Every report has all of them; a section with
 /// nothing to show says why.
@@ -46,14 +49,39 @@ const HEATMAP_LAYERS: usize = 4;
 const STEPS_TOKENS: usize = 4096;
 const EXIT_TOKENS: usize = 256;
 
+/// What a training hands the report of its own run: the state in memory, where the files of
+/// the run directory may be stale (a finished run resumed to more steps keeps its old
+/// `model.bpk`, `summary.json` and `sample.txt` until it ends) or busy (its lock is held).
+pub struct Live<'a> {
+    pub status: Status,
+    /// The model now, in inference mode.
+    pub model: &'a DecoderLm,
+    pub config: &'a ExperimentConfig,
+    pub tokenizer: &'a Tokenizer,
+    /// The validation split's tokens.
+    pub validation: &'a [u32],
+    pub params: usize,
+}
+
 /// Renders and writes the report of `runs` to `out`, atomically.
 pub fn write(runs: &[PathBuf], out: &Path, device: &Device) -> Result<()> {
     let html = render(runs, device)?;
     write_atomic(out, html.as_bytes())
 }
 
+/// The report of a training's own run `dir`, from its state in memory, written to
+/// `dir/report.html`.
+pub fn write_live(dir: &Path, live: &Live, device: &Device) -> Result<()> {
+    let html = render_with(&[dir.to_path_buf()], Some(live), device)?;
+    write_atomic(&dir.join(REPORT_FILE), html.as_bytes())
+}
+
 /// The report of `runs` (run directories) as one HTML document.
 pub fn render(runs: &[PathBuf], device: &Device) -> Result<String> {
+    render_with(runs, None, device)
+}
+
+fn render_with(runs: &[PathBuf], live: Option<&Live>, device: &Device) -> Result<String> {
     if runs.is_empty() {
         bail!("no run directory given");
     }
@@ -70,7 +98,7 @@ pub fn render(runs: &[PathBuf], device: &Device) -> Result<String> {
             Ok(rows) => (rows, None),
             Err(e) => (Vec::new(), Some(format!("{e:#}"))),
         };
-        pages.push(run_page(dir, name, colour(i), note, device));
+        pages.push(run_page(dir, name, colour(i), note, live, device));
         histories.push((name.as_str(), colour(i), rows));
     }
     let title = if runs.len() == 1 {
@@ -199,6 +227,9 @@ struct EvalLine {
     tokens: usize,
     loss: String,
     perplexity: String,
+    weights: String,
+    #[serde(skip)]
+    value: f64,
 }
 
 /// One view of what an adaptive model learned.
@@ -243,22 +274,36 @@ fn fixed(v: Option<f64>, decimals: usize) -> String {
     v.filter(|v| v.is_finite()).map_or_else(|| "–".to_string(), |v| format!("{v:.decimals$}"))
 }
 
-fn run_page(dir: &Path, name: &str, colour: RGBColor, metrics_note: Option<String>, device: &Device) -> RunPage {
-    let row = listing::row(dir);
-    let summary: Option<serde_json::Value> =
-        std::fs::read_to_string(dir.join("summary.json")).ok().and_then(|s| serde_json::from_str(&s).ok());
+fn run_page(
+    dir: &Path,
+    name: &str,
+    colour: RGBColor,
+    metrics_note: Option<String>,
+    live: Option<&Live>,
+    device: &Device,
+) -> RunPage {
+    let mut row = listing::row(dir);
+    if let Some(live) = live {
+        row.status = live.status;
+    }
+    // the files of the end of a run: stale while a resumed run goes on
+    let ended = live.is_none_or(|l| l.status == Status::Finished);
+    let summary: Option<serde_json::Value> = ended
+        .then(|| std::fs::read_to_string(dir.join("summary.json")).ok())
+        .flatten()
+        .and_then(|s| serde_json::from_str(&s).ok());
     let number = |key: &str| summary.as_ref().and_then(|s| s.get(key)).and_then(|v| v.as_f64());
     let config = std::fs::read_to_string(dir.join("config.toml")).unwrap_or_else(|e| format!("# cannot read: {e}"));
-    let parsed = crate::config::ExperimentConfig::load(&dir.join("config.toml")).ok();
+    let parsed = ExperimentConfig::load(&dir.join("config.toml")).ok();
     let flops = parsed.as_ref().map(|c| c.model.flops_per_token() as f64).or_else(|| number("flops_per_token"));
     let tokens_per_sec = number("tokens_per_sec").or(row.tokens_per_sec);
-    let params = number("params");
+    let params = number("params").or(live.map(|l| l.params as f64));
     let mut page = RunPage {
         name: name.to_string(),
         dir: dir.display().to_string(),
         colour: css(colour),
         model: row.model.clone(),
-        status: format!("{:?}", row.status).to_lowercase(),
+        status: serde_json::to_value(row.status).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default(),
         steps: format!("{} of {}", row.steps_done, row.steps),
         best_val_loss: fixed(row.best_val_loss, 4),
         final_train_loss: fixed(number("final_train_loss"), 4),
@@ -275,14 +320,14 @@ fn run_page(dir: &Path, name: &str, colour: RGBColor, metrics_note: Option<Strin
         state_memory: params.map_or_else(|| "–".into(), |p| format!("{:.1} MiB", p * 12.0 / (1 << 20) as f64)),
         config,
         metrics_note,
-        sample: std::fs::read_to_string(dir.join("sample.txt")).ok(),
+        sample: ended.then(|| std::fs::read_to_string(dir.join("sample.txt")).ok()).flatten(),
         ..Default::default()
     };
     match eval_record::read(dir) {
         Ok(rows) => page.eval = rows.iter().map(eval_line).collect(),
         Err(e) => page.eval_note = Some(format!("{e:#}")),
     }
-    model_views(dir, &mut page, device);
+    model_views(dir, &mut page, live, device);
     page
 }
 
@@ -295,28 +340,41 @@ fn eval_line(r: &EvalRow) -> EvalLine {
         tokens: r.tokens,
         loss: format!("{:.4}", r.loss),
         perplexity: format!("{:.3}", r.loss.exp()),
+        weights: r.weights.clone().unwrap_or_else(|| "–".into()),
+        value: r.loss,
     }
 }
 
 /// The views read from the model itself: its pattern, its learned attention, and what adaptive
-/// models learned. Each says why it is missing instead of failing the page.
-fn model_views(dir: &Path, page: &mut RunPage, device: &Device) {
-    let run = match Run::load(dir, device) {
-        Ok(run) => run,
-        Err(e) => {
-            let why = format!("the model cannot be loaded: {e:#}");
-            page.pattern = Figure::missing("pattern", why.clone());
-            page.attention = Figure::missing("learned attention", why);
-            return;
-        }
+/// models learned — from the training's model when it is `live`, else from the run's weights.
+/// Each says why it is missing instead of failing the page.
+fn model_views(dir: &Path, page: &mut RunPage, live: Option<&Live>, device: &Device) {
+    let loaded;
+    let (model, config, tokenizer, validation) = match live {
+        Some(l) => (l.model, l.config, l.tokenizer, Ok(l.validation.to_vec())),
+        None => match Run::load(dir, device) {
+            Ok(run) => {
+                loaded = run;
+                (&loaded.model, &loaded.config, &loaded.tokenizer, loaded.validation_tokens())
+            }
+            Err(e) => {
+                let why = format!("the model cannot be loaded: {e:#}");
+                page.pattern = Figure::missing("pattern", why.clone());
+                page.attention = Figure::missing("learned attention", why);
+                return;
+            }
+        },
     };
+    if page.params == "–" {
+        page.params = format!("{:.3} M", model.num_params() as f64 / 1e6);
+        page.state_memory = format!("{:.1} MiB", model.num_params() as f64 * 12.0 / (1 << 20) as f64);
+    }
     // the text read: the start of the validation split, or the sample when the corpus is gone
-    let text: Result<Vec<u32>> = run
-        .validation_tokens()
+    let text: Result<Vec<u32>> = validation
         .and_then(|ids| if ids.len() < 2 { bail!("the validation split has {} tokens", ids.len()) } else { Ok(ids) });
     let text = text.or_else(|e| {
         let sample = page.sample.as_deref().unwrap_or_default();
-        let ids = run.tokenizer.encode(sample).unwrap_or_default();
+        let ids = tokenizer.encode(sample).unwrap_or_default();
         if ids.len() >= 2 { Ok(ids) } else { Err(e) }
     });
     let ids = match text {
@@ -328,22 +386,24 @@ fn model_views(dir: &Path, page: &mut RunPage, device: &Device) {
             return;
         }
     };
-    let cfg = &run.config.model;
+    let cfg = &config.model;
     let kind = cfg.attention.kind().to_string();
+    // a model conditioned on example tags reads this text under tag 0, as `variorum attention` does
+    let untagged = if cfg.attention.tags().is_some() { ", read untagged (tag 0)" } else { "" };
 
     let len = PATTERN_LEN.min(cfg.seq_len).min(ids.len());
-    let title = format!("pattern of {kind}, layer 0, on the first {len} validation tokens");
+    let title = format!("pattern of {kind}, layer 0, on the first {len} validation tokens{untagged}");
     let tokens =
         Tensor::<2, Int>::from_data(TensorData::new(ids[..len].iter().map(|&t| t as i64).collect(), [1, len]), device);
-    page.pattern = match crate::pattern::read(&run.model, cfg, tokens, 0, None) {
+    page.pattern = match crate::pattern::read(model, cfg, tokens, 0, None) {
         Ok(p) => Figure::from_png(&title, |path| crate::pattern::draw(&p, path)),
         Err(e) => Figure::missing(&title, format!("{e:#}")),
     };
 
     let len = HEATMAP_LEN.min(cfg.seq_len).min(ids.len());
-    let title = format!("learned attention of {kind} on {len} validation tokens");
-    let labels = crate::heatmap::token_labels(&run.tokenizer, &ids[..len]);
-    match crate::heatmap::read(&run.model, cfg, &ids[..len], labels, None, None, device) {
+    let title = format!("learned attention of {kind} on {len} validation tokens{untagged}");
+    let labels = crate::heatmap::token_labels(tokenizer, &ids[..len]);
+    match crate::heatmap::read(model, cfg, &ids[..len], labels, None, None, device) {
         Ok(mut maps) => {
             page.head_stats = maps
                 .stats()
@@ -363,19 +423,58 @@ fn model_views(dir: &Path, page: &mut RunPage, device: &Device) {
             };
             maps.layers.truncate(shown);
             page.attention = Figure::from_png(&title, |path| crate::heatmap::draw(&maps, path));
-            page.attention_text = Some(run.tokenizer.decode(&ids[..len]));
+            page.attention_text = Some(tokenizer.decode(&ids[..len]));
         }
         Err(e) => page.attention = Figure::missing(&title, format!("{e:#}")),
     }
-    page.learned = learned(&run, &ids, device);
+    page.learned = learned(model, config, dir, &ids, &page.eval, device);
 }
 
-/// Spans per head (adaptive span), steps per token (ACT) and the exit curve (early exits).
-fn learned(run: &Run, ids: &[u32], device: &Device) -> Vec<Learned> {
+/// Spans per head (adaptive span), steps per token (ACT), the exit curve (early exits), and what
+/// a memory is worth (from the recorded evaluations with and without it).
+fn learned(
+    model: &DecoderLm,
+    config: &ExperimentConfig,
+    dir: &Path,
+    ids: &[u32],
+    eval: &[EvalLine],
+    device: &Device,
+) -> Vec<Learned> {
     let mut views = Vec::new();
+    if model.has_memory() {
+        let mut lines: Vec<String> = eval
+            .iter()
+            .filter(|w| w.reading == "with memory")
+            .filter_map(|w| {
+                let without = eval
+                    .iter()
+                    .find(|o| o.reading == "without memory" && o.seq_len == w.seq_len && o.data == w.data)?;
+                Some(format!(
+                    "segments of {}: loss {} with the memory, {} without, gain {:.4} nats/token ({})",
+                    w.seq_len,
+                    w.loss,
+                    without.loss,
+                    without.value - w.value,
+                    w.data
+                ))
+            })
+            .collect();
+        if lines.is_empty() {
+            lines.push(format!(
+                "not measured yet: `variorum eval {} --seq-len …` reads the validation split with and without the memory",
+                dir.display()
+            ));
+        }
+        let kind = config.model.memory.kind();
+        views.push(Learned {
+            title: format!("what the memory is worth (model.memory.kind = \"{kind}\")"),
+            lines,
+            figure: None,
+        });
+    }
     let mut spans = Vec::new();
     let mut header = String::new();
-    for (i, block) in run.model.blocks.iter().enumerate() {
+    for (i, block) in model.blocks.iter().enumerate() {
         let variorum_attention::Attention::AdaptiveSpan(a) = &block.attn else { continue };
         if header.is_empty() {
             let dynamic = if a.predictor.is_some() {
@@ -392,33 +491,49 @@ fn learned(run: &Run, ids: &[u32], device: &Device) -> Vec<Learned> {
         views.push(Learned { title: format!("learned span per head ({header})"), lines: spans, figure: None });
     }
     let read = &ids[..ids.len().min(STEPS_TOKENS)];
-    if let Some((mean, shares)) = crate::eval::steps_per_token(&run.model, read, run.model.seq_len, device) {
+    if let Some((mean, shares)) = crate::eval::steps_per_token(model, read, model.seq_len, device) {
         views.push(Learned {
             title: format!("adaptive computation time: steps per token ({} validation tokens)", read.len()),
             lines: vec![crate::eval::format_steps(mean, &shares)],
             figure: None,
         });
     }
-    if run.model.exits.is_some() {
+    if model.exits.is_some() {
         use crate::early_exit::{Confidence, sweep};
-        let read = &ids[..ids.len().min(EXIT_TOKENS)];
-        let points = sweep(&run.model, read, Confidence::SoftmaxResponse, &[0.9, 0.7, 0.5, 0.3, 0.1, 0.0], device);
-        let curve: Vec<(f64, f64)> = points.iter().map(|p| (p.blocks(), p.loss())).collect();
-        let lines = points
-            .iter()
-            .map(|p| format!("threshold {:.1}: {:.2} blocks, loss {:.4}", p.threshold, p.blocks(), p.loss()))
-            .collect();
-        let title = format!("early exit: loss against blocks used (softmax response, {} tokens)", read.len());
-        let svg = crate::plot::lines_svg(
-            &[("exits", curve, RGBColor(30, 60, 140), true)],
-            (720, 420),
-            &title,
-            "mean blocks per token",
-            "loss (nats/token)",
-        );
-        views.push(Learned { title: title.clone(), lines, figure: Some(Figure::from_svg(&title, svg)) });
+        // decoding scores whole windows of seq_len + 1 tokens
+        let read = &ids[..ids.len().min(EXIT_TOKENS.max(model.seq_len + 1))];
+        let points = sweep(model, read, Confidence::SoftmaxResponse, &[0.9, 0.7, 0.5, 0.3, 0.1, 0.0], device);
+        let scored = points.first().map_or(0, |p| p.tokens.len());
+        let title = format!("early exit: loss against blocks used (softmax response, {scored} validation tokens)");
+        if scored == 0 {
+            let why = format!("{} validation tokens are not one window of {} to decode", read.len(), model.seq_len + 1);
+            views.push(Learned { title: title.clone(), lines: Vec::new(), figure: Some(Figure::missing(&title, why)) });
+        } else {
+            let curve: Vec<(f64, f64)> = points.iter().map(|p| (p.blocks(), p.loss())).collect();
+            let lines = points
+                .iter()
+                .map(|p| format!("threshold {:.1}: {:.2} blocks, loss {:.4}", p.threshold, p.blocks(), p.loss()))
+                .collect();
+            let svg = crate::plot::lines_svg(
+                &[("exits", curve, RGBColor(30, 60, 140), true)],
+                (720, 420),
+                &title,
+                "mean blocks per token",
+                "loss (nats/token)",
+            );
+            views.push(Learned { title: title.clone(), lines, figure: Some(Figure::from_svg(&title, svg)) });
+        }
     }
     views
+}
+
+/// What an adaptive model learned, as text (`variorum inspect RUN`): each view's title and
+/// lines, read on the run's validation split.
+pub fn learned_text(run: &Run, device: &Device) -> Result<Vec<(String, Vec<String>)>> {
+    let ids = run.validation_tokens()?;
+    let eval: Vec<EvalLine> = eval_record::read(&run.dir).unwrap_or_default().iter().map(eval_line).collect();
+    let views = learned(&run.model, &run.config, &run.dir, &ids, &eval, device);
+    Ok(views.into_iter().map(|v| (v.title, v.lines)).collect())
 }
 
 type History<'a> = (&'a str, RGBColor, Vec<Row>);
@@ -534,6 +649,7 @@ mod tests {
             reading: None,
             tokens: 99,
             loss: 2.5,
+            weights: Some("model.bpk".into()),
         };
         eval_record::record(&run, &[row]).unwrap();
         run
@@ -558,7 +674,12 @@ mod tests {
         // the adaptive span's own view, its auxiliary loss, the recorded evaluation
         assert!(html.contains("learned span per head"), "no span view");
         assert!(html.contains("auxiliary loss: span"), "no auxiliary-loss chart");
-        assert!(html.contains("<td>16</td><td>16</td><td>99</td><td>2.5000</td><td>12.182</td>"), "no evaluation row");
+        assert!(
+            html.contains(
+                "<td>16</td><td>16</td><td>99</td><td>2.5000</td><td>12.182</td><td class=\"text\">model.bpk</td>"
+            ),
+            "no evaluation row"
+        );
         // the pattern and the heatmaps are pictures, the curves inline SVG
         assert_eq!(html.matches("src=\"data:image/png;base64,").count(), 2, "pattern and heatmap PNGs");
         if crate::plot::has_font() {

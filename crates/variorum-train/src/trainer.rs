@@ -21,6 +21,7 @@ use crate::checkpoint::{self, TrainState, write_atomic};
 use crate::config::{Batching, ExperimentConfig, TrainConfig};
 use crate::eval::{evaluate, masked_batches, masking, stream_loss};
 use crate::generate::{SampleConfig, generate};
+use crate::listing::Status;
 use crate::metrics::{MetricsLog, Row};
 use crate::schedule::learning_rate;
 use crate::step::{optimizer, train_step};
@@ -276,7 +277,8 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
             let ckpt = save_checkpoint(run, &state, tc.keep_checkpoints, &model, &optim, memory.as_ref())?;
             pb.abandon();
             finish_plot(run, &metrics)?;
-            write_report(run, opts, |s| eprintln!("{s}"));
+            let now = ReportState { model: &model, config: &cfg, corpus: &corpus, params };
+            write_report(run, opts, Status::Interrupted, &now, |s| eprintln!("{s}"));
             return Ok(Outcome::Interrupted { step: state.step, checkpoint: ckpt });
         }
         let step = state.step;
@@ -376,7 +378,11 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
             }
             if ckpt_now {
                 save_checkpoint(run, &state, tc.keep_checkpoints, &model, &optim, memory.as_ref())?;
-                write_report(run, opts, &say);
+                // the last one is written at the end, after the peak memory is read
+                if !done {
+                    let now = ReportState { model: &model, config: &cfg, corpus: &corpus, params };
+                    write_report(run, opts, Status::Running, &now, &say);
+                }
             }
         } else {
             let dt = t0.elapsed().as_secs_f64();
@@ -439,7 +445,8 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
         peak_rss_mib: crate::bench::peak_rss_mib(),
     };
     write_atomic(&run.join("summary.json"), serde_json::to_string_pretty(&summary)?.as_bytes())?;
-    write_report(run, opts, |s| eprintln!("{s}"));
+    let now = ReportState { model: &valid, config: &cfg, corpus: &corpus, params };
+    write_report(run, opts, Status::Finished, &now, |s| eprintln!("{s}"));
     Ok(Outcome::Finished(summary))
 }
 
@@ -490,16 +497,39 @@ fn save_checkpoint(
     })
 }
 
-/// Writes the run's report (`--no-report` turns it off); a report that cannot be drawn is a
-/// note, never a reason to stop training.
-fn write_report(run: &Path, opts: &TrainOptions, say: impl Fn(String)) {
+/// Writes the run's report from the training's state in memory (`--no-report` turns it off). A
+/// report that cannot be drawn — an error, or a panic such as a device out of memory — is a
+/// note, never a reason to stop training: the checkpoint is written before it.
+fn write_report(run: &Path, opts: &TrainOptions, status: Status, now: &ReportState, say: impl Fn(String)) {
     if !opts.report {
         return;
     }
+    let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let model = now.model.valid();
+        let live = crate::report::Live {
+            status,
+            model: &model,
+            config: now.config,
+            tokenizer: &now.corpus.tokenizer,
+            validation: &now.corpus.val,
+            params: now.params,
+        };
+        crate::report::write_live(run, &live, &opts.device)
+    }));
     let out = run.join(crate::report::REPORT_FILE);
-    if let Err(e) = crate::report::write(&[run.to_path_buf()], &out, &opts.device) {
-        say(format!("note: {} not written: {e:#}", out.display()));
+    match written {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => say(format!("note: {} not written: {e:#}", out.display())),
+        Err(_) => say(format!("note: {} not written: drawing it panicked (above)", out.display())),
     }
+}
+
+/// What the report of a training reads, borrowed from the loop.
+struct ReportState<'a> {
+    model: &'a DecoderLm,
+    config: &'a ExperimentConfig,
+    corpus: &'a Corpus,
+    params: usize,
 }
 
 fn finish_plot(run: &Path, metrics: &MetricsLog) -> Result<()> {
