@@ -16,7 +16,7 @@ mod common;
 
 use anyhow::{Context, anyhow};
 use burn::prelude::Device;
-use common::seeded;
+use common::{corpus, seeded};
 use headless_chrome::protocol::cdp::types::Event;
 use headless_chrome::protocol::cdp::{Log, Network, Page as CdpPage, Runtime};
 use headless_chrome::{Browser, LaunchOptions};
@@ -48,19 +48,6 @@ fn chromium() -> PathBuf {
         }
     }
     panic!("{NO_BROWSER}");
-}
-
-/// A small text with enough structure to learn from: ~20 kB.
-fn corpus(dir: &Path) -> PathBuf {
-    let mut text = String::new();
-    let words = ["to be", "or not", "that is", "the question", "whether", "'tis nobler", "in the mind", "to suffer"];
-    for i in 0..1500 {
-        text.push_str(words[(i * 7 + i / 3) % words.len()]);
-        text.push(if i % 11 == 10 { '\n' } else { ' ' });
-    }
-    let path = dir.join("corpus.txt");
-    std::fs::write(&path, text).unwrap();
-    path
 }
 
 /// A few steps with training rows, two evaluations and two checkpoints.

@@ -7,21 +7,8 @@ use std::path::{Path, PathBuf};
 mod common;
 
 use burn::prelude::*;
-use common::seeded;
+use common::{corpus, seeded};
 use variorum_train::{ExperimentConfig, Outcome, TrainOptions, metrics, train};
-
-/// A small text with enough structure to learn from: ~20 kB.
-fn corpus(dir: &Path) -> PathBuf {
-    let mut text = String::new();
-    let words = ["to be", "or not", "that is", "the question", "whether", "'tis nobler", "in the mind", "to suffer"];
-    for i in 0..1500 {
-        text.push_str(words[(i * 7 + i / 3) % words.len()]);
-        text.push(if i % 11 == 10 { '\n' } else { ' ' });
-    }
-    let path = dir.join("corpus.txt");
-    std::fs::write(&path, text).unwrap();
-    path
-}
 
 fn tiny_config(corpus: &Path, dropout: f64) -> ExperimentConfig {
     let text = format!(
