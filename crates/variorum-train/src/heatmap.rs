@@ -269,27 +269,7 @@ fn colour(w: f32) -> RGBColor {
 /// the heatmaps are drawn.
 pub fn draw(maps: &Heatmaps, path: &Path) -> Result<()> {
     let lay = layout(maps);
-    let svg = path.extension().and_then(|e| e.to_str()).is_some_and(|e| e.eq_ignore_ascii_case("svg"));
-    let result = if svg {
-        let area = SVGBackend::new(path, (lay.width, lay.height)).into_drawing_area();
-        paint(maps, &area, &lay).and_then(|()| area.present().map_err(|e| anyhow!("{e}")))
-    } else {
-        let area = BitMapBackend::new(path, (lay.width, lay.height)).into_drawing_area();
-        paint(maps, &area, &lay).and_then(|()| area.present().map_err(|e| anyhow!("{e}")))
-    };
-    result.map_err(|e| anyhow!("cannot draw {}: {e}", path.display()))
-}
-
-/// The picture [`draw`] makes, as an SVG document (for an HTML report).
-pub fn svg(maps: &Heatmaps) -> Result<String> {
-    let lay = layout(maps);
-    let mut out = String::new();
-    {
-        let area = SVGBackend::with_string(&mut out, (lay.width, lay.height)).into_drawing_area();
-        paint(maps, &area, &lay)?;
-        area.present().map_err(|e| anyhow!("cannot draw the attention heatmaps: {e}"))?;
-    }
-    Ok(out)
+    crate::plot::draw_to_file!(path, (lay.width, lay.height), |area| paint(maps, &area, &lay))
 }
 
 fn paint<DB: DrawingBackend>(maps: &Heatmaps, area: &DrawingArea<DB, Shift>, lay: &Layout) -> Result<()> {
@@ -483,7 +463,7 @@ mod tests {
         }
         let png = std::fs::read(dir.path().join("a.png")).unwrap();
         assert_eq!(&png[1..4], b"PNG");
-        let s = svg(&maps).unwrap();
+        let s = std::fs::read_to_string(dir.path().join("a.svg")).unwrap();
         assert!(s.contains("<svg"), "not an SVG: {}", &s[..s.len().min(200)]);
         assert!(s.contains("<rect"), "no cells drawn");
     }

@@ -185,15 +185,7 @@ pub fn draw(pattern: &Pattern, path: &Path) -> Result<()> {
     let side = cell * pattern.len as u32;
     // wide enough for the title line above a single grid
     let (w, h) = ((cols as u32 * (side + 24) + 24).max(620), rows as u32 * (side + 40) + 40);
-    let svg = path.extension().and_then(|e| e.to_str()).is_some_and(|e| e.eq_ignore_ascii_case("svg"));
-    let result = if svg {
-        let area = SVGBackend::new(path, (w, h)).into_drawing_area();
-        paint(pattern, &area, cols, cell).and_then(|()| area.present().map_err(|e| anyhow::anyhow!("{e}")))
-    } else {
-        let area = BitMapBackend::new(path, (w, h)).into_drawing_area();
-        paint(pattern, &area, cols, cell).and_then(|()| area.present().map_err(|e| anyhow::anyhow!("{e}")))
-    };
-    result.map_err(|e| anyhow::anyhow!("cannot draw {}: {e}", path.display()))
+    crate::plot::draw_to_file!(path, (w, h), |area| paint(pattern, &area, cols, cell))
 }
 
 fn paint<DB: DrawingBackend>(pattern: &Pattern, area: &DrawingArea<DB, Shift>, cols: usize, cell: u32) -> Result<()> {

@@ -18,6 +18,25 @@ const FONTS: &[&str] = &[
     "C:\\Windows\\Fonts\\arial.ttf",
 ];
 
+/// Paints a picture of `size` pixels into the file at `path`: SVG when its extension says so,
+/// PNG otherwise. `|area| paint` is expanded once per backend, so `paint` may be generic over it;
+/// it returns `anyhow::Result<()>`.
+macro_rules! draw_to_file {
+    ($path:expr, $size:expr, |$area:ident| $paint:expr) => {{
+        let path: &std::path::Path = $path;
+        let svg = path.extension().and_then(|e| e.to_str()).is_some_and(|e| e.eq_ignore_ascii_case("svg"));
+        let drawn: anyhow::Result<()> = if svg {
+            let $area = plotters::prelude::SVGBackend::new(path, $size).into_drawing_area();
+            $paint.and_then(|()| $area.present().map_err(|e| anyhow::anyhow!("{e}")))
+        } else {
+            let $area = plotters::prelude::BitMapBackend::new(path, $size).into_drawing_area();
+            $paint.and_then(|()| $area.present().map_err(|e| anyhow::anyhow!("{e}")))
+        };
+        drawn.map_err(|e| anyhow::anyhow!("cannot draw {}: {e}", path.display()))
+    }};
+}
+pub(crate) use draw_to_file;
+
 /// Whether a font for labels is available (registering it on first use).
 pub(crate) fn has_font() -> bool {
     register_font()

@@ -309,6 +309,7 @@ fn run_page(
         final_train_loss: fixed(number("final_train_loss"), 4),
         tokens_per_sec: fixed(tokens_per_sec, 0),
         params: params.map_or_else(|| "–".into(), |p| format!("{:.3} M", p / 1e6)),
+        state_memory: params.map_or_else(|| "–".into(), state_memory),
         flops_per_token: flops.map_or_else(|| "–".into(), |f| format!("{:.2} M forward", f / 1e6)),
         gflops: fixed(flops.zip(tokens_per_sec).map(|(f, t)| 3.0 * f * t / 1e9), 1),
         train_time: number("train_seconds").map_or_else(|| "–".into(), |s| format!("{s:.0} s")),
@@ -317,7 +318,6 @@ fn run_page(
             || "not recorded (written by train at the end of a run)".into(),
             |m| format!("{m:.0} MiB (peak resident set of the training process)"),
         ),
-        state_memory: params.map_or_else(|| "–".into(), |p| format!("{:.1} MiB", p * 12.0 / (1 << 20) as f64)),
         config,
         metrics_note,
         sample: ended.then(|| std::fs::read_to_string(dir.join("sample.txt")).ok()).flatten(),
@@ -329,6 +329,11 @@ fn run_page(
     }
     model_views(dir, &mut page, live, device);
     page
+}
+
+/// The fp32 weights and AdamW's two moments: 12 bytes per parameter.
+fn state_memory(params: f64) -> String {
+    format!("{:.1} MiB", params * 12.0 / (1 << 20) as f64)
 }
 
 fn eval_line(r: &EvalRow) -> EvalLine {
@@ -366,8 +371,9 @@ fn model_views(dir: &Path, page: &mut RunPage, live: Option<&Live>, device: &Dev
         },
     };
     if page.params == "–" {
-        page.params = format!("{:.3} M", model.num_params() as f64 / 1e6);
-        page.state_memory = format!("{:.1} MiB", model.num_params() as f64 * 12.0 / (1 << 20) as f64);
+        let params = model.num_params() as f64;
+        page.params = format!("{:.3} M", params / 1e6);
+        page.state_memory = state_memory(params);
     }
     // the text read: the start of the validation split, or the sample when the corpus is gone
     let text: Result<Vec<u32>> = validation
