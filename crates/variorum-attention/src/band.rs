@@ -276,6 +276,9 @@ pub fn sparse(mha: &MultiHeadAttention, p: &Projected, pattern: &Pattern) -> Ten
     let mut global: Vec<usize> = pattern.global.iter().copied().filter(|&g| g < l).collect();
     global.sort_unstable();
     global.dedup();
+    if let Some(context) = crate::sparse_kernel::context(mha, p, pattern, &global) {
+        return context;
+    }
     let gathered_ok = mha.position.as_ref().is_none_or(|pos| pos.works_on_gathered_keys());
     let expand = |x: Tensor<4>| {
         if h == hkv { x } else { x.unsqueeze_dim::<5>(2).expand([b, hkv, h / hkv, l, dh]).reshape([b, h, l, dh]) }

@@ -485,6 +485,29 @@ pub struct Projected {
     pub layout: ScoreLayout,
     /// No key more than this many positions before its query (`AttentionMask::max_back`).
     pub max_back: Option<usize>,
+    /// The fused projection's output `[b, L, (h + 2 h_kv) · d_h]` when q (before its scale), k
+    /// and v are exactly its views — self-attention without a cache or a rotation — so a kernel
+    /// can read them in place and hand back one gradient. Private: a `Projected` whose q, k or v
+    /// were changed is built anew ([`Projected::new`]) and has none.
+    packed: Option<Tensor<3>>,
+}
+
+impl Projected {
+    /// Projections formed elsewhere (no packed projection behind them).
+    pub fn new(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, layout: ScoreLayout, max_back: Option<usize>) -> Self {
+        Self { q, k, v, layout, max_back, packed: None }
+    }
+
+    /// The fused projection q, k and v are views of, where they are ([`Projected::packed`]).
+    pub fn packed(&self) -> Option<&Tensor<3>> {
+        self.packed.as_ref()
+    }
+
+    /// The same projections for rows `rows` of the batch (no packed projection).
+    pub fn rows(&self, rows: std::ops::Range<usize>) -> Self {
+        let pick = |x: &Tensor<4>| x.clone().narrow(0, rows.start, rows.len());
+        Self::new(pick(&self.q), pick(&self.k), pick(&self.v), self.layout, self.max_back)
+    }
 }
 
 impl MultiHeadAttention {
@@ -499,9 +522,13 @@ impl MultiHeadAttention {
         cache: Option<&mut KvCache>,
     ) -> Projected {
         let [_, lq, _] = query.dims();
-        let (q, k, v) = match key_value {
-            None => self.qkv.self_attention(query),
-            Some(src) => self.qkv.cross_attention(query, src),
+        let rotates = self.position.as_ref().is_some_and(|p| p.rotates());
+        let (packed, (q, k, v)) = match key_value {
+            None => {
+                let (all, qkv) = self.qkv.self_attention_packed(query);
+                (Some(all).filter(|_| cache.is_none() && !rotates), qkv)
+            }
+            Some(src) => (None, self.qkv.cross_attention(query, src)),
         };
         let (cached, dropped) = cache.as_ref().map_or((0, 0), |c| (c.len(), c.start));
         let k_start = mask.k_start + dropped;
@@ -515,7 +542,7 @@ impl MultiHeadAttention {
             None => (k, v),
         };
         let layout = ScoreLayout::new(mask.q_start, k_start, lq, k.dims()[2], mask.causal);
-        Projected { q: q.mul_scalar(self.scale), k, v, layout, max_back: mask.max_back }
+        Projected { q: q.mul_scalar(self.scale), k, v, layout, max_back: mask.max_back, packed }
     }
 
     /// Step 2: scaled scores `[b, n_heads, len_q, len_k]` with the position scheme applied, not

@@ -56,6 +56,7 @@ pub mod rfa;
 pub mod routing;
 pub mod sinkhorn;
 pub mod sliding_window;
+pub mod sparse_kernel;
 pub mod sorted_chunks;
 pub mod state;
 pub mod strided;

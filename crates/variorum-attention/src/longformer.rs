@@ -346,8 +346,7 @@ impl LongformerAttention {
         let call = PatternCall::new(&self.attention, input, cache.as_deref_mut(), dense);
         let (p, causal) = (&call.p, call.causal());
         let global = self.global_rows(batch, mask, cache.as_deref_mut());
-        let row = |x: &Tensor<4>, i: usize| x.clone().narrow(0, i, 1);
-        let row_of = |i: usize| Projected { q: row(&p.q, i), k: row(&p.k, i), v: row(&p.v, i), ..*p };
+        let row_of = |i: usize| p.rows(i..i + 1);
         let same = global.iter().all(|g| *g == global[0]);
         let out = if call.fresh() {
             let context = if same {
@@ -429,13 +428,8 @@ fn with_global_rows(
     let device = context.device();
     for pos in positions {
         let i = pos - q0;
-        let p = Projected {
-            q: gp.q.clone().narrow(2, i, 1),
-            k: gp.k.clone(),
-            v: gp.v.clone(),
-            layout: variorum_position::ScoreLayout::new(pos, gp.layout.k_start, 1, gp.layout.len_k, gp.layout.causal),
-            max_back: gp.max_back,
-        };
+        let layout = variorum_position::ScoreLayout::new(pos, gp.layout.k_start, 1, gp.layout.len_k, gp.layout.causal);
+        let p = Projected::new(gp.q.clone().narrow(2, i, 1), gp.k.clone(), gp.v.clone(), layout, gp.max_back);
         let row_mask =
             AttentionMask { q_start: pos, custom: mask.custom.clone().map(|c| c.narrow(1, i, 1)), ..mask.clone() };
         let row = dense_pattern(g, &p, &row_mask, weights.is_some(), 1, |_, _, _, _| false);

@@ -423,7 +423,7 @@ impl PoolingformerAttention {
         let [_, _, lq, _] = q.dims();
         let lk = k.dims()[2];
         let layout = ScoreLayout::new(0, 0, lq, lk, false);
-        let p = Projected { q: q.mul_scalar(self.level1.scale), k, v, layout, max_back: None };
+        let p = Projected::new(q.mul_scalar(self.level1.scale), k, v, layout, None);
         let probs = self.level1.dropout.forward(softmax(self.level1.scores(&p), 3));
         let y = self.level1.combine(probs, &p);
         let (q2, k2, v2) = self.level2.qkv.cross_attention(y.clone(), source);

@@ -62,13 +62,20 @@ pub type Qkv = (Tensor<4>, Tensor<4>, Tensor<4>);
 impl QkvProjection {
     /// Self-attention: q, k, v from the same states.
     pub fn self_attention(&self, x: Tensor<3>) -> Qkv {
+        self.self_attention_packed(x).1
+    }
+
+    /// [`self_attention`](Self::self_attention) with the projection's output `[b, L, (h + 2 h_kv)
+    /// · d_h]` they are views of.
+    pub fn self_attention_packed(&self, x: Tensor<3>) -> (Tensor<3>, Qkv) {
         let [b, l, _] = x.dims();
         let heads = self.n_heads + 2 * self.n_kv_heads;
-        let all = variorum_kernels::linear::forward(&self.qkv, x).reshape([b, l, heads, self.head_dim]).swap_dims(1, 2);
+        let packed = variorum_kernels::linear::forward(&self.qkv, x);
+        let all = packed.clone().reshape([b, l, heads, self.head_dim]).swap_dims(1, 2);
         let q = all.clone().narrow(1, 0, self.n_heads);
         let k = all.clone().narrow(1, self.n_heads, self.n_kv_heads);
         let v = all.narrow(1, self.n_heads + self.n_kv_heads, self.n_kv_heads);
-        (q, k, v)
+        (packed, (q, k, v))
     }
 
     /// Cross-attention: q from `x`, k and v from `source` (any length).

@@ -77,7 +77,7 @@ pub use flex::*;
 
 /// The kernels themselves, compiled with the `flex` feature.
 #[cfg(feature = "flex")]
-mod flex {
+pub(crate) mod flex {
     use super::*;
 
     use crate::fast_math;
@@ -124,16 +124,16 @@ mod flex {
     }
 
     /// A `[b, heads, L, d_h]` tensor read in place: its storage and the element strides of each axis.
-    struct Heads<'a> {
+    pub(crate) struct Heads<'a> {
         data: &'a [f32],
         start: usize,
-        dims: [usize; 4],
+        pub(crate) dims: [usize; 4],
         strides: [isize; 4],
     }
 
     impl<'a> Heads<'a> {
         /// The view of `t` as it is stored (callers make negative strides contiguous first: `readable`).
-        fn of(t: &'a FlexTensor) -> Self {
+        pub(crate) fn of(t: &'a FlexTensor) -> Self {
             let l = t.layout();
             let dims: [usize; 4] = l.shape().to_vec().try_into().expect("a 4-D tensor");
             let strides: [isize; 4] = l.strides().try_into().expect("a 4-D tensor");
@@ -141,28 +141,28 @@ mod flex {
         }
 
         /// Pointer to row 0 of head (`b`, `h`).
-        fn head(&self, b: usize, h: usize) -> *const f32 {
+        pub(crate) fn head(&self, b: usize, h: usize) -> *const f32 {
             let off = self.start as isize + b as isize * self.strides[0] + h as isize * self.strides[1];
             // SAFETY: (b, h) is within dims, so the offset is inside the tensor's storage
             unsafe { self.data.as_ptr().offset(off) }
         }
 
-        fn rs(&self) -> isize {
+        pub(crate) fn rs(&self) -> isize {
             self.strides[2]
         }
 
-        fn cs(&self) -> isize {
+        pub(crate) fn cs(&self) -> isize {
             self.strides[3]
         }
     }
 
-    fn readable(t: &FlexTensor) -> FlexTensor {
+    pub(crate) fn readable(t: &FlexTensor) -> FlexTensor {
         if t.layout().strides().iter().all(|&s| s >= 0) { t.clone() } else { t.to_contiguous() }
     }
 
     /// A pointer shared by tasks that write disjoint parts of one buffer.
     #[derive(Clone, Copy)]
-    struct Shared(*mut f32);
+    pub(crate) struct Shared(pub(crate) *mut f32);
 
     // SAFETY: every task writes only the rows of its own (batch, key/value head)
     unsafe impl Send for Shared {}
@@ -171,14 +171,14 @@ mod flex {
 
     impl Shared {
         /// The pointer (a method, so closures capture the `Send` wrapper and not its field).
-        fn at(self, i: usize) -> *mut f32 {
+        pub(crate) fn at(self, i: usize) -> *mut f32 {
             self.0.wrapping_add(i)
         }
     }
 
     /// dst (m × n) := [dst +] factor · lhs (m × k) · rhs (k × n); strides in elements, (row, column).
     #[allow(clippy::too_many_arguments)]
-    unsafe fn gemm(
+    pub(crate) unsafe fn gemm(
         (m, n, k): (usize, usize, usize),
         dst: *mut f32,
         dst_rs: isize,
@@ -308,7 +308,7 @@ mod flex {
     crate::wide_vectors! {
         /// dS = P ∘ (dP − D) in place of dP, D_r = Σ_d dO_rd O_rd from the rows of `dout` and `o`
         /// (row stride `out_rs`, from element `first`).
-        fn score_gradients(ds: &mut [f32], p: &[f32], kend: usize, dout: &[f32], o: &[f32], first: usize, out_rs: usize, dh: usize) {
+        pub(crate) fn score_gradients(ds: &mut [f32], p: &[f32], kend: usize, dout: &[f32], o: &[f32], first: usize, out_rs: usize, dh: usize) {
             for (r, (dsr, pr)) in ds.chunks_exact_mut(kend).zip(p.chunks_exact(kend)).enumerate() {
                 let at = first + r * out_rs;
                 let d = fast_math::dot(&dout[at..at + dh], &o[at..at + dh]);
@@ -370,7 +370,7 @@ mod flex {
 
     /// Rows of `s` to `norm`'s weights over their first `visible(r)` entries, zeros after; each
     /// row's log-sum-exp (softmax) or threshold τ (sparsemax, entmax-1.5) into `slot`, 0 otherwise.
-    fn normalise_rows(
+    pub(crate) fn normalise_rows(
         norm: RowNormaliser,
         s: &mut [f32],
         kend: usize,
@@ -403,7 +403,7 @@ mod flex {
 
     /// Scores to the weights of the forward pass (zeros past `visible(r)`), from each row's saved
     /// log-sum-exp or threshold.
-    fn recompute_rows(norm: RowNormaliser, s: &mut [f32], kend: usize, visible: impl Fn(usize) -> usize, slot: &[f32]) {
+    pub(crate) fn recompute_rows(norm: RowNormaliser, s: &mut [f32], kend: usize, visible: impl Fn(usize) -> usize, slot: &[f32]) {
         match norm {
             RowNormaliser::Softmax => probabilities(s, kend, visible, slot),
             _ => normaliser_probabilities(norm, s, kend, visible, slot),
@@ -420,7 +420,7 @@ mod flex {
         /// dS_j = g_j dP_j − g_j · Σ_i g_i dP_i / Σ_i g_i.
         ///
         /// Off J the sparse ones and ReLU give 0.
-        fn normaliser_gradients(
+        pub(crate) fn normaliser_gradients(
             norm: RowNormaliser,
             ds: &mut [f32],
             p: &[f32],
@@ -526,17 +526,17 @@ mod flex {
     /// Where the backward writes one of dq, dk, dv: element (b, head, row, d) at
     /// `ptr + b·strides[0] + head·strides[1] + row·strides[2] + d`.
     #[derive(Clone, Copy)]
-    struct Dest {
-        ptr: Shared,
-        strides: [usize; 3],
+    pub(crate) struct Dest {
+        pub(crate) ptr: Shared,
+        pub(crate) strides: [usize; 3],
     }
 
     impl Dest {
-        fn head(self, b: usize, h: usize) -> *mut f32 {
+        pub(crate) fn head(self, b: usize, h: usize) -> *mut f32 {
             self.ptr.at(b * self.strides[0] + h * self.strides[1])
         }
 
-        fn rs(self) -> isize {
+        pub(crate) fn rs(self) -> isize {
             self.strides[2] as isize
         }
     }
@@ -649,7 +649,7 @@ mod flex {
 
     /// The query, key and value heads of a fused projection's output `[b, L, (h + 2 h_kv) · d_h]`,
     /// read in place.
-    fn packed_views(qkv: &FlexTensor, n_heads: usize, n_kv_heads: usize) -> [Heads<'_>; 3] {
+    pub(crate) fn packed_views(qkv: &FlexTensor, n_heads: usize, n_kv_heads: usize) -> [Heads<'_>; 3] {
         let l = qkv.layout();
         let [b, len, width]: [usize; 3] = l.shape().to_vec().try_into().expect("a 3-D projection");
         let dh = width / (n_heads + 2 * n_kv_heads);
@@ -676,7 +676,7 @@ mod flex {
     }
 
     /// The projection contiguous in its last axis (how `packed_views` reads it).
-    fn readable_packed(t: &FlexTensor) -> FlexTensor {
+    pub(crate) fn readable_packed(t: &FlexTensor) -> FlexTensor {
         let l = t.layout();
         let s = l.strides();
         let dims = l.shape().to_vec();

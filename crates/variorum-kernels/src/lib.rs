@@ -11,6 +11,7 @@
 //! function here is its composed fallback.
 
 pub mod adamw;
+pub mod block_sparse;
 pub mod causal_attention;
 pub mod cross_entropy;
 pub mod fast_math;

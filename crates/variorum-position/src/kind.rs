@@ -97,6 +97,11 @@ pub trait RelativeScheme {
         x
     }
 
+    /// Whether [`rotate`](Self::rotate) changes q and k (RoPE). Default: no.
+    fn rotates(&self) -> bool {
+        false
+    }
+
     /// The scheme applied to a block of scores `[b, h, len_q, len_k]` that were formed as
     /// `scale · q kᵀ` from queries `q_scaled = scale · q: [b, h, len_q, d_h]` and keys
     /// `k: [b, h_kv, len_k, d_h]`.

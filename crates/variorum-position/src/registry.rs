@@ -189,6 +189,11 @@ impl RelativePosition {
         self.scheme().rotate(x, start)
     }
 
+    /// Whether [`rotate`](Self::rotate) changes q and k ([`RelativeScheme::rotates`]).
+    pub fn rotates(&self) -> bool {
+        self.scheme().rotates()
+    }
+
     /// The scheme applied to a block of scaled scores ([`RelativeScheme::scores`]).
     pub fn scores(
         &self,

@@ -141,6 +141,10 @@ impl RelativeScheme for RotaryEmbedding {
         RotaryEmbedding::rotate(self, x, start)
     }
 
+    fn rotates(&self) -> bool {
+        true
+    }
+
     fn scores(&self, scores: Tensor<4>, _q: Tensor<4>, _k: Tensor<4>, _layout: &ScoreLayout, _scale: f64) -> Tensor<4> {
         scores
     }

@@ -1,0 +1,164 @@
+//! A sparse [`Pattern`] handed to the block-sparse kernel
+//! ([`variorum_kernels::block_sparse`]): each block of queries scores the runs of keys its
+//! pattern can reach — its band(s), the global keys, its gathered keys, every key for a block
+//! holding a global query — and a bit per (query, key) keeps the exact pattern. One kernel serves
+//! every kind built on [`sparse`](crate::band::sparse): sliding-window, local, BigBird,
+//! Longformer, the fixed and blockwise patterns.
+//!
+//! It applies where it computes exactly what the composed path does: no dropout on the
+//! probabilities, query blocks at consecutive positions, and a position scheme that acts on q and
+//! k (RoPE), through the distance alone (ALiBi, T5: one bias per head and distance, learned
+//! through the kernel's bias gradient), or none. A dilated band is scored over the whole range
+//! its keys span (δ × its keys); the other schemes (Transformer-XL, Shaw, DeBERTa, …) keep the
+//! composed path.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use burn::prelude::*;
+use variorum_kernels::block_sparse::{SparseLayout, block_sparse_attention, block_sparse_self_attention};
+use variorum_position::Distances;
+
+use crate::MultiHeadAttention;
+use crate::band::{Band, BandPart, Pattern};
+use crate::full::Projected;
+
+/// The context `[b, h, len, d_h]` of `pattern` over aligned queries and keys, by the kernel;
+/// `None` where it does not apply (see the module) or off flex. `global`: the pattern's global
+/// positions inside the sequence, sorted.
+pub fn context(mha: &MultiHeadAttention, p: &Projected, pattern: &Pattern, global: &[usize]) -> Option<Tensor<4>> {
+    let gathered_queries = pattern.extra.is_some_and(|set| set.queries.is_some());
+    let position_ok = mha.position.as_ref().is_none_or(|pos| pos.works_on_gathered_keys());
+    if !variorum_kernels::has_kernel(&p.q) || mha.dropout.prob != 0.0 || gathered_queries || !position_ok {
+        return None;
+    }
+    let [b, h, l, dh] = p.q.dims();
+    let bs = pattern.block.max(1);
+    if pattern.extra.is_some_and(|set| set.block != bs || set.blocks != l.div_ceil(bs)) {
+        return None;
+    }
+    let layout = layout(pattern, global, h, l, p.layout.causal, p.max_back);
+    let device = p.q.device();
+    let mut bias = mha.position.as_ref().and_then(|pos| {
+        let n = layout.bias_width();
+        // entry t of the table is distance t − (L − 1)
+        let values = (0..n).map(|t| t as i64 - (l as i64 - 1)).collect();
+        let distances = Distances { dims: [1, 1, 1, n], values, causal: p.layout.causal };
+        pos.bias_at(&distances, &device).map(|bias| bias.reshape([h, n]))
+    });
+    let (layout, norm) = (Arc::new(layout), mha.normaliser.row);
+    let out = match (mha.normaliser.query_factor(), p.packed()) {
+        // read in place from the fused projection, its gradient handed back whole
+        (None, Some(packed)) => {
+            let heads = (h, p.k.dims()[1]);
+            block_sparse_self_attention(packed.clone(), heads, mha.scale, bias, layout, norm)?
+        }
+        (factor, _) => {
+            let mut q = p.q.clone();
+            // a head's temperature scales its whole score, s/τ = (q/τ)·k + b/τ
+            if let Some(f) = factor {
+                bias = bias.map(|b| b * f.clone().reshape([h, 1]));
+                q = q * f;
+            }
+            block_sparse_attention(q, p.k.clone(), p.v.clone(), bias, layout, norm)?
+        }
+    };
+    Some(out.reshape([b, l, h, dh]).swap_dims(1, 2))
+}
+
+/// Query rows per block of the kernel when the pattern has no gathered keys (whose lists are per
+/// block of the pattern): a band's block scores its rows' reach plus the block, so smaller blocks
+/// waste less (a window of 256 scores 319 keys per row at 64, 383 at 128) while the GEMMs stay
+/// efficient.
+const BAND_BLOCK: usize = 64;
+
+/// The kernel's layout of `pattern` for `h` heads over `l` positions.
+fn layout(pattern: &Pattern, global: &[usize], h: usize, l: usize, causal: bool, max_back: Option<usize>) -> SparseLayout {
+    let pattern_block = pattern.block.max(1);
+    let bs = if pattern.extra.is_some() { pattern_block } else { BAND_BLOCK };
+    let per_head = pattern.bands.iter().any(|part| part.bands.len() > 1 || !part.heads.is_empty())
+        || pattern.extra.is_some_and(|set| set.groups > 1);
+    let groups = if per_head { h } else { 1 };
+    let far = max_back.unwrap_or(usize::MAX);
+    let mut is_global = vec![false; l];
+    for &g in global {
+        is_global[g] = true;
+    }
+    let extra_cell = |g: usize, i: usize| pattern.extra.map(|set| (if set.groups == 1 { 0 } else { g }) * set.blocks + i);
+    let extra_keys = |cell: usize| {
+        let set = pattern.extra.expect("a cell of gathered keys");
+        set.positions[cell * set.keys..(cell + 1) * set.keys].iter().enumerate().filter_map(|(s, k)| k.map(|k| (s, k)))
+    };
+    let runs = |g: usize, i: usize| -> Vec<Range<usize>> {
+        let (q0, q_last) = (i * bs, ((i + 1) * bs).min(l) - 1);
+        let mut runs = Vec::new();
+        for part in pattern.bands {
+            if let Some(band) = band_of(part, g) {
+                let reach = (q0..=q_last).map(|q| key_reach(&band, part.dilation, q));
+                let lo = reach.clone().map(|r| r.start).min().unwrap_or(0);
+                let hi = reach.map(|r| r.end).max().unwrap_or(0);
+                runs.push(lo..hi);
+            }
+        }
+        runs.extend(global.iter().filter(|&&k| !causal || k <= q_last).map(|&k| k..k + 1));
+        if is_global[q0..=q_last].iter().any(|&x| x) {
+            runs.push(0..if causal { q_last + 1 } else { l });
+        }
+        for block in q0 / pattern_block..=q_last / pattern_block {
+            if let Some(cell) = extra_cell(g, block) {
+                runs.extend(extra_keys(cell).map(|(_, k)| k..k + 1));
+            }
+        }
+        runs
+    };
+    let visible = |g: usize, q: usize, out: &mut Vec<Range<usize>>| {
+        // no key after the query when causal, none more than `far` before it
+        let lo = q.saturating_sub(far);
+        let clip = |r: Range<usize>, causal: bool| r.start.max(lo)..r.end.min(if causal { q + 1 } else { l });
+        if is_global[q] {
+            out.push(clip(0..l, causal));
+            return;
+        }
+        out.extend(global.iter().map(|&k| clip(k..k + 1, causal)));
+        for part in pattern.bands {
+            let Some(band) = band_of(part, g) else { continue };
+            match part.dilation {
+                0 | 1 => out.push(clip(key_reach(&band, 1, q), band.causal)),
+                d => {
+                    // the band over q's residue class: class positions qi − back … qi + ahead
+                    let class = key_reach(&band, 1, q / d);
+                    out.extend(class.map(|ki| ki * d + q % d).map(|k| clip(k..k + 1, band.causal)));
+                }
+            }
+        }
+        if let (Some(set), Some(cell)) = (pattern.extra, extra_cell(g, q / pattern_block)) {
+            let row = (cell * set.block + q % pattern_block) * set.keys;
+            out.extend(extra_keys(cell).filter(|&(s, _)| !set.hidden[row + s]).map(|(_, k)| clip(k..k + 1, false)));
+        }
+    };
+    SparseLayout::new(l, l, bs, groups, runs, visible)
+}
+
+/// The band of `part` that head (or group) `g` uses, if it uses one.
+fn band_of(part: &BandPart, g: usize) -> Option<Band> {
+    if !part.heads.is_empty() && !part.heads[g] {
+        return None;
+    }
+    Some(if part.bands.len() == 1 { part.bands[0] } else { part.bands[g] })
+}
+
+/// The keys `band` (over every `dilation`-th position) can reach from query `q`: from its
+/// reach back (counted from the query's block when the band reaches from blocks) to its reach
+/// ahead (none when causal), in positions.
+fn key_reach(band: &Band, dilation: usize, q: usize) -> Range<usize> {
+    let d = dilation.max(1);
+    let qi = q / d;
+    let within = if band.query_blocks { qi % band.block } else { 0 };
+    let back = (within + band.back).min(qi);
+    let ahead = if band.causal {
+        0
+    } else {
+        (if band.query_blocks { band.block - 1 - within } else { 0 }) + band.ahead
+    };
+    q - back * d..q + ahead * d + 1
+}
