@@ -16,7 +16,11 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use burn::prelude::*;
-use variorum_kernels::block_sparse::{SparseLayout, block_sparse_attention, block_sparse_self_attention};
+use variorum_kernels::block_sparse::{
+    Pieces, SparseLayout, block_sparse_attention, block_sparse_self_attention, block_sparse_union,
+    block_sparse_union_self_attention,
+};
+use variorum_kernels::normalisers::RowNormaliser;
 use variorum_position::Distances;
 
 use crate::MultiHeadAttention;
@@ -29,41 +33,89 @@ use crate::full::Projected;
 pub fn context(mha: &MultiHeadAttention, p: &Projected, pattern: &Pattern, global: &[usize]) -> Option<Tensor<4>> {
     let gathered_queries = pattern.extra.is_some_and(|set| set.queries.is_some());
     let position_ok = mha.position.as_ref().is_none_or(|pos| pos.works_on_gathered_keys());
-    if !variorum_kernels::has_kernel(&p.q) || mha.dropout.prob != 0.0 || gathered_queries || !position_ok {
+    if !applies(mha, p) || gathered_queries || !position_ok {
         return None;
     }
-    let [b, h, l, dh] = p.q.dims();
+    let [_, h, l, _] = p.q.dims();
     let bs = pattern.block.max(1);
     if pattern.extra.is_some_and(|set| set.block != bs || set.blocks != l.div_ceil(bs)) {
         return None;
     }
     let layout = layout(pattern, global, h, l, p.layout.causal, p.max_back);
-    let device = p.q.device();
-    let mut bias = mha.position.as_ref().and_then(|pos| {
-        let n = layout.bias_width();
-        // entry t of the table is distance t − (L − 1)
-        let values = (0..n).map(|t| t as i64 - (l as i64 - 1)).collect();
-        let distances = Distances { dims: [1, 1, 1, n], values, causal: p.layout.causal };
-        pos.bias_at(&distances, &device).map(|bias| bias.reshape([h, n]))
-    });
+    let bias = distance_bias(mha, p, layout.bias_width());
     let (layout, norm) = (Arc::new(layout), mha.normaliser.row);
+    let heads = (h, p.k.dims()[1]);
     let out = match (mha.normaliser.query_factor(), p.packed()) {
         // read in place from the fused projection, its gradient handed back whole
-        (None, Some(packed)) => {
-            let heads = (h, p.k.dims()[1]);
-            block_sparse_self_attention(packed.clone(), heads, mha.scale, bias, layout, norm)?
-        }
+        (None, Some(packed)) => block_sparse_self_attention(packed.clone(), heads, mha.scale, bias, layout, norm)?,
         (factor, _) => {
-            let mut q = p.q.clone();
-            // a head's temperature scales its whole score, s/τ = (q/τ)·k + b/τ
-            if let Some(f) = factor {
-                bias = bias.map(|b| b * f.clone().reshape([h, 1]));
-                q = q * f;
-            }
+            let (q, bias) = with_temperature(p.q.clone(), bias, factor);
             block_sparse_attention(q, p.k.clone(), p.v.clone(), bias, layout, norm)?
         }
     };
-    Some(out.reshape([b, l, h, dh]).swap_dims(1, 2))
+    Some(by_head(out, h))
+}
+
+/// The context `[b, h, len, d_h]` of the union of `pieces` ([`block_sparse_union`]: patterns
+/// over different orderings of the positions, one softmax) by the kernel; `None` where it does
+/// not apply — the conditions of [`context`], softmax, and no position term on the scores (a
+/// union's pieces score keys out of position order) — or off flex.
+pub fn union_context(mha: &MultiHeadAttention, p: &Projected, pieces: impl FnOnce() -> Pieces) -> Option<Tensor<4>> {
+    let h = p.q.dims()[1];
+    let scores_plain =
+        mha.position.as_ref().is_none_or(|pos| pos.works_on_gathered_keys() && distance_bias(mha, p, 1).is_none());
+    if !applies(mha, p) || mha.normaliser.row != RowNormaliser::Softmax || !scores_plain {
+        return None;
+    }
+    let (heads, pieces) = ((h, p.k.dims()[1]), pieces());
+    let out = match (mha.normaliser.query_factor(), p.packed()) {
+        (None, Some(packed)) => block_sparse_union_self_attention(packed.clone(), heads, mha.scale, pieces)?,
+        (factor, _) => {
+            let (q, _) = with_temperature(p.q.clone(), None, factor);
+            block_sparse_union(q, p.k.clone(), p.v.clone(), pieces)?
+        }
+    };
+    Some(by_head(out, h))
+}
+
+/// What every kernel path needs: flex, no dropout on the probabilities, keys aligned with the
+/// queries.
+fn applies(mha: &MultiHeadAttention, p: &Projected) -> bool {
+    let aligned = p.layout.q_start == p.layout.k_start && p.layout.len_q == p.layout.len_k;
+    variorum_kernels::has_kernel(&p.q) && mha.dropout.prob == 0.0 && aligned
+}
+
+/// The position scheme's additive score by distance, `[h, width]` (entry t is distance
+/// t − (L − 1), L = (width + 1) / 2), where it adds one.
+fn distance_bias(mha: &MultiHeadAttention, p: &Projected, width: usize) -> Option<Tensor<2>> {
+    let pos = mha.position.as_ref()?;
+    let l = (width as i64 + 1) / 2;
+    let values = (0..width).map(|t| t as i64 - (l - 1)).collect();
+    let distances = Distances { dims: [1, 1, 1, width], values, causal: p.layout.causal };
+    let h = p.q.dims()[1];
+    pos.bias_at(&distances, &p.q.device()).map(|bias| bias.reshape([h, width]))
+}
+
+/// A head's temperature scales its whole score, s/τ = (q/τ)·k + b/τ: folded into the queries
+/// and the bias.
+fn with_temperature(
+    q: Tensor<4>,
+    bias: Option<Tensor<2>>,
+    factor: Option<Tensor<4>>,
+) -> (Tensor<4>, Option<Tensor<2>>) {
+    match factor {
+        Some(f) => {
+            let h = f.dims()[1];
+            (q * f.clone(), bias.map(|b| b * f.reshape([h, 1])))
+        }
+        None => (q, bias),
+    }
+}
+
+/// The kernel's merged heads `[b, L, h · d_h]` as per-head contexts `[b, h, L, d_h]`.
+fn by_head(out: Tensor<3>, h: usize) -> Tensor<4> {
+    let [b, l, width] = out.dims();
+    out.reshape([b, l, h, width / h]).swap_dims(1, 2)
 }
 
 /// Query rows per block of the kernel when the pattern has no gathered keys (whose lists are per
@@ -73,7 +125,14 @@ pub fn context(mha: &MultiHeadAttention, p: &Projected, pattern: &Pattern, globa
 const BAND_BLOCK: usize = 64;
 
 /// The kernel's layout of `pattern` for `h` heads over `l` positions.
-fn layout(pattern: &Pattern, global: &[usize], h: usize, l: usize, causal: bool, max_back: Option<usize>) -> SparseLayout {
+fn layout(
+    pattern: &Pattern,
+    global: &[usize],
+    h: usize,
+    l: usize,
+    causal: bool,
+    max_back: Option<usize>,
+) -> SparseLayout {
     let pattern_block = pattern.block.max(1);
     let bs = if pattern.extra.is_some() { pattern_block } else { BAND_BLOCK };
     let per_head = pattern.bands.iter().any(|part| part.bands.len() > 1 || !part.heads.is_empty())
@@ -84,7 +143,8 @@ fn layout(pattern: &Pattern, global: &[usize], h: usize, l: usize, causal: bool,
     for &g in global {
         is_global[g] = true;
     }
-    let extra_cell = |g: usize, i: usize| pattern.extra.map(|set| (if set.groups == 1 { 0 } else { g }) * set.blocks + i);
+    let extra_cell =
+        |g: usize, i: usize| pattern.extra.map(|set| (if set.groups == 1 { 0 } else { g }) * set.blocks + i);
     let extra_keys = |cell: usize| {
         let set = pattern.extra.expect("a cell of gathered keys");
         set.positions[cell * set.keys..(cell + 1) * set.keys].iter().enumerate().filter_map(|(s, k)| k.map(|k| (s, k)))
@@ -155,10 +215,7 @@ fn key_reach(band: &Band, dilation: usize, q: usize) -> Range<usize> {
     let qi = q / d;
     let within = if band.query_blocks { qi % band.block } else { 0 };
     let back = (within + band.back).min(qi);
-    let ahead = if band.causal {
-        0
-    } else {
-        (if band.query_blocks { band.block - 1 - within } else { 0 }) + band.ahead
-    };
+    let ahead =
+        if band.causal { 0 } else { (if band.query_blocks { band.block - 1 - within } else { 0 }) + band.ahead };
     q - back * d..q + ahead * d + 1
 }

@@ -23,8 +23,13 @@ use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
 use variorum_position::{PositionConfig, RotaryConfig, ScoreLayout, T5BiasConfig};
 
 use crate::band::{Band, BandScores, band_context, band_scores, banded, dense_pattern};
+use std::sync::Arc;
+
+use variorum_kernels::block_sparse::{PADDING, Pieces, SparseLayout, SparsePiece};
+
 use crate::full::{MASKED_SCORE, Positioning, Projected};
 use crate::kind::{AttentionKind, AttentionMechanism, TestVariant, caps};
+use crate::sparse_kernel;
 use crate::{AttentionInput, AttentionOutput, KvCache, MultiHeadAttention};
 
 /// How the two patterns are used.
@@ -188,7 +193,10 @@ impl StridedAttention {
         let out = if aligned && plain && !dense {
             let context = match self.mode {
                 StridedMode::Local => banded(&self.attention, &p, &[self.local_band(causal)], &[]),
-                _ => self.blocked(&p, causal),
+                _ => sparse_kernel::union_context(&self.attention, &p, || {
+                    self.pieces(p.q.dims()[1], p.layout.len_q, causal, p.max_back)
+                })
+                .unwrap_or_else(|| self.blocked(&p, causal)),
             };
             AttentionOutput { context: self.attention.merge(context), weights: None, aux_losses: Vec::new() }
         } else if decoding && plain && !dense {
@@ -284,6 +292,89 @@ impl StridedAttention {
     }
 
     /// The column pattern and (union, heads) the band, in one softmax per row: `[b, h, L, d_h]`.
+    /// The pattern for the block-sparse kernel ([`sparse_kernel::union_context`]), `h` heads
+    /// over `l` positions: A⁽¹⁾ as a band in position order, A⁽²⁾ as a band inside each residue
+    /// class (the classes laid end to end; without A⁽¹⁾ a head's column includes the query itself).
+    fn pieces(&self, h: usize, l: usize, causal: bool, max_back: Option<usize>) -> Pieces {
+        const BLOCK: usize = 64;
+        let s = self.stride;
+        let far = max_back.unwrap_or(usize::MAX);
+        let per_head = self.mode == StridedMode::Heads;
+        let groups = if per_head { h } else { 1 };
+        let local = |g: usize| match self.mode {
+            StridedMode::Union | StridedMode::Local => true,
+            StridedMode::Heads => g < h / 2,
+            StridedMode::Columns => false,
+        };
+        let columns = |g: usize| self.mode != StridedMode::Local && !(per_head && g < h / 2);
+        let mut pieces = Vec::new();
+        if (0..groups).any(local) {
+            let back = s - 1;
+            let ahead = if causal { 0 } else { s - 1 };
+            let band = SparseLayout::new(
+                l,
+                l,
+                BLOCK,
+                groups,
+                |g, i| match local(g) {
+                    true => vec![(i * BLOCK).saturating_sub(back)..((i + 1) * BLOCK).min(l) + ahead],
+                    false => Vec::new(),
+                },
+                |g, q, out| {
+                    if local(g) {
+                        out.push(q.saturating_sub(back.min(far))..(q + ahead + 1).min(l));
+                    }
+                },
+            );
+            pieces.push(SparsePiece { layout: Arc::new(band), order: None });
+        }
+        if (0..groups).any(columns) {
+            // slot c·n + i is position i·ℓ + c
+            let n = l.div_ceil(s);
+            let order: Vec<u32> = (0..s)
+                .flat_map(|c| (0..n).map(move |i| i * s + c))
+                .map(|pos| if pos < l { pos as u32 } else { PADDING })
+                .collect();
+            let slots = order.len();
+            // positions of class c: i·ℓ + c < l
+            let in_class = |c: usize| (l + s - 1 - c) / s;
+            let reach = far / s;
+            let column = SparseLayout::new(
+                slots,
+                slots,
+                BLOCK,
+                groups,
+                |g, i| {
+                    if !columns(g) {
+                        return Vec::new();
+                    }
+                    let (first, last) = (i * BLOCK, ((i + 1) * BLOCK).min(slots) - 1);
+                    (first / n..=last / n)
+                        .map(|c| {
+                            // causal: no key after the block's last row of this class
+                            let end = if causal && last / n == c { last % n + 1 } else { n };
+                            c * n..c * n + end.min(in_class(c))
+                        })
+                        .collect()
+                },
+                |g, slot, out| {
+                    let (c, i) = (slot / n, slot % n);
+                    if !columns(g) || i >= in_class(c) {
+                        return;
+                    }
+                    let with_self = !local(g);
+                    let lo = c * n + i.saturating_sub(reach);
+                    out.push(lo..c * n + i + usize::from(with_self));
+                    if !causal {
+                        out.push(c * n + i + 1..c * n + in_class(c));
+                    }
+                },
+            );
+            pieces.push(SparsePiece { layout: Arc::new(column), order: Some(order) });
+        }
+        Arc::new(pieces)
+    }
+
     fn blocked(&self, p: &Projected, causal: bool) -> Tensor<4> {
         let mha = &self.attention;
         let [b, h, l, dh] = p.q.dims();

@@ -7,7 +7,7 @@ mod common;
 
 use burn::prelude::*;
 use burn::tensor::Distribution;
-use common::{D, decoding_gap, schemes};
+use common::{D, decoding_gap, masks_and_paths, schemes, with_kernels};
 use variorum_attention::band::Band;
 use variorum_attention::{
     AttentionConfig, AttentionInput, AttentionKind, BandAttention, LocalAttentionConfig, MultiScaleConfig, Positioning,
@@ -87,11 +87,16 @@ fn blocks_equal_dense_attention_under_the_band_mask() {
         for (name, cfg) in patterns() {
             let attn = band(&cfg, &position, &dev);
             let x: Tensor<3> = Tensor::random([2, 11, D], Distribution::Normal(0.0, 1.0), &dev);
-            for mask in [AttentionMask::causal(), AttentionMask::bidirectional()] {
+            for (mask, kernels) in masks_and_paths() {
                 let run =
                     |dense| attn.forward_with(AttentionInput::self_attention(x.clone(), &mask), None, dense).context;
-                let d = (run(false) - run(true)).abs().max().into_scalar::<f32>();
-                assert!(d < 1e-5, "{} {name} causal {}: blocks differ from dense by {d}", position.kind(), mask.causal);
+                let d = (with_kernels(kernels, || run(false)) - run(true)).abs().max().into_scalar::<f32>();
+                let causal = mask.causal;
+                assert!(
+                    d < 1e-5,
+                    "{} {name} causal {causal} kernels {kernels}: blocks differ from dense by {d}",
+                    position.kind()
+                );
             }
         }
     }
@@ -205,15 +210,15 @@ fn strided_patterns_equal_dense_attention_under_their_mask() {
             cfg.validate(D).unwrap();
             let attn = cfg.init(D, 0.3, 0.3, Positioning { config: &position, context: 32 }, &dev);
             let x: Tensor<3> = Tensor::random([2, len, D], Distribution::Normal(0.0, 1.0), &dev);
-            for mask in [AttentionMask::causal(), AttentionMask::bidirectional()] {
+            for (mask, kernels) in masks_and_paths() {
                 let run =
                     |dense| attn.forward_with(AttentionInput::self_attention(x.clone(), &mask), None, dense).context;
-                let d = (run(false) - run(true)).abs().max().into_scalar::<f32>();
+                let d = (with_kernels(kernels, || run(false)) - run(true)).abs().max().into_scalar::<f32>();
+                let causal = mask.causal;
                 assert!(
                     d < 1e-5,
-                    "{} stride {stride} {combine:?} layer {layer} causal {}: {d}",
-                    position.kind(),
-                    mask.causal
+                    "{} stride {stride} {combine:?} layer {layer} causal {causal} kernels {kernels}: {d}",
+                    position.kind()
                 );
             }
         }

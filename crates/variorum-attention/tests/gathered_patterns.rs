@@ -7,7 +7,7 @@ mod common;
 
 use burn::prelude::*;
 use burn::tensor::Distribution;
-use common::{D, decoding_gap, distance_schemes as schemes};
+use common::{D, decoding_gap, distance_schemes as schemes, masks_and_paths, with_kernels};
 use variorum_attention::{
     AttentionConfig, AttentionInput, AttentionKind, AttentionOutput, BigBirdAttention, BigBirdConfig,
     BlockwiseAttention, BlockwiseConfig, FixedAttention, FixedConfig, Local2dAttention, Local2dConfig, Positioning,
@@ -55,11 +55,12 @@ fn bigbird_blocks_equal_dense_attention_under_its_mask() {
             let attn = bigbird(&cfg, &position, &dev);
             for len in [3, 13, 16] {
                 let x: Tensor<3> = Tensor::random([2, len, D], Distribution::Normal(0.0, 1.0), &dev);
-                for mask in [AttentionMask::causal(), AttentionMask::bidirectional()] {
-                    let blocked = run(|i| attn.forward_with(i, None, false), &x, &mask);
+                for (mask, kernels) in masks_and_paths() {
+                    let blocked = with_kernels(kernels, || run(|i| attn.forward_with(i, None, false), &x, &mask));
                     let dense = run(|i| attn.forward_with(i, None, true), &x, &mask);
                     let d = (blocked - dense).abs().max().into_scalar::<f32>();
-                    assert!(d < 1e-5, "{} {cfg:?} len {len} causal {}: {d}", position.kind(), mask.causal);
+                    let causal = mask.causal;
+                    assert!(d < 1e-5, "{} {cfg:?} len {len} causal {causal} kernels {kernels}: {d}", position.kind());
                 }
             }
         }
@@ -174,11 +175,12 @@ fn fixed_and_blockwise_blocks_equal_dense_attention_under_their_masks() {
         for (name, f) in &runs {
             for len in [3, 13, 16] {
                 let x: Tensor<3> = Tensor::random([2, len, D], Distribution::Normal(0.0, 1.0), &dev);
-                for mask in [AttentionMask::causal(), AttentionMask::bidirectional()] {
-                    let blocked = run(|i: AttentionInput| f(i, false), &x, &mask);
+                for (mask, kernels) in masks_and_paths() {
+                    let blocked = with_kernels(kernels, || run(|i: AttentionInput| f(i, false), &x, &mask));
                     let dense = run(|i: AttentionInput| f(i, true), &x, &mask);
                     let d = (blocked - dense).abs().max().into_scalar::<f32>();
-                    assert!(d < 1e-5, "{} {name} len {len} causal {}: {d}", position.kind(), mask.causal);
+                    let causal = mask.causal;
+                    assert!(d < 1e-5, "{} {name} len {len} causal {causal} kernels {kernels}: {d}", position.kind());
                 }
             }
         }

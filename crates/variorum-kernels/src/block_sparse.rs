@@ -225,7 +225,10 @@ pub fn block_sparse_attention(
     norm: RowNormaliser,
 ) -> Option<Tensor<3>> {
     #[cfg(feature = "flex")]
-    if crate::has_kernel(&q) && crate::has_kernel(&k) && crate::has_kernel(&v) && bias.as_ref().is_none_or(crate::has_kernel)
+    if crate::has_kernel(&q)
+        && crate::has_kernel(&k)
+        && crate::has_kernel(&v)
+        && bias.as_ref().is_none_or(crate::has_kernel)
     {
         let [_, h, lq, _] = q.dims();
         let lk = k.dims()[2];
@@ -236,9 +239,9 @@ pub fn block_sparse_attention(
         let d = match bias {
             Some(bias) => {
                 assert_eq!(bias.dims(), [h, layout.bias_width()], "the distance bias is [heads, 2 Lk − 1]");
-                Dispatch::block_sparse_biased(q, k, v, bias.into_dispatch(), layout, norm)
+                Dispatch::block_sparse_biased(q, k, v, bias.into_dispatch(), SparsePiece::only(layout), norm)
             }
-            None => Dispatch::block_sparse(q, k, v, layout, norm),
+            None => Dispatch::block_sparse(q, k, v, SparsePiece::only(layout), norm),
         };
         return Some(Tensor::from_dispatch(d));
     }
@@ -269,14 +272,101 @@ pub fn block_sparse_self_attention(
         let d = match bias {
             Some(bias) => {
                 assert_eq!(bias.dims(), [n_heads, layout.bias_width()], "the distance bias is [heads, 2 L − 1]");
-                Dispatch::block_sparse_packed_biased(qkv, bias.into_dispatch(), heads, layout, norm)
+                Dispatch::block_sparse_packed_biased(qkv, bias.into_dispatch(), heads, SparsePiece::only(layout), norm)
             }
-            None => Dispatch::block_sparse_packed(qkv, heads, layout, norm),
+            None => Dispatch::block_sparse_packed(qkv, heads, SparsePiece::only(layout), norm),
         };
         return Some(Tensor::from_dispatch(d));
     }
     let _ = (qkv, n_heads, n_kv_heads, scale, bias, layout, norm);
     None
+}
+
+/// One layout of a union ([`block_sparse_union`]): slot s of its layout stands for position
+/// `order[s]` ([`PADDING`]: a zero row, seen by nothing); without an order, slot s is position s.
+#[derive(Debug, Clone)]
+pub struct SparsePiece {
+    pub layout: Arc<SparseLayout>,
+    pub order: Option<Vec<u32>>,
+}
+
+/// A slot of a [`SparsePiece`]'s order that stands for no position.
+pub const PADDING: u32 = u32::MAX;
+
+/// The layouts of one call.
+pub type Pieces = Arc<Vec<SparsePiece>>;
+
+impl SparsePiece {
+    /// One layout over the positions in order: the whole pattern.
+    pub fn only(layout: Arc<SparseLayout>) -> Pieces {
+        Arc::new(vec![Self { layout, order: None }])
+    }
+}
+
+/// Softmax attention over the union of several patterns, each over its own ordering of the
+/// positions: where no one ordering makes every query's keys a few runs (the Sparse Transformer's
+/// strided pattern is a band in position order and a band inside each residue class), each piece
+/// is scored block by block in its own order, and the pieces' results are merged by their
+/// log-sum-exps, ℓ = log Σ_p e^{ℓ_p}, O = Σ_p e^{ℓ_p − ℓ} O_p — one softmax over the union. The
+/// backward recomputes each piece's probabilities against the merged ℓ. The pieces must not share
+/// a (query, key) pair; self-attention over L positions, no bias. Inputs as for
+/// [`block_sparse_attention`] (`None` with a packed projection: see
+/// [`block_sparse_union_self_attention`]).
+pub fn block_sparse_union(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, pieces: Pieces) -> Option<Tensor<3>> {
+    #[cfg(feature = "flex")]
+    if crate::has_kernel(&q) && crate::has_kernel(&k) && crate::has_kernel(&v) {
+        let [_, h, l, _] = q.dims();
+        check_pieces(&pieces, h, l);
+        use burn::backend::Dispatch;
+        let d = Dispatch::block_sparse(
+            q.into_dispatch(),
+            k.into_dispatch(),
+            v.into_dispatch(),
+            pieces,
+            RowNormaliser::Softmax,
+        );
+        return Some(Tensor::from_dispatch(d));
+    }
+    let _ = (q, k, v, pieces);
+    None
+}
+
+/// [`block_sparse_union`] straight from a fused projection's output, as
+/// [`block_sparse_self_attention`] takes it.
+pub fn block_sparse_union_self_attention(
+    qkv: Tensor<3>,
+    (n_heads, n_kv_heads): (usize, usize),
+    scale: f64,
+    pieces: Pieces,
+) -> Option<Tensor<3>> {
+    #[cfg(feature = "flex")]
+    if crate::has_kernel(&qkv) {
+        check_pieces(&pieces, n_heads, qkv.dims()[1]);
+        use burn::backend::Dispatch;
+        let heads = PackedHeads { n_heads, n_kv_heads, scale };
+        let d = Dispatch::block_sparse_packed(qkv.into_dispatch(), heads, pieces, RowNormaliser::Softmax);
+        return Some(Tensor::from_dispatch(d));
+    }
+    let _ = (qkv, n_heads, n_kv_heads, scale, pieces);
+    None
+}
+
+/// Every piece covers L positions with one pattern or one per head.
+#[cfg(feature = "flex")]
+fn check_pieces(pieces: &[SparsePiece], h: usize, l: usize) {
+    assert!(!pieces.is_empty(), "a union of no patterns");
+    for piece in pieces {
+        let (lq, lk) = piece.layout.lens();
+        assert!(lq == lk, "a union's pieces are self-attention");
+        match &piece.order {
+            Some(order) => assert!(order.len() == lq, "a piece's order lists one position per slot"),
+            None => assert!(lq == l, "a piece in position order covers the L positions"),
+        }
+        assert!(
+            piece.layout.groups == 1 || piece.layout.groups == h,
+            "a sparse layout has one pattern or one per head"
+        );
+    }
 }
 
 /// The head counts and score scale of a packed projection.
@@ -320,7 +410,7 @@ mod flex {
             q: FloatTensor<Self>,
             k: FloatTensor<Self>,
             v: FloatTensor<Self>,
-            layout: Arc<SparseLayout>,
+            pieces: Pieces,
             norm: RowNormaliser,
         ) -> FloatTensor<Self>;
 
@@ -330,7 +420,7 @@ mod flex {
             k: FloatTensor<Self>,
             v: FloatTensor<Self>,
             bias: FloatTensor<Self>,
-            layout: Arc<SparseLayout>,
+            pieces: Pieces,
             norm: RowNormaliser,
         ) -> FloatTensor<Self>;
 
@@ -338,7 +428,7 @@ mod flex {
         fn block_sparse_packed(
             qkv: FloatTensor<Self>,
             heads: PackedHeads,
-            layout: Arc<SparseLayout>,
+            pieces: Pieces,
             norm: RowNormaliser,
         ) -> FloatTensor<Self>;
 
@@ -347,7 +437,7 @@ mod flex {
             qkv: FloatTensor<Self>,
             bias: FloatTensor<Self>,
             heads: PackedHeads,
-            layout: Arc<SparseLayout>,
+            pieces: Pieces,
             norm: RowNormaliser,
         ) -> FloatTensor<Self>;
     }
@@ -422,9 +512,19 @@ mod flex {
                     col += (k1 - k0) as usize;
                 }
             }
-            for (s, x) in row.iter_mut().enumerate() {
-                if bits[s / 64] >> (s % 64) & 1 == 0 {
-                    *x = HIDDEN;
+            for_hidden(bits, row, |x| *x = HIDDEN);
+        }
+    }
+
+    /// `f` on each entry of `row` whose bit is clear (whole words of visible keys skipped).
+    #[inline]
+    fn for_hidden(bits: &[u64], row: &mut [f32], f: impl Fn(&mut f32)) {
+        for (w, &word) in bits.iter().enumerate() {
+            if word != u64::MAX {
+                for (s, x) in row[w * 64..].iter_mut().take(64).enumerate() {
+                    if word >> s & 1 == 0 {
+                        f(x);
+                    }
                 }
             }
         }
@@ -434,16 +534,7 @@ mod flex {
     fn clear_hidden(layout: &SparseLayout, c: usize, p: &mut [f32]) {
         let width = layout.width[c];
         for (r, row) in p.chunks_exact_mut(width).enumerate() {
-            let bits = layout.row_bits(c, r);
-            for (w, &word) in bits.iter().enumerate() {
-                if word != u64::MAX {
-                    for (s, x) in row[w * 64..].iter_mut().take(64).enumerate() {
-                        if word >> s & 1 == 0 {
-                            *x = 0.0;
-                        }
-                    }
-                }
-            }
+            for_hidden(layout.row_bits(c, r), row, |x| *x = 0.0);
         }
     }
 
@@ -482,14 +573,26 @@ mod flex {
                     let o = out_ptr.at((bi * sh.lq + q0) * sh.h * dh + hi * dh);
                     if width == 0 {
                         for r in 0..rows {
-                            // SAFETY: row q0 + r, columns of head hi: this task's
-                            unsafe { std::ptr::write_bytes(o.add(r * sh.h * dh), 0, dh) };
+                            // SAFETY: row q0 + r, columns of head hi, and its lse: this task's
+                            unsafe {
+                                std::ptr::write_bytes(o.add(r * sh.h * dh), 0, dh);
+                                *lse_ptr.at((bi * sh.h + hi) * sh.lq + q0 + r) = f32::NEG_INFINITY;
+                            }
                         }
                         continue;
                     }
                     let s = &mut s[..rows * width];
                     let qb = qp.wrapping_offset(q0 as isize * q.rs());
-                    block_scores(layout, c, (q0, rows), (qb, (q.rs(), q.cs())), (kp, (k.rs(), k.cs())), (dh, scale), bias_h, s);
+                    block_scores(
+                        layout,
+                        c,
+                        (q0, rows),
+                        (qb, (q.rs(), q.cs())),
+                        (kp, (k.rs(), k.cs())),
+                        (dh, scale),
+                        bias_h,
+                        s,
+                    );
                     // SAFETY: rows (bi, hi, q0..q0 + rows) of lse belong to this task
                     let l = unsafe { std::slice::from_raw_parts_mut(lse_ptr.at((bi * sh.h + hi) * sh.lq + q0), rows) };
                     normalise_rows(norm, s, width, |_| width, l, &mut scratch);
@@ -600,7 +703,9 @@ mod flex {
                             col += n;
                         }
                         match norm {
-                            RowNormaliser::Softmax => score_gradients(ds, p, width, dout, o, first, out_rs as usize, dh),
+                            RowNormaliser::Softmax => {
+                                score_gradients(ds, p, width, dout, o, first, out_rs as usize, dh)
+                            }
                             _ => normaliser_gradients(norm, ds, p, width, |_| width),
                         }
                         if bias.is_some() {
@@ -624,7 +729,9 @@ mod flex {
                             let dkr = dkp.wrapping_add(k0 * dk.strides[2]);
                             let dsb = unsafe { ds.as_ptr().add(col) };
                             // dQ += scale · dS K
-                            unsafe { gemm((rows, dh, n), dqb, dq.rs(), true, dsb, (width as isize, 1), kr, krc, scale) };
+                            unsafe {
+                                gemm((rows, dh, n), dqb, dq.rs(), true, dsb, (width as isize, 1), kr, krc, scale)
+                            };
                             // dK += scale · dSᵀ Q
                             unsafe { gemm((n, dh, rows), dkr, dk.rs(), true, dsb, pt, qb, qrc, scale) };
                             col += n;
@@ -644,12 +751,167 @@ mod flex {
         Some(total)
     }
 
+    /// `pieces` over views: one piece in position order is [`forward_views`]; a union is each
+    /// piece in its order, merged by log-sum-exp (softmax, no bias).
+    fn attend(
+        views: [&Heads; 3],
+        scale: f32,
+        bias: Option<&[f32]>,
+        pieces: &[SparsePiece],
+        norm: RowNormaliser,
+    ) -> (FlexTensor, FlexTensor) {
+        if let [piece] = pieces
+            && piece.order.is_none()
+        {
+            return forward_views(views, scale, bias, &piece.layout, norm);
+        }
+        assert!(bias.is_none() && norm == RowNormaliser::Softmax, "a union of patterns is softmax without a bias");
+        let [b, h, l, dh] = views[0].dims;
+        let width = h * dh;
+        let mut out = vec![0.0f32; b * l * width];
+        let mut lse = vec![f32::NEG_INFINITY; b * h * l];
+        for piece in pieces {
+            let (part, part_lse) = match &piece.order {
+                None => forward_views(views, scale, None, &piece.layout, norm),
+                Some(order) => {
+                    let gathered = views.map(|x| gather_rows(x, order));
+                    let dims = |x: &Heads| [x.dims[0], x.dims[1], order.len(), x.dims[3]];
+                    let [q, k, v] = [0, 1, 2].map(|i| Heads::contiguous(&gathered[i], dims(views[i])));
+                    forward_views([&q, &k, &v], scale, None, &piece.layout, norm)
+                }
+            };
+            let (part, part_lse) = (part.storage::<f32>(), part_lse.storage::<f32>());
+            let n = piece.layout.len_q;
+            for bi in 0..b {
+                for slot in 0..n {
+                    let Some(pos) = position(&piece.order, slot) else { continue };
+                    for hi in 0..h {
+                        let (at, at_part) = ((bi * h + hi) * l + pos, (bi * h + hi) * n + slot);
+                        let (was, new) = (lse[at], part_lse[at_part]);
+                        let m = was.max(new);
+                        if m == f32::NEG_INFINITY {
+                            continue;
+                        }
+                        let (ea, eb) = ((was - m).exp(), (new - m).exp());
+                        let total = ea + eb;
+                        let (wa, wb) = (ea / total, eb / total);
+                        let row = &mut out[(bi * l + pos) * width + hi * dh..][..dh];
+                        let row_part = &part[(bi * n + slot) * width + hi * dh..][..dh];
+                        row.iter_mut().zip(row_part).for_each(|(o, &x)| *o = wa * *o + wb * x);
+                        lse[at] = m + total.ln();
+                    }
+                }
+            }
+        }
+        let out = FlexTensor::from_data(TensorData::new(out, [b, l, width]));
+        (out, FlexTensor::from_data(TensorData::new(lse, [b, h, l])))
+    }
+
+    /// The position slot `slot` of a piece stands for (`None`: padding).
+    fn position(order: &Option<Vec<u32>>, slot: usize) -> Option<usize> {
+        match order {
+            None => Some(slot),
+            Some(order) => (order[slot] != PADDING).then_some(order[slot] as usize),
+        }
+    }
+
+    /// Rows of `x: [b, heads, L, d_h]` in `order`, contiguous `[b, heads, order.len(), d_h]`
+    /// (zeros for padding).
+    fn gather_rows(x: &Heads, order: &[u32]) -> Vec<f32> {
+        let [b, h, _, dh] = x.dims;
+        let mut out = vec![0.0f32; b * h * order.len() * dh];
+        for bi in 0..b {
+            for hi in 0..h {
+                let head = x.head(bi, hi);
+                for (slot, &pos) in order.iter().enumerate().filter(|(_, p)| **p != PADDING) {
+                    let dst = &mut out[((bi * h + hi) * order.len() + slot) * dh..][..dh];
+                    for (d, y) in dst.iter_mut().enumerate() {
+                        // SAFETY: (bi, hi, pos, d) lies inside the viewed tensor
+                        *y = unsafe { *head.offset(pos as isize * x.rs() + d as isize * x.cs()) };
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Rows `[b, L, w]` of a position-order tensor in a piece's slot order (zeros for padding).
+    fn rows_in_order(x: &[f32], (b, l, w): (usize, usize, usize), order: &[u32]) -> Vec<f32> {
+        let mut out = vec![0.0f32; b * order.len() * w];
+        for bi in 0..b {
+            for (slot, &pos) in order.iter().enumerate().filter(|(_, p)| **p != PADDING) {
+                out[(bi * order.len() + slot) * w..][..w].copy_from_slice(&x[(bi * l + pos as usize) * w..][..w]);
+            }
+        }
+        out
+    }
+
+    /// The backward of [`attend`] into `dests` (zeroed; accumulated into); the bias gradient for
+    /// one piece with a bias.
+    fn attend_backward(
+        views: [&Heads; 3],
+        scale: f32,
+        bias: Option<&[f32]>,
+        (out, lse, grad): (&FlexTensor, &[f32], &FlexTensor),
+        pieces: &[SparsePiece],
+        norm: RowNormaliser,
+        dests: [Dest; 3],
+    ) -> Option<Vec<f32>> {
+        if let [piece] = pieces
+            && piece.order.is_none()
+        {
+            return backward_views(views, scale, bias, out, lse, grad, &piece.layout, norm, dests);
+        }
+        let [b, h, l, dh] = views[0].dims;
+        let width = h * dh;
+        let (out, grad) = (out.to_contiguous(), grad.to_contiguous());
+        for piece in pieces {
+            let Some(order) = &piece.order else {
+                backward_views(views, scale, None, &out, lse, &grad, &piece.layout, norm, dests);
+                continue;
+            };
+            let n = order.len();
+            let gathered = views.map(|x| gather_rows(x, order));
+            let dims = |x: &Heads| [x.dims[0], x.dims[1], n, x.dims[3]];
+            let [q, k, v] = [0, 1, 2].map(|i| Heads::contiguous(&gathered[i], dims(views[i])));
+            let rows = |x: &FlexTensor| {
+                let x = rows_in_order(x.storage::<f32>(), (b, l, width), order);
+                FlexTensor::from_data(TensorData::new(x, [b, n, width]))
+            };
+            let (out_p, grad_p) = (rows(&out), rows(&grad));
+            let lse_p = rows_in_order(lse, (b * h, l, 1), order);
+            // each piece's gradients in its slot order, then added at their positions
+            let mut parts = [0, 1, 2].map(|i| vec![0.0f32; gathered[i].len()]);
+            let part_dests = [0, 1, 2].map(|i| {
+                let [_, heads, _, _] = dims(views[i]);
+                Dest { ptr: Shared(parts[i].as_mut_ptr()), strides: [heads * n * dh, n * dh, dh] }
+            });
+            backward_views([&q, &k, &v], scale, None, &out_p, &lse_p, &grad_p, &piece.layout, norm, part_dests);
+            for ((part, dest), view) in parts.iter_mut().zip(dests).zip(views) {
+                let heads = view.dims[1];
+                for bi in 0..b {
+                    for hi in 0..heads {
+                        let to = dest.head(bi, hi);
+                        for (slot, &pos) in order.iter().enumerate().filter(|(_, p)| **p != PADDING) {
+                            let from = &part[((bi * heads + hi) * n + slot) * dh..][..dh];
+                            for (d, &x) in from.iter().enumerate() {
+                                // SAFETY: (bi, hi, pos, d) lies inside the destination
+                                unsafe { *to.add(pos as usize * dest.strides[2] + d) += x };
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        None
+    }
+
     /// The forward: the output `[b, L, h · d_h]` and each row's saved slot.
     fn forward_kernel(
         inputs: Inputs,
         tensors: &[&FlexTensor],
         bias: Option<&FlexTensor>,
-        layout: &SparseLayout,
+        pieces: &[SparsePiece],
         norm: RowNormaliser,
     ) -> (FlexTensor, FlexTensor) {
         let bias = bias.map(|b| b.to_contiguous());
@@ -657,12 +919,12 @@ mod flex {
         match inputs {
             Inputs::Separate => {
                 let (q, k, v) = (readable(tensors[0]), readable(tensors[1]), readable(tensors[2]));
-                forward_views([&Heads::of(&q), &Heads::of(&k), &Heads::of(&v)], 1.0, bias, layout, norm)
+                attend([&Heads::of(&q), &Heads::of(&k), &Heads::of(&v)], 1.0, bias, pieces, norm)
             }
             Inputs::Packed(heads) => {
                 let qkv = readable_packed(tensors[0]);
                 let [q, k, v] = packed_views(&qkv, heads.n_heads, heads.n_kv_heads);
-                forward_views([&q, &k, &v], heads.scale as f32, bias, layout, norm)
+                attend([&q, &k, &v], heads.scale as f32, bias, pieces, norm)
             }
         }
     }
@@ -677,7 +939,7 @@ mod flex {
         out: &FlexTensor,
         lse: &[f32],
         grad: &FlexTensor,
-        layout: &SparseLayout,
+        pieces: &[SparsePiece],
         norm: RowNormaliser,
     ) -> (Vec<FlexTensor>, Option<FlexTensor>) {
         let bias = bias.map(|b| b.to_contiguous());
@@ -697,7 +959,8 @@ mod flex {
                 };
                 let dests =
                     [dest(dq.as_mut_ptr(), h, lq), dest(dk.as_mut_ptr(), h_kv, lk), dest(dv.as_mut_ptr(), h_kv, lk)];
-                let dbias = backward_views([&qh, &kh, &vh], 1.0, bias_data, out, lse, grad, layout, norm, dests);
+                let views = [&qh, &kh, &vh];
+                let dbias = attend_backward(views, 1.0, bias_data, (out, lse, grad), pieces, norm, dests);
                 (vec![data(dq, &qh.dims), data(dk, &kh.dims), data(dv, &vh.dims)], dbias)
             }
             Inputs::Packed(heads) => {
@@ -713,12 +976,12 @@ mod flex {
                 };
                 let dests = [dest(0), dest(heads.n_heads), dest(heads.n_heads + heads.n_kv_heads)];
                 let scale = heads.scale as f32;
-                let dbias = backward_views([&q, &k, &v], scale, bias_data, out, lse, grad, layout, norm, dests);
+                let dbias = attend_backward([&q, &k, &v], scale, bias_data, (out, lse, grad), pieces, norm, dests);
                 (vec![data(d, &[b, len, width])], dbias)
             }
         };
         let h = layout_heads(inputs, tensors);
-        (grads, dbias.map(|d| data(d, &[h, layout.bias_width()])))
+        (grads, dbias.map(|d| data(d, &[h, pieces[0].layout.bias_width()])))
     }
 
     /// The number of query heads of a call.
@@ -734,10 +997,10 @@ mod flex {
             q: FlexTensor,
             k: FlexTensor,
             v: FlexTensor,
-            layout: Arc<SparseLayout>,
+            pieces: Pieces,
             norm: RowNormaliser,
         ) -> FlexTensor {
-            forward_kernel(Inputs::Separate, &[&q, &k, &v], None, &layout, norm).0
+            forward_kernel(Inputs::Separate, &[&q, &k, &v], None, &pieces, norm).0
         }
 
         fn block_sparse_biased(
@@ -745,29 +1008,24 @@ mod flex {
             k: FlexTensor,
             v: FlexTensor,
             bias: FlexTensor,
-            layout: Arc<SparseLayout>,
+            pieces: Pieces,
             norm: RowNormaliser,
         ) -> FlexTensor {
-            forward_kernel(Inputs::Separate, &[&q, &k, &v], Some(&bias), &layout, norm).0
+            forward_kernel(Inputs::Separate, &[&q, &k, &v], Some(&bias), &pieces, norm).0
         }
 
-        fn block_sparse_packed(
-            qkv: FlexTensor,
-            heads: PackedHeads,
-            layout: Arc<SparseLayout>,
-            norm: RowNormaliser,
-        ) -> FlexTensor {
-            forward_kernel(Inputs::Packed(heads), &[&qkv], None, &layout, norm).0
+        fn block_sparse_packed(qkv: FlexTensor, heads: PackedHeads, pieces: Pieces, norm: RowNormaliser) -> FlexTensor {
+            forward_kernel(Inputs::Packed(heads), &[&qkv], None, &pieces, norm).0
         }
 
         fn block_sparse_packed_biased(
             qkv: FlexTensor,
             bias: FlexTensor,
             heads: PackedHeads,
-            layout: Arc<SparseLayout>,
+            pieces: Pieces,
             norm: RowNormaliser,
         ) -> FlexTensor {
-            forward_kernel(Inputs::Packed(heads), &[&qkv], Some(&bias), &layout, norm).0
+            forward_kernel(Inputs::Packed(heads), &[&qkv], Some(&bias), &pieces, norm).0
         }
     }
 
@@ -784,7 +1042,7 @@ mod flex {
         biased: bool,
         out: FlexTensor,
         lse: FlexTensor,
-        layout: Arc<SparseLayout>,
+        pieces: Pieces,
         norm: RowNormaliser,
     }
 
@@ -799,7 +1057,7 @@ mod flex {
             let tensors: Vec<&FlexTensor> = saved.iter().collect();
             let lse = s.lse.storage::<f32>();
             let (computed, dbias) =
-                backward_kernel(s.inputs, &tensors, bias.as_ref(), &s.out, lse, &grad, &s.layout, s.norm);
+                backward_kernel(s.inputs, &tensors, bias.as_ref(), &s.out, lse, &grad, &s.pieces, s.norm);
             let mut computed = computed.into_iter().map(Some).chain(std::iter::once(dbias));
             let computed: [Option<FlexTensor>; N] = std::array::from_fn(|_| computed.next().flatten());
             crate::register(grads, ops.parents.map(|p| p.map(|n| n.id)), computed);
@@ -812,17 +1070,18 @@ mod flex {
         inputs: Inputs,
         tensors: [FloatTensor<Autodiff<Flex, C>>; N],
         biased: bool,
-        layout: Arc<SparseLayout>,
+        pieces: Pieces,
         norm: RowNormaliser,
     ) -> FloatTensor<Autodiff<Flex, C>> {
         let primitives: Vec<&FlexTensor> = tensors.iter().map(|t| t.primitive()).collect();
-        let (main, bias) = if biased { (&primitives[..N - 1], primitives.last().copied()) } else { (&primitives[..], None) };
-        let (out, lse) = forward_kernel(inputs, main, bias, &layout, norm);
+        let (main, bias) =
+            if biased { (&primitives[..N - 1], primitives.last().copied()) } else { (&primitives[..], None) };
+        let (out, lse) = forward_kernel(inputs, main, bias, &pieces, norm);
         let nodes = tensors.each_ref().map(|t| t.node());
         match SparseBackward::<N>.prepare::<C>(nodes).compute_bound().stateful() {
             OpsKind::Tracked(mut prep) => {
                 let nodes: Vec<NodeId> = tensors.iter().map(|t| prep.checkpoint(t)).collect();
-                prep.finish(Saved { inputs, nodes, biased, out: out.clone(), lse, layout, norm }, out)
+                prep.finish(Saved { inputs, nodes, biased, out: out.clone(), lse, pieces, norm }, out)
             }
             OpsKind::UnTracked(prep) => prep.finish(out),
         }
@@ -833,10 +1092,10 @@ mod flex {
             q: FloatTensor<Self>,
             k: FloatTensor<Self>,
             v: FloatTensor<Self>,
-            layout: Arc<SparseLayout>,
+            pieces: Pieces,
             norm: RowNormaliser,
         ) -> FloatTensor<Self> {
-            tracked::<C, 3>(Inputs::Separate, [q, k, v], false, layout, norm)
+            tracked::<C, 3>(Inputs::Separate, [q, k, v], false, pieces, norm)
         }
 
         fn block_sparse_biased(
@@ -844,29 +1103,29 @@ mod flex {
             k: FloatTensor<Self>,
             v: FloatTensor<Self>,
             bias: FloatTensor<Self>,
-            layout: Arc<SparseLayout>,
+            pieces: Pieces,
             norm: RowNormaliser,
         ) -> FloatTensor<Self> {
-            tracked::<C, 4>(Inputs::Separate, [q, k, v, bias], true, layout, norm)
+            tracked::<C, 4>(Inputs::Separate, [q, k, v, bias], true, pieces, norm)
         }
 
         fn block_sparse_packed(
             qkv: FloatTensor<Self>,
             heads: PackedHeads,
-            layout: Arc<SparseLayout>,
+            pieces: Pieces,
             norm: RowNormaliser,
         ) -> FloatTensor<Self> {
-            tracked::<C, 1>(Inputs::Packed(heads), [qkv], false, layout, norm)
+            tracked::<C, 1>(Inputs::Packed(heads), [qkv], false, pieces, norm)
         }
 
         fn block_sparse_packed_biased(
             qkv: FloatTensor<Self>,
             bias: FloatTensor<Self>,
             heads: PackedHeads,
-            layout: Arc<SparseLayout>,
+            pieces: Pieces,
             norm: RowNormaliser,
         ) -> FloatTensor<Self> {
-            tracked::<C, 2>(Inputs::Packed(heads), [qkv, bias], true, layout, norm)
+            tracked::<C, 2>(Inputs::Packed(heads), [qkv, bias], true, pieces, norm)
         }
     }
 
@@ -887,6 +1146,19 @@ mod flex {
             layout: &SparseLayout,
             norm: RowNormaliser,
         ) -> Tensor<3> {
+            let offset = layout.len_k - layout.len_q;
+            composed_with(q, k, v, bias, |hi, i, j| sees(layout, hi, i - offset, j), norm)
+        }
+
+        /// [`composed`] with the pattern as a predicate `seen(head, query position, key)`.
+        fn composed_with(
+            q: Tensor<4>,
+            k: Tensor<4>,
+            v: Tensor<4>,
+            bias: Option<Tensor<2>>,
+            seen: impl Fn(usize, usize, usize) -> bool,
+            norm: RowNormaliser,
+        ) -> Tensor<3> {
             let [b, h, lq, dh] = q.dims();
             let [_, h_kv, lk, _] = k.dims();
             let g = h / h_kv;
@@ -901,7 +1173,7 @@ mod flex {
             }
             let hidden: Vec<bool> = (0..h)
                 .flat_map(|hi| (0..lq).flat_map(move |i| (0..lk).map(move |j| (hi, i, j))))
-                .map(|(hi, i, j)| !sees(layout, hi, i, j))
+                .map(|(hi, i, j)| !seen(hi, i + offset, j))
                 .collect();
             let hidden = Tensor::<4, Bool>::from_data(TensorData::new(hidden, [1, h, lq, lk]), &device);
             let probs = normalise_scores(scores.mask_fill(hidden.clone(), -1.0e9), norm);
@@ -984,8 +1256,7 @@ mod flex {
             let (b, dh, scale) = (2, 8, 0.35);
             let len = layout.lens().0;
             let layout = Arc::new(layout);
-            let qkv: Tensor<3> =
-                Tensor::random([b, len, (h + 2 * h_kv) * dh], Distribution::Normal(0.0, 1.5), &device);
+            let qkv: Tensor<3> = Tensor::random([b, len, (h + 2 * h_kv) * dh], Distribution::Normal(0.0, 1.5), &device);
             let bias: Tensor<2> = Tensor::random([h, layout.bias_width()], Distribution::Normal(0.0, 1.0), &device);
             let w: Tensor<3> = Tensor::random([b, len, h * dh], Distribution::Normal(0.0, 1.0), &device);
             let run = |fused: bool| {
@@ -1023,6 +1294,84 @@ mod flex {
                 check_packed(band(23, 4, 5), 3, 3, false, norm);
                 check_packed(band(23, 4, 5), 4, 2, true, norm);
             }
+        }
+
+        /// The Sparse Transformer's strided pattern with stride `stride` over `len` positions as
+        /// two pieces: the previous `stride` positions (position order), and every `stride`-th
+        /// earlier one (inside each residue class, the classes laid end to end).
+        fn strided_pieces(len: usize, stride: usize, block: usize) -> Pieces {
+            let local = SparseLayout::new(
+                len,
+                len,
+                block,
+                1,
+                |_, i| vec![(i * block).saturating_sub(stride - 1)..(i + 1) * block],
+                |_, q, out| out.push(q.saturating_sub(stride - 1)..q + 1),
+            );
+            let n = len.div_ceil(stride);
+            let order: Vec<u32> = (0..stride)
+                .flat_map(|c| (0..n).map(move |i| i * stride + c))
+                .map(|p| if p < len { p as u32 } else { PADDING })
+                .collect();
+            let slots = order.len();
+            let columns = SparseLayout::new(
+                slots,
+                slots,
+                block,
+                1,
+                |_, i| {
+                    let (first, last) = (i * block, ((i + 1) * block).min(slots) - 1);
+                    (first / n..=last / n).map(|c| c * n..(c + 1) * n).collect()
+                },
+                |_, slot, out| {
+                    let (c, i) = (slot / n, slot % n);
+                    if i * stride + c < len {
+                        out.push(c * n..c * n + i);
+                    }
+                },
+            );
+            Arc::new(vec![
+                SparsePiece { layout: Arc::new(local), order: None },
+                SparsePiece { layout: Arc::new(columns), order: Some(order) },
+            ])
+        }
+
+        fn check_union(len: usize, stride: usize, block: usize, (h, h_kv): (usize, usize), packed: bool) {
+            let device = Device::flex().autodiff();
+            device.seed(23);
+            let (b, dh, scale) = (2, 8, 0.35);
+            let pieces = strided_pieces(len, stride, block);
+            let qkv: Tensor<3> = Tensor::random([b, len, (h + 2 * h_kv) * dh], Distribution::Normal(0.0, 1.5), &device);
+            let w: Tensor<3> = Tensor::random([b, len, h * dh], Distribution::Normal(0.0, 1.0), &device);
+            let strided = |_: usize, q: usize, k: usize| k <= q && (q - k < stride || (q - k) % stride == 0);
+            let run = |fused: bool| {
+                let x = qkv.clone().require_grad();
+                let all = x.clone().reshape([b, len, h + 2 * h_kv, dh]).swap_dims(1, 2);
+                let q = all.clone().narrow(1, 0, h).mul_scalar(scale);
+                let (k, v) = (all.clone().narrow(1, h, h_kv), all.narrow(1, h + h_kv, h_kv));
+                let y = match (fused, packed) {
+                    (true, true) => block_sparse_union_self_attention(x.clone(), (h, h_kv), scale, pieces.clone()),
+                    (true, false) => block_sparse_union(q, k, v, pieces.clone()),
+                    (false, _) => Some(composed_with(q, k, v, None, strided, RowNormaliser::Softmax)),
+                }
+                .expect("flex has the kernel");
+                let grads = (y.clone() * w.clone()).sum().backward();
+                (y, x.grad(&grads).unwrap())
+            };
+            let ((y1, g1), (y2, g2)) = (run(true), run(false));
+            let what = format!("L {len}, stride {stride}, block {block}, h {h}/{h_kv}, packed {packed}");
+            let d = rel_diff(y1, y2);
+            assert!(d < 1e-5, "forward, {what}: {d}");
+            let d = rel_diff(g1, g2);
+            assert!(d < 1e-5, "d qkv, {what}: {d}");
+        }
+
+        #[test]
+        fn a_union_of_orders_is_one_softmax_over_both_patterns() {
+            // 23 positions in classes of 4 (the last class one short: padding), blocks across classes
+            check_union(23, 4, 4, (2, 2), false);
+            check_union(23, 4, 4, (4, 2), true);
+            check_union(40, 8, 3, (2, 1), true);
         }
 
         /// A layout from a predicate `sees(g, q, k)`, one key at a time.
@@ -1065,7 +1414,8 @@ mod flex {
                 (len, len, bs, 2),
                 |g, i| {
                     let q0 = i * bs;
-                    let mut runs = vec![0..2, q0.saturating_sub(3)..q0 + bs, (7 * i + 4 * g) % len..(7 * i + 4 * g) % len + 3];
+                    let mut runs =
+                        vec![0..2, q0.saturating_sub(3)..q0 + bs, (7 * i + 4 * g) % len..(7 * i + 4 * g) % len + 3];
                     if (q0..q0 + bs).contains(&9) {
                         runs.push(0..len);
                     }

@@ -23,10 +23,30 @@ pub mod normalisers;
 use burn::prelude::*;
 
 /// Whether `t`'s backend and float type have these kernels (flex, f32, and the crate built with
-/// its `flex` feature); every public function here falls back to Burn's ops otherwise.
+/// its `flex` feature) and they are on ([`without_kernels`]); every public function here falls
+/// back to Burn's ops otherwise.
 #[cfg(feature = "flex")]
 pub fn has_kernel<const D: usize>(t: &Tensor<D>) -> bool {
-    t.dtype() == burn::tensor::DType::F32 && t.device().inner() == Device::flex()
+    !KERNELS_OFF.get() && t.dtype() == burn::tensor::DType::F32 && t.device().inner() == Device::flex()
+}
+
+thread_local! {
+    static KERNELS_OFF: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with every kernel here off on this thread, so each public function takes its
+/// composed fallback: tests hold the two paths to each other, benchmarks measure what a kernel
+/// gives.
+pub fn without_kernels<R>(f: impl FnOnce() -> R) -> R {
+    /// Restores the setting, also when `f` panics.
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            KERNELS_OFF.set(self.0);
+        }
+    }
+    let _restore = Restore(KERNELS_OFF.replace(true));
+    f()
 }
 
 /// Without the `flex` feature no tensor has these kernels.

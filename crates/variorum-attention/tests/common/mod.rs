@@ -8,6 +8,17 @@ use variorum_position::{
     DebertaConfig, MultiplicativeConfig, PositionConfig, RotaryConfig, ShawConfig, T5BiasConfig, XlRelativeConfig,
 };
 
+/// `f` with the CPU kernels on (`true`) or off: a kind's fast path and its composed path.
+pub fn with_kernels<R>(on: bool, f: impl FnOnce() -> R) -> R {
+    if on { f() } else { variorum_kernels::without_kernels(f) }
+}
+
+/// Causal and bidirectional masks, each with the kernels on and off.
+pub fn masks_and_paths() -> Vec<(AttentionMask, bool)> {
+    let masks = [AttentionMask::causal(), AttentionMask::bidirectional()];
+    masks.into_iter().flat_map(|m| [(m.clone(), true), (m, false)]).collect()
+}
+
 /// Model width of the attention tests.
 pub const D: usize = 16;
 
