@@ -25,7 +25,7 @@ use variorum_position::{PositionConfig, RotaryConfig, ScoreLayout, T5BiasConfig}
 use crate::band::{Band, BandScores, band_context, band_scores, banded, dense_pattern};
 use std::sync::Arc;
 
-use variorum_kernels::block_sparse::{PADDING, Pieces, SparseLayout, SparsePiece};
+use variorum_kernels::block_sparse::{Pieces, Slots, SparseLayout, SparsePiece};
 
 use crate::full::{MASKED_SCORE, Positioning, Projected};
 use crate::kind::{AttentionKind, AttentionMechanism, TestVariant, caps};
@@ -326,51 +326,46 @@ impl StridedAttention {
                     }
                 },
             );
-            pieces.push(SparsePiece { layout: Arc::new(band), order: None });
+            pieces.push(SparsePiece { layout: Arc::new(band), slots: Slots::Positions });
         }
         if (0..groups).any(columns) {
-            // slot c·n + i is position i·ℓ + c
+            // the residue classes end to end, each a whole number of blocks: slot c·m + i is
+            // position i·ℓ + c
             let n = l.div_ceil(s);
-            let order: Vec<u32> = (0..s)
-                .flat_map(|c| (0..n).map(move |i| i * s + c))
-                .map(|pos| if pos < l { pos as u32 } else { PADDING })
-                .collect();
-            let slots = order.len();
+            let block = n.clamp(1, BLOCK);
+            let per_class = n.div_ceil(block) * block;
+            let classes = Slots::Classes { stride: s, per_class };
+            let slots = s * per_class;
             // positions of class c: i·ℓ + c < l
             let in_class = |c: usize| (l + s - 1 - c) / s;
             let reach = far / s;
             let column = SparseLayout::new(
                 slots,
                 slots,
-                BLOCK,
+                block,
                 groups,
                 |g, i| {
                     if !columns(g) {
                         return Vec::new();
                     }
-                    let (first, last) = (i * BLOCK, ((i + 1) * BLOCK).min(slots) - 1);
-                    (first / n..=last / n)
-                        .map(|c| {
-                            // causal: no key after the block's last row of this class
-                            let end = if causal && last / n == c { last % n + 1 } else { n };
-                            c * n..c * n + end.min(in_class(c))
-                        })
-                        .collect()
+                    let (first, c) = (i * block, i * block / per_class);
+                    // causal: no key after the block's last row
+                    let end = if causal { first % per_class + block } else { per_class };
+                    vec![c * per_class..c * per_class + end.min(in_class(c))]
                 },
                 |g, slot, out| {
-                    let (c, i) = (slot / n, slot % n);
-                    if !columns(g) || i >= in_class(c) {
+                    let (c, i) = (slot / per_class, slot % per_class);
+                    if !columns(g) || classes.position(slot, l).is_none() {
                         return;
                     }
                     let with_self = !local(g);
-                    let lo = c * n + i.saturating_sub(reach);
-                    out.push(lo..c * n + i + usize::from(with_self));
+                    out.push(c * per_class + i.saturating_sub(reach)..slot + usize::from(with_self));
                     if !causal {
-                        out.push(c * n + i + 1..c * n + in_class(c));
+                        out.push(slot + 1..c * per_class + in_class(c));
                     }
                 },
             );
-            pieces.push(SparsePiece { layout: Arc::new(column), order: Some(order) });
+            pieces.push(SparsePiece { layout: Arc::new(column), slots: classes });
         }
         Arc::new(pieces)
     }

@@ -282,16 +282,46 @@ pub fn block_sparse_self_attention(
     None
 }
 
-/// One layout of a union ([`block_sparse_union`]): slot s of its layout stands for position
-/// `order[s]` ([`PADDING`]: a zero row, seen by nothing); without an order, slot s is position s.
+/// One layout of a union ([`block_sparse_union`]) and the positions its slots stand for.
 #[derive(Debug, Clone)]
 pub struct SparsePiece {
     pub layout: Arc<SparseLayout>,
-    pub order: Option<Vec<u32>>,
+    pub slots: Slots,
 }
 
-/// A slot of a [`SparsePiece`]'s order that stands for no position.
-pub const PADDING: u32 = u32::MAX;
+/// Which position each slot of a layout stands for. Slots are read in place (a residue class is
+/// a strided view of the sequence), so no piece copies q, k or v.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slots {
+    /// Slot s is position s (the queries: row s).
+    Positions,
+    /// The residue classes of `stride`, each `per_class` slots long: slot c · per_class + i is
+    /// position i · stride + c, or padding (seen by nothing) past the end of the sequence. The
+    /// layout's blocks and runs must not cross from one class into the next (`per_class` a
+    /// multiple of the block).
+    Classes { stride: usize, per_class: usize },
+}
+
+impl Slots {
+    /// The position slot `s` stands for in a sequence of `len` (`None`: padding).
+    pub fn position(self, s: usize, len: usize) -> Option<usize> {
+        match self {
+            Slots::Positions => Some(s),
+            Slots::Classes { stride, per_class } => {
+                let at = (s % per_class) * stride + s / per_class;
+                (at < len).then_some(at)
+            }
+        }
+    }
+
+    /// Positions between consecutive slots of a block or a run.
+    pub fn step(self) -> usize {
+        match self {
+            Slots::Positions => 1,
+            Slots::Classes { stride, .. } => stride,
+        }
+    }
+}
 
 /// The layouts of one call.
 pub type Pieces = Arc<Vec<SparsePiece>>;
@@ -299,14 +329,14 @@ pub type Pieces = Arc<Vec<SparsePiece>>;
 impl SparsePiece {
     /// One layout over the positions in order: the whole pattern.
     pub fn only(layout: Arc<SparseLayout>) -> Pieces {
-        Arc::new(vec![Self { layout, order: None }])
+        Arc::new(vec![Self { layout, slots: Slots::Positions }])
     }
 }
 
-/// Softmax attention over the union of several patterns, each over its own ordering of the
+/// Softmax attention over the union of several patterns, each over its own slots of the
 /// positions: where no one ordering makes every query's keys a few runs (the Sparse Transformer's
 /// strided pattern is a band in position order and a band inside each residue class), each piece
-/// is scored block by block in its own order, and the pieces' results are merged by their
+/// is scored block by block over its slots, and the pieces' results are merged by their
 /// log-sum-exps, ℓ = log Σ_p e^{ℓ_p}, O = Σ_p e^{ℓ_p − ℓ} O_p — one softmax over the union. The
 /// backward recomputes each piece's probabilities against the merged ℓ. The pieces must not share
 /// a (query, key) pair; self-attention over L positions, no bias. Inputs as for
@@ -358,9 +388,12 @@ fn check_pieces(pieces: &[SparsePiece], h: usize, l: usize) {
     for piece in pieces {
         let (lq, lk) = piece.layout.lens();
         assert!(lq == lk, "a union's pieces are self-attention");
-        match &piece.order {
-            Some(order) => assert!(order.len() == lq, "a piece's order lists one position per slot"),
-            None => assert!(lq == l, "a piece in position order covers the L positions"),
+        match piece.slots {
+            Slots::Classes { stride, per_class } => assert!(
+                stride * per_class >= l && per_class % piece.layout.block == 0 && lq == stride * per_class,
+                "a piece over residue classes has stride · per_class ≥ L slots, classes a whole number of blocks"
+            ),
+            Slots::Positions => assert!(lq == l, "a piece in position order covers the L positions"),
         }
         assert!(
             piece.layout.groups == 1 || piece.layout.groups == h,
@@ -473,11 +506,35 @@ mod flex {
         }
     }
 
+    /// Where one block of a piece sits: its first query's position, its rows that stand for
+    /// positions, and the position step between consecutive slots.
+    #[derive(Clone, Copy)]
+    struct Place {
+        first: usize,
+        rows: usize,
+        step: usize,
+    }
+
+    /// Where a block starting at slot `q0` with `rows` slots sits (`None`: all padding).
+    fn place(slots: Slots, len: usize, q0: usize, rows: usize) -> Option<Place> {
+        let first = slots.position(q0, len)?;
+        let valid = (0..rows).take_while(|&r| slots.position(q0 + r, len).is_some()).count();
+        Some(Place { first, rows: valid, step: slots.step() })
+    }
+
+    /// A run of key slots `k0..k1` as (first position, keys standing for positions), `None` when
+    /// it starts in padding.
+    fn run_place(slots: Slots, len: usize, (k0, k1): (u32, u32)) -> Option<(usize, usize)> {
+        let first = slots.position(k0 as usize, len)?;
+        let n = (k0..k1).take_while(|&k| slots.position(k as usize, len).is_some()).count();
+        Some((first, n))
+    }
+
     /// One block's scores against its runs into `s` (rows × width), the bias added and the
     /// hidden pairs at [`HIDDEN`].
     #[allow(clippy::too_many_arguments)]
     fn block_scores(
-        layout: &SparseLayout,
+        (layout, slots, len): (&SparseLayout, Slots, usize),
         c: usize,
         (q0, rows): (usize, usize),
         (qb, qrc): (*const f32, (isize, isize)),
@@ -488,15 +545,27 @@ mod flex {
     ) {
         let width = layout.width[c];
         let mut col = 0;
-        for &(k0, k1) in layout.runs(c) {
-            let (k0, n) = (k0 as usize, (k1 - k0) as usize);
-            let kr = kp.wrapping_offset(k0 as isize * krc.0);
-            // SAFETY: rows q0.. of the query head and keys k0..k1 lie inside their tensors; the
-            // destination is columns col..col + n of `s`'s rows
-            unsafe {
-                gemm((rows, n, dh), s.as_mut_ptr().add(col), width as isize, false, qb, qrc, kr, (krc.1, krc.0), scale)
-            };
-            col += n;
+        for &run in layout.runs(c) {
+            if let Some((k0, n)) = run_place(slots, len, run) {
+                let kr = kp.wrapping_offset(k0 as isize * krc.0);
+                let krs = krc.0 * slots.step() as isize;
+                // SAFETY: the block's query rows and the run's keys lie inside their tensors; the
+                // destination is columns col..col + n of `s`'s rows
+                unsafe {
+                    gemm(
+                        (rows, n, dh),
+                        s.as_mut_ptr().add(col),
+                        width as isize,
+                        false,
+                        qb,
+                        qrc,
+                        kr,
+                        (krc.1, krs),
+                        scale,
+                    )
+                };
+            }
+            col += (run.1 - run.0) as usize;
         }
         let offset = layout.len_k - layout.len_q;
         for (r, row) in s.chunks_exact_mut(width).enumerate() {
@@ -543,91 +612,86 @@ mod flex {
         layout.cell(if layout.groups == 1 { 0 } else { hi }, block)
     }
 
-    /// Forward over views: the output `[b, Lq, h · d_h]` and each row's saved slot `[b, h, Lq]`.
+    /// One piece's forward over views: the output `[b, L, h · d_h]` (positions no slot stands
+    /// for, and rows that see nothing: zeros) and each row's saved slot `[b, h, L]` (−∞ where a
+    /// row sees nothing).
     fn forward_views(
         [q, k, v]: [&Heads; 3],
         scale: f32,
         bias: Option<&[f32]>,
-        layout: &SparseLayout,
+        (layout, slots): (&SparseLayout, Slots),
         norm: RowNormaliser,
     ) -> (FlexTensor, FlexTensor) {
         let sh = Shape::of(q, k, v);
-        let (g, dh, bs) = (sh.h / sh.h_kv, sh.dh, layout.block);
-        let n_out = sh.b * sh.lq * sh.h * dh;
-        // rows that see no key are written as zeros; every other element by a GEMM below
-        let mut out: Vec<f32> = Vec::with_capacity(n_out);
-        let mut lse = vec![0.0f32; sh.b * sh.h * sh.lq];
+        let (g, dh, bs, len) = (sh.h / sh.h_kv, sh.dh, layout.block, sh.lq);
+        let n_out = sh.b * len * sh.h * dh;
+        let mut out = vec![0.0f32; n_out];
+        let mut lse = vec![f32::NEG_INFINITY; sh.b * sh.h * len];
         let (out_ptr, lse_ptr) = (Shared(out.as_mut_ptr()), Shared(lse.as_mut_ptr()));
         let width_bias = layout.bias_width();
         (0..sh.b * sh.h_kv).into_par_iter().for_each(|task| {
             let (bi, kv) = (task / sh.h_kv, task % sh.h_kv);
             let (kp, vp) = (k.head(bi, kv), v.head(bi, kv));
             let mut s = vec![0.0f32; bs * layout.max_width()];
+            let mut l = vec![0.0f32; bs];
             let mut scratch: Vec<f32> = Vec::with_capacity(if norm.needs_threshold() { layout.max_width() } else { 0 });
             for hi in kv * g..(kv + 1) * g {
                 let qp = q.head(bi, hi);
                 let bias_h = bias.map(|t| &t[hi * width_bias..(hi + 1) * width_bias]);
                 for blk in 0..layout.blocks() {
                     let (q0, c) = (blk * bs, cell(layout, hi, blk));
-                    let (rows, width) = (bs.min(sh.lq - q0), layout.width[c]);
-                    let o = out_ptr.at((bi * sh.lq + q0) * sh.h * dh + hi * dh);
-                    if width == 0 {
-                        for r in 0..rows {
-                            // SAFETY: row q0 + r, columns of head hi, and its lse: this task's
-                            unsafe {
-                                std::ptr::write_bytes(o.add(r * sh.h * dh), 0, dh);
-                                *lse_ptr.at((bi * sh.h + hi) * sh.lq + q0 + r) = f32::NEG_INFINITY;
-                            }
-                        }
+                    let width = layout.width[c];
+                    let Some(at) = place(slots, len, q0, bs.min(layout.len_q - q0)) else { continue };
+                    if width == 0 || at.rows == 0 {
                         continue;
                     }
-                    let s = &mut s[..rows * width];
-                    let qb = qp.wrapping_offset(q0 as isize * q.rs());
-                    block_scores(
-                        layout,
-                        c,
-                        (q0, rows),
-                        (qb, (q.rs(), q.cs())),
-                        (kp, (k.rs(), k.cs())),
-                        (dh, scale),
-                        bias_h,
-                        s,
-                    );
-                    // SAFETY: rows (bi, hi, q0..q0 + rows) of lse belong to this task
-                    let l = unsafe { std::slice::from_raw_parts_mut(lse_ptr.at((bi * sh.h + hi) * sh.lq + q0), rows) };
+                    let rows = at.rows;
+                    let (s, l) = (&mut s[..rows * width], &mut l[..rows]);
+                    let qb = qp.wrapping_offset(at.first as isize * q.rs());
+                    let qrc = (q.rs() * at.step as isize, q.cs());
+                    let keys = (kp, (k.rs(), k.cs()));
+                    block_scores((layout, slots, len), c, (q0, rows), (qb, qrc), keys, (dh, scale), bias_h, s);
                     normalise_rows(norm, s, width, |_| width, l, &mut scratch);
                     clear_hidden(layout, c, s);
+                    for (r, &x) in l.iter().enumerate() {
+                        // SAFETY: row (bi, hi, position) of lse belongs to this task
+                        unsafe { *lse_ptr.at((bi * sh.h + hi) * len + at.first + r * at.step) = x };
+                    }
+                    let o = out_ptr.at((bi * len + at.first) * sh.h * dh + hi * dh);
+                    let o_rs = sh.out_rs() * at.step as isize;
                     let mut col = 0;
-                    for &(k0, k1) in layout.runs(c) {
-                        let n = (k1 - k0) as usize;
-                        let vr = vp.wrapping_offset(k0 as isize * v.rs());
-                        // SAFETY: rows q0..q0 + rows, columns of head hi: this task's; values k0..k1
-                        unsafe {
-                            gemm(
-                                (rows, dh, n),
-                                o,
-                                sh.out_rs(),
-                                col > 0,
-                                s.as_ptr().add(col),
-                                (width as isize, 1),
-                                vr,
-                                (v.rs(), v.cs()),
-                                1.0,
-                            )
-                        };
-                        col += n;
+                    for &run in layout.runs(c) {
+                        if let Some((k0, n)) = run_place(slots, len, run) {
+                            let vr = vp.wrapping_offset(k0 as isize * v.rs());
+                            let vrc = (v.rs() * at.step as isize, v.cs());
+                            // SAFETY: the block's rows, columns of head hi: this task's; the
+                            // run's values lie inside their tensor
+                            unsafe {
+                                gemm(
+                                    (rows, dh, n),
+                                    o,
+                                    o_rs,
+                                    true,
+                                    s.as_ptr().add(col),
+                                    (width as isize, 1),
+                                    vr,
+                                    vrc,
+                                    1.0,
+                                )
+                            };
+                        }
+                        col += (run.1 - run.0) as usize;
                     }
                 }
             }
         });
-        // SAFETY: each task wrote the rows of its (batch, key/value head) for every query block
-        unsafe { out.set_len(n_out) };
-        let lse = FlexTensor::from_data(TensorData::new(lse, [sh.b, sh.h, sh.lq]));
-        (FlexTensor::from_data(TensorData::new(out, [sh.b, sh.lq, sh.h * dh])), lse)
+        let lse = FlexTensor::from_data(TensorData::new(lse, [sh.b, sh.h, len]));
+        (FlexTensor::from_data(TensorData::new(out, [sh.b, len, sh.h * dh])), lse)
     }
 
-    /// Backward over views into `dq`, `dk`, `dv` (zeroed; accumulated into); the bias gradient
-    /// `[h, 2 Lk − 1]` where there is a bias.
+    /// One piece's backward over views into `dq`, `dk`, `dv` (accumulated into), against the
+    /// whole output `out` and each row's saved `lse` (of the union, where there are several
+    /// pieces); the bias gradient `[h, 2 Lk − 1]` where there is a bias.
     #[allow(clippy::too_many_arguments)]
     fn backward_views(
         [qh, kh, vh]: [&Heads; 3],
@@ -636,18 +700,16 @@ mod flex {
         out: &FlexTensor,
         lse: &[f32],
         grad: &FlexTensor,
-        layout: &SparseLayout,
+        (layout, slots): (&SparseLayout, Slots),
         norm: RowNormaliser,
         [dq, dk, dv]: [Dest; 3],
     ) -> Option<Vec<f32>> {
         let sh = Shape::of(qh, kh, vh);
-        let (g, dh, bs) = (sh.h / sh.h_kv, sh.dh, layout.block);
+        let (g, dh, bs, len) = (sh.h / sh.h_kv, sh.dh, layout.block, sh.lq);
         let (out, grad) = (out.to_contiguous(), grad.to_contiguous());
         let (o, dout) = (out.storage::<f32>(), grad.storage::<f32>());
-        let out_rs = sh.out_rs();
         let width_bias = layout.bias_width();
         let offset = layout.len_k - layout.len_q;
-        let (qrc, krc, vrc) = ((qh.rs(), qh.cs()), (kh.rs(), kh.cs()), (vh.rs(), vh.cs()));
         let per_task: Vec<Vec<f32>> = (0..sh.b * sh.h_kv)
             .into_par_iter()
             .map(|task| {
@@ -656,51 +718,73 @@ mod flex {
                 let (dkp, dvp) = (dk.head(bi, kv), dv.head(bi, kv));
                 let mut p = vec![0.0f32; bs * layout.max_width()];
                 let mut ds = vec![0.0f32; bs * layout.max_width()];
+                let mut l = vec![0.0f32; bs];
                 let mut dbias = vec![0.0f32; if bias.is_some() { g * width_bias } else { 0 }];
                 for hi in kv * g..(kv + 1) * g {
                     let qp = qh.head(bi, hi);
                     let bias_h = bias.map(|t| &t[hi * width_bias..(hi + 1) * width_bias]);
                     for blk in 0..layout.blocks() {
                         let (q0, c) = (blk * bs, cell(layout, hi, blk));
-                        let (rows, width) = (bs.min(sh.lq - q0), layout.width[c]);
-                        if width == 0 {
+                        let width = layout.width[c];
+                        let Some(at) = place(slots, len, q0, bs.min(layout.len_q - q0)) else { continue };
+                        if width == 0 || at.rows == 0 {
                             continue;
                         }
-                        let (p, ds) = (&mut p[..rows * width], &mut ds[..rows * width]);
-                        let qb = qp.wrapping_offset(q0 as isize * qh.rs());
-                        let first = (bi * sh.lq + q0) * sh.h * dh + hi * dh;
+                        let (rows, step) = (at.rows, at.step as isize);
+                        let (p, ds, l) = (&mut p[..rows * width], &mut ds[..rows * width], &mut l[..rows]);
+                        let qb = qp.wrapping_offset(at.first as isize * qh.rs());
+                        let qrc = (qh.rs() * step, qh.cs());
+                        let first = (bi * len + at.first) * sh.h * dh + hi * dh;
+                        let out_rs = sh.out_rs() * step;
                         let dob = dout[first..].as_ptr();
-                        block_scores(layout, c, (q0, rows), (qb, qrc), (kp, krc), (dh, scale), bias_h, p);
-                        recompute_rows(norm, p, width, |_| width, &lse[(bi * sh.h + hi) * sh.lq + q0..]);
+                        for (r, x) in l.iter_mut().enumerate() {
+                            *x = lse[(bi * sh.h + hi) * len + at.first + r * at.step];
+                        }
+                        let keys = (kp, (kh.rs(), kh.cs()));
+                        block_scores((layout, slots, len), c, (q0, rows), (qb, qrc), keys, (dh, scale), bias_h, p);
+                        recompute_rows(norm, p, width, |_| width, l);
                         clear_hidden(layout, c, p);
                         let pt = (1, width as isize);
-                        // SAFETY (every gemm below): query rows q0.. of head hi and keys of the
-                        // cell's runs lie inside their tensors; the dk/dv rows written are this
-                        // task's key/value head, the dq rows this task's query head
+                        // SAFETY (every gemm below): the block's query rows and the runs' keys lie
+                        // inside their tensors; the dk/dv rows written are this task's key/value
+                        // head, the dq rows this task's query head
                         let mut col = 0;
-                        for &(k0, k1) in layout.runs(c) {
-                            let (k0, n) = (k0 as usize, (k1 - k0) as usize);
-                            let vr = vp.wrapping_offset(k0 as isize * vh.rs());
-                            let dvr = dvp.wrapping_add(k0 * dv.strides[2]);
-                            // dV += Pᵀ dO
-                            unsafe {
-                                gemm((n, dh, rows), dvr, dv.rs(), true, p.as_ptr().add(col), pt, dob, (out_rs, 1), 1.0)
-                            };
-                            // dP = dO Vᵀ
-                            unsafe {
-                                gemm(
-                                    (rows, n, dh),
-                                    ds.as_mut_ptr().add(col),
-                                    width as isize,
-                                    false,
-                                    dob,
-                                    (out_rs, 1),
-                                    vr,
-                                    (vrc.1, vrc.0),
-                                    1.0,
-                                )
-                            };
-                            col += n;
+                        for &run in layout.runs(c) {
+                            if let Some((k0, n)) = run_place(slots, len, run) {
+                                let vr = vp.wrapping_offset(k0 as isize * vh.rs());
+                                let dvr = dvp.wrapping_add(k0 * dv.strides[2]);
+                                let dv_rs = dv.rs() * step;
+                                // dV += Pᵀ dO
+                                unsafe {
+                                    gemm(
+                                        (n, dh, rows),
+                                        dvr,
+                                        dv_rs,
+                                        true,
+                                        p.as_ptr().add(col),
+                                        pt,
+                                        dob,
+                                        (out_rs, 1),
+                                        1.0,
+                                    )
+                                };
+                                // dP = dO Vᵀ
+                                let vt = (vh.cs(), vh.rs() * step);
+                                unsafe {
+                                    gemm(
+                                        (rows, n, dh),
+                                        ds.as_mut_ptr().add(col),
+                                        width as isize,
+                                        false,
+                                        dob,
+                                        (out_rs, 1),
+                                        vr,
+                                        vt,
+                                        1.0,
+                                    )
+                                };
+                            }
+                            col += (run.1 - run.0) as usize;
                         }
                         match norm {
                             RowNormaliser::Softmax => {
@@ -721,20 +805,24 @@ mod flex {
                                 }
                             }
                         }
-                        let dqb = dq.head(bi, hi).wrapping_add(q0 * dq.strides[2]);
+                        let dqb = dq.head(bi, hi).wrapping_add(at.first * dq.strides[2]);
+                        let dq_rs = dq.rs() * step;
                         let mut col = 0;
-                        for &(k0, k1) in layout.runs(c) {
-                            let (k0, n) = (k0 as usize, (k1 - k0) as usize);
-                            let kr = kp.wrapping_offset(k0 as isize * kh.rs());
-                            let dkr = dkp.wrapping_add(k0 * dk.strides[2]);
-                            let dsb = unsafe { ds.as_ptr().add(col) };
-                            // dQ += scale · dS K
-                            unsafe {
-                                gemm((rows, dh, n), dqb, dq.rs(), true, dsb, (width as isize, 1), kr, krc, scale)
-                            };
-                            // dK += scale · dSᵀ Q
-                            unsafe { gemm((n, dh, rows), dkr, dk.rs(), true, dsb, pt, qb, qrc, scale) };
-                            col += n;
+                        for &run in layout.runs(c) {
+                            if let Some((k0, n)) = run_place(slots, len, run) {
+                                let kr = kp.wrapping_offset(k0 as isize * kh.rs());
+                                let krc = (kh.rs() * step, kh.cs());
+                                let dkr = dkp.wrapping_add(k0 * dk.strides[2]);
+                                let dk_rs = dk.rs() * step;
+                                let dsb = unsafe { ds.as_ptr().add(col) };
+                                // dQ += scale · dS K
+                                unsafe {
+                                    gemm((rows, dh, n), dqb, dq_rs, true, dsb, (width as isize, 1), kr, krc, scale)
+                                };
+                                // dK += scale · dSᵀ Q
+                                unsafe { gemm((n, dh, rows), dkr, dk_rs, true, dsb, pt, qb, qrc, scale) };
+                            }
+                            col += (run.1 - run.0) as usize;
                         }
                     }
                 }
@@ -751,8 +839,8 @@ mod flex {
         Some(total)
     }
 
-    /// `pieces` over views: one piece in position order is [`forward_views`]; a union is each
-    /// piece in its order, merged by log-sum-exp (softmax, no bias).
+    /// `pieces` over views: one piece is [`forward_views`]; a union is each piece on its own,
+    /// merged by log-sum-exp (softmax, no bias).
     fn attend(
         views: [&Heads; 3],
         scale: f32,
@@ -760,34 +848,20 @@ mod flex {
         pieces: &[SparsePiece],
         norm: RowNormaliser,
     ) -> (FlexTensor, FlexTensor) {
-        if let [piece] = pieces
-            && piece.order.is_none()
-        {
-            return forward_views(views, scale, bias, &piece.layout, norm);
+        if let [piece] = pieces {
+            return forward_views(views, scale, bias, (&piece.layout, piece.slots), norm);
         }
         assert!(bias.is_none() && norm == RowNormaliser::Softmax, "a union of patterns is softmax without a bias");
         let [b, h, l, dh] = views[0].dims;
-        let width = h * dh;
-        let mut out = vec![0.0f32; b * l * width];
-        let mut lse = vec![f32::NEG_INFINITY; b * h * l];
+        let (mut out, mut lse) = (vec![0.0f32; b * l * h * dh], vec![f32::NEG_INFINITY; b * h * l]);
         for piece in pieces {
-            let (part, part_lse) = match &piece.order {
-                None => forward_views(views, scale, None, &piece.layout, norm),
-                Some(order) => {
-                    let gathered = views.map(|x| gather_rows(x, order));
-                    let dims = |x: &Heads| [x.dims[0], x.dims[1], order.len(), x.dims[3]];
-                    let [q, k, v] = [0, 1, 2].map(|i| Heads::contiguous(&gathered[i], dims(views[i])));
-                    forward_views([&q, &k, &v], scale, None, &piece.layout, norm)
-                }
-            };
+            let (part, part_lse) = forward_views(views, scale, None, (&piece.layout, piece.slots), norm);
             let (part, part_lse) = (part.storage::<f32>(), part_lse.storage::<f32>());
-            let n = piece.layout.len_q;
             for bi in 0..b {
-                for slot in 0..n {
-                    let Some(pos) = position(&piece.order, slot) else { continue };
+                for pos in 0..l {
                     for hi in 0..h {
-                        let (at, at_part) = ((bi * h + hi) * l + pos, (bi * h + hi) * n + slot);
-                        let (was, new) = (lse[at], part_lse[at_part]);
+                        let at = (bi * h + hi) * l + pos;
+                        let (was, new) = (lse[at], part_lse[at]);
                         let m = was.max(new);
                         if m == f32::NEG_INFINITY {
                             continue;
@@ -795,59 +869,21 @@ mod flex {
                         let (ea, eb) = ((was - m).exp(), (new - m).exp());
                         let total = ea + eb;
                         let (wa, wb) = (ea / total, eb / total);
-                        let row = &mut out[(bi * l + pos) * width + hi * dh..][..dh];
-                        let row_part = &part[(bi * n + slot) * width + hi * dh..][..dh];
+                        let row = (bi * l + pos) * h * dh + hi * dh;
+                        let (row, row_part) = (&mut out[row..row + dh], &part[row..row + dh]);
                         row.iter_mut().zip(row_part).for_each(|(o, &x)| *o = wa * *o + wb * x);
                         lse[at] = m + total.ln();
                     }
                 }
             }
         }
-        let out = FlexTensor::from_data(TensorData::new(out, [b, l, width]));
+        let out = FlexTensor::from_data(TensorData::new(out, [b, l, h * dh]));
         (out, FlexTensor::from_data(TensorData::new(lse, [b, h, l])))
     }
 
-    /// The position slot `slot` of a piece stands for (`None`: padding).
-    fn position(order: &Option<Vec<u32>>, slot: usize) -> Option<usize> {
-        match order {
-            None => Some(slot),
-            Some(order) => (order[slot] != PADDING).then_some(order[slot] as usize),
-        }
-    }
-
-    /// Rows of `x: [b, heads, L, d_h]` in `order`, contiguous `[b, heads, order.len(), d_h]`
-    /// (zeros for padding).
-    fn gather_rows(x: &Heads, order: &[u32]) -> Vec<f32> {
-        let [b, h, _, dh] = x.dims;
-        let mut out = vec![0.0f32; b * h * order.len() * dh];
-        for bi in 0..b {
-            for hi in 0..h {
-                let head = x.head(bi, hi);
-                for (slot, &pos) in order.iter().enumerate().filter(|(_, p)| **p != PADDING) {
-                    let dst = &mut out[((bi * h + hi) * order.len() + slot) * dh..][..dh];
-                    for (d, y) in dst.iter_mut().enumerate() {
-                        // SAFETY: (bi, hi, pos, d) lies inside the viewed tensor
-                        *y = unsafe { *head.offset(pos as isize * x.rs() + d as isize * x.cs()) };
-                    }
-                }
-            }
-        }
-        out
-    }
-
-    /// Rows `[b, L, w]` of a position-order tensor in a piece's slot order (zeros for padding).
-    fn rows_in_order(x: &[f32], (b, l, w): (usize, usize, usize), order: &[u32]) -> Vec<f32> {
-        let mut out = vec![0.0f32; b * order.len() * w];
-        for bi in 0..b {
-            for (slot, &pos) in order.iter().enumerate().filter(|(_, p)| **p != PADDING) {
-                out[(bi * order.len() + slot) * w..][..w].copy_from_slice(&x[(bi * l + pos as usize) * w..][..w]);
-            }
-        }
-        out
-    }
-
     /// The backward of [`attend`] into `dests` (zeroed; accumulated into); the bias gradient for
-    /// one piece with a bias.
+    /// one piece with a bias. Each piece recomputes its probabilities against the union's
+    /// log-sum-exp and output.
     fn attend_backward(
         views: [&Heads; 3],
         scale: f32,
@@ -857,53 +893,12 @@ mod flex {
         norm: RowNormaliser,
         dests: [Dest; 3],
     ) -> Option<Vec<f32>> {
-        if let [piece] = pieces
-            && piece.order.is_none()
-        {
-            return backward_views(views, scale, bias, out, lse, grad, &piece.layout, norm, dests);
-        }
-        let [b, h, l, dh] = views[0].dims;
-        let width = h * dh;
-        let (out, grad) = (out.to_contiguous(), grad.to_contiguous());
+        let mut dbias = None;
         for piece in pieces {
-            let Some(order) = &piece.order else {
-                backward_views(views, scale, None, &out, lse, &grad, &piece.layout, norm, dests);
-                continue;
-            };
-            let n = order.len();
-            let gathered = views.map(|x| gather_rows(x, order));
-            let dims = |x: &Heads| [x.dims[0], x.dims[1], n, x.dims[3]];
-            let [q, k, v] = [0, 1, 2].map(|i| Heads::contiguous(&gathered[i], dims(views[i])));
-            let rows = |x: &FlexTensor| {
-                let x = rows_in_order(x.storage::<f32>(), (b, l, width), order);
-                FlexTensor::from_data(TensorData::new(x, [b, n, width]))
-            };
-            let (out_p, grad_p) = (rows(&out), rows(&grad));
-            let lse_p = rows_in_order(lse, (b * h, l, 1), order);
-            // each piece's gradients in its slot order, then added at their positions
-            let mut parts = [0, 1, 2].map(|i| vec![0.0f32; gathered[i].len()]);
-            let part_dests = [0, 1, 2].map(|i| {
-                let [_, heads, _, _] = dims(views[i]);
-                Dest { ptr: Shared(parts[i].as_mut_ptr()), strides: [heads * n * dh, n * dh, dh] }
-            });
-            backward_views([&q, &k, &v], scale, None, &out_p, &lse_p, &grad_p, &piece.layout, norm, part_dests);
-            for ((part, dest), view) in parts.iter_mut().zip(dests).zip(views) {
-                let heads = view.dims[1];
-                for bi in 0..b {
-                    for hi in 0..heads {
-                        let to = dest.head(bi, hi);
-                        for (slot, &pos) in order.iter().enumerate().filter(|(_, p)| **p != PADDING) {
-                            let from = &part[((bi * heads + hi) * n + slot) * dh..][..dh];
-                            for (d, &x) in from.iter().enumerate() {
-                                // SAFETY: (bi, hi, pos, d) lies inside the destination
-                                unsafe { *to.add(pos as usize * dest.strides[2] + d) += x };
-                            }
-                        }
-                    }
-                }
-            }
+            let at = (&*piece.layout, piece.slots);
+            dbias = backward_views(views, scale, bias, out, lse, grad, at, norm, dests);
         }
-        None
+        dbias
     }
 
     /// The forward: the output `[b, L, h · d_h]` and each row's saved slot.
@@ -1308,31 +1303,27 @@ mod flex {
                 |_, i| vec![(i * block).saturating_sub(stride - 1)..(i + 1) * block],
                 |_, q, out| out.push(q.saturating_sub(stride - 1)..q + 1),
             );
-            let n = len.div_ceil(stride);
-            let order: Vec<u32> = (0..stride)
-                .flat_map(|c| (0..n).map(move |i| i * stride + c))
-                .map(|p| if p < len { p as u32 } else { PADDING })
-                .collect();
-            let slots = order.len();
+            let per_class = len.div_ceil(stride).div_ceil(block) * block;
+            let classes = Slots::Classes { stride, per_class };
+            let slots = stride * per_class;
             let columns = SparseLayout::new(
                 slots,
                 slots,
                 block,
                 1,
                 |_, i| {
-                    let (first, last) = (i * block, ((i + 1) * block).min(slots) - 1);
-                    (first / n..=last / n).map(|c| c * n..(c + 1) * n).collect()
+                    let c = i * block / per_class;
+                    vec![c * per_class..(i + 1) * block]
                 },
                 |_, slot, out| {
-                    let (c, i) = (slot / n, slot % n);
-                    if i * stride + c < len {
-                        out.push(c * n..c * n + i);
+                    if classes.position(slot, len).is_some() {
+                        out.push(slot - slot % per_class..slot);
                     }
                 },
             );
             Arc::new(vec![
-                SparsePiece { layout: Arc::new(local), order: None },
-                SparsePiece { layout: Arc::new(columns), order: Some(order) },
+                SparsePiece { layout: Arc::new(local), slots: Slots::Positions },
+                SparsePiece { layout: Arc::new(columns), slots: classes },
             ])
         }
 
@@ -1368,7 +1359,7 @@ mod flex {
 
         #[test]
         fn a_union_of_orders_is_one_softmax_over_both_patterns() {
-            // 23 positions in classes of 4 (the last class one short: padding), blocks across classes
+            // 23 positions in classes of 4 (three of them one short: padding), classes of 1 or 2 blocks
             check_union(23, 4, 4, (2, 2), false);
             check_union(23, 4, 4, (4, 2), true);
             check_union(40, 8, 3, (2, 1), true);

@@ -140,13 +140,6 @@ pub(crate) mod flex {
             Self { data: t.storage::<f32>(), start: l.start_offset(), dims, strides }
         }
 
-        /// A contiguous `[b, heads, L, d_h]` buffer.
-        pub(crate) fn contiguous(data: &'a [f32], dims: [usize; 4]) -> Self {
-            let [_, h, l, d] = dims;
-            let strides = [(h * l * d) as isize, (l * d) as isize, d as isize, 1];
-            Self { data, start: 0, dims, strides }
-        }
-
         /// Pointer to row 0 of head (`b`, `h`).
         pub(crate) fn head(&self, b: usize, h: usize) -> *const f32 {
             let off = self.start as isize + b as isize * self.strides[0] + h as isize * self.strides[1];
