@@ -23,6 +23,8 @@ pub struct Args {
     pub tokens: usize,
     pub out: Option<PathBuf>,
     pub device: String,
+    /// The CPU kernels off.
+    pub composed: bool,
     pub point: Option<String>,
 }
 
@@ -56,7 +58,8 @@ pub fn bench_attention(args: Args) -> Result<ExitCode> {
     if let Some(point) = &args.point {
         return measure_here(&kinds[0].2, point, &args);
     }
-    println!("# one attention layer, batch 1, d_model {}, device {}", args.d_model, args.device);
+    let path = if args.composed { ", kernels off (composed ops)" } else { "" };
+    println!("# one attention layer, batch 1, d_model {}, device {}{path}", args.d_model, args.device);
     let mut train = Vec::new();
     let mut generate = Vec::new();
     // one step per point, here in the parent only: a child (`--point`) returned above, and its
@@ -118,11 +121,12 @@ fn measure_here(cfg: &ExperimentConfig, point: &str, args: &Args) -> Result<Exit
     let (mode, n) = point.split_once(':').context("--point is mode:length")?;
     let n: usize = n.parse().context("--point length")?;
     let (attn, pos) = (&cfg.model.attention, &cfg.model.position);
-    let p = match mode {
-        "train" => attention_bench::training(attn, pos, args.d_model, n, args.reps.max(1), causal(cfg), &device),
-        "generate" => attention_bench::generation(attn, pos, args.d_model, n, args.tokens.max(1), &device),
+    let measure = || match mode {
+        "train" => Ok(attention_bench::training(attn, pos, args.d_model, n, args.reps.max(1), causal(cfg), &device)),
+        "generate" => Ok(attention_bench::generation(attn, pos, args.d_model, n, args.tokens.max(1), &device)),
         other => bail!("--point mode {other:?} is not train or generate"),
     };
+    let p = if args.composed { variorum_kernels::without_kernels(measure)? } else { measure()? };
     println!("{}", serde_json::to_string(&p)?);
     Ok(ExitCode::SUCCESS)
 }
@@ -135,6 +139,7 @@ fn child(config: &Path, point: &str, args: &Args) -> Outcome {
         .args(["--point", point, "--device", &args.device])
         .args(["--d-model", &args.d_model.to_string(), "--reps", &args.reps.to_string()])
         .args(["--tokens", &args.tokens.to_string()])
+        .args(args.composed.then_some("--composed"))
         .output()
         .map_err(|e| format!("cannot start a measurement: {e}"))?;
     if !out.status.success() {
@@ -177,8 +182,9 @@ fn write_outputs(dir: &Path, names: &[String], train: &Rows, generate: &Rows, ar
             })
             .unwrap_or_default()
     };
+    let path = if args.composed { ", CPU kernels off (`--composed`)" } else { "" };
     let mut md = format!(
-        "One attention layer, batch 1, d_model {}, causal (bidirectional for masked-LM configs), device {} (`variorum bench-attention`).\n\n",
+        "One attention layer, batch 1, d_model {}, causal (bidirectional for masked-LM configs), device {}{path} (`variorum bench-attention`).\n\n",
         args.d_model, args.device
     );
     let header = |first: &str, ns: &[usize]| {

@@ -296,6 +296,10 @@ enum Command {
         out: Option<PathBuf>,
         #[arg(long, default_value = "cpu")]
         device: String,
+        /// With the CPU kernels off: each kind's composed path (what a kernel gives is the
+        /// difference).
+        #[arg(long)]
+        composed: bool,
         /// Measure one point ("train:LEN" or "generate:CONTEXT") in this process.
         #[arg(long, hide = true)]
         point: Option<String>,
@@ -779,7 +783,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::BenchAttention { configs, lengths, contexts, d_model, reps, tokens, out, device, point } => {
+        Command::BenchAttention { configs, lengths, contexts, d_model, reps, tokens, out, device, composed, point } => {
             for &n in &lengths {
                 at_least("--lengths", n, 1)?;
             }
@@ -798,6 +802,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 tokens,
                 out,
                 device,
+                composed,
                 point,
             })
         }

@@ -502,3 +502,35 @@ fn attention_draws_the_learned_weights_of_a_run_and_refuses_mistakes() {
     assert_clean_error(&variorum(&["attention", r, "--prompt", "Now is the winter of"], tmp.path()), "--prompt");
     assert_clean_error(&variorum(&["attention", r, "--prompt", "Now", "--out", "x.jpg"], tmp.path()), "--out");
 }
+
+#[test]
+fn bench_attention_measures_the_kernel_path_and_the_composed_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/attention/sliding-window.toml");
+    let c = cfg.to_str().unwrap();
+    let args = [
+        "bench-attention",
+        c,
+        "--d-model",
+        "16",
+        "--lengths",
+        "48",
+        "--contexts",
+        "16",
+        "--reps",
+        "1",
+        "--tokens",
+        "1",
+    ];
+    for composed in [false, true] {
+        let mut all = args.to_vec();
+        if composed {
+            all.push("--composed");
+        }
+        let o = variorum(&all, tmp.path());
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(out.contains("kernels off"), composed, "{out}");
+        assert!(out.contains("train     L =     48") && out.contains("ms"), "{out}");
+    }
+}
