@@ -291,7 +291,6 @@ impl StridedAttention {
         dense_pattern(&self.attention, p, mask, need_weights, 1, |_, head, q, k| !self.sees(head, h, q, k, mask.causal))
     }
 
-    /// The column pattern and (union, heads) the band, in one softmax per row: `[b, h, L, d_h]`.
     /// The pattern for the block-sparse kernel ([`sparse_kernel::union_context`]), `h` heads
     /// over `l` positions: A⁽¹⁾ as a band in position order, A⁽²⁾ as a band inside each residue
     /// class (the classes laid end to end; without A⁽¹⁾ a head's column includes the query itself).
@@ -370,6 +369,7 @@ impl StridedAttention {
         Arc::new(pieces)
     }
 
+    /// The column pattern and (union, heads) the band, in one softmax per row: `[b, h, L, d_h]`.
     fn blocked(&self, p: &Projected, causal: bool) -> Tensor<4> {
         let mha = &self.attention;
         let [b, h, l, dh] = p.q.dims();

@@ -346,6 +346,7 @@ pub fn block_sparse_union(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, pieces: Piec
     #[cfg(feature = "flex")]
     if crate::has_kernel(&q) && crate::has_kernel(&k) && crate::has_kernel(&v) {
         let [_, h, l, _] = q.dims();
+        assert_eq!(k.dims()[2], l, "a union is self-attention: as many keys as queries");
         check_pieces(&pieces, h, l);
         use burn::backend::Dispatch;
         let d = Dispatch::block_sparse(
@@ -498,6 +499,12 @@ mod flex {
             let h_kv = k.dims[1];
             assert!(h_kv > 0 && h % h_kv == 0, "query heads {h} are not a multiple of key/value heads {h_kv}");
             assert_eq!(k.dims, v.dims, "keys and values differ in shape");
+            assert!(
+                k.dims[2] >= lq && k.dims[0] == b && k.dims[3] == dh,
+                "keys {:?} do not fit queries {:?}",
+                k.dims,
+                q.dims
+            );
             Self { b, h, h_kv, lq, dh }
         }
 
@@ -522,12 +529,29 @@ mod flex {
         Some(Place { first, rows: valid, step: slots.step() })
     }
 
-    /// A run of key slots `k0..k1` as (first position, keys standing for positions), `None` when
-    /// it starts in padding.
-    fn run_place(slots: Slots, len: usize, (k0, k1): (u32, u32)) -> Option<(usize, usize)> {
-        let first = slots.position(k0 as usize, len)?;
-        let n = (k0..k1).take_while(|&k| slots.position(k as usize, len).is_some()).count();
-        Some((first, n))
+    /// The runs of cell `c` as (first column, first position, keys): the pieces a strided view
+    /// reads, a run split where it crosses from one residue class into the next, padding left
+    /// out (its columns are hidden: no layout sees a padding slot).
+    fn views(layout: &SparseLayout, c: usize, slots: Slots, len: usize) -> Vec<(usize, usize, usize)> {
+        let mut out = Vec::new();
+        let mut col = 0;
+        for &(k0, k1) in layout.runs(c) {
+            let (k0, k1) = (k0 as usize, k1 as usize);
+            let mut k = k0;
+            while k < k1 {
+                let end = match slots {
+                    Slots::Positions => k1,
+                    Slots::Classes { per_class, .. } => k1.min((k / per_class + 1) * per_class),
+                };
+                if let Some(first) = slots.position(k, len) {
+                    let n = (k..end).take_while(|&s| slots.position(s, len).is_some()).count();
+                    out.push((col + k - k0, first, n));
+                }
+                k = end;
+            }
+            col += k1 - k0;
+        }
+        out
     }
 
     /// One block's scores against its runs into `s` (rows × width), the bias added and the
@@ -544,28 +568,14 @@ mod flex {
         s: &mut [f32],
     ) {
         let width = layout.width[c];
-        let mut col = 0;
-        for &run in layout.runs(c) {
-            if let Some((k0, n)) = run_place(slots, len, run) {
-                let kr = kp.wrapping_offset(k0 as isize * krc.0);
-                let krs = krc.0 * slots.step() as isize;
-                // SAFETY: the block's query rows and the run's keys lie inside their tensors; the
-                // destination is columns col..col + n of `s`'s rows
-                unsafe {
-                    gemm(
-                        (rows, n, dh),
-                        s.as_mut_ptr().add(col),
-                        width as isize,
-                        false,
-                        qb,
-                        qrc,
-                        kr,
-                        (krc.1, krs),
-                        scale,
-                    )
-                };
-            }
-            col += (run.1 - run.0) as usize;
+        for (col, k0, n) in views(layout, c, slots, len) {
+            let kr = kp.wrapping_offset(k0 as isize * krc.0);
+            let krs = krc.0 * slots.step() as isize;
+            // SAFETY: the block's query rows and the run's keys lie inside their tensors; the
+            // destination is columns col..col + n of `s`'s rows
+            unsafe {
+                gemm((rows, n, dh), s.as_mut_ptr().add(col), width as isize, false, qb, qrc, kr, (krc.1, krs), scale)
+            };
         }
         let offset = layout.len_k - layout.len_q;
         for (r, row) in s.chunks_exact_mut(width).enumerate() {
@@ -659,28 +669,14 @@ mod flex {
                     }
                     let o = out_ptr.at((bi * len + at.first) * sh.h * dh + hi * dh);
                     let o_rs = sh.out_rs() * at.step as isize;
-                    let mut col = 0;
-                    for &run in layout.runs(c) {
-                        if let Some((k0, n)) = run_place(slots, len, run) {
-                            let vr = vp.wrapping_offset(k0 as isize * v.rs());
-                            let vrc = (v.rs() * at.step as isize, v.cs());
-                            // SAFETY: the block's rows, columns of head hi: this task's; the
-                            // run's values lie inside their tensor
-                            unsafe {
-                                gemm(
-                                    (rows, dh, n),
-                                    o,
-                                    o_rs,
-                                    true,
-                                    s.as_ptr().add(col),
-                                    (width as isize, 1),
-                                    vr,
-                                    vrc,
-                                    1.0,
-                                )
-                            };
-                        }
-                        col += (run.1 - run.0) as usize;
+                    for (col, k0, n) in views(layout, c, slots, len) {
+                        let vr = vp.wrapping_offset(k0 as isize * v.rs());
+                        let vrc = (v.rs() * at.step as isize, v.cs());
+                        // SAFETY: the block's rows, columns of head hi: this task's; the
+                        // run's values lie inside their tensor
+                        unsafe {
+                            gemm((rows, dh, n), o, o_rs, true, s.as_ptr().add(col), (width as isize, 1), vr, vrc, 1.0)
+                        };
                     }
                 }
             }
@@ -748,43 +744,29 @@ mod flex {
                         // SAFETY (every gemm below): the block's query rows and the runs' keys lie
                         // inside their tensors; the dk/dv rows written are this task's key/value
                         // head, the dq rows this task's query head
-                        let mut col = 0;
-                        for &run in layout.runs(c) {
-                            if let Some((k0, n)) = run_place(slots, len, run) {
-                                let vr = vp.wrapping_offset(k0 as isize * vh.rs());
-                                let dvr = dvp.wrapping_add(k0 * dv.strides[2]);
-                                let dv_rs = dv.rs() * step;
-                                // dV += Pᵀ dO
-                                unsafe {
-                                    gemm(
-                                        (n, dh, rows),
-                                        dvr,
-                                        dv_rs,
-                                        true,
-                                        p.as_ptr().add(col),
-                                        pt,
-                                        dob,
-                                        (out_rs, 1),
-                                        1.0,
-                                    )
-                                };
-                                // dP = dO Vᵀ
-                                let vt = (vh.cs(), vh.rs() * step);
-                                unsafe {
-                                    gemm(
-                                        (rows, n, dh),
-                                        ds.as_mut_ptr().add(col),
-                                        width as isize,
-                                        false,
-                                        dob,
-                                        (out_rs, 1),
-                                        vr,
-                                        vt,
-                                        1.0,
-                                    )
-                                };
-                            }
-                            col += (run.1 - run.0) as usize;
+                        for (col, k0, n) in views(layout, c, slots, len) {
+                            let vr = vp.wrapping_offset(k0 as isize * vh.rs());
+                            let dvr = dvp.wrapping_add(k0 * dv.strides[2]);
+                            let dv_rs = dv.rs() * step;
+                            // dV += Pᵀ dO
+                            unsafe {
+                                gemm((n, dh, rows), dvr, dv_rs, true, p.as_ptr().add(col), pt, dob, (out_rs, 1), 1.0)
+                            };
+                            // dP = dO Vᵀ
+                            let vt = (vh.cs(), vh.rs() * step);
+                            unsafe {
+                                gemm(
+                                    (rows, n, dh),
+                                    ds.as_mut_ptr().add(col),
+                                    width as isize,
+                                    false,
+                                    dob,
+                                    (out_rs, 1),
+                                    vr,
+                                    vt,
+                                    1.0,
+                                )
+                            };
                         }
                         match norm {
                             RowNormaliser::Softmax => {
@@ -807,22 +789,16 @@ mod flex {
                         }
                         let dqb = dq.head(bi, hi).wrapping_add(at.first * dq.strides[2]);
                         let dq_rs = dq.rs() * step;
-                        let mut col = 0;
-                        for &run in layout.runs(c) {
-                            if let Some((k0, n)) = run_place(slots, len, run) {
-                                let kr = kp.wrapping_offset(k0 as isize * kh.rs());
-                                let krc = (kh.rs() * step, kh.cs());
-                                let dkr = dkp.wrapping_add(k0 * dk.strides[2]);
-                                let dk_rs = dk.rs() * step;
-                                let dsb = unsafe { ds.as_ptr().add(col) };
-                                // dQ += scale · dS K
-                                unsafe {
-                                    gemm((rows, dh, n), dqb, dq_rs, true, dsb, (width as isize, 1), kr, krc, scale)
-                                };
-                                // dK += scale · dSᵀ Q
-                                unsafe { gemm((n, dh, rows), dkr, dk_rs, true, dsb, pt, qb, qrc, scale) };
-                            }
-                            col += (run.1 - run.0) as usize;
+                        for (col, k0, n) in views(layout, c, slots, len) {
+                            let kr = kp.wrapping_offset(k0 as isize * kh.rs());
+                            let krc = (kh.rs() * step, kh.cs());
+                            let dkr = dkp.wrapping_add(k0 * dk.strides[2]);
+                            let dk_rs = dk.rs() * step;
+                            let dsb = unsafe { ds.as_ptr().add(col) };
+                            // dQ += scale · dS K
+                            unsafe { gemm((rows, dh, n), dqb, dq_rs, true, dsb, (width as isize, 1), kr, krc, scale) };
+                            // dK += scale · dSᵀ Q
+                            unsafe { gemm((n, dh, rows), dkr, dk_rs, true, dsb, pt, qb, qrc, scale) };
                         }
                     }
                 }
