@@ -16,7 +16,12 @@
 #   OUT               where results go (default runs/<family name>)
 #   RUNS              space-separated config names (default: all of FAMILY but base)
 #   LENGTHS, CONTEXTS comma-separated lengths (defaults 1024,…,16384 and 1024,4096,16384)
-#   SKIP_BENCH=1, SKIP_TRAIN=1   leave out a part
+#   COMPOSED=1        also measure every point with the CPU kernels off (bench-attention
+#                     --composed: each kind's composed path) into OUT/bench-composed/
+#   SKIP_BENCH=1, SKIP_TRAIN=1, SKIP_REFERENCE=1   leave out a part (the reference is PyTorch's
+#                     scaled_dot_product_attention at the same lengths, one layer and the
+#                     attention alone, causal and with a dense sliding-window mask of 256, into
+#                     OUT/bench/pytorch.tsv; it installs torch into .venv-reference)
 #   CARGO_TARGET_DIR  cargo's target dir (default: target)
 set -euo pipefail
 
@@ -39,6 +44,36 @@ if [[ -z ${SKIP_BENCH:-} ]]; then
   "$BIN" bench-attention "${configs[@]}" --out "$OUT/bench" \
     --lengths "${LENGTHS:-1024,2048,4096,8192,16384}" --contexts "${CONTEXTS:-1024,4096,16384}" |
     tee "$OUT/bench.txt"
+fi
+
+if [[ -z ${SKIP_BENCH:-} && -n ${COMPOSED:-} ]]; then
+  say "benchmarking the same points with the CPU kernels off"
+  "$BIN" bench-attention "${configs[@]}" --composed --out "$OUT/bench-composed" \
+    --lengths "${LENGTHS:-1024,2048,4096,8192,16384}" --contexts "${CONTEXTS:-1024,4096,16384}" |
+    tee "$OUT/bench-composed.txt"
+fi
+
+if [[ -z ${SKIP_REFERENCE:-} ]]; then
+  say "PyTorch's scaled_dot_product_attention at the same lengths (one process per point)"
+  (
+    source scripts/reference/prepare.sh
+    ensure_reference_venv
+    mkdir -p "$OUT/bench"
+    printf 'mode\twindow\tlen\tms\tpeak_mib\ttorch\n' >"$OUT/bench/pytorch.tsv"
+    IFS=, read -ra lengths <<<"${LENGTHS:-1024,2048,4096,8192,16384}"
+    for mode in layer attention; do
+      for window in 0 256; do
+        for len in "${lengths[@]}"; do
+          "$VENV/bin/python" scripts/reference/attention_layer.py --mode "$mode" --window "$window" --len "$len" \
+            --threads "$PYTORCH_THREADS" | grep '^RESULT ' | sed 's/^RESULT //' |
+            "$VENV/bin/python" -c 'import json, sys
+r = json.loads(sys.stdin.read())
+print("\t".join(str(r[k]) if not isinstance(r[k], float) else f"{r[k]:.1f}" for k in ["mode", "window", "len", "ms", "peak_mib", "torch"]))' |
+            tee -a "$OUT/bench/pytorch.tsv"
+        done
+      done
+    done
+  )
 fi
 
 if [[ -z ${SKIP_TRAIN:-} ]]; then
