@@ -139,6 +139,26 @@ pub fn newest_that_loads<T>(
     bail!("no checkpoint loads: {}", skipped.join("; "))
 }
 
+/// `f`, with a panic inside it returned as its message: Burn's optimizer record loader panics on
+/// some damaged files (a tensor whose declared rank and data disagree) where it could return an
+/// error. The panic hook is silenced meanwhile (a load runs before training starts its threads).
+pub fn without_panic<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String> {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    std::panic::set_hook(hook);
+    out.map_err(|payload| {
+        let msg = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("it could not be read");
+        // one line, and short: Burn's message spans several
+        let msg: String = msg.split_whitespace().collect::<Vec<_>>().join(" ").chars().take(300).collect();
+        format!("damaged ({msg})")
+    })
+}
+
 /// The latest checkpoint of a run, if there is one: its directory and state.
 pub fn latest(run: &Path) -> Result<Option<(PathBuf, TrainState)>> {
     let pointer = checkpoints_dir(run).join("latest");
@@ -164,6 +184,13 @@ pub fn latest(run: &Path) -> Result<Option<(PathBuf, TrainState)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_panic_while_loading_is_an_error_with_its_message() {
+        assert_eq!(without_panic(|| 3), Ok(3));
+        let e = without_panic(|| -> u8 { panic!("rank 7,\n  given [48]") }).unwrap_err();
+        assert_eq!(e, "damaged (rank 7, given [48])");
+    }
 
     #[test]
     fn keeps_the_newest_and_points_latest_at_the_last() {
