@@ -617,6 +617,19 @@ mod flex {
         }
     }
 
+    /// The blocks head `hi` scores something in: (first slot, cell, width, place).
+    fn scored_blocks(
+        (layout, slots, len): (&SparseLayout, Slots, usize),
+        hi: usize,
+    ) -> impl Iterator<Item = (usize, usize, usize, Place)> + '_ {
+        let bs = layout.block;
+        (0..layout.blocks()).filter_map(move |blk| {
+            let (q0, c) = (blk * bs, cell(layout, hi, blk));
+            let at = place(slots, len, q0, bs.min(layout.len_q - q0))?;
+            (layout.width[c] > 0 && at.rows > 0).then_some((q0, c, layout.width[c], at))
+        })
+    }
+
     /// The cell (group's pattern, query block) of head `hi`.
     fn cell(layout: &SparseLayout, hi: usize, block: usize) -> usize {
         layout.cell(if layout.groups == 1 { 0 } else { hi }, block)
@@ -648,13 +661,7 @@ mod flex {
             for hi in kv * g..(kv + 1) * g {
                 let qp = q.head(bi, hi);
                 let bias_h = bias.map(|t| &t[hi * width_bias..(hi + 1) * width_bias]);
-                for blk in 0..layout.blocks() {
-                    let (q0, c) = (blk * bs, cell(layout, hi, blk));
-                    let width = layout.width[c];
-                    let Some(at) = place(slots, len, q0, bs.min(layout.len_q - q0)) else { continue };
-                    if width == 0 || at.rows == 0 {
-                        continue;
-                    }
+                for (q0, c, width, at) in scored_blocks((layout, slots, len), hi) {
                     let rows = at.rows;
                     let (s, l) = (&mut s[..rows * width], &mut l[..rows]);
                     let qb = qp.wrapping_offset(at.first as isize * q.rs());
@@ -719,13 +726,7 @@ mod flex {
                 for hi in kv * g..(kv + 1) * g {
                     let qp = qh.head(bi, hi);
                     let bias_h = bias.map(|t| &t[hi * width_bias..(hi + 1) * width_bias]);
-                    for blk in 0..layout.blocks() {
-                        let (q0, c) = (blk * bs, cell(layout, hi, blk));
-                        let width = layout.width[c];
-                        let Some(at) = place(slots, len, q0, bs.min(layout.len_q - q0)) else { continue };
-                        if width == 0 || at.rows == 0 {
-                            continue;
-                        }
+                    for (q0, c, width, at) in scored_blocks((layout, slots, len), hi) {
                         let (rows, step) = (at.rows, at.step as isize);
                         let (p, ds, l) = (&mut p[..rows * width], &mut ds[..rows * width], &mut l[..rows]);
                         let qb = qp.wrapping_offset(at.first as isize * qh.rs());
