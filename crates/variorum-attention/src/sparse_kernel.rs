@@ -57,22 +57,21 @@ pub fn context(mha: &MultiHeadAttention, p: &Projected, pattern: &Pattern, globa
 }
 
 /// The context `[b, h, len, d_h]` of the union of `pieces` ([`block_sparse_union`]: patterns
-/// over different orderings of the positions, one softmax) by the kernel; `None` where it does
-/// not apply — the conditions of [`context`], softmax, and no position term on the scores (a
-/// union's pieces score keys out of position order) — or off flex.
+/// over different slots of the positions, one softmax) by the kernel; `None` where it does not
+/// apply — the conditions of [`context`] and softmax — or off flex.
 pub fn union_context(mha: &MultiHeadAttention, p: &Projected, pieces: impl FnOnce() -> Pieces) -> Option<Tensor<4>> {
-    let h = p.q.dims()[1];
-    let scores_plain =
-        mha.position.as_ref().is_none_or(|pos| pos.works_on_gathered_keys() && distance_bias(mha, p, 1).is_none());
-    if !applies(mha, p) || mha.normaliser.row != RowNormaliser::Softmax || !scores_plain {
+    let [_, h, l, _] = p.q.dims();
+    let position_ok = mha.position.as_ref().is_none_or(|pos| pos.works_on_gathered_keys());
+    if !applies(mha, p) || mha.normaliser.row != RowNormaliser::Softmax || !position_ok {
         return None;
     }
+    let bias = distance_bias(mha, p, 2 * l - 1);
     let (heads, pieces) = ((h, p.k.dims()[1]), pieces());
     let out = match (mha.normaliser.query_factor(), p.packed()) {
-        (None, Some(packed)) => block_sparse_union_self_attention(packed.clone(), heads, mha.scale, pieces)?,
+        (None, Some(packed)) => block_sparse_union_self_attention(packed.clone(), heads, mha.scale, bias, pieces)?,
         (factor, _) => {
-            let (q, _) = with_temperature(p.q.clone(), None, factor);
-            block_sparse_union(q, p.k.clone(), p.v.clone(), pieces)?
+            let (q, bias) = with_temperature(p.q.clone(), bias, factor);
+            block_sparse_union(q, p.k.clone(), p.v.clone(), bias, pieces)?
         }
     };
     Some(by_head(out, h))

@@ -305,8 +305,10 @@ fn the_kernel_path_and_the_composed_path_agree_with_their_gradients() {
                         (y, x.grad(&grads).unwrap())
                     })
                 };
+                let before = variorum_kernels::block_sparse::calls();
                 let ((y1, g1), (y2, g2)) = (run(true), run(false));
                 let what = format!("{} {name} causal {}", position.kind(), mask.causal);
+                assert!(variorum_kernels::block_sparse::calls() > before, "{what}: the kernel did not run");
                 let d = (y1 - y2).abs().max().into_scalar::<f32>();
                 assert!(d < 1e-5, "{what}: outputs differ by {d}");
                 let d = (g1 - g2).abs().max().into_scalar::<f32>();

@@ -200,6 +200,15 @@ impl SparseLayout {
     }
 }
 
+thread_local! {
+    static CALLS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// How many block-sparse forwards this thread has run (tests check a kind took the kernel).
+pub fn calls() -> usize {
+    CALLS.get()
+}
+
 /// Sets bits `a..b` of `row`.
 fn set_bits(row: &mut [u64], a: usize, b: usize) {
     let mut s = a;
@@ -235,6 +244,7 @@ pub fn block_sparse_attention(
         assert_eq!(layout.lens(), (lq, lk), "the sparse layout was built for other lengths");
         assert!(layout.groups == 1 || layout.groups == h, "a sparse layout has one pattern or one per head");
         use burn::backend::Dispatch;
+        CALLS.set(CALLS.get() + 1);
         let (q, k, v) = (q.into_dispatch(), k.into_dispatch(), v.into_dispatch());
         let d = match bias {
             Some(bias) => {
@@ -268,6 +278,7 @@ pub fn block_sparse_self_attention(
         assert_eq!(layout.lens(), (l, l), "the sparse layout was built for another length");
         assert!(layout.groups == 1 || layout.groups == n_heads, "a sparse layout has one pattern or one per head");
         use burn::backend::Dispatch;
+        CALLS.set(CALLS.get() + 1);
         let (qkv, heads) = (qkv.into_dispatch(), PackedHeads { n_heads, n_kv_heads, scale });
         let d = match bias {
             Some(bias) => {
@@ -339,26 +350,40 @@ impl SparsePiece {
 /// is scored block by block over its slots, and the pieces' results are merged by their
 /// log-sum-exps, ℓ = log Σ_p e^{ℓ_p}, O = Σ_p e^{ℓ_p − ℓ} O_p — one softmax over the union. The
 /// backward recomputes each piece's probabilities against the merged ℓ. The pieces must not share
-/// a (query, key) pair; self-attention over L positions, no bias. Inputs as for
+/// a (query, key) pair; self-attention over L positions; the distance bias `[h, 2 L − 1]` is by
+/// position, whatever a piece's slots. Inputs as for
 /// [`block_sparse_attention`] (`None` with a packed projection: see
 /// [`block_sparse_union_self_attention`]).
-pub fn block_sparse_union(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, pieces: Pieces) -> Option<Tensor<3>> {
+pub fn block_sparse_union(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    bias: Option<Tensor<2>>,
+    pieces: Pieces,
+) -> Option<Tensor<3>> {
     #[cfg(feature = "flex")]
-    if crate::has_kernel(&q) && crate::has_kernel(&k) && crate::has_kernel(&v) {
+    if crate::has_kernel(&q)
+        && crate::has_kernel(&k)
+        && crate::has_kernel(&v)
+        && bias.as_ref().is_none_or(crate::has_kernel)
+    {
         let [_, h, l, _] = q.dims();
         assert_eq!(k.dims()[2], l, "a union is self-attention: as many keys as queries");
         check_pieces(&pieces, h, l);
         use burn::backend::Dispatch;
-        let d = Dispatch::block_sparse(
-            q.into_dispatch(),
-            k.into_dispatch(),
-            v.into_dispatch(),
-            pieces,
-            RowNormaliser::Softmax,
-        );
+        CALLS.set(CALLS.get() + 1);
+        let (q, k, v) = (q.into_dispatch(), k.into_dispatch(), v.into_dispatch());
+        let norm = RowNormaliser::Softmax;
+        let d = match bias {
+            Some(bias) => {
+                assert_eq!(bias.dims(), [h, 2 * l - 1], "the distance bias is [heads, 2 L − 1]");
+                Dispatch::block_sparse_biased(q, k, v, bias.into_dispatch(), pieces, norm)
+            }
+            None => Dispatch::block_sparse(q, k, v, pieces, norm),
+        };
         return Some(Tensor::from_dispatch(d));
     }
-    let _ = (q, k, v, pieces);
+    let _ = (q, k, v, bias, pieces);
     None
 }
 
@@ -368,17 +393,27 @@ pub fn block_sparse_union_self_attention(
     qkv: Tensor<3>,
     (n_heads, n_kv_heads): (usize, usize),
     scale: f64,
+    bias: Option<Tensor<2>>,
     pieces: Pieces,
 ) -> Option<Tensor<3>> {
     #[cfg(feature = "flex")]
-    if crate::has_kernel(&qkv) {
-        check_pieces(&pieces, n_heads, qkv.dims()[1]);
+    if crate::has_kernel(&qkv) && bias.as_ref().is_none_or(crate::has_kernel) {
+        let l = qkv.dims()[1];
+        check_pieces(&pieces, n_heads, l);
         use burn::backend::Dispatch;
-        let heads = PackedHeads { n_heads, n_kv_heads, scale };
-        let d = Dispatch::block_sparse_packed(qkv.into_dispatch(), heads, pieces, RowNormaliser::Softmax);
+        CALLS.set(CALLS.get() + 1);
+        let (qkv, heads) = (qkv.into_dispatch(), PackedHeads { n_heads, n_kv_heads, scale });
+        let norm = RowNormaliser::Softmax;
+        let d = match bias {
+            Some(bias) => {
+                assert_eq!(bias.dims(), [n_heads, 2 * l - 1], "the distance bias is [heads, 2 L − 1]");
+                Dispatch::block_sparse_packed_biased(qkv, bias.into_dispatch(), heads, pieces, norm)
+            }
+            None => Dispatch::block_sparse_packed(qkv, heads, pieces, norm),
+        };
         return Some(Tensor::from_dispatch(d));
     }
-    let _ = (qkv, n_heads, n_kv_heads, scale, pieces);
+    let _ = (qkv, n_heads, n_kv_heads, scale, bias, pieces);
     None
 }
 
@@ -568,7 +603,8 @@ mod flex {
         s: &mut [f32],
     ) {
         let width = layout.width[c];
-        for (col, k0, n) in views(layout, c, slots, len) {
+        let runs = views(layout, c, slots, len);
+        for &(col, k0, n) in &runs {
             let kr = kp.wrapping_offset(k0 as isize * krc.0);
             let krs = krc.0 * slots.step() as isize;
             // SAFETY: the block's query rows and the run's keys lie inside their tensors; the
@@ -577,21 +613,31 @@ mod flex {
                 gemm((rows, n, dh), s.as_mut_ptr().add(col), width as isize, false, qb, qrc, kr, (krc.1, krs), scale)
             };
         }
-        let offset = layout.len_k - layout.len_q;
         for (r, row) in s.chunks_exact_mut(width).enumerate() {
-            let bits = layout.row_bits(c, r);
             if let Some(bias) = bias {
-                // distance q − k + Lk − 1: the run's entries of the table, backwards
-                let at = offset + q0 + r + layout.len_k - 1;
-                let mut col = 0;
-                for &(k0, k1) in layout.runs(c) {
-                    for (x, kk) in row[col..].iter_mut().zip(k0 as usize..k1 as usize) {
-                        *x += bias[at - kk];
-                    }
-                    col += (k1 - k0) as usize;
-                }
+                bias_columns((layout, slots, len), &runs, q0 + r, |col, at| row[col] += bias[at]);
             }
-            for_hidden(bits, row, |x| *x = HIDDEN);
+            for_hidden(layout.row_bits(c, r), row, |x| *x = HIDDEN);
+        }
+    }
+
+    /// For the row at slot `q_slot`: each scored key's column and its entry in the distance-bias
+    /// table, query position − key position + keys − 1 (keys: the key tensor's length).
+    fn bias_columns(
+        (layout, slots, len): (&SparseLayout, Slots, usize),
+        runs: &[(usize, usize, usize)],
+        q_slot: usize,
+        mut f: impl FnMut(usize, usize),
+    ) {
+        let (q, keys) = match slots {
+            Slots::Positions => (q_slot + layout.len_k - layout.len_q, layout.len_k),
+            Slots::Classes { .. } => (slots.position(q_slot, len).expect("a scored row stands for a position"), len),
+        };
+        let step = slots.step();
+        for &(col, k0, n) in runs {
+            for j in 0..n {
+                f(col + j, q + keys - 1 - (k0 + j * step));
+            }
         }
     }
 
@@ -651,7 +697,7 @@ mod flex {
         let mut out = vec![0.0f32; n_out];
         let mut lse = vec![f32::NEG_INFINITY; sh.b * sh.h * len];
         let (out_ptr, lse_ptr) = (Shared(out.as_mut_ptr()), Shared(lse.as_mut_ptr()));
-        let width_bias = layout.bias_width();
+        let width_bias = 2 * k.dims[2] - 1;
         (0..sh.b * sh.h_kv).into_par_iter().for_each(|task| {
             let (bi, kv) = (task / sh.h_kv, task % sh.h_kv);
             let (kp, vp) = (k.head(bi, kv), v.head(bi, kv));
@@ -711,8 +757,7 @@ mod flex {
         let (g, dh, bs, len) = (sh.h / sh.h_kv, sh.dh, layout.block, sh.lq);
         let (out, grad) = (out.to_contiguous(), grad.to_contiguous());
         let (o, dout) = (out.storage::<f32>(), grad.storage::<f32>());
-        let width_bias = layout.bias_width();
-        let offset = layout.len_k - layout.len_q;
+        let width_bias = 2 * kh.dims[2] - 1;
         let per_task: Vec<Vec<f32>> = (0..sh.b * sh.h_kv)
             .into_par_iter()
             .map(|task| {
@@ -777,15 +822,9 @@ mod flex {
                         }
                         if bias.is_some() {
                             let db = &mut dbias[(hi - kv * g) * width_bias..][..width_bias];
+                            let runs = views(layout, c, slots, len);
                             for (r, row) in ds.chunks_exact(width).enumerate() {
-                                let at = offset + q0 + r + layout.len_k - 1;
-                                let mut col = 0;
-                                for &(k0, k1) in layout.runs(c) {
-                                    for (&x, kk) in row[col..].iter().zip(k0 as usize..k1 as usize) {
-                                        db[at - kk] += x;
-                                    }
-                                    col += (k1 - k0) as usize;
-                                }
+                                bias_columns((layout, slots, len), &runs, q0 + r, |col, at| db[at] += row[col]);
                             }
                         }
                         let dqb = dq.head(bi, hi).wrapping_add(at.first * dq.strides[2]);
@@ -828,11 +867,11 @@ mod flex {
         if let [piece] = pieces {
             return forward_views(views, scale, bias, (&piece.layout, piece.slots), norm);
         }
-        assert!(bias.is_none() && norm == RowNormaliser::Softmax, "a union of patterns is softmax without a bias");
+        assert!(norm == RowNormaliser::Softmax, "a union of patterns is softmax");
         let [b, h, l, dh] = views[0].dims;
         let (mut out, mut lse) = (vec![0.0f32; b * l * h * dh], vec![f32::NEG_INFINITY; b * h * l]);
         for piece in pieces {
-            let (part, part_lse) = forward_views(views, scale, None, (&piece.layout, piece.slots), norm);
+            let (part, part_lse) = forward_views(views, scale, bias, (&piece.layout, piece.slots), norm);
             let (part, part_lse) = (part.storage::<f32>(), part_lse.storage::<f32>());
             for bi in 0..b {
                 for pos in 0..l {
@@ -870,10 +909,17 @@ mod flex {
         norm: RowNormaliser,
         dests: [Dest; 3],
     ) -> Option<Vec<f32>> {
-        let mut dbias = None;
+        let mut dbias: Option<Vec<f32>> = None;
         for piece in pieces {
             let at = (&*piece.layout, piece.slots);
-            dbias = backward_views(views, scale, bias, out, lse, grad, at, norm, dests);
+            let part = backward_views(views, scale, bias, out, lse, grad, at, norm, dests);
+            dbias = match (dbias, part) {
+                (Some(mut total), Some(part)) => {
+                    total.iter_mut().zip(part).for_each(|(t, x)| *t += x);
+                    Some(total)
+                }
+                (total, part) => total.or(part),
+            };
         }
         dbias
     }
@@ -953,7 +999,13 @@ mod flex {
             }
         };
         let h = layout_heads(inputs, tensors);
-        (grads, dbias.map(|d| data(d, &[h, pieces[0].layout.bias_width()])))
+        (
+            grads,
+            dbias.map(|d| {
+                let width = d.len() / h;
+                data(d, &[h, width])
+            }),
+        )
     }
 
     /// The number of query heads of a call.
@@ -1304,42 +1356,59 @@ mod flex {
             ])
         }
 
-        fn check_union(len: usize, stride: usize, block: usize, (h, h_kv): (usize, usize), packed: bool) {
+        fn check_union(
+            len: usize,
+            stride: usize,
+            block: usize,
+            (h, h_kv): (usize, usize),
+            packed: bool,
+            with_bias: bool,
+        ) {
             let device = Device::flex().autodiff();
             device.seed(23);
             let (b, dh, scale) = (2, 8, 0.35);
             let pieces = strided_pieces(len, stride, block);
             let qkv: Tensor<3> = Tensor::random([b, len, (h + 2 * h_kv) * dh], Distribution::Normal(0.0, 1.5), &device);
+            let bias: Tensor<2> = Tensor::random([h, 2 * len - 1], Distribution::Normal(0.0, 1.0), &device);
             let w: Tensor<3> = Tensor::random([b, len, h * dh], Distribution::Normal(0.0, 1.0), &device);
             let strided = |_: usize, q: usize, k: usize| k <= q && (q - k < stride || (q - k) % stride == 0);
             let run = |fused: bool| {
-                let x = qkv.clone().require_grad();
+                let (x, bias) = (qkv.clone().require_grad(), bias.clone().require_grad());
+                let bias_in = with_bias.then(|| bias.clone());
                 let all = x.clone().reshape([b, len, h + 2 * h_kv, dh]).swap_dims(1, 2);
                 let q = all.clone().narrow(1, 0, h).mul_scalar(scale);
                 let (k, v) = (all.clone().narrow(1, h, h_kv), all.narrow(1, h + h_kv, h_kv));
                 let y = match (fused, packed) {
-                    (true, true) => block_sparse_union_self_attention(x.clone(), (h, h_kv), scale, pieces.clone()),
-                    (true, false) => block_sparse_union(q, k, v, pieces.clone()),
-                    (false, _) => Some(composed_with(q, k, v, None, strided, RowNormaliser::Softmax)),
+                    (true, true) => {
+                        block_sparse_union_self_attention(x.clone(), (h, h_kv), scale, bias_in, pieces.clone())
+                    }
+                    (true, false) => block_sparse_union(q, k, v, bias_in, pieces.clone()),
+                    (false, _) => Some(composed_with(q, k, v, bias_in, strided, RowNormaliser::Softmax)),
                 }
                 .expect("flex has the kernel");
                 let grads = (y.clone() * w.clone()).sum().backward();
-                (y, x.grad(&grads).unwrap())
+                (y, x.grad(&grads).unwrap(), with_bias.then(|| bias.grad(&grads).unwrap()))
             };
-            let ((y1, g1), (y2, g2)) = (run(true), run(false));
-            let what = format!("L {len}, stride {stride}, block {block}, h {h}/{h_kv}, packed {packed}");
+            let ((y1, g1, b1), (y2, g2, b2)) = (run(true), run(false));
+            let what =
+                format!("L {len}, stride {stride}, block {block}, h {h}/{h_kv}, packed {packed}, bias {with_bias}");
             let d = rel_diff(y1, y2);
             assert!(d < 1e-5, "forward, {what}: {d}");
             let d = rel_diff(g1, g2);
             assert!(d < 1e-5, "d qkv, {what}: {d}");
+            if let (Some(b1), Some(b2)) = (b1, b2) {
+                let d = rel_diff(b1, b2);
+                assert!(d < 1e-5, "d bias, {what}: {d}");
+            }
         }
 
         #[test]
         fn a_union_of_orders_is_one_softmax_over_both_patterns() {
             // 23 positions in classes of 4 (three of them one short: padding), classes of 1 or 2 blocks
-            check_union(23, 4, 4, (2, 2), false);
-            check_union(23, 4, 4, (4, 2), true);
-            check_union(40, 8, 3, (2, 1), true);
+            check_union(23, 4, 4, (2, 2), false, false);
+            check_union(23, 4, 4, (4, 2), true, true);
+            check_union(40, 8, 3, (2, 1), true, false);
+            check_union(40, 8, 3, (2, 2), false, true);
         }
 
         /// A layout from a predicate `sees(g, q, k)`, one key at a time.
