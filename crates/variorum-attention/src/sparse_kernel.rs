@@ -2,8 +2,9 @@
 //! ([`variorum_kernels::block_sparse`]): each block of queries scores the runs of keys its
 //! pattern can reach — its band(s), the global keys, its gathered keys, every key for a block
 //! holding a global query — and a bit per (query, key) keeps the exact pattern. One kernel serves
-//! every kind built on [`sparse`](crate::band::sparse): sliding-window, local, BigBird,
-//! Longformer, the fixed and blockwise patterns.
+//! every kind built on [`sparse`](crate::band::sparse): sliding-window, local, multi-scale,
+//! BigBird, Longformer, the fixed and blockwise patterns; [`union_context`] serves strided
+//! attention.
 //!
 //! It applies where it computes exactly what the composed path does: no dropout on the
 //! probabilities, query blocks at consecutive positions, and a position scheme that acts on q and

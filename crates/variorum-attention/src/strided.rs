@@ -16,17 +16,16 @@
 //! against the cache under the same pattern (the cache is only trimmed for the A⁽¹⁾-only layers
 //! of `alternate`).
 
+use std::sync::Arc;
+
 use burn::prelude::*;
 use burn::tensor::Slice;
 use serde::{Deserialize, Serialize};
 use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
+use variorum_kernels::block_sparse::{Pieces, Slots, SparseLayout, SparsePiece};
 use variorum_position::{PositionConfig, RotaryConfig, ScoreLayout, T5BiasConfig};
 
 use crate::band::{Band, BandScores, band_context, band_scores, banded, dense_pattern};
-use std::sync::Arc;
-
-use variorum_kernels::block_sparse::{Pieces, Slots, SparseLayout, SparsePiece};
-
 use crate::full::{MASKED_SCORE, Positioning, Projected};
 use crate::kind::{AttentionKind, AttentionMechanism, TestVariant, caps};
 use crate::sparse_kernel;

@@ -17,9 +17,14 @@
 //! acts on q and k before. Queries must come scaled. The output has its heads merged,
 //! `[b, Lq, h · d_h]`.
 //!
-//! The sparse kinds (sliding-window, local, BigBird, Longformer, the fixed and blockwise patterns)
-//! hand their patterns here through `variorum_attention::band::sparse`; [`block_sparse_attention`]
-//! returns `None` off flex, and the caller composes Burn's ops instead.
+//! A pattern that no one ordering of the positions turns into runs (the Sparse Transformer's
+//! strided pattern) is a union of layouts over different [`Slots`] — positions, or residue classes
+//! read as strided views — merged by log-sum-exp into one softmax ([`block_sparse_union`]).
+//!
+//! The sparse kinds (sliding-window, local, multi-scale, BigBird, Longformer, the fixed and
+//! blockwise patterns, strided) hand their patterns here through `variorum_attention`'s
+//! `sparse_kernel`; every entry point returns `None` off flex, and the caller composes Burn's ops
+//! instead.
 
 use std::ops::Range;
 use std::sync::Arc;
