@@ -238,30 +238,11 @@ pub fn block_sparse_attention(
     layout: Arc<SparseLayout>,
     norm: RowNormaliser,
 ) -> Option<Tensor<3>> {
-    #[cfg(feature = "flex")]
-    if crate::has_kernel(&q)
-        && crate::has_kernel(&k)
-        && crate::has_kernel(&v)
-        && bias.as_ref().is_none_or(crate::has_kernel)
-    {
-        let [_, h, lq, _] = q.dims();
-        let lk = k.dims()[2];
-        assert_eq!(layout.lens(), (lq, lk), "the sparse layout was built for other lengths");
-        assert!(layout.groups == 1 || layout.groups == h, "a sparse layout has one pattern or one per head");
-        use burn::backend::Dispatch;
-        CALLS.set(CALLS.get() + 1);
-        let (q, k, v) = (q.into_dispatch(), k.into_dispatch(), v.into_dispatch());
-        let d = match bias {
-            Some(bias) => {
-                assert_eq!(bias.dims(), [h, layout.bias_width()], "the distance bias is [heads, 2 Lk − 1]");
-                Dispatch::block_sparse_biased(q, k, v, bias.into_dispatch(), SparsePiece::only(layout), norm)
-            }
-            None => Dispatch::block_sparse(q, k, v, SparsePiece::only(layout), norm),
-        };
-        return Some(Tensor::from_dispatch(d));
-    }
-    let _ = (q, k, v, bias, layout, norm);
-    None
+    let (lens, groups) = (layout.lens(), layout.groups);
+    separate([q, k, v], bias, SparsePiece::only(layout), norm, |h, lq, lk| {
+        assert_eq!(lens, (lq, lk), "the sparse layout was built for other lengths");
+        assert!(groups == 1 || groups == h, "a sparse layout has one pattern or one per head");
+    })
 }
 
 /// [`block_sparse_attention`] straight from a fused projection's output `qkv: [b, L, (h + 2 h_kv)
@@ -276,26 +257,12 @@ pub fn block_sparse_self_attention(
     layout: Arc<SparseLayout>,
     norm: RowNormaliser,
 ) -> Option<Tensor<3>> {
-    #[cfg(feature = "flex")]
-    if crate::has_kernel(&qkv) && bias.as_ref().is_none_or(crate::has_kernel) {
-        let [_, l, width] = qkv.dims();
-        assert_eq!(width % (n_heads + 2 * n_kv_heads), 0, "the projection is not (h + 2 h_kv) heads wide");
-        assert_eq!(layout.lens(), (l, l), "the sparse layout was built for another length");
-        assert!(layout.groups == 1 || layout.groups == n_heads, "a sparse layout has one pattern or one per head");
-        use burn::backend::Dispatch;
-        CALLS.set(CALLS.get() + 1);
-        let (qkv, heads) = (qkv.into_dispatch(), PackedHeads { n_heads, n_kv_heads, scale });
-        let d = match bias {
-            Some(bias) => {
-                assert_eq!(bias.dims(), [n_heads, layout.bias_width()], "the distance bias is [heads, 2 L − 1]");
-                Dispatch::block_sparse_packed_biased(qkv, bias.into_dispatch(), heads, SparsePiece::only(layout), norm)
-            }
-            None => Dispatch::block_sparse_packed(qkv, heads, SparsePiece::only(layout), norm),
-        };
-        return Some(Tensor::from_dispatch(d));
-    }
-    let _ = (qkv, n_heads, n_kv_heads, scale, bias, layout, norm);
-    None
+    let (lens, groups) = (layout.lens(), layout.groups);
+    let heads = PackedHeads { n_heads, n_kv_heads, scale };
+    packed(qkv, heads, bias, SparsePiece::only(layout), norm, |l| {
+        assert_eq!(lens, (l, l), "the sparse layout was built for another length");
+        assert!(groups == 1 || groups == n_heads, "a sparse layout has one pattern or one per head");
+    })
 }
 
 /// One layout of a union ([`block_sparse_union`]) and the positions its slots stand for.
@@ -366,30 +333,11 @@ pub fn block_sparse_union(
     bias: Option<Tensor<2>>,
     pieces: Pieces,
 ) -> Option<Tensor<3>> {
-    #[cfg(feature = "flex")]
-    if crate::has_kernel(&q)
-        && crate::has_kernel(&k)
-        && crate::has_kernel(&v)
-        && bias.as_ref().is_none_or(crate::has_kernel)
-    {
-        let [_, h, l, _] = q.dims();
-        assert_eq!(k.dims()[2], l, "a union is self-attention: as many keys as queries");
-        check_pieces(&pieces, h, l);
-        use burn::backend::Dispatch;
-        CALLS.set(CALLS.get() + 1);
-        let (q, k, v) = (q.into_dispatch(), k.into_dispatch(), v.into_dispatch());
-        let norm = RowNormaliser::Softmax;
-        let d = match bias {
-            Some(bias) => {
-                assert_eq!(bias.dims(), [h, 2 * l - 1], "the distance bias is [heads, 2 L − 1]");
-                Dispatch::block_sparse_biased(q, k, v, bias.into_dispatch(), pieces, norm)
-            }
-            None => Dispatch::block_sparse(q, k, v, pieces, norm),
-        };
-        return Some(Tensor::from_dispatch(d));
-    }
-    let _ = (q, k, v, bias, pieces);
-    None
+    let check = pieces.clone();
+    separate([q, k, v], bias, pieces, RowNormaliser::Softmax, move |h, l, lk| {
+        assert_eq!(lk, l, "a union is self-attention: as many keys as queries");
+        check_pieces(&check, h, l);
+    })
 }
 
 /// [`block_sparse_union`] straight from a fused projection's output, as
@@ -401,29 +349,77 @@ pub fn block_sparse_union_self_attention(
     bias: Option<Tensor<2>>,
     pieces: Pieces,
 ) -> Option<Tensor<3>> {
+    let check = pieces.clone();
+    let heads = PackedHeads { n_heads, n_kv_heads, scale };
+    packed(qkv, heads, bias, pieces, RowNormaliser::Softmax, move |l| check_pieces(&check, n_heads, l))
+}
+
+/// The op over separate q, k, v where the kernel applies (`check(h, Lq, Lk)` first), `None`
+/// elsewhere.
+fn separate(
+    [q, k, v]: [Tensor<4>; 3],
+    bias: Option<Tensor<2>>,
+    pieces: Pieces,
+    norm: RowNormaliser,
+    check: impl FnOnce(usize, usize, usize),
+) -> Option<Tensor<3>> {
     #[cfg(feature = "flex")]
-    if crate::has_kernel(&qkv) && bias.as_ref().is_none_or(crate::has_kernel) {
-        let l = qkv.dims()[1];
-        check_pieces(&pieces, n_heads, l);
+    if crate::has_kernel(&q)
+        && crate::has_kernel(&k)
+        && crate::has_kernel(&v)
+        && bias.as_ref().is_none_or(crate::has_kernel)
+    {
+        let [_, h, lq, _] = q.dims();
+        let lk = k.dims()[2];
+        check(h, lq, lk);
         use burn::backend::Dispatch;
         CALLS.set(CALLS.get() + 1);
-        let (qkv, heads) = (qkv.into_dispatch(), PackedHeads { n_heads, n_kv_heads, scale });
-        let norm = RowNormaliser::Softmax;
+        let (q, k, v) = (q.into_dispatch(), k.into_dispatch(), v.into_dispatch());
         let d = match bias {
             Some(bias) => {
-                assert_eq!(bias.dims(), [n_heads, 2 * l - 1], "the distance bias is [heads, 2 L − 1]");
+                assert_eq!(bias.dims(), [h, 2 * lk - 1], "the distance bias is [heads, 2 Lk − 1]");
+                Dispatch::block_sparse_biased(q, k, v, bias.into_dispatch(), pieces, norm)
+            }
+            None => Dispatch::block_sparse(q, k, v, pieces, norm),
+        };
+        return Some(Tensor::from_dispatch(d));
+    }
+    let _ = (q, k, v, bias, pieces, norm, check);
+    None
+}
+
+/// The op over a packed projection where the kernel applies (`check(L)` first), `None` elsewhere.
+fn packed(
+    qkv: Tensor<3>,
+    heads: PackedHeads,
+    bias: Option<Tensor<2>>,
+    pieces: Pieces,
+    norm: RowNormaliser,
+    check: impl FnOnce(usize),
+) -> Option<Tensor<3>> {
+    #[cfg(feature = "flex")]
+    if crate::has_kernel(&qkv) && bias.as_ref().is_none_or(crate::has_kernel) {
+        let [_, l, width] = qkv.dims();
+        let h = heads.n_heads;
+        assert_eq!(width % (h + 2 * heads.n_kv_heads), 0, "the projection is not (h + 2 h_kv) heads wide");
+        check(l);
+        use burn::backend::Dispatch;
+        CALLS.set(CALLS.get() + 1);
+        let qkv = qkv.into_dispatch();
+        let d = match bias {
+            Some(bias) => {
+                assert_eq!(bias.dims(), [h, 2 * l - 1], "the distance bias is [heads, 2 L − 1]");
                 Dispatch::block_sparse_packed_biased(qkv, bias.into_dispatch(), heads, pieces, norm)
             }
             None => Dispatch::block_sparse_packed(qkv, heads, pieces, norm),
         };
         return Some(Tensor::from_dispatch(d));
     }
-    let _ = (qkv, n_heads, n_kv_heads, scale, bias, pieces);
+    let _ = (qkv, heads, bias, pieces, norm, check);
     None
 }
 
 /// Every piece covers L positions with one pattern or one per head.
-#[cfg(feature = "flex")]
 fn check_pieces(pieces: &[SparsePiece], h: usize, l: usize) {
     assert!(!pieces.is_empty(), "a union of no patterns");
     for piece in pieces {
