@@ -43,39 +43,55 @@ pub fn context(mha: &MultiHeadAttention, p: &Projected, pattern: &Pattern, globa
         return None;
     }
     let layout = layout(pattern, global, h, l, p.layout.causal, p.max_back);
-    let bias = distance_bias(mha, p, layout.bias_width());
+    let bias = distance_bias(mha, p);
     let (layout, norm) = (Arc::new(layout), mha.normaliser.row);
-    let heads = (h, p.k.dims()[1]);
-    let out = match (mha.normaliser.query_factor(), p.packed()) {
-        // read in place from the fused projection, its gradient handed back whole
-        (None, Some(packed)) => block_sparse_self_attention(packed.clone(), heads, mha.scale, bias, layout, norm)?,
-        (factor, _) => {
-            let (q, bias) = with_temperature(p.q.clone(), bias, factor);
-            block_sparse_attention(q, p.k.clone(), p.v.clone(), bias, layout, norm)?
-        }
-    };
-    Some(by_head(out, h))
+    run(
+        mha,
+        p,
+        bias,
+        |qkv, heads, scale, bias| block_sparse_self_attention(qkv, heads, scale, bias, layout.clone(), norm),
+        |q, bias| block_sparse_attention(q, p.k.clone(), p.v.clone(), bias, layout.clone(), norm),
+    )
 }
 
 /// The context `[b, h, len, d_h]` of the union of `pieces` ([`block_sparse_union`]: patterns
 /// over different slots of the positions, one softmax) by the kernel; `None` where it does not
 /// apply — the conditions of [`context`] and softmax — or off flex.
 pub fn union_context(mha: &MultiHeadAttention, p: &Projected, pieces: impl FnOnce() -> Pieces) -> Option<Tensor<4>> {
-    let [_, h, l, _] = p.q.dims();
     let position_ok = mha.position.as_ref().is_none_or(|pos| pos.works_on_gathered_keys());
     if !applies(mha, p) || mha.normaliser.row != RowNormaliser::Softmax || !position_ok {
         return None;
     }
-    let bias = distance_bias(mha, p, 2 * l - 1);
-    let (heads, pieces) = ((h, p.k.dims()[1]), pieces());
+    let (bias, pieces) = (distance_bias(mha, p), pieces());
+    run(
+        mha,
+        p,
+        bias,
+        |qkv, heads, scale, bias| block_sparse_union_self_attention(qkv, heads, scale, bias, pieces.clone()),
+        |q, bias| block_sparse_union(q, p.k.clone(), p.v.clone(), bias, pieces.clone()),
+    )
+}
+
+/// The kernel on `p`, as per-head contexts `[b, h, L, d_h]`: read in place from the fused
+/// projection where there is one and no temperature (`packed(qkv, heads, scale, bias)`: its
+/// gradient handed back whole), on the scaled queries otherwise, a head's temperature folded into
+/// them and the bias (`separate(q, bias)`).
+fn run(
+    mha: &MultiHeadAttention,
+    p: &Projected,
+    bias: Option<Tensor<2>>,
+    packed: impl FnOnce(Tensor<3>, (usize, usize), f64, Option<Tensor<2>>) -> Option<Tensor<3>>,
+    separate: impl FnOnce(Tensor<4>, Option<Tensor<2>>) -> Option<Tensor<3>>,
+) -> Option<Tensor<4>> {
+    let heads = (p.q.dims()[1], p.k.dims()[1]);
     let out = match (mha.normaliser.query_factor(), p.packed()) {
-        (None, Some(packed)) => block_sparse_union_self_attention(packed.clone(), heads, mha.scale, bias, pieces)?,
+        (None, Some(qkv)) => packed(qkv.clone(), heads, mha.scale, bias)?,
         (factor, _) => {
             let (q, bias) = with_temperature(p.q.clone(), bias, factor);
-            block_sparse_union(q, p.k.clone(), p.v.clone(), bias, pieces)?
+            separate(q, bias)?
         }
     };
-    Some(by_head(out, h))
+    Some(by_head(out, heads.0))
 }
 
 /// What every kernel path needs: flex, no dropout on the probabilities, keys aligned with the
@@ -85,19 +101,18 @@ fn applies(mha: &MultiHeadAttention, p: &Projected) -> bool {
     variorum_kernels::has_kernel(&p.q) && mha.dropout.prob == 0.0 && aligned
 }
 
-/// The position scheme's additive score by distance, `[h, width]` (entry t is distance
-/// t − (L − 1), L = (width + 1) / 2), where it adds one.
-fn distance_bias(mha: &MultiHeadAttention, p: &Projected, width: usize) -> Option<Tensor<2>> {
+/// The position scheme's additive score by distance, `[h, 2 L − 1]` (entry t is distance
+/// t − (L − 1)), where it adds one.
+fn distance_bias(mha: &MultiHeadAttention, p: &Projected) -> Option<Tensor<2>> {
     let pos = mha.position.as_ref()?;
-    let l = (width as i64 + 1) / 2;
-    let values = (0..width).map(|t| t as i64 - (l - 1)).collect();
+    let [_, h, l, _] = p.q.dims();
+    let width = 2 * l - 1;
+    let values = (0..width).map(|t| t as i64 - (l as i64 - 1)).collect();
     let distances = Distances { dims: [1, 1, 1, width], values, causal: p.layout.causal };
-    let h = p.q.dims()[1];
     pos.bias_at(&distances, &p.q.device()).map(|bias| bias.reshape([h, width]))
 }
 
-/// A head's temperature scales its whole score, s/τ = (q/τ)·k + b/τ: folded into the queries
-/// and the bias.
+/// A head's temperature scales its whole score, s/τ = (q/τ)·k + b/τ.
 fn with_temperature(
     q: Tensor<4>,
     bias: Option<Tensor<2>>,
@@ -133,8 +148,7 @@ fn layout(
     causal: bool,
     max_back: Option<usize>,
 ) -> SparseLayout {
-    let pattern_block = pattern.block.max(1);
-    let bs = if pattern.extra.is_some() { pattern_block } else { BAND_BLOCK };
+    let bs = if pattern.extra.is_some() { pattern.block.max(1) } else { BAND_BLOCK };
     let per_head = pattern.bands.iter().any(|part| part.bands.len() > 1 || !part.heads.is_empty())
         || pattern.extra.is_some_and(|set| set.groups > 1);
     let groups = if per_head { h } else { 1 };
@@ -164,10 +178,9 @@ fn layout(
         if is_global[q0..=q_last].iter().any(|&x| x) {
             runs.push(0..if causal { q_last + 1 } else { l });
         }
-        for block in q0 / pattern_block..=q_last / pattern_block {
-            if let Some(cell) = extra_cell(g, block) {
-                runs.extend(extra_keys(cell).map(|(_, k)| k..k + 1));
-            }
+        // gathered keys come per block of the pattern, which is then the kernel's block too
+        if let Some(cell) = extra_cell(g, i) {
+            runs.extend(extra_keys(cell).map(|(_, k)| k..k + 1));
         }
         runs
     };
@@ -191,8 +204,8 @@ fn layout(
                 }
             }
         }
-        if let (Some(set), Some(cell)) = (pattern.extra, extra_cell(g, q / pattern_block)) {
-            let row = (cell * set.block + q % pattern_block) * set.keys;
+        if let (Some(set), Some(cell)) = (pattern.extra, extra_cell(g, q / bs)) {
+            let row = (cell * set.block + q % bs) * set.keys;
             out.extend(extra_keys(cell).filter(|&(s, _)| !set.hidden[row + s]).map(|(_, k)| clip(k..k + 1, false)));
         }
     };

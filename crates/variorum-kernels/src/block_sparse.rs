@@ -5,7 +5,7 @@
 //! O_i = Σ_{j ∈ A(i)} norm_j(q_i·k_j + b_h(i − j)) v_j,
 //!
 //! where A(i), the keys query i sees, lies inside the key runs of i's block of queries. Each block
-//! of [`SparseLayout::block`] queries scores only its runs — contiguous ranges of keys, read in
+//! of the layout's queries scores only its runs — contiguous ranges of keys, read in
 //! place as strided views, one GEMM per run — so a pattern costs O(Σ_blocks B · |runs| · d) and
 //! keeps a block × |runs| scratch, never L × L. Inside the runs a bit per (query, key) keeps the
 //! exact pattern. The backward is the causal kernel's (FlashAttention's): the probabilities are
@@ -145,19 +145,9 @@ impl SparseLayout {
         layout
     }
 
-    /// Queries per block.
-    pub fn block(&self) -> usize {
-        self.block
-    }
-
     /// Query blocks.
     pub fn blocks(&self) -> usize {
         self.len_q.div_ceil(self.block)
-    }
-
-    /// 1 (one pattern for every head) or the number of heads.
-    pub fn groups(&self) -> usize {
-        self.groups
     }
 
     /// (queries, keys).

@@ -52,33 +52,11 @@ fn chromium() -> PathBuf {
 
 /// A few steps with training rows, two evaluations and two checkpoints.
 fn tiny_config(corpus: &Path, seed: u64) -> ExperimentConfig {
-    let text = format!(
-        r#"
-[model]
-d_model = 32
-n_layers = 2
-seq_len = 16
-dropout = 0.0
-[model.attention]
-kind = "full"
-n_heads = 4
-[data]
-path = "{}"
-[train]
-steps = 8
-batch_size = 4
-warmup_steps = 2
-lr = 3e-3
-eval_interval = 4
-eval_batches = 1
-log_interval = 2
-checkpoint_interval = 4
-sample_tokens = 8
-seed = {seed}
-"#,
-        corpus.display()
-    );
-    ExperimentConfig::parse(&text, false).unwrap()
+    let mut cfg = common::tiny_config(corpus, 0.0);
+    let t = &mut cfg.train;
+    (t.steps, t.warmup_steps, t.eval_interval, t.eval_batches) = (8, 2, 4, 1);
+    (t.log_interval, t.checkpoint_interval, t.sample_tokens, t.seed) = (2, 4, 8, seed);
+    cfg
 }
 
 /// Console errors and warnings, exceptions, error and warning log entries, and requested URLs, as

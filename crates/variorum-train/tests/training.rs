@@ -7,37 +7,8 @@ use std::path::{Path, PathBuf};
 mod common;
 
 use burn::prelude::*;
-use common::{corpus, seeded};
+use common::{corpus, seeded, tiny_config};
 use variorum_train::{ExperimentConfig, Outcome, TrainOptions, metrics, train};
-
-fn tiny_config(corpus: &Path, dropout: f64) -> ExperimentConfig {
-    let text = format!(
-        r#"
-[model]
-d_model = 32
-n_layers = 2
-seq_len = 16
-dropout = {dropout}
-[model.attention]
-kind = "full"
-n_heads = 4
-[data]
-path = "{}"
-[train]
-steps = 20
-batch_size = 4
-warmup_steps = 4
-lr = 3e-3
-eval_interval = 5
-eval_batches = 2
-log_interval = 5
-checkpoint_interval = 5
-sample_tokens = 20
-"#,
-        corpus.display()
-    );
-    ExperimentConfig::parse(&text, false).unwrap()
-}
 
 fn options(run: &Path) -> TrainOptions {
     TrainOptions::new(run, Device::flex(), "flex")

@@ -23,3 +23,35 @@ pub fn corpus(dir: &Path) -> PathBuf {
     std::fs::write(&path, text).unwrap();
     path
 }
+
+/// A tiny full-attention model (2 layers, d_model 32, context 16) training 20 steps on `corpus`,
+/// evaluating and checkpointing every 5.
+#[allow(dead_code)] // not every test binary trains
+pub fn tiny_config(corpus: &Path, dropout: f64) -> variorum_train::ExperimentConfig {
+    let text = format!(
+        r#"
+[model]
+d_model = 32
+n_layers = 2
+seq_len = 16
+dropout = {dropout}
+[model.attention]
+kind = "full"
+n_heads = 4
+[data]
+path = "{}"
+[train]
+steps = 20
+batch_size = 4
+warmup_steps = 4
+lr = 3e-3
+eval_interval = 5
+eval_batches = 2
+log_interval = 5
+checkpoint_interval = 5
+sample_tokens = 20
+"#,
+        corpus.display()
+    );
+    variorum_train::ExperimentConfig::parse(&text, false).unwrap()
+}
