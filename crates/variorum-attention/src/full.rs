@@ -498,7 +498,8 @@ impl Projected {
         Self { q, k, v, layout, max_back, packed: None }
     }
 
-    /// The fused projection q, k and v are views of, where they are ([`Projected::packed`]).
+    /// The fused projection q, k and v are views of, where they are (self-attention without a
+    /// cache or a rotation).
     pub fn packed(&self) -> Option<&Tensor<3>> {
         self.packed.as_ref()
     }
