@@ -21,6 +21,8 @@
 use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::prelude::*;
 use variorum_core::{ConfigError, error::check};
+pub use variorum_kernels::linear_attention::FeatureMap;
+use variorum_kernels::linear_attention::{LinearSpec, causal_linear_attention};
 use variorum_position::HeadShape;
 
 use crate::{AttentionKind, MultiHeadAttentionConfig, QkvProjection, QkvProjectionConfig};
@@ -106,12 +108,17 @@ pub fn causal(f: Features, state: Option<&mut Option<KernelState>>, chunk: usize
     // g = 0 would make log g = −∞ (a sigmoid can underflow to it; a rescale by more than 69
     // nats leaves nothing of the earlier sums in f32 anyway)
     let floor = if f.rescale { 1e-30 } else { 1e-6 };
-    let (mut k, mut v1, mut gate) = (f.k, with_ones(f.v), f.gate.map(|g| g.clamp_min(floor)));
+    let gate = f.gate.map(|g| g.clamp_min(floor));
     // a running rescale leaves the sums at the scale the decays moved them to
     let end_shift = match (&gate, f.rescale) {
         (Some(g), true) => shift.clone() - g.clone().log().sum_dim(2).reshape([b, h]),
         _ => shift.clone(),
     };
+    let fresh = state.as_deref().is_none_or(|s| s.is_none());
+    if fresh && lk == lq && variorum_kernels::has_kernel(&f.q) {
+        return fused(f.q, f.k, f.v, gate, f.rescale, f.min_normaliser, chunk, state.map(|s| (s, end_shift)));
+    }
+    let (mut k, mut v1, mut gate) = (f.k, with_ones(f.v), gate);
     // keys in front of the queries: every query sees them
     if lk > lq {
         let front = lk - lq;
@@ -180,6 +187,61 @@ pub fn causal(f: Features, state: Option<&mut Option<KernelState>>, chunk: usize
     }
     let out = out.reshape([b, h, n * c, dv + 1]).narrow(2, 0, lq);
     normalise(out, f.min_normaliser)
+}
+
+/// [`causal`] with φ applied inside the fused kernel (`variorum_kernels::linear_attention`), so
+/// that φ(q) and φ(k) are never stored, where that applies: `plain` (causal, no decoding state,
+/// no padding), queries at the keys' positions, on flex. `None` elsewhere: the caller applies φ
+/// with Burn's ops and takes [`causal`].
+#[allow(clippy::too_many_arguments)]
+pub fn causal_mapped(
+    q: &Tensor<4>,
+    k: &Tensor<4>,
+    v: &Tensor<4>,
+    features: FeatureMap,
+    projection: Option<Tensor<2>>,
+    chunk: usize,
+    min_normaliser: f64,
+    plain: bool,
+) -> Option<Tensor<4>> {
+    if !plain || q.dims()[2] != k.dims()[2] {
+        return None;
+    }
+    let spec = LinearSpec { chunk, min_normaliser: min_normaliser as f32, features };
+    causal_linear_attention(q.clone(), k.clone(), v.clone(), None, projection, spec)
+}
+
+/// [`causal`] by the fused kernel (`variorum_kernels::linear_attention`), from empty sums: the
+/// key weight 1 − g multiplied into φ(k), the decay handed over as log g. Leaves the sums after
+/// the last key in `state` (a prefill) when one is given.
+#[allow(clippy::too_many_arguments)]
+fn fused(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    gate: Option<Tensor<3>>,
+    rescale: bool,
+    min_normaliser: f64,
+    chunk: usize,
+    state: Option<(&mut Option<KernelState>, Tensor<2>)>,
+) -> Tensor<4> {
+    let k = match &gate {
+        Some(g) if !rescale => k * key_weight(g.clone(), false).unsqueeze_dim::<4>(3),
+        _ => k,
+    };
+    let spec = LinearSpec { chunk, min_normaliser: min_normaliser as f32, features: FeatureMap::Given };
+    let log_gate = gate.clone().map(|g| g.log());
+    let out = causal_linear_attention(q, k.clone(), v.clone(), log_gate, None, spec)
+        .expect("the caller checked for the kernel");
+    if let Some((st, shift)) = state {
+        let [b, h, _, m] = k.dims();
+        let dv = v.dims()[3];
+        let zeros = Tensor::zeros([b, h, m, dv + 1], &k.device());
+        // the weight is in k already: the running-rescale form adds each key as it stands
+        let s = fold_into(zeros, k, with_ones(v), gate, true);
+        *st = Some(KernelState { s, shift });
+    }
+    out
 }
 
 /// s + Σ_j w_j φ(k_j)[v_j; 1]ᵀ over keys seen by everyone, with decays applied in order.
@@ -361,9 +423,13 @@ pub(crate) mod tests {
         for gate in [None, Some(&g)] {
             let want = naive(&q, &k, &v, gate, true);
             for chunk in [1, 3, 4, 11, 64] {
+                // the fused kernel, and the composed chunks
                 let got = causal(features(&q, &k, &v, gate), None, chunk);
-                let d = max_diff(got, want.clone());
-                assert!(d < 1e-4, "gate {}, chunk {chunk}: {d}", gate.is_some());
+                let composed = variorum_kernels::without_kernels(|| causal(features(&q, &k, &v, gate), None, chunk));
+                for (path, got) in [("kernel", got), ("composed", composed)] {
+                    let d = max_diff(got, want.clone());
+                    assert!(d < 1e-4, "{path}, gate {}, chunk {chunk}: {d}", gate.is_some());
+                }
             }
         }
         let want = naive(&q, &k, &v, None, false);

@@ -10,7 +10,7 @@ use burn::tensor::activation::elu;
 use variorum_core::{Capabilities, ConfigError};
 use variorum_position::HeadShape;
 
-use crate::kernel::{self, Features, HeadProjections, KernelState, kernel_flops};
+use crate::kernel::{self, FeatureMap, Features, HeadProjections, KernelState, kernel_flops};
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
 use crate::{AttentionInput, AttentionOutput, AttentionState};
 
@@ -80,6 +80,12 @@ pub struct LinearAttention {
 impl LinearAttention {
     pub fn forward(&self, input: AttentionInput, state: Option<&mut Option<KernelState>>) -> AttentionOutput {
         let (q, k, v) = self.proj.split(input.query, input.key_value);
+        let plain = input.mask.causal && state.is_none() && input.mask.padding.is_none();
+        let fused =
+            kernel::causal_mapped(&q, &k, &v, FeatureMap::EluPlusOne, None, self.chunk, kernel::MIN_NORMALISER, plain);
+        if let Some(context) = fused {
+            return AttentionOutput { context: self.proj.merge(context), weights: None, aux_losses: Vec::new() };
+        }
         let phi = |x: Tensor<4>| elu(x, 1.0).add_scalar(1.0);
         let k = kernel::hide_padding(phi(k), input.mask.padding.as_ref());
         let f = Features {

@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use variorum_core::{Capabilities, ConfigError, error::check};
 use variorum_position::HeadShape;
 
-use crate::kernel::{self, Features, HeadProjections, KernelState, kernel_flops};
+use crate::kernel::{self, FeatureMap, Features, HeadProjections, KernelState, kernel_flops};
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
 
 /// φ(q)ᵀz is a sum of positive terms here; the clamp only guards 0/0 (a larger one would make
@@ -219,6 +219,16 @@ impl PerformerAttention {
 
     pub fn forward(&self, input: AttentionInput, state: Option<&mut Option<KernelState>>) -> AttentionOutput {
         let (q, k, v) = self.proj.split(input.query, input.key_value);
+        let plain = input.mask.causal && state.is_none() && input.mask.padding.is_none();
+        let scale = (q.dims()[3] as f32).powf(-0.25);
+        let map = match self.kernel {
+            PerformerKernel::Softmax => FeatureMap::Positive { scale },
+            PerformerKernel::Relu => FeatureMap::Relu { scale },
+        };
+        let w = Some(self.projection.val());
+        if let Some(context) = kernel::causal_mapped(&q, &k, &v, map, w, self.chunk, MIN_NORMALISER, plain) {
+            return AttentionOutput { context: self.proj.merge(context), weights: None, aux_losses: Vec::new() };
+        }
         let f = if input.mask.causal {
             let previous = state.as_deref().and_then(|s| s.as_ref()).map(|s| s.shift.clone());
             let (q, k, gate, start) = self.causal_features(q, k, previous);

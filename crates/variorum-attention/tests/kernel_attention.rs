@@ -15,6 +15,10 @@ fn seeded() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn kinds() -> Vec<AttentionConfig> {
+    kinds_in_chunks(3)
+}
+
+fn kinds_in_chunks(chunk: usize) -> Vec<AttentionConfig> {
     let toml = [
         r#"kind = "linear""#,
         r#"kind = "performer""#,
@@ -24,7 +28,7 @@ fn kinds() -> Vec<AttentionConfig> {
         "kind = \"rfa\"\nfeatures = 64\ngate = true",
         r#"kind = "average""#,
     ];
-    toml.iter().map(|t| toml::from_str(&format!("{t}\nchunk = 3")).unwrap()).collect()
+    toml.iter().map(|t| toml::from_str(&format!("{t}\nchunk = {chunk}")).unwrap()).collect()
 }
 
 fn build(cfg: &AttentionConfig, dev: &Device) -> Attention {
@@ -228,4 +232,37 @@ fn rfa_learns_the_frequency_scale_and_draws_per_head() {
     assert!(f.frequency_scale.is_none());
     assert_eq!(f.projection.val().dims(), [16, d]);
     assert_eq!(per_head(&f), 0.0);
+}
+
+#[test]
+fn the_fused_kernel_and_the_composed_chunks_agree_with_their_gradients() {
+    // several chunks of 16 with a short last one; every kind takes the kernel on flex (φ inside
+    // it for linear and performer, the features handed over for rfa and average)
+    let _guard = seeded();
+    let dev = Device::flex().autodiff();
+    dev.seed(6);
+    let x0: Tensor<3> = Tensor::random([2, 75, 16], Distribution::Normal(0.0, 1.0), &dev);
+    let w: Tensor<3> = Tensor::random([2, 75, 16], Distribution::Normal(0.0, 1.0), &dev);
+    for cfg in kinds_in_chunks(16) {
+        let attn = build(&cfg, &dev);
+        let run = |kernels: bool| {
+            let f = || {
+                let x = x0.clone().require_grad();
+                let y = attn.forward(AttentionInput::self_attention(x.clone(), &AttentionMask::causal()), None).context;
+                let grads = (y.clone() * w.clone()).sum().backward();
+                (y, x.grad(&grads).unwrap())
+            };
+            if kernels { f() } else { variorum_kernels::without_kernels(f) }
+        };
+        let before = variorum_kernels::linear_attention::calls();
+        let ((y1, g1), (y2, g2)) = (run(true), run(false));
+        let kind = cfg.kind();
+        assert!(variorum_kernels::linear_attention::calls() > before, "{kind}: the kernel did not run");
+        let scale = y2.clone().abs().max().into_scalar::<f32>().max(1.0);
+        let d = (y1 - y2).abs().max().into_scalar::<f32>() / scale;
+        assert!(d < 1e-5, "{kind}: outputs differ by {d}");
+        let scale = g2.clone().abs().max().into_scalar::<f32>().max(1.0);
+        let d = (g1 - g2).abs().max().into_scalar::<f32>() / scale;
+        assert!(d < 1e-4, "{kind}: input gradients differ by {d}");
+    }
 }

@@ -18,6 +18,7 @@ pub mod fast_math;
 pub mod gelu;
 pub mod layer_norm;
 pub mod linear;
+pub mod linear_attention;
 pub mod normalisers;
 
 use burn::prelude::*;

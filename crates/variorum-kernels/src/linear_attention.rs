@@ -1,0 +1,1137 @@
+//! Causal kernelised ("linear") attention as one CPU kernel, forward and backward, on the flex
+//! backend. With a feature map φ and an optional decay g_t = exp(a_t) per key:
+//!
+//! S_t = g_t S_{t−1} + φ(k_t) [v_t; 1]ᵀ,   [n_t; d_t] = φ(q_t)ᵀ S_t,   o_t = n_t / max(d_t, ε),
+//!
+//! the kernelised core of `variorum_attention::kernel` (linear, Performer, RFA, with or without
+//! the gate; a key weight such as RFA's 1 − g_t comes multiplied into φ(k)). Composed from Burn's
+//! ops, the chunked form keeps every chunk's carried sums S `[features, d_v + 1]` for the backward
+//! (and, gated, records one op per chunk), and autodiff keeps φ(q), φ(k) and the maps'
+//! intermediates, `[L, features]` each. Here each (batch, head) is one task that walks its chunks
+//! of C positions with one S: it applies φ to the chunk's rows ([`FeatureMap`]: the features
+//! themselves, elu + 1, or Performer's random features from q and k), forms the C × C products
+//! inside the chunk and carries S across. Only the output and the normaliser d_t per position are
+//! saved; φ is never stored.
+//!
+//! The backward recomputes φ and the sums: a forward sweep rebuilds S before each chunk for dq, a
+//! reverse sweep carries R = Σ_{i later} (decay) φ(q_i) [dn_i; dd_i]ᵀ for dk and dv:
+//!
+//! dφ(q_i) = Σ_{j ≤ i} c_ij (du_i·[v_j; 1]) φ(k_j),   dφ(k_j) = Σ_{i ≥ j} c_ij (du_i·[v_j; 1]) φ(q_i),
+//! dv_j = Σ_{i ≥ j} c_ij (φ(q_i)·φ(k_j)) dn_i,   c_ij = Π_{j < r ≤ i} g_r,
+//!
+//! with du_i = [dn_i; dd_i] = [dO_i / D_i; −dO_i·o_i / D_i] (dd_i = 0 where the clamp holds), then
+//! through φ to q and k. The decay's gradient needs no per-position state: a_r scales exactly the
+//! pairs j < r ≤ i, so da_r = Σ_{i ≥ r} φ(q_i)·dφ(q_i) − Σ_{j ≥ r} φ(k_j)·dφ(k_j) (the pairs with
+//! i ≥ r, less those with j ≥ r), a suffix sum.
+//!
+//! Memory is the inputs, the output and their gradients, with one S, one R and a few chunks of
+//! scratch per task; time O(L·C·(m + d_v) + L·m·d_v) for m features. [`causal_linear_attention`]
+//! returns `None` off flex, and the caller composes Burn's ops.
+
+use burn::prelude::*;
+
+/// The feature map φ the kernel applies to the rows of q and k.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum FeatureMap {
+    /// q and k are the features already (`[b, h, L, m]`).
+    Given,
+    /// φ(x) = elu(x) + 1 (Katharopoulos et al. 2020).
+    EluPlusOne,
+    /// FAVOR+'s positive random features of exp(q·k) (Choromanski et al. 2021) on s·x, with the
+    /// rows w_r of the projection `[m, d_h]` (no gradient: Performer's W is redrawn, not learned):
+    /// φ(x) = exp(s w_r·x − s²‖x‖²/2 − c)/√m. For a query c is its largest exponent (it cancels in
+    /// the ratio); for key j it is the running maximum M_j of the keys' largest exponents so far,
+    /// and the sums decay by exp(M_{j−1} − M_j) as M grows — the kernel's own decay, so no
+    /// `log_gate` is given. Outputs then depend on earlier keys only, in their rounding too.
+    Positive { scale: f32 },
+    /// φ(x) = ReLU(s w_r·x)/√m + 10⁻³ (Performer's ReLU kernel), W as above.
+    Relu { scale: f32 },
+}
+
+impl FeatureMap {
+    fn projected(self) -> bool {
+        matches!(self, Self::Positive { .. } | Self::Relu { .. })
+    }
+}
+
+/// Chunk, normaliser floor and feature map of one call.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinearSpec {
+    /// Positions per chunk (at least 1).
+    pub chunk: usize,
+    /// ε, the floor of the normaliser d_t.
+    pub min_normaliser: f32,
+    pub features: FeatureMap,
+}
+
+thread_local! {
+    static CALLS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// How many forwards of this kernel this thread has run (tests check a kind took it).
+pub fn calls() -> usize {
+    CALLS.get()
+}
+
+/// The causal kernelised attention of `q: [b, h, L, d]`, `k: [b, h, L, d]` over values
+/// `v: [b, h, L, d_v]` through `spec.features` (with its `projection` `[m, d]` where it has one),
+/// each key decaying the sums before it by exp(`log_gate`) `[b, h, L]` when one is given:
+/// `[b, h, L, d_v]`, normalised. `None` on a backend or float type without the kernel.
+pub fn causal_linear_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    log_gate: Option<Tensor<3>>,
+    projection: Option<Tensor<2>>,
+    spec: LinearSpec,
+) -> Option<Tensor<4>> {
+    #[cfg(feature = "flex")]
+    if crate::has_kernel(&q)
+        && crate::has_kernel(&k)
+        && crate::has_kernel(&v)
+        && log_gate.as_ref().is_none_or(crate::has_kernel)
+        && projection.as_ref().is_none_or(crate::has_kernel)
+    {
+        use burn::backend::Dispatch;
+        let [b, h, l, d] = q.dims();
+        assert_eq!(k.dims(), [b, h, l, d], "keys {:?} do not fit queries {:?}", k.dims(), q.dims());
+        assert_eq!(&v.dims()[..3], &[b, h, l], "values {:?} do not fit queries {:?}", v.dims(), q.dims());
+        assert!(spec.chunk >= 1, "a chunk of at least one position");
+        assert_eq!(projection.is_some(), spec.features.projected(), "{:?} and a projection", spec.features);
+        let positive = matches!(spec.features, FeatureMap::Positive { .. });
+        assert!(!(positive && log_gate.is_some()), "positive features decay by their own running maximum");
+        CALLS.set(CALLS.get() + 1);
+        let (q, k, v) = (q.into_dispatch(), k.into_dispatch(), v.into_dispatch());
+        let out = match (log_gate, projection) {
+            (Some(a), None) => {
+                assert_eq!(a.dims(), [b, h, l], "one log-decay per key");
+                Dispatch::causal_linear_gated(q, k, v, a.into_dispatch(), spec)
+            }
+            (None, Some(w)) => {
+                assert_eq!(w.dims()[1], d, "the projection is [features, d_h]");
+                Dispatch::causal_linear_projected(q, k, v, w.into_dispatch(), spec)
+            }
+            (None, None) => Dispatch::causal_linear(q, k, v, spec),
+            (Some(_), Some(_)) => panic!("a decay with projected features is not a kernel form"),
+        };
+        return Some(Tensor::from_dispatch(out));
+    }
+    let _ = (q, k, v, log_gate, projection, spec);
+    None
+}
+
+#[cfg(feature = "flex")]
+pub use flex::*;
+
+#[cfg(feature = "flex")]
+mod flex {
+    use super::*;
+
+    use crate::causal_attention::flex::{Heads, Shared, gemm, readable};
+    use burn::backend::autodiff::NodeId;
+    use burn::backend::autodiff::checkpoint::base::Checkpointer;
+    use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+    use burn::backend::autodiff::grads::Gradients;
+    use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+    use burn::backend::flex::FlexTensor;
+    use burn::backend::tensor::FloatTensor;
+    use burn::backend::{Autodiff, Backend, Flex, backend_extension};
+    use rayon::prelude::*;
+
+    /// ReLU features' floor (Performer's code adds it so that φ(q)·z never vanishes).
+    const RELU_FLOOR: f32 = 1e-3;
+
+    /// Causal kernelised attention of the backends that have a kernel for it.
+    #[backend_extension(Flex, Autodiff)]
+    pub trait LinearAttention: Backend {
+        /// [`causal_linear_attention`] without a decay or a projection.
+        fn causal_linear(
+            q: FloatTensor<Self>,
+            k: FloatTensor<Self>,
+            v: FloatTensor<Self>,
+            spec: LinearSpec,
+        ) -> FloatTensor<Self>;
+
+        /// [`causal_linear_attention`] with a log-decay per key `[b, h, L]`.
+        fn causal_linear_gated(
+            q: FloatTensor<Self>,
+            k: FloatTensor<Self>,
+            v: FloatTensor<Self>,
+            log_gate: FloatTensor<Self>,
+            spec: LinearSpec,
+        ) -> FloatTensor<Self>;
+
+        /// [`causal_linear_attention`] with random features from a projection `[m, d]`.
+        fn causal_linear_projected(
+            q: FloatTensor<Self>,
+            k: FloatTensor<Self>,
+            v: FloatTensor<Self>,
+            projection: FloatTensor<Self>,
+            spec: LinearSpec,
+        ) -> FloatTensor<Self>;
+    }
+
+    /// One call's views and sizes.
+    struct Call<'a> {
+        q: Heads<'a>,
+        k: Heads<'a>,
+        v: Heads<'a>,
+        /// a_t per (batch·head, position), contiguous, when given.
+        gate: Option<&'a [f32]>,
+        /// W `[m, d]`, contiguous, for the projected maps.
+        w: Option<&'a [f32]>,
+        len: usize,
+        /// Input width d and feature count m.
+        d: usize,
+        m: usize,
+        dv: usize,
+        spec: LinearSpec,
+    }
+
+    /// A task's per-chunk scratch, sized for a full chunk.
+    struct Scratch {
+        /// φ of the chunk's queries and keys, and their gradients, `[C, m]` each.
+        fq: Vec<f32>,
+        fk: Vec<f32>,
+        dfq: Vec<f32>,
+        dfk: Vec<f32>,
+        /// The C × C block.
+        a: Vec<f32>,
+        /// G_i, the cumulative log-decay inside the chunk.
+        g: Vec<f32>,
+        /// `[C, max(m, d_v + 1)]`.
+        t: Vec<f32>,
+    }
+
+    impl<'a> Call<'a> {
+        fn of(
+            [q, k, v]: [&'a FlexTensor; 3],
+            gate: Option<&'a FlexTensor>,
+            w: Option<&'a FlexTensor>,
+            spec: LinearSpec,
+        ) -> Self {
+            let (q, k, v) = (Heads::of(q), Heads::of(k), Heads::of(v));
+            let [_, _, len, d] = q.dims;
+            let m = w.map_or(d, |w| w.layout().shape()[0]);
+            let dv = v.dims[3];
+            let (gate, w) = (gate.map(|g| g.storage::<f32>()), w.map(|w| w.storage::<f32>()));
+            Self { q, k, v, gate, w, len, d, m, dv, spec }
+        }
+
+        fn tasks(&self) -> usize {
+            self.q.dims[0] * self.q.dims[1]
+        }
+
+        fn cmax(&self) -> usize {
+            self.spec.chunk.min(self.len.max(1))
+        }
+
+        fn scratch(&self) -> Scratch {
+            let (c, m) = (self.cmax(), self.m);
+            Scratch {
+                fq: vec![0.0; c * m],
+                fk: vec![0.0; c * m],
+                dfq: vec![0.0; c * m],
+                dfk: vec![0.0; c * m],
+                a: vec![0.0; c * c],
+                g: vec![0.0; c],
+                t: vec![0.0; c * m.max(self.dv + 1)],
+            }
+        }
+
+        /// Row `i` of head `task` of `x` (q, k or v).
+        fn row(x: &Heads, task: usize, i: usize) -> *const f32 {
+            let h = x.dims[1];
+            x.head(task / h, task % h).wrapping_offset(i as isize * x.rs())
+        }
+
+        /// The chunks of one head: (first position, positions).
+        fn chunks(&self) -> impl DoubleEndedIterator<Item = (usize, usize)> + '_ {
+            let c = self.spec.chunk;
+            (0..self.len.div_ceil(c)).map(move |i| (i * c, c.min(self.len - i * c)))
+        }
+
+        /// The task's log-decays a_t `[L]` (given, or from the running maximum of positive
+        /// features) and, for positive features, each key's scale M_t; `None` without a decay.
+        fn decays(&self, task: usize, s: &mut Scratch) -> (Option<Vec<f32>>, Vec<f32>) {
+            if let Some(a) = self.gate {
+                return (Some(a[task * self.len..(task + 1) * self.len].to_vec()), Vec::new());
+            }
+            if !matches!(self.spec.features, FeatureMap::Positive { .. }) {
+                return (None, Vec::new());
+            }
+            let (mut scale, mut a) = (Vec::with_capacity(self.len), Vec::with_capacity(self.len));
+            let mut running = f32::NEG_INFINITY;
+            for (t0, n) in self.chunks() {
+                // SAFETY: rows t0..t0 + n of this head's keys, into a chunk of scratch
+                unsafe { self.exponents(&self.k, task, t0, n, &mut s.fk) };
+                for row in s.fk[..n * self.m].chunks_exact(self.m) {
+                    let own = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let before = if running == f32::NEG_INFINITY { own } else { running };
+                    running = before.max(own);
+                    a.push(before - running);
+                    scale.push(running);
+                }
+            }
+            (Some(a), scale)
+        }
+
+        /// s·W x − s²‖x‖²/2 for rows t0..t0 + n of `x` into `out` `[n, m]`.
+        unsafe fn exponents(&self, x: &Heads, task: usize, t0: usize, n: usize, out: &mut [f32]) {
+            let (m, d) = (self.m, self.d);
+            let s = match self.spec.features {
+                FeatureMap::Positive { scale } | FeatureMap::Relu { scale } => scale,
+                _ => 1.0,
+            };
+            let xp = Self::row(x, task, t0);
+            let w = self.w.expect("a projected map has W");
+            // SAFETY: the caller's rows; Wᵀ as (d × m): element (e, r) is w[r·d + e]
+            unsafe {
+                gemm(
+                    (n, m, d),
+                    out.as_mut_ptr(),
+                    m as isize,
+                    false,
+                    xp,
+                    (x.rs(), x.cs()),
+                    w.as_ptr(),
+                    (1, d as isize),
+                    s,
+                )
+            };
+            if matches!(self.spec.features, FeatureMap::Positive { .. }) {
+                for (i, row) in out[..n * m].chunks_exact_mut(m).enumerate() {
+                    let half = 0.5 * s * s * self.input_row(x, xp, i).map(|v| v * v).sum::<f32>();
+                    row.iter_mut().for_each(|e| *e -= half);
+                }
+            }
+        }
+
+        /// The d inputs of row `i` after `xp`.
+        fn input_row(&self, x: &Heads, xp: *const f32, i: usize) -> impl Iterator<Item = f32> {
+            let (rs, cs) = (x.rs(), x.cs());
+            // SAFETY: row i of the caller's rows holds d elements at stride cs
+            (0..self.d).map(move |e| unsafe { *xp.offset(i as isize * rs + e as isize * cs) })
+        }
+
+        /// φ of rows t0..t0 + n of `x` into `out` `[n, m]`; `scale` holds each key's M_t
+        /// (positive features of keys), empty for queries.
+        unsafe fn features(&self, x: &Heads, task: usize, t0: usize, n: usize, scale: &[f32], out: &mut [f32]) {
+            let (m, xp) = (self.m, Self::row(x, task, t0));
+            let inv_sqrt_m = 1.0 / (m as f32).sqrt();
+            match self.spec.features {
+                FeatureMap::Given | FeatureMap::EluPlusOne => {
+                    let elu = self.spec.features == FeatureMap::EluPlusOne;
+                    for (i, row) in out[..n * m].chunks_exact_mut(m).enumerate() {
+                        for (o, xv) in row.iter_mut().zip(self.input_row(x, xp, i)) {
+                            *o = if !elu {
+                                xv
+                            } else if xv > 0.0 {
+                                xv + 1.0
+                            } else {
+                                xv.exp()
+                            };
+                        }
+                    }
+                }
+                FeatureMap::Positive { .. } => {
+                    // SAFETY: as the caller's
+                    unsafe { self.exponents(x, task, t0, n, out) };
+                    for (i, row) in out[..n * m].chunks_exact_mut(m).enumerate() {
+                        let c = if scale.is_empty() {
+                            row.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+                        } else {
+                            scale[t0 + i]
+                        };
+                        row.iter_mut().for_each(|e| *e = (*e - c).exp() * inv_sqrt_m);
+                    }
+                }
+                FeatureMap::Relu { .. } => {
+                    // SAFETY: as the caller's
+                    unsafe { self.exponents(x, task, t0, n, out) };
+                    out[..n * m].iter_mut().for_each(|e| *e = e.max(0.0) * inv_sqrt_m + RELU_FLOOR);
+                }
+            }
+        }
+
+        /// The gradient of rows t0..t0 + n of `x` from dφ (`dphi`, overwritten) and φ (`phi`),
+        /// into `dst` (row stride d).
+        unsafe fn emit(
+            &self,
+            x: &Heads,
+            task: usize,
+            t0: usize,
+            n: usize,
+            phi: &[f32],
+            dphi: &mut [f32],
+            dst: *mut f32,
+        ) {
+            let (m, d, xp) = (self.m, self.d, Self::row(x, task, t0));
+            // SAFETY: rows t0..t0 + n of this task's gradient, d each
+            let out = unsafe { std::slice::from_raw_parts_mut(dst, n * d) };
+            match self.spec.features {
+                FeatureMap::Given => out.copy_from_slice(&dphi[..n * m]),
+                FeatureMap::EluPlusOne => {
+                    for (i, (o, (dp, p))) in
+                        out.chunks_exact_mut(d).zip(dphi.chunks_exact(m).zip(phi.chunks_exact(m))).enumerate()
+                    {
+                        for (((o, &dp), &p), xv) in o.iter_mut().zip(dp).zip(p).zip(self.input_row(x, xp, i)) {
+                            *o = if xv > 0.0 { dp } else { dp * p };
+                        }
+                    }
+                }
+                FeatureMap::Positive { scale } => {
+                    // dE = dφ ∘ φ; dx = s dE W − s² (Σ_r dE_r) x
+                    let dphi = &mut dphi[..n * m];
+                    dphi.iter_mut().zip(phi).for_each(|(g, &p)| *g *= p);
+                    let w = self.w.expect("a projected map has W");
+                    // SAFETY: dE is n × m, W is m × d
+                    unsafe {
+                        gemm(
+                            (n, d, m),
+                            dst,
+                            d as isize,
+                            false,
+                            dphi.as_ptr(),
+                            (m as isize, 1),
+                            w.as_ptr(),
+                            (d as isize, 1),
+                            scale,
+                        )
+                    };
+                    for (i, o) in out.chunks_exact_mut(d).enumerate() {
+                        let total: f32 = dphi[i * m..(i + 1) * m].iter().sum();
+                        let f = scale * scale * total;
+                        o.iter_mut().zip(self.input_row(x, xp, i)).for_each(|(o, xv)| *o -= f * xv);
+                    }
+                }
+                FeatureMap::Relu { scale } => {
+                    // dP = dφ/√m where P > 0 (φ above its floor); dx = s dP W
+                    let inv_sqrt_m = 1.0 / (m as f32).sqrt();
+                    let dphi = &mut dphi[..n * m];
+                    dphi.iter_mut()
+                        .zip(phi)
+                        .for_each(|(g, &p)| *g = if p > RELU_FLOOR { *g * inv_sqrt_m } else { 0.0 });
+                    let w = self.w.expect("a projected map has W");
+                    // SAFETY: dP is n × m, W is m × d
+                    unsafe {
+                        gemm(
+                            (n, d, m),
+                            dst,
+                            d as isize,
+                            false,
+                            dphi.as_ptr(),
+                            (m as isize, 1),
+                            w.as_ptr(),
+                            (d as isize, 1),
+                            scale,
+                        )
+                    };
+                }
+            }
+        }
+    }
+
+    /// G_i = Σ_{r ≤ i} a_r inside the chunk at `t0` (zeros without a decay).
+    fn cumulative(gate: Option<&[f32]>, t0: usize, n: usize, g: &mut [f32]) {
+        let mut acc = 0.0f32;
+        for (i, gi) in g[..n].iter_mut().enumerate() {
+            if let Some(a) = gate {
+                acc += a[t0 + i];
+            }
+            *gi = acc;
+        }
+    }
+
+    /// A_ij ← A_ij e^{G_i − G_j} for j ≤ i, 0 after.
+    fn decay_lower(a: &mut [f32], n: usize, g: &[f32], gated: bool) {
+        for i in 0..n {
+            let row = &mut a[i * n..(i + 1) * n];
+            if gated {
+                for (j, x) in row[..=i].iter_mut().enumerate() {
+                    *x *= (g[i] - g[j]).exp();
+                }
+            }
+            row[i + 1..].fill(0.0);
+        }
+    }
+
+    /// `a` (n × n) := φ(Q) φ(K)ᵀ of the chunk's features.
+    fn scores(fq: &[f32], fk: &[f32], n: usize, m: usize, a: &mut [f32]) {
+        let ms = m as isize;
+        // SAFETY: both hold n × m, a n × n
+        unsafe { gemm((n, n, m), a.as_mut_ptr(), n as isize, false, fq.as_ptr(), (ms, 1), fk.as_ptr(), (1, ms), 1.0) }
+    }
+
+    /// `a` (n × n) := dN Vᵀ + dd 1ᵀ for the chunk's rows of du `[L, d_v + 1]`.
+    fn score_gradients(c: &Call, task: usize, t0: usize, n: usize, du: &[f32], a: &mut [f32]) {
+        let (dv, w) = (c.dv, c.dv + 1);
+        let vp = Call::row(&c.v, task, t0);
+        // SAFETY: rows t0..t0 + n of du and of this head's values
+        unsafe {
+            gemm(
+                (n, n, dv),
+                a.as_mut_ptr(),
+                n as isize,
+                false,
+                du[t0 * w..].as_ptr(),
+                (w as isize, 1),
+                vp,
+                (c.v.cs(), c.v.rs()),
+                1.0,
+            )
+        };
+        for i in 0..n {
+            let dd = du[(t0 + i) * w + dv];
+            a[i * n..(i + 1) * n].iter_mut().for_each(|x| *x += dd);
+        }
+    }
+
+    /// S ← e^{G_n} S + Σ_j e^{G_n − G_j} φ(k_j) [v_j; 1]ᵀ over the chunk (`sv: [m, d_v]`,
+    /// `z: [m]`); the keys' features `fk` are scaled in place.
+    fn carry(
+        c: &Call,
+        task: usize,
+        t0: usize,
+        n: usize,
+        g: &[f32],
+        gated: bool,
+        fk: &mut [f32],
+        sv: &mut [f32],
+        z: &mut [f32],
+    ) {
+        let (m, dv) = (c.m, c.dv);
+        let end = g[n - 1];
+        if gated {
+            let e = end.exp();
+            sv.iter_mut().for_each(|x| *x *= e);
+            z.iter_mut().for_each(|x| *x *= e);
+        }
+        for (j, row) in fk[..n * m].chunks_exact_mut(m).enumerate() {
+            if gated {
+                let e = (end - g[j]).exp();
+                row.iter_mut().for_each(|x| *x *= e);
+            }
+            z.iter_mut().zip(row.iter()).for_each(|(z, &x)| *z += x);
+        }
+        let vp = Call::row(&c.v, task, t0);
+        // SAFETY: fk holds n × m, the values n rows of d_v
+        unsafe {
+            gemm(
+                (m, dv, n),
+                sv.as_mut_ptr(),
+                dv as isize,
+                true,
+                fk.as_ptr(),
+                (1, m as isize),
+                vp,
+                (c.v.rs(), c.v.cs()),
+                1.0,
+            )
+        }
+    }
+
+    /// The forward pass: the output `[b, h, L, d_v]` and each position's normaliser d_t `[b, h, L]`.
+    fn forward(c: &Call) -> (FlexTensor, FlexTensor) {
+        let (len, m, dv) = (c.len, c.m, c.dv);
+        let tasks = c.tasks();
+        let mut out = vec![0.0f32; tasks * len * dv];
+        let mut den = vec![0.0f32; tasks * len];
+        let (op, dp) = (Shared(out.as_mut_ptr()), Shared(den.as_mut_ptr()));
+        let min = c.spec.min_normaliser;
+        (0..tasks).into_par_iter().for_each(|task| {
+            let mut s = c.scratch();
+            let (gate, scale) = c.decays(task, &mut s);
+            let gated = gate.is_some();
+            let (mut sv, mut z) = (vec![0.0f32; m * dv], vec![0.0f32; m]);
+            for (t0, n) in c.chunks() {
+                cumulative(gate.as_deref(), t0, n, &mut s.g);
+                // SAFETY (features): this chunk's rows of this head's q and k
+                unsafe { c.features(&c.q, task, t0, n, &[], &mut s.fq) };
+                unsafe { c.features(&c.k, task, t0, n, &scale, &mut s.fk) };
+                let a = &mut s.a[..n * n];
+                scores(&s.fq, &s.fk, n, m, a);
+                decay_lower(a, n, &s.g, gated);
+                // out rows t0..t0 + n of this task, written by this task alone
+                let o = op.at((task * len + t0) * dv);
+                let vp = Call::row(&c.v, task, t0);
+                // SAFETY: a is n × n, the values n rows of d_v, o n rows of d_v
+                unsafe {
+                    gemm((n, dv, n), o, dv as isize, false, a.as_ptr(), (n as isize, 1), vp, (c.v.rs(), c.v.cs()), 1.0)
+                };
+                if t0 > 0 {
+                    // SAFETY: fq is n × m, sv m × d_v, t n × d_v
+                    unsafe {
+                        gemm(
+                            (n, dv, m),
+                            s.t.as_mut_ptr(),
+                            dv as isize,
+                            false,
+                            s.fq.as_ptr(),
+                            (m as isize, 1),
+                            sv.as_ptr(),
+                            (dv as isize, 1),
+                            1.0,
+                        )
+                    };
+                }
+                for i in 0..n {
+                    let mut d: f32 = a[i * n..(i + 1) * n].iter().sum();
+                    // SAFETY: row t0 + i of this task's output
+                    let row = unsafe { std::slice::from_raw_parts_mut(o.add(i * dv), dv) };
+                    if t0 > 0 {
+                        let e = s.g[i].exp();
+                        d += e * s.fq[i * m..(i + 1) * m].iter().zip(&z).map(|(x, y)| x * y).sum::<f32>();
+                        row.iter_mut().zip(&s.t[i * dv..(i + 1) * dv]).for_each(|(x, &y)| *x += e * y);
+                    }
+                    // SAFETY: position t0 + i of this task
+                    unsafe { *dp.at(task * len + t0 + i) = d };
+                    let inv = 1.0 / d.max(min);
+                    row.iter_mut().for_each(|x| *x *= inv);
+                }
+                if t0 + n < len {
+                    carry(c, task, t0, n, &s.g, gated, &mut s.fk, &mut sv, &mut z);
+                }
+            }
+        });
+        let [b, h, _, _] = c.q.dims;
+        let data = |x: Vec<f32>, dims: Vec<usize>| FlexTensor::from_data(TensorData::new(x, dims));
+        (data(out, vec![b, h, len, dv]), data(den, vec![b, h, len]))
+    }
+
+    /// The backward pass: (dq, dk, dv, da), contiguous, in the inputs' shapes (da only with a
+    /// given decay).
+    fn backward(c: &Call, out: &[f32], den: &[f32], grad: &FlexTensor) -> [Option<FlexTensor>; 4] {
+        let (len, m, d, dv, w) = (c.len, c.m, c.d, c.dv, c.dv + 1);
+        let tasks = c.tasks();
+        let grad = grad.to_contiguous();
+        let dout = grad.storage::<f32>();
+        let min = c.spec.min_normaliser;
+        let mut dq = vec![0.0f32; tasks * len * d];
+        let mut dk = vec![0.0f32; tasks * len * d];
+        let mut dvv = vec![0.0f32; tasks * len * dv];
+        let mut da = vec![0.0f32; if c.gate.is_some() { tasks * len } else { 0 }];
+        let ptrs =
+            [Shared(dq.as_mut_ptr()), Shared(dk.as_mut_ptr()), Shared(dvv.as_mut_ptr()), Shared(da.as_mut_ptr())];
+        (0..tasks).into_par_iter().for_each(|task| {
+            let [dqp, dkp, dvp, dap] = ptrs;
+            // du = [dn; dd] per position of this head, [L, d_v + 1]
+            let mut du = vec![0.0f32; len * w];
+            for i in 0..len {
+                let at = (task * len + i) * dv;
+                let dn = den[task * len + i];
+                let inv = 1.0 / dn.max(min);
+                let (go, o) = (&dout[at..at + dv], &out[at..at + dv]);
+                let row = &mut du[i * w..(i + 1) * w];
+                row[..dv].iter_mut().zip(go).for_each(|(x, &y)| *x = y * inv);
+                row[dv] = if dn > min { -go.iter().zip(o).map(|(x, y)| x * y).sum::<f32>() * inv } else { 0.0 };
+            }
+            let mut s = c.scratch();
+            let (gate, scale) = c.decays(task, &mut s);
+            let gated = gate.is_some();
+            // φ·dφ per position, for the gradient of a given decay
+            let mut pull = vec![0.0f64; if c.gate.is_some() { len } else { 0 }];
+            let dot = |x: &[f32], y: &[f32]| x.iter().zip(y).map(|(a, b)| a * b).sum::<f32>() as f64;
+            let (mut sv, mut z) = (vec![0.0f32; m * dv], vec![0.0f32; m]);
+            let mut s1 = vec![0.0f32; m * w]; // [S_v | z] side by side
+            // forward sweep: dφ(Q_c) = (dU V1ᵀ ∘ E) φ(K_c) + diag(e^G) dU S1ᵀ
+            for (t0, n) in c.chunks() {
+                cumulative(gate.as_deref(), t0, n, &mut s.g);
+                // SAFETY (features, emit): this chunk's rows of this head; dq rows of this task
+                unsafe { c.features(&c.q, task, t0, n, &[], &mut s.fq) };
+                unsafe { c.features(&c.k, task, t0, n, &scale, &mut s.fk) };
+                let a = &mut s.a[..n * n];
+                score_gradients(c, task, t0, n, &du, a);
+                decay_lower(a, n, &s.g, gated);
+                let ms = m as isize;
+                // SAFETY: a is n × n, fk n × m, dfq n × m
+                unsafe {
+                    gemm(
+                        (n, m, n),
+                        s.dfq.as_mut_ptr(),
+                        ms,
+                        false,
+                        a.as_ptr(),
+                        (n as isize, 1),
+                        s.fk.as_ptr(),
+                        (ms, 1),
+                        1.0,
+                    )
+                };
+                if t0 > 0 {
+                    for e in 0..m {
+                        s1[e * w..e * w + dv].copy_from_slice(&sv[e * dv..(e + 1) * dv]);
+                        s1[e * w + dv] = z[e];
+                    }
+                    // dU S1ᵀ into t (n × m), added with each row's e^{G_i}
+                    let dup = du[t0 * w..].as_ptr();
+                    // SAFETY: du rows t0.., s1 m × w, t n × m
+                    unsafe {
+                        gemm(
+                            (n, m, w),
+                            s.t.as_mut_ptr(),
+                            ms,
+                            false,
+                            dup,
+                            (w as isize, 1),
+                            s1.as_ptr(),
+                            (1, w as isize),
+                            1.0,
+                        )
+                    };
+                    for i in 0..n {
+                        let e = s.g[i].exp();
+                        let row = &mut s.dfq[i * m..(i + 1) * m];
+                        row.iter_mut().zip(&s.t[i * m..(i + 1) * m]).for_each(|(x, &y)| *x += e * y);
+                    }
+                }
+                if c.gate.is_some() {
+                    for i in 0..n {
+                        pull[t0 + i] = dot(&s.fq[i * m..(i + 1) * m], &s.dfq[i * m..(i + 1) * m]);
+                    }
+                }
+                unsafe { c.emit(&c.q, task, t0, n, &s.fq, &mut s.dfq, dqp.at((task * len + t0) * d)) };
+                if t0 + n < len {
+                    carry(c, task, t0, n, &s.g, gated, &mut s.fk, &mut sv, &mut z);
+                }
+            }
+            // reverse sweep: R = [R_v | R_z] `[m, d_v + 1]`, the later queries' pull on this chunk
+            let mut r = vec![0.0f32; m * w];
+            for (t0, n) in c.chunks().rev() {
+                cumulative(gate.as_deref(), t0, n, &mut s.g);
+                // SAFETY (features, emit, gemm): this chunk's rows of this head's inputs and du;
+                // dk and dv rows of this task, written by this task alone
+                unsafe { c.features(&c.q, task, t0, n, &[], &mut s.fq) };
+                unsafe { c.features(&c.k, task, t0, n, &scale, &mut s.fk) };
+                let (ms, ws) = (m as isize, w as isize);
+                let vp = Call::row(&c.v, task, t0);
+                let dup = du[t0 * w..].as_ptr();
+                let dvc = dvp.at((task * len + t0) * dv);
+                let a = &mut s.a[..n * n];
+                // dV_c = Âᵀ dN, Â = φ(Q) φ(K)ᵀ ∘ E
+                scores(&s.fq, &s.fk, n, m, a);
+                decay_lower(a, n, &s.g, gated);
+                unsafe { gemm((n, dv, n), dvc, dv as isize, false, a.as_ptr(), (1, n as isize), dup, (ws, 1), 1.0) };
+                // dφ(K_c) = dÂᵀ φ(Q)
+                score_gradients(c, task, t0, n, &du, a);
+                decay_lower(a, n, &s.g, gated);
+                unsafe {
+                    gemm(
+                        (n, m, n),
+                        s.dfk.as_mut_ptr(),
+                        ms,
+                        false,
+                        a.as_ptr(),
+                        (1, n as isize),
+                        s.fq.as_ptr(),
+                        (ms, 1),
+                        1.0,
+                    )
+                };
+                if t0 + n < len {
+                    // the later chunks, through R: dV_j += e^{G_n − G_j} R_vᵀ φ(k_j) (the first d_v
+                    // columns of φ(K) R), dφ(k_j) += e^{G_n − G_j} (R_v v_j + R_z) (V R_vᵀ, plus R_z)
+                    unsafe {
+                        gemm((n, w, m), s.t.as_mut_ptr(), ws, false, s.fk.as_ptr(), (ms, 1), r.as_ptr(), (ws, 1), 1.0)
+                    };
+                    let end = s.g[n - 1];
+                    for j in 0..n {
+                        let e = if gated { (end - s.g[j]).exp() } else { 1.0 };
+                        // SAFETY: row t0 + j of this task's dv
+                        let dvrow = unsafe { std::slice::from_raw_parts_mut(dvc.add(j * dv), dv) };
+                        dvrow.iter_mut().zip(&s.t[j * w..j * w + dv]).for_each(|(x, &y)| *x += e * y);
+                    }
+                    unsafe {
+                        gemm(
+                            (n, m, dv),
+                            s.t.as_mut_ptr(),
+                            ms,
+                            false,
+                            vp,
+                            (c.v.rs(), c.v.cs()),
+                            r.as_ptr(),
+                            (1, ws),
+                            1.0,
+                        )
+                    };
+                    for j in 0..n {
+                        let e = if gated { (end - s.g[j]).exp() } else { 1.0 };
+                        let row = &mut s.dfk[j * m..(j + 1) * m];
+                        for (e2, x) in row.iter_mut().enumerate() {
+                            *x += e * (s.t[j * m + e2] + r[e2 * w + dv]);
+                        }
+                    }
+                }
+                if c.gate.is_some() {
+                    for j in 0..n {
+                        pull[t0 + j] -= dot(&s.fk[j * m..(j + 1) * m], &s.dfk[j * m..(j + 1) * m]);
+                    }
+                }
+                unsafe { c.emit(&c.k, task, t0, n, &s.fk, &mut s.dfk, dkp.at((task * len + t0) * d)) };
+                // R ← e^{G_n} R + Σ_i e^{G_i} φ(q_i) du_iᵀ (φ(Q) rows scaled in place)
+                if t0 > 0 {
+                    if gated {
+                        let e = s.g[n - 1].exp();
+                        r.iter_mut().for_each(|x| *x *= e);
+                        for (i, row) in s.fq[..n * m].chunks_exact_mut(m).enumerate() {
+                            let e = s.g[i].exp();
+                            row.iter_mut().for_each(|x| *x *= e);
+                        }
+                    }
+                    unsafe { gemm((m, w, n), r.as_mut_ptr(), ws, true, s.fq.as_ptr(), (1, ms), dup, (ws, 1), 1.0) };
+                }
+            }
+            if c.gate.is_some() {
+                // da_r = Σ_{i ≥ r} (φ(q_i)·dφ(q_i) − φ(k_i)·dφ(k_i)), summed in f64 (a difference of sums)
+                let mut acc = 0.0f64;
+                for i in (0..len).rev() {
+                    acc += pull[i];
+                    // SAFETY: position i of this task
+                    unsafe { *dap.at(task * len + i) = acc as f32 };
+                }
+            }
+        });
+        let [b, h, _, _] = c.q.dims;
+        let data = |x: Vec<f32>, dims: Vec<usize>| FlexTensor::from_data(TensorData::new(x, dims));
+        [
+            Some(data(dq, vec![b, h, len, d])),
+            Some(data(dk, vec![b, h, len, d])),
+            Some(data(dvv, vec![b, h, len, dv])),
+            c.gate.is_some().then(|| data(da, vec![b, h, len])),
+        ]
+    }
+
+    /// What accompanies q, k and v.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Extra {
+        None,
+        Gate,
+        Projection,
+    }
+
+    fn forward_kernel(inputs: &[&FlexTensor], extra: Extra, spec: LinearSpec) -> (FlexTensor, FlexTensor) {
+        let [q, k, v] = [0, 1, 2].map(|i| readable(inputs[i]));
+        let x = inputs.get(3).map(|x| x.to_contiguous());
+        let (gate, w) = match extra {
+            Extra::Gate => (x.as_ref(), None),
+            Extra::Projection => (None, x.as_ref()),
+            Extra::None => (None, None),
+        };
+        forward(&Call::of([&q, &k, &v], gate, w, spec))
+    }
+
+    impl LinearAttention for Flex {
+        fn causal_linear(q: FlexTensor, k: FlexTensor, v: FlexTensor, spec: LinearSpec) -> FlexTensor {
+            forward_kernel(&[&q, &k, &v], Extra::None, spec).0
+        }
+
+        fn causal_linear_gated(
+            q: FlexTensor,
+            k: FlexTensor,
+            v: FlexTensor,
+            a: FlexTensor,
+            spec: LinearSpec,
+        ) -> FlexTensor {
+            forward_kernel(&[&q, &k, &v, &a], Extra::Gate, spec).0
+        }
+
+        fn causal_linear_projected(
+            q: FlexTensor,
+            k: FlexTensor,
+            v: FlexTensor,
+            w: FlexTensor,
+            spec: LinearSpec,
+        ) -> FlexTensor {
+            forward_kernel(&[&q, &k, &v, &w], Extra::Projection, spec).0
+        }
+    }
+
+    #[derive(Debug)]
+    struct LinearBackward<const N: usize>;
+
+    /// The inputs (checkpointed), the output and the normalisers, and the call's constants.
+    #[derive(Debug, Clone)]
+    struct Saved {
+        nodes: Vec<NodeId>,
+        extra: Extra,
+        out: FlexTensor,
+        den: FlexTensor,
+        spec: LinearSpec,
+    }
+
+    impl<const N: usize> Backward<Flex, N> for LinearBackward<N> {
+        type State = Saved;
+
+        fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
+            let grad = grads.consume::<Flex>(&ops.node);
+            let s = ops.state;
+            let inputs: Vec<FlexTensor> = s.nodes.iter().map(|&n| checkpointer.retrieve_node_output(n)).collect();
+            let [q, k, v] = [0, 1, 2].map(|i| readable(&inputs[i]));
+            let x = inputs.get(3).map(|x| x.to_contiguous());
+            let (gate, w) = match s.extra {
+                Extra::Gate => (x.as_ref(), None),
+                Extra::Projection => (None, x.as_ref()),
+                Extra::None => (None, None),
+            };
+            let call = Call::of([&q, &k, &v], gate, w, s.spec);
+            let (out, den) = (s.out.to_contiguous(), s.den.to_contiguous());
+            // W gets no gradient (a projection's slot in the result stays empty)
+            let mut g = backward(&call, out.storage::<f32>(), den.storage::<f32>(), &grad).into_iter();
+            let computed: [Option<FlexTensor>; N] = std::array::from_fn(|_| g.next().flatten());
+            crate::register(grads, ops.parents.map(|p| p.map(|n| n.id)), computed);
+        }
+    }
+
+    fn tracked<C: CheckpointStrategy, const N: usize>(
+        tensors: [FloatTensor<Autodiff<Flex, C>>; N],
+        extra: Extra,
+        spec: LinearSpec,
+    ) -> FloatTensor<Autodiff<Flex, C>> {
+        let p: Vec<&FlexTensor> = tensors.iter().map(|t| t.primitive()).collect();
+        let (out, den) = forward_kernel(&p, extra, spec);
+        let nodes = tensors.each_ref().map(|t| t.node());
+        match LinearBackward::<N>.prepare::<C>(nodes).compute_bound().stateful() {
+            OpsKind::Tracked(mut prep) => {
+                let nodes: Vec<NodeId> = tensors.iter().map(|t| prep.checkpoint(t)).collect();
+                prep.finish(Saved { nodes, extra, out: out.clone(), den, spec }, out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(out),
+        }
+    }
+
+    impl<C: CheckpointStrategy> LinearAttention for Autodiff<Flex, C> {
+        fn causal_linear(
+            q: FloatTensor<Self>,
+            k: FloatTensor<Self>,
+            v: FloatTensor<Self>,
+            spec: LinearSpec,
+        ) -> FloatTensor<Self> {
+            tracked::<C, 3>([q, k, v], Extra::None, spec)
+        }
+
+        fn causal_linear_gated(
+            q: FloatTensor<Self>,
+            k: FloatTensor<Self>,
+            v: FloatTensor<Self>,
+            log_gate: FloatTensor<Self>,
+            spec: LinearSpec,
+        ) -> FloatTensor<Self> {
+            tracked::<C, 4>([q, k, v, log_gate], Extra::Gate, spec)
+        }
+
+        fn causal_linear_projected(
+            q: FloatTensor<Self>,
+            k: FloatTensor<Self>,
+            v: FloatTensor<Self>,
+            projection: FloatTensor<Self>,
+            spec: LinearSpec,
+        ) -> FloatTensor<Self> {
+            tracked::<C, 4>([q, k, v, projection], Extra::Projection, spec)
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use crate::test_util::rel_diff;
+        use burn::tensor::Distribution;
+        use burn::tensor::activation::{elu, relu};
+
+        /// The defining recurrence from Burn's ops, position by position: S_t = g_t S_{t−1} +
+        /// k_t [v_t; 1]ᵀ, o_t = n_t / max(d_t, ε).
+        fn recurrence(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, a: Option<Tensor<3>>, min: f32) -> Tensor<4> {
+            let [b, h, l, m] = q.dims();
+            let dv = v.dims()[3];
+            let ones = Tensor::ones([b, h, l, 1], &v.device());
+            let v1 = Tensor::cat(vec![v, ones], 3);
+            let mut s: Tensor<4> = Tensor::zeros([b, h, m, dv + 1], &q.device());
+            let mut rows = Vec::new();
+            for t in 0..l {
+                if let Some(a) = &a {
+                    s = s * a.clone().narrow(2, t, 1).exp().reshape([b, h, 1, 1]);
+                }
+                let kt = k.clone().narrow(2, t, 1).swap_dims(2, 3);
+                s = s + kt.matmul(v1.clone().narrow(2, t, 1));
+                let u = q.clone().narrow(2, t, 1).matmul(s.clone());
+                let (n, d) = (u.clone().narrow(3, 0, dv), u.narrow(3, dv, 1));
+                rows.push(n / d.clamp_min(min));
+            }
+            Tensor::cat(rows, 2)
+        }
+
+        /// φ from Burn's ops as the kinds compose it, then the recurrence.
+        fn reference(
+            q: Tensor<4>,
+            k: Tensor<4>,
+            v: Tensor<4>,
+            a: Option<Tensor<3>>,
+            w: Option<Tensor<2>>,
+            spec: LinearSpec,
+        ) -> Tensor<4> {
+            let min = spec.min_normaliser;
+            let wt = || w.clone().unwrap().transpose().unsqueeze_dim::<3>(0).unsqueeze_dim::<4>(0);
+            let sqrt_m = || (w.as_ref().unwrap().dims()[0] as f64).sqrt();
+            match spec.features {
+                FeatureMap::Given => recurrence(q, k, v, a, min),
+                FeatureMap::EluPlusOne => {
+                    let phi = |x: Tensor<4>| elu(x, 1.0).add_scalar(1.0);
+                    recurrence(phi(q), phi(k), v, a, min)
+                }
+                FeatureMap::Relu { scale } => {
+                    let phi =
+                        |x: Tensor<4>| relu(x.mul_scalar(scale).matmul(wt())).div_scalar(sqrt_m()).add_scalar(1e-3);
+                    recurrence(phi(q), phi(k), v, a, min)
+                }
+                FeatureMap::Positive { scale } => {
+                    let exponents = |x: Tensor<4>| {
+                        let x = x.mul_scalar(scale);
+                        x.clone().matmul(wt()) - x.powf_scalar(2.0).sum_dim(3).div_scalar(2.0)
+                    };
+                    let eq = exponents(q);
+                    let fq = (eq.clone() - eq.max_dim(3).detach()).exp().div_scalar(sqrt_m());
+                    let ek = exponents(k);
+                    let [b, h, l, _] = ek.dims();
+                    let running = ek.clone().max_dim(3).detach().cummax(2); // M_t, [b, h, l, 1]
+                    let before =
+                        Tensor::cat(vec![running.clone().narrow(2, 0, 1), running.clone().narrow(2, 0, l - 1)], 2);
+                    let a = (before - running.clone()).reshape([b, h, l]);
+                    let fk = (ek - running).exp().div_scalar(sqrt_m());
+                    recurrence(fq, fk, v, Some(a), min)
+                }
+            }
+        }
+
+        struct Case {
+            b: usize,
+            h: usize,
+            l: usize,
+            d: usize,
+            dv: usize,
+            chunk: usize,
+            gated: bool,
+            min: f32,
+            features: FeatureMap,
+            /// W's rows for the projected maps.
+            m: usize,
+        }
+
+        const CASE: Case = Case {
+            b: 2,
+            h: 3,
+            l: 11,
+            d: 5,
+            dv: 4,
+            chunk: 4,
+            gated: false,
+            min: 1e-6,
+            features: FeatureMap::Given,
+            m: 7,
+        };
+
+        fn check(c: Case) {
+            let device = Device::flex().autodiff();
+            device.seed(21);
+            let Case { b, h, l, d, dv, chunk, gated, min, features, m } = c;
+            // positive inputs where they are the features; q and k as views of one tensor
+            // (strided, as a projection's split hands them over)
+            let dist = if features == FeatureMap::Given {
+                Distribution::Uniform(0.05, 1.0)
+            } else {
+                Distribution::Normal(0.0, 1.0)
+            };
+            let qk: Tensor<4> = Tensor::random([b, l, 2 * h, d], dist, &device).swap_dims(1, 2);
+            let (q0, k0) = (qk.clone().narrow(1, 0, h), qk.narrow(1, h, h));
+            let v0: Tensor<4> = Tensor::random([b, h, l, dv], Distribution::Normal(0.0, 1.0), &device);
+            let a0: Tensor<3> = Tensor::random([b, h, l], Distribution::Uniform(-0.7, -0.01), &device);
+            let w0: Option<Tensor<2>> =
+                features.projected().then(|| Tensor::random([m, d], Distribution::Normal(0.0, 1.0), &device));
+            let out: Tensor<4> = Tensor::random([b, h, l, dv], Distribution::Normal(0.0, 1.0), &device);
+            let spec = LinearSpec { chunk, min_normaliser: min, features };
+            let run = |fused: bool| {
+                let (q, k, v, a) = (
+                    q0.clone().require_grad(),
+                    k0.clone().require_grad(),
+                    v0.clone().require_grad(),
+                    a0.clone().require_grad(),
+                );
+                let gate = gated.then(|| a.clone());
+                let y = if fused {
+                    causal_linear_attention(q.clone(), k.clone(), v.clone(), gate, w0.clone(), spec)
+                        .expect("flex has the kernel")
+                } else {
+                    reference(q.clone(), k.clone(), v.clone(), gate, w0.clone(), spec)
+                };
+                let grads = (y.clone() * out.clone()).sum().backward();
+                let mut g = vec![q.grad(&grads).unwrap(), k.grad(&grads).unwrap(), v.grad(&grads).unwrap()];
+                if gated {
+                    g.push(a.grad(&grads).unwrap().unsqueeze_dim(3));
+                }
+                (y, g)
+            };
+            let ((y1, g1), (y2, g2)) = (run(true), run(false));
+            let shape =
+                format!("{features:?}, b {b}, h {h}, L {l}, d {d}, d_v {dv}, chunk {chunk}, gated {gated}, ε {min}");
+            let e = rel_diff(y1, y2);
+            assert!(e < 1e-4, "forward, {shape}: {e}");
+            for ((x, r), name) in g1.into_iter().zip(g2).zip(["dq", "dk", "dv", "da"]) {
+                let e = rel_diff(x, r);
+                assert!(e < 1e-4, "{name}, {shape}: {e}");
+            }
+        }
+
+        #[test]
+        fn equals_the_recurrence_with_its_gradients() {
+            for gated in [false, true] {
+                check(Case { gated, ..CASE });
+                check(Case { b: 1, h: 2, l: 9, d: 6, dv: 3, chunk: 1, gated, ..CASE });
+                check(Case { b: 1, h: 2, l: 9, d: 6, dv: 3, chunk: 9, gated, ..CASE });
+                check(Case { b: 1, h: 1, l: 20, d: 3, dv: 5, chunk: 64, gated, ..CASE });
+            }
+        }
+
+        #[test]
+        fn every_feature_map_equals_its_composed_form() {
+            check(Case { features: FeatureMap::EluPlusOne, ..CASE });
+            check(Case { features: FeatureMap::EluPlusOne, gated: true, chunk: 3, ..CASE });
+            check(Case { features: FeatureMap::Relu { scale: 0.6 }, ..CASE });
+            check(Case { features: FeatureMap::Relu { scale: 0.6 }, l: 20, chunk: 64, m: 12, ..CASE });
+            // keys whose largest exponent grows along the sequence move the running maximum
+            check(Case { features: FeatureMap::Positive { scale: 0.7 }, ..CASE });
+            check(Case { features: FeatureMap::Positive { scale: 0.9 }, l: 21, chunk: 5, m: 16, ..CASE });
+        }
+
+        #[test]
+        fn a_normaliser_below_its_floor_passes_no_gradient_through_it() {
+            // q·k ≈ 1.4 per key here: with ε = 4 the clamp holds in the first rows and not later
+            check(Case { b: 1, h: 2, l: 9, dv: 3, min: 4.0, ..CASE });
+            check(Case { b: 1, h: 2, l: 9, dv: 3, min: 4.0, gated: true, ..CASE });
+        }
+
+        #[test]
+        fn no_position_sees_a_later_key() {
+            let device = Device::flex();
+            device.seed(5);
+            let w: Tensor<2> = Tensor::random([8, 4], Distribution::Normal(0.0, 1.0), &device);
+            for (features, projection) in
+                [(FeatureMap::EluPlusOne, None), (FeatureMap::Positive { scale: 0.7 }, Some(w))]
+            {
+                let q: Tensor<4> = Tensor::random([1, 2, 12, 4], Distribution::Normal(0.0, 1.0), &device);
+                let k: Tensor<4> = Tensor::random([1, 2, 12, 4], Distribution::Normal(0.0, 1.0), &device);
+                let v: Tensor<4> = Tensor::random([1, 2, 12, 3], Distribution::Normal(0.0, 1.0), &device);
+                let spec = LinearSpec { chunk: 5, min_normaliser: 1e-6, features };
+                let y =
+                    causal_linear_attention(q.clone(), k.clone(), v.clone(), None, projection.clone(), spec).unwrap();
+                // later keys with larger exponents than any before (they would move a maximum
+                // taken over the whole sequence)
+                let later: Tensor<4> = Tensor::random([1, 2, 4, 4], Distribution::Normal(0.0, 3.0), &device);
+                let k2 = k.slice_assign([0..1, 0..2, 8..12, 0..4], later.clone());
+                let v2 = v.slice_assign([0..1, 0..2, 8..12, 0..3], later.narrow(3, 0, 3));
+                let y2 = causal_linear_attention(q, k2, v2, None, projection, spec).unwrap();
+                let d = (y.clone().narrow(2, 0, 8) - y2.clone().narrow(2, 0, 8)).abs().max().into_scalar::<f32>();
+                assert_eq!(d, 0.0, "{features:?}: rows 0..8 must not see keys 8..12");
+                let d = (y.narrow(2, 8, 4) - y2.narrow(2, 8, 4)).abs().max().into_scalar::<f32>();
+                assert!(d > 1e-3, "{features:?}: rows 8.. must see them");
+            }
+        }
+    }
+}
