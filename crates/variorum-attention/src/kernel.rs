@@ -107,14 +107,16 @@ pub fn causal(f: Features, state: Option<&mut Option<KernelState>>, chunk: usize
     }
     // g = 0 would make log g = −∞ (a sigmoid can underflow to it; a rescale by more than 69
     // nats leaves nothing of the earlier sums in f32 anyway)
-    let floor = if f.rescale { 1e-30 } else { 1e-6 };
+    let floor = if f.rescale { 1e-30 } else { GATE_FLOOR };
     let gate = f.gate.map(|g| g.clamp_min(floor));
     // a running rescale leaves the sums at the scale the decays moved them to
     let end_shift = match (&gate, f.rescale) {
         (Some(g), true) => shift.clone() - g.clone().log().sum_dim(2).reshape([b, h]),
         _ => shift.clone(),
     };
-    let fresh = state.as_deref().is_none_or(|s| s.is_none());
+    // the kernel from empty sums; a prefill's state (below) by one product where nothing decays
+    // (with decays, the chunk scan keeps each sum within a chunk, and its rounding small)
+    let fresh = state.as_deref().is_none_or(|s| s.is_none()) && (state.is_none() || gate.is_none());
     if fresh && lk == lq && variorum_kernels::has_kernel(&f.q) {
         return fused(f.q, f.k, f.v, gate, f.rescale, f.min_normaliser, chunk, state.map(|s| (s, end_shift)));
     }
@@ -189,6 +191,9 @@ pub fn causal(f: Features, state: Option<&mut Option<KernelState>>, chunk: usize
     normalise(out, f.min_normaliser)
 }
 
+/// The smallest RFA-Gate-style decay g (a sigmoid can underflow to 0, whose log is −∞).
+const GATE_FLOOR: f64 = 1e-6;
+
 /// [`causal`] with φ applied inside the fused kernel (`variorum_kernels::linear_attention`), so
 /// that φ(q) and φ(k) are never stored, where that applies: `plain` (causal, no decoding state,
 /// no padding), queries at the keys' positions, on flex. `None` elsewhere: the caller applies φ
@@ -199,21 +204,25 @@ pub fn causal_mapped(
     k: &Tensor<4>,
     v: &Tensor<4>,
     features: FeatureMap,
-    projection: Option<Tensor<2>>,
+    projection: Option<Tensor<3>>,
+    gate: Option<Tensor<3>>,
     chunk: usize,
     min_normaliser: f64,
     plain: bool,
 ) -> Option<Tensor<4>> {
-    if !plain || q.dims()[2] != k.dims()[2] {
+    if !plain || q.dims()[2] != k.dims()[2] || !variorum_kernels::has_kernel(q) {
         return None;
     }
-    let spec = LinearSpec { chunk, min_normaliser: min_normaliser as f32, features };
-    causal_linear_attention(q.clone(), k.clone(), v.clone(), None, projection, spec)
+    // a gate decays the sums and weighs each key by 1 − g (RFA-Gate)
+    let spec = LinearSpec { gated_keys: gate.is_some(), ..LinearSpec::new(chunk, min_normaliser as f32, features) };
+    let log_gate = gate.map(|g| g.clamp_min(GATE_FLOOR).log());
+    causal_linear_attention(q.clone(), k.clone(), v.clone(), log_gate, projection, spec)
 }
 
 /// [`causal`] by the fused kernel (`variorum_kernels::linear_attention`), from empty sums: the
-/// key weight 1 − g multiplied into φ(k), the decay handed over as log g. Leaves the sums after
-/// the last key in `state` (a prefill) when one is given.
+/// decay handed over as log g, with each key's weight 1 − g unless the gates are a running
+/// rescale. Leaves the sums after the last key in `state` (a prefill without decays) when one is
+/// given.
 #[allow(clippy::too_many_arguments)]
 fn fused(
     q: Tensor<4>,
@@ -225,20 +234,15 @@ fn fused(
     chunk: usize,
     state: Option<(&mut Option<KernelState>, Tensor<2>)>,
 ) -> Tensor<4> {
-    let k = match &gate {
-        Some(g) if !rescale => k * key_weight(g.clone(), false).unsqueeze_dim::<4>(3),
-        _ => k,
+    let spec = LinearSpec {
+        gated_keys: gate.is_some() && !rescale,
+        ..LinearSpec::new(chunk, min_normaliser as f32, FeatureMap::Given)
     };
-    let spec = LinearSpec { chunk, min_normaliser: min_normaliser as f32, features: FeatureMap::Given };
     let log_gate = gate.clone().map(|g| g.log());
     let out = causal_linear_attention(q, k.clone(), v.clone(), log_gate, None, spec)
         .expect("the caller checked for the kernel");
     if let Some((st, shift)) = state {
-        let [b, h, _, m] = k.dims();
-        let dv = v.dims()[3];
-        let zeros = Tensor::zeros([b, h, m, dv + 1], &k.device());
-        // the weight is in k already: the running-rescale form adds each key as it stands
-        let s = fold_into(zeros, k, with_ones(v), gate, true);
+        let s = k.swap_dims(2, 3).matmul(with_ones(v));
         *st = Some(KernelState { s, shift });
     }
     out

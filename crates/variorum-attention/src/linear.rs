@@ -81,8 +81,17 @@ impl LinearAttention {
     pub fn forward(&self, input: AttentionInput, state: Option<&mut Option<KernelState>>) -> AttentionOutput {
         let (q, k, v) = self.proj.split(input.query, input.key_value);
         let plain = input.mask.causal && state.is_none() && input.mask.padding.is_none();
-        let fused =
-            kernel::causal_mapped(&q, &k, &v, FeatureMap::EluPlusOne, None, self.chunk, kernel::MIN_NORMALISER, plain);
+        let fused = kernel::causal_mapped(
+            &q,
+            &k,
+            &v,
+            FeatureMap::EluPlusOne,
+            None,
+            None,
+            self.chunk,
+            kernel::MIN_NORMALISER,
+            plain,
+        );
         if let Some(context) = fused {
             return AttentionOutput { context: self.proj.merge(context), weights: None, aux_losses: Vec::new() };
         }

@@ -225,8 +225,8 @@ impl PerformerAttention {
             PerformerKernel::Softmax => FeatureMap::Positive { scale },
             PerformerKernel::Relu => FeatureMap::Relu { scale },
         };
-        let w = Some(self.projection.val());
-        if let Some(context) = kernel::causal_mapped(&q, &k, &v, map, w, self.chunk, MIN_NORMALISER, plain) {
+        let w = Some(self.projection.val().unsqueeze_dim(0));
+        if let Some(context) = kernel::causal_mapped(&q, &k, &v, map, w, None, self.chunk, MIN_NORMALISER, plain) {
             return AttentionOutput { context: self.proj.merge(context), weights: None, aux_losses: Vec::new() };
         }
         let f = if input.mask.causal {

@@ -32,7 +32,7 @@ use burn::tensor::activation::sigmoid;
 use variorum_core::{Capabilities, ConfigError, error::check};
 use variorum_position::HeadShape;
 
-use crate::kernel::{self, Features, HeadProjections, KernelState, kernel_flops};
+use crate::kernel::{self, FeatureMap, Features, HeadProjections, KernelState, kernel_flops};
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
 use crate::random_features::{fixed, gaussian_rows, redraw};
 use crate::{AttentionInput, AttentionOutput, AttentionState};
@@ -169,15 +169,19 @@ impl RfaAttention {
         self.projection = redraw(&self.projection, w);
     }
 
-    /// The frequencies W of every head, `[1, heads or 1, d_h, D]`.
-    fn frequencies(&self) -> Tensor<4> {
+    /// The frequencies of every head as rows, `[heads or 1, D, d_h]`.
+    fn frequency_rows(&self) -> Tensor<3> {
         let [n, d] = self.projection.val().dims();
         let eps = self.projection.val().reshape([self.draws, n / self.draws, d]);
-        let w = match &self.frequency_scale {
+        match &self.frequency_scale {
             Some(s) => eps * s.val().unsqueeze_dim::<3>(1),
             None => eps,
-        };
-        w.swap_dims(1, 2).unsqueeze_dim::<4>(0)
+        }
+    }
+
+    /// The frequencies W of every head, `[1, heads or 1, d_h, D]`.
+    fn frequencies(&self) -> Tensor<4> {
+        self.frequency_rows().swap_dims(1, 2).unsqueeze_dim::<4>(0)
     }
 
     /// φ(x̂) for `[b, h, l, d_h]`: `[b, h, l, 2D]`.
@@ -191,8 +195,14 @@ impl RfaAttention {
     pub fn forward(&self, input: AttentionInput, state: Option<&mut Option<KernelState>>) -> AttentionOutput {
         let source = input.key_value.clone().unwrap_or_else(|| input.query.clone());
         let (q, k, v) = self.proj.split(input.query, input.key_value);
-        let k = kernel::hide_padding(self.features(k), input.mask.padding.as_ref());
         let gate = self.gate.as_ref().map(|g| sigmoid(g.forward(source)).swap_dims(1, 2));
+        let plain = input.mask.causal && state.is_none() && input.mask.padding.is_none();
+        let (w, min) = (Some(self.frequency_rows()), kernel::MIN_NORMALISER);
+        let fused = kernel::causal_mapped(&q, &k, &v, FeatureMap::Fourier, w, gate.clone(), self.chunk, min, plain);
+        if let Some(context) = fused {
+            return AttentionOutput { context: self.proj.merge(context), weights: None, aux_losses: Vec::new() };
+        }
+        let k = kernel::hide_padding(self.features(k), input.mask.padding.as_ref());
         let f = Features {
             q: self.features(q),
             k,

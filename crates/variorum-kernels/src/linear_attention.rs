@@ -24,37 +24,45 @@
 //! pairs j < r ≤ i, so da_r = Σ_{i ≥ r} φ(q_i)·dφ(q_i) − Σ_{j ≥ r} φ(k_j)·dφ(k_j) (the pairs with
 //! i ≥ r, less those with j ≥ r), a suffix sum.
 //!
-//! Memory is the inputs, the output and their gradients, with one S, one R and a few chunks of
-//! scratch per task; time O(L·C·(m + d_v) + L·m·d_v) for m features. [`causal_linear_attention`]
+//! Memory is the inputs, the output and their gradients, with one S, one R, a few chunks of
+//! scratch and a few values per position (du, decays) per running task; time
+//! O(L·C·(m + d_v) + L·m·d_v) for m features. Tasks are the (batch, head) pairs, each with
+//! single-threaded GEMMs: a call with one of them runs on one core. [`causal_linear_attention`]
 //! returns `None` off flex, and the caller composes Burn's ops.
 
 use burn::prelude::*;
 
-/// The feature map φ the kernel applies to the rows of q and k.
+/// The feature map φ the kernel applies to the rows of q and k. The projected maps take a
+/// projection W `[h_w, r, d]` — r rows per head, h_w = 1 (shared) or one per head — and return its
+/// gradient where it is tracked.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum FeatureMap {
     /// q and k are the features already (`[b, h, L, m]`).
     Given,
     /// φ(x) = elu(x) + 1 (Katharopoulos et al. 2020).
     EluPlusOne,
-    /// FAVOR+'s positive random features of exp(q·k) (Choromanski et al. 2021) on s·x, with the
-    /// rows w_r of the projection `[m, d_h]` (no gradient: Performer's W is redrawn, not learned):
+    /// FAVOR+'s positive random features of exp(q·k) (Choromanski et al. 2021) on s·x, m = r:
     /// φ(x) = exp(s w_r·x − s²‖x‖²/2 − c)/√m. For a query c is its largest exponent (it cancels in
     /// the ratio); for key j it is the running maximum M_j of the keys' largest exponents so far,
     /// and the sums decay by exp(M_{j−1} − M_j) as M grows — the kernel's own decay, so no
-    /// `log_gate` is given. Outputs then depend on earlier keys only, in their rounding too.
+    /// `log_gate` is given. Outputs then depend on earlier keys only, in their rounding too. (The
+    /// decay has no floor here; the composed path floors it at 10⁻³⁰, which differs only where M
+    /// jumps by more than 69 nats, leaving 10⁻³⁰ of the earlier sums against e^{−jump}.)
     Positive { scale: f32 },
-    /// φ(x) = ReLU(s w_r·x)/√m + 10⁻³ (Performer's ReLU kernel), W as above.
+    /// φ(x) = ReLU(s w_r·x)/√m + 10⁻³ (Performer's ReLU kernel), m = r.
     Relu { scale: f32 },
+    /// Random Fourier features of the unit vector (RFA, Peng et al. 2021), m = 2r:
+    /// φ(x) = [sin(W x̂); cos(W x̂)]/√r, x̂ = x / max(‖x‖, 10⁻⁶).
+    Fourier,
 }
 
 impl FeatureMap {
     fn projected(self) -> bool {
-        matches!(self, Self::Positive { .. } | Self::Relu { .. })
+        !matches!(self, Self::Given | Self::EluPlusOne)
     }
 }
 
-/// Chunk, normaliser floor and feature map of one call.
+/// Chunk, normaliser floor, feature map and key weighting of one call.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LinearSpec {
     /// Positions per chunk (at least 1).
@@ -62,6 +70,16 @@ pub struct LinearSpec {
     /// ε, the floor of the normaliser d_t.
     pub min_normaliser: f32,
     pub features: FeatureMap,
+    /// Each key joins the sums with weight 1 − g_t (RFA-Gate's S_t = g_t S_{t−1} + (1 − g_t)
+    /// φ(k_t) v_tᵀ); needs a decay. False: weight 1.
+    pub gated_keys: bool,
+}
+
+impl LinearSpec {
+    /// `chunk` and ε with `features`, keys of weight 1.
+    pub fn new(chunk: usize, min_normaliser: f32, features: FeatureMap) -> Self {
+        Self { chunk, min_normaliser, features, gated_keys: false }
+    }
 }
 
 thread_local! {
@@ -74,15 +92,15 @@ pub fn calls() -> usize {
 }
 
 /// The causal kernelised attention of `q: [b, h, L, d]`, `k: [b, h, L, d]` over values
-/// `v: [b, h, L, d_v]` through `spec.features` (with its `projection` `[m, d]` where it has one),
-/// each key decaying the sums before it by exp(`log_gate`) `[b, h, L]` when one is given:
+/// `v: [b, h, L, d_v]` through `spec.features` (with its `projection` `[h_w, r, d]` where it has
+/// one), each key decaying the sums before it by exp(`log_gate`) `[b, h, L]` when one is given:
 /// `[b, h, L, d_v]`, normalised. `None` on a backend or float type without the kernel.
 pub fn causal_linear_attention(
     q: Tensor<4>,
     k: Tensor<4>,
     v: Tensor<4>,
     log_gate: Option<Tensor<3>>,
-    projection: Option<Tensor<2>>,
+    projection: Option<Tensor<3>>,
     spec: LinearSpec,
 ) -> Option<Tensor<4>> {
     #[cfg(feature = "flex")]
@@ -100,19 +118,23 @@ pub fn causal_linear_attention(
         assert_eq!(projection.is_some(), spec.features.projected(), "{:?} and a projection", spec.features);
         let positive = matches!(spec.features, FeatureMap::Positive { .. });
         assert!(!(positive && log_gate.is_some()), "positive features decay by their own running maximum");
+        assert!(!spec.gated_keys || log_gate.is_some(), "gated keys need a decay");
+        if let Some(a) = &log_gate {
+            assert_eq!(a.dims(), [b, h, l], "one log-decay per key");
+        }
+        if let Some(w) = &projection {
+            let [hw, _, dw] = w.dims();
+            assert!(dw == d && (hw == 1 || hw == h), "the projection {:?} is [1 or heads, rows, d_h]", w.dims());
+        }
         CALLS.set(CALLS.get() + 1);
         let (q, k, v) = (q.into_dispatch(), k.into_dispatch(), v.into_dispatch());
         let out = match (log_gate, projection) {
-            (Some(a), None) => {
-                assert_eq!(a.dims(), [b, h, l], "one log-decay per key");
-                Dispatch::causal_linear_gated(q, k, v, a.into_dispatch(), spec)
-            }
-            (None, Some(w)) => {
-                assert_eq!(w.dims()[1], d, "the projection is [features, d_h]");
-                Dispatch::causal_linear_projected(q, k, v, w.into_dispatch(), spec)
+            (Some(a), None) => Dispatch::causal_linear_gated(q, k, v, a.into_dispatch(), spec),
+            (None, Some(w)) => Dispatch::causal_linear_projected(q, k, v, w.into_dispatch(), spec),
+            (Some(a), Some(w)) => {
+                Dispatch::causal_linear_gated_projected(q, k, v, a.into_dispatch(), w.into_dispatch(), spec)
             }
             (None, None) => Dispatch::causal_linear(q, k, v, spec),
-            (Some(_), Some(_)) => panic!("a decay with projected features is not a kernel form"),
         };
         return Some(Tensor::from_dispatch(out));
     }
@@ -140,6 +162,8 @@ mod flex {
 
     /// ReLU features' floor (Performer's code adds it so that φ(q)·z never vanishes).
     const RELU_FLOOR: f32 = 1e-3;
+    /// The floor of ‖x‖ in Fourier features' x̂ = x / ‖x‖.
+    const MIN_NORM: f32 = 1e-6;
 
     /// Causal kernelised attention of the backends that have a kernel for it.
     #[backend_extension(Flex, Autodiff)]
@@ -161,11 +185,21 @@ mod flex {
             spec: LinearSpec,
         ) -> FloatTensor<Self>;
 
-        /// [`causal_linear_attention`] with random features from a projection `[m, d]`.
+        /// [`causal_linear_attention`] with random features from a projection `[h_w, r, d]`.
         fn causal_linear_projected(
             q: FloatTensor<Self>,
             k: FloatTensor<Self>,
             v: FloatTensor<Self>,
+            projection: FloatTensor<Self>,
+            spec: LinearSpec,
+        ) -> FloatTensor<Self>;
+
+        /// [`causal_linear_attention`] with a decay and a projection.
+        fn causal_linear_gated_projected(
+            q: FloatTensor<Self>,
+            k: FloatTensor<Self>,
+            v: FloatTensor<Self>,
+            log_gate: FloatTensor<Self>,
             projection: FloatTensor<Self>,
             spec: LinearSpec,
         ) -> FloatTensor<Self>;
@@ -178,8 +212,10 @@ mod flex {
         v: Heads<'a>,
         /// a_t per (batch·head, position), contiguous, when given.
         gate: Option<&'a [f32]>,
-        /// W `[m, d]`, contiguous, for the projected maps.
+        /// W `[h_w, r, d]`, contiguous, for the projected maps.
         w: Option<&'a [f32]>,
+        hw: usize,
+        r: usize,
         len: usize,
         /// Input width d and feature count m.
         d: usize,
@@ -190,16 +226,18 @@ mod flex {
 
     /// A task's per-chunk scratch, sized for a full chunk.
     struct Scratch {
-        /// φ of the chunk's queries and keys, and their gradients, `[C, m]` each.
+        /// φ of the chunk's queries and keys (keys weighted), and their gradients, `[C, m]` each.
         fq: Vec<f32>,
         fk: Vec<f32>,
         dfq: Vec<f32>,
         dfk: Vec<f32>,
+        /// The keys' φ before their weights, `[C, m]` (gated keys only).
+        fraw: Vec<f32>,
         /// The C × C block.
         a: Vec<f32>,
         /// G_i, the cumulative log-decay inside the chunk.
         g: Vec<f32>,
-        /// `[C, max(m, d_v + 1)]`.
+        /// `[C, max(m, d_v + 1, d)]`.
         t: Vec<f32>,
     }
 
@@ -212,10 +250,11 @@ mod flex {
         ) -> Self {
             let (q, k, v) = (Heads::of(q), Heads::of(k), Heads::of(v));
             let [_, _, len, d] = q.dims;
-            let m = w.map_or(d, |w| w.layout().shape()[0]);
+            let (hw, r) = w.map_or((1, d), |w| (w.layout().shape()[0], w.layout().shape()[1]));
+            let m = if spec.features == FeatureMap::Fourier { 2 * r } else { r };
             let dv = v.dims[3];
             let (gate, w) = (gate.map(|g| g.storage::<f32>()), w.map(|w| w.storage::<f32>()));
-            Self { q, k, v, gate, w, len, d, m, dv, spec }
+            Self { q, k, v, gate, w, hw, r, len, d, m, dv, spec }
         }
 
         fn tasks(&self) -> usize {
@@ -233,9 +272,10 @@ mod flex {
                 fk: vec![0.0; c * m],
                 dfq: vec![0.0; c * m],
                 dfk: vec![0.0; c * m],
+                fraw: vec![0.0; if self.spec.gated_keys { c * m } else { 0 }],
                 a: vec![0.0; c * c],
                 g: vec![0.0; c],
-                t: vec![0.0; c * m.max(self.dv + 1)],
+                t: vec![0.0; c * m.max(self.dv + 1).max(self.d)],
             }
         }
 
@@ -243,6 +283,18 @@ mod flex {
         fn row(x: &Heads, task: usize, i: usize) -> *const f32 {
             let h = x.dims[1];
             x.head(task / h, task % h).wrapping_offset(i as isize * x.rs())
+        }
+
+        /// Which of W's heads serves `task`.
+        fn w_head(&self, task: usize) -> usize {
+            if self.hw == 1 { 0 } else { task % self.q.dims[1] }
+        }
+
+        /// W `[r, d]` of `task`'s head.
+        fn w(&self, task: usize) -> &[f32] {
+            let (r, d) = (self.r, self.d);
+            let w = self.w.expect("a projected map has W");
+            &w[self.w_head(task) * r * d..(self.w_head(task) + 1) * r * d]
         }
 
         /// The chunks of one head: (first position, positions).
@@ -264,7 +316,7 @@ mod flex {
             let mut running = f32::NEG_INFINITY;
             for (t0, n) in self.chunks() {
                 // SAFETY: rows t0..t0 + n of this head's keys, into a chunk of scratch
-                unsafe { self.exponents(&self.k, task, t0, n, &mut s.fk) };
+                unsafe { self.project(&self.k, task, t0, n, &mut s.fk) };
                 for row in s.fk[..n * self.m].chunks_exact(self.m) {
                     let own = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                     let before = if running == f32::NEG_INFINITY { own } else { running };
@@ -276,19 +328,20 @@ mod flex {
             (Some(a), scale)
         }
 
-        /// s·W x − s²‖x‖²/2 for rows t0..t0 + n of `x` into `out` `[n, m]`.
-        unsafe fn exponents(&self, x: &Heads, task: usize, t0: usize, n: usize, out: &mut [f32]) {
-            let (m, d) = (self.m, self.d);
+        /// The projected maps' pre-activations of rows t0..t0 + n of `x` into the first r columns
+        /// of `out` (row stride m): s·W x − s²‖x‖²/2 (positive), s·W x (ReLU), W x̂ (Fourier).
+        unsafe fn project(&self, x: &Heads, task: usize, t0: usize, n: usize, out: &mut [f32]) {
+            let (m, r, d) = (self.m, self.r, self.d);
             let s = match self.spec.features {
                 FeatureMap::Positive { scale } | FeatureMap::Relu { scale } => scale,
                 _ => 1.0,
             };
             let xp = Self::row(x, task, t0);
-            let w = self.w.expect("a projected map has W");
-            // SAFETY: the caller's rows; Wᵀ as (d × m): element (e, r) is w[r·d + e]
+            let w = self.w(task);
+            // SAFETY: the caller's rows; Wᵀ as (d × r): element (e, j) is w[j·d + e]
             unsafe {
                 gemm(
-                    (n, m, d),
+                    (n, r, d),
                     out.as_mut_ptr(),
                     m as isize,
                     false,
@@ -299,11 +352,20 @@ mod flex {
                     s,
                 )
             };
-            if matches!(self.spec.features, FeatureMap::Positive { .. }) {
-                for (i, row) in out[..n * m].chunks_exact_mut(m).enumerate() {
-                    let half = 0.5 * s * s * self.input_row(x, xp, i).map(|v| v * v).sum::<f32>();
-                    row.iter_mut().for_each(|e| *e -= half);
+            match self.spec.features {
+                FeatureMap::Positive { .. } => {
+                    for (i, row) in out[..n * m].chunks_exact_mut(m).enumerate() {
+                        let half = 0.5 * s * s * self.input_row(x, xp, i).map(|v| v * v).sum::<f32>();
+                        row.iter_mut().for_each(|e| *e -= half);
+                    }
                 }
+                FeatureMap::Fourier => {
+                    for (i, row) in out[..n * m].chunks_exact_mut(m).enumerate() {
+                        let inv = 1.0 / self.norm(x, xp, i).max(MIN_NORM);
+                        row[..r].iter_mut().for_each(|e| *e *= inv);
+                    }
+                }
+                _ => {}
             }
         }
 
@@ -314,11 +376,16 @@ mod flex {
             (0..self.d).map(move |e| unsafe { *xp.offset(i as isize * rs + e as isize * cs) })
         }
 
+        /// ‖x_i‖ of row `i` after `xp`.
+        fn norm(&self, x: &Heads, xp: *const f32, i: usize) -> f32 {
+            self.input_row(x, xp, i).map(|v| v * v).sum::<f32>().sqrt()
+        }
+
         /// φ of rows t0..t0 + n of `x` into `out` `[n, m]`; `scale` holds each key's M_t
         /// (positive features of keys), empty for queries.
         unsafe fn features(&self, x: &Heads, task: usize, t0: usize, n: usize, scale: &[f32], out: &mut [f32]) {
-            let (m, xp) = (self.m, Self::row(x, task, t0));
-            let inv_sqrt_m = 1.0 / (m as f32).sqrt();
+            let (m, r, xp) = (self.m, self.r, Self::row(x, task, t0));
+            let inv_sqrt = 1.0 / (r as f32).sqrt();
             match self.spec.features {
                 FeatureMap::Given | FeatureMap::EluPlusOne => {
                     let elu = self.spec.features == FeatureMap::EluPlusOne;
@@ -336,97 +403,149 @@ mod flex {
                 }
                 FeatureMap::Positive { .. } => {
                     // SAFETY: as the caller's
-                    unsafe { self.exponents(x, task, t0, n, out) };
+                    unsafe { self.project(x, task, t0, n, out) };
                     for (i, row) in out[..n * m].chunks_exact_mut(m).enumerate() {
                         let c = if scale.is_empty() {
                             row.iter().copied().fold(f32::NEG_INFINITY, f32::max)
                         } else {
                             scale[t0 + i]
                         };
-                        row.iter_mut().for_each(|e| *e = (*e - c).exp() * inv_sqrt_m);
+                        row.iter_mut().for_each(|e| *e = (*e - c).exp() * inv_sqrt);
                     }
                 }
                 FeatureMap::Relu { .. } => {
                     // SAFETY: as the caller's
-                    unsafe { self.exponents(x, task, t0, n, out) };
-                    out[..n * m].iter_mut().for_each(|e| *e = e.max(0.0) * inv_sqrt_m + RELU_FLOOR);
+                    unsafe { self.project(x, task, t0, n, out) };
+                    out[..n * m].iter_mut().for_each(|e| *e = e.max(0.0) * inv_sqrt + RELU_FLOOR);
+                }
+                FeatureMap::Fourier => {
+                    // SAFETY: as the caller's
+                    unsafe { self.project(x, task, t0, n, out) };
+                    for row in out[..n * m].chunks_exact_mut(m) {
+                        let (sin, cos) = row.split_at_mut(r);
+                        for (s, c) in sin.iter_mut().zip(cos) {
+                            let (sv, cv) = s.sin_cos();
+                            (*s, *c) = (sv * inv_sqrt, cv * inv_sqrt);
+                        }
+                    }
                 }
             }
         }
 
+        /// Multiplies the keys' rows of `fk` by their weights 1 − e^{a_t}, keeping the unweighted
+        /// rows in `fraw`.
+        fn weigh(&self, gate: &[f32], t0: usize, n: usize, fk: &mut [f32], fraw: &mut [f32]) {
+            let m = self.m;
+            fraw[..n * m].copy_from_slice(&fk[..n * m]);
+            for (i, row) in fk[..n * m].chunks_exact_mut(m).enumerate() {
+                let w = 1.0 - gate[t0 + i].exp();
+                row.iter_mut().for_each(|x| *x *= w);
+            }
+        }
+
         /// The gradient of rows t0..t0 + n of `x` from dφ (`dphi`, overwritten) and φ (`phi`),
-        /// into `dst` (row stride d).
+        /// into `dst` (row stride d); W's into `dw` `[r, d]` (accumulated) when it is wanted.
+        /// `t` is scratch.
+        #[allow(clippy::too_many_arguments)]
         unsafe fn emit(
             &self,
             x: &Heads,
             task: usize,
-            t0: usize,
-            n: usize,
+            (t0, n): (usize, usize),
             phi: &[f32],
             dphi: &mut [f32],
             dst: *mut f32,
+            dw: Option<*mut f32>,
+            t: &mut [f32],
         ) {
-            let (m, d, xp) = (self.m, self.d, Self::row(x, task, t0));
-            // SAFETY: rows t0..t0 + n of this task's gradient, d each
-            let out = unsafe { std::slice::from_raw_parts_mut(dst, n * d) };
-            match self.spec.features {
-                FeatureMap::Given => out.copy_from_slice(&dphi[..n * m]),
+            let (m, r, d, xp) = (self.m, self.r, self.d, Self::row(x, task, t0));
+            let (xrs, xcs) = (x.rs(), x.cs());
+            // SAFETY: rows t0..t0 + n of this task's gradient, d each (taken again after a GEMM
+            // writes them)
+            let rows = || unsafe { std::slice::from_raw_parts_mut(dst, n * d) };
+            let (ms, ds) = (m as isize, d as isize);
+            let inv_sqrt = 1.0 / (r as f32).sqrt();
+            // the gradient of the pre-activations P (first r columns of dphi, row stride m), the
+            // factor of dP W in dx, and of dPᵀ x in dW
+            let s = match self.spec.features {
+                FeatureMap::Given => {
+                    rows().copy_from_slice(&dphi[..n * m]);
+                    return;
+                }
                 FeatureMap::EluPlusOne => {
                     for (i, (o, (dp, p))) in
-                        out.chunks_exact_mut(d).zip(dphi.chunks_exact(m).zip(phi.chunks_exact(m))).enumerate()
+                        rows().chunks_exact_mut(d).zip(dphi.chunks_exact(m).zip(phi.chunks_exact(m))).enumerate()
                     {
                         for (((o, &dp), &p), xv) in o.iter_mut().zip(dp).zip(p).zip(self.input_row(x, xp, i)) {
                             *o = if xv > 0.0 { dp } else { dp * p };
                         }
                     }
+                    return;
+                }
+                // dE = dφ ∘ φ
+                FeatureMap::Positive { scale } => {
+                    dphi[..n * m].iter_mut().zip(phi).for_each(|(g, &p)| *g *= p);
+                    scale
+                }
+                // dP = dφ/√r where P > 0 (φ above its floor)
+                FeatureMap::Relu { scale } => {
+                    let dphi = &mut dphi[..n * m];
+                    dphi.iter_mut().zip(phi).for_each(|(g, &p)| *g = if p > RELU_FLOOR { *g * inv_sqrt } else { 0.0 });
+                    scale
+                }
+                // dP = dφ_sin ∘ cos P/√r − dφ_cos ∘ sin P/√r = dφ_sin ∘ φ_cos − dφ_cos ∘ φ_sin
+                FeatureMap::Fourier => {
+                    for (dr, pr) in dphi[..n * m].chunks_exact_mut(m).zip(phi.chunks_exact(m)) {
+                        let (ds_, dc) = dr.split_at_mut(r);
+                        for ((g, &gc), (&ps, &pc)) in ds_.iter_mut().zip(dc.iter()).zip(pr[..r].iter().zip(&pr[r..])) {
+                            *g = *g * pc - gc * ps;
+                        }
+                    }
+                    1.0
+                }
+            };
+            let w = self.w(task);
+            // dx (positive, ReLU) or dx̂ (Fourier) = s · dP W
+            // SAFETY: dP is n × r at row stride m, W is r × d, dst n × d
+            unsafe { gemm((n, d, r), dst, ds, false, dphi.as_ptr(), (ms, 1), w.as_ptr(), (ds, 1), s) };
+            let out = rows();
+            let xin: &[f32] = match self.spec.features {
+                FeatureMap::Fourier => {
+                    // x̂ into t; dx = (dx̂ − x̂ (x̂·dx̂)) / ‖x‖, or dx̂ / 10⁻⁶ where the floor holds
+                    for (i, o) in out.chunks_exact_mut(d).enumerate() {
+                        let norm = self.norm(x, xp, i);
+                        let inv = 1.0 / norm.max(MIN_NORM);
+                        let xh = &mut t[i * d..(i + 1) * d];
+                        xh.iter_mut().zip(self.input_row(x, xp, i)).for_each(|(h, v)| *h = v * inv);
+                        let along = if norm > MIN_NORM {
+                            xh.iter().zip(o.iter()).map(|(a, b)| a * b).sum::<f32>()
+                        } else {
+                            0.0
+                        };
+                        o.iter_mut().zip(xh.iter()).for_each(|(o, &h)| *o = (*o - h * along) * inv);
+                    }
+                    &t[..n * d]
                 }
                 FeatureMap::Positive { scale } => {
-                    // dE = dφ ∘ φ; dx = s dE W − s² (Σ_r dE_r) x
-                    let dphi = &mut dphi[..n * m];
-                    dphi.iter_mut().zip(phi).for_each(|(g, &p)| *g *= p);
-                    let w = self.w.expect("a projected map has W");
-                    // SAFETY: dE is n × m, W is m × d
-                    unsafe {
-                        gemm(
-                            (n, d, m),
-                            dst,
-                            d as isize,
-                            false,
-                            dphi.as_ptr(),
-                            (m as isize, 1),
-                            w.as_ptr(),
-                            (d as isize, 1),
-                            scale,
-                        )
-                    };
+                    // − s² (Σ_r dE_r) x
                     for (i, o) in out.chunks_exact_mut(d).enumerate() {
-                        let total: f32 = dphi[i * m..(i + 1) * m].iter().sum();
-                        let f = scale * scale * total;
+                        let f = scale * scale * dphi[i * m..i * m + r].iter().sum::<f32>();
                         o.iter_mut().zip(self.input_row(x, xp, i)).for_each(|(o, xv)| *o -= f * xv);
                     }
+                    &[]
                 }
-                FeatureMap::Relu { scale } => {
-                    // dP = dφ/√m where P > 0 (φ above its floor); dx = s dP W
-                    let inv_sqrt_m = 1.0 / (m as f32).sqrt();
-                    let dphi = &mut dphi[..n * m];
-                    dphi.iter_mut()
-                        .zip(phi)
-                        .for_each(|(g, &p)| *g = if p > RELU_FLOOR { *g * inv_sqrt_m } else { 0.0 });
-                    let w = self.w.expect("a projected map has W");
-                    // SAFETY: dP is n × m, W is m × d
-                    unsafe {
-                        gemm(
-                            (n, d, m),
-                            dst,
-                            d as isize,
-                            false,
-                            dphi.as_ptr(),
-                            (m as isize, 1),
-                            w.as_ptr(),
-                            (d as isize, 1),
-                            scale,
-                        )
-                    };
+                _ => &[],
+            };
+            if let Some(dw) = dw {
+                // dW += s · dPᵀ x (x̂ for Fourier)
+                let (lhs, lrc) = (dphi.as_ptr(), (1, ms));
+                // SAFETY: dPᵀ is r × n, the inputs n × d, dw r × d
+                unsafe {
+                    if xin.is_empty() {
+                        gemm((r, d, n), dw, ds, true, lhs, lrc, xp, (xrs, xcs), s)
+                    } else {
+                        gemm((r, d, n), dw, ds, true, lhs, lrc, xin.as_ptr(), (ds, 1), s)
+                    }
                 }
             }
         }
@@ -489,6 +608,7 @@ mod flex {
 
     /// S ← e^{G_n} S + Σ_j e^{G_n − G_j} φ(k_j) [v_j; 1]ᵀ over the chunk (`sv: [m, d_v]`,
     /// `z: [m]`); the keys' features `fk` are scaled in place.
+    #[allow(clippy::too_many_arguments)]
     fn carry(
         c: &Call,
         task: usize,
@@ -531,6 +651,23 @@ mod flex {
         }
     }
 
+    /// φ of the chunk's queries and keys into the scratch (keys weighted where they are gated).
+    fn chunk_features(
+        c: &Call,
+        task: usize,
+        (t0, n): (usize, usize),
+        gate: Option<&[f32]>,
+        scale: &[f32],
+        s: &mut Scratch,
+    ) {
+        // SAFETY: this chunk's rows of this head's q and k
+        unsafe { c.features(&c.q, task, t0, n, &[], &mut s.fq) };
+        unsafe { c.features(&c.k, task, t0, n, scale, &mut s.fk) };
+        if c.spec.gated_keys {
+            c.weigh(gate.expect("gated keys have a decay"), t0, n, &mut s.fk, &mut s.fraw);
+        }
+    }
+
     /// The forward pass: the output `[b, h, L, d_v]` and each position's normaliser d_t `[b, h, L]`.
     fn forward(c: &Call) -> (FlexTensor, FlexTensor) {
         let (len, m, dv) = (c.len, c.m, c.dv);
@@ -546,9 +683,7 @@ mod flex {
             let (mut sv, mut z) = (vec![0.0f32; m * dv], vec![0.0f32; m]);
             for (t0, n) in c.chunks() {
                 cumulative(gate.as_deref(), t0, n, &mut s.g);
-                // SAFETY (features): this chunk's rows of this head's q and k
-                unsafe { c.features(&c.q, task, t0, n, &[], &mut s.fq) };
-                unsafe { c.features(&c.k, task, t0, n, &scale, &mut s.fk) };
+                chunk_features(c, task, (t0, n), gate.as_deref(), &scale, &mut s);
                 let a = &mut s.a[..n * n];
                 scores(&s.fq, &s.fk, n, m, a);
                 decay_lower(a, n, &s.g, gated);
@@ -599,22 +734,37 @@ mod flex {
         (data(out, vec![b, h, len, dv]), data(den, vec![b, h, len]))
     }
 
-    /// The backward pass: (dq, dk, dv, da), contiguous, in the inputs' shapes (da only with a
-    /// given decay).
-    fn backward(c: &Call, out: &[f32], den: &[f32], grad: &FlexTensor) -> [Option<FlexTensor>; 4] {
+    /// The gradients of one call, contiguous, in the inputs' shapes: dq, dk, dv, da (with a given
+    /// decay), dW (when `want_dw`).
+    struct Grads {
+        dq: FlexTensor,
+        dk: FlexTensor,
+        dv: FlexTensor,
+        da: Option<FlexTensor>,
+        dw: Option<FlexTensor>,
+    }
+
+    /// The backward pass.
+    fn backward(c: &Call, out: &[f32], den: &[f32], grad: &FlexTensor, want_dw: bool) -> Grads {
         let (len, m, d, dv, w) = (c.len, c.m, c.d, c.dv, c.dv + 1);
         let tasks = c.tasks();
         let grad = grad.to_contiguous();
         let dout = grad.storage::<f32>();
         let min = c.spec.min_normaliser;
+        let given = c.gate.is_some();
+        let want_dw = want_dw && c.w.is_some();
         let mut dq = vec![0.0f32; tasks * len * d];
         let mut dk = vec![0.0f32; tasks * len * d];
         let mut dvv = vec![0.0f32; tasks * len * dv];
-        let mut da = vec![0.0f32; if c.gate.is_some() { tasks * len } else { 0 }];
+        let mut da = vec![0.0f32; if given { tasks * len } else { 0 }];
+        // one dW per task, summed over the tasks that share a head of W below
+        let wsize = c.r * d;
+        let mut dw_tasks = vec![0.0f32; if want_dw { tasks * wsize } else { 0 }];
         let ptrs =
-            [Shared(dq.as_mut_ptr()), Shared(dk.as_mut_ptr()), Shared(dvv.as_mut_ptr()), Shared(da.as_mut_ptr())];
+            [dq.as_mut_ptr(), dk.as_mut_ptr(), dvv.as_mut_ptr(), da.as_mut_ptr(), dw_tasks.as_mut_ptr()].map(Shared);
         (0..tasks).into_par_iter().for_each(|task| {
-            let [dqp, dkp, dvp, dap] = ptrs;
+            let [dqp, dkp, dvp, dap, dwp] = ptrs;
+            let dw = want_dw.then(|| dwp.at(task * wsize));
             // du = [dn; dd] per position of this head, [L, d_v + 1]
             let mut du = vec![0.0f32; len * w];
             for i in 0..len {
@@ -629,17 +779,17 @@ mod flex {
             let mut s = c.scratch();
             let (gate, scale) = c.decays(task, &mut s);
             let gated = gate.is_some();
-            // φ·dφ per position, for the gradient of a given decay
-            let mut pull = vec![0.0f64; if c.gate.is_some() { len } else { 0 }];
-            let dot = |x: &[f32], y: &[f32]| x.iter().zip(y).map(|(a, b)| a * b).sum::<f32>() as f64;
+            // φ·dφ per position for the suffix sum of a given decay, and the gated keys' weights'
+            // own term
+            let mut pull = vec![0.0f64; if given { len } else { 0 }];
+            let mut own = vec![0.0f32; if c.spec.gated_keys { len } else { 0 }];
+            let dot = |x: &[f32], y: &[f32]| x.iter().zip(y).map(|(a, b)| a * b).sum::<f32>();
             let (mut sv, mut z) = (vec![0.0f32; m * dv], vec![0.0f32; m]);
             let mut s1 = vec![0.0f32; m * w]; // [S_v | z] side by side
             // forward sweep: dφ(Q_c) = (dU V1ᵀ ∘ E) φ(K_c) + diag(e^G) dU S1ᵀ
             for (t0, n) in c.chunks() {
                 cumulative(gate.as_deref(), t0, n, &mut s.g);
-                // SAFETY (features, emit): this chunk's rows of this head; dq rows of this task
-                unsafe { c.features(&c.q, task, t0, n, &[], &mut s.fq) };
-                unsafe { c.features(&c.k, task, t0, n, &scale, &mut s.fk) };
+                chunk_features(c, task, (t0, n), gate.as_deref(), &scale, &mut s);
                 let a = &mut s.a[..n * n];
                 score_gradients(c, task, t0, n, &du, a);
                 decay_lower(a, n, &s.g, gated);
@@ -685,12 +835,13 @@ mod flex {
                         row.iter_mut().zip(&s.t[i * m..(i + 1) * m]).for_each(|(x, &y)| *x += e * y);
                     }
                 }
-                if c.gate.is_some() {
+                if given {
                     for i in 0..n {
-                        pull[t0 + i] = dot(&s.fq[i * m..(i + 1) * m], &s.dfq[i * m..(i + 1) * m]);
+                        pull[t0 + i] = dot(&s.fq[i * m..(i + 1) * m], &s.dfq[i * m..(i + 1) * m]) as f64;
                     }
                 }
-                unsafe { c.emit(&c.q, task, t0, n, &s.fq, &mut s.dfq, dqp.at((task * len + t0) * d)) };
+                // SAFETY: dq rows t0..t0 + n of this task, dW this task's
+                unsafe { c.emit(&c.q, task, (t0, n), &s.fq, &mut s.dfq, dqp.at((task * len + t0) * d), dw, &mut s.t) };
                 if t0 + n < len {
                     carry(c, task, t0, n, &s.g, gated, &mut s.fk, &mut sv, &mut z);
                 }
@@ -699,15 +850,14 @@ mod flex {
             let mut r = vec![0.0f32; m * w];
             for (t0, n) in c.chunks().rev() {
                 cumulative(gate.as_deref(), t0, n, &mut s.g);
-                // SAFETY (features, emit, gemm): this chunk's rows of this head's inputs and du;
-                // dk and dv rows of this task, written by this task alone
-                unsafe { c.features(&c.q, task, t0, n, &[], &mut s.fq) };
-                unsafe { c.features(&c.k, task, t0, n, &scale, &mut s.fk) };
+                chunk_features(c, task, (t0, n), gate.as_deref(), &scale, &mut s);
                 let (ms, ws) = (m as isize, w as isize);
                 let vp = Call::row(&c.v, task, t0);
                 let dup = du[t0 * w..].as_ptr();
                 let dvc = dvp.at((task * len + t0) * dv);
                 let a = &mut s.a[..n * n];
+                // SAFETY (every gemm below): this chunk's rows of this head's inputs and du; dk and
+                // dv rows of this task, written by this task alone; scratch sized for a full chunk
                 // dV_c = Âᵀ dN, Â = φ(Q) φ(K)ᵀ ∘ E
                 scores(&s.fq, &s.fk, n, m, a);
                 decay_lower(a, n, &s.g, gated);
@@ -762,12 +912,11 @@ mod flex {
                         }
                     }
                 }
-                if c.gate.is_some() {
+                if given {
                     for j in 0..n {
-                        pull[t0 + j] -= dot(&s.fk[j * m..(j + 1) * m], &s.dfk[j * m..(j + 1) * m]);
+                        pull[t0 + j] -= dot(&s.fk[j * m..(j + 1) * m], &s.dfk[j * m..(j + 1) * m]) as f64;
                     }
                 }
-                unsafe { c.emit(&c.k, task, t0, n, &s.fk, &mut s.dfk, dkp.at((task * len + t0) * d)) };
                 // R ← e^{G_n} R + Σ_i e^{G_i} φ(q_i) du_iᵀ (φ(Q) rows scaled in place)
                 if t0 > 0 {
                     if gated {
@@ -780,49 +929,83 @@ mod flex {
                     }
                     unsafe { gemm((m, w, n), r.as_mut_ptr(), ws, true, s.fq.as_ptr(), (1, ms), dup, (ws, 1), 1.0) };
                 }
+                let phi = if c.spec.gated_keys {
+                    // through the weight w_t = 1 − e^{a_t}: da_t gains −e^{a_t} φ(k_t)·dφ'(k_t), and
+                    // dφ(k_t) = w_t dφ'(k_t)
+                    let a = gate.as_deref().expect("gated keys have a decay");
+                    for j in 0..n {
+                        let (raw, dfk) = (&s.fraw[j * m..(j + 1) * m], &mut s.dfk[j * m..(j + 1) * m]);
+                        let ea = a[t0 + j].exp();
+                        own[t0 + j] = -ea * dot(raw, dfk);
+                        dfk.iter_mut().for_each(|x| *x *= 1.0 - ea);
+                    }
+                    &s.fraw
+                } else {
+                    &s.fk
+                };
+                // SAFETY: dk rows t0..t0 + n of this task, dW this task's
+                unsafe { c.emit(&c.k, task, (t0, n), phi, &mut s.dfk, dkp.at((task * len + t0) * d), dw, &mut s.t) };
             }
-            if c.gate.is_some() {
-                // da_r = Σ_{i ≥ r} (φ(q_i)·dφ(q_i) − φ(k_i)·dφ(k_i)), summed in f64 (a difference of sums)
+            if given {
+                // da_r = Σ_{i ≥ r} (φ(q_i)·dφ(q_i) − φ(k_i)·dφ(k_i)), summed in f64 (a difference
+                // of sums), plus the weights' own term
                 let mut acc = 0.0f64;
                 for i in (0..len).rev() {
                     acc += pull[i];
+                    let local = own.get(i).copied().unwrap_or(0.0);
                     // SAFETY: position i of this task
-                    unsafe { *dap.at(task * len + i) = acc as f32 };
+                    unsafe { *dap.at(task * len + i) = acc as f32 + local };
                 }
             }
         });
         let [b, h, _, _] = c.q.dims;
         let data = |x: Vec<f32>, dims: Vec<usize>| FlexTensor::from_data(TensorData::new(x, dims));
-        [
-            Some(data(dq, vec![b, h, len, d])),
-            Some(data(dk, vec![b, h, len, d])),
-            Some(data(dvv, vec![b, h, len, dv])),
-            c.gate.is_some().then(|| data(da, vec![b, h, len])),
-        ]
+        let dw = want_dw.then(|| {
+            let mut sum = vec![0.0f32; c.hw * wsize];
+            for (task, part) in dw_tasks.chunks_exact(wsize).enumerate() {
+                let at = c.w_head(task) * wsize;
+                sum[at..at + wsize].iter_mut().zip(part).for_each(|(s, &p)| *s += p);
+            }
+            data(sum, vec![c.hw, c.r, d])
+        });
+        Grads {
+            dq: data(dq, vec![b, h, len, d]),
+            dk: data(dk, vec![b, h, len, d]),
+            dv: data(dvv, vec![b, h, len, dv]),
+            da: given.then(|| data(da, vec![b, h, len])),
+            dw,
+        }
     }
 
-    /// What accompanies q, k and v.
+    /// What accompanies q, k and v (in this order after them).
     #[derive(Debug, Clone, Copy, PartialEq)]
-    enum Extra {
-        None,
-        Gate,
-        Projection,
+    struct Extra {
+        gate: bool,
+        projection: bool,
     }
 
-    fn forward_kernel(inputs: &[&FlexTensor], extra: Extra, spec: LinearSpec) -> (FlexTensor, FlexTensor) {
-        let [q, k, v] = [0, 1, 2].map(|i| readable(inputs[i]));
-        let x = inputs.get(3).map(|x| x.to_contiguous());
-        let (gate, w) = match extra {
-            Extra::Gate => (x.as_ref(), None),
-            Extra::Projection => (None, x.as_ref()),
-            Extra::None => (None, None),
-        };
-        forward(&Call::of([&q, &k, &v], gate, w, spec))
+    /// The decay and the projection among `inputs` (q, k, v, then as `extra` says), contiguous.
+    fn extras(inputs: &[FlexTensor], extra: Extra) -> (Option<FlexTensor>, Option<FlexTensor>) {
+        let mut rest = inputs[3..].iter().map(|x| x.to_contiguous());
+        let gate = if extra.gate { rest.next() } else { None };
+        let w = if extra.projection { rest.next() } else { None };
+        (gate, w)
     }
+
+    fn forward_kernel(inputs: &[FlexTensor], extra: Extra, spec: LinearSpec) -> (FlexTensor, FlexTensor) {
+        let [q, k, v] = [0, 1, 2].map(|i| readable(&inputs[i]));
+        let (gate, w) = extras(inputs, extra);
+        forward(&Call::of([&q, &k, &v], gate.as_ref(), w.as_ref(), spec))
+    }
+
+    const PLAIN: Extra = Extra { gate: false, projection: false };
+    const GATED: Extra = Extra { gate: true, projection: false };
+    const PROJECTED: Extra = Extra { gate: false, projection: true };
+    const BOTH: Extra = Extra { gate: true, projection: true };
 
     impl LinearAttention for Flex {
         fn causal_linear(q: FlexTensor, k: FlexTensor, v: FlexTensor, spec: LinearSpec) -> FlexTensor {
-            forward_kernel(&[&q, &k, &v], Extra::None, spec).0
+            forward_kernel(&[q, k, v], PLAIN, spec).0
         }
 
         fn causal_linear_gated(
@@ -832,7 +1015,7 @@ mod flex {
             a: FlexTensor,
             spec: LinearSpec,
         ) -> FlexTensor {
-            forward_kernel(&[&q, &k, &v, &a], Extra::Gate, spec).0
+            forward_kernel(&[q, k, v, a], GATED, spec).0
         }
 
         fn causal_linear_projected(
@@ -842,7 +1025,18 @@ mod flex {
             w: FlexTensor,
             spec: LinearSpec,
         ) -> FlexTensor {
-            forward_kernel(&[&q, &k, &v, &w], Extra::Projection, spec).0
+            forward_kernel(&[q, k, v, w], PROJECTED, spec).0
+        }
+
+        fn causal_linear_gated_projected(
+            q: FlexTensor,
+            k: FlexTensor,
+            v: FlexTensor,
+            a: FlexTensor,
+            w: FlexTensor,
+            spec: LinearSpec,
+        ) -> FlexTensor {
+            forward_kernel(&[q, k, v, a, w], BOTH, spec).0
         }
     }
 
@@ -867,17 +1061,21 @@ mod flex {
             let s = ops.state;
             let inputs: Vec<FlexTensor> = s.nodes.iter().map(|&n| checkpointer.retrieve_node_output(n)).collect();
             let [q, k, v] = [0, 1, 2].map(|i| readable(&inputs[i]));
-            let x = inputs.get(3).map(|x| x.to_contiguous());
-            let (gate, w) = match s.extra {
-                Extra::Gate => (x.as_ref(), None),
-                Extra::Projection => (None, x.as_ref()),
-                Extra::None => (None, None),
-            };
-            let call = Call::of([&q, &k, &v], gate, w, s.spec);
+            let (gate, w) = extras(&inputs, s.extra);
+            let call = Call::of([&q, &k, &v], gate.as_ref(), w.as_ref(), s.spec);
             let (out, den) = (s.out.to_contiguous(), s.den.to_contiguous());
-            // W gets no gradient (a projection's slot in the result stays empty)
-            let mut g = backward(&call, out.storage::<f32>(), den.storage::<f32>(), &grad).into_iter();
-            let computed: [Option<FlexTensor>; N] = std::array::from_fn(|_| g.next().flatten());
+            // W's gradient only where autodiff tracks W (Performer's is fixed)
+            let want_dw = s.extra.projection && ops.parents[N - 1].is_some();
+            let g = backward(&call, out.storage::<f32>(), den.storage::<f32>(), &grad, want_dw);
+            let mut all = vec![Some(g.dq), Some(g.dk), Some(g.dv)];
+            if s.extra.gate {
+                all.push(g.da);
+            }
+            if s.extra.projection {
+                all.push(g.dw);
+            }
+            let mut all = all.into_iter();
+            let computed: [Option<FlexTensor>; N] = std::array::from_fn(|_| all.next().flatten());
             crate::register(grads, ops.parents.map(|p| p.map(|n| n.id)), computed);
         }
     }
@@ -887,7 +1085,7 @@ mod flex {
         extra: Extra,
         spec: LinearSpec,
     ) -> FloatTensor<Autodiff<Flex, C>> {
-        let p: Vec<&FlexTensor> = tensors.iter().map(|t| t.primitive()).collect();
+        let p: Vec<FlexTensor> = tensors.iter().map(|t| t.primitive().clone()).collect();
         let (out, den) = forward_kernel(&p, extra, spec);
         let nodes = tensors.each_ref().map(|t| t.node());
         match LinearBackward::<N>.prepare::<C>(nodes).compute_bound().stateful() {
@@ -906,7 +1104,7 @@ mod flex {
             v: FloatTensor<Self>,
             spec: LinearSpec,
         ) -> FloatTensor<Self> {
-            tracked::<C, 3>([q, k, v], Extra::None, spec)
+            tracked::<C, 3>([q, k, v], PLAIN, spec)
         }
 
         fn causal_linear_gated(
@@ -916,7 +1114,7 @@ mod flex {
             log_gate: FloatTensor<Self>,
             spec: LinearSpec,
         ) -> FloatTensor<Self> {
-            tracked::<C, 4>([q, k, v, log_gate], Extra::Gate, spec)
+            tracked::<C, 4>([q, k, v, log_gate], GATED, spec)
         }
 
         fn causal_linear_projected(
@@ -926,7 +1124,18 @@ mod flex {
             projection: FloatTensor<Self>,
             spec: LinearSpec,
         ) -> FloatTensor<Self> {
-            tracked::<C, 4>([q, k, v, projection], Extra::Projection, spec)
+            tracked::<C, 4>([q, k, v, projection], PROJECTED, spec)
+        }
+
+        fn causal_linear_gated_projected(
+            q: FloatTensor<Self>,
+            k: FloatTensor<Self>,
+            v: FloatTensor<Self>,
+            log_gate: FloatTensor<Self>,
+            projection: FloatTensor<Self>,
+            spec: LinearSpec,
+        ) -> FloatTensor<Self> {
+            tracked::<C, 5>([q, k, v, log_gate, projection], BOTH, spec)
         }
     }
 
@@ -965,22 +1174,35 @@ mod flex {
             k: Tensor<4>,
             v: Tensor<4>,
             a: Option<Tensor<3>>,
-            w: Option<Tensor<2>>,
+            w: Option<Tensor<3>>,
             spec: LinearSpec,
         ) -> Tensor<4> {
             let min = spec.min_normaliser;
-            let wt = || w.clone().unwrap().transpose().unsqueeze_dim::<3>(0).unsqueeze_dim::<4>(0);
-            let sqrt_m = || (w.as_ref().unwrap().dims()[0] as f64).sqrt();
+            // W as [1, h_w, d, r], broadcast over the batch (and the heads when shared)
+            let wt = || w.clone().unwrap().swap_dims(1, 2).unsqueeze_dim::<4>(0);
+            let inv_sqrt = || 1.0 / (w.as_ref().unwrap().dims()[1] as f64).sqrt();
+            let weigh = |fk: Tensor<4>| match (&a, spec.gated_keys) {
+                (Some(a), true) => fk * a.clone().exp().neg().add_scalar(1.0).unsqueeze_dim::<4>(3),
+                _ => fk,
+            };
             match spec.features {
-                FeatureMap::Given => recurrence(q, k, v, a, min),
+                FeatureMap::Given => recurrence(q, weigh(k), v, a, min),
                 FeatureMap::EluPlusOne => {
                     let phi = |x: Tensor<4>| elu(x, 1.0).add_scalar(1.0);
-                    recurrence(phi(q), phi(k), v, a, min)
+                    recurrence(phi(q), weigh(phi(k)), v, a, min)
                 }
                 FeatureMap::Relu { scale } => {
                     let phi =
-                        |x: Tensor<4>| relu(x.mul_scalar(scale).matmul(wt())).div_scalar(sqrt_m()).add_scalar(1e-3);
-                    recurrence(phi(q), phi(k), v, a, min)
+                        |x: Tensor<4>| relu(x.mul_scalar(scale).matmul(wt())).mul_scalar(inv_sqrt()).add_scalar(1e-3);
+                    recurrence(phi(q), weigh(phi(k)), v, a, min)
+                }
+                FeatureMap::Fourier => {
+                    let phi = |x: Tensor<4>| {
+                        let norm = x.clone().powf_scalar(2.0).sum_dim(3).sqrt().clamp_min(1e-6);
+                        let p = (x / norm).matmul(wt());
+                        Tensor::cat(vec![p.clone().sin(), p.cos()], 3).mul_scalar(inv_sqrt())
+                    };
+                    recurrence(phi(q), weigh(phi(k)), v, a, min)
                 }
                 FeatureMap::Positive { scale } => {
                     let exponents = |x: Tensor<4>| {
@@ -988,14 +1210,14 @@ mod flex {
                         x.clone().matmul(wt()) - x.powf_scalar(2.0).sum_dim(3).div_scalar(2.0)
                     };
                     let eq = exponents(q);
-                    let fq = (eq.clone() - eq.max_dim(3).detach()).exp().div_scalar(sqrt_m());
+                    let fq = (eq.clone() - eq.max_dim(3).detach()).exp().mul_scalar(inv_sqrt());
                     let ek = exponents(k);
                     let [b, h, l, _] = ek.dims();
                     let running = ek.clone().max_dim(3).detach().cummax(2); // M_t, [b, h, l, 1]
                     let before =
                         Tensor::cat(vec![running.clone().narrow(2, 0, 1), running.clone().narrow(2, 0, l - 1)], 2);
                     let a = (before - running.clone()).reshape([b, h, l]);
-                    let fk = (ek - running).exp().div_scalar(sqrt_m());
+                    let fk = (ek - running).exp().mul_scalar(inv_sqrt());
                     recurrence(fq, fk, v, Some(a), min)
                 }
             }
@@ -1011,8 +1233,10 @@ mod flex {
             gated: bool,
             min: f32,
             features: FeatureMap,
-            /// W's rows for the projected maps.
-            m: usize,
+            /// W's rows per head, and its heads (1 or h), for the projected maps.
+            r: usize,
+            hw: usize,
+            gated_keys: bool,
         }
 
         const CASE: Case = Case {
@@ -1025,13 +1249,15 @@ mod flex {
             gated: false,
             min: 1e-6,
             features: FeatureMap::Given,
-            m: 7,
+            r: 7,
+            hw: 1,
+            gated_keys: false,
         };
 
         fn check(c: Case) {
             let device = Device::flex().autodiff();
             device.seed(21);
-            let Case { b, h, l, d, dv, chunk, gated, min, features, m } = c;
+            let Case { b, h, l, d, dv, chunk, gated, min, features, r, hw, gated_keys } = c;
             // positive inputs where they are the features; q and k as views of one tensor
             // (strided, as a projection's split hands them over)
             let dist = if features == FeatureMap::Given {
@@ -1043,37 +1269,46 @@ mod flex {
             let (q0, k0) = (qk.clone().narrow(1, 0, h), qk.narrow(1, h, h));
             let v0: Tensor<4> = Tensor::random([b, h, l, dv], Distribution::Normal(0.0, 1.0), &device);
             let a0: Tensor<3> = Tensor::random([b, h, l], Distribution::Uniform(-0.7, -0.01), &device);
-            let w0: Option<Tensor<2>> =
-                features.projected().then(|| Tensor::random([m, d], Distribution::Normal(0.0, 1.0), &device));
+            let w0: Tensor<3> = Tensor::random([hw, r, d], Distribution::Normal(0.0, 1.0), &device);
+            let projected = features.projected();
             let out: Tensor<4> = Tensor::random([b, h, l, dv], Distribution::Normal(0.0, 1.0), &device);
-            let spec = LinearSpec { chunk, min_normaliser: min, features };
+            let spec = LinearSpec { chunk, min_normaliser: min, features, gated_keys };
             let run = |fused: bool| {
-                let (q, k, v, a) = (
+                let (q, k, v, a, w) = (
                     q0.clone().require_grad(),
                     k0.clone().require_grad(),
                     v0.clone().require_grad(),
                     a0.clone().require_grad(),
+                    w0.clone().require_grad(),
                 );
-                let gate = gated.then(|| a.clone());
+                let (gate, proj) = (gated.then(|| a.clone()), projected.then(|| w.clone()));
                 let y = if fused {
-                    causal_linear_attention(q.clone(), k.clone(), v.clone(), gate, w0.clone(), spec)
+                    causal_linear_attention(q.clone(), k.clone(), v.clone(), gate, proj, spec)
                         .expect("flex has the kernel")
                 } else {
-                    reference(q.clone(), k.clone(), v.clone(), gate, w0.clone(), spec)
+                    reference(q.clone(), k.clone(), v.clone(), gate, proj, spec)
                 };
                 let grads = (y.clone() * out.clone()).sum().backward();
-                let mut g = vec![q.grad(&grads).unwrap(), k.grad(&grads).unwrap(), v.grad(&grads).unwrap()];
+                let mut g = vec![
+                    ("dq", q.grad(&grads).unwrap()),
+                    ("dk", k.grad(&grads).unwrap()),
+                    ("dv", v.grad(&grads).unwrap()),
+                ];
                 if gated {
-                    g.push(a.grad(&grads).unwrap().unsqueeze_dim(3));
+                    g.push(("da", a.grad(&grads).unwrap().unsqueeze_dim(3)));
+                }
+                if projected {
+                    g.push(("dW", w.grad(&grads).unwrap().unsqueeze_dim(0)));
                 }
                 (y, g)
             };
             let ((y1, g1), (y2, g2)) = (run(true), run(false));
-            let shape =
-                format!("{features:?}, b {b}, h {h}, L {l}, d {d}, d_v {dv}, chunk {chunk}, gated {gated}, ε {min}");
+            let shape = format!(
+                "{features:?}, b {b}, h {h}, L {l}, d {d}, d_v {dv}, chunk {chunk}, gated {gated} (keys {gated_keys}), ε {min}, W {hw}×{r}"
+            );
             let e = rel_diff(y1, y2);
             assert!(e < 1e-4, "forward, {shape}: {e}");
-            for ((x, r), name) in g1.into_iter().zip(g2).zip(["dq", "dk", "dv", "da"]) {
+            for ((name, x), (_, r)) in g1.into_iter().zip(g2) {
                 let e = rel_diff(x, r);
                 assert!(e < 1e-4, "{name}, {shape}: {e}");
             }
@@ -1087,6 +1322,10 @@ mod flex {
                 check(Case { b: 1, h: 2, l: 9, d: 6, dv: 3, chunk: 9, gated, ..CASE });
                 check(Case { b: 1, h: 1, l: 20, d: 3, dv: 5, chunk: 64, gated, ..CASE });
             }
+            // keys that join with weight 1 − g (RFA-Gate)
+            check(Case { gated: true, gated_keys: true, ..CASE });
+            // many chunks: the decay's gradient is a suffix sum over all of them
+            check(Case { b: 1, h: 1, l: 130, d: 4, dv: 3, chunk: 8, gated: true, ..CASE });
         }
 
         #[test]
@@ -1094,10 +1333,14 @@ mod flex {
             check(Case { features: FeatureMap::EluPlusOne, ..CASE });
             check(Case { features: FeatureMap::EluPlusOne, gated: true, chunk: 3, ..CASE });
             check(Case { features: FeatureMap::Relu { scale: 0.6 }, ..CASE });
-            check(Case { features: FeatureMap::Relu { scale: 0.6 }, l: 20, chunk: 64, m: 12, ..CASE });
+            check(Case { features: FeatureMap::Relu { scale: 0.6 }, l: 20, chunk: 64, r: 12, hw: 3, ..CASE });
             // keys whose largest exponent grows along the sequence move the running maximum
             check(Case { features: FeatureMap::Positive { scale: 0.7 }, ..CASE });
-            check(Case { features: FeatureMap::Positive { scale: 0.9 }, l: 21, chunk: 5, m: 16, ..CASE });
+            check(Case { features: FeatureMap::Positive { scale: 0.9 }, l: 21, chunk: 5, r: 16, ..CASE });
+            // RFA: shared or per-head frequencies, with and without its gate
+            check(Case { features: FeatureMap::Fourier, ..CASE });
+            check(Case { features: FeatureMap::Fourier, hw: 3, chunk: 3, ..CASE });
+            check(Case { features: FeatureMap::Fourier, hw: 3, gated: true, gated_keys: true, ..CASE });
         }
 
         #[test]
@@ -1111,14 +1354,14 @@ mod flex {
         fn no_position_sees_a_later_key() {
             let device = Device::flex();
             device.seed(5);
-            let w: Tensor<2> = Tensor::random([8, 4], Distribution::Normal(0.0, 1.0), &device);
+            let w: Tensor<3> = Tensor::random([1, 8, 4], Distribution::Normal(0.0, 1.0), &device);
             for (features, projection) in
                 [(FeatureMap::EluPlusOne, None), (FeatureMap::Positive { scale: 0.7 }, Some(w))]
             {
                 let q: Tensor<4> = Tensor::random([1, 2, 12, 4], Distribution::Normal(0.0, 1.0), &device);
                 let k: Tensor<4> = Tensor::random([1, 2, 12, 4], Distribution::Normal(0.0, 1.0), &device);
                 let v: Tensor<4> = Tensor::random([1, 2, 12, 3], Distribution::Normal(0.0, 1.0), &device);
-                let spec = LinearSpec { chunk: 5, min_normaliser: 1e-6, features };
+                let spec = LinearSpec::new(5, 1e-6, features);
                 let y =
                     causal_linear_attention(q.clone(), k.clone(), v.clone(), None, projection.clone(), spec).unwrap();
                 // later keys with larger exponents than any before (they would move a maximum
