@@ -22,10 +22,10 @@ use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::prelude::*;
 use variorum_core::{ConfigError, error::check};
 pub use variorum_kernels::linear_attention::FeatureMap;
-use variorum_kernels::linear_attention::{LinearSpec, causal_linear_attention};
+use variorum_kernels::linear_attention::{LinearSpec, causal_linear_attention, causal_linear_self_attention};
 use variorum_position::HeadShape;
 
-use crate::{AttentionKind, MultiHeadAttentionConfig, QkvProjection, QkvProjectionConfig};
+use crate::{AttentionInput, AttentionKind, MultiHeadAttentionConfig, QkvProjection, QkvProjectionConfig};
 
 /// Heads and head size of a kernelised kind (`head_dim` defaults to `d_model / n_heads`).
 pub fn heads(n_heads: usize, head_dim: Option<usize>, d_model: usize) -> HeadShape {
@@ -194,29 +194,33 @@ pub fn causal(f: Features, state: Option<&mut Option<KernelState>>, chunk: usize
 /// The smallest RFA-Gate-style decay g (a sigmoid can underflow to 0, whose log is −∞).
 const GATE_FLOOR: f64 = 1e-6;
 
-/// [`causal`] with φ applied inside the fused kernel (`variorum_kernels::linear_attention`), so
-/// that φ(q) and φ(k) are never stored, where that applies: `plain` (causal, no decoding state,
-/// no padding), queries at the keys' positions, on flex. `None` elsewhere: the caller applies φ
-/// with Burn's ops and takes [`causal`].
+/// Causal kernelised self-attention with φ applied inside the fused kernel
+/// (`variorum_kernels::linear_attention`), read straight from the fused projection: φ(q) and φ(k)
+/// are never stored, no head split is recorded, and the context comes back with its heads merged,
+/// `[b, L, h · d_h]`, for [`HeadProjections::out`]. Where that applies: causal self-attention
+/// without padding, outside decoding (`decoding` false), on flex; `None` elsewhere, and the
+/// caller applies φ with Burn's ops and takes [`causal`]. A `gate` g `[b, h, L]` decays the sums
+/// and weighs each key by 1 − g (RFA-Gate).
 #[allow(clippy::too_many_arguments)]
-pub fn causal_mapped(
-    q: &Tensor<4>,
-    k: &Tensor<4>,
-    v: &Tensor<4>,
+pub fn fused_self_attention(
+    proj: &HeadProjections,
+    input: &AttentionInput,
     features: FeatureMap,
     projection: Option<Tensor<3>>,
     gate: Option<Tensor<3>>,
     chunk: usize,
     min_normaliser: f64,
-    plain: bool,
-) -> Option<Tensor<4>> {
-    if !plain || q.dims()[2] != k.dims()[2] || !variorum_kernels::has_kernel(q) {
+    decoding: bool,
+) -> Option<Tensor<3>> {
+    let m = input.mask;
+    let applies = m.causal && !decoding && m.padding.is_none() && input.key_value.is_none();
+    if !applies || !variorum_kernels::has_kernel(&input.query) {
         return None;
     }
-    // a gate decays the sums and weighs each key by 1 − g (RFA-Gate)
+    let (packed, _) = proj.qkv.self_attention_packed(input.query.clone());
     let spec = LinearSpec { gated_keys: gate.is_some(), ..LinearSpec::new(chunk, min_normaliser as f32, features) };
     let log_gate = gate.map(|g| g.clamp_min(GATE_FLOOR).log());
-    causal_linear_attention(q.clone(), k.clone(), v.clone(), log_gate, projection, spec)
+    causal_linear_self_attention(packed, proj.qkv.n_heads, log_gate, projection, spec)
 }
 
 /// [`causal`] by the fused kernel (`variorum_kernels::linear_attention`), from empty sums: the
@@ -239,8 +243,11 @@ fn fused(
         ..LinearSpec::new(chunk, min_normaliser as f32, FeatureMap::Given)
     };
     let log_gate = gate.clone().map(|g| g.log());
+    let [b, h, l, dv] = v.dims();
     let out = causal_linear_attention(q, k.clone(), v.clone(), log_gate, None, spec)
-        .expect("the caller checked for the kernel");
+        .expect("the caller checked for the kernel")
+        .reshape([b, l, h, dv])
+        .swap_dims(1, 2);
     if let Some((st, shift)) = state {
         let s = k.swap_dims(2, 3).matmul(with_ones(v));
         *st = Some(KernelState { s, shift });

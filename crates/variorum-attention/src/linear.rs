@@ -79,22 +79,21 @@ pub struct LinearAttention {
 
 impl LinearAttention {
     pub fn forward(&self, input: AttentionInput, state: Option<&mut Option<KernelState>>) -> AttentionOutput {
-        let (q, k, v) = self.proj.split(input.query, input.key_value);
-        let plain = input.mask.causal && state.is_none() && input.mask.padding.is_none();
-        let fused = kernel::causal_mapped(
-            &q,
-            &k,
-            &v,
+        let min = kernel::MIN_NORMALISER;
+        let fused = kernel::fused_self_attention(
+            &self.proj,
+            &input,
             FeatureMap::EluPlusOne,
             None,
             None,
             self.chunk,
-            kernel::MIN_NORMALISER,
-            plain,
+            min,
+            state.is_some(),
         );
         if let Some(context) = fused {
-            return AttentionOutput { context: self.proj.merge(context), weights: None, aux_losses: Vec::new() };
+            return AttentionOutput { context: self.proj.out.forward(context), weights: None, aux_losses: Vec::new() };
         }
+        let (q, k, v) = self.proj.split(input.query, input.key_value);
         let phi = |x: Tensor<4>| elu(x, 1.0).add_scalar(1.0);
         let k = kernel::hide_padding(phi(k), input.mask.padding.as_ref());
         let f = Features {

@@ -218,17 +218,19 @@ impl PerformerAttention {
     }
 
     pub fn forward(&self, input: AttentionInput, state: Option<&mut Option<KernelState>>) -> AttentionOutput {
-        let (q, k, v) = self.proj.split(input.query, input.key_value);
-        let plain = input.mask.causal && state.is_none() && input.mask.padding.is_none();
-        let scale = (q.dims()[3] as f32).powf(-0.25);
+        let w = self.projection.val();
+        let scale = (w.dims()[1] as f32).powf(-0.25);
         let map = match self.kernel {
             PerformerKernel::Softmax => FeatureMap::Positive { scale },
             PerformerKernel::Relu => FeatureMap::Relu { scale },
         };
-        let w = Some(self.projection.val().unsqueeze_dim(0));
-        if let Some(context) = kernel::causal_mapped(&q, &k, &v, map, w, None, self.chunk, MIN_NORMALISER, plain) {
-            return AttentionOutput { context: self.proj.merge(context), weights: None, aux_losses: Vec::new() };
+        let (w, decoding) = (Some(w.unsqueeze_dim(0)), state.is_some());
+        let fused =
+            kernel::fused_self_attention(&self.proj, &input, map, w, None, self.chunk, MIN_NORMALISER, decoding);
+        if let Some(context) = fused {
+            return AttentionOutput { context: self.proj.out.forward(context), weights: None, aux_losses: Vec::new() };
         }
+        let (q, k, v) = self.proj.split(input.query, input.key_value);
         let f = if input.mask.causal {
             let previous = state.as_deref().and_then(|s| s.as_ref()).map(|s| s.shift.clone());
             let (q, k, gate, start) = self.causal_features(q, k, previous);

@@ -194,14 +194,22 @@ impl RfaAttention {
 
     pub fn forward(&self, input: AttentionInput, state: Option<&mut Option<KernelState>>) -> AttentionOutput {
         let source = input.key_value.clone().unwrap_or_else(|| input.query.clone());
-        let (q, k, v) = self.proj.split(input.query, input.key_value);
         let gate = self.gate.as_ref().map(|g| sigmoid(g.forward(source)).swap_dims(1, 2));
-        let plain = input.mask.causal && state.is_none() && input.mask.padding.is_none();
-        let (w, min) = (Some(self.frequency_rows()), kernel::MIN_NORMALISER);
-        let fused = kernel::causal_mapped(&q, &k, &v, FeatureMap::Fourier, w, gate.clone(), self.chunk, min, plain);
+        let (w, min, decoding) = (Some(self.frequency_rows()), kernel::MIN_NORMALISER, state.is_some());
+        let fused = kernel::fused_self_attention(
+            &self.proj,
+            &input,
+            FeatureMap::Fourier,
+            w,
+            gate.clone(),
+            self.chunk,
+            min,
+            decoding,
+        );
         if let Some(context) = fused {
-            return AttentionOutput { context: self.proj.merge(context), weights: None, aux_losses: Vec::new() };
+            return AttentionOutput { context: self.proj.out.forward(context), weights: None, aux_losses: Vec::new() };
         }
+        let (q, k, v) = self.proj.split(input.query, input.key_value);
         let k = kernel::hide_padding(self.features(k), input.mask.padding.as_ref());
         let f = Features {
             q: self.features(q),

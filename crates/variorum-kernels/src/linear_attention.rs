@@ -25,7 +25,7 @@
 //! i ≥ r, less those with j ≥ r), a suffix sum.
 //!
 //! Memory is the inputs, the output and their gradients, with one S, one R, a few chunks of
-//! scratch and a few values per position (du, decays) per running task; time
+//! scratch and a few values per position (the decays) per running task; time
 //! O(L·C·(m + d_v) + L·m·d_v) for m features. Tasks are the (batch, head) pairs, each with
 //! single-threaded GEMMs: a call with one of them runs on one core. [`causal_linear_attention`]
 //! returns `None` off flex, and the caller composes Burn's ops.
@@ -94,7 +94,8 @@ pub fn calls() -> usize {
 /// The causal kernelised attention of `q: [b, h, L, d]`, `k: [b, h, L, d]` over values
 /// `v: [b, h, L, d_v]` through `spec.features` (with its `projection` `[h_w, r, d]` where it has
 /// one), each key decaying the sums before it by exp(`log_gate`) `[b, h, L]` when one is given:
-/// `[b, h, L, d_v]`, normalised. `None` on a backend or float type without the kernel.
+/// `[b, L, h · d_v]`, normalised, heads merged (ready for the output projection). `None` on a
+/// backend or float type without the kernel.
 pub fn causal_linear_attention(
     q: Tensor<4>,
     k: Tensor<4>,
@@ -102,44 +103,101 @@ pub fn causal_linear_attention(
     log_gate: Option<Tensor<3>>,
     projection: Option<Tensor<3>>,
     spec: LinearSpec,
-) -> Option<Tensor<4>> {
+) -> Option<Tensor<3>> {
     #[cfg(feature = "flex")]
     if crate::has_kernel(&q)
         && crate::has_kernel(&k)
         && crate::has_kernel(&v)
-        && log_gate.as_ref().is_none_or(crate::has_kernel)
-        && projection.as_ref().is_none_or(crate::has_kernel)
+        && extras_have_kernel(&log_gate, &projection)
     {
-        use burn::backend::Dispatch;
         let [b, h, l, d] = q.dims();
         assert_eq!(k.dims(), [b, h, l, d], "keys {:?} do not fit queries {:?}", k.dims(), q.dims());
         assert_eq!(&v.dims()[..3], &[b, h, l], "values {:?} do not fit queries {:?}", v.dims(), q.dims());
+        let form = Form::of(spec, [b, h, l, d], &log_gate, &projection, None);
+        let [a, w] = dummies(log_gate, projection, &q.device());
+        let (q, k, v) = (q.into_dispatch(), k.into_dispatch(), v.into_dispatch());
+        let out = burn::backend::Dispatch::causal_linear(q, k, v, a, w, form);
+        return Some(Tensor::from_dispatch(out));
+    }
+    let _ = (q, k, v, log_gate, projection, spec);
+    None
+}
+
+/// [`causal_linear_attention`] of self-attention straight from a fused projection's output
+/// `qkv: [b, L, 3 h · d]` (queries, keys, values side by side, `n_heads` each): no head split is
+/// recorded, and the gradient comes back in the projection's layout. `[b, L, h · d]`.
+pub fn causal_linear_self_attention(
+    qkv: Tensor<3>,
+    n_heads: usize,
+    log_gate: Option<Tensor<3>>,
+    projection: Option<Tensor<3>>,
+    spec: LinearSpec,
+) -> Option<Tensor<3>> {
+    #[cfg(feature = "flex")]
+    if crate::has_kernel(&qkv) && extras_have_kernel(&log_gate, &projection) {
+        let [b, l, width] = qkv.dims();
+        assert!(n_heads > 0 && width % (3 * n_heads) == 0, "{width} is not three times {n_heads} heads");
+        let d = width / (3 * n_heads);
+        let form = Form::of(spec, [b, n_heads, l, d], &log_gate, &projection, Some(n_heads));
+        let [a, w] = dummies(log_gate, projection, &qkv.device());
+        let out = burn::backend::Dispatch::causal_linear_packed(qkv.into_dispatch(), a, w, form);
+        return Some(Tensor::from_dispatch(out));
+    }
+    let _ = (qkv, n_heads, log_gate, projection, spec);
+    None
+}
+
+/// What a call hands the kernel besides its tensors.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Form {
+    spec: LinearSpec,
+    /// Whether the decay and the projection are real (a one-element stand-in otherwise).
+    gate: bool,
+    projection: bool,
+    /// The heads of a packed projection; `None`: q, k and v apart.
+    packed: Option<usize>,
+}
+
+impl Form {
+    #[cfg(feature = "flex")]
+    fn of(
+        spec: LinearSpec,
+        [b, h, l, d]: [usize; 4],
+        log_gate: &Option<Tensor<3>>,
+        projection: &Option<Tensor<3>>,
+        packed: Option<usize>,
+    ) -> Self {
         assert!(spec.chunk >= 1, "a chunk of at least one position");
         assert_eq!(projection.is_some(), spec.features.projected(), "{:?} and a projection", spec.features);
         let positive = matches!(spec.features, FeatureMap::Positive { .. });
         assert!(!(positive && log_gate.is_some()), "positive features decay by their own running maximum");
         assert!(!spec.gated_keys || log_gate.is_some(), "gated keys need a decay");
-        if let Some(a) = &log_gate {
+        if let Some(a) = log_gate {
             assert_eq!(a.dims(), [b, h, l], "one log-decay per key");
         }
-        if let Some(w) = &projection {
+        if let Some(w) = projection {
             let [hw, _, dw] = w.dims();
             assert!(dw == d && (hw == 1 || hw == h), "the projection {:?} is [1 or heads, rows, d_h]", w.dims());
         }
         CALLS.set(CALLS.get() + 1);
-        let (q, k, v) = (q.into_dispatch(), k.into_dispatch(), v.into_dispatch());
-        let out = match (log_gate, projection) {
-            (Some(a), None) => Dispatch::causal_linear_gated(q, k, v, a.into_dispatch(), spec),
-            (None, Some(w)) => Dispatch::causal_linear_projected(q, k, v, w.into_dispatch(), spec),
-            (Some(a), Some(w)) => {
-                Dispatch::causal_linear_gated_projected(q, k, v, a.into_dispatch(), w.into_dispatch(), spec)
-            }
-            (None, None) => Dispatch::causal_linear(q, k, v, spec),
-        };
-        return Some(Tensor::from_dispatch(out));
+        Self { spec, gate: log_gate.is_some(), projection: projection.is_some(), packed }
     }
-    let _ = (q, k, v, log_gate, projection, spec);
-    None
+}
+
+#[cfg(feature = "flex")]
+fn extras_have_kernel(log_gate: &Option<Tensor<3>>, projection: &Option<Tensor<3>>) -> bool {
+    log_gate.as_ref().is_none_or(crate::has_kernel) && projection.as_ref().is_none_or(crate::has_kernel)
+}
+
+/// The decay and the projection as dispatch tensors, a one-element stand-in for each one absent.
+#[cfg(feature = "flex")]
+fn dummies(
+    log_gate: Option<Tensor<3>>,
+    projection: Option<Tensor<3>>,
+    device: &Device,
+) -> [burn::backend::DispatchTensor; 2] {
+    let stand_in = || Tensor::<1>::zeros([1], device).into_dispatch();
+    [log_gate.map_or_else(stand_in, |a| a.into_dispatch()), projection.map_or_else(stand_in, |w| w.into_dispatch())]
 }
 
 #[cfg(feature = "flex")]
@@ -149,7 +207,7 @@ pub use flex::*;
 mod flex {
     use super::*;
 
-    use crate::causal_attention::flex::{Heads, Shared, gemm, readable};
+    use crate::causal_attention::flex::{Dest, Heads, Shared, gemm, packed_views, readable, readable_packed};
     use burn::backend::autodiff::NodeId;
     use burn::backend::autodiff::checkpoint::base::Checkpointer;
     use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -168,40 +226,23 @@ mod flex {
     /// Causal kernelised attention of the backends that have a kernel for it.
     #[backend_extension(Flex, Autodiff)]
     pub trait LinearAttention: Backend {
-        /// [`causal_linear_attention`] without a decay or a projection.
+        /// [`causal_linear_attention`]: q, k, v `[b, h, L, d]`, the decay and the projection (or
+        /// one-element stand-ins, as `form` says) → `[b, L, h · d_v]`.
         fn causal_linear(
             q: FloatTensor<Self>,
             k: FloatTensor<Self>,
             v: FloatTensor<Self>,
-            spec: LinearSpec,
-        ) -> FloatTensor<Self>;
-
-        /// [`causal_linear_attention`] with a log-decay per key `[b, h, L]`.
-        fn causal_linear_gated(
-            q: FloatTensor<Self>,
-            k: FloatTensor<Self>,
-            v: FloatTensor<Self>,
-            log_gate: FloatTensor<Self>,
-            spec: LinearSpec,
-        ) -> FloatTensor<Self>;
-
-        /// [`causal_linear_attention`] with random features from a projection `[h_w, r, d]`.
-        fn causal_linear_projected(
-            q: FloatTensor<Self>,
-            k: FloatTensor<Self>,
-            v: FloatTensor<Self>,
-            projection: FloatTensor<Self>,
-            spec: LinearSpec,
-        ) -> FloatTensor<Self>;
-
-        /// [`causal_linear_attention`] with a decay and a projection.
-        fn causal_linear_gated_projected(
-            q: FloatTensor<Self>,
-            k: FloatTensor<Self>,
-            v: FloatTensor<Self>,
             log_gate: FloatTensor<Self>,
             projection: FloatTensor<Self>,
-            spec: LinearSpec,
+            form: Form,
+        ) -> FloatTensor<Self>;
+
+        /// [`causal_linear_self_attention`]: a packed projection `[b, L, 3 h d]`.
+        fn causal_linear_packed(
+            qkv: FloatTensor<Self>,
+            log_gate: FloatTensor<Self>,
+            projection: FloatTensor<Self>,
+            form: Form,
         ) -> FloatTensor<Self>;
     }
 
@@ -243,12 +284,11 @@ mod flex {
 
     impl<'a> Call<'a> {
         fn of(
-            [q, k, v]: [&'a FlexTensor; 3],
+            [q, k, v]: [Heads<'a>; 3],
             gate: Option<&'a FlexTensor>,
             w: Option<&'a FlexTensor>,
             spec: LinearSpec,
         ) -> Self {
-            let (q, k, v) = (Heads::of(q), Heads::of(k), Heads::of(v));
             let [_, _, len, d] = q.dims;
             let (hw, r) = w.map_or((1, d), |w| (w.layout().shape()[0], w.layout().shape()[1]));
             let m = if spec.features == FeatureMap::Fourier { 2 * r } else { r };
@@ -259,6 +299,17 @@ mod flex {
 
         fn tasks(&self) -> usize {
             self.q.dims[0] * self.q.dims[1]
+        }
+
+        /// Row stride of the output `[b, L, h · d_v]` (heads merged) and its gradient.
+        fn out_rs(&self) -> usize {
+            self.q.dims[1] * self.dv
+        }
+
+        /// Where row `t` of `task`'s head starts in the output.
+        fn out_at(&self, task: usize, t: usize) -> usize {
+            let h = self.q.dims[1];
+            ((task / h) * self.len + t) * self.out_rs() + (task % h) * self.dv
         }
 
         fn cmax(&self) -> usize {
@@ -454,29 +505,28 @@ mod flex {
             (t0, n): (usize, usize),
             phi: &[f32],
             dphi: &mut [f32],
-            dst: *mut f32,
+            (dst, dst_rs): (*mut f32, usize),
             dw: Option<*mut f32>,
             t: &mut [f32],
         ) {
             let (m, r, d, xp) = (self.m, self.r, self.d, Self::row(x, task, t0));
             let (xrs, xcs) = (x.rs(), x.cs());
-            // SAFETY: rows t0..t0 + n of this task's gradient, d each (taken again after a GEMM
-            // writes them)
-            let rows = || unsafe { std::slice::from_raw_parts_mut(dst, n * d) };
+            // SAFETY: row i < n of this task's gradient, d elements (taken after any GEMM writes it)
+            let row = |i: usize| unsafe { std::slice::from_raw_parts_mut(dst.add(i * dst_rs), d) };
             let (ms, ds) = (m as isize, d as isize);
             let inv_sqrt = 1.0 / (r as f32).sqrt();
             // the gradient of the pre-activations P (first r columns of dphi, row stride m), the
             // factor of dP W in dx, and of dPᵀ x in dW
             let s = match self.spec.features {
                 FeatureMap::Given => {
-                    rows().copy_from_slice(&dphi[..n * m]);
+                    for (i, dp) in dphi[..n * m].chunks_exact(m).enumerate() {
+                        row(i).copy_from_slice(dp);
+                    }
                     return;
                 }
                 FeatureMap::EluPlusOne => {
-                    for (i, (o, (dp, p))) in
-                        rows().chunks_exact_mut(d).zip(dphi.chunks_exact(m).zip(phi.chunks_exact(m))).enumerate()
-                    {
-                        for (((o, &dp), &p), xv) in o.iter_mut().zip(dp).zip(p).zip(self.input_row(x, xp, i)) {
+                    for (i, (dp, p)) in dphi[..n * m].chunks_exact(m).zip(phi.chunks_exact(m)).enumerate() {
+                        for (((o, &dp), &p), xv) in row(i).iter_mut().zip(dp).zip(p).zip(self.input_row(x, xp, i)) {
                             *o = if xv > 0.0 { dp } else { dp * p };
                         }
                     }
@@ -506,13 +556,13 @@ mod flex {
             };
             let w = self.w(task);
             // dx (positive, ReLU) or dx̂ (Fourier) = s · dP W
-            // SAFETY: dP is n × r at row stride m, W is r × d, dst n × d
-            unsafe { gemm((n, d, r), dst, ds, false, dphi.as_ptr(), (ms, 1), w.as_ptr(), (ds, 1), s) };
-            let out = rows();
+            // SAFETY: dP is n × r at row stride m, W is r × d, dst n rows of d
+            unsafe { gemm((n, d, r), dst, dst_rs as isize, false, dphi.as_ptr(), (ms, 1), w.as_ptr(), (ds, 1), s) };
             let xin: &[f32] = match self.spec.features {
                 FeatureMap::Fourier => {
                     // x̂ into t; dx = (dx̂ − x̂ (x̂·dx̂)) / ‖x‖, or dx̂ / 10⁻⁶ where the floor holds
-                    for (i, o) in out.chunks_exact_mut(d).enumerate() {
+                    for i in 0..n {
+                        let o = row(i);
                         let norm = self.norm(x, xp, i);
                         let inv = 1.0 / norm.max(MIN_NORM);
                         let xh = &mut t[i * d..(i + 1) * d];
@@ -528,9 +578,9 @@ mod flex {
                 }
                 FeatureMap::Positive { scale } => {
                     // − s² (Σ_r dE_r) x
-                    for (i, o) in out.chunks_exact_mut(d).enumerate() {
+                    for i in 0..n {
                         let f = scale * scale * dphi[i * m..i * m + r].iter().sum::<f32>();
-                        o.iter_mut().zip(self.input_row(x, xp, i)).for_each(|(o, xv)| *o -= f * xv);
+                        row(i).iter_mut().zip(self.input_row(x, xp, i)).for_each(|(o, xv)| *o -= f * xv);
                     }
                     &[]
                 }
@@ -582,18 +632,18 @@ mod flex {
         unsafe { gemm((n, n, m), a.as_mut_ptr(), n as isize, false, fq.as_ptr(), (ms, 1), fk.as_ptr(), (1, ms), 1.0) }
     }
 
-    /// `a` (n × n) := dN Vᵀ + dd 1ᵀ for the chunk's rows of du `[L, d_v + 1]`.
+    /// `a` (n × n) := dN Vᵀ + dd 1ᵀ for the chunk's du `[n, d_v + 1]`.
     fn score_gradients(c: &Call, task: usize, t0: usize, n: usize, du: &[f32], a: &mut [f32]) {
         let (dv, w) = (c.dv, c.dv + 1);
         let vp = Call::row(&c.v, task, t0);
-        // SAFETY: rows t0..t0 + n of du and of this head's values
+        // SAFETY: du holds n rows, the values rows t0..t0 + n
         unsafe {
             gemm(
                 (n, n, dv),
                 a.as_mut_ptr(),
                 n as isize,
                 false,
-                du[t0 * w..].as_ptr(),
+                du.as_ptr(),
                 (w as isize, 1),
                 vp,
                 (c.v.cs(), c.v.rs()),
@@ -601,7 +651,7 @@ mod flex {
             )
         };
         for i in 0..n {
-            let dd = du[(t0 + i) * w + dv];
+            let dd = du[i * w + dv];
             a[i * n..(i + 1) * n].iter_mut().for_each(|x| *x += dd);
         }
     }
@@ -672,6 +722,7 @@ mod flex {
     fn forward(c: &Call) -> (FlexTensor, FlexTensor) {
         let (len, m, dv) = (c.len, c.m, c.dv);
         let tasks = c.tasks();
+        let ors = c.out_rs();
         let mut out = vec![0.0f32; tasks * len * dv];
         let mut den = vec![0.0f32; tasks * len];
         let (op, dp) = (Shared(out.as_mut_ptr()), Shared(den.as_mut_ptr()));
@@ -687,12 +738,12 @@ mod flex {
                 let a = &mut s.a[..n * n];
                 scores(&s.fq, &s.fk, n, m, a);
                 decay_lower(a, n, &s.g, gated);
-                // out rows t0..t0 + n of this task, written by this task alone
-                let o = op.at((task * len + t0) * dv);
+                // out rows t0..t0 + n of this task (its head's columns), written by this task alone
+                let o = op.at(c.out_at(task, t0));
                 let vp = Call::row(&c.v, task, t0);
-                // SAFETY: a is n × n, the values n rows of d_v, o n rows of d_v
+                // SAFETY: a is n × n, the values n rows of d_v, o n rows of d_v at stride ors
                 unsafe {
-                    gemm((n, dv, n), o, dv as isize, false, a.as_ptr(), (n as isize, 1), vp, (c.v.rs(), c.v.cs()), 1.0)
+                    gemm((n, dv, n), o, ors as isize, false, a.as_ptr(), (n as isize, 1), vp, (c.v.rs(), c.v.cs()), 1.0)
                 };
                 if t0 > 0 {
                     // SAFETY: fq is n × m, sv m × d_v, t n × d_v
@@ -713,7 +764,7 @@ mod flex {
                 for i in 0..n {
                     let mut d: f32 = a[i * n..(i + 1) * n].iter().sum();
                     // SAFETY: row t0 + i of this task's output
-                    let row = unsafe { std::slice::from_raw_parts_mut(o.add(i * dv), dv) };
+                    let row = unsafe { std::slice::from_raw_parts_mut(o.add(i * ors), dv) };
                     if t0 > 0 {
                         let e = s.g[i].exp();
                         d += e * s.fq[i * m..(i + 1) * m].iter().zip(&z).map(|(x, y)| x * y).sum::<f32>();
@@ -731,51 +782,51 @@ mod flex {
         });
         let [b, h, _, _] = c.q.dims;
         let data = |x: Vec<f32>, dims: Vec<usize>| FlexTensor::from_data(TensorData::new(x, dims));
-        (data(out, vec![b, h, len, dv]), data(den, vec![b, h, len]))
+        (data(out, vec![b, len, h * dv]), data(den, vec![b, h, len]))
     }
 
-    /// The gradients of one call, contiguous, in the inputs' shapes: dq, dk, dv, da (with a given
-    /// decay), dW (when `want_dw`).
-    struct Grads {
-        dq: FlexTensor,
-        dk: FlexTensor,
-        dv: FlexTensor,
-        da: Option<FlexTensor>,
-        dw: Option<FlexTensor>,
-    }
-
-    /// The backward pass.
-    fn backward(c: &Call, out: &[f32], den: &[f32], grad: &FlexTensor, want_dw: bool) -> Grads {
+    /// The backward pass: dq, dk, dv into `dests` (zeros or written once per element), and the
+    /// gradients of a given decay `[b, h, L]` and, when `want_dw`, of W `[h_w, r, d]`.
+    fn backward(
+        c: &Call,
+        out: &[f32],
+        den: &[f32],
+        grad: &FlexTensor,
+        want_dw: bool,
+        [dqd, dkd, dvd]: [Dest; 3],
+    ) -> (Option<FlexTensor>, Option<FlexTensor>) {
         let (len, m, d, dv, w) = (c.len, c.m, c.d, c.dv, c.dv + 1);
         let tasks = c.tasks();
+        let h = c.q.dims[1];
         let grad = grad.to_contiguous();
         let dout = grad.storage::<f32>();
         let min = c.spec.min_normaliser;
         let given = c.gate.is_some();
         let want_dw = want_dw && c.w.is_some();
-        let mut dq = vec![0.0f32; tasks * len * d];
-        let mut dk = vec![0.0f32; tasks * len * d];
-        let mut dvv = vec![0.0f32; tasks * len * dv];
         let mut da = vec![0.0f32; if given { tasks * len } else { 0 }];
         // one dW per task, summed over the tasks that share a head of W below
         let wsize = c.r * d;
         let mut dw_tasks = vec![0.0f32; if want_dw { tasks * wsize } else { 0 }];
-        let ptrs =
-            [dq.as_mut_ptr(), dk.as_mut_ptr(), dvv.as_mut_ptr(), da.as_mut_ptr(), dw_tasks.as_mut_ptr()].map(Shared);
+        let ptrs = [da.as_mut_ptr(), dw_tasks.as_mut_ptr()].map(Shared);
         (0..tasks).into_par_iter().for_each(|task| {
-            let [dqp, dkp, dvp, dap, dwp] = ptrs;
+            let [dap, dwp] = ptrs;
             let dw = want_dw.then(|| dwp.at(task * wsize));
-            // du = [dn; dd] per position of this head, [L, d_v + 1]
-            let mut du = vec![0.0f32; len * w];
-            for i in 0..len {
-                let at = (task * len + i) * dv;
-                let dn = den[task * len + i];
-                let inv = 1.0 / dn.max(min);
-                let (go, o) = (&dout[at..at + dv], &out[at..at + dv]);
-                let row = &mut du[i * w..(i + 1) * w];
-                row[..dv].iter_mut().zip(go).for_each(|(x, &y)| *x = y * inv);
-                row[dv] = if dn > min { -go.iter().zip(o).map(|(x, y)| x * y).sum::<f32>() * inv } else { 0.0 };
-            }
+            // this task's rows of dq, dk, dv from row t0 on, and their row strides
+            let rows = |dest: Dest, t0: usize| {
+                (dest.head(task / h, task % h).wrapping_add(t0 * dest.strides[2]), dest.strides[2])
+            };
+            // du = [dn; dd] of the chunk's positions, [C, d_v + 1]
+            let mut du = vec![0.0f32; c.cmax() * w];
+            let chunk_du = |t0: usize, n: usize, du: &mut [f32]| {
+                for (i, row) in du[..n * w].chunks_exact_mut(w).enumerate() {
+                    let at = c.out_at(task, t0 + i);
+                    let dn = den[task * len + t0 + i];
+                    let inv = 1.0 / dn.max(min);
+                    let (go, o) = (&dout[at..at + dv], &out[at..at + dv]);
+                    row[..dv].iter_mut().zip(go).for_each(|(x, &y)| *x = y * inv);
+                    row[dv] = if dn > min { -go.iter().zip(o).map(|(x, y)| x * y).sum::<f32>() * inv } else { 0.0 };
+                }
+            };
             let mut s = c.scratch();
             let (gate, scale) = c.decays(task, &mut s);
             let gated = gate.is_some();
@@ -789,6 +840,7 @@ mod flex {
             // forward sweep: dφ(Q_c) = (dU V1ᵀ ∘ E) φ(K_c) + diag(e^G) dU S1ᵀ
             for (t0, n) in c.chunks() {
                 cumulative(gate.as_deref(), t0, n, &mut s.g);
+                chunk_du(t0, n, &mut du);
                 chunk_features(c, task, (t0, n), gate.as_deref(), &scale, &mut s);
                 let a = &mut s.a[..n * n];
                 score_gradients(c, task, t0, n, &du, a);
@@ -814,8 +866,8 @@ mod flex {
                         s1[e * w + dv] = z[e];
                     }
                     // dU S1ᵀ into t (n × m), added with each row's e^{G_i}
-                    let dup = du[t0 * w..].as_ptr();
-                    // SAFETY: du rows t0.., s1 m × w, t n × m
+                    let dup = du.as_ptr();
+                    // SAFETY: du n × w, s1 m × w, t n × m
                     unsafe {
                         gemm(
                             (n, m, w),
@@ -841,7 +893,7 @@ mod flex {
                     }
                 }
                 // SAFETY: dq rows t0..t0 + n of this task, dW this task's
-                unsafe { c.emit(&c.q, task, (t0, n), &s.fq, &mut s.dfq, dqp.at((task * len + t0) * d), dw, &mut s.t) };
+                unsafe { c.emit(&c.q, task, (t0, n), &s.fq, &mut s.dfq, rows(dqd, t0), dw, &mut s.t) };
                 if t0 + n < len {
                     carry(c, task, t0, n, &s.g, gated, &mut s.fk, &mut sv, &mut z);
                 }
@@ -850,18 +902,19 @@ mod flex {
             let mut r = vec![0.0f32; m * w];
             for (t0, n) in c.chunks().rev() {
                 cumulative(gate.as_deref(), t0, n, &mut s.g);
+                chunk_du(t0, n, &mut du);
                 chunk_features(c, task, (t0, n), gate.as_deref(), &scale, &mut s);
                 let (ms, ws) = (m as isize, w as isize);
                 let vp = Call::row(&c.v, task, t0);
-                let dup = du[t0 * w..].as_ptr();
-                let dvc = dvp.at((task * len + t0) * dv);
+                let dup = du.as_ptr();
+                let (dvc, dv_rs) = rows(dvd, t0);
                 let a = &mut s.a[..n * n];
                 // SAFETY (every gemm below): this chunk's rows of this head's inputs and du; dk and
                 // dv rows of this task, written by this task alone; scratch sized for a full chunk
                 // dV_c = Âᵀ dN, Â = φ(Q) φ(K)ᵀ ∘ E
                 scores(&s.fq, &s.fk, n, m, a);
                 decay_lower(a, n, &s.g, gated);
-                unsafe { gemm((n, dv, n), dvc, dv as isize, false, a.as_ptr(), (1, n as isize), dup, (ws, 1), 1.0) };
+                unsafe { gemm((n, dv, n), dvc, dv_rs as isize, false, a.as_ptr(), (1, n as isize), dup, (ws, 1), 1.0) };
                 // dφ(K_c) = dÂᵀ φ(Q)
                 score_gradients(c, task, t0, n, &du, a);
                 decay_lower(a, n, &s.g, gated);
@@ -888,7 +941,7 @@ mod flex {
                     for j in 0..n {
                         let e = if gated { (end - s.g[j]).exp() } else { 1.0 };
                         // SAFETY: row t0 + j of this task's dv
-                        let dvrow = unsafe { std::slice::from_raw_parts_mut(dvc.add(j * dv), dv) };
+                        let dvrow = unsafe { std::slice::from_raw_parts_mut(dvc.add(j * dv_rs), dv) };
                         dvrow.iter_mut().zip(&s.t[j * w..j * w + dv]).for_each(|(x, &y)| *x += e * y);
                     }
                     unsafe {
@@ -944,7 +997,7 @@ mod flex {
                     &s.fk
                 };
                 // SAFETY: dk rows t0..t0 + n of this task, dW this task's
-                unsafe { c.emit(&c.k, task, (t0, n), phi, &mut s.dfk, dkp.at((task * len + t0) * d), dw, &mut s.t) };
+                unsafe { c.emit(&c.k, task, (t0, n), phi, &mut s.dfk, rows(dkd, t0), dw, &mut s.t) };
             }
             if given {
                 // da_r = Σ_{i ≥ r} (φ(q_i)·dφ(q_i) − φ(k_i)·dφ(k_i)), summed in f64 (a difference
@@ -958,7 +1011,7 @@ mod flex {
                 }
             }
         });
-        let [b, h, _, _] = c.q.dims;
+        let b = c.q.dims[0];
         let data = |x: Vec<f32>, dims: Vec<usize>| FlexTensor::from_data(TensorData::new(x, dims));
         let dw = want_dw.then(|| {
             let mut sum = vec![0.0f32; c.hw * wsize];
@@ -968,89 +1021,68 @@ mod flex {
             }
             data(sum, vec![c.hw, c.r, d])
         });
-        Grads {
-            dq: data(dq, vec![b, h, len, d]),
-            dk: data(dk, vec![b, h, len, d]),
-            dv: data(dvv, vec![b, h, len, dv]),
-            da: given.then(|| data(da, vec![b, h, len])),
-            dw,
+        (given.then(|| data(da, vec![b, h, len])), dw)
+    }
+
+    /// q, k and v of a call as views: three tensors, or one packed projection.
+    fn views<'a>(inputs: &'a [FlexTensor], form: &Form) -> [Heads<'a>; 3] {
+        match form.packed {
+            Some(h) => packed_views(&inputs[0], h, h),
+            None => [0, 1, 2].map(|i| Heads::of(&inputs[i])),
         }
     }
 
-    /// What accompanies q, k and v (in this order after them).
-    #[derive(Debug, Clone, Copy, PartialEq)]
-    struct Extra {
-        gate: bool,
-        projection: bool,
+    /// The inputs as the kernel reads them: q, k, v (or the projection) with non-negative
+    /// strides, then the decay and W contiguous.
+    fn readable_inputs(tensors: &[&FlexTensor], form: &Form) -> Vec<FlexTensor> {
+        let main = if form.packed.is_some() { 1 } else { 3 };
+        let mut all: Vec<FlexTensor> = tensors[..main]
+            .iter()
+            .map(|t| if form.packed.is_some() { readable_packed(t) } else { readable(t) })
+            .collect();
+        all.extend(tensors[main..].iter().map(|t| t.to_contiguous()));
+        all
     }
 
-    /// The decay and the projection among `inputs` (q, k, v, then as `extra` says), contiguous.
-    fn extras(inputs: &[FlexTensor], extra: Extra) -> (Option<FlexTensor>, Option<FlexTensor>) {
-        let mut rest = inputs[3..].iter().map(|x| x.to_contiguous());
-        let gate = if extra.gate { rest.next() } else { None };
-        let w = if extra.projection { rest.next() } else { None };
-        (gate, w)
+    /// The call over `inputs` (from [`readable_inputs`]).
+    fn call<'a>(inputs: &'a [FlexTensor], form: &Form) -> Call<'a> {
+        let main = if form.packed.is_some() { 1 } else { 3 };
+        let (a, w) = (&inputs[main], &inputs[main + 1]);
+        Call::of(views(inputs, form), form.gate.then_some(a), form.projection.then_some(w), form.spec)
     }
 
-    fn forward_kernel(inputs: &[FlexTensor], extra: Extra, spec: LinearSpec) -> (FlexTensor, FlexTensor) {
-        let [q, k, v] = [0, 1, 2].map(|i| readable(&inputs[i]));
-        let (gate, w) = extras(inputs, extra);
-        forward(&Call::of([&q, &k, &v], gate.as_ref(), w.as_ref(), spec))
+    fn forward_kernel(tensors: &[&FlexTensor], form: Form) -> (FlexTensor, FlexTensor) {
+        let inputs = readable_inputs(tensors, &form);
+        forward(&call(&inputs, &form))
     }
-
-    const PLAIN: Extra = Extra { gate: false, projection: false };
-    const GATED: Extra = Extra { gate: true, projection: false };
-    const PROJECTED: Extra = Extra { gate: false, projection: true };
-    const BOTH: Extra = Extra { gate: true, projection: true };
 
     impl LinearAttention for Flex {
-        fn causal_linear(q: FlexTensor, k: FlexTensor, v: FlexTensor, spec: LinearSpec) -> FlexTensor {
-            forward_kernel(&[q, k, v], PLAIN, spec).0
-        }
-
-        fn causal_linear_gated(
-            q: FlexTensor,
-            k: FlexTensor,
-            v: FlexTensor,
-            a: FlexTensor,
-            spec: LinearSpec,
-        ) -> FlexTensor {
-            forward_kernel(&[q, k, v, a], GATED, spec).0
-        }
-
-        fn causal_linear_projected(
-            q: FlexTensor,
-            k: FlexTensor,
-            v: FlexTensor,
-            w: FlexTensor,
-            spec: LinearSpec,
-        ) -> FlexTensor {
-            forward_kernel(&[q, k, v, w], PROJECTED, spec).0
-        }
-
-        fn causal_linear_gated_projected(
+        fn causal_linear(
             q: FlexTensor,
             k: FlexTensor,
             v: FlexTensor,
             a: FlexTensor,
             w: FlexTensor,
-            spec: LinearSpec,
+            form: Form,
         ) -> FlexTensor {
-            forward_kernel(&[q, k, v, a, w], BOTH, spec).0
+            forward_kernel(&[&q, &k, &v, &a, &w], form).0
+        }
+
+        fn causal_linear_packed(qkv: FlexTensor, a: FlexTensor, w: FlexTensor, form: Form) -> FlexTensor {
+            forward_kernel(&[&qkv, &a, &w], form).0
         }
     }
 
     #[derive(Debug)]
     struct LinearBackward<const N: usize>;
 
-    /// The inputs (checkpointed), the output and the normalisers, and the call's constants.
+    /// The inputs (checkpointed), the output and the normalisers, and the call's form.
     #[derive(Debug, Clone)]
     struct Saved {
         nodes: Vec<NodeId>,
-        extra: Extra,
         out: FlexTensor,
         den: FlexTensor,
-        spec: LinearSpec,
+        form: Form,
     }
 
     impl<const N: usize> Backward<Flex, N> for LinearBackward<N> {
@@ -1059,22 +1091,47 @@ mod flex {
         fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
             let grad = grads.consume::<Flex>(&ops.node);
             let s = ops.state;
-            let inputs: Vec<FlexTensor> = s.nodes.iter().map(|&n| checkpointer.retrieve_node_output(n)).collect();
-            let [q, k, v] = [0, 1, 2].map(|i| readable(&inputs[i]));
-            let (gate, w) = extras(&inputs, s.extra);
-            let call = Call::of([&q, &k, &v], gate.as_ref(), w.as_ref(), s.spec);
+            let form = s.form;
+            let tensors: Vec<FlexTensor> = s.nodes.iter().map(|&n| checkpointer.retrieve_node_output(n)).collect();
+            let inputs = readable_inputs(&tensors.iter().collect::<Vec<_>>(), &form);
+            let c = call(&inputs, &form);
             let (out, den) = (s.out.to_contiguous(), s.den.to_contiguous());
             // W's gradient only where autodiff tracks W (Performer's is fixed)
-            let want_dw = s.extra.projection && ops.parents[N - 1].is_some();
-            let g = backward(&call, out.storage::<f32>(), den.storage::<f32>(), &grad, want_dw);
-            let mut all = vec![Some(g.dq), Some(g.dk), Some(g.dv)];
-            if s.extra.gate {
-                all.push(g.da);
+            let want_dw = form.projection && ops.parents[N - 1].is_some();
+            let [b, h, len, d] = c.q.dims;
+            let dv = c.dv;
+            let backward = |dests| backward(&c, out.storage::<f32>(), den.storage::<f32>(), &grad, want_dw, dests);
+            let data = |x: Vec<f32>, dims: Vec<usize>| FlexTensor::from_data(TensorData::new(x, dims));
+            let mut computed: Vec<Option<FlexTensor>> = match form.packed {
+                Some(_) => {
+                    // one gradient in the projection's layout `[b, L, 3 h d]`
+                    let width = 3 * h * d;
+                    let mut g = vec![0.0f32; b * len * width];
+                    let base = g.as_mut_ptr();
+                    let dest =
+                        |first: usize| Dest { ptr: Shared(base.wrapping_add(first)), strides: [len * width, d, width] };
+                    let (da, dw) = backward([dest(0), dest(h * d), dest(2 * h * d)]);
+                    vec![Some(data(g, vec![b, len, width])), da, dw]
+                }
+                None => {
+                    let (mut dq, mut dk, mut dvv) =
+                        (vec![0.0f32; b * h * len * d], vec![0.0f32; b * h * len * d], vec![0.0f32; b * h * len * dv]);
+                    let dest = |x: &mut Vec<f32>, w: usize| Dest {
+                        ptr: Shared(x.as_mut_ptr()),
+                        strides: [h * len * w, len * w, w],
+                    };
+                    let dests = [dest(&mut dq, d), dest(&mut dk, d), dest(&mut dvv, dv)];
+                    let (da, dw) = backward(dests);
+                    let shape = |w: usize| vec![b, h, len, w];
+                    vec![Some(data(dq, shape(d))), Some(data(dk, shape(d))), Some(data(dvv, shape(dv))), da, dw]
+                }
+            };
+            // the stand-ins of an absent decay or projection get nothing (they are not tracked)
+            let n = computed.len();
+            if !form.gate {
+                computed[n - 2] = None;
             }
-            if s.extra.projection {
-                all.push(g.dw);
-            }
-            let mut all = all.into_iter();
+            let mut all = computed.into_iter();
             let computed: [Option<FlexTensor>; N] = std::array::from_fn(|_| all.next().flatten());
             crate::register(grads, ops.parents.map(|p| p.map(|n| n.id)), computed);
         }
@@ -1082,16 +1139,15 @@ mod flex {
 
     fn tracked<C: CheckpointStrategy, const N: usize>(
         tensors: [FloatTensor<Autodiff<Flex, C>>; N],
-        extra: Extra,
-        spec: LinearSpec,
+        form: Form,
     ) -> FloatTensor<Autodiff<Flex, C>> {
-        let p: Vec<FlexTensor> = tensors.iter().map(|t| t.primitive().clone()).collect();
-        let (out, den) = forward_kernel(&p, extra, spec);
+        let p: Vec<&FlexTensor> = tensors.iter().map(|t| t.primitive()).collect();
+        let (out, den) = forward_kernel(&p, form);
         let nodes = tensors.each_ref().map(|t| t.node());
         match LinearBackward::<N>.prepare::<C>(nodes).compute_bound().stateful() {
             OpsKind::Tracked(mut prep) => {
                 let nodes: Vec<NodeId> = tensors.iter().map(|t| prep.checkpoint(t)).collect();
-                prep.finish(Saved { nodes, extra, out: out.clone(), den, spec }, out)
+                prep.finish(Saved { nodes, out: out.clone(), den, form }, out)
             }
             OpsKind::UnTracked(prep) => prep.finish(out),
         }
@@ -1102,40 +1158,20 @@ mod flex {
             q: FloatTensor<Self>,
             k: FloatTensor<Self>,
             v: FloatTensor<Self>,
-            spec: LinearSpec,
-        ) -> FloatTensor<Self> {
-            tracked::<C, 3>([q, k, v], PLAIN, spec)
-        }
-
-        fn causal_linear_gated(
-            q: FloatTensor<Self>,
-            k: FloatTensor<Self>,
-            v: FloatTensor<Self>,
-            log_gate: FloatTensor<Self>,
-            spec: LinearSpec,
-        ) -> FloatTensor<Self> {
-            tracked::<C, 4>([q, k, v, log_gate], GATED, spec)
-        }
-
-        fn causal_linear_projected(
-            q: FloatTensor<Self>,
-            k: FloatTensor<Self>,
-            v: FloatTensor<Self>,
-            projection: FloatTensor<Self>,
-            spec: LinearSpec,
-        ) -> FloatTensor<Self> {
-            tracked::<C, 4>([q, k, v, projection], PROJECTED, spec)
-        }
-
-        fn causal_linear_gated_projected(
-            q: FloatTensor<Self>,
-            k: FloatTensor<Self>,
-            v: FloatTensor<Self>,
             log_gate: FloatTensor<Self>,
             projection: FloatTensor<Self>,
-            spec: LinearSpec,
+            form: Form,
         ) -> FloatTensor<Self> {
-            tracked::<C, 5>([q, k, v, log_gate, projection], BOTH, spec)
+            tracked::<C, 5>([q, k, v, log_gate, projection], form)
+        }
+
+        fn causal_linear_packed(
+            qkv: FloatTensor<Self>,
+            log_gate: FloatTensor<Self>,
+            projection: FloatTensor<Self>,
+            form: Form,
+        ) -> FloatTensor<Self> {
+            tracked::<C, 3>([qkv, log_gate, projection], form)
         }
     }
 
@@ -1223,6 +1259,12 @@ mod flex {
             }
         }
 
+        /// `[b, L, h · d_v]` → `[b, h, L, d_v]`.
+        fn split_heads(y: Tensor<3>, h: usize) -> Tensor<4> {
+            let [b, l, hd] = y.dims();
+            y.reshape([b, l, h, hd / h]).swap_dims(1, 2)
+        }
+
         struct Case {
             b: usize,
             h: usize,
@@ -1283,8 +1325,8 @@ mod flex {
                 );
                 let (gate, proj) = (gated.then(|| a.clone()), projected.then(|| w.clone()));
                 let y = if fused {
-                    causal_linear_attention(q.clone(), k.clone(), v.clone(), gate, proj, spec)
-                        .expect("flex has the kernel")
+                    let y = causal_linear_attention(q.clone(), k.clone(), v.clone(), gate, proj, spec);
+                    split_heads(y.expect("flex has the kernel"), h)
                 } else {
                     reference(q.clone(), k.clone(), v.clone(), gate, proj, spec)
                 };
@@ -1351,6 +1393,55 @@ mod flex {
         }
 
         #[test]
+        fn packed_self_attention_equals_separate_inputs() {
+            // the packed projection against its q, k, v views, output and gradient, for a map on
+            // the inputs, a projected one with a gate and gated keys, and positive features
+            let device = Device::flex().autodiff();
+            device.seed(8);
+            let (b, l, h, d) = (2, 13, 3, 4);
+            let qkv0: Tensor<3> = Tensor::random([b, l, 3 * h * d], Distribution::Normal(0.0, 1.0), &device);
+            let a0: Tensor<3> = Tensor::random([b, h, l], Distribution::Uniform(-0.7, -0.01), &device);
+            let w0: Tensor<3> = Tensor::random([h, 6, d], Distribution::Normal(0.0, 1.0), &device);
+            let out: Tensor<3> = Tensor::random([b, l, h * d], Distribution::Normal(0.0, 1.0), &device);
+            let fourier = LinearSpec { gated_keys: true, ..LinearSpec::new(5, 1e-6, FeatureMap::Fourier) };
+            let positive = LinearSpec::new(4, 1e-6, FeatureMap::Positive { scale: 0.7 });
+            for (spec, gated) in
+                [(LinearSpec::new(5, 1e-6, FeatureMap::EluPlusOne), false), (fourier, true), (positive, false)]
+            {
+                let run = |packed: bool| {
+                    let (x, a, w) = (qkv0.clone().require_grad(), a0.clone().require_grad(), w0.clone().require_grad());
+                    let gate = gated.then(|| a.clone());
+                    let proj = spec.features.projected().then(|| w.clone());
+                    let y = if packed {
+                        causal_linear_self_attention(x.clone(), h, gate, proj, spec)
+                    } else {
+                        let all = x.clone().reshape([b, l, 3 * h, d]).swap_dims(1, 2);
+                        let (q, k, v) =
+                            (all.clone().narrow(1, 0, h), all.clone().narrow(1, h, h), all.narrow(1, 2 * h, h));
+                        causal_linear_attention(q, k, v, gate, proj, spec)
+                    };
+                    let y = y.expect("flex has the kernel");
+                    let grads = (y.clone() * out.clone()).sum().backward();
+                    let mut g = vec![x.grad(&grads).unwrap().reshape([b, l * 3 * h * d])];
+                    if gated {
+                        g.push(a.grad(&grads).unwrap().reshape([b, h * l]));
+                    }
+                    if spec.features.projected() {
+                        g.push(w.grad(&grads).unwrap().reshape([1, h * 6 * d]));
+                    }
+                    (y, g)
+                };
+                let ((y1, g1), (y2, g2)) = (run(true), run(false));
+                let e = rel_diff(y1, y2);
+                assert!(e < 1e-5, "{:?}: outputs differ by {e}", spec.features);
+                for (i, (x, r)) in g1.into_iter().zip(g2).enumerate() {
+                    let e = rel_diff(x, r);
+                    assert!(e < 1e-5, "{:?}: gradient {i} differs by {e}", spec.features);
+                }
+            }
+        }
+
+        #[test]
         fn no_position_sees_a_later_key() {
             let device = Device::flex();
             device.seed(5);
@@ -1370,9 +1461,9 @@ mod flex {
                 let k2 = k.slice_assign([0..1, 0..2, 8..12, 0..4], later.clone());
                 let v2 = v.slice_assign([0..1, 0..2, 8..12, 0..3], later.narrow(3, 0, 3));
                 let y2 = causal_linear_attention(q, k2, v2, None, projection, spec).unwrap();
-                let d = (y.clone().narrow(2, 0, 8) - y2.clone().narrow(2, 0, 8)).abs().max().into_scalar::<f32>();
+                let d = (y.clone().narrow(1, 0, 8) - y2.clone().narrow(1, 0, 8)).abs().max().into_scalar::<f32>();
                 assert_eq!(d, 0.0, "{features:?}: rows 0..8 must not see keys 8..12");
-                let d = (y.narrow(2, 8, 4) - y2.narrow(2, 8, 4)).abs().max().into_scalar::<f32>();
+                let d = (y.narrow(1, 8, 4) - y2.narrow(1, 8, 4)).abs().max().into_scalar::<f32>();
                 assert!(d > 1e-3, "{features:?}: rows 8.. must see them");
             }
         }
