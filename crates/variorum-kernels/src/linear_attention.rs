@@ -208,6 +208,7 @@ mod flex {
     use super::*;
 
     use crate::causal_attention::flex::{Dest, Heads, Shared, gemm, packed_views, readable, readable_packed};
+    use crate::fast_math;
     use burn::backend::autodiff::NodeId;
     use burn::backend::autodiff::checkpoint::base::Checkpointer;
     use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -461,7 +462,7 @@ mod flex {
                         } else {
                             scale[t0 + i]
                         };
-                        row.iter_mut().for_each(|e| *e = (*e - c).exp() * inv_sqrt);
+                        exp_below(row, c, inv_sqrt);
                     }
                 }
                 FeatureMap::Relu { .. } => {
@@ -612,14 +613,26 @@ mod flex {
         }
     }
 
+    crate::wide_vectors! {
+        /// x ← e^{x − c} · f for x ≤ c (the exponents of positive features, less their scale).
+        fn exp_below(x: &mut [f32], c: f32, f: f32) {
+            x.iter_mut().for_each(|v| *v = fast_math::exp_neg(*v - c) * f);
+        }
+    }
+
+    crate::wide_vectors! {
+        /// x_j ← x_j e^{G_i − G_j} (G only falls: every exponent is ≤ 0).
+        fn decay_row(x: &mut [f32], g: &[f32], gi: f32) {
+            x.iter_mut().zip(g).for_each(|(v, &gj)| *v *= fast_math::exp_neg(gi - gj));
+        }
+    }
+
     /// A_ij ← A_ij e^{G_i − G_j} for j ≤ i, 0 after.
     fn decay_lower(a: &mut [f32], n: usize, g: &[f32], gated: bool) {
         for i in 0..n {
             let row = &mut a[i * n..(i + 1) * n];
             if gated {
-                for (j, x) in row[..=i].iter_mut().enumerate() {
-                    *x *= (g[i] - g[j]).exp();
-                }
+                decay_row(&mut row[..=i], &g[..=i], g[i]);
             }
             row[i + 1..].fill(0.0);
         }
