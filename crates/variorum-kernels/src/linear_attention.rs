@@ -4,7 +4,7 @@
 //! S_t = g_t S_{t−1} + φ(k_t) [v_t; 1]ᵀ,   [n_t; d_t] = φ(q_t)ᵀ S_t,   o_t = n_t / max(d_t, ε),
 //!
 //! the kernelised core of `variorum_attention::kernel` (linear, Performer, RFA, with or without
-//! the gate; a key weight such as RFA's 1 − g_t comes multiplied into φ(k)). Composed from Burn's
+//! the gate; RFA-Gate's key weight 1 − g_t is applied here too, [`LinearSpec::gated_keys`]). Composed from Burn's
 //! ops, the chunked form keeps every chunk's carried sums S `[features, d_v + 1]` for the backward
 //! (and, gated, records one op per chunk), and autodiff keeps φ(q), φ(k) and the maps'
 //! intermediates, `[L, features]` each. Here each (batch, head) is one task that walks its chunks
@@ -84,6 +84,7 @@ impl LinearSpec {
 
 thread_local! {
     static CALLS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    static PACKED_CALLS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// How many forwards of this kernel this thread has run (tests check a kind took it).
@@ -91,9 +92,15 @@ pub fn calls() -> usize {
     CALLS.get()
 }
 
+/// How many of them read a packed projection ([`causal_linear_self_attention`]).
+pub fn packed_calls() -> usize {
+    PACKED_CALLS.get()
+}
+
 /// The causal kernelised attention of `q: [b, h, L, d]`, `k: [b, h, L, d]` over values
 /// `v: [b, h, L, d_v]` through `spec.features` (with its `projection` `[h_w, r, d]` where it has
-/// one), each key decaying the sums before it by exp(`log_gate`) `[b, h, L]` when one is given:
+/// one), each key decaying the sums before it by exp(`log_gate`) `[b, h, L]` when one is given
+/// (log g ≤ 0: a decay, never a growth; the kernel's exponentials assume it):
 /// `[b, L, h · d_v]`, normalised, heads merged (ready for the output projection). `None` on a
 /// backend or float type without the kernel.
 pub fn causal_linear_attention(
@@ -140,6 +147,7 @@ pub fn causal_linear_self_attention(
         let d = width / (3 * n_heads);
         let form = Form::of(spec, [b, n_heads, l, d], &log_gate, &projection, Some(n_heads));
         let [a, w] = dummies(log_gate, projection, &qkv.device());
+        PACKED_CALLS.set(PACKED_CALLS.get() + 1);
         let out = burn::backend::Dispatch::causal_linear_packed(qkv.into_dispatch(), a, w, form);
         return Some(Tensor::from_dispatch(out));
     }
@@ -359,7 +367,9 @@ mod flex {
         /// features) and, for positive features, each key's scale M_t; `None` without a decay.
         fn decays(&self, task: usize, s: &mut Scratch) -> (Option<Vec<f32>>, Vec<f32>) {
             if let Some(a) = self.gate {
-                return (Some(a[task * self.len..(task + 1) * self.len].to_vec()), Vec::new());
+                let a = &a[task * self.len..(task + 1) * self.len];
+                debug_assert!(a.iter().all(|&x| x <= 0.0), "a log-decay above 0");
+                return (Some(a.to_vec()), Vec::new());
             }
             if !matches!(self.spec.features, FeatureMap::Positive { .. }) {
                 return (None, Vec::new());
@@ -731,7 +741,7 @@ mod flex {
         }
     }
 
-    /// The forward pass: the output `[b, h, L, d_v]` and each position's normaliser d_t `[b, h, L]`.
+    /// The forward pass: the output `[b, L, h · d_v]` and each position's normaliser d_t `[b, h, L]`.
     fn forward(c: &Call) -> (FlexTensor, FlexTensor) {
         let (len, m, dv) = (c.len, c.m, c.dv);
         let tasks = c.tasks();
@@ -1396,6 +1406,7 @@ mod flex {
             check(Case { features: FeatureMap::Fourier, ..CASE });
             check(Case { features: FeatureMap::Fourier, hw: 3, chunk: 3, ..CASE });
             check(Case { features: FeatureMap::Fourier, hw: 3, gated: true, gated_keys: true, ..CASE });
+            check(Case { features: FeatureMap::Relu { scale: 0.6 }, gated: true, gated_keys: true, ..CASE });
         }
 
         #[test]
@@ -1414,7 +1425,8 @@ mod flex {
             let (b, l, h, d) = (2, 13, 3, 4);
             let qkv0: Tensor<3> = Tensor::random([b, l, 3 * h * d], Distribution::Normal(0.0, 1.0), &device);
             let a0: Tensor<3> = Tensor::random([b, h, l], Distribution::Uniform(-0.7, -0.01), &device);
-            let w0: Tensor<3> = Tensor::random([h, 6, d], Distribution::Normal(0.0, 1.0), &device);
+            // shared frequencies (one head of W for all)
+            let w0: Tensor<3> = Tensor::random([1, 6, d], Distribution::Normal(0.0, 1.0), &device);
             let out: Tensor<3> = Tensor::random([b, l, h * d], Distribution::Normal(0.0, 1.0), &device);
             let fourier = LinearSpec { gated_keys: true, ..LinearSpec::new(5, 1e-6, FeatureMap::Fourier) };
             let positive = LinearSpec::new(4, 1e-6, FeatureMap::Positive { scale: 0.7 });
@@ -1440,7 +1452,7 @@ mod flex {
                         g.push(a.grad(&grads).unwrap().reshape([b, h * l]));
                     }
                     if spec.features.projected() {
-                        g.push(w.grad(&grads).unwrap().reshape([1, h * 6 * d]));
+                        g.push(w.grad(&grads).unwrap().reshape([1, 6 * d]));
                     }
                     (y, g)
                 };
@@ -1459,9 +1471,11 @@ mod flex {
             let device = Device::flex();
             device.seed(5);
             let w: Tensor<3> = Tensor::random([1, 8, 4], Distribution::Normal(0.0, 1.0), &device);
-            for (features, projection) in
-                [(FeatureMap::EluPlusOne, None), (FeatureMap::Positive { scale: 0.7 }, Some(w))]
-            {
+            for (features, projection) in [
+                (FeatureMap::EluPlusOne, None),
+                (FeatureMap::Positive { scale: 0.7 }, Some(w.clone())),
+                (FeatureMap::Fourier, Some(w)),
+            ] {
                 let q: Tensor<4> = Tensor::random([1, 2, 12, 4], Distribution::Normal(0.0, 1.0), &device);
                 let k: Tensor<4> = Tensor::random([1, 2, 12, 4], Distribution::Normal(0.0, 1.0), &device);
                 let v: Tensor<4> = Tensor::random([1, 2, 12, 3], Distribution::Normal(0.0, 1.0), &device);
