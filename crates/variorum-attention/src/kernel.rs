@@ -25,7 +25,9 @@ pub use variorum_kernels::linear_attention::FeatureMap;
 use variorum_kernels::linear_attention::{LinearSpec, causal_linear_attention, causal_linear_self_attention};
 use variorum_position::HeadShape;
 
-use crate::{AttentionInput, AttentionKind, MultiHeadAttentionConfig, QkvProjection, QkvProjectionConfig};
+use crate::{
+    AttentionInput, AttentionKind, AttentionOutput, MultiHeadAttentionConfig, QkvProjection, QkvProjectionConfig,
+};
 
 /// Heads and head size of a kernelised kind (`head_dim` defaults to `d_model / n_heads`).
 pub fn heads(n_heads: usize, head_dim: Option<usize>, d_model: usize) -> HeadShape {
@@ -197,7 +199,7 @@ const GATE_FLOOR: f64 = 1e-6;
 /// Causal kernelised self-attention with φ applied inside the fused kernel
 /// (`variorum_kernels::linear_attention`), read straight from the fused projection: φ(q) and φ(k)
 /// are never stored, no head split is recorded, and the context comes back with its heads merged,
-/// `[b, L, h · d_h]`, for [`HeadProjections::out`]. Where that applies: causal self-attention
+/// straight into the output projection: the layer's output. Where that applies: causal self-attention
 /// without padding, outside decoding (`decoding` false), on flex; `None` elsewhere, and the
 /// caller applies φ with Burn's ops and takes [`causal`]. A `gate` g `[b, h, L]` decays the sums
 /// and weighs each key by 1 − g (RFA-Gate).
@@ -211,7 +213,7 @@ pub fn fused_self_attention(
     chunk: usize,
     min_normaliser: f64,
     decoding: bool,
-) -> Option<Tensor<3>> {
+) -> Option<AttentionOutput> {
     let m = input.mask;
     let applies = m.causal && !decoding && m.padding.is_none() && input.key_value.is_none();
     if !applies || !variorum_kernels::has_kernel(&input.query) {
@@ -220,7 +222,8 @@ pub fn fused_self_attention(
     let (packed, _) = proj.qkv.self_attention_packed(input.query.clone());
     let spec = LinearSpec { gated_keys: gate.is_some(), ..LinearSpec::new(chunk, min_normaliser as f32, features) };
     let log_gate = gate.map(|g| g.clamp_min(GATE_FLOOR).log());
-    causal_linear_self_attention(packed, proj.qkv.n_heads, log_gate, projection, spec)
+    let context = causal_linear_self_attention(packed, proj.qkv.n_heads, log_gate, projection, spec)?;
+    Some(AttentionOutput { context: proj.out.forward(context), weights: None, aux_losses: Vec::new() })
 }
 
 /// [`causal`] by the fused kernel (`variorum_kernels::linear_attention`), from empty sums: the

@@ -90,8 +90,8 @@ impl LinearAttention {
             min,
             state.is_some(),
         );
-        if let Some(context) = fused {
-            return AttentionOutput { context: self.proj.out.forward(context), weights: None, aux_losses: Vec::new() };
+        if let Some(out) = fused {
+            return out;
         }
         let (q, k, v) = self.proj.split(input.query, input.key_value);
         let phi = |x: Tensor<4>| elu(x, 1.0).add_scalar(1.0);

@@ -227,8 +227,8 @@ impl PerformerAttention {
         let (w, decoding) = (Some(w.unsqueeze_dim(0)), state.is_some());
         let fused =
             kernel::fused_self_attention(&self.proj, &input, map, w, None, self.chunk, MIN_NORMALISER, decoding);
-        if let Some(context) = fused {
-            return AttentionOutput { context: self.proj.out.forward(context), weights: None, aux_losses: Vec::new() };
+        if let Some(out) = fused {
+            return out;
         }
         let (q, k, v) = self.proj.split(input.query, input.key_value);
         let f = if input.mask.causal {

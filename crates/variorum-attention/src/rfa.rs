@@ -206,8 +206,8 @@ impl RfaAttention {
             min,
             decoding,
         );
-        if let Some(context) = fused {
-            return AttentionOutput { context: self.proj.out.forward(context), weights: None, aux_losses: Vec::new() };
+        if let Some(out) = fused {
+            return out;
         }
         let (q, k, v) = self.proj.split(input.query, input.key_value);
         let k = kernel::hide_padding(self.features(k), input.mask.padding.as_ref());

@@ -57,7 +57,8 @@ pub enum FeatureMap {
 }
 
 impl FeatureMap {
-    fn projected(self) -> bool {
+    /// Whether the map takes a projection W.
+    pub fn projected(self) -> bool {
         !matches!(self, Self::Given | Self::EluPlusOne)
     }
 }
