@@ -861,8 +861,10 @@ mod flex {
             let dot = |x: &[f32], y: &[f32]| x.iter().zip(y).map(|(a, b)| a * b).sum::<f32>();
             let (mut sv, mut z) = (vec![0.0f32; m * dv], vec![0.0f32; m]);
             let mut s1 = vec![0.0f32; m * w]; // [S_v | z] side by side
+            // one chunk carries nothing: the reverse sweep alone has what dφ(Q) needs
+            let single = len <= c.spec.chunk;
             // forward sweep: dφ(Q_c) = (dU V1ᵀ ∘ E) φ(K_c) + diag(e^G) dU S1ᵀ
-            for (t0, n) in c.chunks() {
+            for (t0, n) in c.chunks().filter(|_| !single) {
                 cumulative(gate.as_deref(), t0, n, &mut s.g);
                 chunk_du(t0, n, &mut du);
                 chunk_features(c, task, (t0, n), gate.as_deref(), &scale, &mut s);
@@ -955,6 +957,29 @@ mod flex {
                         1.0,
                     )
                 };
+                if single {
+                    // dφ(Q) = (dU V1ᵀ ∘ E) φ(K), from the same block
+                    unsafe {
+                        gemm(
+                            (n, m, n),
+                            s.dfq.as_mut_ptr(),
+                            ms,
+                            false,
+                            a.as_ptr(),
+                            (n as isize, 1),
+                            s.fk.as_ptr(),
+                            (ms, 1),
+                            1.0,
+                        )
+                    };
+                    if given {
+                        for i in 0..n {
+                            pull[t0 + i] = dot(&s.fq[i * m..(i + 1) * m], &s.dfq[i * m..(i + 1) * m]) as f64;
+                        }
+                    }
+                    // SAFETY: dq rows t0..t0 + n of this task, dW this task's
+                    unsafe { c.emit(&c.q, task, (t0, n), &s.fq, &mut s.dfq, rows(dqd, t0), dw, &mut s.t) };
+                }
                 if t0 + n < len {
                     // the later chunks, through R: dV_j += e^{G_n − G_j} R_vᵀ φ(k_j) (the first d_v
                     // columns of φ(K) R), dφ(k_j) += e^{G_n − G_j} (R_v v_j + R_z) (V R_vᵀ, plus R_z)
@@ -1408,6 +1433,9 @@ mod flex {
             check(Case { features: FeatureMap::Fourier, hw: 3, chunk: 3, ..CASE });
             check(Case { features: FeatureMap::Fourier, hw: 3, gated: true, gated_keys: true, ..CASE });
             check(Case { features: FeatureMap::Relu { scale: 0.6 }, gated: true, gated_keys: true, ..CASE });
+            // one chunk: the backward's single sweep
+            check(Case { features: FeatureMap::Positive { scale: 0.7 }, chunk: 64, ..CASE });
+            check(Case { features: FeatureMap::Fourier, chunk: 64, gated: true, gated_keys: true, ..CASE });
         }
 
         #[test]
