@@ -119,7 +119,9 @@ pub fn causal(f: Features, state: Option<&mut Option<KernelState>>, chunk: usize
     // the kernel from empty sums; a prefill's state (below) by one product where nothing decays
     // (with decays, the chunk scan keeps each sum within a chunk, and its rounding small)
     let fresh = state.as_deref().is_none_or(|s| s.is_none()) && (state.is_none() || gate.is_none());
-    if fresh && lk == lq && variorum_kernels::has_kernel(&f.q) {
+    let on_kernel = [&f.q, &f.k, &f.v].into_iter().all(variorum_kernels::has_kernel)
+        && gate.as_ref().is_none_or(variorum_kernels::has_kernel);
+    if fresh && lk == lq && on_kernel {
         return fused(f.q, f.k, f.v, gate, f.rescale, f.min_normaliser, chunk, state.map(|s| (s, end_shift)));
     }
     let (mut k, mut v1, mut gate) = (f.k, with_ones(f.v), gate);
@@ -196,13 +198,13 @@ pub fn causal(f: Features, state: Option<&mut Option<KernelState>>, chunk: usize
 /// The smallest RFA-Gate-style decay g (a sigmoid can underflow to 0, whose log is −∞).
 const GATE_FLOOR: f64 = 1e-6;
 
-/// Causal kernelised self-attention with φ applied inside the fused kernel
+/// The layer's output by causal kernelised self-attention with φ applied inside the fused kernel
 /// (`variorum_kernels::linear_attention`), read straight from the fused projection: φ(q) and φ(k)
-/// are never stored, no head split is recorded, and the context comes back with its heads merged,
-/// straight into the output projection: the layer's output. Where that applies: causal self-attention
-/// without padding, outside decoding (`decoding` false), on flex; `None` elsewhere, and the
-/// caller applies φ with Burn's ops and takes [`causal`]. A `gate` g `[b, h, L]` decays the sums
-/// and weighs each key by 1 − g (RFA-Gate).
+/// are never stored, no head split is recorded, and the context comes back with its heads merged
+/// into the output projection. Where that applies: causal self-attention without padding, outside
+/// decoding (`decoding` false), on flex; `None` elsewhere, and the caller applies φ with Burn's
+/// ops and takes [`causal`]. A `gate` g `[b, h, L]` decays the sums and weighs each key by 1 − g
+/// (RFA-Gate).
 #[allow(clippy::too_many_arguments)]
 pub fn fused_self_attention(
     proj: &HeadProjections,

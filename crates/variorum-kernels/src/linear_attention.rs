@@ -123,6 +123,7 @@ pub fn causal_linear_attention(
         assert_eq!(&v.dims()[..3], &[b, h, l], "values {:?} do not fit queries {:?}", v.dims(), q.dims());
         let form = Form::of(spec, [b, h, l, d], &log_gate, &projection, None);
         let [a, w] = dummies(log_gate, projection, &q.device());
+        CALLS.set(CALLS.get() + 1);
         let (q, k, v) = (q.into_dispatch(), k.into_dispatch(), v.into_dispatch());
         let out = burn::backend::Dispatch::causal_linear(q, k, v, a, w, form);
         return Some(Tensor::from_dispatch(out));
@@ -148,6 +149,7 @@ pub fn causal_linear_self_attention(
         let d = width / (3 * n_heads);
         let form = Form::of(spec, [b, n_heads, l, d], &log_gate, &projection, Some(n_heads));
         let [a, w] = dummies(log_gate, projection, &qkv.device());
+        CALLS.set(CALLS.get() + 1);
         PACKED_CALLS.set(PACKED_CALLS.get() + 1);
         let out = burn::backend::Dispatch::causal_linear_packed(qkv.into_dispatch(), a, w, form);
         return Some(Tensor::from_dispatch(out));
@@ -188,7 +190,6 @@ impl Form {
             let [hw, _, dw] = w.dims();
             assert!(dw == d && (hw == 1 || hw == h), "the projection {:?} is [1 or heads, rows, d_h]", w.dims());
         }
-        CALLS.set(CALLS.get() + 1);
         Self { spec, gate: log_gate.is_some(), projection: projection.is_some(), packed }
     }
 }
@@ -656,6 +657,23 @@ mod flex {
         unsafe { gemm((n, n, m), a.as_mut_ptr(), n as isize, false, fq.as_ptr(), (ms, 1), fk.as_ptr(), (1, ms), 1.0) }
     }
 
+    /// `out` (n × m) := A F, or Aᵀ F with `transposed`, for the n × n block `a` and features `f`
+    /// (n × m): the chunk's dφ(Q) = dA φ(K) and dφ(K) = dAᵀ φ(Q).
+    fn block_times(a: &[f32], transposed: bool, f: &[f32], n: usize, m: usize, out: &mut [f32]) {
+        let (ns, ms) = (n as isize, m as isize);
+        let arc = if transposed { (1, ns) } else { (ns, 1) };
+        // SAFETY: a holds n × n, f and out n × m
+        unsafe { gemm((n, m, n), out.as_mut_ptr(), ms, false, a.as_ptr(), arc, f.as_ptr(), (ms, 1), 1.0) }
+    }
+
+    /// pull[t0 + i] += sign · φ_i·dφ_i for the chunk's n rows (m features each).
+    fn add_pulls(pull: &mut [f64], t0: usize, sign: f64, (phi, dphi): (&[f32], &[f32]), n: usize, m: usize) {
+        for (i, p) in pull[t0..t0 + n].iter_mut().enumerate() {
+            let row = i * m..(i + 1) * m;
+            *p += sign * fast_math::dot(&phi[row.clone()], &dphi[row]) as f64;
+        }
+    }
+
     /// `a` (n × n) := dN Vᵀ + dd 1ᵀ for the chunk's du `[n, d_v + 1]`.
     fn score_gradients(c: &Call, task: usize, t0: usize, n: usize, du: &[f32], a: &mut [f32]) {
         let (dv, w) = (c.dv, c.dv + 1);
@@ -858,7 +876,6 @@ mod flex {
             // own term
             let mut pull = vec![0.0f64; if given { len } else { 0 }];
             let mut own = vec![0.0f32; if c.spec.gated_keys { len } else { 0 }];
-            let dot = |x: &[f32], y: &[f32]| x.iter().zip(y).map(|(a, b)| a * b).sum::<f32>();
             let (mut sv, mut z) = (vec![0.0f32; m * dv], vec![0.0f32; m]);
             let mut s1 = vec![0.0f32; m * w]; // [S_v | z] side by side
             // one chunk carries nothing: the reverse sweep alone has what dφ(Q) needs
@@ -872,20 +889,7 @@ mod flex {
                 score_gradients(c, task, t0, n, &du, a);
                 decay_lower(a, n, &s.g, gated);
                 let ms = m as isize;
-                // SAFETY: a is n × n, fk n × m, dfq n × m
-                unsafe {
-                    gemm(
-                        (n, m, n),
-                        s.dfq.as_mut_ptr(),
-                        ms,
-                        false,
-                        a.as_ptr(),
-                        (n as isize, 1),
-                        s.fk.as_ptr(),
-                        (ms, 1),
-                        1.0,
-                    )
-                };
+                block_times(a, false, &s.fk, n, m, &mut s.dfq);
                 if t0 > 0 {
                     for e in 0..m {
                         s1[e * w..e * w + dv].copy_from_slice(&sv[e * dv..(e + 1) * dv]);
@@ -914,9 +918,7 @@ mod flex {
                     }
                 }
                 if given {
-                    for i in 0..n {
-                        pull[t0 + i] = dot(&s.fq[i * m..(i + 1) * m], &s.dfq[i * m..(i + 1) * m]) as f64;
-                    }
+                    add_pulls(&mut pull, t0, 1.0, (&s.fq, &s.dfq), n, m);
                 }
                 // SAFETY: dq rows t0..t0 + n of this task, dW this task's
                 unsafe { c.emit(&c.q, task, (t0, n), &s.fq, &mut s.dfq, rows(dqd, t0), dw, &mut s.t) };
@@ -944,38 +946,12 @@ mod flex {
                 // dφ(K_c) = dÂᵀ φ(Q)
                 score_gradients(c, task, t0, n, &du, a);
                 decay_lower(a, n, &s.g, gated);
-                unsafe {
-                    gemm(
-                        (n, m, n),
-                        s.dfk.as_mut_ptr(),
-                        ms,
-                        false,
-                        a.as_ptr(),
-                        (1, n as isize),
-                        s.fq.as_ptr(),
-                        (ms, 1),
-                        1.0,
-                    )
-                };
+                block_times(a, true, &s.fq, n, m, &mut s.dfk);
                 if single {
                     // dφ(Q) = (dU V1ᵀ ∘ E) φ(K), from the same block
-                    unsafe {
-                        gemm(
-                            (n, m, n),
-                            s.dfq.as_mut_ptr(),
-                            ms,
-                            false,
-                            a.as_ptr(),
-                            (n as isize, 1),
-                            s.fk.as_ptr(),
-                            (ms, 1),
-                            1.0,
-                        )
-                    };
+                    block_times(a, false, &s.fk, n, m, &mut s.dfq);
                     if given {
-                        for i in 0..n {
-                            pull[t0 + i] = dot(&s.fq[i * m..(i + 1) * m], &s.dfq[i * m..(i + 1) * m]) as f64;
-                        }
+                        add_pulls(&mut pull, t0, 1.0, (&s.fq, &s.dfq), n, m);
                     }
                     // SAFETY: dq rows t0..t0 + n of this task, dW this task's
                     unsafe { c.emit(&c.q, task, (t0, n), &s.fq, &mut s.dfq, rows(dqd, t0), dw, &mut s.t) };
@@ -1015,9 +991,7 @@ mod flex {
                     }
                 }
                 if given {
-                    for j in 0..n {
-                        pull[t0 + j] -= dot(&s.fk[j * m..(j + 1) * m], &s.dfk[j * m..(j + 1) * m]) as f64;
-                    }
+                    add_pulls(&mut pull, t0, -1.0, (&s.fk, &s.dfk), n, m);
                 }
                 // R ← e^{G_n} R + Σ_i e^{G_i} φ(q_i) du_iᵀ (φ(Q) rows scaled in place)
                 if t0 > 0 {
@@ -1038,7 +1012,7 @@ mod flex {
                     for j in 0..n {
                         let (raw, dfk) = (&s.fraw[j * m..(j + 1) * m], &mut s.dfk[j * m..(j + 1) * m]);
                         let ea = a[t0 + j].exp();
-                        own[t0 + j] = -ea * dot(raw, dfk);
+                        own[t0 + j] = -ea * fast_math::dot(raw, dfk);
                         dfk.iter_mut().for_each(|x| *x *= 1.0 - ea);
                     }
                     &s.fraw
@@ -1151,7 +1125,7 @@ mod flex {
             let dv = c.dv;
             let backward = |dests| backward(&c, out.storage::<f32>(), den.storage::<f32>(), &grad, want_dw, dests);
             let data = |x: Vec<f32>, dims: Vec<usize>| FlexTensor::from_data(TensorData::new(x, dims));
-            let mut computed: Vec<Option<FlexTensor>> = match form.packed {
+            let computed: Vec<Option<FlexTensor>> = match form.packed {
                 Some(_) => {
                     // one gradient in the projection's layout `[b, L, 3 h d]`
                     let width = 3 * h * d;
@@ -1175,11 +1149,7 @@ mod flex {
                     vec![Some(data(dq, shape(d))), Some(data(dk, shape(d))), Some(data(dvv, shape(dv))), da, dw]
                 }
             };
-            // the stand-ins of an absent decay or projection get nothing (they are not tracked)
-            let n = computed.len();
-            if !form.gate {
-                computed[n - 2] = None;
-            }
+            // an absent decay or projection (a stand-in) has no gradient: `backward` returns none
             let mut all = computed.into_iter();
             let computed: [Option<FlexTensor>; N] = std::array::from_fn(|_| all.next().flatten());
             crate::register(grads, ops.parents.map(|p| p.map(|n| n.id)), computed);
