@@ -15,7 +15,7 @@ use burn::nn::{Dropout, DropoutConfig, Initializer, Linear, LinearConfig};
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check, error::divisors};
-use variorum_position::{HeadShape, PositionConfig, RelativePosition, ScoreLayout};
+use variorum_position::{HeadShape, PackedHeads, PositionConfig, RelativePosition, ScoreLayout};
 
 use crate::band::{Band, banded};
 use crate::head_losses::{self, Disagreement, DiversityConfig, GuidanceConfig};
@@ -758,27 +758,38 @@ impl MultiHeadAttention {
         plain_mask && !need_weights && self.dropout.prob == 0.0
     }
 
-    /// Self-attention without a cache or a position scheme, by the fused kernel straight from the
-    /// QKV projection's output ([`variorum_kernels::causal_attention::causal_self_attention`]:
-    /// no head split, scaling or merge recorded): the training path of a GPT. The heads' contexts
-    /// side by side, before the output projection; `None` where it does not apply (the
-    /// conditions of [`Self::fused`], and no keys from elsewhere).
+    /// Self-attention without a cache, by the fused kernel straight from the QKV projection's
+    /// output ([`variorum_kernels::causal_attention::causal_self_attention`]: no head split,
+    /// scaling or merge recorded): the training path of a GPT, and of a LLaMA-style model, whose
+    /// RoPE rotates the packed projection by a kernel too
+    /// ([`RelativePosition::rotate_packed`]). The heads' contexts side by side, before the output
+    /// projection; `None` where it does not apply (the conditions of [`Self::fused`], no keys from
+    /// elsewhere, no position scheme but one that rotates packed).
     fn fused_self_attention(&self, input: &AttentionInput) -> Option<Tensor<3>> {
         let m = input.mask;
         let offset = m.q_start.checked_sub(m.k_start)?;
         let learned_temperature = self.normaliser.log_temperature.is_some();
-        if !self.kernel_computes(m, input.need_weights)
-            || input.key_value.is_some()
-            || self.position.is_some()
-            || learned_temperature
-        {
+        if !self.kernel_computes(m, input.need_weights) || input.key_value.is_some() || learned_temperature {
             return None;
         }
         if !variorum_kernels::has_kernel(&input.query) {
             return None;
         }
+        // a rotation needs one position per row: queries and keys of the same positions
+        if let Some(p) = &self.position
+            && (!p.rotates_packed() || offset != 0)
+        {
+            return None;
+        }
         let qkv = &self.qkv;
         let all = variorum_kernels::linear::forward(&qkv.qkv, input.query.clone());
+        let all = match &self.position {
+            None => all,
+            Some(p) => {
+                let heads = PackedHeads { n_heads: qkv.n_heads, n_kv_heads: qkv.n_kv_heads, head_dim: qkv.head_dim };
+                p.rotate_packed(all, heads, m.q_start)?
+            }
+        };
         variorum_kernels::causal_attention::causal_self_attention(
             all,
             qkv.n_heads,

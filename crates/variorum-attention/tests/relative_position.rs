@@ -92,3 +92,68 @@ fn scores_are_invariant_to_shifting_all_positions() {
         }
     }
 }
+
+/// Every parameter's gradient in `module`, flattened, in visiting order.
+struct ParamGrads<'a> {
+    grads: &'a burn::tensor::Gradients,
+    out: Vec<Tensor<1>>,
+}
+
+impl burn::module::ModuleVisitor for ParamGrads<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<D>>) {
+        if let Some(g) = param.val().grad(self.grads) {
+            let n = g.shape().num_elements();
+            self.out.push(g.reshape([n]));
+        }
+    }
+}
+
+#[test]
+fn rope_on_the_packed_kernel_equals_the_composed_heads_with_the_gradients() {
+    // full and capsule-heads attention with RoPE (both layouts, partial, grouped-query heads)
+    // rotate the fused projection by a kernel and read it packed; the composed path splits the
+    // heads and rotates them with Burn's ops: the same output and every gradient
+    let dev = Device::flex().autodiff();
+    dev.seed(12);
+    let x0: Tensor<3> = random([2, 21, D], &dev);
+    let w: Tensor<3> = random([2, 21, D], &dev);
+    let schemes = ["kind = \"rope\"", "kind = \"rope\"\nlayout = \"interleaved\"\nrotary_dim = 2"];
+    let kinds = [
+        "kind = \"full\"\nn_heads = 4\nn_kv_heads = 2",
+        "kind = \"capsule-heads\"\nn_heads = 4\nn_kv_heads = 2\nrouting = \"em\"",
+    ];
+    for (scheme, kind) in schemes.iter().flat_map(|s| kinds.iter().map(move |k| (s, k))) {
+        let position: PositionConfig = toml::from_str(scheme).unwrap();
+        let cfg: variorum_attention::AttentionConfig = toml::from_str(kind).unwrap();
+        cfg.validate(D).unwrap();
+        let attn = cfg.init(D, 0.3, 0.3, Positioning { config: &position, context: 64 }, &dev);
+        let run = |kernels: bool| {
+            let f = || {
+                let x = x0.clone().require_grad();
+                let mask = AttentionMask::causal();
+                let y = attn.forward(AttentionInput::self_attention(x.clone(), &mask), None).context;
+                let grads = (y.clone() * w.clone()).sum().backward();
+                let mut visitor = ParamGrads { grads: &grads, out: Vec::new() };
+                attn.visit(&mut visitor);
+                (y, x.grad(&grads).unwrap(), visitor.out)
+            };
+            if kernels { f() } else { variorum_kernels::without_kernels(f) }
+        };
+        let rotations = variorum_kernels::rope::calls();
+        let ((y1, g1, p1), (y2, g2, p2)) = (run(true), run(false));
+        assert_eq!(variorum_kernels::rope::calls(), rotations + 1, "{kind}: the packed rotation ran once");
+        let rel = |a: Tensor<3>, b: Tensor<3>| {
+            let s = b.clone().abs().max().into_scalar::<f32>().max(1e-3);
+            (a - b).abs().max().into_scalar::<f32>() / s
+        };
+        let what = format!("{kind} with {scheme}");
+        assert!(rel(y1, y2) < 1e-5, "{what}: outputs differ");
+        assert!(rel(g1, g2) < 1e-4, "{what}: input gradients differ");
+        assert_eq!(p1.len(), p2.len(), "{what}: the same parameters have gradients");
+        for (i, (a, b)) in p1.into_iter().zip(p2).enumerate() {
+            let s = b.clone().abs().max().into_scalar::<f32>().max(1e-3);
+            let d = (a - b).abs().max().into_scalar::<f32>() / s;
+            assert!(d < 1e-4, "{what}: gradient of parameter {i} differs by {d}");
+        }
+    }
+}

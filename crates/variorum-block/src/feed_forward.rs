@@ -43,6 +43,15 @@ pub trait FeedForwardActivation: Sync {
 
     /// φ on the hidden layer (on the gate, for a gated kind).
     fn activate(&self, h: Tensor<3>) -> Tensor<3>;
+
+    /// A gated kind's φ(x W) ⊗ x V from the fused projection's output `[x W | x V]`: by default
+    /// the two halves sliced and φ applied by [`activate`](Self::activate); a kind with a fused
+    /// kernel for it overrides.
+    fn gate(&self, h: Tensor<3>) -> Tensor<3> {
+        let w = h.dims()[2];
+        let gate = h.clone().narrow(2, 0, w / 2);
+        self.activate(gate) * h.narrow(2, w / 2, w / 2)
+    }
 }
 
 /// Writes [`FeedForwardKind`] (the `kind` key: one unit variant per registered kind) and its
@@ -218,13 +227,7 @@ impl FeedForward {
     fn position_wise(&self, x: Tensor<3>) -> Tensor<3> {
         let h = linear::forward(&self.up, x);
         let kind = self.kind.spec();
-        let h = if kind.gated() {
-            let w = h.dims()[2];
-            let gate = h.clone().narrow(2, 0, w / 2);
-            kind.activate(gate) * h.narrow(2, w / 2, w / 2)
-        } else {
-            kind.activate(h)
-        };
+        let h = if kind.gated() { kind.gate(h) } else { kind.activate(h) };
         linear::forward(&self.down, self.dropout.forward(h))
     }
 }

@@ -3,12 +3,15 @@
 //! FFN(x) = (σ(x W) ⊗ x V) W₂,   σ = sigmoid (GLU; Dauphin et al. 2017), GELU (GEGLU) or Swish
 //! (SwiGLU; both Shazeer 2020).
 //!
+//! The gate, φ(x W) ⊗ x V, is one fused op on flex ([`variorum_kernels::gated`]).
+//!
 //! Following Shazeer, the layers have no biases in the paper; here `bias` (default true) applies
 //! as for every kind, and d_ff is the width of the gate (and of the value).
 
 use burn::prelude::*;
 use burn::tensor::activation::{sigmoid, silu};
 use variorum_core::{Capabilities, Declared};
+use variorum_kernels::gated::{Gate, gated};
 use variorum_kernels::gelu::gelu;
 
 use crate::feed_forward::FeedForwardActivation;
@@ -54,6 +57,10 @@ impl FeedForwardActivation for GluFfn {
     fn activate(&self, gate: Tensor<3>) -> Tensor<3> {
         sigmoid(gate)
     }
+
+    fn gate(&self, h: Tensor<3>) -> Tensor<3> {
+        gated(h, Gate::Sigmoid)
+    }
 }
 
 impl FeedForwardActivation for GegluFfn {
@@ -64,6 +71,10 @@ impl FeedForwardActivation for GegluFfn {
     fn activate(&self, gate: Tensor<3>) -> Tensor<3> {
         gelu(gate)
     }
+
+    fn gate(&self, h: Tensor<3>) -> Tensor<3> {
+        gated(h, Gate::Gelu)
+    }
 }
 
 impl FeedForwardActivation for SwigluFfn {
@@ -73,5 +84,9 @@ impl FeedForwardActivation for SwigluFfn {
 
     fn activate(&self, gate: Tensor<3>) -> Tensor<3> {
         silu(gate)
+    }
+
+    fn gate(&self, h: Tensor<3>) -> Tensor<3> {
+        gated(h, Gate::Silu)
     }
 }

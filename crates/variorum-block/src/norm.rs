@@ -1,7 +1,6 @@
 //! Normalisation layers: LayerNorm (Ba et al. 2016) and RMSNorm (Zhang & Sennrich 2019).
 
 use burn::module::{Initializer, Param};
-use burn::nn::{RmsNorm, RmsNormConfig};
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -19,7 +18,7 @@ impl NormKind {
     pub fn init(self, d_model: usize, eps: f64, device: &Device) -> Norm {
         match self {
             Self::LayerNorm => Norm::Layer(LayerNorm::new(d_model, eps, device)),
-            Self::RmsNorm => Norm::Rms(RmsNormConfig::new(d_model).with_epsilon(eps).init(device)),
+            Self::RmsNorm => Norm::Rms(RmsNorm::new(d_model, eps, device)),
         }
     }
 }
@@ -53,6 +52,25 @@ impl LayerNorm {
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         let beta = self.beta.as_ref().map(|b| b.val());
         variorum_kernels::layer_norm::layer_norm(x, self.gamma.val(), beta, self.epsilon)
+    }
+}
+
+/// RMSNorm with γ, Burn's `RmsNorm` in parameters and checkpoint names (`gamma`), whose forward
+/// runs the fused kernel on flex ([`variorum_kernels::layer_norm::rms_norm`]).
+#[derive(Module, Debug)]
+pub struct RmsNorm {
+    pub gamma: Param<Tensor<1>>,
+    pub epsilon: f64,
+}
+
+impl RmsNorm {
+    /// γ = 1.
+    pub fn new(d_model: usize, epsilon: f64, device: &Device) -> Self {
+        Self { gamma: Initializer::Ones.init([d_model], device), epsilon }
+    }
+
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        variorum_kernels::layer_norm::rms_norm(x, self.gamma.val(), self.epsilon)
     }
 }
 

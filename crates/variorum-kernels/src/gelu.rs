@@ -51,7 +51,7 @@ mod flex {
 
     /// Φ(x) = ½ (1 + erf(x/√2)) and φ(x), by Abramowitz & Stegun 7.1.26.
     #[inline(always)]
-    fn cdf_pdf(x: f32) -> (f32, f32) {
+    pub(crate) fn cdf_pdf(x: f32) -> (f32, f32) {
         let z = x * std::f32::consts::FRAC_1_SQRT_2;
         let a = z.abs();
         let t = 1.0 / (1.0 + 0.327_591_1 * a);

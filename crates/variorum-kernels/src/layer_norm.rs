@@ -1,15 +1,18 @@
-//! LayerNorm (Ba et al. 2016) over the last axis as one flex op with its own backward:
+//! LayerNorm (Ba et al. 2016) and RMSNorm (Zhang & Sennrich 2019) over the last axis, each as one
+//! flex op with its own backward:
 //!
-//! y = x̂ γ + β,   x̂ = (x − μ) · r,   μ = mean(x),   r = 1 / √(var(x) + ε)   (biased variance),
+//! LayerNorm: y = x̂ γ + β,   x̂ = (x − μ) · r,   μ = mean(x),   r = 1 / √(var(x) + ε)   (biased variance),
 //!
 //! ∂L/∂x = r · (g − mean(g) − x̂ · mean(g x̂)),  g = γ ∘ ∂L/∂y;   ∂L/∂γ = Σ_rows ∂L/∂y ∘ x̂,
-//! ∂L/∂β = Σ_rows ∂L/∂y.
+//! ∂L/∂β = Σ_rows ∂L/∂y;
 //!
-//! Burn's autodiff runs LayerNorm as a chain of a dozen primitive ops (means, differences,
-//! squares, a square root, a division, the affine), each a pass over the activations and a node
-//! of the graph, forward and backward. Here each is one pass per direction, rows split over the
-//! rayon pool; the forward saves μ and r per row (the input is checkpointed), the backward
-//! recomputes x̂ from them.
+//! RMSNorm is the same without centring and without β: x̂ = x · r, r = 1 / √(mean(x²) + ε), and
+//! ∂L/∂x = r · (g − x̂ · mean(g x̂)).
+//!
+//! Burn's autodiff runs either as a chain of primitive ops (means, differences, squares, a square
+//! root, a division, the affine), each a pass over the activations and a node of the graph,
+//! forward and backward. Here each is one pass per direction, rows split over the rayon pool; the
+//! forward saves μ and r per row (the input is checkpointed), the backward recomputes x̂ from them.
 
 use burn::prelude::*;
 
@@ -31,6 +34,21 @@ pub fn layer_norm<const D: usize>(x: Tensor<D>, gamma: Tensor<1>, beta: Option<T
         ));
     }
     burn::tensor::module::layer_norm(x, gamma, beta, epsilon)
+}
+
+/// RMSNorm of `x` over its last axis, x / √(mean(x²) + ε) · γ: the kernel on flex (f32), Burn's
+/// composed ops elsewhere (as `burn::nn::RmsNorm` computes it).
+pub fn rms_norm<const D: usize>(x: Tensor<D>, gamma: Tensor<1>, epsilon: f64) -> Tensor<D> {
+    #[cfg(feature = "flex")]
+    if crate::has_kernel(&x) && crate::has_kernel(&gamma) {
+        return Tensor::from_dispatch(burn::backend::Dispatch::rms_norm_scaled(
+            x.into_dispatch(),
+            gamma.into_dispatch(),
+            epsilon,
+        ));
+    }
+    let rms = (x.clone().square().mean_dim(D - 1) + epsilon).sqrt();
+    (x / rms) * gamma.unsqueeze()
 }
 
 #[cfg(feature = "flex")]
@@ -62,30 +80,39 @@ mod flex {
             beta: FloatTensor<Self>,
             epsilon: f64,
         ) -> FloatTensor<Self>;
+
+        /// `x: [.., d]`, `gamma: [d]`.
+        fn rms_norm_scaled(x: FloatTensor<Self>, gamma: FloatTensor<Self>, epsilon: f64) -> FloatTensor<Self>;
     }
 
     /// Rows per task.
     const ROWS: usize = 64;
 
     crate::wide_vectors! {
-        /// Normalises `x` (rows of `d`) into `out`, writing each row's mean and 1/σ.
-        fn forward_rows(out: &mut [f32], x: &[f32], gamma: &[f32], beta: &[f32], mean: &mut [f32], rstd: &mut [f32], eps: f32) {
+        /// Normalises `x` (rows of `d`) into `out`, writing each row's mean and 1/σ; `beta`
+        /// `None` is RMSNorm (no centring, the mean written as 0, no shift).
+        #[allow(clippy::too_many_arguments)]
+        fn forward_rows(out: &mut [f32], x: &[f32], gamma: &[f32], beta: Option<&[f32]>, mean: &mut [f32], rstd: &mut [f32], eps: f32) {
             let d = gamma.len();
             for (((o, x), m), r) in out.chunks_exact_mut(d).zip(x.chunks_exact(d)).zip(mean).zip(rstd) {
-                let mu = fast_math::sum(x) / d as f32;
+                let mu = if beta.is_some() { fast_math::sum(x) / d as f32 } else { 0.0 };
                 o.iter_mut().zip(x).for_each(|(o, &v)| *o = v - mu);
                 let var = fast_math::dot(o, o) / d as f32;
                 let rs = 1.0 / (var + eps).sqrt();
-                o.iter_mut().zip(gamma).zip(beta).for_each(|((o, &g), &b)| *o = *o * rs * g + b);
+                match beta {
+                    Some(beta) => o.iter_mut().zip(gamma).zip(beta).for_each(|((o, &g), &b)| *o = *o * rs * g + b),
+                    None => o.iter_mut().zip(gamma).for_each(|(o, &g)| *o *= rs * g),
+                }
                 (*m, *r) = (mu, rs);
             }
         }
     }
 
     crate::wide_vectors! {
-        /// ∂L/∂x of rows of `d` into `dx`; adds Σ dy ∘ x̂ and Σ dy into `dgamma`, `dbeta`.
+        /// ∂L/∂x of rows of `d` into `dx`; adds Σ dy ∘ x̂ and Σ dy into `dgamma`, `dbeta`. Not
+        /// `centred` (RMSNorm): no −mean(g) term (`dbeta` is then not needed, and summed anyway).
         #[allow(clippy::too_many_arguments)]
-        fn backward_rows(dx: &mut [f32], x: &[f32], dy: &[f32], gamma: &[f32], mean: &[f32], rstd: &[f32], dgamma: &mut [f32], dbeta: &mut [f32]) {
+        fn backward_rows(dx: &mut [f32], x: &[f32], dy: &[f32], gamma: &[f32], mean: &[f32], rstd: &[f32], dgamma: &mut [f32], dbeta: &mut [f32], centred: bool) {
             let d = gamma.len();
             let rows = dx.chunks_exact_mut(d).zip(x.chunks_exact(d)).zip(dy.chunks_exact(d));
             for (((dx, x), dy), (&mu, &rs)) in rows.zip(mean.iter().zip(rstd)) {
@@ -100,7 +127,8 @@ mod flex {
                     *dg += dyv * h;
                     *db += dyv;
                 }
-                let (g_mean, gh_mean) = (g_sum / d as f32, gh_sum / d as f32);
+                let g_mean = if centred { g_sum / d as f32 } else { 0.0 };
+                let gh_mean = gh_sum / d as f32;
                 dx.iter_mut().zip(gamma).zip(dy).for_each(|((h, &g), &dyv)| *h = rs * (g * dyv - g_mean - *h * gh_mean));
             }
         }
@@ -110,16 +138,16 @@ mod flex {
         t.to_contiguous()
     }
 
-    /// Forward: y, and the per-row mean and 1/σ.
+    /// Forward: y, and the per-row mean and 1/σ; `beta` `None` is RMSNorm.
     fn forward_kernel(
         x: &FlexTensor,
         gamma: &FlexTensor,
-        beta: &FlexTensor,
+        beta: Option<&FlexTensor>,
         eps: f64,
     ) -> (FlexTensor, FlexTensor, FlexTensor) {
-        let (x, gamma, beta) = (contiguous_f32(x), contiguous_f32(gamma), contiguous_f32(beta));
+        let (x, gamma, beta) = (contiguous_f32(x), contiguous_f32(gamma), beta.map(contiguous_f32));
         let dims = x.layout().shape().to_vec();
-        let (xs, g, b) = (x.storage::<f32>(), gamma.storage::<f32>(), beta.storage::<f32>());
+        let (xs, g, b) = (x.storage::<f32>(), gamma.storage::<f32>(), beta.as_ref().map(|b| b.storage::<f32>()));
         let d = g.len();
         assert_eq!(dims.last(), Some(&d), "LayerNorm of width {d} on input {dims:?}");
         let rows = xs.len() / d.max(1);
@@ -133,8 +161,14 @@ mod flex {
         (t(out, dims), t(mean, vec![rows]), t(rstd, vec![rows]))
     }
 
-    /// Backward: ∂L/∂x, ∂L/∂γ, ∂L/∂β.
-    fn backward_kernel(x: &FlexTensor, gamma: &FlexTensor, saved: &Saved, grad: &FlexTensor) -> [FlexTensor; 3] {
+    /// Backward: ∂L/∂x, ∂L/∂γ, ∂L/∂β (of a `centred` norm; RMSNorm's is not).
+    fn backward_kernel(
+        x: &FlexTensor,
+        gamma: &FlexTensor,
+        saved: &Saved,
+        grad: &FlexTensor,
+        centred: bool,
+    ) -> [FlexTensor; 3] {
         let (x, gamma, grad) = (contiguous_f32(x), contiguous_f32(gamma), contiguous_f32(grad));
         let dims = x.layout().shape().to_vec();
         let (xs, g, dy) = (x.storage::<f32>(), gamma.storage::<f32>(), grad.storage::<f32>());
@@ -148,7 +182,7 @@ mod flex {
             .fold(
                 || (vec![0.0f32; d], vec![0.0f32; d]),
                 |(mut dg, mut db), ((dx, (x, dy)), (m, r))| {
-                    backward_rows(dx, x, dy, g, m, r, &mut dg, &mut db);
+                    backward_rows(dx, x, dy, g, m, r, &mut dg, &mut db, centred);
                     (dg, db)
                 },
             )
@@ -164,7 +198,11 @@ mod flex {
 
     impl FusedLayerNorm for Flex {
         fn layer_norm_affine(x: FlexTensor, gamma: FlexTensor, beta: FlexTensor, epsilon: f64) -> FlexTensor {
-            forward_kernel(&x, &gamma, &beta, epsilon).0
+            forward_kernel(&x, &gamma, Some(&beta), epsilon).0
+        }
+
+        fn rms_norm_scaled(x: FlexTensor, gamma: FlexTensor, epsilon: f64) -> FlexTensor {
+            forward_kernel(&x, &gamma, None, epsilon).0
         }
     }
 
@@ -187,8 +225,23 @@ mod flex {
             let grad = grads.consume::<Flex>(&ops.node);
             let x: FlexTensor = checkpointer.retrieve_node_output(ops.state.x);
             let gamma: FlexTensor = checkpointer.retrieve_node_output(ops.state.gamma);
-            let computed = backward_kernel(&x, &gamma, &ops.state, &grad);
+            let computed = backward_kernel(&x, &gamma, &ops.state, &grad, true);
             crate::register(grads, ops.parents.map(|p| p.map(|n| n.id)), computed.map(Some));
+        }
+    }
+
+    #[derive(Debug)]
+    struct RmsNormBackward;
+
+    impl Backward<Flex, 2> for RmsNormBackward {
+        type State = Saved;
+
+        fn backward(self, ops: Ops<Saved, 2>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
+            let grad = grads.consume::<Flex>(&ops.node);
+            let x: FlexTensor = checkpointer.retrieve_node_output(ops.state.x);
+            let gamma: FlexTensor = checkpointer.retrieve_node_output(ops.state.gamma);
+            let [dx, dgamma, _] = backward_kernel(&x, &gamma, &ops.state, &grad, false);
+            crate::register(grads, ops.parents.map(|p| p.map(|n| n.id)), [Some(dx), Some(dgamma)]);
         }
     }
 
@@ -199,8 +252,19 @@ mod flex {
             beta: FloatTensor<Self>,
             epsilon: f64,
         ) -> FloatTensor<Self> {
-            let (out, mean, rstd) = forward_kernel(x.primitive(), gamma.primitive(), beta.primitive(), epsilon);
+            let (out, mean, rstd) = forward_kernel(x.primitive(), gamma.primitive(), Some(beta.primitive()), epsilon);
             match LayerNormBackward.prepare::<C>([x.node(), gamma.node(), beta.node()]).compute_bound().stateful() {
+                OpsKind::Tracked(mut prep) => {
+                    let state = Saved { x: prep.checkpoint(&x), gamma: prep.checkpoint(&gamma), mean, rstd };
+                    prep.finish(state, out)
+                }
+                OpsKind::UnTracked(prep) => prep.finish(out),
+            }
+        }
+
+        fn rms_norm_scaled(x: FloatTensor<Self>, gamma: FloatTensor<Self>, epsilon: f64) -> FloatTensor<Self> {
+            let (out, mean, rstd) = forward_kernel(x.primitive(), gamma.primitive(), None, epsilon);
+            match RmsNormBackward.prepare::<C>([x.node(), gamma.node()]).compute_bound().stateful() {
                 OpsKind::Tracked(mut prep) => {
                     let state = Saved { x: prep.checkpoint(&x), gamma: prep.checkpoint(&gamma), mean, rstd };
                     prep.finish(state, out)
@@ -239,6 +303,32 @@ mod flex {
             let (y2, g2) = run(false);
             assert!(rel_diff(y1, y2) < 1e-5, "forward");
             for ((a, e), name) in g1.into_iter().zip(g2).zip(["dx", "dgamma", "dbeta"]) {
+                let d = rel_diff(a, e);
+                assert!(d < 1e-5, "{name}: {d}");
+            }
+        }
+
+        #[test]
+        fn equals_burns_rms_norm_with_its_gradients() {
+            let device = Device::flex().autodiff();
+            device.seed(10);
+            let x: Tensor<3> = Tensor::random([3, 37, 70], Distribution::Normal(2.0, 3.0), &device).swap_dims(1, 2);
+            let gamma: Tensor<1> = Tensor::random([37], Distribution::Normal(1.0, 0.5), &device);
+            let up: Tensor<3> = Tensor::random([3, 70, 37], Distribution::Normal(0.0, 1.0), &device);
+            let run = || {
+                let (x, g) = (x.clone().require_grad(), gamma.clone().require_grad());
+                let y = rms_norm(x.clone(), g.clone(), 1e-5);
+                let grads = (y.clone() * up.clone()).sum().backward();
+                (y, [x.grad(&grads).unwrap().reshape([-1]), g.grad(&grads).unwrap()])
+            };
+            let (y1, g1) = run();
+            let (y2, g2) = crate::without_kernels(run);
+            // the fallback is burn::nn::RmsNorm's formula
+            let burns = burn::nn::RmsNormConfig::new(37).with_epsilon(1e-5).init(&device);
+            let burns = burn::nn::RmsNorm { gamma: burn::module::Param::from_tensor(gamma.clone()), ..burns };
+            assert!(rel_diff(burns.forward(x.clone()), y2.clone()) < 1e-6, "fallback");
+            assert!(rel_diff(y1, y2) < 1e-5, "forward");
+            for ((a, e), name) in g1.into_iter().zip(g2).zip(["dx", "dgamma"]) {
                 let d = rel_diff(a, e);
                 assert!(d < 1e-5, "{name}: {d}");
             }

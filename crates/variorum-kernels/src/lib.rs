@@ -15,11 +15,13 @@ pub mod block_sparse;
 pub mod causal_attention;
 pub mod cross_entropy;
 pub mod fast_math;
+pub mod gated;
 pub mod gelu;
 pub mod layer_norm;
 pub mod linear;
 pub mod linear_attention;
 pub mod normalisers;
+pub mod rope;
 
 use burn::prelude::*;
 

@@ -90,11 +90,35 @@ pub trait PositionKind:
 /// scaled scores it forms (with that block's [`ScoreLayout`]), and [`context`](Self::context) on
 /// the probabilities. Every hook reads positions from the layout only, so caches, memories and
 /// score blocks need nothing else.
+/// The head counts and size of a fused QKV projection ([`RelativeScheme::rotate_packed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PackedHeads {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+}
+
 pub trait RelativeScheme {
     /// Rotates `x: [b, heads, len, d_h]` whose rows sit at positions `start..` (RoPE).
     /// Default: the identity.
     fn rotate(&self, x: Tensor<4>, _start: usize) -> Tensor<4> {
         x
+    }
+
+    /// Whether the scheme acts through [`rotate`](Self::rotate) alone (nothing on the scores or
+    /// the context) and has [`rotate_packed`](Self::rotate_packed). Default: no.
+    fn rotates_packed(&self) -> bool {
+        false
+    }
+
+    /// A fused projection's output `qkv: [b, L, (h + 2 h_kv) · d_h]` (queries, keys, values side
+    /// by side, as a fused attention kernel reads it) with [`rotate`](Self::rotate) applied to
+    /// its query and key heads, rows at positions `start..`, by a kernel that keeps it packed;
+    /// `None` where no kernel applies (or the scheme has none,
+    /// [`rotates_packed`](Self::rotates_packed)): the layer then splits the heads and takes the
+    /// separate path. Default: `None`.
+    fn rotate_packed(&self, _qkv: Tensor<3>, _heads: PackedHeads, _start: usize) -> Option<Tensor<3>> {
+        None
     }
 
     /// Whether [`rotate`](Self::rotate) changes q and k (RoPE). Default: no.

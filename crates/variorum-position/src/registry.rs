@@ -189,6 +189,17 @@ impl RelativePosition {
         self.scheme().rotate(x, start)
     }
 
+    /// Whether the scheme acts by rotating q and k alone, packed ([`RelativeScheme::rotates_packed`]).
+    pub fn rotates_packed(&self) -> bool {
+        self.scheme().rotates_packed()
+    }
+
+    /// The fused projection with its queries and keys rotated by a kernel
+    /// ([`RelativeScheme::rotate_packed`]); `None`: take the separate path.
+    pub fn rotate_packed(&self, qkv: Tensor<3>, heads: crate::kind::PackedHeads, start: usize) -> Option<Tensor<3>> {
+        self.scheme().rotate_packed(qkv, heads, start)
+    }
+
     /// Whether [`rotate`](Self::rotate) changes q and k ([`RelativeScheme::rotates`]).
     pub fn rotates(&self) -> bool {
         self.scheme().rotates()

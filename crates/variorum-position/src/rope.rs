@@ -10,13 +10,19 @@
 //! paper; `rotate-half` rotates (x_k, x_{k+d_rot/2}) as GPT-NeoX and LLaMA do. They are the same
 //! map up to a fixed permutation of the head dimensions. `rotary_dim < head_dim` rotates only the
 //! first `rotary_dim` dimensions of each head (GPT-J, GPT-NeoX) and passes the rest through.
+//!
+//! On flex, a fused projection's queries and keys are rotated in place of the head split by one
+//! kernel ([`variorum_kernels::rope`], through [`RelativeScheme::rotate_packed`]), so the fused
+//! attention kernel reads them packed; this file's [`RotaryEmbedding::rotate`] is the composed
+//! form everywhere else (cached decoding, other kinds) and the kernel's reference in the tests.
 
-use crate::kind::{HeadShape, PositionKind, RelativeScheme};
+use crate::kind::{HeadShape, PackedHeads, PositionKind, RelativeScheme};
 use crate::{RelativePosition, ScoreLayout};
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 use variorum_core::Capabilities;
 use variorum_core::{ConfigError, error::check};
+use variorum_kernels::rope::{Rotation, rotate_packed};
 
 /// Which dimensions are rotated together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -141,6 +147,23 @@ impl RelativeScheme for RotaryEmbedding {
         RotaryEmbedding::rotate(self, x, start)
     }
 
+    fn rotates_packed(&self) -> bool {
+        true
+    }
+
+    fn rotate_packed(&self, qkv: Tensor<3>, heads: PackedHeads, start: usize) -> Option<Tensor<3>> {
+        let rotation = Rotation {
+            n_heads: heads.n_heads,
+            n_kv_heads: heads.n_kv_heads,
+            head_dim: heads.head_dim,
+            rotary_dim: self.rotary_dim,
+            base: self.base,
+            interleaved: self.interleaved,
+            start,
+        };
+        rotate_packed(qkv, rotation)
+    }
+
     fn rotates(&self) -> bool {
         true
     }
@@ -230,5 +253,45 @@ mod tests {
         let full = rope.rotate(x.clone(), 0);
         let tail = rope.rotate(x.narrow(2, 4, 2), 4);
         assert!(max_diff(full.narrow(2, 4, 2), tail) < 1e-5);
+    }
+
+    #[test]
+    fn the_packed_kernel_rotates_as_the_composed_heads_do_with_its_gradient() {
+        // queries and keys of a packed projection rotated by the kernel equal the heads split and
+        // rotated by Burn's ops, values untouched; the gradients too (the backward rotates by −mθ)
+        let dev = Device::flex().autodiff();
+        dev.seed(3);
+        let (b, l, h, hkv, dh) = (2, 37, 4, 2, 8);
+        for (layout, rotary_dim, start) in [
+            (RopeLayout::RotateHalf, None, 0),
+            (RopeLayout::RotateHalf, Some(4), 5),
+            (RopeLayout::Interleaved, Some(6), 19),
+        ] {
+            let rope = RotaryConfig { layout, rotary_dim, ..Default::default() }.init(dh);
+            let heads = PackedHeads { n_heads: h, n_kv_heads: hkv, head_dim: dh };
+            let qkv: Tensor<3> = Tensor::random([b, l, (h + 2 * hkv) * dh], Distribution::Normal(0.0, 1.0), &dev);
+            let up: Tensor<3> = Tensor::random([b, l, (h + 2 * hkv) * dh], Distribution::Normal(0.0, 1.0), &dev);
+            let run = |packed: bool| {
+                let x = qkv.clone().require_grad();
+                let y = if packed {
+                    rope.rotate_packed(x.clone(), heads, start).expect("flex has the kernel")
+                } else {
+                    let split = |from: usize, n: usize| {
+                        x.clone().narrow(2, from * dh, n * dh).reshape([b, l, n, dh]).swap_dims(1, 2)
+                    };
+                    let merge = |t: Tensor<4>, n: usize| t.swap_dims(1, 2).reshape([b, l, n * dh]);
+                    let q = merge(rope.rotate(split(0, h), start), h);
+                    let k = merge(rope.rotate(split(h, hkv), start), hkv);
+                    Tensor::cat(vec![q, k, x.clone().narrow(2, (h + hkv) * dh, hkv * dh)], 2)
+                };
+                let grads = (y.clone() * up.clone()).sum().backward();
+                (y, x.grad(&grads).unwrap())
+            };
+            let ((y1, g1), (y2, g2)) = (run(true), run(false));
+            let diff = |a: Tensor<3>, b: Tensor<3>| (a - b).abs().max().into_scalar::<f32>();
+            assert!(diff(y1.clone(), y2) < 1e-5, "{layout:?} {rotary_dim:?} forward");
+            assert!(diff(g1, g2) < 1e-5, "{layout:?} {rotary_dim:?} backward");
+            assert!(diff(y1, qkv.clone()) > 1e-2, "the rotation must change the queries and keys");
+        }
     }
 }
