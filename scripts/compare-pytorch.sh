@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Train the same character GPT with the PyTorch reference (scripts/reference/train_gpt.py) and with
-# variorum, one after the other, RUNS times, and compare training throughput (tokens/s, median of
+# Train the same character model with a PyTorch reference and with variorum, one after the other
+# (interleaved), RUNS times, and compare training throughput (tokens/s, median of
 # the runs), peak resident memory (median) and final validation loss (first run).
 #
 # Sizes (SIZE):
 #   baby   configs/gpt-baby-shakespeare-char.toml  — 4 layers × 4 heads × 128, context 64, batch 12
 #   small  configs/gpt-small-shakespeare-char.toml — 6 layers × 6 heads × 384, context 256, batch 64
+#   llama  configs/llama-baby-shakespeare-char.toml — the baby size with rotary positions, RMSNorm,
+#          SwiGLU (d_ff 512) and 2 key/value heads; the reference is x-transformers with the same
+#          recipe (scripts/reference/train_xtransformers.py), the others scripts/reference/train_gpt.py
 #
 # Environment:
-#   SIZE              baby (default) or small
+#   SIZE              baby (default), small or llama
 #   ITERS             training iterations for both (default 2000 for baby, 10 for small)
 #   RUNS              runs of each side (default 1); tokens/s and peak memory are their medians
 #   OUT               where compare.json and the logs go (default runs/compare-pytorch-$SIZE)
@@ -24,12 +27,15 @@ source scripts/reference/prepare.sh
 SIZE="${SIZE:-baby}"
 case "$SIZE" in
   baby) CONFIG="configs/gpt-baby-shakespeare-char.toml"; REF_ARGS=(); DEFAULT_ITERS=2000 ;;
+  llama) CONFIG="configs/llama-baby-shakespeare-char.toml"; REF_ARGS=(); DEFAULT_ITERS=2000
+    REF_SCRIPT="scripts/reference/train_xtransformers.py" ;;
   small)
     CONFIG="configs/gpt-small-shakespeare-char.toml"
     REF_ARGS=(--n_layer 6 --n_head 6 --n_embd 384 --block_size 256 --batch_size 64 --eval_interval 5)
     DEFAULT_ITERS=10 ;;
-  *) echo "error: SIZE must be baby or small, got '$SIZE'" >&2; exit 2 ;;
+  *) echo "error: SIZE must be baby, small or llama, got '$SIZE'" >&2; exit 2 ;;
 esac
+REF_SCRIPT="${REF_SCRIPT:-scripts/reference/train_gpt.py}"
 ITERS="${ITERS:-$DEFAULT_ITERS}"
 RUNS="${RUNS:-1}"
 OUT="${OUT:-runs/compare-pytorch-$SIZE}"
@@ -62,7 +68,7 @@ trap 'rm -rf "$RUN_DIR"' EXIT
 # /usr/bin/time -f %M: the peak resident set of each process, KiB.
 for run in $(seq 1 "$RUNS"); do
   say "PyTorch reference ($SIZE), run $run/$RUNS: $ITERS iterations"
-  /usr/bin/time -f '%M' -o "$OUT/pytorch-$run.rss" "$VENV/bin/python" scripts/reference/train_gpt.py \
+  /usr/bin/time -f '%M' -o "$OUT/pytorch-$run.rss" "$VENV/bin/python" "$REF_SCRIPT" \
     --data "$DATA" --max_iters "$ITERS" --threads "$PYTORCH_THREADS" "${REF_ARGS[@]}" | tee "$OUT/pytorch-$run.log"
   grep '^RESULT ' "$OUT/pytorch-$run.log" | tail -n 1 | sed 's/^RESULT //' >"$OUT/pytorch-$run.json"
   if [[ ! -s "$OUT/pytorch-$run.json" ]]; then

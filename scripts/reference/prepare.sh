@@ -15,7 +15,7 @@ ensure_reference_venv() {
     say "creating $VENV"
     "$PYTHON" -m venv "$VENV"
   fi
-  if ! "$VENV/bin/python" -c 'import torch' >/dev/null 2>&1; then
+  if ! "$VENV/bin/python" -c 'import torch, x_transformers' >/dev/null 2>&1; then
     say "installing scripts/reference/requirements.txt into $VENV (torch from PyPI is several GB)"
     "$VENV/bin/python" -m pip install --disable-pip-version-check -r scripts/reference/requirements.txt
   fi

@@ -252,7 +252,10 @@ def log(msg: str) -> None:
     print(msg, flush=True)
 
 
-def main(argv=None) -> int:
+def main(argv=None, build_model=None) -> int:
+    """Trains and prints the RESULT line. `build_model(vocab_size, args)` replaces the model (another
+    reference, scripts/reference/train_xtransformers.py); it must return a module whose forward
+    takes (idx, targets) and returns (logits, loss), as CharGPT's does."""
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -263,7 +266,11 @@ def main(argv=None) -> int:
         raise SystemExit(f"error: training split has {len(train_data)} tokens, need more than block_size {args.block_size}")
     val_starts = fixed_windows(val_data, args.eval_iters * args.batch_size, args.block_size)
 
-    model = CharGPT(len(vocab), args.block_size, args.n_layer, args.n_head, args.n_embd).to(device)
+    if build_model is None:
+        model = CharGPT(len(vocab), args.block_size, args.n_layer, args.n_head, args.n_embd)
+    else:
+        model = build_model(len(vocab), args)
+    model = model.to(device)
     model.train()
     n_params = count_parameters(model)
     optimizer = make_optimizer(model, args.lr, (args.beta1, args.beta2), args.eps, args.weight_decay)
