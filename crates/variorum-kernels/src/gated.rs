@@ -119,23 +119,27 @@ mod flex {
         }
     }
 
+    /// ∂L/∂a and ∂L/∂b of one row; `#[inline(always)]` so that each σ's copy vectorises inside
+    /// the wide_vectors wrapper (a closure there is not reliably inlined, and ran on SSE2).
+    #[inline(always)]
+    fn backward_row(gate: Gate, da: &mut [f32], db: &mut [f32], a: &[f32], b: &[f32], dy: &[f32]) {
+        for ((((da, db), &a), &b), &g) in da.iter_mut().zip(db.iter_mut()).zip(a).zip(b).zip(dy) {
+            let (s, ds) = activation(gate, a);
+            *da = g * b * ds;
+            *db = g * s;
+        }
+    }
+
     crate::wide_vectors! {
         /// [∂L/∂a | ∂L/∂b] row by row (`dh`, `h` rows of 2F, `dy` rows of F).
         fn backward_rows(dh: &mut [f32], h: &[f32], dy: &[f32], f: usize, gate: Gate) {
             for ((d, h), dy) in dh.chunks_exact_mut(2 * f).zip(h.chunks_exact(2 * f)).zip(dy.chunks_exact(f)) {
                 let (da, db) = d.split_at_mut(f);
                 let (a, b) = h.split_at(f);
-                let one = |gate: Gate, da: &mut [f32], db: &mut [f32]| {
-                    for ((((da, db), &a), &b), &g) in da.iter_mut().zip(db.iter_mut()).zip(a).zip(b).zip(dy) {
-                        let (s, ds) = activation(gate, a);
-                        *da = g * b * ds;
-                        *db = g * s;
-                    }
-                };
                 match gate {
-                    Gate::Sigmoid => one(Gate::Sigmoid, da, db),
-                    Gate::Gelu => one(Gate::Gelu, da, db),
-                    Gate::Silu => one(Gate::Silu, da, db),
+                    Gate::Sigmoid => backward_row(Gate::Sigmoid, da, db, a, b, dy),
+                    Gate::Gelu => backward_row(Gate::Gelu, da, db, a, b, dy),
+                    Gate::Silu => backward_row(Gate::Silu, da, db, a, b, dy),
                 }
             }
         }
