@@ -26,16 +26,17 @@ source scripts/reference/prepare.sh
 
 SIZE="${SIZE:-baby}"
 case "$SIZE" in
-  baby) CONFIG="configs/gpt-baby-shakespeare-char.toml"; REF_ARGS=(); DEFAULT_ITERS=2000 ;;
+  baby) CONFIG="configs/gpt-baby-shakespeare-char.toml"; REF_ARGS=(); DEFAULT_ITERS=2000
+    REF_SCRIPT="scripts/reference/train_gpt.py" ;;
   llama) CONFIG="configs/llama-baby-shakespeare-char.toml"; REF_ARGS=(); DEFAULT_ITERS=2000
     REF_SCRIPT="scripts/reference/train_xtransformers.py" ;;
   small)
     CONFIG="configs/gpt-small-shakespeare-char.toml"
     REF_ARGS=(--n_layer 6 --n_head 6 --n_embd 384 --block_size 256 --batch_size 64 --eval_interval 5)
+    REF_SCRIPT="scripts/reference/train_gpt.py"
     DEFAULT_ITERS=10 ;;
   *) echo "error: SIZE must be baby, small or llama, got '$SIZE'" >&2; exit 2 ;;
 esac
-REF_SCRIPT="${REF_SCRIPT:-scripts/reference/train_gpt.py}"
 ITERS="${ITERS:-$DEFAULT_ITERS}"
 RUNS="${RUNS:-1}"
 OUT="${OUT:-runs/compare-pytorch-$SIZE}"

@@ -60,6 +60,14 @@ impl Band {
         k >= first - self.back as i64 && k <= last
     }
 
+    /// Whether every query of a fresh sequence of `len` sees every key causality allows: the
+    /// pattern is then plain (causal) full attention. The reach is monotone in the query (a
+    /// later query's block starts no earlier), so the farthest pairs decide.
+    pub fn covers(&self, len: usize) -> bool {
+        let last = len.saturating_sub(1) as i64;
+        self.sees(last, 0) && (self.causal || self.sees(0, last))
+    }
+
     /// [`sees`](Self::sees) with keys every `dilation` positions, reach counted in keys.
     pub fn sees_dilated(&self, q: i64, k: i64, dilation: usize) -> bool {
         let d = dilation as i64;
@@ -739,10 +747,26 @@ impl BandAttention {
         self.forward_with(input, cache, false)
     }
 
+    /// Whether this call's pattern is full attention: self-attention over a fresh sequence
+    /// (no keys from elsewhere) that every band covers, no global positions, no dilation.
+    fn is_full_attention(&self, input: &AttentionInput) -> bool {
+        let len = input.query.dims()[1];
+        let fresh = input.key_value.is_none() && input.mask.q_start == input.mask.k_start;
+        fresh
+            && self.global.is_empty()
+            && self.dilations.iter().all(|&d| d == 1)
+            && self.bands(input.mask.causal).iter().all(|b| b.covers(len))
+    }
+
     /// With `dense`, always scores every key under the band mask (the definition; for tests).
     pub fn forward_with(&self, input: AttentionInput, mut cache: Option<&mut KvCache>, dense: bool) -> AttentionOutput {
         let mask = input.mask;
         let plain = mask.padding.is_none() && mask.custom.is_none() && !input.need_weights;
+        if plain && !dense && cache.is_none() && self.is_full_attention(&input) {
+            // the band reaches every key (a window at least the context, as at a short one):
+            // full attention computes the same, on its fused fast path
+            return self.attention.forward(input, None);
+        }
         let p = self.attention.project(input.query, input.key_value, mask, cache.as_deref_mut());
         let bands = self.bands(mask.causal);
         let aligned = p.layout.q_start == p.layout.k_start && p.layout.len_q == p.layout.len_k;

@@ -735,7 +735,8 @@ impl MultiHeadAttention {
     /// before), no dropout on the probabilities and no weights asked for; `None` otherwise, or on a
     /// backend without the kernel.
     fn fused(&self, p: &Projected, m: &AttentionMask, need_weights: bool) -> Option<Tensor<3>> {
-        let plain_position = matches!(self.position, None | Some(RelativePosition::Rope(_)));
+        // a scheme that acts by rotating q and k alone has done so in the projection
+        let plain_position = self.position.as_ref().is_none_or(RelativePosition::rotates_packed);
         let offset = p.layout.q_start.checked_sub(p.layout.k_start)?;
         // one query (cached decoding): the kernel's GEMM would pack every key for a single row,
         // slower than the composed matrix–vector products (2,350 vs 2,830 tokens/s at context 1024)

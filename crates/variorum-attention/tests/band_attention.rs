@@ -20,7 +20,8 @@ use variorum_position::PositionConfig;
 fn patterns() -> Vec<(String, AttentionConfig)> {
     let mut out = Vec::new();
     for (window, block, look_ahead, kv_heads) in
-        [(3, 2, None, 4), (5, 3, Some(2), 2), (1, 4, Some(0), 4), (4, 4, None, 1)]
+        // the last reaches every key of the 11 positions the tests use: full attention's path
+        [(3, 2, None, 4), (5, 3, Some(2), 2), (1, 4, Some(0), 4), (4, 4, None, 1), (16, 4, None, 2)]
     {
         let cfg = SlidingWindowConfig {
             window,
@@ -54,7 +55,10 @@ fn patterns() -> Vec<(String, AttentionConfig)> {
         };
         out.push((format!("sliding-window w {window} dilations {dilations:?}"), AttentionConfig::SlidingWindow(cfg)));
     }
-    for (block, memory, look_ahead, kv_heads) in [(4, 2, None, 4), (3, 5, Some(1), 2), (2, 0, Some(0), 1)] {
+    // (8, 8): every key of 11 positions, as full attention
+    for (block, memory, look_ahead, kv_heads) in
+        [(4, 2, None, 4), (3, 5, Some(1), 2), (2, 0, Some(0), 1), (8, 8, None, 2)]
+    {
         let cfg = LocalAttentionConfig { block, memory, look_ahead, n_kv_heads: Some(kv_heads), ..Default::default() };
         out.push((format!("local block {block} memory {memory}"), AttentionConfig::Local(cfg)));
     }

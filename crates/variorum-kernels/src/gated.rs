@@ -56,7 +56,7 @@ pub use flex::*;
 mod flex {
     use super::*;
 
-    use crate::fast_math::exp_neg;
+    use crate::fast_math::{exp_neg, written_by};
     use crate::gelu::cdf_pdf;
     use burn::backend::autodiff::NodeId;
     use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -67,6 +67,7 @@ mod flex {
     use burn::backend::tensor::FloatTensor;
     use burn::backend::{Autodiff, Backend, Flex, backend_extension};
     use rayon::prelude::*;
+    use std::mem::MaybeUninit;
 
     /// The fused gate of the backends that have it.
     #[backend_extension(Flex, Autodiff)]
@@ -107,32 +108,47 @@ mod flex {
     crate::wide_vectors! {
         /// y = σ(a) ∘ b, row by row (`h` rows of 2F, `out` rows of F); one loop per σ, so each
         /// vectorises with its activation inlined.
-        fn forward_rows(out: &mut [f32], h: &[f32], f: usize, gate: Gate) {
+        fn forward_rows(out: &mut [MaybeUninit<f32>], h: &[f32], f: usize, gate: Gate) {
             for (o, h) in out.chunks_exact_mut(f).zip(h.chunks_exact(2 * f)) {
                 let (a, b) = h.split_at(f);
                 match gate {
-                    Gate::Sigmoid => o.iter_mut().zip(a).zip(b).for_each(|((o, &a), &b)| *o = activation(Gate::Sigmoid, a).0 * b),
-                    Gate::Gelu => o.iter_mut().zip(a).zip(b).for_each(|((o, &a), &b)| *o = activation(Gate::Gelu, a).0 * b),
-                    Gate::Silu => o.iter_mut().zip(a).zip(b).for_each(|((o, &a), &b)| *o = activation(Gate::Silu, a).0 * b),
+                    Gate::Sigmoid => forward_row(Gate::Sigmoid, o, a, b),
+                    Gate::Gelu => forward_row(Gate::Gelu, o, a, b),
+                    Gate::Silu => forward_row(Gate::Silu, o, a, b),
                 }
             }
         }
     }
 
+    /// σ(a) ∘ b of one row (inlined per σ, as [`backward_row`]).
+    #[inline(always)]
+    fn forward_row(gate: Gate, out: &mut [MaybeUninit<f32>], a: &[f32], b: &[f32]) {
+        out.iter_mut().zip(a).zip(b).for_each(|((o, &a), &b)| {
+            o.write(activation(gate, a).0 * b);
+        });
+    }
+
     /// ∂L/∂a and ∂L/∂b of one row; `#[inline(always)]` so that each σ's copy vectorises inside
     /// the wide_vectors wrapper (a closure there is not reliably inlined, and ran on SSE2).
     #[inline(always)]
-    fn backward_row(gate: Gate, da: &mut [f32], db: &mut [f32], a: &[f32], b: &[f32], dy: &[f32]) {
+    fn backward_row(
+        gate: Gate,
+        da: &mut [MaybeUninit<f32>],
+        db: &mut [MaybeUninit<f32>],
+        a: &[f32],
+        b: &[f32],
+        dy: &[f32],
+    ) {
         for ((((da, db), &a), &b), &g) in da.iter_mut().zip(db.iter_mut()).zip(a).zip(b).zip(dy) {
             let (s, ds) = activation(gate, a);
-            *da = g * b * ds;
-            *db = g * s;
+            da.write(g * b * ds);
+            db.write(g * s);
         }
     }
 
     crate::wide_vectors! {
         /// [∂L/∂a | ∂L/∂b] row by row (`dh`, `h` rows of 2F, `dy` rows of F).
-        fn backward_rows(dh: &mut [f32], h: &[f32], dy: &[f32], f: usize, gate: Gate) {
+        fn backward_rows(dh: &mut [MaybeUninit<f32>], h: &[f32], dy: &[f32], f: usize, gate: Gate) {
             for ((d, h), dy) in dh.chunks_exact_mut(2 * f).zip(h.chunks_exact(2 * f)).zip(dy.chunks_exact(f)) {
                 let (da, db) = d.split_at_mut(f);
                 let (a, b) = h.split_at(f);
@@ -152,8 +168,12 @@ mod flex {
         let w = *dims.last().expect("a gated unit's input has a feature axis");
         let f = w / 2;
         let hs = h.storage::<f32>();
-        let mut out = vec![0.0f32; hs.len() / 2];
-        out.par_chunks_mut(ROWS * f).zip(hs.par_chunks(ROWS * w)).for_each(|(o, h)| forward_rows(o, h, f, gate));
+        // SAFETY: the tasks' chunks cover the output, and each row of F is written whole
+        let out = unsafe {
+            written_by(hs.len() / 2, |out| {
+                out.par_chunks_mut(ROWS * f).zip(hs.par_chunks(ROWS * w)).for_each(|(o, h)| forward_rows(o, h, f, gate))
+            })
+        };
         *dims.last_mut().expect("checked") = f;
         FlexTensor::from_data(TensorData::new(out, dims))
     }
@@ -165,10 +185,14 @@ mod flex {
         let w = *dims.last().expect("checked in the forward");
         let f = w / 2;
         let (hs, dy) = (h.storage::<f32>(), grad.storage::<f32>());
-        let mut dh = vec![0.0f32; hs.len()];
-        dh.par_chunks_mut(ROWS * w)
-            .zip(hs.par_chunks(ROWS * w).zip(dy.par_chunks(ROWS * f)))
-            .for_each(|(d, (h, dy))| backward_rows(d, h, dy, f, gate));
+        // SAFETY: as in the forward, both halves of every row written
+        let dh = unsafe {
+            written_by(hs.len(), |dh| {
+                dh.par_chunks_mut(ROWS * w)
+                    .zip(hs.par_chunks(ROWS * w).zip(dy.par_chunks(ROWS * f)))
+                    .for_each(|(d, (h, dy))| backward_rows(d, h, dy, f, gate))
+            })
+        };
         FlexTensor::from_data(TensorData::new(dh, dims))
     }
 

@@ -47,8 +47,10 @@ pub fn rms_norm<const D: usize>(x: Tensor<D>, gamma: Tensor<1>, epsilon: f64) ->
             epsilon,
         ));
     }
-    let rms = (x.clone().square().mean_dim(D - 1) + epsilon).sqrt();
-    (x / rms) * gamma.unsqueeze()
+    // the mean square in f32 whatever the float type, as Burn's module takes it
+    let dtype = x.dtype();
+    let rms = (x.clone().cast(burn::tensor::DType::F32).square().mean_dim(D - 1) + epsilon).sqrt();
+    (x / rms.cast(dtype)) * gamma.unsqueeze()
 }
 
 #[cfg(feature = "flex")]

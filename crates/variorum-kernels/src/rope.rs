@@ -47,8 +47,8 @@ pub fn rotate_packed(qkv: Tensor<3>, rotation: Rotation) -> Option<Tensor<3>> {
     let width = (rotation.n_heads + 2 * rotation.n_kv_heads) * rotation.head_dim;
     assert_eq!(qkv.dims()[2], width, "the projection is not (h + 2 h_kv) · d_h wide");
     assert!(
-        rotation.rotary_dim % 2 == 0 && rotation.rotary_dim <= rotation.head_dim,
-        "rope rotates an even number of dimensions, at most the head size"
+        rotation.rotary_dim % 2 == 0 && rotation.rotary_dim > 0 && rotation.rotary_dim <= rotation.head_dim,
+        "rope rotates an even number of dimensions, at least 2 and at most the head size"
     );
     #[cfg(feature = "flex")]
     if crate::has_kernel(&qkv) {
@@ -67,6 +67,7 @@ pub use flex::*;
 mod flex {
     use super::*;
 
+    use crate::fast_math::written_by;
     use burn::backend::autodiff::checkpoint::base::Checkpointer;
     use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
     use burn::backend::autodiff::grads::Gradients;
@@ -75,6 +76,7 @@ mod flex {
     use burn::backend::tensor::FloatTensor;
     use burn::backend::{Autodiff, Backend, Flex, backend_extension};
     use rayon::prelude::*;
+    use std::mem::MaybeUninit;
 
     /// RoPE on a packed projection, for the backends that have it.
     #[backend_extension(Flex, Autodiff)]
@@ -104,28 +106,30 @@ mod flex {
     crate::wide_vectors! {
         /// Rotates the first `heads` head slots of each row of `x` (rows of `width`) into `out`,
         /// copying the rest; `sign` −1 rotates by −mθ (the backward). `cos`, `sin`: the rows'
-        /// tables, `r/2` per row.
+        /// tables, `half` = r/2 per row.
         #[allow(clippy::too_many_arguments)]
-        fn rotate_rows(out: &mut [f32], x: &[f32], cos: &[f32], sin: &[f32], width: usize, heads: usize, head_dim: usize, interleaved: bool, sign: f32) {
-            let half = cos.len() / (x.len() / width);
+        fn rotate_rows(out: &mut [MaybeUninit<f32>], x: &[f32], cos: &[f32], sin: &[f32], width: usize, half: usize, heads: usize, head_dim: usize, interleaved: bool, sign: f32) {
+            debug_assert_eq!(cos.len(), x.len() / width * half);
+            let copy = |o: &mut [MaybeUninit<f32>], x: &[f32]| o.iter_mut().zip(x).for_each(|(o, &v)| { o.write(v); });
             let rows = out.chunks_exact_mut(width).zip(x.chunks_exact(width));
             for ((o, x), (c, s)) in rows.zip(cos.chunks_exact(half).zip(sin.chunks_exact(half))) {
-                o[heads * head_dim..].copy_from_slice(&x[heads * head_dim..]);
+                copy(&mut o[heads * head_dim..], &x[heads * head_dim..]);
                 for (o, x) in o[..heads * head_dim].chunks_exact_mut(head_dim).zip(x.chunks_exact(head_dim)) {
-                    o[2 * half..].copy_from_slice(&x[2 * half..]);
+                    copy(&mut o[2 * half..], &x[2 * half..]);
                     if interleaved {
-                        for k in 0..half {
-                            let (a, b, c, s) = (x[2 * k], x[2 * k + 1], c[k], sign * s[k]);
-                            o[2 * k] = a * c - b * s;
-                            o[2 * k + 1] = b * c + a * s;
+                        let pairs = o[..2 * half].chunks_exact_mut(2).zip(x[..2 * half].chunks_exact(2));
+                        for ((o, x), (&c, &s)) in pairs.zip(c.iter().zip(s)) {
+                            let s = sign * s;
+                            o[0].write(x[0] * c - x[1] * s);
+                            o[1].write(x[1] * c + x[0] * s);
                         }
                     } else {
                         let (x0, x1) = x[..2 * half].split_at(half);
                         let (o0, o1) = o[..2 * half].split_at_mut(half);
                         for ((((o0, o1), &a), &b), (&c, &s)) in o0.iter_mut().zip(o1).zip(x0).zip(x1).zip(c.iter().zip(s)) {
                             let s = sign * s;
-                            *o0 = a * c - b * s;
-                            *o1 = b * c + a * s;
+                            o0.write(a * c - b * s);
+                            o1.write(b * c + a * s);
                         }
                     }
                 }
@@ -142,21 +146,23 @@ mod flex {
         let half = rotation.rotary_dim / 2;
         let heads = rotation.n_heads + rotation.n_kv_heads;
         let xs = x.storage::<f32>();
-        let mut out = vec![0.0f32; xs.len()];
-        if half == 0 {
-            out.copy_from_slice(xs);
-        } else {
-            // tasks of ROWS positions, never across a sequence (so each reads its table rows)
-            let tasks = len.div_ceil(ROWS);
-            out.par_chunks_mut(len * width).zip(xs.par_chunks(len * width)).for_each(|(o, x)| {
-                o.par_chunks_mut(ROWS * width).zip(x.par_chunks(ROWS * width)).enumerate().for_each(|(t, (o, x))| {
-                    debug_assert!(t < tasks);
-                    let rows = ROWS * t..(ROWS * t + x.len() / width);
-                    let (c, s) = (&cos[rows.start * half..rows.end * half], &sin[rows.start * half..rows.end * half]);
-                    rotate_rows(o, x, c, s, width, heads, rotation.head_dim, rotation.interleaved, sign);
+        // SAFETY: the tasks cover every row of every sequence, and rotate_rows writes each whole
+        let out = unsafe {
+            written_by(xs.len(), |out| {
+                // tasks of ROWS positions, never across a sequence (so each reads its table rows)
+                out.par_chunks_mut(len * width).zip(xs.par_chunks(len * width)).for_each(|(o, x)| {
+                    o.par_chunks_mut(ROWS * width).zip(x.par_chunks(ROWS * width)).enumerate().for_each(
+                        |(t, (o, x))| {
+                            let rows = ROWS * t..(ROWS * t + x.len() / width);
+                            let (c, s) =
+                                (&cos[rows.start * half..rows.end * half], &sin[rows.start * half..rows.end * half]);
+                            let dims = (width, half, heads, rotation.head_dim);
+                            rotate_rows(o, x, c, s, dims.0, dims.1, dims.2, dims.3, rotation.interleaved, sign);
+                        },
+                    )
                 })
-            });
-        }
+            })
+        };
         FlexTensor::from_data(TensorData::new(out, dims))
     }
 

@@ -130,9 +130,10 @@ pub fn check_overfit(name: &str, cfg: &ModelConfig, autodiff_device: &Device) ->
     let _guard = seeded();
     let dev = autodiff_device;
     let mut model = build(name, cfg, 11, dev)?;
-    // global-norm clipping at 1.0, as every training config has it: without it, a kind whose
-    // loss surface has cliffs (capsule heads' EM routing) bounces out of the minimum and back, and
-    // whether it sits below the bar at some step depended on rounding (GEMM order, kernels)
+    // gradients clipped at norm 1.0 (Burn's clipping: each parameter tensor by its own norm; the
+    // trainer's is global): without it, a kind whose loss surface has cliffs (capsule heads' EM
+    // routing) bounces out of the minimum and back, and whether it sat below the bar at some step
+    // depended on rounding (GEMM order, kernels)
     let clip = burn::grad_clipping::GradientClippingConfig::Norm(1.0);
     let mut optim = AdamWConfig::new().with_weight_decay(0.0).with_grad_clipping(Some(clip)).init();
     let (inputs, targets) = match cfg.mask_token() {

@@ -85,11 +85,6 @@ pub trait PositionKind:
     }
 }
 
-/// A relative scheme as it acts inside attention. A score-forming mechanism calls, in order,
-/// [`rotate`](Self::rotate) on new queries and keys, [`scores`](Self::scores) on each block of
-/// scaled scores it forms (with that block's [`ScoreLayout`]), and [`context`](Self::context) on
-/// the probabilities. Every hook reads positions from the layout only, so caches, memories and
-/// score blocks need nothing else.
 /// The head counts and size of a fused QKV projection ([`RelativeScheme::rotate_packed`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PackedHeads {
@@ -98,6 +93,11 @@ pub struct PackedHeads {
     pub head_dim: usize,
 }
 
+/// A relative scheme as it acts inside attention. A score-forming mechanism calls, in order,
+/// [`rotate`](Self::rotate) on new queries and keys, [`scores`](Self::scores) on each block of
+/// scaled scores it forms (with that block's [`ScoreLayout`]), and [`context`](Self::context) on
+/// the probabilities. Every hook reads positions from the layout only, so caches, memories and
+/// score blocks need nothing else.
 pub trait RelativeScheme {
     /// Rotates `x: [b, heads, len, d_h]` whose rows sit at positions `start..` (RoPE).
     /// Default: the identity.
