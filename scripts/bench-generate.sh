@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# Generation speed of variorum against the PyTorch reference, with and without a KV cache.
+# Generation speed of variorum against a PyTorch reference, with and without a KV cache.
 #
-# The model is the baby-Shakespeare character GPT (4 pre-LN blocks × 4 heads × 128, learned
-# positions, GELU, tied embeddings) with a 1024-token context: configs/gpt-ctx1024-char.toml,
-# trained for a single step (speed does not depend on the weights). For each context C
+# The model (MODEL):
+#   gpt    the baby-Shakespeare character GPT (4 pre-LN blocks × 4 heads × 128, learned positions,
+#          GELU, tied embeddings) with a 1024-token context, configs/gpt-ctx1024-char.toml; the
+#          reference is scripts/reference/generate_gpt.py (the same architecture in plain PyTorch);
+#   llama  the LLaMA-style baby (rotary positions, RMSNorm, SwiGLU, 2 key/value heads),
+#          configs/llama-ctx1024-char.toml; the reference is x-transformers' own generate
+#          (scripts/reference/generate_xtransformers.py).
+# Trained for a single step (speed does not depend on the weights). For each context C
 # (default 256 and 1024) both sides continue a 16-token prompt by C - 16 tokens, greedily, so the
 # window never slides, once with the cache and once recomputing the whole sequence per token.
 # variorum: `variorum generate` (tokens/s from its stderr line), median of REPEATS runs.
-# PyTorch: scripts/reference/generate_gpt.py (same architecture, random weights), median of
-# REPEATS runs. Both run one after the other, never concurrently.
+# PyTorch: the reference above (same architecture, random weights), median of REPEATS runs. Both run one after the other, never concurrently.
 #
 # Environment:
+#   MODEL             gpt (default) or llama
 #   CONTEXTS          space-separated contexts, prompt + new tokens (default "256 1024"; at most 1024)
 #   PROMPT_LEN        prompt tokens (default 16; variorum's prompt is the corpus' first PROMPT_LEN characters)
 #   REPEATS           runs per setting, median kept (default 3)
@@ -27,8 +32,19 @@ source scripts/reference/prepare.sh
 CONTEXTS="${CONTEXTS:-256 1024}"
 PROMPT_LEN="${PROMPT_LEN:-16}"
 REPEATS="${REPEATS:-3}"
-OUT="${OUT:-runs/bench-generate}"
-CONFIG="configs/gpt-ctx1024-char.toml"
+MODEL="${MODEL:-gpt}"
+case "$MODEL" in
+  gpt)
+    CONFIG="configs/gpt-ctx1024-char.toml"
+    REF_SCRIPT="scripts/reference/generate_gpt.py"
+    DESCRIPTION="configs/gpt-ctx1024-char.toml (4 layers x 4 heads x 128, pre-LN, learned positions, GELU, tied)" ;;
+  llama)
+    CONFIG="configs/llama-ctx1024-char.toml"
+    REF_SCRIPT="scripts/reference/generate_xtransformers.py"
+    DESCRIPTION="configs/llama-ctx1024-char.toml (4 layers x 4 heads (2 kv) x 128, rope, rms-norm, swiglu, tied); reference x-transformers" ;;
+  *) echo "error: MODEL must be gpt or llama, got '$MODEL'" >&2; exit 2 ;;
+esac
+OUT="${OUT:-runs/bench-generate$([[ "$MODEL" == gpt ]] || echo "-$MODEL")}"
 MAX_CONTEXT=1024 # model.seq_len of $CONFIG
 
 is_count() { [[ "$1" =~ ^[1-9][0-9]*$ ]]; }
@@ -123,7 +139,7 @@ done
 # 6. The PyTorch reference, same settings.
 say "PyTorch reference: contexts ${contexts[*]}, $REPEATS runs each, $PYTORCH_THREADS threads"
 ref_rc=0
-"$VENV/bin/python" scripts/reference/generate_gpt.py \
+"$VENV/bin/python" "$REF_SCRIPT" \
   --contexts "$(IFS=,; echo "${contexts[*]}")" --prompt-len "$PROMPT_LEN" \
   --repeats "$REPEATS" --threads "$PYTORCH_THREADS" >"$OUT/pytorch.log" 2>&1 || ref_rc=$?
 cat "$OUT/pytorch.log" >&2
@@ -137,12 +153,12 @@ if [[ $ref_rc -ne 0 ]]; then
 fi
 
 # 7. Table and bench-generate.json.
-python3 - "$VAR_RATES" "$OUT/pytorch.json" "$OUT/bench-generate.json" "$PROMPT_LEN" "$REPEATS" <<'PY'
+python3 - "$VAR_RATES" "$OUT/pytorch.json" "$OUT/bench-generate.json" "$PROMPT_LEN" "$REPEATS" "$DESCRIPTION" <<'PY'
 import json
 import statistics
 import sys
 
-rates_path, ref_path, out_path, prompt_len, repeats = sys.argv[1:6]
+rates_path, ref_path, out_path, prompt_len, repeats, description = sys.argv[1:7]
 runs = {}
 with open(rates_path) as f:
     for line in f:
@@ -171,7 +187,7 @@ for (context, mode), var_runs in runs.items():
     })
 
 result = {
-    "model": "configs/gpt-ctx1024-char.toml (4 layers x 4 heads x 128, pre-LN, learned positions, GELU, tied)",
+    "model": description,
     "repeats": int(repeats),
     "statistic": "median tokens/s (new tokens over the whole call, prompt included)",
     "pytorch": {"torch": ref.get("torch"), "threads": ref.get("threads"), "tokens_match": ref.get("tokens_match")},

@@ -156,11 +156,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def main(argv=None) -> int:
+def main(argv=None, build=None) -> int:
+    """Times both modes and prints the RESULT line. `build(args)` replaces the model (another
+    reference, generate_xtransformers.py): it returns (model, cached, uncached), the two
+    functions taking (prompt, new_tokens) and returning the new tokens, greedily."""
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    model = CharGPT(args.vocab, args.block_size, args.n_layer, args.n_head, args.n_embd)
+    if build is None:
+        model = CharGPT(args.vocab, args.block_size, args.n_layer, args.n_head, args.n_embd)
+        cached = lambda prompt, n: generate_cached(model, args.n_head, prompt, n)  # noqa: E731
+        uncached = lambda prompt, n: generate_uncached(model, prompt, n)  # noqa: E731
+    else:
+        model, cached, uncached = build(args)
     model.eval()
     log(
         f"torch {torch.__version__} | threads {torch.get_num_threads()} | vocab {args.vocab} | "
@@ -174,14 +182,14 @@ def main(argv=None) -> int:
     with torch.no_grad():
         if args.warmup_tokens:
             warm = torch.randint(args.vocab, (args.prompt_len,), generator=gen).tolist()
-            generate_cached(model, args.n_head, warm, args.warmup_tokens)
-            generate_uncached(model, warm, args.warmup_tokens)
+            cached(warm, args.warmup_tokens)
+            uncached(warm, args.warmup_tokens)
         for context in args.contexts:
             new_tokens = context - args.prompt_len
             prompt = torch.randint(args.vocab, (args.prompt_len,), generator=gen).tolist()
             modes = {
-                "cache": lambda: generate_cached(model, args.n_head, prompt, new_tokens),
-                "no_cache": lambda: generate_uncached(model, prompt, new_tokens),
+                "cache": lambda: cached(prompt, new_tokens),
+                "no_cache": lambda: uncached(prompt, new_tokens),
             }
             setting = {"context": context, "prompt_len": args.prompt_len, "new_tokens": new_tokens}
             outputs = {}

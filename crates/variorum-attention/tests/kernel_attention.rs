@@ -1,6 +1,8 @@
 //! The kernelised kinds (linear, performer, rfa, average): the recurrent form decodes what the
 //! parallel form computes, and random features converge to the softmax attention they estimate.
 
+mod common;
+
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::activation::softmax;
@@ -234,21 +236,6 @@ fn rfa_learns_the_frequency_scale_and_draws_per_head() {
     assert_eq!(per_head(&f), 0.0);
 }
 
-/// Every parameter's gradient in `module`, flattened, in visiting order.
-struct ParamGrads<'a> {
-    grads: &'a burn::tensor::Gradients,
-    out: Vec<Tensor<1>>,
-}
-
-impl burn::module::ModuleVisitor for ParamGrads<'_> {
-    fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<D>>) {
-        if let Some(g) = param.val().grad(self.grads) {
-            let n = g.shape().num_elements();
-            self.out.push(g.reshape([n]));
-        }
-    }
-}
-
 /// max |a − b| relative to the largest |b| (when that exceeds 10⁻³).
 fn rel_diff<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {
     let scale = b.clone().abs().max().into_scalar::<f32>().max(1e-3);
@@ -272,9 +259,9 @@ fn the_fused_kernel_and_the_composed_chunks_agree_with_their_gradients() {
                 let x = x0.clone().require_grad();
                 let y = attn.forward(AttentionInput::self_attention(x.clone(), &AttentionMask::causal()), None).context;
                 let grads = (y.clone() * w.clone()).sum().backward();
-                let mut visitor = ParamGrads { grads: &grads, out: Vec::new() };
+                let mut visitor = common::ParamGrads::new(&grads);
                 attn.visit(&mut visitor);
-                (y, x.grad(&grads).unwrap(), visitor.out)
+                (y, x.grad(&grads).unwrap(), visitor.grads())
             };
             if kernels { f() } else { variorum_kernels::without_kernels(f) }
         };

@@ -3,6 +3,8 @@
 //! nothing), also with keys longer than the queries (a cache or a memory), and the scheme
 //! actually changes the pattern.
 
+mod common;
+
 use burn::module::Param;
 use burn::prelude::*;
 use burn::tensor::Distribution;
@@ -93,21 +95,6 @@ fn scores_are_invariant_to_shifting_all_positions() {
     }
 }
 
-/// Every parameter's gradient in `module`, flattened, in visiting order.
-struct ParamGrads<'a> {
-    grads: &'a burn::tensor::Gradients,
-    out: Vec<Tensor<1>>,
-}
-
-impl burn::module::ModuleVisitor for ParamGrads<'_> {
-    fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<D>>) {
-        if let Some(g) = param.val().grad(self.grads) {
-            let n = g.shape().num_elements();
-            self.out.push(g.reshape([n]));
-        }
-    }
-}
-
 #[test]
 fn rope_on_the_packed_kernel_equals_the_composed_heads_with_the_gradients() {
     // full and capsule-heads attention with RoPE (both layouts, partial, grouped-query heads)
@@ -133,9 +120,9 @@ fn rope_on_the_packed_kernel_equals_the_composed_heads_with_the_gradients() {
                 let mask = AttentionMask::causal();
                 let y = attn.forward(AttentionInput::self_attention(x.clone(), &mask), None).context;
                 let grads = (y.clone() * w.clone()).sum().backward();
-                let mut visitor = ParamGrads { grads: &grads, out: Vec::new() };
+                let mut visitor = common::ParamGrads::new(&grads);
                 attn.visit(&mut visitor);
-                (y, x.grad(&grads).unwrap(), visitor.out)
+                (y, x.grad(&grads).unwrap(), visitor.grads())
             };
             if kernels { f() } else { variorum_kernels::without_kernels(f) }
         };

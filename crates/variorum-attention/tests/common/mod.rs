@@ -73,3 +73,29 @@ pub fn seeded() -> std::sync::MutexGuard<'static, ()> {
     static SEEDED: std::sync::Mutex<()> = std::sync::Mutex::new(());
     SEEDED.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+/// Every parameter's gradient in a module, flattened, in visiting order (`module.visit(&mut
+/// visitor)`, then [`ParamGrads::grads`]).
+pub struct ParamGrads<'a> {
+    grads: &'a burn::tensor::Gradients,
+    out: Vec<Tensor<1>>,
+}
+
+impl<'a> ParamGrads<'a> {
+    pub fn new(grads: &'a burn::tensor::Gradients) -> Self {
+        Self { grads, out: Vec::new() }
+    }
+
+    pub fn grads(self) -> Vec<Tensor<1>> {
+        self.out
+    }
+}
+
+impl burn::module::ModuleVisitor for ParamGrads<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<D>>) {
+        if let Some(g) = param.val().grad(self.grads) {
+            let n = g.shape().num_elements();
+            self.out.push(g.reshape([n]));
+        }
+    }
+}
