@@ -120,12 +120,13 @@ mod flex {
         }
     }
 
-    /// σ(a) ∘ b of one row (inlined per σ, as [`backward_row`]).
+    /// σ(a) ∘ b of one row (inlined per σ, as [`backward_row`]; a `for` loop, not `for_each`,
+    /// whose closure was compiled out of line, without the wrapper's AVX2).
     #[inline(always)]
     fn forward_row(gate: Gate, out: &mut [MaybeUninit<f32>], a: &[f32], b: &[f32]) {
-        out.iter_mut().zip(a).zip(b).for_each(|((o, &a), &b)| {
+        for ((o, &a), &b) in out.iter_mut().zip(a).zip(b) {
             o.write(activation(gate, a).0 * b);
-        });
+        }
     }
 
     /// ∂L/∂a and ∂L/∂b of one row; `#[inline(always)]` so that each σ's copy vectorises inside

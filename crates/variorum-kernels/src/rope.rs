@@ -110,12 +110,11 @@ mod flex {
         #[allow(clippy::too_many_arguments)]
         fn rotate_rows(out: &mut [MaybeUninit<f32>], x: &[f32], cos: &[f32], sin: &[f32], width: usize, half: usize, heads: usize, head_dim: usize, interleaved: bool, sign: f32) {
             debug_assert_eq!(cos.len(), x.len() / width * half);
-            let copy = |o: &mut [MaybeUninit<f32>], x: &[f32]| o.iter_mut().zip(x).for_each(|(o, &v)| { o.write(v); });
             let rows = out.chunks_exact_mut(width).zip(x.chunks_exact(width));
             for ((o, x), (c, s)) in rows.zip(cos.chunks_exact(half).zip(sin.chunks_exact(half))) {
-                copy(&mut o[heads * head_dim..], &x[heads * head_dim..]);
+                copy_into(&mut o[heads * head_dim..], &x[heads * head_dim..]);
                 for (o, x) in o[..heads * head_dim].chunks_exact_mut(head_dim).zip(x.chunks_exact(head_dim)) {
-                    copy(&mut o[2 * half..], &x[2 * half..]);
+                    copy_into(&mut o[2 * half..], &x[2 * half..]);
                     if interleaved {
                         let pairs = o[..2 * half].chunks_exact_mut(2).zip(x[..2 * half].chunks_exact(2));
                         for ((o, x), (&c, &s)) in pairs.zip(c.iter().zip(s)) {
@@ -134,6 +133,14 @@ mod flex {
                     }
                 }
             }
+        }
+    }
+
+    /// `x` into `out`.
+    #[inline(always)]
+    fn copy_into(out: &mut [MaybeUninit<f32>], x: &[f32]) {
+        for (o, &v) in out.iter_mut().zip(x) {
+            o.write(v);
         }
     }
 
