@@ -55,7 +55,7 @@ cfg, role, path = sys.argv[1:4]
 report = json.load(open(path))
 print(json.dumps({"config": cfg, "role": role, **report}))
 PY
-    echo "==> $cfg: $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(f"{r[\"median_tokens_per_sec\"]:,.0f} tokens/s")' "$log.json")" >&2
+    echo "==> $cfg: $(python3 -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["median_tokens_per_sec"]), "tokens/s")' "$log.json")" >&2
   else
     echo "==> $cfg: failed (see $log)" >&2
     printf '%s\n' "{\"config\": \"$cfg\", \"role\": \"$role\", \"failed\": true}" >>"$OUT/results.jsonl"

@@ -715,6 +715,14 @@ impl MultiHeadAttention {
         if let Some(context) = self.fused(&p, input.mask, input.need_weights) {
             return (context, None);
         }
+        if self.bias_on_the_sparse_kernel(&p, input.mask, input.need_weights) {
+            // a distance-only bias (ALiBi, T5) that the causal kernel does not take: the
+            // block-sparse kernel takes it, over a band that reaches every key
+            let (l, m) = (p.layout.len_q, input.mask);
+            let ahead = if m.causal { 0 } else { l };
+            let band = Band { back: l, ahead, block: l.clamp(1, 128), query_blocks: false, causal: m.causal };
+            return (concat_heads(banded(self, &p, &[band], &[])), None);
+        }
         let scores = self.mask_scores(self.scores(&p), input.mask, input.dense_mask, &p);
         let probs = self.normalise(scores);
         let weights = input.need_weights.then(|| probs.clone());
@@ -750,6 +758,16 @@ impl MultiHeadAttention {
             None => p.q.clone(),
         };
         variorum_kernels::causal_attention::causal_attention(q, p.k.clone(), p.v.clone(), offset, self.normaliser.row)
+    }
+
+    /// Whether the call is plain attention over a fresh sequence whose position scheme adds a
+    /// score by distance alone (not a rotation, which [`Self::fused`] takes): the block-sparse
+    /// kernel computes it with its distance-bias table, where the kernels are on.
+    fn bias_on_the_sparse_kernel(&self, p: &Projected, m: &AttentionMask, need_weights: bool) -> bool {
+        let aligned = p.layout.q_start == p.layout.k_start && p.layout.len_q == p.layout.len_k;
+        let plain = m.padding.is_none() && m.custom.is_none() && !need_weights && self.dropout.prob == 0.0;
+        let by_distance = self.position.as_ref().is_some_and(|pos| pos.works_on_gathered_keys() && !pos.rotates());
+        aligned && plain && by_distance && variorum_kernels::has_kernel(&p.q)
     }
 
     /// What both kernel paths share: a causal mask and nothing else, no dropout on the

@@ -96,15 +96,21 @@ fn scores_are_invariant_to_shifting_all_positions() {
 }
 
 #[test]
-fn rope_on_the_packed_kernel_equals_the_composed_heads_with_the_gradients() {
+fn rope_alibi_and_t5_on_the_kernels_equal_the_composed_path_with_the_gradients() {
     // full and capsule-heads attention with RoPE (both layouts, partial, grouped-query heads)
-    // rotate the fused projection by a kernel and read it packed; the composed path splits the
-    // heads and rotates them with Burn's ops: the same output and every gradient
+    // rotate the fused projection by a kernel and read it packed; with ALiBi or T5 full attention
+    // hands its distance bias to the block-sparse kernel; the composed path splits the heads,
+    // rotates or biases with Burn's ops: the same output and every gradient (T5's table too)
     let dev = Device::flex().autodiff();
     dev.seed(12);
     let x0: Tensor<3> = random([2, 21, D], &dev);
     let w: Tensor<3> = random([2, 21, D], &dev);
-    let schemes = ["kind = \"rope\"", "kind = \"rope\"\nlayout = \"interleaved\"\nrotary_dim = 2"];
+    let schemes = [
+        "kind = \"rope\"",
+        "kind = \"rope\"\nlayout = \"interleaved\"\nrotary_dim = 2",
+        "kind = \"alibi\"",
+        "kind = \"t5\"\nnum_buckets = 8\nmax_distance = 16",
+    ];
     let kinds = [
         "kind = \"full\"\nn_heads = 4\nn_kv_heads = 2",
         "kind = \"capsule-heads\"\nn_heads = 4\nn_kv_heads = 2\nrouting = \"em\"",
@@ -126,9 +132,13 @@ fn rope_on_the_packed_kernel_equals_the_composed_heads_with_the_gradients() {
             };
             if kernels { f() } else { variorum_kernels::without_kernels(f) }
         };
-        let rotations = variorum_kernels::rope::calls();
+        let (rotations, sparse) = (variorum_kernels::rope::calls(), variorum_kernels::block_sparse::calls());
         let ((y1, g1, p1), (y2, g2, p2)) = (run(true), run(false));
-        assert_eq!(variorum_kernels::rope::calls(), rotations + 1, "{kind}: the packed rotation ran once");
+        let ran = match position.kind() {
+            "rope" => variorum_kernels::rope::calls() == rotations + 1,
+            _ => variorum_kernels::block_sparse::calls() == sparse + 1,
+        };
+        assert!(ran, "{kind} with {scheme}: the kernel ran once");
         let rel = |a: Tensor<3>, b: Tensor<3>| {
             let s = b.clone().abs().max().into_scalar::<f32>().max(1e-3);
             (a - b).abs().max().into_scalar::<f32>() / s
