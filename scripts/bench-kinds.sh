@@ -35,17 +35,21 @@ for v in STEPS RUNS EVERY; do
   esac
 done
 
+echo "==> building variorum (release; nothing to do when it is up to date)" >&2
+cargo test --release --workspace --no-run
 if [[ ! -x "$BIN" ]]; then
-  echo "==> building variorum (release)" >&2
-  cargo test --release --workspace --no-run
+  echo "error: $BIN not found after the build" >&2
+  exit 1
 fi
 
 mkdir -p "$OUT/logs"
 : >"$OUT/results.jsonl"
 
+n=0
 bench() { # config, role
   local cfg="$1" role="$2" log
-  log="$OUT/logs/$(echo "$cfg" | tr '/' '_').log"
+  n=$((n + 1))
+  log="$OUT/logs/$n-$(echo "$cfg" | tr '/' '_').log"
   if "$BIN" bench "$cfg" --steps "$STEPS" --runs "$RUNS" --json >"$log.json" 2>"$log"; then
     python3 - "$cfg" "$role" "$log.json" >>"$OUT/results.jsonl" <<'PY'
 import json

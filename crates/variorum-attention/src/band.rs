@@ -813,3 +813,27 @@ impl AttentionMechanism for BandAttention {
         self.attention.content_only(query, key_value)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Band;
+
+    #[test]
+    fn a_band_covers_a_sequence_exactly_when_its_farthest_pairs_are_seen() {
+        let band = |back, ahead, block, query_blocks, causal| Band { back, ahead, block, query_blocks, causal };
+        // a window of w keys back (own included): back = w − 1 covers w positions, not w + 1
+        assert!(band(9, 0, 4, false, true).covers(10));
+        assert!(!band(9, 0, 4, false, true).covers(11));
+        // bidirectional: the first query must reach the last key too
+        assert!(band(9, 9, 4, false, false).covers(10));
+        assert!(!band(9, 8, 4, false, false).covers(10));
+        // query blocks of 4 with 3 back: the last block of 8 (4..8) starts at 4 and reaches 1
+        assert!(!band(3, 0, 4, true, true).covers(8));
+        assert!(band(4, 0, 4, true, true).covers(8));
+        // bidirectional query blocks: the first block ends at 3 and reaches 3 + ahead
+        assert!(band(4, 4, 4, true, false).covers(8));
+        assert!(!band(4, 3, 4, true, false).covers(8));
+        // one position is always covered
+        assert!(band(0, 0, 1, false, true).covers(1));
+    }
+}

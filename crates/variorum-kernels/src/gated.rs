@@ -186,6 +186,8 @@ mod flex {
         let w = *dims.last().expect("checked in the forward");
         let f = w / 2;
         let (hs, dy) = (h.storage::<f32>(), grad.storage::<f32>());
+        // the zips below would stop early on a mismatch and leave the output unwritten
+        assert_eq!(2 * dy.len(), hs.len(), "the gate's gradient is half its input's width");
         // SAFETY: as in the forward, both halves of every row written
         let dh = unsafe {
             written_by(hs.len(), |dh| {
