@@ -40,6 +40,23 @@ pub fn calls() -> usize {
     CALLS.get()
 }
 
+/// cos and sin of m·θ_k, θ_k = base^(−2k/r), for the positions `start..start + len`, `[len, r/2]`
+/// each, row-major; in f64 before rounding, so that large positions keep their precision. The one
+/// table of both RoPE forms (this kernel and `variorum_position`'s composed rotation).
+pub fn angles(base: f64, rotary_dim: usize, start: usize, len: usize) -> (Vec<f32>, Vec<f32>) {
+    let half = rotary_dim / 2;
+    let freq: Vec<f64> = (0..half).map(|k| base.powf(-(2.0 * k as f64) / rotary_dim as f64)).collect();
+    let (mut c, mut s) = (Vec::with_capacity(len * half), Vec::with_capacity(len * half));
+    for m in start..start + len {
+        for f in &freq {
+            let (sin, cos) = (m as f64 * f).sin_cos();
+            c.push(cos as f32);
+            s.push(sin as f32);
+        }
+    }
+    (c, s)
+}
+
 /// `qkv: [b, L, (h + 2 h_kv) · d_h]` with its query and key heads rotated by the rows' positions
 /// `start..start + L`; `None` on a backend or float type without the kernel (the caller then
 /// splits the heads and rotates them with Burn's ops).
@@ -87,22 +104,6 @@ mod flex {
     /// Rows (positions) per task.
     const ROWS: usize = 16;
 
-    /// cos and sin of m·θ_k for the positions `start..start + len`, `[len, r/2]` each; in f64 so
-    /// that large positions keep their precision (as `variorum_position` computes them).
-    fn table(rotation: &Rotation, len: usize) -> (Vec<f32>, Vec<f32>) {
-        let (r, half) = (rotation.rotary_dim, rotation.rotary_dim / 2);
-        let freq: Vec<f64> = (0..half).map(|k| rotation.base.powf(-(2.0 * k as f64) / r as f64)).collect();
-        let (mut c, mut s) = (Vec::with_capacity(len * half), Vec::with_capacity(len * half));
-        for m in rotation.start..rotation.start + len {
-            for f in &freq {
-                let (sin, cos) = (m as f64 * f).sin_cos();
-                c.push(cos as f32);
-                s.push(sin as f32);
-            }
-        }
-        (c, s)
-    }
-
     crate::wide_vectors! {
         /// Rotates the first `heads` head slots of each row of `x` (rows of `width`) into `out`,
         /// copying the rest; `sign` −1 rotates by −mθ (the backward). `cos`, `sin`: the rows'
@@ -149,7 +150,7 @@ mod flex {
         let x = x.to_contiguous();
         let dims = x.layout().shape().to_vec();
         let [_, len, width] = dims[..] else { panic!("rope on a packed projection takes [b, L, width], got {dims:?}") };
-        let (cos, sin) = table(rotation, len);
+        let (cos, sin) = angles(rotation.base, rotation.rotary_dim, rotation.start, len);
         let half = rotation.rotary_dim / 2;
         let heads = rotation.n_heads + rotation.n_kv_heads;
         let xs = x.storage::<f32>();
@@ -163,8 +164,8 @@ mod flex {
                             let rows = ROWS * t..(ROWS * t + x.len() / width);
                             let (c, s) =
                                 (&cos[rows.start * half..rows.end * half], &sin[rows.start * half..rows.end * half]);
-                            let dims = (width, half, heads, rotation.head_dim);
-                            rotate_rows(o, x, c, s, dims.0, dims.1, dims.2, dims.3, rotation.interleaved, sign);
+                            let (dh, interleaved) = (rotation.head_dim, rotation.interleaved);
+                            rotate_rows(o, x, c, s, width, half, heads, dh, interleaved, sign);
                         },
                     )
                 })

@@ -84,16 +84,7 @@ impl RotaryEmbedding {
     /// cos and sin of m·θ_k for positions `start..start+len`, each `[len, rotary_dim / 2]`.
     fn angles(&self, start: usize, len: usize, device: &Device) -> (Tensor<2>, Tensor<2>) {
         let half = self.rotary_dim / 2;
-        let freq: Vec<f64> = (0..half).map(|k| self.base.powf(-(2.0 * k as f64) / self.rotary_dim as f64)).collect();
-        let (mut c, mut s) = (Vec::with_capacity(len * half), Vec::with_capacity(len * half));
-        for m in start..start + len {
-            for f in &freq {
-                // in f64 so that large positions keep their precision
-                let (sin, cos) = (m as f64 * f).sin_cos();
-                c.push(cos as f32);
-                s.push(sin as f32);
-            }
-        }
+        let (c, s) = variorum_kernels::rope::angles(self.base, self.rotary_dim, start, len);
         let t = |v| Tensor::<2>::from_data(TensorData::new(v, [len, half]), device);
         (t(c), t(s))
     }
