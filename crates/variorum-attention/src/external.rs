@@ -122,6 +122,7 @@ pub trait DynKind: Debug + Send + Sync {
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64;
     fn for_layer(&self, layer: usize) -> Box<dyn DynKind>;
     fn per_layer(&self) -> usize;
+    fn per_layer_key(&self) -> &'static str;
     fn scores_every_key(&self) -> bool;
     fn tags(&self) -> Option<usize>;
     fn build(&self, init: &LayerInit, device: &Device) -> Box<dyn DynMechanism>;
@@ -169,6 +170,9 @@ impl<C: AttentionKind> DynKind for C {
     }
     fn per_layer(&self) -> usize {
         AttentionKind::per_layer(self)
+    }
+    fn per_layer_key(&self) -> &'static str {
+        AttentionKind::per_layer_key(self)
     }
     fn scores_every_key(&self) -> bool {
         AttentionKind::scores_every_key(self)

@@ -143,6 +143,12 @@ pub trait AttentionKind:
         0
     }
 
+    /// The key of the per-layer list (`layer_windows`), for the error when its length does not
+    /// match the model's layers.
+    fn per_layer_key(&self) -> &'static str {
+        "per-layer list"
+    }
+
     /// Whether every query is scored against every key (an L × L matrix per head), for memory
     /// estimates.
     fn scores_every_key(&self) -> bool {

@@ -159,6 +159,10 @@ impl AttentionKind for LongformerConfig {
         self.layer_windows.len().max(self.layer_dilations.len())
     }
 
+    fn per_layer_key(&self) -> &'static str {
+        if self.layer_windows.is_empty() { "layer_dilations" } else { "layer_windows" }
+    }
+
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         self.heads().validate(d_model)?;
         check(self.window >= 1 && self.layer_windows.iter().all(|&w| w >= 1), || {

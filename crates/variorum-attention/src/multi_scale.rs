@@ -84,6 +84,10 @@ impl AttentionKind for MultiScaleConfig {
         self.layer_windows.len()
     }
 
+    fn per_layer_key(&self) -> &'static str {
+        "layer_windows"
+    }
+
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         self.heads().validate(d_model)?;
         for windows in std::iter::once(&self.windows).chain(&self.layer_windows) {

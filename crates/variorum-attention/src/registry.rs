@@ -230,6 +230,13 @@ macro_rules! attention_kinds {
                 }
             }
 
+            pub fn per_layer_key(&self) -> &'static str {
+                match self {
+                    $( Self::$variant(c) => AttentionKind::per_layer_key(c), )+
+                    Self::External(c) => c.config.per_layer_key(),
+                }
+            }
+
             /// `init_std` for the input projections, `out_std` for the output projection;
             /// `position` supplies the layer's relative scheme, if any.
             pub fn init(
@@ -385,6 +392,18 @@ attention_kinds! {
     "lazyformer" => Lazyformer(crate::LazyformerConfig, crate::LazyAttention),
     /// Evolving attention: each layer's logits mix a residual convolution of the previous layer's.
     "evolving" => Evolving(crate::EvolvingConfig, crate::EvolvingAttention),
+    /// gMLP's spatial gating unit: a learned ℓ × ℓ position mixing gates half the channels (aMLP: plus a tiny attention).
+    "gmlp" => Gmlp(crate::GmlpConfig, crate::GmlpAttention),
+    /// MLP-Mixer's token-mixing MLP along the positions (MADE-masked when causal).
+    "mlp-mixer" => MlpMixer(crate::MlpMixerConfig, crate::MlpMixerAttention),
+    /// FNet: the real part of a 2D Fourier transform of the sequence (bidirectional).
+    "fnet" => Fnet(crate::FnetConfig, crate::FourierMixing),
+    /// Lightweight convolution: softmax-normalised depthwise kernels shared by channel groups.
+    "lightweight-conv" => LightweightConv(crate::LightweightConvConfig, crate::ConvolutionAttention),
+    /// Dynamic convolution: each position predicts its own lightweight kernels.
+    "dynamic-conv" => DynamicConv(crate::DynamicConvConfig, crate::ConvolutionAttention),
+    /// Modern Hopfield layer: queries iterated toward a fixed point over the sequence's keys (mixer) or n learned stored patterns (lookup).
+    "hopfield" => Hopfield(crate::HopfieldConfig, crate::HopfieldAttention),
 }
 
 impl Default for AttentionConfig {

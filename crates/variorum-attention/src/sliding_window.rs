@@ -92,6 +92,10 @@ impl AttentionKind for SlidingWindowConfig {
         self.layer_windows.len()
     }
 
+    fn per_layer_key(&self) -> &'static str {
+        "layer_windows"
+    }
+
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         self.heads().validate(d_model)?;
         check(self.window >= 1 && self.layer_windows.iter().all(|&w| w >= 1), || {

@@ -331,7 +331,7 @@ impl AttentionKind for SynthesizerConfig {
 
 /// Entries `start..start + len` of `t` along `dim`; positions past the table's last entry read
 /// that entry (see the module doc: only a context longer than the model's reaches them).
-fn take<const D: usize>(t: Tensor<D>, dim: usize, start: usize, len: usize) -> Tensor<D> {
+pub(crate) fn take<const D: usize>(t: Tensor<D>, dim: usize, start: usize, len: usize) -> Tensor<D> {
     let n = t.dims()[dim];
     if start + len <= n {
         return t.narrow(dim, start, len);

@@ -15,6 +15,7 @@ pub mod block_sparse;
 pub mod causal_attention;
 pub mod cross_entropy;
 pub mod fast_math;
+pub mod fourier;
 pub mod gated;
 pub mod gelu;
 pub mod layer_norm;

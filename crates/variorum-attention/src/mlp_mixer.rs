@@ -1,0 +1,232 @@
+//! MLP-Mixer's token-mixing MLP (Tolstikhin et al. 2021, "MLP-Mixer: An all-MLP Architecture for
+//! Vision", eq. (1)), the `mlp-mixer` kind: every channel c of the layer's input X ∈ ℝ^{ℓ×d} goes
+//! through one MLP along the positions, shared by the channels,
+//!
+//! Y_{·,c} = W₂ GELU(W₁ X_{·,c} + b₁) + b₂,   W₁ ∈ ℝ^{D_S×ℓ}, W₂ ∈ ℝ^{ℓ×D_S},
+//!
+//! while the block's feed-forward layer is the paper's channel-mixing MLP.
+//!
+//! Choices where the paper leaves one open (it has no causal form: images have no order):
+//! - Causal form, by masked weights as in MADE (Germain, Gregor, Murray, Larochelle 2015): hidden
+//!   unit k gets the degree m(k) = ⌊k·ℓ/D_S⌋; W₁[k, j] is kept only for positions j ≤ m(k) and
+//!   W₂[i, k] only for m(k) ≤ i. Output i then depends on inputs at positions ≤ i alone, and
+//!   with D_S ≥ ℓ on every one of them (each position has a unit of its own degree).
+//! - D_S = `d_token`, the model's context ℓ by default.
+//! - Positions are absolute (columns of W₁, rows of W₂: `variable_length: false`); a shorter
+//!   sequence uses the first columns and rows, as if padded with zeros to ℓ. Padded positions
+//!   are zeroed before the MLP; a custom mask pattern cannot be expressed by an MLP over
+//!   positions and is not read. Positions past ℓ read the last row and column (only a library
+//!   user running the module past the model's context reaches them).
+//! - Initialisation: W₁, W₂ normal with the model's scales (W₂ with the residual output's), zero
+//!   biases.
+//! - Decoding keeps the inputs of every position so far and recomputes the hidden units from
+//!   them: O(D_S·ℓ·d) per token, like attention's O(ℓ·d).
+
+use burn::module::Param;
+use burn::nn::Initializer;
+use burn::prelude::*;
+use serde::{Deserialize, Serialize};
+use variorum_core::{Capabilities, ConfigError, error::check};
+use variorum_position::HeadShape;
+
+use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
+use crate::synthesizer::take;
+use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache};
+
+/// `model.attention` with `kind = "mlp-mixer"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MlpMixerConfig {
+    /// D_S, the hidden width of the token-mixing MLP. Default: the model's context ℓ.
+    pub d_token: Option<usize>,
+}
+
+impl Default for MlpMixerConfig {
+    fn default() -> Self {
+        Self { d_token: None }
+    }
+}
+
+impl MlpMixerConfig {
+    pub fn d_token(&self, context: usize) -> usize {
+        self.d_token.unwrap_or(context.max(1))
+    }
+
+    /// `context` is ℓ, the positions the MLP spans (the model's context).
+    pub fn init(&self, init_std: f64, out_std: f64, context: usize, device: &Device) -> MlpMixerAttention {
+        let context = context.max(1);
+        let hidden = self.d_token(context);
+        let normal = |shape: [usize; 2], std| Initializer::Normal { mean: 0.0, std }.init(shape, device);
+        MlpMixerAttention {
+            token_in: normal([hidden, context], init_std),
+            token_in_bias: Param::from_tensor(Tensor::zeros([hidden], device)),
+            token_out: normal([context, hidden], out_std),
+            token_out_bias: Param::from_tensor(Tensor::zeros([context], device)),
+        }
+    }
+}
+
+impl AttentionKind for MlpMixerConfig {
+    type Module = MlpMixerAttention;
+    const SUMMARY: &'static str = "MLP-Mixer's token-mixing MLP: W₂ GELU(W₁ X + b₁) + b₂ along the positions, shared by the channels; causal by MADE-masked weights (hidden unit k of degree m(k) reads positions ≤ m(k), feeds positions ≥ m(k))";
+    const PAPER: &'static str = "Tolstikhin et al. 2021, MLP-Mixer: An all-MLP Architecture for Vision";
+    // weights over absolute positions: no relative scheme, no memory, contexts up to ℓ
+    const CAPS: Capabilities = Capabilities { reads_memory: false, variable_length: false, ..caps::NO_SCORES };
+
+    fn expanded(&self, _d_model: usize) -> Self {
+        self.clone()
+    }
+
+    fn validate(&self, _d_model: usize) -> Result<(), ConfigError> {
+        check(self.d_token != Some(0), || "model.attention.d_token must be at least 1".into())
+    }
+
+    fn head_shape(&self, d_model: usize) -> HeadShape {
+        HeadShape { d_model, n_heads: 1, head_dim: d_model }
+    }
+
+    /// Both layers of the MLP, per channel: D_S hidden units over `len_k` positions (the model's
+    /// context when `d_token` is unset).
+    fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+        let hidden = self.d_token(len_k) as u64;
+        // W₁ X costs D_S·ℓ·d for ℓ tokens, W₂ H ℓ·D_S·d: 2·D_S·d multiply–adds per token
+        2 * 2 * hidden * d_model as u64
+    }
+
+    fn build(&self, init: &LayerInit, device: &Device) -> MlpMixerAttention {
+        self.init(init.init_std, init.out_std, init.position.context, device)
+    }
+
+    fn test_variants() -> Vec<TestVariant<Self>> {
+        vec![
+            TestVariant::new("", Self::default()),
+            TestVariant::new("fewer hidden units than positions", Self { d_token: Some(3) }),
+            TestVariant::new("bidirectional", Self::default()).masked(),
+        ]
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct MlpMixerAttention {
+    /// W₁, `[D_S, ℓ]`.
+    pub token_in: Param<Tensor<2>>,
+    /// b₁, `[D_S]`.
+    pub token_in_bias: Param<Tensor<1>>,
+    /// W₂, `[ℓ, D_S]`.
+    pub token_out: Param<Tensor<2>>,
+    /// b₂, `[ℓ]`.
+    pub token_out_bias: Param<Tensor<1>>,
+}
+
+/// m(k) = ⌊k·ℓ/D_S⌋, the last position hidden unit k reads and the first it feeds.
+fn degrees(hidden: usize, context: usize) -> Vec<usize> {
+    (0..hidden).map(|k| k * context / hidden).collect()
+}
+
+/// `[rows, cols]` true where `keep(row, col)` fails.
+fn hidden_where(rows: usize, cols: usize, keep: impl Fn(usize, usize) -> bool, device: &Device) -> Tensor<2, Bool> {
+    let data: Vec<bool> = (0..rows).flat_map(|r| (0..cols).map(move |c| (r, c))).map(|(r, c)| !keep(r, c)).collect();
+    Tensor::from_data(TensorData::new(data, [rows, cols]), device)
+}
+
+impl MlpMixerAttention {
+    /// Decoding: the inputs of every position so far in the values of `cache` (its keys are a
+    /// one-column placeholder).
+    pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
+        let AttentionInput { query: x, mask, .. } = input;
+        let [b, lq, d] = x.dims();
+        let device = x.device();
+        let [hidden, context] = self.token_in.val().dims();
+        let dropped = cache.as_ref().map_or(0, |c| c.start);
+        let x = match cache {
+            Some(c) => c.append(Tensor::zeros([b, 1, lq, 1], &device), x.unsqueeze_dim(1)).1.squeeze_dim::<3>(1),
+            None => x,
+        };
+        let lk = x.dims()[1];
+        let (q_start, k_start) = (mask.q_start, mask.k_start + dropped);
+        let x = match &mask.padding {
+            Some(pad) => x.mask_fill(pad.clone().unsqueeze_dim::<3>(2).expand([b, lk, d]), 0.0),
+            None => x,
+        };
+        let mut w1 = take(self.token_in.val(), 1, k_start, lk); // [D_S, lk]
+        let mut w2 = take(self.token_out.val(), 0, q_start, lq); // [lq, D_S]
+        if mask.causal {
+            let m = degrees(hidden, context);
+            w1 = w1.mask_fill(hidden_where(hidden, lk, |k, j| k_start + j <= m[k], &device), 0.0);
+            w2 = w2.mask_fill(hidden_where(lq, hidden, |i, k| m[k] <= q_start + i, &device), 0.0);
+        }
+        let h = burn::tensor::activation::gelu(
+            w1.unsqueeze_dim::<3>(0).matmul(x) + self.token_in_bias.val().reshape([1, hidden, 1]),
+        ); // [b, D_S, d]
+        let y =
+            w2.unsqueeze_dim::<3>(0).matmul(h) + take(self.token_out_bias.val(), 0, q_start, lq).reshape([1, lq, 1]);
+        AttentionOutput { context: y, weights: None, aux_losses: Vec::new() }
+    }
+}
+
+impl AttentionMechanism for MlpMixerAttention {
+    /// Decoding state: the inputs so far, in the layer's [`KvCache`].
+    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
+        MlpMixerAttention::forward(self, input, state.map(AttentionState::kv_mut))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::Distribution;
+    use variorum_core::AttentionMask;
+
+    const D: usize = 4;
+    const CONTEXT: usize = 7;
+
+    fn layer(cfg: MlpMixerConfig, dev: &Device) -> MlpMixerAttention {
+        dev.seed(11);
+        cfg.init(0.5, 0.5, CONTEXT, dev)
+    }
+
+    /// ∂y_i/∂x_j ≠ 0 exactly for j ≤ i (causal, with D_S = ℓ and with fewer units), and for
+    /// every j bidirectionally: the masks cut every path from the future and no other.
+    #[test]
+    fn outputs_read_exactly_the_visible_positions() {
+        let dev = Device::flex().autodiff();
+        for (d_token, causal) in [(None, true), (Some(3), true), (None, false)] {
+            let l = layer(MlpMixerConfig { d_token }, &dev);
+            let mask = if causal { AttentionMask::causal() } else { AttentionMask::bidirectional() };
+            let x = Tensor::<3>::random([1, CONTEXT, D], Distribution::Normal(0.0, 1.0), &dev).require_grad();
+            let hidden = MlpMixerConfig { d_token }.d_token(CONTEXT);
+            let m = degrees(hidden, CONTEXT);
+            for i in 0..CONTEXT {
+                // one forward per backward: the tape is consumed
+                let y = l.forward(AttentionInput::self_attention(x.clone(), &mask), None).context;
+                let grads = y.narrow(1, i, 1).sum().backward();
+                let g = x.grad(&grads).unwrap().abs().sum_dim(2).to_data().try_to_vec::<f32>().unwrap();
+                for (j, &gj) in g.iter().enumerate() {
+                    // a path j → k → i exists when j ≤ m(k) ≤ i for some unit k
+                    let connected = !causal || m.iter().any(|&mk| j <= mk && mk <= i);
+                    assert_eq!(gj > 0.0, connected, "d_token {d_token:?} causal {causal}: ∂y_{i}/∂x_{j} = {gj}");
+                    if causal && d_token.is_none() {
+                        assert_eq!(connected, j <= i);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Decoding one position at a time equals the full forward.
+    #[test]
+    fn decoding_equals_the_forward() {
+        let dev = Device::flex();
+        let l = layer(MlpMixerConfig { d_token: Some(5) }, &dev);
+        let x = Tensor::<3>::random([2, CONTEXT, D], Distribution::Normal(0.0, 1.0), &dev);
+        let full = l.forward(AttentionInput::self_attention(x.clone(), &AttentionMask::causal()), None).context;
+        let mut cache = KvCache::default();
+        for i in 0..CONTEXT {
+            let mask = AttentionMask { q_start: i, ..AttentionMask::causal() };
+            let y =
+                l.forward(AttentionInput::self_attention(x.clone().narrow(1, i, 1), &mask), Some(&mut cache)).context;
+            let diff = (y - full.clone().narrow(1, i, 1)).abs().max().into_scalar::<f32>();
+            assert!(diff < 1e-5, "position {i}: {diff}");
+        }
+    }
+}
