@@ -5,7 +5,7 @@
 //!
 //!   x = GLU(y W_I + b_I),   GLU([a; g]) = a ⊙ σ(g)            (W_I: d → 2d, so x has d channels),
 //!   LightConv(x, W)_{i,c} = Σ_{j=0}^{k−1} softmax(W_{h(c)})_j · x_{i−p+j, c},   h(c) = ⌊c·H/d⌋,
-//!   DynamicConv(x)_{i,c} = LightConv(x, W(x_i))_{i,c},   W(x_i) = x_i W_P + b_P ∈ ℝ^{H×k},
+//!   DynamicConv(x)_{i,c} = LightConv(x, W(x_i))_{i,c},   W(x_i) = x_i W_P ∈ ℝ^{H×k},
 //!   output = conv W_O + b_O                                   (W_O: d → d),
 //!
 //! with p = k − 1 causally and ⌊k/2⌋ bidirectionally (see below), and rows outside the sequence
@@ -18,8 +18,9 @@
 //!   (masked objective): the centred taps of the paper's DepthwiseConv, i − ⌊k/2⌋ … i + ⌈k/2⌉ − 1,
 //!   so an even k reaches one position further back than ahead (fairseq's encoder pads an even
 //!   k the other way round; for odd k both agree).
-//! - The GLU input projection and the d → d output projection are §3's; `bias` gives all
-//!   projections (the weight predictor W_P included) their biases.
+//! - The GLU input projection and the d → d output projection are §3's; `bias` gives them their
+//!   biases. The weight predictor is linear without a bias, as the paper's
+//!   f(X_i)_{h,j} = Σ_c W_{h,j,c} X_{i,c} (and fairseq's).
 //! - H need not divide d: channel c takes head ⌊c·H/d⌋'s kernel, so the groups differ in size
 //!   by at most one (the paper and fairseq take H dividing d, where this is c ÷ (d/H)).
 //! - Initialisation: W_I and W_P normal with `init_std`, W_O with `out_std` (as every kind's
@@ -154,7 +155,8 @@ impl ConvSettings {
         let (h, k) = (self.n_heads, self.kernel_size);
         let kernels = (!self.dynamic)
             .then(|| Initializer::XavierUniform { gain: 1.0 }.init_with::<2, _>([h, k], Some(k), Some(h * k), device));
-        let predictor = self.dynamic.then(|| normal_linear(d_model, h * k, self.bias, init_std, device));
+        // the paper's predictor is linear without a bias (fairseq's `weight_linear` too)
+        let predictor = self.dynamic.then(|| normal_linear(d_model, h * k, false, init_std, device));
         ConvolutionAttention {
             input: normal_linear(d_model, 2 * d_model, self.bias, init_std, device),
             kernels,
@@ -328,7 +330,7 @@ pub struct ConvolutionAttention {
     pub input: Linear,
     /// LightConv's kernels W, `[H, k]`, normalised at use; `None` for DynamicConv.
     pub kernels: Option<Param<Tensor<2>>>,
-    /// DynamicConv's W_P, b_P, `[d, H·k]` (head-major: head h's taps at h·k … h·k + k − 1);
+    /// DynamicConv's W_P (no bias), `[d, H·k]` (head-major: head h's taps at h·k … h·k + k − 1);
     /// `None` for LightConv.
     pub predictor: Option<Linear>,
     /// W_O, b_O, `[d, d]`.
@@ -406,10 +408,10 @@ impl ConvolutionAttention {
         Tensor::from_data(TensorData::new(heads, [d]), device)
     }
 
-    /// The normalised (and dropped) kernel weights of every channel: `[1, 1, d, k]` for
-    /// LightConv, `[b, l, d, k]` (each position its own) for DynamicConv.
+    /// The normalised (and dropped) kernel weights of every head: `[1, 1, H, k]` for LightConv,
+    /// `[b, l, H, k]` (each position its own) for DynamicConv.
     fn weights(&self, x: &Tensor<3>) -> Tensor<4> {
-        let [b, l, d] = x.dims();
+        let [b, l, _] = x.dims();
         let (h, k) = (self.n_heads, self.kernel_size);
         let per_head = match (&self.kernels, &self.predictor) {
             (Some(w), _) => w.val().reshape([1, 1, h, k]),
@@ -418,8 +420,7 @@ impl ConvolutionAttention {
         };
         // softmax over the taps, then DropConnect on the normalised weights (not renormalised),
         // one draw per head shared by its channels
-        let per_head = self.weight_dropout.forward(softmax(per_head, 3));
-        per_head.select(2, self.channel_heads(d, &x.device()))
+        self.weight_dropout.forward(softmax(per_head, 3))
     }
 
     pub fn forward(&self, input: AttentionInput, state: Option<&mut ConvolutionState>) -> AttentionOutput {
@@ -431,19 +432,38 @@ impl ConvolutionAttention {
         let l = x.dims()[1];
         let weights = self.weights(&x);
         let padded = self.padded(x, input.mask.causal, state);
-        let context = self.output.forward(convolve(padded, weights, l));
+        let context = self.output.forward(self.convolve(padded, weights, l));
         AttentionOutput { context, weights: None, aux_losses: Vec::new() }
     }
 }
 
-/// out[i, c] = Σ_j w[i, c, j] · padded[i + j, c], as k shifted slices of `padded` `[b, l + k − 1, d]`
-/// (weights `[1 or b, 1 or l, d, k]`).
-fn convolve(padded: Tensor<3>, weights: Tensor<4>, l: usize) -> Tensor<3> {
-    let [wb, wl, d, k] = weights.dims();
-    (0..k)
-        .map(|j| padded.clone().narrow(1, j, l) * weights.clone().narrow(3, j, 1).reshape([wb, wl, d]))
-        .reduce(|sum, tap| sum + tap)
-        .expect("a kernel has at least one tap")
+impl ConvolutionAttention {
+    /// out[i, c] = Σ_j w[i, h(c), j] · padded[i + j, c], as k shifted slices of `padded`
+    /// `[b, l + k − 1, d]` (weights `[1 or b, 1 or l, H, k]`). When H divides d the channels are
+    /// viewed as `[H, d/H]` and each tap multiplies by its `[.., H, 1]` weights, broadcast over
+    /// the group; otherwise the weights are spread to the d channels first (a gather of
+    /// `[.., d, k]`, k times more memory traffic per tap).
+    fn convolve(&self, padded: Tensor<3>, weights: Tensor<4>, l: usize) -> Tensor<3> {
+        let [b, _, d] = padded.dims();
+        let [wb, wl, h, k] = weights.dims();
+        // tap-major, so that each tap's weights are one contiguous block
+        let taps = weights.clone().permute([3, 0, 1, 2]);
+        let terms: Vec<Tensor<3>> = if d % h == 0 {
+            let g = d / h;
+            (0..k)
+                .map(|j| {
+                    let w = taps.clone().narrow(0, j, 1).reshape([wb, wl, h, 1]);
+                    (padded.clone().narrow(1, j, l).reshape([b, l, h, g]) * w).reshape([b, l, d])
+                })
+                .collect()
+        } else {
+            let channels = weights.select(2, self.channel_heads(d, &padded.device())).permute([3, 0, 1, 2]);
+            (0..k)
+                .map(|j| padded.clone().narrow(1, j, l) * channels.clone().narrow(0, j, 1).reshape([wb, wl, d]))
+                .collect()
+        };
+        terms.into_iter().reduce(|sum, t| sum + t).expect("a kernel has at least one tap")
+    }
 }
 
 impl AttentionMechanism for ConvolutionAttention {
@@ -514,6 +534,45 @@ mod tests {
             let x = random([2, 7, d], &dev);
             let diff = max_diff(run(&light, x.clone(), &mask), run(&dynamic, x, &mask));
             assert!(diff < 1e-6, "causal {}: dynamic with constant kernels differs by {diff}", mask.causal);
+        }
+    }
+
+    /// Position i's output is the lightweight convolution whose kernels are the ones predicted
+    /// from x_i (the GLU input at i), read at i: each position convolves with its own kernels.
+    #[test]
+    fn each_position_convolves_with_the_kernels_predicted_from_it() {
+        let dev = Device::flex();
+        dev.seed(9);
+        let (h, k, d, l) = (2, 3, 6, 5);
+        let layer = dynamic(h, k, d, &dev);
+        let y = random([1, l, d], &dev);
+        for mask in [AttentionMask::causal(), AttentionMask::bidirectional()] {
+            let out = run(&layer, y.clone(), &mask);
+            let x = glu(layer.input.forward(y.clone()), 2);
+            let predicted = layer.predictor.as_ref().unwrap().forward(x); // [1, l, h·k]
+            let mut differs = false;
+            for i in 0..l {
+                let kernels = predicted.clone().narrow(1, i, 1).reshape([h, k]);
+                let own = ConvolutionAttention {
+                    kernels: Some(Param::from_tensor(kernels)),
+                    predictor: None,
+                    ..layer.clone()
+                };
+                let expected = run(&own, y.clone(), &mask);
+                let diff = max_diff(out.clone().narrow(1, i, 1), expected.clone().narrow(1, i, 1));
+                assert!(diff < 1e-5, "causal {}: position {i} differs by {diff}", mask.causal);
+                // the test can fail: another position's kernels give another output at i
+                if i > 0 {
+                    let other = predicted.clone().narrow(1, 0, 1).reshape([h, k]);
+                    let first = ConvolutionAttention {
+                        kernels: Some(Param::from_tensor(other)),
+                        predictor: None,
+                        ..layer.clone()
+                    };
+                    differs |= max_diff(run(&first, y.clone(), &mask).narrow(1, i, 1), expected.narrow(1, i, 1)) > 1e-4;
+                }
+            }
+            assert!(differs, "the predicted kernels do not depend on the position");
         }
     }
 

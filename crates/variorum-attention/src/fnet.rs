@@ -76,14 +76,7 @@ pub struct FourierMixing {
 impl AttentionMechanism for FourierMixing {
     /// No decoding state: FNet has no causal form.
     fn forward(&self, input: AttentionInput, _state: Option<&mut AttentionState>) -> AttentionOutput {
-        let x = input.query;
-        let x = match &input.mask.padding {
-            Some(pad) => {
-                let shape = x.dims();
-                x.mask_fill(pad.clone().unsqueeze_dim::<3>(2).expand(shape), 0.0)
-            }
-            None => x,
-        };
+        let x = crate::kernel::zero_padding(input.query, input.mask.padding.as_ref());
         AttentionOutput { context: variorum_kernels::fourier::fourier_mix(x), weights: None, aux_losses: Vec::new() }
     }
 }

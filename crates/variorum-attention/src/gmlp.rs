@@ -21,8 +21,9 @@
 //!   The tiny attention reads the same normed x as U (the paper draws it from the block input).
 //! - Width: d_ffn = `d_ffn`, 2·d_model by default (the paper uses 6·d_model with no other FFN);
 //!   Z₁ and Z₂ are d_ffn/2 wide each (d_ffn must be even).
-//! - Initialisation, as the paper: W ~ U(−ε, ε) with ε = 10⁻³/ℓ and b = 1, so s(Z) ≈ Z₁ and each
-//!   layer starts as a plain channel MLP; U, V, W_qkv, W_o normal with the model's scales.
+//! - Initialisation: the paper asks W "near zero" and b = 1, so s(Z) ≈ Z₁ and each layer starts
+//!   as a plain channel MLP; W ~ U(−ε, ε) with ε = 10⁻³/ℓ is our choice of "near zero" (as a
+//!   widely used reimplementation has it). U, V, W_qkv, W_o normal with the model's scales.
 //! - Positions: W is a table of absolute positions (`variable_length: false`): a relative scheme
 //!   has no scores to act on, a memory no rows before the segment. Positions past ℓ read the
 //!   table's last row and column (only a library user running the module past the model's
@@ -114,6 +115,11 @@ impl AttentionKind for GmlpConfig {
 
     fn head_shape(&self, d_model: usize) -> HeadShape {
         HeadShape { d_model, n_heads: 1, head_dim: d_model }
+    }
+
+    /// This call's `[len_q, len_k]` block of W (and aMLP's scores).
+    fn scores_every_key(&self) -> bool {
+        true
     }
 
     /// U, V, the spatial row over `len_k` positions and the tiny attention.

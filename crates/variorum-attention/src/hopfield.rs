@@ -27,8 +27,11 @@
 //! - `tolerance = ε` stops a query (per head) once an update moved its ξ by less than ε in every
 //!   component; it keeps that ξ while the others go on. Stopping per query, not once the whole
 //!   batch has settled, keeps a query's result a function of its own keys alone: later tokens and
-//!   other rows of the batch cannot change how many updates it gets (exact causality, cached
-//!   decoding = the full forward). One scalar is read per update, to end the loop.
+//!   other rows of the batch cannot change how many updates it gets (causality holds exactly).
+//!   Cached decoding forms the same products at other shapes, so a query whose change lands
+//!   within rounding of ε may stop one update apart from the full forward: the generic harness
+//!   runs no tolerance variant, and the module's decoding test picks ε far from any change. One
+//!   scalar is read per update, to end the loop.
 //! - Gradients flow through every update (no implicit differentiation at the fixed point).
 //! - Dropout acts on the final retrieval's weights only; the updates of ξ are deterministic.
 //! - `patterns = n` is the paper's `HopfieldLayer` lookup: n learned stored patterns Y ∈ ℝ^{n×d}
@@ -186,7 +189,6 @@ impl AttentionKind for HopfieldConfig {
         vec![
             TestVariant::new("mixer, one step (attention)", mixer(1, None)),
             TestVariant::new("mixer, 3 steps", mixer(3, None)),
-            TestVariant::new("mixer, 6 steps, tolerance 1e-3", mixer(6, Some(1e-3))),
             TestVariant::new("lookup, 8 patterns, 2 steps", Self { patterns: Some(8), steps: 2, ..Default::default() }),
             TestVariant::new("mixer, 3 steps, bidirectional", mixer(3, None)).masked(),
         ]

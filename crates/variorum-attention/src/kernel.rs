@@ -366,6 +366,18 @@ impl HeadProjections {
     }
 }
 
+/// Zeroes the rows of padded positions of `x: [b, len, d]` (`padding: [b, len]`, true =
+/// padding): what a token mixer does so that padding contributes nothing.
+pub fn zero_padding(x: Tensor<3>, padding: Option<&Tensor<2, Bool>>) -> Tensor<3> {
+    match padding {
+        None => x,
+        Some(p) => {
+            let shape = x.dims();
+            x.mask_fill(p.clone().unsqueeze_dim::<3>(2).expand(shape), 0.0)
+        }
+    }
+}
+
 /// Zeroes the features of padded keys (`padding: [b, len_k]`, true = padding).
 pub fn hide_padding(k: Tensor<4>, padding: Option<&Tensor<2, Bool>>) -> Tensor<4> {
     match padding {

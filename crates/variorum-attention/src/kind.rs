@@ -143,10 +143,11 @@ pub trait AttentionKind:
         0
     }
 
-    /// The key of the per-layer list (`layer_windows`), for the error when its length does not
-    /// match the model's layers.
+    /// The key of the per-layer list (`sliding-window`'s `layer_windows`), for the error when
+    /// its length does not match the model's layers; a kind that overrides
+    /// [`per_layer`](Self::per_layer) names its key here.
     fn per_layer_key(&self) -> &'static str {
-        "per-layer list"
+        "its per-layer list"
     }
 
     /// Whether every query is scored against every key (an L × L matrix per head), for memory

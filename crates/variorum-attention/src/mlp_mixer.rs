@@ -10,7 +10,10 @@
 //! - Causal form, by masked weights as in MADE (Germain, Gregor, Murray, Larochelle 2015): hidden
 //!   unit k gets the degree m(k) = ⌊k·ℓ/D_S⌋; W₁[k, j] is kept only for positions j ≤ m(k) and
 //!   W₂[i, k] only for m(k) ≤ i. Output i then depends on inputs at positions ≤ i alone, and
-//!   with D_S ≥ ℓ on every one of them (each position has a unit of its own degree).
+//!   with D_S ≥ ℓ (the default D_S = ℓ) on every one of them: each position has a unit of its own
+//!   degree. With D_S < ℓ some degrees have no unit, and output i reads only the positions up to
+//!   the largest degree ≤ i: it misses its latest inputs, the ones a next-token model needs
+//!   most, so keep D_S ≥ ℓ for next-token models (MADE's own trade-off, accepted, not refused).
 //! - D_S = `d_token`, the model's context ℓ by default.
 //! - Positions are absolute (columns of W₁, rows of W₂: `variable_length: false`); a shorter
 //!   sequence uses the first columns and rows, as if padded with zeros to ℓ. Padded positions
@@ -123,18 +126,12 @@ fn degrees(hidden: usize, context: usize) -> Vec<usize> {
     (0..hidden).map(|k| k * context / hidden).collect()
 }
 
-/// `[rows, cols]` true where `keep(row, col)` fails.
-fn hidden_where(rows: usize, cols: usize, keep: impl Fn(usize, usize) -> bool, device: &Device) -> Tensor<2, Bool> {
-    let data: Vec<bool> = (0..rows).flat_map(|r| (0..cols).map(move |c| (r, c))).map(|(r, c)| !keep(r, c)).collect();
-    Tensor::from_data(TensorData::new(data, [rows, cols]), device)
-}
-
 impl MlpMixerAttention {
     /// Decoding: the inputs of every position so far in the values of `cache` (its keys are a
     /// one-column placeholder).
     pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
         let AttentionInput { query: x, mask, .. } = input;
-        let [b, lq, d] = x.dims();
+        let [b, lq, _] = x.dims();
         let device = x.device();
         let [hidden, context] = self.token_in.val().dims();
         let dropped = cache.as_ref().map_or(0, |c| c.start);
@@ -144,18 +141,21 @@ impl MlpMixerAttention {
         };
         let lk = x.dims()[1];
         let (q_start, k_start) = (mask.q_start, mask.k_start + dropped);
-        let x = match &mask.padding {
-            Some(pad) => x.mask_fill(pad.clone().unsqueeze_dim::<3>(2).expand([b, lk, d]), 0.0),
-            None => x,
-        };
+        let x = crate::kernel::zero_padding(x, mask.padding.as_ref());
         let mut w1 = take(self.token_in.val(), 1, k_start, lk); // [D_S, lk]
         let mut w2 = take(self.token_out.val(), 0, q_start, lq); // [lq, D_S]
         if mask.causal {
-            let m = degrees(hidden, context);
-            w1 = w1.mask_fill(hidden_where(hidden, lk, |k, j| k_start + j <= m[k], &device), 0.0);
-            w2 = w2.mask_fill(hidden_where(lq, hidden, |i, k| m[k] <= q_start + i, &device), 0.0);
+            let m: Vec<i64> = degrees(hidden, context).into_iter().map(|m| m as i64).collect();
+            let m = Tensor::<1, Int>::from_data(TensorData::new(m, [hidden]), &device);
+            let positions =
+                |start: usize, len: usize| Tensor::<1, Int>::arange(start as i64..(start + len) as i64, &device);
+            // W₁[k, j] reads no key after m(k); W₂[i, k] feeds no query before m(k)
+            let after = positions(k_start, lk).unsqueeze_dim::<2>(0).expand([hidden, lk]);
+            w1 = w1.mask_fill(after.greater(m.clone().unsqueeze_dim::<2>(1).expand([hidden, lk])), 0.0);
+            let before = positions(q_start, lq).unsqueeze_dim::<2>(1).expand([lq, hidden]);
+            w2 = w2.mask_fill(m.unsqueeze_dim::<2>(0).expand([lq, hidden]).greater(before), 0.0);
         }
-        let h = burn::tensor::activation::gelu(
+        let h = variorum_kernels::gelu::gelu(
             w1.unsqueeze_dim::<3>(0).matmul(x) + self.token_in_bias.val().reshape([1, hidden, 1]),
         ); // [b, D_S, d]
         let y =

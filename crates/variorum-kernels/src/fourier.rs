@@ -135,11 +135,9 @@ mod flex {
         type State = ();
 
         fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _checkpointer: &mut Checkpointer) {
-            let [parent] = ops.parents;
             let grad = grads.consume::<Flex>(&ops.node);
-            if let Some(node) = parent {
-                grads.register::<Flex>(node.id, mix(&grad));
-            }
+            let [parent] = ops.parents.map(|p| p.map(|node| node.id));
+            crate::register(grads, [parent], [parent.map(|_| mix(&grad))]);
         }
     }
 

@@ -119,7 +119,7 @@ pub const RULES: &[Rule] = &[
         },
         why: |s| {
             format!(
-                "model.attention.{} has {} entries for model.n_layers = {} distinct blocks: give one per layer (a shared Universal Transformer block has one)",
+                "model.attention: {} has {} entries for model.n_layers = {} distinct blocks: give one per layer (a shared Universal Transformer block has one)",
                 s.model.attention.per_layer_key(),
                 s.model.attention.per_layer(),
                 s.model.n_layers
