@@ -340,4 +340,36 @@ mod tests {
             assert!(diff < 1e-5, "position {i}: {diff}");
         }
     }
+
+    #[test]
+    fn settings_are_checked_by_key() {
+        let odd = GmlpConfig { d_ffn: Some(7), ..Default::default() }.validate(D).unwrap_err().0;
+        assert!(odd.contains("model.attention.d_ffn = 7"), "{odd}");
+        let tiny = GmlpConfig { tiny_attention: Some(0), ..Default::default() }.validate(D).unwrap_err().0;
+        assert!(tiny.contains("model.attention.tiny_attention"), "{tiny}");
+    }
+
+    /// A padded position changes no other output (through W or the tiny attention); unpadded,
+    /// the same change does.
+    #[test]
+    fn a_padded_position_changes_no_other_output() {
+        let dev = Device::flex();
+        let mut l = layer(&GmlpConfig { tiny_attention: Some(4), ..Default::default() }, &dev);
+        l.spatial = Param::from_tensor(Tensor::random([CONTEXT, CONTEXT], Distribution::Normal(0.0, 1.0), &dev));
+        let x = random([1, CONTEXT, D], &dev);
+        let changed = x.clone().slice_assign([0..1, 2..3, 0..D], Tensor::ones([1, 1, D], &dev));
+        let pad: Vec<bool> = (0..CONTEXT).map(|i| i == 2).collect();
+        let pad = Tensor::<2, Bool>::from_data(TensorData::new(pad, [1, CONTEXT]), &dev);
+        let others = |y: Tensor<3>| Tensor::cat(vec![y.clone().narrow(1, 0, 2), y.narrow(1, 3, CONTEXT - 3)], 1);
+        for causal in [false, true] {
+            let open = if causal { AttentionMask::causal() } else { AttentionMask::bidirectional() };
+            let padded = AttentionMask { padding: Some(pad.clone()), ..open.clone() };
+            let diff = |mask: &AttentionMask| {
+                let (a, b) = (run(&l, x.clone(), mask), run(&l, changed.clone(), mask));
+                (others(a) - others(b)).abs().max().into_scalar::<f32>()
+            };
+            assert_eq!(diff(&padded), 0.0, "causal {causal}");
+            assert!(diff(&open) > 1e-3, "causal {causal}: the change must show without padding");
+        }
+    }
 }

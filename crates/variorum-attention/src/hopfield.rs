@@ -218,30 +218,12 @@ pub struct HopfieldAttention {
 type Retrieval = (Tensor<4>, Tensor<4>, Tensor<4>, Option<Tensor<4, Bool>>);
 
 impl HopfieldAttention {
-    /// Columns `cols` of the fused projection applied to `x: [b, len, d_model]`, as heads
-    /// `[b, cols.len() / d_h, len, d_h]`.
-    fn project_columns(&self, x: Tensor<3>, cols: core::ops::Range<usize>) -> Tensor<4> {
-        let [b, l, d] = x.dims();
-        let (width, dh) = (cols.len(), self.qkv.head_dim);
-        let w = self.qkv.qkv.weight.val().slice([0..d, cols.clone()]);
-        let mut y = x.matmul(w.unsqueeze_dim(0));
-        if let Some(bias) = &self.qkv.qkv.bias {
-            y = y + bias.val().slice([cols]).reshape([1, 1, width]);
-        }
-        y.reshape([b, l, width / dh, dh]).swap_dims(1, 2)
-    }
-
-    /// The lookup: queries from `query`, keys and values from the stored patterns (projected once,
-    /// shared by the batch); nothing hidden.
+    /// The lookup: queries from `query`, keys and values from the stored patterns (the same for
+    /// every row of the batch); nothing hidden.
     fn from_patterns(&self, query: Tensor<3>, patterns: Tensor<2>) -> Retrieval {
         let b = query.dims()[0];
-        let hd = self.qkv.n_heads * self.qkv.head_dim;
-        let q = self.project_columns(query, 0..hd);
-        let kv = self.project_columns(patterns.unsqueeze_dim(0), hd..3 * hd);
-        let [_, two_h, n, dh] = kv.dims();
-        let h = two_h / 2;
-        let k = kv.clone().narrow(1, 0, h).expand([b, h, n, dh]);
-        let v = kv.narrow(1, h, h).expand([b, h, n, dh]);
+        let [n, d] = patterns.dims();
+        let (q, k, v) = self.qkv.cross_attention(query, patterns.unsqueeze_dim::<3>(0).expand([b, n, d]));
         (q, k, v, None)
     }
 

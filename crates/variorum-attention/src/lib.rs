@@ -104,7 +104,7 @@ pub use longformer::{LongformerAttention, LongformerConfig};
 pub use low_rank_band::{LowRankBandAttention, LowRankBandConfig, LowRankBandState};
 pub use lsh::{LshAttention, LshConfig};
 pub use memory_compressed::{MemoryCompressedAttention, MemoryCompressedConfig};
-pub use mlp_mixer::{MlpMixerAttention, MlpMixerConfig};
+pub use mlp_mixer::{MixerState, MlpMixerAttention, MlpMixerConfig};
 pub use multi_scale::MultiScaleConfig;
 pub use normaliser::{Normaliser, ScoreNormaliser};
 pub use nystrom::{NystromAttention, NystromConfig, NystromInverse};

@@ -22,8 +22,8 @@
 //!   user running the module past the model's context reaches them).
 //! - Initialisation: W₁, W₂ normal with the model's scales (W₂ with the residual output's), zero
 //!   biases.
-//! - Decoding keeps the inputs of every position so far and recomputes the hidden units from
-//!   them: O(D_S·ℓ·d) per token, like attention's O(ℓ·d).
+//! - Decoding keeps W₁X, the hidden units' sums over the positions so far ([`MixerState`]):
+//!   each new position adds its column and reads the complete units, O(D_S·d) per token.
 
 use burn::module::Param;
 use burn::nn::Initializer;
@@ -34,7 +34,7 @@ use variorum_position::HeadShape;
 
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
 use crate::synthesizer::take;
-use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache};
+use crate::{AttentionInput, AttentionOutput, AttentionState};
 
 /// `model.attention` with `kind = "mlp-mixer"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -126,22 +126,35 @@ fn degrees(hidden: usize, context: usize) -> Vec<usize> {
     (0..hidden).map(|k| k * context / hidden).collect()
 }
 
+/// Decoding state: W₁ X of the positions so far, `[b, D_S, d]` (before b₁ and the GELU). A
+/// hidden unit of degree m(k) is complete once position m(k) has arrived, and only the outputs
+/// at positions ≥ m(k) read it, so each new position adds its column and reads the sums:
+/// O(D_S·d) per token, whatever the context.
+#[derive(Debug, Clone, Default)]
+pub struct MixerState {
+    pub sums: Option<Tensor<3>>,
+}
+
 impl MlpMixerAttention {
-    /// Decoding: the inputs of every position so far in the values of `cache` (its keys are a
-    /// one-column placeholder).
-    pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
+    /// Decoding: the new rows' columns added to `state`'s sums, the new rows' outputs read from
+    /// them (the rows are those of a causal self-attention call, at `mask.q_start`).
+    pub fn forward(&self, input: AttentionInput, state: Option<&mut MixerState>) -> AttentionOutput {
         let AttentionInput { query: x, mask, .. } = input;
-        let [b, lq, _] = x.dims();
+        let lq = x.dims()[1];
         let device = x.device();
         let [hidden, context] = self.token_in.val().dims();
-        let dropped = cache.as_ref().map_or(0, |c| c.start);
-        let x = match cache {
-            Some(c) => c.append(Tensor::zeros([b, 1, lq, 1], &device), x.unsqueeze_dim(1)).1.squeeze_dim::<3>(1),
-            None => x,
+        // decoding reads only this call's rows (the sums hold the earlier ones), at the queries'
+        // positions; padding, when given, covers every key so far and ends with them
+        let x = match (&mask.padding, &state) {
+            (Some(pad), Some(_)) => {
+                let n = pad.dims()[1];
+                crate::kernel::zero_padding(x, Some(&pad.clone().narrow(1, n - lq, lq)))
+            }
+            (pad, _) => crate::kernel::zero_padding(x, pad.as_ref()),
         };
         let lk = x.dims()[1];
-        let (q_start, k_start) = (mask.q_start, mask.k_start + dropped);
-        let x = crate::kernel::zero_padding(x, mask.padding.as_ref());
+        let q_start = mask.q_start;
+        let k_start = if state.is_some() { q_start } else { mask.k_start };
         let mut w1 = take(self.token_in.val(), 1, k_start, lk); // [D_S, lk]
         let mut w2 = take(self.token_out.val(), 0, q_start, lq); // [lq, D_S]
         if mask.causal {
@@ -155,9 +168,14 @@ impl MlpMixerAttention {
             let before = positions(q_start, lq).unsqueeze_dim::<2>(1).expand([lq, hidden]);
             w2 = w2.mask_fill(m.unsqueeze_dim::<2>(0).expand([lq, hidden]).greater(before), 0.0);
         }
-        let h = variorum_kernels::gelu::gelu(
-            w1.unsqueeze_dim::<3>(0).matmul(x) + self.token_in_bias.val().reshape([1, hidden, 1]),
-        ); // [b, D_S, d]
+        let mut sums = w1.unsqueeze_dim::<3>(0).matmul(x); // [b, D_S, d]
+        if let Some(s) = state {
+            if let Some(earlier) = s.sums.take() {
+                sums = sums + earlier;
+            }
+            s.sums = Some(sums.clone());
+        }
+        let h = variorum_kernels::gelu::gelu(sums + self.token_in_bias.val().reshape([1, hidden, 1]));
         let y =
             w2.unsqueeze_dim::<3>(0).matmul(h) + take(self.token_out_bias.val(), 0, q_start, lq).reshape([1, lq, 1]);
         AttentionOutput { context: y, weights: None, aux_losses: Vec::new() }
@@ -165,9 +183,9 @@ impl MlpMixerAttention {
 }
 
 impl AttentionMechanism for MlpMixerAttention {
-    /// Decoding state: the inputs so far, in the layer's [`KvCache`].
+    /// Decoding state: [`MixerState`].
     fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
-        MlpMixerAttention::forward(self, input, state.map(AttentionState::kv_mut))
+        MlpMixerAttention::forward(self, input, state.map(|s| s.get_or_default::<MixerState>()))
     }
 }
 
@@ -220,7 +238,7 @@ mod tests {
         let l = layer(MlpMixerConfig { d_token: Some(5) }, &dev);
         let x = Tensor::<3>::random([2, CONTEXT, D], Distribution::Normal(0.0, 1.0), &dev);
         let full = l.forward(AttentionInput::self_attention(x.clone(), &AttentionMask::causal()), None).context;
-        let mut cache = KvCache::default();
+        let mut cache = MixerState::default();
         for i in 0..CONTEXT {
             let mask = AttentionMask { q_start: i, ..AttentionMask::causal() };
             let y =
@@ -228,5 +246,52 @@ mod tests {
             let diff = (y - full.clone().narrow(1, i, 1)).abs().max().into_scalar::<f32>();
             assert!(diff < 1e-5, "position {i}: {diff}");
         }
+    }
+
+    /// Prefills of several rows, then single rows, equal the full forward (the MADE masks at a
+    /// call's offset).
+    #[test]
+    fn decoding_in_chunks_equals_the_forward() {
+        let dev = Device::flex();
+        let l = layer(MlpMixerConfig::default(), &dev);
+        let x = Tensor::<3>::random([2, CONTEXT, D], Distribution::Normal(0.0, 1.0), &dev);
+        let full = l.forward(AttentionInput::self_attention(x.clone(), &AttentionMask::causal()), None).context;
+        let mut cache = MixerState::default();
+        let mut at = 0;
+        for n in [3, 1, 2, 1] {
+            let mask = AttentionMask { q_start: at, ..AttentionMask::causal() };
+            let y =
+                l.forward(AttentionInput::self_attention(x.clone().narrow(1, at, n), &mask), Some(&mut cache)).context;
+            let diff = (y - full.clone().narrow(1, at, n)).abs().max().into_scalar::<f32>();
+            assert!(diff < 1e-5, "rows {at}..{}: {diff}", at + n);
+            at += n;
+        }
+    }
+
+    /// A padded position changes no other output; unpadded, the same change does.
+    #[test]
+    fn a_padded_position_changes_no_other_output() {
+        let dev = Device::flex();
+        let l = layer(MlpMixerConfig::default(), &dev);
+        let x = Tensor::<3>::random([1, CONTEXT, D], Distribution::Normal(0.0, 1.0), &dev);
+        let changed = x.clone().slice_assign([0..1, 2..3, 0..D], Tensor::ones([1, 1, D], &dev));
+        let pad: Vec<bool> = (0..CONTEXT).map(|i| i == 2).collect();
+        let pad = Tensor::<2, Bool>::from_data(TensorData::new(pad, [1, CONTEXT]), &dev);
+        let others = |y: Tensor<3>| Tensor::cat(vec![y.clone().narrow(1, 0, 2), y.narrow(1, 3, CONTEXT - 3)], 1);
+        for open in [AttentionMask::causal(), AttentionMask::bidirectional()] {
+            let padded = AttentionMask { padding: Some(pad.clone()), ..open.clone() };
+            let diff = |mask: &AttentionMask| {
+                let run = |x: Tensor<3>| l.forward(AttentionInput::self_attention(x, mask), None).context;
+                (others(run(x.clone())) - others(run(changed.clone()))).abs().max().into_scalar::<f32>()
+            };
+            assert_eq!(diff(&padded), 0.0, "causal {}", open.causal);
+            assert!(diff(&open) > 1e-3, "causal {}: the change must show without padding", open.causal);
+        }
+    }
+
+    #[test]
+    fn settings_are_checked_by_key() {
+        let e = MlpMixerConfig { d_token: Some(0) }.validate(8).unwrap_err().0;
+        assert!(e.contains("model.attention.d_token"), "{e}");
     }
 }
