@@ -7,7 +7,8 @@
 #    configs/masked/ (the masked objective);
 # 2. cost growth: `variorum bench-attention` on one layer of each (d_model 256, batch 1): forward +
 #    backward time and peak memory at L = 1k … 16k (the Hopfield mixer, which forms `steps` L × L
-#    matrices per head and keeps them for the backward, to 8k), and decoding one token after 1k,
+#    matrices per head and keeps them for the backward, and the bidirectional set, whose full
+#    attention is composed, to 8k), and decoding one token after 1k,
 #    4k, 16k tokens of context for the causal ones.
 #
 # Writes OUT/results.tsv (family, run, seed, params, train tokens/s, validation loss),
@@ -64,15 +65,16 @@ if [[ -z ${SKIP_BENCH:-} ]]; then
   for r in $CAUSAL; do [[ $r == hopfield ]] || causal+=("configs/attention/$r.toml"); done
   "$BIN" bench-attention "${causal[@]}" --out "$OUT/bench-causal" --lengths "$LENGTHS" \
     --contexts 1024,4096,16384 | tee "$OUT/bench-causal.txt"
+  short=$(tr ',' '\n' <<<"$LENGTHS" | awk '$1 <= 8192' | paste -sd,)
   if [[ " $CAUSAL " == *" hopfield "* ]]; then
     say "the Hopfield mixer beside full attention, to 8k"
-    short=$(tr ',' '\n' <<<"$LENGTHS" | awk '$1 <= 8192' | paste -sd,)
     "$BIN" bench-attention configs/attention/full.toml configs/attention/hopfield.toml --out "$OUT/bench-hopfield" \
       --lengths "$short" --contexts 1024,4096 | tee "$OUT/bench-hopfield.txt"
   fi
   say "one layer of each bidirectional mixer"
   masked=()
   for r in $MASKED; do masked+=("configs/masked/$r.toml"); done
-  "$BIN" bench-attention "${masked[@]}" --out "$OUT/bench-masked" --lengths "$LENGTHS" --contexts 1024 |
+  # bidirectional full attention is the composed path (L x L matrices: 5.3 GiB at 8k): to 8k
+  "$BIN" bench-attention "${masked[@]}" --out "$OUT/bench-masked" --lengths "$short" --contexts 1024 |
     tee "$OUT/bench-masked.txt"
 fi
