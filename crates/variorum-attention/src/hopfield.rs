@@ -164,7 +164,7 @@ impl AttentionKind for HopfieldConfig {
     }
 
     /// 2 FLOPs per multiply–add: the projections (W_Q and W_O only for the lookup, whose stored
-    /// patterns are projected once per forward, not per token), then per step the scores and the
+    /// patterns are projected once per batch row and forward, not per token), then per step the scores and the
     /// weighted sum (of keys for an update, of values for the output) over `len_k` keys, or over
     /// the n stored patterns for the lookup.
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
