@@ -404,6 +404,8 @@ attention_kinds! {
     "dynamic-conv" => DynamicConv(crate::DynamicConvConfig, crate::ConvolutionAttention),
     /// Modern Hopfield layer: queries iterated toward a fixed point over the sequence's keys (mixer) or n learned stored patterns (lookup).
     "hopfield" => Hopfield(crate::HopfieldConfig, crate::HopfieldAttention),
+    /// BP-Transformer: k binary-partition nodes per side and level, fine to coarse, with relative representations per edge.
+    "bpt" => Bpt(crate::BptConfig, crate::BptAttention),
 }
 
 impl Default for AttentionConfig {
