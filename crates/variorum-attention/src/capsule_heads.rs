@@ -118,7 +118,7 @@ impl AttentionKind for CapsuleHeadsConfig {
     type Module = CapsuleHeadsAttention;
     const SUMMARY: &'static str = "capsule-routing head aggregation: the heads' outputs routed to output capsules by dynamic or EM routing-by-agreement instead of concatenation; KV cache";
     const PAPER: &'static str = "Li, Yang, Dou, Wang, Lyu, Tu 2019, Information Aggregation for Multi-Head Attention with Routing-by-Agreement; Sabour et al. 2017; Hinton et al. 2018";
-    const CAPS: variorum_core::Capabilities = caps::SCORES;
+    const CAPS: variorum_core::Capabilities = caps::CROSS_SCORES;
     crate::head_kind_items!();
 
     fn expanded(&self, d_model: usize) -> Self {

@@ -129,7 +129,7 @@ impl AttentionKind for CollaborativeConfig {
         "Cordonnier, Loukas, Jaggi 2020, Multi-Head Attention: Collaborate Instead of Concatenate";
     // a score matrix per head, but no per-head q/k of width d_h: distance-only score schemes
     // (ALiBi, T5) and no rotation (see the module doc on `gathers_keys`)
-    const CAPS: Capabilities = Capabilities { qk_rotation: false, gathers_keys: true, ..caps::SCORES };
+    const CAPS: Capabilities = Capabilities { qk_rotation: false, gathers_keys: true, ..caps::CROSS_SCORES };
 
     fn expanded(&self, d_model: usize) -> Self {
         Self { head_dim: Some(self.heads(d_model).head_dim), shared_dim: Some(self.shared(d_model)), ..self.clone() }

@@ -308,7 +308,7 @@ impl AttentionKind for MultiHeadAttentionConfig {
     const SUMMARY: &'static str = "multi-head scaled dot-product attention; grouped-/multi-query K/V heads; KV cache";
     const PAPER: &'static str =
         "Vaswani et al. 2017, Attention Is All You Need; Shazeer 2019 (MQA); Ainslie et al. 2023 (GQA)";
-    const CAPS: Capabilities = caps::SCORES;
+    const CAPS: Capabilities = caps::CROSS_SCORES;
 
     /// The same config with the derived defaults written out.
     fn expanded(&self, d_model: usize) -> Self {
@@ -340,7 +340,9 @@ impl AttentionKind for MultiHeadAttentionConfig {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { aux_losses: self.diversity.is_some() || self.guidance.is_some(), ..Self::CAPS }
+        // the head losses are defined on self-attention maps
+        let losses = self.diversity.is_some() || self.guidance.is_some();
+        Capabilities { aux_losses: losses, cross: !losses, ..Self::CAPS }
     }
 
     fn head_shape(&self, d_model: usize) -> HeadShape {

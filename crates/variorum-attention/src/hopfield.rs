@@ -115,10 +115,15 @@ impl AttentionKind for HopfieldConfig {
     const SUMMARY: &'static str = "modern Hopfield layer: each query's state pattern iterated ξ ← softmax(β ξ Kᵀ) K toward a fixed point, then softmax(β ξ Kᵀ) V; over the sequence (token mixer, KV cache) or n learned stored patterns (lookup); steps = 1 is attention";
     const PAPER: &'static str = "Ramsauer et al. 2020, Hopfield Networks is All You Need";
     // the updates move queries through the key space: no rotation or score bias acts on them
-    const CAPS: Capabilities = Capabilities { reads_memory: false, ..caps::NO_SCORES };
+    const CAPS: Capabilities = Capabilities { reads_memory: false, cross: true, ..caps::NO_SCORES };
 
     fn expanded(&self, d_model: usize) -> Self {
         Self { head_dim: Some(self.heads(d_model).head_dim), beta: Some(self.beta(d_model)), ..self.clone() }
+    }
+
+    /// The lookup's stored patterns replace a cross-attention source (the mixer retrieves from it).
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { cross: self.patterns.is_none() && Self::CAPS.cross, ..Self::CAPS }
     }
 
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {

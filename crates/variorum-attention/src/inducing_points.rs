@@ -135,7 +135,7 @@ impl AttentionKind for InducingPointsConfig {
     const SUMMARY: &'static str = "m learned slots pack the sequence by attention, every query attends over the m packed slots (mode isab: Set Transformer ISAB, MAB on the slots; luna: Luna's pack/unpack); O(L·m·d), bidirectional only";
     const PAPER: &'static str =
         "Lee et al. 2019, Set Transformer; Ma et al. 2021, Luna: Linear Unified Nested Attention";
-    const CAPS: Capabilities = caps::BIDIRECTIONAL_ONLY;
+    const CAPS: Capabilities = Capabilities { cross: true, ..caps::BIDIRECTIONAL_ONLY };
 
     fn why_not_causal(&self) -> &'static str {
         "every slot reads the whole sequence before any position reads the slots"

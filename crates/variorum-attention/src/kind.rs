@@ -234,6 +234,9 @@ pub mod caps {
     pub const SCORES: Capabilities =
         Capabilities { score_bias: true, qk_rotation: true, absolute_scores: true, ..Capabilities::NEUTRAL };
 
+    /// [`SCORES`] over every key of a source as well: cross-attention.
+    pub const CROSS_SCORES: Capabilities = Capabilities { cross: true, ..SCORES };
+
     /// Forms scores block by block from relative offsets (band and strided patterns): any
     /// relative scheme, but none that scores absolute positions.
     pub const BLOCKED_SCORES: Capabilities = Capabilities { absolute_scores: false, ..SCORES };

@@ -40,7 +40,7 @@ impl AttentionKind for LinearAttentionConfig {
     type Module = LinearAttention;
     const SUMMARY: &'static str = "linear attention, φ = elu + 1: φ(Q)(φ(K)ᵀV); causal by chunked prefix sums; decodes as an RNN (O(1) per token)";
     const PAPER: &'static str = "Katharopoulos et al. 2020, Transformers are RNNs";
-    const CAPS: Capabilities = caps::NO_SCORES;
+    const CAPS: Capabilities = Capabilities { cross: true, ..caps::NO_SCORES };
 
     fn expanded(&self, d_model: usize) -> Self {
         Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }

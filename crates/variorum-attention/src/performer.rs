@@ -87,7 +87,7 @@ impl AttentionKind for PerformerConfig {
     type Module = PerformerAttention;
     const SUMMARY: &'static str = "FAVOR+: positive orthogonal random features of the softmax kernel (or ReLU), redrawn during training; linear time, RNN decoding";
     const PAPER: &'static str = "Choromanski et al. 2021, Rethinking Attention with Performers";
-    const CAPS: Capabilities = caps::NO_SCORES;
+    const CAPS: Capabilities = Capabilities { cross: true, ..caps::NO_SCORES };
 
     fn expanded(&self, d_model: usize) -> Self {
         Self { head_dim: Some(self.heads(d_model).head_dim), features: Some(self.features(d_model)), ..self.clone() }

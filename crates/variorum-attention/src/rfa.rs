@@ -101,7 +101,7 @@ impl AttentionKind for RfaConfig {
     const SUMMARY: &'static str =
         "random Fourier features of the Gaussian kernel on normalised q/k; optional gated (decaying) recurrent sums";
     const PAPER: &'static str = "Peng et al. 2021, Random Feature Attention";
-    const CAPS: Capabilities = caps::NO_SCORES;
+    const CAPS: Capabilities = Capabilities { cross: true, ..caps::NO_SCORES };
 
     fn expanded(&self, d_model: usize) -> Self {
         Self { head_dim: Some(self.heads(d_model).head_dim), features: Some(self.features(d_model)), ..self.clone() }

@@ -52,7 +52,7 @@ impl AttentionKind for TalkingHeadsConfig {
     type Module = TalkingHeadsAttention;
     const SUMMARY: &'static str = "talking heads: learned h × h mixes across heads on the logits before the softmax and on the weights after it (identity at init); KV cache";
     const PAPER: &'static str = "Shazeer, Lan, Cheng, Ding, Hou 2020, Talking-Heads Attention";
-    const CAPS: variorum_core::Capabilities = caps::SCORES;
+    const CAPS: variorum_core::Capabilities = caps::CROSS_SCORES;
     crate::head_kind_items!();
 
     fn expanded(&self, d_model: usize) -> Self {

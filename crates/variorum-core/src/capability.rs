@@ -48,6 +48,12 @@ pub struct Capabilities {
     pub per_layer: bool,
     /// Feed-forward: acts on each position alone (no window of earlier inputs as state).
     pub position_wise: bool,
+    /// Attention: cross-attention — queries attend over a source sequence of another length
+    /// (`AttentionInput::key_value`, an encoder's output), each query over every source row by
+    /// content, independently of the other queries. Kinds whose pattern is tied to the query's
+    /// position, that mix queries with one another, or that read only their own sequence say
+    /// no; neutral pieces declare none.
+    pub cross: bool,
 }
 
 impl Capabilities {
@@ -72,6 +78,7 @@ impl Capabilities {
         absolute: false,
         per_layer: false,
         position_wise: true,
+        cross: false,
     };
 }
 
