@@ -19,9 +19,11 @@
 //! head_i = Σ_{u ∈ N(i)} softmax_u( q_i · (k_u + a_{r(i,u)}) / √d_h ) v_u,
 //! ```
 //!
-//! r(i, u) = (2k + 1) · min(level, `clip_levels`) + (2t + 1 on the left, 2t + 2 on the right) for
-//! the t-th node of its level and side, 0 for the token's own node; a_r ∈ ℝ^{d_h} is learned and
-//! shared by the heads (as in the reference code; initialised N(0, init_std²)).
+//! r(i, u) = 1 + 2k · min(level, `clip_levels`) + (2t on the left, 2t + 1 on the right) for the
+//! t-th node of its level and side, 0 for the token's own node; a_r ∈ ℝ^{d_h} is learned and
+//! shared by the heads (as in the reference code; initialised N(0, init_std²)). The reference
+//! numbers the token-to-ancestor ("affiliated") edges among these; they have no counterpart here
+//! (next paragraph), so their types are left out.
 //!
 //! Choice where our blocks and the paper's graph differ: in the paper the span nodes are graph
 //! nodes of their own, zero-initialised and updated layer by layer from their tokens (the
@@ -35,14 +37,16 @@
 //! neighbourhoods (O(block + k·log L) nodes, since near tokens share all but their finest nodes)
 //! and scores only those; the span means are a pyramid of pairwise sums, O(L·d) per layer. No
 //! L × L matrix exists. Padding keys are hidden and left out of the span means (a span of padding
-//! alone is hidden). Decoding recomputes the span means from the KV cache (O(L·d) adds per token
-//! and layer) and attends over O(k·log L) nodes.
+//! alone is hidden). Causal decoding keeps, per level, the sums over the complete nodes so far
+//! ([`BptState`]), adds the nodes each call completes and attends over O(k·log L) nodes; with
+//! padding or bidirectionally it recomputes the means from the KV cache (O(L·d) per call).
+//! Queries must be the last `len_q` of the keys (self-attention, with or without a cache).
 //!
 //! Positions: the relative representations are the scheme (no score bias or rotation of
 //! another scheme applies; absolute schemes on the input do). No memory of earlier segments, no
 //! custom attention masks (only padding and causality), no cross-attention.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::ops::Range;
 
 use burn::module::Param;
@@ -72,7 +76,7 @@ crate::attention_config! {
 impl BptConfig {
     /// Edge types: the own node, then 2k per level up to `clip_levels`.
     pub fn edge_types(&self) -> usize {
-        (2 * self.k + 1) * (self.clip_levels + 1)
+        1 + 2 * self.k * (self.clip_levels + 1)
     }
 
     pub fn init(
@@ -107,12 +111,13 @@ impl AttentionKind for BptConfig {
         check(self.k >= 1, || "model.attention.k must be at least 1 (nodes per side and level)".into())
     }
 
-    /// Multiply–adds per token over both sides' nodes (a causal layer scores about half), the
-    /// relative terms included (one more dot product per node).
+    /// Multiply–adds per token over both sides' nodes (a causal layer scores about half), and
+    /// the relative terms: q · a_r for every edge type and head.
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         let levels = len_k.max(2).next_power_of_two().trailing_zeros() as usize + 1;
         let nodes = (1 + 2 * self.k * levels).min(len_k.max(1));
-        self.heads().flops_per_token(d_model, nodes) + (2 * self.heads().heads(d_model).head_dim * nodes) as u64
+        let shape = self.heads().heads(d_model);
+        self.heads().flops_per_token(d_model, nodes) + (2 * shape.n_heads * shape.head_dim * self.edge_types()) as u64
     }
 
     fn test_variants() -> Vec<TestVariant<Self>> {
@@ -157,17 +162,17 @@ pub fn neighbourhood(i: usize, len: usize, k: usize, causal: bool, clip_levels: 
         Node { level: fine, index }
     };
     while lo > 0 || (!causal && hi < len) {
-        let base = (2 * k + 1) * level.min(clip_levels);
+        let base = 1 + 2 * k * level.min(clip_levels);
         for t in 0..k {
             if lo > 0 {
                 let node = node_at(lo, level, true);
                 lo -= 1 << node.level;
-                nodes.push((node, base + 2 * t + 1));
+                nodes.push((node, base + 2 * t));
             }
             if !causal && hi < len {
                 let node = node_at(hi, level, false);
                 hi += 1 << node.level;
-                nodes.push((node, base + 2 * t + 2));
+                nodes.push((node, base + 2 * t + 1));
             }
         }
         level += 1;
@@ -273,6 +278,9 @@ struct Nodes {
     offsets: Vec<usize>,
     /// `[b, total]`, true for a node of padding alone.
     empty: Option<Tensor<2, Bool>>,
+    /// The levels are the whole pyramid as computed (training): one gather reads it; otherwise
+    /// the decoding state's buffers, read level by level.
+    whole: bool,
 }
 
 impl Nodes {
@@ -298,7 +306,7 @@ impl Nodes {
             let flat: Vec<Tensor<2>> = counts.iter().map(|c| c.clone().reshape([b, c.dims()[2]])).collect();
             Tensor::cat(flat, 1).lower_equal_elem(0.0)
         });
-        Self { levels, offsets: offsets(&level_sizes(lk, false)), empty }
+        Self { levels, offsets: offsets(&level_sizes(lk, false)), empty, whole: true }
     }
 
     /// The keys and values of nodes `ids` (pyramid numbering; the total stands for an empty
@@ -309,7 +317,7 @@ impl Nodes {
         let [b, hkv, _, dh] = k0.dims();
         let device = k0.device();
         let total = *self.offsets.last().expect("the total");
-        if self.levels.iter().all(|&(_, _, div, first)| div == 1.0 && first == 0) {
+        if self.whole {
             // the whole pyramid (training): one gather from it
             let at = Tensor::<1, Int>::from_data(TensorData::new(ids.to_vec(), [ids.len()]), &device);
             let whole = |x: Vec<Tensor<4>>| {
@@ -323,13 +331,13 @@ impl Nodes {
             );
         }
         // decoding: the few nodes asked for, read in place from each level's buffer
-        let mut row = vec![u32::MAX; total + 1];
+        let mut row: HashMap<usize, u32> = HashMap::new();
         let mut picks: Vec<Vec<i64>> = vec![Vec::new(); self.levels.len()];
         for &id in ids {
             let id = id as usize;
-            if id < total && row[id] == u32::MAX {
+            if id < total && !row.contains_key(&id) {
                 let level = self.offsets.partition_point(|&o| o <= id) - 1;
-                row[id] = picks[level].len() as u32;
+                row.insert(id, picks[level].len() as u32);
                 picks[level].push((id - self.offsets[level]) as i64);
             }
         }
@@ -358,7 +366,7 @@ impl Nodes {
                     return i64::from(rows);
                 }
                 let level = self.offsets.partition_point(|&o| o <= id) - 1;
-                i64::from(base[level] + row[id])
+                i64::from(base[level] + row[&id])
             })
             .collect();
         let order = Tensor::<1, Int>::from_data(TensorData::new(order, [ids.len()]), &device);
@@ -424,7 +432,7 @@ impl BptState {
             let (sk, sv, at) = level.buffers().expect("filled above");
             levels.push((sk, sv, (1u64 << (j + 1)) as f64, at));
         }
-        Nodes { levels, offsets: offsets(&sizes), empty: None }
+        Nodes { levels, offsets: offsets(&sizes), empty: None, whole: false }
     }
 }
 
@@ -467,6 +475,10 @@ impl BptAttention {
         let [_, hkv, lk, _] = p.k.dims();
         let device = p.q.device();
         let (q0, k0) = (p.layout.q_start, p.layout.k_start);
+        assert!(
+            q0 >= k0 && q0 - k0 + lq == lk,
+            "bpt: the queries must be the last {lq} of its {lk} keys (self-attention, with or without a cache)"
+        );
         // positions count from the first key (a cache starts at 0)
         let table = Table::new(self, q0 - k0..q0 - k0 + lq, lk, &nodes.offsets, p.layout.causal, p.max_back);
         let (nb, m, bs) = (table.blocks, table.slots, QUERY_BLOCK);
@@ -576,7 +588,7 @@ mod tests {
                                 let at = nodes[1..]
                                     .iter()
                                     .filter(|(n, t)| {
-                                        (n.span(len).start < i) == left && (t - 1) / (2 * k + 1) == level.min(3)
+                                        (n.span(len).start < i) == left && (t - 1) / (2 * k) == level.min(3)
                                     })
                                     .count();
                                 assert!(level >= 3 || at <= k, "{at} nodes at level {level}");
@@ -598,7 +610,8 @@ mod tests {
         // level 0: tokens 4 and 6; level 1: lo = 4 is even → [2,4) = (1,1); hi = 7 is odd → the
         // finer token 7; level 2: lo = 2 is not a multiple of 4 → (1,0) = [0,2); hi = 8 → (2,2) = [8,12);
         // level 3: lo = 0; hi = 12 is not a multiple of 8 → (2,3) = [12,16)
-        assert_eq!(got, vec![(0, 5, 0), (0, 4, 1), (0, 6, 2), (1, 1, 4), (0, 7, 5), (1, 0, 7), (2, 2, 8), (2, 3, 11)]);
+        // types: 1 + 2k·level + (0 left, 1 right) for the level's first node
+        assert_eq!(got, vec![(0, 5, 0), (0, 4, 1), (0, 6, 2), (1, 1, 3), (0, 7, 4), (1, 0, 5), (2, 2, 6), (2, 3, 8)]);
     }
 
     fn attention(k: usize, n_kv_heads: Option<usize>) -> BptAttention {
@@ -661,7 +674,7 @@ mod tests {
         let whole = att.forward(AttentionInput::self_attention(x.clone(), &mask), None).context;
         let mut state = BptState::default();
         let (mut at, mut parts) = (0, Vec::new());
-        for step in [5, 1, 1, 9, 1, 16, 1, 1, 10] {
+        for step in [1, 4, 1, 1, 9, 1, 16, 1, 1, 10] {
             let m = AttentionMask { q_start: at, ..AttentionMask::causal() };
             let chunk = x.clone().narrow(1, at, step);
             parts.push(att.forward(AttentionInput::self_attention(chunk, &m), Some(&mut state)).context);
@@ -672,23 +685,25 @@ mod tests {
         assert!(diff < 1e-5, "{diff}");
     }
 
-    /// Right padding is invisible: the unpadded rows equal the shorter sequence's (spans of padding
-    /// alone hidden, partly padded ones averaged over their tokens).
+    /// Right padding is invisible to a bidirectional layer (causal queries never reach it):
+    /// each row of a batch padded to different lengths equals its unpadded self — spans of
+    /// padding alone hidden, partly padded ones averaged over their tokens.
     #[test]
     fn padding_changes_nothing() {
         let dev = device();
         let att = attention(1, None);
-        let (len, extra) = (21, 11);
-        let x = Tensor::<3>::random([1, len + extra, 16], Distribution::Normal(0.0, 1.0), &dev);
-        for causal in [true, false] {
-            let open = if causal { AttentionMask::causal() } else { AttentionMask::bidirectional() };
-            let pad: Vec<bool> = (0..len + extra).map(|i| i >= len).collect();
-            let pad = Tensor::<2, Bool>::from_data(TensorData::new(pad, [1, len + extra]), &dev);
-            let padded = AttentionMask { padding: Some(pad), ..open.clone() };
-            let short = att.forward(AttentionInput::self_attention(x.clone().narrow(1, 0, len), &open), None).context;
-            let long = att.forward(AttentionInput::self_attention(x.clone(), &padded), None).context.narrow(1, 0, len);
-            let diff = (short - long).abs().max().into_scalar::<f32>() as f64;
-            assert!(diff < 1e-5, "causal {causal}: {diff}");
+        let (total, lens) = (32, [21, 13]);
+        let x = Tensor::<3>::random([2, total, 16], Distribution::Normal(0.0, 1.0), &dev);
+        let open = AttentionMask::bidirectional();
+        let pad: Vec<bool> = lens.iter().flat_map(|&n| (0..total).map(move |i| i >= n)).collect();
+        let padded =
+            AttentionMask { padding: Some(Tensor::from_data(TensorData::new(pad, [2, total]), &dev)), ..open.clone() };
+        let long = att.forward(AttentionInput::self_attention(x.clone(), &padded), None).context;
+        for (row, &n) in lens.iter().enumerate() {
+            let alone = x.clone().narrow(0, row, 1).narrow(1, 0, n);
+            let short = att.forward(AttentionInput::self_attention(alone, &open), None).context;
+            let diff = (short - long.clone().narrow(0, row, 1).narrow(1, 0, n)).abs().max().into_scalar::<f32>() as f64;
+            assert!(diff < 1e-5, "row {row} ({n} tokens): {diff}");
         }
     }
 
@@ -702,8 +717,8 @@ mod tests {
         let x = Tensor::<3>::random([1, len, 16], Distribution::Normal(0.0, 1.0), &dev);
         let mask = AttentionMask::causal();
         let before = att.forward(AttentionInput::self_attention(x.clone(), &mask), None).context;
-        // type 3·2 + 1: the first left node at level 2
-        let t = 3 * 2 + 1;
+        // type 1 + 2·2: the first left node at level 2
+        let t = 1 + 2 * 2;
         let bump = Tensor::<2>::zeros([att.relative.val().dims()[0], att.relative.val().dims()[1]], &dev)
             .slice_assign([t..t + 1, 0..4], Tensor::ones([1, 4], &dev) * 5.0);
         att.relative = Param::from_tensor(att.relative.val() + bump);
