@@ -538,6 +538,11 @@ impl AttentionMechanism for BptAttention {
         BptAttention::forward(self, input, state.map(|s| s.get_or_default::<BptState>()))
     }
 
+    /// Keys and values only (CALM's skipped blocks): the span sums catch up at the next forward.
+    fn extend_cache(&self, x: Tensor<3>, mask: &variorum_core::AttentionMask, state: &mut AttentionState) {
+        self.attention.project(x, None, mask, Some(&mut state.get_or_default::<BptState>().kv));
+    }
+
     fn content_only(&self, query: Tensor<3>, key_value: Tensor<3>) -> Tensor<3> {
         self.attention.content_only(query, key_value)
     }
@@ -682,6 +687,28 @@ mod tests {
         }
         assert_eq!(at, len);
         let diff = (Tensor::cat(parts, 1) - whole).abs().max().into_scalar::<f32>() as f64;
+        assert!(diff < 1e-5, "{diff}");
+    }
+
+    /// Keys appended without a forward (CALM's skipped blocks) are summed into the spans by the
+    /// next forward: decoding after `extend_cache` equals the forward.
+    #[test]
+    fn extended_cache_catches_up() {
+        let dev = device();
+        let att = attention(1, None);
+        let len = 29;
+        let x = Tensor::<3>::random([1, len, 16], Distribution::Normal(0.0, 1.0), &dev);
+        let mask = AttentionMask::causal();
+        let whole = att.forward(AttentionInput::self_attention(x.clone(), &mask), None).context;
+        let mut state = AttentionState::default();
+        AttentionMechanism::extend_cache(&att, x.clone().narrow(1, 0, 20), &mask, &mut state);
+        let mut parts = Vec::new();
+        for at in 20..len {
+            let m = AttentionMask { q_start: at, ..AttentionMask::causal() };
+            let input = AttentionInput::self_attention(x.clone().narrow(1, at, 1), &m);
+            parts.push(AttentionMechanism::forward(&att, input, Some(&mut state)).context);
+        }
+        let diff = (Tensor::cat(parts, 1) - whole.narrow(1, 20, len - 20)).abs().max().into_scalar::<f32>() as f64;
         assert!(diff < 1e-5, "{diff}");
     }
 
