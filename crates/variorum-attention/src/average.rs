@@ -62,7 +62,9 @@ impl AttentionKind for AverageAttentionConfig {
     type Module = AverageAttention;
     const SUMMARY: &'static str = "cumulative average of the inputs, FFN and input/forget gates instead of self-attention; O(d) per decoded token";
     const PAPER: &'static str = "Zhang et al. 2018, Accelerating Neural Transformer via an Average Attention Network";
-    const CAPS: Capabilities = Capabilities { cross: true, ..caps::NO_SCORES };
+    // no `cross`: a source would be read through its mean alone (the paper replaces decoder
+    // self-attention only)
+    const CAPS: Capabilities = caps::NO_SCORES;
 
     fn expanded(&self, d_model: usize) -> Self {
         Self { d_ff: Some(self.d_ff(d_model)), ..self.clone() }

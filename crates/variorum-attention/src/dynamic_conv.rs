@@ -56,7 +56,7 @@ use crate::{AttentionInput, AttentionOutput, AttentionState};
 const WU_2019: &str = "Wu et al. 2019, Pay Less Attention with Lightweight and Dynamic Convolutions";
 
 /// No score matrix for a position scheme to act on, and no memory: the taps read the segment's
-/// own rows (and no cross form, which no capability names: `key_value` is refused).
+/// own rows (and no cross form: `cross: false`, `key_value` is refused).
 const CONV_CAPS: Capabilities = Capabilities { reads_memory: false, ..caps::NO_SCORES };
 
 /// `model.attention` with `kind = "lightweight-conv"`.

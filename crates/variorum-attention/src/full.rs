@@ -342,7 +342,7 @@ impl AttentionKind for MultiHeadAttentionConfig {
     fn capabilities(&self) -> Capabilities {
         // the head losses are defined on self-attention maps
         let losses = self.diversity.is_some() || self.guidance.is_some();
-        Capabilities { aux_losses: losses, cross: !losses, ..Self::CAPS }
+        Capabilities { aux_losses: losses, cross: Self::CAPS.cross && !losses, ..Self::CAPS }
     }
 
     fn head_shape(&self, d_model: usize) -> HeadShape {

@@ -94,7 +94,8 @@ impl AttentionKind for GaussianPriorConfig {
     const SUMMARY: &'static str = "Gaussian prior: full attention plus −(j − P_i)²/2σ_i² on the scores, the centre P_i and window 2σ_i predicted from each query (wide at init); KV cache";
     const PAPER: &'static str =
         "Yang, Tu, Wong, Meng, Chao, Zhang 2018, Modeling Localness for Self-Attention Networks";
-    const CAPS: Capabilities = caps::CROSS_SCORES;
+    // no `cross`: the predicted centre and width scale with the source's length, padding included
+    const CAPS: Capabilities = caps::SCORES;
     crate::head_kind_items!();
 
     fn expanded(&self, d_model: usize) -> Self {

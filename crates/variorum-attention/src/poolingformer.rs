@@ -115,7 +115,8 @@ impl AttentionKind for PoolingformerConfig {
     const PAPER: &'static str = "Zhang et al. 2021, Poolingformer: Long Document Modeling with Pooling Attention";
     /// No memory beside it: its pooled segments would mix a memory with positions after the
     /// query (`reads_memory: false`, refused by the model's rules).
-    const CAPS: Capabilities = Capabilities { reads_memory: false, cross: true, ..caps::NO_SCORES };
+    // no `cross`: its cross form (`cross()`) does not hide source padding yet
+    const CAPS: Capabilities = Capabilities { reads_memory: false, ..caps::NO_SCORES };
 
     fn expanded(&self, d_model: usize) -> Self {
         Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }

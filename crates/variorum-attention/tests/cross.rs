@@ -2,7 +2,8 @@
 //! capability an encoder–decoder's cross-attention will need) attends from queries over a source
 //! of another length — in both directions of length — and the property that defines it holds:
 //! each query's output is a function of that query and the whole source alone. Changing one query
-//! changes its row only; changing any one source row changes the output. Kinds that declare no
+//! changes its row only; changing any one source row changes the output; padding the source
+//! changes nothing. Kinds that declare no
 //! `cross` are left out (their patterns are tied to the query's position, they mix queries, or
 //! they read only their own sequence).
 
@@ -19,7 +20,9 @@ fn max_diff(a: Tensor<3>, b: Tensor<3>) -> f32 {
 
 #[test]
 fn cross_attention_kinds_attend_each_query_over_the_whole_source() {
+    let _guard = common::seeded();
     let device = Device::default();
+    device.seed(5);
     let d = common::D;
     let mask = AttentionMask::bidirectional();
     let (mut checked, mut failures) = (Vec::new(), Vec::new());
@@ -53,8 +56,8 @@ fn cross_attention_kinds_attend_each_query_over_the_whole_source() {
             if others > 1e-5 || own < 1e-6 {
                 failures.push(format!("{name}, {lq} over {lk}: other queries moved {others}, the changed one {own}"));
             }
-            // each source row is read: the first, the last
-            for at in [0, lk - 1] {
+            // each source row is read
+            for at in 0..lk {
                 let s1 = source.clone().slice_assign(
                     [0..2, at..at + 1, 0..d],
                     Tensor::random([2, 1, d], Distribution::Normal(0.0, 1.0), &device),
@@ -64,12 +67,36 @@ fn cross_attention_kinds_attend_each_query_over_the_whole_source() {
                     failures.push(format!("{name}, {lq} over {lk}: source row {at} is not read"));
                 }
             }
+            // source padding is hidden: three rows of padding appended change nothing
+            let padded = Tensor::cat(
+                vec![source.clone(), Tensor::random([2, 3, d], Distribution::Normal(0.0, 1.0), &device)],
+                1,
+            );
+            let pad: Vec<bool> = (0..2).flat_map(|_| (0..lk + 3).map(move |j| j >= lk)).collect();
+            let padding = Tensor::<2, Bool>::from_data(TensorData::new(pad, [2, lk + 3]), &device);
+            let masked = AttentionMask { padding: Some(padding), ..mask.clone() };
+            let out = attention.forward(AttentionInput::cross_attention(query.clone(), padded, &masked), None).context;
+            let moved = max_diff(out, base.clone());
+            if moved > 1e-5 {
+                failures.push(format!("{name}, {lq} over {lk}: source padding moved the output by {moved}"));
+            }
         }
         checked.push(name);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     // the kinds that must take part (the list grows as kinds learn cross-attention)
-    for kind in ["full", "linear", "performer", "rfa", "poolingformer", "hopfield", "talking-heads"] {
+    let kinds = [
+        "full",
+        "talking-heads",
+        "capsule-heads",
+        "collaborative",
+        "linear",
+        "performer",
+        "rfa",
+        "inducing-points",
+        "hopfield",
+    ];
+    for kind in kinds {
         assert!(
             checked.iter().any(|n| n.starts_with(&format!("{kind} "))),
             "{kind} declares no cross-attention: {checked:?}"

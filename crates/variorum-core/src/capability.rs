@@ -50,9 +50,12 @@ pub struct Capabilities {
     pub position_wise: bool,
     /// Attention: cross-attention — queries attend over a source sequence of another length
     /// (`AttentionInput::key_value`, an encoder's output), each query over every source row by
-    /// content, independently of the other queries. Kinds whose pattern is tied to the query's
-    /// position, that mix queries with one another, or that read only their own sequence say
-    /// no; neutral pieces declare none.
+    /// content, independently of the other queries, source padding hidden. As an
+    /// encoder–decoder uses it: a bidirectional mask over the source, no decoding state (the
+    /// source's keys and values are the caller's to keep), no position scheme between a query
+    /// and the source (the layer is built with `Positioning::NONE`). Kinds whose pattern is tied
+    /// to the query's position, that mix queries with one another, that reduce the source to a
+    /// summary, or that read only their own sequence say no; neutral pieces declare none.
     pub cross: bool,
 }
 
