@@ -111,6 +111,24 @@ impl AttentionKind for BptConfig {
         check(self.k >= 1, || "model.attention.k must be at least 1 (nodes per side and level)".into())
     }
 
+    /// Settings past what a context of `len` can use would only size the relative table: k
+    /// beyond `len` nodes per side, `clip_levels` beyond the partition's ⌈log₂ len⌉ levels.
+    fn validate_len(&self, len: usize) -> Result<(), ConfigError> {
+        let levels = len.max(1).next_power_of_two().trailing_zeros() as usize;
+        check(self.k <= len, || {
+            format!(
+                "model.attention.k = {} is more than the context of {len}: no level has more than {len} nodes on a side; use at most {len}",
+                self.k
+            )
+        })?;
+        check(self.clip_levels <= levels, || {
+            format!(
+                "model.attention.clip_levels = {} is more than the {levels} levels a context of {len} partitions into; use at most {levels}",
+                self.clip_levels
+            )
+        })
+    }
+
     /// Multiply–adds per token over both sides' nodes (a causal layer scores about half), and
     /// the relative terms: q · a_r for every edge type and head.
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
@@ -331,13 +349,14 @@ impl Nodes {
             );
         }
         // decoding: the few nodes asked for, read in place from each level's buffer
-        let mut row: HashMap<usize, u32> = HashMap::new();
+        // each distinct node: its level and its row among that level's picks
+        let mut row: HashMap<usize, (usize, u32)> = HashMap::new();
         let mut picks: Vec<Vec<i64>> = vec![Vec::new(); self.levels.len()];
         for &id in ids {
             let id = id as usize;
             if id < total && !row.contains_key(&id) {
                 let level = self.offsets.partition_point(|&o| o <= id) - 1;
-                row.insert(id, picks[level].len() as u32);
+                row.insert(id, (level, picks[level].len() as u32));
                 picks[level].push((id - self.offsets[level]) as i64);
             }
         }
@@ -360,13 +379,9 @@ impl Nodes {
         vs.push(Tensor::zeros([b, hkv, 1, dh], &device));
         let order: Vec<i64> = ids
             .iter()
-            .map(|&id| {
-                let id = id as usize;
-                if id >= total {
-                    return i64::from(rows);
-                }
-                let level = self.offsets.partition_point(|&o| o <= id) - 1;
-                i64::from(base[level] + row[&id])
+            .map(|&id| match row.get(&(id as usize)) {
+                Some(&(level, r)) => i64::from(base[level] + r),
+                None => i64::from(rows),
             })
             .collect();
         let order = Tensor::<1, Int>::from_data(TensorData::new(order, [ids.len()]), &device);
@@ -617,6 +632,18 @@ mod tests {
         // level 3: lo = 0; hi = 12 is not a multiple of 8 → (2,3) = [12,16)
         // types: 1 + 2k·level + (0 left, 1 right) for the level's first node
         assert_eq!(got, vec![(0, 5, 0), (0, 4, 1), (0, 6, 2), (1, 1, 3), (0, 7, 4), (1, 0, 5), (2, 2, 6), (2, 3, 8)]);
+    }
+
+    #[test]
+    fn settings_past_the_context_are_refused_by_key() {
+        let cfg = BptConfig { k: 65, ..Default::default() };
+        let e = cfg.validate_len(64).unwrap_err().0;
+        assert!(e.contains("model.attention.k = 65") && e.contains("at most 64"), "{e}");
+        let cfg = BptConfig { clip_levels: 7, ..Default::default() };
+        let e = cfg.validate_len(64).unwrap_err().0;
+        assert!(e.contains("model.attention.clip_levels = 7") && e.contains("at most 6"), "{e}");
+        assert!(BptConfig { k: 64, clip_levels: 6, ..Default::default() }.validate_len(64).is_ok());
+        assert!(BptConfig::default().validate_len(65).is_ok());
     }
 
     fn attention(k: usize, n_kv_heads: Option<usize>) -> BptAttention {
