@@ -308,7 +308,8 @@ impl AttentionKind for MultiHeadAttentionConfig {
     const SUMMARY: &'static str = "multi-head scaled dot-product attention; grouped-/multi-query K/V heads; KV cache";
     const PAPER: &'static str =
         "Vaswani et al. 2017, Attention Is All You Need; Shazeer 2019 (MQA); Ainslie et al. 2023 (GQA)";
-    const CAPS: Capabilities = caps::CROSS_SCORES;
+    // the graph mask acts through the dense score mask
+    const CAPS: Capabilities = Capabilities { graph: true, ..caps::CROSS_SCORES };
 
     /// The same config with the derived defaults written out.
     fn expanded(&self, d_model: usize) -> Self {
@@ -706,7 +707,7 @@ impl MultiHeadAttention {
             }
             let m = input.mask;
             let aligned = p.layout.q_start == p.layout.k_start && p.layout.len_q == p.layout.len_k;
-            if aligned && m.padding.is_none() && m.custom.is_none() && !input.need_weights {
+            if aligned && m.padding.is_none() && m.custom.is_none() && m.graph.is_none() && !input.need_weights {
                 // a band, computed by blocks: no L × L matrix
                 let l = p.layout.len_q;
                 let ahead = if m.causal { 0 } else { l };
@@ -767,7 +768,8 @@ impl MultiHeadAttention {
     /// kernel computes it with its distance-bias table, where the kernels are on.
     fn bias_on_the_sparse_kernel(&self, p: &Projected, m: &AttentionMask, need_weights: bool) -> bool {
         let aligned = p.layout.q_start == p.layout.k_start && p.layout.len_q == p.layout.len_k;
-        let plain = m.padding.is_none() && m.custom.is_none() && !need_weights && self.dropout.prob == 0.0;
+        let plain =
+            m.padding.is_none() && m.custom.is_none() && m.graph.is_none() && !need_weights && self.dropout.prob == 0.0;
         let by_distance = self.position.as_ref().is_some_and(|pos| pos.works_on_gathered_keys() && !pos.rotates());
         aligned && plain && by_distance && variorum_kernels::has_kernel(&p.q)
     }
@@ -775,7 +777,8 @@ impl MultiHeadAttention {
     /// What both kernel paths share: a causal mask and nothing else, no dropout on the
     /// probabilities, no weights asked for.
     fn kernel_computes(&self, m: &AttentionMask, need_weights: bool) -> bool {
-        let plain_mask = m.causal && m.padding.is_none() && m.custom.is_none() && m.max_back.is_none();
+        let plain_mask =
+            m.causal && m.padding.is_none() && m.custom.is_none() && m.graph.is_none() && m.max_back.is_none();
         plain_mask && !need_weights && self.dropout.prob == 0.0
     }
 

@@ -406,6 +406,8 @@ attention_kinds! {
     "hopfield" => Hopfield(crate::HopfieldConfig, crate::HopfieldAttention),
     /// BP-Transformer: k binary-partition nodes per side and level, fine to coarse, with relative representations per edge.
     "bpt" => Bpt(crate::BptConfig, crate::BptAttention),
+    /// Graph-masked attention: each position over its neighbours in the example's graph (data.graph) and itself, dot-product or GAT-additive scores.
+    "graph" => Graph(crate::GraphAttentionConfig, crate::GraphAttention),
 }
 
 impl Default for AttentionConfig {

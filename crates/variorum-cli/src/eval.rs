@@ -141,6 +141,12 @@ pub fn eval(args: EvalArgs) -> Result<ExitCode> {
         // loading may print notes to stderr: the bar steps aside meanwhile
         let (run, ids, tags, label) = pb.suspend(|| -> Result<_> {
             let run = Run::load_with(dir, &device, &args.settings)?;
+            if run.config.data.graph.is_some() {
+                bail!(
+                    "{} was trained on graph examples (data.graph), which are scored whole, not at context lengths: evaluate it alone",
+                    dir.display()
+                );
+            }
             let (ids, _, tags, label) = tokens(&run, &args)?;
             Ok((run, ids, tags, label))
         })?;
@@ -291,8 +297,46 @@ fn record(run: &Run, args: &EvalArgs, data: &str, rows: Vec<EvalRow>) {
     }
 }
 
+/// A run trained on graph examples (`data.graph`): the loss over every validation example, each
+/// read whole with its graph, as training's validation reads them.
+fn eval_graph(run: &Run, args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode> {
+    if let Some(path) = &args.data {
+        bail!(
+            "{} was trained on graph examples (data.graph) and is scored on its validation examples with their graphs; --data {} would be read as plain text",
+            run.dir.display(),
+            path.display()
+        );
+    }
+    if !args.seq_len.is_empty() || args.stride.is_some() || args.max_tokens.is_some() {
+        eprintln!("note: graph examples are read whole: --seq-len, --stride and --max-tokens are not used");
+    }
+    let corpus = variorum_data::Corpus::load(&run.config.data, Some(run.tokenizer.clone()))?;
+    let Some(graphs) = corpus.graphs else { bail!("{} holds no graph examples", corpus.path.display()) };
+    let seq_len = run.config.model.seq_len;
+    let batches = variorum_data::graph_eval_batches(&graphs.val, &corpus.path, seq_len, usize::MAX, 16)?;
+    // the masked objective hides the tokens the run's own validation hid
+    let batches = variorum_train::eval::masked_batches(&run.config.model, batches, 0);
+    let predicted: usize = batches
+        .iter()
+        .map(|b| match run.model.mask_token {
+            Some(m) => b.targets.iter().filter(|&&t| t != m as i64).count(),
+            None => b.targets.iter().filter(|&&t| t >= 0).count(),
+        })
+        .sum();
+    let loss = variorum_train::eval::evaluate(&run.model, &batches, device);
+    println!("# {} validation examples of {} with their graphs", graphs.val.len(), corpus.path.display());
+    println!("{:>10} {:>10} {:>10} {:>12}", "examples", "predicted", "loss", "perplexity");
+    println!("{:>10} {predicted:>10} {loss:>10.4} {:>12.3}", graphs.val.len(), loss.exp());
+    let reading = if run.model.mask_token.is_some() { "graph, masked" } else { "graph" };
+    record(run, args, "the validation examples", vec![eval_row(seq_len, None, Some(reading), predicted, loss)]);
+    Ok(ExitCode::SUCCESS)
+}
+
 fn eval_one(args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode> {
     let run = Run::load_with(&args.runs[0], device, &args.settings)?;
+    if run.config.data.graph.is_some() {
+        return eval_graph(&run, args, device);
+    }
     let (ids, source, tags, label) = tokens(&run, args)?;
     let lengths = if args.seq_len.is_empty() { vec![run.model.seq_len] } else { args.seq_len.clone() };
     check_lengths(&lengths, args.stride)?;

@@ -306,7 +306,8 @@ enum Command {
     },
     /// List every kind on every config axis, with its capabilities and source paper. Roles:
     /// "causal" kinds can be a decoder's self-attention, "bidir" ones an encoder's, "cross" ones
-    /// attend over a source of another length (an encoder–decoder's cross-attention).
+    /// attend over a source of another length (an encoder–decoder's cross-attention), "graph"
+    /// ones read each example's graph (`data.graph`).
     Zoo {
         #[arg(long)]
         json: bool,
@@ -820,7 +821,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 println!("{}", serde_json::to_string_pretty(&kinds)?);
                 return Ok(ExitCode::SUCCESS);
             }
-            println!("{:<20} {:<18} {:<42} {}", "axis", "kind", "supports", "paper");
+            println!("{:<20} {:<18} {:<48} {}", "axis", "kind", "supports", "paper");
             for k in kinds {
                 let c = k.caps;
                 let flags: Vec<&str> = [
@@ -832,12 +833,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     (c.aux_losses, "aux"),
                     (c.variable_length, "varlen"),
                     (c.cross, "cross"),
+                    (c.graph, "graph"),
                 ]
                 .iter()
                 .filter(|(on, _)| *on)
                 .map(|(_, n)| *n)
                 .collect();
-                println!("{:<20} {:<18} {:<42} {}", k.axis, k.kind, flags.join(","), k.paper);
+                println!("{:<20} {:<18} {:<48} {}", k.axis, k.kind, flags.join(","), k.paper);
                 println!("{:<20} {:<18} {}", "", "", k.summary);
             }
             Ok(ExitCode::SUCCESS)

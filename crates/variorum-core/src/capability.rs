@@ -57,6 +57,9 @@ pub struct Capabilities {
     /// to the query's position, that mix queries with one another, that reduce the source to a
     /// summary, or that read only their own sequence say no; neutral pieces declare none.
     pub cross: bool,
+    /// Attention: honours a per-example graph (`AttentionMask::graph`, `data.graph`): a position
+    /// reads only its neighbours and itself, through the dense score mask or by gathering them.
+    pub graph: bool,
 }
 
 impl Capabilities {
@@ -82,6 +85,7 @@ impl Capabilities {
         per_layer: false,
         position_wise: true,
         cross: false,
+        graph: false,
     };
 }
 

@@ -12,7 +12,7 @@ pub mod mask;
 pub use capability::{Capabilities, KindInfo};
 pub use error::ConfigError;
 pub use kind::Declared;
-pub use mask::{AttentionMask, GlobalLocal};
+pub use mask::{AttentionMask, GlobalLocal, GraphMask};
 
 /// Named auxiliary losses a forward pass adds to the language-model loss (already weighted).
 pub type AuxLosses = Vec<(String, burn::Tensor<1>)>;

@@ -4,6 +4,8 @@
 //! or a Transformer-XL memory the keys start earlier than the queries, and causality is
 //! `key position <= query position`, whatever the lengths.
 
+use std::sync::Arc;
+
 use burn::prelude::*;
 
 /// What may attend to what. Built once per forward pass and shared by every layer.
@@ -34,6 +36,86 @@ pub struct AttentionMask {
     /// Not a restriction like the fields above, but like them a fact about this forward's rows
     /// that every layer reads.
     pub tags: Option<Tensor<1, Int>>,
+    /// Each row's graph (`data.graph`: edges given with the example): a position reads only its
+    /// neighbours and itself. Set on a fresh forward over whole examples (positions from 0, no
+    /// cache or memory); [`Self::score_mask`] hides every non-edge, and kinds that read the
+    /// neighbour lists (`graph`) gather them instead.
+    pub graph: Option<GraphMask>,
+}
+
+/// The per-example graphs of a batch (`data.graph`): for every row and position, the positions
+/// it reads besides itself (ascending). A position always reads itself (GAT's Â = A + I);
+/// positions past a row's example (padding) read only themselves and are read by none.
+#[derive(Debug, Clone)]
+pub struct GraphMask {
+    rows: Vec<Arc<Vec<Vec<u32>>>>,
+}
+
+impl GraphMask {
+    /// One adjacency list per batch row: `rows[r][i]` = what position i of row r reads.
+    pub fn new(rows: Vec<Arc<Vec<Vec<u32>>>>) -> Self {
+        Self { rows }
+    }
+
+    pub fn rows(&self) -> &[Arc<Vec<Vec<u32>>>] {
+        &self.rows
+    }
+
+    /// What position `i` of row `r` reads in a sequence of `len`: itself, then its neighbours
+    /// (`causal`: those not after it; `max_back`: those at most that far back).
+    pub fn reads(&self, r: usize, i: usize, len: usize, causal: bool, max_back: Option<usize>) -> Vec<u32> {
+        let mut out = vec![i as u32];
+        if let Some(list) = self.rows[r].get(i) {
+            out.extend(list.iter().copied().filter(|&j| {
+                let j = j as usize;
+                j != i && j < len && !(causal && j > i) && max_back.is_none_or(|m| j + m >= i)
+            }));
+        }
+        out
+    }
+
+    /// `[batch, len, degree]` neighbour slots (each position's [`reads`](Self::reads), padded)
+    /// and `[batch, len, degree]`, true for an empty slot.
+    pub fn neighbours(
+        &self,
+        len: usize,
+        causal: bool,
+        max_back: Option<usize>,
+        device: &Device,
+    ) -> (Tensor<3, Int>, Tensor<3, Bool>) {
+        let b = self.rows.len();
+        let lists: Vec<Vec<u32>> = (0..b)
+            .flat_map(|r| (0..len).map(move |i| (r, i)))
+            .map(|(r, i)| self.reads(r, i, len, causal, max_back))
+            .collect();
+        let degree = lists.iter().map(Vec::len).max().unwrap_or(1);
+        let mut at = vec![0i64; b * len * degree];
+        let mut empty = vec![true; b * len * degree];
+        for (q, list) in lists.iter().enumerate() {
+            for (s, &j) in list.iter().enumerate() {
+                at[q * degree + s] = i64::from(j);
+                empty[q * degree + s] = false;
+            }
+        }
+        (
+            Tensor::from_data(TensorData::new(at, [b, len, degree]), device),
+            Tensor::from_data(TensorData::new(empty, [b, len, degree]), device),
+        )
+    }
+
+    /// `[batch, len, len]`, true where position i does not read position j (the dense form).
+    pub fn hidden(&self, len: usize, device: &Device) -> Tensor<3, Bool> {
+        let b = self.rows.len();
+        let mut hidden = vec![true; b * len * len];
+        for r in 0..b {
+            for i in 0..len {
+                for j in self.reads(r, i, len, false, None) {
+                    hidden[(r * len + i) * len + j as usize] = false;
+                }
+            }
+        }
+        Tensor::from_data(TensorData::new(hidden, [b, len, len]), device)
+    }
 }
 
 /// Where ETC's global (auxiliary) tokens are in a call's input.
@@ -58,6 +140,7 @@ impl AttentionMask {
             max_back: None,
             global_local: None,
             tags: None,
+            graph: None,
         }
     }
 
@@ -73,6 +156,7 @@ impl AttentionMask {
             max_back: None,
             global_local: None,
             tags: None,
+            graph: None,
         }
     }
 
@@ -102,6 +186,12 @@ impl AttentionMask {
     /// Each row's example tag (see [`Self::tags`]).
     pub fn with_tags(mut self, tags: Option<Tensor<1, Int>>) -> Self {
         self.tags = tags;
+        self
+    }
+
+    /// Each row's graph (see [`Self::graph`]).
+    pub fn with_graph(mut self, graph: Option<GraphMask>) -> Self {
+        self.graph = graph;
         self
     }
 
@@ -150,6 +240,20 @@ impl AttentionMask {
                     m.expand([b, len_q, len_k]).bool_or(c.clone().expand([b, len_q, len_k]))
                 }
                 None => c.clone(),
+            });
+        }
+        if let Some(g) = &self.graph {
+            assert!(
+                self.q_start == 0 && self.k_start == 0 && len_q == len_k,
+                "a graph mask covers whole examples from position 0 (no cache or memory)"
+            );
+            let h = g.hidden(len_q, device);
+            mask = Some(match mask {
+                Some(m) => {
+                    let b = m.dims()[0].max(h.dims()[0]);
+                    m.expand([b, len_q, len_k]).bool_or(h.expand([b, len_q, len_k]))
+                }
+                None => h,
             });
         }
         mask.map(|m| m.unsqueeze_dim(1))
@@ -203,6 +307,30 @@ mod tests {
                         false, false, false,
                         true, false, false];
         assert_eq!(hidden(m), want);
+    }
+
+    #[test]
+    fn graph_hides_non_edges_and_lists_neighbours() {
+        // row 0: 0 reads 2, 2 reads 0 and 1; row 1 is one token long (position 1, 2 padding)
+        let dev = Device::flex();
+        let g = GraphMask::new(vec![Arc::new(vec![vec![2], vec![], vec![0, 1]]), Arc::new(vec![vec![]])]);
+        let m = AttentionMask::causal().with_graph(Some(g.clone())).score_mask(3, 3, &dev).unwrap();
+        #[rustfmt::skip]
+        let want = vec![false, true, true,    // 0 reads 2 only in the future: hidden
+                        true, false, true,
+                        false, false, false,
+                        false, true, true,
+                        true, false, true,    // padding reads itself only
+                        true, true, false];
+        assert_eq!(hidden(m), want);
+        let (at, empty) = g.neighbours(3, false, None, &dev);
+        assert_eq!(at.dims(), [2, 3, 3]);
+        let at = at.into_data().convert::<i64>().try_to_vec::<i64>().unwrap();
+        let empty = empty.into_data().try_to_vec::<bool>().unwrap();
+        let slots: Vec<Vec<i64>> =
+            (0..6).map(|q| (0..3).filter(|&s| !empty[q * 3 + s]).map(|s| at[q * 3 + s]).collect()).collect();
+        assert_eq!(slots, vec![vec![0, 2], vec![1], vec![2, 0, 1], vec![0], vec![1], vec![2]]);
+        assert_eq!(g.reads(0, 2, 3, false, Some(1)), vec![2, 1], "max_back 1 drops position 0");
     }
 
     #[test]

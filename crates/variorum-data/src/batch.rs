@@ -32,6 +32,9 @@ pub struct TokenBatch {
     /// tag holding most of its tokens, [`SplitTags::window_tag`]). Empty when
     /// the data is not tagged.
     pub tags: Vec<i64>,
+    /// Per row, with graph data (`data.graph`): the example's graph, what each of its positions
+    /// reads besides itself; the row's example is this long, the rest is padding. Empty for text.
+    pub graphs: Vec<std::sync::Arc<Vec<Vec<u32>>>>,
 }
 
 impl TokenBatch {
@@ -43,6 +46,7 @@ impl TokenBatch {
             seq_len,
             reset: Vec::with_capacity(batch_size),
             tags: Vec::new(),
+            graphs: Vec::new(),
         }
     }
 
@@ -436,6 +440,7 @@ mod tests {
             tokenizer: TokenizerConfig::Char,
             val_fraction: 0.3,
             tags: Some(TagConfig { section: "[A-Z]".into(), holdout }),
+            graph: None,
         };
         Corpus::from_text(&text, &cfg, None, "letters.txt".into()).expect("loads")
     }

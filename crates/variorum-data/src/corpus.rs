@@ -15,6 +15,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{DataError, one_line};
+use crate::graph::{self, GraphDataConfig, GraphSplits};
 use crate::tags::{Holdout, Piece, SplitPieces, SplitTags, TagConfig, TagSections};
 use crate::tokenizer::{Tokenizer, TokenizerConfig};
 
@@ -51,6 +52,10 @@ pub struct DataConfig {
     /// before tags existed read and write back unchanged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tags: Option<TagConfig>,
+    /// The file is graph examples, JSON lines of nodes and edges (see `graph.rs`), for
+    /// graph-masked attention; absent = plain text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graph: Option<GraphDataConfig>,
 }
 
 impl Default for DataConfig {
@@ -63,6 +68,7 @@ impl Default for DataConfig {
             tokenizer: TokenizerConfig::default(),
             val_fraction: default_val_fraction(),
             tags: None,
+            graph: None,
         }
     }
 }
@@ -130,6 +136,11 @@ impl DataConfig {
         }
         if let Some(tags) = &self.tags {
             tags.validate()?;
+            if self.graph.is_some() {
+                return Err(DataError::Config(
+                    "data.tags and data.graph are both set: tags cut a text into sections, and graph data is one example per line; use one".into(),
+                ));
+            }
         }
         self.tokenizer.validate()
     }
@@ -198,6 +209,9 @@ pub struct Corpus {
     /// The tag names and, per split, the tag of every token: `Some` exactly when
     /// `data.tags` is set.
     pub tags: Option<TagSections>,
+    /// With `data.graph`: the examples of each split (`train` and `val` then hold their tokens
+    /// end to end).
+    pub graphs: Option<GraphSplits>,
     /// The file the text came from.
     pub path: PathBuf,
     /// Characters in the training part: with `train.len()` this converts
@@ -250,6 +264,9 @@ impl Corpus {
         path: PathBuf,
     ) -> Result<Corpus, DataError> {
         cfg.validate()?;
+        if let Some(g) = &cfg.graph {
+            return Self::from_graph_text(text, cfg, g, tokenizer, path);
+        }
         let n_chars = text.chars().count();
         if n_chars < 2 {
             return Err(DataError::TooShort(format!(
@@ -333,7 +350,58 @@ impl Corpus {
                 (train, val, Some(TagSections { names, train: train_tags, val: val_tags }))
             }
         };
-        Ok(Corpus { tokenizer, train, val, tags, path, train_chars, val_chars })
+        Ok(Corpus { tokenizer, train, val, tags, graphs: None, path, train_chars, val_chars })
+    }
+
+    /// Graph examples, one per line (`graph.rs`): the last `val_fraction` of them (at least one
+    /// on each side) are the validation split. The tokenizer is trained as for text — char on
+    /// every node, the others on the training examples' nodes — each node on its own line.
+    fn from_graph_text(
+        text: &str,
+        cfg: &DataConfig,
+        g: &GraphDataConfig,
+        tokenizer: Option<Tokenizer>,
+        path: PathBuf,
+    ) -> Result<Corpus, DataError> {
+        let records = graph::parse(text, &path)?;
+        let n = records.len();
+        if n < 2 {
+            return Err(DataError::TooShort(format!(
+                "graph data {} holds 1 example, too few to split into a training and a validation part",
+                path.display()
+            )));
+        }
+        let n_val = ((n as f64) * cfg.val_fraction).round().clamp(1.0, (n - 1) as f64) as usize;
+        let n_train = n - n_val;
+        let tokenizer = match tokenizer {
+            Some(t) => t,
+            None => {
+                let from = if cfg.tokenizer == TokenizerConfig::Char { n } else { n_train };
+                let nodes: Vec<&str> = records[..from].iter().flat_map(|r| r.1.iter().map(String::as_str)).collect();
+                Tokenizer::train(&cfg.tokenizer, &nodes.join("\n"))?
+            }
+        };
+        let examples = records
+            .iter()
+            .map(|(line, nodes, edges)| graph::example(*line, nodes, edges, g, &tokenizer, &path))
+            .collect::<Result<Vec<_>, _>>()?;
+        let chars = |r: &[(usize, Vec<String>, Vec<[usize; 2]>)]| {
+            r.iter().flat_map(|x| x.1.iter()).map(|s| s.chars().count()).sum::<usize>()
+        };
+        let (train_chars, val_chars) = (chars(&records[..n_train]), chars(&records[n_train..]));
+        let mut examples = examples;
+        let val = examples.split_off(n_train);
+        let tokens = |e: &[graph::GraphExample]| e.iter().flat_map(|x| x.tokens.iter().copied()).collect::<Vec<u32>>();
+        Ok(Corpus {
+            tokenizer,
+            train: tokens(&examples),
+            val: tokens(&val),
+            tags: None,
+            graphs: Some(GraphSplits { train: std::sync::Arc::new(examples), val: std::sync::Arc::new(val) }),
+            path,
+            train_chars,
+            val_chars,
+        })
     }
 }
 
@@ -348,6 +416,7 @@ mod tests {
             tokenizer: TokenizerConfig::Char,
             val_fraction: 0.1,
             tags: None,
+            graph: None,
         }
     }
 

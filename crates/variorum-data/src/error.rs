@@ -15,6 +15,11 @@ pub enum DataError {
     #[error("{0}")]
     Config(String),
 
+    /// A graph data file (`data.graph`) holds a line that is not an example, or an example that
+    /// does not fit; the message names the file and line.
+    #[error("{0}")]
+    Graph(String),
+
     /// The corpus file does not exist; `hint` says how to get it.
     #[error("corpus {} not found: {hint}", path.display())]
     CorpusNotFound { path: PathBuf, hint: String },

@@ -9,6 +9,7 @@
 mod batch;
 mod corpus;
 mod error;
+mod graph;
 mod masking;
 mod tags;
 mod tokenizer;
@@ -16,6 +17,7 @@ mod tokenizer;
 pub use batch::{OrderedStreams, RandomWindows, TokenBatch, eval_batches, spread_windows};
 pub use corpus::{Corpus, DATA_DIR_ENV, DEFAULT_DATA_DIR, DataConfig, data_dir, read_text};
 pub use error::DataError;
+pub use graph::{GraphBatches, GraphDataConfig, GraphExample, GraphSplits, NO_TARGET, graph_eval_batches};
 pub use masking::Masking;
 pub use tags::{Holdout, SplitTags, TagConfig, TagSections, UNTAGGED};
 pub use tokenizer::{CharTokenizer, Tokenizer, TokenizerConfig};

@@ -39,10 +39,12 @@ impl Masking {
         let mut targets = vec![ignore; b * l];
         for r in 0..b {
             let mut rng = row_rng(seed, r as u64);
-            let row = r * l..(r + 1) * l;
+            // graph rows: the example's positions only, not its padding
+            let len = batch.graphs.get(r).map_or(l, |g| g.len().min(l));
+            let row = r * l..r * l + len;
             let mut chosen: Vec<usize> = row.clone().filter(|_| rng.random_bool(self.prob)).collect();
-            if chosen.is_empty() && l > 0 {
-                chosen.push(r * l + rng.random_range(0..l));
+            if chosen.is_empty() && len > 0 {
+                chosen.push(r * l + rng.random_range(0..len));
             }
             for i in chosen {
                 targets[i] = batch.inputs[i];
@@ -54,7 +56,15 @@ impl Masking {
                 }
             }
         }
-        TokenBatch { inputs, targets, batch_size: b, seq_len: l, reset: batch.reset.clone(), tags: batch.tags.clone() }
+        TokenBatch {
+            inputs,
+            targets,
+            batch_size: b,
+            seq_len: l,
+            reset: batch.reset.clone(),
+            tags: batch.tags.clone(),
+            graphs: batch.graphs.clone(),
+        }
     }
 }
 
@@ -73,7 +83,15 @@ mod tests {
 
     fn batch(b: usize, l: usize) -> TokenBatch {
         let inputs: Vec<i64> = (0..b * l).map(|i| (i % 7) as i64).collect();
-        TokenBatch { targets: inputs.clone(), inputs, batch_size: b, seq_len: l, reset: vec![true; b], tags: vec![] }
+        TokenBatch {
+            targets: inputs.clone(),
+            inputs,
+            batch_size: b,
+            seq_len: l,
+            reset: vec![true; b],
+            tags: vec![],
+            graphs: vec![],
+        }
     }
 
     const BERT: Masking = Masking { prob: 0.15, mask_token: 0.8, random_token: 0.1, mask_id: 7 };
@@ -99,6 +117,21 @@ mod tests {
         // kept = 10% kept + random draws that hit the same token (1/7 of 10%)
         assert!((kept - (0.1 + 0.1 / 7.0)).abs() < 0.02, "{kept}");
         assert!(m.inputs.iter().all(|&t| (0..=7).contains(&t)));
+    }
+
+    #[test]
+    fn graph_rows_hide_their_example_never_its_padding() {
+        // rows of 3 and 7 tokens padded to 10
+        let mut src = batch(2, 10);
+        src.graphs = vec![std::sync::Arc::new(vec![vec![]; 3]), std::sync::Arc::new(vec![vec![]; 7])];
+        for seed in 0..200 {
+            let m = BERT.apply(&src, seed);
+            for (r, len) in [(0, 3), (1, 7)] {
+                let row = &m.targets[r * 10..(r + 1) * 10];
+                assert!(row[len..].iter().all(|&t| t == i64::from(BERT.mask_id)), "seed {seed} row {r}: {row:?}");
+                assert!(row[..len].iter().any(|&t| t != i64::from(BERT.mask_id)), "row {r} has no target");
+            }
+        }
     }
 
     #[test]

@@ -17,7 +17,7 @@ use variorum_attention::{CarriedMaps, Positioning};
 use variorum_block::{
     Act, BlockOutput, LayerState, Norm, ReplayDropout, RevContext, Streams, TransformerBlock, block::BlockParts,
 };
-use variorum_core::{AttentionMask, AuxLosses, GlobalLocal};
+use variorum_core::{AttentionMask, AuxLosses, GlobalLocal, GraphMask};
 use variorum_position::AbsolutePosition;
 
 use crate::ModelConfig;
@@ -295,15 +295,22 @@ impl DecoderLm {
         self.forward_tagged(tokens, None, state)
     }
 
-    /// [`forward_with`](Self::forward_with) of rows tagged `tags` (`[batch]`, `data.tags`: the
-    /// play or corpus each row comes from), which every block's attention reads from the mask
-    /// (kinds conditioned on a task; the others ignore it). `None`: untagged.
+    /// [`forward_with`](Self::forward_with) of rows described by `rows`: their tags (`[batch]`,
+    /// `data.tags`: the play or corpus each row comes from; a tensor of them, or `None`, converts
+    /// into [`Rows`]), which every block's attention reads from the mask (kinds conditioned on a
+    /// task; the others ignore it), and their graphs (`data.graph`), which the mask carries to
+    /// every block (a fresh forward over whole examples: no `state`).
     pub fn forward_tagged(
         &self,
         tokens: Tensor<2, Int>,
-        tags: Option<Tensor<1, Int>>,
+        rows: impl Into<Rows>,
         mut state: Option<&mut DecoderState>,
     ) -> LmOutput {
+        let Rows { tags, graph } = rows.into();
+        assert!(
+            graph.is_none() || (state.is_none() && self.global_embedding.is_none()),
+            "a graph covers whole examples: no decoding state, memory or global input"
+        );
         if let (Some(g), Some(segment)) = (&self.global_embedding, self.blocks[0].attn.global_segment()) {
             return self.forward_global_local(tokens, tags, state, g.val(), segment);
         }
@@ -313,9 +320,16 @@ impl DecoderLm {
         let ids = self.blocks[0].attn.global_token_ids();
         let global = (!ids.is_empty()).then(|| global_positions(&tokens, ids, start));
         let x = self.embed(tokens, start);
-        let (mut mask, dense) = self.mask(len, state.as_deref(), &device);
+        let (mut mask, mut dense) = self.mask(len, state.as_deref(), &device);
         mask.global = global;
         mask.tags = tags;
+        if graph.is_some() {
+            mask.graph = graph;
+            // the graph's non-edges join the dense mask
+            if self.blocks[0].attn.uses_dense_mask() {
+                dense = mask.score_mask(len, len, &device);
+            }
+        }
         if let Some(s) = state.as_deref_mut() {
             s.layers.resize_with(self.depth, Default::default);
         }
@@ -500,14 +514,17 @@ impl DecoderLm {
         &self,
         tokens: Tensor<2, Int>,
         targets: Tensor<2, Int>,
-        tags: Option<Tensor<1, Int>>,
+        rows: impl Into<Rows>,
         state: Option<&mut DecoderState>,
         micro_batches: usize,
     ) -> (Tensor<1>, AuxLosses, burn::optim::GradientsParams) {
+        let rows = rows.into();
         if self.reversible.is_some() {
-            return crate::reversible_grads::reversible_grads(self, tokens, targets, tags, 1.0 / micro_batches as f64);
+            assert!(rows.graph.is_none(), "a reversible stack takes no graph");
+            let scale = 1.0 / micro_batches as f64;
+            return crate::reversible_grads::reversible_grads(self, tokens, targets, rows.tags, scale);
         }
-        let (loss, aux) = self.loss_with(tokens, targets, tags, state);
+        let (loss, aux) = self.loss_with(tokens, targets, rows, state);
         let total = aux.iter().fold(loss.clone(), |t, (_, l)| t + l.clone());
         let total = if micro_batches > 1 { total.div_scalar(micro_batches as f64) } else { total };
         let grads = burn::optim::GradientsParams::from_grads(total.backward(), self);
@@ -521,10 +538,12 @@ impl DecoderLm {
         &self,
         tokens: Tensor<2, Int>,
         targets: Tensor<2, Int>,
-        tags: Option<Tensor<1, Int>>,
+        rows: impl Into<Rows>,
         state: Option<&mut DecoderState>,
     ) -> (Tensor<1>, AuxLosses) {
-        let out = self.forward_tagged(tokens, tags, state);
+        let rows = rows.into();
+        let padded = rows.graph.is_some();
+        let out = self.forward_tagged(tokens, rows, state);
         let mut aux = out.aux_losses;
         if let Some(e) = &self.exits
             && !out.hidden.is_empty()
@@ -574,7 +593,16 @@ impl DecoderLm {
                 aux.push(("exit_predictor".into(), p.loss(&out.hidden, &scores)));
             }
         }
-        (self.token_loss(out.logits, targets), aux)
+        (self.rows_loss(out.logits, targets, padded), aux)
+    }
+
+    /// [`token_loss`](Self::token_loss), or with `padded` rows (graph examples, whose targets end
+    /// with `variorum_data::NO_TARGET`, −1) next-token cross-entropy over the targets ≥ 0.
+    pub fn rows_loss(&self, logits: Tensor<3>, targets: Tensor<2, Int>, padded: bool) -> Tensor<1> {
+        match (padded, self.mask_token) {
+            (true, None) => padded_cross_entropy(logits, targets),
+            _ => self.token_loss(logits, targets),
+        }
     }
 
     /// Mean cross-entropy of the logits against the targets; under the masked objective, over the
@@ -598,6 +626,32 @@ impl DecoderLm {
 pub fn cross_entropy(logits: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<1> {
     let [b, l, v] = logits.dims();
     variorum_kernels::cross_entropy::cross_entropy(logits.reshape([b * l, v]), targets.reshape([b * l]))
+}
+
+/// Mean cross-entropy of `[batch, len, vocab]` logits over the targets ≥ 0 of `[batch, len]`
+/// (a negative target predicts nothing: padding, an example's end).
+pub fn padded_cross_entropy(logits: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<1> {
+    let [b, l, v] = logits.dims();
+    let targets = targets.reshape([b * l]);
+    let counted = targets.clone().greater_equal_elem(0).float();
+    let picked = log_softmax(logits.reshape([b * l, v]), 1).gather(1, targets.clamp_min(0).reshape([b * l, 1]));
+    (picked.reshape([b * l]) * counted.clone()).sum().neg() / counted.sum().clamp_min(1.0)
+}
+
+/// What the data says about each row of a batch besides its tokens: its example tag
+/// (`data.tags`) and its graph (`data.graph`). A tensor of tags, or `None`, converts into it.
+#[derive(Debug, Clone, Default)]
+pub struct Rows {
+    /// `[batch]`, each row's tag; `None` = untagged.
+    pub tags: Option<Tensor<1, Int>>,
+    /// Each row's graph; `None` = plain text.
+    pub graph: Option<GraphMask>,
+}
+
+impl From<Option<Tensor<1, Int>>> for Rows {
+    fn from(tags: Option<Tensor<1, Int>>) -> Self {
+        Self { tags, graph: None }
+    }
 }
 
 /// Per batch row, the absolute positions (from `start`) of the tokens in `ids`.

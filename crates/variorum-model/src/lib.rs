@@ -12,7 +12,7 @@ pub mod rules;
 pub mod zoo;
 
 pub use config::ModelConfig;
-pub use decoder::{DecoderLm, DecoderState, LmOutput};
+pub use decoder::{DecoderLm, DecoderState, LmOutput, Rows};
 pub use exit_predictor::{ExitPredictor, Oracle, PredictorKind};
 pub use exits::{EveryLayerConfig, ExitConfig, ExitWeighting};
 pub use objective::{MaskedConfig, ObjectiveConfig};

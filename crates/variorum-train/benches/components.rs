@@ -92,6 +92,7 @@ fn components(c: &mut Criterion) {
         seq_len: LEN,
         reset: vec![false; BATCH],
         tags: vec![],
+        graphs: vec![],
     };
     c.bench_function("step/baby GPT training step (768 tokens)", |b| {
         b.iter(|| {

@@ -51,7 +51,15 @@ pub fn bench(cfg: &ExperimentConfig, device: &Device, warmup: u64, steps: u64, r
             inputs.extend_from_slice(&ids[r * (l + 1)..r * (l + 1) + l]);
             targets.extend_from_slice(&ids[r * (l + 1) + 1..(r + 1) * (l + 1)]);
         }
-        let batch = TokenBatch { inputs, targets, batch_size: b, seq_len: l, reset: vec![false; b], tags: vec![] };
+        let batch = TokenBatch {
+            inputs,
+            targets,
+            batch_size: b,
+            seq_len: l,
+            reset: vec![false; b],
+            tags: vec![],
+            graphs: vec![],
+        };
         match &masking {
             Some(m) => m.apply(&batch, i),
             None => batch,

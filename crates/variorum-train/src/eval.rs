@@ -5,7 +5,7 @@ use indicatif::ProgressBar;
 use variorum_data::{Masking, SplitTags, TokenBatch};
 use variorum_model::{DecoderLm, DecoderState, ModelConfig, ObjectiveConfig, decoder::cross_entropy};
 
-use crate::step::{batch_tags, batch_tensors};
+use crate::step::{batch_rows, batch_tensors};
 
 /// Mean loss (nats per predicted token) of `model` over `batches`; run it on `model.valid()`.
 /// Next-token batches predict every position; masked batches ([`masked_batches`]) their hidden
@@ -21,11 +21,11 @@ fn evaluate_with(model: &DecoderLm, batches: &[TokenBatch], device: &Device, pro
     for b in batches {
         let predicted = match model.mask_token {
             Some(m) => b.targets.iter().filter(|&&t| t != m as i64).count(),
-            None => b.targets.len(),
+            None => b.targets.iter().filter(|&&t| t >= 0).count(),
         };
         let (inputs, targets) = batch_tensors(b, device);
-        let logits = model.forward_tagged(inputs, batch_tags(b, device), None).logits;
-        let loss = model.token_loss(logits, targets).into_scalar::<f32>() as f64;
+        let logits = model.forward_tagged(inputs, batch_rows(b, device), None).logits;
+        let loss = model.rows_loss(logits, targets, !b.graphs.is_empty()).into_scalar::<f32>() as f64;
         sum += loss * predicted as f64;
         count += predicted;
         if let Some(pb) = progress {

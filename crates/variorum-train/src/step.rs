@@ -7,7 +7,7 @@ use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::prelude::*;
 use variorum_core::AuxLosses;
 use variorum_data::TokenBatch;
-use variorum_model::{DecoderLm, DecoderState};
+use variorum_model::{DecoderLm, DecoderState, Rows};
 
 use crate::adamw::FusedAdamW;
 use crate::clip::clip_global_norm;
@@ -48,6 +48,15 @@ pub fn batch_tags(batch: &TokenBatch, device: &Device) -> Option<Tensor<1, Int>>
     (!batch.tags.is_empty()).then(|| Tensor::from_data(TensorData::new(batch.tags.clone(), [batch.tags.len()]), device))
 }
 
+/// What the data says about each row besides its tokens: its tag (`data.tags`) and its graph
+/// (`data.graph`).
+pub fn batch_rows(batch: &TokenBatch, device: &Device) -> Rows {
+    Rows {
+        tags: batch_tags(batch, device),
+        graph: (!batch.graphs.is_empty()).then(|| variorum_core::GraphMask::new(batch.graphs.clone())),
+    }
+}
+
 /// Result of a step, kept on the device (no host sync).
 pub struct StepResult {
     /// Mean loss over the micro-batches (detached), `[1]`.
@@ -81,7 +90,7 @@ pub fn train_step(
             *m = DecoderState::default();
         }
         let (loss, aux, grads) =
-            model.loss_and_grads(inputs, targets, batch_tags(batch, device), memory.as_deref_mut(), n);
+            model.loss_and_grads(inputs, targets, batch_rows(batch, device), memory.as_deref_mut(), n);
         variorum_core::sum_aux_losses(&mut aux_sums, aux);
         if n == 1 {
             single = Some(grads);

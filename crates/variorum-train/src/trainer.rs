@@ -14,7 +14,9 @@ use anyhow::{Context, Result, bail};
 use burn::prelude::*;
 use indicatif::{ProgressBar, ProgressDrawTarget};
 use serde::Serialize;
-use variorum_data::{Corpus, OrderedStreams, RandomWindows, TokenBatch, Tokenizer, spread_windows};
+use variorum_data::{
+    Corpus, GraphBatches, OrderedStreams, RandomWindows, TokenBatch, Tokenizer, graph_eval_batches, spread_windows,
+};
 use variorum_model::{DecoderLm, DecoderState};
 
 use crate::checkpoint::{self, TrainState, write_atomic};
@@ -102,6 +104,7 @@ fn step_seed(seed: u64, step: u64) -> u64 {
 enum Batches {
     Random(RandomWindows),
     Ordered(OrderedStreams),
+    Graph(GraphBatches),
 }
 
 impl Batches {
@@ -109,6 +112,7 @@ impl Batches {
         match self {
             Self::Random(b) => b.batch(index),
             Self::Ordered(b) => b.batch(index),
+            Self::Graph(b) => b.batch(index),
         }
     }
 }
@@ -154,6 +158,7 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
     let corpus = Corpus::load(&cfg.data, tokenizer)?;
     cfg.model.resolve(corpus.tokenizer.vocab_size())?;
     check_tags(&cfg, &corpus)?;
+    check_graph(&cfg, &corpus)?;
     fs::create_dir_all(run).with_context(|| format!("cannot create run directory {}", run.display()))?;
     // one training per run directory, held to the end, before anything in it is written (a
     // second one that got past the checks above is refused here)
@@ -183,15 +188,18 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
     let seq_len = cfg.model.seq_len;
     let train_tokens = Arc::new(corpus.train.clone());
     let train_tags = corpus.tags.as_ref().map(|t| Arc::new(t.train.clone()));
-    let batches = match tc.batching {
-        Batching::Random => {
+    let batches = match (&corpus.graphs, tc.batching) {
+        (Some(g), _) => {
+            Batches::Graph(GraphBatches::new(g.train.clone(), &corpus.path, seq_len, tc.batch_size, tc.seed)?)
+        }
+        (None, Batching::Random) => {
             let w = RandomWindows::new(train_tokens, seq_len, tc.batch_size, tc.seed)?;
             Batches::Random(match train_tags {
                 Some(t) => w.with_tags(t),
                 None => w,
             })
         }
-        Batching::Ordered => {
+        (None, Batching::Ordered) => {
             let s = OrderedStreams::new(train_tokens, seq_len, tc.batch_size)?;
             Batches::Ordered(match train_tags {
                 Some(t) => s.with_tags(t),
@@ -200,7 +208,11 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
         }
     };
     let val_tags = corpus.tags.as_ref().map(|t| &t.val);
-    let eval_set = spread_windows(&corpus.val, seq_len, tc.eval_batches * tc.batch_size, tc.batch_size, val_tags)?;
+    let eval_rows = tc.eval_batches * tc.batch_size;
+    let eval_set = match &corpus.graphs {
+        Some(g) => graph_eval_batches(&g.val, &corpus.path, seq_len, eval_rows, tc.batch_size)?,
+        None => spread_windows(&corpus.val, seq_len, eval_rows, tc.batch_size, val_tags)?,
+    };
     // masked LM: the same hidden tokens at every evaluation, and in every run (seed 0)
     let eval_set = masked_batches(&cfg.model, eval_set, 0);
     let masking = masking(&cfg.model);
@@ -591,9 +603,11 @@ fn check_same_run(run: &Path, cfg: &ExperimentConfig) -> Result<ExperimentConfig
 /// The first row of a masked batch three times: as the model saw it (hidden tokens as `_`), with
 /// the model's guesses in their place, and as written.
 fn fill_in_sample(model: &DecoderLm, batch: &TokenBatch, mask: usize, tok: &Tokenizer, device: &Device) -> String {
-    let l = batch.seq_len;
+    // a graph example's own tokens, not its padding
+    let l = batch.graphs.first().map_or(batch.seq_len, |g| g.len().min(batch.seq_len));
     let (inputs, _) = crate::step::batch_tensors(batch, device);
-    let guesses = model.forward(inputs).logits.narrow(0, 0, 1).argmax(2);
+    let rows = crate::step::batch_rows(batch, device);
+    let guesses = model.forward_tagged(inputs, rows, None).logits.narrow(0, 0, 1).argmax(2);
     let guesses = guesses.into_data().convert::<i64>().try_into_vec::<i64>().unwrap_or_default();
     let (seen, targets) = (&batch.inputs[..l], &batch.targets[..l]);
     let piece = |t: i64| if t < 0 || t as usize >= mask { "_".to_string() } else { tok.decode(&[t as u32]) };
@@ -605,6 +619,33 @@ fn fill_in_sample(model: &DecoderLm, batch: &TokenBatch, mask: usize, tok: &Toke
     format!(
         "# masked language model: a validation window with its hidden tokens as _\nseen:     {shown}\nfilled:   {filled}\noriginal: {original}\n"
     )
+}
+
+/// Graph data (`data.graph`) needs an attention kind that reads the graph, and a model whose
+/// forward covers whole examples at once: random batches, no memory, exits, reversible stack or
+/// global input.
+fn check_graph(cfg: &ExperimentConfig, corpus: &Corpus) -> Result<()> {
+    if corpus.graphs.is_none() {
+        return Ok(());
+    }
+    let m = &cfg.model;
+    let kind = m.attention.kind();
+    if !m.attention.capabilities().graph {
+        bail!(
+            "data.graph gives every example a graph, but model.attention.kind = \"{kind}\" does not read one: use \"graph\" (gathered neighbours, dot or additive scores) or \"full\" (masked densely)"
+        );
+    }
+    let refused = [
+        (cfg.train.batching == Batching::Ordered, "train.batching = \"ordered\" (graph examples are drawn whole)"),
+        (!m.memory.is_none(), "a memory (model.memory)"),
+        (!matches!(m.exits, variorum_model::ExitConfig::None), "early exits (model.exits)"),
+        (m.block.reversible(), "a reversible stack"),
+        (m.attention.capabilities().global_input, "a global input"),
+    ];
+    if let Some((_, what)) = refused.iter().find(|(on, _)| *on) {
+        bail!("data.graph covers whole examples in one forward, which rules out {what}: remove it or use text data");
+    }
+    Ok(())
 }
 
 /// A model conditioned on example tags (a task prior) needs tagged data with at most as many

@@ -33,7 +33,11 @@ fn every_shipped_config_parses_builds_and_trains_a_step() {
         }
         let mut cfg = ExperimentConfig::load(&path).unwrap_or_else(|e| panic!("{e}"));
         cfg.data.dataset = None;
-        cfg.data.path = Some(text.clone());
+        // graph data is JSON lines of examples: the example file itself
+        cfg.data.path = Some(match cfg.data.graph {
+            Some(_) => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/graph/min-trees.jsonl"),
+            None => text.clone(),
+        });
         cfg.train.eval_batches = 1;
         cfg.train.sample_tokens = 4;
         cfg.train.batch_size = cfg.train.batch_size.min(4);
@@ -385,6 +389,7 @@ fn gradient_accumulation_equals_one_large_batch() {
             seq_len: 16,
             reset: vec![true; n],
             tags: vec![],
+            graphs: vec![],
         };
         for r in 0..n {
             b.inputs.extend_from_slice(&ids[r * 17..r * 17 + 16]);
@@ -400,6 +405,7 @@ fn gradient_accumulation_equals_one_large_batch() {
         seq_len: 16,
         reset: vec![true; 4],
         tags: vec![],
+        graphs: vec![],
     };
     let mut tc = cfg.train.clone();
     tc.grad_clip = 0.5; // clipping must act on the accumulated gradient
