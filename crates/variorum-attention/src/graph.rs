@@ -160,12 +160,17 @@ impl GraphAttention {
         let device = p.q.device();
         let (at, empty) = graph.neighbours(l, p.layout.causal, p.max_back, &device);
         let degree = at.dims()[2];
-        let flat = at.reshape([b, 1, l * degree]);
-        // rows of `x` [b, h_kv, L, d] at each slot: [b, h, L, degree, d]
+        // each slot's row among all the batch's rows, one index for every head and feature: a
+        // row select (whose backward adds rows back) rather than an element gather
+        let rows = Tensor::<1, Int>::arange(0..b as i64, &device).mul_scalar(l as i64).reshape([b, 1, 1]);
+        let flat = (at + rows).reshape([b * l * degree]);
+        // rows of `x` [b, h_kv, L, d] at each slot: [b, h, L, degree, d]; a position's heads side
+        // by side make each selected row one contiguous run
         let gather = |x: Tensor<4>| {
             let d = x.dims()[3];
-            let index = flat.clone().unsqueeze_dim::<4>(3).expand([b, hkv, l * degree, d]);
-            per_query_head(x.gather(2, index), h).reshape([b, h, l, degree, d])
+            let picked = x.swap_dims(1, 2).reshape([b * l, hkv * d]).select(0, flat.clone());
+            let picked = picked.reshape([b, l * degree, hkv, d]).swap_dims(1, 2);
+            per_query_head(picked, h).reshape([b, h, l, degree, d])
         };
         let scores = match (&self.query_vector, &self.key_vector) {
             (Some(aq), Some(ak)) => {
@@ -174,12 +179,18 @@ impl GraphAttention {
                 let t = gather(t).reshape([b, h, l, degree]);
                 leaky_relu(s + t, NEGATIVE_SLOPE)
             }
-            _ => (p.q.clone().reshape([b, h, l, 1, dh]) * gather(p.k.clone())).sum_dim(4).reshape([b, h, l, degree]),
+            // one 1 × d_h by d_h × degree product per position and head
+            _ => {
+                p.q.clone()
+                    .reshape([b, h, l, 1, dh])
+                    .matmul(gather(p.k.clone()).swap_dims(3, 4))
+                    .reshape([b, h, l, degree])
+            }
         };
         let hidden = empty.reshape([b, 1, l, degree]).expand([b, h, l, degree]);
         let probs = self.attention.normalise(scores.mask_fill(hidden, MASKED_SCORE));
         let probs = self.attention.dropout.forward(probs);
-        (probs.reshape([b, h, l, degree, 1]) * gather(p.v.clone())).sum_dim(3).reshape([b, h, l, dh])
+        probs.reshape([b, h, l, 1, degree]).matmul(gather(p.v.clone())).reshape([b, h, l, dh])
     }
 }
 

@@ -26,6 +26,8 @@ pub struct Args {
     /// The CPU kernels off.
     pub composed: bool,
     pub point: Option<String>,
+    /// A random graph of this many reads per position on the mask, for kinds that read a graph.
+    pub graph_degree: Option<usize>,
 }
 
 /// A point's outcome: measured, or why not.
@@ -122,7 +124,11 @@ fn measure_here(cfg: &ExperimentConfig, point: &str, args: &Args) -> Result<Exit
     let n: usize = n.parse().context("--point length")?;
     let (attn, pos) = (&cfg.model.attention, &cfg.model.position);
     let measure = || match mode {
-        "train" => Ok(attention_bench::training(attn, pos, args.d_model, n, args.reps.max(1), causal(cfg), &device)),
+        "train" => {
+            let graph =
+                args.graph_degree.filter(|_| attn.capabilities().graph).map(|d| attention_bench::random_graph(n, d, 0));
+            Ok(attention_bench::training(attn, pos, args.d_model, n, args.reps.max(1), causal(cfg), graph, &device))
+        }
         "generate" => Ok(attention_bench::generation(attn, pos, args.d_model, n, args.tokens.max(1), &device)),
         other => bail!("--point mode {other:?} is not train or generate"),
     };
@@ -140,6 +146,7 @@ fn child(config: &Path, point: &str, args: &Args) -> Outcome {
         .args(["--d-model", &args.d_model.to_string(), "--reps", &args.reps.to_string()])
         .args(["--tokens", &args.tokens.to_string()])
         .args(args.composed.then_some("--composed"))
+        .args(args.graph_degree.map(|d| format!("--graph-degree={d}")))
         .output()
         .map_err(|e| format!("cannot start a measurement: {e}"))?;
     if !out.status.success() {
@@ -183,8 +190,12 @@ fn write_outputs(dir: &Path, names: &[String], train: &Rows, generate: &Rows, ar
             .unwrap_or_default()
     };
     let path = if args.composed { ", CPU kernels off (`--composed`)" } else { "" };
+    let graph = match args.graph_degree {
+        Some(d) => format!(", a random graph of {d} reads per position for the kinds that read one"),
+        None => String::new(),
+    };
     let mut md = format!(
-        "One attention layer, batch 1, d_model {}, causal (bidirectional for masked-LM configs), device {}{path} (`variorum bench-attention`).\n\n",
+        "One attention layer, batch 1, d_model {}, causal (bidirectional for masked-LM configs), device {}{path}{graph} (`variorum bench-attention`).\n\n",
         args.d_model, args.device
     );
     let header = |first: &str, ns: &[usize]| {

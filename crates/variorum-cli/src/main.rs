@@ -303,6 +303,10 @@ enum Command {
         /// Measure one point ("train:LEN" or "generate:CONTEXT") in this process.
         #[arg(long, hide = true)]
         point: Option<String>,
+        /// Put a seeded random graph on the mask, each position reading this many others, for
+        /// the kinds that read a graph (`graph`, `full`; data.graph in training).
+        #[arg(long)]
+        graph_degree: Option<usize>,
     },
     /// List every kind on every config axis, with its capabilities and source paper. Roles:
     /// "causal" kinds can be a decoder's self-attention, "bidir" ones an encoder's, "cross" ones
@@ -786,7 +790,19 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::BenchAttention { configs, lengths, contexts, d_model, reps, tokens, out, device, composed, point } => {
+        Command::BenchAttention {
+            configs,
+            lengths,
+            contexts,
+            d_model,
+            reps,
+            tokens,
+            out,
+            device,
+            composed,
+            point,
+            graph_degree,
+        } => {
             for &n in &lengths {
                 at_least("--lengths", n, 1)?;
             }
@@ -807,6 +823,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 device,
                 composed,
                 point,
+                graph_degree,
             })
         }
         Command::Spectrum { run, windows, plot, device } => {

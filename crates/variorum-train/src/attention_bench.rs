@@ -12,7 +12,7 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 use serde::{Deserialize, Serialize};
 use variorum_attention::{Attention, AttentionConfig, AttentionInput, AttentionState, Positioning};
-use variorum_core::{AttentionMask, GlobalLocal};
+use variorum_core::{AttentionMask, GlobalLocal, GraphMask};
 use variorum_position::PositionConfig;
 
 use crate::bench::peak_rss_mib;
@@ -44,8 +44,26 @@ fn reset_peak() -> bool {
     std::fs::write("/proc/self/clear_refs", "5").is_ok()
 }
 
+/// A seeded random graph over `len` positions in which each position reads `degree` others
+/// (drawn uniformly, repeats merged), for the kinds that read a graph (`data.graph`).
+pub fn random_graph(len: usize, degree: usize, seed: u64) -> GraphMask {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let lists = (0..len)
+        .map(|i| {
+            let mut l: Vec<u32> =
+                (0..degree).map(|_| rng.random_range(0..len) as u32).filter(|&j| j as usize != i).collect();
+            l.sort_unstable();
+            l.dedup();
+            l
+        })
+        .collect();
+    GraphMask::new(vec![std::sync::Arc::new(lists)])
+}
+
 /// Forward + backward of a self-attention layer (causal or bidirectional) over `[1, len, d_model]`: median seconds
-/// of `reps` runs, after one untimed run.
+/// of `reps` runs, after one untimed run. `graph`: a graph on the mask (kinds that read one).
+#[allow(clippy::too_many_arguments)]
 pub fn training(
     cfg: &AttentionConfig,
     position: &PositionConfig,
@@ -53,6 +71,7 @@ pub fn training(
     len: usize,
     reps: usize,
     causal: bool,
+    graph: Option<GraphMask>,
     device: &Device,
 ) -> AttentionPoint {
     let device = device.clone().autodiff();
@@ -66,12 +85,19 @@ pub fn training(
         Some(_) => AttentionMask { global_local: Some(GlobalLocal::Prefixed { globals }), ..mask },
         None => mask,
     };
+    // with a graph, the dense mask a model builds once for every layer (its non-edges among it)
+    let dense = match &graph {
+        Some(_) if attn.uses_dense_mask() => mask.clone().with_graph(graph.clone()).score_mask(len, len, &device),
+        _ => None,
+    };
+    let mask = mask.with_graph(graph);
     let base = current_rss_mib();
     reset_peak();
     let mut times = Vec::new();
     for i in 0..reps + 1 {
         let t0 = Instant::now();
-        let out = attn.forward(AttentionInput::self_attention(x.clone(), &mask), None).context;
+        let input = AttentionInput::self_attention(x.clone(), &mask).with_dense_mask(dense.clone());
+        let out = attn.forward(input, None).context;
         let grads = out.sum().backward();
         // the gradient of the input is where the whole backward ends: reading it waits for it
         let _ = x.grad(&grads).map(|g| g.sum().into_scalar::<f32>());
@@ -167,7 +193,7 @@ mod tests {
     fn both_measurements_run_for_a_linear_and_a_full_layer() {
         let dev = Device::flex();
         for cfg in [AttentionConfig::default(), toml::from_str("kind = \"linear\"").unwrap()] {
-            let t = training(&cfg, &PositionConfig::None(Default::default()), 16, 32, 1, true, &dev);
+            let t = training(&cfg, &PositionConfig::None(Default::default()), 16, 32, 1, true, None, &dev);
             assert!(t.seconds > 0.0);
             let g = generation(&cfg, &PositionConfig::None(Default::default()), 16, 40, 3, &dev);
             assert!(g.seconds > 0.0);

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Graph-masked attention (docs/graph-attention.md):
+#
+# 1. quality and speed: each config of configs/graph/ (the min-trees example, masked objective)
+#    trained with two seeds and evaluated on every validation example with its graph;
+# 2. cost growth: `variorum bench-attention` on one layer (d_model 256, batch 1, bidirectional)
+#    with a seeded random graph of DEGREE reads per position: `graph` (gathered neighbours, dot
+#    and additive) against full attention masked densely by the same graph and against plain full
+#    attention (no graph, the fused kernel), forward + backward time and peak memory.
+#
+# Writes OUT/results.tsv (run, seed, params, train tokens/s, validation loss),
+# OUT/<name>-s<seed>/ (a finished run is not trained again) and OUT/bench/ (tables, JSON, plots).
+#
+# Environment:
+#   OUT               where results go (default runs/graph)
+#   SEEDS             space-separated seeds (default "1337 7")
+#   KINDS             config names of configs/graph/ (default: all)
+#   LENGTHS           comma-separated lengths (default 1024,…,16384)
+#   DEGREE            reads per position of the benchmark's graph (default 8)
+#   SKIP_BENCH=1, SKIP_TRAIN=1   leave out a part
+#   CARGO_TARGET_DIR  cargo's target dir (default: target)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+OUT="${OUT:-runs/graph}"
+SEEDS="${SEEDS:-1337 7}"
+KINDS="${KINDS:-}"
+LENGTHS="${LENGTHS:-1024,2048,4096,8192,16384}"
+DEGREE="${DEGREE:-8}"
+BIN="${CARGO_TARGET_DIR:-target}/release/variorum"
+source scripts/lib/runs.sh
+
+say "building variorum"
+cargo test --release --workspace --no-run >&2
+mkdir -p "$OUT/configs"
+
+if [[ -z ${SKIP_TRAIN:-} ]]; then
+  printf 'run\tseed\tparams\ttrain_tokens_per_s\tval_loss\n' >"$OUT/results.tsv"
+  # seeds interleaved, so that the machine's drift falls on every config alike
+  for seed in $SEEDS; do
+    for r in base $(family_members configs/graph "$KINDS"); do
+      name="$r-s$seed"
+      printf 'extends = "%s"\n\n[train]\nseed = %s\n' "$ROOT/configs/graph/$r.toml" "$seed" >"$OUT/configs/$name.toml"
+      train_once "$OUT/configs/$name.toml" "$OUT/$name" "$OUT/$name.log"
+      "$BIN" eval "$OUT/$name" >"$OUT/$name.eval"
+      python3 - "$OUT/$name/summary.json" "$OUT/$name.eval" "$r" "$seed" >>"$OUT/results.tsv" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+rows = [l.split() for l in open(sys.argv[2]) if l.strip() and not l.startswith("#")]
+loss = rows[-1][2]  # examples, predicted, loss, perplexity
+print(f"{sys.argv[3]}\t{sys.argv[4]}\t{s['params']}\t{s['tokens_per_sec']:.0f}\t{loss}")
+PY
+    done
+  done
+  column -t -s $'\t' "$OUT/results.tsv"
+fi
+
+if [[ -z ${SKIP_BENCH:-} ]]; then
+  say "one layer, a random graph of $DEGREE reads per position"
+  bench="$OUT/bench-configs"
+  mkdir -p "$bench"
+  # d_model 256 for the layer; the masked objective runs it bidirectionally, as in training
+  for r in base additive full; do cp "configs/graph/$r.toml" "$bench/graph-$r.toml"; done
+  sed -i "s#extends = \"base.toml\"#extends = \"$ROOT/configs/graph/base.toml\"#" "$bench"/*.toml
+  mv "$bench/graph-base.toml" "$bench/graph-dot.toml"
+  mv "$bench/graph-full.toml" "$bench/full-graph-masked.toml"
+  # plain full attention, no graph: the same layer on the fused kernel
+  printf 'extends = "%s"\n\n[model.attention]\nkind = "full"\nn_heads = 4\n\n[model.objective]\nkind = "causal"\n' \
+    "$ROOT/configs/graph/base.toml" >"$bench/full-causal-no-graph.toml"
+  "$BIN" bench-attention "$bench/graph-dot.toml" "$bench/graph-additive.toml" "$bench/full-graph-masked.toml" \
+    "$bench/full-causal-no-graph.toml" --out "$OUT/bench" --lengths "$LENGTHS" --contexts 1024 \
+    --graph-degree "$DEGREE" | tee "$OUT/bench.txt"
+fi
