@@ -22,6 +22,9 @@
 //! position 0: no memory of earlier segments, no cross-attention; a graph and a KV cache do not
 //! meet (the model decodes without edges).
 //!
+//! With a graph the layer returns no attention weights (they exist per neighbour slot, not as an
+//! L × L map).
+//!
 //! Positions: no scheme acts on these scores (absolute encodings on the input do); in a graph,
 //! the order of the tokens is one more fact the edges may or may not carry.
 
@@ -96,8 +99,8 @@ impl AttentionKind for GraphAttentionConfig {
         self.heads().validate(d_model)
     }
 
-    /// The complete graph's cost (what a layer without edges computes); with a graph, the
-    /// degree takes the place of `len_k`.
+    /// The complete graph's cost (what a layer without edges computes); with a graph a layer
+    /// scores its degree's keys per position instead, which this figure does not know.
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         self.heads().flops_per_token(d_model, len_k)
     }
@@ -228,9 +231,9 @@ impl AttentionMechanism for GraphAttention {
         self.attention.project(x, None, mask, Some(state.get_or_default::<KvCache>()));
     }
 
-    fn uses_dense_mask(&self) -> bool {
-        true
-    }
+    // no dense mask from the model: with a graph it gathers the neighbours (no L × L matrix);
+    // without one, "dot" is full attention (its fused kernels need none) and "additive" builds
+    // its own mask
 }
 
 #[cfg(test)]

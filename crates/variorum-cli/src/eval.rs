@@ -298,7 +298,8 @@ fn record(run: &Run, args: &EvalArgs, data: &str, rows: Vec<EvalRow>) {
 }
 
 /// A run trained on graph examples (`data.graph`): the loss over every validation example, each
-/// read whole with its graph, as training's validation reads them.
+/// read whole with its graph, in training's validation batches (training reads the first
+/// `train.eval_batches · batch_size` of them).
 fn eval_graph(run: &Run, args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode> {
     if let Some(path) = &args.data {
         bail!(
@@ -313,8 +314,11 @@ fn eval_graph(run: &Run, args: &EvalArgs, device: &burn::prelude::Device) -> Res
     let corpus = variorum_data::Corpus::load(&run.config.data, Some(run.tokenizer.clone()))?;
     let Some(graphs) = corpus.graphs else { bail!("{} holds no graph examples", corpus.path.display()) };
     let seq_len = run.config.model.seq_len;
-    let batches = variorum_data::graph_eval_batches(&graphs.val, &corpus.path, seq_len, usize::MAX, 16)?;
-    // the masked objective hides the tokens the run's own validation hid
+    // training's batches (its masks are seeded by batch and row), over every example rather
+    // than its first train.eval_batches · batch_size
+    let batch_size = run.config.train.batch_size;
+    let batches = variorum_data::graph_eval_batches(&graphs.val, &corpus.path, seq_len, usize::MAX, batch_size)?;
+    // the masked objective hides what the run's own validation hid in the examples both read
     let batches = variorum_train::eval::masked_batches(&run.config.model, batches, 0);
     let predicted: usize = batches
         .iter()

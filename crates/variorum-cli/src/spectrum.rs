@@ -27,6 +27,12 @@ pub fn spectrum(args: Args) -> Result<ExitCode> {
     if args.windows == 0 {
         bail!("--windows must be at least 1");
     }
+    if run.config.data.graph.is_some() {
+        bail!(
+            "{} trained on graph examples (data.graph): the spectrum reads windows of text, which its attention never saw",
+            args.run.display()
+        );
+    }
     let len = run.config.model.seq_len;
     let ids = run.validation_tokens()?;
     if ids.len() < args.windows * len {

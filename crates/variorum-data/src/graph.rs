@@ -170,6 +170,9 @@ impl GraphBatches {
         seed: u64,
     ) -> Result<Self, DataError> {
         check_lengths(&examples, path, seq_len)?;
+        if examples.is_empty() {
+            return Err(DataError::Graph(format!("{}: no training examples", path.display())));
+        }
         if batch_size == 0 {
             return Err(DataError::Config("batch_size = 0 must be at least 1, e.g. 32".into()));
         }

@@ -215,10 +215,21 @@ impl DecoderLm {
         state: Option<&DecoderState>,
         device: &Device,
     ) -> (AttentionMask, Option<Tensor<4, Bool>>) {
+        self.mask_with(len, state, None, device)
+    }
+
+    /// [`mask`](Self::mask) with each row's graph on it (the dense mask hides its non-edges).
+    pub fn mask_with(
+        &self,
+        len: usize,
+        state: Option<&DecoderState>,
+        graph: Option<GraphMask>,
+        device: &Device,
+    ) -> (AttentionMask, Option<Tensor<4, Bool>>) {
         let start = state.map_or(0, |s| s.position);
         let keys_before = if self.has_memory() { state.map_or(0, |s| s.context_len()) } else { start };
         let mask = if self.mask_token.is_some() { AttentionMask::bidirectional() } else { AttentionMask::causal() };
-        let mask = mask.at(start, start - keys_before).with_max_back(self.max_back);
+        let mask = mask.at(start, start - keys_before).with_max_back(self.max_back).with_graph(graph);
         // built once for every block, and only for mechanisms that score every key
         let dense = if self.blocks.first().is_some_and(|b| b.attn.uses_dense_mask()) {
             mask.score_mask(len, keys_before + len, device)
@@ -320,16 +331,9 @@ impl DecoderLm {
         let ids = self.blocks[0].attn.global_token_ids();
         let global = (!ids.is_empty()).then(|| global_positions(&tokens, ids, start));
         let x = self.embed(tokens, start);
-        let (mut mask, mut dense) = self.mask(len, state.as_deref(), &device);
+        let (mut mask, dense) = self.mask_with(len, state.as_deref(), graph, &device);
         mask.global = global;
         mask.tags = tags;
-        if graph.is_some() {
-            mask.graph = graph;
-            // the graph's non-edges join the dense mask
-            if self.blocks[0].attn.uses_dense_mask() {
-                dense = mask.score_mask(len, len, &device);
-            }
-        }
         if let Some(s) = state.as_deref_mut() {
             s.layers.resize_with(self.depth, Default::default);
         }

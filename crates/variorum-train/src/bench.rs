@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{Result, bail};
 use burn::prelude::*;
 use serde::Serialize;
 use variorum_data::TokenBatch;
@@ -28,6 +28,11 @@ pub struct BenchReport {
 /// Trains on synthetic tokens (the data pipeline is not what is measured): `warmup` steps, then
 /// `steps` timed steps, `runs` times with a fresh model each time.
 pub fn bench(cfg: &ExperimentConfig, device: &Device, warmup: u64, steps: u64, runs: usize) -> Result<BenchReport> {
+    if cfg.data.graph.is_some() {
+        bail!(
+            "variorum bench times windows of text, and this config trains on graph examples (data.graph): its training reports tokens/s, and `variorum bench-attention --graph-degree N` times its layer with a graph"
+        );
+    }
     let mut cfg = cfg.clone();
     if cfg.model.vocab_size.is_none() {
         cfg.model.vocab_size = Some(256);

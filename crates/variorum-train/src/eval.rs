@@ -8,8 +8,9 @@ use variorum_model::{DecoderLm, DecoderState, ModelConfig, ObjectiveConfig, deco
 use crate::step::{batch_rows, batch_tensors};
 
 /// Mean loss (nats per predicted token) of `model` over `batches`; run it on `model.valid()`.
-/// Next-token batches predict every position; masked batches ([`masked_batches`]) their hidden
-/// positions only, and each batch weighs by how many it hides.
+/// Next-token batches predict every position (graph batches every position before an example's
+/// end, not its padding); masked batches ([`masked_batches`]) their hidden positions only; each
+/// batch weighs by how many it predicts.
 pub fn evaluate(model: &DecoderLm, batches: &[TokenBatch], device: &Device) -> f64 {
     evaluate_with(model, batches, device, None)
 }

@@ -392,6 +392,13 @@ fn model_views(dir: &Path, page: &mut RunPage, live: Option<&Live>, device: &Dev
             return;
         }
     };
+    if config.data.graph.is_some() {
+        // a graph run reads each example with its edges; these pictures read a stretch of text
+        let why = "a graph run (data.graph) reads each example with its edges, not a stretch of text".to_string();
+        page.pattern = Figure::missing("pattern", why.clone());
+        page.attention = Figure::missing("learned attention", why);
+        return;
+    }
     let cfg = &config.model;
     let kind = cfg.attention.kind().to_string();
     // a model conditioned on example tags reads this text under tag 0, as `variorum attention` does
@@ -497,7 +504,12 @@ fn learned(
         views.push(Learned { title: format!("learned span per head ({header})"), lines: spans, figure: None });
     }
     let read = &ids[..ids.len().min(STEPS_TOKENS)];
-    if let Some((mean, shares)) = crate::eval::steps_per_token(model, read, model.seq_len, device) {
+    // (text windows: not what a graph run reads)
+    let steps = match config.data.graph {
+        None => crate::eval::steps_per_token(model, read, model.seq_len, device),
+        Some(_) => None,
+    };
+    if let Some((mean, shares)) = steps {
         views.push(Learned {
             title: format!("adaptive computation time: steps per token ({} validation tokens)", read.len()),
             lines: vec![crate::eval::format_steps(mean, &shares)],

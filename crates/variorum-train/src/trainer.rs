@@ -621,9 +621,9 @@ fn fill_in_sample(model: &DecoderLm, batch: &TokenBatch, mask: usize, tok: &Toke
     )
 }
 
-/// Graph data (`data.graph`) needs an attention kind that reads the graph, and a model whose
-/// forward covers whole examples at once: random batches, no memory, exits, reversible stack or
-/// global input.
+/// Graph data (`data.graph`) needs an attention kind that reads the graph, a model whose
+/// forward covers whole examples at once (random batches, no memory, exits, reversible stack or
+/// global input), and no other path between positions (a convolution in the feed-forward).
 fn check_graph(cfg: &ExperimentConfig, corpus: &Corpus) -> Result<()> {
     if corpus.graphs.is_none() {
         return Ok(());
@@ -641,6 +641,10 @@ fn check_graph(cfg: &ExperimentConfig, corpus: &Corpus) -> Result<()> {
         (!matches!(m.exits, variorum_model::ExitConfig::None), "early exits (model.exits)"),
         (m.block.reversible(), "a reversible stack"),
         (m.attention.capabilities().global_input, "a global input"),
+        (
+            !m.feed_forward.kind.capabilities().position_wise,
+            "a feed-forward that reads earlier positions (model.feed_forward.kind), past the edges",
+        ),
     ];
     if let Some((_, what)) = refused.iter().find(|(on, _)| *on) {
         bail!("data.graph covers whole examples in one forward, which rules out {what}: remove it or use text data");

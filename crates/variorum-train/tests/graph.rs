@@ -51,7 +51,8 @@ fn the_edges_teach_what_the_nodes_alone_cannot() {
 }
 
 /// A row's predictions depend on its own example alone: scored in a batch beside other examples
-/// (other lengths, other graphs) or alone, a row's logits agree over its positions.
+/// (other lengths, other graphs, padded to seq_len) or alone without any padding, a row's logits
+/// agree over its positions.
 #[test]
 fn rows_read_their_own_example_only() {
     let _guard = seeded();
@@ -65,12 +66,13 @@ fn rows_read_their_own_example_only() {
         let val = &corpus.graphs.as_ref().unwrap().val;
         let path = &corpus.path;
         let batch = graph_eval_batches(val, path, model_cfg.seq_len, 4, 4).unwrap().remove(0);
-        let alone = graph_eval_batches(&val[2..3], path, model_cfg.seq_len, 1, 1).unwrap().remove(0);
+        let n = val[2].tokens.len();
+        assert!(n < model_cfg.seq_len, "the example fills its row: no padding to read");
+        let alone = graph_eval_batches(&val[2..3], path, n, 1, 1).unwrap().remove(0);
         let logits = |b: &variorum_data::TokenBatch| {
             let (x, _) = batch_tensors(b, &device);
             model.forward_tagged(x, batch_rows(b, &device), None).logits
         };
-        let n = val[2].tokens.len();
         let together = logits(&batch).narrow(0, 2, 1).narrow(1, 0, n);
         let single = logits(&alone).narrow(1, 0, n);
         let d = (together - single).abs().max().into_scalar::<f32>();
@@ -83,16 +85,16 @@ fn rows_read_their_own_example_only() {
 #[test]
 fn what_cannot_read_a_graph_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
-    let cases = [
-        ("talking-heads", "model.attention.kind = \"talking-heads\" does not read one"),
-        ("train.batching=ordered", "train.batching = \"ordered\""),
+    // (a memory needs ordered batching, refused above)
+    let cases: [(&str, &[&str], &str); 3] = [
+        ("full-no-edges.toml", &["model.attention.kind=talking-heads"], "kind = \"talking-heads\" does not read one"),
+        ("base.toml", &["train.batching=ordered"], "train.batching = \"ordered\""),
+        ("base.toml", &["model.feed_forward.kind=separable-conv"], "a feed-forward that reads earlier positions"),
     ];
-    for (setting, want) in cases {
-        let cfg = match setting {
-            "talking-heads" => config("full-no-edges.toml", &["model.attention.kind=talking-heads"]),
-            s => config("base.toml", &[s]),
-        };
-        let mut opts = TrainOptions::new(&tmp.path().join(setting), Device::flex(), "flex");
+    for (file, settings, want) in cases {
+        let cfg = config(file, settings);
+        let setting = settings.join(" ");
+        let mut opts = TrainOptions::new(&tmp.path().join(&setting), Device::flex(), "flex");
         opts.max_steps = Some(1);
         let err = format!("{:#}", train(cfg, &opts).err().unwrap_or_else(|| panic!("{setting} trained")));
         assert!(err.contains(want), "{setting}: {err}");
