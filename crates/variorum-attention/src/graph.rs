@@ -158,42 +158,80 @@ impl GraphAttention {
 
     /// Per-head contexts `[b, h, L, d_h]` over each position's neighbours in `graph`, gathered.
     fn attend_graph(&self, p: &Projected, graph: &GraphMask) -> Tensor<4> {
-        let [b, h, l, dh] = p.q.dims();
-        let hkv = p.k.dims()[1];
-        let device = p.q.device();
-        let (at, empty) = graph.neighbours(l, p.layout.causal, p.max_back, &device);
-        let degree = at.dims()[2];
-        // each slot's row among all the batch's rows, one index for every head and feature: a
-        // row select (whose backward adds rows back) rather than an element gather
-        let rows = Tensor::<1, Int>::arange(0..b as i64, &device).mul_scalar(l as i64).reshape([b, 1, 1]);
-        let flat = (at + rows).reshape([b * l * degree]);
-        // rows of `x` [b, h_kv, L, d] at each slot: [b, h, L, degree, d]; a position's heads side
-        // by side make each selected row one contiguous run
-        let gather = |x: Tensor<4>| {
-            let d = x.dims()[3];
-            let picked = x.swap_dims(1, 2).reshape([b * l, hkv * d]).select(0, flat.clone());
-            let picked = picked.reshape([b, l * degree, hkv, d]).swap_dims(1, 2);
-            per_query_head(picked, h).reshape([b, h, l, degree, d])
-        };
+        let [b, h, l, _] = p.q.dims();
+        let (at, empty) = graph.neighbours(l, p.layout.causal, p.max_back, &p.q.device());
+        let slots = Slots::new(at, l, h);
         let scores = match (&self.query_vector, &self.key_vector) {
             (Some(aq), Some(ak)) => {
+                let hkv = p.k.dims()[1];
                 let s = side_scores(&p.q, aq.val()).reshape([b, h, l, 1]);
                 let t = side_scores(&p.k, ak.val()).reshape([b, hkv, l, 1]);
-                let t = gather(t).reshape([b, h, l, degree]);
-                leaky_relu(s + t, NEGATIVE_SLOPE)
+                leaky_relu(s + slots.gather(t).reshape([b, h, l, slots.degree]), NEGATIVE_SLOPE)
             }
-            // one 1 × d_h by d_h × degree product per position and head
-            _ => {
-                p.q.clone()
-                    .reshape([b, h, l, 1, dh])
-                    .matmul(gather(p.k.clone()).swap_dims(3, 4))
-                    .reshape([b, h, l, degree])
-            }
+            _ => slots.dot_scores(p),
         };
-        let hidden = empty.reshape([b, 1, l, degree]).expand([b, h, l, degree]);
-        let probs = self.attention.normalise(scores.mask_fill(hidden, MASKED_SCORE));
-        let probs = self.attention.dropout.forward(probs);
-        probs.reshape([b, h, l, 1, degree]).matmul(gather(p.v.clone())).reshape([b, h, l, dh])
+        slots.attend(&self.attention, scores, empty, p)
+    }
+}
+
+/// Each query's slots over the keys of its own batch row (`[b, len_q, degree]` key indices), read
+/// by row selects: gathered keys and values, `[b, h, len_q, degree, ·]`, and attention over them.
+/// Shared by the kinds that attend over a per-query set of keys (`graph`, `sac`).
+pub(crate) struct Slots {
+    /// Each slot's row among all the batch's key rows.
+    flat: Tensor<1, Int>,
+    b: usize,
+    len_q: usize,
+    pub(crate) degree: usize,
+    heads: usize,
+}
+
+impl Slots {
+    /// Slots `at` (`[b, len_q, degree]`, indices into `len_k` keys) for `heads` query heads.
+    pub(crate) fn new(at: Tensor<3, Int>, len_k: usize, heads: usize) -> Self {
+        let [b, len_q, degree] = at.dims();
+        // each slot's row among all the batch's rows, one index for every head and feature: a
+        // row select (whose backward adds rows back) rather than an element gather
+        let rows = Tensor::<1, Int>::arange(0..b as i64, &at.device()).mul_scalar(len_k as i64).reshape([b, 1, 1]);
+        Self { flat: (at + rows).reshape([b * len_q * degree]), b, len_q, degree, heads }
+    }
+
+    /// Rows of `x` `[b, h_kv, len_k, d]` at each slot, `[b, h, len_q, degree, d]`; a key's heads
+    /// side by side make each selected row one contiguous run.
+    pub(crate) fn gather(&self, x: Tensor<4>) -> Tensor<5> {
+        let [b, hkv, lk, d] = x.dims();
+        let (lq, m) = (self.len_q, self.degree);
+        let picked = x.swap_dims(1, 2).reshape([b * lk, hkv * d]).select(0, self.flat.clone());
+        per_query_head(picked.reshape([b, lq * m, hkv, d]).swap_dims(1, 2), self.heads)
+            .reshape([b, self.heads, lq, m, d])
+    }
+
+    /// q · k over each query's slots (the queries carry the scale): `[b, h, len_q, degree]`, one
+    /// 1 × d_h by d_h × degree product per query and head.
+    pub(crate) fn dot_scores(&self, p: &Projected) -> Tensor<4> {
+        let [b, h, lq, dh] = p.q.dims();
+        p.q.clone().reshape([b, h, lq, 1, dh]).matmul(self.gather(p.k.clone()).swap_dims(3, 4)).reshape([
+            b,
+            h,
+            lq,
+            self.degree,
+        ])
+    }
+
+    /// Per-head contexts `[b, h, len_q, d_h]`: `scores` over the slots, `empty` (`[b, len_q,
+    /// degree]`) hidden, normalised, dropped out, over the gathered values.
+    pub(crate) fn attend(
+        &self,
+        att: &MultiHeadAttention,
+        scores: Tensor<4>,
+        empty: Tensor<3, Bool>,
+        p: &Projected,
+    ) -> Tensor<4> {
+        let (b, h, lq, m) = (self.b, self.heads, self.len_q, self.degree);
+        let dh = p.v.dims()[3];
+        let hidden = empty.reshape([b, 1, lq, m]).expand([b, h, lq, m]);
+        let probs = att.dropout.forward(att.normalise(scores.mask_fill(hidden, MASKED_SCORE)));
+        probs.reshape([b, h, lq, 1, m]).matmul(self.gather(p.v.clone())).reshape([b, h, lq, dh])
     }
 }
 

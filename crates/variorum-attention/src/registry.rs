@@ -408,6 +408,8 @@ attention_kinds! {
     "bpt" => Bpt(crate::BptConfig, crate::BptAttention),
     /// Graph-masked attention: each position over its neighbours in the example's graph (data.graph) and itself, dot-product or GAT-additive scores.
     "graph" => Graph(crate::GraphAttentionConfig, crate::GraphAttention),
+    /// SAC: an edge predictor draws k keys per query, attention over those edges; the predictor learns by REINFORCE.
+    "sac" => Sac(crate::SacConfig, crate::SacAttention),
 }
 
 impl Default for AttentionConfig {

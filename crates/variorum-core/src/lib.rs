@@ -17,6 +17,12 @@ pub use mask::{AttentionMask, GlobalLocal, GraphMask};
 /// Named auxiliary losses a forward pass adds to the language-model loss (already weighted).
 pub type AuxLosses = Vec<(String, burn::Tensor<1>)>;
 
+/// An auxiliary term whose name starts with this is no loss but a policy's log-probability per
+/// batch row (`[batch]`, e.g. SAC's edge predictor): the model, which knows each row's loss,
+/// turns the terms into the REINFORCE surrogate mean_r((L_r − mean L) · Σ log π_r) (the
+/// advantage detached) under the name that follows the prefix.
+pub const REINFORCE_PREFIX: &str = "reinforce:";
+
 /// Adds `losses` to `sums` by name (a name not yet in `sums` is appended).
 pub fn sum_aux_losses(sums: &mut AuxLosses, losses: AuxLosses) {
     for (name, l) in losses {

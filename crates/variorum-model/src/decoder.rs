@@ -17,7 +17,7 @@ use variorum_attention::{CarriedMaps, Positioning};
 use variorum_block::{
     Act, BlockOutput, LayerState, Norm, ReplayDropout, RevContext, Streams, TransformerBlock, block::BlockParts,
 };
-use variorum_core::{AttentionMask, AuxLosses, GlobalLocal, GraphMask};
+use variorum_core::{AttentionMask, AuxLosses, GlobalLocal, GraphMask, REINFORCE_PREFIX};
 use variorum_position::AbsolutePosition;
 
 use crate::ModelConfig;
@@ -597,7 +597,44 @@ impl DecoderLm {
                 aux.push(("exit_predictor".into(), p.loss(&out.hidden, &scores)));
             }
         }
+        let aux = self.reinforce(aux, &out.logits, &targets, padded);
         (self.rows_loss(out.logits, targets, padded), aux)
+    }
+
+    /// The policies' log-probabilities among `aux` (named [`REINFORCE_PREFIX`]…, `[batch]`) as
+    /// one REINFORCE surrogate each: mean_r((L_r − mean L) · log π_r), the advantage of each row
+    /// (its loss against the batch's mean, detached) weighing its log-probability, so that a
+    /// descent step makes the draws of the rows that did better than their batch more likely.
+    fn reinforce(&self, aux: AuxLosses, logits: &Tensor<3>, targets: &Tensor<2, Int>, padded: bool) -> AuxLosses {
+        if !aux.iter().any(|(n, _)| n.starts_with(REINFORCE_PREFIX)) {
+            return aux;
+        }
+        let losses = self.row_losses(logits.clone().detach(), targets.clone(), padded);
+        let advantage = losses.clone() - losses.mean();
+        let mut out: AuxLosses = Vec::new();
+        let mut policies: AuxLosses = Vec::new();
+        for (name, t) in aux {
+            match name.strip_prefix(REINFORCE_PREFIX) {
+                Some(policy) => variorum_core::sum_aux_losses(&mut policies, vec![(policy.to_string(), t)]),
+                None => out.push((name, t)),
+            }
+        }
+        out.extend(policies.into_iter().map(|(n, log_pi)| (n, (log_pi * advantage.clone()).mean())));
+        out
+    }
+
+    /// Each row's mean loss over the positions it predicts, `[batch]` (under the masked
+    /// objective its hidden positions, with graph rows those before an example's end).
+    pub fn row_losses(&self, logits: Tensor<3>, targets: Tensor<2, Int>, padded: bool) -> Tensor<1> {
+        let [b, l, _] = logits.dims();
+        let counted = match self.mask_token {
+            Some(m) => targets.clone().not_equal_elem(m as i64).float(),
+            None if padded => targets.clone().greater_equal_elem(0).float(),
+            None => Tensor::ones([b, l], &logits.device()),
+        };
+        let picked = log_softmax(logits, 2).gather(2, targets.clamp_min(0).reshape([b, l, 1])).reshape([b, l]);
+        let total = (picked * counted.clone()).sum_dim(1).neg().reshape([b]);
+        total / counted.sum_dim(1).clamp_min(1.0).reshape([b])
     }
 
     /// [`token_loss`](Self::token_loss), or with `padded` rows (graph examples, whose targets end
