@@ -57,6 +57,7 @@ pub struct AttentionOutput {
     pub context: Tensor<3>,
     /// `[batch, n_heads, len_q, len_k]` when asked for and when the mechanism forms them.
     pub weights: Option<Tensor<4>>,
-    /// Extra losses (already weighted).
+    /// Extra losses (already weighted), and policies' per-row log-probabilities named
+    /// `variorum_core::REINFORCE_PREFIX`… (`[batch]`, not losses: the model turns them into one).
     pub aux_losses: AuxLosses,
 }

@@ -21,19 +21,24 @@
 //!   s_ij + Gumbel noise, in that order, are a sample of the Plackett–Luce distribution, whose
 //!   log-probability is Σ_t [s_{j_t} − log Σ_{j not yet drawn} exp s_j]. In evaluation (no
 //!   autodiff) the k largest scores are taken, so cached decoding reproduces the forward.
-//! - The reward is the negative loss of the batch row; the baseline is the batch's mean row loss
-//!   (leave no state between steps), so a row whose edges did better than its batch makes them
-//!   more likely. The layer returns its rows' log π as an auxiliary term named
+//! - The reward is the negative loss of the batch row; the baseline is the mean loss of the
+//!   batch's other rows (leave-one-out: unbiased, and no state between steps), so a row whose
+//!   edges did better than the others makes them more likely. A batch (micro-batch) of one row
+//!   has no baseline: its predictor does not move, so train with `batch_size` ≥ 2. The layer returns its rows' log π as an auxiliary term named
 //!   [`variorum_core::REINFORCE_PREFIX`]`edge_policy`; the model, which knows each row's loss,
-//!   turns it into the surrogate `policy_weight · mean_rows((L_r − mean L) · log π_r)` (detached
-//!   advantage), whose gradient is the REINFORCE estimate.
+//!   turns it into the surrogate `policy_weight · mean_rows(A_r · log π_r)` (A_r the detached
+//!   advantage, log π_r the mean over the row's queries), whose gradient is the REINFORCE
+//!   estimate.
+//! - The predictor reads the layer's input detached: the policy's gradient, noisy by nature,
+//!   trains the predictor's two projections and nothing below them.
 //! - The predictor gets no gradient through the attention (the choice is discrete), only the
 //!   policy's. A query always reads itself besides its k edges; a query with fewer than k keys
 //!   to see reads them all.
 //!
 //! Positions: no scheme acts on these scores (absolute encodings on the input do). No memory,
-//! cross-attention, custom masks or graphs; padding and `max_back` limit the keys that can be
-//! drawn. Not replayable (fresh Gumbel noise at every training forward).
+//! cross-attention, custom masks, graphs or `max_back`; padding keys are never drawn. Not
+//! replayable (fresh Gumbel noise at every training forward). The policy's log-probability needs
+//! one softmax over the keys per layer (O(L²) memory while training, as the pointer scores).
 
 use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::prelude::*;
@@ -101,7 +106,12 @@ impl AttentionKind for SacConfig {
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         self.heads().validate(d_model)?;
         check(self.edges >= 1, || "model.attention.edges must be at least 1 (keys per query)".into())?;
-        check(self.predictor_dim >= 1, || "model.attention.predictor_dim must be at least 1".into())?;
+        check(self.predictor_dim >= 1 && self.predictor_dim <= d_model, || {
+            format!(
+                "model.attention.predictor_dim = {} must be in 1..={d_model} (the pointer scores' rank cannot exceed d_model)",
+                self.predictor_dim
+            )
+        })?;
         check(self.policy_weight.is_finite() && self.policy_weight >= 0.0, || {
             format!("model.attention.policy_weight = {} must be a finite number ≥ 0", self.policy_weight)
         })
@@ -111,7 +121,8 @@ impl AttentionKind for SacConfig {
     /// key.
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         let r = self.predictor_dim;
-        self.heads().flops_per_token(d_model, self.edges + 1) + (2 * 2 * d_model * r + 2 * r * len_k) as u64
+        self.heads().flops_per_token(d_model, (self.edges + 1).min(len_k.max(1)))
+            + (2 * 2 * d_model * r + 2 * r * len_k) as u64
     }
 
     fn test_variants() -> Vec<TestVariant<Self>> {
@@ -188,15 +199,16 @@ impl SacAttention {
         let context = slots.attend(&self.attention, slots.dot_scores(&p), empty, &p);
         let mut aux_losses = Vec::new();
         if edges.scores.is_autodiff() && self.policy_weight > 0.0 {
-            let log_pi = plackett_luce(edges.scores, edges.keys, edges.empty).sum_dim(1).reshape([b]);
+            // per row, the mean over its queries: the term's scale does not grow with the length
+            let log_pi = plackett_luce(edges.scores, edges.keys, edges.empty).mean_dim(1).reshape([b]);
             aux_losses.push((format!("{REINFORCE_PREFIX}edge_policy"), log_pi.mul_scalar(self.policy_weight)));
         }
         AttentionOutput { context: self.attention.merge(context), weights: None, aux_losses }
     }
 
-    /// W x: `[b, 1, len, r]`.
+    /// W x: `[b, 1, len, r]` (x detached, as for the queries' pointers).
     fn key_pointers(&self, x: Tensor<3>) -> Tensor<4> {
-        self.pointer_key.forward(x).unsqueeze_dim(1)
+        self.pointer_key.forward(x.detach()).unsqueeze_dim(1)
     }
 
     /// The edges of the queries of `x` over the keys whose pointers are `pointers` (`[b, 1,
@@ -205,16 +217,21 @@ impl SacAttention {
         let [b, lq, _] = x.dims();
         let lk = p.k.dims()[2];
         let device = x.device();
-        let u = self.pointer_query.forward(x);
+        // the predictor reads the layer's input without a gradient into it: the policy's noisy
+        // gradient trains the predictor alone, not the layers below
+        let u = self.pointer_query.forward(x.detach());
         let r = u.dims()[2];
         let w = pointers.reshape([b, lk, r]);
         let scores = u.matmul(w.swap_dims(1, 2)).div_scalar((r as f64).sqrt());
         // the keys a query may draw: those it may see, itself left out (it reads itself anyway)
         let layout = &p.layout;
         let seen = AttentionMask { k_start: layout.k_start, ..mask.clone() }.score_mask(lq, lk, &device);
-        let own: Vec<bool> =
-            (0..lq).flat_map(|i| (0..lk).map(move |j| layout.k_start + j == layout.q_start + i)).collect();
-        let mut hidden = Tensor::<3, Bool>::from_data(TensorData::new(own, [1, lq, lk]), &device).expand([b, lq, lk]);
+        // key j is query i's own position where k_start + j = q_start + i
+        let queries =
+            Tensor::<1, Int>::arange(0..lq as i64, &device).add_scalar((layout.q_start - layout.k_start) as i64);
+        let keys = Tensor::<1, Int>::arange(0..lk as i64, &device);
+        let own = queries.reshape([1, lq, 1]).expand([1, lq, lk]).equal(keys.reshape([1, 1, lk]).expand([1, lq, lk]));
+        let mut hidden = own.expand([b, lq, lk]);
         if let Some(m) = seen {
             let [mb, _, _, _] = m.dims();
             hidden = hidden.bool_or(m.reshape([mb, lq, lk]).expand([b, lq, lk]));
@@ -235,24 +252,15 @@ impl SacAttention {
 
 /// log π of drawing `keys` (`[b, len_q, k]`, in drawing order) without replacement from
 /// softmax(`scores`) (`[b, len_q, len_k]`), `empty` slots left out: per query, `[b, len_q, 1]`.
+/// With p_u the drawn keys' probabilities under the full softmax, the t-th draw's probability
+/// among the keys left is p_t / (1 − Σ_{u<t} p_u), so one softmax over the keys serves every draw.
 pub fn plackett_luce(scores: Tensor<3>, keys: Tensor<3, Int>, empty: Tensor<3, Bool>) -> Tensor<3> {
-    let [b, lq, lk] = scores.dims();
-    let k = keys.dims()[2];
-    let device = scores.device();
-    let positions = Tensor::<1, Int>::arange(0..lk as i64, &device).reshape([1, 1, lk]).expand([b, lq, lk]);
-    let mut drawn = Tensor::<3, Bool>::from_data(TensorData::new(vec![false; b * lq * lk], [b, lq, lk]), &device);
-    let mut total: Option<Tensor<3>> = None;
-    for t in 0..k {
-        let key = keys.clone().narrow(2, t, 1);
-        let term = log_softmax(scores.clone().mask_fill(drawn.clone(), MASKED_SCORE), 2).gather(2, key.clone());
-        let term = term.mask_fill(empty.clone().narrow(2, t, 1), 0.0);
-        total = Some(match total {
-            Some(s) => s + term,
-            None => term,
-        });
-        drawn = drawn.bool_or(positions.clone().equal(key.expand([b, lq, lk])));
-    }
-    total.unwrap_or_else(|| Tensor::zeros([b, lq, 1], &device))
+    let picked = log_softmax(scores, 2).gather(2, keys).mask_fill(empty.clone(), 0.0);
+    let p = picked.clone().exp().mask_fill(empty.clone(), 0.0);
+    // the mass drawn before each draw: an exclusive running sum
+    let before = p.clone().cumsum(2) - p;
+    let left = before.neg().add_scalar(1.0).clamp_min(1e-12).log();
+    (picked - left).mask_fill(empty, 0.0).sum_dim(2)
 }
 
 impl AttentionMechanism for SacAttention {
@@ -330,6 +338,36 @@ mod tests {
                 assert!(d < 1e-5, "kv {kv:?} causal {causal}: {d}");
             }
         }
+    }
+
+    /// While training, the draws are random but never leave the keys a query may see: no later
+    /// key causally, never the query itself, no key twice; and they differ from draw to draw.
+    #[test]
+    fn training_draws_stay_among_the_visible_keys() {
+        let dev = device().autodiff();
+        dev.seed(5);
+        let att = SacConfig { edges: 3, ..Default::default() }.init(32, 0.3, 0.3, Positioning::NONE, &dev);
+        let x = Tensor::<3>::random([2, 10, 32], Distribution::Normal(0.0, 1.0), &dev);
+        let mask = AttentionMask::causal();
+        let p = att.attention.project(x.clone(), None, &mask, None);
+        let mut draws = Vec::new();
+        for _ in 0..20 {
+            let edges = att.draw(x.clone(), att.key_pointers(x.clone()), &mask, &p);
+            let keys = ints(edges.keys);
+            let empty: Vec<bool> = ints(edges.empty.int()).into_iter().map(|e| e == 1).collect();
+            for q in 0..20 {
+                let i = q % 10;
+                let got: Vec<i64> = (0..3).filter(|&t| !empty[q * 3 + t]).map(|t| keys[q * 3 + t]).collect();
+                assert_eq!(got.len(), i.min(3), "query {i}: {got:?}");
+                assert!(got.iter().all(|&j| (j as usize) < i), "query {i} drew {got:?}");
+                let mut distinct = got.clone();
+                distinct.sort_unstable();
+                distinct.dedup();
+                assert_eq!(distinct.len(), got.len(), "query {i} drew a key twice: {got:?}");
+            }
+            draws.push(keys);
+        }
+        assert!(draws.iter().any(|d| *d != draws[0]), "every training draw was the same");
     }
 
     /// Drawing without replacement: log π of an ordered draw is Σ_t log of the drawn key's share

@@ -15,6 +15,8 @@ pub use kind::Declared;
 pub use mask::{AttentionMask, GlobalLocal, GraphMask};
 
 /// Named auxiliary losses a forward pass adds to the language-model loss (already weighted).
+/// Between an attention layer and the model's loss they may also hold a policy's per-row
+/// log-probabilities ([`REINFORCE_PREFIX`]); what leaves `DecoderLm::loss_with` holds losses only.
 pub type AuxLosses = Vec<(String, burn::Tensor<1>)>;
 
 /// An auxiliary term whose name starts with this is no loss but a policy's log-probability per

@@ -602,15 +602,23 @@ impl DecoderLm {
     }
 
     /// The policies' log-probabilities among `aux` (named [`REINFORCE_PREFIX`]…, `[batch]`) as
-    /// one REINFORCE surrogate each: mean_r((L_r − mean L) · log π_r), the advantage of each row
-    /// (its loss against the batch's mean, detached) weighing its log-probability, so that a
-    /// descent step makes the draws of the rows that did better than their batch more likely.
+    /// one REINFORCE surrogate each: mean_r(A_r · log π_r), the advantage A_r of each row (its
+    /// loss against the mean of the batch's other rows, detached) weighing its log-probability,
+    /// so that a descent step makes the draws of the rows that did better more likely.
     fn reinforce(&self, aux: AuxLosses, logits: &Tensor<3>, targets: &Tensor<2, Int>, padded: bool) -> AuxLosses {
         if !aux.iter().any(|(n, _)| n.starts_with(REINFORCE_PREFIX)) {
             return aux;
         }
         let losses = self.row_losses(logits.clone().detach(), targets.clone(), padded);
-        let advantage = losses.clone() - losses.mean();
+        // leave-one-out baseline: each row against the mean of the others (unbiased; one row
+        // alone has no baseline and no advantage, so its policy does not move)
+        let b = losses.dims()[0];
+        let advantage = if b > 1 {
+            let others = (losses.clone().sum() - losses.clone()).div_scalar((b - 1) as f64);
+            losses - others
+        } else {
+            losses.zeros_like()
+        };
         let mut out: AuxLosses = Vec::new();
         let mut policies: AuxLosses = Vec::new();
         for (name, t) in aux {

@@ -1,6 +1,6 @@
 //! SAC's edge predictor learns by REINFORCE from the task's loss: on text where the next
-//! character is the one three back, a one-edge layer whose predictor is trained finds that key,
-//! and the same layer with the predictor left at its initialisation does not.
+//! character is the one three back, a one-edge layer whose predictor is trained reaches a far
+//! lower loss than the same layer with its predictor left at its initialisation.
 
 use std::path::Path;
 
