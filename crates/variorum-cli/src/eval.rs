@@ -320,13 +320,7 @@ fn eval_graph(run: &Run, args: &EvalArgs, device: &burn::prelude::Device) -> Res
     let batches = variorum_data::graph_eval_batches(&graphs.val, &corpus.path, seq_len, usize::MAX, batch_size)?;
     // the masked objective hides what the run's own validation hid in the examples both read
     let batches = variorum_train::eval::masked_batches(&run.config.model, batches, 0);
-    let predicted: usize = batches
-        .iter()
-        .map(|b| match run.model.mask_token {
-            Some(m) => b.targets.iter().filter(|&&t| t != m as i64).count(),
-            None => b.targets.iter().filter(|&&t| t >= 0).count(),
-        })
-        .sum();
+    let predicted: usize = batches.iter().map(|b| variorum_train::eval::predicted(&run.model, b)).sum();
     let loss = variorum_train::eval::evaluate(&run.model, &batches, device);
     println!("# {} validation examples of {} with their graphs", graphs.val.len(), corpus.path.display());
     println!("{:>10} {:>10} {:>10} {:>12}", "examples", "predicted", "loss", "perplexity");

@@ -106,7 +106,7 @@ pub const RULES: &[Rule] = &[
         holds: |s| !s.memory() || s.attention.reads_memory,
         why: |s| {
             format!(
-                "model.attention.kind = \"{}\" cannot read a memory (model.memory.kind = \"{}\"): its keys are formed from the segment itself (compressed, sorted or pooled together with positions after the query)",
+                "model.attention.kind = \"{}\" cannot read a memory (model.memory.kind = \"{}\"): it forms its keys from the segment itself (compressed, sorted, pooled, partitioned or chosen among the segment's positions)",
                 s.attention_kind(),
                 s.model.memory.kind()
             )
@@ -130,7 +130,7 @@ pub const RULES: &[Rule] = &[
         holds: |s| s.model.max_back.is_none() || s.attention.score_bias,
         why: |s| {
             format!(
-                "model.max_back limits which keys a query scores, but model.attention.kind = \"{}\" scores no individual keys: use a score-forming kind or drop max_back",
+                "model.max_back limits which keys a query scores, but model.attention.kind = \"{}\" does not apply it (it forms no score matrix a reach limit can act on): use a score-forming kind or drop max_back",
                 s.attention_kind()
             )
         },

@@ -20,10 +20,7 @@ fn evaluate_with(model: &DecoderLm, batches: &[TokenBatch], device: &Device, pro
     let mut sum = 0.0;
     let mut count = 0usize;
     for b in batches {
-        let predicted = match model.mask_token {
-            Some(m) => b.targets.iter().filter(|&&t| t != m as i64).count(),
-            None => b.targets.iter().filter(|&&t| t >= 0).count(),
-        };
+        let predicted = predicted(model, b);
         let (inputs, targets) = batch_tensors(b, device);
         let logits = model.forward_tagged(inputs, batch_rows(b, device), None).logits;
         let loss = model.rows_loss(logits, targets, !b.graphs.is_empty()).into_scalar::<f32>() as f64;
@@ -34,6 +31,15 @@ fn evaluate_with(model: &DecoderLm, batches: &[TokenBatch], device: &Device, pro
         }
     }
     sum / count.max(1) as f64
+}
+
+/// How many positions of `batch` `model` is scored on: the hidden ones under the masked
+/// objective, every one with a target otherwise (graph rows: not past an example's end).
+pub fn predicted(model: &DecoderLm, batch: &TokenBatch) -> usize {
+    match model.mask_token {
+        Some(m) => batch.targets.iter().filter(|&&t| t != m as i64).count(),
+        None => batch.targets.iter().filter(|&&t| t >= 0).count(),
+    }
 }
 
 /// The masked objective's corruption of `cfg`, `None` for next-token prediction.
