@@ -24,7 +24,8 @@
 //! - The reward is the negative loss of the batch row; the baseline is the mean loss of the
 //!   batch's other rows (leave-one-out: unbiased, and no state between steps), so a row whose
 //!   edges did better than the others makes them more likely. A batch (micro-batch) of one row
-//!   has no baseline: its predictor does not move, so train with `batch_size` ≥ 2. The layer returns its rows' log π as an auxiliary term named
+//!   has no baseline: its predictor does not move, so train with `batch_size` ≥ 2. The layer
+//!   returns its rows' log π as an auxiliary term named
 //!   [`variorum_core::REINFORCE_PREFIX`]`edge_policy`; the model, which knows each row's loss,
 //!   turns it into the surrogate `policy_weight · mean_rows(A_r · log π_r)` (A_r the detached
 //!   advantage, log π_r the mean over the row's queries), whose gradient is the REINFORCE
