@@ -417,7 +417,12 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
     })?;
     finish_plot(run, &metrics)?;
     let inner = device.clone().inner();
-    let prompt = corpus.tokenizer.encode("\n").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| vec![0]);
+    // text starts after a line break; graph examples have none: the first validation example's
+    // first token (and the complete graph, as any generation)
+    let first_example = corpus.graphs.as_ref().and_then(|g| g.val.first()).map(|e| e.tokens[..1].to_vec());
+    let prompt = first_example
+        .or_else(|| corpus.tokenizer.encode("\n").ok().filter(|p| !p.is_empty()))
+        .unwrap_or_else(|| vec![0]);
     let sample_cfg = SampleConfig {
         max_new_tokens: tc.sample_tokens,
         temperature: tc.sample_temperature,

@@ -56,8 +56,15 @@ fn the_edges_teach_what_the_nodes_alone_cannot() {
 #[test]
 fn rows_read_their_own_example_only() {
     let _guard = seeded();
-    for file in ["base.toml", "additive.toml", "full.toml"] {
-        let cfg = config(file, &[]);
+    let cases = [
+        ("base.toml", false),
+        ("additive.toml", false),
+        ("full.toml", false),
+        ("base.toml", true),
+        ("full.toml", true),
+    ];
+    for (file, causal) in cases {
+        let cfg = config(file, if causal { &["model.objective.kind=causal"] } else { &[] });
         let corpus = Corpus::load(&cfg.data, None).unwrap();
         let mut model_cfg = cfg.model.clone();
         model_cfg.resolve(corpus.tokenizer.vocab_size()).unwrap();
@@ -76,7 +83,7 @@ fn rows_read_their_own_example_only() {
         let together = logits(&batch).narrow(0, 2, 1).narrow(1, 0, n);
         let single = logits(&alone).narrow(1, 0, n);
         let d = (together - single).abs().max().into_scalar::<f32>();
-        assert!(d < 1e-4, "{file}: row 2 moved by {d} beside other examples");
+        assert!(d < 1e-4, "{file} (causal {causal}): row 2 moved by {d} beside other examples");
     }
 }
 

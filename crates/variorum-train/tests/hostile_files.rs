@@ -63,6 +63,31 @@ proptest! {
     }
 
     #[test]
+    fn damaged_graph_data_are_errors_not_panics(cut in cut(), flips in proptest::collection::vec((0.0f64..1.0, any::<u8>()), 1..5)) {
+        // the first lines of the shipped example, damaged
+        let real: String = include_str!("../../../configs/graph/min-trees.jsonl").lines().take(6).collect::<Vec<_>>().join("\n");
+        let bytes = damaged(real.as_bytes(), cut, &flips);
+        let text = String::from_utf8_lossy(&bytes);
+        let cfg = variorum_data::DataConfig {
+            dataset: None,
+            path: Some("g.jsonl".into()),
+            graph: Some(Default::default()),
+            ..Default::default()
+        };
+        match variorum_data::Corpus::from_text(&text, &cfg, None, "g.jsonl".into()) {
+            Err(e) => prop_assert!(!e.to_string().contains('\n'), "{e}"),
+            Ok(c) => {
+                // whatever loaded batches: drawn, padded, or refused as too long, never a panic
+                let g = c.graphs.expect("graph data");
+                if let Ok(b) = variorum_data::GraphBatches::new(g.train, std::path::Path::new("g.jsonl"), 24, 3, 0) {
+                    let batch = b.batch(1);
+                    prop_assert_eq!(batch.graphs.len(), 3);
+                }
+            }
+        }
+    }
+
+    #[test]
     fn damaged_tokenizers_are_errors_not_panics(cut in cut(), flips in proptest::collection::vec((0.0f64..1.0, any::<u8>()), 1..5)) {
         let dir = tempfile::tempdir().unwrap();
         let real = br#"{"kind":"char","vocab":["\n"," ","a","b","c"]}"#;
