@@ -24,7 +24,7 @@
 //! - The reward is the negative loss of the batch row; the baseline is the mean loss of the
 //!   batch's other rows (leave-one-out: unbiased, and no state between steps), so a row whose
 //!   edges did better than the others makes them more likely. A batch (micro-batch) of one row
-//!   has no baseline: its predictor does not move, so train with `batch_size` ≥ 2. The layer
+//!   has no baseline, so the trainer refuses `batch_size` 1 (`Capabilities::policy`). The layer
 //!   returns its rows' log π as an auxiliary term named
 //!   [`variorum_core::REINFORCE_PREFIX`]`edge_policy`; the model, which knows each row's loss,
 //!   turns it into the surrogate `policy_weight · mean_rows(A_r · log π_r)` (A_r the detached
@@ -97,11 +97,16 @@ impl AttentionKind for SacConfig {
         "Li et al. 2020, SAC: Accelerating and Structuring Self-Attention via Sparse Adaptive Connection";
     // fresh Gumbel noise at every training forward; its keys are drawn from its own segment
     const CAPS: Capabilities =
-        Capabilities { reads_memory: false, replayable: false, aux_losses: true, ..caps::NO_SCORES };
+        Capabilities { reads_memory: false, replayable: false, aux_losses: true, policy: true, ..caps::NO_SCORES };
     crate::head_kind_items!();
 
     fn expanded(&self, d_model: usize) -> Self {
         self.expanded_heads(d_model)
+    }
+
+    /// A predictor that learns is a policy (its rows need one another as the baseline).
+    fn capabilities(&self) -> Capabilities {
+        Capabilities { policy: self.policy_weight > 0.0, ..Self::CAPS }
     }
 
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {

@@ -60,6 +60,9 @@ pub struct Capabilities {
     /// Attention: honours a per-example graph (`AttentionMask::graph`, `data.graph`): a position
     /// reads only its neighbours and itself, through the dense score mask or by gathering them.
     pub graph: bool,
+    /// Attention: draws a discrete choice trained by REINFORCE, each batch row against the
+    /// others (`REINFORCE_PREFIX` terms): a micro-batch needs at least two rows.
+    pub policy: bool,
 }
 
 impl Capabilities {
@@ -86,6 +89,7 @@ impl Capabilities {
         position_wise: true,
         cross: false,
         graph: false,
+        policy: false,
     };
 }
 

@@ -184,6 +184,12 @@ impl ExperimentConfig {
                 self.model.memory.kind()
             )
         })?;
+        check(!self.model.attention.capabilities().policy || self.train.batch_size >= 2, || {
+            format!(
+                "model.attention.kind = \"{}\" trains a discrete choice by REINFORCE, each batch row against the others, which train.batch_size = 1 does not have: use train.batch_size ≥ 2 (or policy_weight = 0)",
+                self.model.attention.kind()
+            )
+        })?;
         self.train.freeze.validate(self.model.n_layers, self.model.tie_embeddings)?;
         self.data.validate().map_err(|e| ConfigError::new(e.to_string()))?;
         self.train.validate()

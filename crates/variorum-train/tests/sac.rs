@@ -77,3 +77,14 @@ fn the_predictor_learns_its_edges_from_the_loss() {
     eprintln!("trained predictor {learned:.4}, predictor left at its initialisation {frozen:.4}");
     assert!(learned < frozen - 0.2, "trained predictor {learned:.4}, untrained {frozen:.4}");
 }
+
+/// One row has no other rows to be its baseline: refused before training, by name.
+#[test]
+fn one_row_batches_are_refused() {
+    let cfg = ExperimentConfig::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/attention/sac.toml"))
+        .unwrap();
+    let err = cfg.with_settings(&["train.batch_size=1".to_string()]).err().expect("batch_size 1 refused").to_string();
+    assert!(err.contains("train.batch_size = 1") && err.contains("sac"), "{err}");
+    let frozen = ["train.batch_size=1".to_string(), "model.attention.policy_weight=0.0".to_string()];
+    assert!(cfg.with_settings(&frozen).is_ok(), "a frozen predictor needs no baseline");
+}
