@@ -172,9 +172,15 @@ impl Act {
         });
     }
 
-    /// τ·mean(N + R).
-    pub fn ponder_cost(&self, st: &ActState) -> Tensor<1> {
-        (st.n_updates.clone() + st.remainders.clone()).mean().mul_scalar(self.ponder_weight).reshape([1])
+    /// τ·mean(N + R) over every position, or over those `counted` marks (`[batch, len]`, 1 for a
+    /// position of an example, 0 for padding: graph data).
+    pub fn ponder_cost(&self, st: &ActState, counted: Option<Tensor<2>>) -> Tensor<1> {
+        let cost = st.n_updates.clone() + st.remainders.clone();
+        let mean = match counted {
+            Some(c) => (cost * c.clone()).sum() / c.sum().clamp_min(1.0),
+            None => cost.mean(),
+        };
+        mean.mul_scalar(self.ponder_weight).reshape([1])
     }
 }
 
@@ -209,6 +215,21 @@ mod tests {
     }
 
     #[test]
+    fn ponder_cost_leaves_out_what_is_not_counted() {
+        let dev = Device::flex();
+        let act = act(&dev);
+        let mut st = act.start(1, 4, &dev);
+        st.n_updates = Tensor::from_data(TensorData::new(vec![1.0f32, 2.0, 9.0, 9.0], [1, 4]), &dev);
+        st.remainders = Tensor::zeros([1, 4], &dev);
+        let counted = Tensor::from_data(TensorData::new(vec![1.0f32, 1.0, 0.0, 0.0], [1, 4]), &dev);
+        let tau = act.ponder_weight as f32;
+        let only = act.ponder_cost(&st, Some(counted)).into_scalar::<f32>();
+        assert!((only - 1.5 * tau).abs() < 1e-6, "{only}");
+        let all = act.ponder_cost(&st, None).into_scalar::<f32>();
+        assert!((all - 5.25 * tau).abs() < 1e-6, "{all}");
+    }
+
+    #[test]
     fn ponder_cost_gradient_reaches_the_halting_unit() {
         let dev = Device::flex().autodiff();
         let act = act(&dev);
@@ -217,7 +238,7 @@ mod tests {
             let x: Tensor<3> = Tensor::random([1, 3, 8], Distribution::Normal(0.0, 1.0), &dev);
             act.step(&mut st, x.clone(), x, t == 2);
         }
-        let grads = act.ponder_cost(&st).backward();
+        let grads = act.ponder_cost(&st, None).backward();
         let g = act.halting.weight.grad(&grads).unwrap().abs().sum().into_scalar::<f32>();
         assert!(g > 0.0);
     }

@@ -355,7 +355,13 @@ impl DecoderLm {
         });
         let mut steps = None;
         if let (Some(a), Some(st)) = (&self.act, act) {
-            aux_losses.push(("ponder".into(), a.ponder_cost(&st)));
+            // graph rows: the examples' positions, not their padding
+            let counted = mask.graph.as_ref().map(|g| {
+                let flags: Vec<f32> =
+                    g.rows().iter().flat_map(|r| (0..len).map(move |i| if i < r.len() { 1.0 } else { 0.0 })).collect();
+                Tensor::<2>::from_data(TensorData::new(flags, [b, len]), &device)
+            });
+            aux_losses.push(("ponder".into(), a.ponder_cost(&st, counted)));
             steps = Some(st.n_updates.clone());
             x = st.output.expect("at least one step");
         }
