@@ -54,7 +54,7 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 use variorum_core::{Capabilities, ConfigError, error::check};
 
-use crate::full::{MASKED_SCORE, Positioning, Projected};
+use crate::full::{MASKED_SCORE, Positioning, Projected, per_query_head};
 use crate::kind::{AttentionKind, AttentionMechanism, TestVariant, caps};
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention};
 
@@ -487,7 +487,7 @@ impl BptAttention {
     /// Per-head contexts `[b, h, len_q, d_h]` of `p`'s queries over `nodes`.
     fn attend(&self, p: &Projected, nodes: &Nodes) -> Tensor<4> {
         let [b, h, lq, dh] = p.q.dims();
-        let [_, hkv, lk, _] = p.k.dims();
+        let lk = p.k.dims()[2];
         let device = p.q.device();
         let (q0, k0) = (p.layout.q_start, p.layout.k_start);
         assert!(
@@ -498,14 +498,7 @@ impl BptAttention {
         let table = Table::new(self, q0 - k0..q0 - k0 + lq, lk, &nodes.offsets, p.layout.causal, p.max_back);
         let (nb, m, bs) = (table.blocks, table.slots, QUERY_BLOCK);
         let slot_nodes = || Tensor::<1, Int>::from_data(TensorData::new(table.nodes.clone(), [nb * m]), &device);
-        let per_head = |x: Tensor<4>| {
-            let x = if h == hkv {
-                x
-            } else {
-                x.unsqueeze_dim::<5>(2).expand([b, hkv, h / hkv, nb * m, dh]).reshape([b, h, nb * m, dh])
-            };
-            x.reshape([b * h, nb, m, dh])
-        };
+        let per_head = |x: Tensor<4>| per_query_head(x, h).reshape([b * h, nb, m, dh]);
         let (k, v) = nodes.select(&table.nodes);
         let (k, v) = (per_head(k), per_head(v));
 

@@ -733,6 +733,23 @@ impl MultiHeadAttention {
     }
 }
 
+/// Key heads `[b, h_kv, …]` repeated for the query heads of their group: `[b, h, …]` (query
+/// head i reads key head i / (h / h_kv), as in full attention).
+pub fn per_query_head<const D: usize>(x: Tensor<D>, h: usize) -> Tensor<D> {
+    let dims = x.dims();
+    let hkv = dims[1];
+    if hkv == h {
+        return x;
+    }
+    let x = x.unsqueeze_dim::<5>(2);
+    let mut wide = [0usize; 5];
+    wide[..3].copy_from_slice(&[dims[0], hkv, h / hkv]);
+    wide[3..].copy_from_slice(&dims[2..]);
+    let mut out = dims;
+    out[1] = h;
+    x.expand(wide).reshape(out)
+}
+
 /// Per-head contexts `[b, n_heads, len_q, d_h]` side by side, `[b, len_q, n_heads · d_h]`.
 pub fn concat_heads(context: Tensor<4>) -> Tensor<3> {
     let [b, h, lq, dh] = context.dims();

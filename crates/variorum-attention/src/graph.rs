@@ -35,7 +35,7 @@ use burn::tensor::activation::leaky_relu;
 use serde::{Deserialize, Serialize};
 use variorum_core::{Capabilities, ConfigError, GraphMask};
 
-use crate::full::{MASKED_SCORE, Positioning, Projected};
+use crate::full::{MASKED_SCORE, Positioning, Projected, per_query_head};
 use crate::kind::{AttentionKind, AttentionMechanism, TestVariant, caps};
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention};
 
@@ -240,23 +240,6 @@ fn side_scores(x: &Tensor<4>, a: Tensor<2>) -> Tensor<3> {
     let [b, heads, n, d] = x.dims();
     let a = a.reshape([1, heads, d, 1]).expand([b, heads, d, 1]);
     x.clone().matmul(a).reshape([b, heads, n])
-}
-
-/// Key heads `[b, h_kv, …]` repeated for the query heads of their group: `[b, h, …]` (query
-/// head i reads key head i / (h / h_kv), as in full attention).
-fn per_query_head<const D: usize>(x: Tensor<D>, h: usize) -> Tensor<D> {
-    let dims = x.dims();
-    let hkv = dims[1];
-    if hkv == h {
-        return x;
-    }
-    let x = x.unsqueeze_dim::<5>(2);
-    let mut wide = [0usize; 5];
-    wide[..3].copy_from_slice(&[dims[0], hkv, h / hkv]);
-    wide[3..].copy_from_slice(&dims[2..]);
-    let mut out = dims;
-    out[1] = h;
-    x.expand(wide).reshape(out)
 }
 
 impl AttentionMechanism for GraphAttention {

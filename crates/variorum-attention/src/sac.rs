@@ -168,6 +168,8 @@ pub struct Edges {
     pub empty: Tensor<3, Bool>,
     /// `[b, len_q, len_k]` pointer scores, the keys a query may not draw at [`MASKED_SCORE`].
     pub scores: Tensor<3>,
+    /// `[len_q]`: each query's own key index (which it reads besides its edges).
+    pub own: Tensor<1, Int>,
 }
 
 impl SacAttention {
@@ -193,10 +195,7 @@ impl SacAttention {
         let lk = p.k.dims()[2];
         let edges = self.draw(x, pointers, mask, &p);
         // each query's own key first, then its edges
-        let own = Tensor::<1, Int>::arange(0..lq as i64, &p.q.device())
-            .add_scalar((p.layout.q_start - p.layout.k_start) as i64)
-            .reshape([1, lq, 1])
-            .expand([b, lq, 1]);
+        let own = edges.own.clone().reshape([1, lq, 1]).expand([b, lq, 1]);
         let at = Tensor::cat(vec![own, edges.keys.clone()], 2);
         // (as integers: a gathered mask and a fresh one may differ in storage)
         let empty = Tensor::cat(vec![Tensor::<3, Int>::zeros([b, lq, 1], &p.q.device()), edges.empty.clone().int()], 2)
@@ -236,7 +235,8 @@ impl SacAttention {
         let queries =
             Tensor::<1, Int>::arange(0..lq as i64, &device).add_scalar((layout.q_start - layout.k_start) as i64);
         let keys = Tensor::<1, Int>::arange(0..lk as i64, &device);
-        let own = queries.reshape([1, lq, 1]).expand([1, lq, lk]).equal(keys.reshape([1, 1, lk]).expand([1, lq, lk]));
+        let own =
+            queries.clone().reshape([1, lq, 1]).expand([1, lq, lk]).equal(keys.reshape([1, 1, lk]).expand([1, lq, lk]));
         let mut hidden = own.expand([b, lq, lk]);
         if let Some(m) = seen {
             let [mb, _, _, _] = m.dims();
@@ -252,7 +252,7 @@ impl SacAttention {
         };
         let (_, keys) = pick.topk_with_indices(k, 2);
         let empty = hidden.gather(2, keys.clone());
-        Edges { keys, empty, scores }
+        Edges { keys, empty, scores, own: queries }
     }
 }
 

@@ -197,6 +197,12 @@ fn dataset_hint(name: &str) -> String {
     }
 }
 
+/// How many of `n ≥ 2` units (chars, examples) `val_fraction` holds out: at least one on each
+/// side, however extreme the fraction.
+fn held_out(n: usize, val_fraction: f64) -> usize {
+    ((n as f64) * val_fraction).round().clamp(1.0, (n - 1) as f64) as usize
+}
+
 /// A tokenized corpus, ready to be cut into batches.
 #[derive(Debug, Clone)]
 pub struct Corpus {
@@ -275,8 +281,8 @@ impl Corpus {
                 path.display()
             )));
         }
-        // At least one char on each side, however extreme val_fraction is.
-        let n_val = ((n_chars as f64) * cfg.val_fraction).round().clamp(1.0, (n_chars - 1) as f64) as usize;
+        // (`held_out`: at least one char on each side, however extreme val_fraction is)
+        let n_val = held_out(n_chars, cfg.val_fraction);
         let n_train = n_chars - n_val;
         let split = text.char_indices().nth(n_train).map_or(text.len(), |(i, _)| i);
         let (train_text, val_text) = text.split_at(split);
@@ -371,7 +377,7 @@ impl Corpus {
                 path.display()
             )));
         }
-        let n_val = ((n as f64) * cfg.val_fraction).round().clamp(1.0, (n - 1) as f64) as usize;
+        let n_val = held_out(n, cfg.val_fraction);
         let n_train = n - n_val;
         let tokenizer = match tokenizer {
             Some(t) => t,
