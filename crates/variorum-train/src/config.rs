@@ -152,6 +152,39 @@ impl TrainConfig {
     }
 }
 
+/// Graph data (`data.graph`) needs an attention kind that reads the graph, a model whose
+/// forward covers whole examples at once (random batches, no memory, exits, reversible stack or
+/// global input), and no other path between positions (a convolution in the feed-forward).
+fn check_graph(cfg: &ExperimentConfig) -> Result<(), ConfigError> {
+    if cfg.data.graph.is_none() {
+        return Ok(());
+    }
+    let m = &cfg.model;
+    check(m.attention.capabilities().graph, || {
+        format!(
+            "data.graph gives every example a graph, but model.attention.kind = \"{}\" does not read one: use \"graph\" (gathered neighbours, dot or additive scores) or \"full\" (masked densely)",
+            m.attention.kind()
+        )
+    })?;
+    let refused = [
+        (cfg.train.batching == Batching::Ordered, "train.batching = \"ordered\" (graph examples are drawn whole)"),
+        (!m.memory.is_none(), "a memory (model.memory)"),
+        (!matches!(m.exits, variorum_model::ExitConfig::None), "early exits (model.exits)"),
+        (m.block.reversible(), "a reversible stack"),
+        (m.attention.capabilities().global_input, "a global input"),
+        (
+            !m.feed_forward.kind.capabilities().position_wise,
+            "a feed-forward that reads earlier positions (model.feed_forward.kind), past the edges",
+        ),
+    ];
+    match refused.iter().find(|(on, _)| *on) {
+        Some((_, what)) => Err(ConfigError::new(format!(
+            "data.graph covers whole examples in one forward, which rules out {what}: remove it or use text data"
+        ))),
+        None => Ok(()),
+    }
+}
+
 impl ExperimentConfig {
     /// Parses a config file (`.toml`, or `.json`), then validates it.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
@@ -190,6 +223,7 @@ impl ExperimentConfig {
                 self.model.attention.kind()
             )
         })?;
+        check_graph(self)?;
         self.train.freeze.validate(self.model.n_layers, self.model.tie_embeddings)?;
         self.data.validate().map_err(|e| ConfigError::new(e.to_string()))?;
         self.train.validate()

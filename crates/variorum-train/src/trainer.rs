@@ -158,7 +158,6 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
     let corpus = Corpus::load(&cfg.data, tokenizer)?;
     cfg.model.resolve(corpus.tokenizer.vocab_size())?;
     check_tags(&cfg, &corpus)?;
-    check_graph(&cfg, &corpus)?;
     fs::create_dir_all(run).with_context(|| format!("cannot create run directory {}", run.display()))?;
     // one training per run directory, held to the end, before anything in it is written (a
     // second one that got past the checks above is refused here)
@@ -624,37 +623,6 @@ fn fill_in_sample(model: &DecoderLm, batch: &TokenBatch, mask: usize, tok: &Toke
     format!(
         "# masked language model: a validation window with its hidden tokens as _\nseen:     {shown}\nfilled:   {filled}\noriginal: {original}\n"
     )
-}
-
-/// Graph data (`data.graph`) needs an attention kind that reads the graph, a model whose
-/// forward covers whole examples at once (random batches, no memory, exits, reversible stack or
-/// global input), and no other path between positions (a convolution in the feed-forward).
-fn check_graph(cfg: &ExperimentConfig, corpus: &Corpus) -> Result<()> {
-    if corpus.graphs.is_none() {
-        return Ok(());
-    }
-    let m = &cfg.model;
-    let kind = m.attention.kind();
-    if !m.attention.capabilities().graph {
-        bail!(
-            "data.graph gives every example a graph, but model.attention.kind = \"{kind}\" does not read one: use \"graph\" (gathered neighbours, dot or additive scores) or \"full\" (masked densely)"
-        );
-    }
-    let refused = [
-        (cfg.train.batching == Batching::Ordered, "train.batching = \"ordered\" (graph examples are drawn whole)"),
-        (!m.memory.is_none(), "a memory (model.memory)"),
-        (!matches!(m.exits, variorum_model::ExitConfig::None), "early exits (model.exits)"),
-        (m.block.reversible(), "a reversible stack"),
-        (m.attention.capabilities().global_input, "a global input"),
-        (
-            !m.feed_forward.kind.capabilities().position_wise,
-            "a feed-forward that reads earlier positions (model.feed_forward.kind), past the edges",
-        ),
-    ];
-    if let Some((_, what)) = refused.iter().find(|(on, _)| *on) {
-        bail!("data.graph covers whole examples in one forward, which rules out {what}: remove it or use text data");
-    }
-    Ok(())
 }
 
 /// A model conditioned on example tags (a task prior) needs tagged data with at most as many
