@@ -41,17 +41,7 @@ if [[ -z ${SKIP_TRAIN:-} ]]; then
   # seeds interleaved, so that the machine's drift falls on every config alike
   for seed in $SEEDS; do
     for r in base $(family_members configs/graph "$KINDS"); do
-      name="$r-s$seed"
-      printf 'extends = "%s"\n\n[train]\nseed = %s\n' "$ROOT/configs/graph/$r.toml" "$seed" >"$OUT/configs/$name.toml"
-      train_once "$OUT/configs/$name.toml" "$OUT/$name" "$OUT/$name.log"
-      "$BIN" eval "$OUT/$name" >"$OUT/$name.eval"
-      python3 - "$OUT/$name/summary.json" "$OUT/$name.eval" "$r" "$seed" >>"$OUT/results.tsv" <<'PY'
-import json, sys
-s = json.load(open(sys.argv[1]))
-rows = [l.split() for l in open(sys.argv[2]) if l.strip() and not l.startswith("#")]
-loss = rows[-1][2]  # examples, predicted, loss, perplexity
-print(f"{sys.argv[3]}\t{sys.argv[4]}\t{s['params']}\t{s['tokens_per_sec']:.0f}\t{loss}")
-PY
+      train_seeded configs/graph "$r" "$seed" "$OUT"
     done
   done
   column -t -s $'\t' "$OUT/results.tsv"

@@ -46,13 +46,7 @@ if [[ -z ${SKIP_TRAIN:-} ]]; then
       names=$CAUSAL
       [[ $family == masked ]] && names=$MASKED
       for r in $names; do
-        name="$family-$r-s$seed"
-        printf 'extends = "%s"\n\n[train]\nseed = %s\n' "$ROOT/configs/$family/$r.toml" "$seed" >"$OUT/configs/$name.toml"
-        train_and_eval "$OUT/configs" "$name" "$OUT"
-        # train_and_eval's row starts with the run's name: split it into family, kind and seed
-        last=$(tail -n 1 "$OUT/results.tsv")
-        sed -i '$d' "$OUT/results.tsv"
-        printf '%s\t%s\t%s\t%s\n' "$family" "$r" "$seed" "$(cut -f2- <<<"$last")" >>"$OUT/results.tsv"
+        train_seeded "configs/$family" "$r" "$seed" "$OUT" "$family"
       done
     done
   done

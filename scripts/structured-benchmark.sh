@@ -38,13 +38,7 @@ if [[ -z ${SKIP_TRAIN:-} ]]; then
   # seeds interleaved, so that the machine's drift falls on every kind alike
   for seed in $SEEDS; do
     for r in $(family_members configs/attention "$KINDS"); do
-      name="$r-s$seed"
-      printf 'extends = "%s"\n\n[train]\nseed = %s\n' "$ROOT/configs/attention/$r.toml" "$seed" >"$OUT/configs/$name.toml"
-      train_and_eval "$OUT/configs" "$name" "$OUT"
-      # train_and_eval's row starts with the run's name: split it into kind and seed
-      last=$(tail -n 1 "$OUT/results.tsv")
-      sed -i '$d' "$OUT/results.tsv"
-      printf '%s\t%s\t%s\n' "$r" "$seed" "$(cut -f2- <<<"$last")" >>"$OUT/results.tsv"
+      train_seeded configs/attention "$r" "$seed" "$OUT"
     done
   done
   column -t -s $'\t' "$OUT/results.tsv"

@@ -45,12 +45,29 @@ train_once() {
 train_and_eval() {
   local dir=$1 r=$2 out=$3
   train_once "$dir/$r.toml" "$out/$r" "$out/$r.log"
-  "$BIN" eval "$out/$r" --max-tokens "$EVAL_TOKENS" >"$out/$r.eval"
+  "$BIN" eval "$out/$r" ${EVAL_TOKENS:+--max-tokens "$EVAL_TOKENS"} >"$out/$r.eval"
   python3 - "$out/$r/summary.json" "$out/$r.eval" "$r" >>"$out/results.tsv" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[1]))
-lines = open(sys.argv[2]).read().splitlines()
-loss = next(l.split()[3] for l in lines if l.strip() and not l.startswith("#") and l.split()[0].isdigit())
+rows = [l.split() for l in open(sys.argv[2]).read().splitlines() if l.strip() and not l.startswith("#")]
+# the column headed "loss" (text windows and graph examples print different tables)
+at = rows[0].index("loss")
+loss = next(r[at] for r in rows[1:] if r[0].isdigit())
 print(f"{sys.argv[3]}\t{s['params']}\t{s['tokens_per_sec']:.0f}\t{loss}")
 PY
+}
+
+# train_seeded DIR NAME SEED OUT [LABEL]: trains DIR/NAME.toml with train.seed = SEED as
+# OUT/[LABEL-]NAME-sSEED (once), evaluates it (train_and_eval) and appends
+# "[label] name seed params tokens/s val_loss" to OUT/results.tsv. Expects ROOT.
+train_seeded() {
+  local dir=$1 r=$2 seed=$3 out=$4 label=${5:-}
+  local name="${label:+$label-}$r-s$seed" last
+  mkdir -p "$out/configs"
+  printf 'extends = "%s"\n\n[train]\nseed = %s\n' "$ROOT/$dir/$r.toml" "$seed" >"$out/configs/$name.toml"
+  train_and_eval "$out/configs" "$name" "$out"
+  # train_and_eval's row starts with the run's name: split it into label, kind and seed
+  last=$(tail -n 1 "$out/results.tsv")
+  sed -i '$d' "$out/results.tsv"
+  printf '%s%s\t%s\t%s\n' "${label:+$label$'\t'}" "$r" "$seed" "$(cut -f2- <<<"$last")" >>"$out/results.tsv"
 }
