@@ -251,6 +251,7 @@ pub trait DynMechanism: Debug + Send {
     fn clone_box(&self) -> Box<dyn DynMechanism>;
     fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput;
     fn extend_cache(&self, x: Tensor<3>, mask: &AttentionMask, state: &mut AttentionState);
+    fn cross_attention(&self, input: AttentionInput, state: &mut AttentionState) -> AttentionOutput;
     fn content_only(&self, query: Tensor<3>, key_value: Tensor<3>) -> Tensor<3>;
     fn uses_dense_mask(&self) -> bool;
     fn global_segment(&self) -> Option<usize>;
@@ -278,6 +279,9 @@ impl<M: AttentionMechanism + 'static> DynMechanism for M {
     }
     fn extend_cache(&self, x: Tensor<3>, mask: &AttentionMask, state: &mut AttentionState) {
         AttentionMechanism::extend_cache(self, x, mask, state)
+    }
+    fn cross_attention(&self, input: AttentionInput, state: &mut AttentionState) -> AttentionOutput {
+        AttentionMechanism::cross_attention(self, input, state)
     }
     fn content_only(&self, query: Tensor<3>, key_value: Tensor<3>) -> Tensor<3> {
         AttentionMechanism::content_only(self, query, key_value)
@@ -383,6 +387,9 @@ impl AttentionMechanism for ExternalAttention {
     }
     fn extend_cache(&self, x: Tensor<3>, mask: &AttentionMask, state: &mut AttentionState) {
         self.0.extend_cache(x, mask, state)
+    }
+    fn cross_attention(&self, input: AttentionInput, state: &mut AttentionState) -> AttentionOutput {
+        self.0.cross_attention(input, state)
     }
     fn content_only(&self, query: Tensor<3>, key_value: Tensor<3>) -> Tensor<3> {
         self.0.content_only(query, key_value)

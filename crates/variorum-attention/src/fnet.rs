@@ -33,7 +33,7 @@ impl AttentionKind for FnetConfig {
     const SUMMARY: &'static str = "FNet: the real part of a 2D discrete Fourier transform (along the sequence and the hidden dimension) instead of attention; no parameters, FFT on the CPU; bidirectional only";
     const PAPER: &'static str =
         "Lee-Thorp, Ainslie, Eckstein, Ontañón 2021, FNet: Mixing Tokens with Fourier Transforms";
-    const CAPS: Capabilities = Capabilities { reads_memory: false, ..caps::BIDIRECTIONAL_ONLY };
+    const CAPS: Capabilities = Capabilities { reads_memory: false, hides_padding: false, ..caps::BIDIRECTIONAL_ONLY };
 
     fn why_not_causal(&self) -> &'static str {
         "every Fourier coefficient sums every position, so there is no causal form: train FNet with model.objective = { kind = \"masked\" }"

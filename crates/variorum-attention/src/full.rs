@@ -733,6 +733,11 @@ impl MultiHeadAttention {
     }
 }
 
+/// A source's projected keys and values, `[b, n_kv_heads, len_source, head_dim]` each, kept in
+/// the cross-attention's state while a decoder generates over it.
+#[derive(Debug, Clone, Default)]
+pub struct SourceKv(Option<(Tensor<4>, Tensor<4>)>);
+
 /// Key heads `[b, h_kv, …]` repeated for the query heads of their group: `[b, h, …]` (query
 /// head i reads key head i / (h / h_kv), as in full attention).
 pub fn per_query_head<const D: usize>(x: Tensor<D>, h: usize) -> Tensor<D> {
@@ -868,6 +873,26 @@ impl AttentionMechanism for MultiHeadAttention {
 
     fn extend_cache(&self, x: Tensor<3>, mask: &AttentionMask, state: &mut AttentionState) {
         self.project(x, None, mask, Some(state.kv_mut()));
+    }
+
+    /// The source's keys and values projected on the first call and kept ([`SourceKv`]): each
+    /// later call projects its queries only.
+    fn cross_attention(&self, input: AttentionInput, state: &mut AttentionState) -> AttentionOutput {
+        let kept = state.get_or_default::<SourceKv>();
+        let (k, v) = match &kept.0 {
+            Some(kv) => kv.clone(),
+            None => {
+                let source = input.key_value.expect("cross-attention reads a source");
+                kept.0.get_or_insert(self.qkv.keys_values(source)).clone()
+            }
+        };
+        let q = self.qkv.queries(input.query);
+        let m = input.mask;
+        let layout = ScoreLayout::new(m.q_start, m.k_start, q.dims()[2], k.dims()[2], m.causal);
+        let p = Projected::new(q.mul_scalar(self.scale), k, v, layout, m.max_back);
+        let probs = self.normalise(self.mask_scores(self.scores(&p), m, input.dense_mask, &p));
+        let weights = input.need_weights.then(|| probs.clone());
+        AttentionOutput { context: self.combine(self.dropout.forward(probs), &p), weights, aux_losses: Vec::new() }
     }
 
     fn content_only(&self, query: Tensor<3>, key_value: Tensor<3>) -> Tensor<3> {

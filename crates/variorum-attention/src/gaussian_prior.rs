@@ -95,7 +95,7 @@ impl AttentionKind for GaussianPriorConfig {
     const PAPER: &'static str =
         "Yang, Tu, Wong, Meng, Chao, Zhang 2018, Modeling Localness for Self-Attention Networks";
     // no `cross`: the predicted centre and width scale with the source's length, padding included
-    const CAPS: Capabilities = caps::SCORES;
+    const CAPS: Capabilities = Capabilities { hides_padding: false, ..caps::SCORES };
     crate::head_kind_items!();
 
     fn expanded(&self, d_model: usize) -> Self {

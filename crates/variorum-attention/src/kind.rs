@@ -182,6 +182,15 @@ pub trait AttentionMechanism: Module + burn::module::ModuleDisplay + core::fmt::
         self.forward(AttentionInput::self_attention(x, mask), Some(state));
     }
 
+    /// Cross-attention over a source that stays the same from call to call (an encoder's output
+    /// while the decoder generates one token at a time): `input.key_value` is the source, and
+    /// `state`, fresh for each source, may keep what the kind derives from it (its projected
+    /// keys and values) on the first call for the later ones. Must equal a stateless forward of
+    /// the same input. Default: that forward (the source projected again on every call).
+    fn cross_attention(&self, input: AttentionInput, _state: &mut AttentionState) -> AttentionOutput {
+        self.forward(input, None)
+    }
+
     /// Content-based attention of `query` over `key_value`, without mask or position scheme
     /// (the compressive memory's reconstruction loss). Default: a bidirectional cross-attention
     /// forward.

@@ -89,7 +89,7 @@ impl AttentionKind for LowRankBandConfig {
     const SUMMARY: &'static str = "per head, a gated mix of a low-rank attention (query/key size `rank`, all L keys) and a band attention of width `band` (computed by blocks) over shared values";
     const PAPER: &'static str =
         "Guo, Qiu, Liu, Xue, Zhang 2019, Low-Rank and Locality Constrained Self-Attention for Sequence Modeling";
-    const CAPS: Capabilities = caps::NO_SCORES;
+    const CAPS: Capabilities = Capabilities { hides_padding: false, ..caps::NO_SCORES };
 
     fn expanded(&self, d_model: usize) -> Self {
         Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }

@@ -91,7 +91,7 @@ impl AttentionKind for LshConfig {
     type Module = LshAttention;
     const SUMMARY: &'static str = "Reformer LSH attention: shared-QK, random-rotation hashing into buckets, several rounds, sorted chunks attending to themselves and the chunk before (causal: the m positions before in the sorted order)";
     const PAPER: &'static str = "Kitaev et al. 2020, Reformer: The Efficient Transformer";
-    const CAPS: Capabilities = Capabilities { reads_memory: false, ..caps::NO_SCORES };
+    const CAPS: Capabilities = Capabilities { reads_memory: false, hides_padding: false, ..caps::NO_SCORES };
 
     fn expanded(&self, d_model: usize) -> Self {
         Self { head_dim: Some(self.head_dim(d_model)), ..self.clone() }

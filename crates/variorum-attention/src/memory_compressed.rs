@@ -103,7 +103,7 @@ impl AttentionKind for MemoryCompressedConfig {
     const PAPER: &'static str = "Liu et al. 2018, Generating Wikipedia by Summarizing Long Sequences";
     /// No memory beside it: its compressed keys would mix a memory with positions after the query
     /// (`reads_memory: false`, refused by the model's rules).
-    const CAPS: Capabilities = Capabilities { reads_memory: false, ..caps::NO_SCORES };
+    const CAPS: Capabilities = Capabilities { reads_memory: false, hides_padding: false, ..caps::NO_SCORES };
 
     fn expanded(&self, d_model: usize) -> Self {
         Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }

@@ -106,7 +106,7 @@ impl AttentionKind for NystromConfig {
     const SUMMARY: &'static str = "Nyströmformer: m segment-mean landmarks, softmax(QK̃ᵀ)·pinv(softmax(Q̃K̃ᵀ))·softmax(Q̃Kᵀ)V with an iterative pseudo-inverse (or CSALR's (Ã + λI)⁻¹), optional depthwise conv on V; O(L·m); bidirectional only (each landmark averages a whole segment, later positions included)";
     const PAPER: &'static str =
         "Xiong et al. 2021, Nyströmformer: A Nyström-Based Algorithm for Approximating Self-Attention";
-    const CAPS: Capabilities = caps::BIDIRECTIONAL_ONLY;
+    const CAPS: Capabilities = Capabilities { hides_padding: false, ..caps::BIDIRECTIONAL_ONLY };
 
     fn why_not_causal(&self) -> &'static str {
         "its landmarks are means over segments that reach past the query, coupled by one pseudo-inverse"

@@ -116,7 +116,7 @@ impl AttentionKind for PoolingformerConfig {
     /// No memory beside it: its pooled segments would mix a memory with positions after the
     /// query (`reads_memory: false`, refused by the model's rules).
     // no `cross`: its cross form (`cross()`) does not hide source padding yet
-    const CAPS: Capabilities = Capabilities { reads_memory: false, ..caps::NO_SCORES };
+    const CAPS: Capabilities = Capabilities { reads_memory: false, hides_padding: false, ..caps::NO_SCORES };
 
     fn expanded(&self, d_model: usize) -> Self {
         Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }

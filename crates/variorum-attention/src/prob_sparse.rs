@@ -101,7 +101,7 @@ impl AttentionKind for ProbSparseConfig {
     const SUMMARY: &'static str = "Informer ProbSparse attention: sparsity measure max − mean over ⌈c·ln L⌉ seeded sampled keys, the top ⌈c·ln L⌉ queries attend, lazy ones get the mean of V; causal: prefix ranking, cumulative mean (strictly causal)";
     const PAPER: &'static str =
         "Zhou et al. 2021, Informer: Beyond Efficient Transformer for Long Sequence Time-Series Forecasting";
-    const CAPS: Capabilities = caps::NO_SCORES;
+    const CAPS: Capabilities = Capabilities { hides_padding: false, ..caps::NO_SCORES };
 
     fn for_layer(&self, i: usize) -> Self {
         Self { layer: i, ..self.clone() }

@@ -80,22 +80,33 @@ impl QkvProjection {
 
     /// Cross-attention: q from `x`, k and v from `source` (any length).
     pub fn cross_attention(&self, x: Tensor<3>, source: Tensor<3>) -> Qkv {
+        let (k, v) = self.keys_values(source);
+        (self.queries(x), k, v)
+    }
+
+    /// The queries alone, `[b, n_heads, len, head_dim]` (the first columns of the projection).
+    pub fn queries(&self, x: Tensor<3>) -> Tensor<4> {
         let [b, lq, d] = x.dims();
-        let [_, lk, _] = source.dims();
-        let (hq, dh) = (self.n_heads * self.head_dim, self.head_dim);
+        let hq = self.n_heads * self.head_dim;
+        let mut q = x.matmul(self.qkv.weight.val().slice([0..d, 0..hq]).unsqueeze_dim(0));
+        if let Some(bias) = &self.qkv.bias {
+            q = q + bias.val().slice([0..hq]).reshape([1, 1, hq]);
+        }
+        q.reshape([b, lq, self.n_heads, self.head_dim]).swap_dims(1, 2)
+    }
+
+    /// Keys and values alone from `source`, `[b, n_kv_heads, len, head_dim]` each (the last
+    /// columns): what cross-attention keeps of a source that does not change.
+    pub fn keys_values(&self, source: Tensor<3>) -> (Tensor<4>, Tensor<4>) {
+        let [b, lk, d] = source.dims();
+        let hq = self.n_heads * self.head_dim;
         let w = self.qkv.weight.val();
         let width = w.dims()[1];
-        let bias = self.qkv.bias.as_ref().map(|b| b.val());
-        let mut q = x.matmul(w.clone().slice([0..d, 0..hq]).unsqueeze_dim(0));
         let mut kv = source.matmul(w.slice([0..d, hq..width]).unsqueeze_dim(0));
-        if let Some(bias) = bias {
-            q = q + bias.clone().slice([0..hq]).reshape([1, 1, hq]);
-            kv = kv + bias.slice([hq..width]).reshape([1, 1, width - hq]);
+        if let Some(bias) = &self.qkv.bias {
+            kv = kv + bias.val().slice([hq..width]).reshape([1, 1, width - hq]);
         }
-        let q = q.reshape([b, lq, self.n_heads, dh]).swap_dims(1, 2);
-        let kv = kv.reshape([b, lk, 2 * self.n_kv_heads, dh]).swap_dims(1, 2);
-        let k = kv.clone().narrow(1, 0, self.n_kv_heads);
-        let v = kv.narrow(1, self.n_kv_heads, self.n_kv_heads);
-        (q, k, v)
+        let kv = kv.reshape([b, lk, 2 * self.n_kv_heads, self.head_dim]).swap_dims(1, 2);
+        (kv.clone().narrow(1, 0, self.n_kv_heads), kv.narrow(1, self.n_kv_heads, self.n_kv_heads))
     }
 }

@@ -270,6 +270,13 @@ macro_rules! attention_kinds {
                 }
             }
 
+            pub fn cross_attention(&self, input: AttentionInput, state: &mut AttentionState) -> AttentionOutput {
+                match self {
+                    $( Self::$variant(a) => AttentionMechanism::cross_attention(a, input, state), )+
+                    Self::External(a) => AttentionMechanism::cross_attention(a, input, state),
+                }
+            }
+
             pub fn content_only(&self, query: Tensor<3>, key_value: Tensor<3>) -> Tensor<3> {
                 match self {
                     $( Self::$variant(a) => AttentionMechanism::content_only(a, query, key_value), )+

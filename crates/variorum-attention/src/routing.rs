@@ -87,7 +87,7 @@ impl AttentionKind for RoutingConfig {
     type Module = RoutingAttention;
     const SUMMARY: &'static str = "Routing Transformer: queries and keys clustered by online k-means (EMA centroids, one set per head), attention within the cluster over sorted chunks; optional local heads";
     const PAPER: &'static str = "Roy et al. 2021, Efficient Content-Based Sparse Attention with Routing Transformers";
-    const CAPS: Capabilities = Capabilities { reads_memory: false, ..caps::NO_SCORES };
+    const CAPS: Capabilities = Capabilities { reads_memory: false, hides_padding: false, ..caps::NO_SCORES };
 
     fn expanded(&self, d_model: usize) -> Self {
         Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }

@@ -87,7 +87,7 @@ impl AttentionKind for SinkhornConfig {
     type Module = SinkhornAttention;
     const SUMMARY: &'static str = "Sparse Sinkhorn attention: each block attends to itself and its sorted block, a Gumbel-Sinkhorn soft permutation of key blocks scored by a sorting network; SortCut option; causal: earlier blocks only, row-normalised";
     const PAPER: &'static str = "Tay et al. 2020, Sparse Sinkhorn Attention";
-    const CAPS: Capabilities = Capabilities { reads_memory: false, ..caps::NO_SCORES };
+    const CAPS: Capabilities = Capabilities { reads_memory: false, hides_padding: false, ..caps::NO_SCORES };
 
     /// SortCut has no causal form; Gumbel noise cannot be replayed by a reversible block's
     /// recomputation.

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use variorum_attention::{Attention, AttentionConfig, AttentionInput, AttentionState, CarriedMaps, Positioning};
 use variorum_core::{AttentionMask, AuxLosses, ConfigError, error::check};
 
+use crate::cross::CrossAttention;
 use crate::gtrxl::GtrxlConfig;
 use crate::gtrxl::GtrxlGate;
 use crate::memory::{Evicted, LayerMemory, MemoryConfig, MemoryState};
@@ -99,6 +100,8 @@ pub struct BlockParts<'a> {
     pub position: Positioning<'a>,
     pub feed_forward: &'a FeedForwardConfig,
     pub memory: &'a MemoryConfig,
+    /// An encoder–decoder's cross-attention (decoder blocks only).
+    pub cross: Option<&'a AttentionConfig>,
     pub dropout: f64,
     pub init_std: f64,
     /// std of the residual output projections (GPT-2: init_std / √(2·n_layers)).
@@ -138,6 +141,7 @@ impl BlockConfig {
             pre_norm: self.pre_norm(),
             gates: self.spec().gates(d, parts.init_std, device),
             memory: parts.memory.init(d, parts.position.context, device),
+            cross: parts.cross.map(|c| CrossAttention::new(c, &r, d, parts.init_std, parts.out_std, device)),
         }
     }
 }
@@ -149,6 +153,8 @@ pub struct LayerState {
     pub attention: AttentionState,
     pub memory: MemoryState,
     pub transition: Option<Tensor<3>>,
+    /// The cross-attention's state over the current source (an encoder–decoder's decoder).
+    pub cross: AttentionState,
 }
 
 #[derive(Module, Debug)]
@@ -162,6 +168,9 @@ pub struct TransformerBlock {
     /// GTrXL: the gates replacing the two residual sums (empty otherwise).
     pub gates: Vec<GtrxlGate>,
     pub memory: Option<LayerMemory>,
+    /// An encoder–decoder's decoder block: cross-attention over the encoded source between the
+    /// self-attention and the feed-forward layer ([`crate::cross`]).
+    pub cross: Option<CrossAttention>,
 }
 
 /// Output of one block.
@@ -212,12 +221,24 @@ impl TransformerBlock {
             state.memory.record_usage(w.clone());
         }
 
+        let y = if self.pre_norm {
+            self.join(0, x.clone(), a.context)
+        } else {
+            self.attn_norm.forward(x.clone() + self.dropout.forward(a.context))
+        };
+        let y = match &self.cross {
+            Some(cross) => {
+                let (c, aux) = cross.branch(y.clone(), mask, self.pre_norm, incremental.then_some(&mut state.cross));
+                aux_losses.extend(aux);
+                let y = y + self.dropout.forward(c);
+                if self.pre_norm { y } else { cross.norm.forward(y) }
+            }
+            None => y,
+        };
         let window = incremental.then_some(&mut state.transition);
         let y = if self.pre_norm {
-            let y = self.join(0, x.clone(), a.context);
             self.join(1, y.clone(), self.ffn.forward_with(self.ffn_norm.forward(y), window))
         } else {
-            let y = self.attn_norm.forward(x.clone() + self.dropout.forward(a.context));
             self.ffn_norm.forward(y.clone() + self.dropout.forward(self.ffn.forward_with(y, window)))
         };
 

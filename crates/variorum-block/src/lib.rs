@@ -3,6 +3,7 @@
 pub mod block;
 pub mod compression;
 pub mod compressive;
+pub mod cross;
 pub mod dense_ffn;
 pub mod feed_forward;
 pub mod glu;
@@ -18,6 +19,7 @@ pub mod xl_memory;
 pub use block::{BlockConfig, BlockKind, BlockOutput, LayerState, ResidualConfig, TransformerBlock};
 pub use compression::{CompressionKind, Compressor};
 pub use compressive::CompressiveMemoryConfig;
+pub use cross::CrossAttention;
 pub use feed_forward::{FeedForward, FeedForwardActivation, FeedForwardConfig, FeedForwardKind};
 pub use gtrxl::{GtrxlConfig, GtrxlGate};
 pub use memory::{LayerMemory, MemoryConfig, MemoryKind, MemoryState, NoMemoryConfig};

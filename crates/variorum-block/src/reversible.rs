@@ -209,6 +209,7 @@ mod tests {
             position: Positioning { config: &position, context: 8 },
             feed_forward: &ffn,
             memory: &memory,
+            cross: None,
             dropout: 0.0,
             init_std: 0.3,
             out_std: 0.3,

@@ -52,11 +52,16 @@ pub struct Capabilities {
     /// (`AttentionInput::key_value`, an encoder's output), each query over every source row by
     /// content, independently of the other queries, source padding hidden. As an
     /// encoder–decoder uses it: a bidirectional mask over the source, no decoding state (the
-    /// source's keys and values are the caller's to keep), no position scheme between a query
+    /// source's keys and values are the caller's to keep, or the kind's in its cross state), no position scheme between a query
     /// and the source (the layer is built with `Positioning::NONE`). Kinds whose pattern is tied
     /// to the query's position, that mix queries with one another, that reduce the source to a
     /// summary, or that read only their own sequence say no; neutral pieces declare none.
     pub cross: bool,
+    /// Attention: hides padded keys (`AttentionMask::padding`) in bidirectional self-attention,
+    /// so that a row padded at the end reads as the row alone — what an encoder over a batch of
+    /// sources of different lengths needs. Kinds that pool, sort, bucket or transform the whole
+    /// sequence before the mask applies say no.
+    pub hides_padding: bool,
     /// Attention: honours a per-example graph (`AttentionMask::graph`, `data.graph`): a position
     /// reads only its neighbours and itself, through the dense score mask or by gathering them.
     pub graph: bool,
@@ -88,6 +93,7 @@ impl Capabilities {
         per_layer: false,
         position_wise: true,
         cross: false,
+        hides_padding: true,
         graph: false,
         policy: false,
     };

@@ -12,7 +12,7 @@ pub mod mask;
 pub use capability::{Capabilities, KindInfo};
 pub use error::ConfigError;
 pub use kind::Declared;
-pub use mask::{AttentionMask, GlobalLocal, GraphMask};
+pub use mask::{AttentionMask, EncodedSource, GlobalLocal, GraphMask};
 
 /// Named auxiliary losses a forward pass adds to the language-model loss (already weighted).
 /// Between an attention layer and the model's loss they may also hold a policy's per-row

@@ -41,6 +41,25 @@ pub struct AttentionMask {
     /// cache or memory); [`Self::score_mask`] hides every non-edge, and kinds that read the
     /// neighbour lists (`graph`) gather them instead.
     pub graph: Option<GraphMask>,
+    /// An encoder–decoder's encoded source: what every decoder block's cross-attention reads
+    /// (queries from the decoder, keys and values from these rows). Like the tags, a fact about
+    /// this forward's rows that every layer reads; self-attention ignores it.
+    pub source: Option<EncodedSource>,
+}
+
+/// The encoder's output for each batch row, `[batch, len_source, d_model]`, with the source's
+/// padding (`[batch, len_source]`, true = a padded position, hidden from cross-attention).
+#[derive(Debug, Clone)]
+pub struct EncodedSource {
+    pub hidden: Tensor<3>,
+    pub padding: Option<Tensor<2, Bool>>,
+}
+
+impl EncodedSource {
+    /// The mask cross-attention reads it under: every query sees every source row but padding.
+    pub fn mask(&self) -> AttentionMask {
+        AttentionMask { padding: self.padding.clone(), ..AttentionMask::bidirectional() }
+    }
 }
 
 /// The per-example graphs of a batch (`data.graph`): for every row and position, the positions
@@ -149,6 +168,7 @@ impl AttentionMask {
             global_local: None,
             tags: None,
             graph: None,
+            source: None,
         }
     }
 
@@ -165,6 +185,7 @@ impl AttentionMask {
             global_local: None,
             tags: None,
             graph: None,
+            source: None,
         }
     }
 

@@ -35,6 +35,10 @@ pub struct TokenBatch {
     /// Per row, with graph data (`data.graph`): the example's graph, what each of its positions
     /// reads besides itself; the row's example is this long, the rest is padding. Empty for text.
     pub graphs: Vec<std::sync::Arc<Vec<Vec<u32>>>>,
+    /// Per row, for an encoder–decoder (`data.pairs`, span corruption): the row's source tokens;
+    /// the row is its target after the end token, padded with `NO_TARGET` targets. Empty for
+    /// text.
+    pub sources: Vec<std::sync::Arc<Vec<u32>>>,
 }
 
 impl TokenBatch {
@@ -47,6 +51,7 @@ impl TokenBatch {
             reset: Vec::with_capacity(batch_size),
             tags: Vec::new(),
             graphs: Vec::new(),
+            sources: Vec::new(),
         }
     }
 
@@ -441,6 +446,7 @@ mod tests {
             val_fraction: 0.3,
             tags: Some(TagConfig { section: "[A-Z]".into(), holdout }),
             graph: None,
+            pairs: None,
         };
         Corpus::from_text(&text, &cfg, None, "letters.txt".into()).expect("loads")
     }

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{DataError, one_line};
 use crate::graph::{self, GraphDataConfig, GraphSplits};
+use crate::pairs::{self, Pair, PairSplits, PairsConfig};
 use crate::tags::{Holdout, Piece, SplitPieces, SplitTags, TagConfig, TagSections};
 use crate::tokenizer::{Tokenizer, TokenizerConfig};
 
@@ -56,6 +57,10 @@ pub struct DataConfig {
     /// graph-masked attention; absent = plain text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub graph: Option<GraphDataConfig>,
+    /// The file is paired text, a source and its target per example (see `pairs.rs`), for an
+    /// encoder–decoder; absent = plain text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pairs: Option<PairsConfig>,
 }
 
 impl Default for DataConfig {
@@ -69,6 +74,7 @@ impl Default for DataConfig {
             val_fraction: default_val_fraction(),
             tags: None,
             graph: None,
+            pairs: None,
         }
     }
 }
@@ -133,6 +139,25 @@ impl DataConfig {
                 "data.val_fraction = {v} must be in (0, 1), e.g. 0.1 to hold out the last 10% \
                  of the text"
             )));
+        }
+        let layouts = [
+            ("data.tags", self.tags.is_some()),
+            ("data.graph", self.graph.is_some()),
+            ("data.pairs", self.pairs.is_some()),
+        ];
+        let set: Vec<&str> = layouts.iter().filter(|(_, on)| *on).map(|(k, _)| *k).collect();
+        if set.len() > 1 && self.pairs.is_some() {
+            return Err(DataError::Config(format!(
+                "{} are both set: paired text is one example of a source and its target per line; use one",
+                set.join(" and ")
+            )));
+        }
+        if let Some(PairsConfig { target_path: Some(t) }) = &self.pairs
+            && t.as_os_str().is_empty()
+        {
+            return Err(DataError::Config(
+                "data.pairs.target_path is empty: name the file of targets aligned with data.path, or remove it for a TSV file".into(),
+            ));
         }
         if let Some(tags) = &self.tags {
             tags.validate()?;
@@ -218,6 +243,9 @@ pub struct Corpus {
     /// With `data.graph`: the examples of each split (`train` and `val` then hold their tokens
     /// end to end).
     pub graphs: Option<GraphSplits>,
+    /// With `data.pairs`: the pairs of each split (`train` and `val` then hold their sources'
+    /// and targets' tokens end to end).
+    pub pairs: Option<PairSplits>,
     /// The file the text came from.
     pub path: PathBuf,
     /// Characters in the training part: with `train.len()` this converts
@@ -272,6 +300,9 @@ impl Corpus {
         cfg.validate()?;
         if let Some(g) = &cfg.graph {
             return Self::from_graph_text(text, cfg, g, tokenizer, path);
+        }
+        if let Some(p) = &cfg.pairs {
+            return Self::from_pairs_text(text, cfg, p, tokenizer, path);
         }
         let n_chars = text.chars().count();
         if n_chars < 2 {
@@ -356,7 +387,7 @@ impl Corpus {
                 (train, val, Some(TagSections { names, train: train_tags, val: val_tags }))
             }
         };
-        Ok(Corpus { tokenizer, train, val, tags, graphs: None, path, train_chars, val_chars })
+        Ok(Corpus { tokenizer, train, val, tags, graphs: None, pairs: None, path, train_chars, val_chars })
     }
 
     /// Graph examples, one per line (`graph.rs`): the last `val_fraction` of them (at least one
@@ -404,6 +435,61 @@ impl Corpus {
             val: tokens(&val),
             tags: None,
             graphs: Some(GraphSplits { train: std::sync::Arc::new(examples), val: std::sync::Arc::new(val) }),
+            pairs: None,
+            path,
+            train_chars,
+            val_chars,
+        })
+    }
+}
+
+impl Corpus {
+    /// Paired text (`pairs.rs`): a TSV file, or `text` as the sources and
+    /// `data.pairs.target_path` as the targets. The last `val_fraction` of the pairs (at least
+    /// one on each side) are the validation split. The tokenizer is trained as for text, on
+    /// sources and targets alike (one vocabulary for both, as the encoder and decoder share
+    /// their embedding).
+    fn from_pairs_text(
+        text: &str,
+        cfg: &DataConfig,
+        p: &PairsConfig,
+        tokenizer: Option<Tokenizer>,
+        path: PathBuf,
+    ) -> Result<Corpus, DataError> {
+        let target_text = p.target_path.as_deref().map(read_text).transpose()?;
+        let targets = target_text.as_deref().zip(p.target_path.as_deref());
+        let records = pairs::parse(text, targets, &path)?;
+        let n = records.len();
+        if n < 2 {
+            return Err(DataError::TooShort(format!(
+                "paired data {} holds {n} pair(s), too few to split into a training and a validation part",
+                path.display()
+            )));
+        }
+        let n_train = n - held_out(n, cfg.val_fraction);
+        let tokenizer = match tokenizer {
+            Some(t) => t,
+            None => {
+                let from = if cfg.tokenizer == TokenizerConfig::Char { n } else { n_train };
+                let sides: Vec<&str> = records[..from].iter().flat_map(|r| [r.1, r.2]).collect();
+                Tokenizer::train(&cfg.tokenizer, &sides.join("\n"))?
+            }
+        };
+        let mut all =
+            records.iter().map(|&(line, s, t)| pairs::pair(line, s, t, &tokenizer)).collect::<Result<Vec<_>, _>>()?;
+        let chars =
+            |r: &[(usize, &str, &str)]| r.iter().map(|x| x.1.chars().count() + x.2.chars().count()).sum::<usize>();
+        let (train_chars, val_chars) = (chars(&records[..n_train]), chars(&records[n_train..]));
+        let val = all.split_off(n_train);
+        let tokens =
+            |e: &[Pair]| e.iter().flat_map(|x| x.source.iter().chain(&x.target).copied()).collect::<Vec<u32>>();
+        Ok(Corpus {
+            tokenizer,
+            train: tokens(&all),
+            val: tokens(&val),
+            tags: None,
+            graphs: None,
+            pairs: Some(PairSplits { train: std::sync::Arc::new(all), val: std::sync::Arc::new(val) }),
             path,
             train_chars,
             val_chars,
@@ -423,6 +509,7 @@ mod tests {
             val_fraction: 0.1,
             tags: None,
             graph: None,
+            pairs: None,
         }
     }
 

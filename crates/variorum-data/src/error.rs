@@ -20,6 +20,11 @@ pub enum DataError {
     #[error("{0}")]
     Graph(String),
 
+    /// A paired-text file (`data.pairs`) holds a line that is not a pair, or a pair that does not
+    /// fit; the message names the file and line.
+    #[error("{0}")]
+    Pairs(String),
+
     /// The corpus file does not exist; `hint` says how to get it.
     #[error("corpus {} not found: {hint}", path.display())]
     CorpusNotFound { path: PathBuf, hint: String },

@@ -235,6 +235,7 @@ fn padded_batch(examples: &[&GraphExample], seq_len: usize) -> TokenBatch {
         reset: vec![true; b],
         tags: Vec::new(),
         graphs: examples.iter().map(|e| e.adjacency.clone()).collect(),
+        sources: Vec::new(),
     }
 }
 

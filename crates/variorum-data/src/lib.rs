@@ -11,6 +11,8 @@ mod corpus;
 mod error;
 mod graph;
 mod masking;
+mod pairs;
+mod span_corruption;
 mod tags;
 mod tokenizer;
 
@@ -19,5 +21,7 @@ pub use corpus::{Corpus, DATA_DIR_ENV, DEFAULT_DATA_DIR, DataConfig, data_dir, r
 pub use error::DataError;
 pub use graph::{GraphBatches, GraphDataConfig, GraphExample, GraphSplits, NO_TARGET, graph_eval_batches};
 pub use masking::Masking;
+pub use pairs::{Pair, PairBatches, PairSplits, PairsConfig, check_pair_lengths, example_batch, pair_eval_batches};
+pub use span_corruption::{SpanCorruption, SpanShape, span_eval_batches};
 pub use tags::{Holdout, SplitTags, TagConfig, TagSections, UNTAGGED};
 pub use tokenizer::{CharTokenizer, Tokenizer, TokenizerConfig};

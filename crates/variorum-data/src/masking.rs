@@ -64,6 +64,7 @@ impl Masking {
             reset: batch.reset.clone(),
             tags: batch.tags.clone(),
             graphs: batch.graphs.clone(),
+            sources: batch.sources.clone(),
         }
     }
 }
@@ -91,6 +92,7 @@ mod tests {
             reset: vec![true; b],
             tags: vec![],
             graphs: vec![],
+            sources: vec![],
         }
     }
 

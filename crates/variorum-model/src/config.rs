@@ -8,12 +8,16 @@ use variorum_core::{ConfigError, error::check};
 use variorum_position::PositionConfig;
 
 use crate::DecoderLm;
+use crate::encoder::{EncoderConfig, ModelKind};
 use crate::exits::ExitConfig;
 use crate::objective::ObjectiveConfig;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelConfig {
+    /// `decoder` (default): a decoder-only language model; `encoder-decoder`: an encoder over a
+    /// source and a decoder that reads it by cross-attention ([`crate::encoder`]).
+    pub kind: ModelKind,
     /// Vocabulary size. Default: the tokenizer's; a smaller value is refused.
     pub vocab_size: Option<usize>,
     /// Width of the residual stream. Default 128.
@@ -50,13 +54,18 @@ pub struct ModelConfig {
     /// Early exits after every block (Depth-Adaptive Transformer, CALM). Default none.
     pub exits: ExitConfig,
     /// `causal` (default): next-token prediction; `masked`: BERT's masked language model under
-    /// bidirectional attention.
+    /// bidirectional attention; `span-corruption`: T5's denoising (encoder–decoder models).
     pub objective: ObjectiveConfig,
+    /// Encoder–decoder models: the encoder's depth and attention (default: the decoder's).
+    pub encoder: EncoderConfig,
+    /// Encoder–decoder models: the decoder's cross-attention over the source. Default `full`.
+    pub cross_attention: Option<AttentionConfig>,
 }
 
 impl Default for ModelConfig {
     fn default() -> Self {
         Self {
+            kind: ModelKind::Decoder,
             vocab_size: None,
             d_model: 128,
             n_layers: 4,
@@ -74,6 +83,8 @@ impl Default for ModelConfig {
             depth: DepthConfig::Stack,
             exits: ExitConfig::None,
             objective: ObjectiveConfig::Causal,
+            encoder: EncoderConfig::default(),
+            cross_attention: None,
         }
     }
 }
@@ -123,6 +134,7 @@ impl ModelConfig {
         self.memory.validate(self.seq_len)?;
         self.depth.validate()?;
         self.exits.validate()?;
+        self.validate_encoder_decoder()?;
         crate::rules::check_rules(self)?;
         self.feed_forward.validate()
     }
@@ -130,10 +142,22 @@ impl ModelConfig {
     /// The same config with every derived default written out (head counts and sizes, FFN width,
     /// position table size), as saved in a run directory and shown by `variorum inspect`.
     pub fn expanded(&self) -> Self {
+        let (encoder, cross_attention) = match self.is_encoder_decoder() {
+            true => (
+                EncoderConfig {
+                    n_layers: Some(self.encoder_layers()),
+                    attention: Some(self.encoder_attention().expanded(self.d_model)),
+                },
+                Some(self.cross_attention().expanded(self.d_model)),
+            ),
+            false => (self.encoder.clone(), self.cross_attention.clone()),
+        };
         Self {
             position: self.position.expanded(self.seq_len),
             attention: self.attention.expanded(self.d_model),
             feed_forward: self.feed_forward.expanded(self.d_model),
+            encoder,
+            cross_attention,
             ..self.clone()
         }
     }
@@ -153,9 +177,11 @@ impl ModelConfig {
         }
     }
 
-    /// Rows of the embedding: the text vocabulary, plus the mask token of the masked objective.
+    /// Rows of the embedding: the text vocabulary, plus the mask token of the masked objective,
+    /// or an encoder–decoder's end token and span corruption's sentinels.
     pub fn vocab(&self) -> usize {
-        self.vocab_size.unwrap_or(256) + usize::from(!self.objective.is_causal())
+        let special = usize::from(self.is_encoder_decoder()) + self.sentinels().map_or(0, |s| s.0);
+        self.vocab_size.unwrap_or(256) + usize::from(!self.objective.is_causal()) + special
     }
 
     /// The mask token's id (the last embedding row) under the masked objective.
@@ -196,6 +222,19 @@ impl ModelConfig {
             let attention = self.attention.for_layer(if self.depth.shared() { 0 } else { i });
             attention.flops_per_token(self.d_model, self.seq_len) + self.feed_forward.flops_per_token(self.d_model)
         };
-        (0..self.n_layers).map(layer).sum::<u64>() + 2 * (self.d_model * self.vocab()) as u64
+        let decoder = (0..self.n_layers).map(layer).sum::<u64>() + 2 * (self.d_model * self.vocab()) as u64;
+        if !self.is_encoder_decoder() {
+            return decoder;
+        }
+        // a source token through the encoder, and each target token's cross-attention over a
+        // source as long as the context
+        let (encoder, cross) = (self.encoder_attention(), self.cross_attention());
+        let encoder = (0..self.encoder_layers())
+            .map(|i| {
+                encoder.for_layer(i).flops_per_token(self.d_model, self.seq_len)
+                    + self.feed_forward.flops_per_token(self.d_model)
+            })
+            .sum::<u64>();
+        decoder + encoder + self.n_layers as u64 * cross.flops_per_token(self.d_model, self.seq_len)
     }
 }

@@ -17,10 +17,11 @@ use variorum_attention::{CarriedMaps, Positioning};
 use variorum_block::{
     Act, BlockOutput, LayerState, Norm, ReplayDropout, RevContext, Streams, TransformerBlock, block::BlockParts,
 };
-use variorum_core::{AttentionMask, AuxLosses, GlobalLocal, GraphMask, REINFORCE_PREFIX};
+use variorum_core::{AttentionMask, AuxLosses, EncodedSource, GlobalLocal, GraphMask, REINFORCE_PREFIX};
 use variorum_position::AbsolutePosition;
 
 use crate::ModelConfig;
+use crate::encoder::{Encoder, Source};
 use crate::exit_predictor::ExitScores;
 use crate::exits::{ExitConfig, ExitHeads};
 
@@ -56,6 +57,8 @@ pub struct DecoderState {
     pub exit_summary: Option<Tensor<3>>,
     /// ETC: global tokens computed so far (one per completed segment).
     pub globals: usize,
+    /// An encoder–decoder's encoded source, kept from the first call (the encoder runs once).
+    pub source: Option<EncodedSource>,
 }
 
 impl DecoderState {
@@ -98,6 +101,10 @@ pub struct DecoderLm {
     /// The masked objective's mask token (the last embedding row): attention is bidirectional and
     /// the loss ignores targets equal to it. `None`: next-token prediction, causal attention.
     pub mask_token: Option<usize>,
+    /// An encoder–decoder's encoder ([`crate::encoder`]); its decoder blocks cross-attend to it.
+    pub encoder: Option<Encoder>,
+    /// An encoder–decoder's end token: the decoder's first input, and where an example ends.
+    pub end_token: Option<usize>,
 }
 
 impl DecoderLm {
@@ -111,11 +118,22 @@ impl DecoderLm {
             position: Positioning { config: &cfg.position, context: cfg.seq_len },
             feed_forward: &cfg.feed_forward,
             memory: &cfg.memory,
+            cross: None,
             dropout: cfg.dropout,
             init_std: cfg.init_std,
             out_std,
         };
         let norm = cfg.block.residual();
+        let cross = cfg.is_encoder_decoder().then(|| cfg.cross_attention());
+        let encoder = cfg.is_encoder_decoder().then(|| {
+            let attention = cfg.encoder_attention();
+            Encoder {
+                blocks: (0..cfg.encoder_layers())
+                    .map(|i| cfg.block.init(&BlockParts { attention: &attention.for_layer(i), ..parts }, device))
+                    .collect(),
+                final_norm: cfg.block.pre_norm().then(|| norm.norm.init(d, norm.norm_eps, device)),
+            }
+        });
         Self {
             token_embedding: EmbeddingConfig::new(vocab, d).with_initializer(init.clone()).init(device),
             position: cfg.position.init_input(d, cfg.seq_len, device),
@@ -126,7 +144,7 @@ impl DecoderLm {
             blocks: (0..if cfg.depth.shared() { 1 } else { cfg.n_layers })
                 .map(|i| {
                     let attention = cfg.attention.for_layer(i);
-                    cfg.block.init(&BlockParts { attention: &attention, ..parts }, device)
+                    cfg.block.init(&BlockParts { attention: &attention, cross: cross.as_ref(), ..parts }, device)
                 })
                 .collect(),
             depth: cfg.n_layers,
@@ -145,6 +163,8 @@ impl DecoderLm {
             embedding_scale: cfg.scale_embeddings.then(|| (d as f64).sqrt()),
             reversible: cfg.block.reversible().then_some(cfg.dropout),
             mask_token: cfg.mask_token(),
+            encoder,
+            end_token: cfg.end_token(),
             exits: match &cfg.exits {
                 ExitConfig::None => None,
                 ExitConfig::EveryLayer(e) => Some(ExitHeads::new(
@@ -171,8 +191,12 @@ impl DecoderLm {
     /// marked as in the forward. A reversible stack, ACT and ETC's global input are refused
     /// (their blocks run under another schedule).
     pub fn attention_maps(&self, tokens: Tensor<2, Int>) -> Result<Vec<Option<Tensor<4>>>, String> {
-        if self.reversible.is_some() || self.act.is_some() || self.global_embedding.is_some() {
-            return Err("attention maps are read from plain stacks (not reversible, ACT or ETC models)".into());
+        if self.reversible.is_some() || self.act.is_some() || self.global_embedding.is_some() || self.encoder.is_some()
+        {
+            return Err(
+                "attention maps are read from plain decoder stacks (not reversible, ACT, ETC or encoder–decoder models)"
+                    .into(),
+            );
         }
         let len = tokens.dims()[1];
         let ids = self.blocks[0].attn.global_token_ids();
@@ -317,11 +341,24 @@ impl DecoderLm {
         rows: impl Into<Rows>,
         mut state: Option<&mut DecoderState>,
     ) -> LmOutput {
-        let Rows { tags, graph } = rows.into();
+        let Rows { tags, graph, source } = rows.into();
         assert!(
             graph.is_none() || (state.is_none() && self.global_embedding.is_none()),
             "a graph covers whole examples: no decoding state, memory or global input"
         );
+        // the encoder runs once per source; decoding keeps its output in the state
+        let (encoded, encoder_losses) = match source {
+            Some(s) => {
+                let (e, aux) = self.encode(&s);
+                if let Some(st) = state.as_deref_mut() {
+                    st.source = Some(e.clone());
+                    st.layers.iter_mut().for_each(|l| l.cross = Default::default());
+                }
+                (Some(e), aux)
+            }
+            None => (state.as_ref().and_then(|s| s.source.clone()), Vec::new()),
+        };
+        assert!(self.encoder.is_none() || encoded.is_some(), "an encoder–decoder reads a source");
         if let (Some(g), Some(segment)) = (&self.global_embedding, self.blocks[0].attn.global_segment()) {
             return self.forward_global_local(tokens, tags, state, g.val(), segment);
         }
@@ -334,6 +371,7 @@ impl DecoderLm {
         let (mut mask, dense) = self.mask_with(len, state.as_deref(), graph, &device);
         mask.global = global;
         mask.tags = tags;
+        mask.source = encoded;
         if let Some(s) = state.as_deref_mut() {
             s.layers.resize_with(self.depth, Default::default);
         }
@@ -353,6 +391,7 @@ impl DecoderLm {
             }
             Flow::Continue
         });
+        aux_losses.extend(encoder_losses);
         let mut steps = None;
         if let (Some(a), Some(st)) = (&self.act, act) {
             // graph rows: the examples' positions, not their padding
@@ -456,6 +495,12 @@ impl DecoderLm {
         self.logits(h)
     }
 
+    /// The encoder's output over `source` (an encoder–decoder), and its auxiliary losses.
+    pub fn encode(&self, source: &Source) -> (EncodedSource, AuxLosses) {
+        let encoder = self.encoder.as_ref().expect("an encoder–decoder model");
+        encoder.forward(self.embed(source.tokens.clone(), 0), source.padding.clone())
+    }
+
     /// Fills block `i`'s KV cache for `h` (the output of an earlier block the token exited at)
     /// without running the block: CALM's state propagation for skipped blocks.
     pub fn propagate(&self, i: usize, h: Tensor<3>, mask: &AttentionMask, state: &mut LayerState) {
@@ -552,7 +597,7 @@ impl DecoderLm {
         state: Option<&mut DecoderState>,
     ) -> (Tensor<1>, AuxLosses) {
         let rows = rows.into();
-        let padded = rows.graph.is_some();
+        let padded = rows.graph.is_some() || rows.source.is_some();
         let out = self.forward_tagged(tokens, rows, state);
         let mut aux = out.aux_losses;
         if let Some(e) = &self.exits
@@ -694,18 +739,28 @@ pub fn padded_cross_entropy(logits: Tensor<3>, targets: Tensor<2, Int>) -> Tenso
 }
 
 /// What the data says about each row of a batch besides its tokens: its example tag
-/// (`data.tags`) and its graph (`data.graph`). A tensor of tags, or `None`, converts into it.
+/// (`data.tags`), its graph (`data.graph`) and, for an encoder–decoder, its source (whose
+/// example's targets end with `NO_TARGET`, as graph rows' do). A tensor of tags, or `None`,
+/// converts into it.
 #[derive(Debug, Clone, Default)]
 pub struct Rows {
     /// `[batch]`, each row's tag; `None` = untagged.
     pub tags: Option<Tensor<1, Int>>,
     /// Each row's graph; `None` = plain text.
     pub graph: Option<GraphMask>,
+    /// Each row's source (encoder–decoder models).
+    pub source: Option<Source>,
 }
 
 impl From<Option<Tensor<1, Int>>> for Rows {
     fn from(tags: Option<Tensor<1, Int>>) -> Self {
-        Self { tags, graph: None }
+        Self { tags, ..Default::default() }
+    }
+}
+
+impl From<Source> for Rows {
+    fn from(source: Source) -> Self {
+        Self { source: Some(source), ..Default::default() }
     }
 }
 

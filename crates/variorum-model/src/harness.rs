@@ -1,6 +1,7 @@
 //! The checks every kind gets, on one tiny model per variant ([`crate::zoo::variants`], or a
 //! user's own list): no leak from the future (and a bidirectional model does see later tokens),
-//! cached decoding equals the full forward, save → load is bit-identical, a tiny batch is overfit.
+//! cached decoding equals the full forward, save → load is bit-identical, a tiny batch is overfit;
+//! and for encoder–decoders, their own ([`check_encoder_decoder`]).
 //!
 //! Each check takes the device to run on, so the crate names no backend: the workspace's tests
 //! call them on flex (`crates/variorum-model/tests/generic.rs`), a user calls [`check_all`] on
@@ -10,7 +11,7 @@
 use burn::optim::{AdamWConfig, GradientsParams};
 use burn::prelude::*;
 
-use crate::{DecoderLm, DecoderState, ModelConfig};
+use crate::{DecoderLm, DecoderState, ModelConfig, Source};
 
 /// Burn's CPU backends seed one process-wide RNG: checks that rely on seeded initialisation or
 /// dropout take this lock, so that concurrent tests do not draw from each other's stream.
@@ -170,6 +171,100 @@ pub fn check_overfit(name: &str, cfg: &ModelConfig, autodiff_device: &Device) ->
     }
     ensure(first > 1.5, || format!("{name}: initial loss {first} is suspiciously low"))?;
     ensure(last < 0.3, || format!("{name}: loss only fell from {first} to {last} in 200 steps on one batch"))
+}
+
+/// An encoder–decoder's defining properties, on two sources of 7 tokens and targets of 9: the
+/// decoder's outputs up to t ignore later target tokens (and react to their own); every source
+/// token reaches the first target position's output (the encoder reads both ways, the
+/// cross-attention every source row); source padding changes nothing; cached decoding (the
+/// source on the first call, its encoder output and cross-attention state kept, then one target
+/// token at a time) gives the full forward's logits.
+pub fn check_encoder_decoder(name: &str, cfg: &ModelConfig, device: &Device) -> Result<(), String> {
+    let _guard = seeded();
+    let model = build(name, cfg, 3, device)?;
+    let (b, ls, lt, v) = (2, 7, 9, cfg.vocab());
+    let src = tokens(21, b, ls, v, device);
+    let tgt = tokens(22, b, lt, v, device);
+    let plain = |s: Tensor<2, Int>| Source { tokens: s, padding: None };
+    let run = |s: Source, t: Tensor<2, Int>| model.forward_tagged(t, s, None).logits;
+    let base = run(plain(src.clone()), tgt.clone());
+    let bump = |x: Tensor<2, Int>, at: usize| {
+        let col = x.clone().slice([0..b, at..at + 1]).add_scalar(1).remainder_scalar(v as i64);
+        x.slice_assign([0..b, at..at + 1], col)
+    };
+    // causal over the target
+    let t = 4;
+    let mut later = tgt.clone();
+    for at in t + 1..lt {
+        later = bump(later, at);
+    }
+    let moved = run(plain(src.clone()), later);
+    let past = max_abs_diff(base.clone().narrow(1, 0, t + 1), moved.clone().narrow(1, 0, t + 1));
+    let after = max_abs_diff(base.clone().narrow(1, t + 1, lt - t - 1), moved.narrow(1, t + 1, lt - t - 1));
+    ensure(past == 0.0, || {
+        format!("{name}: target outputs at or before {t} changed by {past} when later targets changed")
+    })?;
+    ensure(after > 1e-6, || {
+        format!("{name}: later target outputs did not react to their tokens (the check is blind)")
+    })?;
+    // every source token reaches the first target output
+    for at in 0..ls {
+        let out = run(plain(bump(src.clone(), at)), tgt.clone());
+        let d = max_abs_diff(out.narrow(1, 0, 1), base.clone().narrow(1, 0, 1));
+        ensure(d > 1e-6, || format!("{name}: source token {at} does not reach the first target output"))?;
+    }
+    // padding: three more source tokens, hidden, change nothing
+    let padded = Tensor::cat(vec![src.clone(), tokens(23, b, 3, v, device)], 1);
+    let pad: Vec<bool> = (0..b).flat_map(|_| (0..ls + 3).map(|j| j >= ls)).collect();
+    let padding = Tensor::<2, Bool>::from_data(TensorData::new(pad, [b, ls + 3]), device);
+    let out = run(Source { tokens: padded, padding: Some(padding) }, tgt.clone());
+    let d = max_abs_diff(out, base.clone());
+    ensure(d < 1e-5, || format!("{name}: padding the source moved the outputs by {d}"))?;
+    // cached decoding
+    let mut state = DecoderState::default();
+    let first = model.forward_tagged(tgt.clone().narrow(1, 0, 3), plain(src), Some(&mut state)).logits;
+    let mut parts = vec![first];
+    for i in 3..lt {
+        parts.push(model.forward_tagged(tgt.clone().narrow(1, i, 1), None, Some(&mut state)).logits);
+    }
+    let d = max_abs_diff(Tensor::cat(parts, 1), base);
+    ensure(d < 1e-4, || format!("{name}: cached decoding differs from the full forward by {d}"))
+}
+
+/// An encoder–decoder memorises one tiny batch of (source, target) pairs whose target is the
+/// source reversed (loss below 0.3 within 300 steps) on `autodiff_device`.
+pub fn check_encoder_decoder_overfit(name: &str, cfg: &ModelConfig, autodiff_device: &Device) -> Result<(), String> {
+    let _guard = seeded();
+    let dev = autodiff_device;
+    let mut model = build(name, cfg, 11, dev)?;
+    let end = cfg.end_token().ok_or_else(|| format!("{name}: not an encoder–decoder"))? as i64;
+    let clip = burn::grad_clipping::GradientClippingConfig::Norm(1.0);
+    let mut optim = AdamWConfig::new().with_weight_decay(0.0).with_grad_clipping(Some(clip)).init();
+    let (b, l) = (4, 6);
+    let src = tokens(31, b, l, end as usize, dev);
+    let ids = src.clone().into_data().convert::<i64>().try_to_vec::<i64>().map_err(|e| format!("{name}: {e:?}"))?;
+    let reversed: Vec<i64> =
+        (0..b).flat_map(|r| (0..l).rev().map(move |j| (r, j))).map(|(r, j)| ids[r * l + j]).collect();
+    let inputs: Vec<i64> =
+        (0..b).flat_map(|r| std::iter::once(end).chain(reversed[r * l..r * l + l - 1].iter().copied())).collect();
+    let t = |v: Vec<i64>| Tensor::<2, Int>::from_data(TensorData::new(v, [b, l]), dev);
+    let (inputs, targets) = (t(inputs), t(reversed));
+    let (mut first, mut last) = (f32::NAN, f32::NAN);
+    for step in 0..300 {
+        let source = Source { tokens: src.clone(), padding: None };
+        let (loss, _) = model.loss_with(inputs.clone(), targets.clone(), source, None);
+        last = loss.clone().into_scalar::<f32>();
+        if step == 0 {
+            first = last;
+        }
+        if last < 0.3 {
+            break;
+        }
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        model = optim.step(1e-2, model, grads);
+    }
+    ensure(first > 1.5, || format!("{name}: initial loss {first} is suspiciously low"))?;
+    ensure(last < 0.3, || format!("{name}: loss only fell from {first} to {last} in 300 steps on one batch"))
 }
 
 /// Every check on every variant: `device` for the forward checks, `device.autodiff()`'s

@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod decoder;
+pub mod encoder;
 pub mod exit_predictor;
 pub mod exits;
 pub mod harness;
@@ -13,6 +14,7 @@ pub mod zoo;
 
 pub use config::ModelConfig;
 pub use decoder::{DecoderLm, DecoderState, LmOutput, Rows};
+pub use encoder::{Encoder, EncoderConfig, ModelKind, Source};
 pub use exit_predictor::{ExitPredictor, Oracle, PredictorKind};
 pub use exits::{EveryLayerConfig, ExitConfig, ExitWeighting};
-pub use objective::{MaskedConfig, ObjectiveConfig};
+pub use objective::{MaskedConfig, ObjectiveConfig, SpanCorruptionConfig};

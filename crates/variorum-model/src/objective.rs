@@ -7,6 +7,10 @@
 //!   causal form (Linformer, Nyströmformer, clustered, inducing points, …) train too. The
 //!   embedding gets one extra row, the mask token (id = the text vocabulary size), and the loss
 //!   counts the hidden positions only. A masked model does not generate.
+//! - `span-corruption`: T5's denoising objective (Raffel et al. 2020, §3.1.4) for an
+//!   encoder–decoder on a single corpus: spans of a window are dropped from the source, each
+//!   replaced by a sentinel token, and the decoder writes the dropped spans after their
+//!   sentinels (`variorum_data::SpanCorruption`). The decoder is causal.
 
 use serde::{Deserialize, Serialize};
 use variorum_core::{ConfigError, error::check};
@@ -19,6 +23,34 @@ pub enum ObjectiveConfig {
     Causal,
     /// Masked-language-model prediction under bidirectional attention.
     Masked(MaskedConfig),
+    /// T5's span corruption (encoder–decoder models).
+    SpanCorruption(SpanCorruptionConfig),
+}
+
+/// `model.objective` with `kind = "span-corruption"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SpanCorruptionConfig {
+    /// Share of a window's tokens dropped from the source. Default 0.15 (T5).
+    pub noise_density: f64,
+    /// Mean length of a dropped span. Default 3 (T5).
+    pub mean_span: f64,
+}
+
+impl Default for SpanCorruptionConfig {
+    fn default() -> Self {
+        Self { noise_density: 0.15, mean_span: 3.0 }
+    }
+}
+
+impl SpanCorruptionConfig {
+    /// Dropped tokens and spans of a window of `len` tokens (T5's rounding): at least one of
+    /// each, and at least one token kept.
+    pub fn noise(&self, len: usize) -> (usize, usize) {
+        let noise = ((len as f64) * self.noise_density).round().clamp(1.0, (len.max(2) - 1) as f64) as usize;
+        let spans = ((noise as f64) / self.mean_span).round().clamp(1.0, noise as f64) as usize;
+        (noise, spans.min(len - noise))
+    }
 }
 
 /// `model.objective` with `kind = "masked"`.
@@ -45,14 +77,24 @@ impl ObjectiveConfig {
         match self {
             Self::Causal => "causal",
             Self::Masked(_) => "masked",
+            Self::SpanCorruption(_) => "span-corruption",
         }
     }
 
+    /// Whether the (decoder's) attention is causal: every objective but `masked`.
     pub fn is_causal(&self) -> bool {
-        matches!(self, Self::Causal)
+        !matches!(self, Self::Masked(_))
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if let Self::SpanCorruption(c) = self {
+            check(c.noise_density > 0.0 && c.noise_density < 0.5, || {
+                format!("model.objective.noise_density = {} must be in (0, 0.5)", c.noise_density)
+            })?;
+            return check(c.mean_span >= 1.0, || {
+                format!("model.objective.mean_span = {} must be at least 1", c.mean_span)
+            });
+        }
         let Self::Masked(m) = self else { return Ok(()) };
         check(m.mask_prob > 0.0 && m.mask_prob <= 1.0, || {
             format!("model.objective.mask_prob = {} must be in (0, 1]", m.mask_prob)

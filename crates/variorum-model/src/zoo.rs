@@ -9,6 +9,7 @@ use variorum_core::KindInfo;
 use variorum_position::PositionConfig;
 
 use crate::ModelConfig;
+use crate::encoder::ModelKind;
 use crate::exits::ExitConfig;
 use crate::objective::{MaskedConfig, ObjectiveConfig};
 
@@ -91,6 +92,52 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
     }
     let masked = ObjectiveConfig::Masked(MaskedConfig::default());
     out.push(("masked lm".into(), ModelConfig { objective: masked, ..tiny() }));
+    out
+}
+
+/// [`tiny`] as an encoder–decoder: two encoder blocks, two decoder blocks with full
+/// cross-attention.
+pub fn tiny_encoder_decoder() -> ModelConfig {
+    ModelConfig { kind: ModelKind::EncoderDecoder, ..tiny() }
+}
+
+/// The tiny encoder–decoders the workspace checks (`harness::check_encoder_decoder`): every test
+/// variant of every kind that declares `cross` as the cross-attention; every bidirectional
+/// attention variant as the encoder's attention (and, where it is also causal and decodes
+/// incrementally, as the decoder's); every position scheme that is not per-layer; every block
+/// kind an encoder–decoder takes.
+pub fn encoder_decoder_variants() -> Vec<(String, ModelConfig)> {
+    let base = tiny_encoder_decoder();
+    let mut out = vec![("encoder-decoder base".to_string(), base.clone())];
+    for v in AttentionConfig::test_variants() {
+        let caps = v.config.capabilities();
+        let on = |c: ModelConfig| c.validate().is_ok().then_some(c);
+        if caps.cross
+            && let Some(c) = on(ModelConfig { cross_attention: Some(v.config.clone()), ..base.clone() })
+        {
+            out.push((format!("encoder-decoder cross {}", v.name), c));
+        }
+        if caps.bidirectional && v.position.is_none() {
+            let encoder = crate::EncoderConfig { attention: Some(v.config.clone()), ..Default::default() };
+            let decoder = (caps.causal && caps.incremental).then(|| v.config.clone());
+            let c = ModelConfig { encoder, attention: decoder.unwrap_or(base.attention.clone()), ..base.clone() };
+            if let Some(c) = on(c) {
+                out.push((format!("encoder-decoder self {}", v.name), c));
+            }
+        }
+    }
+    for (name, position) in PositionConfig::test_variants() {
+        let c = ModelConfig { position, ..base.clone() };
+        if c.validate().is_ok() {
+            out.push((format!("encoder-decoder position {name}").trim_end().to_string(), c));
+        }
+    }
+    for (name, block) in BlockConfig::test_variants() {
+        let c = ModelConfig { block, ..base.clone() };
+        if c.validate().is_ok() {
+            out.push((format!("encoder-decoder block {name}").trim_end().to_string(), c));
+        }
+    }
     out
 }
 

@@ -64,6 +64,7 @@ pub fn bench(cfg: &ExperimentConfig, device: &Device, warmup: u64, steps: u64, r
             reset: vec![false; b],
             tags: vec![],
             graphs: vec![],
+            sources: vec![],
         };
         match &masking {
             Some(m) => m.apply(&batch, i),

@@ -13,7 +13,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use variorum_core::{ConfigError, error::check};
 use variorum_data::DataConfig;
-use variorum_model::ModelConfig;
+use variorum_model::{ModelConfig, ObjectiveConfig};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -185,6 +185,42 @@ fn check_graph(cfg: &ExperimentConfig) -> Result<(), ConfigError> {
     }
 }
 
+/// An encoder–decoder trains on examples with a source: paired text (`data.pairs`, under the
+/// causal objective) or span corruption of a plain text; and only an encoder–decoder reads them.
+fn check_encoder_decoder(cfg: &ExperimentConfig) -> Result<(), ConfigError> {
+    let m = &cfg.model;
+    let (pairs, spans) = (cfg.data.pairs.is_some(), matches!(m.objective, ObjectiveConfig::SpanCorruption(_)));
+    if !m.is_encoder_decoder() {
+        return check(!pairs, || {
+            "data.pairs gives every example a source, which only an encoder reads: set model.kind = \"encoder-decoder\""
+                .into()
+        });
+    }
+    check(pairs || spans, || {
+        "model.kind = \"encoder-decoder\" reads a source with every example: set data.pairs (paired text) or model.objective.kind = \"span-corruption\" (denoising a plain text)".into()
+    })?;
+    check(!(pairs && spans), || {
+        "data.pairs and model.objective.kind = \"span-corruption\" are both set: paired text brings its own targets; use model.objective.kind = \"causal\" with it".into()
+    })?;
+    check(cfg.data.graph.is_none() && cfg.data.tags.is_none(), || {
+        "model.kind = \"encoder-decoder\" reads paired or corrupted examples, not data.graph or data.tags: remove them"
+            .into()
+    })?;
+    check(cfg.train.batching == Batching::Random, || {
+        "model.kind = \"encoder-decoder\" draws whole examples: use train.batching = \"random\"".into()
+    })?;
+    if let ObjectiveConfig::SpanCorruption(c) = &m.objective {
+        let (noise, spans) = c.noise(m.seq_len);
+        check(noise + spans < m.seq_len, || {
+            format!(
+                "model.seq_len = {} is too short for span corruption: its target ({noise} dropped tokens, {spans} sentinels and the end token) would not fit; use a longer context",
+                m.seq_len
+            )
+        })?;
+    }
+    Ok(())
+}
+
 impl ExperimentConfig {
     /// Parses a config file (`.toml`, or `.json`), then validates it.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
@@ -224,6 +260,7 @@ impl ExperimentConfig {
             )
         })?;
         check_graph(self)?;
+        check_encoder_decoder(self)?;
         self.train.freeze.validate(self.model.n_layers, self.model.tie_embeddings)?;
         self.data.validate().map_err(|e| ConfigError::new(e.to_string()))?;
         self.train.validate()

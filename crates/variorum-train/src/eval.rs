@@ -8,8 +8,8 @@ use variorum_model::{DecoderLm, DecoderState, ModelConfig, ObjectiveConfig, deco
 use crate::step::{batch_rows, batch_tensors};
 
 /// Mean loss (nats per predicted token) of `model` over `batches`; run it on `model.valid()`.
-/// Next-token batches predict every position (graph batches every position before an example's
-/// end, not its padding); masked batches ([`masked_batches`]) their hidden positions only; each
+/// Next-token batches predict every position (graph and encoder–decoder batches every position
+/// up to an example's end, not its padding); masked batches ([`masked_batches`]) their hidden positions only; each
 /// batch weighs by how many it predicts.
 pub fn evaluate(model: &DecoderLm, batches: &[TokenBatch], device: &Device) -> f64 {
     evaluate_with(model, batches, device, None)
@@ -23,7 +23,8 @@ fn evaluate_with(model: &DecoderLm, batches: &[TokenBatch], device: &Device, pro
         let predicted = predicted(model, b);
         let (inputs, targets) = batch_tensors(b, device);
         let logits = model.forward_tagged(inputs, batch_rows(b, device), None).logits;
-        let loss = model.rows_loss(logits, targets, !b.graphs.is_empty()).into_scalar::<f32>() as f64;
+        let padded = !b.graphs.is_empty() || !b.sources.is_empty();
+        let loss = model.rows_loss(logits, targets, padded).into_scalar::<f32>() as f64;
         sum += loss * predicted as f64;
         count += predicted;
         if let Some(pb) = progress {
@@ -45,7 +46,7 @@ pub fn predicted(model: &DecoderLm, batch: &TokenBatch) -> usize {
 /// The masked objective's corruption of `cfg`, `None` for next-token prediction.
 pub fn masking(cfg: &ModelConfig) -> Option<Masking> {
     match &cfg.objective {
-        ObjectiveConfig::Causal => None,
+        ObjectiveConfig::Causal | ObjectiveConfig::SpanCorruption(_) => None,
         ObjectiveConfig::Masked(m) => Some(Masking {
             prob: m.mask_prob,
             mask_token: m.mask_token_prob,

@@ -24,6 +24,7 @@ pub mod progress;
 pub mod report;
 pub mod run;
 pub mod schedule;
+pub mod seq2seq;
 pub mod snapshot;
 pub mod step;
 pub mod threads;

@@ -7,7 +7,7 @@ use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::prelude::*;
 use variorum_core::AuxLosses;
 use variorum_data::TokenBatch;
-use variorum_model::{DecoderLm, DecoderState, Rows};
+use variorum_model::{DecoderLm, DecoderState, Rows, Source};
 
 use crate::adamw::FusedAdamW;
 use crate::clip::clip_global_norm;
@@ -48,12 +48,14 @@ pub fn batch_tags(batch: &TokenBatch, device: &Device) -> Option<Tensor<1, Int>>
     (!batch.tags.is_empty()).then(|| Tensor::from_data(TensorData::new(batch.tags.clone(), [batch.tags.len()]), device))
 }
 
-/// What the data says about each row besides its tokens: its tag (`data.tags`) and its graph
-/// (`data.graph`).
+/// What the data says about each row besides its tokens: its tag (`data.tags`), its graph
+/// (`data.graph`) and its source (an encoder–decoder's examples).
 pub fn batch_rows(batch: &TokenBatch, device: &Device) -> Rows {
+    let sources: Vec<Vec<u32>> = batch.sources.iter().map(|s| s.as_slice().to_vec()).collect();
     Rows {
         tags: batch_tags(batch, device),
         graph: (!batch.graphs.is_empty()).then(|| variorum_core::GraphMask::new(batch.graphs.clone())),
+        source: (!sources.is_empty()).then(|| Source::from_rows(&sources, device)),
     }
 }
 

@@ -105,6 +105,8 @@ enum Batches {
     Random(RandomWindows),
     Ordered(OrderedStreams),
     Graph(GraphBatches),
+    /// An encoder–decoder's pairs or corrupted windows.
+    Examples(crate::seq2seq::ExampleBatches),
 }
 
 impl Batches {
@@ -113,6 +115,7 @@ impl Batches {
             Self::Random(b) => b.batch(index),
             Self::Ordered(b) => b.batch(index),
             Self::Graph(b) => b.batch(index),
+            Self::Examples(b) => b.batch(index),
         }
     }
 }
@@ -187,7 +190,9 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
     let seq_len = cfg.model.seq_len;
     let train_tokens = Arc::new(corpus.train.clone());
     let train_tags = corpus.tags.as_ref().map(|t| Arc::new(t.train.clone()));
+    let examples = crate::seq2seq::training_examples(&cfg.model, &corpus, tc.batch_size, tc.seed)?;
     let batches = match (&corpus.graphs, tc.batching) {
+        _ if examples.is_some() => Batches::Examples(examples.expect("checked")),
         (Some(g), _) => {
             Batches::Graph(GraphBatches::new(g.train.clone(), &corpus.path, seq_len, tc.batch_size, tc.seed)?)
         }
@@ -208,9 +213,11 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
     };
     let val_tags = corpus.tags.as_ref().map(|t| &t.val);
     let eval_rows = tc.eval_batches * tc.batch_size;
-    let eval_set = match &corpus.graphs {
-        Some(g) => graph_eval_batches(&g.val, &corpus.path, seq_len, eval_rows, tc.batch_size)?,
-        None => spread_windows(&corpus.val, seq_len, eval_rows, tc.batch_size, val_tags)?,
+    let examples = crate::seq2seq::validation_examples(&cfg.model, &corpus, eval_rows, tc.batch_size)?;
+    let eval_set = match (&corpus.graphs, examples) {
+        (_, Some(e)) => e,
+        (Some(g), None) => graph_eval_batches(&g.val, &corpus.path, seq_len, eval_rows, tc.batch_size)?,
+        (None, None) => spread_windows(&corpus.val, seq_len, eval_rows, tc.batch_size, val_tags)?,
     };
     // masked LM: the same hidden tokens at every evaluation, and in every run (seed 0)
     let eval_set = masked_batches(&cfg.model, eval_set, 0);
@@ -435,6 +442,14 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
     let text = match (valid.mask_token, eval_set.first()) {
         // a masked model does not generate: it fills in the hidden tokens of a validation window
         (Some(mask), Some(b)) => fill_in_sample(&valid, b, mask, &corpus.tokenizer, &inner),
+        // an encoder–decoder writes the target of the first validation example
+        (None, Some(b)) if !b.sources.is_empty() => {
+            let vocab = cfg.model.vocab_size.unwrap_or_default();
+            let show = |t: &[u32]| crate::seq2seq::show(t, &corpus.tokenizer, vocab);
+            let target: Vec<u32> = b.targets[..b.seq_len].iter().take_while(|&&t| t >= 0).map(|&t| t as u32).collect();
+            let written = crate::seq2seq::generate_from(&valid, &b.sources[0], &sample_cfg, &inner, |_| {});
+            format!("source: {}\ntarget: {}\nmodel:  {}\n", show(&b.sources[0]), show(&target), show(&written))
+        }
         _ => {
             let sample = generate(&valid, &prompt, &sample_cfg, &inner, |_| {});
             let mut text = corpus.tokenizer.decode(&prompt);

@@ -390,6 +390,7 @@ fn gradient_accumulation_equals_one_large_batch() {
             reset: vec![true; n],
             tags: vec![],
             graphs: vec![],
+            sources: vec![],
         };
         for r in 0..n {
             b.inputs.extend_from_slice(&ids[r * 17..r * 17 + 16]);
@@ -406,6 +407,7 @@ fn gradient_accumulation_equals_one_large_batch() {
         reset: vec![true; 4],
         tags: vec![],
         graphs: vec![],
+        sources: vec![],
     };
     let mut tc = cfg.train.clone();
     tc.grad_clip = 0.5; // clipping must act on the accumulated gradient

@@ -42,6 +42,7 @@ impl Classifier {
             position: Positioning { config: position, context: LEN },
             feed_forward: &FeedForwardConfig::default(),
             memory: &MemoryConfig::None(Default::default()),
+            cross: None,
             dropout: 0.0,
             init_std: 0.02,
             out_std: 0.02 / 2.0,
