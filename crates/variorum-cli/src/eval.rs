@@ -27,6 +27,10 @@ pub struct EvalArgs {
     /// `key=value` settings applied to every run's config before loading (`--set`).
     pub settings: Vec<String>,
     pub device: String,
+    /// Encoder–decoder runs: beams of the decoding chrF is read from (1 = greedy).
+    pub beams: usize,
+    /// Encoder–decoder runs: validation examples decoded for chrF.
+    pub decode: usize,
 }
 
 /// The token ids to evaluate `run` on, where they come from and, for the run's tagged
@@ -144,6 +148,12 @@ pub fn eval(args: EvalArgs) -> Result<ExitCode> {
             if run.config.data.graph.is_some() {
                 bail!(
                     "{} was trained on graph examples (data.graph), which are scored whole, not at context lengths: evaluate it alone",
+                    dir.display()
+                );
+            }
+            if run.config.model.is_encoder_decoder() {
+                bail!(
+                    "{} is an encoder–decoder, scored on its examples (loss per target token, chrF), not at context lengths: evaluate it alone",
                     dir.display()
                 );
             }
@@ -279,7 +289,16 @@ fn eval_masked(
 }
 
 fn eval_row(seq_len: usize, stride: Option<usize>, reading: Option<&str>, tokens: usize, loss: f64) -> EvalRow {
-    EvalRow { data: String::new(), seq_len, stride, reading: reading.map(str::to_string), tokens, loss, weights: None }
+    EvalRow {
+        data: String::new(),
+        seq_len,
+        stride,
+        reading: reading.map(str::to_string),
+        tokens,
+        loss,
+        chrf: None,
+        weights: None,
+    }
 }
 
 /// Keeps the losses in the run's `eval.json`, for its report — not those of a config changed
@@ -330,10 +349,73 @@ fn eval_graph(run: &Run, args: &EvalArgs, device: &burn::prelude::Device) -> Res
     Ok(ExitCode::SUCCESS)
 }
 
+/// An encoder–decoder (`model.kind = "encoder-decoder"`): the loss per target token over its
+/// validation examples (every pair, or training's corrupted validation windows), and the chrF
+/// of the targets it writes from the sources of the first `--decode` of them.
+fn eval_examples(run: &Run, args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode> {
+    if let Some(path) = &args.data {
+        bail!(
+            "{} is an encoder–decoder, scored on its validation examples; --data {} would be read as plain text",
+            run.dir.display(),
+            path.display()
+        );
+    }
+    if !args.seq_len.is_empty() || args.stride.is_some() || args.max_tokens.is_some() {
+        eprintln!("note: examples are read whole: --seq-len, --stride and --max-tokens are not used");
+    }
+    let corpus = variorum_data::Corpus::load(&run.config.data, Some(run.tokenizer.clone()))?;
+    let m = &run.config.model;
+    // every validation pair; corrupted windows as many as training evaluates
+    let rows =
+        if corpus.pairs.is_some() { usize::MAX } else { run.config.train.eval_batches * run.config.train.batch_size };
+    let batch_size = run.config.train.batch_size;
+    let Some(batches) = variorum_train::seq2seq::validation_examples(m, &corpus, rows, batch_size)? else {
+        bail!("{} is not an encoder–decoder", run.dir.display());
+    };
+    let n: usize = batches.iter().map(|b| b.batch_size).sum();
+    let decode = args.decode.min(n);
+    let pb = progress::bar(decode as u64, &run_name(&args.runs[0]));
+    let vocab = m.vocab_size.unwrap_or_default();
+    let s = variorum_train::seq2seq::score_examples(
+        &run.model,
+        &batches,
+        &run.tokenizer,
+        vocab,
+        args.beams,
+        decode,
+        device,
+        || pb.inc(1),
+    );
+    pb.finish_and_clear();
+    let what = if corpus.pairs.is_some() { "validation pairs" } else { "corrupted validation windows" };
+    println!("# {} {what} of {}", s.examples, corpus.path.display());
+    let how = if args.beams > 1 { format!("{} beams", args.beams) } else { "greedy".into() };
+    println!(
+        "{:>10} {:>14} {:>10} {:>12} {:>10} {:>8}",
+        "examples", "target tokens", "loss", "perplexity", "decoded", "chrF"
+    );
+    println!(
+        "{:>10} {:>14} {:>10.4} {:>12.3} {:>10} {:>8.2}   ({how})",
+        s.examples,
+        s.target_tokens,
+        s.loss,
+        s.loss.exp(),
+        s.decoded,
+        s.chrf
+    );
+    let reading = format!("encoder-decoder, chrF of {} decoded ({how})", s.decoded);
+    let row = EvalRow { chrf: Some(s.chrf), ..eval_row(m.seq_len, None, Some(&reading), s.target_tokens, s.loss) };
+    record(run, args, &format!("the {what}"), vec![row]);
+    Ok(ExitCode::SUCCESS)
+}
+
 fn eval_one(args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode> {
     let run = Run::load_with(&args.runs[0], device, &args.settings)?;
     if run.config.data.graph.is_some() {
         return eval_graph(&run, args, device);
+    }
+    if run.config.model.is_encoder_decoder() {
+        return eval_examples(&run, args, device);
     }
     let (ids, source, tags, label) = tokens(&run, args)?;
     let lengths = if args.seq_len.is_empty() { vec![run.model.seq_len] } else { args.seq_len.clone() };

@@ -71,12 +71,17 @@ enum Command {
         #[arg(long)]
         no_report: bool,
     },
-    /// Continue a prompt with a trained run, streaming the text as it is produced.
+    /// Continue a prompt with a trained run, streaming the text as it is produced; an
+    /// encoder–decoder writes the target of a source (--source).
     Generate {
         /// A run directory.
         run: PathBuf,
-        #[arg(long)]
-        prompt: String,
+        #[arg(long, required_unless_present = "source")]
+        prompt: Option<String>,
+        /// The source an encoder–decoder writes a target for (the encoder runs once; the
+        /// decoder stops at its end token or its context).
+        #[arg(long, conflicts_with = "prompt")]
+        source: Option<String>,
         #[arg(long, default_value_t = 200)]
         max_new_tokens: usize,
         /// 0 = greedy.
@@ -103,7 +108,8 @@ enum Command {
         #[arg(long)]
         tag: Option<String>,
     },
-    /// Per-token log-probabilities of a text under a trained run, and their total.
+    /// Per-token log-probabilities of a text under a trained run, and their total; for an
+    /// encoder–decoder, of a target (the text, then its end token) given --source.
     Score {
         /// A run directory.
         run: PathBuf,
@@ -120,6 +126,9 @@ enum Command {
         /// Score under this example tag (a run trained on tagged data; names in its tags.json).
         #[arg(long)]
         tag: Option<String>,
+        /// The source the text is the target of (encoder–decoder runs).
+        #[arg(long)]
+        source: Option<String>,
     },
     /// Loss, perplexity and bits per unit of a run on its validation split or a file, with
     /// sliding windows, for one or several context lengths; with several runs, a side-by-side
@@ -151,6 +160,12 @@ enum Command {
         settings: Vec<String>,
         #[arg(long, default_value = "cpu")]
         device: String,
+        /// Encoder–decoder runs: beams of the decoding chrF is measured on (1 = greedy).
+        #[arg(long, default_value_t = 1)]
+        beams: usize,
+        /// Encoder–decoder runs: validation examples decoded for chrF (the loss reads them all).
+        #[arg(long, default_value_t = 200)]
+        decode: usize,
     },
     /// CALM early exit on a run with `[model.exits]`: validation loss against mean blocks used
     /// for each confidence measure and threshold, the calibrated thresholds, and a plot.
@@ -463,6 +478,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Generate {
             run,
             prompt,
+            source,
             max_new_tokens,
             temperature,
             top_k,
@@ -489,6 +505,23 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     run.dir.display()
                 );
             }
+            if run.model.encoder.is_some() || source.is_some() {
+                let Some(source) = source else {
+                    anyhow::bail!(
+                        "{} is an encoder–decoder: it writes the target of a source; pass --source TEXT",
+                        run.dir.display()
+                    );
+                };
+                if run.model.encoder.is_none() {
+                    anyhow::bail!(
+                        "{} is a decoder-only model: it continues a prompt (--prompt), it has no encoder to read --source",
+                        run.dir.display()
+                    );
+                }
+                let cfg = SampleConfig { max_new_tokens, temperature, top_k, top_p, seed, no_cache, tag: None };
+                return generate_from_source(&run, &source, &cfg, beams, &device);
+            }
+            let prompt = prompt.unwrap_or_default();
             let prompt_ids = run.encode_prompt(&prompt)?;
             let tag = tag.map(|name| run.tag_id(&name)).transpose()?;
             if tag.is_none() && run.config.model.attention.tags().is_some() && !run.tags.is_empty() {
@@ -549,7 +582,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Command::Score { run, text, prompt, format, device, tag } => {
+        Command::Score { run, text, prompt, format, device, tag, source } => {
             let (device, _) = device::select(&device)?;
             let run = Run::load(&run, &device)?;
             let text = match (text, prompt) {
@@ -558,8 +591,16 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 (None, None) => anyhow::bail!("give --text FILE or --prompt TEXT"),
             };
             let ids = run.encode_prompt(&text)?;
-            let tag = tag.map(|name| run.tag_id(&name)).transpose()?;
-            let scores = run.score_tagged(&ids, tag)?;
+            let scores = match source {
+                Some(source) => {
+                    let source = run.tokenizer.encode(&source).context("the source cannot be encoded")?;
+                    run.score_from(&source, &ids)?
+                }
+                None => {
+                    let tag = tag.map(|name| run.tag_id(&name)).transpose()?;
+                    run.score_tagged(&ids, tag)?
+                }
+            };
             match format {
                 ScoreFormat::Json => println!("{}", serde_json::to_string_pretty(&scores)?),
                 ScoreFormat::Tsv => {
@@ -581,8 +622,20 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Eval { runs, data, seq_len, stride, max_tokens, plot, settings, device } => {
-            eval::eval(eval::EvalArgs { runs, data, seq_len, stride, max_tokens, plot, settings, device })
+        Command::Eval { runs, data, seq_len, stride, max_tokens, plot, settings, device, beams, decode } => {
+            at_least("--beams", beams, 1)?;
+            eval::eval(eval::EvalArgs {
+                runs,
+                data,
+                seq_len,
+                stride,
+                max_tokens,
+                plot,
+                settings,
+                device,
+                beams,
+                decode,
+            })
         }
         Command::EarlyExit { run, thresholds, max_tokens, tolerance, ltt_delta, ltt_epsilon, plot, device } => {
             if !(tolerance >= 0.0 && tolerance.is_finite()) {
@@ -867,6 +920,60 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// `variorum generate --source`: an encoder–decoder's target for `source`, streamed (sampling)
+/// or printed whole (beam search).
+fn generate_from_source(
+    run: &Run,
+    source: &str,
+    cfg: &SampleConfig,
+    beams: usize,
+    device: &burn::prelude::Device,
+) -> Result<ExitCode> {
+    let ids = run.tokenizer.encode(source).context("the source cannot be encoded")?;
+    if ids.is_empty() || ids.len() > run.model.seq_len {
+        anyhow::bail!(
+            "the source is {} tokens: an encoder–decoder reads 1 to model.seq_len = {} tokens",
+            ids.len(),
+            run.model.seq_len
+        );
+    }
+    let vocab = run.config.model.vocab_size.unwrap_or_default();
+    let start = std::time::Instant::now();
+    let mut out = std::io::stdout();
+    let written = if beams > 1 {
+        let best = variorum_train::seq2seq::beam_search_from(&run.model, &ids, beams, cfg.max_new_tokens, device);
+        writeln!(out, "{}", variorum_train::seq2seq::show(&best, &run.tokenizer, vocab))?;
+        best
+    } else {
+        let mut so_far = Vec::new();
+        let mut printed = 0usize;
+        let best = variorum_train::seq2seq::generate_from(&run.model, &ids, cfg, device, |t| {
+            so_far.push(t);
+            let text = variorum_train::seq2seq::show(&so_far, &run.tokenizer, vocab);
+            let text = text.trim_end_matches('\u{FFFD}');
+            if text.len() > printed && text.is_char_boundary(printed) {
+                let _ = write!(out, "{}", &text[printed..]);
+                let _ = out.flush();
+                printed = text.len();
+            }
+        });
+        let text = variorum_train::seq2seq::show(&best, &run.tokenizer, vocab);
+        if text.len() > printed && text.is_char_boundary(printed) {
+            write!(out, "{}", &text[printed..])?;
+        }
+        writeln!(out)?;
+        best
+    };
+    let secs = start.elapsed().as_secs_f64();
+    let how = match (beams > 1, cfg.no_cache) {
+        (true, _) => format!("beam search, {beams} beams"),
+        (false, true) => "no cache: the source and the prefix read again for every token".into(),
+        (false, false) => "source encoded once, KV cache".into(),
+    };
+    eprintln!("{} tokens in {secs:.2} s: {:.1} tokens/s ({how})", written.len(), written.len() as f64 / secs.max(1e-9));
+    Ok(ExitCode::SUCCESS)
 }
 
 fn fmt_opt(v: Option<f64>) -> String {

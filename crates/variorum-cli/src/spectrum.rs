@@ -33,6 +33,12 @@ pub fn spectrum(args: Args) -> Result<ExitCode> {
             args.run.display()
         );
     }
+    if run.config.model.is_encoder_decoder() {
+        bail!(
+            "{} is an encoder–decoder: the spectrum reads a decoder stack's self-attention over windows of text",
+            args.run.display()
+        );
+    }
     let len = run.config.model.seq_len;
     let ids = run.validation_tokens()?;
     if ids.len() < args.windows * len {

@@ -1,5 +1,6 @@
 //! `variorum bench`: training throughput and peak memory of a config, median of several runs.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Result, bail};
@@ -25,7 +26,8 @@ pub struct BenchReport {
     pub peak_rss_mib: Option<f64>,
 }
 
-/// Trains on synthetic tokens (the data pipeline is not what is measured): `warmup` steps, then
+/// Trains on synthetic tokens (the data pipeline is not what is measured; an encoder–decoder
+/// reads a source of `seq_len` random tokens beside each row): `warmup` steps, then
 /// `steps` timed steps, `runs` times with a fresh model each time.
 pub fn bench(cfg: &ExperimentConfig, device: &Device, warmup: u64, steps: u64, runs: usize) -> Result<BenchReport> {
     if cfg.data.graph.is_some() {
@@ -64,7 +66,13 @@ pub fn bench(cfg: &ExperimentConfig, device: &Device, warmup: u64, steps: u64, r
             reset: vec![false; b],
             tags: vec![],
             graphs: vec![],
-            sources: vec![],
+            // an encoder–decoder reads a source as long as the context (the targets' own tokens)
+            sources: match cfg.model.is_encoder_decoder() {
+                true => (0..b)
+                    .map(|r| Arc::new(ids[r * (l + 1)..r * (l + 1) + l].iter().map(|&t| t as u32).collect()))
+                    .collect(),
+                false => vec![],
+            },
         };
         match &masking {
             Some(m) => m.apply(&batch, i),

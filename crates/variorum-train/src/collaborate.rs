@@ -78,6 +78,9 @@ pub fn collaborate(run: &Run, shared_dim: Option<usize>, out: &Path) -> Result<C
             model_cfg.attention.kind()
         );
     };
+    if model_cfg.is_encoder_decoder() {
+        bail!("{source} is an encoder–decoder: collaborate re-parameterises a decoder stack's self-attention only");
+    }
     let heads = full.heads(model_cfg.d_model);
     let (n_heads, head_dim) = (heads.n_heads, heads.head_dim);
     let width = n_heads * head_dim;

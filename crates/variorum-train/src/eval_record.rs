@@ -28,6 +28,9 @@ pub struct EvalRow {
     pub tokens: usize,
     /// Mean loss per token, nats.
     pub loss: f64,
+    /// An encoder–decoder's chrF (sacreBLEU's chrF2) on the validation examples it decoded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chrf: Option<f64>,
     /// The weights measured, relative to the run directory (`model.bpk`, or a checkpoint's for
     /// a run still training).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -75,6 +78,7 @@ mod tests {
             reading: None,
             tokens: 100,
             loss,
+            chrf: None,
             weights: Some("model.bpk".into()),
         }
     }

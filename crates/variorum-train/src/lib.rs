@@ -6,6 +6,7 @@ pub mod allocator;
 pub mod attention_bench;
 pub mod bench;
 pub mod checkpoint;
+pub mod chrf;
 pub mod clip;
 pub mod collaborate;
 pub mod config;

@@ -76,6 +76,9 @@ pub fn read(
         bail!("--layer {layer}: the model has {} layers (0..{})", model.depth, model.depth);
     }
     let kind = cfg.attention.kind().to_string();
+    if model.encoder.is_some() {
+        bail!("an encoder–decoder's decoder reads a source beside its text: its patterns are not drawn yet");
+    }
     let maps = if reading == Some(Reading::Gradient) { None } else { model.attention_maps(tokens.clone()).ok() };
     if let Some(Some(w)) = maps.and_then(|m| m.into_iter().nth(layer)) {
         let [_, h, lq, lk] = w.dims();

@@ -392,9 +392,14 @@ fn model_views(dir: &Path, page: &mut RunPage, live: Option<&Live>, device: &Dev
             return;
         }
     };
-    if config.data.graph.is_some() {
-        // a graph run reads each example with its edges; these pictures read a stretch of text
-        let why = "a graph run (data.graph) reads each example with its edges, not a stretch of text".to_string();
+    let unread = match (&config.data.graph, config.model.is_encoder_decoder()) {
+        (Some(_), _) => Some("a graph run (data.graph) reads each example with its edges, not a stretch of text"),
+        (None, true) => Some("an encoder–decoder reads a target beside its source, not a stretch of text"),
+        (None, false) => None,
+    };
+    if let Some(why) = unread {
+        // these pictures read a stretch of text
+        let why = why.to_string();
         page.pattern = Figure::missing("pattern", why.clone());
         page.attention = Figure::missing("learned attention", why);
         return;
@@ -667,6 +672,7 @@ mod tests {
             reading: None,
             tokens: 99,
             loss: 2.5,
+            chrf: None,
             weights: Some("model.bpk".into()),
         };
         eval_record::record(&run, &[row]).unwrap();

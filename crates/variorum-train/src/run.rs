@@ -209,11 +209,54 @@ impl Run {
         self.score_tagged(ids, None)
     }
 
+    /// An encoder–decoder's log-probability of every token of `target`, and of the end token
+    /// after it, given `source`: one forward over the target after the end token it starts from.
+    pub fn score_from(&self, source: &[u32], target: &[u32]) -> Result<Scores> {
+        let Some(end) = self.model.end_token else {
+            bail!("{} is not an encoder–decoder: score a text without --source", self.dir.display());
+        };
+        let l = self.model.seq_len;
+        if source.len() > l || target.len() + 1 > l {
+            bail!(
+                "the source ({} tokens) and the target with its end token ({}) must each fit model.seq_len = {l}",
+                source.len(),
+                target.len() + 1
+            );
+        }
+        let inputs: Vec<i64> = std::iter::once(end as i64).chain(target.iter().map(|&t| t as i64)).collect();
+        let n = inputs.len();
+        let x = Tensor::<2, Int>::from_data(TensorData::new(inputs, [1, n]), &self.device);
+        let wanted: Vec<u32> = target.iter().copied().chain(std::iter::once(end as u32)).collect();
+        let t = Tensor::<3, Int>::from_data(
+            TensorData::new(wanted.iter().map(|&t| t as i64).collect::<Vec<_>>(), [1, n, 1]),
+            &self.device,
+        );
+        let source = variorum_model::Source::from_rows(&[source.to_vec()], &self.device);
+        let logp = log_softmax(self.model.forward_tagged(x, source, None).logits, 2).gather(2, t);
+        let values = logp.into_data().try_to_vec::<f32>().map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        let tokens = values
+            .into_iter()
+            .zip(&wanted)
+            .enumerate()
+            .map(|(i, (lp, &token))| TokenScore {
+                position: i,
+                token,
+                text: if token == end as u32 { "</s>".into() } else { self.tokenizer.decode(&[token]) },
+                logprob: lp as f64,
+            })
+            .collect::<Vec<_>>();
+        let total_logprob = tokens.iter().map(|t| t.logprob).sum();
+        Ok(Scores { tokens, total_logprob, unit: self.tokenizer.unit() })
+    }
+
     /// [`score`](Self::score) under the example tag `tag` ([`tag_id`](Self::tag_id); `None`:
     /// untagged).
     pub fn score_tagged(&self, ids: &[u32], tag: Option<u32>) -> Result<Scores> {
         if ids.len() < 2 {
             bail!("scoring needs at least two tokens (the first has nothing to be predicted from)");
+        }
+        if self.model.encoder.is_some() {
+            bail!("{} is an encoder–decoder: it scores a target given its source; pass --source", self.dir.display());
         }
         if self.model.mask_token.is_some() {
             bail!(

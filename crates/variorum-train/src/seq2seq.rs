@@ -105,6 +105,72 @@ pub fn show(tokens: &[u32], tokenizer: &Tokenizer, vocab: usize) -> String {
     out
 }
 
+/// What `variorum eval` measures of an encoder–decoder on its validation examples.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExampleScores {
+    /// Examples scored, and the target tokens predicted (each target and its end token).
+    pub examples: usize,
+    pub target_tokens: usize,
+    /// Mean loss per target token, nats.
+    pub loss: f64,
+    /// Examples decoded, and the corpus chrF (sacreBLEU's chrF2, [`crate::chrf`]) of what the
+    /// model wrote for them against their targets.
+    pub decoded: usize,
+    pub chrf: f64,
+}
+
+/// The loss per target token of `model` over `batches` (examples with their sources), and the
+/// chrF of the targets it writes for the first `decode` of them from their sources alone:
+/// greedy, or beam search with `beams` > 1. Special tokens are compared as written
+/// ([`show`]: `<s0>`, …). `on_decoded` is called after each decoded example.
+pub fn score_examples(
+    model: &DecoderLm,
+    batches: &[TokenBatch],
+    tokenizer: &Tokenizer,
+    vocab: usize,
+    beams: usize,
+    decode: usize,
+    device: &Device,
+    mut on_decoded: impl FnMut(),
+) -> ExampleScores {
+    let loss = crate::eval::evaluate(model, batches, device);
+    let target_tokens = batches.iter().map(|b| crate::eval::predicted(model, b)).sum();
+    let examples = batches.iter().map(|b| b.batch_size).sum();
+    let greedy = SampleConfig {
+        max_new_tokens: model.seq_len,
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        no_cache: false,
+        seed: 0,
+        tag: None,
+    };
+    let (mut written, mut wanted) = (Vec::new(), Vec::new());
+    'all: for b in batches {
+        for (r, source) in b.sources.iter().enumerate() {
+            if written.len() >= decode {
+                break 'all;
+            }
+            let row = &b.targets[r * b.seq_len..(r + 1) * b.seq_len];
+            // the target without its end token
+            let target: Vec<u32> = row.iter().take_while(|&&t| t >= 0).map(|&t| t as u32).collect();
+            let target = &target[..target.len().saturating_sub(1)];
+            let out = if beams > 1 {
+                beam_search_from(model, source, beams, model.seq_len, device)
+            } else {
+                generate_from(model, source, &greedy, device, |_| {})
+            };
+            written.push(show(&out, tokenizer, vocab));
+            wanted.push(show(target, tokenizer, vocab));
+            on_decoded();
+        }
+    }
+    let (w, t): (Vec<&str>, Vec<&str>) =
+        (written.iter().map(String::as_str).collect(), wanted.iter().map(String::as_str).collect());
+    let chrf = crate::chrf::Chrf::default().corpus(&w, &t);
+    ExampleScores { examples, target_tokens, loss, decoded: written.len(), chrf }
+}
+
 /// The longest target the model writes: its context less the end token it starts from.
 fn max_target(model: &DecoderLm, asked: usize) -> usize {
     asked.min(model.seq_len.saturating_sub(1))

@@ -446,7 +446,10 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
         (None, Some(b)) if !b.sources.is_empty() => {
             let vocab = cfg.model.vocab_size.unwrap_or_default();
             let show = |t: &[u32]| crate::seq2seq::show(t, &corpus.tokenizer, vocab);
-            let target: Vec<u32> = b.targets[..b.seq_len].iter().take_while(|&&t| t >= 0).map(|&t| t as u32).collect();
+            // the first example's target, without its end token
+            let mut target: Vec<u32> =
+                b.targets[..b.seq_len].iter().take_while(|&&t| t >= 0).map(|&t| t as u32).collect();
+            target.pop();
             let written = crate::seq2seq::generate_from(&valid, &b.sources[0], &sample_cfg, &inner, |_| {});
             format!("source: {}\ntarget: {}\nmodel:  {}\n", show(&b.sources[0]), show(&target), show(&written))
         }

@@ -33,10 +33,12 @@ fn every_shipped_config_parses_builds_and_trains_a_step() {
         }
         let mut cfg = ExperimentConfig::load(&path).unwrap_or_else(|e| panic!("{e}"));
         cfg.data.dataset = None;
-        // graph data is JSON lines of examples: the example file itself
-        cfg.data.path = Some(match cfg.data.graph {
-            Some(_) => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/graph/min-trees.jsonl"),
-            None => text.clone(),
+        // graph data and paired text are examples, not text: their example files themselves
+        let shipped = |file: &str| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs").join(file);
+        cfg.data.path = Some(match (&cfg.data.graph, &cfg.data.pairs) {
+            (Some(_), _) => shipped("graph/min-trees.jsonl"),
+            (None, Some(_)) => shipped("seq2seq/reverse.tsv"),
+            (None, None) => text.clone(),
         });
         cfg.train.eval_batches = 1;
         cfg.train.sample_tokens = 4;
