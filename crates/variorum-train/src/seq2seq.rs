@@ -87,6 +87,19 @@ impl ExampleBatches {
 /// Token ids as text, the special tokens past the text vocabulary (`vocab`) by name: `</s>`,
 /// and span corruption's sentinels `<s0>`, `<s1>`, ….
 pub fn show(tokens: &[u32], tokenizer: &Tokenizer, vocab: usize) -> String {
+    text_with(tokens, tokenizer, vocab, |i| match i {
+        0 => "</s>".into(),
+        i => format!("<s{}>", i - 1),
+    })
+}
+
+/// Token ids as the text chrF compares: special tokens as a space (which chrF removes), so that
+/// sentinels written in the right places earn nothing by their names.
+pub fn text_only(tokens: &[u32], tokenizer: &Tokenizer, vocab: usize) -> String {
+    text_with(tokens, tokenizer, vocab, |_| " ".into())
+}
+
+fn text_with(tokens: &[u32], tokenizer: &Tokenizer, vocab: usize, special: impl Fn(usize) -> String) -> String {
     let mut out = String::new();
     let mut run = Vec::new();
     for &t in tokens {
@@ -96,10 +109,7 @@ pub fn show(tokens: &[u32], tokenizer: &Tokenizer, vocab: usize) -> String {
         }
         out.push_str(&tokenizer.decode(&run));
         run.clear();
-        match t as usize - vocab {
-            0 => out.push_str("</s>"),
-            i => out.push_str(&format!("<s{}>", i - 1)),
-        }
+        out.push_str(&special(t as usize - vocab));
     }
     out.push_str(&tokenizer.decode(&run));
     out
@@ -121,8 +131,8 @@ pub struct ExampleScores {
 
 /// The loss per target token of `model` over `batches` (examples with their sources), and the
 /// chrF of the targets it writes for the first `decode` of them from their sources alone:
-/// greedy, or beam search with `beams` > 1. Special tokens are compared as written
-/// ([`show`]: `<s0>`, …). `on_decoded` is called after each decoded example.
+/// greedy, or beam search with `beams` > 1. Special tokens are left out of the comparison
+/// ([`text_only`]). `on_decoded` is called after each decoded example.
 pub fn score_examples(
     model: &DecoderLm,
     batches: &[TokenBatch],
@@ -160,8 +170,8 @@ pub fn score_examples(
             } else {
                 generate_from(model, source, &greedy, device, |_| {})
             };
-            written.push(show(&out, tokenizer, vocab));
-            wanted.push(show(target, tokenizer, vocab));
+            written.push(text_only(&out, tokenizer, vocab));
+            wanted.push(text_only(target, tokenizer, vocab));
             on_decoded();
         }
     }
