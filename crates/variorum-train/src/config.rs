@@ -339,11 +339,18 @@ fn toml_with_extends(path: &Path, depth: usize) -> Result<toml::Table, ConfigErr
     Ok(merged)
 }
 
-/// Overrides `base` with `over`: tables merge key by key unless the override names a `kind`.
+/// Overrides `base` with `over`: tables merge key by key unless the override names a `kind` (a
+/// tagged axis table, replaced whole). `[model]` itself always merges: its `kind` (decoder or
+/// encoder–decoder) is one setting among the model's, not the tag of a table.
 fn merge(base: &mut toml::Table, over: toml::Table) {
+    merge_at(base, over, true)
+}
+
+fn merge_at(base: &mut toml::Table, over: toml::Table, root: bool) {
     for (key, value) in over {
+        let tagged = |o: &toml::Table| o.contains_key("kind") && !(root && key == "model");
         match (base.get_mut(&key), value) {
-            (Some(toml::Value::Table(b)), toml::Value::Table(o)) if !o.contains_key("kind") => merge(b, o),
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) if !tagged(&o) => merge_at(b, o, false),
             (_, value) => {
                 base.insert(key, value);
             }
@@ -384,6 +391,12 @@ path = "x.txt"
             variorum_position::PositionConfig::Alibi(Default::default()),
             "max_len of the base's learned table is gone"
         );
+        // [model] merges even when it names the model's kind
+        let over = "extends = \"../base.toml\"\n[model]\nkind = \"decoder\"\nn_layers = 3\n";
+        std::fs::write(dir.path().join("v/kind.toml"), over).unwrap();
+        let c = ExperimentConfig::load(&dir.path().join("v/kind.toml")).unwrap();
+        assert_eq!((c.model.d_model, c.model.n_layers), (64, 3));
+        assert_eq!(c.model.position.kind(), "learned", "the base's position table is kept");
         // a missing base and a cycle are clear errors
         std::fs::write(dir.path().join("a.toml"), "extends = \"b.toml\"").unwrap();
         std::fs::write(dir.path().join("b.toml"), "extends = \"a.toml\"").unwrap();

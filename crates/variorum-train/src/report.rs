@@ -339,7 +339,10 @@ fn state_memory(params: f64) -> String {
 fn eval_line(r: &EvalRow) -> EvalLine {
     EvalLine {
         data: r.data.clone(),
-        reading: r.reading.clone().unwrap_or_else(|| "windows".into()),
+        reading: match (r.reading.clone().unwrap_or_else(|| "windows".into()), r.chrf) {
+            (reading, Some(chrf)) => format!("{reading}: {chrf:.2}"),
+            (reading, None) => reading,
+        },
         seq_len: r.seq_len,
         stride: r.stride.map_or_else(|| "–".into(), |s| s.to_string()),
         tokens: r.tokens,
