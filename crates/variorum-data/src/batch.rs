@@ -138,13 +138,18 @@ impl RandomWindows {
 /// gives well-mixed, platform-independent seeds, so neighbouring steps or rows
 /// do not get correlated streams.
 fn row_rng(seed: u64, step: u64, row: u64) -> ChaCha8Rng {
-    let digest = Sha256::new()
-        .chain_update(b"variorum/random-windows/v1")
-        .chain_update(seed.to_le_bytes())
-        .chain_update(step.to_le_bytes())
-        .chain_update(row.to_le_bytes())
-        .finalize();
-    ChaCha8Rng::from_seed(digest.into())
+    keyed_rng(b"variorum/random-windows/v1", &[seed, step, row])
+}
+
+/// A generator that is a pure function of `domain` (which sampler draws: each has its own, so
+/// that two samplers never share a stream) and `keys` (the seed, the step, …): what makes every
+/// batch a function of (seed, step) alone.
+pub(crate) fn keyed_rng(domain: &[u8], keys: &[u64]) -> ChaCha8Rng {
+    let mut hash = Sha256::new().chain_update(domain);
+    for k in keys {
+        hash = hash.chain_update(k.to_le_bytes());
+    }
+    ChaCha8Rng::from_seed(hash.finalize().into())
 }
 
 /// Ordered streams (for recurrent models): the token sequence is cut into

@@ -20,10 +20,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::batch::TokenBatch;
 use crate::error::DataError;
@@ -240,12 +239,7 @@ fn padded_batch(examples: &[&GraphExample], seq_len: usize) -> TokenBatch {
 }
 
 fn step_rng(seed: u64, step: u64) -> ChaCha8Rng {
-    let digest = Sha256::new()
-        .chain_update(b"variorum/graph-examples/v1")
-        .chain_update(seed.to_le_bytes())
-        .chain_update(step.to_le_bytes())
-        .finalize();
-    ChaCha8Rng::from_seed(digest.into())
+    crate::batch::keyed_rng(b"variorum/graph-examples/v1", &[seed, step])
 }
 
 #[cfg(test)]

@@ -18,10 +18,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::NO_TARGET;
 use crate::batch::TokenBatch;
@@ -220,12 +219,7 @@ pub fn example_batch(examples: &[(&[u32], &[u32])], end: u32) -> TokenBatch {
 }
 
 fn step_rng(seed: u64, step: u64) -> ChaCha8Rng {
-    let digest = Sha256::new()
-        .chain_update(b"variorum/pairs/v1")
-        .chain_update(seed.to_le_bytes())
-        .chain_update(step.to_le_bytes())
-        .finalize();
-    ChaCha8Rng::from_seed(digest.into())
+    crate::batch::keyed_rng(b"variorum/pairs/v1", &[seed, step])
 }
 
 #[cfg(test)]

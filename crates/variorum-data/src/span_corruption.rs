@@ -18,10 +18,9 @@
 
 use std::sync::Arc;
 
+use rand::Rng;
 use rand::seq::index::sample;
-use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use sha2::{Digest, Sha256};
 
 use crate::batch::TokenBatch;
 use crate::error::DataError;
@@ -140,17 +139,13 @@ fn check(tokens: &[u32], shape: &SpanShape, split: &str) -> Result<(), DataError
 }
 
 fn rng(seed: u64, step: u64) -> ChaCha8Rng {
-    let digest = Sha256::new()
-        .chain_update(b"variorum/span-corruption/v1")
-        .chain_update(seed.to_le_bytes())
-        .chain_update(step.to_le_bytes())
-        .finalize();
-    ChaCha8Rng::from_seed(digest.into())
+    crate::batch::keyed_rng(b"variorum/span-corruption/v1", &[seed, step])
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::SeedableRng;
 
     #[test]
     fn sentinels_mark_the_dropped_spans_and_the_target_restores_them() {

@@ -130,13 +130,7 @@ fn unique() -> u64 {
 pub fn check_overfit(name: &str, cfg: &ModelConfig, autodiff_device: &Device) -> Result<(), String> {
     let _guard = seeded();
     let dev = autodiff_device;
-    let mut model = build(name, cfg, 11, dev)?;
-    // gradients clipped at norm 1.0 (Burn's clipping: each parameter tensor by its own norm; the
-    // trainer's is global): without it, a kind whose loss surface has cliffs (capsule heads' EM
-    // routing) bounces out of the minimum and back, and whether it sat below the bar at some step
-    // depended on rounding (GEMM order, kernels)
-    let clip = burn::grad_clipping::GradientClippingConfig::Norm(1.0);
-    let mut optim = AdamWConfig::new().with_weight_decay(0.0).with_grad_clipping(Some(clip)).init();
+    let model = build(name, cfg, 11, dev)?;
     let (inputs, targets) = match cfg.mask_token() {
         // next-token prediction: the batch shifted by one
         None => {
@@ -154,23 +148,39 @@ pub fn check_overfit(name: &str, cfg: &ModelConfig, autodiff_device: &Device) ->
             (t(ins), t(outs))
         }
     };
-    let (mut first, mut last) = (f32::NAN, f32::NAN);
     // up to 200 steps, stopping once it is memorised: the slower kinds (rfa's gated random
     // features) need more than 80, and how many depends on rounding (GEMM kernels differ by CPU)
-    for step in 0..200 {
-        let (loss, _) = model.loss(inputs.clone(), targets.clone());
-        last = loss.clone().into_scalar::<f32>();
+    memorise(name, model, 200, |m| m.loss(inputs.clone(), targets.clone()).0)
+}
+
+/// AdamW (lr 1e-2) on `loss` of the model until it falls below 0.3, for at most `steps` steps,
+/// from above 1.5. Gradients are clipped at norm 1.0 (Burn's clipping: each parameter tensor by
+/// its own norm; the trainer's is global): without it, a kind whose loss surface has cliffs
+/// (capsule heads' EM routing) bounces out of the minimum and back, and whether it sat below the
+/// bar at some step depended on rounding (GEMM order, kernels).
+fn memorise(
+    name: &str,
+    mut model: DecoderLm,
+    steps: usize,
+    loss: impl Fn(&DecoderLm) -> Tensor<1>,
+) -> Result<(), String> {
+    let clip = burn::grad_clipping::GradientClippingConfig::Norm(1.0);
+    let mut optim = AdamWConfig::new().with_weight_decay(0.0).with_grad_clipping(Some(clip)).init();
+    let (mut first, mut last) = (f32::NAN, f32::NAN);
+    for step in 0..steps {
+        let l = loss(&model);
+        last = l.clone().into_scalar::<f32>();
         if step == 0 {
             first = last;
         }
         if last < 0.3 {
             break;
         }
-        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        let grads = GradientsParams::from_grads(l.backward(), &model);
         model = optim.step(1e-2, model, grads);
     }
     ensure(first > 1.5, || format!("{name}: initial loss {first} is suspiciously low"))?;
-    ensure(last < 0.3, || format!("{name}: loss only fell from {first} to {last} in 200 steps on one batch"))
+    ensure(last < 0.3, || format!("{name}: loss only fell from {first} to {last} in {steps} steps on one batch"))
 }
 
 /// An encoder–decoder's defining properties, on two sources of 7 tokens and targets of 9: the
@@ -236,10 +246,8 @@ pub fn check_encoder_decoder(name: &str, cfg: &ModelConfig, device: &Device) -> 
 pub fn check_encoder_decoder_overfit(name: &str, cfg: &ModelConfig, autodiff_device: &Device) -> Result<(), String> {
     let _guard = seeded();
     let dev = autodiff_device;
-    let mut model = build(name, cfg, 11, dev)?;
+    let model = build(name, cfg, 11, dev)?;
     let end = cfg.end_token().ok_or_else(|| format!("{name}: not an encoder–decoder"))? as i64;
-    let clip = burn::grad_clipping::GradientClippingConfig::Norm(1.0);
-    let mut optim = AdamWConfig::new().with_weight_decay(0.0).with_grad_clipping(Some(clip)).init();
     let (b, l) = (4, 6);
     let src = tokens(31, b, l, end as usize, dev);
     let ids = src.clone().into_data().convert::<i64>().try_to_vec::<i64>().map_err(|e| format!("{name}: {e:?}"))?;
@@ -249,22 +257,8 @@ pub fn check_encoder_decoder_overfit(name: &str, cfg: &ModelConfig, autodiff_dev
         (0..b).flat_map(|r| std::iter::once(end).chain(reversed[r * l..r * l + l - 1].iter().copied())).collect();
     let t = |v: Vec<i64>| Tensor::<2, Int>::from_data(TensorData::new(v, [b, l]), dev);
     let (inputs, targets) = (t(inputs), t(reversed));
-    let (mut first, mut last) = (f32::NAN, f32::NAN);
-    for step in 0..300 {
-        let source = Source { tokens: src.clone(), padding: None };
-        let (loss, _) = model.loss_with(inputs.clone(), targets.clone(), source, None);
-        last = loss.clone().into_scalar::<f32>();
-        if step == 0 {
-            first = last;
-        }
-        if last < 0.3 {
-            break;
-        }
-        let grads = GradientsParams::from_grads(loss.backward(), &model);
-        model = optim.step(1e-2, model, grads);
-    }
-    ensure(first > 1.5, || format!("{name}: initial loss {first} is suspiciously low"))?;
-    ensure(last < 0.3, || format!("{name}: loss only fell from {first} to {last} in 300 steps on one batch"))
+    let source = Source { tokens: src, padding: None };
+    memorise(name, model, 300, |m| m.loss_with(inputs.clone(), targets.clone(), source.clone(), None).0)
 }
 
 /// Every check on every variant: `device` for the forward checks, `device.autodiff()`'s
