@@ -80,7 +80,7 @@ impl AttentionKind for BigBirdConfig {
     type Module = BigBirdAttention;
     const SUMMARY: &'static str = "BigBird: blocked sliding window, global tokens (the first g positions) and r random blocks per query block, fixed per layer by a seed; computed block by block";
     const PAPER: &'static str = "Zaheer et al. 2020, Big Bird: Transformers for Longer Sequences";
-    const CAPS: Capabilities = Capabilities { gathers_keys: true, ..caps::BLOCKED_SCORES };
+    const CAPS: Capabilities = Capabilities { gathers_keys: true, hides_padding: false, ..caps::BLOCKED_SCORES };
     crate::head_kind_items!();
 
     fn expanded(&self, d_model: usize) -> Self {

@@ -61,7 +61,7 @@ impl AttentionKind for BlockwiseConfig {
     type Module = BlockwiseAttention;
     const SUMMARY: &'static str = "blockwise attention: head h's query block t sees key block (t + s_h) mod n; causal: its own block and the block s_h before";
     const PAPER: &'static str = "Qiu et al. 2019, Blockwise Self-Attention for Long Document Understanding";
-    const CAPS: Capabilities = caps::GATHERED_SCORES;
+    const CAPS: Capabilities = Capabilities { hides_padding: false, ..caps::GATHERED_SCORES };
     crate::head_kind_items!();
 
     fn expanded(&self, d_model: usize) -> Self {

@@ -17,6 +17,9 @@ use variorum_train::run::Run;
 
 use crate::device;
 
+/// `--decode`'s default: validation examples an encoder–decoder decodes for chrF.
+pub const DEFAULT_DECODE: usize = 200;
+
 pub struct EvalArgs {
     pub runs: Vec<PathBuf>,
     pub data: Option<PathBuf>,
@@ -375,7 +378,8 @@ fn eval_examples(run: &Run, args: &EvalArgs, device: &burn::prelude::Device) -> 
     let n: usize = batches.iter().map(|b| b.batch_size).sum();
     let decode = args.decode.min(n);
     let pb = progress::bar(decode as u64, &run_name(&args.runs[0]));
-    let vocab = m.vocab_size.unwrap_or_default();
+    // the special tokens start at the end token
+    let vocab = run.model.end_token.unwrap_or_default();
     let s = variorum_train::seq2seq::score_examples(
         &run.model,
         &batches,
@@ -416,6 +420,9 @@ fn eval_one(args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode>
     }
     if run.config.model.is_encoder_decoder() {
         return eval_examples(&run, args, device);
+    }
+    if args.beams != 1 || args.decode != DEFAULT_DECODE {
+        eprintln!("note: --beams and --decode measure an encoder–decoder's decoding; this run is a decoder");
     }
     let (ids, source, tags, label) = tokens(&run, args)?;
     let lengths = if args.seq_len.is_empty() { vec![run.model.seq_len] } else { args.seq_len.clone() };

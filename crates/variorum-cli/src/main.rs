@@ -164,7 +164,7 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         beams: usize,
         /// Encoder–decoder runs: validation examples decoded for chrF (the loss reads them all).
-        #[arg(long, default_value_t = 200)]
+        #[arg(long, default_value_t = eval::DEFAULT_DECODE)]
         decode: usize,
     },
     /// CALM early exit on a run with `[model.exits]`: validation loss against mean blocks used
@@ -516,6 +516,18 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     anyhow::bail!(
                         "{} is a decoder-only model: it continues a prompt (--prompt), it has no encoder to read --source",
                         run.dir.display()
+                    );
+                }
+                if tag.is_some() {
+                    anyhow::bail!("--tag: an encoder–decoder is not conditioned on example tags");
+                }
+                if no_cache && beams > 1 {
+                    eprintln!("note: beam search recomputes its beams every step; --no-cache changes nothing");
+                }
+                if max_new_tokens >= run.model.seq_len {
+                    eprintln!(
+                        "note: the target stops at {} tokens, model.seq_len less the end token it starts from",
+                        run.model.seq_len - 1
                     );
                 }
                 let cfg = SampleConfig { max_new_tokens, temperature, top_k, top_p, seed, no_cache, tag: None };
@@ -939,7 +951,8 @@ fn generate_from_source(
             run.model.seq_len
         );
     }
-    let vocab = run.config.model.vocab_size.unwrap_or_default();
+    // the special tokens start at the end token
+    let vocab = run.model.end_token.unwrap_or_default();
     let start = std::time::Instant::now();
     let mut out = std::io::stdout();
     let written = if beams > 1 {

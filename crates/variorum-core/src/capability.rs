@@ -51,8 +51,9 @@ pub struct Capabilities {
     /// Attention: cross-attention — queries attend over a source sequence of another length
     /// (`AttentionInput::key_value`, an encoder's output), each query over every source row by
     /// content, independently of the other queries, source padding hidden. As an
-    /// encoder–decoder uses it: a bidirectional mask over the source, no decoding state (the
-    /// source's keys and values are the caller's to keep, or the kind's in its cross state), no position scheme between a query
+    /// encoder–decoder uses it: a bidirectional mask over the source, no decoding state of its
+    /// own (what the kind derives from a fixed source it may keep in the cross state the model
+    /// hands `AttentionMechanism::cross_attention`), no position scheme between a query
     /// and the source (the layer is built with `Positioning::NONE`). Kinds whose pattern is tied
     /// to the query's position, that mix queries with one another, that reduce the source to a
     /// summary, or that read only their own sequence say no; neutral pieces declare none.
@@ -60,7 +61,8 @@ pub struct Capabilities {
     /// Attention: hides padded keys (`AttentionMask::padding`) in bidirectional self-attention,
     /// so that a row padded at the end reads as the row alone — what an encoder over a batch of
     /// sources of different lengths needs. Kinds that pool, sort, bucket or transform the whole
-    /// sequence before the mask applies say no.
+    /// sequence before the mask applies, or whose pattern depends on the padded length (random
+    /// or permuted blocks counted over it), say no.
     pub hides_padding: bool,
     /// Attention: honours a per-example graph (`AttentionMask::graph`, `data.graph`): a position
     /// reads only its neighbours and itself, through the dense score mask or by gathering them.

@@ -456,7 +456,19 @@ impl Corpus {
         tokenizer: Option<Tokenizer>,
         path: PathBuf,
     ) -> Result<Corpus, DataError> {
-        let target_text = p.target_path.as_deref().map(read_text).transpose()?;
+        let target_text = p
+            .target_path
+            .as_deref()
+            .map(|t| {
+                read_text(t).map_err(|e| match e {
+                    DataError::CorpusNotFound { path, .. } => DataError::CorpusNotFound {
+                        path,
+                        hint: "check data.pairs.target_path (the targets, aligned line by line with data.path)".into(),
+                    },
+                    e => e,
+                })
+            })
+            .transpose()?;
         let targets = target_text.as_deref().zip(p.target_path.as_deref());
         let records = pairs::parse(text, targets, &path)?;
         let n = records.len();

@@ -46,8 +46,9 @@ pub enum Flow {
     Stop,
 }
 
-/// The state a forward continues from and updates: the position of the next token and each
-/// layer's KV cache or memory.
+/// The state a forward continues from and updates: the position of the next token, each
+/// layer's KV cache or memory (and cross-attention state), and an encoder–decoder's encoded
+/// source.
 #[derive(Debug, Clone, Default)]
 pub struct DecoderState {
     pub position: usize,
@@ -188,8 +189,8 @@ impl DecoderLm {
     /// The attention probabilities of every block application over fresh sequences
     /// `[batch, len]`: one `[batch, heads, len, len]` per application, `None` where the kind
     /// forms no weights (kernelised, sorted-bucket kinds). Global tokens by id (Longformer) are
-    /// marked as in the forward. A reversible stack, ACT and ETC's global input are refused
-    /// (their blocks run under another schedule).
+    /// marked as in the forward. A reversible stack, ACT, ETC's global input and encoder–decoders
+    /// are refused (their blocks run under another schedule, or read a source).
     pub fn attention_maps(&self, tokens: Tensor<2, Int>) -> Result<Vec<Option<Tensor<4>>>, String> {
         if self.reversible.is_some() || self.act.is_some() || self.global_embedding.is_some() || self.encoder.is_some()
         {
@@ -333,8 +334,10 @@ impl DecoderLm {
     /// [`forward_with`](Self::forward_with) of rows described by `rows`: their tags (`[batch]`,
     /// `data.tags`: the play or corpus each row comes from; a tensor of them, or `None`, converts
     /// into [`Rows`]), which every block's attention reads from the mask (kinds conditioned on a
-    /// task; the others ignore it), and their graphs (`data.graph`), which the mask carries to
-    /// every block (a fresh forward over whole examples: no `state`).
+    /// task; the others ignore it), their graphs (`data.graph`), which the mask carries to
+    /// every block (a fresh forward over whole examples: no `state`), and an encoder–decoder's
+    /// sources: given, the encoder runs on them (and `state` keeps its output and starts fresh
+    /// cross-attention states); absent, the state's encoded source is read again.
     pub fn forward_tagged(
         &self,
         tokens: Tensor<2, Int>,
@@ -511,24 +514,42 @@ impl DecoderLm {
         self.blocks[i % self.blocks.len()].extend_cache(h, mask, state);
     }
 
+    /// Every attention module with its parameter path's prefix: each block's self-attention, its
+    /// cross-attention, and an encoder's blocks' attention.
+    fn attention_modules(&mut self) -> Vec<(String, &mut variorum_attention::Attention)> {
+        let mut out = Vec::new();
+        for (i, block) in self.blocks.iter_mut().enumerate() {
+            out.push((format!("blocks.{i}.attn."), &mut block.attn));
+            if let Some(c) = block.cross.as_mut() {
+                out.push((format!("blocks.{i}.cross.attn."), &mut c.attn));
+            }
+        }
+        if let Some(e) = self.encoder.as_mut() {
+            for (i, block) in e.blocks.iter_mut().enumerate() {
+                out.push((format!("encoder.blocks.{i}.attn."), &mut block.attn));
+            }
+        }
+        out
+    }
+
     /// What the mechanisms do between optimizer steps (random features redrawn, centroids
-    /// moved); the trainer calls it after every step, `step` counting completed steps from 1.
+    /// moved), in every attention module, an encoder's and the cross-attention included; the
+    /// trainer calls it after every step, `step` counting completed steps from 1.
     pub fn after_optimizer_step(mut self, step: usize) -> Self {
-        for block in &mut self.blocks {
-            block.attn.after_optimizer_step(step);
+        for (_, attn) in self.attention_modules() {
+            attn.after_optimizer_step(step);
         }
         self
     }
 
     /// After a partial load (`--init-from`): `fresh` lists the parameter paths that kept their
-    /// initialisation; each block's attention derives again what it initialises from others.
+    /// initialisation; each attention module derives again what it initialises from others.
     pub fn after_partial_load(mut self, fresh: &[String]) -> Self {
-        for (i, block) in self.blocks.iter_mut().enumerate() {
-            let prefix = format!("blocks.{i}.attn.");
+        for (prefix, attn) in self.attention_modules() {
             let under = |field: &str| {
                 fresh.iter().any(|p| p.strip_prefix(&prefix).is_some_and(|rest| rest.split('.').any(|s| s == field)))
             };
-            block.attn.after_partial_load(&under);
+            attn.after_partial_load(&under);
         }
         self
     }
@@ -683,7 +704,8 @@ impl DecoderLm {
     }
 
     /// Each row's mean loss over the positions it predicts, `[batch]` (under the masked
-    /// objective its hidden positions, with graph rows those before an example's end).
+    /// objective its hidden positions; with `padded` rows — graph examples, an
+    /// encoder–decoder's targets — those whose target is not `NO_TARGET`).
     pub fn row_losses(&self, logits: Tensor<3>, targets: Tensor<2, Int>, padded: bool) -> Tensor<1> {
         let [b, l, _] = logits.dims();
         let counted = match self.mask_token {
@@ -696,8 +718,9 @@ impl DecoderLm {
         total / counted.sum_dim(1).clamp_min(1.0).reshape([b])
     }
 
-    /// [`token_loss`](Self::token_loss), or with `padded` rows (graph examples, whose targets end
-    /// with `variorum_data::NO_TARGET`, −1) next-token cross-entropy over the targets ≥ 0.
+    /// [`token_loss`](Self::token_loss), or with `padded` rows (graph examples, an
+    /// encoder–decoder's targets, which end with `variorum_data::NO_TARGET`, −1) next-token
+    /// cross-entropy over the targets ≥ 0.
     pub fn rows_loss(&self, logits: Tensor<3>, targets: Tensor<2, Int>, padded: bool) -> Tensor<1> {
         match (padded, self.mask_token) {
             (true, None) => padded_cross_entropy(logits, targets),

@@ -7,7 +7,8 @@
 //! The encoder shares the decoder's token embedding and absolute position signal (one vocabulary
 //! for source and target, as in T5 and Vaswani et al.'s shared BPE); its blocks have their own
 //! attention (`model.encoder.attention`, by default `model.attention`) under a bidirectional mask
-//! that hides the source's padding, with the model's relative position scheme inside.
+//! that hides the source's padding, with the model's relative position scheme inside (the rules
+//! check the encoder's attention against it as they check the decoder's).
 //!
 //! The embedding gets one row after the text vocabulary, the end token (`</s>`): the decoder's
 //! first input and the last target of every example, where generation stops. Span corruption
@@ -215,6 +216,18 @@ impl ModelConfig {
                 "its per-layer signals are the decoder's; use an input or relative scheme",
             );
         }
-        Ok(())
+        // the encoder as a model of its own: a bidirectional stack of its depth and attention,
+        // under every rule a model's attention meets (its length, the position scheme it carries)
+        let as_encoder = ModelConfig {
+            kind: ModelKind::Decoder,
+            encoder: EncoderConfig::default(),
+            cross_attention: None,
+            attention: encoder,
+            n_layers: layers,
+            objective: crate::ObjectiveConfig::Masked(Default::default()),
+            max_back: None,
+            ..self.clone()
+        };
+        as_encoder.validate().map_err(|e| ConfigError::new(format!("the encoder (model.encoder): {e}")))
     }
 }

@@ -117,10 +117,12 @@ pub fn encoder_decoder_variants() -> Vec<(String, ModelConfig)> {
         {
             out.push((format!("encoder-decoder cross {}", v.name), c));
         }
-        if caps.bidirectional && v.position.is_none() {
+        if caps.bidirectional {
             let encoder = crate::EncoderConfig { attention: Some(v.config.clone()), ..Default::default() };
             let decoder = (caps.causal && caps.incremental).then(|| v.config.clone());
-            let c = ModelConfig { encoder, attention: decoder.unwrap_or(base.attention.clone()), ..base.clone() };
+            let position = v.position.clone().unwrap_or_else(|| base.position.clone());
+            let c =
+                ModelConfig { encoder, attention: decoder.unwrap_or(base.attention.clone()), position, ..base.clone() };
             if let Some(c) = on(c) {
                 out.push((format!("encoder-decoder self {}", v.name), c));
             }

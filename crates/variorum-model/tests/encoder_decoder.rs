@@ -40,3 +40,37 @@ fn an_encoder_decoder_memorises_reversed_sources() {
     let device = Device::flex().autodiff();
     check_encoder_decoder_overfit("encoder-decoder base", &tiny_encoder_decoder(), &device).unwrap();
 }
+
+/// The mechanisms' own updates between optimizer steps reach every attention module: a
+/// Performer cross-attention and a Performer encoder redraw their random features, so the
+/// outputs move.
+#[test]
+fn updates_between_steps_reach_the_encoder_and_the_cross_attention() {
+    let device = Device::flex();
+    let performer: variorum_attention::AttentionConfig =
+        toml::from_str("kind = \"performer\"\nn_heads = 4\nredraw_interval = 1").unwrap();
+    for (part, cfg) in [
+        ("cross", variorum_model::ModelConfig { cross_attention: Some(performer.clone()), ..tiny_encoder_decoder() }),
+        (
+            "encoder",
+            variorum_model::ModelConfig {
+                encoder: variorum_model::EncoderConfig { attention: Some(performer.clone()), ..Default::default() },
+                ..tiny_encoder_decoder()
+            },
+        ),
+    ] {
+        cfg.validate().unwrap();
+        device.seed(4);
+        let model = cfg.init(&device);
+        let src = variorum_model::harness::tokens(1, 2, 7, 11, &device);
+        let tgt = variorum_model::harness::tokens(2, 2, 5, 11, &device);
+        let run = |m: &variorum_model::DecoderLm| {
+            let source = variorum_model::Source { tokens: src.clone(), padding: None };
+            m.forward_tagged(tgt.clone(), source, None).logits
+        };
+        let before = run(&model);
+        let after = run(&model.after_optimizer_step(1));
+        let moved = (before - after).abs().max().into_scalar::<f32>();
+        assert!(moved > 1e-6, "{part}: redrawing the features changed nothing");
+    }
+}

@@ -13,7 +13,7 @@ use variorum_core::{ConfigError, error::check};
 pub struct FreezeConfig {
     /// Token embedding and absolute position parameters. Default false.
     pub embeddings: bool,
-    /// The first n blocks. Default 0.
+    /// The first n blocks (of the decoder, in an encoder–decoder: its encoder blocks train). Default 0.
     pub first_blocks: usize,
     /// Everything but the output head (`head`, or `token_embedding` when tied). Default false.
     pub all_but_head: bool,

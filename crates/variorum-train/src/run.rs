@@ -216,6 +216,9 @@ impl Run {
             bail!("{} is not an encoder–decoder: score a text without --source", self.dir.display());
         };
         let l = self.model.seq_len;
+        if source.is_empty() {
+            bail!("the source is empty: an encoder–decoder reads 1 to model.seq_len = {l} tokens");
+        }
         if source.len() > l || target.len() + 1 > l {
             bail!(
                 "the source ({} tokens) and the target with its end token ({}) must each fit model.seq_len = {l}",
@@ -252,11 +255,11 @@ impl Run {
     /// [`score`](Self::score) under the example tag `tag` ([`tag_id`](Self::tag_id); `None`:
     /// untagged).
     pub fn score_tagged(&self, ids: &[u32], tag: Option<u32>) -> Result<Scores> {
-        if ids.len() < 2 {
-            bail!("scoring needs at least two tokens (the first has nothing to be predicted from)");
-        }
         if self.model.encoder.is_some() {
             bail!("{} is an encoder–decoder: it scores a target given its source; pass --source", self.dir.display());
+        }
+        if ids.len() < 2 {
+            bail!("scoring needs at least two tokens (the first has nothing to be predicted from)");
         }
         if self.model.mask_token.is_some() {
             bail!(

@@ -253,11 +253,14 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
     pb.set_style(crate::progress::style());
     pb.set_position(state.step);
     let say = |s: String| pb.suspend(|| eprintln!("{s}"));
+    let per_step = match cfg.model.is_encoder_decoder() {
+        true => format!("{} examples/step", tc.batch_size * tc.grad_accum),
+        false => format!("{} tokens/step", tc.batch_size * seq_len * tc.grad_accum),
+    };
     say(format!(
-        "training {} parameters on {} ({} tokens/step), run directory {}{}",
+        "training {} parameters on {} ({per_step}), run directory {}{}",
         params,
         opts.device_name,
-        tc.batch_size * seq_len * tc.grad_accum,
         run.display(),
         if state.step > 0 { format!(", resuming at step {}", state.step) } else { String::new() }
     ));
@@ -265,7 +268,11 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
     if let Some(r) = &init_report {
         say(r.summary());
     }
-    let tokens_per_step = (tc.batch_size * seq_len * tc.grad_accum) as f64;
+    // positions each step processes, counted from its batches: an encoder–decoder's are its
+    // target rows (as long as the batch's longest) and their sources
+    let batch_tokens =
+        |b: &TokenBatch| (b.batch_size * b.seq_len + b.sources.iter().map(|s| s.len()).sum::<usize>()) as f64;
+    let mut interval_tokens = 0.0;
     let mut loss_acc: Option<Tensor<1>> = None;
     // auxiliary losses summed over the logging interval, on the device
     let mut aux_acc: variorum_core::AuxLosses = Vec::new();
@@ -312,6 +319,7 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
                 }
             })
             .collect();
+        interval_tokens += micro.iter().map(batch_tokens).sum::<f64>();
         let t0 = Instant::now();
         let (m, res) = train_step(model, &mut optim, &tc, &micro, lr, &device, memory.as_mut());
         // the mechanisms' own updates between steps (random features redrawn, centroids moved),
@@ -344,7 +352,7 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
             if log_now {
                 let train_loss = sum / count.max(1) as f64;
                 last_train_loss = Some(train_loss);
-                let tps = interval_steps as f64 * tokens_per_step / interval_train_secs.max(1e-9);
+                let tps = interval_tokens / interval_train_secs.max(1e-9);
                 let val_loss = if eval_now {
                     let inner = device.clone().inner();
                     let v = if model.has_memory() {
@@ -390,6 +398,7 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
                 state.loss_sum = 0.0;
                 state.loss_count = 0;
                 interval_steps = 0;
+                interval_tokens = 0.0;
                 interval_train_secs = 0.0;
             } else {
                 state.loss_sum = sum;
@@ -444,7 +453,7 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
         (Some(mask), Some(b)) => fill_in_sample(&valid, b, mask, &corpus.tokenizer, &inner),
         // an encoder–decoder writes the target of the first validation example
         (None, Some(b)) if !b.sources.is_empty() => {
-            let vocab = cfg.model.vocab_size.unwrap_or_default();
+            let vocab = valid.end_token.unwrap_or_default();
             let show = |t: &[u32]| crate::seq2seq::show(t, &corpus.tokenizer, vocab);
             // the first example's target, without its end token
             let mut target: Vec<u32> =

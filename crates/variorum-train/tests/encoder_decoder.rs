@@ -205,6 +205,11 @@ fn mismatched_configs_and_files_are_refused_by_name() {
     );
     refused(&["model.encoder.attention={kind = \"lsh\"}"], "does not hide padded keys");
     refused(&["train.batching=ordered"], "draws whole examples");
+    // the encoder's attention meets the rules the decoder's does: ALiBi needs scores to act on
+    refused(
+        &["model.position={kind = \"alibi\"}", "model.encoder.attention={kind = \"linear\"}"],
+        "the encoder (model.encoder): model.position.kind = \"alibi\" acts on the attention scores",
+    );
     // a bad line is named with its file and line, before any training
     let bad = tmp.path().join("bad.tsv");
     std::fs::write(&bad, "abc\tcba\nno tab here\n").unwrap();
