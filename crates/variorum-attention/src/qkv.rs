@@ -88,10 +88,9 @@ impl QkvProjection {
     pub fn queries(&self, x: Tensor<3>) -> Tensor<4> {
         let [b, lq, d] = x.dims();
         let hq = self.n_heads * self.head_dim;
-        let mut q = x.matmul(self.qkv.weight.val().slice([0..d, 0..hq]).unsqueeze_dim(0));
-        if let Some(bias) = &self.qkv.bias {
-            q = q + bias.val().slice([0..hq]).reshape([1, 1, hq]);
-        }
+        let w = self.qkv.weight.val().slice([0..d, 0..hq]);
+        let bias = self.qkv.bias.as_ref().map(|bias| bias.val().slice([0..hq]));
+        let q = variorum_kernels::linear::linear(x, w, bias);
         q.reshape([b, lq, self.n_heads, self.head_dim]).swap_dims(1, 2)
     }
 
@@ -102,10 +101,8 @@ impl QkvProjection {
         let hq = self.n_heads * self.head_dim;
         let w = self.qkv.weight.val();
         let width = w.dims()[1];
-        let mut kv = source.matmul(w.slice([0..d, hq..width]).unsqueeze_dim(0));
-        if let Some(bias) = &self.qkv.bias {
-            kv = kv + bias.val().slice([hq..width]).reshape([1, 1, width - hq]);
-        }
+        let bias = self.qkv.bias.as_ref().map(|bias| bias.val().slice([hq..width]));
+        let kv = variorum_kernels::linear::linear(source, w.slice([0..d, hq..width]), bias);
         let kv = kv.reshape([b, lk, 2 * self.n_kv_heads, self.head_dim]).swap_dims(1, 2);
         (kv.clone().narrow(1, 0, self.n_kv_heads), kv.narrow(1, self.n_kv_heads, self.n_kv_heads))
     }

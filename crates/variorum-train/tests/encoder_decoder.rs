@@ -111,6 +111,18 @@ fn an_encoder_decoder_learns_to_reverse_unseen_words() {
     let s = score_examples(&run.model, &batches, &run.tokenizer, vocab, 1, 60, &device, || {});
     assert!((s.loss - loss).abs() < 1e-4, "eval {} vs training's {loss}", s.loss);
     assert!(s.chrf > 95.0, "chrF {}", s.chrf);
+    // export and fine-tuning: the safetensors file initialises a new run with every tensor (the
+    // encoder's and the cross-attention's among them), which continues from the trained loss
+    let file = tmp.path().join("model.safetensors");
+    let names = variorum_train::transfer::export_safetensors(&run.model, &file).unwrap();
+    assert!(names.iter().any(|n| n.starts_with("encoder.blocks.")) && names.iter().any(|n| n.contains(".cross.attn.")));
+    let tune =
+        ["train.steps=1", "train.lr=1e-9", "train.min_lr=1e-10", "train.warmup_steps=0", "train.eval_interval=1"];
+    let mut opts = TrainOptions::new(tmp.path().join("tuned"), Device::flex(), "flex");
+    opts.init_from = Some(file);
+    let Outcome::Finished(t) = train(config(&pairs, &tune).unwrap(), &opts).unwrap() else { panic!("interrupted") };
+    let tuned = t.final_val_loss.unwrap();
+    assert!((tuned - loss).abs() < 1e-3, "fine-tuning started from {tuned}, the run ended at {loss}");
 }
 
 /// A row's logits over its target depend on its own source and target alone: scored in a batch
