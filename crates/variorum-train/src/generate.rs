@@ -23,6 +23,13 @@ pub struct SampleConfig {
     pub tag: Option<u32>,
 }
 
+impl SampleConfig {
+    /// Greedy decoding of up to `max_new_tokens` tokens, with the cache, untagged.
+    pub fn greedy(max_new_tokens: usize) -> Self {
+        Self { max_new_tokens, temperature: 0.0, top_k: 0, top_p: 1.0, no_cache: false, seed: 0, tag: None }
+    }
+}
+
 /// `rows` copies of `tag`, the rows' tags for the model (`None` stays untagged).
 fn tags(tag: Option<u32>, rows: usize, device: &Device) -> Option<Tensor<1, Int>> {
     tag.map(|t| Tensor::from_data(TensorData::new(vec![i64::from(t); rows], [rows]), device))

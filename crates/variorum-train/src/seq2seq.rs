@@ -146,15 +146,7 @@ pub fn score_examples(
     let loss = crate::eval::evaluate(model, batches, device);
     let target_tokens = batches.iter().map(|b| crate::eval::predicted(model, b)).sum();
     let examples = batches.iter().map(|b| b.batch_size).sum();
-    let greedy = SampleConfig {
-        max_new_tokens: model.seq_len,
-        temperature: 0.0,
-        top_k: 0,
-        top_p: 1.0,
-        no_cache: false,
-        seed: 0,
-        tag: None,
-    };
+    let greedy = SampleConfig::greedy(model.seq_len);
     let (mut written, mut wanted) = (Vec::new(), Vec::new());
     'all: for b in batches {
         for (r, source) in b.sources.iter().enumerate() {

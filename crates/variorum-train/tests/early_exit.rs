@@ -27,15 +27,7 @@ fn threshold_one_is_the_full_model_and_zero_exits_at_the_first_block() {
     let dev = Device::flex();
     let m = model(&dev);
     let prompt = [1u32, 4, 2];
-    let sample = SampleConfig {
-        max_new_tokens: 20,
-        temperature: 0.0,
-        top_k: 0,
-        top_p: 1.0,
-        no_cache: false,
-        seed: 0,
-        tag: None,
-    };
+    let sample = SampleConfig::greedy(20);
     let full = generate(&m, &prompt, &sample, &dev, |_| {});
     // (this model has no exit predictor: see the predictors' own test)
     for confidence in Confidence::ALL.into_iter().filter(|c| *c != Confidence::Predictor) {

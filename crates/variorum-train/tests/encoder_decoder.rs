@@ -75,15 +75,7 @@ fn an_encoder_decoder_learns_to_reverse_unseen_words() {
     let corpus = Corpus::load(&run.config.data, Some(run.tokenizer.clone())).unwrap();
     let val = &corpus.pairs.as_ref().unwrap().val;
     assert_eq!(val.len(), 60);
-    let greedy = SampleConfig {
-        max_new_tokens: 20,
-        temperature: 0.0,
-        top_k: 0,
-        top_p: 1.0,
-        no_cache: false,
-        seed: 0,
-        tag: None,
-    };
+    let greedy = SampleConfig::greedy(20);
     let mut exact = 0;
     for p in val.iter() {
         let written = generate_from(&run.model, &p.source, &greedy, &device, |_| {});
