@@ -65,16 +65,6 @@ impl Source {
             padding: padded.then(|| Tensor::from_data(TensorData::new(pad, [b, len]), device)),
         }
     }
-
-    /// Each row repeated `n` times in place (beams, samples per source).
-    pub fn repeat_rows(&self, n: usize) -> Self {
-        let rep_int = |t: Tensor<2, Int>| {
-            let [b, l] = t.dims();
-            t.unsqueeze_dim::<3>(1).expand([b, n, l]).reshape([b * n, l])
-        };
-        let padding = self.padding.clone().map(|p| rep_int(p.int()).equal_elem(1));
-        Self { tokens: rep_int(self.tokens.clone()), padding }
-    }
 }
 
 #[derive(Module, Debug)]
