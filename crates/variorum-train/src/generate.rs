@@ -31,7 +31,7 @@ impl SampleConfig {
 }
 
 /// `rows` copies of `tag`, the rows' tags for the model (`None` stays untagged).
-fn tags(tag: Option<u32>, rows: usize, device: &Device) -> Option<Tensor<1, Int>> {
+pub(crate) fn tags(tag: Option<u32>, rows: usize, device: &Device) -> Option<Tensor<1, Int>> {
     tag.map(|t| Tensor::from_data(TensorData::new(vec![i64::from(t); rows], [rows]), device))
 }
 

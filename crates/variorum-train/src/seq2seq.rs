@@ -13,7 +13,7 @@ use variorum_data::{
 };
 use variorum_model::{DecoderLm, DecoderState, ModelConfig, Rows, Source};
 
-use crate::generate::{SampleConfig, pick};
+use crate::generate::{SampleConfig, pick, tags};
 
 /// How span corruption cuts `model`'s windows, when it trains by span corruption.
 pub fn span_shape(model: &ModelConfig) -> Option<SpanShape> {
@@ -200,7 +200,7 @@ pub fn generate_from(
             (state, fresh) = (DecoderState::default(), true);
         }
         let new = &written[state.position..];
-        let rows = Rows { tags: tags(cfg.tag, device), source: fresh.then(|| source.clone()), ..Default::default() };
+        let rows = Rows { tags: tags(cfg.tag, 1, device), source: fresh.then(|| source.clone()), ..Default::default() };
         let logits = model.forward_tagged(ids(&[new.to_vec()], device), rows, Some(&mut state)).logits;
         fresh = false;
         let [_, n, v] = logits.dims();
@@ -287,8 +287,4 @@ fn ids(rows: &[Vec<u32>], device: &Device) -> Tensor<2, Int> {
     let (b, n) = (rows.len(), rows[0].len());
     let flat: Vec<i64> = rows.iter().flat_map(|r| r.iter().map(|&t| i64::from(t))).collect();
     Tensor::from_data(TensorData::new(flat, [b, n]), device)
-}
-
-fn tags(tag: Option<u32>, device: &Device) -> Option<Tensor<1, Int>> {
-    tag.map(|t| Tensor::from_data(TensorData::new(vec![i64::from(t)], [1]), device))
 }

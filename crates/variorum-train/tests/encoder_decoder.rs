@@ -175,6 +175,24 @@ fn span_corruption_trains_on_a_plain_text() {
     let loss = run_to_end(cfg, &tmp.path().join("run"));
     // the corpus's characters carry about 3 nats each alone
     assert!(loss < 1.0, "span corruption validation loss {loss:.4}");
+    // and the spans are restored from their own source: each row scored against another row's
+    // source (the sources rotated by one) loses what the source told it
+    let device = Device::flex();
+    let run = Run::load(&tmp.path().join("run"), &device).unwrap();
+    let corpus = Corpus::load(&run.config.data, Some(run.tokenizer.clone())).unwrap();
+    let batches = variorum_train::seq2seq::validation_examples(&run.config.model, &corpus, 64, 16).unwrap().unwrap();
+    let own = variorum_train::eval::evaluate(&run.model, &batches, &device);
+    let swapped: Vec<_> = batches
+        .iter()
+        .map(|b| {
+            let mut b = b.clone();
+            b.sources.rotate_left(1);
+            b
+        })
+        .collect();
+    let other = variorum_train::eval::evaluate(&run.model, &swapped, &device);
+    assert!((own - loss).abs() < 1e-3, "{own} vs training's {loss}");
+    assert!(other > own + 0.3, "with another row's source {other:.4}, with its own {own:.4}");
     let sample = std::fs::read_to_string(tmp.path().join("run/sample.txt")).unwrap();
     assert!(sample.starts_with("source: ") && sample.contains("<s0>"), "{sample}");
 }
