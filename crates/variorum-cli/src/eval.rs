@@ -34,6 +34,8 @@ pub struct EvalArgs {
     pub beams: usize,
     /// Encoder–decoder runs: validation examples decoded for chrF.
     pub decode: usize,
+    /// Score with a kNN-LM datastore too (`--knn`).
+    pub knn: Option<crate::datastore::KnnArgs>,
 }
 
 /// The token ids to evaluate `run` on, where they come from and, for the run's tagged
@@ -129,6 +131,9 @@ pub fn eval(args: EvalArgs) -> Result<ExitCode> {
     }
     if args.runs.len() == 1 {
         return eval_one(&args, &device);
+    }
+    if args.knn.is_some() {
+        bail!("--knn scores one run with its datastore: give one run");
     }
     if args.seq_len.is_empty() {
         bail!("comparing several runs needs --seq-len (the lengths to compare at)");
@@ -431,6 +436,12 @@ fn eval_one(args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode>
         run.check_len(len)?;
     }
     println!("# {} tokens of {source}", ids.len());
+    if let Some(knn) = &args.knn {
+        let [len] = lengths[..] else { bail!("--knn scores at one context length: give one --seq-len") };
+        let rows = crate::datastore::eval_knn(&run, knn, &ids, len, args.stride.unwrap_or(len))?;
+        record(&run, args, &label, rows);
+        return Ok(ExitCode::SUCCESS);
+    }
     let name = run_name(&args.runs[0]);
     if run.model.has_memory() {
         let rows = eval_memory(&run, &name, &ids, &lengths, device)?;

@@ -2,6 +2,7 @@
 
 mod attention;
 mod bench_attention;
+mod datastore;
 mod device;
 mod early_exit;
 mod eval;
@@ -107,6 +108,18 @@ enum Command {
         /// tags.json, e.g. "HAMLET, PRINCE OF DENMARK").
         #[arg(long)]
         tag: Option<String>,
+        /// Draw each token from the kNN-LM mixture with this datastore (`variorum datastore build`).
+        #[arg(long, conflicts_with_all = ["source", "beams"])]
+        knn: Option<PathBuf>,
+        /// Neighbours retrieved per token.
+        #[arg(long, default_value_t = 64, requires = "knn")]
+        knn_k: usize,
+        /// Weight λ of the kNN distribution.
+        #[arg(long, default_value_t = 0.25, requires = "knn")]
+        knn_lambda: f64,
+        /// Temperature T of p_kNN ∝ exp(−distance / T).
+        #[arg(long, default_value_t = 1.0, requires = "knn")]
+        knn_temperature: f64,
     },
     /// Per-token log-probabilities of a text under a trained run, and their total; for an
     /// encoder–decoder, of a target (the text, then its end token) given --source.
@@ -166,6 +179,30 @@ enum Command {
         /// Encoder–decoder runs: validation examples decoded for chrF (the loss reads them all).
         #[arg(long, default_value_t = eval::DEFAULT_DECODE)]
         decode: usize,
+        /// Also score with this kNN-LM datastore (`variorum datastore build`): the loss with the
+        /// LM alone and mixed with retrieval, p = λ p_kNN + (1 − λ) p_LM, for each k and λ.
+        #[arg(long)]
+        knn: Option<PathBuf>,
+        /// Neighbours retrieved, comma-separated (one search with the largest).
+        #[arg(long, value_delimiter = ',', default_value = "64", requires = "knn")]
+        knn_k: Vec<usize>,
+        /// Weights λ of the kNN distribution, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "0.25", requires = "knn")]
+        knn_lambda: Vec<f64>,
+        /// Temperature T of p_kNN ∝ exp(−distance / T).
+        #[arg(long, default_value_t = 1.0, requires = "knn")]
+        knn_temperature: f64,
+        /// Search every key (exact) instead of the HNSW index.
+        #[arg(long, requires = "knn")]
+        knn_exact: bool,
+        /// HNSW candidates explored per query (at least k).
+        #[arg(long, default_value_t = 128, requires = "knn")]
+        knn_ef: usize,
+    },
+    /// kNN-LM datastores: build one over a text with a run's model, or describe one.
+    Datastore {
+        #[command(subcommand)]
+        command: datastore::DatastoreCommand,
     },
     /// CALM early exit on a run with `[model.exits]`: validation loss against mean blocks used
     /// for each confidence measure and threshold, the calibrated thresholds, and a plot.
@@ -488,6 +525,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
             no_cache,
             beams,
             tag,
+            knn,
+            knn_k,
+            knn_lambda,
+            knn_temperature,
         } => {
             at_least("--beams", beams, 1)?;
             at_least("--max-new-tokens", max_new_tokens, 1)?;
@@ -564,7 +605,30 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 );
                 return Ok(ExitCode::SUCCESS);
             }
-            run.generate(&prompt_ids, &cfg, |t| {
+            let store = match &knn {
+                Some(dir) => {
+                    let args = datastore::KnnArgs {
+                        dir: dir.clone(),
+                        ks: vec![knn_k],
+                        lambdas: vec![knn_lambda],
+                        temperature: knn_temperature,
+                        exact: false,
+                        ef: 128,
+                    };
+                    args.check()?;
+                    variorum_train::knn_lm::check_run(&run)?;
+                    let store = variorum_retrieval::Datastore::open(dir)?;
+                    variorum_train::knn_lm::check_datastore(&run, &store)?;
+                    Some((store, args))
+                }
+                None => None,
+            };
+            let retriever = store.as_ref().map(|(store, args)| variorum_train::knn_lm::Retriever {
+                store,
+                knn: variorum_retrieval::KnnConfig { k: knn_k, lambda: knn_lambda, temperature: knn_temperature },
+                mode: args.mode(),
+            });
+            variorum_train::generate::generate_with(&run.model, &prompt_ids, &cfg, retriever.as_ref(), &device, |t| {
                 generated.push(t);
                 let text = run.tokenizer.decode(&generated);
                 let text = text.trim_end_matches('\u{FFFD}');
@@ -573,7 +637,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     let _ = out.flush();
                     printed = text.len();
                 }
-            });
+            })?;
             let secs = start.elapsed().as_secs_f64();
             let text = run.tokenizer.decode(&generated);
             if text.len() > printed && text.is_char_boundary(printed) {
@@ -586,6 +650,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 generated.len() as f64 / secs.max(1e-9),
                 if run.model.has_memory() {
                     "memory carried"
+                } else if knn.is_some() {
+                    "KV cache, kNN-LM"
                 } else if no_cache {
                     "no cache"
                 } else {
@@ -634,8 +700,34 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Eval { runs, data, seq_len, stride, max_tokens, plot, settings, device, beams, decode } => {
+        Command::Datastore { command } => datastore::run(command),
+        Command::Eval {
+            runs,
+            data,
+            seq_len,
+            stride,
+            max_tokens,
+            plot,
+            settings,
+            device,
+            beams,
+            decode,
+            knn,
+            knn_k,
+            knn_lambda,
+            knn_temperature,
+            knn_exact,
+            knn_ef,
+        } => {
             at_least("--beams", beams, 1)?;
+            let knn = knn.map(|dir| datastore::KnnArgs {
+                dir,
+                ks: knn_k,
+                lambdas: knn_lambda,
+                temperature: knn_temperature,
+                exact: knn_exact,
+                ef: knn_ef,
+            });
             eval::eval(eval::EvalArgs {
                 runs,
                 data,
@@ -647,6 +739,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 device,
                 beams,
                 decode,
+                knn,
             })
         }
         Command::EarlyExit { run, thresholds, max_tokens, tolerance, ltt_delta, ltt_epsilon, plot, device } => {

@@ -35,6 +35,9 @@ pub struct LmOutput {
     pub steps: Option<Tensor<2>>,
     /// Outputs of the blocks before the last, when the model has early exits.
     pub hidden: Vec<Tensor<3>>,
+    /// `[batch, len, d_model]`: the vectors the output head read (the last block's output,
+    /// after the final norm of a pre-LN stack): kNN-LM's keys.
+    pub features: Tensor<3>,
 }
 
 /// What the caller of [`DecoderLm::run_blocks`] answers after each block.
@@ -410,7 +413,8 @@ impl DecoderLm {
         if let Some(s) = state {
             s.position += len;
         }
-        LmOutput { logits: self.exit_logits(self.depth - 1, x), aux_losses, steps, hidden }
+        let (features, logits) = self.head_output(x);
+        LmOutput { logits, aux_losses, steps, hidden, features }
     }
 
     /// Forward of an ETC model: the global input (one auxiliary token per segment) runs through
@@ -449,16 +453,11 @@ impl DecoderLm {
                 s.position = len;
                 s.globals = globals;
             }
-            let x = x.narrow(1, globals, len);
-            return LmOutput {
-                logits: self.exit_logits(self.depth - 1, x),
-                aux_losses,
-                steps: None,
-                hidden: Vec::new(),
-            };
+            let (features, logits) = self.head_output(x.narrow(1, globals, len));
+            return LmOutput { logits, aux_losses, steps: None, hidden: Vec::new(), features };
         }
         let s = state.expect("continuing needs a state");
-        let mut logits = Vec::with_capacity(len);
+        let (mut logits, mut features) = (Vec::with_capacity(len), Vec::with_capacity(len));
         for t in 0..len {
             let at = s.position;
             while s.globals < at / segment {
@@ -476,10 +475,18 @@ impl DecoderLm {
             let x = self.embed(tokens.clone().narrow(1, t, 1), at);
             let (x, aux, _) = self.run_blocks(x, &mask, None, Some(&mut s.layers), |_, _, _| Flow::Continue);
             aux_losses.extend(aux);
-            logits.push(self.exit_logits(self.depth - 1, x));
+            let (f, l) = self.head_output(x);
+            logits.push(l);
+            features.push(f);
             s.position += 1;
         }
-        LmOutput { logits: Tensor::cat(logits, 1), aux_losses, steps: None, hidden: Vec::new() }
+        LmOutput {
+            logits: Tensor::cat(logits, 1),
+            aux_losses,
+            steps: None,
+            hidden: Vec::new(),
+            features: Tensor::cat(features, 1),
+        }
     }
 
     /// Logits read from the output `h` of block `i`: the model's head after the last block, an
@@ -491,11 +498,17 @@ impl DecoderLm {
         {
             return head.forward(norm.forward(h));
         }
+        self.head_output(h).1
+    }
+
+    /// The output head on the last block's output `x`: the vector it reads (after the final
+    /// norm of a pre-LN stack) and the logits.
+    pub fn head_output(&self, x: Tensor<3>) -> (Tensor<3>, Tensor<3>) {
         let h = match &self.final_norm {
-            Some(n) => n.forward(h),
-            None => h,
+            Some(n) => n.forward(x),
+            None => x,
         };
-        self.logits(h)
+        (h.clone(), self.logits(h))
     }
 
     /// The encoder's output over `source` (an encoder–decoder), and its auxiliary losses.

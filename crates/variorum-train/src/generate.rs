@@ -5,6 +5,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use variorum_model::{DecoderLm, DecoderState};
 
+use crate::knn_lm::Retriever;
+
 /// Sampling settings.
 #[derive(Debug, Clone)]
 pub struct SampleConfig {
@@ -45,10 +47,33 @@ pub fn generate(
     prompt: &[u32],
     cfg: &SampleConfig,
     device: &Device,
-    mut on_token: impl FnMut(u32),
+    on_token: impl FnMut(u32),
 ) -> Vec<u32> {
+    match generate_with(model, prompt, cfg, None, device, on_token) {
+        Ok(tokens) => tokens,
+        Err(e) => unreachable!("generation without retrieval cannot fail: {e}"),
+    }
+}
+
+/// [`generate`], drawing each token from the kNN-LM mixture of `retriever` when given
+/// ([`crate::knn_lm`]); fails only when the datastore's index does.
+pub fn generate_with(
+    model: &DecoderLm,
+    prompt: &[u32],
+    cfg: &SampleConfig,
+    retriever: Option<&Retriever>,
+    device: &Device,
+    mut on_token: impl FnMut(u32),
+) -> anyhow::Result<Vec<u32>> {
+    let next = |last: Last| -> anyhow::Result<Vec<f32>> {
+        match retriever {
+            Some(r) => r.next_logprobs(&last.logits, &last.features),
+            None => Ok(last.logits),
+        }
+    };
+    let retrieving = retriever.is_some();
     if model.has_memory() {
-        return generate_with_memory(model, prompt, cfg, device, on_token);
+        return generate_with_memory(model, prompt, cfg, retrieving, next, device, on_token);
     }
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
     let context = model.seq_len.max(2);
@@ -64,23 +89,40 @@ pub fn generate(
         if cfg.no_cache {
             state = DecoderState::default();
         }
-        let last = feed(model, &all[window + state.position..], cfg.tag, &mut state, device);
-        let next = pick(&last, cfg, &mut rng);
-        on_token(next);
-        all.push(next);
+        let last = feed(model, &all[window + state.position..], cfg.tag, &mut state, retrieving, device);
+        let token = pick(&next(last)?, cfg, &mut rng);
+        on_token(token);
+        all.push(token);
     }
-    all.split_off(prompt.len())
+    Ok(all.split_off(prompt.len()))
 }
 
-/// Runs `tokens` (tagged `tag`) through the model from `state` and returns the logits after the
-/// last one.
-fn feed(model: &DecoderLm, tokens: &[u32], tag: Option<u32>, state: &mut DecoderState, device: &Device) -> Vec<f32> {
+/// The model's output at the last position fed: its logits and, when asked for, the vector
+/// the head read.
+struct Last {
+    logits: Vec<f32>,
+    features: Vec<f32>,
+}
+
+/// Runs `tokens` (tagged `tag`) through the model from `state` and returns its output after the
+/// last one (with the features when `features`).
+fn feed(
+    model: &DecoderLm,
+    tokens: &[u32],
+    tag: Option<u32>,
+    state: &mut DecoderState,
+    features: bool,
+    device: &Device,
+) -> Last {
     let ids: Vec<i64> = tokens.iter().map(|&t| t as i64).collect();
     let n = ids.len();
     let input = Tensor::<2, Int>::from_data(TensorData::new(ids, [1, n]), device);
-    let logits = model.forward_tagged(input, tags(tag, 1, device), Some(state)).logits;
-    let v = logits.dims()[2];
-    logits.slice([0..1, n - 1..n, 0..v]).into_data().try_to_vec::<f32>().unwrap_or_default()
+    let out = model.forward_tagged(input, tags(tag, 1, device), Some(state));
+    let last = |t: Tensor<3>| {
+        let w = t.dims()[2];
+        t.slice([0..1, n - 1..n, 0..w]).into_data().try_to_vec::<f32>().unwrap_or_default()
+    };
+    Last { logits: last(out.logits), features: if features { last(out.features) } else { Vec::new() } }
 }
 
 /// Generation for a memory model: the prompt is read segment by segment and every new token
@@ -90,26 +132,32 @@ fn generate_with_memory(
     model: &DecoderLm,
     prompt: &[u32],
     cfg: &SampleConfig,
+    features: bool,
+    next: impl Fn(Last) -> anyhow::Result<Vec<f32>>,
     device: &Device,
     mut on_token: impl FnMut(u32),
-) -> Vec<u32> {
+) -> anyhow::Result<Vec<u32>> {
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
     let segment = model.seq_len.max(1);
     let mut all: Vec<u32> = prompt.to_vec();
     let mut state = DecoderState::default();
-    let mut last: Vec<f32> = Vec::new();
+    let mut last = Last { logits: Vec::new(), features: Vec::new() };
     for _ in 0..cfg.max_new_tokens {
         // feed what the state has not seen, never past the end of the current segment
         while state.position < all.len() {
             let room = segment - state.position % segment;
             let end = all.len().min(state.position + room);
-            last = feed(model, &all[state.position..end], cfg.tag, &mut state, device);
+            last = feed(model, &all[state.position..end], cfg.tag, &mut state, features, device);
         }
-        let next = pick(&last, cfg, &mut rng);
-        on_token(next);
-        all.push(next);
+        let token = pick(
+            &next(std::mem::replace(&mut last, Last { logits: Vec::new(), features: Vec::new() }))?,
+            cfg,
+            &mut rng,
+        );
+        on_token(token);
+        all.push(token);
     }
-    all.split_off(prompt.len())
+    Ok(all.split_off(prompt.len()))
 }
 
 /// Beam search: keeps the `beams` continuations of highest total log-probability and returns the

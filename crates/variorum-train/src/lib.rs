@@ -16,6 +16,7 @@ pub mod eval_record;
 pub mod freeze;
 pub mod generate;
 pub mod heatmap;
+pub mod knn_lm;
 pub mod listing;
 pub mod lock;
 pub mod metrics;

@@ -1,0 +1,321 @@
+//! `variorum datastore build|info` and `variorum eval --knn`: the kNN-LM's datastore
+//! (`variorum_train::knn_lm`, format in `variorum_retrieval::datastore`).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::{Context, Result, bail};
+use variorum_retrieval::search::HnswParams;
+use variorum_retrieval::{Datastore, SearchMode};
+use variorum_train::knn_lm::{self, BuildSettings, Built, KnnEval};
+use variorum_train::progress;
+use variorum_train::run::Run;
+
+use crate::device;
+
+#[derive(clap::Subcommand)]
+pub enum DatastoreCommand {
+    /// Store (key, next token) for every position of a text, keyed by a run's states, with an
+    /// HNSW index; prints its size first, and resumes where an interrupted build stopped.
+    Build {
+        /// A run directory (a plain decoder).
+        run: PathBuf,
+        /// Which split of the run's data to store.
+        #[arg(long, value_enum, default_value = "train", conflicts_with = "data")]
+        split: Split,
+        /// A UTF-8 text file to store instead of a split.
+        #[arg(long)]
+        data: Option<PathBuf>,
+        /// The datastore directory. Default: RUN/datastore-<split>.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Window length the keys are computed with (default: the model's context).
+        #[arg(long)]
+        window: Option<usize>,
+        /// Tokens between window starts (default: the window: disjoint windows, as `variorum eval`).
+        #[arg(long)]
+        stride: Option<usize>,
+        /// Store only the first N tokens.
+        #[arg(long)]
+        max_tokens: Option<usize>,
+        /// HNSW links per node (M).
+        #[arg(long, default_value_t = HnswParams::default().connectivity)]
+        connectivity: usize,
+        /// HNSW candidates explored per insertion (efConstruction).
+        #[arg(long, default_value_t = HnswParams::default().expansion_add)]
+        expansion_add: usize,
+        #[arg(long, default_value = "cpu")]
+        device: String,
+    },
+    /// What a datastore holds and what built it.
+    Info { dir: PathBuf },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum Split {
+    Train,
+    Valid,
+}
+
+/// `variorum eval RUN --knn DIR` settings.
+pub struct KnnArgs {
+    pub dir: PathBuf,
+    pub ks: Vec<usize>,
+    pub lambdas: Vec<f64>,
+    pub temperature: f64,
+    pub exact: bool,
+    pub ef: usize,
+}
+
+impl KnnArgs {
+    pub fn check(&self) -> Result<()> {
+        if self.ks.is_empty() || self.ks.contains(&0) {
+            bail!("--knn-k needs neighbour counts of at least 1");
+        }
+        if let Some(l) = self.lambdas.iter().find(|l| !(0.0..=1.0).contains(*l)) {
+            bail!("--knn-lambda {l} must be in [0, 1]");
+        }
+        if !(self.temperature > 0.0 && self.temperature.is_finite()) {
+            bail!("--knn-temperature {} must be > 0", self.temperature);
+        }
+        Ok(())
+    }
+
+    pub fn mode(&self) -> SearchMode {
+        if self.exact { SearchMode::Exact } else { SearchMode::Approximate { ef: self.ef } }
+    }
+}
+
+pub fn run(cmd: DatastoreCommand) -> Result<ExitCode> {
+    match cmd {
+        DatastoreCommand::Build {
+            run,
+            split,
+            data,
+            out,
+            window,
+            stride,
+            max_tokens,
+            connectivity,
+            expansion_add,
+            device,
+        } => {
+            let (device, _) = device::select(&device)?;
+            let run = Run::load(&run, &device)?;
+            knn_lm::check_run(&run)?;
+            let (mut ids, text, default_out) = match &data {
+                Some(path) => {
+                    let t = variorum_data::read_text(path)?;
+                    let ids =
+                        run.tokenizer.encode(&t).with_context(|| format!("{} cannot be encoded", path.display()))?;
+                    let canonical = path.canonicalize().unwrap_or_else(|_| path.clone());
+                    (ids, canonical.display().to_string(), "datastore-file")
+                }
+                None => {
+                    let corpus = variorum_data::Corpus::load(&run.config.data, Some(run.tokenizer.clone()))?;
+                    let (ids, name) = match split {
+                        Split::Train => (corpus.train, "train"),
+                        Split::Valid => (corpus.val, "valid"),
+                    };
+                    let out = if name == "train" { "datastore-train" } else { "datastore-valid" };
+                    (ids, format!("{name} split of {}", corpus.path.display()), out)
+                }
+            };
+            let mut text = text;
+            if let Some(n) = max_tokens
+                && n < ids.len()
+            {
+                ids.truncate(n);
+                text += &format!(", first {n} tokens");
+            }
+            let window = window.unwrap_or(run.model.seq_len);
+            if window == 0 {
+                bail!("--window 0: a context needs at least one token");
+            }
+            let stride = stride.unwrap_or(window);
+            if stride == 0 || stride > window {
+                bail!("--stride {stride} must be in 1..={window} (the window)");
+            }
+            if connectivity < 2 || expansion_add < 1 {
+                bail!("--connectivity must be at least 2 and --expansion-add at least 1");
+            }
+            let settings = BuildSettings { window, stride, index: HnswParams { connectivity, expansion_add } };
+            let out = out.unwrap_or_else(|| run.dir.join(default_out));
+            build(&run, &ids, &text, &out, &settings)
+        }
+        DatastoreCommand::Info { dir } => {
+            let store = Datastore::open(&dir)?;
+            let m = &store.meta;
+            let o = &m.origin;
+            println!("{}", dir.display());
+            println!("  entries      {} keys of {} values ({})", m.entries, m.dim, o.key);
+            println!("  text         {} ({} tokens, sha256 {}…)", o.text, o.tokens, &o.text_sha256[..12]);
+            println!("  run          {} (weights sha256 {}…)", o.run, &o.weights_sha256[..12]);
+            println!("  windows      {} tokens every {}", o.window, o.stride);
+            println!(
+                "  index        {} ({}), connectivity {}, expansion_add {}",
+                m.index.kind, m.index.library, m.index.params.connectivity, m.index.params.expansion_add
+            );
+            println!("  on disk      {}", mib(dir_bytes(&dir)));
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1 << 20) as f64)
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir).map(|rd| rd.filter_map(|e| e.ok()?.metadata().ok()).map(|m| m.len()).sum()).unwrap_or(0)
+}
+
+/// Memory the kernel says is available (`MemAvailable`), when it says.
+fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+fn build(run: &Run, ids: &[u32], text: &str, out: &Path, settings: &BuildSettings) -> Result<ExitCode> {
+    let planned = knn_lm::planned_entries(ids.len(), settings);
+    let dim = run.config.model.d_model;
+    let index_memory = settings.index.memory_estimate(planned, dim);
+    println!(
+        "# datastore of {text}: {planned} entries × {dim} values — keys {}, values {}, index ≈ {} (about {} on disk)",
+        mib(planned * dim as u64 * 4),
+        mib(planned * 4),
+        mib(index_memory),
+        mib(variorum_retrieval::datastore::disk_estimate(planned, dim, &settings.index))
+    );
+    // the index is built in memory (searching maps it from disk): refuse what cannot fit
+    if let Some(avail) = available_memory()
+        && index_memory > avail
+    {
+        bail!(
+            "building the index of {planned} entries needs about {} of memory and {} is available: store fewer tokens (--max-tokens) or build on a larger machine",
+            mib(index_memory),
+            mib(avail)
+        );
+    }
+    let interrupt = Arc::new(AtomicBool::new(false));
+    let flag = interrupt.clone();
+    ctrlc::set_handler(move || {
+        if flag.swap(true, Ordering::SeqCst) {
+            eprintln!("\nsecond interrupt: stopping now (what was committed is kept)");
+            std::process::exit(130);
+        }
+        eprintln!("\ninterrupt: committing and stopping (Ctrl-C again to stop at once)");
+    })
+    .context("cannot install the Ctrl-C handler")?;
+    let pb = progress::bar(planned, "keys");
+    let start = std::time::Instant::now();
+    let mut stage_start = (String::from("keys"), start);
+    let mut times: Vec<(String, f64)> = Vec::new();
+    let outcome = knn_lm::build_datastore(
+        run,
+        ids,
+        text,
+        out,
+        settings,
+        |stage, done, total| {
+            if stage != stage_start.0 {
+                times.push((stage_start.0.clone(), stage_start.1.elapsed().as_secs_f64()));
+                stage_start = (stage.to_string(), std::time::Instant::now());
+                pb.set_message(stage.to_string());
+            }
+            pb.set_length(total);
+            pb.set_position(done);
+        },
+        &|| interrupt.load(Ordering::SeqCst),
+    )?;
+    times.push((stage_start.0.clone(), stage_start.1.elapsed().as_secs_f64()));
+    pb.finish_and_clear();
+    match outcome {
+        Built::Complete => {
+            let parts: Vec<String> = times.iter().map(|(s, t)| format!("{s} {t:.1} s")).collect();
+            println!("# {}: {planned} entries, {} on disk ({})", out.display(), mib(dir_bytes(out)), parts.join(", "));
+            Ok(ExitCode::SUCCESS)
+        }
+        Built::Interrupted { entries, indexed } => {
+            eprintln!(
+                "stopped with {entries} of {planned} entries written and {indexed} indexed in {}: run the same command again to resume",
+                out.display()
+            );
+            Ok(ExitCode::from(130))
+        }
+    }
+}
+
+/// `variorum eval RUN --knn DIR`: the loss with the LM alone and mixed with retrieval, for each
+/// k and λ, at the run's context (or the first --seq-len) with the eval's stride.
+pub fn eval_knn(
+    run: &Run,
+    knn: &KnnArgs,
+    ids: &[u32],
+    len: usize,
+    stride: usize,
+) -> Result<Vec<variorum_train::eval_record::EvalRow>> {
+    knn.check()?;
+    let store = Datastore::open(&knn.dir)?;
+    let settings = KnnEval {
+        window: len,
+        stride,
+        ks: knn.ks.clone(),
+        lambdas: knn.lambdas.clone(),
+        temperature: knn.temperature,
+        mode: knn.mode(),
+    };
+    let windows = variorum_train::eval::sliding_windows(ids.len(), len, stride).len() as u64;
+    let pb = progress::bar(windows, "kNN-LM");
+    let scores = knn_lm::knn_loss(run, &store, ids, &settings, Some(&pb))?;
+    pb.finish_and_clear();
+    let o = &store.meta.origin;
+    println!("# datastore {}: {} entries of {} values from {}", store.dir.display(), store.len(), store.dim(), o.text);
+    println!(
+        "# search: {}, T = {}; {:.3} ms per query over {} queries",
+        match settings.mode {
+            SearchMode::Exact => "exact".to_string(),
+            SearchMode::Approximate { ef } => format!("HNSW, ef {ef}"),
+        },
+        settings.temperature,
+        1e3 * scores.search_seconds / scores.queries.max(1) as f64,
+        scores.queries
+    );
+    if scores.causal {
+        println!("# the datastore holds this text: each position retrieves only the entries before its own");
+    }
+    println!("{:>8} {:>8} {:>10} {:>10} {:>12}", "k", "lambda", "tokens", "loss", "perplexity");
+    println!("{:>8} {:>8} {:>10} {:>10.4} {:>12.3}", "-", "0", scores.tokens, scores.lm, scores.lm.exp());
+    let mut rows = vec![variorum_train::eval_record::EvalRow {
+        data: String::new(),
+        seq_len: len.min(ids.len() - 1),
+        stride: Some(stride),
+        reading: None,
+        tokens: scores.tokens,
+        loss: scores.lm,
+        chrf: None,
+        weights: None,
+    }];
+    let best = scores.mixed.iter().cloned().min_by(|a, b| a.2.total_cmp(&b.2));
+    for &(k, lambda, loss) in &scores.mixed {
+        println!("{k:>8} {lambda:>8} {:>10} {loss:>10.4} {:>12.3}", scores.tokens, loss.exp());
+        rows.push(variorum_train::eval_record::EvalRow {
+            reading: Some(format!("kNN-LM k={k} λ={lambda} T={} ({})", settings.temperature, store.dir.display())),
+            loss,
+            ..rows[0].clone()
+        });
+    }
+    if let Some((k, lambda, loss)) = best {
+        println!(
+            "# best: k = {k}, λ = {lambda}: {loss:.4} against {:.4} without retrieval (perplexity {:.3} → {:.3})",
+            scores.lm,
+            scores.lm.exp(),
+            loss.exp()
+        );
+    }
+    Ok(rows)
+}
