@@ -67,6 +67,8 @@ pub struct KnnArgs {
     pub temperature: f64,
     pub exact: bool,
     pub ef: usize,
+    /// Queries also searched exactly, for the index's recall.
+    pub recall: usize,
 }
 
 impl KnnArgs {
@@ -151,8 +153,9 @@ pub fn run(cmd: DatastoreCommand) -> Result<ExitCode> {
             let o = &m.origin;
             println!("{}", dir.display());
             println!("  entries      {} keys of {} values ({})", m.entries, m.dim, o.key);
-            println!("  text         {} ({} tokens, sha256 {}…)", o.text, o.tokens, &o.text_sha256[..12]);
-            println!("  run          {} (weights sha256 {}…)", o.run, &o.weights_sha256[..12]);
+            let short = variorum_retrieval::datastore::short;
+            println!("  text         {} ({} tokens, sha256 {})", o.text, o.tokens, short(&o.text_sha256));
+            println!("  run          {} (weights sha256 {})", o.run, short(&o.weights_sha256));
             println!("  windows      {} tokens every {}", o.window, o.stride);
             println!(
                 "  index        {} ({}), connectivity {}, expansion_add {}",
@@ -251,7 +254,7 @@ fn build(run: &Run, ids: &[u32], text: &str, out: &Path, settings: &BuildSetting
 }
 
 /// `variorum eval RUN --knn DIR`: the loss with the LM alone and mixed with retrieval, for each
-/// k and λ, at the run's context (or the first --seq-len) with the eval's stride.
+/// k and λ, at the run's context (or the one --seq-len given) with the eval's stride.
 pub fn eval_knn(
     run: &Run,
     knn: &KnnArgs,
@@ -268,6 +271,7 @@ pub fn eval_knn(
         lambdas: knn.lambdas.clone(),
         temperature: knn.temperature,
         mode: knn.mode(),
+        recall_queries: knn.recall,
     };
     let windows = variorum_train::eval::sliding_windows(ids.len(), len, stride).len() as u64;
     let pb = progress::bar(windows, "kNN-LM");
@@ -285,6 +289,12 @@ pub fn eval_knn(
         1e3 * scores.search_seconds / scores.queries.max(1) as f64,
         scores.queries
     );
+    if let Some((recall, n)) = scores.recall {
+        println!(
+            "# HNSW recall@{} against exact search: {recall:.4} over {n} queries",
+            knn.ks.iter().max().unwrap_or(&0)
+        );
+    }
     if scores.causal {
         println!("# the datastore holds this text: each position retrieves only the entries before its own");
     }

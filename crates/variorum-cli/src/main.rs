@@ -198,6 +198,9 @@ enum Command {
         /// HNSW candidates explored per query (at least k).
         #[arg(long, default_value_t = 128, requires = "knn")]
         knn_ef: usize,
+        /// Also search the first N queries exactly and print the index's recall@k.
+        #[arg(long, default_value_t = 0, requires = "knn")]
+        knn_recall: usize,
     },
     /// kNN-LM datastores: build one over a text with a run's model, or describe one.
     Datastore {
@@ -614,6 +617,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                         temperature: knn_temperature,
                         exact: false,
                         ef: 128,
+                        recall: 0,
                     };
                     args.check()?;
                     variorum_train::knn_lm::check_run(&run)?;
@@ -650,6 +654,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 generated.len() as f64 / secs.max(1e-9),
                 if run.model.has_memory() {
                     "memory carried"
+                } else if knn.is_some() && no_cache {
+                    "no cache, kNN-LM"
                 } else if knn.is_some() {
                     "KV cache, kNN-LM"
                 } else if no_cache {
@@ -718,6 +724,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             knn_temperature,
             knn_exact,
             knn_ef,
+            knn_recall,
         } => {
             at_least("--beams", beams, 1)?;
             let knn = knn.map(|dir| datastore::KnnArgs {
@@ -727,6 +734,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 temperature: knn_temperature,
                 exact: knn_exact,
                 ef: knn_ef,
+                recall: knn_recall,
             });
             eval::eval(eval::EvalArgs {
                 runs,

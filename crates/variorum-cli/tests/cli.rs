@@ -534,3 +534,44 @@ fn bench_attention_measures_the_kernel_path_and_the_composed_one() {
         assert!(out.contains("train     L =     48") && out.contains("ms"), "{out}");
     }
 }
+
+/// kNN-LM from the command line: a datastore built over the training split (its size announced
+/// first), described by `datastore info`, scored with by `eval --knn` (the λ = 0 row is the LM's
+/// loss) and sampled with by `generate --knn`; mistakes are one-line errors.
+#[test]
+fn a_knn_datastore_builds_scores_and_generates() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path(), "");
+    let run = tmp.path().join("run");
+    let o = variorum(&["train", cfg.to_str().unwrap(), "--out", run.to_str().unwrap()], tmp.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = run.to_str().unwrap();
+    let o = variorum(&["datastore", "build", r], tmp.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.starts_with("# datastore of train split of"), "{out}");
+    let store = run.join("datastore-train");
+    let s = store.to_str().unwrap();
+    let o = variorum(&["datastore", "info", s], tmp.path());
+    assert!(o.status.success() && String::from_utf8_lossy(&o.stdout).contains("keys of 32 values"), "{}", stderr(&o));
+    let o = variorum(&["eval", r, "--knn", s, "--knn-k", "1,4", "--knn-lambda", "0,0.5"], tmp.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let loss = |k: &str, l: &str| -> String {
+        let row =
+            out.lines().find(|line| line.split_whitespace().take(2).eq([k, l])).unwrap_or_else(|| panic!("{out}"));
+        row.split_whitespace().nth(3).unwrap().to_string()
+    };
+    assert_eq!(loss("1", "0"), loss("-", "0"), "λ = 0 is the LM alone: {out}");
+    assert_eq!(loss("4", "0"), loss("-", "0"));
+    let o = variorum(&["generate", r, "--prompt", "Now", "--max-new-tokens", "8", "--knn", s], tmp.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    // mistakes
+    assert_clean_error(&variorum(&["eval", r, "--knn", "nowhere"], tmp.path()), "nowhere");
+    assert_clean_error(&variorum(&["eval", r, "--knn", s, "--knn-lambda", "2"], tmp.path()), "--knn-lambda 2");
+    assert_clean_error(&variorum(&["datastore", "info", r], tmp.path()), "not a datastore");
+    std::fs::write(store.join("values.u32"), b"xx").unwrap();
+    assert_clean_error(&variorum(&["eval", r, "--knn", s], tmp.path()), "values.u32");
+    let o = variorum(&["datastore", "build", r, "--out", s, "--stride", "4"], tmp.path());
+    assert_clean_error(&o, "built otherwise");
+}

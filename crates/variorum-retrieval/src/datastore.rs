@@ -68,6 +68,34 @@ pub struct Origin {
     pub stride: usize,
 }
 
+impl Origin {
+    /// The fields in which `other` differs, in words.
+    pub fn differences(&self, other: &Origin) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut field = |name: &str, a: String, b: String| {
+            if a != b {
+                out.push(format!("{name} {a} ≠ {b}"));
+            }
+        };
+        field("run", self.run.clone(), other.run.clone());
+        field("weights sha256", short(&self.weights_sha256), short(&other.weights_sha256));
+        field("key", self.key.clone(), other.key.clone());
+        field("text", self.text.clone(), other.text.clone());
+        field("text sha256", short(&self.text_sha256), short(&other.text_sha256));
+        field("tokens", self.tokens.to_string(), other.tokens.to_string());
+        field("vocabulary", self.vocab_size.to_string(), other.vocab_size.to_string());
+        field("window", self.window.to_string(), other.window.to_string());
+        field("stride", self.stride.to_string(), other.stride.to_string());
+        out
+    }
+}
+
+/// The first 12 characters of a hash, for messages.
+pub fn short(hash: &str) -> String {
+    let cut: String = hash.chars().take(12).collect();
+    if cut.len() < hash.len() { format!("{cut}…") } else { cut }
+}
+
 /// Progress and settings of the index.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IndexMeta {
@@ -126,9 +154,15 @@ impl Meta {
         let json = serde_json::to_string_pretty(self).expect("the description serialises");
         let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(RetrievalError::io(dir))?;
         tmp.write_all(json.as_bytes()).map_err(RetrievalError::io(tmp.path()))?;
+        // NamedTempFile creates owner-only files; a datastore is an ordinary document
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            tmp.as_file().set_permissions(fs::Permissions::from_mode(0o644)).ok();
+        }
         tmp.as_file().sync_all().map_err(RetrievalError::io(tmp.path()))?;
         tmp.persist(&path).map_err(|e| RetrievalError::Io { path: path.clone(), source: e.error })?;
-        Ok(())
+        sync_dir(dir)
     }
 }
 
@@ -143,7 +177,8 @@ pub struct DatastoreWriter {
     meta: Meta,
     keys: File,
     values: File,
-    /// How often the index is saved while it is built.
+    /// How often the index is saved while it is built (5 minutes: each save writes the whole
+    /// index so far, so saving often costs more I/O than the work it protects).
     pub checkpoint_every: Duration,
 }
 
@@ -156,21 +191,32 @@ impl DatastoreWriter {
         fs::create_dir_all(dir).map_err(RetrievalError::io(dir))?;
         let meta = match Meta::read(dir)? {
             Some(meta) => {
-                if meta.origin != origin || meta.dim != dim || meta.planned != planned || meta.index.params != params {
+                let mut differ = meta.origin.differences(&origin);
+                if meta.dim != dim {
+                    differ.push(format!("key width {} ≠ {dim}", meta.dim));
+                }
+                if meta.index.params != params {
+                    differ.push(format!("index settings {:?} ≠ {params:?}", meta.index.params));
+                }
+                if differ.is_empty() && meta.planned != planned {
+                    differ.push(format!("entries {} ≠ {planned}", meta.planned));
+                }
+                if !differ.is_empty() {
                     return Err(RetrievalError::invalid(
                         dir,
                         format!(
-                            "holds a datastore of {} (run {}, window {}, stride {}), not of {} (run {}, window {}, stride {}) with these settings: give another --out, or remove it",
+                            "holds a datastore of {} built otherwise ({}): give another --out, or remove it",
                             meta.origin.text,
-                            meta.origin.run,
-                            meta.origin.window,
-                            meta.origin.stride,
-                            origin.text,
-                            origin.run,
-                            origin.window,
-                            origin.stride
+                            differ.join("; ")
                         ),
                     ));
+                }
+                let mut meta = meta;
+                if meta.complete && !index_is_whole(dir, &meta) {
+                    // the description outlived its index (removed, damaged): build the index again
+                    meta.complete = false;
+                    meta.index.indexed = 0;
+                    meta.write(dir)?;
                 }
                 meta
             }
@@ -217,9 +263,10 @@ impl DatastoreWriter {
             f.set_len(len).map_err(RetrievalError::io(&path))?;
             Ok(f)
         };
-        let keys = open(KEYS_FILE, meta.entries * dim as u64 * 4)?;
-        let values = open(VALUES_FILE, meta.entries * 4)?;
-        Ok(Self { dir: dir.to_path_buf(), meta, keys, values, checkpoint_every: Duration::from_secs(60) })
+        let mp = dir.join(META_FILE);
+        let keys = open(KEYS_FILE, bytes(&mp, meta.entries, dim as u64, 4)?)?;
+        let values = open(VALUES_FILE, bytes(&mp, meta.entries, 1, 4)?)?;
+        Ok(Self { dir: dir.to_path_buf(), meta, keys, values, checkpoint_every: Duration::from_secs(300) })
     }
 
     pub fn meta(&self) -> &Meta {
@@ -301,6 +348,7 @@ impl DatastoreWriter {
         index.save(&path_str(&tmp)?).map_err(|e| RetrievalError::index(&tmp, e))?;
         File::open(&tmp).and_then(|f| f.sync_all()).map_err(RetrievalError::io(&tmp))?;
         fs::rename(&tmp, &path).map_err(RetrievalError::io(&path))?;
+        sync_dir(&self.dir)?;
         self.meta.index.indexed = n;
         self.meta.complete = true;
         self.meta.write(&self.dir)?;
@@ -314,9 +362,22 @@ impl DatastoreWriter {
         index.save(&path_str(&tmp)?).map_err(|e| RetrievalError::index(&tmp, e))?;
         File::open(&tmp).and_then(|f| f.sync_all()).map_err(RetrievalError::io(&tmp))?;
         fs::rename(&tmp, &partial).map_err(RetrievalError::io(&partial))?;
+        sync_dir(&self.dir)?;
         self.meta.index.indexed = done;
         self.meta.write(&self.dir)
     }
+}
+
+/// Makes the renames in `dir` durable (a rename is an entry of the directory).
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(RetrievalError::io(dir))
+}
+
+/// `a · b · c` bytes, or an error naming `path` when a damaged description makes it overflow.
+fn bytes(path: &Path, a: u64, b: u64, c: u64) -> Result<u64> {
+    a.checked_mul(b).and_then(|x| x.checked_mul(c)).ok_or_else(|| {
+        RetrievalError::invalid(path, "describes more entries than a file can hold: the datastore is damaged")
+    })
 }
 
 fn path_str(p: &Path) -> Result<String> {
@@ -330,6 +391,17 @@ pub struct Datastore {
     keys: Mmap,
     values: Mmap,
     index: usearch::Index,
+    /// usearch keeps `ef` in the index, shared by every search: one batch sets it at a time.
+    search_lock: std::sync::Mutex<()>,
+}
+
+/// Whether `dir`'s index file opens and holds every entry of `meta`.
+fn index_is_whole(dir: &Path, meta: &Meta) -> bool {
+    let ip = dir.join(INDEX_FILE);
+    let (Ok(path), Ok(index)) = (path_str(&ip), usearch::Index::new(&meta.index.params.options(meta.dim))) else {
+        return false;
+    };
+    ip.is_file() && index.view(&path).is_ok() && index.size() as u64 == meta.entries && index.dimensions() == meta.dim
 }
 
 impl Datastore {
@@ -361,7 +433,7 @@ impl Datastore {
                 return Err(RetrievalError::invalid(
                     &path,
                     format!(
-                        "holds {len} bytes where {META_FILE}'s {} entries need {want}: the datastore is damaged; build it again",
+                        "holds {len} bytes where {META_FILE}'s {} entries need {want}: the datastore is damaged; remove it and build it again",
                         meta.entries
                     ),
                 ));
@@ -369,8 +441,9 @@ impl Datastore {
             // SAFETY: read-only mapping of a finished datastore, which nothing writes any more.
             unsafe { Mmap::map(&file) }.map_err(RetrievalError::io(&path))
         };
-        let keys = map(KEYS_FILE, meta.entries * meta.dim as u64 * 4)?;
-        let values = map(VALUES_FILE, meta.entries * 4)?;
+        let mp = dir.join(META_FILE);
+        let keys = map(KEYS_FILE, bytes(&mp, meta.entries, meta.dim as u64, 4)?)?;
+        let values = map(VALUES_FILE, bytes(&mp, meta.entries, 1, 4)?)?;
         let vp = dir.join(VALUES_FILE);
         let vals: &[u32] = bytemuck::cast_slice(&values[..]);
         if let Some(i) = vals.iter().position(|&v| v >= meta.origin.vocab_size) {
@@ -384,16 +457,24 @@ impl Datastore {
         }
         let ip = dir.join(INDEX_FILE);
         if !ip.is_file() {
-            return Err(RetrievalError::invalid(&ip, "is missing: build the datastore again"));
+            return Err(RetrievalError::invalid(
+                &ip,
+                "is missing: run `variorum datastore build` again to rebuild the index",
+            ));
         }
         let index =
             usearch::Index::new(&meta.index.params.options(meta.dim)).map_err(|e| RetrievalError::index(&ip, e))?;
-        index.view(&path_str(&ip)?).map_err(|e| RetrievalError::index(&ip, format!("{e} (the file is damaged)")))?;
+        index.view(&path_str(&ip)?).map_err(|e| {
+            RetrievalError::index(
+                &ip,
+                format!("{e} (damaged: run `variorum datastore build` again to rebuild the index)"),
+            )
+        })?;
         if index.size() as u64 != meta.entries || index.dimensions() != meta.dim {
             return Err(RetrievalError::invalid(
                 &ip,
                 format!(
-                    "holds {} keys of {} values where {META_FILE} describes {} of {}: the datastore is damaged; build it again",
+                    "holds {} keys of {} values where {META_FILE} describes {} of {}: run `variorum datastore build` again to rebuild the index",
                     index.size(),
                     index.dimensions(),
                     meta.entries,
@@ -401,7 +482,11 @@ impl Datastore {
                 ),
             ));
         }
-        Ok(Self { dir: dir.to_path_buf(), meta, keys, values, index })
+        // `view` prepares one search context per hardware thread; the rayon pool may have more
+        index
+            .reserve_capacity_and_threads(index.size(), rayon::current_num_threads().max(1))
+            .map_err(|e| RetrievalError::index(&ip, e))?;
+        Ok(Self { dir: dir.to_path_buf(), meta, keys, values, index, search_lock: Default::default() })
     }
 
     pub fn len(&self) -> usize {
@@ -438,30 +523,40 @@ impl Datastore {
     ) -> Result<Vec<Vec<Neighbour>>> {
         let dim = self.dim();
         assert_eq!(queries.len() % dim, 0, "queries of {dim} values");
-        match mode {
-            SearchMode::Exact => Ok(search::exact(self.keys(), dim, queries, k, before)),
-            SearchMode::Approximate { ef } => {
-                self.index.change_expansion_search(ef.max(k));
-                let ip = self.dir.join(INDEX_FILE);
-                queries
-                    .par_chunks(dim)
-                    .enumerate()
-                    .map(|(i, q)| {
-                        let found = match before.get(i).copied().flatten() {
-                            Some(b) => self.index.filtered_search(q, k, |id| id < b),
-                            None => self.index.search(q, k),
-                        }
-                        .map_err(|e| RetrievalError::index(&ip, e))?;
-                        Ok(found
-                            .keys
-                            .into_iter()
-                            .zip(found.distances)
-                            .map(|(id, distance)| Neighbour { id, distance })
-                            .collect())
-                    })
-                    .collect()
-            }
-        }
+        let k = k.min(self.len());
+        let ef = match mode {
+            SearchMode::Exact => return Ok(search::exact(self.keys(), dim, queries, k, before)),
+            SearchMode::Approximate { ef } => ef.max(k),
+        };
+        let _one_batch = self.search_lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.index.change_expansion_search(ef);
+        let ip = self.dir.join(INDEX_FILE);
+        let n = self.meta.entries;
+        // a filter that admits few entries makes HNSW walk much of the graph (it explores until
+        // `ef` candidates pass): below √(ef · M · N) admitted entries, scanning them costs less
+        let exact_below = ((ef * self.meta.index.params.connectivity) as f64 * n as f64).sqrt() as u64;
+        queries
+            .par_chunks(dim)
+            .enumerate()
+            .map(|(i, q)| {
+                let found = match before.get(i).copied().flatten() {
+                    Some(b) if b < exact_below => {
+                        let b = b.min(n) as usize;
+                        return Ok(search::exact(&self.keys()[..b * dim], dim, q, k, &[]).swap_remove(0));
+                    }
+                    Some(b) => self.index.filtered_search(q, k, |id| id < b),
+                    None => self.index.search(q, k),
+                }
+                .map_err(|e| RetrievalError::index(&ip, e))?;
+                if let Some(bad) = found.keys.iter().find(|&&id| id >= n) {
+                    return Err(RetrievalError::invalid(
+                        &ip,
+                        format!("returned entry {bad} of a datastore of {n}: the index is damaged; remove the datastore and build it again"),
+                    ));
+                }
+                Ok(found.keys.into_iter().zip(found.distances).map(|(id, distance)| Neighbour { id, distance }).collect())
+            })
+            .collect()
     }
 }
 
@@ -587,6 +682,23 @@ mod tests {
     }
 
     #[test]
+    fn a_lost_index_is_rebuilt_by_the_same_build() {
+        let (n, dim) = (800, 8);
+        let (keys, values) = entries(n, dim, 10);
+        let tmp = tempfile::tempdir().unwrap();
+        build(tmp.path(), &keys, &values, dim);
+        fs::remove_file(tmp.path().join(INDEX_FILE)).unwrap();
+        let err = Datastore::open(tmp.path()).err().unwrap().to_string();
+        assert!(err.contains("index.usearch") && err.contains("datastore build"), "{err}");
+        let mut w =
+            DatastoreWriter::create_or_resume(tmp.path(), origin(), dim, n as u64, HnswParams::default()).unwrap();
+        assert!(!w.meta().complete, "the description no longer claims an index");
+        assert_eq!(w.entries(), n as u64, "the keys are kept");
+        assert!(w.build_index(|_| {}, &|| false).unwrap());
+        assert_eq!(Datastore::open(tmp.path()).unwrap().len(), n);
+    }
+
+    #[test]
     fn mismatches_and_damage_are_refused_by_name() {
         let (n, dim) = (500, 8);
         let (keys, values) = entries(n, dim, 9);
@@ -596,7 +708,10 @@ mod tests {
         other.text = "another text".into();
         let err =
             DatastoreWriter::create_or_resume(tmp.path(), other, dim, n as u64, HnswParams::default()).err().unwrap();
-        assert!(err.to_string().contains("holds a datastore of test text"), "{err}");
+        assert!(
+            err.to_string().contains("holds a datastore of test text built otherwise (text test text ≠ another text)"),
+            "{err}"
+        );
         // a truncated key file
         let kp = tmp.path().join(KEYS_FILE);
         let f = OpenOptions::new().write(true).open(&kp).unwrap();

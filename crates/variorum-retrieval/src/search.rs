@@ -139,12 +139,18 @@ impl HnswParams {
     }
 }
 
-/// Recall@k of `found` against the exact `truth` (the share of true neighbours found).
+/// Recall@k of `found` against the exact `truth`: the share of the true k nearest that were
+/// found, where a found entry as near as the k-th true one counts (entries at equal distance are
+/// interchangeable: identical contexts give identical keys, and exact search breaks the tie by
+/// id where an index breaks it any way). Distances are compared with a relative tolerance of
+/// 1e-4, since the index computes them with its own kernels.
 pub fn recall(truth: &[Vec<Neighbour>], found: &[Vec<Neighbour>]) -> f64 {
     let (mut hit, mut total) = (0usize, 0usize);
     for (t, f) in truth.iter().zip(found) {
+        let Some(kth) = t.last() else { continue };
+        let limit = kth.distance + 1e-4 * kth.distance.abs() + 1e-6;
         total += t.len();
-        hit += t.iter().filter(|n| f.iter().any(|m| m.id == n.id)).count();
+        hit += f.iter().filter(|n| n.distance <= limit).count().min(t.len());
     }
     if total == 0 { 1.0 } else { hit as f64 / total as f64 }
 }
@@ -192,6 +198,17 @@ mod tests {
         assert!(got[0].is_empty(), "query 0 may see nothing before entry 0");
         assert_eq!(got[3].len(), k);
         assert!(got[3].iter().all(|n| n.id < 120));
+    }
+
+    #[test]
+    fn recall_counts_ties_and_misses() {
+        let nb = |id, distance| Neighbour { id, distance };
+        let truth = vec![vec![nb(0, 1.0), nb(1, 2.0), nb(2, 2.0)]];
+        // entry 5 ties with the third true neighbour: as good a result
+        assert_eq!(recall(&truth, &[vec![nb(0, 1.0), nb(1, 2.0), nb(5, 2.0)]]), 1.0);
+        // entry 6 is farther: a miss
+        assert!((recall(&truth, &[vec![nb(0, 1.0), nb(1, 2.0), nb(6, 2.5)]]) - 2.0 / 3.0).abs() < 1e-12);
+        assert_eq!(recall(&truth, &[vec![]]), 0.0);
     }
 
     #[test]

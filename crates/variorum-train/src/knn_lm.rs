@@ -77,7 +77,7 @@ struct GroupOutput {
     logprobs: Vec<f32>,
 }
 
-fn forward_group(model: &DecoderLm, ids: &[u32], group: &[Window], len: usize, device: &Device) -> GroupOutput {
+fn forward_group(model: &DecoderLm, ids: &[u32], group: &[Window], len: usize, device: &Device) -> Result<GroupOutput> {
     let b = group.len();
     let inputs: Vec<i64> = group.iter().flat_map(|w| ids[w.start..w.start + len].iter().map(|&t| t as i64)).collect();
     let targets: Vec<i64> =
@@ -86,9 +86,11 @@ fn forward_group(model: &DecoderLm, ids: &[u32], group: &[Window], len: usize, d
     let t = Tensor::<3, Int>::from_data(TensorData::new(targets, [b, len, 1]), device);
     let out = model.forward_tagged(x, None, None);
     // the same arithmetic as `eval::sliding_loss`, so λ = 0 reproduces its loss to the bit
-    let logprobs = log_softmax(out.logits, 2).gather(2, t).into_data().try_to_vec::<f32>().unwrap_or_default();
-    let features = out.features.into_data().try_to_vec::<f32>().unwrap_or_default();
-    GroupOutput { features, logprobs }
+    let floats = |t: Tensor<3>| {
+        t.into_data().try_to_vec::<f32>().map_err(|e| anyhow::anyhow!("the model's output is not f32: {e:?}"))
+    };
+    let logprobs = floats(log_softmax(out.logits, 2).gather(2, t))?;
+    Ok(GroupOutput { features: floats(out.features)?, logprobs })
 }
 
 /// Settings of a datastore build.
@@ -135,8 +137,13 @@ pub fn build_datastore(
         bail!("{text} has {} tokens: nothing to store", ids.len());
     }
     run.check_len(settings.window)?;
+    // entry ids must be positions of the text: windows that tile it, every prediction once
+    if settings.window == 0 || settings.stride == 0 || settings.stride > settings.window {
+        bail!("a stride of {} must be in 1..={} (the window)", settings.stride, settings.window);
+    }
     let origin = Origin {
-        run: run.dir.display().to_string(),
+        // the same run however its path is written, so that a build resumes from anywhere
+        run: run.dir.canonicalize().unwrap_or_else(|_| run.dir.clone()).display().to_string(),
         weights_sha256: file_sha256(&run.weights)?,
         key: KEY_KIND.into(),
         text: text.into(),
@@ -169,7 +176,7 @@ pub fn build_datastore(
         if stop() {
             return Ok(Built::Interrupted { entries: writer.entries(), indexed: 0 });
         }
-        let g = forward_group(&run.model, ids, group, len, &run.device);
+        let g = forward_group(&run.model, ids, group, len, &run.device)?;
         let mut keys = Vec::with_capacity(n as usize * dim);
         let mut values = Vec::with_capacity(n as usize);
         for (row, w) in group.iter().enumerate() {
@@ -202,6 +209,9 @@ pub struct KnnScores {
     /// Seconds spent searching, and queries made.
     pub search_seconds: f64,
     pub queries: usize,
+    /// The approximate search's recall@k (largest k) against exact search, and over how many
+    /// queries (`KnnEval::recall_queries`; none with exact search).
+    pub recall: Option<(f64, usize)>,
 }
 
 /// Settings of a kNN-LM evaluation.
@@ -214,6 +224,8 @@ pub struct KnnEval {
     pub lambdas: Vec<f64>,
     pub temperature: f64,
     pub mode: SearchMode,
+    /// Also search the first this many queries exactly and report the index's recall@k.
+    pub recall_queries: usize,
 }
 
 /// Checks that `store` was built by `run`'s model with keys of its width.
@@ -247,13 +259,27 @@ pub fn check_datastore(run: &Run, store: &Datastore) -> Result<()> {
 }
 
 fn short(sha: &str) -> String {
-    format!("sha256 {}…", &sha[..sha.len().min(12)])
+    format!("sha256 {}", variorum_retrieval::datastore::short(sha))
+}
+
+/// Whether `store` holds (a prefix of) `ids`, or `ids` a prefix of the text `store` holds: its
+/// entry `e` then is position `e` of `ids`, and scoring must not retrieve entries at or after
+/// the scored position. Its values are its text from the second token on.
+pub fn overlaps(store: &Datastore, ids: &[u32]) -> bool {
+    if store.meta.origin.text_sha256 == ids_sha256(ids) {
+        return true;
+    }
+    let values = store.values();
+    let n = values.len().min(ids.len().saturating_sub(1));
+    n > 0 && values[..n] == ids[1..=n]
 }
 
 /// Scores `ids` with `run` and `store` ([`KnnEval`]); the LM-alone loss is
-/// [`crate::eval::sliding_loss`]'s. When the datastore was built over this same text, every
-/// position retrieves only entries before its own (a causal datastore: it never sees its own
-/// continuation). `progress` advances by one per window.
+/// [`crate::eval::sliding_loss`]'s. When the datastore holds this text or a prefix of it (or
+/// this text is a prefix of the datastore's: [`overlaps`]), every position retrieves only
+/// entries before its own (a causal datastore: it never sees its own continuation); a text that
+/// overlaps the datastore's otherwise is not detected — build datastores over the training
+/// split and score the validation split. `progress` advances by one per window.
 pub fn knn_loss(
     run: &Run,
     store: &Datastore,
@@ -263,7 +289,13 @@ pub fn knn_loss(
 ) -> Result<KnnScores> {
     check_run(run)?;
     check_datastore(run, store)?;
-    let causal = store.meta.origin.text_sha256 == ids_sha256(ids);
+    let causal = overlaps(store, ids);
+    // recall is measured on queries spread over the text (the first ones, near the start of a
+    // causal datastore, see few entries and are searched exactly anyway)
+    let total_queries: usize =
+        sliding_windows(ids.len(), settings.window, settings.stride).len().max(1) * settings.window.max(1);
+    let every = (total_queries / settings.recall_queries.max(1)).max(1);
+    let mut seen = 0usize;
     let windows = sliding_windows(ids.len(), settings.window, settings.stride);
     let len = settings.window.min(ids.len().saturating_sub(1));
     let dim = store.dim();
@@ -271,8 +303,9 @@ pub fn knn_loss(
     let mut lm = 0.0;
     let mut mixed = vec![0.0; settings.ks.len() * settings.lambdas.len()];
     let (mut tokens, mut search_seconds) = (0usize, 0.0);
+    let (mut truth, mut approx) = (Vec::new(), Vec::new());
     for group in windows.chunks(GROUP) {
-        let g = forward_group(&run.model, ids, group, len, &run.device);
+        let g = forward_group(&run.model, ids, group, len, &run.device)?;
         let mut queries = Vec::new();
         let mut before = Vec::new();
         let mut lm_lp = Vec::new();
@@ -290,6 +323,14 @@ pub fn knn_loss(
         let t0 = Instant::now();
         let found = store.search(&queries, k_max, settings.mode, if causal { &before } else { &[] })?;
         search_seconds += t0.elapsed().as_secs_f64();
+        if settings.recall_queries > 0 && settings.mode != SearchMode::Exact {
+            let picked: Vec<usize> = (0..found.len()).filter(|i| (seen + i) % every == 0).collect();
+            let q: Vec<f32> = picked.iter().flat_map(|&i| queries[i * dim..(i + 1) * dim].iter().copied()).collect();
+            let b: Vec<Option<u64>> = picked.iter().map(|&i| if causal { before[i] } else { None }).collect();
+            truth.extend(store.search(&q, k_max, SearchMode::Exact, &b)?);
+            approx.extend(picked.iter().map(|&i| found[i].clone()));
+        }
+        seen += found.len();
         let values = store.values();
         for (i, neighbours) in found.iter().enumerate() {
             lm -= lm_lp[i];
@@ -314,7 +355,8 @@ pub fn knn_loss(
         .zip(mixed)
         .map(|((k, l), s)| (k, l, s / n))
         .collect();
-    Ok(KnnScores { tokens, lm: lm / n, mixed, causal, search_seconds, queries: tokens })
+    let recall = (!truth.is_empty()).then(|| (variorum_retrieval::search::recall(&truth, &approx), truth.len()));
+    Ok(KnnScores { tokens, lm: lm / n, mixed, causal, search_seconds, queries: tokens, recall })
 }
 
 /// p_kNN of `target` (`None` without neighbours: the LM alone scores the position).

@@ -58,6 +58,7 @@ fn eval(run: &Run, ks: &[usize], lambdas: &[f64], mode: SearchMode) -> KnnEval {
         lambdas: lambdas.to_vec(),
         temperature: 1.0,
         mode,
+        recall_queries: 0,
     }
 }
 
@@ -109,22 +110,39 @@ fn a_datastore_over_the_scored_text_never_hands_a_position_its_continuation() {
     let run = Run::load(&trained_run(tmp.path()), &Device::flex()).unwrap();
     let ids = random_ids(&run, 1200);
     let store = build(&run, &ids, "random text", &tmp.path().join("store"));
-    // the datastore's windows: each position's own entry has exactly its key
-    let settings = KnnEval { stride: run.model.seq_len, ..eval(&run, &[1, 4], &[0.5, 0.9], SearchMode::Exact) };
-    let causal = knn_lm::knn_loss(&run, &store, &ids, &settings, None).unwrap();
-    assert!(causal.causal);
-    let mut other = ids.clone();
-    *other.last_mut().unwrap() = (other[other.len() - 1] + 1) % run.model.vocab_size as u32;
-    let leaky = knn_lm::knn_loss(&run, &store, &other, &settings, None).unwrap();
-    assert!(!leaky.causal);
-    for (c, l) in causal.mixed.iter().zip(&leaky.mixed) {
-        // measured: LM 3.53; λ = 0.5: causal 4.07 / 3.83 (k = 1 / 4), leaky 0.82 / 1.60
-        let what = format!("k = {} λ = {}: causal {:.3}, leaky {:.3}, LM {:.3}", c.0, c.1, c.2, l.2, causal.lm);
-        // its own entry at distance 0 gives p_kNN(target) ≈ 1: the loss falls to about −ln λ
-        assert!(l.2 < causal.lm - 1.0, "{what}");
-        // the past of a random text predicts nothing: retrieval from it can only cost
-        assert!(c.2 > causal.lm, "{what}");
+    for mode in [SearchMode::Exact, SearchMode::Approximate { ef: 64 }] {
+        // the datastore's windows: each position's own entry has exactly its key
+        let settings = KnnEval { stride: run.model.seq_len, ..eval(&run, &[1, 4], &[0.5, 0.9], mode) };
+        let causal = knn_lm::knn_loss(&run, &store, &ids, &settings, None).unwrap();
+        assert!(causal.causal);
+        // a prefix of the datastore's text is recognised too
+        assert!(knn_lm::knn_loss(&run, &store, &ids[..600], &settings, None).unwrap().causal);
+        let mut other = ids.clone();
+        *other.last_mut().unwrap() = (other[other.len() - 1] + 1) % run.model.vocab_size as u32;
+        let leaky = knn_lm::knn_loss(&run, &store, &other, &settings, None).unwrap();
+        assert!(!leaky.causal);
+        for (c, l) in causal.mixed.iter().zip(&leaky.mixed) {
+            // measured: LM 3.53; λ = 0.5: causal 4.07 / 3.83 (k = 1 / 4), leaky 0.82 / 1.60
+            let what = format!("k = {} λ = {}: causal {:.3}, leaky {:.3}, LM {:.3}", c.0, c.1, c.2, l.2, causal.lm);
+            // its own entry at distance 0 gives p_kNN(target) ≈ 1: the loss falls to about −ln λ
+            assert!(l.2 < causal.lm - 1.0, "{what}");
+            // the past of a random text predicts nothing: retrieval from it can only cost
+            assert!(c.2 > causal.lm, "{what}");
+        }
     }
+    // the past does help when it holds the context: a random text read twice (its length a
+    // multiple of the window, so the second reading's windows repeat the first's) retrieves, in
+    // its second half, the entries of the first
+    let twice: Vec<u32> = ids[..640].iter().chain(&ids[..640]).copied().collect();
+    let store = build(&run, &twice, "random text twice", &tmp.path().join("twice"));
+    let settings = KnnEval { stride: run.model.seq_len, ..eval(&run, &[1], &[0.9], SearchMode::Exact) };
+    let first = knn_lm::knn_loss(&run, &store, &twice[..641], &settings, None).unwrap();
+    let both = knn_lm::knn_loss(&run, &store, &twice, &settings, None).unwrap();
+    assert!(first.causal && both.causal);
+    // mean over the second half alone, from the two means
+    let second = (both.mixed[0].2 * both.tokens as f64 - first.mixed[0].2 * first.tokens as f64)
+        / (both.tokens - first.tokens) as f64;
+    assert!(second < first.mixed[0].2 - 2.0, "second reading {second:.3}, first {:.3}", first.mixed[0].2);
 }
 
 /// A build stopped after its first group of windows resumes to the
