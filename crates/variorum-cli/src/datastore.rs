@@ -3,8 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 
 use anyhow::{Context, Result, bail};
 use variorum_retrieval::search::HnswParams;
@@ -204,16 +203,8 @@ fn build(run: &Run, ids: &[u32], text: &str, out: &Path, settings: &BuildSetting
             mib(avail)
         );
     }
-    let interrupt = Arc::new(AtomicBool::new(false));
-    let flag = interrupt.clone();
-    ctrlc::set_handler(move || {
-        if flag.swap(true, Ordering::SeqCst) {
-            eprintln!("\nsecond interrupt: stopping now (what was committed is kept)");
-            std::process::exit(130);
-        }
-        eprintln!("\ninterrupt: committing and stopping (Ctrl-C again to stop at once)");
-    })
-    .context("cannot install the Ctrl-C handler")?;
+    let interrupt =
+        crate::on_interrupt("committing and stopping (Ctrl-C again to stop at once)", "what was committed is kept")?;
     let pb = progress::bar(planned, "keys");
     let start = std::time::Instant::now();
     let mut stage_start = (String::from("keys"), start);

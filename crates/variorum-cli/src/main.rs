@@ -450,6 +450,22 @@ fn main() -> ExitCode {
     }
 }
 
+/// A flag set by the first Ctrl-C (announcing `first`: what the command does now); the second
+/// ends the process at once with exit code 130 (saying `second`: what is kept).
+fn on_interrupt(first: &'static str, second: &'static str) -> Result<Arc<AtomicBool>> {
+    let interrupt = Arc::new(AtomicBool::new(false));
+    let flag = interrupt.clone();
+    ctrlc::set_handler(move || {
+        if flag.swap(true, Ordering::SeqCst) {
+            eprintln!("\nsecond interrupt: stopping now ({second})");
+            std::process::exit(130);
+        }
+        eprintln!("\ninterrupt: {first}");
+    })
+    .context("cannot install the Ctrl-C handler")?;
+    Ok(interrupt)
+}
+
 /// A numeric flag below its least sensible value: a one-line error naming the flag.
 fn at_least<T: PartialOrd + std::fmt::Display>(flag: &str, value: T, min: T) -> Result<()> {
     if value < min {
@@ -470,16 +486,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 PathBuf::from("runs")
                     .join(config.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "run".into()))
             });
-            let interrupt = Arc::new(AtomicBool::new(false));
-            let flag = interrupt.clone();
-            ctrlc::set_handler(move || {
-                if flag.swap(true, Ordering::SeqCst) {
-                    eprintln!("\nsecond interrupt: stopping now (the last checkpoint is intact)");
-                    std::process::exit(130);
-                }
-                eprintln!("\ninterrupt: saving a checkpoint after this step (Ctrl-C again to stop at once)");
-            })
-            .context("cannot install the Ctrl-C handler")?;
+            let interrupt = on_interrupt(
+                "saving a checkpoint after this step (Ctrl-C again to stop at once)",
+                "the last checkpoint is intact",
+            )?;
             let opts = TrainOptions {
                 run_dir: run_dir.clone(),
                 max_steps,
