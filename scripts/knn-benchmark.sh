@@ -18,7 +18,11 @@
 #   KS, LAMBDAS   comma-separated (default 1,8,32,64,128 and 0.05,0.1,0.2,0.3,0.5)
 #   TEMPERATURES  space-separated (default "1 3 10")
 #   EFS           space-separated HNSW ef, at least k = 64 (default "64 128 256 512")
+#   EF            HNSW ef of the scoring runs (default 128)
 #   RECALL        queries searched exactly for the recall (default 500)
+#   EXACT_TOKENS  validation tokens scored with exact search and with HNSW, for the cost of the
+#                 approximation (default 2000; 0 leaves it out: exact search of 4.55 M keys takes
+#                 ~26 ms per query)
 #   SKIP_BUILD=1, SKIP_KNN=1, SKIP_SEARCH=1   leave out a part (the later parts need the datastores)
 #   CARGO_TARGET_DIR  cargo's target dir (default: target)
 set -euo pipefail
@@ -33,6 +37,8 @@ LAMBDAS="${LAMBDAS:-0.05,0.1,0.2,0.3,0.5}"
 TEMPERATURES="${TEMPERATURES:-1 3 10}"
 EFS="${EFS:-64 128 256 512}"
 RECALL="${RECALL:-500}"
+EF="${EF:-128}"
+EXACT_TOKENS="${EXACT_TOKENS:-2000}"
 BIN="${CARGO_TARGET_DIR:-target}/release/variorum"
 source scripts/lib/runs.sh
 
@@ -50,7 +56,7 @@ build_store() {
   end=$(date +%s.%N)
   local entries
   entries=$(python3 -c "import json;print(json.load(open('$dir/datastore.json'))['entries'])")
-  printf '%s\t%s\t%.1f\t%.0f\n' "$name" "$entries" "$(echo "$end - $start" | bc)" "$(du -sm "$dir" | cut -f1)"
+  printf '%s\t%s\t%.1f\t%.0f\n' "$name" "$entries" "$(python3 -c "print($end - $start)")" "$(du -sm "$dir" | cut -f1)"
 }
 
 stores=()
@@ -76,7 +82,7 @@ for s in "${stores[@]}"; do
   for t in $TEMPERATURES; do
     say "$s, T = $t"
     "$BIN" eval "$RUN" --max-tokens "$VAL_TOKENS" --knn "$RUN/$s" --knn-k "$KS" --knn-lambda "$LAMBDAS" \
-      --knn-temperature "$t" | tee "$OUT/eval-$s-T$t.log" |
+      --knn-temperature "$t" --knn-ef "$EF" | tee "$OUT/eval-$s-T$t.log" |
       awk -v s="$s" -v t="$t" '$1 ~ /^[0-9-]+$/ && NF == 5 { print s "\t" t "\t" $1 "\t" $2 "\t" $4 }' >>"$OUT/knn.tsv"
   done
 done
@@ -92,3 +98,18 @@ for ef in $EFS; do
   printf '%s\t%s\t%s\n' "$ef" "$recall" "$ms" >>"$OUT/search.tsv"
 done
 cat "$OUT/search.tsv"
+
+if [[ $EXACT_TOKENS -gt 0 ]]; then
+  printf 'search\tms_per_query\tloss\n' >"$OUT/exact.tsv"
+  for search in exact hnsw; do
+    args=(--knn-exact)
+    [[ $search == hnsw ]] && args=(--knn-ef "$EF")
+    say "the first $EXACT_TOKENS validation tokens, $search search"
+    "$BIN" eval "$RUN" --max-tokens "$EXACT_TOKENS" --knn "$RUN/ds-train" --knn-k 64 --knn-lambda 0.5 \
+      --knn-temperature 3 "${args[@]}" >"$OUT/exact-$search.log"
+    ms=$(awk '/ms per query/ { for (i = 1; i <= NF; i++) if ($i == "ms") print $(i-1) }' "$OUT/exact-$search.log")
+    loss=$(awk '$1 == "64" && NF == 5 { print $4 }' "$OUT/exact-$search.log")
+    printf '%s\t%s\t%s\n' "$search" "$ms" "$loss" >>"$OUT/exact.tsv"
+  done
+  cat "$OUT/exact.tsv"
+fi

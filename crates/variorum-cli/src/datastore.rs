@@ -27,7 +27,7 @@ pub enum DatastoreCommand {
         /// A UTF-8 text file to store instead of a split.
         #[arg(long)]
         data: Option<PathBuf>,
-        /// The datastore directory. Default: RUN/datastore-<split>.
+        /// The datastore directory. Default: RUN/datastore-<split>, or RUN/datastore-file with --data.
         #[arg(long)]
         out: Option<PathBuf>,
         /// Window length the keys are computed with (default: the model's context).

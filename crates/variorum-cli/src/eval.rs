@@ -420,6 +420,9 @@ fn eval_examples(run: &Run, args: &EvalArgs, device: &burn::prelude::Device) -> 
 
 fn eval_one(args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode> {
     let run = Run::load_with(&args.runs[0], device, &args.settings)?;
+    if args.knn.is_some() {
+        variorum_train::knn_lm::check_run(&run)?;
+    }
     if run.config.data.graph.is_some() {
         return eval_graph(&run, args, device);
     }

@@ -198,7 +198,7 @@ enum Command {
         /// HNSW candidates explored per query (at least k).
         #[arg(long, default_value_t = 128, requires = "knn")]
         knn_ef: usize,
-        /// Also search the first N queries exactly and print the index's recall@k.
+        /// Also search N queries, spread over the text, exactly and print the index's recall@k.
         #[arg(long, default_value_t = 0, requires = "knn")]
         knn_recall: usize,
     },

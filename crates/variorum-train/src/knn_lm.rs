@@ -224,7 +224,8 @@ pub struct KnnEval {
     pub lambdas: Vec<f64>,
     pub temperature: f64,
     pub mode: SearchMode,
-    /// Also search the first this many queries exactly and report the index's recall@k.
+    /// Also search about this many queries, spread over the text, exactly and report the
+    /// index's recall@k.
     pub recall_queries: usize,
 }
 
