@@ -277,8 +277,8 @@ pub fn eval_knn(
             SearchMode::Approximate { ef } => format!("HNSW, ef {ef}"),
         },
         settings.temperature,
-        1e3 * scores.search_seconds / scores.queries.max(1) as f64,
-        scores.queries
+        1e3 * scores.search_seconds / scores.tokens.max(1) as f64,
+        scores.tokens
     );
     if let Some((recall, n)) = scores.recall {
         println!(

@@ -324,20 +324,28 @@ fn record(run: &Run, args: &EvalArgs, data: &str, rows: Vec<EvalRow>) {
     }
 }
 
+/// A run scored on whole validation examples (`is`: what it is): `--data` is refused, and the
+/// window options are noted as unused for these `examples`.
+fn read_whole(run: &Run, args: &EvalArgs, is: &str, examples: &str) -> Result<()> {
+    if let Some(path) = &args.data {
+        bail!("{} {is}; --data {} would be read as plain text", run.dir.display(), path.display());
+    }
+    if !args.seq_len.is_empty() || args.stride.is_some() || args.max_tokens.is_some() {
+        eprintln!("note: {examples} are read whole: --seq-len, --stride and --max-tokens are not used");
+    }
+    Ok(())
+}
+
 /// A run trained on graph examples (`data.graph`): the loss over every validation example, each
 /// read whole with its graph, in training's validation batches (training reads the first
 /// `train.eval_batches · batch_size` of them).
 fn eval_graph(run: &Run, args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode> {
-    if let Some(path) = &args.data {
-        bail!(
-            "{} was trained on graph examples (data.graph) and is scored on its validation examples with their graphs; --data {} would be read as plain text",
-            run.dir.display(),
-            path.display()
-        );
-    }
-    if !args.seq_len.is_empty() || args.stride.is_some() || args.max_tokens.is_some() {
-        eprintln!("note: graph examples are read whole: --seq-len, --stride and --max-tokens are not used");
-    }
+    read_whole(
+        run,
+        args,
+        "was trained on graph examples (data.graph) and is scored on its validation examples with their graphs",
+        "graph examples",
+    )?;
     let corpus = variorum_data::Corpus::load(&run.config.data, Some(run.tokenizer.clone()))?;
     let Some(graphs) = corpus.graphs else { bail!("{} holds no graph examples", corpus.path.display()) };
     let seq_len = run.config.model.seq_len;
@@ -361,16 +369,7 @@ fn eval_graph(run: &Run, args: &EvalArgs, device: &burn::prelude::Device) -> Res
 /// validation examples (every pair, or training's corrupted validation windows), and the chrF
 /// of the targets it writes from the sources of the first `--decode` of them.
 fn eval_examples(run: &Run, args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode> {
-    if let Some(path) = &args.data {
-        bail!(
-            "{} is an encoder–decoder, scored on its validation examples; --data {} would be read as plain text",
-            run.dir.display(),
-            path.display()
-        );
-    }
-    if !args.seq_len.is_empty() || args.stride.is_some() || args.max_tokens.is_some() {
-        eprintln!("note: examples are read whole: --seq-len, --stride and --max-tokens are not used");
-    }
+    read_whole(run, args, "is an encoder–decoder, scored on its validation examples", "examples")?;
     let corpus = variorum_data::Corpus::load(&run.config.data, Some(run.tokenizer.clone()))?;
     let m = &run.config.model;
     // every validation pair; corrupted windows as many as training evaluates

@@ -343,12 +343,7 @@ impl DatastoreWriter {
                 return Ok(false);
             }
         }
-        let path = self.dir.join(INDEX_FILE);
-        let tmp = self.dir.join(format!("{INDEX_FILE}.tmp"));
-        index.save(&path_str(&tmp)?).map_err(|e| RetrievalError::index(&tmp, e))?;
-        File::open(&tmp).and_then(|f| f.sync_all()).map_err(RetrievalError::io(&tmp))?;
-        fs::rename(&tmp, &path).map_err(RetrievalError::io(&path))?;
-        sync_dir(&self.dir)?;
+        self.save_index(&index, INDEX_FILE)?;
         self.meta.index.indexed = n;
         self.meta.complete = true;
         self.meta.write(&self.dir)?;
@@ -357,14 +352,19 @@ impl DatastoreWriter {
     }
 
     fn save_partial(&mut self, index: &usearch::Index, done: u64) -> Result<()> {
-        let partial = self.dir.join(PARTIAL_INDEX_FILE);
-        let tmp = self.dir.join(format!("{PARTIAL_INDEX_FILE}.tmp"));
-        index.save(&path_str(&tmp)?).map_err(|e| RetrievalError::index(&tmp, e))?;
-        File::open(&tmp).and_then(|f| f.sync_all()).map_err(RetrievalError::io(&tmp))?;
-        fs::rename(&tmp, &partial).map_err(RetrievalError::io(&partial))?;
-        sync_dir(&self.dir)?;
+        self.save_index(index, PARTIAL_INDEX_FILE)?;
         self.meta.index.indexed = done;
         self.meta.write(&self.dir)
+    }
+
+    /// Saves `index` as `name` atomically: a temporary file, synced, renamed, the directory synced.
+    fn save_index(&self, index: &usearch::Index, name: &str) -> Result<()> {
+        let path = self.dir.join(name);
+        let tmp = self.dir.join(format!("{name}.tmp"));
+        index.save(&path_str(&tmp)?).map_err(|e| RetrievalError::index(&tmp, e))?;
+        File::open(&tmp).and_then(|f| f.sync_all()).map_err(RetrievalError::io(&tmp))?;
+        fs::rename(&tmp, &path).map_err(RetrievalError::io(&path))?;
+        sync_dir(&self.dir)
     }
 }
 

@@ -99,6 +99,7 @@ pub fn generate_with(
 
 /// The model's output at the last position fed: its logits and, when asked for, the vector
 /// the head read.
+#[derive(Default)]
 struct Last {
     logits: Vec<f32>,
     features: Vec<f32>,
@@ -141,7 +142,7 @@ fn generate_with_memory(
     let segment = model.seq_len.max(1);
     let mut all: Vec<u32> = prompt.to_vec();
     let mut state = DecoderState::default();
-    let mut last = Last { logits: Vec::new(), features: Vec::new() };
+    let mut last = Last::default();
     for _ in 0..cfg.max_new_tokens {
         // feed what the state has not seen, never past the end of the current segment
         while state.position < all.len() {
@@ -149,11 +150,7 @@ fn generate_with_memory(
             let end = all.len().min(state.position + room);
             last = feed(model, &all[state.position..end], cfg.tag, &mut state, features, device);
         }
-        let token = pick(
-            &next(std::mem::replace(&mut last, Last { logits: Vec::new(), features: Vec::new() }))?,
-            cfg,
-            &mut rng,
-        );
+        let token = pick(&next(std::mem::take(&mut last))?, cfg, &mut rng);
         on_token(token);
         all.push(token);
     }

@@ -70,8 +70,8 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The rows of one group of windows: inputs, targets `[b, len, 1]`, the model's features and
-/// its log-probabilities of the targets `[b·len]`.
+/// The model on one group of windows: its features (`b·len` rows of `d_model`) and its
+/// log-probabilities of the targets (`b·len`).
 struct GroupOutput {
     features: Vec<f32>,
     logprobs: Vec<f32>,
@@ -206,9 +206,8 @@ pub struct KnnScores {
     pub mixed: Vec<(usize, f64, f64)>,
     /// The datastore holds the scored text: each position retrieved only entries before it.
     pub causal: bool,
-    /// Seconds spent searching, and queries made.
+    /// Seconds spent searching (one query per token scored).
     pub search_seconds: f64,
-    pub queries: usize,
     /// The approximate search's recall@k (largest k) against exact search, and over how many
     /// queries (`KnnEval::recall_queries`; none with exact search).
     pub recall: Option<(f64, usize)>,
@@ -291,14 +290,13 @@ pub fn knn_loss(
     check_run(run)?;
     check_datastore(run, store)?;
     let causal = overlaps(store, ids);
-    // recall is measured on queries spread over the text (the first ones, near the start of a
-    // causal datastore, see few entries and are searched exactly anyway)
-    let total_queries: usize =
-        sliding_windows(ids.len(), settings.window, settings.stride).len().max(1) * settings.window.max(1);
-    let every = (total_queries / settings.recall_queries.max(1)).max(1);
-    let mut seen = 0usize;
     let windows = sliding_windows(ids.len(), settings.window, settings.stride);
     let len = settings.window.min(ids.len().saturating_sub(1));
+    // recall is measured on queries spread over the text (the first ones, near the start of a
+    // causal datastore, see few entries and are searched exactly anyway)
+    let total_queries: usize = windows.iter().map(|w| len - w.from).sum();
+    let every = (total_queries / settings.recall_queries.max(1)).max(1);
+    let mut seen = 0usize;
     let dim = store.dim();
     let k_max = settings.ks.iter().copied().max().unwrap_or(1).max(1);
     let mut lm = 0.0;
@@ -357,7 +355,7 @@ pub fn knn_loss(
         .map(|((k, l), s)| (k, l, s / n))
         .collect();
     let recall = (!truth.is_empty()).then(|| (variorum_retrieval::search::recall(&truth, &approx), truth.len()));
-    Ok(KnnScores { tokens, lm: lm / n, mixed, causal, search_seconds, queries: tokens, recall })
+    Ok(KnnScores { tokens, lm: lm / n, mixed, causal, search_seconds, recall })
 }
 
 /// p_kNN of `target` (`None` without neighbours: the LM alone scores the position).
