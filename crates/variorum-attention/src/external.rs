@@ -258,6 +258,8 @@ pub trait DynMechanism: Debug + Send {
     fn global_token_ids(&self) -> &[u32];
     fn after_optimizer_step(&mut self, step: usize);
     fn after_partial_load(&mut self, fresh: &dyn Fn(&str) -> bool);
+    fn remembers(&self) -> bool;
+    fn reset_rows(&self, state: &mut AttentionState, rows: &[bool]);
     fn collect_devices(&self, devices: Devices) -> Devices;
     fn fork(self: Box<Self>, device: &Device) -> Box<dyn DynMechanism>;
     fn to_device(self: Box<Self>, device: &Device) -> Box<dyn DynMechanism>;
@@ -300,6 +302,12 @@ impl<M: AttentionMechanism + 'static> DynMechanism for M {
     }
     fn after_partial_load(&mut self, fresh: &dyn Fn(&str) -> bool) {
         AttentionMechanism::after_partial_load(self, fresh)
+    }
+    fn remembers(&self) -> bool {
+        AttentionMechanism::remembers(self)
+    }
+    fn reset_rows(&self, state: &mut AttentionState, rows: &[bool]) {
+        AttentionMechanism::reset_rows(self, state, rows)
     }
     fn collect_devices(&self, devices: Devices) -> Devices {
         Module::collect_devices(self, devices)
@@ -408,6 +416,12 @@ impl AttentionMechanism for ExternalAttention {
     }
     fn after_partial_load(&mut self, fresh: &dyn Fn(&str) -> bool) {
         self.0.after_partial_load(fresh)
+    }
+    fn remembers(&self) -> bool {
+        self.0.remembers()
+    }
+    fn reset_rows(&self, state: &mut AttentionState, rows: &[bool]) {
+        self.0.reset_rows(state, rows)
     }
 }
 

@@ -225,6 +225,15 @@ pub trait AttentionMechanism: Module + burn::module::ModuleDisplay + core::fmt::
     /// initialisation. A kind that initialises some parameters from others (Longformer's global
     /// projections from the window's) derives them again from the loaded ones.
     fn after_partial_load(&mut self, _fresh: &dyn Fn(&str) -> bool) {}
+    /// Whether the mechanism keeps a memory of earlier segments in its state, which the model
+    /// then carries from one training step to the next along ordered streams (and evaluation
+    /// and generation along the text). The kind's config declares `Capabilities::remembers`.
+    fn remembers(&self) -> bool {
+        false
+    }
+    /// Rows `r` with `rows[r]` start a new document: what the state remembers of theirs is
+    /// forgotten. Called by the trainer before a step whose rows do not all start over.
+    fn reset_rows(&self, _state: &mut AttentionState, _rows: &[bool]) {}
 }
 
 /// Refuses a dropout probability outside [0, 1) for `model.attention.dropout`.

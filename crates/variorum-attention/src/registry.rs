@@ -312,6 +312,20 @@ macro_rules! attention_kinds {
                 }
             }
 
+            pub fn remembers(&self) -> bool {
+                match self {
+                    $( Self::$variant(a) => AttentionMechanism::remembers(a), )+
+                    Self::External(a) => AttentionMechanism::remembers(a),
+                }
+            }
+
+            pub fn reset_rows(&self, state: &mut AttentionState, rows: &[bool]) {
+                match self {
+                    $( Self::$variant(a) => AttentionMechanism::reset_rows(a, state, rows), )+
+                    Self::External(a) => AttentionMechanism::reset_rows(a, state, rows),
+                }
+            }
+
             pub fn after_partial_load(&mut self, fresh: &dyn Fn(&str) -> bool) {
                 match self {
                     $( Self::$variant(a) => AttentionMechanism::after_partial_load(a, fresh), )+
@@ -389,6 +403,8 @@ attention_kinds! {
     "gaussian-prior" => GaussianPrior(crate::GaussianPriorConfig, crate::GaussianPriorAttention),
     /// CAMTL's task prior: a block-diagonal prior on the scores conditioned on the example's tag.
     "task-prior" => TaskPrior(crate::TaskPriorConfig, crate::TaskPriorAttention),
+    /// Memorizing Transformer: local attention plus kNN attention over a per-document memory of earlier segments, gated per head.
+    "memorizing" => Memorizing(crate::MemorizingConfig, crate::MemorizingAttention),
     /// Synthesizer: scores from an MLP of each token (dense), a per-head ℓ × ℓ table (random), their factorized forms, or a learned mix with dot products.
     "synthesizer" => Synthesizer(crate::SynthesizerConfig, crate::SynthesizerAttention),
     /// Collaborative heads: shared query/key projections re-weighted per head by mixing vectors.

@@ -268,6 +268,48 @@ fn eval_memory(
     Ok(rows)
 }
 
+/// A model with a memory per document (`train.batching = "documents"`): the split's documents
+/// (its `data.tags` sections) read as the run was trained, one row per document up to
+/// STREAMS, each row's memory cleared at its documents' starts; then the same segments each
+/// from nothing.
+fn eval_documents(
+    run: &Run,
+    name: &str,
+    ids: &[u32],
+    tags: &SplitTags,
+    lengths: &[usize],
+    device: &burn::prelude::Device,
+) -> Result<Vec<EvalRow>> {
+    let rows = variorum_data::DocumentStreams::count(ids.len(), tags).min(STREAMS);
+    if rows == 0 {
+        bail!("the validation split holds no document of two tokens or more");
+    }
+    let ids = std::sync::Arc::new(ids.to_vec());
+    let tags = std::sync::Arc::new(tags.clone());
+    let passes: Vec<(usize, Vec<variorum_data::TokenBatch>)> = lengths
+        .iter()
+        .map(|&len| Ok((len, variorum_data::DocumentStreams::new(ids.clone(), tags.clone(), len, rows)?.one_pass())))
+        .collect::<Result<_>>()?;
+    println!(
+        "# {rows} rows of whole documents read segment by segment; each row's memory cleared at its documents' starts"
+    );
+    println!("{:>8} {:>10} {:>14} {:>14} {:>10}", "segment", "tokens", "with memory", "without", "gain");
+    let pb = progress::bar(passes.iter().map(|(_, b)| 2 * b.len() as u64).sum(), name);
+    let mut out = Vec::new();
+    for (len, batches) in &passes {
+        pb.set_message(format!("{name} L={len} with memory"));
+        let (with, n) = variorum_train::eval::document_loss(&run.model, batches, true, device, Some(&pb));
+        pb.set_message(format!("{name} L={len} without memory"));
+        let (without, _) = variorum_train::eval::document_loss(&run.model, batches, false, device, Some(&pb));
+        pb.suspend(|| println!("{len:>8} {n:>10} {with:>14.4} {without:>14.4} {:>10.4}", without - with));
+        for (reading, loss) in [("with memory", with), ("without memory", without)] {
+            out.push(eval_row(*len, None, Some(reading), n, loss));
+        }
+    }
+    pb.finish_and_clear();
+    Ok(out)
+}
+
 /// A masked language model: the loss on the hidden tokens of disjoint windows (the same hidden
 /// tokens as the run's own validation, the same for every run).
 fn eval_masked(
@@ -445,6 +487,12 @@ fn eval_one(args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode>
         return Ok(ExitCode::SUCCESS);
     }
     let name = run_name(&args.runs[0]);
+    if run.model.has_memory() && run.config.train.batching == variorum_train::config::Batching::Documents {
+        let tags = tags.context("the run reads documents (train.batching = \"documents\"), which --data does not mark: evaluate its validation split")?;
+        let rows = eval_documents(&run, &name, &ids, &tags, &lengths, device)?;
+        record(&run, args, &label, rows);
+        return Ok(ExitCode::SUCCESS);
+    }
     if run.model.has_memory() {
         let rows = eval_memory(&run, &name, &ids, &lengths, device)?;
         record(&run, args, &label, rows);

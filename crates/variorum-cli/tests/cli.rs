@@ -362,6 +362,50 @@ fn a_memory_model_trains_on_streams_evaluates_with_and_without_memory_and_genera
     );
 }
 
+/// The Memorizing Transformer on document streams: refused on random windows and without
+/// documents, trained with a memory per work, evaluated document by document with and without
+/// its memory, and generating with the memory carried.
+#[test]
+fn a_memorizing_model_trains_on_documents_evaluates_and_generates() {
+    let tmp = tempfile::tempdir().unwrap();
+    let works: String = (1..=4)
+        .map(|i| {
+            format!("THE WORK {i}\n\n{}", "Now is the winter of our discontent made glorious summer;\n".repeat(6 + i))
+        })
+        .collect();
+    let corpus = tmp.path().join("works.txt");
+    std::fs::write(&corpus, works).unwrap();
+    let cfg = tmp.path().join("memorizing.toml");
+    let write = |train: &str, tags: bool| {
+        let tags = if tags { "[data.tags]\nsection = \"^THE WORK [0-9]+\"\nholdout = \"each-section\"\n" } else { "" };
+        std::fs::write(
+            &cfg,
+            format!(
+                "[model]\nd_model = 32\nn_layers = 2\nseq_len = 16\n[model.position]\nkind = \"alibi\"\n[model.attention]\nkind = \"memorizing\"\nn_heads = 2\nmemory_size = 64\ntop_k = 4\nmemory_layers = [false, true]\n\n[data]\npath = \"{}\"\n{tags}\n[train]\n{train}steps = 6\nbatch_size = 2\neval_interval = 3\neval_batches = 2\nlog_interval = 3\nsample_tokens = 10\n",
+                corpus.display()
+            ),
+        )
+        .unwrap();
+    };
+    write("", true);
+    assert_clean_error(&variorum(&["train", cfg.to_str().unwrap()], tmp.path()), "train.batching = \"documents\"");
+    write("batching = \"documents\"\n", false);
+    assert_clean_error(&variorum(&["train", cfg.to_str().unwrap()], tmp.path()), "add a [data.tags]");
+    write("batching = \"documents\"\n", true);
+    let run = tmp.path().join("run");
+    let o = variorum(&["train", cfg.to_str().unwrap(), "--out", run.to_str().unwrap()], tmp.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = variorum(&["eval", run.to_str().unwrap(), "--seq-len", "16"], tmp.path());
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && out.contains("rows of whole documents") && out.contains("with memory"),
+        "{out}{}",
+        stderr(&o)
+    );
+    let o = variorum(&["generate", run.to_str().unwrap(), "--prompt", "Now is", "--max-new-tokens", "40"], tmp.path());
+    assert!(o.status.success() && stderr(&o).contains("memory carried"), "{}", stderr(&o));
+}
+
 #[test]
 fn inspect_shows_the_learned_spans_of_a_run() {
     let tmp = tempfile::tempdir().unwrap();

@@ -22,6 +22,10 @@ pub struct Capabilities {
     pub variable_length: bool,
     /// Attention: can read a memory of earlier segments (keys before the segment's own).
     pub reads_memory: bool,
+    /// Attention: keeps a memory of earlier segments in its own state (the Memorizing
+    /// Transformer's kNN memory), so the model carries its state from one training step to the
+    /// next along ordered streams, as it does a `model.memory`.
+    pub remembers: bool,
     /// Attention: gathers keys from anywhere in the sequence (random blocks, summaries, permuted
     /// blocks), so a score-acting position scheme must act through the distance alone.
     pub gathers_keys: bool,
@@ -84,6 +88,7 @@ impl Capabilities {
         aux_losses: false,
         variable_length: true,
         reads_memory: true,
+        remembers: false,
         gathers_keys: false,
         absolute_scores: false,
         global_input: false,

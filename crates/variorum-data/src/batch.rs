@@ -42,7 +42,7 @@ pub struct TokenBatch {
 }
 
 impl TokenBatch {
-    fn with_capacity(batch_size: usize, seq_len: usize) -> Self {
+    pub(crate) fn with_capacity(batch_size: usize, seq_len: usize) -> Self {
         TokenBatch {
             inputs: Vec::with_capacity(batch_size * seq_len),
             targets: Vec::with_capacity(batch_size * seq_len),

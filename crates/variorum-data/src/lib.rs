@@ -8,6 +8,7 @@
 
 mod batch;
 mod corpus;
+mod documents;
 mod error;
 mod graph;
 mod masking;
@@ -18,6 +19,7 @@ mod tokenizer;
 
 pub use batch::{OrderedStreams, RandomWindows, TokenBatch, eval_batches, spread_windows};
 pub use corpus::{Corpus, DATA_DIR_ENV, DEFAULT_DATA_DIR, DataConfig, data_dir, read_text};
+pub use documents::DocumentStreams;
 pub use error::DataError;
 pub use graph::{GraphBatches, GraphDataConfig, GraphExample, GraphSplits, NO_TARGET, graph_eval_batches};
 pub use masking::Masking;

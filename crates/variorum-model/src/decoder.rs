@@ -347,7 +347,7 @@ impl DecoderLm {
         rows: impl Into<Rows>,
         mut state: Option<&mut DecoderState>,
     ) -> LmOutput {
-        let Rows { tags, graph, source } = rows.into();
+        let Rows { tags, graph, source, .. } = rows.into();
         assert!(
             graph.is_none() || (state.is_none() && self.global_embedding.is_none()),
             "a graph covers whole examples: no decoding state, memory or global input"
@@ -575,9 +575,18 @@ impl DecoderLm {
         Some(ReplayDropout { prob, seed: draw.into_scalar::<i64>() as u64 })
     }
 
-    /// Whether blocks keep a memory of earlier segments in the state.
+    /// Whether blocks keep a memory of earlier segments in the state: a `model.memory`, or an
+    /// attention that remembers (`AttentionMechanism::remembers`).
     pub fn has_memory(&self) -> bool {
-        self.blocks.first().is_some_and(|b| b.memory.is_some())
+        self.blocks.first().is_some_and(|b| b.memory.is_some() || b.attn.remembers())
+    }
+
+    /// Rows `r` with `rows[r]` start a new document: every layer's attention forgets what it
+    /// remembers of theirs (the other rows keep their memories).
+    pub fn reset_rows(&self, state: &mut DecoderState, rows: &[bool]) {
+        for (i, layer) in state.layers.iter_mut().enumerate() {
+            self.blocks[i % self.blocks.len()].attn.reset_rows(&mut layer.attention, rows);
+        }
     }
 
     fn logits(&self, x: Tensor<3>) -> Tensor<3> {
@@ -631,7 +640,7 @@ impl DecoderLm {
         state: Option<&mut DecoderState>,
     ) -> (Tensor<1>, AuxLosses) {
         let rows = rows.into();
-        let padded = rows.graph.is_some() || rows.source.is_some();
+        let padded = rows.padded || rows.graph.is_some() || rows.source.is_some();
         let out = self.forward_tagged(tokens, rows, state);
         let mut aux = out.aux_losses;
         if let Some(e) = &self.exits
@@ -786,6 +795,9 @@ pub struct Rows {
     pub graph: Option<GraphMask>,
     /// Each row's source (encoder–decoder models).
     pub source: Option<Source>,
+    /// Some targets are `NO_TARGET` (the padded end of a document's last segment), which the
+    /// loss skips, as it does a graph's or a source's padding.
+    pub padded: bool,
 }
 
 impl From<Option<Tensor<1, Int>>> for Rows {

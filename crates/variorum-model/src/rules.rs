@@ -227,6 +227,26 @@ pub const RULES: &[Rule] = &[
         },
     },
     Rule {
+        holds: |s| {
+            !s.attention.remembers
+                || (!s.memory()
+                    && s.stack()
+                    && !s.exits()
+                    && !s.model.block.reversible()
+                    && !s.position.absolute
+                    && !s.position.per_layer
+                    && s.feed_forward.position_wise
+                    && !s.model.is_encoder_decoder())
+        },
+        why: |s| {
+            format!(
+                "model.attention.kind = \"{}\" keeps a memory of earlier segments in its own state, which only a decoder's plain stack of distinct blocks carries, with a relative position scheme (memories reach past the segment): use it without model.memory, a universal depth, exits, a reversible block, per-layer position signals, a separable-conv feed_forward or an encoder, and with alibi, t5 or none for model.position (not \"{}\")",
+                s.attention_kind(),
+                s.position_kind()
+            )
+        },
+    },
+    Rule {
         holds: |s| !s.memory() || !s.position.absolute,
         why: |s| {
             format!(

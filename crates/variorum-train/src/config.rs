@@ -34,6 +34,10 @@ pub enum Batching {
     Random,
     /// Contiguous streams: row r of batch t+1 continues row r of batch t (recurrent models).
     Ordered,
+    /// Whole documents (the sections of `data.tags`), each row reading its own documents one
+    /// after another, each from a segment boundary: models whose memory is per document
+    /// (`variorum_data::DocumentStreams`).
+    Documents,
 }
 
 /// Learning-rate schedule after the linear warmup.
@@ -167,7 +171,10 @@ fn check_graph(cfg: &ExperimentConfig) -> Result<(), ConfigError> {
         )
     })?;
     let refused = [
-        (cfg.train.batching == Batching::Ordered, "train.batching = \"ordered\" (graph examples are drawn whole)"),
+        (
+            cfg.train.batching != Batching::Random,
+            "train.batching = \"ordered\" or \"documents\" (graph examples are drawn whole)",
+        ),
         (!m.memory.is_none(), "a memory (model.memory)"),
         (!matches!(m.exits, variorum_model::ExitConfig::None), "early exits (model.exits)"),
         (m.block.reversible(), "a reversible stack"),
@@ -249,9 +256,18 @@ impl ExperimentConfig {
         self.model.validate()?;
         check(self.model.memory.is_none() || self.train.batching == Batching::Ordered, || {
             format!(
-                "model.memory.kind = \"{}\" carries memory from one segment to the next, which needs train.batching = \"ordered\" (random windows are unrelated)",
+                "model.memory.kind = \"{}\" carries memory from one segment to the next, which needs train.batching = \"ordered\" (random windows are unrelated; document streams would reset its rows one at a time, which its memory does not do)",
                 self.model.memory.kind()
             )
+        })?;
+        check(!self.model.attention.capabilities().remembers || self.train.batching != Batching::Random, || {
+            format!(
+                "model.attention.kind = \"{}\" remembers earlier segments, which needs train.batching = \"documents\" (a memory per document; needs data.tags) or \"ordered\" (random windows are unrelated)",
+                self.model.attention.kind()
+            )
+        })?;
+        check(self.train.batching != Batching::Documents || self.data.tags.is_some(), || {
+            "train.batching = \"documents\" reads the sections of data.tags as documents: add a [data.tags] section pattern (e.g. section = \"^(.+)\\n\\nby William Shakespeare\")".into()
         })?;
         check(!self.model.attention.capabilities().policy || self.train.batch_size >= 2, || {
             format!(

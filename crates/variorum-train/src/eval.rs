@@ -3,7 +3,9 @@
 use burn::prelude::*;
 use indicatif::ProgressBar;
 use variorum_data::{Masking, SplitTags, TokenBatch};
-use variorum_model::{DecoderLm, DecoderState, ModelConfig, ObjectiveConfig, decoder::cross_entropy};
+use variorum_model::{
+    DecoderLm, DecoderState, ModelConfig, ObjectiveConfig, decoder::cross_entropy, decoder::padded_cross_entropy,
+};
 
 use crate::step::{batch_rows, batch_tensors};
 
@@ -227,6 +229,42 @@ pub fn stream_loss(
         count += streams * seg_len;
         if let Some(pb) = progress {
             pb.inc(streams as u64);
+        }
+    }
+    (sum / count.max(1) as f64, count)
+}
+
+/// Loss of a model read as document streams (`variorum_data::DocumentStreams::one_pass`): the
+/// batches in order, one state carried from each to the next, a row's memory cleared where its
+/// next document starts (`reset`), the padding after a document's end (`NO_TARGET`) not
+/// counted. Without `carry_memory` every segment starts from nothing (what the memory is worth
+/// is the difference). `progress` advances by one per batch. Returns (mean loss, predictions
+/// counted).
+pub fn document_loss(
+    model: &DecoderLm,
+    batches: &[TokenBatch],
+    carry_memory: bool,
+    device: &Device,
+    progress: Option<&ProgressBar>,
+) -> (f64, usize) {
+    let mut state = DecoderState::default();
+    let (mut sum, mut count) = (0.0, 0usize);
+    for batch in batches {
+        if batch.reset.iter().all(|&r| r) {
+            state = DecoderState::default();
+        } else if batch.reset.iter().any(|&r| r) {
+            model.reset_rows(&mut state, &batch.reset);
+        }
+        let n = batch.targets.iter().filter(|&&t| t != variorum_data::NO_TARGET).count();
+        let (x, t) = batch_tensors(batch, device);
+        let logits =
+            if carry_memory { model.forward_with(x, Some(&mut state)).logits } else { model.forward(x).logits };
+        if n > 0 {
+            sum += padded_cross_entropy(logits, t).into_scalar::<f32>() as f64 * n as f64;
+            count += n;
+        }
+        if let Some(pb) = progress {
+            pb.inc(1);
         }
     }
     (sum / count.max(1) as f64, count)

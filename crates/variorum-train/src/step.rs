@@ -56,6 +56,7 @@ pub fn batch_rows(batch: &TokenBatch, device: &Device) -> Rows {
         tags: batch_tags(batch, device),
         graph: (!batch.graphs.is_empty()).then(|| variorum_core::GraphMask::new(batch.graphs.clone())),
         source: (!sources.is_empty()).then(|| Source::from_rows(&sources, device)),
+        padded: batch.targets.contains(&variorum_data::NO_TARGET),
     }
 }
 
@@ -85,11 +86,14 @@ pub fn train_step(
     let mut aux_sums: AuxLosses = Vec::new();
     for batch in micro_batches {
         let (inputs, targets) = batch_tensors(batch, device);
-        // a memory model on ordered streams: rows start over together at the streams' start
-        if let Some(m) = memory.as_deref_mut()
-            && batch.reset.first().copied().unwrap_or(true)
-        {
-            *m = DecoderState::default();
+        // a memory model on ordered streams: rows start over together at the streams' start;
+        // on document streams each row at its own document's start
+        if let Some(m) = memory.as_deref_mut() {
+            if batch.reset.iter().all(|&r| r) {
+                *m = DecoderState::default();
+            } else if batch.reset.iter().any(|&r| r) {
+                model.reset_rows(m, &batch.reset);
+            }
         }
         let (loss, aux, grads) =
             model.loss_and_grads(inputs, targets, batch_rows(batch, device), memory.as_deref_mut(), n);

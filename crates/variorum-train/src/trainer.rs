@@ -15,7 +15,8 @@ use burn::prelude::*;
 use indicatif::{ProgressBar, ProgressDrawTarget};
 use serde::Serialize;
 use variorum_data::{
-    Corpus, GraphBatches, OrderedStreams, RandomWindows, TokenBatch, Tokenizer, graph_eval_batches, spread_windows,
+    Corpus, DocumentStreams, GraphBatches, OrderedStreams, RandomWindows, TokenBatch, Tokenizer, graph_eval_batches,
+    spread_windows,
 };
 use variorum_model::{DecoderLm, DecoderState};
 
@@ -104,6 +105,7 @@ fn step_seed(seed: u64, step: u64) -> u64 {
 enum Batches {
     Random(RandomWindows),
     Ordered(OrderedStreams),
+    Documents(DocumentStreams),
     Graph(GraphBatches),
     /// An encoder–decoder's pairs or corrupted windows.
     Examples(crate::seq2seq::ExampleBatches),
@@ -114,6 +116,7 @@ impl Batches {
         match self {
             Self::Random(b) => b.batch(index),
             Self::Ordered(b) => b.batch(index),
+            Self::Documents(b) => b.batch(index),
             Self::Graph(b) => b.batch(index),
             Self::Examples(b) => b.batch(index),
         }
@@ -210,6 +213,22 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
                 None => s,
             })
         }
+        (None, Batching::Documents) => {
+            let tags = train_tags.context("train.batching = \"documents\" needs data.tags")?;
+            Batches::Documents(DocumentStreams::new(train_tokens, tags, seq_len, tc.batch_size)?)
+        }
+    };
+    // document streams are scored as they are read: the first eval_batches segments of each
+    // validation document (one per row, up to batch_size rows), each row's memory cleared at its
+    // documents' starts
+    let document_eval = match (&batches, &corpus.tags) {
+        (Batches::Documents(_), Some(t)) => {
+            let rows = DocumentStreams::count(corpus.val.len(), &t.val).min(tc.batch_size);
+            let s = DocumentStreams::new(Arc::new(corpus.val.clone()), Arc::new(t.val.clone()), seq_len, rows.max(1))
+                .context("the validation split, read as documents")?;
+            Some(s.one_pass().into_iter().take(tc.eval_batches.max(1)).collect::<Vec<_>>())
+        }
+        _ => None,
     };
     let val_tags = corpus.tags.as_ref().map(|t| &t.val);
     let eval_rows = tc.eval_batches * tc.batch_size;
@@ -355,7 +374,9 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
                 let tps = interval_tokens / interval_train_secs.max(1e-9);
                 let val_loss = if eval_now {
                     let inner = device.clone().inner();
-                    let v = if model.has_memory() {
+                    let v = if let Some(batches) = &document_eval {
+                        crate::eval::document_loss(&model.valid(), batches, true, &inner, None).0
+                    } else if model.has_memory() {
                         // memory models are scored as they run: segments of ordered streams
                         let n = (tc.eval_batches * tc.batch_size * seq_len + 1).min(corpus.val.len());
                         match stream_loss(&model.valid(), &corpus.val[..n], seq_len, tc.batch_size, true, &inner, None)

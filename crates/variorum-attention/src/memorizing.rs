@@ -1,0 +1,447 @@
+//! The Memorizing Transformer (Wu, Rabe, Hutchins, Szegedy 2022), the `memorizing` kind: a layer
+//! that attends locally over its segment and, by k-nearest-neighbour lookup, over a
+//! non-differentiable memory of the (key, value) pairs its earlier segments produced.
+//!
+//! For query q (per head), with k̂ = k/‖k‖ and q̂ = q/‖q‖ (normalised, so that keys written many
+//! steps ago by older weights stay comparable: the paper's answer to stale keys):
+//!
+//!   V_c = softmax(τ q̂ K̂_cᵀ + B) V_c             (local: the segment so far, causal; B the position bias)
+//!   V_m = Σ_{i ∈ top-k(q̂ · K̂_m)} softmax_i(τ q̂ · k̂_i) v_i   (memory: the k nearest stored keys)
+//!   V_a = g ⊙ V_m + (1 − g) ⊙ V_c,  g = σ(b_g)   (one learned gate per head)
+//!
+//! and the heads' V_a go through the output projection. The two results are mixed by the gate,
+//! not by one softmax over local and retrieved keys together, as the paper does.
+//!
+//! The sequence is read in segments of `segment` positions (the model's context by default).
+//! Within a segment attention is local; when a segment is complete its normalised keys and its
+//! values (detached) join each batch row's memory ([`crate::knn_memory`]), which keeps the last
+//! `memory_size` positions and is emptied at a document boundary (`reset_rows`: the trainer's
+//! document batching starts every document on a segment boundary). A forward without a state
+//! reads its input the same way with a fresh memory, so a forward over several segments equals
+//! feeding them one by one, and token-by-token decoding equals both.
+//!
+//! Choices where the paper leaves one open, or where we depart from it:
+//! - τ is learned per head, starting at log₂(L² − L) for a segment of L (QKNorm's initial
+//!   scale, Henry et al. 2020), shared by local and memory scores; the paper normalises keys and
+//!   queries without saying how it scales them.
+//! - b_g starts at 0 (g = ½). A row whose memory is empty (a document's first segment) takes the
+//!   local result alone: the gate weighs nothing against nothing.
+//! - The local part sees its own segment only; the paper adds a Transformer-XL cache of the
+//!   previous segment (here, the memory serves that role: `model.memory` is not combined).
+//! - Search is exact over the whole memory (one GEMM per row and head; see
+//!   [`crate::knn_memory`] for why no approximate index), where the paper used approximate
+//!   search on TPU.
+//! - `memory_layers` chooses the layers with a memory (the paper: one, the 9th of 12); the
+//!   others are `full` attention over their segment, with its fast kernel.
+//! - Position schemes that bias scores (ALiBi, T5: the paper's choice) act on the local scores;
+//!   retrieved keys carry no position. Rotations (RoPE) are refused: a stored key would carry
+//!   its absolute position into every later comparison.
+
+use burn::module::Param;
+use burn::prelude::*;
+use burn::tensor::activation::{sigmoid, softmax};
+use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
+use variorum_position::ScoreLayout;
+
+use crate::full::{MASKED_SCORE, Positioning, Projected};
+use crate::kind::{AttentionKind, AttentionMechanism, TestVariant, caps};
+use crate::knn_memory::KnnMemory;
+use crate::{AttentionInput, AttentionOutput, AttentionState, MultiHeadAttention};
+
+crate::attention_config! {
+    /// `model.attention` with `kind = "memorizing"`.
+    pub struct MemorizingConfig {
+        /// Positions each batch row's memory keeps, per memory layer (the paper: up to 262,144).
+        /// 0 keeps none: the layer is its local attention alone. Default 65,536.
+        pub memory_size: usize = 65_536,
+        /// k, the stored keys each query retrieves. Default 32 (the paper's).
+        pub top_k: usize = 32,
+        /// Positions per segment: local attention stays inside one, and a complete one joins the
+        /// memory. 0 = the model's context (`model.seq_len`). Default 0.
+        pub segment: usize = 0,
+        /// Which layers have a memory, one entry per layer (`[false, true, false]`); empty = every
+        /// layer. The others are `full` attention within the segment. Default empty.
+        pub memory_layers: Vec<bool> = Vec::new(),
+    }
+}
+
+impl MemorizingConfig {
+    /// Whether the layer this config was made for has a memory (after
+    /// [`for_layer`](AttentionKind::for_layer): its own entry; else the first layer's).
+    fn remembers(&self) -> bool {
+        self.memory_layers.first().copied().unwrap_or(true)
+    }
+
+    pub fn init(
+        &self,
+        d_model: usize,
+        init_std: f64,
+        out_std: f64,
+        position: Positioning,
+        device: &Device,
+    ) -> MemorizingAttention {
+        let segment = if self.segment > 0 { self.segment } else { position.context.max(1) };
+        let h = self.n_heads;
+        let remembers = self.remembers();
+        let l = segment as f64;
+        let tau = (l * l - l).max(2.0).log2();
+        MemorizingAttention {
+            attention: self.heads().init(d_model, init_std, out_std, position, device),
+            gate: remembers.then(|| Param::from_tensor(Tensor::zeros([h], device))),
+            scale: remembers.then(|| Param::from_tensor(Tensor::full([h], tau, device))),
+            memory_size: self.memory_size,
+            top_k: self.top_k,
+            segment,
+        }
+    }
+}
+
+impl AttentionKind for MemorizingConfig {
+    type Module = MemorizingAttention;
+    const SUMMARY: &'static str = "Memorizing Transformer: local attention over the segment plus k-nearest-neighbour attention over a per-document memory of earlier segments' (key, value) pairs, mixed by a learned gate per head; normalised keys and queries";
+    const PAPER: &'static str = "Wu, Rabe, Hutchins, Szegedy 2022, Memorizing Transformers";
+    const CAPS: Capabilities = Capabilities {
+        bidirectional: false,
+        qk_rotation: false,
+        reads_memory: false,
+        remembers: true,
+        hides_padding: false,
+        ..caps::SCORES
+    };
+    crate::head_kind_items!();
+
+    fn why_not_causal(&self) -> &'static str {
+        "it is causal only"
+    }
+
+    fn expanded(&self, d_model: usize) -> Self {
+        self.expanded_heads(d_model)
+    }
+
+    fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        self.heads().validate(d_model)?;
+        check(self.top_k >= 1, || "model.attention.top_k = 0 must be at least 1, e.g. 32".into())
+    }
+
+    fn for_layer(&self, layer: usize) -> Self {
+        match self.memory_layers.get(layer) {
+            Some(&m) => Self { memory_layers: vec![m], ..self.clone() },
+            None => self.clone(),
+        }
+    }
+
+    fn per_layer(&self) -> usize {
+        self.memory_layers.len()
+    }
+
+    fn per_layer_key(&self) -> &'static str {
+        "memory_layers"
+    }
+
+    /// Full attention's over the segment, plus the search (a dot product with every stored key)
+    /// and the attention over the k retrieved ones.
+    fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+        let local = self.heads().flops_per_token(d_model, len_k);
+        if !self.remembers() {
+            return local;
+        }
+        let hd = (self.n_heads * self.heads().head_dim(d_model)) as u64;
+        local + 2 * hd * self.memory_size as u64 + 2 * 2 * hd * self.top_k as u64
+    }
+
+    fn scores_every_key(&self) -> bool {
+        true
+    }
+
+    /// Segments of 4 in the harness's longer sequences, so its checks (no leak from the future,
+    /// decoding equals the forward, save and load) run across segment boundaries with a memory
+    /// that fills and overflows.
+    fn test_variants() -> Vec<TestVariant<Self>> {
+        use variorum_position::PositionConfig;
+        let base = Self { memory_size: 6, top_k: 3, segment: 4, ..Self::default() };
+        vec![
+            TestVariant::new("position none", base.clone()).with_position(PositionConfig::None(Default::default())),
+            TestVariant::new(
+                "grouped-query + memory in layer 2 + position alibi",
+                Self { n_kv_heads: Some(2), memory_layers: vec![false, true], ..base.clone() },
+            )
+            .with_position(PositionConfig::Alibi(Default::default())),
+            TestVariant::new("position t5", base).with_position(PositionConfig::T5(Default::default())),
+        ]
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct MemorizingAttention {
+    /// Projections, position scheme and output of plain multi-head attention.
+    pub attention: MultiHeadAttention,
+    /// b_g per head, `[n_heads]` (g = σ(b_g)); none on a layer without memory.
+    pub gate: Option<Param<Tensor<1>>>,
+    /// τ per head, `[n_heads]`, scaling the cosine scores; none on a layer without memory.
+    pub scale: Option<Param<Tensor<1>>>,
+    pub memory_size: usize,
+    pub top_k: usize,
+    pub segment: usize,
+}
+
+/// What a layer carries from one call to the next: the raw keys and values of the unfinished
+/// segment, `[b, n_kv_heads, held, d_h]`, and each row's memory.
+#[derive(Debug, Clone, Default)]
+pub struct MemorizingState {
+    pub local: Option<(Tensor<4>, Tensor<4>)>,
+    pub memory: KnnMemory,
+}
+
+impl MemorizingState {
+    fn held(&self) -> usize {
+        self.local.as_ref().map_or(0, |(k, _)| k.dims()[2])
+    }
+}
+
+/// x / ‖x‖ along the last axis.
+fn unit(x: Tensor<4>) -> Tensor<4> {
+    let norm = x.clone().powi_scalar(2).sum_dim(3).sqrt().clamp_min(1e-6);
+    x / norm
+}
+
+impl MemorizingAttention {
+    pub fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
+        assert!(input.key_value.is_none(), "memorizing attention has no cross-attention form");
+        assert!(input.mask.causal, "memorizing attention is causal");
+        let [b, len, _] = input.query.dims();
+        let mut fresh = MemorizingState::default();
+        let st = match state {
+            Some(s) => s.get_or_default::<MemorizingState>(),
+            None => &mut fresh,
+        };
+        let (heads, dh) = (self.attention.qkv.n_kv_heads, self.attention.qkv.head_dim);
+        if !st.memory.fits(b, heads, dh, self.memory_size) {
+            st.memory = KnnMemory::new(b, heads, dh, self.memory_size);
+        }
+        let mask = input.mask;
+        let (mut contexts, mut weights) = (Vec::new(), Vec::new());
+        let mut done = 0;
+        while done < len {
+            let n = (self.segment - st.held()).min(len - done);
+            // the queries' positions, and the first key's: the unfinished segment's start
+            let q_start = mask.q_start + done;
+            let at = AttentionMask { q_start, k_start: q_start - st.held(), ..mask.clone() };
+            let x = if n == len { input.query.clone() } else { input.query.clone().narrow(1, done, n) };
+            let (c, w) = self.segment_part(x, &at, st, input.need_weights);
+            contexts.push(c);
+            weights.push(w);
+            done += n;
+        }
+        // weights of one call are one map; across a segment boundary they are two, and none
+        let weights = if weights.len() == 1 { weights.pop().flatten() } else { None };
+        AttentionOutput { context: Tensor::cat(contexts, 1), weights, aux_losses: Vec::new() }
+    }
+
+    /// Positions `x` (the next ones of the unfinished segment, not past its end).
+    fn segment_part(
+        &self,
+        x: Tensor<3>,
+        mask: &AttentionMask,
+        st: &mut MemorizingState,
+        need_weights: bool,
+    ) -> (Tensor<3>, Option<Tensor<4>>) {
+        let mha = &self.attention;
+        let n = x.dims()[1];
+        let (Some(gate), Some(scale)) = (&self.gate, &self.scale) else {
+            // no memory: full attention within the segment (a whole one takes its fast path)
+            if st.local.is_none() && n == self.segment {
+                let input = AttentionInput { need_weights, ..AttentionInput::self_attention(x, mask) };
+                let (heads, w) = mha.attend_heads(input, None);
+                return (variorum_kernels::linear::forward(&mha.out, heads), w);
+            }
+            let p = self.local_projection(x, mask, st);
+            let probs = mha.normalise(mha.mask_scores(mha.scores(&p), mask, None, &p));
+            let w = need_weights.then(|| probs.clone());
+            self.finish_segment(st, false);
+            return (mha.combine(mha.dropout.forward(probs), &p), w);
+        };
+        let p = self.local_projection(x, mask, st);
+        let h = p.q.dims()[1];
+        let tau = scale.val().reshape([1, h, 1, 1]);
+        let q = unit(p.q);
+        let local = Projected::new(q.clone() * tau.clone(), unit(p.k), p.v, p.layout, p.max_back);
+        let probs = mha.normalise(mha.mask_scores(mha.scores(&local), mask, None, &local));
+        let w = need_weights.then(|| probs.clone());
+        let [b, _, _, dh] = q.dims();
+        let local_heads = mha.combine_heads(mha.dropout.forward(probs), &local).reshape([b, n, h, dh]).swap_dims(1, 2);
+        let filled: Vec<bool> = (0..b).map(|r| st.memory.len(r) > 0).collect();
+        let heads = if self.top_k > 0 && filled.iter().any(|&f| f) {
+            let memory = self.from_memory(q, tau, &st.memory);
+            let device = local_heads.device();
+            let rows: Vec<f32> = filled.iter().map(|&f| if f { 1.0 } else { 0.0 }).collect();
+            let rows = Tensor::<1>::from_data(TensorData::new(rows, [b]), &device).reshape([b, 1, 1, 1]);
+            let g = sigmoid(gate.val()).reshape([1, h, 1, 1]) * rows;
+            local_heads.clone() + g * (memory - local_heads)
+        } else {
+            local_heads
+        };
+        self.finish_segment(st, true);
+        (mha.merge(heads), w)
+    }
+
+    /// Queries, keys and values of the new positions `x`, the keys and values joined to the
+    /// unfinished segment's (the state keeps them all), and where their scores sit.
+    fn local_projection(&self, x: Tensor<3>, mask: &AttentionMask, st: &mut MemorizingState) -> Projected {
+        let p = self.attention.project(x, None, mask, None);
+        let held = st.held();
+        let (k, v) = match st.local.take() {
+            Some((k0, v0)) => (Tensor::cat(vec![k0, p.k], 2), Tensor::cat(vec![v0, p.v], 2)),
+            None => (p.k, p.v),
+        };
+        st.local = Some((k.clone(), v.clone()));
+        let n = p.q.dims()[2];
+        let layout = ScoreLayout::new(mask.q_start, mask.q_start - held, n, held + n, true);
+        Projected::new(p.q, k, v, layout, p.max_back)
+    }
+
+    /// A complete segment leaves the local state; a memory layer (`store`) keeps it first.
+    fn finish_segment(&self, st: &mut MemorizingState, store: bool) {
+        if st.held() < self.segment {
+            return;
+        }
+        let (k, v) = st.local.take().expect("a complete segment is held");
+        if store && self.memory_size > 0 {
+            let n = k.dims()[2];
+            let host = |t: Tensor<4>| t.detach().into_data().convert::<f32>().try_into_vec::<f32>().expect("f32 data");
+            st.memory.push(&host(unit(k)), &host(v), n);
+        }
+    }
+
+    /// V_m per head, `[b, h, n, d_h]`: each query's softmax over its k nearest stored keys,
+    /// `q` normalised, `tau` `[1, h, 1, 1]`.
+    fn from_memory(&self, q: Tensor<4>, tau: Tensor<4>, memory: &KnnMemory) -> Tensor<4> {
+        let [b, h, n, dh] = q.dims();
+        let device = q.device();
+        let k = self.top_k;
+        let host = q.clone().detach().into_data().convert::<f32>().try_into_vec::<f32>().expect("f32 data");
+        let found = memory.search(&host, h, n, k);
+        let shape = [b, h, n, k, dh];
+        let keys = Tensor::<5>::from_data(TensorData::new(found.keys, shape), &device);
+        let values = Tensor::<5>::from_data(TensorData::new(found.values, shape), &device);
+        let hidden = Tensor::<4, Bool>::from_data(
+            TensorData::new(found.valid.iter().map(|v| !v).collect::<Vec<bool>>(), [b, h, n, k]),
+            &device,
+        );
+        let scores = (q.unsqueeze_dim::<5>(3) * keys).sum_dim(4).reshape([b, h, n, k]) * tau;
+        let probs = self.attention.dropout.forward(softmax(scores.mask_fill(hidden, MASKED_SCORE), 3));
+        (probs.unsqueeze_dim::<5>(4) * values).sum_dim(3).reshape([b, h, n, dh])
+    }
+}
+
+impl AttentionMechanism for MemorizingAttention {
+    fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
+        Self::forward(self, input, state)
+    }
+
+    fn remembers(&self) -> bool {
+        true
+    }
+
+    /// Rows starting a new document forget the old one. Documents start on segment boundaries,
+    /// so no unfinished segment is held.
+    fn reset_rows(&self, state: &mut AttentionState, rows: &[bool]) {
+        let st = state.get_or_default::<MemorizingState>();
+        for (r, _) in rows.iter().enumerate().filter(|(_, reset)| **reset) {
+            if r < st.memory.rows() {
+                st.memory.clear(r);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::Distribution;
+
+    const D: usize = 16;
+    const SEGMENT: usize = 4;
+
+    fn layer(device: &Device) -> MemorizingAttention {
+        device.seed(5);
+        let cfg = MemorizingConfig { memory_size: 32, top_k: 3, segment: SEGMENT, ..Default::default() };
+        cfg.validate(D).unwrap();
+        cfg.init(D, 0.2, 0.2, Positioning { context: SEGMENT, ..Positioning::NONE }, device)
+    }
+
+    /// The layer's output for `x` at positions `at…`, continuing `state`.
+    fn run(attn: &MemorizingAttention, x: Tensor<3>, at: usize, state: &mut AttentionState) -> Tensor<3> {
+        let mask = AttentionMask::causal().at(at, at);
+        attn.forward(AttentionInput::self_attention(x, &mask), Some(state)).context
+    }
+
+    fn max_diff(a: Tensor<3>, b: Tensor<3>) -> f32 {
+        (a - b).abs().max().into_scalar::<f32>()
+    }
+
+    /// With the gate at 0 the layer is its local attention: the output over a segment whose rows
+    /// remember two earlier segments equals, bit for bit, the output with nothing remembered. With
+    /// the gate at its initial ½ the memory changes it (so the comparison can fail).
+    #[test]
+    fn a_closed_gate_reproduces_the_local_layer() {
+        let device = Device::flex();
+        let mut attn = layer(&device);
+        let segments: Vec<Tensor<3>> =
+            (0..3).map(|_| Tensor::random([2, SEGMENT, D], Distribution::Normal(0.0, 1.0), &device)).collect();
+        let last = segments[2].clone();
+        let remembering = |attn: &MemorizingAttention| {
+            let mut state = AttentionState::default();
+            run(attn, segments[0].clone(), 0, &mut state);
+            run(attn, segments[1].clone(), SEGMENT, &mut state);
+            let st = state.get::<MemorizingState>().unwrap();
+            assert_eq!((st.memory.len(0), st.memory.len(1)), (2 * SEGMENT, 2 * SEGMENT));
+            run(attn, last.clone(), 2 * SEGMENT, &mut state)
+        };
+        let local = run(&attn, last.clone(), 2 * SEGMENT, &mut AttentionState::default());
+        assert!(max_diff(remembering(&attn), local.clone()) > 1e-3, "the open gate lets the memory in");
+        attn.gate = Some(Param::from_tensor(Tensor::full([4], -1.0e30, &device)));
+        assert_eq!(max_diff(remembering(&attn), local), 0.0);
+    }
+
+    /// A row whose document ends forgets it: after `reset_rows`, its outputs equal a fresh
+    /// layer's on the new document, while the other row still reads its memory.
+    #[test]
+    fn a_reset_row_remembers_nothing_of_the_previous_document() {
+        let device = Device::flex();
+        let attn = layer(&device);
+        let old = Tensor::random([2, 2 * SEGMENT, D], Distribution::Normal(0.0, 1.0), &device);
+        let new = Tensor::random([2, SEGMENT, D], Distribution::Normal(0.0, 1.0), &device);
+        let mut state = AttentionState::default();
+        run(&attn, old, 0, &mut state);
+        attn.reset_rows(&mut state, &[true, false]);
+        let st = state.get::<MemorizingState>().unwrap();
+        assert_eq!((st.memory.len(0), st.memory.len(1)), (0, 2 * SEGMENT));
+        let continued = run(&attn, new.clone(), 2 * SEGMENT, &mut state);
+        let fresh = run(&attn, new, 2 * SEGMENT, &mut AttentionState::default());
+        let row = |t: &Tensor<3>, r: usize| t.clone().narrow(0, r, 1);
+        assert_eq!(max_diff(row(&continued, 0), row(&fresh, 0)), 0.0);
+        assert!(max_diff(row(&continued, 1), row(&fresh, 1)) > 1e-3, "row 1 kept its memory");
+    }
+
+    /// Stored keys are unit vectors (the paper's answer to keys gone stale), and a segment
+    /// joins the memory only once complete: feeding it in two parts stores it once.
+    #[test]
+    fn complete_segments_join_the_memory_as_unit_keys() {
+        let device = Device::flex();
+        let attn = layer(&device);
+        let x = Tensor::random([1, SEGMENT + 2, D], Distribution::Normal(0.0, 1.0), &device);
+        let mut state = AttentionState::default();
+        run(&attn, x.clone().narrow(1, 0, 3), 0, &mut state);
+        assert_eq!(state.get::<MemorizingState>().unwrap().memory.len(0), 0);
+        run(&attn, x.narrow(1, 3, 3), 3, &mut state);
+        let st = state.get::<MemorizingState>().unwrap();
+        assert_eq!((st.memory.len(0), st.held()), (SEGMENT, 2));
+        let h = attn.attention.qkv.n_kv_heads;
+        let q = Tensor::<4>::ones([1, h, 1, attn.attention.qkv.head_dim], &device);
+        let found = st.memory.search(&q.into_data().try_into_vec::<f32>().unwrap(), h, 1, SEGMENT);
+        for key in found.keys.chunks(attn.attention.qkv.head_dim) {
+            let norm: f32 = key.iter().map(|x| x * x).sum::<f32>().sqrt();
+            assert!((norm - 1.0).abs() < 1e-5, "a stored key of norm {norm}");
+        }
+    }
+}
