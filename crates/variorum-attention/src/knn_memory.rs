@@ -9,9 +9,9 @@
 //! changes every segment (a segment's keys go in, the oldest go out, a document start empties
 //! it), and an HNSW insert costs about as much as scoring a query against 10k keys (usearch
 //! inserted 13k entries/s on this machine, docs/retrieval.md); at the sizes a CPU trains with
-//! (≤ 256k per row) the scan is one GEMM per (row, head) and needs no index to maintain. The
-//! scan runs on `gemm` (no hand-written matrix product) in chunks of keys, keeping the k best
-//! per query as it goes.
+//! (≤ 256k per row) the scan needs no index to maintain. It runs on `gemm` (no hand-written
+//! matrix product), per (row, head), over chunks of 2,048 keys, keeping the k best per query as
+//! it goes.
 
 use rayon::prelude::*;
 

@@ -21,7 +21,7 @@
 //! feeding them one by one, and token-by-token decoding equals both.
 //!
 //! Choices where the paper leaves one open, or where we depart from it:
-//! - τ is learned per head, starting at log₂(L² − L) for a segment of L (QKNorm's initial
+//! - τ is learned per head (as ln τ, so it stays positive), starting at log₂(L² − L) for a segment of L (QKNorm's initial
 //!   scale, Henry et al. 2020), shared by local and memory scores; the paper normalises keys and
 //!   queries without saying how it scales them.
 //! - b_g starts at 0 (g = ½). A row whose memory is empty (a document's first segment) takes the
@@ -87,8 +87,10 @@ impl MemorizingConfig {
         let tau = (l * l - l).max(2.0).log2();
         MemorizingAttention {
             attention: self.heads().init(d_model, init_std, out_std, position, device),
-            gate: remembers.then(|| Param::from_tensor(Tensor::zeros([h], device))),
-            scale: remembers.then(|| Param::from_tensor(Tensor::full([h], tau, device))),
+            memory: remembers.then(|| MemoryGate {
+                bias: Param::from_tensor(Tensor::zeros([h], device)),
+                log_scale: Param::from_tensor(Tensor::full([h], tau.ln(), device)),
+            }),
             memory_size: self.memory_size,
             top_k: self.top_k,
             segment,
@@ -121,6 +123,17 @@ impl AttentionKind for MemorizingConfig {
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         self.heads().validate(d_model)?;
         check(self.top_k >= 1, || "model.attention.top_k = 0 must be at least 1, e.g. 32".into())
+    }
+
+    /// Segments must tile the context, so that documents, which start on the context's
+    /// boundaries, start on segment boundaries too.
+    fn validate_len(&self, len: usize) -> Result<(), ConfigError> {
+        check(self.segment == 0 || len % self.segment == 0, || {
+            format!(
+                "model.attention.segment = {} must divide the context length {len}, so that every context (and every document, which starts on one) starts a segment",
+                self.segment
+            )
+        })
     }
 
     fn for_layer(&self, layer: usize) -> Self {
@@ -175,13 +188,21 @@ impl AttentionKind for MemorizingConfig {
 pub struct MemorizingAttention {
     /// Projections, position scheme and output of plain multi-head attention.
     pub attention: MultiHeadAttention,
-    /// b_g per head, `[n_heads]` (g = σ(b_g)); none on a layer without memory.
-    pub gate: Option<Param<Tensor<1>>>,
-    /// τ per head, `[n_heads]`, scaling the cosine scores; none on a layer without memory.
-    pub scale: Option<Param<Tensor<1>>>,
+    /// The gate and the score scale of a layer with a memory; none on the others.
+    pub memory: Option<MemoryGate>,
     pub memory_size: usize,
     pub top_k: usize,
     pub segment: usize,
+}
+
+/// A memory layer's own parameters, one per head (neither is weight-decayed: the trainer exempts
+/// `bias` and `log_scale`).
+#[derive(Module, Debug)]
+pub struct MemoryGate {
+    /// b_g, `[n_heads]`: g = σ(b_g).
+    pub bias: Param<Tensor<1>>,
+    /// ln τ, `[n_heads]`: τ = exp(ln τ) > 0 scales the cosine scores.
+    pub log_scale: Param<Tensor<1>>,
 }
 
 /// What a layer carries from one call to the next: the raw keys and values of the unfinished
@@ -200,7 +221,8 @@ impl MemorizingState {
 
 /// x / ‖x‖ along the last axis.
 fn unit(x: Tensor<4>) -> Tensor<4> {
-    let norm = x.clone().powi_scalar(2).sum_dim(3).sqrt().clamp_min(1e-6);
+    // ε inside the root: its gradient stays finite at a zero vector
+    let norm = x.clone().powi_scalar(2).sum_dim(3).add_scalar(1e-12).sqrt();
     x / norm
 }
 
@@ -247,7 +269,7 @@ impl MemorizingAttention {
     ) -> (Tensor<3>, Option<Tensor<4>>) {
         let mha = &self.attention;
         let n = x.dims()[1];
-        let (Some(gate), Some(scale)) = (&self.gate, &self.scale) else {
+        let Some(gate) = &self.memory else {
             // no memory: full attention within the segment (a whole one takes its fast path)
             if st.local.is_none() && n == self.segment {
                 let input = AttentionInput { need_weights, ..AttentionInput::self_attention(x, mask) };
@@ -262,7 +284,7 @@ impl MemorizingAttention {
         };
         let p = self.local_projection(x, mask, st);
         let h = p.q.dims()[1];
-        let tau = scale.val().reshape([1, h, 1, 1]);
+        let tau = gate.log_scale.val().exp().reshape([1, h, 1, 1]);
         let q = unit(p.q);
         let local = Projected::new(q.clone() * tau.clone(), unit(p.k), p.v, p.layout, p.max_back);
         let probs = mha.normalise(mha.mask_scores(mha.scores(&local), mask, None, &local));
@@ -275,7 +297,7 @@ impl MemorizingAttention {
             let device = local_heads.device();
             let rows: Vec<f32> = filled.iter().map(|&f| if f { 1.0 } else { 0.0 }).collect();
             let rows = Tensor::<1>::from_data(TensorData::new(rows, [b]), &device).reshape([b, 1, 1, 1]);
-            let g = sigmoid(gate.val()).reshape([1, h, 1, 1]) * rows;
+            let g = sigmoid(gate.bias.val()).reshape([1, h, 1, 1]) * rows;
             local_heads.clone() + g * (memory - local_heads)
         } else {
             local_heads
@@ -293,7 +315,8 @@ impl MemorizingAttention {
             Some((k0, v0)) => (Tensor::cat(vec![k0, p.k], 2), Tensor::cat(vec![v0, p.v], 2)),
             None => (p.k, p.v),
         };
-        st.local = Some((k.clone(), v.clone()));
+        // detached: a later call (the next token, the next step) must not reach this graph
+        st.local = Some((k.clone().detach(), v.clone().detach()));
         let n = p.q.dims()[2];
         let layout = ScoreLayout::new(mask.q_start, mask.q_start - held, n, held + n, true);
         Projected::new(p.q, k, v, layout, p.max_back)
@@ -342,10 +365,11 @@ impl AttentionMechanism for MemorizingAttention {
         true
     }
 
-    /// Rows starting a new document forget the old one. Documents start on segment boundaries,
-    /// so no unfinished segment is held.
+    /// Rows starting a new document forget the old one. Documents start on segment boundaries
+    /// (`validate_len`), so no unfinished segment is held.
     fn reset_rows(&self, state: &mut AttentionState, rows: &[bool]) {
         let st = state.get_or_default::<MemorizingState>();
+        debug_assert_eq!(st.held(), 0, "a document starts on a segment boundary");
         for (r, _) in rows.iter().enumerate().filter(|(_, reset)| **reset) {
             if r < st.memory.rows() {
                 st.memory.clear(r);
@@ -399,7 +423,8 @@ mod tests {
         };
         let local = run(&attn, last.clone(), 2 * SEGMENT, &mut AttentionState::default());
         assert!(max_diff(remembering(&attn), local.clone()) > 1e-3, "the open gate lets the memory in");
-        attn.gate = Some(Param::from_tensor(Tensor::full([4], -1.0e30, &device)));
+        let gate = attn.memory.as_mut().unwrap();
+        gate.bias = Param::from_tensor(Tensor::full([4], -1.0e30, &device));
         assert_eq!(max_diff(remembering(&attn), local), 0.0);
     }
 

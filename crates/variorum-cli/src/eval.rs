@@ -280,6 +280,12 @@ fn eval_documents(
     lengths: &[usize],
     device: &burn::prelude::Device,
 ) -> Result<Vec<EvalRow>> {
+    let context = run.config.model.seq_len;
+    if let Some(len) = lengths.iter().find(|&&len| len % context != 0) {
+        bail!(
+            "--seq-len {len}: a model with a memory per document reads documents in whole contexts of {context} tokens (its segments tile them); use a multiple of {context}"
+        );
+    }
     let rows = variorum_data::DocumentStreams::count(ids.len(), tags).min(STREAMS);
     if rows == 0 {
         bail!("the validation split holds no document of two tokens or more");

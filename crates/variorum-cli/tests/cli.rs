@@ -402,6 +402,11 @@ fn a_memorizing_model_trains_on_documents_evaluates_and_generates() {
         "{out}{}",
         stderr(&o)
     );
+    // documents start on whole contexts: a length that cuts one is refused
+    assert_clean_error(
+        &variorum(&["eval", run.to_str().unwrap(), "--seq-len", "8"], tmp.path()),
+        "use a multiple of 16",
+    );
     let o = variorum(&["generate", run.to_str().unwrap(), "--prompt", "Now is", "--max-new-tokens", "40"], tmp.path());
     assert!(o.status.success() && stderr(&o).contains("memory carried"), "{}", stderr(&o));
 }

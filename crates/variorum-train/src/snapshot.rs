@@ -2,6 +2,10 @@
 //! memory at step k is a function of every segment of its streams before k, so it is saved with
 //! the checkpoint rather than rebuilt. The tensors go into a burnpack file (through a small module
 //! holding them), their shapes into the checkpoint's `state.json`.
+//!
+//! What is saved is `model.memory` (each layer's `MemoryState`). An attention kind's own memory
+//! (the Memorizing Transformer's kNN memory, in the layer's `AttentionState`: up to hundreds of
+//! MiB per layer) is not: a resumed run starts those memories afresh, mid-document.
 
 use std::path::Path;
 

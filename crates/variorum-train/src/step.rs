@@ -19,7 +19,7 @@ use crate::config::TrainConfig;
 /// multiplicative scalars that start at 1, the span fractions, whose L1 penalty is their own
 /// regulariser, RFA's learned frequency scale, which decay would flatten). nanoGPT's rule
 /// otherwise: decay every matrix, embeddings included.
-const NO_DECAY: &str = r"(^|\.)(bias|learned_bias|gamma|beta|frequencies|frequency_scale|alpha|scale|span)$";
+const NO_DECAY: &str = r"(^|\.)(bias|learned_bias|gamma|beta|frequencies|frequency_scale|alpha|scale|log_scale|span)$";
 
 /// AdamW with decoupled weight decay on matrices only ([`FusedAdamW`]: one kernel per
 /// parameter, Burn's AdamW state).

@@ -218,9 +218,9 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
             Batches::Documents(DocumentStreams::new(train_tokens, tags, seq_len, tc.batch_size)?)
         }
     };
-    // document streams are scored as they are read: the first eval_batches segments of each
-    // validation document (one per row, up to batch_size rows), each row's memory cleared at its
-    // documents' starts
+    // document streams are scored as they are read: the first eval_batches batches of the
+    // validation documents (one row each, up to batch_size rows, a row moving on to its next
+    // document when one ends), each row's memory cleared at its documents' starts
     let document_eval = match (&batches, &corpus.tags) {
         (Batches::Documents(_), Some(t)) => {
             let rows = DocumentStreams::count(corpus.val.len(), &t.val).min(tc.batch_size);
@@ -295,7 +295,8 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
     let mut loss_acc: Option<Tensor<1>> = None;
     // auxiliary losses summed over the logging interval, on the device
     let mut aux_acc: variorum_core::AuxLosses = Vec::new();
-    // a memory model carries its memory along the ordered streams; a checkpoint saves it
+    // a memory model carries its memory along the ordered streams; a checkpoint saves a
+    // model.memory (not an attention's own memory, which starts afresh on resuming)
     let mut memory = model.has_memory().then(DecoderState::default);
     if let (Some((dir, st)), Some(m)) = (&resume, memory.as_mut())
         && let Some(layout) = &st.memory
