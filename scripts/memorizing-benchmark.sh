@@ -8,8 +8,9 @@
 #    whole works, its memory emptied where the next starts), the memory model at every memory
 #    size in SIZES (`--set model.attention.memory_size=N`), and the baseline.
 #
-# Writes OUT/memory-size.tsv (run, memory size, loss with the memory, loss of the same segments
-# each read from nothing, predictions scored) and the runs under OUT.
+# Writes OUT/memory-size.tsv (run, memory size, loss carrying the state — the kNN memory and the
+# XL cache —, loss of the same segments each read from nothing, predictions scored) and the runs
+# under OUT. The memory's own worth is a size's loss against size 0's (which keeps the XL cache).
 #
 # Environment:
 #   OUT         where results go (default runs/memorizing)
@@ -36,11 +37,11 @@ limit=()
 # score RUN SIZE [eval options]: one line "run size with without predictions"
 score() {
   local run=$1 size=$2; shift 2
-  "$BIN" eval "$OUT/$run" --seq-len 64 "${limit[@]}" "$@" |
+  "$BIN" eval "$OUT/$run" --seq-len 64 ${limit[@]+"${limit[@]}"} "$@" |
     awk -v run="$run" -v size="$size" '$1 == 64 { printf "%s\t%s\t%s\t%s\t%s\n", run, size, $3, $4, $2 }'
 }
 {
-  printf 'run\tmemory_size\tloss_with_memory\tloss_from_nothing\tpredictions\n'
+  printf 'run\tmemory_size\tloss_carrying_state\tloss_each_segment_alone\tpredictions\n'
   for size in $SIZES; do
     say "memorizing-64k scored with a memory of $size"
     score memorizing-64k "$size" --set "model.attention.memory_size=$size"

@@ -1,11 +1,12 @@
 //! The Memorizing Transformer (Wu, Rabe, Hutchins, Szegedy 2022), the `memorizing` kind: a layer
-//! that attends locally over its segment and, by k-nearest-neighbour lookup, over a
+//! that attends locally over its segment and the previous one and, by k-nearest-neighbour lookup, over a
 //! non-differentiable memory of the (key, value) pairs its earlier segments produced.
 //!
 //! For query q (per head), with k̂ = k/‖k‖ and q̂ = q/‖q‖ (normalised, so that keys written many
 //! steps ago by older weights stay comparable: the paper's answer to stale keys):
 //!
-//!   V_c = softmax(τ q̂ K̂_cᵀ + B) V_c             (local: the segment so far, causal; B the position bias)
+//!   V_c = softmax(τ q̂ K̂_cᵀ + B) V_c             (local: the previous segment and this one so far,
+//!                                                causal; B the position bias)
 //!   V_m = Σ_{i ∈ top-k(q̂ · K̂_m)} softmax_i(τ q̂ · k̂_i) v_i   (memory: the k nearest stored keys)
 //!   V_a = g ⊙ V_m + (1 − g) ⊙ V_c,  g = σ(b_g)   (one learned gate per head)
 //!
@@ -13,7 +14,7 @@
 //! not by one softmax over local and retrieved keys together, as the paper does.
 //!
 //! The sequence is read in segments of `segment` positions (the model's context by default).
-//! Within a segment attention is local; when a segment is complete its normalised keys and its
+//! Local attention reads the segment and the previous one; when a segment is complete its normalised keys and its
 //! values (detached) join each batch row's memory ([`crate::knn_memory`]), which keeps the last
 //! `memory_size` positions and is emptied at a document boundary (`reset_rows`: the trainer's
 //! document batching starts every document on a segment boundary). A forward without a state
@@ -33,7 +34,8 @@
 //!   [`crate::knn_memory`] for why no approximate index), where the paper used approximate
 //!   search on TPU.
 //! - `memory_layers` chooses the layers with a memory (the paper: one, the 9th of 12); the
-//!   others are `full` attention over their segment, with its fast kernel.
+//!   others are `full` attention over their local keys (with its fast kernel when there is no
+//!   XL cache).
 //! - Position schemes that bias scores (ALiBi, T5: the paper's choice) act on the local scores;
 //!   retrieved keys carry no position. Rotations (RoPE) are refused: a stored key would carry
 //!   its absolute position into every later comparison.
@@ -61,7 +63,7 @@ crate::attention_config! {
         /// memory. 0 = the model's context (`model.seq_len`). Default 0.
         pub segment: usize = 0,
         /// Which layers have a memory, one entry per layer (`[false, true, false]`); empty = every
-        /// layer. The others are `full` attention within the segment. Default empty.
+        /// layer. The others are `full` attention over the local keys. Default empty.
         pub memory_layers: Vec<bool> = Vec::new(),
         /// Local attention also reads the previous segment of the same document (detached, a
         /// Transformer-XL cache), in every layer, as in the paper. Default true.
@@ -105,7 +107,7 @@ impl MemorizingConfig {
 
 impl AttentionKind for MemorizingConfig {
     type Module = MemorizingAttention;
-    const SUMMARY: &'static str = "Memorizing Transformer: local attention over the segment plus k-nearest-neighbour attention over a per-document memory of earlier segments' (key, value) pairs, mixed by a learned gate per head; normalised keys and queries";
+    const SUMMARY: &'static str = "Memorizing Transformer: local attention over the segment and the previous one plus k-nearest-neighbour attention over a per-document memory of earlier segments' (key, value) pairs, mixed by a learned gate per head; normalised keys and queries";
     const PAPER: &'static str = "Wu, Rabe, Hutchins, Szegedy 2022, Memorizing Transformers";
     const CAPS: Capabilities = Capabilities {
         bidirectional: false,
@@ -156,10 +158,12 @@ impl AttentionKind for MemorizingConfig {
         "memory_layers"
     }
 
-    /// Full attention's over the segment, plus the search (a dot product with every stored key)
-    /// and the attention over the k retrieved ones.
+    /// Full attention's over the local keys (the segment, and the previous one with the XL
+    /// cache), plus the search (a dot product with every stored key) and the attention over the
+    /// k retrieved ones.
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
-        let local = self.heads().flops_per_token(d_model, len_k);
+        let segment = if self.segment > 0 { self.segment } else { len_k };
+        let local = self.heads().flops_per_token(d_model, if self.xl_cache { 2 * segment } else { segment });
         if !self.remembers() {
             return local;
         }
@@ -305,7 +309,7 @@ impl MemorizingAttention {
         let mha = &self.attention;
         let n = x.dims()[1];
         let Some(gate) = &self.memory else {
-            // no memory: full attention within the segment (a whole one takes its fast path when
+            // no memory: full attention over the local keys (a whole segment takes its fast path when
             // no XL cache needs its keys)
             if !self.xl_cache && st.local.is_none() && n == self.segment {
                 let input = AttentionInput { need_weights, ..AttentionInput::self_attention(x, mask) };
@@ -498,6 +502,45 @@ mod tests {
         // the hidden cache adds exact zeros, summed in another order: equal to rounding
         assert!(max_diff(row(&continued, 0), row(&fresh, 0)) < 1e-6);
         assert!(max_diff(row(&continued, 1), row(&fresh, 1)) > 1e-3, "row 1 kept its memory");
+    }
+
+    /// The XL cache: a layer without memory fed segment A, then B, gives on B what plain
+    /// attention over A‖B gives on its last segment (A's keys at their positions: ALiBi makes a
+    /// wrong position show). Without the cache it gives attention over B alone; a row reset in
+    /// between reads B alone too, while the other row still reads A.
+    #[test]
+    fn local_attention_reads_the_previous_segment() {
+        use variorum_position::PositionConfig;
+        let device = Device::flex();
+        let alibi = PositionConfig::Alibi(Default::default());
+        device.seed(9);
+        let cfg = MemorizingConfig { segment: SEGMENT, memory_layers: vec![false], ..Default::default() };
+        let xl = cfg.init(D, 0.2, 0.2, Positioning { config: &alibi, context: SEGMENT }, &device);
+        let mut plain = xl.clone();
+        plain.xl_cache = false;
+        let a = Tensor::random([2, SEGMENT, D], Distribution::Normal(0.0, 1.0), &device);
+        let b = Tensor::random([2, SEGMENT, D], Distribution::Normal(0.0, 1.0), &device);
+        let attend = |x: Tensor<3>, at: usize| {
+            let mask = AttentionMask::causal().at(at, at);
+            xl.attention.forward(AttentionInput::self_attention(x, &mask), None).context
+        };
+        let over_both = attend(Tensor::cat(vec![a.clone(), b.clone()], 1), 0).narrow(1, SEGMENT, SEGMENT);
+        let over_b = attend(b.clone(), SEGMENT);
+        let after_a = |attn: &MemorizingAttention, reset: bool| {
+            let mut state = AttentionState::default();
+            run(attn, a.clone(), 0, &mut state);
+            if reset {
+                attn.reset_rows(&mut state, &[true, false]);
+            }
+            run(attn, b.clone(), SEGMENT, &mut state)
+        };
+        assert!(max_diff(after_a(&xl, false), over_both.clone()) < 1e-5);
+        assert!(max_diff(after_a(&plain, false), over_b.clone()) < 1e-5);
+        assert!(max_diff(over_both.clone(), over_b.clone()) > 1e-3, "A changes B's outputs");
+        let reset = after_a(&xl, true);
+        let row = |t: &Tensor<3>, r: usize| t.clone().narrow(0, r, 1);
+        assert!(max_diff(row(&reset, 0), row(&over_b, 0)) < 1e-5);
+        assert!(max_diff(row(&reset, 1), row(&over_both, 1)) < 1e-5);
     }
 
     /// Stored keys are unit vectors (the paper's answer to keys gone stale), and a segment

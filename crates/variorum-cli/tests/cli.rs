@@ -402,6 +402,14 @@ fn a_memorizing_model_trains_on_documents_evaluates_and_generates() {
         "{out}{}",
         stderr(&o)
     );
+    let row: Vec<&str> = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("16 "))
+        .expect("the row of length 16")
+        .split_whitespace()
+        .collect();
+    let (with, without): (f64, f64) = (row[2].parse().unwrap(), row[3].parse().unwrap());
+    assert!(with.is_finite() && without.is_finite() && with > 0.0, "{out}");
     // documents start on whole contexts: a length that cuts one is refused
     assert_clean_error(
         &variorum(&["eval", run.to_str().unwrap(), "--seq-len", "8"], tmp.path()),
