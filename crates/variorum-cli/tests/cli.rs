@@ -392,6 +392,19 @@ fn a_memorizing_model_trains_on_documents_evaluates_and_generates() {
     write("batching = \"documents\"\n", false);
     assert_clean_error(&variorum(&["train", cfg.to_str().unwrap()], tmp.path()), "add a [data.tags]");
     write("batching = \"documents\"\n", true);
+    // a model without memory trains on documents too, each segment scored alone (learned
+    // positions: a state carried past the context would overflow their table)
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    let plain = tmp.path().join("plain.toml");
+    let memorizing = "kind = \"memorizing\"\nn_heads = 2\nmemory_size = 64\ntop_k = 4\nmemory_layers = [false, true]\n";
+    std::fs::write(
+        &plain,
+        text.replace(memorizing, "kind = \"full\"\nn_heads = 2\n").replace("\"alibi\"", "\"learned\""),
+    )
+    .unwrap();
+    let o =
+        variorum(&["train", plain.to_str().unwrap(), "--out", tmp.path().join("plain").to_str().unwrap()], tmp.path());
+    assert!(o.status.success(), "{}", stderr(&o));
     let run = tmp.path().join("run");
     let o = variorum(&["train", cfg.to_str().unwrap(), "--out", run.to_str().unwrap()], tmp.path());
     assert!(o.status.success(), "{}", stderr(&o));

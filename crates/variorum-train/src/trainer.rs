@@ -376,7 +376,11 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
                 let val_loss = if eval_now {
                     let inner = device.clone().inner();
                     let v = if let Some(batches) = &document_eval {
-                        crate::eval::document_loss(&model.valid(), batches, true, &inner, None).0
+                        {
+                            // a model without memory reads each segment alone (a KV cache would grow
+                            // past its context)
+                            crate::eval::document_loss(&model.valid(), batches, model.has_memory(), &inner, None).0
+                        }
                     } else if model.has_memory() {
                         // memory models are scored as they run: segments of ordered streams
                         let n = (tc.eval_batches * tc.batch_size * seq_len + 1).min(corpus.val.len());
