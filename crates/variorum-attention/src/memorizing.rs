@@ -1,30 +1,31 @@
 //! The Memorizing Transformer (Wu, Rabe, Hutchins, Szegedy 2022), the `memorizing` kind: a layer
-//! that attends locally over its segment and the previous one and, by k-nearest-neighbour lookup, over a
-//! non-differentiable memory of the (key, value) pairs its earlier segments produced.
+//! that attends locally over its segment and the previous one and, by k-nearest-neighbour
+//! lookup, over a non-differentiable memory of the (key, value) pairs its earlier segments
+//! produced.
 //!
 //! For query q (per head), with k̂ = k/‖k‖ and q̂ = q/‖q‖ (normalised, so that keys written many
 //! steps ago by older weights stay comparable: the paper's answer to stale keys):
 //!
-//!   V_c = softmax(τ q̂ K̂_cᵀ + B) V_c             (local: the previous segment and this one so far,
-//!                                                causal; B the position bias)
-//!   V_m = Σ_{i ∈ top-k(q̂ · K̂_m)} softmax_i(τ q̂ · k̂_i) v_i   (memory: the k nearest stored keys)
+//!   V_c = softmax(τ q̂ K̂_cᵀ + B) V_c          local: the previous segment and this one so far,
+//!                                             causal; B the position bias
+//!   V_m = Σ_{i ∈ top-k(q̂ · K̂_m)} softmax_i(τ q̂ · k̂_i) v_i      memory: the k nearest keys
 //!   V_a = g ⊙ V_m + (1 − g) ⊙ V_c,  g = σ(b_g)   (one learned gate per head)
 //!
 //! and the heads' V_a go through the output projection. The two results are mixed by the gate,
 //! not by one softmax over local and retrieved keys together, as the paper does.
 //!
 //! The sequence is read in segments of `segment` positions (the model's context by default).
-//! Local attention reads the segment and the previous one; when a segment is complete its normalised keys and its
-//! values (detached) join each batch row's memory ([`crate::knn_memory`]), which keeps the last
-//! `memory_size` positions and is emptied at a document boundary (`reset_rows`: the trainer's
+//! Local attention reads the segment and the previous one; when a segment is complete its
+//! normalised keys and its values (detached) join each batch row's memory
+//! ([`crate::knn_memory`]), which keeps the last `memory_size` positions and is emptied at a document boundary (`reset_rows`: the trainer's
 //! document batching starts every document on a segment boundary). A forward without a state
 //! reads its input the same way with a fresh memory, so a forward over several segments equals
 //! feeding them one by one, and token-by-token decoding equals both.
 //!
 //! Choices where the paper leaves one open, or where we depart from it:
-//! - τ is learned per head (as ln τ, so it stays positive), starting at log₂(L² − L) for a segment of L (QKNorm's initial
-//!   scale, Henry et al. 2020), shared by local and memory scores; the paper normalises keys and
-//!   queries without saying how it scales them.
+//! - τ is learned per head (as ln τ, so it stays positive), starting at log₂(L² − L) for a
+//!   segment of L (QKNorm's initial scale, Henry et al. 2020), shared by local and memory scores;
+//!   the paper normalises keys and queries without saying how it scales them.
 //! - b_g starts at 0 (g = ½). A row whose memory is empty (a document's first segment) takes the
 //!   local result alone: the gate weighs nothing against nothing.
 //! - Local attention reads the segment and, as in the paper, the previous segment of the same
