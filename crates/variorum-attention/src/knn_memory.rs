@@ -197,18 +197,24 @@ fn top_k(q: &[f32], keys: &[f32], dim: usize, m: usize, len: usize, k: usize) ->
         }
         for (i, b) in best.iter_mut().enumerate() {
             let row = &scores[i * c..(i + 1) * c];
-            // the weakest kept entry: a new one must beat it
-            let mut floor = if b.len() < k { f32::NEG_INFINITY } else { weakest(b).1 };
-            for (j, &s) in row.iter().enumerate() {
-                if b.len() < k {
-                    b.push((s, (start + j) as u32));
-                    if b.len() == k {
+            // the first k fill the list; then a score must beat the weakest kept one (`floor`)
+            let filled = (k - b.len()).min(c);
+            b.extend(row[..filled].iter().enumerate().map(|(j, &s)| (s, (start + j) as u32)));
+            if b.len() < k {
+                continue;
+            }
+            let mut floor = weakest(b).1;
+            for (g, group) in row[filled..].chunks(16).enumerate() {
+                // most groups hold no score above the floor: one branch-free pass tells
+                if !group.iter().fold(false, |any, &s| any | (s > floor)) {
+                    continue;
+                }
+                for (j, &s) in group.iter().enumerate() {
+                    if s > floor {
+                        let (w, _) = weakest(b);
+                        b[w] = (s, (start + filled + g * 16 + j) as u32);
                         floor = weakest(b).1;
                     }
-                } else if s > floor {
-                    let (w, _) = weakest(b);
-                    b[w] = (s, (start + j) as u32);
-                    floor = weakest(b).1;
                 }
             }
         }
