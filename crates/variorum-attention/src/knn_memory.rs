@@ -90,13 +90,15 @@ impl KnnMemory {
         let (heads, dim, capacity) = (self.heads, self.dim, self.capacity);
         assert_eq!(keys.len(), self.rows.len() * heads * n * dim, "keys are [rows, heads, n, dim]");
         assert_eq!(values.len(), keys.len(), "values are [rows, heads, n, dim]");
+        if capacity == 0 {
+            return;
+        }
         // of more than `capacity` new entries only the last `capacity` stay
         let skip = n.saturating_sub(capacity);
         for (r, row) in self.rows.iter_mut().enumerate() {
-            let mut next = row.next;
             for h in 0..heads {
                 let at = (r * heads + h) * n * dim;
-                next = row.next;
+                let mut next = row.next;
                 for i in skip..n {
                     let (k, v) = (&keys[at + i * dim..][..dim], &values[at + i * dim..][..dim]);
                     if row.keys[h].len() < capacity * dim {
@@ -109,7 +111,8 @@ impl KnnMemory {
                     next = (next + 1) % capacity;
                 }
             }
-            row.next = next;
+            // every head wrote the same slots
+            row.next = (row.next + n - skip) % capacity;
             row.len = (row.len + n - skip).min(capacity);
         }
     }

@@ -318,7 +318,7 @@ impl MemorizingAttention {
                 return (variorum_kernels::linear::forward(&mha.out, heads), w);
             }
             let p = self.local_projection(x, mask, st);
-            let probs = mha.normalise(mha.mask_scores(mha.scores(&p), mask, None, &p));
+            let probs = self.local_probs(&p, mask);
             let w = need_weights.then(|| probs.clone());
             self.finish_segment(st, false);
             return (mha.combine(mha.dropout.forward(probs), &p), w);
@@ -328,7 +328,7 @@ impl MemorizingAttention {
         let tau = gate.log_scale.val().exp().reshape([1, h, 1, 1]);
         let q = unit(p.q);
         let local = Projected::new(q.clone() * tau.clone(), unit(p.k), p.v, p.layout, p.max_back);
-        let probs = mha.normalise(mha.mask_scores(mha.scores(&local), mask, None, &local));
+        let probs = self.local_probs(&local, mask);
         let w = need_weights.then(|| probs.clone());
         let [b, _, _, dh] = q.dims();
         let local_heads = mha.combine_heads(mha.dropout.forward(probs), &local).reshape([b, n, h, dh]).swap_dims(1, 2);
@@ -345,6 +345,13 @@ impl MemorizingAttention {
         };
         self.finish_segment(st, true);
         (mha.merge(heads), w)
+    }
+
+    /// Local attention weights over the keys of `p` (position scheme, causal mask and the
+    /// hidden previous segment of rows that started a new document, in `mask`).
+    fn local_probs(&self, p: &Projected, mask: &AttentionMask) -> Tensor<4> {
+        let mha = &self.attention;
+        mha.normalise(mha.mask_scores(mha.scores(p), mask, None, p))
     }
 
     /// Queries, keys and values of the new positions `x`, the keys and values joined after the

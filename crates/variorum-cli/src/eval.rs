@@ -237,6 +237,33 @@ pub fn eval(args: EvalArgs) -> Result<ExitCode> {
 /// Streams read in parallel by the memory evaluation (each carries its own memory).
 const STREAMS: usize = 16;
 
+/// The table both memory evaluations print: for each length, the loss carrying the state from
+/// segment to segment and with each segment from nothing. `lengths` pairs each length with the
+/// progress steps one reading of it takes; `score(len, carry, bar)` reads it and returns (mean
+/// loss, predictions), or fails when nothing can be scored.
+fn with_and_without(
+    name: &str,
+    lengths: &[(usize, u64)],
+    mut score: impl FnMut(usize, bool, &progress::ProgressBar) -> Result<(f64, usize)>,
+) -> Result<Vec<EvalRow>> {
+    println!("{:>8} {:>10} {:>14} {:>14} {:>10}", "segment", "tokens", "with memory", "without", "gain");
+    // each length is read twice: with the memory and without
+    let pb = progress::bar(lengths.iter().map(|&(_, steps)| 2 * steps).sum(), name);
+    let mut rows = Vec::new();
+    for &(len, _) in lengths {
+        pb.set_message(format!("{name} L={len} with memory"));
+        let (with, n) = score(len, true, &pb)?;
+        pb.set_message(format!("{name} L={len} without memory"));
+        let (without, _) = score(len, false, &pb)?;
+        pb.suspend(|| println!("{len:>8} {n:>10} {with:>14.4} {without:>14.4} {:>10.4}", without - with));
+        for (reading, loss) in [("with memory", with), ("without memory", without)] {
+            rows.push(eval_row(len, None, Some(reading), n, loss));
+        }
+    }
+    pb.finish_and_clear();
+    Ok(rows)
+}
+
 /// A memory model: the same segments scored carrying the memory from segment to segment, and
 /// each from nothing.
 fn eval_memory(
@@ -247,25 +274,14 @@ fn eval_memory(
     device: &burn::prelude::Device,
 ) -> Result<Vec<EvalRow>> {
     println!("# {STREAMS} streams read segment by segment; memory = {}", run.config.model.memory.kind());
-    println!("{:>8} {:>10} {:>14} {:>14} {:>10}", "segment", "tokens", "with memory", "without", "gain");
-    // each length is read twice: with the memory and without
-    let pb = progress::bar(lengths.iter().map(|&len| 2 * stream_windows(ids.len(), len)).sum(), name);
-    let mut rows = Vec::new();
-    for &len in lengths {
-        pb.set_message(format!("{name} L={len} with memory"));
-        let (with, n) = variorum_train::eval::stream_loss(&run.model, ids, len, STREAMS, true, device, Some(&pb));
-        pb.set_message(format!("{name} L={len} without memory"));
-        let (without, _) = variorum_train::eval::stream_loss(&run.model, ids, len, STREAMS, false, device, Some(&pb));
+    let lengths: Vec<(usize, u64)> = lengths.iter().map(|&len| (len, stream_windows(ids.len(), len))).collect();
+    with_and_without(name, &lengths, |len, carry, pb| {
+        let (loss, n) = variorum_train::eval::stream_loss(&run.model, ids, len, STREAMS, carry, device, Some(pb));
         if n == 0 {
             bail!("{} tokens are fewer than {STREAMS} streams of one {len}-token segment", ids.len());
         }
-        pb.suspend(|| println!("{len:>8} {n:>10} {with:>14.4} {without:>14.4} {:>10.4}", without - with));
-        for (reading, loss) in [("with memory", with), ("without memory", without)] {
-            rows.push(eval_row(len, None, Some(reading), n, loss));
-        }
-    }
-    pb.finish_and_clear();
-    Ok(rows)
+        Ok((loss, n))
+    })
 }
 
 /// A model with a memory per document (`train.batching = "documents"`): the split's documents
@@ -290,30 +306,19 @@ fn eval_documents(
     if rows == 0 {
         bail!("the validation split holds no document of two tokens or more");
     }
-    let ids = std::sync::Arc::new(ids.to_vec());
-    let tags = std::sync::Arc::new(tags.clone());
-    let passes: Vec<(usize, Vec<variorum_data::TokenBatch>)> = lengths
+    let (ids, tags) = (std::sync::Arc::new(ids.to_vec()), std::sync::Arc::new(tags.clone()));
+    let passes: Vec<Vec<variorum_data::TokenBatch>> = lengths
         .iter()
-        .map(|&len| Ok((len, variorum_data::DocumentStreams::new(ids.clone(), tags.clone(), len, rows)?.one_pass())))
+        .map(|&len| Ok(variorum_data::DocumentStreams::new(ids.clone(), tags.clone(), len, rows)?.one_pass()))
         .collect::<Result<_>>()?;
     println!(
         "# {rows} rows of whole documents read segment by segment; each row's memory cleared at its documents' starts"
     );
-    println!("{:>8} {:>10} {:>14} {:>14} {:>10}", "segment", "tokens", "with memory", "without", "gain");
-    let pb = progress::bar(passes.iter().map(|(_, b)| 2 * b.len() as u64).sum(), name);
-    let mut out = Vec::new();
-    for (len, batches) in &passes {
-        pb.set_message(format!("{name} L={len} with memory"));
-        let (with, n) = variorum_train::eval::document_loss(&run.model, batches, true, device, Some(&pb));
-        pb.set_message(format!("{name} L={len} without memory"));
-        let (without, _) = variorum_train::eval::document_loss(&run.model, batches, false, device, Some(&pb));
-        pb.suspend(|| println!("{len:>8} {n:>10} {with:>14.4} {without:>14.4} {:>10.4}", without - with));
-        for (reading, loss) in [("with memory", with), ("without memory", without)] {
-            out.push(eval_row(*len, None, Some(reading), n, loss));
-        }
-    }
-    pb.finish_and_clear();
-    Ok(out)
+    let sized: Vec<(usize, u64)> = lengths.iter().zip(&passes).map(|(&len, p)| (len, p.len() as u64)).collect();
+    with_and_without(name, &sized, |len, carry, pb| {
+        let batches = &passes[lengths.iter().position(|&l| l == len).expect("one of the lengths")];
+        Ok(variorum_train::eval::document_loss(&run.model, batches, carry, device, Some(pb)))
+    })
 }
 
 /// A masked language model: the loss on the hidden tokens of disjoint windows (the same hidden
