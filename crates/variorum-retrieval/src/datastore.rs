@@ -150,20 +150,26 @@ impl Meta {
     }
 
     fn write(&self, dir: &Path) -> Result<()> {
-        let path = dir.join(META_FILE);
-        let json = serde_json::to_string_pretty(self).expect("the description serialises");
-        let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(RetrievalError::io(dir))?;
-        tmp.write_all(json.as_bytes()).map_err(RetrievalError::io(tmp.path()))?;
-        // NamedTempFile creates owner-only files; a datastore is an ordinary document
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            tmp.as_file().set_permissions(fs::Permissions::from_mode(0o644)).ok();
-        }
-        tmp.as_file().sync_all().map_err(RetrievalError::io(tmp.path()))?;
-        tmp.persist(&path).map_err(|e| RetrievalError::Io { path: path.clone(), source: e.error })?;
-        sync_dir(dir)
+        write_json(dir, META_FILE, self)
     }
+}
+
+/// Writes `value` as `dir/name` atomically: a temporary file, synced, renamed, the directory
+/// synced.
+pub(crate) fn write_json(dir: &Path, name: &str, value: &impl Serialize) -> Result<()> {
+    let path = dir.join(name);
+    let json = serde_json::to_string_pretty(value).expect("the description serialises");
+    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(RetrievalError::io(dir))?;
+    tmp.write_all(json.as_bytes()).map_err(RetrievalError::io(tmp.path()))?;
+    // NamedTempFile creates owner-only files; a datastore is an ordinary document
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        tmp.as_file().set_permissions(fs::Permissions::from_mode(0o644)).ok();
+    }
+    tmp.as_file().sync_all().map_err(RetrievalError::io(tmp.path()))?;
+    tmp.persist(&path).map_err(|e| RetrievalError::Io { path: path.clone(), source: e.error })?;
+    sync_dir(dir)
 }
 
 /// Bytes a datastore of `n` keys of `dim` values takes on disk (keys, values and index).
@@ -369,7 +375,7 @@ impl DatastoreWriter {
 }
 
 /// Makes the renames in `dir` durable (a rename is an entry of the directory).
-fn sync_dir(dir: &Path) -> Result<()> {
+pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(RetrievalError::io(dir))
 }
 
@@ -511,6 +517,55 @@ impl Datastore {
         bytemuck::cast_slice(&self.values[..])
     }
 
+    /// The `k` nearest entries of each query (rows of [`dim`](Self::dim)), nearest first,
+    /// leaving out the entries in `exclude[i]` for query `i` (an empty range, or no range,
+    /// leaves out none): a query from the datastore's own text skips the entries around its
+    /// position. Runs on the current rayon pool.
+    pub fn search_excluding(
+        &self,
+        queries: &[f32],
+        k: usize,
+        mode: SearchMode,
+        exclude: &[std::ops::Range<u64>],
+    ) -> Result<Vec<Vec<Neighbour>>> {
+        let dim = self.dim();
+        assert_eq!(queries.len() % dim, 0, "queries of {dim} values");
+        let admit = |i: usize, id: u64| exclude.get(i).is_none_or(|r| !r.contains(&id));
+        let k = k.min(self.len());
+        let ef = match mode {
+            SearchMode::Exact => return Ok(search::exact_where(self.keys(), dim, queries, k, admit)),
+            SearchMode::Approximate { ef } => ef.max(k),
+        };
+        let _one_batch = self.search_lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.index.change_expansion_search(ef);
+        let ip = self.dir.join(INDEX_FILE);
+        let n = self.meta.entries;
+        // as in `search`: when the filter admits few entries, scanning them costs less
+        let exact_below = ((ef * self.meta.index.params.connectivity) as f64 * n as f64).sqrt() as u64;
+        queries
+            .par_chunks(dim)
+            .enumerate()
+            .map(|(i, q)| {
+                let found = match exclude.get(i).filter(|r| !r.is_empty()) {
+                    Some(r) if n - (r.end.min(n) - r.start.min(n)) < exact_below => {
+                        let admit = |_: usize, id: u64| !r.contains(&id);
+                        return Ok(search::exact_where(self.keys(), dim, q, k, admit).swap_remove(0));
+                    }
+                    Some(_) => self.index.filtered_search(q, k, |id| admit(i, id)),
+                    None => self.index.search(q, k),
+                }
+                .map_err(|e| RetrievalError::index(&ip, e))?;
+                if let Some(bad) = found.keys.iter().find(|&&id| id >= n) {
+                    return Err(RetrievalError::invalid(
+                        &ip,
+                        format!("returned entry {bad} of a datastore of {n}: the index is damaged; remove the datastore and build it again"),
+                    ));
+                }
+                Ok(found.keys.into_iter().zip(found.distances).map(|(id, distance)| Neighbour { id, distance }).collect())
+            })
+            .collect()
+    }
+
     /// The `k` nearest entries of each query (rows of [`dim`](Self::dim)), nearest first;
     /// query `i` sees only entries with id `< before[i]` where given (empty: no bound). Runs
     /// on the current rayon pool.
@@ -619,6 +674,40 @@ mod tests {
         }
         let exact_bounded = store.search(&queries, k, SearchMode::Exact, &before).unwrap();
         assert!(search::recall(&exact_bounded[20..], &bounded[20..]) >= 0.8);
+    }
+
+    /// A query that is an entry's own key finds that entry first; excluding a band around it,
+    /// neither search returns anything in the band, and the index finds what exact search does.
+    #[test]
+    fn excluded_entries_are_never_retrieved() {
+        let (n, dim, k) = (5_000, 16, 8);
+        let (keys, values) = entries(n, dim, 11);
+        let tmp = tempfile::tempdir().unwrap();
+        let store = build(tmp.path(), &keys, &values, dim);
+        let at: Vec<u64> = (0..200).map(|i| i * 25).collect();
+        let queries: Vec<f32> = at.iter().flat_map(|&p| keys[p as usize * dim..][..dim].to_vec()).collect();
+        let own = store.search_excluding(&queries, k, SearchMode::Exact, &[]).unwrap();
+        assert!(own.iter().zip(&at).all(|(f, &p)| f[0].id == p && f[0].distance == 0.0));
+        let band: Vec<std::ops::Range<u64>> = at.iter().map(|&p| p.saturating_sub(300)..p + 301).collect();
+        let exact = store.search_excluding(&queries, k, SearchMode::Exact, &band).unwrap();
+        let approx = store.search_excluding(&queries, k, SearchMode::Approximate { ef: 64 }, &band).unwrap();
+        for (found, r) in exact.iter().chain(&approx).zip(band.iter().cycle()) {
+            assert_eq!(found.len(), k);
+            assert!(found.iter().all(|nb| !r.contains(&nb.id)), "retrieved an entry in {r:?}: {found:?}");
+        }
+        // exact search with the band is a plain exact search over the other keys
+        for (q, found) in exact.iter().enumerate() {
+            let kept: Vec<u64> = (0..n as u64).filter(|id| !band[q].contains(id)).collect();
+            let rest: Vec<f32> = kept.iter().flat_map(|&id| keys[id as usize * dim..][..dim].to_vec()).collect();
+            let plain = search::exact(&rest, dim, &queries[q * dim..(q + 1) * dim], k, &[]).swap_remove(0);
+            let ids: Vec<u64> = plain.iter().map(|nb| kept[nb.id as usize]).collect();
+            assert_eq!(found.iter().map(|nb| nb.id).collect::<Vec<_>>(), ids, "query {q}");
+        }
+        assert!(search::recall(&exact, &approx) >= 0.9);
+        // a band that leaves few entries is scanned exactly: still k found, none in the band
+        let wide = vec![100..(n as u64 - 20); at.len()];
+        let few = store.search_excluding(&queries, k, SearchMode::Approximate { ef: 64 }, &wide).unwrap();
+        assert!(few.iter().all(|f| f.len() == k && f.iter().all(|nb| !wide[0].contains(&nb.id))));
     }
 
     #[test]

@@ -5,13 +5,17 @@
 //! - [`search`]: exact search (the reference) and the HNSW index (`usearch`) over a datastore's
 //!   keys, both with a causal filter.
 //! - [`knn`]: the kNN-LM distribution and its interpolation with the LM (Khandelwal et al. 2020).
+//! - [`neighbours`]: neighbour tables, a text's retrieved next tokens searched once and kept on
+//!   disk, which SPALM (Yogatama et al. 2021) reads while it trains.
 
 pub mod datastore;
 pub mod error;
 pub mod knn;
+pub mod neighbours;
 pub mod search;
 
 pub use datastore::{Datastore, DatastoreWriter, Meta, Origin};
 pub use error::RetrievalError;
 pub use knn::{KnnConfig, knn_distribution, mix_logprob, mix_logprobs};
+pub use neighbours::{NeighbourTable, TableOrigin, TableWriter};
 pub use search::{Neighbour, SearchMode};

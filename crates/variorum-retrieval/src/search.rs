@@ -80,9 +80,20 @@ const QUERY_BLOCK: usize = 16;
 /// `dim`; entry id = row), nearest first, ties broken by id. `before[i]` bounds query `i`'s ids
 /// (empty: no bound). Runs on the current rayon pool.
 pub fn exact(keys: &[f32], dim: usize, queries: &[f32], k: usize, before: &[Option<u64>]) -> Vec<Vec<Neighbour>> {
+    let bound = |q: usize| before.get(q).copied().flatten().unwrap_or(u64::MAX);
+    exact_where(keys, dim, queries, k, |q, id| id < bound(q))
+}
+
+/// [`exact`] admitting, for query `q`, the entries `id` with `admit(q, id)`.
+pub fn exact_where(
+    keys: &[f32],
+    dim: usize,
+    queries: &[f32],
+    k: usize,
+    admit: impl Fn(usize, u64) -> bool + Sync,
+) -> Vec<Vec<Neighbour>> {
     assert!(dim > 0 && keys.len() % dim == 0 && queries.len() % dim == 0, "rows of {dim} values");
     let n = queries.len() / dim;
-    let bound = |q: usize| before.get(q).copied().flatten().unwrap_or(u64::MAX);
     let blocks: Vec<Vec<Vec<Neighbour>>> = (0..n.div_ceil(QUERY_BLOCK))
         .into_par_iter()
         .map(|b| {
@@ -91,7 +102,7 @@ pub fn exact(keys: &[f32], dim: usize, queries: &[f32], k: usize, before: &[Opti
             for (id, key) in keys.chunks_exact(dim).enumerate() {
                 let id = id as u64;
                 for (top, q) in tops.iter_mut().zip(qs.clone()) {
-                    if id < bound(q) {
+                    if admit(q, id) {
                         top.offer(id, l2sq(key, &queries[q * dim..(q + 1) * dim]));
                     }
                 }
