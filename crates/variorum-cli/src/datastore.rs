@@ -1,5 +1,6 @@
-//! `variorum datastore build|info` and `variorum eval --knn`: the kNN-LM's datastore
-//! (`variorum_train::knn_lm`, format in `variorum_retrieval::datastore`).
+//! `variorum datastore build|neighbours|info` and `variorum eval --knn`: the kNN-LM's datastore
+//! (`variorum_train::knn_lm`, format in `variorum_retrieval::datastore`) and SPALM's neighbour
+//! tables (`variorum_train::spalm`).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -9,8 +10,8 @@ use anyhow::{Context, Result, bail};
 use variorum_retrieval::search::HnswParams;
 use variorum_retrieval::{Datastore, SearchMode};
 use variorum_train::knn_lm::{self, BuildSettings, Built, KnnEval};
-use variorum_train::progress;
 use variorum_train::run::Run;
+use variorum_train::{progress, spalm};
 
 use crate::device;
 
@@ -45,6 +46,26 @@ pub enum DatastoreCommand {
         /// HNSW candidates explored per insertion (efConstruction).
         #[arg(long, default_value_t = HnswParams::default().expansion_add)]
         expansion_add: usize,
+        #[arg(long, default_value = "cpu")]
+        device: String,
+    },
+    /// SPALM's neighbour tables: for every position of the training and validation splits of
+    /// the datastore's run, the next tokens of its k nearest entries, searched once with the
+    /// datastore's model and kept in DIR/neighbours-train and DIR/neighbours-val; resumes where
+    /// an interrupted search stopped.
+    Neighbours {
+        /// A datastore over its run's training split (`variorum datastore build RUN`).
+        dir: PathBuf,
+        /// Neighbours per position (a model reads its `model.long_term_memory.k` first ones).
+        #[arg(long, default_value_t = 8)]
+        k: usize,
+        /// In the datastore's own text, skip the entries within this many positions of the
+        /// query's (its own entry holds the token it predicts).
+        #[arg(long, default_value_t = 65_536)]
+        exclude_radius: u64,
+        /// HNSW candidates explored per query.
+        #[arg(long, default_value_t = 64)]
+        ef: usize,
         #[arg(long, default_value = "cpu")]
         device: String,
     },
@@ -145,6 +166,70 @@ pub fn run(cmd: DatastoreCommand) -> Result<ExitCode> {
             let settings = BuildSettings { window, stride, index: HnswParams { connectivity, expansion_add } };
             let out = out.unwrap_or_else(|| run.dir.join(default_out));
             build(&run, &ids, &text, &out, &settings)
+        }
+        DatastoreCommand::Neighbours { dir, k, exclude_radius, ef, device } => {
+            let (device, _) = device::select(&device)?;
+            let store = Datastore::open(&dir)?;
+            let run = Run::load(Path::new(&store.meta.origin.run), &device)
+                .with_context(|| format!("the run that built {}", dir.display()))?;
+            knn_lm::check_datastore(&run, &store)?;
+            if k == 0 || ef == 0 {
+                bail!("--k and --ef must be at least 1");
+            }
+            let corpus = variorum_data::Corpus::load(&run.config.data, Some(run.tokenizer.clone()))?;
+            if store.meta.origin.text_sha256 != knn_lm::ids_sha256(&corpus.train) {
+                bail!(
+                    "{} holds {}, not the whole training split of {}: neighbour tables are searched in a datastore over it (`variorum datastore build RUN`, without --data or --max-tokens)",
+                    dir.display(),
+                    store.meta.origin.text,
+                    run.dir.display()
+                );
+            }
+            let interrupt = crate::on_interrupt(
+                "committing and stopping (Ctrl-C again to stop at once)",
+                "what was committed is kept",
+            )?;
+            let settings = spalm::SearchSettings { k, exclude_radius, ef, chunk: spalm::CHUNK };
+            for (split, ids) in [("train", &corpus.train), ("val", &corpus.val)] {
+                let out = spalm::table_dir(&dir, split);
+                let text = format!("{split} split of {}", corpus.path.display());
+                let positions = ids.len().saturating_sub(1) as u64;
+                println!(
+                    "# {}: {positions} positions × {k} neighbours ({}), ef {ef}",
+                    out.display(),
+                    mib(positions * k as u64 * 4)
+                );
+                let pb = progress::bar(positions, split);
+                let start = std::time::Instant::now();
+                let done = spalm::search_table(
+                    &store,
+                    &run,
+                    ids,
+                    &text,
+                    &out,
+                    settings,
+                    |done, total| {
+                        pb.set_length(total);
+                        pb.set_position(done);
+                    },
+                    &|| interrupt.load(Ordering::SeqCst),
+                )?;
+                pb.finish_and_clear();
+                if !done {
+                    eprintln!("stopped in {}: run the same command again to resume", out.display());
+                    return Ok(ExitCode::from(130));
+                }
+                let table = variorum_retrieval::NeighbourTable::open(&out, run.model.vocab_size)?;
+                let slots = table.rows(0, table.positions());
+                let empty = slots.iter().filter(|&&v| v == variorum_retrieval::neighbours::NONE).count();
+                println!(
+                    "# {}: done in {:.1} s; {:.2} % of the slots found no neighbour",
+                    out.display(),
+                    start.elapsed().as_secs_f64(),
+                    100.0 * empty as f64 / slots.len().max(1) as f64
+                );
+            }
+            Ok(ExitCode::SUCCESS)
         }
         DatastoreCommand::Info { dir } => {
             let store = Datastore::open(&dir)?;

@@ -151,7 +151,7 @@ pub fn eval(args: EvalArgs) -> Result<ExitCode> {
     for (i, dir) in args.runs.iter().enumerate() {
         let name = run_name(dir);
         // loading may print notes to stderr: the bar steps aside meanwhile
-        let (run, ids, tags, label) = pb.suspend(|| -> Result<_> {
+        let (run, ids, tags, label, retrieved) = pb.suspend(|| -> Result<_> {
             let run = Run::load_with(dir, &device, &args.settings)?;
             if run.config.data.graph.is_some() {
                 bail!(
@@ -166,12 +166,16 @@ pub fn eval(args: EvalArgs) -> Result<ExitCode> {
                 );
             }
             let (ids, _, tags, label) = tokens(&run, &args)?;
-            Ok((run, ids, tags, label))
+            let retrieved = match run.model.long_term_memory {
+                Some(_) => Some(retrieved_for(&run, &ids)?),
+                None => None,
+            };
+            Ok((run, ids, tags, label, retrieved))
         })?;
         let windows = |len: usize| {
             if run.model.mask_token.is_some() {
                 masked_windows(ids.len(), len)
-            } else if run.model.has_memory() {
+            } else if run.model.has_memory() || run.model.long_term_memory.is_some() {
                 stream_windows(ids.len(), len)
             } else {
                 sliding_windows(ids.len(), len, args.stride.unwrap_or(len))
@@ -204,8 +208,22 @@ pub fn eval(args: EvalArgs) -> Result<ExitCode> {
                 );
                 rows.push(eval_row(len, Some(len), Some("masked"), n, loss));
                 (loss, n)
+            } else if let Some(retrieved) = &retrieved {
+                let (loss, n) = variorum_train::eval::stream_loss(
+                    &run.model,
+                    &ids,
+                    len,
+                    STREAMS,
+                    run.model.has_memory(),
+                    Some(retrieved),
+                    &device,
+                    bar,
+                );
+                rows.push(eval_row(len, None, Some("with retrieval"), n, loss));
+                (loss, n)
             } else if run.model.has_memory() {
-                let (loss, n) = variorum_train::eval::stream_loss(&run.model, &ids, len, STREAMS, true, &device, bar);
+                let (loss, n) =
+                    variorum_train::eval::stream_loss(&run.model, &ids, len, STREAMS, true, None, &device, bar);
                 rows.push(eval_row(len, None, Some("with memory"), n, loss));
                 (loss, n)
             } else {
@@ -243,20 +261,22 @@ const STREAMS: usize = 16;
 /// loss, predictions), or fails when nothing can be scored.
 fn with_and_without(
     name: &str,
+    what: &str,
     lengths: &[(usize, u64)],
     mut score: impl FnMut(usize, bool, &progress::ProgressBar) -> Result<(f64, usize)>,
 ) -> Result<Vec<EvalRow>> {
-    println!("{:>8} {:>10} {:>14} {:>14} {:>10}", "segment", "tokens", "with memory", "without", "gain");
+    let (with_what, without_what) = (format!("with {what}"), format!("without {what}"));
+    println!("{:>8} {:>10} {:>16} {:>16} {:>10}", "segment", "tokens", with_what, "without", "gain");
     // each length is read twice: with the memory and without
     let pb = progress::bar(lengths.iter().map(|&(_, steps)| 2 * steps).sum(), name);
     let mut rows = Vec::new();
     for &(len, _) in lengths {
-        pb.set_message(format!("{name} L={len} with memory"));
+        pb.set_message(format!("{name} L={len} {with_what}"));
         let (with, n) = score(len, true, &pb)?;
-        pb.set_message(format!("{name} L={len} without memory"));
+        pb.set_message(format!("{name} L={len} {without_what}"));
         let (without, _) = score(len, false, &pb)?;
-        pb.suspend(|| println!("{len:>8} {n:>10} {with:>14.4} {without:>14.4} {:>10.4}", without - with));
-        for (reading, loss) in [("with memory", with), ("without memory", without)] {
+        pb.suspend(|| println!("{len:>8} {n:>10} {with:>16.4} {without:>16.4} {:>10.4}", without - with));
+        for (reading, loss) in [(&with_what, with), (&without_what, without)] {
             rows.push(eval_row(len, None, Some(reading), n, loss));
         }
     }
@@ -275,8 +295,56 @@ fn eval_memory(
 ) -> Result<Vec<EvalRow>> {
     println!("# {STREAMS} streams read segment by segment; memory = {}", run.config.model.memory.kind());
     let lengths: Vec<(usize, u64)> = lengths.iter().map(|&len| (len, stream_windows(ids.len(), len))).collect();
-    with_and_without(name, &lengths, |len, carry, pb| {
-        let (loss, n) = variorum_train::eval::stream_loss(&run.model, ids, len, STREAMS, carry, device, Some(pb));
+    with_and_without(name, "memory", &lengths, |len, carry, pb| {
+        let (loss, n) = variorum_train::eval::stream_loss(&run.model, ids, len, STREAMS, carry, None, device, Some(pb));
+        if n == 0 {
+            bail!("{} tokens are fewer than {STREAMS} streams of one {len}-token segment", ids.len());
+        }
+        Ok((loss, n))
+    })
+}
+
+/// The neighbour table of `ids` among those of `run`'s datastore (`data.neighbours`): its
+/// validation or training split's.
+fn retrieved_for(run: &Run, ids: &[u32]) -> Result<variorum_train::spalm::Retrieved> {
+    let (Some(dir), Some(l)) = (&run.config.data.neighbours, &run.config.model.long_term_memory) else {
+        bail!("{} has no long-term memory", run.dir.display());
+    };
+    let corpus = variorum_data::Corpus::load(&run.config.data, Some(run.tokenizer.clone()))?;
+    let (train, val) = variorum_train::spalm::open_tables(dir, &corpus, run.model.vocab_size, l.k)?;
+    let sha = variorum_train::knn_lm::ids_sha256(ids);
+    [val, train].into_iter().find(|r| r.table.meta.origin.text_sha256 == sha).with_context(|| {
+        format!(
+            "{} retrieves from neighbour tables searched for its own splits, and this text is neither: evaluate its validation split (without --data or --max-tokens)",
+            run.dir.display()
+        )
+    })
+}
+
+/// A model with a long-term memory (SPALM): the same segments scored with each position's
+/// retrieved tokens and without them, as ordered streams (carrying a `model.memory` from
+/// segment to segment).
+fn eval_long_term(
+    run: &Run,
+    name: &str,
+    ids: &[u32],
+    lengths: &[usize],
+    device: &burn::prelude::Device,
+) -> Result<Vec<EvalRow>> {
+    let retrieved = retrieved_for(run, ids)?;
+    let o = &retrieved.table.meta.origin;
+    println!(
+        "# {STREAMS} streams read segment by segment; memory = {}; {} of {} neighbours per position from {}",
+        run.config.model.memory.kind(),
+        retrieved.k,
+        o.k,
+        o.datastore
+    );
+    let lengths: Vec<(usize, u64)> = lengths.iter().map(|&len| (len, stream_windows(ids.len(), len))).collect();
+    let carry = run.model.has_memory();
+    with_and_without(name, "retrieval", &lengths, |len, retrieve, pb| {
+        let r = retrieve.then_some(&retrieved);
+        let (loss, n) = variorum_train::eval::stream_loss(&run.model, ids, len, STREAMS, carry, r, device, Some(pb));
         if n == 0 {
             bail!("{} tokens are fewer than {STREAMS} streams of one {len}-token segment", ids.len());
         }
@@ -315,7 +383,7 @@ fn eval_documents(
         "# {rows} rows of whole documents read segment by segment; each row's memory cleared at its documents' starts"
     );
     let sized: Vec<(usize, u64)> = lengths.iter().zip(&passes).map(|(&len, p)| (len, p.len() as u64)).collect();
-    with_and_without(name, &sized, |len, carry, pb| {
+    with_and_without(name, "memory", &sized, |len, carry, pb| {
         let batches = &passes[lengths.iter().position(|&l| l == len).expect("one of the lengths")];
         Ok(variorum_train::eval::document_loss(&run.model, batches, carry, device, Some(pb)))
     })
@@ -501,6 +569,11 @@ fn eval_one(args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode>
     if run.model.has_memory() && run.config.train.batching == variorum_train::config::Batching::Documents {
         let tags = tags.context("the run reads documents (train.batching = \"documents\"), which --data does not mark: evaluate its validation split")?;
         let rows = eval_documents(&run, &name, &ids, &tags, &lengths, device)?;
+        record(&run, args, &label, rows);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if run.model.long_term_memory.is_some() {
+        let rows = eval_long_term(&run, &name, &ids, &lengths, device)?;
         record(&run, args, &label, rows);
         return Ok(ExitCode::SUCCESS);
     }

@@ -606,6 +606,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
             let mut generated: Vec<u32> = Vec::new();
             let mut printed = 0usize;
             let start = std::time::Instant::now();
+            if beams > 1 && run.model.long_term_memory.is_some() {
+                anyhow::bail!(
+                    "--beams: beam search does not retrieve for a long-term memory; sample without --beams (greedy with --temperature 0)"
+                );
+            }
             if beams > 1 {
                 let best =
                     variorum_train::generate::beam_search(&run.model, &prompt_ids, beams, max_new_tokens, tag, &device);
@@ -642,7 +647,16 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 knn: variorum_retrieval::KnnConfig { k: knn_k, lambda: knn_lambda, temperature: knn_temperature },
                 mode: args.mode(),
             });
-            variorum_train::generate::generate_with(&run.model, &prompt_ids, &cfg, retriever.as_ref(), &device, |t| {
+            // a long-term memory retrieves for every position as the text grows
+            let neighbours = match run.config.model.long_term_memory {
+                Some(_) => {
+                    Some(variorum_train::spalm::OnlineNeighbours::open(&run.config, run.model.vocab_size, &device, 64)?)
+                }
+                None => None,
+            };
+            let retrieval =
+                variorum_train::generate::Retrieval { knn: retriever.as_ref(), neighbours: neighbours.as_ref() };
+            variorum_train::generate::generate_with(&run.model, &prompt_ids, &cfg, retrieval, &device, |t| {
                 generated.push(t);
                 let text = run.tokenizer.decode(&generated);
                 let text = text.trim_end_matches('\u{FFFD}');
@@ -685,6 +699,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 (None, None) => anyhow::bail!("give --text FILE or --prompt TEXT"),
             };
             let ids = run.encode_prompt(&text)?;
+            if run.model.long_term_memory.is_some() {
+                eprintln!(
+                    "note: {}'s long-term memory reads the neighbour tables of its own splits; this text is scored without retrieval (the LM alone; `variorum eval` scores the validation split with it)",
+                    run.dir.display()
+                );
+            }
             let scores = match source {
                 Some(source) => {
                     let source = run.tokenizer.encode(&source).context("the source cannot be encoded")?;

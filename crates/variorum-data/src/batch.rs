@@ -39,6 +39,12 @@ pub struct TokenBatch {
     /// the row is its target after the end token, padded with `NO_TARGET` targets. Empty for
     /// text.
     pub sources: Vec<std::sync::Arc<Vec<u32>>>,
+    /// Per row, for windows cut from one text (random windows, ordered streams, evaluation
+    /// windows): where the row's first input token sits in its split. Empty otherwise.
+    pub starts: Vec<usize>,
+    /// `batch_size × seq_len × k`, row-major, when retrieval is on: the tokens retrieved for
+    /// each position (negative = none), which SPALM's long-term memory reads. Empty otherwise.
+    pub neighbours: Vec<i64>,
 }
 
 impl TokenBatch {
@@ -52,6 +58,8 @@ impl TokenBatch {
             tags: Vec::new(),
             graphs: Vec::new(),
             sources: Vec::new(),
+            starts: Vec::with_capacity(batch_size),
+            neighbours: Vec::new(),
         }
     }
 
@@ -62,6 +70,7 @@ impl TokenBatch {
         self.inputs.extend(window[..self.seq_len].iter().map(|&t| i64::from(t)));
         self.targets.extend(window[1..].iter().map(|&t| i64::from(t)));
         self.reset.push(reset);
+        self.starts.push(start);
         if let Some(tags) = tags {
             self.tags.push(i64::from(tags.window_tag(start, self.seq_len)));
         }
@@ -452,6 +461,7 @@ mod tests {
             tags: Some(TagConfig { section: "[A-Z]".into(), holdout }),
             graph: None,
             pairs: None,
+            neighbours: None,
         };
         Corpus::from_text(&text, &cfg, None, "letters.txt".into()).expect("loads")
     }

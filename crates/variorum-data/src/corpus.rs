@@ -61,6 +61,11 @@ pub struct DataConfig {
     /// encoder–decoder; absent = plain text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pairs: Option<PairsConfig>,
+    /// A datastore (`variorum datastore build`) whose neighbour tables
+    /// (`variorum datastore neighbours`) give every position of both splits its retrieved
+    /// tokens, for a model with a long-term memory (`model.long_term_memory`). Absent = none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub neighbours: Option<PathBuf>,
 }
 
 impl Default for DataConfig {
@@ -75,6 +80,7 @@ impl Default for DataConfig {
             tags: None,
             graph: None,
             pairs: None,
+            neighbours: None,
         }
     }
 }
@@ -522,6 +528,7 @@ mod tests {
             tags: None,
             graph: None,
             pairs: None,
+            neighbours: None,
         }
     }
 

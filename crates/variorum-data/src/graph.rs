@@ -235,6 +235,8 @@ fn padded_batch(examples: &[&GraphExample], seq_len: usize) -> TokenBatch {
         tags: Vec::new(),
         graphs: examples.iter().map(|e| e.adjacency.clone()).collect(),
         sources: Vec::new(),
+        starts: Vec::new(),
+        neighbours: Vec::new(),
     }
 }
 

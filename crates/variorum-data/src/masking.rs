@@ -65,6 +65,8 @@ impl Masking {
             tags: batch.tags.clone(),
             graphs: batch.graphs.clone(),
             sources: batch.sources.clone(),
+            starts: batch.starts.clone(),
+            neighbours: batch.neighbours.clone(),
         }
     }
 }
@@ -93,6 +95,8 @@ mod tests {
             tags: vec![],
             graphs: vec![],
             sources: vec![],
+            starts: vec![],
+            neighbours: vec![],
         }
     }
 

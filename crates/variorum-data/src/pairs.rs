@@ -215,6 +215,8 @@ pub fn example_batch(examples: &[(&[u32], &[u32])], end: u32) -> TokenBatch {
         tags: Vec::new(),
         graphs: Vec::new(),
         sources: examples.iter().map(|(s, _)| Arc::new(s.to_vec())).collect(),
+        starts: Vec::new(),
+        neighbours: Vec::new(),
     }
 }
 

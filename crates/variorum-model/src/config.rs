@@ -10,6 +10,7 @@ use variorum_position::PositionConfig;
 use crate::DecoderLm;
 use crate::encoder::{EncoderConfig, ModelKind};
 use crate::exits::ExitConfig;
+use crate::long_term_memory::LongTermMemoryConfig;
 use crate::objective::ObjectiveConfig;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -60,6 +61,9 @@ pub struct ModelConfig {
     pub encoder: EncoderConfig,
     /// Encoder–decoder models: the decoder's cross-attention over the source. Default `full`.
     pub cross_attention: Option<AttentionConfig>,
+    /// SPALM's gated long-term memory before the output head, reading neighbours retrieved
+    /// from a datastore (`data.neighbours`). Default none.
+    pub long_term_memory: Option<LongTermMemoryConfig>,
 }
 
 impl Default for ModelConfig {
@@ -85,6 +89,7 @@ impl Default for ModelConfig {
             objective: ObjectiveConfig::Causal,
             encoder: EncoderConfig::default(),
             cross_attention: None,
+            long_term_memory: None,
         }
     }
 }
@@ -135,6 +140,9 @@ impl ModelConfig {
         self.depth.validate()?;
         self.exits.validate()?;
         self.validate_encoder_decoder()?;
+        if let Some(l) = &self.long_term_memory {
+            l.validate()?;
+        }
         crate::rules::check_rules(self)?;
         self.feed_forward.validate()
     }

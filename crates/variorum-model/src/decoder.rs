@@ -109,6 +109,8 @@ pub struct DecoderLm {
     pub encoder: Option<Encoder>,
     /// An encoder–decoder's end token: the decoder's first input, and where an example ends.
     pub end_token: Option<usize>,
+    /// SPALM's long-term memory before the head ([`crate::long_term_memory`]).
+    pub long_term_memory: Option<crate::LongTermMemory>,
 }
 
 impl DecoderLm {
@@ -169,6 +171,7 @@ impl DecoderLm {
             mask_token: cfg.mask_token(),
             encoder,
             end_token: cfg.end_token(),
+            long_term_memory: cfg.long_term_memory.as_ref().map(|l| l.init(d, device)),
             exits: match &cfg.exits {
                 ExitConfig::None => None,
                 ExitConfig::EveryLayer(e) => Some(ExitHeads::new(
@@ -347,7 +350,7 @@ impl DecoderLm {
         rows: impl Into<Rows>,
         mut state: Option<&mut DecoderState>,
     ) -> LmOutput {
-        let Rows { tags, graph, source, .. } = rows.into();
+        let Rows { tags, graph, source, neighbours, .. } = rows.into();
         assert!(
             graph.is_none() || (state.is_none() && self.global_embedding.is_none()),
             "a graph covers whole examples: no decoding state, memory or global input"
@@ -413,7 +416,7 @@ impl DecoderLm {
         if let Some(s) = state {
             s.position += len;
         }
-        let (features, logits) = self.head_output(x);
+        let (features, logits) = self.head_output_with(x, neighbours);
         LmOutput { logits, aux_losses, steps, hidden, features }
     }
 
@@ -504,9 +507,20 @@ impl DecoderLm {
     /// The output head on the last block's output `x`: the vector it reads (after the final
     /// norm of a pre-LN stack) and the logits.
     pub fn head_output(&self, x: Tensor<3>) -> (Tensor<3>, Tensor<3>) {
+        self.head_output_with(x, None)
+    }
+
+    /// [`head_output`](Self::head_output) of a model with a long-term memory, which mixes in
+    /// each position's retrieved `neighbours` (`[batch, len, k]`, negative = none) first; without
+    /// them, or without the memory, the head reads the final state as it is.
+    pub fn head_output_with(&self, x: Tensor<3>, neighbours: Option<Tensor<3, Int>>) -> (Tensor<3>, Tensor<3>) {
         let h = match &self.final_norm {
             Some(n) => n.forward(x),
             None => x,
+        };
+        let h = match (&self.long_term_memory, neighbours) {
+            (Some(l), Some(n)) => l.forward(h, n, self.token_embedding.weight.val()),
+            _ => h,
         };
         (h.clone(), self.logits(h))
     }
@@ -798,6 +812,9 @@ pub struct Rows {
     /// Some targets are `NO_TARGET` (the padded end of a document's last segment), which the
     /// loss skips, as it does a graph's or a source's padding.
     pub padded: bool,
+    /// `[batch, len, k]`: the tokens retrieved for each position (negative = none), which a
+    /// model with a long-term memory reads before its head; `None` = no retrieval.
+    pub neighbours: Option<Tensor<3, Int>>,
 }
 
 impl From<Option<Tensor<1, Int>>> for Rows {

@@ -212,6 +212,7 @@ impl ModelConfig {
             kind: ModelKind::Decoder,
             encoder: EncoderConfig::default(),
             cross_attention: None,
+            long_term_memory: None,
             attention: encoder,
             n_layers: layers,
             objective: crate::ObjectiveConfig::Masked(Default::default()),

@@ -247,6 +247,19 @@ pub const RULES: &[Rule] = &[
         },
     },
     Rule {
+        holds: |s| {
+            s.model.long_term_memory.is_none()
+                || (s.model.objective.is_causal()
+                    && !s.model.is_encoder_decoder()
+                    && !s.exits()
+                    && !s.model.block.reversible()
+                    && !s.attention.global_input)
+        },
+        why: |_| {
+            "model.long_term_memory mixes retrieved tokens into the final state before the head, which needs a causal decoder whose head reads the last block's output once: use it without exits, a reversible block, a global input, an encoder or a masked objective".into()
+        },
+    },
+    Rule {
         holds: |s| !s.memory() || !s.position.absolute,
         why: |s| {
             format!(

@@ -93,6 +93,9 @@ fn components(c: &mut Criterion) {
         reset: vec![false; BATCH],
         tags: vec![],
         graphs: vec![],
+        sources: vec![],
+        starts: vec![],
+        neighbours: vec![],
     };
     c.bench_function("step/baby GPT training step (768 tokens)", |b| {
         b.iter(|| {

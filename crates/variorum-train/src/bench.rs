@@ -66,6 +66,13 @@ pub fn bench(cfg: &ExperimentConfig, device: &Device, warmup: u64, steps: u64, r
             reset: vec![false; b],
             tags: vec![],
             graphs: vec![],
+            starts: vec![],
+            // a long-term memory reads k retrieved tokens per position: the text's own, as stand-ins
+            neighbours: cfg
+                .model
+                .long_term_memory
+                .as_ref()
+                .map_or(vec![], |m| (0..b * l * m.k).map(|i| ids[i % ids.len()]).collect()),
             // an encoder–decoder reads a source as long as the context (the targets' own tokens)
             sources: match cfg.model.is_encoder_decoder() {
                 true => (0..b)

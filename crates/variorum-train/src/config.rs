@@ -269,6 +269,18 @@ impl ExperimentConfig {
         check(self.train.batching != Batching::Documents || self.data.tags.is_some(), || {
             "train.batching = \"documents\" reads the sections of data.tags as documents: add a [data.tags] section pattern (e.g. section = \"^(.+)\\n\\nby William Shakespeare\")".into()
         })?;
+        check(self.model.long_term_memory.is_some() == self.data.neighbours.is_some(), || {
+            match self.model.long_term_memory {
+                Some(_) => "model.long_term_memory reads each position's retrieved tokens, which data.neighbours gives: set it to a datastore directory whose neighbour tables `variorum datastore neighbours` searched".into(),
+                None => "data.neighbours gives retrieved tokens, which only a model with a long-term memory reads: add [model.long_term_memory] or remove data.neighbours".into(),
+            }
+        })?;
+        check(self.model.long_term_memory.is_none() || self.data.graph.is_none(), || {
+            "model.long_term_memory looks up each position's neighbours in a text, and data.graph gives examples: use it on plain text".into()
+        })?;
+        check(self.model.long_term_memory.is_none() || self.train.batching != Batching::Documents, || {
+            "model.long_term_memory looks up each row's neighbours by its place in the text, which document streams (padded segments) do not keep: use train.batching = \"ordered\" or \"random\"".into()
+        })?;
         check(!self.model.attention.capabilities().policy || self.train.batch_size >= 2, || {
             format!(
                 "model.attention.kind = \"{}\" trains a discrete choice by REINFORCE, each batch row against the others, which train.batch_size = 1 does not have: use train.batch_size ≥ 2 (or policy_weight = 0)",
@@ -480,6 +492,28 @@ path = "x.txt"
         );
         let at_the_limits = OK.replace("d_model = 64", "d_model = 131072\nn_layers = 10000");
         assert!(ExperimentConfig::parse(&at_the_limits, false).unwrap().validate().is_ok());
+    }
+
+    #[test]
+    fn a_long_term_memory_needs_its_neighbours_and_windows_of_one_text() {
+        let check = |model: &str, data: &str| {
+            let text = OK.replace("[data]", &format!("{model}[data]")) + data;
+            ExperimentConfig::parse(&text, false).unwrap().validate().err().map(|e| e.to_string()).unwrap_or_default()
+        };
+        let ltm = "[model.long_term_memory]\nk = 4\n";
+        assert!(
+            check(ltm, "")
+                .contains("model.long_term_memory reads each position's retrieved tokens, which data.neighbours gives")
+        );
+        assert!(check("", "neighbours = \"ds\"\n").contains("only a model with a long-term memory reads"));
+        assert_eq!(check(ltm, "neighbours = \"ds\"\n"), "");
+        let e = check(ltm, "neighbours = \"ds\"\ntags = { section = \"^x\" }\n[train]\nbatching = \"documents\"\n");
+        assert!(e.contains("document streams (padded segments) do not keep"), "{e}");
+        let e = check(&format!("{ltm}[model.exits]\nkind = \"every-layer\"\n"), "neighbours = \"ds\"\n");
+        assert!(e.contains("model.long_term_memory mixes retrieved tokens into the final state"), "{e}");
+        assert!(
+            check("[model.long_term_memory]\nk = 0\n", "neighbours = \"ds\"\n").contains("k = 0 must be in 1..=1024")
+        );
     }
 
     #[test]

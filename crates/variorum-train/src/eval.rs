@@ -4,7 +4,7 @@ use burn::prelude::*;
 use indicatif::ProgressBar;
 use variorum_data::{Masking, SplitTags, TokenBatch};
 use variorum_model::{
-    DecoderLm, DecoderState, ModelConfig, ObjectiveConfig, decoder::cross_entropy, decoder::padded_cross_entropy,
+    DecoderLm, DecoderState, ModelConfig, ObjectiveConfig, Rows, decoder::cross_entropy, decoder::padded_cross_entropy,
 };
 
 use crate::step::{batch_rows, batch_tensors};
@@ -197,13 +197,17 @@ pub fn format_steps(mean: f64, shares: &[f64]) -> String {
 /// tokens): with `carry_memory` each segment continues from the state the previous one left
 /// (Transformer-XL evaluation), without it every segment starts from nothing. Both read the same
 /// segments, so the difference is what the memory is worth. `progress` advances by `streams` per
-/// segment (one per window read). Returns (mean loss, tokens counted).
+/// segment (one per window read). A model with a long-term memory reads each position's
+/// neighbours from `retrieved` (the table of `ids`), when given. Returns (mean loss, tokens
+/// counted).
+#[allow(clippy::too_many_arguments)]
 pub fn stream_loss(
     model: &DecoderLm,
     ids: &[u32],
     seg_len: usize,
     streams: usize,
     carry_memory: bool,
+    retrieved: Option<&crate::spalm::Retrieved>,
     device: &Device,
     progress: Option<&ProgressBar>,
 ) -> (f64, usize) {
@@ -223,8 +227,10 @@ pub fn stream_loss(
         };
         let x = Tensor::<2, Int>::from_data(TensorData::new(rows(0), [streams, seg_len]), device);
         let t = Tensor::<2, Int>::from_data(TensorData::new(rows(1), [streams, seg_len]), device);
-        let logits =
-            if carry_memory { model.forward_with(x, Some(&mut state)).logits } else { model.forward(x).logits };
+        let starts: Vec<usize> = (0..streams).map(|r| r * stream_len + seg * seg_len).collect();
+        let rows = Rows { neighbours: retrieved.map(|r| r.tensor(&starts, seg_len, device)), ..Default::default() };
+        let state = if carry_memory { Some(&mut state) } else { None };
+        let logits = model.forward_tagged(x, rows, state).logits;
         sum += cross_entropy(logits, t).into_scalar::<f32>() as f64 * (streams * seg_len) as f64;
         count += streams * seg_len;
         if let Some(pb) = progress {

@@ -3,7 +3,7 @@
 use burn::prelude::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use variorum_model::{DecoderLm, DecoderState};
+use variorum_model::{DecoderLm, DecoderState, Rows};
 
 use crate::knn_lm::Retriever;
 
@@ -49,31 +49,47 @@ pub fn generate(
     device: &Device,
     on_token: impl FnMut(u32),
 ) -> Vec<u32> {
-    match generate_with(model, prompt, cfg, None, device, on_token) {
+    match generate_with(model, prompt, cfg, Retrieval::default(), device, on_token) {
         Ok(tokens) => tokens,
         Err(e) => unreachable!("generation without retrieval cannot fail: {e}"),
     }
 }
 
-/// [`generate`], drawing each token from the kNN-LM mixture of `retriever` when given
-/// ([`crate::knn_lm`]); fails only when the datastore's index does.
+/// What generation retrieves, when anything.
+#[derive(Clone, Copy, Default)]
+pub struct Retrieval<'a> {
+    /// A kNN-LM datastore: each token is drawn from its mixture with the LM ([`crate::knn_lm`]).
+    pub knn: Option<&'a Retriever<'a>>,
+    /// A long-term memory's neighbours (SPALM): every position fed reads its own, searched as
+    /// the text grows ([`crate::spalm::OnlineNeighbours`]).
+    pub neighbours: Option<&'a crate::spalm::OnlineNeighbours>,
+}
+
+/// [`generate`] with `retrieval`; fails only when a datastore's index does.
 pub fn generate_with(
     model: &DecoderLm,
     prompt: &[u32],
     cfg: &SampleConfig,
-    retriever: Option<&Retriever>,
+    retrieval: Retrieval,
     device: &Device,
     mut on_token: impl FnMut(u32),
 ) -> anyhow::Result<Vec<u32>> {
     let next = |last: Last| -> anyhow::Result<Vec<f32>> {
-        match retriever {
+        match retrieval.knn {
             Some(r) => r.next_logprobs(&last.logits, &last.features),
             None => Ok(last.logits),
         }
     };
-    let retrieving = retriever.is_some();
+    // positions `from..` of `all` through the model from `state`
+    let feed = |all: &[u32], from: usize, state: &mut DecoderState| -> anyhow::Result<Last> {
+        let neighbours = match retrieval.neighbours {
+            Some(n) => Some(n.tensor(all, from..all.len(), device)?),
+            None => None,
+        };
+        Ok(feed(model, &all[from..], cfg.tag, neighbours, state, retrieval.knn.is_some(), device))
+    };
     if model.has_memory() {
-        return generate_with_memory(model, prompt, cfg, retrieving, next, device, on_token);
+        return generate_with_memory(model, prompt, cfg, feed, next, on_token);
     }
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
     let context = model.seq_len.max(2);
@@ -89,7 +105,7 @@ pub fn generate_with(
         if cfg.no_cache {
             state = DecoderState::default();
         }
-        let last = feed(model, &all[window + state.position..], cfg.tag, &mut state, retrieving, device);
+        let last = feed(&all, window + state.position, &mut state)?;
         let token = pick(&next(last)?, cfg, &mut rng);
         on_token(token);
         all.push(token);
@@ -105,12 +121,13 @@ struct Last {
     features: Vec<f32>,
 }
 
-/// Runs `tokens` (tagged `tag`) through the model from `state` and returns its output after the
-/// last one (with the features when `features`).
+/// Runs `tokens` (tagged `tag`, with their retrieved `neighbours` when given) through the model
+/// from `state` and returns its output after the last one (with the features when `features`).
 fn feed(
     model: &DecoderLm,
     tokens: &[u32],
     tag: Option<u32>,
+    neighbours: Option<Tensor<3, Int>>,
     state: &mut DecoderState,
     features: bool,
     device: &Device,
@@ -118,7 +135,8 @@ fn feed(
     let ids: Vec<i64> = tokens.iter().map(|&t| t as i64).collect();
     let n = ids.len();
     let input = Tensor::<2, Int>::from_data(TensorData::new(ids, [1, n]), device);
-    let out = model.forward_tagged(input, tags(tag, 1, device), Some(state));
+    let rows = Rows { tags: tags(tag, 1, device), neighbours, ..Default::default() };
+    let out = model.forward_tagged(input, rows, Some(state));
     let last = |t: Tensor<3>| {
         let w = t.dims()[2];
         t.slice([0..1, n - 1..n, 0..w]).into_data().try_to_vec::<f32>().unwrap_or_default()
@@ -133,9 +151,8 @@ fn generate_with_memory(
     model: &DecoderLm,
     prompt: &[u32],
     cfg: &SampleConfig,
-    features: bool,
+    feed: impl Fn(&[u32], usize, &mut DecoderState) -> anyhow::Result<Last>,
     next: impl Fn(Last) -> anyhow::Result<Vec<f32>>,
-    device: &Device,
     mut on_token: impl FnMut(u32),
 ) -> anyhow::Result<Vec<u32>> {
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
@@ -148,7 +165,7 @@ fn generate_with_memory(
         while state.position < all.len() {
             let room = segment - state.position % segment;
             let end = all.len().min(state.position + room);
-            last = feed(model, &all[state.position..end], cfg.tag, &mut state, features, device);
+            last = feed(&all[..end], state.position, &mut state)?;
         }
         let token = pick(&next(std::mem::take(&mut last))?, cfg, &mut rng);
         on_token(token);

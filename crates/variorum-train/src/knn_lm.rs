@@ -38,6 +38,8 @@ pub fn check_run(run: &Run) -> Result<()> {
         Some("trained with the masked objective (it predicts hidden tokens, not the next one)")
     } else if run.model.has_memory() {
         Some("a memory model (its states depend on the segments before the window)")
+    } else if m.long_term_memory.is_some() {
+        Some("a model with a long-term memory (it reads its own neighbour tables)")
     } else if run.config.data.graph.is_some() {
         Some("trained on graph examples")
     } else if m.attention.tags().is_some() {
@@ -72,12 +74,18 @@ fn hex(bytes: &[u8]) -> String {
 
 /// The model on one group of windows: its features (`b·len` rows of `d_model`) and its
 /// log-probabilities of the targets (`b·len`).
-struct GroupOutput {
-    features: Vec<f32>,
-    logprobs: Vec<f32>,
+pub(crate) struct GroupOutput {
+    pub(crate) features: Vec<f32>,
+    pub(crate) logprobs: Vec<f32>,
 }
 
-fn forward_group(model: &DecoderLm, ids: &[u32], group: &[Window], len: usize, device: &Device) -> Result<GroupOutput> {
+pub(crate) fn forward_group(
+    model: &DecoderLm,
+    ids: &[u32],
+    group: &[Window],
+    len: usize,
+    device: &Device,
+) -> Result<GroupOutput> {
     let b = group.len();
     let inputs: Vec<i64> = group.iter().flat_map(|w| ids[w.start..w.start + len].iter().map(|&t| t as i64)).collect();
     let targets: Vec<i64> =

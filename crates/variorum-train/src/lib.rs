@@ -28,6 +28,7 @@ pub mod run;
 pub mod schedule;
 pub mod seq2seq;
 pub mod snapshot;
+pub mod spalm;
 pub mod step;
 pub mod threads;
 pub mod trainer;

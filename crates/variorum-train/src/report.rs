@@ -462,16 +462,17 @@ fn learned(
     device: &Device,
 ) -> Vec<Learned> {
     let mut views = Vec::new();
-    if model.has_memory() {
+    // the recorded evaluations "with X" and "without X", side by side
+    let worth = |what: &str, the: &str| -> Vec<String> {
         let mut lines: Vec<String> = eval
             .iter()
-            .filter(|w| w.reading == "with memory")
+            .filter(|w| w.reading == format!("with {what}"))
             .filter_map(|w| {
                 let without = eval
                     .iter()
-                    .find(|o| o.reading == "without memory" && o.seq_len == w.seq_len && o.data == w.data)?;
+                    .find(|o| o.reading == format!("without {what}") && o.seq_len == w.seq_len && o.data == w.data)?;
                 Some(format!(
-                    "segments of {}: loss {} with the memory, {} without, gain {:.4} nats/token ({})",
+                    "segments of {}: loss {} with {the}, {} without, gain {:.4} nats/token ({})",
                     w.seq_len,
                     w.loss,
                     without.loss,
@@ -482,14 +483,24 @@ fn learned(
             .collect();
         if lines.is_empty() {
             lines.push(format!(
-                "not measured yet: `variorum eval {} --seq-len …` reads the validation split with and without the memory",
+                "not measured yet: `variorum eval {} --seq-len …` reads the validation split with and without {the}",
                 dir.display()
             ));
         }
+        lines
+    };
+    if let Some(l) = &config.model.long_term_memory {
+        // its evaluation carries any model.memory both times and measures the retrieval
+        views.push(Learned {
+            title: format!("what retrieval is worth (model.long_term_memory, k = {})", l.k),
+            lines: worth("retrieval", "the retrieved tokens"),
+            figure: None,
+        });
+    } else if model.has_memory() {
         let kind = config.model.memory.kind();
         views.push(Learned {
             title: format!("what the memory is worth (model.memory.kind = \"{kind}\")"),
-            lines,
+            lines: worth("memory", "the memory"),
             figure: None,
         });
     }

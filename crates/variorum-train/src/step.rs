@@ -49,7 +49,8 @@ pub fn batch_tags(batch: &TokenBatch, device: &Device) -> Option<Tensor<1, Int>>
 }
 
 /// What the data says about each row besides its tokens: its tag (`data.tags`), its graph
-/// (`data.graph`) and its source (an encoder–decoder's examples).
+/// (`data.graph`), its source (an encoder–decoder's examples) and its positions' retrieved
+/// tokens (`data.neighbours`).
 pub fn batch_rows(batch: &TokenBatch, device: &Device) -> Rows {
     let sources: Vec<Vec<u32>> = batch.sources.iter().map(|s| s.as_slice().to_vec()).collect();
     Rows {
@@ -57,6 +58,10 @@ pub fn batch_rows(batch: &TokenBatch, device: &Device) -> Rows {
         graph: (!batch.graphs.is_empty()).then(|| variorum_core::GraphMask::new(batch.graphs.clone())),
         source: (!sources.is_empty()).then(|| Source::from_rows(&sources, device)),
         padded: batch.targets.contains(&variorum_data::NO_TARGET),
+        neighbours: (!batch.neighbours.is_empty()).then(|| {
+            let shape = [batch.batch_size, batch.seq_len, batch.neighbours.len() / (batch.batch_size * batch.seq_len)];
+            Tensor::from_data(TensorData::new(batch.neighbours.clone(), shape), device)
+        }),
     }
 }
 

@@ -189,6 +189,11 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
         write_atomic(&path, serde_json::to_string_pretty(&tags.names)?.as_bytes())?;
     }
 
+    // SPALM: every position's retrieved tokens, looked up by its place in the split
+    let retrieved = match (&cfg.data.neighbours, &cfg.model.long_term_memory) {
+        (Some(dir), Some(l)) => Some(crate::spalm::open_tables(dir, &corpus, cfg.model.vocab(), l.k)?),
+        _ => None,
+    };
     let tc = cfg.train.clone();
     let seq_len = cfg.model.seq_len;
     let train_tokens = Arc::new(corpus.train.clone());
@@ -239,7 +244,10 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
         (None, None) => spread_windows(&corpus.val, seq_len, eval_rows, tc.batch_size, val_tags)?,
     };
     // masked LM: the same hidden tokens at every evaluation, and in every run (seed 0)
-    let eval_set = masked_batches(&cfg.model, eval_set, 0);
+    let mut eval_set = masked_batches(&cfg.model, eval_set, 0);
+    if let Some((_, val)) = &retrieved {
+        eval_set.iter_mut().for_each(|b| val.attach(b));
+    }
     let masking = masking(&cfg.model);
 
     // --- model and optimizer
@@ -332,7 +340,10 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
         let micro: Vec<TokenBatch> = (0..tc.grad_accum as u64)
             .map(|m| {
                 let i = step * tc.grad_accum as u64 + m;
-                let b = batches.get(i);
+                let mut b = batches.get(i);
+                if let Some((train, _)) = &retrieved {
+                    train.attach(&mut b);
+                }
                 match &masking {
                     Some(mask) => mask.apply(&b, step_seed(tc.seed, i)),
                     None => b,
@@ -375,6 +386,7 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
                 let tps = interval_tokens / interval_train_secs.max(1e-9);
                 let val_loss = if eval_now {
                     let inner = device.clone().inner();
+                    let val_retrieved = retrieved.as_ref().map(|(_, v)| v);
                     let v = if let Some(batches) = &document_eval {
                         {
                             // a model without memory reads each segment alone (a KV cache would grow
@@ -384,8 +396,16 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
                     } else if model.has_memory() {
                         // memory models are scored as they run: segments of ordered streams
                         let n = (tc.eval_batches * tc.batch_size * seq_len + 1).min(corpus.val.len());
-                        match stream_loss(&model.valid(), &corpus.val[..n], seq_len, tc.batch_size, true, &inner, None)
-                        {
+                        match stream_loss(
+                            &model.valid(),
+                            &corpus.val[..n],
+                            seq_len,
+                            tc.batch_size,
+                            true,
+                            val_retrieved,
+                            &inner,
+                            None,
+                        ) {
                             (_, 0) => evaluate(&model.valid(), &eval_set, &inner),
                             (v, _) => v,
                         }
@@ -487,6 +507,13 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
             target.pop();
             let written = crate::seq2seq::generate_from(&valid, &b.sources[0], &sample_cfg, &inner, |_| {});
             format!("source: {}\ntarget: {}\nmodel:  {}\n", show(&b.sources[0]), show(&target), show(&written))
+        }
+        // a long-term memory retrieves as the sample grows
+        _ if cfg.model.long_term_memory.is_some() => {
+            let online = crate::spalm::OnlineNeighbours::open(&cfg, cfg.model.vocab(), &inner, 64)?;
+            let retrieval = crate::generate::Retrieval { knn: None, neighbours: Some(&online) };
+            let sample = crate::generate::generate_with(&valid, &prompt, &sample_cfg, retrieval, &inner, |_| {})?;
+            corpus.tokenizer.decode(&prompt) + &corpus.tokenizer.decode(&sample)
         }
         _ => {
             let sample = generate(&valid, &prompt, &sample_cfg, &inner, |_| {});

@@ -11,7 +11,7 @@ use burn::prelude::*;
 use common::{corpus, seeded, tiny_config};
 use variorum_retrieval::search::HnswParams;
 use variorum_retrieval::{Datastore, KnnConfig, SearchMode};
-use variorum_train::generate::{SampleConfig, generate_with};
+use variorum_train::generate::{Retrieval, SampleConfig, generate_with};
 use variorum_train::knn_lm::{self, BuildSettings, Built, KnnEval, Retriever};
 use variorum_train::run::Run;
 use variorum_train::{Outcome, TrainOptions, train};
@@ -201,8 +201,16 @@ fn generation_with_lambda_one_recites_the_datastore() {
         mode: SearchMode::Approximate { ef: 64 },
     };
     let cfg = SampleConfig::greedy(12);
-    let recited = generate_with(&run.model, &ids[..4], &cfg, Some(&retriever), &Device::flex(), |_| {}).unwrap();
+    let recited = generate_with(
+        &run.model,
+        &ids[..4],
+        &cfg,
+        Retrieval { knn: Some(&retriever), neighbours: None },
+        &Device::flex(),
+        |_| {},
+    )
+    .unwrap();
     assert_eq!(recited, &ids[4..16]);
-    let alone = generate_with(&run.model, &ids[..4], &cfg, None, &Device::flex(), |_| {}).unwrap();
+    let alone = generate_with(&run.model, &ids[..4], &cfg, Retrieval::default(), &Device::flex(), |_| {}).unwrap();
     assert_ne!(alone, &ids[4..16]);
 }

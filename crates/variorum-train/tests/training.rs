@@ -21,6 +21,7 @@ fn every_shipped_config_parses_builds_and_trains_a_step() {
     let text = corpus(tmp.path());
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs");
     let mut n = 0;
+    let datastore = std::sync::OnceLock::new();
     // configs/ and its subdirectories (families of variants such as configs/positions/)
     let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
     let subdirs: Vec<_> = files.iter().filter(|p| p.is_dir()).cloned().collect();
@@ -47,6 +48,10 @@ fn every_shipped_config_parses_builds_and_trains_a_step() {
         if let Some(tags) = &mut cfg.data.tags {
             tags.section = "(whether|in the mind)".into();
         }
+        // retrieving configs: a datastore and neighbour tables over this corpus
+        if cfg.data.neighbours.is_some() {
+            cfg.data.neighbours = Some(datastore.get_or_init(|| tiny_datastore(tmp.path())).clone());
+        }
         let run = tmp.path().join(path.strip_prefix(&dir).unwrap()).with_extension("");
         let mut opts = options(&run);
         opts.max_steps = Some(1);
@@ -57,6 +62,29 @@ fn every_shipped_config_parses_builds_and_trains_a_step() {
         n += 1;
     }
     assert!(n >= 20, "found only {n} configs in {}", dir.display());
+}
+
+/// A datastore over the training split of `dir`'s corpus, keyed by the tiny model trained 5
+/// steps, with both neighbour tables: what a SPALM config reads.
+fn tiny_datastore(dir: &Path) -> PathBuf {
+    let cfg = tiny_config(&corpus(dir), 0.0);
+    let encoder = dir.join("encoder");
+    let mut opts = options(&encoder);
+    opts.max_steps = Some(5);
+    train(cfg, &opts).unwrap();
+    let run = variorum_train::run::Run::load(&encoder, &Device::flex()).unwrap();
+    let corpus = variorum_data::Corpus::load(&run.config.data, Some(run.tokenizer.clone())).unwrap();
+    let store = dir.join("datastore");
+    let settings = variorum_train::knn_lm::BuildSettings { window: 16, stride: 16, index: Default::default() };
+    variorum_train::knn_lm::build_datastore(&run, &corpus.train, "train", &store, &settings, |_, _, _| {}, &|| false)
+        .unwrap();
+    let ds = variorum_retrieval::Datastore::open(&store).unwrap();
+    let search = variorum_train::spalm::SearchSettings { k: 8, exclude_radius: 64, ef: 32, chunk: 16_384 };
+    for (split, ids) in [("train", &corpus.train), ("val", &corpus.val)] {
+        let out = variorum_train::spalm::table_dir(&store, split);
+        variorum_train::spalm::search_table(&ds, &run, ids, split, &out, search, |_, _| {}, &|| false).unwrap();
+    }
+    store
 }
 
 #[test]
@@ -393,6 +421,8 @@ fn gradient_accumulation_equals_one_large_batch() {
             tags: vec![],
             graphs: vec![],
             sources: vec![],
+            starts: vec![],
+            neighbours: vec![],
         };
         for r in 0..n {
             b.inputs.extend_from_slice(&ids[r * 17..r * 17 + 16]);
@@ -410,6 +440,8 @@ fn gradient_accumulation_equals_one_large_batch() {
         tags: vec![],
         graphs: vec![],
         sources: vec![],
+        starts: vec![],
+        neighbours: vec![],
     };
     let mut tc = cfg.train.clone();
     tc.grad_clip = 0.5; // clipping must act on the accumulated gradient
