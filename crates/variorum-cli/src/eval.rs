@@ -305,20 +305,23 @@ fn eval_memory(
 }
 
 /// The neighbour table of `ids` among those of `run`'s datastore (`data.neighbours`): its
-/// validation or training split's.
+/// validation or training split's, when `ids` is that split or begins it.
 fn retrieved_for(run: &Run, ids: &[u32]) -> Result<variorum_train::spalm::Retrieved> {
     let (Some(dir), Some(l)) = (&run.config.data.neighbours, &run.config.model.long_term_memory) else {
         bail!("{} has no long-term memory", run.dir.display());
     };
     let corpus = variorum_data::Corpus::load(&run.config.data, Some(run.tokenizer.clone()))?;
     let (train, val) = variorum_train::spalm::open_tables(dir, &corpus, run.model.vocab_size, l.k)?;
-    let sha = variorum_train::knn_lm::ids_sha256(ids);
-    [val, train].into_iter().find(|r| r.table.meta.origin.text_sha256 == sha).with_context(|| {
-        format!(
-            "{} retrieves from neighbour tables searched for its own splits, and this text is neither: evaluate its validation split (without --data or --max-tokens)",
+    // a split or its first tokens (--max-tokens): the table's rows from the start
+    let starts = |split: &[u32]| ids.len() <= split.len() && split[..ids.len()] == *ids;
+    match (starts(&corpus.val), starts(&corpus.train)) {
+        (true, _) => Ok(val),
+        (false, true) => Ok(train),
+        _ => bail!(
+            "{} retrieves from neighbour tables searched for its own splits, and this text is neither: evaluate its validation split (without --data)",
             run.dir.display()
-        )
-    })
+        ),
+    }
 }
 
 /// A model with a long-term memory (SPALM): the same segments scored with each position's

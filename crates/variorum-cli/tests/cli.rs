@@ -645,3 +645,66 @@ fn a_knn_datastore_builds_scores_and_generates() {
     let o = variorum(&["datastore", "build", r, "--out", s, "--stride", "4"], tmp.path());
     assert_clean_error(&o, "built otherwise");
 }
+
+/// SPALM from the command line: neighbour tables searched in a run's datastore (each table's
+/// size announced first), a model with a long-term memory trained on them, scored with and
+/// without retrieval and sampled from; mistakes are one-line errors that leave nothing behind.
+#[test]
+fn spalm_searches_its_tables_trains_scores_and_generates() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path(), "");
+    // words in a pseudo-random order: the repeated line of `write_corpus` makes the validation
+    // split begin like the training split, which the tables refuse
+    let words = ["now", "is", "the", "winter", "of", "our", "discontent", "made", "glorious", "summer"];
+    let mut x: u64 = 7;
+    let text: String = (0..1800)
+        .map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            words[(x >> 33) as usize % words.len()]
+        })
+        .collect::<Vec<_>>()
+        .join(" ");
+    std::fs::write(tmp.path().join("text.txt"), text).unwrap();
+    let run = tmp.path().join("run");
+    let o = variorum(&["train", cfg.to_str().unwrap(), "--out", run.to_str().unwrap()], tmp.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = run.to_str().unwrap();
+    assert!(variorum(&["datastore", "build", r], tmp.path()).status.success());
+    let store = run.join("datastore-train");
+    let s = store.to_str().unwrap();
+    // a table searched for another model's run is refused before anything is written
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    let spalm_cfg = tmp.path().join("spalm.toml");
+    let spalm = text.replace("[data]\n", &format!("[model.long_term_memory]\nk = 2\n\n[data]\nneighbours = \"{s}\"\n"));
+    std::fs::write(&spalm_cfg, spalm).unwrap();
+    let spalm_run = tmp.path().join("spalm");
+    let train = ["train", spalm_cfg.to_str().unwrap(), "--out", spalm_run.to_str().unwrap()];
+    assert_clean_error(
+        &variorum(&train, tmp.path()),
+        "has no train table: search it with `variorum datastore neighbours",
+    );
+    assert!(!spalm_run.exists(), "a refused run left its directory");
+    assert_clean_error(
+        &variorum(&["datastore", "neighbours", s], tmp.path()),
+        "--exclude-radius 65536 leaves out more than half",
+    );
+    let o = variorum(&["datastore", "neighbours", s, "--k", "4", "--exclude-radius", "32"], tmp.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.starts_with("# ") && out.contains("positions × 4 neighbours") && out.contains("no neighbour"), "{out}");
+    let o = variorum(&train, tmp.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let sr = spalm_run.to_str().unwrap();
+    let o = variorum(&["eval", sr], tmp.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("with retrieval") && out.contains("2 of 4 neighbours per position"), "{out}");
+    let o = variorum(&["generate", sr, "--prompt", "now", "--max-new-tokens", "8"], tmp.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_clean_error(
+        &variorum(&["generate", sr, "--prompt", "now", "--beams", "2"], tmp.path()),
+        "beam search does not retrieve",
+    );
+    std::fs::write(tmp.path().join("other.txt"), "the summer of our winter is made now").unwrap();
+    assert_clean_error(&variorum(&["eval", sr, "--data", "other.txt"], tmp.path()), "this text is neither");
+}

@@ -164,6 +164,12 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
     let corpus = Corpus::load(&cfg.data, tokenizer)?;
     cfg.model.resolve(corpus.tokenizer.vocab_size())?;
     check_tags(&cfg, &corpus)?;
+    // SPALM: every position's retrieved tokens, looked up by its place in the split; opened
+    // before the run directory is written, so that a missing table leaves nothing behind
+    let retrieved = match (&cfg.data.neighbours, &cfg.model.long_term_memory) {
+        (Some(dir), Some(l)) => Some(crate::spalm::open_tables(dir, &corpus, cfg.model.vocab(), l.k)?),
+        _ => None,
+    };
     fs::create_dir_all(run).with_context(|| format!("cannot create run directory {}", run.display()))?;
     // one training per run directory, held to the end, before anything in it is written (a
     // second one that got past the checks above is refused here)
@@ -189,11 +195,6 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
         write_atomic(&path, serde_json::to_string_pretty(&tags.names)?.as_bytes())?;
     }
 
-    // SPALM: every position's retrieved tokens, looked up by its place in the split
-    let retrieved = match (&cfg.data.neighbours, &cfg.model.long_term_memory) {
-        (Some(dir), Some(l)) => Some(crate::spalm::open_tables(dir, &corpus, cfg.model.vocab(), l.k)?),
-        _ => None,
-    };
     let tc = cfg.train.clone();
     let seq_len = cfg.model.seq_len;
     let train_tokens = Arc::new(corpus.train.clone());
