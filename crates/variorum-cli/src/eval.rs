@@ -295,13 +295,28 @@ fn eval_memory(
 ) -> Result<Vec<EvalRow>> {
     println!("# {STREAMS} streams read segment by segment; memory = {}", run.config.model.memory.kind());
     let lengths: Vec<(usize, u64)> = lengths.iter().map(|&len| (len, stream_windows(ids.len(), len))).collect();
-    with_and_without(name, "memory", &lengths, |len, carry, pb| {
-        let (loss, n) = variorum_train::eval::stream_loss(&run.model, ids, len, STREAMS, carry, None, device, Some(pb));
-        if n == 0 {
-            bail!("{} tokens are fewer than {STREAMS} streams of one {len}-token segment", ids.len());
-        }
-        Ok((loss, n))
-    })
+    with_and_without(name, "memory", &lengths, |len, carry, pb| streams(run, ids, len, carry, None, device, pb))
+}
+
+/// [`STREAMS`] ordered streams of `ids` read in segments of `len` ([`stream_loss`]), or an
+/// error when the text is too short for one segment each.
+///
+/// [`stream_loss`]: variorum_train::eval::stream_loss
+fn streams(
+    run: &Run,
+    ids: &[u32],
+    len: usize,
+    carry: bool,
+    retrieved: Option<&variorum_train::spalm::Retrieved>,
+    device: &burn::prelude::Device,
+    pb: &progress::ProgressBar,
+) -> Result<(f64, usize)> {
+    let (loss, n) =
+        variorum_train::eval::stream_loss(&run.model, ids, len, STREAMS, carry, retrieved, device, Some(pb));
+    if n == 0 {
+        bail!("{} tokens are fewer than {STREAMS} streams of one {len}-token segment", ids.len());
+    }
+    Ok((loss, n))
 }
 
 /// The neighbour table of `ids` among those of `run`'s datastore (`data.neighbours`): its
@@ -346,12 +361,7 @@ fn eval_long_term(
     let lengths: Vec<(usize, u64)> = lengths.iter().map(|&len| (len, stream_windows(ids.len(), len))).collect();
     let carry = run.model.has_memory();
     with_and_without(name, "retrieval", &lengths, |len, retrieve, pb| {
-        let r = retrieve.then_some(&retrieved);
-        let (loss, n) = variorum_train::eval::stream_loss(&run.model, ids, len, STREAMS, carry, r, device, Some(pb));
-        if n == 0 {
-            bail!("{} tokens are fewer than {STREAMS} streams of one {len}-token segment", ids.len());
-        }
-        Ok((loss, n))
+        streams(run, ids, len, carry, retrieve.then_some(&retrieved), device, pb)
     })
 }
 

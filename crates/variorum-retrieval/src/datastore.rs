@@ -137,21 +137,27 @@ impl Meta {
         let meta: Meta = serde_json::from_str(&text).map_err(|e| {
             RetrievalError::invalid(&path, format!("is not a datastore description ({e}): the datastore is damaged"))
         })?;
-        if meta.format != FORMAT || meta.version != VERSION {
-            return Err(RetrievalError::invalid(
-                &path,
-                format!(
-                    "format {:?} version {}, where this build reads {FORMAT:?} version {VERSION}",
-                    meta.format, meta.version
-                ),
-            ));
-        }
+        check_format(&path, (&meta.format, meta.version), (FORMAT, VERSION))?;
         Ok(Some(meta))
     }
 
     fn write(&self, dir: &Path) -> Result<()> {
         write_json(dir, META_FILE, self)
     }
+}
+
+/// Refuses a description of another format or version than this build reads.
+pub(crate) fn check_format(path: &Path, found: (&str, u32), reads: (&str, u32)) -> Result<()> {
+    if found != reads {
+        return Err(RetrievalError::invalid(
+            path,
+            format!(
+                "format {:?} version {}, where this build reads {:?} version {}",
+                found.0, found.1, reads.0, reads.1
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Writes `value` as `dir/name` atomically: a temporary file, synced, renamed, the directory
@@ -374,6 +380,19 @@ impl DatastoreWriter {
     }
 }
 
+/// What the index returned as neighbours, every id checked against the `n` entries.
+fn found_entries(found: usearch::ffi::Matches, n: u64, index: &Path) -> Result<Vec<Neighbour>> {
+    if let Some(bad) = found.keys.iter().find(|&&id| id >= n) {
+        return Err(RetrievalError::invalid(
+            index,
+            format!(
+                "returned entry {bad} of a datastore of {n}: the index is damaged; remove the datastore and build it again"
+            ),
+        ));
+    }
+    Ok(found.keys.into_iter().zip(found.distances).map(|(id, distance)| Neighbour { id, distance }).collect())
+}
+
 /// Makes the renames in `dir` durable (a rename is an entry of the directory).
 pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(RetrievalError::io(dir))
@@ -555,13 +574,7 @@ impl Datastore {
                     None => self.index.search(q, k),
                 }
                 .map_err(|e| RetrievalError::index(&ip, e))?;
-                if let Some(bad) = found.keys.iter().find(|&&id| id >= n) {
-                    return Err(RetrievalError::invalid(
-                        &ip,
-                        format!("returned entry {bad} of a datastore of {n}: the index is damaged; remove the datastore and build it again"),
-                    ));
-                }
-                Ok(found.keys.into_iter().zip(found.distances).map(|(id, distance)| Neighbour { id, distance }).collect())
+                found_entries(found, n, &ip)
             })
             .collect()
     }
@@ -603,13 +616,7 @@ impl Datastore {
                     None => self.index.search(q, k),
                 }
                 .map_err(|e| RetrievalError::index(&ip, e))?;
-                if let Some(bad) = found.keys.iter().find(|&&id| id >= n) {
-                    return Err(RetrievalError::invalid(
-                        &ip,
-                        format!("returned entry {bad} of a datastore of {n}: the index is damaged; remove the datastore and build it again"),
-                    ));
-                }
-                Ok(found.keys.into_iter().zip(found.distances).map(|(id, distance)| Neighbour { id, distance }).collect())
+                found_entries(found, n, &ip)
             })
             .collect()
     }

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 use serde::{Deserialize, Serialize};
 
-use crate::datastore::{short, write_json};
+use crate::datastore::{check_format, short, write_json};
 use crate::error::{Result, RetrievalError};
 
 pub const TABLE_META: &str = "neighbours.json";
@@ -79,15 +79,7 @@ impl TableMeta {
         let meta: TableMeta = serde_json::from_str(&text).map_err(|e| {
             RetrievalError::invalid(&path, format!("is not a neighbour table description ({e}): the table is damaged"))
         })?;
-        if meta.format != FORMAT || meta.version != VERSION {
-            return Err(RetrievalError::invalid(
-                &path,
-                format!(
-                    "format {:?} version {}, where this build reads {FORMAT:?} version {VERSION}",
-                    meta.format, meta.version
-                ),
-            ));
-        }
+        check_format(&path, (&meta.format, meta.version), (FORMAT, VERSION))?;
         Ok(Some(meta))
     }
 
