@@ -536,6 +536,18 @@ impl Datastore {
         bytemuck::cast_slice(&self.values[..])
     }
 
+    /// Sets the index's `ef` for one batch of searches (usearch keeps it in the index: the
+    /// guard holds it until the batch ends), and returns how few admitted entries make a
+    /// filtered query scan them instead: a filter that admits few makes HNSW walk much of the
+    /// graph (it explores until `ef` candidates pass), and below √(ef · M · N) scanning costs
+    /// less.
+    fn begin_search(&self, ef: usize) -> (std::sync::MutexGuard<'_, ()>, u64) {
+        let guard = self.search_lock.lock().unwrap_or_else(|e| e.into_inner());
+        self.index.change_expansion_search(ef);
+        let m = self.meta.index.params.connectivity;
+        (guard, ((ef * m) as f64 * self.meta.entries as f64).sqrt() as u64)
+    }
+
     /// The `k` nearest entries of each query (rows of [`dim`](Self::dim)), nearest first,
     /// leaving out the entries in `exclude[i]` for query `i` (an empty range, or no range,
     /// leaves out none): a query from the datastore's own text skips the entries around its
@@ -555,12 +567,9 @@ impl Datastore {
             SearchMode::Exact => return Ok(search::exact_where(self.keys(), dim, queries, k, admit)),
             SearchMode::Approximate { ef } => ef.max(k),
         };
-        let _one_batch = self.search_lock.lock().unwrap_or_else(|e| e.into_inner());
-        self.index.change_expansion_search(ef);
+        let (_one_batch, exact_below) = self.begin_search(ef);
         let ip = self.dir.join(INDEX_FILE);
         let n = self.meta.entries;
-        // as in `search`: when the filter admits few entries, scanning them costs less
-        let exact_below = ((ef * self.meta.index.params.connectivity) as f64 * n as f64).sqrt() as u64;
         queries
             .par_chunks(dim)
             .enumerate()
@@ -596,13 +605,9 @@ impl Datastore {
             SearchMode::Exact => return Ok(search::exact(self.keys(), dim, queries, k, before)),
             SearchMode::Approximate { ef } => ef.max(k),
         };
-        let _one_batch = self.search_lock.lock().unwrap_or_else(|e| e.into_inner());
-        self.index.change_expansion_search(ef);
+        let (_one_batch, exact_below) = self.begin_search(ef);
         let ip = self.dir.join(INDEX_FILE);
         let n = self.meta.entries;
-        // a filter that admits few entries makes HNSW walk much of the graph (it explores until
-        // `ef` candidates pass): below √(ef · M · N) admitted entries, scanning them costs less
-        let exact_below = ((ef * self.meta.index.params.connectivity) as f64 * n as f64).sqrt() as u64;
         queries
             .par_chunks(dim)
             .enumerate()
