@@ -60,8 +60,8 @@ pub enum DatastoreCommand {
         #[arg(long, default_value_t = 8)]
         k: usize,
         /// In the datastore's own text, skip the entries within this many positions of the
-        /// query's (its own entry holds the token it predicts).
-        #[arg(long, default_value_t = 65_536)]
+        /// query's; 0 skips its own entry alone, which holds the token it predicts.
+        #[arg(long, default_value_t = 0)]
         exclude_radius: u64,
         /// HNSW candidates explored per query.
         #[arg(long, default_value_t = 64)]

@@ -5,9 +5,10 @@
 //! table is therefore searched once per split, with the datastore's own model
 //! ([`search_table`]), and a batch looks its rows up by position ([`Retrieved::ids`]). Searching
 //! the datastore's own text (the training split of the datastore's run), each position skips the
-//! entries within `exclude_radius` positions of its own: its own entry holds the very token it
-//! predicts, and its neighbours in the text would hand it the passage it is reading. Any other
-//! text (the validation split) searches the whole datastore.
+//! entries within `exclude_radius` positions of its own (0: its own entry alone, which holds the
+//! very token it predicts; more keeps the passage around it out too). Any other text (the
+//! validation split) searches the whole datastore; one that begins like the datastore's text is
+//! refused, since its positions would find their own continuations.
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -33,7 +34,8 @@ pub fn table_dir(datastore: &Path, split: &str) -> PathBuf {
 pub struct SearchSettings {
     /// Neighbours per position.
     pub k: usize,
-    /// Searching the datastore's own text: entries within this many positions are skipped.
+    /// Searching the datastore's own text: entries within this many positions are skipped (0:
+    /// the position's own entry alone).
     pub exclude_radius: u64,
     /// Candidates the HNSW search explores per query.
     pub ef: usize,
