@@ -672,7 +672,7 @@ fn spalm_searches_its_tables_trains_scores_and_generates() {
     assert!(variorum(&["datastore", "build", r], tmp.path()).status.success());
     let store = run.join("datastore-train");
     let s = store.to_str().unwrap();
-    // a table searched for another model's run is refused before anything is written
+    // a model whose tables were never searched is refused before anything is written
     let text = std::fs::read_to_string(&cfg).unwrap();
     let spalm_cfg = tmp.path().join("spalm.toml");
     let spalm = text.replace("[data]\n", &format!("[model.long_term_memory]\nk = 2\n\n[data]\nneighbours = \"{s}\"\n"));
@@ -705,4 +705,14 @@ fn spalm_searches_its_tables_trains_scores_and_generates() {
     );
     std::fs::write(tmp.path().join("other.txt"), "the summer of our winter is made now").unwrap();
     assert_clean_error(&variorum(&["eval", sr, "--data", "other.txt"], tmp.path()), "this text is neither");
+    // the datastore's run lost its weights: its tables still train a model, generation cannot
+    // query, and a training's closing sample goes without retrieval rather than failing the run
+    std::fs::remove_file(run.join("model.bpk")).unwrap();
+    std::fs::remove_dir_all(run.join("checkpoints")).unwrap();
+    let again = ["train", spalm_cfg.to_str().unwrap(), "--out", "again"];
+    let o = variorum(&again, tmp.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("note: the closing sample is written without retrieval"), "{}", stderr(&o));
+    assert!(tmp.path().join("again/summary.json").is_file());
+    assert_clean_error(&variorum(&["generate", sr, "--prompt", "now"], tmp.path()), "the run that built");
 }

@@ -468,9 +468,13 @@ fn learned(
             .iter()
             .filter(|w| w.reading == format!("with {what}"))
             .filter_map(|w| {
-                let without = eval
-                    .iter()
-                    .find(|o| o.reading == format!("without {what}") && o.seq_len == w.seq_len && o.data == w.data)?;
+                // the same weights: a later evaluation of one reading alone replaces that row only
+                let without = eval.iter().find(|o| {
+                    o.reading == format!("without {what}")
+                        && o.seq_len == w.seq_len
+                        && o.data == w.data
+                        && o.weights == w.weights
+                })?;
                 Some(format!(
                     "segments of {}: loss {} with {the}, {} without, gain {:.4} nats/token ({})",
                     w.seq_len,

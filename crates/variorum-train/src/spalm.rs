@@ -87,9 +87,9 @@ pub fn search_table(
         );
     }
     let r = settings.exclude_radius;
-    if own && r.saturating_mul(2).saturating_add(1) >= positions / 2 {
+    if own && r > 0 && r.saturating_mul(2).saturating_add(1) >= positions / 2 {
         bail!(
-            "--exclude-radius {r} leaves out more than half of the {positions} entries for every position of {text}: use a radius below {}",
+            "--exclude-radius {r} leaves out more than half of the {positions} entries for every position of {text}: use a radius below {}, or 0",
             positions / 4
         );
     }

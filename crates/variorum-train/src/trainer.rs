@@ -509,15 +509,22 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
             let written = crate::seq2seq::generate_from(&valid, &b.sources[0], &sample_cfg, &inner, |_| {});
             format!("source: {}\ntarget: {}\nmodel:  {}\n", show(&b.sources[0]), show(&target), show(&written))
         }
-        // a long-term memory retrieves as the sample grows
-        _ if cfg.model.long_term_memory.is_some() => {
-            let online = crate::spalm::OnlineNeighbours::open(&cfg, cfg.model.vocab(), &inner, 64)?;
-            let retrieval = crate::generate::Retrieval { knn: None, neighbours: Some(&online) };
-            let sample = crate::generate::generate_with(&valid, &prompt, &sample_cfg, retrieval, &inner, |_| {})?;
-            corpus.tokenizer.decode(&prompt) + &corpus.tokenizer.decode(&sample)
-        }
         _ => {
-            let sample = generate(&valid, &prompt, &sample_cfg, &inner, |_| {});
+            // a long-term memory retrieves as the sample grows; if its datastore cannot be read
+            // now, the sample goes without (the run's artefacts matter more than its sample)
+            let retrieving = cfg.model.long_term_memory.as_ref().map(|_| {
+                let online = crate::spalm::OnlineNeighbours::open(&cfg, cfg.model.vocab(), &inner, 64)?;
+                let retrieval = crate::generate::Retrieval { knn: None, neighbours: Some(&online) };
+                crate::generate::generate_with(&valid, &prompt, &sample_cfg, retrieval, &inner, |_| {})
+            });
+            let sample = match retrieving {
+                Some(Ok(sample)) => sample,
+                Some(Err(e)) => {
+                    eprintln!("note: the closing sample is written without retrieval: {e:#}");
+                    generate(&valid, &prompt, &sample_cfg, &inner, |_| {})
+                }
+                None => generate(&valid, &prompt, &sample_cfg, &inner, |_| {}),
+            };
             let mut text = corpus.tokenizer.decode(&prompt);
             text.push_str(&corpus.tokenizer.decode(&sample));
             text

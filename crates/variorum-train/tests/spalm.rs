@@ -1,6 +1,7 @@
 //! SPALM end to end (`variorum_train::spalm`, `variorum_model::long_term_memory`): neighbour
-//! tables searched with a trained run's datastore — the training split skipping each position's
-//! own neighbourhood, the validation split searching it whole — and a Transformer-XL model with
+//! tables searched with a trained run's datastore — the training split leaving out each
+//! position's own entry (or a band around it), the validation split searching it whole — and a
+//! Transformer-XL model with
 //! a long-term memory trained on them, scored with and without retrieval, and generating with
 //! neighbours searched as the text grows, the same ones the validation table holds.
 
@@ -48,7 +49,7 @@ fn datastore(dir: &Path) -> (Run, PathBuf) {
 /// Searching the datastore's own text, a radius as long as the text leaves nothing to retrieve;
 /// the validation split, another text, retrieves k everywhere; and a stopped search resumes.
 #[test]
-fn the_training_table_skips_each_positions_neighbourhood() {
+fn the_training_table_leaves_out_each_positions_own_entries() {
     let _guard = seeded();
     let tmp = tempfile::tempdir().unwrap();
     let (run, store_dir) = datastore(tmp.path());
@@ -61,17 +62,28 @@ fn the_training_table_skips_each_positions_neighbourhood() {
     assert!(val.rows(0, val.positions()).iter().all(|&v| v != NONE));
     let train = NeighbourTable::open(&spalm::table_dir(&store_dir, "train"), vocab).unwrap();
     assert_eq!(train.meta.origin.exclude_radius, Some(64));
-    // row p is what position p's own key retrieves outside p ± 64
+    // row p is what position p's own key retrieves outside p ± r: with r = 0 its own entry
+    // alone is left out (and a nearby one may be found), with r = 64 the band
     let dim = store.dim();
-    for p in (0..train.positions()).step_by(997) {
-        let band = p.saturating_sub(64) as u64..(p + 65) as u64;
-        let found = store
-            .search_excluding(&store.keys()[p * dim..(p + 1) * dim], 4, SearchMode::Approximate { ef: 64 }, &[band])
-            .unwrap();
-        let values: Vec<u32> = found[0].iter().map(|n| store.values()[n.id as usize]).collect();
-        assert_eq!(train.rows(p, 1), &values[..], "row {p}");
-        assert!(found[0].iter().all(|n| n.id.abs_diff(p as u64) > 64));
+    let own_dir = tmp.path().join("own");
+    let settings = SearchSettings { k: 4, exclude_radius: 0, ef: 64, chunk: 4096 };
+    assert!(
+        spalm::search_table(&store, &run, &corpus.train, "train", &own_dir, settings, |_, _| {}, &|| false).unwrap()
+    );
+    let own = NeighbourTable::open(&own_dir, vocab).unwrap();
+    let mut nearby = 0;
+    for (table, r) in [(&own, 0u64), (&train, 64)] {
+        for p in (0..table.positions()).step_by(97) {
+            let band = (p as u64).saturating_sub(r)..p as u64 + r + 1;
+            let q = &store.keys()[p * dim..(p + 1) * dim];
+            let found = store.search_excluding(q, 4, SearchMode::Approximate { ef: 64 }, &[band]).unwrap();
+            let values: Vec<u32> = found[0].iter().map(|n| store.values()[n.id as usize]).collect();
+            assert_eq!(table.rows(p, 1), &values[..], "row {p}, radius {r}");
+            assert!(found[0].iter().all(|n| n.id.abs_diff(p as u64) > r), "row {p}, radius {r}");
+            nearby += found[0].iter().filter(|n| r == 0 && n.id.abs_diff(p as u64) <= 64).count();
+        }
     }
+    assert!(nearby > 0, "radius 0 never found an entry near its own: does it leave out a band?");
     // a search stopped after its first chunk resumes to the same table, on both paths (the
     // datastore's own text and another, whose keys the encoder computes)
     for (split, ids, radius) in [("train", &corpus.train, 64), ("val", &corpus.val, 0)] {
