@@ -313,6 +313,42 @@ pub fn open_tables(datastore: &Path, corpus: &Corpus, vocab: usize, k: usize) ->
     Ok((open("train", &corpus.train)?, open("val", &corpus.val)?))
 }
 
+/// The file of a run directory recording which neighbour tables it trains on (their origins).
+pub const RUN_TABLES_FILE: &str = "neighbours.json";
+
+/// The origins of `tables` (training, validation), as a run records them.
+fn origins(tables: &(Retrieved, Retrieved)) -> Vec<TableOrigin> {
+    vec![tables.0.table.meta.origin.clone(), tables.1.table.meta.origin.clone()]
+}
+
+/// Refuses to resume the run in `run` on other tables than it started with (searched again with
+/// another k, radius, datastore or model since): a resumed run must read what it read before.
+pub fn check_resumed_tables(run: &Path, tables: &(Retrieved, Retrieved)) -> Result<()> {
+    let path = run.join(RUN_TABLES_FILE);
+    if !path.is_file() {
+        return Ok(());
+    }
+    let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+    let saved: Vec<TableOrigin> = serde_json::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("{} is not a list of neighbour table origins: {e}", path.display()))?;
+    if saved != origins(tables) {
+        bail!(
+            "data.neighbours: the tables in {} are not the ones the run started with ({}): search them again as before, or start a new run",
+            tables.0.table.dir.parent().unwrap_or(Path::new(".")).display(),
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// Records in `run` which tables it trains on.
+pub fn record_tables(run: &Path, tables: &(Retrieved, Retrieved)) -> Result<()> {
+    crate::checkpoint::write_atomic(
+        &run.join(RUN_TABLES_FILE),
+        serde_json::to_string_pretty(&origins(tables))?.as_bytes(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

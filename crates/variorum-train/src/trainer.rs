@@ -170,6 +170,9 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
         (Some(dir), Some(l)) => Some(crate::spalm::open_tables(dir, &corpus, cfg.model.vocab(), l.k)?),
         _ => None,
     };
+    if let (true, Some(tables)) = (opts.resume, &retrieved) {
+        crate::spalm::check_resumed_tables(run, tables)?;
+    }
     fs::create_dir_all(run).with_context(|| format!("cannot create run directory {}", run.display()))?;
     // one training per run directory, held to the end, before anything in it is written (a
     // second one that got past the checks above is refused here)
@@ -193,6 +196,9 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
             }
         }
         write_atomic(&path, serde_json::to_string_pretty(&tags.names)?.as_bytes())?;
+    }
+    if let Some(tables) = &retrieved {
+        crate::spalm::record_tables(run, tables)?;
     }
 
     let tc = cfg.train.clone();
