@@ -9,11 +9,14 @@
 //! causal row is empty (the first block's queries precede every summary); that is our choice,
 //! the paper leaves it open.
 //!
-//! Computed by blocks of ℓ: A⁽¹⁾ as a band over the query's block, the summaries as keys gathered
-//! for every block (c·L/ℓ of them), in one softmax: O(L·(ℓ + c·L/ℓ)) scores, O(L·√(cL)) with
-//! ℓ ≈ √(cL). Summary keys are gathered, so the position schemes are those acting through the
+//! Computed by blocks of ℓ: on the block-sparse kernel, each block scores its own block and the
+//! summaries of the blocks it may see (before it, when causal) as runs of its layout; off the
+//! kernel, A⁽¹⁾ as a band over the query's block and the summaries as keys gathered for every
+//! block (c·L/ℓ of them). One softmax: O(L·(ℓ + c·L/ℓ)) scores, O(L·√(cL)) with ℓ ≈ √(cL). Summary keys are gathered, so the position schemes are those acting through the
 //! distance (none, absolute, RoPE, ALiBi, T5). Decoding keeps every key (summaries reach back
 //! to 0) and scores a new token's own block and, as c views with a step of ℓ, the summaries.
+
+use std::ops::Range;
 
 use burn::prelude::*;
 use variorum_core::{Capabilities, ConfigError, error::check};
@@ -193,9 +196,38 @@ impl FixedAttention {
         let c = self.summary;
         let summaries = |_, _, slot: usize| Some((slot / c) * s + s - c + slot % c);
         let summary_heads = (0..h).any(|head| self.sees_of(head) != Sees::Block);
+        let per_head = self.head_sees.iter().any(|&x| x != self.head_sees[0]);
+        let groups = if per_head { h } else { 1 };
+        let sees = |g: usize| self.sees_of(if per_head { g } else { 0 });
+        // on the kernel, the pattern as it is: each block of ℓ queries scores its own block and
+        // the summaries of the blocks it may see (when causal, those before it only), with no
+        // key set built over every (query, summary) pair
+        let summaries_of = |j: usize| j * s + s - c..((j + 1) * s).min(len);
+        let runs = |g: usize, i: usize| {
+            let mut runs = vec![i * s..((i + 1) * s).min(len)];
+            if sees(g) != Sees::Block {
+                runs.extend((0..if causal { i } else { n }).filter(|&j| j != i).map(summaries_of));
+            }
+            runs
+        };
+        let visible = |g: usize, q: usize, out: &mut Vec<Range<usize>>| {
+            let own = q - q % s..(q - q % s + s).min(len);
+            match sees(g) {
+                Sees::Block => out.push(own),
+                Sees::Both => {
+                    out.push(own);
+                    out.extend((0..n).map(summaries_of));
+                }
+                Sees::Summaries => {
+                    out.push(q..q + 1);
+                    out.extend((0..n).map(summaries_of));
+                }
+            }
+        };
+        if let Some(context) = crate::sparse_kernel::layout_context(&self.attention, p, s, groups, runs, visible) {
+            return PatternCall::output(&self.attention, context);
+        }
         let context = if summary_heads {
-            let per_head = self.head_sees.iter().any(|&x| x != self.head_sees[0]);
-            let groups = if per_head { h } else { 1 };
             let keys = KeySet::new(groups, len, s, n * c, summaries, |g, q, k| {
                 let head = if per_head { g } else { 0 };
                 match self.sees_of(head) {

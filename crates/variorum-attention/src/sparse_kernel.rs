@@ -54,6 +54,44 @@ pub fn context(mha: &MultiHeadAttention, p: &Projected, pattern: &Pattern, globa
     )
 }
 
+/// The context `[b, h, len, d_h]` of a pattern given as the kernel's layout directly, for a kind
+/// whose pattern is simplest said that way: for each group of heads and block of `block` queries
+/// the `runs` of keys it scores, and the keys each query of a group sees (`visible`, which may
+/// reach past the query: the causal cut and `max_back` are applied here). `None` where the kernel
+/// does not apply (the conditions of [`context`]) or off flex.
+pub fn layout_context(
+    mha: &MultiHeadAttention,
+    p: &Projected,
+    block: usize,
+    groups: usize,
+    runs: impl Fn(usize, usize) -> Vec<Range<usize>> + Sync,
+    visible: impl Fn(usize, usize, &mut Vec<Range<usize>>) + Sync,
+) -> Option<Tensor<4>> {
+    let position_ok = mha.position.as_ref().is_none_or(|pos| pos.works_on_gathered_keys());
+    if !applies(mha, p) || !position_ok {
+        return None;
+    }
+    let l = p.q.dims()[2];
+    let (causal, far) = (p.layout.causal, p.max_back.unwrap_or(usize::MAX));
+    let clipped = |g: usize, q: usize, out: &mut Vec<Range<usize>>| {
+        let from = out.len();
+        visible(g, q, out);
+        let (lo, hi) = (q.saturating_sub(far), if causal { q + 1 } else { l });
+        for r in &mut out[from..] {
+            *r = r.start.max(lo)..r.end.min(hi);
+        }
+    };
+    let layout = Arc::new(SparseLayout::new(l, l, block.max(1), groups, runs, clipped));
+    let (bias, norm) = (distance_bias(mha, p), mha.normaliser.row);
+    run(
+        mha,
+        p,
+        bias,
+        |qkv, heads, scale, bias| block_sparse_self_attention(qkv, heads, scale, bias, layout.clone(), norm),
+        |q, bias| block_sparse_attention(q, p.k.clone(), p.v.clone(), bias, layout.clone(), norm),
+    )
+}
+
 /// The context `[b, h, len, d_h]` of the union of `pieces` ([`block_sparse_union`]: patterns
 /// over different slots of the positions, one softmax) by the kernel; `None` where it does not
 /// apply — the conditions of [`context`] and softmax — or off flex.

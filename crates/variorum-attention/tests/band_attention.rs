@@ -266,7 +266,7 @@ fn strided_decoding_gathers_what_the_parallel_forward_sees() {
 /// gradient for T5, temperatures folded into q), causal and bidirectional.
 #[test]
 fn the_kernel_path_and_the_composed_path_agree_with_their_gradients() {
-    use variorum_attention::{BigBirdConfig, StridedCombine, StridedConfig};
+    use variorum_attention::{BigBirdConfig, FixedConfig, StridedCombine, StridedConfig};
     let dev = Device::flex().autodiff();
     dev.seed(5);
     let kinds = [
@@ -292,6 +292,28 @@ fn the_kernel_path_and_the_composed_path_agree_with_their_gradients() {
                 global_tokens: 16,
                 ..Default::default()
             }),
+        ),
+        // the fixed pattern's layout given directly: own block and summaries, split heads, and
+        // the odd layer of `alternate` (summaries and the query itself); a partial last block
+        ("fixed union", AttentionConfig::Fixed(FixedConfig { stride: 16, summary: 4, ..Default::default() })),
+        (
+            "fixed heads",
+            AttentionConfig::Fixed(FixedConfig {
+                stride: 12,
+                summary: 3,
+                combine: StridedCombine::Heads,
+                ..Default::default()
+            }),
+        ),
+        (
+            "fixed alternate, odd layer",
+            AttentionConfig::Fixed(FixedConfig {
+                stride: 20,
+                summary: 2,
+                combine: StridedCombine::Alternate,
+                ..Default::default()
+            })
+            .for_layer(1),
         ),
     ];
     let x0: Tensor<3> = Tensor::random([2, 150, D], Distribution::Normal(0.0, 1.0), &dev);
