@@ -42,7 +42,11 @@ pub fn context(mha: &MultiHeadAttention, p: &Projected, pattern: &Pattern, globa
     if pattern.extra.is_some_and(|set| set.block != bs || set.blocks != l.div_ceil(bs)) {
         return None;
     }
-    let layout = layout(pattern, global, h, l, p.layout.causal, p.max_back);
+    on_layout(mha, p, layout(pattern, global, h, l, p.layout.causal, p.max_back))
+}
+
+/// The kernel over one layout, with the position scheme's distance bias.
+fn on_layout(mha: &MultiHeadAttention, p: &Projected, layout: SparseLayout) -> Option<Tensor<4>> {
     let bias = distance_bias(mha, p);
     let (layout, norm) = (Arc::new(layout), mha.normaliser.row);
     run(
@@ -81,15 +85,7 @@ pub fn layout_context(
             *r = r.start.max(lo)..r.end.min(hi);
         }
     };
-    let layout = Arc::new(SparseLayout::new(l, l, block.max(1), groups, runs, clipped));
-    let (bias, norm) = (distance_bias(mha, p), mha.normaliser.row);
-    run(
-        mha,
-        p,
-        bias,
-        |qkv, heads, scale, bias| block_sparse_self_attention(qkv, heads, scale, bias, layout.clone(), norm),
-        |q, bias| block_sparse_attention(q, p.k.clone(), p.v.clone(), bias, layout.clone(), norm),
-    )
+    on_layout(mha, p, SparseLayout::new(l, l, block.max(1), groups, runs, clipped))
 }
 
 /// The context `[b, h, len, d_h]` of the union of `pieces` ([`block_sparse_union`]: patterns

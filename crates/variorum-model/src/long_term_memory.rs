@@ -104,11 +104,11 @@ impl LongTermMemory {
         let m = (weights.unsqueeze_dim::<4>(3) * y).sum_dim(2).squeeze_dim::<3>(2);
         // no neighbour at all: the gate is 1, z = h exactly
         let none = present.bool_not().all_dim(2);
-        let g = sigmoid(self.gate.forward(h.clone())).mask_fill(none, 1.0);
+        let g = self.gate_values(h.clone()).unsqueeze_dim::<3>(2).mask_fill(none, 1.0);
         h * g.clone() + m * g.neg().add_scalar(1.0)
     }
 
-    /// The gate's value g_t at every position of `h` (`[batch, len]`), for reports.
+    /// The gate g_t at every position of `h` (`[batch, len]`).
     pub fn gate_values(&self, h: Tensor<3>) -> Tensor<2> {
         sigmoid(self.gate.forward(h)).squeeze_dim::<2>(2)
     }

@@ -559,33 +559,18 @@ impl Datastore {
         mode: SearchMode,
         exclude: &[std::ops::Range<u64>],
     ) -> Result<Vec<Vec<Neighbour>>> {
-        let dim = self.dim();
-        assert_eq!(queries.len() % dim, 0, "queries of {dim} values");
-        let admit = |i: usize, id: u64| exclude.get(i).is_none_or(|r| !r.contains(&id));
-        let k = k.min(self.len());
-        let ef = match mode {
-            SearchMode::Exact => return Ok(search::exact_where(self.keys(), dim, queries, k, admit)),
-            SearchMode::Approximate { ef } => ef.max(k),
-        };
-        let (_one_batch, exact_below) = self.begin_search(ef);
-        let ip = self.dir.join(INDEX_FILE);
         let n = self.meta.entries;
-        queries
-            .par_chunks(dim)
-            .enumerate()
-            .map(|(i, q)| {
-                let found = match exclude.get(i).filter(|r| !r.is_empty()) {
-                    Some(r) if n - (r.end.min(n) - r.start.min(n)) < exact_below => {
-                        let admit = |_: usize, id: u64| !r.contains(&id);
-                        return Ok(search::exact_where(self.keys(), dim, q, k, admit).swap_remove(0));
-                    }
-                    Some(_) => self.index.filtered_search(q, k, |id| admit(i, id)),
-                    None => self.index.search(q, k),
-                }
-                .map_err(|e| RetrievalError::index(&ip, e))?;
-                found_entries(found, n, &ip)
-            })
-            .collect()
+        let band = |i: usize| exclude.get(i).filter(|r| !r.is_empty());
+        let admit = |i: usize, id: u64| band(i).is_none_or(|r| !r.contains(&id));
+        self.search_where(
+            queries,
+            k,
+            mode,
+            |i| band(i).map(|r| n - (r.end.min(n) - r.start.min(n))),
+            admit,
+            |qs, k| search::exact_where(self.keys(), self.dim(), qs, k, admit),
+            |i, q, k| search::exact_where(self.keys(), self.dim(), q, k, |_, id| admit(i, id)),
+        )
     }
 
     /// The `k` nearest entries of each query (rows of [`dim`](Self::dim)), nearest first;
@@ -598,11 +583,41 @@ impl Datastore {
         mode: SearchMode,
         before: &[Option<u64>],
     ) -> Result<Vec<Vec<Neighbour>>> {
+        let bound = |i: usize| before.get(i).copied().flatten();
+        self.search_where(
+            queries,
+            k,
+            mode,
+            |i| bound(i).map(|b| b.min(self.meta.entries)),
+            |i, id| bound(i).is_none_or(|b| id < b),
+            |qs, k| search::exact(self.keys(), self.dim(), qs, k, before),
+            // the admitted entries are a prefix: scan it alone
+            |i, q, k| {
+                let b = bound(i).map_or(self.len(), |b| (b as usize).min(self.len()));
+                search::exact(&self.keys()[..b * self.dim()], self.dim(), q, k, &[])
+            },
+        )
+    }
+
+    /// The searches' shared body. Query `i` admits `admitted(i)` entries (`None`: every entry,
+    /// unfiltered), those with `admit(i, id)`. Exact mode is `scan_all(queries, k)` (which
+    /// compares blocks of queries with each key at once); the index's mode searches a query
+    /// that admits few by `scan(i, query, k)` instead.
+    fn search_where(
+        &self,
+        queries: &[f32],
+        k: usize,
+        mode: SearchMode,
+        admitted: impl Fn(usize) -> Option<u64> + Sync,
+        admit: impl Fn(usize, u64) -> bool + Sync,
+        scan_all: impl FnOnce(&[f32], usize) -> Vec<Vec<Neighbour>>,
+        scan: impl Fn(usize, &[f32], usize) -> Vec<Vec<Neighbour>> + Sync,
+    ) -> Result<Vec<Vec<Neighbour>>> {
         let dim = self.dim();
         assert_eq!(queries.len() % dim, 0, "queries of {dim} values");
         let k = k.min(self.len());
         let ef = match mode {
-            SearchMode::Exact => return Ok(search::exact(self.keys(), dim, queries, k, before)),
+            SearchMode::Exact => return Ok(scan_all(queries, k)),
             SearchMode::Approximate { ef } => ef.max(k),
         };
         let (_one_batch, exact_below) = self.begin_search(ef);
@@ -612,12 +627,9 @@ impl Datastore {
             .par_chunks(dim)
             .enumerate()
             .map(|(i, q)| {
-                let found = match before.get(i).copied().flatten() {
-                    Some(b) if b < exact_below => {
-                        let b = b.min(n) as usize;
-                        return Ok(search::exact(&self.keys()[..b * dim], dim, q, k, &[]).swap_remove(0));
-                    }
-                    Some(b) => self.index.filtered_search(q, k, |id| id < b),
+                let found = match admitted(i) {
+                    Some(a) if a < exact_below => return Ok(scan(i, q, k).swap_remove(0)),
+                    Some(_) => self.index.filtered_search(q, k, |id| admit(i, id)),
                     None => self.index.search(q, k),
                 }
                 .map_err(|e| RetrievalError::index(&ip, e))?;

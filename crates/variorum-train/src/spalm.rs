@@ -110,11 +110,7 @@ pub fn search_table(
     // the values of each query's neighbours, nearest first, padded with NONE
     let rows = |queries: &[f32], exclude: &[Range<u64>]| -> Result<Vec<u32>> {
         let found = store.search_excluding(queries, settings.k, mode, exclude)?;
-        let values = store.values();
-        Ok(found
-            .iter()
-            .flat_map(|f| (0..settings.k).map(|i| f.get(i).map_or(NONE, |n| values[n.id as usize])))
-            .collect())
+        Ok(found_values(store, &found, settings.k).map(|v| v.unwrap_or(NONE)).collect())
     };
     progress(writer.done(), positions);
     if own {
@@ -165,6 +161,16 @@ pub fn search_table(
         progress(done, positions);
     }
     Ok(true)
+}
+
+/// The values of each query's `k` neighbours in `found`, nearest first, `None` past those found.
+fn found_values<'a>(
+    store: &'a Datastore,
+    found: &'a [Vec<variorum_retrieval::Neighbour>],
+    k: usize,
+) -> impl Iterator<Item = Option<u32>> + 'a {
+    let values = store.values();
+    found.iter().flat_map(move |f| (0..k).map(move |i| f.get(i).map(|n| values[n.id as usize])))
 }
 
 /// A split's neighbour table and how many of each row a model reads.
@@ -270,11 +276,7 @@ impl OnlineNeighbours {
             p = end;
         }
         let found = self.store.search(&queries, self.k, SearchMode::Approximate { ef: self.ef }, &[])?;
-        let values = self.store.values();
-        Ok(found
-            .iter()
-            .flat_map(|f| (0..self.k).map(|i| f.get(i).map_or(-1, |n| i64::from(values[n.id as usize]))))
-            .collect())
+        Ok(found_values(&self.store, &found, self.k).map(|v| v.map_or(-1, i64::from)).collect())
     }
 }
 
