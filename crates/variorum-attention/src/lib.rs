@@ -67,6 +67,7 @@ pub mod sac;
 pub mod sinkhorn;
 pub mod sliding_window;
 pub mod sorted_chunks;
+pub mod sorted_kernel;
 pub mod sparse_kernel;
 pub mod state;
 pub mod strided;

@@ -23,6 +23,9 @@
 //! remembers every position's buckets, and a new token scores itself and the last m earlier
 //! positions of its bucket, per round (O(m) on the device per token).
 //!
+//! On flex without dropout the rounds run on the block-sparse kernel ([`crate::sorted_kernel`]):
+//! each round a piece over its sorted order, the pieces merged into the same one softmax.
+//!
 //! The rotations R are drawn per head and round from a ChaCha stream seeded by (`seed`, layer):
 //! fixed per layer and reproducible (the paper draws new ones for every forward).
 //! No relative position scheme applies (there is no score matrix to bias); absolute ones do. No
@@ -42,6 +45,7 @@ use crate::kernel;
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
 use crate::qkv::{normal_linear, split_heads};
 use crate::sorted_chunks::{RoundLayout, SortedItems, attend_picked, host, sorted_chunk_attention};
+use crate::sorted_kernel;
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache};
 
 crate::attention_config! {
@@ -194,7 +198,7 @@ impl LshAttention {
         assert!(input.key_value.is_none(), "lsh attention is self-attention only (shared queries and keys)");
         let causal = input.mask.causal;
         let (q, v) = self.project(input.query);
-        let [b, h, lq, hd] = q.dims();
+        let [b, h, lq, _] = q.dims();
         let context = match cache {
             None => self.attend_all(q, v, lq, causal),
             Some(cache) => {
@@ -206,19 +210,28 @@ impl LshAttention {
                 }
                 let (all_q, all_v) = cache.append(q.clone(), v);
                 if lq == 1 && causal && cache.tags.len() == cache.len() {
-                    self.decode_one(q, cache)
+                    merge_heads(self.decode_one(q, cache))
                 } else {
                     self.attend_all(all_q, all_v, lq, causal)
                 }
             }
         };
-        let context = context.swap_dims(1, 2).reshape([b, lq, h * hd]);
         AttentionOutput { context: self.out.forward(context), weights: None, aux_losses: Vec::new() }
     }
 
-    /// Every round over all positions; the outputs of the last `lq`, `[b, h, lq, hd]`.
-    fn attend_all(&self, q: Tensor<4>, v: Tensor<4>, lq: usize, causal: bool) -> Tensor<4> {
-        let [b, h, l, _] = q.dims();
+    /// Every round over all positions; the outputs of the last `lq`, heads merged, `[b, lq, h · hd]`.
+    fn attend_all(&self, q: Tensor<4>, v: Tensor<4>, lq: usize, causal: bool) -> Tensor<3> {
+        let [b, h, l, hd] = q.dims();
+        if self.dropout.prob == 0.0 && variorum_kernels::has_kernel(&q) {
+            // the kernel's keys carry the 1/√d of the scores: ‖q‖ · √d as one small divisor
+            let norm = q.clone().powf_scalar(2.0).sum_dim(3).sqrt().add_scalar(1e-6);
+            let keys = q.clone() / norm.mul_scalar((hd as f64).sqrt());
+            let buckets: Vec<Vec<i64>> = (0..self.rounds).map(|r| host(self.buckets(keys.clone(), r))).collect();
+            if let Some(context) = sorted_kernel::hash_rounds(q.clone(), keys, v.clone(), &buckets, self.chunk, causal)
+            {
+                return context.narrow(1, l - lq, lq);
+            }
+        }
         let keys = unit(q.clone());
         let position = Tensor::<1, Int>::arange(0..l as i64, &q.device()).reshape([1, 1, l]).expand([b, h, l]);
         // sorted by (bucket, position)
@@ -242,7 +255,7 @@ impl LshAttention {
             };
             sorted_chunk_attention(items, self.chunk, causal, Some(SELF_SCORE), &self.dropout)
         });
-        combine_rounds(rounds.collect()).narrow(2, l - lq, lq)
+        merge_heads(combine_rounds(rounds.collect()).narrow(2, l - lq, lq))
     }
 
     /// The newest position's query (causal) against the keys it sees, read from the buckets the
@@ -289,6 +302,12 @@ fn combine_rounds(mut rounds: Vec<(Tensor<4>, Tensor<4>)>) -> Tensor<4> {
     }
     let weights = softmax(Tensor::cat(rounds.iter().map(|(_, z)| z.clone()).collect(), 3), 3);
     rounds.into_iter().enumerate().map(|(r, (o, _))| o * weights.clone().narrow(3, r, 1)).reduce(|a, c| a + c).unwrap()
+}
+
+/// Per-head contexts `[b, h, l, d]` as `[b, l, h · d]`.
+fn merge_heads(context: Tensor<4>) -> Tensor<3> {
+    let [b, h, l, d] = context.dims();
+    context.swap_dims(1, 2).reshape([b, l, h * d])
 }
 
 /// x / ‖x‖ over the last dimension.

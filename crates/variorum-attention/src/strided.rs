@@ -324,7 +324,7 @@ impl StridedAttention {
                     }
                 },
             );
-            pieces.push(SparsePiece { layout: Arc::new(band), slots: Slots::Positions });
+            pieces.push(SparsePiece::over(Arc::new(band), Slots::Positions));
         }
         if (0..groups).any(columns) {
             // the residue classes end to end, each a whole number of blocks: slot c·m + i is
@@ -363,7 +363,7 @@ impl StridedAttention {
                     }
                 },
             );
-            pieces.push(SparsePiece { layout: Arc::new(column), slots: classes });
+            pieces.push(SparsePiece::over(Arc::new(column), classes));
         }
         Arc::new(pieces)
     }

@@ -191,3 +191,41 @@ fn decoding_token_by_token_equals_the_full_forward() {
         assert!(gap < 1e-4, "{buckets} buckets, {rounds} rounds, chunk {chunk}: {gap}");
     }
 }
+
+/// On flex (no dropout) LSH runs on the block-sparse kernel ([`variorum_attention::sorted_kernel`]):
+/// the kernel path equals the composed one with the kernels off — output, input gradient and the
+/// projection's gradient — causal and bidirectional, one to three rounds, chunks that wrap, a
+/// length that is not a multiple of the chunk, two batch rows.
+#[test]
+fn the_kernel_path_equals_the_composed_path_with_gradients() {
+    let _guard = common::seeded();
+    let dev = Device::flex().autodiff();
+    for (buckets, rounds, chunk, len) in [(4, 1, 3, 23), (4, 2, 4, 21), (2, 3, 5, 70), (8, 2, 64, 130)] {
+        let attn = layer(buckets, rounds, chunk, &dev);
+        let x = input(2, len, &dev);
+        dev.seed(9);
+        let w: Tensor<3> = Tensor::random([2, len, D], Distribution::Normal(0.0, 1.0), &dev);
+        for causal in [true, false] {
+            let what = format!("{buckets} buckets, {rounds} rounds, chunk {chunk}, len {len}, causal {causal}");
+            let grads_of = |kernels: bool| {
+                let x = x.clone().require_grad();
+                let before = variorum_kernels::block_sparse::calls();
+                let y = match kernels {
+                    true => run(&attn, x.clone(), causal),
+                    false => variorum_kernels::without_kernels(|| run(&attn, x.clone(), causal)),
+                };
+                assert_eq!(variorum_kernels::block_sparse::calls() > before, kernels, "{what}: kernel use");
+                let grads = (y.clone() * w.clone()).sum().backward();
+                let dqv = attn.qv.weight.grad(&grads).unwrap();
+                (y, x.grad(&grads).unwrap(), dqv)
+            };
+            let ((y1, dx1, dw1), (y2, dx2, dw2)) = (grads_of(true), grads_of(false));
+            let rel = |a: Tensor<3>, b: Tensor<3>| {
+                ((a.clone() - b).abs().max().into_scalar::<f32>()) / a.abs().max().into_scalar::<f32>().max(1e-6)
+            };
+            assert!(rel(y1, y2) < 1e-5, "output, {what}");
+            assert!(rel(dx1, dx2) < 1e-4, "input gradient, {what}");
+            assert!(rel(dw1.unsqueeze(), dw2.unsqueeze()) < 1e-4, "projection gradient, {what}");
+        }
+    }
+}

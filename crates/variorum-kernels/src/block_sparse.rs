@@ -255,11 +255,28 @@ pub fn block_sparse_self_attention(
     })
 }
 
-/// One layout of a union ([`block_sparse_union`]) and the positions its slots stand for.
+/// One layout of a union ([`block_sparse_union`]) and the positions its slots stand for: by
+/// `slots`, or, where no stride gives the order, by a [`Permutation`] (then `slots` is
+/// [`Slots::Positions`]).
 #[derive(Debug, Clone)]
 pub struct SparsePiece {
     pub layout: Arc<SparseLayout>,
     pub slots: Slots,
+    pub order: Option<Arc<Permutation>>,
+}
+
+/// The position each query slot and each key slot of a piece stands for, per pattern of its
+/// layout (`queries[g · L + s]`, `keys[g · L + s]`: for each pattern g a permutation of the L
+/// positions). A permuted piece's layout may have one pattern per head and batch row
+/// (`groups` = b · h, pattern bi · h + hi), since an order computed from the content differs
+/// between rows.
+/// A block's queries and keys are gathered into scratch and its results scattered back, so any
+/// order works — LSH's hash rounds, where each head sorts its positions by bucket, so that what a
+/// query sees is a band of slots. Softmax or the other row normalisers; no distance bias.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Permutation {
+    pub queries: Vec<u32>,
+    pub keys: Vec<u32>,
 }
 
 /// Which position each slot of a layout stands for. Slots are read in place (a residue class is
@@ -302,7 +319,17 @@ pub type Pieces = Arc<Vec<SparsePiece>>;
 impl SparsePiece {
     /// One layout over the positions in order: the whole pattern.
     pub fn only(layout: Arc<SparseLayout>) -> Pieces {
-        Arc::new(vec![Self { layout, slots: Slots::Positions }])
+        Arc::new(vec![Self::over(layout, Slots::Positions)])
+    }
+
+    /// A layout over `slots`.
+    pub fn over(layout: Arc<SparseLayout>, slots: Slots) -> Self {
+        Self { layout, slots, order: None }
+    }
+
+    /// A layout over the slots of `order`.
+    pub fn permuted(layout: Arc<SparseLayout>, order: Arc<Permutation>) -> Self {
+        Self { layout, slots: Slots::Positions, order: Some(order) }
     }
 }
 
@@ -422,10 +449,22 @@ fn check_pieces(pieces: &[SparsePiece], h: usize, l: usize) {
             ),
             Slots::Positions => assert!(lq == l, "a piece in position order covers the L positions"),
         }
-        assert!(
-            piece.layout.groups == 1 || piece.layout.groups == h,
-            "a sparse layout has one pattern or one per head"
-        );
+        let groups = piece.layout.groups;
+        if let Some(order) = &piece.order {
+            let n = groups * l;
+            assert!(
+                piece.slots == Slots::Positions && order.queries.len() == n && order.keys.len() == n,
+                "a permutation lists every position per pattern, over slots in position order"
+            );
+            let ok = |v: &[u32]| v.iter().all(|&p| (p as usize) < l);
+            assert!(ok(&order.queries) && ok(&order.keys), "a permutation lists positions below L");
+            assert!(
+                groups % h == 0 || groups == 1,
+                "a permuted layout has one pattern, one per head or per head and row"
+            );
+        } else {
+            assert!(groups == 1 || groups == h, "a sparse layout has one pattern or one per head");
+        }
     }
 }
 
@@ -846,6 +885,280 @@ mod flex {
         Some(total)
     }
 
+    /// One piece's forward: over views, or gathered through its permutation.
+    fn forward_piece(
+        views: [&Heads; 3],
+        scale: f32,
+        bias: Option<&[f32]>,
+        piece: &SparsePiece,
+        norm: RowNormaliser,
+    ) -> (FlexTensor, FlexTensor) {
+        match &piece.order {
+            None => forward_views(views, scale, bias, (&piece.layout, piece.slots), norm),
+            Some(order) => {
+                assert!(bias.is_none(), "a permuted piece takes no distance bias");
+                forward_permuted(views, scale, (&piece.layout, order), norm)
+            }
+        }
+    }
+
+    /// Copies rows `positions` of a head (`base`, strides (row, column)) into `dst`, `dh` each.
+    fn gather_rows(base: *const f32, (rs, cs): (isize, isize), positions: &[usize], dh: usize, dst: &mut [f32]) {
+        for (&pos, row) in positions.iter().zip(dst.chunks_exact_mut(dh)) {
+            let at = base.wrapping_offset(pos as isize * rs);
+            // SAFETY: `pos` is a position of the head, so its dh entries lie inside the tensor
+            row.iter_mut().enumerate().for_each(|(d, x)| *x = unsafe { *at.wrapping_offset(d as isize * cs) });
+        }
+    }
+
+    /// Adds `src`'s rows (`dh` each) into rows `positions` of a destination head (`base`, row
+    /// stride `rs`, columns contiguous).
+    fn scatter_add_rows(base: *mut f32, rs: isize, positions: &[usize], dh: usize, src: &[f32]) {
+        for (&pos, row) in positions.iter().zip(src.chunks_exact(dh)) {
+            let at = base.wrapping_offset(pos as isize * rs);
+            // SAFETY: the row belongs to this task's head; nothing else writes it meanwhile
+            row.iter().enumerate().for_each(|(d, &x)| unsafe { *at.add(d) += x });
+        }
+    }
+
+    /// The pattern of a permuted layout that head `hi` of batch row `bi` uses.
+    fn pattern(layout: &SparseLayout, sh: &Shape, bi: usize, hi: usize) -> usize {
+        match layout.groups {
+            1 => 0,
+            g if g == sh.h => hi,
+            g => {
+                assert_eq!(g, sh.b * sh.h, "a permuted layout has one pattern, one per head or per head and row");
+                bi * sh.h + hi
+            }
+        }
+    }
+
+    /// The positions of a permuted piece's cell: its query rows (block `q0`, `rows` of them) and
+    /// its keys (the runs' slots in column order), for pattern `pat`.
+    fn permuted_positions(
+        layout: &SparseLayout,
+        order: &Permutation,
+        (pat, c): (usize, usize),
+        (q0, rows): (usize, usize),
+        (qpos, kpos): (&mut Vec<usize>, &mut Vec<usize>),
+    ) {
+        let l = layout.len_q;
+        qpos.clear();
+        qpos.extend(order.queries[pat * l + q0..][..rows].iter().map(|&p| p as usize));
+        kpos.clear();
+        for &(k0, k1) in layout.runs(c) {
+            kpos.extend(order.keys[pat * l + k0 as usize..pat * l + k1 as usize].iter().map(|&p| p as usize));
+        }
+    }
+
+    /// One block's scores against its gathered keys into `s` (rows × width), hidden pairs at
+    /// [`HIDDEN`].
+    fn gathered_scores(
+        layout: &SparseLayout,
+        c: usize,
+        qs: &[f32],
+        ks: &[f32],
+        (rows, width, dh): (usize, usize, usize),
+        scale: f32,
+        s: &mut [f32],
+    ) {
+        // SAFETY: qs holds rows × dh, ks width × dh, s rows × width
+        unsafe {
+            gemm(
+                (rows, width, dh),
+                s.as_mut_ptr(),
+                width as isize,
+                false,
+                qs.as_ptr(),
+                (dh as isize, 1),
+                ks.as_ptr(),
+                (1, dh as isize),
+                scale,
+            )
+        };
+        for (r, row) in s.chunks_exact_mut(width).enumerate() {
+            for_hidden(layout.row_bits(c, r), row, |x| *x = HIDDEN);
+        }
+    }
+
+    /// [`forward_views`] for a piece over a [`Permutation`]: per block, the query rows and the
+    /// keys and values of its runs are gathered into scratch (one GEMM over all of them), and the
+    /// output rows and log-sum-exps are written at the queries' positions.
+    fn forward_permuted(
+        [q, k, v]: [&Heads; 3],
+        scale: f32,
+        (layout, order): (&SparseLayout, &Permutation),
+        norm: RowNormaliser,
+    ) -> (FlexTensor, FlexTensor) {
+        let sh = Shape::of(q, k, v);
+        let (g, dh, bs, len) = (sh.h / sh.h_kv, sh.dh, layout.block, sh.lq);
+        let mut out = vec![0.0f32; sh.b * len * sh.h * dh];
+        let mut lse = vec![f32::NEG_INFINITY; sh.b * sh.h * len];
+        let (out_ptr, lse_ptr) = (Shared(out.as_mut_ptr()), Shared(lse.as_mut_ptr()));
+        let wmax = layout.max_width();
+        (0..sh.b * sh.h_kv).into_par_iter().for_each(|task| {
+            let (bi, kv) = (task / sh.h_kv, task % sh.h_kv);
+            let (kp, vp) = (k.head(bi, kv), v.head(bi, kv));
+            let (mut qs, mut os) = (vec![0.0f32; bs * dh], vec![0.0f32; bs * dh]);
+            let (mut ks, mut vs) = (vec![0.0f32; wmax * dh], vec![0.0f32; wmax * dh]);
+            let (mut s, mut l) = (vec![0.0f32; bs * wmax], vec![0.0f32; bs]);
+            let mut scratch: Vec<f32> = Vec::with_capacity(if norm.needs_threshold() { wmax } else { 0 });
+            let (mut qpos, mut kpos) = (Vec::with_capacity(bs), Vec::with_capacity(wmax));
+            for hi in kv * g..(kv + 1) * g {
+                let (qp, pat) = (q.head(bi, hi), pattern(layout, &sh, bi, hi));
+                for (q0, c, width, at) in scored_blocks((layout, Slots::Positions, len), pat) {
+                    let rows = at.rows;
+                    permuted_positions(layout, order, (pat, c), (q0, rows), (&mut qpos, &mut kpos));
+                    let (qs, os) = (&mut qs[..rows * dh], &mut os[..rows * dh]);
+                    let (ks, vs) = (&mut ks[..width * dh], &mut vs[..width * dh]);
+                    let (s, l) = (&mut s[..rows * width], &mut l[..rows]);
+                    gather_rows(qp, (q.rs(), q.cs()), &qpos, dh, qs);
+                    gather_rows(kp, (k.rs(), k.cs()), &kpos, dh, ks);
+                    gather_rows(vp, (v.rs(), v.cs()), &kpos, dh, vs);
+                    gathered_scores(layout, c, qs, ks, (rows, width, dh), scale, s);
+                    normalise_rows(norm, s, width, |_| width, l, &mut scratch);
+                    clear_hidden(layout, c, s);
+                    let (dhs, ws) = (dh as isize, width as isize);
+                    // SAFETY: s holds rows × width, vs width × dh, os rows × dh
+                    unsafe {
+                        gemm(
+                            (rows, dh, width),
+                            os.as_mut_ptr(),
+                            dhs,
+                            false,
+                            s.as_ptr(),
+                            (ws, 1),
+                            vs.as_ptr(),
+                            (dhs, 1),
+                            1.0,
+                        )
+                    };
+                    for (r, &pos) in qpos.iter().enumerate() {
+                        // SAFETY: row (bi, pos) of head hi, in out and lse, belongs to this task
+                        unsafe {
+                            *lse_ptr.at((bi * sh.h + hi) * len + pos) = l[r];
+                            let o = out_ptr.at((bi * len + pos) * sh.h * dh + hi * dh);
+                            std::ptr::copy_nonoverlapping(os[r * dh..].as_ptr(), o, dh);
+                        }
+                    }
+                }
+            }
+        });
+        let lse = FlexTensor::from_data(TensorData::new(lse, [sh.b, sh.h, len]));
+        (FlexTensor::from_data(TensorData::new(out, [sh.b, len, sh.h * dh])), lse)
+    }
+
+    /// [`backward_views`] for a piece over a [`Permutation`] (no bias), gathering as
+    /// [`forward_permuted`] does and adding the gradients back at the positions.
+    fn backward_permuted(
+        [qh, kh, vh]: [&Heads; 3],
+        scale: f32,
+        (out, lse, grad): (&FlexTensor, &[f32], &FlexTensor),
+        (layout, order): (&SparseLayout, &Permutation),
+        norm: RowNormaliser,
+        [dq, dk, dv]: [Dest; 3],
+    ) {
+        let sh = Shape::of(qh, kh, vh);
+        let (g, dh, bs, len) = (sh.h / sh.h_kv, sh.dh, layout.block, sh.lq);
+        let (out, grad) = (out.to_contiguous(), grad.to_contiguous());
+        let (o, dout) = (out.storage::<f32>(), grad.storage::<f32>());
+        let wmax = layout.max_width();
+        let (dhs, out_rs) = (dh as isize, (sh.h * dh) as isize);
+        (0..sh.b * sh.h_kv).into_par_iter().for_each(|task| {
+            let (bi, kv) = (task / sh.h_kv, task % sh.h_kv);
+            let (kp, vp) = (kh.head(bi, kv), vh.head(bi, kv));
+            let (dkp, dvp) = (dk.head(bi, kv), dv.head(bi, kv));
+            let [mut qs, mut os, mut dos, mut dqs] = std::array::from_fn(|_| vec![0.0f32; bs * dh]);
+            let [mut ks, mut vs, mut dks, mut dvs] = std::array::from_fn(|_| vec![0.0f32; wmax * dh]);
+            let (mut p, mut ds, mut l) = (vec![0.0f32; bs * wmax], vec![0.0f32; bs * wmax], vec![0.0f32; bs]);
+            let (mut qpos, mut kpos) = (Vec::with_capacity(bs), Vec::with_capacity(wmax));
+            for hi in kv * g..(kv + 1) * g {
+                let (qp, pat) = (qh.head(bi, hi), pattern(layout, &sh, bi, hi));
+                let (o_h, dout_h) =
+                    (o[bi * len * sh.h * dh + hi * dh..].as_ptr(), dout[bi * len * sh.h * dh + hi * dh..].as_ptr());
+                for (q0, c, width, at) in scored_blocks((layout, Slots::Positions, len), pat) {
+                    let rows = at.rows;
+                    permuted_positions(layout, order, (pat, c), (q0, rows), (&mut qpos, &mut kpos));
+                    let (qs, os, dos, dqs) =
+                        (&mut qs[..rows * dh], &mut os[..rows * dh], &mut dos[..rows * dh], &mut dqs[..rows * dh]);
+                    let (ks, vs) = (&mut ks[..width * dh], &mut vs[..width * dh]);
+                    let (dks, dvs) = (&mut dks[..width * dh], &mut dvs[..width * dh]);
+                    let (p, ds, l) = (&mut p[..rows * width], &mut ds[..rows * width], &mut l[..rows]);
+                    gather_rows(qp, (qh.rs(), qh.cs()), &qpos, dh, qs);
+                    gather_rows(kp, (kh.rs(), kh.cs()), &kpos, dh, ks);
+                    gather_rows(vp, (vh.rs(), vh.cs()), &kpos, dh, vs);
+                    gather_rows(o_h, (out_rs, 1), &qpos, dh, os);
+                    gather_rows(dout_h, (out_rs, 1), &qpos, dh, dos);
+                    for (x, &pos) in l.iter_mut().zip(&qpos) {
+                        *x = lse[(bi * sh.h + hi) * len + pos];
+                    }
+                    gathered_scores(layout, c, qs, ks, (rows, width, dh), scale, p);
+                    recompute_rows(norm, p, width, |_| width, l);
+                    clear_hidden(layout, c, p);
+                    let ws = width as isize;
+                    // SAFETY (every gemm below): the scratch buffers hold the sizes named
+                    // dV = Pᵀ dO, dP = dO Vᵀ
+                    unsafe {
+                        gemm(
+                            (width, dh, rows),
+                            dvs.as_mut_ptr(),
+                            dhs,
+                            false,
+                            p.as_ptr(),
+                            (1, ws),
+                            dos.as_ptr(),
+                            (dhs, 1),
+                            1.0,
+                        );
+                        gemm(
+                            (rows, width, dh),
+                            ds.as_mut_ptr(),
+                            ws,
+                            false,
+                            dos.as_ptr(),
+                            (dhs, 1),
+                            vs.as_ptr(),
+                            (1, dhs),
+                            1.0,
+                        );
+                    }
+                    match norm {
+                        RowNormaliser::Softmax => score_gradients(ds, p, width, dos, os, 0, dh, dh),
+                        _ => normaliser_gradients(norm, ds, p, width, |_| width),
+                    }
+                    // dQ = scale · dS K, dK = scale · dSᵀ Q
+                    unsafe {
+                        gemm(
+                            (rows, dh, width),
+                            dqs.as_mut_ptr(),
+                            dhs,
+                            false,
+                            ds.as_ptr(),
+                            (ws, 1),
+                            ks.as_ptr(),
+                            (dhs, 1),
+                            scale,
+                        );
+                        gemm(
+                            (width, dh, rows),
+                            dks.as_mut_ptr(),
+                            dhs,
+                            false,
+                            ds.as_ptr(),
+                            (1, ws),
+                            qs.as_ptr(),
+                            (dhs, 1),
+                            scale,
+                        );
+                    }
+                    scatter_add_rows(dq.head(bi, hi), dq.rs(), &qpos, dh, dqs);
+                    scatter_add_rows(dkp, dk.rs(), &kpos, dh, dks);
+                    scatter_add_rows(dvp, dv.rs(), &kpos, dh, dvs);
+                }
+            }
+        });
+    }
+
     /// `pieces` over views: one piece is [`forward_views`]; a union is each piece on its own,
     /// merged by log-sum-exp (softmax, no bias).
     fn attend(
@@ -856,13 +1169,13 @@ mod flex {
         norm: RowNormaliser,
     ) -> (FlexTensor, FlexTensor) {
         if let [piece] = pieces {
-            return forward_views(views, scale, bias, (&piece.layout, piece.slots), norm);
+            return forward_piece(views, scale, bias, piece, norm);
         }
         assert!(norm == RowNormaliser::Softmax, "a union of patterns is softmax");
         let [b, h, l, dh] = views[0].dims;
         let (mut out, mut lse) = (vec![0.0f32; b * l * h * dh], vec![f32::NEG_INFINITY; b * h * l]);
         for piece in pieces {
-            let (part, part_lse) = forward_views(views, scale, bias, (&piece.layout, piece.slots), norm);
+            let (part, part_lse) = forward_piece(views, scale, bias, piece, norm);
             let (part, part_lse) = (part.storage::<f32>(), part_lse.storage::<f32>());
             for bi in 0..b {
                 for pos in 0..l {
@@ -902,8 +1215,17 @@ mod flex {
     ) -> Option<Vec<f32>> {
         let mut dbias: Option<Vec<f32>> = None;
         for piece in pieces {
-            let at = (&*piece.layout, piece.slots);
-            let part = backward_views(views, scale, bias, out, lse, grad, at, norm, dests);
+            let part = match &piece.order {
+                None => {
+                    let at = (&*piece.layout, piece.slots);
+                    backward_views(views, scale, bias, out, lse, grad, at, norm, dests)
+                }
+                Some(order) => {
+                    assert!(bias.is_none(), "a permuted piece takes no distance bias");
+                    backward_permuted(views, scale, (out, lse, grad), (&piece.layout, order), norm, dests);
+                    None
+                }
+            };
             dbias = match (dbias, part) {
                 (Some(mut total), Some(part)) => {
                     total.iter_mut().zip(part).for_each(|(t, x)| *t += x);
@@ -1342,8 +1664,8 @@ mod flex {
                 },
             );
             Arc::new(vec![
-                SparsePiece { layout: Arc::new(local), slots: Slots::Positions },
-                SparsePiece { layout: Arc::new(columns), slots: classes },
+                SparsePiece::over(Arc::new(local), Slots::Positions),
+                SparsePiece::over(Arc::new(columns), classes),
             ])
         }
 
@@ -1430,6 +1752,118 @@ mod flex {
             for norm in normalisers() {
                 check(band(23, 4, 5), 3, 3, false, norm);
                 check(band(23, 4, 5), 4, 2, true, norm);
+            }
+        }
+
+        /// A deterministic shuffle of 0..n per pattern (an LCG), as a permutation's lists.
+        fn shuffles(patterns: usize, n: usize, seed: u64) -> Vec<u32> {
+            let mut state = seed;
+            (0..patterns)
+                .flat_map(|_| {
+                    let mut order: Vec<u32> = (0..n as u32).collect();
+                    for i in (1..n).rev() {
+                        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                        order.swap(i, (state >> 33) as usize % (i + 1));
+                    }
+                    order
+                })
+                .collect()
+        }
+
+        /// Pieces over permutations (one pattern per head and batch row, queries and keys in
+        /// different orders) against dense attention under the same mask: each normaliser on one
+        /// piece, and a softmax union of two pieces whose second hides the pairs of the first —
+        /// output and every input gradient, grouped-query heads, a partial last block.
+        #[test]
+        fn permuted_pieces_equal_dense_masked_attention() {
+            let device = Device::flex().autodiff();
+            device.seed(25);
+            let (b, h, h_kv, len, dh, block) = (2, 4, 2, 29, 8, 4);
+            let patterns = b * h;
+            let rank = |order: &[u32]| {
+                let mut rank = vec![0; order.len()];
+                order.iter().enumerate().for_each(|(s, &p)| rank[p as usize] = s);
+                rank
+            };
+            // piece A: query slot s sees key slots s − 5 … s (key order differs from query order)
+            let a = Arc::new(Permutation { queries: shuffles(patterns, len, 1), keys: shuffles(patterns, len, 2) });
+            let (qa, ka): (Vec<_>, Vec<_>) =
+                (0..patterns).map(|g| (rank(&a.queries[g * len..][..len]), rank(&a.keys[g * len..][..len]))).unzip();
+            let in_a = |g: usize, i: usize, j: usize| ka[g][j] <= qa[g][i] && qa[g][i] - ka[g][j] <= 5;
+            let layout_a = Arc::new(SparseLayout::new(
+                len,
+                len,
+                block,
+                patterns,
+                |_, i| vec![(i * block).saturating_sub(5)..(i + 1) * block],
+                |_, s, out| out.push(s.saturating_sub(5)..s + 1),
+            ));
+            // piece B: one order for queries and keys, slots s − 3 … s + 3, minus A's pairs
+            let bo = shuffles(patterns, len, 3);
+            let rb: Vec<Vec<usize>> = (0..patterns).map(|g| rank(&bo[g * len..][..len])).collect();
+            let in_b = |g: usize, i: usize, j: usize| rb[g][i].abs_diff(rb[g][j]) <= 3 && !in_a(g, i, j);
+            let layout_b = Arc::new(SparseLayout::new(
+                len,
+                len,
+                block,
+                patterns,
+                |_, i| vec![(i * block).saturating_sub(3)..(i + 1) * block + 3],
+                |g, s, out| {
+                    let i = bo[g * len + s] as usize;
+                    let near = s.saturating_sub(3)..(s + 4).min(len);
+                    out.extend(near.filter(|&t| !in_a(g, i, bo[g * len + t] as usize)).map(|t| t..t + 1));
+                },
+            ));
+            let piece_a = SparsePiece::permuted(layout_a, a.clone());
+            let piece_b =
+                SparsePiece::permuted(layout_b, Arc::new(Permutation { queries: bo.clone(), keys: bo.clone() }));
+            let all: Tensor<4> =
+                Tensor::random([b, len, h + 2 * h_kv, dh], Distribution::Normal(0.0, 1.5), &device).swap_dims(1, 2);
+            let q = all.clone().narrow(1, 0, h).mul_scalar(0.7);
+            let (k, v) = (all.clone().narrow(1, h, h_kv), all.narrow(1, h + h_kv, h_kv));
+            let w: Tensor<3> = Tensor::random([b, len, h * dh], Distribution::Normal(0.0, 1.0), &device);
+            let cases: Vec<(Pieces, RowNormaliser, bool)> = normalisers()
+                .into_iter()
+                .map(|norm| (Arc::new(vec![piece_a.clone()]), norm, false))
+                .chain([(Arc::new(vec![piece_a.clone(), piece_b.clone()]), RowNormaliser::Softmax, true)])
+                .collect();
+            for (pieces, norm, union) in cases {
+                let run = |fused: bool| {
+                    let (q, k, v) = (q.clone().require_grad(), k.clone().require_grad(), v.clone().require_grad());
+                    let y = if fused {
+                        match union {
+                            true => block_sparse_union(q.clone(), k.clone(), v.clone(), None, pieces.clone()),
+                            false => Some(Tensor::from_dispatch(burn::backend::Dispatch::block_sparse(
+                                q.clone().into_dispatch(),
+                                k.clone().into_dispatch(),
+                                v.clone().into_dispatch(),
+                                pieces.clone(),
+                                norm,
+                            ))),
+                        }
+                        .expect("flex has the kernel")
+                    } else {
+                        let rows = (0..b).map(|bi| {
+                            let one = |t: &Tensor<4>| t.clone().narrow(0, bi, 1);
+                            let seen = |hi: usize, i: usize, j: usize| {
+                                in_a(bi * h + hi, i, j) || (union && in_b(bi * h + hi, i, j))
+                            };
+                            composed_with(one(&q), one(&k), one(&v), None, seen, norm)
+                        });
+                        Tensor::cat(rows.collect(), 0)
+                    };
+                    let grads = (y.clone() * w.clone()).sum().backward();
+                    (y, [q.grad(&grads).unwrap(), k.grad(&grads).unwrap(), v.grad(&grads).unwrap()])
+                };
+                let ((y1, g1), (y2, g2)) = (run(true), run(false));
+                let what = format!("{norm:?}, union {union}");
+                let tol = if norm == RowNormaliser::Softmax { 1e-5 } else { 1e-4 };
+                let d = rel_diff(y1, y2);
+                assert!(d < tol, "forward, {what}: {d}");
+                for ((a, e), name) in g1.into_iter().zip(g2).zip(["dq", "dk", "dv"]) {
+                    let d = rel_diff(a, e);
+                    assert!(d < tol, "{name}, {what}: {d}");
+                }
             }
         }
 

@@ -1,0 +1,185 @@
+//! Sorted-chunk attention ([`crate::sorted_chunks`]) on the block-sparse kernel
+//! ([`variorum_kernels::block_sparse`]), for items that are queries and keys alike (LSH's shared-QK
+//! positions). Each hash round is one piece of a kernel union over a [`Permutation`]: the round's
+//! sorted order, in which what an item sees — the m items before it (causal), or its chunk and
+//! the one before — cut to its bucket, is a band of slots. The kernel gathers each block's items
+//! through the permutation, scores only the band and writes the results back at the positions:
+//! no sorted copy of q, k or v, no `[chunks, m, 2m]` score, mask or duplicate-count tensor, and
+//! the backward recomputes the probabilities.
+//!
+//! Several rounds are one softmax over the union of what they see, as Reformer's duplicate
+//! correction makes them (a key met in r rounds counts once): a pair already seen in an earlier
+//! round is hidden in the later ones, and the kernel merges the rounds by their log-sum-exps. An
+//! item sees itself only when no round offers it anything else — the composed path's self score
+//! of −10⁵ gives it no weight otherwise, so the two paths agree.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use burn::prelude::*;
+use variorum_kernels::block_sparse::{Permutation, SparseLayout, SparsePiece, block_sparse_union};
+
+/// Query rows per block of the kernel.
+const BLOCK: usize = 64;
+
+/// One hash round of one (batch row, head): items sorted by (bucket, position).
+struct Round {
+    /// The item at each sorted slot, and each item's slot.
+    order: Vec<usize>,
+    rank: Vec<usize>,
+    /// The slots of the bucket of the item at each slot.
+    bucket: Vec<Range<usize>>,
+}
+
+impl Round {
+    fn new(bucket: &[i64]) -> Self {
+        let n = bucket.len();
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by_key(|&i| (bucket[i], i));
+        let mut rank = vec![0; n];
+        for (s, &i) in order.iter().enumerate() {
+            rank[i] = s;
+        }
+        let mut ranges = vec![0..0; n];
+        let mut start = 0;
+        for s in 1..=n {
+            if s == n || bucket[order[s]] != bucket[order[start]] {
+                ranges[start..s].fill(start..s);
+                start = s;
+            }
+        }
+        Self { order, rank, bucket: ranges }
+    }
+}
+
+/// What a slot may see before the bucket cut: causal, the m slots before it and itself; otherwise
+/// its chunk of m and the one before (the first chunk's wraps to the last, as in Reformer).
+#[derive(Clone, Copy)]
+struct Windows {
+    n: usize,
+    m: usize,
+    causal: bool,
+}
+
+impl Windows {
+    fn chunks(self) -> usize {
+        self.n.div_ceil(self.m)
+    }
+
+    fn chunk(self, c: usize) -> Range<usize> {
+        c * self.m..((c + 1) * self.m).min(self.n)
+    }
+
+    /// The slot ranges slot `s` may see.
+    fn of(self, s: usize, out: &mut Vec<Range<usize>>) {
+        if self.causal {
+            out.push(s.saturating_sub(self.m)..s + 1);
+            return;
+        }
+        let c = s / self.m;
+        out.push(self.chunk(c));
+        if self.chunks() > 1 {
+            out.push(self.chunk((c + self.chunks() - 1) % self.chunks()));
+        }
+    }
+
+    /// Whether the item at slot `s` sees the one at slot `t` of the same bucket.
+    fn near(self, s: usize, t: usize) -> bool {
+        if self.causal {
+            return t <= s && s - t <= self.m;
+        }
+        let (cs, ct, chunks) = (s / self.m, t / self.m, self.chunks());
+        cs == ct || (cs + chunks - 1) % chunks == ct
+    }
+}
+
+/// Sorted-chunk attention over `buckets.len()` hash rounds by the kernel: items `q`, `k`, `v`
+/// `[b, h, n, ·]` (scores q·k: the caller folds the scale into one of them), `buckets[r]` each
+/// item's bucket in round r, row major over `[b, h, n]`. Returns the context with its heads
+/// merged, `[b, n, h · d_v]`, in item order: one softmax over the union of the rounds' keys.
+/// `None` off flex.
+pub fn hash_rounds(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    buckets: &[Vec<i64>],
+    chunk: usize,
+    causal: bool,
+) -> Option<Tensor<3>> {
+    if !variorum_kernels::has_kernel(&q) {
+        return None;
+    }
+    let [b, h, n, _] = q.dims();
+    let (rows, r_count) = (b * h, buckets.len());
+    let windows = Windows { n, m: chunk.min(n).max(1), causal };
+    // rounds[row][r]
+    let rounds: Vec<Vec<Round>> =
+        (0..rows).map(|row| buckets.iter().map(|all| Round::new(&all[row * n..(row + 1) * n])).collect()).collect();
+    let sees = |round: &Round, i: usize, j: usize| {
+        let (s, t) = (round.rank[i], round.rank[j]);
+        round.bucket[s].contains(&t) && windows.near(s, t)
+    };
+    // items no round offers anything but themselves: they see themselves
+    let alone: Vec<Vec<bool>> = rounds
+        .iter()
+        .map(|row| {
+            (0..n)
+                .map(|i| {
+                    row.iter().all(|round| {
+                        let s = round.rank[i];
+                        let mut seen = Vec::new();
+                        windows.of(s, &mut seen);
+                        seen.iter().all(|w| {
+                            (w.start.max(round.bucket[s].start)..w.end.min(round.bucket[s].end)).all(|t| t == s)
+                        })
+                    })
+                })
+                .collect()
+        })
+        .collect();
+
+    // one layout per round, over groups g = bi · h + hi (batch rows folded into the heads)
+    let block = BLOCK.min(n);
+    let layout = |r: usize| {
+        let runs = |g: usize, blk: usize| {
+            let round = &rounds[g][r];
+            let (q0, q1) = (blk * block, ((blk + 1) * block).min(n));
+            let mut out = Vec::new();
+            if causal {
+                out.push(q0.saturating_sub(windows.m).max(round.bucket[q0].start)..q1);
+            } else {
+                for c in q0 / windows.m..=(q1 - 1) / windows.m {
+                    windows.of(c * windows.m, &mut out);
+                }
+            }
+            out
+        };
+        let visible = |g: usize, s: usize, out: &mut Vec<Range<usize>>| {
+            let round = &rounds[g][r];
+            let i = round.order[s];
+            if alone[g][i] {
+                if r == 0 {
+                    out.push(s..s + 1);
+                }
+                return;
+            }
+            let mut seen = Vec::new();
+            windows.of(s, &mut seen);
+            let cut = round.bucket[s].clone();
+            for w in seen {
+                let slots = w.start.max(cut.start)..w.end.min(cut.end);
+                // not itself, and not what an earlier round already saw
+                let fresh = |&t: &usize| t != s && rounds[g][..r].iter().all(|early| !sees(early, i, round.order[t]));
+                out.extend(slots.filter(fresh).map(|t| t..t + 1));
+            }
+        };
+        Arc::new(SparseLayout::new(n, n, block, rows, runs, visible))
+    };
+    let pieces: Vec<SparsePiece> = (0..r_count)
+        .map(|r| {
+            let order: Vec<u32> = rounds.iter().flat_map(|row| row[r].order.iter().map(|&i| i as u32)).collect();
+            SparsePiece::permuted(layout(r), Arc::new(Permutation { queries: order.clone(), keys: order }))
+        })
+        .collect();
+    block_sparse_union(q, k, v, None, Arc::new(pieces))
+}
