@@ -43,7 +43,7 @@ use variorum_position::HeadShape;
 
 use crate::kernel;
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
-use crate::qkv::{normal_linear, split_heads};
+use crate::qkv::{merge_heads, normal_linear, split_heads};
 use crate::sorted_chunks::{RoundLayout, SortedItems, attend_picked, host, sorted_chunk_attention};
 use crate::sorted_kernel;
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache};
@@ -182,7 +182,8 @@ impl LshAttention {
         if self.buckets == 1 {
             return Tensor::zeros([b, h, l], &keys.device());
         }
-        let rotated = keys.clone().matmul(self.rotations(round, &keys.device()));
+        // no gradient flows through an argmax: detached, the graph keeps none of this
+        let rotated = keys.clone().detach().matmul(self.rotations(round, &keys.device()));
         Tensor::cat(vec![rotated.clone(), rotated.neg()], 3).argmax(3).squeeze_dim::<3>(3)
     }
 
@@ -302,12 +303,6 @@ fn combine_rounds(mut rounds: Vec<(Tensor<4>, Tensor<4>)>) -> Tensor<4> {
     }
     let weights = softmax(Tensor::cat(rounds.iter().map(|(_, z)| z.clone()).collect(), 3), 3);
     rounds.into_iter().enumerate().map(|(r, (o, _))| o * weights.clone().narrow(3, r, 1)).reduce(|a, c| a + c).unwrap()
-}
-
-/// Per-head contexts `[b, h, l, d]` as `[b, l, h · d]`.
-fn merge_heads(context: Tensor<4>) -> Tensor<3> {
-    let [b, h, l, d] = context.dims();
-    context.swap_dims(1, 2).reshape([b, l, h * d])
 }
 
 /// x / ‖x‖ over the last dimension.

@@ -25,6 +25,10 @@
 //! visible key returns zero. `local_heads` (the paper's best configurations mix local and
 //! routing heads) puts every position of the first heads in one cluster: a sliding window of w.
 //!
+//! On flex without dropout (and without a cache) the sorted chunks run on the block-sparse kernel
+//! ([`crate::sorted_kernel::routed`]): one piece whose query and key slots follow the sorted
+//! queries and keys, read in place from the fused projection.
+//!
 //! Decoding keeps every position's key, query, value and clusters; a new token scores only the
 //! keys its routing window holds (O(w) device work per token). No relative position scheme (no score matrix to bias),
 //! and no memory (`reads_memory: false`): queries and keys of the same positions are sorted together.
@@ -40,9 +44,10 @@ use variorum_position::HeadShape;
 
 use crate::kernel;
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
-use crate::qkv::{normal_linear, split_heads};
+use crate::qkv::{merge_heads, normal_linear, split_heads};
 use crate::random_features::{fixed, redraw};
 use crate::sorted_chunks::{SortedItems, attend_picked, host, sorted_chunk_attention};
+use crate::sorted_kernel;
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache};
 
 crate::attention_config! {
@@ -163,7 +168,8 @@ impl RoutingAttention {
     pub fn assign(&self, x: Tensor<4>) -> Tensor<3, Int> {
         let [b, h, l, _] = x.dims();
         let mu = self.centroids.val().reshape([1, h, self.clusters, self.head_dim]).swap_dims(2, 3);
-        let cluster = unit_rows4(x).matmul(mu).argmax(3).squeeze_dim::<3>(3);
+        // no gradient flows through an argmax: detached, the graph keeps none of this
+        let cluster = unit_rows4(x.detach()).matmul(mu).argmax(3).squeeze_dim::<3>(3);
         if self.local_heads == 0 {
             return cluster;
         }
@@ -208,10 +214,10 @@ impl RoutingAttention {
         let causal = input.mask.causal;
         let [b, lq, _] = input.query.dims();
         let (h, hd) = (self.n_heads, self.head_dim);
-        let [q, k, v]: [Tensor<4>; 3] =
-            split_heads(self.qkv.forward(input.query), 3, h, hd).try_into().expect("three parts");
+        let qkv = self.qkv.forward(input.query);
+        let [q, k, v]: [Tensor<4>; 3] = split_heads(qkv.clone(), 3, h, hd).try_into().expect("three parts");
         let context = match cache {
-            None => self.route_all(q, k, v, lq, causal),
+            None => self.route_all(q, k, v, lq, causal, Some(qkv)),
             Some(cache) => {
                 // the cache keeps every position's key and query (the routing items), value and
                 // the clusters of both
@@ -221,24 +227,41 @@ impl RoutingAttention {
                 }
                 let (kq, all_v) = cache.append(Tensor::cat(vec![k, q.clone()], 3), v);
                 if lq == 1 && causal && cache.tags.len() == cache.len() {
-                    self.decode_one(q, cache)
+                    merge_heads(self.decode_one(q, cache))
                 } else {
                     let (all_k, all_q) = (kq.clone().narrow(3, 0, hd), kq.narrow(3, hd, hd));
-                    self.route_all(all_q, all_k, all_v, lq, causal)
+                    self.route_all(all_q, all_k, all_v, lq, causal, None)
                 }
             }
         };
-        let context = context.swap_dims(1, 2).reshape([b, lq, h * hd]);
         AttentionOutput { context: self.out.forward(context), weights: None, aux_losses: Vec::new() }
     }
 
-    /// Routing over all positions; the outputs of the last `lq`, `[b, h, lq, hd]`.
-    fn route_all(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, lq: usize, causal: bool) -> Tensor<4> {
+    /// Routing over all positions; the outputs of the last `lq`, heads merged, `[b, lq, h · hd]`.
+    /// `packed`: the fused projection q, k, v were split from, which the kernel reads in place.
+    fn route_all(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        lq: usize,
+        causal: bool,
+        packed: Option<Tensor<3>>,
+    ) -> Tensor<3> {
         let [b, h, l, hd] = q.dims();
         let (cq, ck) = (self.assign(q.clone()), self.assign(k.clone()));
         if q.is_autodiff() {
             self.record(q.clone(), cq.clone());
             self.record(k.clone(), ck.clone());
+        }
+        if let Some(qkv) = packed.filter(|qkv| self.dropout.prob == 0.0 && variorum_kernels::has_kernel(qkv)) {
+            let clusters = (host(cq.clone()), host(ck.clone()));
+            let heads = (h, 1.0 / (hd as f64).sqrt());
+            if let Some(context) =
+                sorted_kernel::routed(qkv, heads, (&clusters.0, &clusters.1), 2 * self.window, causal)
+            {
+                return context.narrow(1, l - lq, lq);
+            }
         }
         // items 0..l: the keys; l..2l: the queries; sorted by (cluster, position, key first)
         let device = q.device();
@@ -258,7 +281,7 @@ impl RoutingAttention {
             rounds: Vec::new(),
         };
         let (out, _) = sorted_chunk_attention(items, 2 * self.window, causal, None, &self.dropout);
-        out.narrow(2, 2 * l - lq, lq)
+        merge_heads(out.narrow(2, 2 * l - lq, lq))
     }
 
     /// The newest position's query (causal) against the keys it sees, from the clusters the cache

@@ -17,7 +17,9 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use burn::prelude::*;
-use variorum_kernels::block_sparse::{Permutation, SparseLayout, SparsePiece, block_sparse_union};
+use variorum_kernels::block_sparse::{
+    Permutation, SparseLayout, SparsePiece, block_sparse_union, block_sparse_union_self_attention,
+};
 
 /// Query rows per block of the kernel.
 const BLOCK: usize = 64;
@@ -182,4 +184,75 @@ pub fn hash_rounds(
         })
         .collect();
     block_sparse_union(q, k, v, None, Arc::new(pieces))
+}
+
+/// Routing attention's sorted chunks by the kernel: queries `q` and keys `k` `[b, h, l, ·]` are 2l
+/// routing items sorted by (cluster, position, key before query) — `query_cluster` and
+/// `key_cluster` row major over `[b, h, l]` — and a query sees the keys of its cluster among the
+/// `span` items before it (causal), or in its chunk of `span` items and the one before. In the
+/// sorted order of the keys alone those are one or two ranges of slots, so the kernel takes one
+/// piece whose query slots follow the queries' sorted order and whose key slots the keys'. The
+/// kernel reads q, k, v in place from their fused projection `qkv: [b, l, 3 · h · d_h]` and hands
+/// its gradient back whole; scores `scale` · q·k (`heads` = (h, scale)); a query that sees no key
+/// gets 0. Returns `[b, l, h · d_h]`; `None` off flex.
+pub fn routed(
+    qkv: Tensor<3>,
+    (h, scale): (usize, f64),
+    (query_cluster, key_cluster): (&[i64], &[i64]),
+    span: usize,
+    causal: bool,
+) -> Option<Tensor<3>> {
+    if !variorum_kernels::has_kernel(&qkv) {
+        return None;
+    }
+    let [b, l, _] = qkv.dims();
+    let rows = b * h;
+    let windows = Windows { n: 2 * l, m: span.min(2 * l).max(1), causal };
+    // per row: item 2p is position p's key, 2p + 1 its query, so sorting by (cluster, item)
+    // sorts by (cluster, position, key first); keys_before[t]: keys among combined slots < t
+    let sorted: Vec<(Round, Vec<usize>, Vec<usize>)> = (0..rows)
+        .map(|row| {
+            let at = |p: usize| row * l + p;
+            let cluster: Vec<i64> =
+                (0..2 * l).map(|i| if i % 2 == 0 { key_cluster } else { query_cluster }[at(i / 2)]).collect();
+            let round = Round::new(&cluster);
+            let mut keys_before = Vec::with_capacity(2 * l + 1);
+            keys_before.push(0);
+            for &item in &round.order {
+                keys_before.push(keys_before.last().copied().unwrap_or(0) + usize::from(item % 2 == 0));
+            }
+            let queries = round.order.iter().filter(|&&i| i % 2 == 1).map(|&i| i / 2).collect();
+            (round, keys_before, queries)
+        })
+        .collect();
+    // the key slots query slot `s` of row g sees
+    let seen_keys = |g: usize, s: usize, out: &mut Vec<Range<usize>>| {
+        let (round, keys_before, queries) = &sorted[g];
+        // query slot s: the s-th query of the combined order, at combined slot `at`
+        let at = round.rank[2 * queries[s] + 1];
+        let mut seen = Vec::new();
+        windows.of(at, &mut seen);
+        let cut = &round.bucket[at];
+        for w in seen {
+            let (a, z) = (w.start.max(cut.start), w.end.min(cut.end));
+            if a < z && keys_before[a] < keys_before[z] {
+                out.push(keys_before[a]..keys_before[z]);
+            }
+        }
+    };
+    let block = BLOCK.min(l);
+    let runs = |g: usize, blk: usize| {
+        let mut out = Vec::new();
+        for s in blk * block..((blk + 1) * block).min(l) {
+            seen_keys(g, s, &mut out);
+        }
+        out
+    };
+    let layout = Arc::new(SparseLayout::new(l, l, block, rows, runs, seen_keys));
+    let keys =
+        sorted.iter().flat_map(|(round, _, _)| round.order.iter().filter(|&&i| i % 2 == 0).map(|&i| (i / 2) as u32));
+    let queries = sorted.iter().flat_map(|(_, _, queries)| queries.iter().map(|&p| p as u32));
+    let order = Permutation { queries: queries.collect(), keys: keys.collect() };
+    let piece = SparsePiece::permuted(layout, Arc::new(order));
+    block_sparse_union_self_attention(qkv, (h, h), scale, None, Arc::new(vec![piece]))
 }
