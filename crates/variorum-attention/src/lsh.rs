@@ -224,10 +224,12 @@ impl LshAttention {
     fn attend_all(&self, q: Tensor<4>, v: Tensor<4>, lq: usize, causal: bool) -> Tensor<3> {
         let [b, h, l, hd] = q.dims();
         if self.dropout.prob == 0.0 && variorum_kernels::has_kernel(&q) {
-            // the kernel's keys carry the 1/√d of the scores: ‖q‖ · √d as one small divisor
+            // hashed as the cache and the composed path hash them; the kernel's keys carry the
+            // 1/√d of the scores (‖q‖ · √d as one small divisor)
+            let hashed = unit(q.clone().detach());
+            let buckets: Vec<Vec<i64>> = (0..self.rounds).map(|r| host(self.buckets(hashed.clone(), r))).collect();
             let norm = q.clone().powf_scalar(2.0).sum_dim(3).sqrt().add_scalar(1e-6);
             let keys = q.clone() / norm.mul_scalar((hd as f64).sqrt());
-            let buckets: Vec<Vec<i64>> = (0..self.rounds).map(|r| host(self.buckets(keys.clone(), r))).collect();
             if let Some(context) = sorted_kernel::hash_rounds(q.clone(), keys, v.clone(), &buckets, self.chunk, causal)
             {
                 return context.narrow(1, l - lq, lq);

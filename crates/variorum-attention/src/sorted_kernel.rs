@@ -1,6 +1,6 @@
 //! Sorted-chunk attention ([`crate::sorted_chunks`]) on the block-sparse kernel
-//! ([`variorum_kernels::block_sparse`]), for items that are queries and keys alike (LSH's shared-QK
-//! positions). Each hash round is one piece of a kernel union over a [`Permutation`]: the round's
+//! ([`variorum_kernels::block_sparse`]): LSH's shared-QK positions ([`hash_rounds`]) and routing's
+//! queries and keys ([`routed`]). For LSH, each hash round is one piece of a kernel union over a [`Permutation`]: the round's
 //! sorted order, in which what an item sees — the m items before it (causal), or its chunk and
 //! the one before — cut to its bucket, is a band of slots. The kernel gathers each block's items
 //! through the permutation, scores only the band and writes the results back at the positions:
@@ -150,8 +150,13 @@ pub fn hash_rounds(
             if causal {
                 out.push(q0.saturating_sub(windows.m).max(round.bucket[q0].start)..q1);
             } else {
+                // only keys of the block's buckets are seen: cut the chunks to their span
+                let span = round.bucket[q0].start..round.bucket[q1 - 1].end;
                 for c in q0 / windows.m..=(q1 - 1) / windows.m {
                     windows.of(c * windows.m, &mut out);
+                }
+                for r in &mut out {
+                    *r = r.start.max(span.start)..r.end.min(span.end);
                 }
             }
             out

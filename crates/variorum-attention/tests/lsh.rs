@@ -194,13 +194,17 @@ fn decoding_token_by_token_equals_the_full_forward() {
 
 /// On flex (no dropout) LSH runs on the block-sparse kernel ([`variorum_attention::sorted_kernel`]):
 /// the kernel path equals the composed one with the kernels off — output, input gradient and the
-/// projection's gradient — causal and bidirectional, one to three rounds, chunks that wrap, a
-/// length that is not a multiple of the chunk, two batch rows.
+/// projection's gradient — causal and bidirectional, one to three rounds, one, two or many chunks
+/// (the first's "before" wraps to the last), a length that is not a multiple of the chunk, a
+/// single position, two batch rows.
 #[test]
 fn the_kernel_path_equals_the_composed_path_with_gradients() {
     let _guard = common::seeded();
     let dev = Device::flex().autodiff();
-    for (buckets, rounds, chunk, len) in [(4, 1, 3, 23), (4, 2, 4, 21), (2, 3, 5, 70), (8, 2, 64, 130)] {
+    // chunks: 8, 6, 14, 3, 2 (the wrap is the other chunk), 1; and one position
+    let cases =
+        [(4, 1, 3, 23), (4, 2, 4, 21), (2, 3, 5, 70), (8, 2, 64, 130), (4, 2, 12, 23), (4, 2, 32, 20), (2, 2, 4, 1)];
+    for (buckets, rounds, chunk, len) in cases {
         let attn = layer(buckets, rounds, chunk, &dev);
         let x = input(2, len, &dev);
         dev.seed(9);

@@ -31,7 +31,7 @@ fn heads(attn: &RoutingAttention, x: Tensor<3>) -> [Tensor<4>; 3] {
     [head(0), head(1), head(2)]
 }
 
-fn clusters(attn: &RoutingAttention, x: Tensor<4>) -> Vec<i64> {
+fn clusters_of(attn: &RoutingAttention, x: Tensor<4>) -> Vec<i64> {
     attn.assign(x).into_data().convert::<i64>().try_into_vec::<i64>().unwrap()
 }
 
@@ -86,7 +86,7 @@ fn queries_attend_to_the_keys_of_their_cluster() {
     let (b, l, h) = (2, 13, 2);
     let x = input(b, l, &dev);
     let [q, k, _] = heads(&attn, x.clone());
-    let (cq, ck) = (clusters(&attn, q), clusters(&attn, k));
+    let (cq, ck) = (clusters_of(&attn, q), clusters_of(&attn, k));
     let distinct: std::collections::BTreeSet<i64> = cq.iter().copied().collect();
     assert!(distinct.len() >= 2, "everything in one cluster");
     let at = |c: &Vec<i64>, bi: usize, hi: usize, i: usize| c[(bi * h + hi) * l + i];
@@ -106,7 +106,7 @@ fn causally_a_query_sees_the_latest_keys_of_its_cluster_among_2w_items() {
     let l = 17;
     let x = input(1, l, &dev);
     let [q, k, _] = heads(&attn, x.clone());
-    let (cq, ck) = (clusters(&attn, q), clusters(&attn, k));
+    let (cq, ck) = (clusters_of(&attn, q), clusters_of(&attn, k));
     // the routing items of each head in sorted order: (cluster, position, key first)
     let rank = |hi: usize| {
         let mut items: Vec<(i64, usize, usize)> = (0..l).map(|i| (ck[hi * l + i], i, 0)).collect();
@@ -190,15 +190,23 @@ fn decoding_token_by_token_equals_the_full_forward() {
 
 /// On flex (no dropout) routing runs on the block-sparse kernel ([`variorum_attention::sorted_kernel`]):
 /// the kernel path equals the composed one with the kernels off — output, input gradient and the
-/// projection's gradient — causal and bidirectional, windows that cut clusters and chunks that
-/// wrap, local heads, rows that see no key, two batch rows.
+/// projection's gradient — causal and bidirectional, windows that cut clusters, one, two or many
+/// chunks (the first's "before" wraps to the last), local heads, rows that see no key, two batch
+/// rows.
 #[test]
 fn the_kernel_path_equals_the_composed_path_with_gradients() {
     let _guard = common::seeded();
     let dev = Device::flex().autodiff();
-    for (clusters, window, local, len) in [(3, 2, 0, 23), (2, 3, 1, 40), (4, 1, 0, 9), (8, 40, 0, 130)] {
+    // 2w-item chunks over the 2l items: 12, 14, 5, 4, 2, 1
+    let cases = [(3, 2, 0, 23), (2, 3, 1, 40), (4, 1, 0, 9), (8, 40, 0, 130), (3, 12, 0, 23), (3, 30, 0, 23)];
+    let mut unseen = false;
+    for (clusters, window, local, len) in cases {
         let attn = layer(clusters, window, local, &dev);
         let x = input(2, len, &dev);
+        let [q, k, _] = heads(&attn, x.clone());
+        let (cq, ck) = (clusters_of(&attn, q), clusters_of(&attn, k));
+        // a query whose cluster has no key at or before it sees nothing, causally
+        unseen |= (0..cq.len()).any(|t| (t - t % len..=t).all(|j| ck[j] != cq[t]));
         dev.seed(12);
         let w: Tensor<3> = Tensor::random([2, len, D], Distribution::Normal(0.0, 1.0), &dev);
         for causal in [true, false] {
@@ -223,4 +231,5 @@ fn the_kernel_path_equals_the_composed_path_with_gradients() {
             assert!(rel(dw1.unsqueeze(), dw2.unsqueeze()) < 1e-4, "projection gradient, {what}");
         }
     }
+    assert!(unseen, "no case had a query that sees no key");
 }

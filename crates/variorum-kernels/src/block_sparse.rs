@@ -19,12 +19,16 @@
 //!
 //! A pattern that no one ordering of the positions turns into runs (the Sparse Transformer's
 //! strided pattern) is a union of layouts over different [`Slots`] — positions, or residue classes
-//! read as strided views — merged by log-sum-exp into one softmax ([`block_sparse_union`]).
+//! read as strided views — merged by log-sum-exp into one softmax ([`block_sparse_union`]). A
+//! pattern chosen by content (LSH's buckets, routing's clusters) is a band in a sorted order that
+//! differs per head and batch row: a piece over a [`Permutation`], whose blocks gather their
+//! queries, keys and values into scratch (one GEMM per block) and write their results back at
+//! the positions.
 //!
 //! The sparse kinds (sliding-window, local, multi-scale, BigBird, Longformer, the fixed and
 //! blockwise patterns, strided) hand their patterns here through `variorum_attention`'s
-//! `sparse_kernel`; every entry point returns `None` off flex, and the caller composes Burn's ops
-//! instead.
+//! `sparse_kernel`, LSH and routing through its `sorted_kernel`; every entry point returns `None`
+//! off flex, and the caller composes Burn's ops instead.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -55,10 +59,11 @@ pub struct SparseLayout {
 
 impl SparseLayout {
     /// The layout of `len_q` queries over `len_k` keys in blocks of `block` queries, one pattern
-    /// for every head (`groups` = 1) or one per head (`groups` = heads): `runs(g, i)` lists the
-    /// key ranges block i scores for group g (merged and clipped here); `visible(g, q, out)` pushes
-    /// the key ranges query position q sees (in any order, overlapping or not; the parts outside
-    /// its block's runs are not scored).
+    /// for every head (`groups` = 1) or one per head (`groups` = heads; a permuted piece may also
+    /// have one per head and batch row): `runs(g, i)` lists the key ranges block i scores for
+    /// group g (merged and clipped here); `visible(g, q, out)` pushes the key ranges query q sees
+    /// (in any order, overlapping or not; the parts outside its block's runs are not scored).
+    /// Queries and keys are positions, or the slots of the piece the layout belongs to.
     pub fn new(
         len_q: usize,
         len_k: usize,
@@ -280,7 +285,8 @@ pub struct Permutation {
 }
 
 /// Which position each slot of a layout stands for. Slots are read in place (a residue class is
-/// a strided view of the sequence), so no piece copies q, k or v.
+/// a strided view of the sequence), so no piece over slots copies q, k or v (a piece over a
+/// [`Permutation`] gathers a block at a time).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Slots {
     /// Slot s is position s (the queries: row s).
@@ -340,7 +346,7 @@ impl SparsePiece {
 /// log-sum-exps, ℓ = log Σ_p e^{ℓ_p}, O = Σ_p e^{ℓ_p − ℓ} O_p — one softmax over the union. The
 /// backward recomputes each piece's probabilities against the merged ℓ. The pieces must not share
 /// a (query, key) pair; self-attention over L positions; the distance bias `[h, 2 L − 1]` is by
-/// position, whatever a piece's slots. Inputs as for
+/// position, whatever a piece's slots (a permuted piece takes none). Inputs as for
 /// [`block_sparse_attention`] (`None` with a packed projection: see
 /// [`block_sparse_union_self_attention`]).
 pub fn block_sparse_union(
@@ -487,6 +493,7 @@ mod flex {
         Dest, Heads, Shared, gemm, normalise_rows, normaliser_gradients, packed_views, readable, readable_packed,
         recompute_rows, score_gradients,
     };
+    use crate::fast_math;
     use burn::backend::autodiff::NodeId;
     use burn::backend::autodiff::checkpoint::base::Checkpointer;
     use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
@@ -685,6 +692,16 @@ mod flex {
         }
     }
 
+    /// Softmax's score gradients dS = P ∘ (dP − D) with D_i = Σ_j P_ij dP_ij from the block's own
+    /// weights, where the block holds its rows' whole softmax (one piece): equal to dO·O_i, but
+    /// exactly 0 for a row with one key, where dO·O_i leaves a rounding residue.
+    fn softmax_gradients(ds: &mut [f32], p: &[f32], width: usize) {
+        for (dsr, pr) in ds.chunks_exact_mut(width).zip(p.chunks_exact(width)) {
+            let d = fast_math::dot(pr, dsr);
+            dsr.iter_mut().zip(pr).for_each(|(x, &pv)| *x = pv * (*x - d));
+        }
+    }
+
     /// The weights of the hidden pairs to exactly 0.
     fn clear_hidden(layout: &SparseLayout, c: usize, p: &mut [f32]) {
         let width = layout.width[c];
@@ -693,7 +710,8 @@ mod flex {
         }
     }
 
-    /// The blocks head `hi` scores something in: (first slot, cell, width, place).
+    /// The blocks head (or, in a permuted layout, pattern) `hi` scores something in: (first slot,
+    /// cell, width, place).
     fn scored_blocks(
         (layout, slots, len): (&SparseLayout, Slots, usize),
         hi: usize,
@@ -706,7 +724,7 @@ mod flex {
         })
     }
 
-    /// The cell (group's pattern, query block) of head `hi`.
+    /// The cell (group's pattern, query block) of head (or permuted pattern) `hi`.
     fn cell(layout: &SparseLayout, hi: usize, block: usize) -> usize {
         layout.cell(if layout.groups == 1 { 0 } else { hi }, block)
     }
@@ -779,7 +797,7 @@ mod flex {
         out: &FlexTensor,
         lse: &[f32],
         grad: &FlexTensor,
-        (layout, slots): (&SparseLayout, Slots),
+        (layout, slots, own_rows): (&SparseLayout, Slots, bool),
         norm: RowNormaliser,
         [dq, dk, dv]: [Dest; 3],
     ) -> Option<Vec<f32>> {
@@ -845,6 +863,7 @@ mod flex {
                             };
                         }
                         match norm {
+                            RowNormaliser::Softmax if own_rows => softmax_gradients(ds, p, width),
                             RowNormaliser::Softmax => {
                                 score_gradients(ds, p, width, dout, o, first, out_rs as usize, dh)
                             }
@@ -903,20 +922,26 @@ mod flex {
     }
 
     /// Copies rows `positions` of a head (`base`, strides (row, column)) into `dst`, `dh` each.
-    fn gather_rows(base: *const f32, (rs, cs): (isize, isize), positions: &[usize], dh: usize, dst: &mut [f32]) {
+    ///
+    /// # Safety
+    /// Every position is a row of the head (checked for a permutation by [`check_permutations`]).
+    unsafe fn gather_rows(base: *const f32, (rs, cs): (isize, isize), positions: &[usize], dh: usize, dst: &mut [f32]) {
         for (&pos, row) in positions.iter().zip(dst.chunks_exact_mut(dh)) {
             let at = base.wrapping_offset(pos as isize * rs);
-            // SAFETY: `pos` is a position of the head, so its dh entries lie inside the tensor
+            // SAFETY: `pos` is a row of the head (the caller's contract): its dh entries lie inside
             row.iter_mut().enumerate().for_each(|(d, x)| *x = unsafe { *at.wrapping_offset(d as isize * cs) });
         }
     }
 
     /// Adds `src`'s rows (`dh` each) into rows `positions` of a destination head (`base`, row
     /// stride `rs`, columns contiguous).
-    fn scatter_add_rows(base: *mut f32, rs: isize, positions: &[usize], dh: usize, src: &[f32]) {
+    ///
+    /// # Safety
+    /// Every position is a row of the head, and no other thread writes those rows meanwhile.
+    unsafe fn scatter_add_rows(base: *mut f32, rs: isize, positions: &[usize], dh: usize, src: &[f32]) {
         for (&pos, row) in positions.iter().zip(src.chunks_exact(dh)) {
             let at = base.wrapping_offset(pos as isize * rs);
-            // SAFETY: the row belongs to this task's head; nothing else writes it meanwhile
+            // SAFETY: the caller's contract
             row.iter().enumerate().for_each(|(d, &x)| unsafe { *at.add(d) += x });
         }
     }
@@ -1012,9 +1037,12 @@ mod flex {
                     let (qs, os) = (&mut qs[..rows * dh], &mut os[..rows * dh]);
                     let (ks, vs) = (&mut ks[..width * dh], &mut vs[..width * dh]);
                     let (s, l) = (&mut s[..rows * width], &mut l[..rows]);
-                    gather_rows(qp, (q.rs(), q.cs()), &qpos, dh, qs);
-                    gather_rows(kp, (k.rs(), k.cs()), &kpos, dh, ks);
-                    gather_rows(vp, (v.rs(), v.cs()), &kpos, dh, vs);
+                    // SAFETY: the permutation's positions are rows of these heads (checked)
+                    unsafe {
+                        gather_rows(qp, (q.rs(), q.cs()), &qpos, dh, qs);
+                        gather_rows(kp, (k.rs(), k.cs()), &kpos, dh, ks);
+                        gather_rows(vp, (v.rs(), v.cs()), &kpos, dh, vs);
+                    }
                     gathered_scores(layout, c, qs, ks, (rows, width, dh), scale, s);
                     normalise_rows(norm, s, width, |_| width, l, &mut scratch);
                     clear_hidden(layout, c, s);
@@ -1054,7 +1082,7 @@ mod flex {
         [qh, kh, vh]: [&Heads; 3],
         scale: f32,
         (out, lse, grad): (&FlexTensor, &[f32], &FlexTensor),
-        (layout, order): (&SparseLayout, &Permutation),
+        (layout, order, own_rows): (&SparseLayout, &Permutation, bool),
         norm: RowNormaliser,
         [dq, dk, dv]: [Dest; 3],
     ) {
@@ -1084,11 +1112,14 @@ mod flex {
                     let (ks, vs) = (&mut ks[..width * dh], &mut vs[..width * dh]);
                     let (dks, dvs) = (&mut dks[..width * dh], &mut dvs[..width * dh]);
                     let (p, ds, l) = (&mut p[..rows * width], &mut ds[..rows * width], &mut l[..rows]);
-                    gather_rows(qp, (qh.rs(), qh.cs()), &qpos, dh, qs);
-                    gather_rows(kp, (kh.rs(), kh.cs()), &kpos, dh, ks);
-                    gather_rows(vp, (vh.rs(), vh.cs()), &kpos, dh, vs);
-                    gather_rows(o_h, (out_rs, 1), &qpos, dh, os);
-                    gather_rows(dout_h, (out_rs, 1), &qpos, dh, dos);
+                    // SAFETY: the permutation's positions are rows of these heads (checked)
+                    unsafe {
+                        gather_rows(qp, (qh.rs(), qh.cs()), &qpos, dh, qs);
+                        gather_rows(kp, (kh.rs(), kh.cs()), &kpos, dh, ks);
+                        gather_rows(vp, (vh.rs(), vh.cs()), &kpos, dh, vs);
+                        gather_rows(o_h, (out_rs, 1), &qpos, dh, os);
+                        gather_rows(dout_h, (out_rs, 1), &qpos, dh, dos);
+                    }
                     for (x, &pos) in l.iter_mut().zip(&qpos) {
                         *x = lse[(bi * sh.h + hi) * len + pos];
                     }
@@ -1123,6 +1154,7 @@ mod flex {
                         );
                     }
                     match norm {
+                        RowNormaliser::Softmax if own_rows => softmax_gradients(ds, p, width),
                         RowNormaliser::Softmax => score_gradients(ds, p, width, dos, os, 0, dh, dh),
                         _ => normaliser_gradients(norm, ds, p, width, |_| width),
                     }
@@ -1151,9 +1183,13 @@ mod flex {
                             scale,
                         );
                     }
-                    scatter_add_rows(dq.head(bi, hi), dq.rs(), &qpos, dh, dqs);
-                    scatter_add_rows(dkp, dk.rs(), &kpos, dh, dks);
-                    scatter_add_rows(dvp, dv.rs(), &kpos, dh, dvs);
+                    // SAFETY: rows of this task's heads (checked positions; a permutation lists each
+                    // position once per block)
+                    unsafe {
+                        scatter_add_rows(dq.head(bi, hi), dq.rs(), &qpos, dh, dqs);
+                        scatter_add_rows(dkp, dk.rs(), &kpos, dh, dks);
+                        scatter_add_rows(dvp, dv.rs(), &kpos, dh, dvs);
+                    }
                 }
             }
         });
@@ -1168,11 +1204,16 @@ mod flex {
         pieces: &[SparsePiece],
         norm: RowNormaliser,
     ) -> (FlexTensor, FlexTensor) {
+        let [b, h, l, _] = views[0].dims;
+        if pieces.iter().any(|piece| piece.order.is_some()) {
+            assert_eq!(views[1].dims[2], l, "a permuted piece is self-attention: as many keys as queries");
+            check_permutations(pieces, (b, h, l));
+        }
         if let [piece] = pieces {
             return forward_piece(views, scale, bias, piece, norm);
         }
         assert!(norm == RowNormaliser::Softmax, "a union of patterns is softmax");
-        let [b, h, l, dh] = views[0].dims;
+        let dh = views[0].dims[3];
         let (mut out, mut lse) = (vec![0.0f32; b * l * h * dh], vec![f32::NEG_INFINITY; b * h * l]);
         for piece in pieces {
             let (part, part_lse) = forward_piece(views, scale, bias, piece, norm);
@@ -1214,15 +1255,18 @@ mod flex {
         dests: [Dest; 3],
     ) -> Option<Vec<f32>> {
         let mut dbias: Option<Vec<f32>> = None;
+        // one piece holds each row's whole softmax
+        let own_rows = pieces.len() == 1;
         for piece in pieces {
             let part = match &piece.order {
                 None => {
-                    let at = (&*piece.layout, piece.slots);
+                    let at = (&*piece.layout, piece.slots, own_rows);
                     backward_views(views, scale, bias, out, lse, grad, at, norm, dests)
                 }
                 Some(order) => {
                     assert!(bias.is_none(), "a permuted piece takes no distance bias");
-                    backward_permuted(views, scale, (out, lse, grad), (&piece.layout, order), norm, dests);
+                    let at = (&*piece.layout, &**order, own_rows);
+                    backward_permuted(views, scale, (out, lse, grad), at, norm, dests);
                     None
                 }
             };
@@ -1235,6 +1279,31 @@ mod flex {
             };
         }
         dbias
+    }
+
+    /// Every permuted piece against the call's shape: its layout's patterns one, one per head or
+    /// one per head and batch row, over the L positions, and each list a permutation of them (the
+    /// gathers and scatters rely on it).
+    fn check_permutations(pieces: &[SparsePiece], (b, h, l): (usize, usize, usize)) {
+        for piece in pieces {
+            let Some(order) = &piece.order else { continue };
+            let (layout, groups) = (&piece.layout, piece.layout.groups);
+            assert!(
+                layout.lens() == (l, l) && (groups == 1 || groups == h || groups == b * h),
+                "a permuted layout covers the L positions with one pattern, one per head or one per head and row"
+            );
+            for list in [&order.queries, &order.keys] {
+                assert_eq!(list.len(), groups * l, "a permutation lists every position per pattern");
+                for pattern in list.chunks_exact(l) {
+                    let mut seen = vec![false; l];
+                    for &p in pattern {
+                        let p = p as usize;
+                        assert!(p < l && !seen[p], "a permutation lists each of the L positions once");
+                        seen[p] = true;
+                    }
+                }
+            }
+        }
     }
 
     /// The forward: the output `[b, L, h · d_h]` and each row's saved slot.
@@ -1770,33 +1839,55 @@ mod flex {
                 .collect()
         }
 
-        /// Pieces over permutations (one pattern per head and batch row, queries and keys in
-        /// different orders) against dense attention under the same mask: each normaliser on one
-        /// piece, and a softmax union of two pieces whose second hides the pairs of the first —
-        /// output and every input gradient, grouped-query heads, a partial last block.
+        /// Pieces over permutations (one pattern, one per head, one per head and batch row;
+        /// queries and keys in different orders) against dense attention under the same mask: each
+        /// normaliser on one piece, and a softmax union of two pieces whose second hides the pairs
+        /// of the first — output and every input gradient, grouped-query heads, a partial last
+        /// block, query slots that see nothing.
         #[test]
         fn permuted_pieces_equal_dense_masked_attention() {
+            for per in ["layout", "head", "head and row"] {
+                permuted_pieces(per);
+            }
+        }
+
+        fn permuted_pieces(per: &str) {
             let device = Device::flex().autodiff();
             device.seed(25);
             let (b, h, h_kv, len, dh, block) = (2, 4, 2, 29, 8, 4);
-            let patterns = b * h;
+            let patterns = match per {
+                "layout" => 1,
+                "head" => h,
+                _ => b * h,
+            };
+            let pat = |bi: usize, hi: usize| match patterns {
+                1 => 0,
+                p if p == h => hi,
+                _ => bi * h + hi,
+            };
             let rank = |order: &[u32]| {
                 let mut rank = vec![0; order.len()];
                 order.iter().enumerate().for_each(|(s, &p)| rank[p as usize] = s);
                 rank
             };
-            // piece A: query slot s sees key slots s − 5 … s (key order differs from query order)
+            // piece A: query slot s sees key slots s − 5 … s (key order differs from query order),
+            // slots 3, 10, 17, … nothing
             let a = Arc::new(Permutation { queries: shuffles(patterns, len, 1), keys: shuffles(patterns, len, 2) });
             let (qa, ka): (Vec<_>, Vec<_>) =
                 (0..patterns).map(|g| (rank(&a.queries[g * len..][..len]), rank(&a.keys[g * len..][..len]))).unzip();
-            let in_a = |g: usize, i: usize, j: usize| ka[g][j] <= qa[g][i] && qa[g][i] - ka[g][j] <= 5;
+            let in_a =
+                |g: usize, i: usize, j: usize| qa[g][i] % 7 != 3 && ka[g][j] <= qa[g][i] && qa[g][i] - ka[g][j] <= 5;
             let layout_a = Arc::new(SparseLayout::new(
                 len,
                 len,
                 block,
                 patterns,
                 |_, i| vec![(i * block).saturating_sub(5)..(i + 1) * block],
-                |_, s, out| out.push(s.saturating_sub(5)..s + 1),
+                |_, s, out| {
+                    if s % 7 != 3 {
+                        out.push(s.saturating_sub(5)..s + 1)
+                    }
+                },
             ));
             // piece B: one order for queries and keys, slots s − 3 … s + 3, minus A's pairs
             let bo = shuffles(patterns, len, 3);
@@ -1846,7 +1937,7 @@ mod flex {
                         let rows = (0..b).map(|bi| {
                             let one = |t: &Tensor<4>| t.clone().narrow(0, bi, 1);
                             let seen = |hi: usize, i: usize, j: usize| {
-                                in_a(bi * h + hi, i, j) || (union && in_b(bi * h + hi, i, j))
+                                in_a(pat(bi, hi), i, j) || (union && in_b(pat(bi, hi), i, j))
                             };
                             composed_with(one(&q), one(&k), one(&v), None, seen, norm)
                         });
@@ -1856,7 +1947,7 @@ mod flex {
                     (y, [q.grad(&grads).unwrap(), k.grad(&grads).unwrap(), v.grad(&grads).unwrap()])
                 };
                 let ((y1, g1), (y2, g2)) = (run(true), run(false));
-                let what = format!("{norm:?}, union {union}");
+                let what = format!("{norm:?}, union {union}, a pattern per {per}");
                 let tol = if norm == RowNormaliser::Softmax { 1e-5 } else { 1e-4 };
                 let d = rel_diff(y1, y2);
                 assert!(d < tol, "forward, {what}: {d}");

@@ -98,11 +98,8 @@ pub fn read(
     Ok(Pattern { kind, layer, len, reading: Reading::Gradient, grids: vec![grid] })
 }
 
-/// Key j reaches query i when the gradient of output i (projected on a fixed random direction)
-/// with respect to the layer's input at j is not zero: above 10⁻⁵ of the largest for that query,
-/// since a fused kernel's backward (softmax's D_i = dO·O_i) leaves rounding residues of about
-/// 10⁻⁷ of it where the exact gradient is 0 — a query that sees one key does not reach its own
-/// input, whatever the rounding. The input is the one the model hands the
+/// Key j reaches query i when the gradient of output i (projected on a fixed random direction, so
+/// one text gives one picture) with respect to the layer's input at j is not zero. The input is the one the model hands the
 /// layer for `tokens` (the blocks below it run first, under the model's own mask), so a
 /// data-dependent selection is the one this text gets; the layer then runs on an autodiff copy
 /// of the device, with the same mask.
@@ -159,9 +156,8 @@ fn gradient_reach(model: &DecoderLm, cfg: &ModelConfig, tokens: Tensor<2, Int>, 
         let Some(g) = x.grad(&grads) else { continue };
         let reach = g.abs().sum_dim(2).reshape([len]).into_data().convert::<f32>().try_to_vec::<f32>();
         let reach = reach.map_err(|e| anyhow::anyhow!("cannot read the gradients of layer {layer}: {e:?}"))?;
-        let largest = reach.iter().copied().fold(0.0f32, f32::max);
         for (j, r) in reach.into_iter().enumerate() {
-            grid[i * len + j] = r > 0.0 && r > largest * 1e-5;
+            grid[i * len + j] = r > 0.0;
         }
     }
     Ok(grid)
