@@ -27,6 +27,11 @@
 //! positions or token ids; `global_projections = "shared"` uses the local projections for both
 //! (the form before this option, which also loads runs trained with it). The output projection
 //! is shared. Global rows are computed one global position at a time over all keys: O(L·g).
+//! Where nothing but the softmax acts on the scores (no position scheme inside attention, no
+//! dropout, temperature or custom mask, no weights asked for, no cache), a global row is folded
+//! through the projections instead of projecting K_g and V_g at every position:
+//! q_g·(W_k x_j + b_k) = (W_kᵀ q_g)·x_j + const, and Σ_j p_j (W_v x_j + b_v) = W_v (Σ_j p_j x_j) +
+//! b_v — O(L·d) per global position and head, with no L × 3d projection kept for the backward.
 //!
 //! Decoding keeps the last (w − 1)·max δ + 1 keys, or every key once a global token is possible
 //! (and, with separate projections, every position's K_g, V_g in a second cache); the positions
@@ -341,9 +346,13 @@ impl LongformerAttention {
             Some(c) => (Some(&mut c.local), Some(&mut c.global)),
             None => (None, None),
         };
+        let fold = global_cache.is_none() && !dense && input.key_value.is_none() && input.mask.custom.is_none();
         let global_projected = self.global_attention().map(|g| {
+            if fold && folds(&g) && input.mask.max_back.is_none() {
+                return (g, GlobalRows::Folded(input.query.clone()));
+            }
             let p = g.project(input.query.clone(), input.key_value.clone(), input.mask, global_cache);
-            (g, p)
+            (g, GlobalRows::Projected(p))
         });
         let batch = input.query.dims()[0];
         let mask = input.mask;
@@ -375,7 +384,18 @@ impl LongformerAttention {
             self.trim(c);
         }
         match global_projected {
-            Some((g, gp)) => with_global_rows(out, &g, &gp, mask, &global),
+            Some((g, GlobalRows::Folded(x))) if out.weights.is_none() => {
+                let q0 = mask.q_start;
+                let lq = x.dims()[1];
+                let causal = mask.causal;
+                with_global_rows(out, (q0, lq), &global, |i, _| (folded_global_row(&g, &x, i, causal), None))
+            }
+            Some((g, GlobalRows::Folded(x))) => {
+                // weights asked for: the rows as defined
+                let gp = g.project(x, None, mask, None);
+                with_projected_global_rows(out, &g, &gp, mask, &global)
+            }
+            Some((g, GlobalRows::Projected(gp))) => with_projected_global_rows(out, &g, &gp, mask, &global),
             None => out,
         }
     }
@@ -413,10 +433,65 @@ impl LongformerAttention {
     }
 }
 
-/// `out` with the rows of this call's global queries replaced by global attention over every
-/// key with the global projections `gp` (one global position at a time; a position global in
-/// some batch rows only is replaced in those).
-fn with_global_rows(
+/// How the global rows are computed: from the global projections of every position, or folded
+/// through the projections from the layer's input ([`folded_global_row`]).
+enum GlobalRows {
+    Projected(Projected),
+    Folded(Tensor<3>),
+}
+
+/// Whether a global row of `g` may be folded through its projections: nothing but softmax acts
+/// on the scores.
+fn folds(g: &MultiHeadAttention) -> bool {
+    let softmax = g.normaliser.row == variorum_kernels::normalisers::RowNormaliser::Softmax;
+    g.position.is_none() && g.dropout.prob == 0.0 && softmax && g.normaliser.query_factor().is_none()
+}
+
+/// Global attention of the query at row `i` of `x: [b, L, d]` over the keys it sees (causal:
+/// rows ≤ i), folded through `g`'s projections: per head, the scores are x_j·(W_kᵀ q) (the key
+/// bias adds one constant per row, which softmax ignores) and the output W_v (Σ_j p_j x_j) + b_v
+/// (the weights sum to 1). `[b, 1, d]`, through the output projection.
+fn folded_global_row(g: &MultiHeadAttention, x: &Tensor<3>, i: usize, causal: bool) -> Tensor<3> {
+    let [b, l, d] = x.dims();
+    let qkv = &g.qkv;
+    let (h, h_kv, hd) = (qkv.n_heads, qkv.n_kv_heads, qkv.head_dim);
+    let weight = qkv.qkv.weight.val();
+    let bias = qkv.qkv.bias.as_ref().map(|p| p.val());
+    let device = x.device();
+    // each query head's key/value head
+    let kv: Vec<i64> = (0..h).map(|hi| (hi / (h / h_kv)) as i64).collect();
+    let kv = Tensor::<1, Int>::from_data(TensorData::new(kv, [h]), &device);
+    // W_k and W_v of each query head, [h, d, hd]
+    let per_head = |from: usize| {
+        weight.clone().narrow(1, from, h_kv * hd).reshape([d, h_kv, hd]).select(1, kv.clone()).swap_dims(0, 1)
+    };
+    let (w_k, w_v) = (per_head(h * hd), per_head((h + h_kv) * hd));
+    let x_i = x.clone().narrow(1, i, 1);
+    let q = variorum_kernels::linear::forward(&qkv.qkv, x_i)
+        .narrow(2, 0, h * hd)
+        .reshape([b, h, 1, hd])
+        .mul_scalar(g.scale);
+    // u = W_kᵀ q per head: [b, h, d]
+    let u = q.matmul(w_k.swap_dims(1, 2).unsqueeze_dim::<4>(0).expand([b, h, hd, d])).reshape([b, h, d]);
+    let keys = x.clone().narrow(1, 0, if causal { i + 1 } else { l });
+    let p = burn::tensor::activation::softmax(u.matmul(keys.clone().swap_dims(1, 2)), 2);
+    // Σ_j p_j x_j, then W_v and b_v per head: [b, h, 1, hd]
+    let mixed = p.matmul(keys).reshape([b, h, 1, d]);
+    let out = mixed.matmul(w_v.unsqueeze_dim::<4>(0).expand([b, h, d, hd]));
+    let out = match bias {
+        Some(bias) => {
+            let b_v =
+                bias.narrow(0, (h + h_kv) * hd, h_kv * hd).reshape([h_kv, hd]).select(0, kv).reshape([1, h, 1, hd]);
+            out + b_v
+        }
+        None => out,
+    };
+    g.merge(out)
+}
+
+/// [`with_global_rows`] with each row from the global projections `gp` of every position, as
+/// defined (global attention over every key, one global position at a time).
+fn with_projected_global_rows(
     out: AttentionOutput,
     g: &MultiHeadAttention,
     gp: &Projected,
@@ -424,6 +499,26 @@ fn with_global_rows(
     global: &[Vec<usize>],
 ) -> AttentionOutput {
     let (q0, lq) = (gp.layout.q_start, gp.layout.len_q);
+    with_global_rows(out, (q0, lq), global, |i, need_weights| {
+        let pos = q0 + i;
+        let layout = variorum_position::ScoreLayout::new(pos, gp.layout.k_start, 1, gp.layout.len_k, gp.layout.causal);
+        let p = Projected::new(gp.q.clone().narrow(2, i, 1), gp.k.clone(), gp.v.clone(), layout, gp.max_back);
+        let row_mask =
+            AttentionMask { q_start: pos, custom: mask.custom.clone().map(|c| c.narrow(1, i, 1)), ..mask.clone() };
+        let row = dense_pattern(g, &p, &row_mask, need_weights, 1, |_, _, _, _| false);
+        (row.context, row.weights)
+    })
+}
+
+/// `out` with the rows of this call's global queries (the call's rows `q0..q0 + lq`) replaced
+/// by `row(i, need_weights)` (context `[b, 1, d]`, weights `[b, h, 1, L]`), one global position
+/// at a time; a position global in some batch rows only is replaced in those.
+fn with_global_rows(
+    out: AttentionOutput,
+    (q0, lq): (usize, usize),
+    global: &[Vec<usize>],
+    row: impl Fn(usize, bool) -> (Tensor<3>, Option<Tensor<4>>),
+) -> AttentionOutput {
     let mut positions: Vec<usize> = global.iter().flatten().copied().filter(|&p| p >= q0 && p < q0 + lq).collect();
     positions.sort_unstable();
     positions.dedup();
@@ -432,11 +527,7 @@ fn with_global_rows(
     let device = context.device();
     for pos in positions {
         let i = pos - q0;
-        let layout = variorum_position::ScoreLayout::new(pos, gp.layout.k_start, 1, gp.layout.len_k, gp.layout.causal);
-        let p = Projected::new(gp.q.clone().narrow(2, i, 1), gp.k.clone(), gp.v.clone(), layout, gp.max_back);
-        let row_mask =
-            AttentionMask { q_start: pos, custom: mask.custom.clone().map(|c| c.narrow(1, i, 1)), ..mask.clone() };
-        let row = dense_pattern(g, &p, &row_mask, weights.is_some(), 1, |_, _, _, _| false);
+        let (row_context, row_weights) = row(i, weights.is_some());
         let here: Vec<f32> = global.iter().map(|rows| if rows.contains(&pos) { 1.0 } else { 0.0 }).collect();
         let all = here.iter().all(|&x| x == 1.0);
         let select = Tensor::<1>::from_data(TensorData::new(here, [b]), &device);
@@ -444,8 +535,8 @@ fn with_global_rows(
             if all { new } else { old.clone() + (new - old) * select.clone().reshape([b, 1, 1]) }
         };
         let old = context.clone().narrow(1, i, 1);
-        context = context.slice_assign([0..b, i..i + 1, 0..d], blend(old, row.context));
-        if let (Some(w), Some(rw)) = (weights.as_mut(), row.weights) {
+        context = context.slice_assign([0..b, i..i + 1, 0..d], blend(old, row_context));
+        if let (Some(w), Some(rw)) = (weights.as_mut(), row_weights) {
             let [_, h, _, lk] = w.dims();
             let old = w.clone().narrow(2, i, 1);
             let new = if all { rw } else { old.clone() + (rw - old) * select.clone().reshape([b, 1, 1, 1]) };

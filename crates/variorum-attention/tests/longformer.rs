@@ -176,3 +176,33 @@ fn global_attention_has_its_own_projections() {
         }
     }
 }
+
+/// With nothing but softmax on the scores, a global row is folded through the global projections
+/// (no K_g, V_g at every position): its output, the input's gradient and the global projection's
+/// gradient equal the definition's, causal and bidirectional, grouped-query heads.
+#[test]
+fn folded_global_rows_equal_the_definition_with_gradients() {
+    let dev = Device::flex().autodiff();
+    let none = PositionConfig::None(Default::default());
+    for n_kv_heads in [Some(2), None] {
+        let cfg = LongformerConfig { window: 3, block: Some(2), global: vec![0, 5], n_kv_heads, ..Default::default() };
+        let attn = longformer(&cfg, &none, &dev);
+        let x: Tensor<3> = Tensor::random([2, 11, D], Distribution::Normal(0.0, 1.0), &dev);
+        let w: Tensor<3> = Tensor::random([2, 11, D], Distribution::Normal(0.0, 1.0), &dev);
+        for mask in [AttentionMask::causal(), AttentionMask::bidirectional()] {
+            let run = |dense: bool| {
+                let x = x.clone().require_grad();
+                let y = attn.forward_with(AttentionInput::self_attention(x.clone(), &mask), None, dense).context;
+                let grads = (y.clone() * w.clone()).sum().backward();
+                let dg = attn.global_qkv.as_ref().unwrap().qkv.weight.grad(&grads).unwrap();
+                (y, x.grad(&grads).unwrap(), dg)
+            };
+            let ((y1, dx1, dg1), (y2, dx2, dg2)) = (run(false), run(true));
+            let gap = |a: Tensor<3>, b: Tensor<3>| (a - b).abs().max().into_scalar::<f32>();
+            let what = format!("kv heads {n_kv_heads:?}, causal {}", mask.causal);
+            assert!(gap(y1, y2) < 1e-5, "{what}: output");
+            assert!(gap(dx1, dx2) < 1e-4, "{what}: input gradient");
+            assert!(gap(dg1.unsqueeze(), dg2.unsqueeze()) < 1e-4, "{what}: global projection gradient");
+        }
+    }
+}
