@@ -211,25 +211,8 @@ fn the_kernel_path_equals_the_composed_path_with_gradients() {
         let w: Tensor<3> = Tensor::random([2, len, D], Distribution::Normal(0.0, 1.0), &dev);
         for causal in [true, false] {
             let what = format!("{buckets} buckets, {rounds} rounds, chunk {chunk}, len {len}, causal {causal}");
-            let grads_of = |kernels: bool| {
-                let x = x.clone().require_grad();
-                let before = variorum_kernels::block_sparse::calls();
-                let y = match kernels {
-                    true => run(&attn, x.clone(), causal),
-                    false => variorum_kernels::without_kernels(|| run(&attn, x.clone(), causal)),
-                };
-                assert_eq!(variorum_kernels::block_sparse::calls() > before, kernels, "{what}: kernel use");
-                let grads = (y.clone() * w.clone()).sum().backward();
-                let dqv = attn.qv.weight.grad(&grads).unwrap();
-                (y, x.grad(&grads).unwrap(), dqv)
-            };
-            let ((y1, dx1, dw1), (y2, dx2, dw2)) = (grads_of(true), grads_of(false));
-            let rel = |a: Tensor<3>, b: Tensor<3>| {
-                ((a.clone() - b).abs().max().into_scalar::<f32>()) / a.abs().max().into_scalar::<f32>().max(1e-6)
-            };
-            assert!(rel(y1, y2) < 1e-5, "output, {what}");
-            assert!(rel(dx1, dx2) < 1e-4, "input gradient, {what}");
-            assert!(rel(dw1.unsqueeze(), dw2.unsqueeze()) < 1e-4, "projection gradient, {what}");
+            let run = |x: Tensor<3>| run(&attn, x, causal);
+            common::assert_kernel_matches_composed(&what, &x, &w, run, |g| attn.qv.weight.grad(g).unwrap());
         }
     }
 }

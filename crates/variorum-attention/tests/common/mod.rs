@@ -13,6 +13,34 @@ pub fn with_kernels<R>(on: bool, f: impl FnOnce() -> R) -> R {
     if on { f() } else { variorum_kernels::without_kernels(f) }
 }
 
+/// Holds a layer's block-sparse kernel path to its composed path (the kernels off): `run(x)` the
+/// layer's output, `weight(grads)` the gradient of one of its parameters; the output, the input
+/// gradient and that gradient must agree (relative to their largest entries), and the kernel must
+/// run on the first path only.
+pub fn assert_kernel_matches_composed(
+    what: &str,
+    x: &Tensor<3>,
+    w: &Tensor<3>,
+    run: impl Fn(Tensor<3>) -> Tensor<3>,
+    weight: impl Fn(&burn::tensor::Gradients) -> Tensor<2>,
+) {
+    let grads_of = |kernels: bool| {
+        let x = x.clone().require_grad();
+        let before = variorum_kernels::block_sparse::calls();
+        let y = with_kernels(kernels, || run(x.clone()));
+        assert_eq!(variorum_kernels::block_sparse::calls() > before, kernels, "{what}: kernel use");
+        let grads = (y.clone() * w.clone()).sum().backward();
+        (y, x.grad(&grads).unwrap(), weight(&grads))
+    };
+    let ((y1, dx1, dw1), (y2, dx2, dw2)) = (grads_of(true), grads_of(false));
+    let rel = |a: Tensor<3>, b: Tensor<3>| {
+        (a.clone() - b).abs().max().into_scalar::<f32>() / a.abs().max().into_scalar::<f32>().max(1e-6)
+    };
+    assert!(rel(y1, y2) < 1e-5, "output, {what}");
+    assert!(rel(dx1, dx2) < 1e-4, "input gradient, {what}");
+    assert!(rel(dw1.unsqueeze(), dw2.unsqueeze()) < 1e-4, "parameter gradient, {what}");
+}
+
 /// Causal and bidirectional masks, each with the kernels on and off.
 pub fn masks_and_paths() -> Vec<(AttentionMask, bool)> {
     let masks = [AttentionMask::causal(), AttentionMask::bidirectional()];
