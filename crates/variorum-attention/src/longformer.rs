@@ -346,7 +346,9 @@ impl LongformerAttention {
             Some(c) => (Some(&mut c.local), Some(&mut c.global)),
             None => (None, None),
         };
-        let fold = global_cache.is_none() && !dense && input.key_value.is_none() && input.mask.custom.is_none();
+        // the folded rows read the keys from the input's own positions
+        let own_keys = input.key_value.is_none() && input.mask.q_start == input.mask.k_start;
+        let fold = global_cache.is_none() && !dense && own_keys && input.mask.custom.is_none();
         let global_projected = self.global_attention().map(|g| {
             if fold && folds(&g) && input.mask.max_back.is_none() {
                 return (g, GlobalRows::Folded(input.query.clone()));

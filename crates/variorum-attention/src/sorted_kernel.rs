@@ -1,8 +1,8 @@
 //! Sorted-chunk attention ([`crate::sorted_chunks`]) on the block-sparse kernel
 //! ([`variorum_kernels::block_sparse`]): LSH's shared-QK positions ([`hash_rounds`]) and routing's
-//! queries and keys ([`routed`]). For LSH, each hash round is one piece of a kernel union over a [`Permutation`]: the round's
-//! sorted order, in which what an item sees — the m items before it (causal), or its chunk and
-//! the one before — cut to its bucket, is a band of slots. The kernel gathers each block's items
+//! queries and keys ([`routed`]). For LSH, each hash round is one piece of a kernel union over a
+//! [`Permutation`]: the round's sorted order, in which what an item sees — the m items before it
+//! (causal), or its chunk and the one before — cut to its bucket, is a band of slots. The kernel gathers each block's items
 //! through the permutation, scores only the band and writes the results back at the positions:
 //! no sorted copy of q, k or v, no `[chunks, m, 2m]` score, mask or duplicate-count tensor, and
 //! the backward recomputes the probabilities.
@@ -72,17 +72,19 @@ impl Windows {
         c * self.m..((c + 1) * self.m).min(self.n)
     }
 
-    /// The slot ranges slot `s` may see.
-    fn of(self, s: usize, out: &mut Vec<Range<usize>>) {
+    /// The slot ranges slot `s` may see (the second empty where there is one).
+    fn of(self, s: usize) -> [Range<usize>; 2] {
         if self.causal {
-            out.push(s.saturating_sub(self.m)..s + 1);
-            return;
+            return [s.saturating_sub(self.m)..s + 1, 0..0];
         }
         let c = s / self.m;
-        out.push(self.chunk(c));
-        if self.chunks() > 1 {
-            out.push(self.chunk((c + self.chunks() - 1) % self.chunks()));
-        }
+        let before = if self.chunks() > 1 { self.chunk((c + self.chunks() - 1) % self.chunks()) } else { 0..0 };
+        [self.chunk(c), before]
+    }
+
+    /// [`Windows::of`] cut to `cut` (a bucket's slots).
+    fn within(self, s: usize, cut: &Range<usize>) -> [Range<usize>; 2] {
+        self.of(s).map(|w| w.start.max(cut.start)..w.end.min(cut.end))
     }
 
     /// Whether the item at slot `s` sees the one at slot `t` of the same bucket.
@@ -129,11 +131,7 @@ pub fn hash_rounds(
                 .map(|i| {
                     row.iter().all(|round| {
                         let s = round.rank[i];
-                        let mut seen = Vec::new();
-                        windows.of(s, &mut seen);
-                        seen.iter().all(|w| {
-                            (w.start.max(round.bucket[s].start)..w.end.min(round.bucket[s].end)).all(|t| t == s)
-                        })
+                        windows.within(s, &round.bucket[s]).into_iter().all(|mut w| w.all(|t| t == s))
                     })
                 })
                 .collect()
@@ -153,10 +151,7 @@ pub fn hash_rounds(
                 // only keys of the block's buckets are seen: cut the chunks to their span
                 let span = round.bucket[q0].start..round.bucket[q1 - 1].end;
                 for c in q0 / windows.m..=(q1 - 1) / windows.m {
-                    windows.of(c * windows.m, &mut out);
-                }
-                for r in &mut out {
-                    *r = r.start.max(span.start)..r.end.min(span.end);
+                    out.extend(windows.within(c * windows.m, &span));
                 }
             }
             out
@@ -170,11 +165,7 @@ pub fn hash_rounds(
                 }
                 return;
             }
-            let mut seen = Vec::new();
-            windows.of(s, &mut seen);
-            let cut = round.bucket[s].clone();
-            for w in seen {
-                let slots = w.start.max(cut.start)..w.end.min(cut.end);
+            for slots in windows.within(s, &round.bucket[s]) {
                 // not itself, and not what an earlier round already saw
                 let fresh = |&t: &usize| t != s && rounds[g][..r].iter().all(|early| !sees(early, i, round.order[t]));
                 out.extend(slots.filter(fresh).map(|t| t..t + 1));
@@ -235,13 +226,9 @@ pub fn routed(
         let (round, keys_before, queries) = &sorted[g];
         // query slot s: the s-th query of the combined order, at combined slot `at`
         let at = round.rank[2 * queries[s] + 1];
-        let mut seen = Vec::new();
-        windows.of(at, &mut seen);
-        let cut = &round.bucket[at];
-        for w in seen {
-            let (a, z) = (w.start.max(cut.start), w.end.min(cut.end));
-            if a < z && keys_before[a] < keys_before[z] {
-                out.push(keys_before[a]..keys_before[z]);
+        for w in windows.within(at, &round.bucket[at]) {
+            if w.start < w.end && keys_before[w.start] < keys_before[w.end] {
+                out.push(keys_before[w.start]..keys_before[w.end]);
             }
         }
     };

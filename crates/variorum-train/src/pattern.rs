@@ -99,10 +99,10 @@ pub fn read(
 }
 
 /// Key j reaches query i when the gradient of output i (projected on a fixed random direction, so
-/// one text gives one picture) with respect to the layer's input at j is not zero. The input is the one the model hands the
-/// layer for `tokens` (the blocks below it run first, under the model's own mask), so a
-/// data-dependent selection is the one this text gets; the layer then runs on an autodiff copy
-/// of the device, with the same mask.
+/// one text gives one picture) with respect to the layer's input at j is not zero. The input is
+/// the one the model hands the layer for `tokens` (the blocks below it run first, under the
+/// model's own mask), so a data-dependent selection is the one this text gets; the layer then
+/// runs on an autodiff copy of the device, with the same mask.
 fn gradient_reach(model: &DecoderLm, cfg: &ModelConfig, tokens: Tensor<2, Int>, layer: usize) -> Result<Vec<bool>> {
     let kind = cfg.attention.kind();
     if model.global_embedding.is_some() {
