@@ -26,6 +26,11 @@
 //! first block has no sorted block. Decoding then equals the full forward: a new token scores its
 //! block so far plus its block's sorted block, mixed from the cache once per block and kept.
 //!
+//! On flex without dropout (and without SortCut) the blocks attend on the block-sparse kernel: the
+//! sorted blocks followed by the blocks themselves are one key sequence, and block i scores two
+//! runs of it, so no `[N, b, 2b]` score or mask tensor is formed; the sorting network, the
+//! balancing and the mixing stay Burn's ops.
+//!
 //! The Gumbel noise (`gumbel = true`) is drawn afresh on every training forward, so a reversible
 //! block's recomputation cannot replay it (the config is then not `replayable`). Queries and keys
 //! of the same positions are sorted together: no memory (`reads_memory: false`).
@@ -242,6 +247,12 @@ impl SinkhornAttention {
         let s = self.sort_matrix(flat(k.clone()), causal);
         let sorted = |t: Tensor<4>| s.clone().matmul(flat(t)).reshape([b * h, n, m, hd]);
         let (ks, vs) = (sorted(k.clone()), sorted(v.clone()));
+        if self.sortcut.is_none() || causal {
+            let keys = (ks.clone().reshape([b, h, n * m, hd]), vs.clone().reshape([b, h, n * m, hd]));
+            if let Some(out) = self.on_kernel(q.clone(), keys, (k.clone(), v.clone()), l, causal) {
+                return out.narrow(2, l - lq, lq);
+            }
+        }
         let blocks = |t: Tensor<4>| t.reshape([b * h, n, m, hd]);
         let (qb, kb, vb) = (blocks(q), blocks(k), blocks(v));
 
@@ -265,6 +276,44 @@ impl SinkhornAttention {
             }
         };
         out.reshape([b, h, n * m, hd]).narrow(2, l - lq, lq)
+    }
+
+    /// Block i's queries against its sorted block and its own by the block-sparse kernel
+    /// ([`variorum_kernels::block_sparse`]): the keys are the sorted blocks followed by the
+    /// blocks themselves (`[b, h, 2 n m, hd]`, queries standing at the second half's positions),
+    /// block i scoring two runs of m; `None` off flex or with dropout on the probabilities. Inputs
+    /// padded to n m positions of which `l` are real; returns `[b, h, n m, hd]`.
+    fn on_kernel(
+        &self,
+        q: Tensor<4>,
+        (ks, vs): (Tensor<4>, Tensor<4>),
+        (k, v): (Tensor<4>, Tensor<4>),
+        l: usize,
+        causal: bool,
+    ) -> Option<Tensor<4>> {
+        if self.dropout.prob > 0.0 || !variorum_kernels::has_kernel(&q) {
+            return None;
+        }
+        let [b, h, len, hd] = q.dims();
+        let m = self.block;
+        let runs = |_: usize, i: usize| vec![i * m..(i + 1) * m, len + i * m..len + (i + 1) * m];
+        let visible = |_: usize, at: usize, out: &mut Vec<std::ops::Range<usize>>| {
+            // key slots: sorted block i at i m …, own block at len + i m …; the query at len + t
+            let (t, i) = (at - len, (at - len) / m);
+            if !(causal && i == 0) {
+                out.push(i * m..(i + 1) * m);
+            }
+            let own_end = if causal { t + 1 } else { (i + 1) * m };
+            out.push(len + i * m..len + own_end.min(l));
+        };
+        let layout =
+            std::sync::Arc::new(variorum_kernels::block_sparse::SparseLayout::new(len, 2 * len, m, 1, runs, visible));
+        let keys = Tensor::cat(vec![ks, k], 2);
+        let values = Tensor::cat(vec![vs, v], 2);
+        let q = q.mul_scalar(1.0 / (hd as f64).sqrt());
+        let softmax = variorum_kernels::normalisers::RowNormaliser::Softmax;
+        let out = variorum_kernels::block_sparse::block_sparse_attention(q, keys, values, None, layout, softmax)?;
+        Some(out.reshape([b, len, h, hd]).swap_dims(1, 2))
     }
 
     /// Which of [sorted block; own block] each query of each block may not see, `[n, m, 2m]`:

@@ -171,3 +171,23 @@ fn causal_outputs_before_a_change_are_bit_identical() {
         );
     }
 }
+
+/// On flex (no dropout, no SortCut) the blocks attend on the block-sparse kernel: equal to the
+/// composed path with the kernels off — output, input gradient and the projection's gradient —
+/// causal and bidirectional, one block, several, a partial last block.
+#[test]
+fn the_kernel_path_equals_the_composed_path_with_gradients() {
+    let _guard = common::seeded();
+    let dev = Device::flex().autodiff();
+    for (block, len) in [(4, 16), (4, 18), (3, 3), (8, 5)] {
+        let attn = SinkhornAttention { gumbel: false, ..layer(block, None, &dev) };
+        let x = input(2, len, &dev);
+        dev.seed(6);
+        let w: Tensor<3> = Tensor::random([2, len, D], Distribution::Normal(0.0, 1.0), &dev);
+        for causal in [true, false] {
+            let what = format!("block {block}, len {len}, causal {causal}");
+            let run = |x: Tensor<3>| run(&attn, x, causal);
+            common::assert_kernel_matches_composed(&what, &x, &w, run, |g| attn.qkv.weight.grad(g).unwrap());
+        }
+    }
+}
