@@ -28,8 +28,9 @@
 //! (the form before this option, which also loads runs trained with it). The output projection
 //! is shared. Global rows are computed one global position at a time over all keys: O(L·g).
 //! Where nothing but the softmax acts on the scores (no position scheme inside attention, no
-//! dropout, temperature or custom mask, no weights asked for, no cache), a global row is folded
-//! through the projections instead of projecting K_g and V_g at every position:
+//! dropout or temperature; no padding, custom or graph mask, no `max_back`; keys at the input's
+//! own positions, no cache, no weights asked for, and few enough global rows), a global row is
+//! folded through the projections instead of projecting K_g and V_g at every position:
 //! q_g·(W_k x_j + b_k) = (W_kᵀ q_g)·x_j + const, and Σ_j p_j (W_v x_j + b_v) = W_v (Σ_j p_j x_j) +
 //! b_v — O(L·d) per global position and head, with no L × 3d projection kept for the backward.
 //!
@@ -348,7 +349,8 @@ impl LongformerAttention {
         };
         // the folded rows read the keys from the input's own positions
         let own_keys = input.key_value.is_none() && input.mask.q_start == input.mask.k_start;
-        let fold = global_cache.is_none() && !dense && own_keys && input.mask.custom.is_none();
+        let unmasked = input.mask.custom.is_none() && input.mask.padding.is_none() && input.mask.graph.is_none();
+        let fold = global_cache.is_none() && !dense && own_keys && unmasked;
         let global_projected = self.global_attention().map(|g| {
             if fold && folds(&g) && input.mask.max_back.is_none() {
                 return (g, GlobalRows::Folded(input.query.clone()));
@@ -386,14 +388,15 @@ impl LongformerAttention {
             self.trim(c);
         }
         match global_projected {
-            Some((g, GlobalRows::Folded(x))) if out.weights.is_none() => {
-                let q0 = mask.q_start;
-                let lq = x.dims()[1];
-                let causal = mask.causal;
-                with_global_rows(out, (q0, lq), &global, |i, _| (folded_global_row(&g, &x, i, causal), None))
+            Some((g, GlobalRows::Folded(x)))
+                if out.weights.is_none() && folding_pays(&g, &x, mask.q_start, &global) =>
+            {
+                let (q0, lq) = (mask.q_start, x.dims()[1]);
+                let folded = FoldedProjections::new(&g);
+                with_global_rows(out, (q0, lq), &global, |i, _| (folded.row(&g, &x, i, mask.causal), None))
             }
             Some((g, GlobalRows::Folded(x))) => {
-                // weights asked for: the rows as defined
+                // weights asked for, or so many global rows that projecting is cheaper: as defined
                 let gp = g.project(x, None, mask, None);
                 with_projected_global_rows(out, &g, &gp, mask, &global)
             }
@@ -449,46 +452,71 @@ fn folds(g: &MultiHeadAttention) -> bool {
     g.position.is_none() && g.dropout.prob == 0.0 && softmax && g.normaliser.query_factor().is_none()
 }
 
-/// Global attention of the query at row `i` of `x: [b, L, d]` over the keys it sees (causal:
-/// rows ≤ i), folded through `g`'s projections: per head, the scores are x_j·(W_kᵀ q) (the key
-/// bias adds one constant per row, which softmax ignores) and the output W_v (Σ_j p_j x_j) + b_v
-/// (the weights sum to 1). `[b, 1, d]`, through the output projection.
-fn folded_global_row(g: &MultiHeadAttention, x: &Tensor<3>, i: usize, causal: bool) -> Tensor<3> {
-    let [b, l, d] = x.dims();
-    let qkv = &g.qkv;
-    let (h, h_kv, hd) = (qkv.n_heads, qkv.n_kv_heads, qkv.head_dim);
-    let weight = qkv.qkv.weight.val();
-    let bias = qkv.qkv.bias.as_ref().map(|p| p.val());
-    let device = x.device();
-    // each query head's key/value head
-    let kv: Vec<i64> = (0..h).map(|hi| (hi / (h / h_kv)) as i64).collect();
-    let kv = Tensor::<1, Int>::from_data(TensorData::new(kv, [h]), &device);
-    // W_k and W_v of each query head, [h, d, hd]
-    let per_head = |from: usize| {
-        weight.clone().narrow(1, from, h_kv * hd).reshape([d, h_kv, hd]).select(1, kv.clone()).swap_dims(0, 1)
-    };
-    let (w_k, w_v) = (per_head(h * hd), per_head((h + h_kv) * hd));
-    let x_i = x.clone().narrow(1, i, 1);
-    let q = variorum_kernels::linear::forward(&qkv.qkv, x_i)
-        .narrow(2, 0, h * hd)
-        .reshape([b, h, 1, hd])
-        .mul_scalar(g.scale);
-    // u = W_kᵀ q per head: [b, h, d]
-    let u = q.matmul(w_k.swap_dims(1, 2).unsqueeze_dim::<4>(0).expand([b, h, hd, d])).reshape([b, h, d]);
-    let keys = x.clone().narrow(1, 0, if causal { i + 1 } else { l });
-    let p = burn::tensor::activation::softmax(u.matmul(keys.clone().swap_dims(1, 2)), 2);
-    // Σ_j p_j x_j, then W_v and b_v per head: [b, h, 1, hd]
-    let mixed = p.matmul(keys).reshape([b, h, 1, d]);
-    let out = mixed.matmul(w_v.unsqueeze_dim::<4>(0).expand([b, h, d, hd]));
-    let out = match bias {
-        Some(bias) => {
-            let b_v =
-                bias.narrow(0, (h + h_kv) * hd, h_kv * hd).reshape([h_kv, hd]).select(0, kv).reshape([1, h, 1, hd]);
-            out + b_v
-        }
-        None => out,
-    };
-    g.merge(out)
+/// Whether folding the global rows costs less than projecting K_g and V_g at every position: a
+/// folded row keeps O(b·h·(L + d)) for the backward and does O(b·h·d·L) work, the projection
+/// O(b·L·3d) and O(b·L·3d²) once, so folding pays while (global rows) · h ≤ 3 d.
+fn folding_pays(g: &MultiHeadAttention, x: &Tensor<3>, q0: usize, global: &[Vec<usize>]) -> bool {
+    let [_, lq, d] = x.dims();
+    let mut rows: Vec<usize> = global.iter().flatten().copied().filter(|&p| p >= q0 && p < q0 + lq).collect();
+    rows.sort_unstable();
+    rows.dedup();
+    rows.len() * g.qkv.n_heads <= 3 * d
+}
+
+/// The global projections' key and value weights per query head, `[h, d, hd]` each, and the value
+/// bias `[1, h, 1, hd]`: what every folded global row of a call reads.
+struct FoldedProjections {
+    w_k: Tensor<3>,
+    w_v: Tensor<3>,
+    b_v: Option<Tensor<4>>,
+}
+
+impl FoldedProjections {
+    fn new(g: &MultiHeadAttention) -> Self {
+        let qkv = &g.qkv;
+        let (h, h_kv, hd) = (qkv.n_heads, qkv.n_kv_heads, qkv.head_dim);
+        let weight = qkv.qkv.weight.val();
+        let d = weight.dims()[0];
+        // each query head's key/value head
+        let kv: Vec<i64> = (0..h).map(|hi| (hi / (h / h_kv)) as i64).collect();
+        let kv = Tensor::<1, Int>::from_data(TensorData::new(kv, [h]), &weight.device());
+        let per_head = |from: usize| {
+            weight.clone().narrow(1, from, h_kv * hd).reshape([d, h_kv, hd]).select(1, kv.clone()).swap_dims(0, 1)
+        };
+        let b_v = qkv.qkv.bias.as_ref().map(|bias| {
+            bias.val()
+                .narrow(0, (h + h_kv) * hd, h_kv * hd)
+                .reshape([h_kv, hd])
+                .select(0, kv.clone())
+                .reshape([1, h, 1, hd])
+        });
+        Self { w_k: per_head(h * hd), w_v: per_head((h + h_kv) * hd), b_v }
+    }
+
+    /// Global attention of the query at row `i` of `x: [b, L, d]` over the keys it sees (causal:
+    /// rows ≤ i), folded through `g`'s projections: per head, the scores are x_j·(W_kᵀ q) (the key
+    /// bias adds one constant per row, which softmax ignores) and the output W_v (Σ_j p_j x_j) + b_v
+    /// (the weights sum to 1). `[b, 1, d]`, through the output projection.
+    fn row(&self, g: &MultiHeadAttention, x: &Tensor<3>, i: usize, causal: bool) -> Tensor<3> {
+        let [b, l, d] = x.dims();
+        let (h, hd) = (g.qkv.n_heads, g.qkv.head_dim);
+        let q = variorum_kernels::linear::forward(&g.qkv.qkv, x.clone().narrow(1, i, 1))
+            .narrow(2, 0, h * hd)
+            .reshape([b, h, 1, hd])
+            .mul_scalar(g.scale);
+        // u = W_kᵀ q per head: [b, h, d]
+        let w_k = self.w_k.clone().swap_dims(1, 2).unsqueeze_dim::<4>(0).expand([b, h, hd, d]);
+        let u = q.matmul(w_k).reshape([b, h, d]);
+        let keys = x.clone().narrow(1, 0, if causal { i + 1 } else { l });
+        let p = burn::tensor::activation::softmax(u.matmul(keys.clone().swap_dims(1, 2)), 2);
+        // Σ_j p_j x_j, then W_v and b_v per head: [b, h, 1, hd]
+        let mixed = p.matmul(keys).reshape([b, h, 1, d]);
+        let out = mixed.matmul(self.w_v.clone().unsqueeze_dim::<4>(0).expand([b, h, d, hd]));
+        g.merge(match &self.b_v {
+            Some(b_v) => out + b_v.clone(),
+            None => out,
+        })
+    }
 }
 
 /// [`with_global_rows`] with each row from the global projections `gp` of every position, as

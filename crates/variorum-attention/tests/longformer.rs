@@ -179,7 +179,8 @@ fn global_attention_has_its_own_projections() {
 
 /// With nothing but softmax on the scores, a global row is folded through the global projections
 /// (no K_g, V_g at every position): its output, the input's gradient and the global projection's
-/// gradient equal the definition's, causal and bidirectional, grouped-query heads.
+/// gradient equal the definition's, causal and bidirectional, grouped-query heads; with padding
+/// the rows are not folded and still hide the padded keys.
 #[test]
 fn folded_global_rows_equal_the_definition_with_gradients() {
     let dev = Device::flex().autodiff();
@@ -189,7 +190,11 @@ fn folded_global_rows_equal_the_definition_with_gradients() {
         let attn = longformer(&cfg, &none, &dev);
         let x: Tensor<3> = Tensor::random([2, 11, D], Distribution::Normal(0.0, 1.0), &dev);
         let w: Tensor<3> = Tensor::random([2, 11, D], Distribution::Normal(0.0, 1.0), &dev);
-        for mask in [AttentionMask::causal(), AttentionMask::bidirectional()] {
+        // the second row's last three positions are padding: the global rows must not read them
+        let pad: Vec<bool> = (0..2 * 11).map(|t| t >= 11 + 8).collect();
+        let pad = Tensor::<2, Bool>::from_data(TensorData::new(pad, [2, 11]), &dev);
+        let padded = AttentionMask::bidirectional().with_padding(pad);
+        for mask in [AttentionMask::causal(), AttentionMask::bidirectional(), padded] {
             let run = |dense: bool| {
                 let x = x.clone().require_grad();
                 let y = attn.forward_with(AttentionInput::self_attention(x.clone(), &mask), None, dense).context;
@@ -199,7 +204,7 @@ fn folded_global_rows_equal_the_definition_with_gradients() {
             };
             let ((y1, dx1, dg1), (y2, dx2, dg2)) = (run(false), run(true));
             let gap = |a: Tensor<3>, b: Tensor<3>| (a - b).abs().max().into_scalar::<f32>();
-            let what = format!("kv heads {n_kv_heads:?}, causal {}", mask.causal);
+            let what = format!("kv heads {n_kv_heads:?}, causal {}, padding {}", mask.causal, mask.padding.is_some());
             assert!(gap(y1, y2) < 1e-5, "{what}: output");
             assert!(gap(dx1, dx2) < 1e-4, "{what}: input gradient");
             assert!(gap(dg1.unsqueeze(), dg2.unsqueeze()) < 1e-4, "{what}: global projection gradient");
