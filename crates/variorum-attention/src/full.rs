@@ -774,7 +774,7 @@ impl MultiHeadAttention {
         // one query (cached decoding): the kernel's GEMM would pack every key for a single row,
         // slower than the composed matrix–vector products (2,350 vs 2,830 tokens/s at context 1024)
         let one_query = p.layout.len_q == 1;
-        if !self.kernel_computes(m, need_weights) || !plain_position || one_query {
+        if !self.kernel_computes(m, need_weights, &p.q.device()) || !plain_position || one_query {
             return None;
         }
         // a head's temperature scales its scores, so its queries: s/τ = (q/τ)·k
@@ -790,18 +790,18 @@ impl MultiHeadAttention {
     /// kernel computes it with its distance-bias table, where the kernels are on.
     fn bias_on_the_sparse_kernel(&self, p: &Projected, m: &AttentionMask, need_weights: bool) -> bool {
         let aligned = p.layout.q_start == p.layout.k_start && p.layout.len_q == p.layout.len_k;
-        let plain =
-            m.padding.is_none() && m.custom.is_none() && m.graph.is_none() && !need_weights && self.dropout.prob == 0.0;
+        let drops = crate::kind::drops(&self.dropout, &p.q.device());
+        let plain = m.padding.is_none() && m.custom.is_none() && m.graph.is_none() && !need_weights && !drops;
         let by_distance = self.position.as_ref().is_some_and(|pos| pos.works_on_gathered_keys() && !pos.rotates());
         aligned && plain && by_distance && variorum_kernels::has_kernel(&p.q)
     }
 
     /// What both kernel paths share: a causal mask and nothing else, no dropout on the
-    /// probabilities, no weights asked for.
-    fn kernel_computes(&self, m: &AttentionMask, need_weights: bool) -> bool {
+    /// probabilities (on `device`), no weights asked for.
+    fn kernel_computes(&self, m: &AttentionMask, need_weights: bool, device: &Device) -> bool {
         let plain_mask =
             m.causal && m.padding.is_none() && m.custom.is_none() && m.graph.is_none() && m.max_back.is_none();
-        plain_mask && !need_weights && self.dropout.prob == 0.0
+        plain_mask && !need_weights && !crate::kind::drops(&self.dropout, device)
     }
 
     /// Self-attention without a cache, by the fused kernel straight from the QKV projection's
@@ -815,7 +815,8 @@ impl MultiHeadAttention {
         let m = input.mask;
         let offset = m.q_start.checked_sub(m.k_start)?;
         let learned_temperature = self.normaliser.log_temperature.is_some();
-        if !self.kernel_computes(m, input.need_weights) || input.key_value.is_some() || learned_temperature {
+        let device = input.query.device();
+        if !self.kernel_computes(m, input.need_weights, &device) || input.key_value.is_some() || learned_temperature {
             return None;
         }
         if !variorum_kernels::has_kernel(&input.query) {

@@ -236,6 +236,13 @@ pub trait AttentionMechanism: Module + burn::module::ModuleDisplay + core::fmt::
     fn reset_rows(&self, _state: &mut AttentionState, _rows: &[bool]) {}
 }
 
+/// Whether `dropout` drops anything on `device`: what [`Dropout::forward`](burn::nn::Dropout)
+/// checks — a probability above 0, an autodiff device and the training flag. Elsewhere (evaluation,
+/// generation) a kind's kernel path, which has no dropout, computes the same thing.
+pub fn drops(dropout: &burn::nn::Dropout, device: &Device) -> bool {
+    dropout.prob > 0.0 && device.is_autodiff() && dropout.training.is_enabled()
+}
+
 /// Refuses a dropout probability outside [0, 1) for `model.attention.dropout`.
 pub fn check_dropout(dropout: f64) -> Result<(), ConfigError> {
     variorum_core::error::check((0.0..1.0).contains(&dropout), || {

@@ -352,7 +352,7 @@ impl LongformerAttention {
         let unmasked = input.mask.custom.is_none() && input.mask.padding.is_none() && input.mask.graph.is_none();
         let fold = global_cache.is_none() && !dense && own_keys && unmasked;
         let global_projected = self.global_attention().map(|g| {
-            if fold && folds(&g) && input.mask.max_back.is_none() {
+            if fold && folds(&g, &input.query.device()) && input.mask.max_back.is_none() {
                 return (g, GlobalRows::Folded(input.query.clone()));
             }
             let p = g.project(input.query.clone(), input.key_value.clone(), input.mask, global_cache);
@@ -447,9 +447,10 @@ enum GlobalRows {
 
 /// Whether a global row of `g` may be folded through its projections: nothing but softmax acts
 /// on the scores.
-fn folds(g: &MultiHeadAttention) -> bool {
+fn folds(g: &MultiHeadAttention, device: &Device) -> bool {
     let softmax = g.normaliser.row == variorum_kernels::normalisers::RowNormaliser::Softmax;
-    g.position.is_none() && g.dropout.prob == 0.0 && softmax && g.normaliser.query_factor().is_none()
+    let plain = !crate::kind::drops(&g.dropout, device) && softmax && g.normaliser.query_factor().is_none();
+    g.position.is_none() && plain
 }
 
 /// Whether folding the global rows costs less than projecting K_g and V_g at every position: a

@@ -254,7 +254,8 @@ impl RoutingAttention {
             self.record(q.clone(), cq.clone());
             self.record(k.clone(), ck.clone());
         }
-        if let Some(qkv) = packed.filter(|qkv| self.dropout.prob == 0.0 && variorum_kernels::has_kernel(qkv)) {
+        let drops = crate::kind::drops(&self.dropout, &q.device());
+        if let Some(qkv) = packed.filter(|qkv| !drops && variorum_kernels::has_kernel(qkv)) {
             let clusters = (host(cq.clone()), host(ck.clone()));
             let heads = (h, 1.0 / (hd as f64).sqrt());
             if let Some(context) =

@@ -291,7 +291,7 @@ impl SinkhornAttention {
         l: usize,
         causal: bool,
     ) -> Option<Tensor<4>> {
-        if self.dropout.prob > 0.0 || !variorum_kernels::has_kernel(&q) {
+        if crate::kind::drops(&self.dropout, &q.device()) || !variorum_kernels::has_kernel(&q) {
             return None;
         }
         let [b, h, len, hd] = q.dims();

@@ -132,7 +132,7 @@ fn run(
 /// queries.
 fn applies(mha: &MultiHeadAttention, p: &Projected) -> bool {
     let aligned = p.layout.q_start == p.layout.k_start && p.layout.len_q == p.layout.len_k;
-    variorum_kernels::has_kernel(&p.q) && mha.dropout.prob == 0.0 && aligned
+    variorum_kernels::has_kernel(&p.q) && !crate::kind::drops(&mha.dropout, &p.q.device()) && aligned
 }
 
 /// The position scheme's additive score by distance, `[h, 2 L − 1]` (entry t is distance

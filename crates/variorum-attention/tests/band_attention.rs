@@ -343,3 +343,34 @@ fn the_kernel_path_and_the_composed_path_agree_with_their_gradients() {
         }
     }
 }
+
+/// Attention dropout drops nothing off an autodiff device (evaluation, generation), so there a
+/// kind with dropout takes its kernel and computes what the composed path does; while training
+/// (autodiff) it keeps the composed path, which applies the dropout.
+#[test]
+fn dropout_keeps_the_kernel_where_it_drops_nothing() {
+    let _guard = common::seeded();
+    let cfg = AttentionConfig::SlidingWindow(SlidingWindowConfig {
+        window: 3,
+        block: Some(2),
+        dropout: 0.2,
+        ..Default::default()
+    });
+    cfg.validate(D).unwrap();
+    let none = PositionConfig::None(Default::default());
+    for training in [false, true] {
+        let dev = if training { Device::flex().autodiff() } else { Device::flex() };
+        let attn = cfg.init(D, 0.3, 0.3, Positioning { config: &none, context: 32 }, &dev);
+        let x: Tensor<3> = Tensor::random([2, 13, D], Distribution::Normal(0.0, 1.0), &dev);
+        let mask = AttentionMask::causal();
+        let before = variorum_kernels::block_sparse::calls();
+        let y = attn.forward(AttentionInput::self_attention(x.clone(), &mask), None).context;
+        let on_kernel = variorum_kernels::block_sparse::calls() > before;
+        assert_eq!(on_kernel, !training, "training {training}: the kernel ran {on_kernel}");
+        if !training {
+            let composed = with_kernels(false, || attn.forward(AttentionInput::self_attention(x, &mask), None).context);
+            let d = (y - composed).abs().max().into_scalar::<f32>();
+            assert!(d < 1e-5, "evaluation with dropout: kernel and composed paths differ by {d}");
+        }
+    }
+}
