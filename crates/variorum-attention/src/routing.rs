@@ -25,9 +25,10 @@
 //! visible key returns zero. `local_heads` (the paper's best configurations mix local and
 //! routing heads) puts every position of the first heads in one cluster: a sliding window of w.
 //!
-//! On flex without dropout (and without a cache) the sorted chunks run on the block-sparse kernel
+//! On flex without dropout the sorted chunks run on the block-sparse kernel
 //! ([`crate::sorted_kernel::routed`]): one piece whose query and key slots follow the sorted
-//! queries and keys, read in place from the fused projection.
+//! queries and keys, read in place from the fused projection (or, in a prefill after a cache,
+//! from the cached heads).
 //!
 //! Decoding keeps every position's key, query, value and clusters; a new token scores only the
 //! keys its routing window holds (O(w) device work per token). No relative position scheme (no score matrix to bias),
@@ -47,7 +48,7 @@ use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, cap
 use crate::qkv::{merge_heads, normal_linear, split_heads};
 use crate::random_features::{fixed, redraw};
 use crate::sorted_chunks::{SortedItems, attend_picked, host, sorted_chunk_attention};
-use crate::sorted_kernel;
+use crate::sorted_kernel::{self, RoutingItems};
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache};
 
 crate::attention_config! {
@@ -254,13 +255,14 @@ impl RoutingAttention {
             self.record(q.clone(), cq.clone());
             self.record(k.clone(), ck.clone());
         }
-        let drops = crate::kind::drops(&self.dropout, &q.device());
-        if let Some(qkv) = packed.filter(|qkv| !drops && variorum_kernels::has_kernel(qkv)) {
+        if !crate::kind::drops(&self.dropout, &q.device()) && variorum_kernels::has_kernel(&q) {
+            let scale = 1.0 / (hd as f64).sqrt();
+            let items = match packed {
+                Some(qkv) => RoutingItems::Packed { qkv, heads: h, scale },
+                None => RoutingItems::Heads([q.clone().mul_scalar(scale), k.clone(), v.clone()]),
+            };
             let clusters = (host(cq.clone()), host(ck.clone()));
-            let heads = (h, 1.0 / (hd as f64).sqrt());
-            if let Some(context) =
-                sorted_kernel::routed(qkv, heads, (&clusters.0, &clusters.1), 2 * self.window, causal)
-            {
+            if let Some(context) = sorted_kernel::routed(items, (&clusters.0, &clusters.1), 2 * self.window, causal) {
                 return context.narrow(1, l - lq, lq);
             }
         }

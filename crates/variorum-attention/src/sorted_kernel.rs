@@ -187,21 +187,24 @@ pub fn hash_rounds(
 /// `key_cluster` row major over `[b, h, l]` — and a query sees the keys of its cluster among the
 /// `span` items before it (causal), or in its chunk of `span` items and the one before. In the
 /// sorted order of the keys alone those are one or two ranges of slots, so the kernel takes one
-/// piece whose query slots follow the queries' sorted order and whose key slots the keys'. The
-/// kernel reads q, k, v in place from their fused projection `qkv: [b, l, 3 · h · d_h]` and hands
-/// its gradient back whole; scores `scale` · q·k (`heads` = (h, scale)); a query that sees no key
-/// gets 0. Returns `[b, l, h · d_h]`; `None` off flex.
+/// piece whose query slots follow the queries' sorted order and whose key slots the keys'. A query
+/// that sees no key gets 0. Returns `[b, l, h · d_h]`; `None` off flex.
 pub fn routed(
-    qkv: Tensor<3>,
-    (h, scale): (usize, f64),
+    items: RoutingItems,
     (query_cluster, key_cluster): (&[i64], &[i64]),
     span: usize,
     causal: bool,
 ) -> Option<Tensor<3>> {
-    if !variorum_kernels::has_kernel(&qkv) {
+    let (b, h, l) = match &items {
+        RoutingItems::Packed { qkv, heads, .. } => (qkv.dims()[0], *heads, qkv.dims()[1]),
+        RoutingItems::Heads([q, ..]) => (q.dims()[0], q.dims()[1], q.dims()[2]),
+    };
+    if !match &items {
+        RoutingItems::Packed { qkv, .. } => variorum_kernels::has_kernel(qkv),
+        RoutingItems::Heads([q, ..]) => variorum_kernels::has_kernel(q),
+    } {
         return None;
     }
-    let [b, l, _] = qkv.dims();
     let rows = b * h;
     let windows = Windows { n: 2 * l, m: span.min(2 * l).max(1), causal };
     // per row: item 2p is position p's key, 2p + 1 its query, so sorting by (cluster, item)
@@ -245,6 +248,19 @@ pub fn routed(
         sorted.iter().flat_map(|(round, _, _)| round.order.iter().filter(|&&i| i % 2 == 0).map(|&i| (i / 2) as u32));
     let queries = sorted.iter().flat_map(|(_, _, queries)| queries.iter().map(|&p| p as u32));
     let order = Permutation { queries: queries.collect(), keys: keys.collect() };
-    let piece = SparsePiece::permuted(layout, Arc::new(order));
-    block_sparse_union_self_attention(qkv, (h, h), scale, None, Arc::new(vec![piece]))
+    let pieces = Arc::new(vec![SparsePiece::permuted(layout, Arc::new(order))]);
+    match items {
+        RoutingItems::Packed { qkv, heads, scale } => {
+            block_sparse_union_self_attention(qkv, (heads, heads), scale, None, pieces)
+        }
+        RoutingItems::Heads([q, k, v]) => block_sparse_union(q, k, v, None, pieces),
+    }
+}
+
+/// What [`routed`] reads: the fused projection `[b, l, 3 · h · d_h]`, in place (its gradient
+/// handed back whole; scores `scale` · q·k), or separate heads `[b, h, l, d_h]` with the queries
+/// scaled (a cache's keys and values).
+pub enum RoutingItems {
+    Packed { qkv: Tensor<3>, heads: usize, scale: f64 },
+    Heads([Tensor<4>; 3]),
 }

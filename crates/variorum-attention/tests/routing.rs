@@ -217,3 +217,34 @@ fn the_kernel_path_equals_the_composed_path_with_gradients() {
     }
     assert!(unseen, "no case had a query that sees no key");
 }
+
+/// A prefill after a cache — a prompt, then a chunk of several tokens — runs on the kernel from the
+/// cached heads and equals the composed path.
+#[test]
+fn a_chunk_after_a_cached_prompt_takes_the_kernel() {
+    let _guard = common::seeded();
+    let dev = Device::flex();
+    let attn = layer(3, 2, 1, &dev);
+    let x = input(2, 19, &dev);
+    let chunks = |kernels: bool| {
+        common::with_kernels(kernels, || {
+            let mut cache = variorum_attention::KvCache::default();
+            let mut calls = 0;
+            let parts: Vec<Tensor<3>> = [(0, 7), (7, 12)]
+                .into_iter()
+                .map(|(s, n)| {
+                    let mask = AttentionMask::causal().at(s, 0);
+                    let before = variorum_kernels::block_sparse::calls();
+                    let input = AttentionInput::self_attention(x.clone().narrow(1, s, n), &mask);
+                    let y = attn.forward(input, Some(&mut cache)).context;
+                    calls += variorum_kernels::block_sparse::calls() - before;
+                    y
+                })
+                .collect();
+            (Tensor::cat(parts, 1), calls)
+        })
+    };
+    let ((y1, calls1), (y2, calls2)) = (chunks(true), chunks(false));
+    assert_eq!((calls1, calls2), (2, 0), "the kernel runs for each chunk, and only with the kernels on");
+    assert!(max_diff(y1, y2) < 1e-5);
+}
