@@ -37,7 +37,8 @@ impl Round {
     fn new(bucket: &[i64]) -> Self {
         let n = bucket.len();
         let mut order: Vec<usize> = (0..n).collect();
-        order.sort_by_key(|&i| (bucket[i], i));
+        // (bucket, item) is distinct per item: the unstable sort gives the one order
+        order.sort_unstable_by_key(|&i| (bucket[i], i));
         let mut rank = vec![0; n];
         for (s, &i) in order.iter().enumerate() {
             rank[i] = s;
@@ -166,9 +167,22 @@ pub fn hash_rounds(
                 return;
             }
             for slots in windows.within(s, &round.bucket[s]) {
-                // not itself, and not what an earlier round already saw
-                let fresh = |&t: &usize| t != s && rounds[g][..r].iter().all(|early| !sees(early, i, round.order[t]));
-                out.extend(slots.filter(fresh).map(|t| t..t + 1));
+                // not itself, and not what an earlier round already saw; consecutive slots as one range
+                let fresh = |t: usize| t != s && rounds[g][..r].iter().all(|early| !sees(early, i, round.order[t]));
+                let mut from = None;
+                for t in slots.clone() {
+                    match (fresh(t), from) {
+                        (true, None) => from = Some(t),
+                        (false, Some(a)) => {
+                            out.push(a..t);
+                            from = None;
+                        }
+                        _ => {}
+                    }
+                }
+                if let Some(a) = from {
+                    out.push(a..slots.end);
+                }
             }
         };
         Arc::new(SparseLayout::new(n, n, block, rows, runs, visible))
