@@ -439,7 +439,7 @@ impl LongformerAttention {
 }
 
 /// How the global rows are computed: from the global projections of every position, or folded
-/// through the projections from the layer's input ([`folded_global_row`]).
+/// through the projections from the layer's input ([`FoldedProjections::row`]).
 enum GlobalRows {
     Projected(Projected),
     Folded(Tensor<3>),
