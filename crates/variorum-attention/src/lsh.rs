@@ -41,9 +41,10 @@ use variorum_core::{Capabilities, ConfigError, error::check};
 
 use variorum_position::HeadShape;
 
+use crate::full::concat_heads;
 use crate::kernel;
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
-use crate::qkv::{merge_heads, normal_linear, split_heads};
+use crate::qkv::{normal_linear, split_heads};
 use crate::sorted_chunks::{RoundLayout, SortedItems, attend_picked, host, sorted_chunk_attention};
 use crate::sorted_kernel;
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache};
@@ -211,7 +212,7 @@ impl LshAttention {
                 }
                 let (all_q, all_v) = cache.append(q.clone(), v);
                 if lq == 1 && causal && cache.tags.len() == cache.len() {
-                    merge_heads(self.decode_one(q, cache))
+                    concat_heads(self.decode_one(q, cache))
                 } else {
                     self.attend_all(all_q, all_v, lq, causal)
                 }
@@ -258,7 +259,7 @@ impl LshAttention {
             };
             sorted_chunk_attention(items, self.chunk, causal, Some(SELF_SCORE), &self.dropout)
         });
-        merge_heads(combine_rounds(rounds.collect()).narrow(2, l - lq, lq))
+        concat_heads(combine_rounds(rounds.collect()).narrow(2, l - lq, lq))
     }
 
     /// The newest position's query (causal) against the keys it sees, read from the buckets the

@@ -21,12 +21,6 @@ pub fn split_heads(x: Tensor<3>, parts: usize, heads: usize, head_dim: usize) ->
     (0..parts).map(|i| x.clone().narrow(2, i, 1).reshape([b, l, heads, head_dim]).swap_dims(1, 2)).collect()
 }
 
-/// Per-head contexts `[b, heads, len, head_dim]` as one `[b, len, heads · head_dim]`.
-pub fn merge_heads(context: Tensor<4>) -> Tensor<3> {
-    let [b, h, l, d] = context.dims();
-    context.swap_dims(1, 2).reshape([b, l, h * d])
-}
-
 #[derive(Config, Debug)]
 pub struct QkvProjectionConfig {
     pub d_model: usize,

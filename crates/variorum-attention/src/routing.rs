@@ -43,9 +43,10 @@ use burn::tensor::Distribution;
 use variorum_core::{Capabilities, ConfigError, error::check};
 use variorum_position::HeadShape;
 
+use crate::full::concat_heads;
 use crate::kernel;
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
-use crate::qkv::{merge_heads, normal_linear, split_heads};
+use crate::qkv::{normal_linear, split_heads};
 use crate::random_features::{fixed, redraw};
 use crate::sorted_chunks::{SortedItems, attend_picked, host, sorted_chunk_attention};
 use crate::sorted_kernel::{self, RoutingItems};
@@ -228,7 +229,7 @@ impl RoutingAttention {
                 }
                 let (kq, all_v) = cache.append(Tensor::cat(vec![k, q.clone()], 3), v);
                 if lq == 1 && causal && cache.tags.len() == cache.len() {
-                    merge_heads(self.decode_one(q, cache))
+                    concat_heads(self.decode_one(q, cache))
                 } else {
                     let (all_k, all_q) = (kq.clone().narrow(3, 0, hd), kq.narrow(3, hd, hd));
                     self.route_all(all_q, all_k, all_v, lq, causal, None)
@@ -284,7 +285,7 @@ impl RoutingAttention {
             rounds: Vec::new(),
         };
         let (out, _) = sorted_chunk_attention(items, 2 * self.window, causal, None, &self.dropout);
-        merge_heads(out.narrow(2, 2 * l - lq, lq))
+        concat_heads(out.narrow(2, 2 * l - lq, lq))
     }
 
     /// The newest position's query (causal) against the keys it sees, from the clusters the cache

@@ -1117,8 +1117,11 @@ mod flex {
                         gather_rows(qp, (qh.rs(), qh.cs()), &qpos, dh, qs);
                         gather_rows(kp, (kh.rs(), kh.cs()), &kpos, dh, ks);
                         gather_rows(vp, (vh.rs(), vh.cs()), &kpos, dh, vs);
-                        gather_rows(o_h, (out_rs, 1), &qpos, dh, os);
                         gather_rows(dout_h, (out_rs, 1), &qpos, dh, dos);
+                        // the output only where D = dO·O is read (a union's rows)
+                        if !own_rows && norm == RowNormaliser::Softmax {
+                            gather_rows(o_h, (out_rs, 1), &qpos, dh, os);
+                        }
                     }
                     for (x, &pos) in l.iter_mut().zip(&qpos) {
                         *x = lse[(bi * sh.h + hi) * len + pos];
