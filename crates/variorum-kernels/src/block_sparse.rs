@@ -36,6 +36,9 @@ use std::sync::Arc;
 use crate::normalisers::RowNormaliser;
 use burn::prelude::*;
 
+#[cfg(feature = "flex")]
+mod terms;
+
 /// Which keys each block of queries scores (runs of consecutive keys) and, inside those, which
 /// keys each query sees. Query row r stands at position r + (len_k − len_q) (the queries are the
 /// last of the keys' positions, as in a cache); key slot j at position j.
@@ -474,6 +477,144 @@ fn check_pieces(pieces: &[SparsePiece], h: usize, l: usize) {
     }
 }
 
+/// Relative position terms that read content, for the schemes a distance bias cannot say
+/// (Transformer-XL, Shaw, DeBERTa, the multiplicative ones). With e = query position − key
+/// position + Lk − 1 (the index of a distance-bias table) and B(e) a table's bucket of it:
+///
+/// s_ij = act(q_i·k_j + r_i·Q[B_Q(e)] + k_j·K[B_K(e)]) · m_h(e),   O_i = Σ_j p_ij (v_j + V[B_V(e)]),
+///
+/// each part where it is given (act and m only with a multiplier). r are query-side vectors of
+/// their own (Transformer-XL's q + v; the queries themselves for Shaw and DeBERTa), Q, K, V
+/// per-head tables `[h, buckets, d_h]`. Every tensor gets its gradient.
+#[derive(Debug, Clone, Default)]
+pub struct DistanceTerms {
+    /// r `[b, h, Lq, d_h]` and Q.
+    pub queries: Option<(Tensor<4>, DistanceTable)>,
+    /// K, scored against the keys.
+    pub keys: Option<DistanceTable>,
+    /// V, added to the values.
+    pub values: Option<DistanceTable>,
+    /// m `[h, 2 Lk − 1]` and the activation before it.
+    pub multiplier: Option<(Tensor<2>, ScoreActivation)>,
+}
+
+/// One table of [`DistanceTerms`]: `rows: [h, buckets, d_h]`, and for each distance entry e
+/// (`2 Lk − 1` of them) its bucket.
+#[derive(Debug, Clone)]
+pub struct DistanceTable {
+    pub rows: Tensor<3>,
+    pub bucket: Arc<Vec<u32>>,
+}
+
+/// What acts on the scores before a [`DistanceTerms`] multiplier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScoreActivation {
+    Identity,
+    /// DA-Transformer's ReLU.
+    Relu,
+}
+
+/// Where each table of a [`DistanceTerms`] call sits in the tables handed to the kernel (one
+/// `[h, rows, d_h]` tensor), and the multiplier's activation.
+#[derive(Debug, Clone, Default)]
+pub struct TermSpec {
+    query: Option<Bucketed>,
+    key: Option<Bucketed>,
+    value: Option<Bucketed>,
+    activation: Option<ScoreActivation>,
+}
+
+/// A table's first row in the tables handed to the kernel and its bucket map.
+#[derive(Debug, Clone)]
+struct Bucketed {
+    first: usize,
+    bucket: Arc<Vec<u32>>,
+}
+
+impl DistanceTerms {
+    /// Whether no term is given.
+    pub fn is_empty(&self) -> bool {
+        self.queries.is_none() && self.keys.is_none() && self.values.is_none() && self.multiplier.is_none()
+    }
+}
+
+/// [`block_sparse_union`] (one piece or several, none permuted) with [`DistanceTerms`], over
+/// separate q (scaled), k and v. `None` on a backend without the kernel.
+pub fn block_sparse_with_terms(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    terms: DistanceTerms,
+    pieces: Pieces,
+    norm: RowNormaliser,
+) -> Option<Tensor<3>> {
+    #[cfg(feature = "flex")]
+    {
+        let [b, h, lq, dh] = q.dims();
+        let lk = k.dims()[2];
+        let width = 2 * lk - 1;
+        let device = q.device();
+        let tables = [terms.queries.as_ref().map(|q| &q.1), terms.keys.as_ref(), terms.values.as_ref()];
+        let on_flex = [&q, &k, &v].into_iter().all(|t| crate::has_kernel(t))
+            && tables.into_iter().flatten().all(|t| crate::has_kernel(&t.rows))
+            && terms.queries.as_ref().is_none_or(|(r, _)| crate::has_kernel(r))
+            && terms.multiplier.as_ref().is_none_or(|(m, _)| crate::has_kernel(m));
+        if on_flex {
+            assert!(pieces.iter().all(|piece| piece.order.is_none()), "a permuted piece takes no distance terms");
+            assert!(pieces.len() == 1 || norm == RowNormaliser::Softmax, "a union of patterns is softmax");
+            if pieces.len() > 1 {
+                assert_eq!(lq, lk, "a union is self-attention: as many keys as queries");
+                check_pieces(&pieces, h, lq);
+            }
+            let mut spec = TermSpec::default();
+            let mut rows = Vec::new();
+            let mut first = 0;
+            let mut add = |table: DistanceTable| {
+                let [th, n, tdh] = table.rows.dims();
+                assert!(th == h && tdh == dh, "a distance table is [heads, buckets, d_h]");
+                assert_eq!(table.bucket.len(), width, "a bucket map has one bucket per distance entry (2 Lk − 1)");
+                assert!(table.bucket.iter().all(|&x| (x as usize) < n), "a bucket beyond its table");
+                let at = Bucketed { first, bucket: table.bucket };
+                first += n;
+                rows.push(table.rows);
+                at
+            };
+            let queries = terms.queries.map(|(r, table)| {
+                assert_eq!(r.dims(), [b, h, lq, dh], "the query-side vectors are shaped as the queries");
+                spec.query = Some(add(table));
+                r
+            });
+            spec.key = terms.keys.map(&mut add);
+            spec.value = terms.values.map(&mut add);
+            let multiplier = terms.multiplier.map(|(m, act)| {
+                assert_eq!(m.dims(), [h, width], "the multiplier is [heads, 2 Lk − 1]");
+                spec.activation = Some(act);
+                m
+            });
+            // an absent part is a constant placeholder: no gradient reaches it
+            let queries = queries.unwrap_or_else(|| Tensor::zeros([1, 1, 1, 1], &device));
+            let tables = if rows.is_empty() { Tensor::zeros([h, 1, dh], &device) } else { Tensor::cat(rows, 1) };
+            let multiplier = multiplier.unwrap_or_else(|| Tensor::zeros([1, 1], &device));
+            use burn::backend::Dispatch;
+            CALLS.set(CALLS.get() + 1);
+            let d = Dispatch::block_sparse_terms(
+                q.into_dispatch(),
+                k.into_dispatch(),
+                v.into_dispatch(),
+                queries.into_dispatch(),
+                tables.into_dispatch(),
+                multiplier.into_dispatch(),
+                spec,
+                pieces,
+                norm,
+            );
+            return Some(Tensor::from_dispatch(d));
+        }
+    }
+    let _ = (q, k, v, terms, pieces, norm);
+    None
+}
+
 /// The head counts and score scale of a packed projection.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PackedHeads {
@@ -489,6 +630,7 @@ pub use flex::*;
 mod flex {
     use super::*;
 
+    use super::terms::{Content, Entries, HeadTerms, Terms};
     use crate::causal_attention::flex::{
         Dest, Heads, Shared, gemm, normalise_rows, normaliser_gradients, packed_views, readable, readable_packed,
         recompute_rows, score_gradients,
@@ -543,6 +685,21 @@ mod flex {
             qkv: FloatTensor<Self>,
             bias: FloatTensor<Self>,
             heads: PackedHeads,
+            pieces: Pieces,
+            norm: RowNormaliser,
+        ) -> FloatTensor<Self>;
+
+        /// [`block_sparse_with_terms`]: the query-side vectors, the tables side by side and the
+        /// multiplier (placeholders where `spec` has no such part).
+        #[allow(clippy::too_many_arguments)]
+        fn block_sparse_terms(
+            q: FloatTensor<Self>,
+            k: FloatTensor<Self>,
+            v: FloatTensor<Self>,
+            queries: FloatTensor<Self>,
+            tables: FloatTensor<Self>,
+            multiplier: FloatTensor<Self>,
+            spec: TermSpec,
             pieces: Pieces,
             norm: RowNormaliser,
         ) -> FloatTensor<Self>;
@@ -626,20 +783,21 @@ mod flex {
         out
     }
 
-    /// One block's scores against its runs into `s` (rows × width), the bias added and the
-    /// hidden pairs at [`HIDDEN`].
+    /// One block's scores against its runs into `s` (rows × width), the terms added (the scores
+    /// before a multiplier kept in `raw`, where given) and the hidden pairs at [`HIDDEN`]. `rq`:
+    /// the block's query-side rows of a query term.
     #[allow(clippy::too_many_arguments)]
     fn block_scores(
         (layout, slots, len): (&SparseLayout, Slots, usize),
-        c: usize,
-        (q0, rows): (usize, usize),
+        (c, e): (usize, &Entries),
         (qb, qrc): (*const f32, (isize, isize)),
         (kp, krc): (*const f32, (isize, isize)),
         (dh, scale): (usize, f32),
-        bias: Option<&[f32]>,
+        (terms, rq): (&HeadTerms, Option<(*const f32, (isize, isize))>),
         s: &mut [f32],
+        (m, raw): (&mut Vec<f32>, Option<&mut [f32]>),
     ) {
-        let width = layout.width[c];
+        let (width, rows) = (layout.width[c], e.rows);
         let runs = views(layout, c, slots, len);
         for &(col, k0, n) in &runs {
             let kr = kp.wrapping_offset(k0 as isize * krc.0);
@@ -650,32 +808,33 @@ mod flex {
                 gemm((rows, n, dh), s.as_mut_ptr().add(col), width as isize, false, qb, qrc, kr, (krc.1, krs), scale)
             };
         }
+        if let Some(content) = &terms.content {
+            content.add_scores(e, &runs, rq, (kp, krc), s, width, m);
+        }
+        if let Some(bias) = terms.bias {
+            e.entries(&runs, |r, col, at| s[r * width + col] += bias[at]);
+        }
+        if let Some(content) = &terms.content {
+            content.multiply(e, &runs, s, width, raw);
+        }
         for (r, row) in s.chunks_exact_mut(width).enumerate() {
-            if let Some(bias) = bias {
-                bias_columns((layout, slots, len), &runs, q0 + r, |col, at| row[col] += bias[at]);
-            }
             for_hidden(layout.row_bits(c, r), row, |x| *x = HIDDEN);
         }
     }
 
-    /// For the row at slot `q_slot`: each scored key's column and its entry in the distance-bias
-    /// table, query position − key position + keys − 1 (keys: the key tensor's length).
-    fn bias_columns(
-        (layout, slots, len): (&SparseLayout, Slots, usize),
-        runs: &[(usize, usize, usize)],
-        q_slot: usize,
-        mut f: impl FnMut(usize, usize),
-    ) {
+    /// Where block `q0` of `rows` slots sits against the distance entries (index q − k + keys − 1,
+    /// keys: the key tensor's length).
+    fn entries((layout, slots, len): (&SparseLayout, Slots, usize), q0: usize, rows: usize) -> Entries {
         let (q, keys) = match slots {
-            Slots::Positions => (q_slot + layout.len_k - layout.len_q, layout.len_k),
-            Slots::Classes { .. } => (slots.position(q_slot, len).expect("a scored row stands for a position"), len),
+            Slots::Positions => (q0 + layout.len_k - layout.len_q, layout.len_k),
+            Slots::Classes { .. } => (slots.position(q0, len).expect("a scored row stands for a position"), len),
         };
-        let step = slots.step();
-        for &(col, k0, n) in runs {
-            for j in 0..n {
-                f(col + j, q + keys - 1 - (k0 + j * step));
-            }
-        }
+        Entries { first: q + keys - 1, step: slots.step(), rows }
+    }
+
+    /// The block's rows of the query-side vectors `(row 0, strides)` of a head, from `first`.
+    fn block_rows(head: Option<(*const f32, (isize, isize))>, at: &Place) -> Option<(*const f32, (isize, isize))> {
+        head.map(|(p, (rs, cs))| (p.wrapping_offset(at.first as isize * rs), (rs * at.step as isize, cs)))
     }
 
     /// `f` on each entry of `row` whose bit is clear (whole words of visible keys skipped).
@@ -735,7 +894,7 @@ mod flex {
     fn forward_views(
         [q, k, v]: [&Heads; 3],
         scale: f32,
-        bias: Option<&[f32]>,
+        terms: &Terms,
         (layout, slots): (&SparseLayout, Slots),
         norm: RowNormaliser,
     ) -> (FlexTensor, FlexTensor) {
@@ -751,17 +910,21 @@ mod flex {
             let (kp, vp) = (k.head(bi, kv), v.head(bi, kv));
             let mut s = vec![0.0f32; bs * layout.max_width()];
             let mut l = vec![0.0f32; bs];
+            let mut m = Vec::new();
             let mut scratch: Vec<f32> = Vec::with_capacity(if norm.needs_threshold() { layout.max_width() } else { 0 });
             for hi in kv * g..(kv + 1) * g {
                 let qp = q.head(bi, hi);
-                let bias_h = bias.map(|t| &t[hi * width_bias..(hi + 1) * width_bias]);
+                let ht = terms.head((bi, hi), width_bias, dh);
                 for (q0, c, width, at) in scored_blocks((layout, slots, len), hi) {
                     let rows = at.rows;
+                    let e = entries((layout, slots, len), q0, rows);
                     let (s, l) = (&mut s[..rows * width], &mut l[..rows]);
                     let qb = qp.wrapping_offset(at.first as isize * q.rs());
                     let qrc = (q.rs() * at.step as isize, q.cs());
                     let keys = (kp, (k.rs(), k.cs()));
-                    block_scores((layout, slots, len), c, (q0, rows), (qb, qrc), keys, (dh, scale), bias_h, s);
+                    let rq = block_rows(ht.content.and_then(|c| c.queries), &at);
+                    let geometry = (layout, slots, len);
+                    block_scores(geometry, (c, &e), (qb, qrc), keys, (dh, scale), (&ht, rq), s, (&mut m, None));
                     normalise_rows(norm, s, width, |_| width, l, &mut scratch);
                     clear_hidden(layout, c, s);
                     for (r, &x) in l.iter().enumerate() {
@@ -770,7 +933,8 @@ mod flex {
                     }
                     let o = out_ptr.at((bi * len + at.first) * sh.h * dh + hi * dh);
                     let o_rs = sh.out_rs() * at.step as isize;
-                    for (col, k0, n) in views(layout, c, slots, len) {
+                    let runs = views(layout, c, slots, len);
+                    for &(col, k0, n) in &runs {
                         let vr = vp.wrapping_offset(k0 as isize * v.rs());
                         let vrc = (v.rs() * at.step as isize, v.cs());
                         // SAFETY: the block's rows, columns of head hi: this task's; the
@@ -779,6 +943,9 @@ mod flex {
                             gemm((rows, dh, n), o, o_rs, true, s.as_ptr().add(col), (width as isize, 1), vr, vrc, 1.0)
                         };
                     }
+                    if let Some(content) = &ht.content {
+                        content.add_values(&e, &runs, s, width, (o, o_rs), &mut m);
+                    }
                 }
             }
         });
@@ -786,27 +953,64 @@ mod flex {
         (FlexTensor::from_data(TensorData::new(out, [sh.b, len, sh.h * dh])), lse)
     }
 
-    /// One piece's backward over views into `dq`, `dk`, `dv` (accumulated into), against the
-    /// whole output `out` and each row's saved `lse` (of the union, where there are several
-    /// pieces); the bias gradient `[h, 2 Lk − 1]` where there is a bias.
+    /// The gradients of the terms of one call (each `[h, ·]` flattened), where it has them.
+    #[derive(Default)]
+    struct TermGrads {
+        bias: Option<Vec<f32>>,
+        tables: Option<Vec<f32>>,
+        multiplier: Option<Vec<f32>>,
+    }
+
+    impl TermGrads {
+        /// Sums `other` in.
+        fn add(&mut self, other: TermGrads) {
+            let sum = |a: &mut Option<Vec<f32>>, b: Option<Vec<f32>>| match (a.as_mut(), b) {
+                (Some(a), Some(b)) => a.iter_mut().zip(b).for_each(|(x, y)| *x += y),
+                (None, b) => *a = b,
+                _ => {}
+            };
+            sum(&mut self.bias, other.bias);
+            sum(&mut self.tables, other.tables);
+            sum(&mut self.multiplier, other.multiplier);
+        }
+    }
+
+    /// Per-task buffers (task = batch row · h_kv + key/value head; each holds its `g` query
+    /// heads' entries) summed into one buffer over every head.
+    fn by_heads<'a>(parts: impl Iterator<Item = &'a [f32]>, h_kv: usize) -> Option<Vec<f32>> {
+        let mut total: Option<Vec<f32>> = None;
+        for (task, part) in parts.enumerate() {
+            let (kv, per) = (task % h_kv, part.len());
+            let t = total.get_or_insert_with(|| vec![0.0f32; per * h_kv]);
+            t[kv * per..(kv + 1) * per].iter_mut().zip(part).for_each(|(x, &y)| *x += y);
+        }
+        total
+    }
+
+    /// One piece's backward over views into `dq`, `dk`, `dv` (accumulated into) and the query
+    /// side vectors' `dr` (where there is a query term), against the whole output `out` and each
+    /// row's saved `lse` (of the union, where there are several pieces); the terms' gradients.
     #[allow(clippy::too_many_arguments)]
     fn backward_views(
         [qh, kh, vh]: [&Heads; 3],
         scale: f32,
-        bias: Option<&[f32]>,
+        terms: &Terms,
         out: &FlexTensor,
         lse: &[f32],
         grad: &FlexTensor,
         (layout, slots, own_rows): (&SparseLayout, Slots, bool),
         norm: RowNormaliser,
         [dq, dk, dv]: [Dest; 3],
-    ) -> Option<Vec<f32>> {
+        dr: Option<Dest>,
+    ) -> TermGrads {
         let sh = Shape::of(qh, kh, vh);
         let (g, dh, bs, len) = (sh.h / sh.h_kv, sh.dh, layout.block, sh.lq);
         let (out, grad) = (out.to_contiguous(), grad.to_contiguous());
         let (o, dout) = (out.storage::<f32>(), grad.storage::<f32>());
         let width_bias = 2 * kh.dims[2] - 1;
-        let per_task: Vec<Vec<f32>> = (0..sh.b * sh.h_kv)
+        let table_rows = terms.content.map_or(0, |c| c.rows);
+        let multiplied = terms.content.is_some_and(|c| c.multiplier.is_some());
+        let per_task: Vec<[Vec<f32>; 3]> = (0..sh.b * sh.h_kv)
             .into_par_iter()
             .map(|task| {
                 let (bi, kv) = (task / sh.h_kv, task % sh.h_kv);
@@ -814,13 +1018,19 @@ mod flex {
                 let (dkp, dvp) = (dk.head(bi, kv), dv.head(bi, kv));
                 let mut p = vec![0.0f32; bs * layout.max_width()];
                 let mut ds = vec![0.0f32; bs * layout.max_width()];
+                let mut raw = vec![0.0f32; if multiplied { bs * layout.max_width() } else { 0 }];
                 let mut l = vec![0.0f32; bs];
-                let mut dbias = vec![0.0f32; if bias.is_some() { g * width_bias } else { 0 }];
+                let (mut m1, mut m2) = (Vec::new(), Vec::new());
+                let mut dbias = vec![0.0f32; if terms.bias.is_some() { g * width_bias } else { 0 }];
+                let mut dtables = vec![0.0f32; g * table_rows * dh];
+                let mut dmult = vec![0.0f32; if multiplied { g * width_bias } else { 0 }];
                 for hi in kv * g..(kv + 1) * g {
                     let qp = qh.head(bi, hi);
-                    let bias_h = bias.map(|t| &t[hi * width_bias..(hi + 1) * width_bias]);
+                    let ht = terms.head((bi, hi), width_bias, dh);
+                    let gh = hi - kv * g;
                     for (q0, c, width, at) in scored_blocks((layout, slots, len), hi) {
                         let (rows, step) = (at.rows, at.step as isize);
+                        let e = entries((layout, slots, len), q0, rows);
                         let (p, ds, l) = (&mut p[..rows * width], &mut ds[..rows * width], &mut l[..rows]);
                         let qb = qp.wrapping_offset(at.first as isize * qh.rs());
                         let qrc = (qh.rs() * step, qh.cs());
@@ -831,14 +1041,27 @@ mod flex {
                             *x = lse[(bi * sh.h + hi) * len + at.first + r * at.step];
                         }
                         let keys = (kp, (kh.rs(), kh.cs()));
-                        block_scores((layout, slots, len), c, (q0, rows), (qb, qrc), keys, (dh, scale), bias_h, p);
+                        let rq = block_rows(ht.content.and_then(|c| c.queries), &at);
+                        let raw_block = multiplied.then(|| &mut raw[..rows * width]);
+                        let geometry = (layout, slots, len);
+                        block_scores(
+                            geometry,
+                            (c, &e),
+                            (qb, qrc),
+                            keys,
+                            (dh, scale),
+                            (&ht, rq),
+                            p,
+                            (&mut m1, raw_block),
+                        );
                         recompute_rows(norm, p, width, |_| width, l);
                         clear_hidden(layout, c, p);
                         let pt = (1, width as isize);
+                        let runs = views(layout, c, slots, len);
                         // SAFETY (every gemm below): the block's query rows and the runs' keys lie
                         // inside their tensors; the dk/dv rows written are this task's key/value
                         // head, the dq rows this task's query head
-                        for (col, k0, n) in views(layout, c, slots, len) {
+                        for &(col, k0, n) in &runs {
                             let vr = vp.wrapping_offset(k0 as isize * vh.rs());
                             let dvr = dvp.wrapping_add(k0 * dv.strides[2]);
                             let dv_rs = dv.rs() * step;
@@ -862,6 +1085,11 @@ mod flex {
                                 )
                             };
                         }
+                        let dtables_h = &mut dtables[gh * table_rows * dh..(gh + 1) * table_rows * dh];
+                        if let Some(content) = &ht.content {
+                            let m = (&mut m1, &mut m2);
+                            content.values_backward(&e, &runs, p, ds, width, (dob, out_rs), dtables_h, m);
+                        }
                         match norm {
                             RowNormaliser::Softmax if own_rows => softmax_gradients(ds, p, width),
                             RowNormaliser::Softmax => {
@@ -869,16 +1097,33 @@ mod flex {
                             }
                             _ => normaliser_gradients(norm, ds, p, width, |_| width),
                         }
-                        if bias.is_some() {
-                            let db = &mut dbias[(hi - kv * g) * width_bias..][..width_bias];
-                            let runs = views(layout, c, slots, len);
-                            for (r, row) in ds.chunks_exact(width).enumerate() {
-                                bias_columns((layout, slots, len), &runs, q0 + r, |col, at| db[at] += row[col]);
-                            }
+                        if let (Some(content), true) = (&ht.content, multiplied) {
+                            let dm = &mut dmult[gh * width_bias..][..width_bias];
+                            content.multiplier_backward(&e, &runs, &raw[..rows * width], ds, width, dm);
+                        }
+                        if terms.bias.is_some() {
+                            let db = &mut dbias[gh * width_bias..][..width_bias];
+                            e.entries(&runs, |r, col, at| db[at] += ds[r * width + col]);
+                        }
+                        if let Some(content) = &ht.content {
+                            let drq = dr.map(|d| (d.head(bi, hi).wrapping_add(at.first * d.strides[2]), d.rs() * step));
+                            let (dk_head, dk_rs) = (dkp, dk.rs());
+                            let keys = (kp, (kh.rs(), kh.cs()));
+                            content.scores_backward(
+                                &e,
+                                &runs,
+                                ds,
+                                width,
+                                (rq, drq),
+                                keys,
+                                (dk_head, dk_rs),
+                                dtables_h,
+                                &mut m1,
+                            );
                         }
                         let dqb = dq.head(bi, hi).wrapping_add(at.first * dq.strides[2]);
                         let dq_rs = dq.rs() * step;
-                        for (col, k0, n) in views(layout, c, slots, len) {
+                        for &(col, k0, n) in &runs {
                             let kr = kp.wrapping_offset(k0 as isize * kh.rs());
                             let krc = (kh.rs() * step, kh.cs());
                             let dkr = dkp.wrapping_add(k0 * dk.strides[2]);
@@ -891,31 +1136,29 @@ mod flex {
                         }
                     }
                 }
-                dbias
+                [dbias, dtables, dmult]
             })
             .collect();
-        bias?;
-        let mut total = vec![0.0f32; sh.h * width_bias];
-        for (task, part) in per_task.iter().enumerate() {
-            let kv = task % sh.h_kv;
-            let head_rows = &mut total[kv * g * width_bias..(kv + 1) * g * width_bias];
-            head_rows.iter_mut().zip(part).for_each(|(t, &x)| *t += x);
+        let part = |i: usize| per_task.iter().map(move |parts| parts[i].as_slice());
+        TermGrads {
+            bias: terms.bias.and_then(|_| by_heads(part(0), sh.h_kv)),
+            tables: terms.content.and_then(|_| by_heads(part(1), sh.h_kv)),
+            multiplier: multiplied.then(|| by_heads(part(2), sh.h_kv)).flatten(),
         }
-        Some(total)
     }
 
     /// One piece's forward: over views, or gathered through its permutation.
     fn forward_piece(
         views: [&Heads; 3],
         scale: f32,
-        bias: Option<&[f32]>,
+        terms: &Terms,
         piece: &SparsePiece,
         norm: RowNormaliser,
     ) -> (FlexTensor, FlexTensor) {
         match &piece.order {
-            None => forward_views(views, scale, bias, (&piece.layout, piece.slots), norm),
+            None => forward_views(views, scale, terms, (&piece.layout, piece.slots), norm),
             Some(order) => {
-                assert!(bias.is_none(), "a permuted piece takes no distance bias");
+                assert!(terms.bias.is_none() && terms.content.is_none(), "a permuted piece takes no distance terms");
                 forward_permuted(views, scale, (&piece.layout, order), norm)
             }
         }
@@ -1203,7 +1446,7 @@ mod flex {
     fn attend(
         views: [&Heads; 3],
         scale: f32,
-        bias: Option<&[f32]>,
+        terms: &Terms,
         pieces: &[SparsePiece],
         norm: RowNormaliser,
     ) -> (FlexTensor, FlexTensor) {
@@ -1213,13 +1456,13 @@ mod flex {
             check_permutations(pieces, (b, h, l));
         }
         if let [piece] = pieces {
-            return forward_piece(views, scale, bias, piece, norm);
+            return forward_piece(views, scale, terms, piece, norm);
         }
         assert!(norm == RowNormaliser::Softmax, "a union of patterns is softmax");
         let dh = views[0].dims[3];
         let (mut out, mut lse) = (vec![0.0f32; b * l * h * dh], vec![f32::NEG_INFINITY; b * h * l]);
         for piece in pieces {
-            let (part, part_lse) = forward_piece(views, scale, bias, piece, norm);
+            let (part, part_lse) = forward_piece(views, scale, terms, piece, norm);
             let (part, part_lse) = (part.storage::<f32>(), part_lse.storage::<f32>());
             for bi in 0..b {
                 for pos in 0..l {
@@ -1245,43 +1488,40 @@ mod flex {
         (out, FlexTensor::from_data(TensorData::new(lse, [b, h, l])))
     }
 
-    /// The backward of [`attend`] into `dests` (zeroed; accumulated into); the bias gradient for
-    /// one piece with a bias. Each piece recomputes its probabilities against the union's
-    /// log-sum-exp and output.
+    /// The backward of [`attend`] into `dests` (zeroed; accumulated into) and `dr` (the query
+    /// term's vectors, where there is one); the terms' gradients. Each piece recomputes its
+    /// probabilities against the union's log-sum-exp and output.
+    #[allow(clippy::too_many_arguments)]
     fn attend_backward(
         views: [&Heads; 3],
         scale: f32,
-        bias: Option<&[f32]>,
+        terms: &Terms,
         (out, lse, grad): (&FlexTensor, &[f32], &FlexTensor),
         pieces: &[SparsePiece],
         norm: RowNormaliser,
         dests: [Dest; 3],
-    ) -> Option<Vec<f32>> {
-        let mut dbias: Option<Vec<f32>> = None;
+        dr: Option<Dest>,
+    ) -> TermGrads {
+        let mut grads = TermGrads::default();
         // one piece holds each row's whole softmax
         let own_rows = pieces.len() == 1;
         for piece in pieces {
-            let part = match &piece.order {
+            match &piece.order {
                 None => {
                     let at = (&*piece.layout, piece.slots, own_rows);
-                    backward_views(views, scale, bias, out, lse, grad, at, norm, dests)
+                    grads.add(backward_views(views, scale, terms, out, lse, grad, at, norm, dests, dr));
                 }
                 Some(order) => {
-                    assert!(bias.is_none(), "a permuted piece takes no distance bias");
+                    assert!(
+                        terms.bias.is_none() && terms.content.is_none(),
+                        "a permuted piece takes no distance terms"
+                    );
                     let at = (&*piece.layout, &**order, own_rows);
                     backward_permuted(views, scale, (out, lse, grad), at, norm, dests);
-                    None
                 }
-            };
-            dbias = match (dbias, part) {
-                (Some(mut total), Some(part)) => {
-                    total.iter_mut().zip(part).for_each(|(t, x)| *t += x);
-                    Some(total)
-                }
-                (total, part) => total.or(part),
-            };
+            }
         }
-        dbias
+        grads
     }
 
     /// Every permuted piece against the call's shape: its layout's patterns one, one per head or
@@ -1309,46 +1549,102 @@ mod flex {
         }
     }
 
+    /// What a call adds to q·k: nothing, a distance bias (one tensor after the inputs), or
+    /// [`DistanceTerms`] (three: the query-side vectors, the tables, the multiplier).
+    #[derive(Debug, Clone)]
+    enum Added {
+        Nothing,
+        Bias,
+        Terms(TermSpec),
+    }
+
+    impl Added {
+        /// The tensors it brings after the inputs.
+        fn count(&self) -> usize {
+            match self {
+                Added::Nothing => 0,
+                Added::Bias => 1,
+                Added::Terms(_) => 3,
+            }
+        }
+    }
+
+    /// The added tensors in a layout the kernel reads: contiguous, the query-side vectors with
+    /// non-negative strides.
+    fn readable_added(added: &Added, tensors: &[&FlexTensor]) -> Vec<FlexTensor> {
+        match added {
+            Added::Nothing => Vec::new(),
+            Added::Bias => vec![tensors[0].to_contiguous()],
+            Added::Terms(_) => vec![readable(tensors[0]), tensors[1].to_contiguous(), tensors[2].to_contiguous()],
+        }
+    }
+
+    /// The view of the query-side vectors, where there is a query term.
+    fn query_side<'a>(added: &Added, owned: &'a [FlexTensor]) -> Option<Heads<'a>> {
+        matches!(added, Added::Terms(spec) if spec.query.is_some()).then(|| Heads::of(&owned[0]))
+    }
+
+    /// The [`Terms`] of a call from its readable added tensors.
+    fn terms_of<'a>(added: &'a Added, owned: &'a [FlexTensor], queries: Option<&'a Heads<'a>>) -> Terms<'a> {
+        match added {
+            Added::Nothing => Terms::default(),
+            Added::Bias => Terms { bias: Some(owned[0].storage::<f32>()), content: None },
+            Added::Terms(spec) => Terms {
+                bias: None,
+                content: Some(Content {
+                    spec,
+                    queries,
+                    tables: owned[1].storage::<f32>(),
+                    rows: owned[1].layout().shape()[1],
+                    multiplier: spec.activation.map(|_| owned[2].storage::<f32>()),
+                }),
+            },
+        }
+    }
+
     /// The forward: the output `[b, L, h · d_h]` and each row's saved slot.
     fn forward_kernel(
         inputs: Inputs,
         tensors: &[&FlexTensor],
-        bias: Option<&FlexTensor>,
+        (added, extra): (&Added, &[&FlexTensor]),
         pieces: &[SparsePiece],
         norm: RowNormaliser,
     ) -> (FlexTensor, FlexTensor) {
-        let bias = bias.map(|b| b.to_contiguous());
-        let bias = bias.as_ref().map(|b| b.storage::<f32>());
+        let owned = readable_added(added, extra);
+        let queries = query_side(added, &owned);
+        let terms = terms_of(added, &owned, queries.as_ref());
         match inputs {
             Inputs::Separate => {
                 let (q, k, v) = (readable(tensors[0]), readable(tensors[1]), readable(tensors[2]));
-                attend([&Heads::of(&q), &Heads::of(&k), &Heads::of(&v)], 1.0, bias, pieces, norm)
+                attend([&Heads::of(&q), &Heads::of(&k), &Heads::of(&v)], 1.0, &terms, pieces, norm)
             }
             Inputs::Packed(heads) => {
+                assert!(terms.content.is_none(), "distance terms take separate q, k, v");
                 let qkv = readable_packed(tensors[0]);
                 let [q, k, v] = packed_views(&qkv, heads.n_heads, heads.n_kv_heads);
-                attend([&q, &k, &v], heads.scale as f32, bias, pieces, norm)
+                attend([&q, &k, &v], heads.scale as f32, &terms, pieces, norm)
             }
         }
     }
 
     /// The backward: the gradients of `tensors` (q, k, v, or the packed projection, contiguous,
-    /// in their shapes) and of the bias where there is one.
+    /// in their shapes) and of the added tensors (`None` where a part is absent).
     #[allow(clippy::too_many_arguments)]
     fn backward_kernel(
         inputs: Inputs,
         tensors: &[&FlexTensor],
-        bias: Option<&FlexTensor>,
+        (added, extra): (&Added, &[&FlexTensor]),
         out: &FlexTensor,
         lse: &[f32],
         grad: &FlexTensor,
         pieces: &[SparsePiece],
         norm: RowNormaliser,
-    ) -> (Vec<FlexTensor>, Option<FlexTensor>) {
-        let bias = bias.map(|b| b.to_contiguous());
-        let bias_data = bias.as_ref().map(|b| b.storage::<f32>());
+    ) -> (Vec<FlexTensor>, Vec<Option<FlexTensor>>) {
+        let owned = readable_added(added, extra);
+        let queries = query_side(added, &owned);
+        let terms = terms_of(added, &owned, queries.as_ref());
         let data = |x: Vec<f32>, dims: &[usize]| FlexTensor::from_data(TensorData::new(x, dims.to_vec()));
-        let (grads, dbias) = match inputs {
+        let (grads, term_grads, dr) = match inputs {
             Inputs::Separate => {
                 let (q, k, v) = (readable(tensors[0]), readable(tensors[1]), readable(tensors[2]));
                 let (qh, kh, vh) = (Heads::of(&q), Heads::of(&k), Heads::of(&v));
@@ -1356,15 +1652,18 @@ mod flex {
                 let mut dq = vec![0.0f32; b * h * lq * dh];
                 let mut dk = vec![0.0f32; b * h_kv * lk * dh];
                 let mut dv = vec![0.0f32; b * h_kv * lk * dh];
+                let mut dr = vec![0.0f32; if queries.is_some() { b * h * lq * dh } else { 0 }];
                 let dest = |ptr: *mut f32, heads: usize, len: usize| Dest {
                     ptr: Shared(ptr),
                     strides: [heads * len * dh, len * dh, dh],
                 };
                 let dests =
                     [dest(dq.as_mut_ptr(), h, lq), dest(dk.as_mut_ptr(), h_kv, lk), dest(dv.as_mut_ptr(), h_kv, lk)];
+                let dr_dest = queries.is_some().then(|| dest(dr.as_mut_ptr(), h, lq));
                 let views = [&qh, &kh, &vh];
-                let dbias = attend_backward(views, 1.0, bias_data, (out, lse, grad), pieces, norm, dests);
-                (vec![data(dq, &qh.dims), data(dk, &kh.dims), data(dv, &vh.dims)], dbias)
+                let term_grads = attend_backward(views, 1.0, &terms, (out, lse, grad), pieces, norm, dests, dr_dest);
+                let dr = queries.is_some().then(|| data(dr, &qh.dims));
+                (vec![data(dq, &qh.dims), data(dk, &kh.dims), data(dv, &vh.dims)], term_grads, dr)
             }
             Inputs::Packed(heads) => {
                 let qkv = readable_packed(tensors[0]);
@@ -1379,26 +1678,22 @@ mod flex {
                 };
                 let dests = [dest(0), dest(heads.n_heads), dest(heads.n_heads + heads.n_kv_heads)];
                 let scale = heads.scale as f32;
-                let dbias = attend_backward([&q, &k, &v], scale, bias_data, (out, lse, grad), pieces, norm, dests);
-                (vec![data(d, &[b, len, width])], dbias)
+                let term_grads =
+                    attend_backward([&q, &k, &v], scale, &terms, (out, lse, grad), pieces, norm, dests, None);
+                (vec![data(d, &[b, len, width])], term_grads, None)
             }
         };
-        let h = layout_heads(inputs, tensors);
-        (
-            grads,
-            dbias.map(|d| {
-                let width = d.len() / h;
-                data(d, &[h, width])
-            }),
-        )
-    }
-
-    /// The number of query heads of a call.
-    fn layout_heads(inputs: Inputs, tensors: &[&FlexTensor]) -> usize {
-        match inputs {
-            Inputs::Separate => tensors[0].layout().shape()[1],
-            Inputs::Packed(heads) => heads.n_heads,
-        }
+        let shaped = |g: Option<Vec<f32>>, t: &FlexTensor| g.map(|g| data(g, t.layout().shape()));
+        let extra_grads = match added {
+            Added::Nothing => Vec::new(),
+            Added::Bias => vec![shaped(term_grads.bias, &owned[0])],
+            Added::Terms(spec) => vec![
+                dr,
+                shaped(term_grads.tables, &owned[1]),
+                spec.activation.and(shaped(term_grads.multiplier, &owned[2])),
+            ],
+        };
+        (grads, extra_grads)
     }
 
     impl BlockSparseAttention for Flex {
@@ -1409,7 +1704,7 @@ mod flex {
             pieces: Pieces,
             norm: RowNormaliser,
         ) -> FlexTensor {
-            forward_kernel(Inputs::Separate, &[&q, &k, &v], None, &pieces, norm).0
+            forward_kernel(Inputs::Separate, &[&q, &k, &v], (&Added::Nothing, &[]), &pieces, norm).0
         }
 
         fn block_sparse_biased(
@@ -1420,11 +1715,11 @@ mod flex {
             pieces: Pieces,
             norm: RowNormaliser,
         ) -> FlexTensor {
-            forward_kernel(Inputs::Separate, &[&q, &k, &v], Some(&bias), &pieces, norm).0
+            forward_kernel(Inputs::Separate, &[&q, &k, &v], (&Added::Bias, &[&bias]), &pieces, norm).0
         }
 
         fn block_sparse_packed(qkv: FlexTensor, heads: PackedHeads, pieces: Pieces, norm: RowNormaliser) -> FlexTensor {
-            forward_kernel(Inputs::Packed(heads), &[&qkv], None, &pieces, norm).0
+            forward_kernel(Inputs::Packed(heads), &[&qkv], (&Added::Nothing, &[]), &pieces, norm).0
         }
 
         fn block_sparse_packed_biased(
@@ -1434,12 +1729,28 @@ mod flex {
             pieces: Pieces,
             norm: RowNormaliser,
         ) -> FlexTensor {
-            forward_kernel(Inputs::Packed(heads), &[&qkv], Some(&bias), &pieces, norm).0
+            forward_kernel(Inputs::Packed(heads), &[&qkv], (&Added::Bias, &[&bias]), &pieces, norm).0
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        fn block_sparse_terms(
+            q: FlexTensor,
+            k: FlexTensor,
+            v: FlexTensor,
+            queries: FlexTensor,
+            tables: FlexTensor,
+            multiplier: FlexTensor,
+            spec: TermSpec,
+            pieces: Pieces,
+            norm: RowNormaliser,
+        ) -> FlexTensor {
+            let added = (&Added::Terms(spec), &[&queries, &tables, &multiplier][..]);
+            forward_kernel(Inputs::Separate, &[&q, &k, &v], added, &pieces, norm).0
         }
     }
 
     /// The backward of every op: N parents, the inputs (q, k, v or the packed projection) then the
-    /// bias where there is one.
+    /// added tensors.
     #[derive(Debug)]
     struct SparseBackward<const N: usize>;
 
@@ -1448,7 +1759,7 @@ mod flex {
     struct Saved {
         inputs: Inputs,
         nodes: Vec<NodeId>,
-        biased: bool,
+        added: Added,
         out: FlexTensor,
         lse: FlexTensor,
         pieces: Pieces,
@@ -1461,36 +1772,35 @@ mod flex {
         fn backward(self, ops: Ops<Self::State, N>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
             let grad = grads.consume::<Flex>(&ops.node);
             let s = ops.state;
-            let mut saved: Vec<FlexTensor> = s.nodes.iter().map(|&id| checkpointer.retrieve_node_output(id)).collect();
-            let bias = if s.biased { saved.pop() } else { None };
+            let saved: Vec<FlexTensor> = s.nodes.iter().map(|&id| checkpointer.retrieve_node_output(id)).collect();
             let tensors: Vec<&FlexTensor> = saved.iter().collect();
+            let (main, extra) = tensors.split_at(N - s.added.count());
             let lse = s.lse.storage::<f32>();
-            let (computed, dbias) =
-                backward_kernel(s.inputs, &tensors, bias.as_ref(), &s.out, lse, &grad, &s.pieces, s.norm);
-            let mut computed = computed.into_iter().map(Some).chain(std::iter::once(dbias));
+            let (computed, extra_grads) =
+                backward_kernel(s.inputs, main, (&s.added, extra), &s.out, lse, &grad, &s.pieces, s.norm);
+            let mut computed = computed.into_iter().map(Some).chain(extra_grads);
             let computed: [Option<FlexTensor>; N] = std::array::from_fn(|_| computed.next().flatten());
             crate::register(grads, ops.parents.map(|p| p.map(|n| n.id)), computed);
         }
     }
 
     /// Runs the forward and records the backward for the tracked inputs: `tensors` (q, k, v, or
-    /// the projection) followed by the bias when `biased`.
+    /// the projection) followed by what `added` brings.
     fn tracked<C: CheckpointStrategy, const N: usize>(
         inputs: Inputs,
         tensors: [FloatTensor<Autodiff<Flex, C>>; N],
-        biased: bool,
+        added: Added,
         pieces: Pieces,
         norm: RowNormaliser,
     ) -> FloatTensor<Autodiff<Flex, C>> {
         let primitives: Vec<&FlexTensor> = tensors.iter().map(|t| t.primitive()).collect();
-        let (main, bias) =
-            if biased { (&primitives[..N - 1], primitives.last().copied()) } else { (&primitives[..], None) };
-        let (out, lse) = forward_kernel(inputs, main, bias, &pieces, norm);
+        let (main, extra) = primitives.split_at(N - added.count());
+        let (out, lse) = forward_kernel(inputs, main, (&added, extra), &pieces, norm);
         let nodes = tensors.each_ref().map(|t| t.node());
         match SparseBackward::<N>.prepare::<C>(nodes).compute_bound().stateful() {
             OpsKind::Tracked(mut prep) => {
                 let nodes: Vec<NodeId> = tensors.iter().map(|t| prep.checkpoint(t)).collect();
-                prep.finish(Saved { inputs, nodes, biased, out: out.clone(), lse, pieces, norm }, out)
+                prep.finish(Saved { inputs, nodes, added, out: out.clone(), lse, pieces, norm }, out)
             }
             OpsKind::UnTracked(prep) => prep.finish(out),
         }
@@ -1504,7 +1814,7 @@ mod flex {
             pieces: Pieces,
             norm: RowNormaliser,
         ) -> FloatTensor<Self> {
-            tracked::<C, 3>(Inputs::Separate, [q, k, v], false, pieces, norm)
+            tracked::<C, 3>(Inputs::Separate, [q, k, v], Added::Nothing, pieces, norm)
         }
 
         fn block_sparse_biased(
@@ -1515,7 +1825,7 @@ mod flex {
             pieces: Pieces,
             norm: RowNormaliser,
         ) -> FloatTensor<Self> {
-            tracked::<C, 4>(Inputs::Separate, [q, k, v, bias], true, pieces, norm)
+            tracked::<C, 4>(Inputs::Separate, [q, k, v, bias], Added::Bias, pieces, norm)
         }
 
         fn block_sparse_packed(
@@ -1524,7 +1834,7 @@ mod flex {
             pieces: Pieces,
             norm: RowNormaliser,
         ) -> FloatTensor<Self> {
-            tracked::<C, 1>(Inputs::Packed(heads), [qkv], false, pieces, norm)
+            tracked::<C, 1>(Inputs::Packed(heads), [qkv], Added::Nothing, pieces, norm)
         }
 
         fn block_sparse_packed_biased(
@@ -1534,7 +1844,23 @@ mod flex {
             pieces: Pieces,
             norm: RowNormaliser,
         ) -> FloatTensor<Self> {
-            tracked::<C, 2>(Inputs::Packed(heads), [qkv, bias], true, pieces, norm)
+            tracked::<C, 2>(Inputs::Packed(heads), [qkv, bias], Added::Bias, pieces, norm)
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        fn block_sparse_terms(
+            q: FloatTensor<Self>,
+            k: FloatTensor<Self>,
+            v: FloatTensor<Self>,
+            queries: FloatTensor<Self>,
+            tables: FloatTensor<Self>,
+            multiplier: FloatTensor<Self>,
+            spec: TermSpec,
+            pieces: Pieces,
+            norm: RowNormaliser,
+        ) -> FloatTensor<Self> {
+            let tensors = [q, k, v, queries, tables, multiplier];
+            tracked::<C, 6>(Inputs::Separate, tensors, Added::Terms(spec), pieces, norm)
         }
     }
 
@@ -1794,6 +2120,207 @@ mod flex {
             check_union(23, 4, 4, (4, 2), true, true);
             check_union(40, 8, 3, (2, 1), true, false);
             check_union(40, 8, 3, (2, 2), false, true);
+        }
+
+        /// [`composed_with`] with [`DistanceTerms`], from their definition: each pair's entry
+        /// e = query position − key + Lk − 1 looked up per pair.
+        fn composed_terms(
+            [q, k, v]: [Tensor<4>; 3],
+            terms: &DistanceTerms,
+            seen: impl Fn(usize, usize, usize) -> bool,
+            norm: RowNormaliser,
+        ) -> Tensor<3> {
+            let [b, h, lq, dh] = q.dims();
+            let [_, h_kv, lk, _] = k.dims();
+            let (g, device) = (h / h_kv, q.device());
+            let entry = |i: usize, j: usize| i + (lk - lq) + lk - 1 - j;
+            let by_head = |x: Tensor<4>| x.unsqueeze_dim::<5>(2).expand([b, h_kv, g, lk, dh]).reshape([b, h, lk, dh]);
+            let (k, v) = (by_head(k), by_head(v));
+            let pairs = |f: &dyn Fn(usize, usize) -> i64, rows: usize, cols: usize| {
+                let at: Vec<i64> =
+                    (0..rows).flat_map(|i| (0..cols).map(move |j| (i, j))).map(|(i, j)| f(i, j)).collect();
+                Tensor::<1, Int>::from_data(TensorData::new(at, [rows * cols]), &device)
+            };
+            let per_bucket =
+                |x: Tensor<4>, t: &DistanceTable| x.matmul(t.rows.clone().swap_dims(1, 2).unsqueeze_dim(0));
+            let mut scores = q.matmul(k.clone().swap_dims(2, 3));
+            if let Some((r, t)) = &terms.queries {
+                let at = pairs(&|i, j| t.bucket[entry(i, j)] as i64, lq, lk).reshape([1, 1, lq, lk]);
+                scores = scores + per_bucket(r.clone(), t).gather(3, at.expand([b, h, lq, lk]));
+            }
+            if let Some(t) = &terms.keys {
+                let at = pairs(&|j, i| t.bucket[entry(i, j)] as i64, lk, lq).reshape([1, 1, lk, lq]);
+                scores = scores + per_bucket(k.clone(), t).gather(3, at.expand([b, h, lk, lq])).swap_dims(2, 3);
+            }
+            if let Some((m, act)) = &terms.multiplier {
+                let at = pairs(&|i, j| entry(i, j) as i64, lq, lk);
+                let m = m.clone().select(1, at).reshape([1, h, lq, lk]);
+                let base = if *act == ScoreActivation::Relu { burn::tensor::activation::relu(scores) } else { scores };
+                scores = base * m;
+            }
+            let hidden: Vec<bool> = (0..h)
+                .flat_map(|hi| (0..lq).flat_map(move |i| (0..lk).map(move |j| (hi, i, j))))
+                .map(|(hi, i, j)| !seen(hi, i + lk - lq, j))
+                .collect();
+            let hidden = Tensor::<4, Bool>::from_data(TensorData::new(hidden, [1, h, lq, lk]), &device);
+            let probs = normalise_scores(scores.mask_fill(hidden.clone(), -1.0e9), norm).mask_fill(hidden, 0.0);
+            let mut out = probs.clone().matmul(v);
+            if let Some(t) = &terms.values {
+                let at = pairs(&|i, j| t.bucket[entry(i, j)] as i64, lq, lk);
+                let rows = t.rows.clone().select(1, at).reshape([1, h, lq, lk, dh]);
+                out = out + (probs.unsqueeze_dim::<5>(4) * rows).sum_dim(3).reshape([b, h, lq, dh]);
+            }
+            out.swap_dims(1, 2).reshape([b, lq, h * dh])
+        }
+
+        /// Which terms a check gives.
+        #[derive(Clone, Copy, Debug)]
+        struct Parts {
+            queries: Option<Buckets>,
+            keys: bool,
+            values: bool,
+            multiplier: Option<ScoreActivation>,
+        }
+
+        /// A bucket map: clipped distances (Shaw, DeBERTa) or one bucket per distance
+        /// (Transformer-XL).
+        #[derive(Clone, Copy, Debug)]
+        enum Buckets {
+            Clipped,
+            Each,
+        }
+
+        /// `(rows, bucket of each entry)` over `lk` keys.
+        fn buckets(kind: Buckets, lk: usize, flip: bool) -> (usize, Arc<Vec<u32>>) {
+            let c = 3i64;
+            let map: Vec<u32> = (0..2 * lk - 1)
+                .map(|e| {
+                    let d = e as i64 - (lk as i64 - 1);
+                    match kind {
+                        Buckets::Each => e as u32,
+                        Buckets::Clipped => ((if flip { -d } else { d }) + c).clamp(0, 2 * c) as u32,
+                    }
+                })
+                .collect();
+            let rows = match kind {
+                Buckets::Each => 2 * lk - 1,
+                Buckets::Clipped => 2 * c as usize + 1,
+            };
+            (rows, Arc::new(map))
+        }
+
+        /// The kernel with `parts` against [`composed_terms`]: output and the gradient of q, k,
+        /// v, the query-side vectors, every table and the multiplier.
+        fn check_terms(
+            pieces: Pieces,
+            (lq, lk): (usize, usize),
+            seen: impl Fn(usize, usize, usize) -> bool + Copy,
+            (h, h_kv): (usize, usize),
+            parts: Parts,
+            norm: RowNormaliser,
+        ) {
+            let device = Device::flex().autodiff();
+            device.seed(26);
+            let (b, dh) = (2, 8);
+            let normal = |s: f64| Distribution::Normal(0.0, s);
+            let q: Tensor<4> = Tensor::random([b, h, lq, dh], normal(0.5), &device);
+            let k: Tensor<4> = Tensor::random([b, h_kv, lk, dh], normal(1.0), &device);
+            let v: Tensor<4> = Tensor::random([b, h_kv, lk, dh], normal(1.0), &device);
+            let r: Tensor<4> = Tensor::random([b, h, lq, dh], normal(0.5), &device);
+            let table = |(rows, bucket): (usize, Arc<Vec<u32>>)| DistanceTable {
+                rows: Tensor::random([h, rows, dh], normal(0.5), &device),
+                bucket,
+            };
+            let qt = parts.queries.map(|kind| table(buckets(kind, lk, false)));
+            let kt = parts.keys.then(|| table(buckets(Buckets::Clipped, lk, true)));
+            let vt = parts.values.then(|| table(buckets(Buckets::Clipped, lk, true)));
+            let m: Tensor<2> = Tensor::random([h, 2 * lk - 1], Distribution::Uniform(0.5, 1.5), &device);
+            let w: Tensor<3> = Tensor::random([b, lq, h * dh], normal(1.0), &device);
+            let run = |fused: bool| {
+                let track = |t: &DistanceTable| DistanceTable { rows: t.rows.clone().require_grad(), ..t.clone() };
+                let (q, k, v, r, m) = (
+                    q.clone().require_grad(),
+                    k.clone().require_grad(),
+                    v.clone().require_grad(),
+                    r.clone().require_grad(),
+                    m.clone().require_grad(),
+                );
+                let (qt, kt, vt) = (qt.as_ref().map(track), kt.as_ref().map(track), vt.as_ref().map(track));
+                let terms = DistanceTerms {
+                    queries: qt.clone().map(|t| (r.clone(), t)),
+                    keys: kt.clone(),
+                    values: vt.clone(),
+                    multiplier: parts.multiplier.map(|act| (m.clone(), act)),
+                };
+                let y = if fused {
+                    block_sparse_with_terms(q.clone(), k.clone(), v.clone(), terms, pieces.clone(), norm)
+                        .expect("flex has the kernel")
+                } else {
+                    composed_terms([q.clone(), k.clone(), v.clone()], &terms, seen, norm)
+                };
+                let grads = (y.clone() * w.clone()).sum().backward();
+                let flat = |t: Tensor<4>| t.reshape([1, 1, 1, -1]);
+                let mut g = vec![q.grad(&grads).unwrap(), k.grad(&grads).unwrap(), v.grad(&grads).unwrap()];
+                if qt.is_some() {
+                    g.push(r.grad(&grads).unwrap());
+                }
+                for t in [&qt, &kt, &vt].into_iter().flatten() {
+                    g.push(flat(t.rows.grad(&grads).unwrap().unsqueeze()));
+                }
+                if parts.multiplier.is_some() {
+                    g.push(flat(m.grad(&grads).unwrap().unsqueeze()));
+                }
+                (y, g)
+            };
+            let ((y1, g1), (y2, g2)) = (run(true), run(false));
+            let what = format!("{parts:?}, {norm:?}, h {h}/{h_kv}, L {lq}/{lk}, {} pieces", pieces.len());
+            let tol = if norm == RowNormaliser::Softmax { 2e-5 } else { 1e-4 };
+            let d = rel_diff(y1, y2);
+            assert!(d < tol, "forward, {what}: {d}");
+            for (n, (a, e)) in g1.into_iter().zip(g2).enumerate() {
+                let d = rel_diff(a, e);
+                assert!(d < tol, "gradient {n} (q, k, v, r, tables, m), {what}: {d}");
+            }
+        }
+
+        /// Every term of [`DistanceTerms`], alone and together, on a band (queries and keys
+        /// aligned, and queries after a cache of keys), on a union over residue classes, with
+        /// grouped-query heads and the sparse normalisers: the kernel equals the definition,
+        /// output and every gradient.
+        #[test]
+        fn distance_terms_equal_their_definition() {
+            let shaw = Parts { queries: Some(Buckets::Clipped), keys: false, values: true, multiplier: None };
+            let xl = Parts { queries: Some(Buckets::Each), keys: false, values: false, multiplier: None };
+            let deberta = Parts { queries: Some(Buckets::Clipped), keys: true, values: false, multiplier: None };
+            let da = Parts { queries: None, keys: false, values: false, multiplier: Some(ScoreActivation::Relu) };
+            let all = Parts {
+                queries: Some(Buckets::Each),
+                keys: true,
+                values: true,
+                multiplier: Some(ScoreActivation::Identity),
+            };
+            let back = 5;
+            let banded = move |_: usize, q: usize, k: usize| k <= q && q - k <= back;
+            for parts in [shaw, xl, deberta, da, all] {
+                let pieces = SparsePiece::only(Arc::new(band(23, 4, back)));
+                check_terms(pieces.clone(), (23, 23), banded, (4, 2), parts, RowNormaliser::Softmax);
+                check_terms(pieces, (23, 23), banded, (2, 2), parts, RowNormaliser::Sparsemax);
+                // seven queries after sixteen cached keys, each seeing every key up to itself
+                let cached =
+                    SparseLayout::new(7, 23, 4, 1, |_, i| vec![0..16 + (i + 1) * 4], |_, q, out| out.push(0..q + 1));
+                let causal = |_: usize, q: usize, k: usize| k <= q;
+                check_terms(
+                    SparsePiece::only(Arc::new(cached)),
+                    (7, 23),
+                    causal,
+                    (2, 1),
+                    parts,
+                    RowNormaliser::Softmax,
+                );
+                let stride = 4;
+                let strided = move |_: usize, q: usize, k: usize| k <= q && (q - k < stride || (q - k) % stride == 0);
+                check_terms(strided_pieces(23, stride, 4), (23, 23), strided, (4, 2), parts, RowNormaliser::Softmax);
+            }
         }
 
         /// A layout from a predicate `sees(g, q, k)`, one key at a time.
