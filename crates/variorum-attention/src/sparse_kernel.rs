@@ -9,8 +9,10 @@
 //! It applies where it computes exactly what the composed path does: no dropout on the
 //! probabilities, query blocks at consecutive positions, and a position scheme that acts on q and
 //! k (RoPE), through the distance alone (ALiBi, T5: one bias per head and distance, learned
-//! through the kernel's bias gradient), or none. A dilated band is scored over the whole range
-//! its keys span (δ × its keys); the other schemes (Transformer-XL, Shaw, DeBERTa, …) keep the
+//! through the kernel's bias gradient), through terms per distance that read the content
+//! (Transformer-XL, Shaw, DeBERTa, DA, multiplicative: the kernel's `DistanceTerms`, every table
+//! learned through its gradient; not with a head temperature), or none. A dilated band is scored
+//! over the whole range its keys span (δ × its keys); TUPE's untied absolute term keeps the
 //! composed path.
 
 use std::ops::Range;
@@ -18,8 +20,8 @@ use std::sync::Arc;
 
 use burn::prelude::*;
 use variorum_kernels::block_sparse::{
-    Pieces, SparseLayout, block_sparse_attention, block_sparse_self_attention, block_sparse_union,
-    block_sparse_union_self_attention,
+    Pieces, SparseLayout, SparsePiece, block_sparse_attention, block_sparse_self_attention, block_sparse_union,
+    block_sparse_union_self_attention, block_sparse_with_terms,
 };
 use variorum_kernels::normalisers::RowNormaliser;
 use variorum_position::Distances;
@@ -33,7 +35,7 @@ use crate::full::Projected;
 /// positions inside the sequence, sorted.
 pub fn context(mha: &MultiHeadAttention, p: &Projected, pattern: &Pattern, global: &[usize]) -> Option<Tensor<4>> {
     let gathered_queries = pattern.extra.is_some_and(|set| set.queries.is_some());
-    let position_ok = mha.position.as_ref().is_none_or(|pos| pos.works_on_gathered_keys());
+    let position_ok = position_ok(mha);
     if !applies(mha, p) || gathered_queries || !position_ok {
         return None;
     }
@@ -45,10 +47,19 @@ pub fn context(mha: &MultiHeadAttention, p: &Projected, pattern: &Pattern, globa
     on_layout(mha, p, layout(pattern, global, h, l, p.layout.causal, p.max_back))
 }
 
-/// The kernel over one layout, with the position scheme's distance bias.
+/// Whether the position scheme has a form the kernel takes: none, a rotation (done before), a
+/// bias by distance alone, or terms per distance ([`with_terms`]).
+fn position_ok(mha: &MultiHeadAttention) -> bool {
+    mha.position.as_ref().is_none_or(|pos| pos.works_on_gathered_keys() || pos.has_distance_terms())
+}
+
+/// The kernel over one layout, with the position scheme's distance bias or terms.
 fn on_layout(mha: &MultiHeadAttention, p: &Projected, layout: SparseLayout) -> Option<Tensor<4>> {
-    let bias = distance_bias(mha, p);
     let (layout, norm) = (Arc::new(layout), mha.normaliser.row);
+    if has_terms(mha) {
+        return with_terms(mha, p, SparsePiece::only(layout), norm);
+    }
+    let bias = distance_bias(mha, p);
     run(
         mha,
         p,
@@ -71,7 +82,7 @@ pub fn layout_context(
     runs: impl Fn(usize, usize) -> Vec<Range<usize>> + Sync,
     visible: impl Fn(usize, usize, &mut Vec<Range<usize>>) + Sync,
 ) -> Option<Tensor<4>> {
-    let position_ok = mha.position.as_ref().is_none_or(|pos| pos.works_on_gathered_keys());
+    let position_ok = position_ok(mha);
     if !applies(mha, p) || !position_ok {
         return None;
     }
@@ -92,9 +103,12 @@ pub fn layout_context(
 /// over different slots of the positions, one softmax) by the kernel; `None` where it does not
 /// apply — the conditions of [`context`] and softmax — or off flex.
 pub fn union_context(mha: &MultiHeadAttention, p: &Projected, pieces: impl FnOnce() -> Pieces) -> Option<Tensor<4>> {
-    let position_ok = mha.position.as_ref().is_none_or(|pos| pos.works_on_gathered_keys());
+    let position_ok = position_ok(mha);
     if !applies(mha, p) || mha.normaliser.row != RowNormaliser::Softmax || !position_ok {
         return None;
+    }
+    if has_terms(mha) {
+        return with_terms(mha, p, pieces(), RowNormaliser::Softmax);
     }
     let (bias, pieces) = (distance_bias(mha, p), pieces());
     run(
@@ -126,6 +140,25 @@ fn run(
         }
     };
     Some(by_head(out, heads.0))
+}
+
+/// Whether the position scheme acts through terms per distance (Transformer-XL, Shaw, DeBERTa,
+/// DA, multiplicative).
+fn has_terms(mha: &MultiHeadAttention) -> bool {
+    mha.position.as_ref().is_some_and(|pos| pos.has_distance_terms())
+}
+
+/// The kernel with the position scheme's [`DistanceTerms`](variorum_kernels::block_sparse::DistanceTerms),
+/// over the separate scaled queries (the scheme's content queries), keys and values. A head
+/// temperature, which would scale every term, keeps the composed path.
+fn with_terms(mha: &MultiHeadAttention, p: &Projected, pieces: Pieces, norm: RowNormaliser) -> Option<Tensor<4>> {
+    let pos = mha.position.as_ref()?;
+    if mha.normaliser.query_factor().is_some() {
+        return None;
+    }
+    let (q, terms) = pos.distance_terms(&p.q, p.k.dims()[2], p.layout.causal, mha.scale)?;
+    let out = block_sparse_with_terms(q, p.k.clone(), p.v.clone(), terms, pieces, norm)?;
+    Some(by_head(out, p.q.dims()[1]))
 }
 
 /// What every kernel path needs: flex, no dropout on the probabilities, keys aligned with the

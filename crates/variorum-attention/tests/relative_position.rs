@@ -43,16 +43,22 @@ fn schemes() -> Vec<PositionConfig> {
 fn attention(position: &PositionConfig, n_kv_heads: usize, dev: &Device) -> MultiHeadAttention {
     let cfg = MultiHeadAttentionConfig { n_heads: 4, n_kv_heads: Some(n_kv_heads), ..Default::default() };
     let mut attn = cfg.init(D, 0.3, 0.3, Positioning { config: position, context: 64 }, dev);
+    randomise(&mut attn.position, dev);
+    attn
+}
+
+/// Parameters that start neutral (the multiplicative scalars start at 1, T5's table at 0) set to
+/// random values, so that a position-dependence would show.
+fn randomise(position: &mut Option<RelativePosition>, dev: &Device) {
     // parameters that start neutral (the multiplicative scalars start at 1) get random values, so
     // that a position-dependence would show
-    if let Some(RelativePosition::Multiplicative(m)) = &mut attn.position {
+    if let Some(RelativePosition::Multiplicative(m)) = position {
         let n = m.scale.dims()[0];
         m.scale = Param::from_tensor(random([n], dev).add_scalar(1.0));
     }
-    if let Some(RelativePosition::T5(t)) = &mut attn.position {
+    if let Some(RelativePosition::T5(t)) = position {
         t.table = Param::from_tensor(random(t.table.dims(), dev));
     }
-    attn
 }
 
 fn weights(attn: &MultiHeadAttention, q: Tensor<3>, kv: Tensor<3>, mask: &AttentionMask) -> Tensor<4> {
@@ -96,11 +102,13 @@ fn scores_are_invariant_to_shifting_all_positions() {
 }
 
 #[test]
-fn rope_alibi_and_t5_on_the_kernels_equal_the_composed_path_with_the_gradients() {
+fn every_scheme_on_the_kernels_equals_the_composed_path_with_the_gradients() {
     // full and capsule-heads attention with RoPE (both layouts, partial, grouped-query heads)
     // rotate the fused projection by a kernel and read it packed; with ALiBi or T5 full attention
-    // hands its distance bias to the block-sparse kernel; the composed path splits the heads,
-    // rotates or biases with Burn's ops: the same output and every gradient (T5's table too)
+    // hands its distance bias to the block-sparse kernel, with Transformer-XL, Shaw, DeBERTa, DA
+    // or the multiplicative scalars its terms per distance, and so do a sliding window with a
+    // global position and the strided union; the composed path splits the heads, rotates or
+    // scores with Burn's ops: the same output and every gradient (every scheme's parameters too)
     let dev = Device::flex().autodiff();
     dev.seed(12);
     // longer than one block of the kernels (64 queries): several query blocks and key runs
@@ -111,14 +119,26 @@ fn rope_alibi_and_t5_on_the_kernels_equal_the_composed_path_with_the_gradients()
         "kind = \"rope\"\nlayout = \"interleaved\"\nrotary_dim = 2",
         "kind = \"alibi\"",
         "kind = \"t5\"\nnum_buckets = 8\nmax_distance = 16",
+        "kind = \"transformer-xl\"",
+        "kind = \"shaw\"\nmax_distance = 5",
+        "kind = \"deberta\"\nmax_distance = 5",
+        "kind = \"da\"",
+        "kind = \"multiplicative\"\nmax_distance = 9",
     ];
     let kinds = [
         "kind = \"full\"\nn_heads = 4\nn_kv_heads = 2",
         "kind = \"capsule-heads\"\nn_heads = 4\nn_kv_heads = 2\nrouting = \"em\"",
+        "kind = \"sliding-window\"\nn_heads = 4\nn_kv_heads = 2\nwindow = 20\nglobal = [3]",
+        "kind = \"strided\"\nn_heads = 2\nstride = 8",
     ];
+    let content = ["transformer-xl", "shaw", "deberta", "da", "multiplicative"];
     let cases = schemes.iter().flat_map(|s| kinds.iter().map(move |k| (s, k)));
     for ((scheme, kind), causal) in cases.flat_map(|c| [(c, true), (c, false)]) {
         let position: PositionConfig = toml::from_str(scheme).unwrap();
+        let sparse_kind = kind.contains("window") || kind.contains("strided");
+        if sparse_kind && !content.contains(&position.kind()) {
+            continue; // the band tests hold those
+        }
         let cfg: variorum_attention::AttentionConfig = toml::from_str(kind).unwrap();
         cfg.validate(D).unwrap();
         let attn = cfg.init(D, 0.3, 0.3, Positioning { config: &position, context: 64 }, &dev);

@@ -517,6 +517,7 @@ pub enum ScoreActivation {
 /// Where each table of a [`DistanceTerms`] call sits in the tables handed to the kernel (one
 /// `[h, rows, d_h]` tensor), and the multiplier's activation.
 #[derive(Debug, Clone, Default)]
+#[cfg_attr(not(feature = "flex"), allow(dead_code))]
 pub struct TermSpec {
     query: Option<Bucketed>,
     key: Option<Bucketed>,
@@ -526,6 +527,7 @@ pub struct TermSpec {
 
 /// A table's first row in the tables handed to the kernel and its bucket map.
 #[derive(Debug, Clone)]
+#[cfg_attr(not(feature = "flex"), allow(dead_code))]
 struct Bucketed {
     first: usize,
     bucket: Arc<Vec<u32>>,

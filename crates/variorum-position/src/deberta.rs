@@ -19,8 +19,9 @@ use variorum_core::{ConfigError, error::check};
 use crate::RelativePosition;
 use crate::ScoreLayout;
 use crate::kind::{HeadShape, PositionKind, RelativeScheme};
-use crate::layout::gather_buckets;
+use crate::layout::{entry_buckets, gather_buckets};
 use variorum_core::Capabilities;
+use variorum_kernels::block_sparse::{DistanceTable, DistanceTerms};
 
 /// `model.position` with `kind = "deberta"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -136,5 +137,33 @@ impl RelativeScheme for Disentangled {
         scale: f64,
     ) -> Tensor<4> {
         scores + self.score_term(q_scaled, k, layout, scale)
+    }
+
+    fn has_distance_terms(&self) -> bool {
+        true
+    }
+
+    /// c2p as a query term over δ(i, j), p2c as a key term over δ(j, i) (its table scaled, since
+    /// the kernel's keys are not).
+    fn distance_terms(
+        &self,
+        q: &Tensor<4>,
+        len_k: usize,
+        _causal: bool,
+        scale: f64,
+    ) -> Option<(Tensor<4>, DistanceTerms)> {
+        let kk = self.max_distance as i64;
+        let delta = move |d: i64| (d + kk).clamp(0, 2 * kk - 1);
+        let per_head = |proj: &Linear| {
+            let [_, h, n, dh] = self.project(proj).dims();
+            self.project(proj).reshape([h, n, dh])
+        };
+        let c2p = DistanceTable { rows: per_head(&self.position_key), bucket: entry_buckets(len_k, delta) };
+        let p2c = DistanceTable {
+            rows: per_head(&self.position_query).mul_scalar(scale),
+            bucket: entry_buckets(len_k, move |d| delta(-d)),
+        };
+        let terms = DistanceTerms { queries: Some((q.clone(), c2p)), keys: Some(p2c), ..Default::default() };
+        Some((q.clone(), terms))
     }
 }

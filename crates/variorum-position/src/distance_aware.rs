@@ -18,6 +18,7 @@ use variorum_core::Capabilities;
 
 use crate::RelativePosition;
 use crate::kind::{HeadShape, PositionKind, RelativeScheme};
+use variorum_kernels::block_sparse::{DistanceTerms, ScoreActivation};
 
 #[derive(Module, Debug)]
 pub struct DistanceAware {
@@ -72,6 +73,28 @@ impl PositionKind for DistanceAwareConfig {
 impl RelativeScheme for DistanceAware {
     fn scores(&self, scores: Tensor<4>, _q: Tensor<4>, _k: Tensor<4>, layout: &ScoreLayout, _scale: f64) -> Tensor<4> {
         self.apply(scores, layout)
+    }
+
+    fn has_distance_terms(&self) -> bool {
+        true
+    }
+
+    /// f(α_h |d|; β_h) per head and distance, after a ReLU.
+    fn distance_terms(
+        &self,
+        q: &Tensor<4>,
+        len_k: usize,
+        _causal: bool,
+        _scale: f64,
+    ) -> Option<(Tensor<4>, DistanceTerms)> {
+        let [h] = self.alpha.dims();
+        let last = len_k as i64 - 1;
+        let distance: Vec<f32> = (-last..=last).map(|d| d.abs() as f32).collect();
+        let distance = Tensor::<1>::from_data(TensorData::new(distance, [2 * len_k - 1]), &q.device());
+        let r = self.alpha.val().reshape([h, 1]) * distance.unsqueeze_dim(0);
+        let beta = self.beta.val().reshape([h, 1]);
+        let f = (beta.clone().exp() + 1.0) / ((beta - r).exp() + 1.0);
+        Some((q.clone(), DistanceTerms { multiplier: Some((f, ScoreActivation::Relu)), ..Default::default() }))
     }
 }
 

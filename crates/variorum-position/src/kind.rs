@@ -9,6 +9,7 @@ use serde::de::DeserializeOwned;
 use variorum_core::{Capabilities, ConfigError};
 
 use crate::{AbsolutePosition, Distances, RelativePosition, ScoreLayout};
+use variorum_kernels::block_sparse::DistanceTerms;
 
 /// The head geometry a relative scheme is built for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,6 +159,26 @@ pub trait RelativeScheme {
     /// A term added to the attention output `[b, h, len_q, d_h]` from the probabilities (Shaw's
     /// value vectors). Default: none.
     fn context(&self, _probs: Tensor<4>, _layout: &ScoreLayout) -> Option<Tensor<4>> {
+        None
+    }
+
+    /// Whether the scheme has [`distance_terms`](Self::distance_terms). Default: no.
+    fn has_distance_terms(&self) -> bool {
+        false
+    }
+
+    /// What [`scores`](Self::scores) and [`context`](Self::context) do, said per distance for the
+    /// block-sparse kernel, which applies it to whatever pairs a block scores: for scaled queries
+    /// `q_scaled: [b, h, len_q, d_h]` (the last `len_q` of `len_k` positions) the queries the
+    /// content scores take (Transformer-XL's q + u; `q_scaled` for the others) and the
+    /// [`DistanceTerms`]; `scale` is the score scale. Default: `None` (the composed path only).
+    fn distance_terms(
+        &self,
+        _q_scaled: &Tensor<4>,
+        _len_k: usize,
+        _causal: bool,
+        _scale: f64,
+    ) -> Option<(Tensor<4>, DistanceTerms)> {
         None
     }
 }

@@ -94,6 +94,14 @@ impl Distances {
     }
 }
 
+/// A bucket map of the block-sparse kernel's distance entries over `len_k` keys
+/// ([`variorum_kernels::block_sparse::DistanceTable`]): entry e is distance e − (len_k − 1), its
+/// bucket `f(distance)`.
+pub fn entry_buckets(len_k: usize, f: impl Fn(i64) -> i64) -> std::sync::Arc<Vec<u32>> {
+    let last = len_k as i64 - 1;
+    std::sync::Arc::new((0..2 * last + 1).map(|e| f(e - last) as u32).collect())
+}
+
 /// `[1, h, len_q, len_k]` from a per-head table `[h, buckets]` and a bucket index `[len_q, len_k]`.
 pub fn per_head_bias(table: Tensor<2>, index: Tensor<2, Int>) -> Tensor<4> {
     let [h, _] = table.dims();

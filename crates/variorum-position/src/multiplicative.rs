@@ -15,6 +15,7 @@ use crate::RelativePosition;
 use crate::ScoreLayout;
 use crate::kind::{HeadShape, PositionKind, RelativeScheme};
 use variorum_core::Capabilities;
+use variorum_kernels::block_sparse::{DistanceTerms, ScoreActivation};
 
 /// `model.position` with `kind = "multiplicative"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -87,5 +88,28 @@ impl RelativeScheme for MultiplicativePosition {
     fn scores(&self, scores: Tensor<4>, _q: Tensor<4>, _k: Tensor<4>, layout: &ScoreLayout, _scale: f64) -> Tensor<4> {
         let device = scores.device();
         scores * self.factors(layout, &device)
+    }
+
+    fn has_distance_terms(&self) -> bool {
+        true
+    }
+
+    /// π_{|d|} per distance, every head alike.
+    fn distance_terms(
+        &self,
+        q: &Tensor<4>,
+        len_k: usize,
+        _causal: bool,
+        _scale: f64,
+    ) -> Option<(Tensor<4>, DistanceTerms)> {
+        let (h, m, last) = (q.dims()[1], self.max_distance as i64, len_k as i64 - 1);
+        let index: Vec<i64> = (-last..=last).map(|d| d.abs().min(m)).collect();
+        let width = index.len();
+        let index = Tensor::<1, Int>::from_data(TensorData::new(index, [width]), &q.device());
+        let factors = self.scale.val().select(0, index).unsqueeze_dim::<2>(0).expand([h, width]);
+        Some((
+            q.clone(),
+            DistanceTerms { multiplier: Some((factors, ScoreActivation::Identity)), ..Default::default() },
+        ))
     }
 }

@@ -232,6 +232,23 @@ impl RelativePosition {
     pub fn context(&self, probs: Tensor<4>, layout: &ScoreLayout) -> Option<Tensor<4>> {
         self.scheme().context(probs, layout)
     }
+
+    /// Whether the scheme has terms for the block-sparse kernel
+    /// ([`RelativeScheme::has_distance_terms`]).
+    pub fn has_distance_terms(&self) -> bool {
+        self.scheme().has_distance_terms()
+    }
+
+    /// The content queries and the block-sparse kernel's terms ([`RelativeScheme::distance_terms`]).
+    pub fn distance_terms(
+        &self,
+        q_scaled: &Tensor<4>,
+        len_k: usize,
+        causal: bool,
+        scale: f64,
+    ) -> Option<(Tensor<4>, variorum_kernels::block_sparse::DistanceTerms)> {
+        self.scheme().distance_terms(q_scaled, len_k, causal, scale)
+    }
 }
 
 impl AbsolutePosition {

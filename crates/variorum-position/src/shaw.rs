@@ -17,8 +17,9 @@ use variorum_core::{ConfigError, error::check};
 use crate::RelativePosition;
 use crate::ScoreLayout;
 use crate::kind::{HeadShape, PositionKind, RelativeScheme};
-use crate::layout::{gather_buckets, scatter_buckets};
+use crate::layout::{entry_buckets, gather_buckets, scatter_buckets};
 use variorum_core::Capabilities;
+use variorum_kernels::block_sparse::{DistanceTable, DistanceTerms};
 
 /// `model.position` with `kind = "shaw"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -119,5 +120,32 @@ impl RelativeScheme for ShawRelative {
 
     fn context(&self, probs: Tensor<4>, layout: &ScoreLayout) -> Option<Tensor<4>> {
         self.context_term(probs, layout)
+    }
+
+    fn has_distance_terms(&self) -> bool {
+        true
+    }
+
+    /// q_i·a^K and Σ_j α_ij a^V, both by the clipped offset, the tables shared by the heads.
+    fn distance_terms(
+        &self,
+        q: &Tensor<4>,
+        len_k: usize,
+        _causal: bool,
+        _scale: f64,
+    ) -> Option<(Tensor<4>, DistanceTerms)> {
+        let h = q.dims()[1];
+        let k = self.max_distance as i64;
+        let bucket = entry_buckets(len_k, |d| (-d).clamp(-k, k) + k);
+        let table = |t: Tensor<2>| {
+            let [n, dh] = t.dims();
+            DistanceTable { rows: t.unsqueeze_dim::<3>(0).expand([h, n, dh]), bucket: bucket.clone() }
+        };
+        let terms = DistanceTerms {
+            queries: Some((q.clone(), table(self.keys.val()))),
+            values: self.values.as_ref().map(|v| table(v.val())),
+            ..Default::default()
+        };
+        Some((q.clone(), terms))
     }
 }

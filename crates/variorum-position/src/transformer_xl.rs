@@ -26,7 +26,9 @@ use variorum_core::{ConfigError, error::check};
 use crate::RelativePosition;
 use crate::ScoreLayout;
 use crate::kind::{HeadShape, PositionKind, RelativeScheme};
+use crate::layout::entry_buckets;
 use variorum_core::Capabilities;
+use variorum_kernels::block_sparse::{DistanceTable, DistanceTerms};
 
 /// `model.position` with `kind = "transformer-xl"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -159,6 +161,32 @@ impl RelativeScheme for XlRelative {
         _scale: f64,
     ) -> Tensor<4> {
         scores + self.score_term(q_scaled, k, layout)
+    }
+
+    fn has_distance_terms(&self) -> bool {
+        true
+    }
+
+    /// (q + u)·k as the content score, and (q + v)·W_R r by distance: one table row per
+    /// distance (for causal attention the non-negative ones; the others are hidden).
+    fn distance_terms(
+        &self,
+        q: &Tensor<4>,
+        len_k: usize,
+        causal: bool,
+        _scale: f64,
+    ) -> Option<(Tensor<4>, DistanceTerms)> {
+        let [_, h, _, dh] = q.dims();
+        let last = len_k as i64 - 1;
+        let count = if causal { len_k } else { 2 * len_k - 1 };
+        let r = self.position_key.forward(self.sinusoids(last, count, 1, &q.device()));
+        let rows = r.reshape([count, h, dh]).swap_dims(0, 1);
+        // row c is distance last − c
+        let bucket = entry_buckets(len_k, |d| (last - d).min(count as i64 - 1));
+        let (u, v) = (self.u.val().reshape([1, h, 1, dh]), self.v.val().reshape([1, h, 1, dh]));
+        let terms =
+            DistanceTerms { queries: Some((q.clone() + v, DistanceTable { rows, bucket })), ..Default::default() };
+        Some((q.clone() + u, terms))
     }
 }
 
