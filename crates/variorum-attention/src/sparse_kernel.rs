@@ -20,8 +20,9 @@ use std::sync::Arc;
 
 use burn::prelude::*;
 use variorum_kernels::block_sparse::{
-    Pieces, SparseLayout, SparsePiece, block_sparse_attention, block_sparse_self_attention, block_sparse_union,
-    block_sparse_union_self_attention, block_sparse_with_terms,
+    Pieces, SparseLayout, SparsePiece, block_sparse_attention, block_sparse_self_attention,
+    block_sparse_self_attention_with_terms, block_sparse_union, block_sparse_union_self_attention,
+    block_sparse_with_terms,
 };
 use variorum_kernels::normalisers::RowNormaliser;
 use variorum_position::Distances;
@@ -149,16 +150,23 @@ fn has_terms(mha: &MultiHeadAttention) -> bool {
 }
 
 /// The kernel with the position scheme's [`DistanceTerms`](variorum_kernels::block_sparse::DistanceTerms),
-/// over the separate scaled queries (the scheme's content queries), keys and values. A head
-/// temperature, which would scale every term, keeps the composed path.
+/// read in place from the fused projection where there is one. A head temperature, which would
+/// scale every term, keeps the composed path.
 fn with_terms(mha: &MultiHeadAttention, p: &Projected, pieces: Pieces, norm: RowNormaliser) -> Option<Tensor<4>> {
     let pos = mha.position.as_ref()?;
     if mha.normaliser.query_factor().is_some() {
         return None;
     }
-    let (q, terms) = pos.distance_terms(&p.q, p.k.dims()[2], p.layout.causal, mha.scale)?;
-    let out = block_sparse_with_terms(q, p.k.clone(), p.v.clone(), terms, pieces, norm)?;
-    Some(by_head(out, p.q.dims()[1]))
+    let [_, h, _, _] = p.q.dims();
+    let terms = pos.distance_terms(h, p.k.dims()[2], p.layout.causal, mha.scale, &p.q.device())?;
+    let out = match p.packed() {
+        Some(qkv) => {
+            let heads = (h, p.k.dims()[1]);
+            block_sparse_self_attention_with_terms(qkv.clone(), heads, mha.scale, terms, pieces, norm)?
+        }
+        None => block_sparse_with_terms(p.q.clone(), p.k.clone(), p.v.clone(), terms, pieces, norm)?,
+    };
+    Some(by_head(out, h))
 }
 
 /// What every kernel path needs: flex, no dropout on the probabilities, keys aligned with the

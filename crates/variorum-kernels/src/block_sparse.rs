@@ -14,7 +14,11 @@
 //!
 //! b_h is an optional table of one additive score per head and query − key distance (ALiBi, T5's
 //! buckets: the relative schemes that act through the distance alone), with its gradient; RoPE
-//! acts on q and k before. Queries must come scaled. The output has its heads merged,
+//! acts on q and k before. The schemes that read content by distance (Transformer-XL, Shaw,
+//! DeBERTa, DA, multiplicative) hand [`DistanceTerms`] instead: per-head tables of vectors by
+//! distance bucket, scored against a query-side vector or the keys, added to the values, or a
+//! multiplier after an activation — each one GEMM per run against the buckets the run reaches
+//! (`terms.rs`), with every gradient. Queries must come scaled. The output has its heads merged,
 //! `[b, Lq, h · d_h]`.
 //!
 //! A pattern that no one ordering of the positions turns into runs (the Sparse Transformer's
@@ -477,24 +481,27 @@ fn check_pieces(pieces: &[SparsePiece], h: usize, l: usize) {
     }
 }
 
-/// Relative position terms that read content, for the schemes a distance bias cannot say
+/// Relative position terms that read content, for the schemes a distance bias alone cannot say
 /// (Transformer-XL, Shaw, DeBERTa, the multiplicative ones). With e = query position − key
 /// position + Lk − 1 (the index of a distance-bias table) and B(e) a table's bucket of it:
 ///
-/// s_ij = act(q_i·k_j + r_i·Q[B_Q(e)] + k_j·K[B_K(e)]) · m_h(e),   O_i = Σ_j p_ij (v_j + V[B_V(e)]),
+/// s_ij = act(q_i·k_j + q_i·Q[B_Q(e)] + k_j·K[B_K(e)] + b_h(e)) · m_h(e),
+/// O_i = Σ_j p_ij (v_j + V[B_V(e)]),
 ///
-/// each part where it is given (act and m only with a multiplier). r are query-side vectors of
-/// their own (Transformer-XL's q + v; the queries themselves for Shaw and DeBERTa), Q, K, V
-/// per-head tables `[h, buckets, d_h]`. Every tensor gets its gradient.
+/// each part where it is given (act and m only with a multiplier); q are the scaled queries. Q,
+/// K, V are per-head tables `[h, buckets, d_h]`, b and m `[h, 2 Lk − 1]`. Every tensor gets its
+/// gradient.
 #[derive(Debug, Clone, Default)]
 pub struct DistanceTerms {
-    /// r `[b, h, Lq, d_h]` and Q.
-    pub queries: Option<(Tensor<4>, DistanceTable)>,
+    /// Q, scored against the queries.
+    pub queries: Option<DistanceTable>,
     /// K, scored against the keys.
     pub keys: Option<DistanceTable>,
     /// V, added to the values.
     pub values: Option<DistanceTable>,
-    /// m `[h, 2 Lk − 1]` and the activation before it.
+    /// b, added to the scores.
+    pub bias: Option<Tensor<2>>,
+    /// m and the activation before it.
     pub multiplier: Option<(Tensor<2>, ScoreActivation)>,
 }
 
@@ -515,29 +522,79 @@ pub enum ScoreActivation {
 }
 
 /// Where each table of a [`DistanceTerms`] call sits in the tables handed to the kernel (one
-/// `[h, rows, d_h]` tensor), and the multiplier's activation.
+/// `[h, rows, d_h]` tensor), whether a bias comes, and the multiplier's activation.
 #[derive(Debug, Clone, Default)]
 #[cfg_attr(not(feature = "flex"), allow(dead_code))]
 pub struct TermSpec {
     query: Option<Bucketed>,
     key: Option<Bucketed>,
     value: Option<Bucketed>,
+    biased: bool,
     activation: Option<ScoreActivation>,
 }
 
-/// A table's first row in the tables handed to the kernel and its bucket map.
+/// A table's first row in the tables handed to the kernel, its bucket map, and for each entry
+/// the first entry of the stretch of equal buckets it ends (`starts[e] ≤ e`).
 #[derive(Debug, Clone)]
 #[cfg_attr(not(feature = "flex"), allow(dead_code))]
 struct Bucketed {
     first: usize,
     bucket: Arc<Vec<u32>>,
+    starts: Arc<Vec<u32>>,
 }
 
-impl DistanceTerms {
-    /// Whether no term is given.
-    pub fn is_empty(&self) -> bool {
-        self.queries.is_none() && self.keys.is_none() && self.values.is_none() && self.multiplier.is_none()
-    }
+/// [`DistanceTerms`] as the kernel takes them: the spec and the tables side by side, the bias and
+/// the multiplier (constant placeholders where absent: no gradient reaches them), after checking
+/// their shapes against `h` heads of `dh` over `lk` keys.
+#[cfg(feature = "flex")]
+fn term_inputs(
+    terms: DistanceTerms,
+    (h, dh, lk): (usize, usize, usize),
+    device: &Device,
+) -> (TermSpec, Tensor<3>, Tensor<2>, Tensor<2>) {
+    let width = 2 * lk - 1;
+    let mut spec = TermSpec::default();
+    let mut rows = Vec::new();
+    let mut first = 0;
+    let mut add = |table: DistanceTable| {
+        let [th, n, tdh] = table.rows.dims();
+        assert!(th == h && tdh == dh, "a distance table is [heads, buckets, d_h]");
+        assert_eq!(table.bucket.len(), width, "a bucket map has one bucket per distance entry (2 Lk − 1)");
+        assert!(table.bucket.iter().all(|&x| (x as usize) < n), "a bucket beyond its table");
+        let mut starts = vec![0u32; width];
+        for e in 1..width {
+            starts[e] = if table.bucket[e] == table.bucket[e - 1] { starts[e - 1] } else { e as u32 };
+        }
+        let at = Bucketed { first, bucket: table.bucket, starts: Arc::new(starts) };
+        first += n;
+        rows.push(table.rows);
+        at
+    };
+    spec.query = terms.queries.map(&mut add);
+    spec.key = terms.keys.map(&mut add);
+    spec.value = terms.values.map(&mut add);
+    let tables = if rows.is_empty() { Tensor::zeros([h, 1, dh], device) } else { Tensor::cat(rows, 1) };
+    let table_2d = |t: Option<Tensor<2>>, what: &str| match t {
+        Some(t) => {
+            assert_eq!(t.dims(), [h, width], "the {what} is [heads, 2 Lk − 1]");
+            t
+        }
+        None => Tensor::zeros([1, 1], device),
+    };
+    spec.biased = terms.bias.is_some();
+    let bias = table_2d(terms.bias, "distance bias");
+    spec.activation = terms.multiplier.as_ref().map(|(_, act)| *act);
+    let multiplier = table_2d(terms.multiplier.map(|(m, _)| m), "multiplier");
+    (spec, tables, bias, multiplier)
+}
+
+/// Whether every tensor of `terms` is on a backend with the kernel.
+#[cfg(feature = "flex")]
+fn terms_on_kernel(terms: &DistanceTerms) -> bool {
+    let tables = [terms.queries.as_ref(), terms.keys.as_ref(), terms.values.as_ref()];
+    tables.into_iter().flatten().all(|t| crate::has_kernel(&t.rows))
+        && terms.bias.as_ref().is_none_or(crate::has_kernel)
+        && terms.multiplier.as_ref().is_none_or(|(m, _)| crate::has_kernel(m))
 }
 
 /// [`block_sparse_union`] (one piece or several, none permuted) with [`DistanceTerms`], over
@@ -551,70 +608,75 @@ pub fn block_sparse_with_terms(
     norm: RowNormaliser,
 ) -> Option<Tensor<3>> {
     #[cfg(feature = "flex")]
-    {
-        let [b, h, lq, dh] = q.dims();
+    if [&q, &k, &v].into_iter().all(|t| crate::has_kernel(t)) && terms_on_kernel(&terms) {
+        let [_, h, lq, dh] = q.dims();
         let lk = k.dims()[2];
-        let width = 2 * lk - 1;
-        let device = q.device();
-        let tables = [terms.queries.as_ref().map(|q| &q.1), terms.keys.as_ref(), terms.values.as_ref()];
-        let on_flex = [&q, &k, &v].into_iter().all(|t| crate::has_kernel(t))
-            && tables.into_iter().flatten().all(|t| crate::has_kernel(&t.rows))
-            && terms.queries.as_ref().is_none_or(|(r, _)| crate::has_kernel(r))
-            && terms.multiplier.as_ref().is_none_or(|(m, _)| crate::has_kernel(m));
-        if on_flex {
-            assert!(pieces.iter().all(|piece| piece.order.is_none()), "a permuted piece takes no distance terms");
-            assert!(pieces.len() == 1 || norm == RowNormaliser::Softmax, "a union of patterns is softmax");
-            if pieces.len() > 1 {
-                assert_eq!(lq, lk, "a union is self-attention: as many keys as queries");
-                check_pieces(&pieces, h, lq);
-            }
-            let mut spec = TermSpec::default();
-            let mut rows = Vec::new();
-            let mut first = 0;
-            let mut add = |table: DistanceTable| {
-                let [th, n, tdh] = table.rows.dims();
-                assert!(th == h && tdh == dh, "a distance table is [heads, buckets, d_h]");
-                assert_eq!(table.bucket.len(), width, "a bucket map has one bucket per distance entry (2 Lk − 1)");
-                assert!(table.bucket.iter().all(|&x| (x as usize) < n), "a bucket beyond its table");
-                let at = Bucketed { first, bucket: table.bucket };
-                first += n;
-                rows.push(table.rows);
-                at
-            };
-            let queries = terms.queries.map(|(r, table)| {
-                assert_eq!(r.dims(), [b, h, lq, dh], "the query-side vectors are shaped as the queries");
-                spec.query = Some(add(table));
-                r
-            });
-            spec.key = terms.keys.map(&mut add);
-            spec.value = terms.values.map(&mut add);
-            let multiplier = terms.multiplier.map(|(m, act)| {
-                assert_eq!(m.dims(), [h, width], "the multiplier is [heads, 2 Lk − 1]");
-                spec.activation = Some(act);
-                m
-            });
-            // an absent part is a constant placeholder: no gradient reaches it
-            let queries = queries.unwrap_or_else(|| Tensor::zeros([1, 1, 1, 1], &device));
-            let tables = if rows.is_empty() { Tensor::zeros([h, 1, dh], &device) } else { Tensor::cat(rows, 1) };
-            let multiplier = multiplier.unwrap_or_else(|| Tensor::zeros([1, 1], &device));
-            use burn::backend::Dispatch;
-            CALLS.set(CALLS.get() + 1);
-            let d = Dispatch::block_sparse_terms(
-                q.into_dispatch(),
-                k.into_dispatch(),
-                v.into_dispatch(),
-                queries.into_dispatch(),
-                tables.into_dispatch(),
-                multiplier.into_dispatch(),
-                spec,
-                pieces,
-                norm,
-            );
-            return Some(Tensor::from_dispatch(d));
-        }
+        check_term_pieces(&pieces, norm, (h, lq, lk));
+        let (spec, tables, bias, multiplier) = term_inputs(terms, (h, dh, lk), &q.device());
+        use burn::backend::Dispatch;
+        CALLS.set(CALLS.get() + 1);
+        let d = Dispatch::block_sparse_terms(
+            q.into_dispatch(),
+            k.into_dispatch(),
+            v.into_dispatch(),
+            tables.into_dispatch(),
+            bias.into_dispatch(),
+            multiplier.into_dispatch(),
+            spec,
+            pieces,
+            norm,
+        );
+        return Some(Tensor::from_dispatch(d));
     }
     let _ = (q, k, v, terms, pieces, norm);
     None
+}
+
+/// [`block_sparse_with_terms`] straight from a fused projection's output, as
+/// [`block_sparse_self_attention`] takes it.
+pub fn block_sparse_self_attention_with_terms(
+    qkv: Tensor<3>,
+    (n_heads, n_kv_heads): (usize, usize),
+    scale: f64,
+    terms: DistanceTerms,
+    pieces: Pieces,
+    norm: RowNormaliser,
+) -> Option<Tensor<3>> {
+    #[cfg(feature = "flex")]
+    if crate::has_kernel(&qkv) && terms_on_kernel(&terms) {
+        let [_, l, width] = qkv.dims();
+        assert_eq!(width % (n_heads + 2 * n_kv_heads), 0, "the projection is not (h + 2 h_kv) heads wide");
+        let dh = width / (n_heads + 2 * n_kv_heads);
+        check_term_pieces(&pieces, norm, (n_heads, l, l));
+        let (spec, tables, bias, multiplier) = term_inputs(terms, (n_heads, dh, l), &qkv.device());
+        use burn::backend::Dispatch;
+        CALLS.set(CALLS.get() + 1);
+        let heads = PackedHeads { n_heads, n_kv_heads, scale };
+        let d = Dispatch::block_sparse_packed_terms(
+            qkv.into_dispatch(),
+            tables.into_dispatch(),
+            bias.into_dispatch(),
+            multiplier.into_dispatch(),
+            heads,
+            spec,
+            pieces,
+            norm,
+        );
+        return Some(Tensor::from_dispatch(d));
+    }
+    let _ = (qkv, n_heads, n_kv_heads, scale, terms, pieces, norm);
+    None
+}
+
+/// The pieces of a call with terms: none permuted, several only for softmax self-attention.
+#[cfg(feature = "flex")]
+fn check_term_pieces(pieces: &[SparsePiece], norm: RowNormaliser, (h, lq, lk): (usize, usize, usize)) {
+    assert!(pieces.iter().all(|piece| piece.order.is_none()), "a permuted piece takes no distance terms");
+    if pieces.len() > 1 {
+        assert!(norm == RowNormaliser::Softmax, "a union of patterns is softmax");
+        assert_eq!(lq, lk, "a union is self-attention: as many keys as queries");
+        check_pieces(pieces, h, lq);
+    }
 }
 
 /// The head counts and score scale of a packed projection.
@@ -691,16 +753,29 @@ mod flex {
             norm: RowNormaliser,
         ) -> FloatTensor<Self>;
 
-        /// [`block_sparse_with_terms`]: the query-side vectors, the tables side by side and the
-        /// multiplier (placeholders where `spec` has no such part).
+        /// [`block_sparse_with_terms`]: the tables side by side, the bias and the multiplier
+        /// (placeholders where `spec` has no such part).
         #[allow(clippy::too_many_arguments)]
         fn block_sparse_terms(
             q: FloatTensor<Self>,
             k: FloatTensor<Self>,
             v: FloatTensor<Self>,
-            queries: FloatTensor<Self>,
             tables: FloatTensor<Self>,
+            bias: FloatTensor<Self>,
             multiplier: FloatTensor<Self>,
+            spec: TermSpec,
+            pieces: Pieces,
+            norm: RowNormaliser,
+        ) -> FloatTensor<Self>;
+
+        /// [`block_sparse_self_attention_with_terms`], the terms as for [`Self::block_sparse_terms`].
+        #[allow(clippy::too_many_arguments)]
+        fn block_sparse_packed_terms(
+            qkv: FloatTensor<Self>,
+            tables: FloatTensor<Self>,
+            bias: FloatTensor<Self>,
+            multiplier: FloatTensor<Self>,
+            heads: PackedHeads,
             spec: TermSpec,
             pieces: Pieces,
             norm: RowNormaliser,
@@ -786,8 +861,7 @@ mod flex {
     }
 
     /// One block's scores against its runs into `s` (rows × width), the terms added (the scores
-    /// before a multiplier kept in `raw`, where given) and the hidden pairs at [`HIDDEN`]. `rq`:
-    /// the block's query-side rows of a query term.
+    /// before a multiplier kept in `raw`, where given) and the hidden pairs at [`HIDDEN`].
     #[allow(clippy::too_many_arguments)]
     fn block_scores(
         (layout, slots, len): (&SparseLayout, Slots, usize),
@@ -795,7 +869,7 @@ mod flex {
         (qb, qrc): (*const f32, (isize, isize)),
         (kp, krc): (*const f32, (isize, isize)),
         (dh, scale): (usize, f32),
-        (terms, rq): (&HeadTerms, Option<(*const f32, (isize, isize))>),
+        terms: &HeadTerms,
         s: &mut [f32],
         (m, raw): (&mut Vec<f32>, Option<&mut [f32]>),
     ) {
@@ -811,7 +885,7 @@ mod flex {
             };
         }
         if let Some(content) = &terms.content {
-            content.add_scores(e, &runs, rq, (kp, krc), s, width, m);
+            content.add_scores(e, &runs, (qb, qrc), (kp, krc), s, width, m);
         }
         if let Some(bias) = terms.bias {
             e.entries(&runs, |r, col, at| s[r * width + col] += bias[at]);
@@ -832,11 +906,6 @@ mod flex {
             Slots::Classes { .. } => (slots.position(q0, len).expect("a scored row stands for a position"), len),
         };
         Entries { first: q + keys - 1, step: slots.step(), rows }
-    }
-
-    /// The block's rows of the query-side vectors `(row 0, strides)` of a head, from `first`.
-    fn block_rows(head: Option<(*const f32, (isize, isize))>, at: &Place) -> Option<(*const f32, (isize, isize))> {
-        head.map(|(p, (rs, cs))| (p.wrapping_offset(at.first as isize * rs), (rs * at.step as isize, cs)))
     }
 
     /// `f` on each entry of `row` whose bit is clear (whole words of visible keys skipped).
@@ -916,7 +985,7 @@ mod flex {
             let mut scratch: Vec<f32> = Vec::with_capacity(if norm.needs_threshold() { layout.max_width() } else { 0 });
             for hi in kv * g..(kv + 1) * g {
                 let qp = q.head(bi, hi);
-                let ht = terms.head((bi, hi), width_bias, dh);
+                let ht = terms.head(hi, width_bias, dh);
                 for (q0, c, width, at) in scored_blocks((layout, slots, len), hi) {
                     let rows = at.rows;
                     let e = entries((layout, slots, len), q0, rows);
@@ -924,9 +993,8 @@ mod flex {
                     let qb = qp.wrapping_offset(at.first as isize * q.rs());
                     let qrc = (q.rs() * at.step as isize, q.cs());
                     let keys = (kp, (k.rs(), k.cs()));
-                    let rq = block_rows(ht.content.and_then(|c| c.queries), &at);
                     let geometry = (layout, slots, len);
-                    block_scores(geometry, (c, &e), (qb, qrc), keys, (dh, scale), (&ht, rq), s, (&mut m, None));
+                    block_scores(geometry, (c, &e), (qb, qrc), keys, (dh, scale), &ht, s, (&mut m, None));
                     normalise_rows(norm, s, width, |_| width, l, &mut scratch);
                     clear_hidden(layout, c, s);
                     for (r, &x) in l.iter().enumerate() {
@@ -989,9 +1057,9 @@ mod flex {
         total
     }
 
-    /// One piece's backward over views into `dq`, `dk`, `dv` (accumulated into) and the query
-    /// side vectors' `dr` (where there is a query term), against the whole output `out` and each
-    /// row's saved `lse` (of the union, where there are several pieces); the terms' gradients.
+    /// One piece's backward over views into `dq`, `dk`, `dv` (accumulated into), against the
+    /// whole output `out` and each row's saved `lse` (of the union, where there are several
+    /// pieces); the terms' gradients.
     #[allow(clippy::too_many_arguments)]
     fn backward_views(
         [qh, kh, vh]: [&Heads; 3],
@@ -1003,7 +1071,6 @@ mod flex {
         (layout, slots, own_rows): (&SparseLayout, Slots, bool),
         norm: RowNormaliser,
         [dq, dk, dv]: [Dest; 3],
-        dr: Option<Dest>,
     ) -> TermGrads {
         let sh = Shape::of(qh, kh, vh);
         let (g, dh, bs, len) = (sh.h / sh.h_kv, sh.dh, layout.block, sh.lq);
@@ -1028,7 +1095,7 @@ mod flex {
                 let mut dmult = vec![0.0f32; if multiplied { g * width_bias } else { 0 }];
                 for hi in kv * g..(kv + 1) * g {
                     let qp = qh.head(bi, hi);
-                    let ht = terms.head((bi, hi), width_bias, dh);
+                    let ht = terms.head(hi, width_bias, dh);
                     let gh = hi - kv * g;
                     for (q0, c, width, at) in scored_blocks((layout, slots, len), hi) {
                         let (rows, step) = (at.rows, at.step as isize);
@@ -1043,19 +1110,9 @@ mod flex {
                             *x = lse[(bi * sh.h + hi) * len + at.first + r * at.step];
                         }
                         let keys = (kp, (kh.rs(), kh.cs()));
-                        let rq = block_rows(ht.content.and_then(|c| c.queries), &at);
                         let raw_block = multiplied.then(|| &mut raw[..rows * width]);
                         let geometry = (layout, slots, len);
-                        block_scores(
-                            geometry,
-                            (c, &e),
-                            (qb, qrc),
-                            keys,
-                            (dh, scale),
-                            (&ht, rq),
-                            p,
-                            (&mut m1, raw_block),
-                        );
+                        block_scores(geometry, (c, &e), (qb, qrc), keys, (dh, scale), &ht, p, (&mut m1, raw_block));
                         recompute_rows(norm, p, width, |_| width, l);
                         clear_hidden(layout, c, p);
                         let pt = (1, width as isize);
@@ -1107,24 +1164,13 @@ mod flex {
                             let db = &mut dbias[gh * width_bias..][..width_bias];
                             e.entries(&runs, |r, col, at| db[at] += ds[r * width + col]);
                         }
-                        if let Some(content) = &ht.content {
-                            let drq = dr.map(|d| (d.head(bi, hi).wrapping_add(at.first * d.strides[2]), d.rs() * step));
-                            let (dk_head, dk_rs) = (dkp, dk.rs());
-                            let keys = (kp, (kh.rs(), kh.cs()));
-                            content.scores_backward(
-                                &e,
-                                &runs,
-                                ds,
-                                width,
-                                (rq, drq),
-                                keys,
-                                (dk_head, dk_rs),
-                                dtables_h,
-                                &mut m1,
-                            );
-                        }
                         let dqb = dq.head(bi, hi).wrapping_add(at.first * dq.strides[2]);
                         let dq_rs = dq.rs() * step;
+                        if let Some(content) = &ht.content {
+                            let queries = ((qb, qrc), (dqb, dq_rs));
+                            let keys = ((kp, (kh.rs(), kh.cs())), (dkp, dk.rs()));
+                            content.scores_backward(&e, &runs, ds, width, queries, keys, dtables_h, &mut m1);
+                        }
                         for &(col, k0, n) in &runs {
                             let kr = kp.wrapping_offset(k0 as isize * kh.rs());
                             let krc = (kh.rs() * step, kh.cs());
@@ -1490,10 +1536,8 @@ mod flex {
         (out, FlexTensor::from_data(TensorData::new(lse, [b, h, l])))
     }
 
-    /// The backward of [`attend`] into `dests` (zeroed; accumulated into) and `dr` (the query
-    /// term's vectors, where there is one); the terms' gradients. Each piece recomputes its
-    /// probabilities against the union's log-sum-exp and output.
-    #[allow(clippy::too_many_arguments)]
+    /// The backward of [`attend`] into `dests` (zeroed; accumulated into); the terms' gradients.
+    /// Each piece recomputes its probabilities against the union's log-sum-exp and output.
     fn attend_backward(
         views: [&Heads; 3],
         scale: f32,
@@ -1502,7 +1546,6 @@ mod flex {
         pieces: &[SparsePiece],
         norm: RowNormaliser,
         dests: [Dest; 3],
-        dr: Option<Dest>,
     ) -> TermGrads {
         let mut grads = TermGrads::default();
         // one piece holds each row's whole softmax
@@ -1511,7 +1554,7 @@ mod flex {
             match &piece.order {
                 None => {
                     let at = (&*piece.layout, piece.slots, own_rows);
-                    grads.add(backward_views(views, scale, terms, out, lse, grad, at, norm, dests, dr));
+                    grads.add(backward_views(views, scale, terms, out, lse, grad, at, norm, dests));
                 }
                 Some(order) => {
                     assert!(
@@ -1552,7 +1595,7 @@ mod flex {
     }
 
     /// What a call adds to q·k: nothing, a distance bias (one tensor after the inputs), or
-    /// [`DistanceTerms`] (three: the query-side vectors, the tables, the multiplier).
+    /// [`DistanceTerms`] (three: the tables, the bias, the multiplier).
     #[derive(Debug, Clone)]
     enum Added {
         Nothing,
@@ -1571,36 +1614,29 @@ mod flex {
         }
     }
 
-    /// The added tensors in a layout the kernel reads: contiguous, the query-side vectors with
-    /// non-negative strides.
-    fn readable_added(added: &Added, tensors: &[&FlexTensor]) -> Vec<FlexTensor> {
-        match added {
-            Added::Nothing => Vec::new(),
-            Added::Bias => vec![tensors[0].to_contiguous()],
-            Added::Terms(_) => vec![readable(tensors[0]), tensors[1].to_contiguous(), tensors[2].to_contiguous()],
-        }
-    }
-
-    /// The view of the query-side vectors, where there is a query term.
-    fn query_side<'a>(added: &Added, owned: &'a [FlexTensor]) -> Option<Heads<'a>> {
-        matches!(added, Added::Terms(spec) if spec.query.is_some()).then(|| Heads::of(&owned[0]))
-    }
-
-    /// The [`Terms`] of a call from its readable added tensors.
-    fn terms_of<'a>(added: &'a Added, owned: &'a [FlexTensor], queries: Option<&'a Heads<'a>>) -> Terms<'a> {
+    /// The [`Terms`] of a call from its added tensors (contiguous) and the factor on its queries.
+    fn terms_of<'a>(added: &'a Added, owned: &'a [FlexTensor], scale: f32) -> Terms<'a> {
         match added {
             Added::Nothing => Terms::default(),
             Added::Bias => Terms { bias: Some(owned[0].storage::<f32>()), content: None },
             Added::Terms(spec) => Terms {
-                bias: None,
+                bias: spec.biased.then(|| owned[1].storage::<f32>()),
                 content: Some(Content {
                     spec,
-                    queries,
-                    tables: owned[1].storage::<f32>(),
-                    rows: owned[1].layout().shape()[1],
+                    tables: owned[0].storage::<f32>(),
+                    rows: owned[0].layout().shape()[1],
                     multiplier: spec.activation.map(|_| owned[2].storage::<f32>()),
+                    scale,
                 }),
             },
+        }
+    }
+
+    /// The factor on the queries as the kernel reads them.
+    fn query_scale(inputs: Inputs) -> f32 {
+        match inputs {
+            Inputs::Separate => 1.0,
+            Inputs::Packed(heads) => heads.scale as f32,
         }
     }
 
@@ -1612,16 +1648,14 @@ mod flex {
         pieces: &[SparsePiece],
         norm: RowNormaliser,
     ) -> (FlexTensor, FlexTensor) {
-        let owned = readable_added(added, extra);
-        let queries = query_side(added, &owned);
-        let terms = terms_of(added, &owned, queries.as_ref());
+        let owned: Vec<FlexTensor> = extra.iter().map(|t| t.to_contiguous()).collect();
+        let terms = terms_of(added, &owned, query_scale(inputs));
         match inputs {
             Inputs::Separate => {
                 let (q, k, v) = (readable(tensors[0]), readable(tensors[1]), readable(tensors[2]));
                 attend([&Heads::of(&q), &Heads::of(&k), &Heads::of(&v)], 1.0, &terms, pieces, norm)
             }
             Inputs::Packed(heads) => {
-                assert!(terms.content.is_none(), "distance terms take separate q, k, v");
                 let qkv = readable_packed(tensors[0]);
                 let [q, k, v] = packed_views(&qkv, heads.n_heads, heads.n_kv_heads);
                 attend([&q, &k, &v], heads.scale as f32, &terms, pieces, norm)
@@ -1642,11 +1676,10 @@ mod flex {
         pieces: &[SparsePiece],
         norm: RowNormaliser,
     ) -> (Vec<FlexTensor>, Vec<Option<FlexTensor>>) {
-        let owned = readable_added(added, extra);
-        let queries = query_side(added, &owned);
-        let terms = terms_of(added, &owned, queries.as_ref());
+        let owned: Vec<FlexTensor> = extra.iter().map(|t| t.to_contiguous()).collect();
+        let terms = terms_of(added, &owned, query_scale(inputs));
         let data = |x: Vec<f32>, dims: &[usize]| FlexTensor::from_data(TensorData::new(x, dims.to_vec()));
-        let (grads, term_grads, dr) = match inputs {
+        let (grads, term_grads) = match inputs {
             Inputs::Separate => {
                 let (q, k, v) = (readable(tensors[0]), readable(tensors[1]), readable(tensors[2]));
                 let (qh, kh, vh) = (Heads::of(&q), Heads::of(&k), Heads::of(&v));
@@ -1654,18 +1687,15 @@ mod flex {
                 let mut dq = vec![0.0f32; b * h * lq * dh];
                 let mut dk = vec![0.0f32; b * h_kv * lk * dh];
                 let mut dv = vec![0.0f32; b * h_kv * lk * dh];
-                let mut dr = vec![0.0f32; if queries.is_some() { b * h * lq * dh } else { 0 }];
                 let dest = |ptr: *mut f32, heads: usize, len: usize| Dest {
                     ptr: Shared(ptr),
                     strides: [heads * len * dh, len * dh, dh],
                 };
                 let dests =
                     [dest(dq.as_mut_ptr(), h, lq), dest(dk.as_mut_ptr(), h_kv, lk), dest(dv.as_mut_ptr(), h_kv, lk)];
-                let dr_dest = queries.is_some().then(|| dest(dr.as_mut_ptr(), h, lq));
                 let views = [&qh, &kh, &vh];
-                let term_grads = attend_backward(views, 1.0, &terms, (out, lse, grad), pieces, norm, dests, dr_dest);
-                let dr = queries.is_some().then(|| data(dr, &qh.dims));
-                (vec![data(dq, &qh.dims), data(dk, &kh.dims), data(dv, &vh.dims)], term_grads, dr)
+                let term_grads = attend_backward(views, 1.0, &terms, (out, lse, grad), pieces, norm, dests);
+                (vec![data(dq, &qh.dims), data(dk, &kh.dims), data(dv, &vh.dims)], term_grads)
             }
             Inputs::Packed(heads) => {
                 let qkv = readable_packed(tensors[0]);
@@ -1680,19 +1710,18 @@ mod flex {
                 };
                 let dests = [dest(0), dest(heads.n_heads), dest(heads.n_heads + heads.n_kv_heads)];
                 let scale = heads.scale as f32;
-                let term_grads =
-                    attend_backward([&q, &k, &v], scale, &terms, (out, lse, grad), pieces, norm, dests, None);
-                (vec![data(d, &[b, len, width])], term_grads, None)
+                let term_grads = attend_backward([&q, &k, &v], scale, &terms, (out, lse, grad), pieces, norm, dests);
+                (vec![data(d, &[b, len, width])], term_grads)
             }
         };
         let shaped = |g: Option<Vec<f32>>, t: &FlexTensor| g.map(|g| data(g, t.layout().shape()));
         let extra_grads = match added {
             Added::Nothing => Vec::new(),
             Added::Bias => vec![shaped(term_grads.bias, &owned[0])],
-            Added::Terms(spec) => vec![
-                dr,
-                shaped(term_grads.tables, &owned[1]),
-                spec.activation.and(shaped(term_grads.multiplier, &owned[2])),
+            Added::Terms(_) => vec![
+                shaped(term_grads.tables, &owned[0]),
+                shaped(term_grads.bias, &owned[1]),
+                shaped(term_grads.multiplier, &owned[2]),
             ],
         };
         (grads, extra_grads)
@@ -1739,15 +1768,30 @@ mod flex {
             q: FlexTensor,
             k: FlexTensor,
             v: FlexTensor,
-            queries: FlexTensor,
             tables: FlexTensor,
+            bias: FlexTensor,
             multiplier: FlexTensor,
             spec: TermSpec,
             pieces: Pieces,
             norm: RowNormaliser,
         ) -> FlexTensor {
-            let added = (&Added::Terms(spec), &[&queries, &tables, &multiplier][..]);
+            let added = (&Added::Terms(spec), &[&tables, &bias, &multiplier][..]);
             forward_kernel(Inputs::Separate, &[&q, &k, &v], added, &pieces, norm).0
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        fn block_sparse_packed_terms(
+            qkv: FlexTensor,
+            tables: FlexTensor,
+            bias: FlexTensor,
+            multiplier: FlexTensor,
+            heads: PackedHeads,
+            spec: TermSpec,
+            pieces: Pieces,
+            norm: RowNormaliser,
+        ) -> FlexTensor {
+            let added = (&Added::Terms(spec), &[&tables, &bias, &multiplier][..]);
+            forward_kernel(Inputs::Packed(heads), &[&qkv], added, &pieces, norm).0
         }
     }
 
@@ -1854,15 +1898,30 @@ mod flex {
             q: FloatTensor<Self>,
             k: FloatTensor<Self>,
             v: FloatTensor<Self>,
-            queries: FloatTensor<Self>,
             tables: FloatTensor<Self>,
+            bias: FloatTensor<Self>,
             multiplier: FloatTensor<Self>,
             spec: TermSpec,
             pieces: Pieces,
             norm: RowNormaliser,
         ) -> FloatTensor<Self> {
-            let tensors = [q, k, v, queries, tables, multiplier];
+            let tensors = [q, k, v, tables, bias, multiplier];
             tracked::<C, 6>(Inputs::Separate, tensors, Added::Terms(spec), pieces, norm)
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        fn block_sparse_packed_terms(
+            qkv: FloatTensor<Self>,
+            tables: FloatTensor<Self>,
+            bias: FloatTensor<Self>,
+            multiplier: FloatTensor<Self>,
+            heads: PackedHeads,
+            spec: TermSpec,
+            pieces: Pieces,
+            norm: RowNormaliser,
+        ) -> FloatTensor<Self> {
+            let tensors = [qkv, tables, bias, multiplier];
+            tracked::<C, 4>(Inputs::Packed(heads), tensors, Added::Terms(spec), pieces, norm)
         }
     }
 
@@ -2145,14 +2204,18 @@ mod flex {
             };
             let per_bucket =
                 |x: Tensor<4>, t: &DistanceTable| x.matmul(t.rows.clone().swap_dims(1, 2).unsqueeze_dim(0));
-            let mut scores = q.matmul(k.clone().swap_dims(2, 3));
-            if let Some((r, t)) = &terms.queries {
+            let mut scores = q.clone().matmul(k.clone().swap_dims(2, 3));
+            if let Some(t) = &terms.queries {
                 let at = pairs(&|i, j| t.bucket[entry(i, j)] as i64, lq, lk).reshape([1, 1, lq, lk]);
-                scores = scores + per_bucket(r.clone(), t).gather(3, at.expand([b, h, lq, lk]));
+                scores = scores + per_bucket(q.clone(), t).gather(3, at.expand([b, h, lq, lk]));
             }
             if let Some(t) = &terms.keys {
                 let at = pairs(&|j, i| t.bucket[entry(i, j)] as i64, lk, lq).reshape([1, 1, lk, lq]);
                 scores = scores + per_bucket(k.clone(), t).gather(3, at.expand([b, h, lk, lq])).swap_dims(2, 3);
+            }
+            if let Some(bias) = &terms.bias {
+                let at = pairs(&|i, j| entry(i, j) as i64, lq, lk);
+                scores = scores + bias.clone().select(1, at).reshape([1, h, lq, lk]);
             }
             if let Some((m, act)) = &terms.multiplier {
                 let at = pairs(&|i, j| entry(i, j) as i64, lq, lk);
@@ -2181,6 +2244,7 @@ mod flex {
             queries: Option<Buckets>,
             keys: bool,
             values: bool,
+            bias: bool,
             multiplier: Option<ScoreActivation>,
         }
 
@@ -2211,24 +2275,22 @@ mod flex {
             (rows, Arc::new(map))
         }
 
-        /// The kernel with `parts` against [`composed_terms`]: output and the gradient of q, k,
-        /// v, the query-side vectors, every table and the multiplier.
+        /// The kernel with `parts` against [`composed_terms`], over separate q, k, v or (`packed`,
+        /// self-attention) one fused projection: output and the gradient of the inputs, every
+        /// table, the bias and the multiplier.
         fn check_terms(
             pieces: Pieces,
             (lq, lk): (usize, usize),
             seen: impl Fn(usize, usize, usize) -> bool + Copy,
-            (h, h_kv): (usize, usize),
+            (h, h_kv, packed): (usize, usize, bool),
             parts: Parts,
             norm: RowNormaliser,
         ) {
             let device = Device::flex().autodiff();
             device.seed(26);
-            let (b, dh) = (2, 8);
+            let (b, dh, scale) = (2, 8, 0.35);
             let normal = |s: f64| Distribution::Normal(0.0, s);
-            let q: Tensor<4> = Tensor::random([b, h, lq, dh], normal(0.5), &device);
-            let k: Tensor<4> = Tensor::random([b, h_kv, lk, dh], normal(1.0), &device);
-            let v: Tensor<4> = Tensor::random([b, h_kv, lk, dh], normal(1.0), &device);
-            let r: Tensor<4> = Tensor::random([b, h, lq, dh], normal(0.5), &device);
+            let qkv: Tensor<3> = Tensor::random([b, lk, (h + 2 * h_kv) * dh], normal(1.0), &device);
             let table = |(rows, bucket): (usize, Arc<Vec<u32>>)| DistanceTable {
                 rows: Tensor::random([h, rows, dh], normal(0.5), &device),
                 bucket,
@@ -2236,38 +2298,39 @@ mod flex {
             let qt = parts.queries.map(|kind| table(buckets(kind, lk, false)));
             let kt = parts.keys.then(|| table(buckets(Buckets::Clipped, lk, true)));
             let vt = parts.values.then(|| table(buckets(Buckets::Clipped, lk, true)));
+            let bias: Tensor<2> = Tensor::random([h, 2 * lk - 1], normal(1.0), &device);
             let m: Tensor<2> = Tensor::random([h, 2 * lk - 1], Distribution::Uniform(0.5, 1.5), &device);
             let w: Tensor<3> = Tensor::random([b, lq, h * dh], normal(1.0), &device);
             let run = |fused: bool| {
                 let track = |t: &DistanceTable| DistanceTable { rows: t.rows.clone().require_grad(), ..t.clone() };
-                let (q, k, v, r, m) = (
-                    q.clone().require_grad(),
-                    k.clone().require_grad(),
-                    v.clone().require_grad(),
-                    r.clone().require_grad(),
-                    m.clone().require_grad(),
-                );
+                let (x, bias, m) = (qkv.clone().require_grad(), bias.clone().require_grad(), m.clone().require_grad());
                 let (qt, kt, vt) = (qt.as_ref().map(track), kt.as_ref().map(track), vt.as_ref().map(track));
                 let terms = DistanceTerms {
-                    queries: qt.clone().map(|t| (r.clone(), t)),
+                    queries: qt.clone(),
                     keys: kt.clone(),
                     values: vt.clone(),
+                    bias: parts.bias.then(|| bias.clone()),
                     multiplier: parts.multiplier.map(|act| (m.clone(), act)),
                 };
-                let y = if fused {
-                    block_sparse_with_terms(q.clone(), k.clone(), v.clone(), terms, pieces.clone(), norm)
-                        .expect("flex has the kernel")
-                } else {
-                    composed_terms([q.clone(), k.clone(), v.clone()], &terms, seen, norm)
-                };
+                let all = x.clone().reshape([b, lk, h + 2 * h_kv, dh]).swap_dims(1, 2);
+                let q = all.clone().narrow(1, 0, h).narrow(2, lk - lq, lq).mul_scalar(scale);
+                let (k, v) = (all.clone().narrow(1, h, h_kv), all.narrow(1, h + h_kv, h_kv));
+                let y = match (fused, packed) {
+                    (true, true) => {
+                        block_sparse_self_attention_with_terms(x.clone(), (h, h_kv), scale, terms, pieces.clone(), norm)
+                    }
+                    (true, false) => block_sparse_with_terms(q, k, v, terms, pieces.clone(), norm),
+                    (false, _) => Some(composed_terms([q, k, v], &terms, seen, norm)),
+                }
+                .expect("flex has the kernel");
                 let grads = (y.clone() * w.clone()).sum().backward();
                 let flat = |t: Tensor<4>| t.reshape([1, 1, 1, -1]);
-                let mut g = vec![q.grad(&grads).unwrap(), k.grad(&grads).unwrap(), v.grad(&grads).unwrap()];
-                if qt.is_some() {
-                    g.push(r.grad(&grads).unwrap());
-                }
+                let mut g = vec![flat(x.grad(&grads).unwrap().unsqueeze())];
                 for t in [&qt, &kt, &vt].into_iter().flatten() {
                     g.push(flat(t.rows.grad(&grads).unwrap().unsqueeze()));
+                }
+                if parts.bias {
+                    g.push(flat(bias.grad(&grads).unwrap().unsqueeze()));
                 }
                 if parts.multiplier.is_some() {
                     g.push(flat(m.grad(&grads).unwrap().unsqueeze()));
@@ -2275,53 +2338,53 @@ mod flex {
                 (y, g)
             };
             let ((y1, g1), (y2, g2)) = (run(true), run(false));
-            let what = format!("{parts:?}, {norm:?}, h {h}/{h_kv}, L {lq}/{lk}, {} pieces", pieces.len());
+            let what =
+                format!("{parts:?}, {norm:?}, h {h}/{h_kv}, L {lq}/{lk}, {} pieces, packed {packed}", pieces.len());
             let tol = if norm == RowNormaliser::Softmax { 2e-5 } else { 1e-4 };
             let d = rel_diff(y1, y2);
             assert!(d < tol, "forward, {what}: {d}");
             for (n, (a, e)) in g1.into_iter().zip(g2).enumerate() {
                 let d = rel_diff(a, e);
-                assert!(d < tol, "gradient {n} (q, k, v, r, tables, m), {what}: {d}");
+                assert!(d < tol, "gradient {n} (inputs, tables, bias, m), {what}: {d}");
             }
         }
 
         /// Every term of [`DistanceTerms`], alone and together, on a band (queries and keys
         /// aligned, and queries after a cache of keys), on a union over residue classes, with
-        /// grouped-query heads and the sparse normalisers: the kernel equals the definition,
-        /// output and every gradient.
+        /// grouped-query heads, a packed projection and the sparse normalisers: the kernel equals
+        /// the definition, output and every gradient.
         #[test]
         fn distance_terms_equal_their_definition() {
-            let shaw = Parts { queries: Some(Buckets::Clipped), keys: false, values: true, multiplier: None };
-            let xl = Parts { queries: Some(Buckets::Each), keys: false, values: false, multiplier: None };
-            let deberta = Parts { queries: Some(Buckets::Clipped), keys: true, values: false, multiplier: None };
-            let da = Parts { queries: None, keys: false, values: false, multiplier: Some(ScoreActivation::Relu) };
+            let none = Parts { queries: None, keys: false, values: false, bias: false, multiplier: None };
+            let shaw = Parts { queries: Some(Buckets::Clipped), values: true, ..none };
+            let xl = Parts { queries: Some(Buckets::Each), keys: true, bias: true, ..none };
+            let deberta = Parts { queries: Some(Buckets::Clipped), keys: true, ..none };
+            let da = Parts { multiplier: Some(ScoreActivation::Relu), ..none };
             let all = Parts {
                 queries: Some(Buckets::Each),
                 keys: true,
                 values: true,
+                bias: true,
                 multiplier: Some(ScoreActivation::Identity),
             };
             let back = 5;
             let banded = move |_: usize, q: usize, k: usize| k <= q && q - k <= back;
             for parts in [shaw, xl, deberta, da, all] {
                 let pieces = SparsePiece::only(Arc::new(band(23, 4, back)));
-                check_terms(pieces.clone(), (23, 23), banded, (4, 2), parts, RowNormaliser::Softmax);
-                check_terms(pieces, (23, 23), banded, (2, 2), parts, RowNormaliser::Sparsemax);
+                check_terms(pieces.clone(), (23, 23), banded, (4, 2, false), parts, RowNormaliser::Softmax);
+                check_terms(pieces.clone(), (23, 23), banded, (4, 2, true), parts, RowNormaliser::Softmax);
+                check_terms(pieces, (23, 23), banded, (2, 2, false), parts, RowNormaliser::Sparsemax);
                 // seven queries after sixteen cached keys, each seeing every key up to itself
                 let cached =
                     SparseLayout::new(7, 23, 4, 1, |_, i| vec![0..16 + (i + 1) * 4], |_, q, out| out.push(0..q + 1));
                 let causal = |_: usize, q: usize, k: usize| k <= q;
-                check_terms(
-                    SparsePiece::only(Arc::new(cached)),
-                    (7, 23),
-                    causal,
-                    (2, 1),
-                    parts,
-                    RowNormaliser::Softmax,
-                );
+                let pieces = SparsePiece::only(Arc::new(cached));
+                check_terms(pieces, (7, 23), causal, (2, 1, false), parts, RowNormaliser::Softmax);
                 let stride = 4;
                 let strided = move |_: usize, q: usize, k: usize| k <= q && (q - k < stride || (q - k) % stride == 0);
-                check_terms(strided_pieces(23, stride, 4), (23, 23), strided, (4, 2), parts, RowNormaliser::Softmax);
+                let pieces = strided_pieces(23, stride, 4);
+                check_terms(pieces.clone(), (23, 23), strided, (4, 2, false), parts, RowNormaliser::Softmax);
+                check_terms(pieces, (23, 23), strided, (2, 2, true), parts, RowNormaliser::Softmax);
             }
         }
 

@@ -145,13 +145,7 @@ impl RelativeScheme for Disentangled {
 
     /// c2p as a query term over δ(i, j), p2c as a key term over δ(j, i) (its table scaled, since
     /// the kernel's keys are not).
-    fn distance_terms(
-        &self,
-        q: &Tensor<4>,
-        len_k: usize,
-        _causal: bool,
-        scale: f64,
-    ) -> Option<(Tensor<4>, DistanceTerms)> {
+    fn distance_terms(&self, _h: usize, len_k: usize, _causal: bool, scale: f64, _: &Device) -> Option<DistanceTerms> {
         let kk = self.max_distance as i64;
         let delta = move |d: i64| (d + kk).clamp(0, 2 * kk - 1);
         let per_head = |proj: &Linear| {
@@ -163,7 +157,6 @@ impl RelativeScheme for Disentangled {
             rows: per_head(&self.position_query).mul_scalar(scale),
             bucket: entry_buckets(len_k, move |d| delta(-d)),
         };
-        let terms = DistanceTerms { queries: Some((q.clone(), c2p)), keys: Some(p2c), ..Default::default() };
-        Some((q.clone(), terms))
+        Some(DistanceTerms { queries: Some(c2p), keys: Some(p2c), ..Default::default() })
     }
 }

@@ -82,19 +82,20 @@ impl RelativeScheme for DistanceAware {
     /// f(α_h |d|; β_h) per head and distance, after a ReLU.
     fn distance_terms(
         &self,
-        q: &Tensor<4>,
+        _h: usize,
         len_k: usize,
         _causal: bool,
         _scale: f64,
-    ) -> Option<(Tensor<4>, DistanceTerms)> {
+        device: &Device,
+    ) -> Option<DistanceTerms> {
         let [h] = self.alpha.dims();
         let last = len_k as i64 - 1;
         let distance: Vec<f32> = (-last..=last).map(|d| d.abs() as f32).collect();
-        let distance = Tensor::<1>::from_data(TensorData::new(distance, [2 * len_k - 1]), &q.device());
+        let distance = Tensor::<1>::from_data(TensorData::new(distance, [2 * len_k - 1]), device);
         let r = self.alpha.val().reshape([h, 1]) * distance.unsqueeze_dim(0);
         let beta = self.beta.val().reshape([h, 1]);
         let f = (beta.clone().exp() + 1.0) / ((beta - r).exp() + 1.0);
-        Some((q.clone(), DistanceTerms { multiplier: Some((f, ScoreActivation::Relu)), ..Default::default() }))
+        Some(DistanceTerms { multiplier: Some((f, ScoreActivation::Relu)), ..Default::default() })
     }
 }
 

@@ -168,17 +168,18 @@ pub trait RelativeScheme {
     }
 
     /// What [`scores`](Self::scores) and [`context`](Self::context) do, said per distance for the
-    /// block-sparse kernel, which applies it to whatever pairs a block scores: for scaled queries
-    /// `q_scaled: [b, h, len_q, d_h]` (the last `len_q` of `len_k` positions) the queries the
-    /// content scores take (Transformer-XL's q + u; `q_scaled` for the others) and the
-    /// [`DistanceTerms`]; `scale` is the score scale. Default: `None` (the composed path only).
+    /// block-sparse kernel, which applies it to whatever pairs a block scores: [`DistanceTerms`]
+    /// for `n_heads` heads over `len_k` keys (the queries the last of their positions), whose
+    /// query term reads the scaled queries and key term the keys; `scale` is the score scale.
+    /// Default: `None` (the composed path only).
     fn distance_terms(
         &self,
-        _q_scaled: &Tensor<4>,
+        _n_heads: usize,
         _len_k: usize,
         _causal: bool,
         _scale: f64,
-    ) -> Option<(Tensor<4>, DistanceTerms)> {
+        _device: &Device,
+    ) -> Option<DistanceTerms> {
         None
     }
 }

@@ -97,19 +97,17 @@ impl RelativeScheme for MultiplicativePosition {
     /// π_{|d|} per distance, every head alike.
     fn distance_terms(
         &self,
-        q: &Tensor<4>,
+        h: usize,
         len_k: usize,
         _causal: bool,
         _scale: f64,
-    ) -> Option<(Tensor<4>, DistanceTerms)> {
-        let (h, m, last) = (q.dims()[1], self.max_distance as i64, len_k as i64 - 1);
+        device: &Device,
+    ) -> Option<DistanceTerms> {
+        let (m, last) = (self.max_distance as i64, len_k as i64 - 1);
         let index: Vec<i64> = (-last..=last).map(|d| d.abs().min(m)).collect();
         let width = index.len();
-        let index = Tensor::<1, Int>::from_data(TensorData::new(index, [width]), &q.device());
+        let index = Tensor::<1, Int>::from_data(TensorData::new(index, [width]), device);
         let factors = self.scale.val().select(0, index).unsqueeze_dim::<2>(0).expand([h, width]);
-        Some((
-            q.clone(),
-            DistanceTerms { multiplier: Some((factors, ScoreActivation::Identity)), ..Default::default() },
-        ))
+        Some(DistanceTerms { multiplier: Some((factors, ScoreActivation::Identity)), ..Default::default() })
     }
 }

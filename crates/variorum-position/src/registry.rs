@@ -239,15 +239,16 @@ impl RelativePosition {
         self.scheme().has_distance_terms()
     }
 
-    /// The content queries and the block-sparse kernel's terms ([`RelativeScheme::distance_terms`]).
+    /// The block-sparse kernel's terms ([`RelativeScheme::distance_terms`]).
     pub fn distance_terms(
         &self,
-        q_scaled: &Tensor<4>,
+        n_heads: usize,
         len_k: usize,
         causal: bool,
         scale: f64,
-    ) -> Option<(Tensor<4>, variorum_kernels::block_sparse::DistanceTerms)> {
-        self.scheme().distance_terms(q_scaled, len_k, causal, scale)
+        device: &Device,
+    ) -> Option<variorum_kernels::block_sparse::DistanceTerms> {
+        self.scheme().distance_terms(n_heads, len_k, causal, scale, device)
     }
 }
 

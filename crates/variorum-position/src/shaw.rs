@@ -127,25 +127,17 @@ impl RelativeScheme for ShawRelative {
     }
 
     /// q_i·a^K and Σ_j α_ij a^V, both by the clipped offset, the tables shared by the heads.
-    fn distance_terms(
-        &self,
-        q: &Tensor<4>,
-        len_k: usize,
-        _causal: bool,
-        _scale: f64,
-    ) -> Option<(Tensor<4>, DistanceTerms)> {
-        let h = q.dims()[1];
+    fn distance_terms(&self, h: usize, len_k: usize, _causal: bool, _scale: f64, _: &Device) -> Option<DistanceTerms> {
         let k = self.max_distance as i64;
         let bucket = entry_buckets(len_k, |d| (-d).clamp(-k, k) + k);
         let table = |t: Tensor<2>| {
             let [n, dh] = t.dims();
             DistanceTable { rows: t.unsqueeze_dim::<3>(0).expand([h, n, dh]), bucket: bucket.clone() }
         };
-        let terms = DistanceTerms {
-            queries: Some((q.clone(), table(self.keys.val()))),
+        Some(DistanceTerms {
+            queries: Some(table(self.keys.val())),
             values: self.values.as_ref().map(|v| table(v.val())),
             ..Default::default()
-        };
-        Some((q.clone(), terms))
+        })
     }
 }

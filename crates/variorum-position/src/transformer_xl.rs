@@ -167,26 +167,33 @@ impl RelativeScheme for XlRelative {
         true
     }
 
-    /// (q + u)·k as the content score, and (q + v)·W_R r by distance: one table row per
-    /// distance (for causal attention the non-negative ones; the others are hidden).
+    /// The four terms apart: q_iᵀW_R r_{i−j} a query term with one table row per distance (for
+    /// causal attention the non-negative ones; the others are hidden), uᵀk_j a key term of one
+    /// row, vᵀW_R r_{i−j} a bias per head and distance.
     fn distance_terms(
         &self,
-        q: &Tensor<4>,
+        h: usize,
         len_k: usize,
         causal: bool,
         _scale: f64,
-    ) -> Option<(Tensor<4>, DistanceTerms)> {
-        let [_, h, _, dh] = q.dims();
+        device: &Device,
+    ) -> Option<DistanceTerms> {
+        let dh = self.u.dims()[1];
         let last = len_k as i64 - 1;
         let count = if causal { len_k } else { 2 * len_k - 1 };
-        let r = self.position_key.forward(self.sinusoids(last, count, 1, &q.device()));
-        let rows = r.reshape([count, h, dh]).swap_dims(0, 1);
+        let r = self.position_key.forward(self.sinusoids(last, count, 1, device));
+        let rows = r.reshape([count, h, dh]).swap_dims(0, 1); // [h, count, dh]
         // row c is distance last − c
         let bucket = entry_buckets(len_k, |d| (last - d).min(count as i64 - 1));
-        let (u, v) = (self.u.val().reshape([1, h, 1, dh]), self.v.val().reshape([1, h, 1, dh]));
-        let terms =
-            DistanceTerms { queries: Some((q.clone() + v, DistanceTable { rows, bucket })), ..Default::default() };
-        Some((q.clone() + u, terms))
+        let index: Vec<i64> = bucket.iter().map(|&b| b as i64).collect();
+        let index = Tensor::<1, Int>::from_data(TensorData::new(index, [bucket.len()]), device);
+        let v_r = self.v.val().reshape([h, 1, dh]).matmul(rows.clone().swap_dims(1, 2)).reshape([h, count]);
+        Some(DistanceTerms {
+            queries: Some(DistanceTable { rows, bucket }),
+            keys: Some(DistanceTable { rows: self.u.val().reshape([h, 1, dh]), bucket: entry_buckets(len_k, |_| 0) }),
+            bias: Some(v_r.select(1, index)),
+            ..Default::default()
+        })
     }
 }
 

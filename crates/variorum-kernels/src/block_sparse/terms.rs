@@ -5,15 +5,18 @@
 //! e = query position − key position + Lk − 1. The pairs of one run reach a contiguous range of
 //! entries, and so (for any bucket map) the buckets between the lowest and the highest of them:
 //! each term is one GEMM per run against those table rows, `rows × buckets` (queries) or
-//! `keys × buckets` (keys), then one gather per pair — the Transformer-XL trick of scoring each
-//! distinct distance once, without its shift, so it works for any bucket map and any run.
-//! The value term is the adjoint: each row's probabilities summed by bucket, one GEMM against the
-//! value table.
+//! `buckets × keys` (keys) — the Transformer-XL trick of scoring each distinct distance once,
+//! without its shift, so it works for any bucket map and any run — then one read per pair. A row's
+//! keys that share a bucket (all those past a clipped distance) are one stretch, added or summed
+//! as a slice. The value term is the adjoint: each row's probabilities summed by bucket, one GEMM
+//! against the value table.
 
 use super::{Bucketed, ScoreActivation, TermSpec};
-use crate::causal_attention::flex::{Heads, gemm};
+use crate::causal_attention::flex::gemm;
+use crate::fast_math;
 
-/// The terms one call adds to q·k, over every head: a distance bias, content terms, or neither.
+/// The terms one call adds to q·k, over every head: a distance bias, content terms, both, or
+/// neither.
 #[derive(Clone, Copy, Default)]
 pub(super) struct Terms<'a> {
     /// `[h, 2 Lk − 1]`.
@@ -25,13 +28,14 @@ pub(super) struct Terms<'a> {
 #[derive(Clone, Copy)]
 pub(super) struct Content<'a> {
     pub spec: &'a TermSpec,
-    /// The query-side vectors r, `[b, h, Lq, d_h]`, where there is a query term.
-    pub queries: Option<&'a Heads<'a>>,
     /// `[h, rows, d_h]`: every term's rows, one after the other.
     pub tables: &'a [f32],
     pub rows: usize,
     /// `[h, 2 Lk − 1]`, where there is a multiplier.
     pub multiplier: Option<&'a [f32]>,
+    /// The factor on the queries as the kernel reads them (the score scale of a packed
+    /// projection; 1 for queries that come scaled).
+    pub scale: f32,
 }
 
 /// One head's share of [`Terms`].
@@ -45,25 +49,24 @@ pub(super) struct HeadTerms<'a> {
 #[derive(Clone, Copy)]
 pub(super) struct HeadContent<'a> {
     pub spec: &'a TermSpec,
-    /// Row 0 of this head's query-side vectors and their (row, column) strides.
-    pub queries: Option<(*const f32, (isize, isize))>,
     /// This head's tables, `rows × d_h`.
     pub tables: &'a [f32],
     pub multiplier: Option<&'a [f32]>,
     pub dh: usize,
+    pub scale: f32,
 }
 
 impl<'a> Terms<'a> {
-    /// Head `hi` of batch row `bi`; `width` entries per head in the distance tables.
-    pub fn head(&self, (bi, hi): (usize, usize), width: usize, dh: usize) -> HeadTerms<'a> {
+    /// Head `hi`; `width` entries per head in the distance tables.
+    pub fn head(&self, hi: usize, width: usize, dh: usize) -> HeadTerms<'a> {
         HeadTerms {
             bias: self.bias.map(|t| &t[hi * width..(hi + 1) * width]),
             content: self.content.map(|c| HeadContent {
                 spec: c.spec,
-                queries: c.queries.map(|r| (r.head(bi, hi), (r.rs(), r.cs()))),
                 tables: &c.tables[hi * c.rows * dh..(hi + 1) * c.rows * dh],
                 multiplier: c.multiplier.map(|m| &m[hi * width..(hi + 1) * width]),
                 dh,
+                scale: c.scale,
             }),
         }
     }
@@ -81,6 +84,9 @@ pub(super) struct Entries {
 /// A run of a block: its first column, its first key's position, its keys.
 pub(super) type Run = (usize, usize, usize);
 
+/// A pointer and its (row, column) strides.
+type View = (*const f32, (isize, isize));
+
 impl Entries {
     /// The lowest bucket a run of `n` keys from position `k0` reaches, and how many buckets
     /// from there to the highest.
@@ -94,13 +100,34 @@ impl Entries {
         (lo as usize, (hi - lo) as usize + 1)
     }
 
-    /// `f(row, column, bucket − lowest)` for every pair of run `(col, k0, n)`.
+    /// `f(row, first column, columns, bucket − lowest)` for each stretch of a row's pairs in run
+    /// `(col, k0, n)` that share a bucket.
     #[inline]
-    fn pairs(&self, bucket: &[u32], (col, k0, n): Run, lowest: usize, mut f: impl FnMut(usize, usize, usize)) {
+    fn stretches(
+        &self,
+        term: &Bucketed,
+        (col, k0, n): Run,
+        lowest: usize,
+        mut f: impl FnMut(usize, usize, usize, usize),
+    ) {
         for r in 0..self.rows {
+            // the entry of the run's first key; each later key's is `step` lower
             let e0 = self.first + r * self.step - k0;
-            for j in 0..n {
-                f(r, col + j, bucket[e0 - j * self.step] as usize - lowest);
+            if self.step != 1 {
+                for j in 0..n {
+                    f(r, col + j, 1, term.bucket[e0 - j * self.step] as usize - lowest);
+                }
+                continue;
+            }
+            let (last, mut e, mut j) = (e0 + 1 - n, e0, 0);
+            loop {
+                let from = (term.starts[e] as usize).max(last);
+                let len = e - from + 1;
+                f(r, col + j, len, term.bucket[e] as usize - lowest);
+                if from == last {
+                    break;
+                }
+                (j, e) = (j + len, from - 1);
             }
         }
     }
@@ -119,6 +146,18 @@ impl Entries {
     }
 }
 
+/// `x` added to every entry of `dst`.
+#[inline]
+fn add_to(dst: &mut [f32], x: f32) {
+    dst.iter_mut().for_each(|d| *d += x);
+}
+
+/// `src` added entry by entry into `dst`.
+#[inline]
+fn add_into(dst: &mut [f32], src: &[f32]) {
+    dst.iter_mut().zip(src).for_each(|(d, &x)| *d += x);
+}
+
 /// `m` cleared to `len` zeros.
 fn zeroed(m: &mut Vec<f32>, len: usize) -> &mut [f32] {
     m.clear();
@@ -132,61 +171,51 @@ impl HeadContent<'_> {
         self.tables[(term.first + b) * self.dh..].as_ptr()
     }
 
-    /// Adds r_i·Q[B(e)] and k_j·K[B(e)] to the block's scores `s` (rows × `width`): `rq` the
-    /// block's query-side rows (a pointer and (row, column) strides), `keys` the key head.
+    /// The run's keys as a view (`keys`: the key head and its per-position strides).
+    fn run_keys((kp, (rs, cs)): View, run: Run, step: usize) -> View {
+        (kp.wrapping_offset(run.1 as isize * rs), (rs * step as isize, cs))
+    }
+
+    /// Adds q_i·Q[B(e)] and k_j·K[B(e)] to the block's scores `s` (rows × `width`): `queries`
+    /// the block's query rows, `keys` the key head.
     #[allow(clippy::too_many_arguments)]
     pub fn add_scores(
         &self,
         e: &Entries,
         runs: &[Run],
-        rq: Option<(*const f32, (isize, isize))>,
-        (kp, krc): (*const f32, (isize, isize)),
+        (qp, qrc): View,
+        keys: View,
         s: &mut [f32],
         width: usize,
         m: &mut Vec<f32>,
     ) {
-        let (dh, step) = (self.dh, e.step as isize);
-        if let (Some(term), Some((rp, rrc))) = (&self.spec.query, rq) {
+        let dh = self.dh;
+        if let Some(term) = &self.spec.query {
             for &run in runs {
                 let (lo, nb) = e.span(&term.bucket, run.1, run.2);
                 let m = zeroed(m, e.rows * nb);
-                // SAFETY: the block's rows of r, buckets lo..lo + nb of the table, m rows × nb
+                let t = self.row(term, lo);
+                // SAFETY: the block's query rows, buckets lo..lo + nb of the table, m rows × nb
                 unsafe {
-                    gemm(
-                        (e.rows, nb, dh),
-                        m.as_mut_ptr(),
-                        nb as isize,
-                        false,
-                        rp,
-                        rrc,
-                        self.row(term, lo),
-                        (1, dh as isize),
-                        1.0,
-                    )
+                    gemm((e.rows, nb, dh), m.as_mut_ptr(), nb as isize, false, qp, qrc, t, (1, dh as isize), self.scale)
                 };
-                e.pairs(&term.bucket, run, lo, |r, col, b| s[r * width + col] += m[r * nb + b]);
+                e.stretches(term, run, lo, |r, col, len, b| add_to(&mut s[r * width + col..][..len], m[r * nb + b]));
             }
         }
         if let Some(term) = &self.spec.key {
             for &run in runs {
                 let (lo, nb) = e.span(&term.bucket, run.1, run.2);
-                let m = zeroed(m, run.2 * nb);
-                let kr = kp.wrapping_offset(run.1 as isize * krc.0);
-                // SAFETY: the run's keys, buckets lo..lo + nb of the table, m keys × nb
+                let n = run.2;
+                let m = zeroed(m, nb * n);
+                let (kr, (krs, kcs)) = Self::run_keys(keys, run, e.step);
+                let t = self.row(term, lo);
+                // SAFETY: buckets lo..lo + nb of the table, the run's keys, m buckets × keys
                 unsafe {
-                    gemm(
-                        (run.2, nb, dh),
-                        m.as_mut_ptr(),
-                        nb as isize,
-                        false,
-                        kr,
-                        (krc.0 * step, krc.1),
-                        self.row(term, lo),
-                        (1, dh as isize),
-                        1.0,
-                    )
+                    gemm((nb, n, dh), m.as_mut_ptr(), n as isize, false, t, (dh as isize, 1), kr, (kcs, krs), 1.0)
                 };
-                e.pairs(&term.bucket, run, lo, |r, col, b| s[r * width + col] += m[(col - run.0) * nb + b]);
+                e.stretches(term, run, lo, |r, col, len, b| {
+                    add_into(&mut s[r * width + col..][..len], &m[b * n + col - run.0..][..len])
+                });
             }
         }
     }
@@ -238,21 +267,10 @@ impl HeadContent<'_> {
         for &run in runs {
             let (lo, nb) = e.span(&term.bucket, run.1, run.2);
             let m = zeroed(m, e.rows * nb);
-            e.pairs(&term.bucket, run, lo, |r, col, b| m[r * nb + b] += p[r * width + col]);
+            e.stretches(term, run, lo, |r, col, len, b| m[r * nb + b] += fast_math::sum(&p[r * width + col..][..len]));
+            let t = self.row(term, lo);
             // SAFETY: m rows × nb, buckets lo..lo + nb of the table, the block's output rows
-            unsafe {
-                gemm(
-                    (e.rows, dh, nb),
-                    o,
-                    o_rs,
-                    true,
-                    m.as_ptr(),
-                    (nb as isize, 1),
-                    self.row(term, lo),
-                    (dh as isize, 1),
-                    1.0,
-                )
-            };
+            unsafe { gemm((e.rows, dh, nb), o, o_rs, true, m.as_ptr(), (nb as isize, 1), t, (dh as isize, 1), 1.0) };
         }
     }
 
@@ -274,6 +292,7 @@ impl HeadContent<'_> {
         let dh = self.dh;
         for &run in runs {
             let (lo, nb) = e.span(&term.bucket, run.1, run.2);
+            let (t, dt) = (self.row(term, lo), dtables[(term.first + lo) * dh..].as_mut_ptr());
             let dpb = zeroed(m1, e.rows * nb);
             // SAFETY: the block's dO rows, buckets lo..lo + nb of the table, dpb rows × nb
             unsafe {
@@ -284,17 +303,16 @@ impl HeadContent<'_> {
                     false,
                     dout,
                     (dout_rs, 1),
-                    self.row(term, lo),
+                    t,
                     (1, dh as isize),
                     1.0,
                 )
             };
             let pb = zeroed(m2, e.rows * nb);
-            e.pairs(&term.bucket, run, lo, |r, col, b| {
-                dp[r * width + col] += dpb[r * nb + b];
-                pb[r * nb + b] += p[r * width + col];
+            e.stretches(term, run, lo, |r, col, len, b| {
+                add_to(&mut dp[r * width + col..][..len], dpb[r * nb + b]);
+                pb[r * nb + b] += fast_math::sum(&p[r * width + col..][..len]);
             });
-            let dt = dtables[(term.first + lo) * dh..].as_mut_ptr();
             // SAFETY: pb rows × nb, the block's dO rows, nb rows of this head's table gradient
             unsafe {
                 gemm((nb, dh, e.rows), dt, dh as isize, true, pb.as_ptr(), (1, nb as isize), dout, (dout_rs, 1), 1.0)
@@ -303,7 +321,8 @@ impl HeadContent<'_> {
     }
 
     /// The query and key terms' backward from the scores' gradient `ds` (rows × `width`): into
-    /// the block's query-side rows `drq` (row stride), the key head's gradient `dk` (row 0,
+    /// the block's query rows' gradient (`queries`: the rows and their gradient's row 0 and row
+    /// stride), the key head's gradient (`keys`: the head and its gradient's row 0 and per-position
     /// row stride) and this head's table gradient.
     #[allow(clippy::too_many_arguments)]
     pub fn scores_backward(
@@ -312,68 +331,44 @@ impl HeadContent<'_> {
         runs: &[Run],
         ds: &[f32],
         width: usize,
-        (rq, drq): (Option<(*const f32, (isize, isize))>, Option<(*mut f32, isize)>),
-        (kp, krc): (*const f32, (isize, isize)),
-        (dkp, dk_rs): (*mut f32, isize),
+        ((qp, qrc), (dqp, dq_rs)): (View, (*mut f32, isize)),
+        (keys, (dkp, dk_rs)): (View, (*mut f32, isize)),
         dtables: &mut [f32],
         m: &mut Vec<f32>,
     ) {
-        let (dh, step) = (self.dh, e.step as isize);
-        if let (Some(term), Some((rp, rrc)), Some((drp, drs))) = (&self.spec.query, rq, drq) {
+        let dh = self.dh;
+        if let Some(term) = &self.spec.query {
             for &run in runs {
                 let (lo, nb) = e.span(&term.bucket, run.1, run.2);
                 let g = zeroed(m, e.rows * nb);
-                e.pairs(&term.bucket, run, lo, |r, col, b| g[r * nb + b] += ds[r * width + col]);
-                let dt = dtables[(term.first + lo) * dh..].as_mut_ptr();
-                // SAFETY: g rows × nb; the table's and the block's rows
+                e.stretches(term, run, lo, |r, col, len, b| {
+                    g[r * nb + b] += fast_math::sum(&ds[r * width + col..][..len])
+                });
+                let (t, dt) = (self.row(term, lo), dtables[(term.first + lo) * dh..].as_mut_ptr());
+                let (g, dhs, nbs) = (g.as_ptr(), dh as isize, nb as isize);
+                // SAFETY: g rows × nb; the table's rows, the block's rows and their gradient
                 unsafe {
-                    gemm(
-                        (e.rows, dh, nb),
-                        drp,
-                        drs,
-                        true,
-                        g.as_ptr(),
-                        (nb as isize, 1),
-                        self.row(term, lo),
-                        (dh as isize, 1),
-                        1.0,
-                    );
-                    gemm((nb, dh, e.rows), dt, dh as isize, true, g.as_ptr(), (1, nb as isize), rp, rrc, 1.0);
+                    gemm((e.rows, dh, nb), dqp, dq_rs, true, g, (nbs, 1), t, (dhs, 1), self.scale);
+                    gemm((nb, dh, e.rows), dt, dhs, true, g, (1, nbs), qp, qrc, self.scale);
                 }
             }
         }
         if let Some(term) = &self.spec.key {
             for &run in runs {
                 let (lo, nb) = e.span(&term.bucket, run.1, run.2);
-                let g = zeroed(m, run.2 * nb);
-                e.pairs(&term.bucket, run, lo, |r, col, b| g[(col - run.0) * nb + b] += ds[r * width + col]);
-                let kr = kp.wrapping_offset(run.1 as isize * krc.0);
+                let n = run.2;
+                let g = zeroed(m, nb * n);
+                e.stretches(term, run, lo, |r, col, len, b| {
+                    add_into(&mut g[b * n + col - run.0..][..len], &ds[r * width + col..][..len])
+                });
+                let (kr, krc) = Self::run_keys(keys, run, e.step);
                 let dkr = dkp.wrapping_offset(run.1 as isize * dk_rs);
-                let dt = dtables[(term.first + lo) * dh..].as_mut_ptr();
-                // SAFETY: g keys × nb; the run's keys and their gradient rows, the table's rows
+                let (t, dt) = (self.row(term, lo), dtables[(term.first + lo) * dh..].as_mut_ptr());
+                let (g, dhs, ns) = (g.as_ptr(), dh as isize, n as isize);
+                // SAFETY: g buckets × keys; the table's rows, the run's keys and their gradient rows
                 unsafe {
-                    gemm(
-                        (run.2, dh, nb),
-                        dkr,
-                        dk_rs * step,
-                        true,
-                        g.as_ptr(),
-                        (nb as isize, 1),
-                        self.row(term, lo),
-                        (dh as isize, 1),
-                        1.0,
-                    );
-                    gemm(
-                        (nb, dh, run.2),
-                        dt,
-                        dh as isize,
-                        true,
-                        g.as_ptr(),
-                        (1, nb as isize),
-                        kr,
-                        (krc.0 * step, krc.1),
-                        1.0,
-                    );
+                    gemm((n, dh, nb), dkr, dk_rs * e.step as isize, true, g, (1, ns), t, (dhs, 1), 1.0);
+                    gemm((nb, dh, n), dt, dhs, true, g, (ns, 1), kr, krc, 1.0);
                 }
             }
         }
