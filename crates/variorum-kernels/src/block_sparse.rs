@@ -534,7 +534,8 @@ pub struct TermSpec {
 }
 
 /// A table's first row in the tables handed to the kernel, its bucket map, and for each entry
-/// the first entry of the stretch of equal buckets it ends (`starts[e] ≤ e`).
+/// the first entry of the longest stretch ending there whose buckets step by one slope in
+/// {−1, 0, 1} (`starts[e] ≤ e`).
 #[derive(Debug, Clone)]
 #[cfg_attr(not(feature = "flex"), allow(dead_code))]
 struct Bucketed {
@@ -561,9 +562,16 @@ fn term_inputs(
         assert!(th == h && tdh == dh, "a distance table is [heads, buckets, d_h]");
         assert_eq!(table.bucket.len(), width, "a bucket map has one bucket per distance entry (2 Lk − 1)");
         assert!(table.bucket.iter().all(|&x| (x as usize) < n), "a bucket beyond its table");
-        let mut starts = vec![0u32; width];
+        // the longest stretch ending at each entry whose buckets step by one slope in {−1, 0, 1}
+        let (b, mut starts) = (&table.bucket, vec![0u32; width]);
         for e in 1..width {
-            starts[e] = if table.bucket[e] == table.bucket[e - 1] { starts[e - 1] } else { e as u32 };
+            let slope = b[e] as i64 - b[e - 1] as i64;
+            let open = starts[e - 1] as usize == e - 1 || b[e - 1] as i64 - b[e - 2] as i64 == slope;
+            starts[e] = match (slope.abs() <= 1, open) {
+                (false, _) => e as u32,
+                (true, true) => starts[e - 1],
+                (true, false) => e as u32 - 1,
+            };
         }
         let at = Bucketed { first, bucket: table.bucket, starts: Arc::new(starts) };
         first += n;

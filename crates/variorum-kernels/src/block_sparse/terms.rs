@@ -100,22 +100,25 @@ impl Entries {
         (lo as usize, (hi - lo) as usize + 1)
     }
 
-    /// `f(row, first column, columns, bucket − lowest)` for each stretch of a row's pairs in run
-    /// `(col, k0, n)` that share a bucket.
+    /// `f(row, first column, columns, bucket − lowest, slope)` for each stretch of a row's pairs
+    /// in run `(col, k0, n)` whose buckets step by `slope` ∈ {−1, 0, 1} from one key to the next:
+    /// all the keys past a clipped distance share one bucket, and unclipped ones (or one table
+    /// row per distance) step by one, so a row is a few stretches that the callers read or write
+    /// as slices.
     #[inline]
     fn stretches(
         &self,
         term: &Bucketed,
         (col, k0, n): Run,
         lowest: usize,
-        mut f: impl FnMut(usize, usize, usize, usize),
+        mut f: impl FnMut(usize, usize, usize, usize, isize),
     ) {
         for r in 0..self.rows {
             // the entry of the run's first key; each later key's is `step` lower
             let e0 = self.first + r * self.step - k0;
             if self.step != 1 {
                 for j in 0..n {
-                    f(r, col + j, 1, term.bucket[e0 - j * self.step] as usize - lowest);
+                    f(r, col + j, 1, term.bucket[e0 - j * self.step] as usize - lowest, 0);
                 }
                 continue;
             }
@@ -123,7 +126,10 @@ impl Entries {
             loop {
                 let from = (term.starts[e] as usize).max(last);
                 let len = e - from + 1;
-                f(r, col + j, len, term.bucket[e] as usize - lowest);
+                let b = term.bucket[e] as usize;
+                // keys go down the entries: the bucket steps by minus the map's slope
+                let slope = if len > 1 { b as isize - term.bucket[e - 1] as isize } else { 0 };
+                f(r, col + j, len, b - lowest, -slope);
                 if from == last {
                     break;
                 }
@@ -156,6 +162,35 @@ fn add_to(dst: &mut [f32], x: f32) {
 #[inline]
 fn add_into(dst: &mut [f32], src: &[f32]) {
     dst.iter_mut().zip(src).for_each(|(d, &x)| *d += x);
+}
+
+/// `dst[t] += row[b + slope · t]`: a stretch's entries read from a row of per-bucket values.
+#[inline]
+fn add_gathered(dst: &mut [f32], row: &[f32], b: usize, slope: isize) {
+    let len = dst.len();
+    match slope {
+        0 => add_to(dst, row[b]),
+        1 => add_into(dst, &row[b..b + len]),
+        _ => dst.iter_mut().zip(row[b + 1 - len..=b].iter().rev()).for_each(|(d, &x)| *d += x),
+    }
+}
+
+/// `row[b + slope · t] += src[t]`: a stretch's entries summed into a row of per-bucket values.
+#[inline]
+fn scatter_into(row: &mut [f32], b: usize, slope: isize, src: &[f32]) {
+    let len = src.len();
+    match slope {
+        0 => row[b] += if let [one] = src { *one } else { fast_math::sum(src) },
+        1 => add_into(&mut row[b..b + len], src),
+        _ => row[b + 1 - len..=b].iter_mut().rev().zip(src).for_each(|(d, &x)| *d += x),
+    }
+}
+
+/// The flat index into a `buckets × keys` matrix (`n` keys a row) of a stretch's entry t: bucket
+/// b + slope · t, key j + t.
+#[inline]
+fn diagonal(b: usize, j: usize, n: usize, slope: isize, t: usize) -> usize {
+    ((b * n + j) as isize + t as isize * (slope * n as isize + 1)) as usize
 }
 
 /// `m` cleared to `len` zeros.
@@ -199,7 +234,9 @@ impl HeadContent<'_> {
                 unsafe {
                     gemm((e.rows, nb, dh), m.as_mut_ptr(), nb as isize, false, qp, qrc, t, (1, dh as isize), self.scale)
                 };
-                e.stretches(term, run, lo, |r, col, len, b| add_to(&mut s[r * width + col..][..len], m[r * nb + b]));
+                e.stretches(term, run, lo, |r, col, len, b, slope| {
+                    add_gathered(&mut s[r * width + col..][..len], &m[r * nb..(r + 1) * nb], b, slope)
+                });
             }
         }
         if let Some(term) = &self.spec.key {
@@ -213,8 +250,13 @@ impl HeadContent<'_> {
                 unsafe {
                     gemm((nb, n, dh), m.as_mut_ptr(), n as isize, false, t, (dh as isize, 1), kr, (kcs, krs), 1.0)
                 };
-                e.stretches(term, run, lo, |r, col, len, b| {
-                    add_into(&mut s[r * width + col..][..len], &m[b * n + col - run.0..][..len])
+                e.stretches(term, run, lo, |r, col, len, b, slope| {
+                    let (row, j) = (&mut s[r * width + col..][..len], col - run.0);
+                    if slope == 0 {
+                        add_into(row, &m[b * n + j..][..len]);
+                    } else {
+                        row.iter_mut().enumerate().for_each(|(t, x)| *x += m[diagonal(b, j, n, slope, t)]);
+                    }
                 });
             }
         }
@@ -267,7 +309,9 @@ impl HeadContent<'_> {
         for &run in runs {
             let (lo, nb) = e.span(&term.bucket, run.1, run.2);
             let m = zeroed(m, e.rows * nb);
-            e.stretches(term, run, lo, |r, col, len, b| m[r * nb + b] += fast_math::sum(&p[r * width + col..][..len]));
+            e.stretches(term, run, lo, |r, col, len, b, slope| {
+                scatter_into(&mut m[r * nb..(r + 1) * nb], b, slope, &p[r * width + col..][..len])
+            });
             let t = self.row(term, lo);
             // SAFETY: m rows × nb, buckets lo..lo + nb of the table, the block's output rows
             unsafe { gemm((e.rows, dh, nb), o, o_rs, true, m.as_ptr(), (nb as isize, 1), t, (dh as isize, 1), 1.0) };
@@ -309,9 +353,9 @@ impl HeadContent<'_> {
                 )
             };
             let pb = zeroed(m2, e.rows * nb);
-            e.stretches(term, run, lo, |r, col, len, b| {
-                add_to(&mut dp[r * width + col..][..len], dpb[r * nb + b]);
-                pb[r * nb + b] += fast_math::sum(&p[r * width + col..][..len]);
+            e.stretches(term, run, lo, |r, col, len, b, slope| {
+                add_gathered(&mut dp[r * width + col..][..len], &dpb[r * nb..(r + 1) * nb], b, slope);
+                scatter_into(&mut pb[r * nb..(r + 1) * nb], b, slope, &p[r * width + col..][..len]);
             });
             // SAFETY: pb rows × nb, the block's dO rows, nb rows of this head's table gradient
             unsafe {
@@ -341,8 +385,8 @@ impl HeadContent<'_> {
             for &run in runs {
                 let (lo, nb) = e.span(&term.bucket, run.1, run.2);
                 let g = zeroed(m, e.rows * nb);
-                e.stretches(term, run, lo, |r, col, len, b| {
-                    g[r * nb + b] += fast_math::sum(&ds[r * width + col..][..len])
+                e.stretches(term, run, lo, |r, col, len, b, slope| {
+                    scatter_into(&mut g[r * nb..(r + 1) * nb], b, slope, &ds[r * width + col..][..len])
                 });
                 let (t, dt) = (self.row(term, lo), dtables[(term.first + lo) * dh..].as_mut_ptr());
                 let (g, dhs, nbs) = (g.as_ptr(), dh as isize, nb as isize);
@@ -358,8 +402,13 @@ impl HeadContent<'_> {
                 let (lo, nb) = e.span(&term.bucket, run.1, run.2);
                 let n = run.2;
                 let g = zeroed(m, nb * n);
-                e.stretches(term, run, lo, |r, col, len, b| {
-                    add_into(&mut g[b * n + col - run.0..][..len], &ds[r * width + col..][..len])
+                e.stretches(term, run, lo, |r, col, len, b, slope| {
+                    let (src, j) = (&ds[r * width + col..][..len], col - run.0);
+                    if slope == 0 {
+                        add_into(&mut g[b * n + j..][..len], src);
+                    } else {
+                        src.iter().enumerate().for_each(|(t, &x)| g[diagonal(b, j, n, slope, t)] += x);
+                    }
                 });
                 let (kr, krc) = Self::run_keys(keys, run, e.step);
                 let dkr = dkp.wrapping_offset(run.1 as isize * dk_rs);
