@@ -50,8 +50,6 @@ fn attention(position: &PositionConfig, n_kv_heads: usize, dev: &Device) -> Mult
 /// Parameters that start neutral (the multiplicative scalars start at 1, T5's table at 0) set to
 /// random values, so that a position-dependence would show.
 fn randomise(position: &mut Option<RelativePosition>, dev: &Device) {
-    // parameters that start neutral (the multiplicative scalars start at 1) get random values, so
-    // that a position-dependence would show
     if let Some(RelativePosition::Multiplicative(m)) = position {
         let n = m.scale.dims()[0];
         m.scale = Param::from_tensor(random([n], dev).add_scalar(1.0));
@@ -141,7 +139,15 @@ fn every_scheme_on_the_kernels_equals_the_composed_path_with_the_gradients() {
         }
         let cfg: variorum_attention::AttentionConfig = toml::from_str(kind).unwrap();
         cfg.validate(D).unwrap();
-        let attn = cfg.init(D, 0.3, 0.3, Positioning { config: &position, context: 64 }, &dev);
+        let mut attn = cfg.init(D, 0.3, 0.3, Positioning { config: &position, context: 64 }, &dev);
+        use variorum_attention::Attention;
+        match &mut attn {
+            Attention::Full(a) => randomise(&mut a.position, &dev),
+            Attention::SlidingWindow(a) => randomise(&mut a.attention.position, &dev),
+            Attention::Strided(a) => randomise(&mut a.attention.position, &dev),
+            Attention::CapsuleHeads(a) => randomise(&mut a.attention.position, &dev),
+            _ => unreachable!("the kinds listed above"),
+        }
         let run = |kernels: bool| {
             let f = || {
                 let x = x0.clone().require_grad();

@@ -676,14 +676,23 @@ pub fn block_sparse_self_attention_with_terms(
     None
 }
 
-/// The pieces of a call with terms: none permuted, several only for softmax self-attention.
+/// The pieces of a call with terms against its shape: none permuted; one layout in position
+/// order built for these lengths with one pattern or one per head, or a union as
+/// [`block_sparse_union`] takes it (softmax, self-attention).
 #[cfg(feature = "flex")]
 fn check_term_pieces(pieces: &[SparsePiece], norm: RowNormaliser, (h, lq, lk): (usize, usize, usize)) {
     assert!(pieces.iter().all(|piece| piece.order.is_none()), "a permuted piece takes no distance terms");
-    if pieces.len() > 1 {
-        assert!(norm == RowNormaliser::Softmax, "a union of patterns is softmax");
-        assert_eq!(lq, lk, "a union is self-attention: as many keys as queries");
-        check_pieces(pieces, h, lq);
+    match pieces {
+        [piece] if piece.slots == Slots::Positions => {
+            assert_eq!(piece.layout.lens(), (lq, lk), "the sparse layout was built for other lengths");
+            let groups = piece.layout.groups;
+            assert!(groups == 1 || groups == h, "a sparse layout has one pattern or one per head");
+        }
+        _ => {
+            assert!(pieces.len() == 1 || norm == RowNormaliser::Softmax, "a union of patterns is softmax");
+            assert_eq!(lq, lk, "pieces over residue classes or a union are self-attention");
+            check_pieces(pieces, h, lq);
+        }
     }
 }
 
@@ -1498,7 +1507,7 @@ mod flex {
     }
 
     /// `pieces` over views: one piece is [`forward_views`]; a union is each piece on its own,
-    /// merged by log-sum-exp (softmax, no bias).
+    /// merged by log-sum-exp (softmax).
     fn attend(
         views: [&Heads; 3],
         scale: f32,
@@ -2254,6 +2263,9 @@ mod flex {
             values: bool,
             bias: bool,
             multiplier: Option<ScoreActivation>,
+            /// Clipped maps in the other direction (buckets falling with the distance for the
+            /// queries, rising for the keys and values): both slopes of every term.
+            flipped: bool,
         }
 
         /// A bucket map: clipped distances (Shaw, DeBERTa) or one bucket per distance
@@ -2303,9 +2315,10 @@ mod flex {
                 rows: Tensor::random([h, rows, dh], normal(0.5), &device),
                 bucket,
             };
-            let qt = parts.queries.map(|kind| table(buckets(kind, lk, false)));
-            let kt = parts.keys.then(|| table(buckets(Buckets::Clipped, lk, true)));
-            let vt = parts.values.then(|| table(buckets(Buckets::Clipped, lk, true)));
+            let flip = parts.flipped;
+            let qt = parts.queries.map(|kind| table(buckets(kind, lk, flip)));
+            let kt = parts.keys.then(|| table(buckets(Buckets::Clipped, lk, !flip)));
+            let vt = parts.values.then(|| table(buckets(Buckets::Clipped, lk, !flip)));
             let bias: Tensor<2> = Tensor::random([h, 2 * lk - 1], normal(1.0), &device);
             let m: Tensor<2> = Tensor::random([h, 2 * lk - 1], Distribution::Uniform(0.5, 1.5), &device);
             let w: Tensor<3> = Tensor::random([b, lq, h * dh], normal(1.0), &device);
@@ -2363,7 +2376,8 @@ mod flex {
         /// the definition, output and every gradient.
         #[test]
         fn distance_terms_equal_their_definition() {
-            let none = Parts { queries: None, keys: false, values: false, bias: false, multiplier: None };
+            let none =
+                Parts { queries: None, keys: false, values: false, bias: false, multiplier: None, flipped: false };
             let shaw = Parts { queries: Some(Buckets::Clipped), values: true, ..none };
             let xl = Parts { queries: Some(Buckets::Each), keys: true, bias: true, ..none };
             let deberta = Parts { queries: Some(Buckets::Clipped), keys: true, ..none };
@@ -2374,10 +2388,12 @@ mod flex {
                 values: true,
                 bias: true,
                 multiplier: Some(ScoreActivation::Identity),
+                flipped: false,
             };
+            let flipped = Parts { flipped: true, ..all };
             let back = 5;
             let banded = move |_: usize, q: usize, k: usize| k <= q && q - k <= back;
-            for parts in [shaw, xl, deberta, da, all] {
+            for parts in [shaw, xl, deberta, da, all, flipped] {
                 let pieces = SparsePiece::only(Arc::new(band(23, 4, back)));
                 check_terms(pieces.clone(), (23, 23), banded, (4, 2, false), parts, RowNormaliser::Softmax);
                 check_terms(pieces.clone(), (23, 23), banded, (4, 2, true), parts, RowNormaliser::Softmax);
@@ -2388,6 +2404,18 @@ mod flex {
                 let causal = |_: usize, q: usize, k: usize| k <= q;
                 let pieces = SparsePiece::only(Arc::new(cached));
                 check_terms(pieces, (7, 23), causal, (2, 1, false), parts, RowNormaliser::Softmax);
+                // a band both ways
+                let both = SparseLayout::new(
+                    23,
+                    23,
+                    4,
+                    1,
+                    |_, i| vec![(i * 4).saturating_sub(back)..(i + 1) * 4 + back],
+                    |_, q, out| out.push(q.saturating_sub(back)..q + back + 1),
+                );
+                let near = move |_: usize, q: usize, k: usize| q.abs_diff(k) <= back;
+                let pieces = SparsePiece::only(Arc::new(both));
+                check_terms(pieces, (23, 23), near, (4, 2, true), parts, RowNormaliser::Softmax);
                 let stride = 4;
                 let strided = move |_: usize, q: usize, k: usize| k <= q && (q - k < stride || (q - k) % stride == 0);
                 let pieces = strided_pieces(23, stride, 4);

@@ -70,6 +70,12 @@ pub struct Disentangled {
 }
 
 impl Disentangled {
+    /// DeBERTa's δ for a distance: clamp(d + k, 0, 2k − 1).
+    fn delta(&self, d: i64) -> i64 {
+        let k = self.max_distance as i64;
+        (d + k).clamp(0, 2 * k - 1)
+    }
+
     /// `[1, h, 2k, d_h]`
     fn project(&self, proj: &Linear) -> Tensor<4> {
         let p = proj.forward(self.relative.val());
@@ -83,8 +89,7 @@ impl Disentangled {
         let [b, h, _, dh] = q.dims();
         let [_, hkv, lk, _] = k.dims();
         let device = q.device();
-        let kk = self.max_distance as i64;
-        let delta = |d: i64| (d + kk).clamp(0, 2 * kk - 1);
+        let delta = |d: i64| self.delta(d);
 
         // content→position: q_i · K^r_{δ(i,j)}
         let c2p = q.matmul(self.project(&self.position_key).swap_dims(2, 3));
@@ -146,16 +151,15 @@ impl RelativeScheme for Disentangled {
     /// c2p as a query term over δ(i, j), p2c as a key term over δ(j, i) (its table scaled, since
     /// the kernel's keys are not).
     fn distance_terms(&self, _h: usize, len_k: usize, _causal: bool, scale: f64, _: &Device) -> Option<DistanceTerms> {
-        let kk = self.max_distance as i64;
-        let delta = move |d: i64| (d + kk).clamp(0, 2 * kk - 1);
         let per_head = |proj: &Linear| {
-            let [_, h, n, dh] = self.project(proj).dims();
-            self.project(proj).reshape([h, n, dh])
+            let rows = self.project(proj);
+            let [_, h, n, dh] = rows.dims();
+            rows.reshape([h, n, dh])
         };
-        let c2p = DistanceTable { rows: per_head(&self.position_key), bucket: entry_buckets(len_k, delta) };
+        let c2p = DistanceTable { rows: per_head(&self.position_key), bucket: entry_buckets(len_k, |d| self.delta(d)) };
         let p2c = DistanceTable {
             rows: per_head(&self.position_query).mul_scalar(scale),
-            bucket: entry_buckets(len_k, move |d| delta(-d)),
+            bucket: entry_buckets(len_k, |d| self.delta(-d)),
         };
         Some(DistanceTerms { queries: Some(c2p), keys: Some(p2c), ..Default::default() })
     }

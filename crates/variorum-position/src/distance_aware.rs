@@ -18,6 +18,7 @@ use variorum_core::Capabilities;
 
 use crate::RelativePosition;
 use crate::kind::{HeadShape, PositionKind, RelativeScheme};
+use crate::layout::entry_values;
 use variorum_kernels::block_sparse::{DistanceTerms, ScoreActivation};
 
 #[derive(Module, Debug)]
@@ -89,9 +90,7 @@ impl RelativeScheme for DistanceAware {
         device: &Device,
     ) -> Option<DistanceTerms> {
         let [h] = self.alpha.dims();
-        let last = len_k as i64 - 1;
-        let distance: Vec<f32> = (-last..=last).map(|d| d.abs() as f32).collect();
-        let distance = Tensor::<1>::from_data(TensorData::new(distance, [2 * len_k - 1]), device);
+        let distance = entry_values(len_k, |d| d.abs() as f32, device);
         let r = self.alpha.val().reshape([h, 1]) * distance.unsqueeze_dim(0);
         let beta = self.beta.val().reshape([h, 1]);
         let f = (beta.clone().exp() + 1.0) / ((beta - r).exp() + 1.0);

@@ -102,6 +102,21 @@ pub fn entry_buckets(len_k: usize, f: impl Fn(i64) -> i64) -> std::sync::Arc<Vec
     std::sync::Arc::new((0..2 * last + 1).map(|e| f(e - last) as u32).collect())
 }
 
+/// `f(distance)` for each of the block-sparse kernel's distance entries over `len_k` keys (entry e
+/// is distance e − (len_k − 1)), as an index tensor `[2 len_k − 1]`.
+pub fn entry_index(len_k: usize, f: impl Fn(i64) -> i64, device: &Device) -> Tensor<1, Int> {
+    let last = len_k as i64 - 1;
+    let index: Vec<i64> = (-last..=last).map(f).collect();
+    Tensor::from_data(TensorData::new(index, [2 * len_k - 1]), device)
+}
+
+/// [`entry_index`] of floats.
+pub fn entry_values(len_k: usize, f: impl Fn(i64) -> f32, device: &Device) -> Tensor<1> {
+    let last = len_k as i64 - 1;
+    let values: Vec<f32> = (-last..=last).map(f).collect();
+    Tensor::from_data(TensorData::new(values, [2 * len_k - 1]), device)
+}
+
 /// `[1, h, len_q, len_k]` from a per-head table `[h, buckets]` and a bucket index `[len_q, len_k]`.
 pub fn per_head_bias(table: Tensor<2>, index: Tensor<2, Int>) -> Tensor<4> {
     let [h, _] = table.dims();

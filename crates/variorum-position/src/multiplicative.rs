@@ -14,6 +14,7 @@ use variorum_core::{ConfigError, error::check};
 use crate::RelativePosition;
 use crate::ScoreLayout;
 use crate::kind::{HeadShape, PositionKind, RelativeScheme};
+use crate::layout::entry_index;
 use variorum_core::Capabilities;
 use variorum_kernels::block_sparse::{DistanceTerms, ScoreActivation};
 
@@ -103,10 +104,9 @@ impl RelativeScheme for MultiplicativePosition {
         _scale: f64,
         device: &Device,
     ) -> Option<DistanceTerms> {
-        let (m, last) = (self.max_distance as i64, len_k as i64 - 1);
-        let index: Vec<i64> = (-last..=last).map(|d| d.abs().min(m)).collect();
-        let width = index.len();
-        let index = Tensor::<1, Int>::from_data(TensorData::new(index, [width]), device);
+        let m = self.max_distance as i64;
+        let index = entry_index(len_k, |d| d.abs().min(m), device);
+        let width = 2 * len_k - 1;
         let factors = self.scale.val().select(0, index).unsqueeze_dim::<2>(0).expand([h, width]);
         Some(DistanceTerms { multiplier: Some((factors, ScoreActivation::Identity)), ..Default::default() })
     }

@@ -63,9 +63,14 @@ pub struct ShawRelative {
 }
 
 impl ShawRelative {
-    fn index(&self, layout: &ScoreLayout, device: &Device) -> Tensor<2, Int> {
+    /// The table row of query − key distance `d`: k + clip(j − i, −k, k).
+    fn bucket(&self, d: i64) -> i64 {
         let k = self.max_distance as i64;
-        layout.index(|d| (-d).clamp(-k, k) + k, device)
+        (-d).clamp(-k, k) + k
+    }
+
+    fn index(&self, layout: &ScoreLayout, device: &Device) -> Tensor<2, Int> {
+        layout.index(|d| self.bucket(d), device)
     }
 
     /// q_i·a^K_ij for already scaled queries `q: [b, h, len_q, head_dim]`: `[b, h, len_q, len_k]`.
@@ -128,8 +133,7 @@ impl RelativeScheme for ShawRelative {
 
     /// q_i·a^K and Σ_j α_ij a^V, both by the clipped offset, the tables shared by the heads.
     fn distance_terms(&self, h: usize, len_k: usize, _causal: bool, _scale: f64, _: &Device) -> Option<DistanceTerms> {
-        let k = self.max_distance as i64;
-        let bucket = entry_buckets(len_k, |d| (-d).clamp(-k, k) + k);
+        let bucket = entry_buckets(len_k, |d| self.bucket(d));
         let table = |t: Tensor<2>| {
             let [n, dh] = t.dims();
             DistanceTable { rows: t.unsqueeze_dim::<3>(0).expand([h, n, dh]), bucket: bucket.clone() }

@@ -26,7 +26,7 @@ use variorum_core::{ConfigError, error::check};
 use crate::RelativePosition;
 use crate::ScoreLayout;
 use crate::kind::{HeadShape, PositionKind, RelativeScheme};
-use crate::layout::entry_buckets;
+use crate::layout::{entry_buckets, entry_index};
 use variorum_core::Capabilities;
 use variorum_kernels::block_sparse::{DistanceTable, DistanceTerms};
 
@@ -184,9 +184,8 @@ impl RelativeScheme for XlRelative {
         let r = self.position_key.forward(self.sinusoids(last, count, 1, device));
         let rows = r.reshape([count, h, dh]).swap_dims(0, 1); // [h, count, dh]
         // row c is distance last − c
-        let bucket = entry_buckets(len_k, |d| (last - d).min(count as i64 - 1));
-        let index: Vec<i64> = bucket.iter().map(|&b| b as i64).collect();
-        let index = Tensor::<1, Int>::from_data(TensorData::new(index, [bucket.len()]), device);
+        let row = |d: i64| (last - d).min(count as i64 - 1);
+        let (bucket, index) = (entry_buckets(len_k, row), entry_index(len_k, row, device));
         let v_r = self.v.val().reshape([h, 1, dh]).matmul(rows.clone().swap_dims(1, 2)).reshape([h, count]);
         Some(DistanceTerms {
             queries: Some(DistanceTable { rows, bucket }),

@@ -7,9 +7,10 @@
 //! each term is one GEMM per run against those table rows, `rows × buckets` (queries) or
 //! `buckets × keys` (keys) — the Transformer-XL trick of scoring each distinct distance once,
 //! without its shift, so it works for any bucket map and any run — then one read per pair. A row's
-//! keys that share a bucket (all those past a clipped distance) are one stretch, added or summed
-//! as a slice. The value term is the adjoint: each row's probabilities summed by bucket, one GEMM
-//! against the value table.
+//! keys whose buckets step by one slope (all those past a clipped distance share one bucket;
+//! unclipped distances, or one table row per distance, step by one) are one stretch, read or
+//! written as a slice. The value term is the adjoint: each row's probabilities summed by bucket,
+//! one GEMM against the value table.
 
 use super::{Bucketed, ScoreActivation, TermSpec};
 use crate::causal_attention::flex::gemm;
@@ -200,6 +201,12 @@ fn zeroed(m: &mut Vec<f32>, len: usize) -> &mut [f32] {
     m
 }
 
+/// `m` as `len` entries to be overwritten (by a GEMM that does not read its destination).
+fn scratch(m: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    m.resize(len, 0.0);
+    &mut m[..len]
+}
+
 impl HeadContent<'_> {
     /// The first row of `term`'s bucket `b` in this head's tables.
     fn row(&self, term: &Bucketed, b: usize) -> *const f32 {
@@ -228,7 +235,7 @@ impl HeadContent<'_> {
         if let Some(term) = &self.spec.query {
             for &run in runs {
                 let (lo, nb) = e.span(&term.bucket, run.1, run.2);
-                let m = zeroed(m, e.rows * nb);
+                let m = scratch(m, e.rows * nb);
                 let t = self.row(term, lo);
                 // SAFETY: the block's query rows, buckets lo..lo + nb of the table, m rows × nb
                 unsafe {
@@ -243,7 +250,7 @@ impl HeadContent<'_> {
             for &run in runs {
                 let (lo, nb) = e.span(&term.bucket, run.1, run.2);
                 let n = run.2;
-                let m = zeroed(m, nb * n);
+                let m = scratch(m, nb * n);
                 let (kr, (krs, kcs)) = Self::run_keys(keys, run, e.step);
                 let t = self.row(term, lo);
                 // SAFETY: buckets lo..lo + nb of the table, the run's keys, m buckets × keys
@@ -337,7 +344,7 @@ impl HeadContent<'_> {
         for &run in runs {
             let (lo, nb) = e.span(&term.bucket, run.1, run.2);
             let (t, dt) = (self.row(term, lo), dtables[(term.first + lo) * dh..].as_mut_ptr());
-            let dpb = zeroed(m1, e.rows * nb);
+            let dpb = scratch(m1, e.rows * nb);
             // SAFETY: the block's dO rows, buckets lo..lo + nb of the table, dpb rows × nb
             unsafe {
                 gemm(
