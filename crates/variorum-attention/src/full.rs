@@ -718,10 +718,10 @@ impl MultiHeadAttention {
         if let Some(context) = self.fused(&p, input.mask, input.need_weights) {
             return (context, None);
         }
-        if self.scheme_on_the_sparse_kernel(&p, input.mask, input.need_weights) {
-            // a distance-only bias (ALiBi, T5) or terms per distance (Transformer-XL, Shaw, …)
-            // that the causal kernel does not take: the block-sparse kernel takes them, over a
-            // band that reaches every key
+        if self.on_the_sparse_kernel(&p, input.mask, input.need_weights) {
+            // what the causal kernel does not take — every key both ways, a distance-only bias
+            // (ALiBi, T5), terms per distance (Transformer-XL, Shaw, …) — the block-sparse
+            // kernel takes, over a band that reaches every key
             let (l, m) = (p.layout.len_q, input.mask);
             let ahead = if m.causal { 0 } else { l };
             let band = Band { back: l, ahead, block: l.clamp(1, 128), query_blocks: false, causal: m.causal };
@@ -786,20 +786,21 @@ impl MultiHeadAttention {
         variorum_kernels::causal_attention::causal_attention(q, p.k.clone(), p.v.clone(), offset, self.normaliser.row)
     }
 
-    /// Whether the call is plain attention over a fresh sequence whose position scheme adds a
-    /// score by distance alone or acts through terms per distance (not a rotation, which
-    /// [`Self::fused`] takes): the block-sparse kernel computes it with its distance-bias table
-    /// or its `DistanceTerms`, where the kernels are on.
-    fn scheme_on_the_sparse_kernel(&self, p: &Projected, m: &AttentionMask, need_weights: bool) -> bool {
+    /// Whether the call is plain attention over a fresh sequence (causal or both ways; no
+    /// padding, custom or graph mask, weights or dropout) that [`Self::fused`] did not take, and
+    /// whose position scheme is none, a rotation (done in the projection), a score by distance
+    /// alone, or terms per distance: the block-sparse kernel computes it over a band that
+    /// reaches every key, with its distance-bias table or `DistanceTerms`, where the kernels are
+    /// on. Bidirectional full attention (an encoder, a masked LM) is this call.
+    fn on_the_sparse_kernel(&self, p: &Projected, m: &AttentionMask, need_weights: bool) -> bool {
         let aligned = p.layout.q_start == p.layout.k_start && p.layout.len_q == p.layout.len_k;
         let drops = crate::kind::drops(&self.dropout, &p.q.device());
         let plain = m.padding.is_none() && m.custom.is_none() && m.graph.is_none() && !need_weights && !drops;
         // terms per distance scale with a head temperature: that keeps the composed path
-        let by_distance = self.position.as_ref().is_some_and(|pos| {
-            (pos.works_on_gathered_keys() && !pos.rotates())
-                || (pos.has_distance_terms() && self.normaliser.query_factor().is_none())
+        let scheme_ok = self.position.as_ref().is_none_or(|pos| {
+            pos.works_on_gathered_keys() || (pos.has_distance_terms() && self.normaliser.query_factor().is_none())
         });
-        aligned && plain && by_distance && variorum_kernels::has_kernel(&p.q)
+        aligned && plain && scheme_ok && variorum_kernels::has_kernel(&p.q)
     }
 
     /// What both kernel paths share: a causal mask and nothing else, no dropout on the

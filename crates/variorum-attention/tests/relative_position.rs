@@ -101,8 +101,9 @@ fn scores_are_invariant_to_shifting_all_positions() {
 
 #[test]
 fn every_scheme_on_the_kernels_equals_the_composed_path_with_the_gradients() {
-    // full and capsule-heads attention with RoPE (both layouts, partial, grouped-query heads)
-    // rotate the fused projection by a kernel and read it packed; with ALiBi or T5 full attention
+    // full and capsule-heads attention without a scheme, and with RoPE (both layouts, partial,
+    // grouped-query heads) rotate the fused projection by a kernel and read it packed (causal)
+    // or take the block-sparse kernel over every key (both ways); with ALiBi or T5 full attention
     // hands its distance bias to the block-sparse kernel, with Transformer-XL, Shaw, DeBERTa, DA
     // or the multiplicative scalars its terms per distance, and so do a sliding window with a
     // global position and the strided union; the composed path splits the heads, rotates or
@@ -113,6 +114,7 @@ fn every_scheme_on_the_kernels_equals_the_composed_path_with_the_gradients() {
     let x0: Tensor<3> = random([2, 70, D], &dev);
     let w: Tensor<3> = random([2, 70, D], &dev);
     let schemes = [
+        "kind = \"none\"",
         "kind = \"rope\"",
         "kind = \"rope\"\nlayout = \"interleaved\"\nrotary_dim = 2",
         "kind = \"alibi\"",
@@ -162,10 +164,16 @@ fn every_scheme_on_the_kernels_equals_the_composed_path_with_the_gradients() {
         };
         let (rotations, sparse) = (variorum_kernels::rope::calls(), variorum_kernels::block_sparse::calls());
         let ((y1, g1, p1), (y2, g2, p2)) = (run(true), run(false));
-        // (the packed rotation serves the causal training path only; the bias any mask)
+        // (the packed rotation and the fused causal kernel serve the causal training path; the
+        // block-sparse kernel every key both ways, and a bias or terms with any mask)
+        let sparse_calls = variorum_kernels::block_sparse::calls() - sparse;
         let ran = match position.kind() {
-            "rope" => variorum_kernels::rope::calls() == rotations + usize::from(causal),
-            _ => variorum_kernels::block_sparse::calls() == sparse + 1,
+            "rope" => {
+                variorum_kernels::rope::calls() == rotations + usize::from(causal)
+                    && sparse_calls == usize::from(!causal)
+            }
+            "none" => sparse_calls == usize::from(!causal),
+            _ => sparse_calls == 1,
         };
         assert!(ran, "{kind} with {scheme}, causal {causal}: the kernel ran as expected");
         let rel = |a: Tensor<3>, b: Tensor<3>| {
