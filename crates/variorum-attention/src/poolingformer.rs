@@ -35,7 +35,9 @@
 //! - Cross-attention (`key_value = Some`): windows over unrelated positions mean nothing, so level 1
 //!   attends to every source key and level 2 to the pooled level-2 projections of the source.
 //!
-//! Cost: level 1 is computed by blocks ([`crate::band`]), O(L·(w₁ + B)); level 2 by query blocks of
+//! Cost: level 1 is computed by blocks ([`crate::band`]), O(L·(w₁ + B)); level 2 on flex by the
+//! block-sparse kernel (each block of queries scoring the pooled segments it may reach, nothing
+//! copied per block), elsewhere by query blocks of
 //! s positions against the span of pooled keys they may see, O(L·(w₂/s + 2)), or, with no level-2
 //! window (or one reaching every segment), one L × L/s score matrix as memory-compressed attention
 //! forms — never an L × L matrix. Decoding ([`PoolingState`]) keeps the last w₁ raw
@@ -46,6 +48,7 @@ use burn::prelude::*;
 use burn::tensor::activation::softmax;
 use serde::{Deserialize, Serialize};
 use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
+use variorum_kernels::block_sparse::{SparseLayout, block_sparse_attention};
 use variorum_position::{HeadShape, ScoreLayout};
 
 use crate::band::{Band, banded};
@@ -282,6 +285,9 @@ impl PoolingformerAttention {
         let nb = l.div_ceil(s);
         // segments a block may reach on either side
         let reach = self.level2_window.map_or(n, |w| (w.div_ceil(s) + 1).min(n));
+        if let Some(z) = self.on_kernel(&q, (&kp, &vp), causal, reach) {
+            return z;
+        }
         if reach == n {
             // every block may reach every segment: one L × L/s score matrix (as memory-compressed
             // attention forms), not a copy of all segments per block
@@ -324,6 +330,52 @@ impl PoolingformerAttention {
         let probs = self.level2.dropout.forward(softmax(scores, 3));
         let seen = Tensor::<1>::from_data(TensorData::new(seen, [nb * s]), &device).reshape([1, 1, nb * s, 1]);
         (probs.matmul(vs).reshape([b, h, nb * s, dh]) * seen).narrow(2, 0, l)
+    }
+
+    /// Level 2 by the block-sparse kernel ([`variorum_kernels::block_sparse`]), where it applies
+    /// (flex, no dropout on the probabilities): the pooled keys and values `[b, h, n, d_h]`
+    /// padded to the L positions (slots from n on are never seen), each block of queries scoring
+    /// the segments within `reach` of its own, each query the segments [`sees_segment`] gives.
+    /// Nothing is copied per block, where the composed path stacks every block's span of
+    /// segments (`[b·h, L/s, span, d_h]` for keys and values). Per-head context `[b, h, L, d_h]`.
+    fn on_kernel(
+        &self,
+        q: &Tensor<4>,
+        (kp, vp): (&Tensor<4>, &Tensor<4>),
+        causal: bool,
+        reach: usize,
+    ) -> Option<Tensor<4>> {
+        let device = q.device();
+        if crate::kind::drops(&self.level2.dropout, &device) || !variorum_kernels::has_kernel(q) {
+            return None;
+        }
+        let [b, h, l, dh] = q.dims();
+        let [_, hkv, n, _] = kp.dims();
+        let (s, w2) = (self.pool_size, self.level2_window);
+        let padded = |x: &Tensor<4>| {
+            if n == l {
+                x.clone()
+            } else {
+                Tensor::cat(vec![x.clone(), Tensor::zeros([b, hkv, l - n, dh], &device)], 2)
+            }
+        };
+        let (before, after) = (reach, if causal { 0 } else { reach });
+        // the segments of the blocks of `block` queries first ..= last
+        let segments = |first: usize, last: usize| (first / s).saturating_sub(before)..(last / s + after + 1).min(n);
+        let block = 64;
+        let runs = |_: usize, i: usize| vec![segments(i * block, ((i + 1) * block).min(l) - 1)];
+        let visible = |_: usize, i: usize, out: &mut Vec<std::ops::Range<usize>>| {
+            for j in segments(i, i).filter(|&j| sees_segment(i, j, s, l, causal, w2)) {
+                match out.last_mut() {
+                    Some(r) if r.end == j => r.end += 1,
+                    _ => out.push(j..j + 1),
+                }
+            }
+        };
+        let layout = std::sync::Arc::new(SparseLayout::new(l, l, block, 1, runs, visible));
+        let norm = variorum_kernels::normalisers::RowNormaliser::Softmax;
+        let out = block_sparse_attention(q.clone(), padded(kp), padded(vp), None, layout, norm)?;
+        Some(out.reshape([b, l, h, dh]).swap_dims(1, 2))
     }
 
     /// Level 2 when every query may reach every pooled segment `kp`, `vp` (`[b, h, n, d_h]`):

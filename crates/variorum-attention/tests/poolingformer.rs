@@ -302,3 +302,27 @@ fn bad_configs_are_refused() {
     let pool: Result<AttentionConfig, _> = toml::from_str("kind = \"poolingformer\"\npool = \"sum\"");
     assert!(pool.is_err(), "only max and mean pooling");
 }
+
+/// On flex (no dropout) level 2 attends to the pooled segments on the block-sparse kernel: equal
+/// to the composed path with the kernels off — output, input gradient and level 2's projection
+/// gradient — causal and bidirectional, max and mean pooling, a level-2 window or none, a partial
+/// last segment, more than one block of queries.
+#[test]
+fn level_two_on_the_kernel_equals_the_composed_path_with_gradients() {
+    let _guard = common::seeded();
+    let dev = Device::flex().autodiff();
+    dev.seed(14);
+    let cases =
+        [(3, PoolKind::Max, 3, Some(7), 17), (4, PoolKind::Mean, 4, None, 70), (5, PoolKind::Max, 2, Some(9), 130)];
+    for (window, pool, s, w2, len) in cases {
+        let cfg = config(window, pool, s, w2);
+        let attn = build(&cfg, &dev);
+        let input = x(len, &dev);
+        let w: Tensor<3> = Tensor::random([2, len, D], Distribution::Normal(0.0, 1.0), &dev);
+        for causal in [true, false] {
+            let what = format!("{cfg:?}, len {len}, causal {causal}");
+            let weight = |g: &burn::tensor::Gradients| attn.level2.qkv.qkv.weight.grad(g).unwrap();
+            common::assert_kernel_matches_composed(&what, &input, &w, |x| run(&attn, x, causal), weight);
+        }
+    }
+}
