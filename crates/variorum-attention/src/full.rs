@@ -1041,24 +1041,29 @@ mod tests {
                     let t = Tensor::<1>::from_floats([0.7f32, 1.3, 1.0, 0.4], &dev).log();
                     attn.normaliser.log_temperature = Some(Param::from_tensor(t));
                 }
-                let run = |weights: bool| {
-                    let x = x.clone().require_grad();
-                    let mask = AttentionMask::causal();
-                    let input =
-                        AttentionInput { need_weights: weights, ..AttentionInput::self_attention(x.clone(), &mask) };
-                    let out = attn.forward(input, None);
-                    assert_eq!(out.weights.is_some(), weights);
-                    let grads = out.context.clone().powf_scalar(2.0).sum().backward();
-                    (out.context.inner(), x.grad(&grads).unwrap())
-                };
-                let ((fast, g_fast), (composed, g_composed)) = (run(false), run(true));
-                let what = format!("{} (temperature {head_temperature})", normaliser.name());
-                let d = (fast - composed).abs().max().into_scalar::<f32>();
-                assert!(d < 1e-5, "{what}: outputs differ by {d}");
-                // relative to the gradient's size: sums of dozens of terms of either sign
-                let size = g_composed.clone().abs().max().into_scalar::<f32>().max(1.0);
-                let d = (g_fast - g_composed).abs().max().into_scalar::<f32>() / size;
-                assert!(d < 1e-5, "{what}: input gradients differ by {d} of their largest ({size})");
+                // causal: the fused causal kernel; both ways: the block-sparse kernel over every key
+                for mask in [AttentionMask::causal(), AttentionMask::bidirectional()] {
+                    let run = |weights: bool| {
+                        let x = x.clone().require_grad();
+                        let input = AttentionInput {
+                            need_weights: weights,
+                            ..AttentionInput::self_attention(x.clone(), &mask)
+                        };
+                        let out = attn.forward(input, None);
+                        assert_eq!(out.weights.is_some(), weights);
+                        let grads = out.context.clone().powf_scalar(2.0).sum().backward();
+                        (out.context.inner(), x.grad(&grads).unwrap())
+                    };
+                    let ((fast, g_fast), (composed, g_composed)) = (run(false), run(true));
+                    let what =
+                        format!("{} (temperature {head_temperature}, causal {})", normaliser.name(), mask.causal);
+                    let d = (fast - composed).abs().max().into_scalar::<f32>();
+                    assert!(d < 1e-5, "{what}: outputs differ by {d}");
+                    // relative to the gradient's size: sums of dozens of terms of either sign
+                    let size = g_composed.clone().abs().max().into_scalar::<f32>().max(1.0);
+                    let d = (g_fast - g_composed).abs().max().into_scalar::<f32>() / size;
+                    assert!(d < 1e-5, "{what}: input gradients differ by {d} of their largest ({size})");
+                }
             }
         }
     }

@@ -323,6 +323,10 @@ fn level_two_on_the_kernel_equals_the_composed_path_with_gradients() {
             let what = format!("{cfg:?}, len {len}, causal {causal}");
             let weight = |g: &burn::tensor::Gradients| attn.level2.qkv.qkv.weight.grad(g).unwrap();
             common::assert_kernel_matches_composed(&what, &input, &w, |x| run(&attn, x, causal), weight);
+            // both levels on the kernel: level 1's band and level 2's segments
+            let before = variorum_kernels::block_sparse::calls();
+            run(&attn, input.clone(), causal);
+            assert_eq!(variorum_kernels::block_sparse::calls() - before, 2, "{what}: two kernel calls");
         }
     }
 }
