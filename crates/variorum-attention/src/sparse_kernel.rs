@@ -20,12 +20,12 @@ use std::sync::Arc;
 
 use burn::prelude::*;
 use variorum_kernels::block_sparse::{
-    Pieces, SparseLayout, SparsePiece, block_sparse_attention, block_sparse_self_attention,
+    Pieces, Slots, SparseLayout, SparsePiece, block_sparse_attention, block_sparse_self_attention,
     block_sparse_self_attention_with_terms, block_sparse_union, block_sparse_union_self_attention,
     block_sparse_with_terms,
 };
 use variorum_kernels::normalisers::RowNormaliser;
-use variorum_position::Distances;
+use variorum_position::{Distances, TermsFor};
 
 use crate::MultiHeadAttention;
 use crate::band::{Band, BandPart, Pattern};
@@ -158,7 +158,14 @@ fn with_terms(mha: &MultiHeadAttention, p: &Projected, pieces: Pieces, norm: Row
         return None;
     }
     let [_, h, _, _] = p.q.dims();
-    let terms = pos.distance_terms(h, p.k.dims()[2], p.layout.causal, mha.scale, &p.q.device())?;
+    let len_k = p.k.dims()[2];
+    // a piece in position order says how far its pairs reach; a union's slots stand elsewhere
+    let reach = match &pieces[..] {
+        [piece] if piece.slots == Slots::Positions => piece.layout.reach(),
+        _ => len_k - 1,
+    };
+    let at = TermsFor { n_heads: h, len_k, reach, causal: p.layout.causal, scale: mha.scale };
+    let terms = pos.distance_terms(at, &p.q.device())?;
     let out = match p.packed() {
         Some(qkv) => {
             let heads = (h, p.k.dims()[1]);

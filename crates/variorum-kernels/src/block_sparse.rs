@@ -179,6 +179,22 @@ impl SparseLayout {
         self.seen
     }
 
+    /// The largest distance, either way, between a query and a key its block scores: no term by
+    /// distance is read further out (`len_k − 1` for a layout that reaches every key).
+    pub fn reach(&self) -> usize {
+        let (blocks, offset) = (self.blocks(), self.len_k - self.len_q);
+        let mut reach = 0;
+        for c in 0..self.groups * blocks {
+            let i = c % blocks;
+            let (q0, q_last) = (offset + i * self.block, offset + ((i + 1) * self.block).min(self.len_q) - 1);
+            for &(k0, k1) in &self.runs[self.runs_at[c]..self.runs_at[c + 1]] {
+                let (k0, k_last) = (k0 as usize, k1 as usize - 1);
+                reach = reach.max(q_last.saturating_sub(k0)).max(k_last.saturating_sub(q0));
+            }
+        }
+        reach
+    }
+
     /// Entries of a distance bias table: one per query − key distance, −(len_k − 1) …
     /// len_k − 1 (the table's index is distance + len_k − 1).
     pub fn bias_width(&self) -> usize {

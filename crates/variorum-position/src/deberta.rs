@@ -18,7 +18,7 @@ use variorum_core::{ConfigError, error::check};
 
 use crate::RelativePosition;
 use crate::ScoreLayout;
-use crate::kind::{HeadShape, PositionKind, RelativeScheme};
+use crate::kind::{HeadShape, PositionKind, RelativeScheme, TermsFor};
 use crate::layout::{entry_buckets, gather_buckets};
 use variorum_core::Capabilities;
 use variorum_kernels::block_sparse::{DistanceTable, DistanceTerms};
@@ -150,7 +150,8 @@ impl RelativeScheme for Disentangled {
 
     /// c2p as a query term over δ(i, j), p2c as a key term over δ(j, i) (its table scaled, since
     /// the kernel's keys are not).
-    fn distance_terms(&self, _h: usize, len_k: usize, _causal: bool, scale: f64, _: &Device) -> Option<DistanceTerms> {
+    fn distance_terms(&self, at: TermsFor, _: &Device) -> Option<DistanceTerms> {
+        let TermsFor { len_k, scale, .. } = at;
         let per_head = |proj: &Linear| {
             let rows = self.project(proj);
             let [_, h, n, dh] = rows.dims();

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use variorum_core::Capabilities;
 
 use crate::RelativePosition;
-use crate::kind::{HeadShape, PositionKind, RelativeScheme};
+use crate::kind::{HeadShape, PositionKind, RelativeScheme, TermsFor};
 use crate::layout::entry_values;
 use variorum_kernels::block_sparse::{DistanceTerms, ScoreActivation};
 
@@ -81,14 +81,8 @@ impl RelativeScheme for DistanceAware {
     }
 
     /// f(α_h |d|; β_h) per head and distance, after a ReLU.
-    fn distance_terms(
-        &self,
-        _h: usize,
-        len_k: usize,
-        _causal: bool,
-        _scale: f64,
-        device: &Device,
-    ) -> Option<DistanceTerms> {
+    fn distance_terms(&self, at: TermsFor, device: &Device) -> Option<DistanceTerms> {
+        let len_k = at.len_k;
         let [h] = self.alpha.dims();
         let distance = entry_values(len_k, |d| d.abs() as f32, device);
         let r = self.alpha.val().reshape([h, 1]) * distance.unsqueeze_dim(0);

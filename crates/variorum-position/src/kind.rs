@@ -169,19 +169,24 @@ pub trait RelativeScheme {
 
     /// What [`scores`](Self::scores) and [`context`](Self::context) do, said per distance for the
     /// block-sparse kernel, which applies it to whatever pairs a block scores: [`DistanceTerms`]
-    /// for `n_heads` heads over `len_k` keys (the queries the last of their positions), whose
-    /// query term reads the scaled queries and key term the keys; `scale` is the score scale.
-    /// Default: `None` (the composed path only).
-    fn distance_terms(
-        &self,
-        _n_heads: usize,
-        _len_k: usize,
-        _causal: bool,
-        _scale: f64,
-        _device: &Device,
-    ) -> Option<DistanceTerms> {
+    /// for the call `at` describes, whose query term reads the scaled queries and key term the
+    /// keys. Default: `None` (the composed path only).
+    fn distance_terms(&self, _at: TermsFor, _device: &Device) -> Option<DistanceTerms> {
         None
     }
+}
+
+/// The call a scheme's [`RelativeScheme::distance_terms`] are for: `n_heads` query heads over
+/// `len_k` keys (the queries the last of their positions), no scored pair further apart than
+/// `reach` positions either way (a window's reach; `len_k − 1` for every key), causal or not, and
+/// the score scale.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TermsFor {
+    pub n_heads: usize,
+    pub len_k: usize,
+    pub reach: usize,
+    pub causal: bool,
+    pub scale: f64,
 }
 
 /// An absolute signal: vectors added to the residual stream.

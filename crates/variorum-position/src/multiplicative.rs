@@ -13,7 +13,7 @@ use variorum_core::{ConfigError, error::check};
 
 use crate::RelativePosition;
 use crate::ScoreLayout;
-use crate::kind::{HeadShape, PositionKind, RelativeScheme};
+use crate::kind::{HeadShape, PositionKind, RelativeScheme, TermsFor};
 use crate::layout::entry_index;
 use variorum_core::Capabilities;
 use variorum_kernels::block_sparse::{DistanceTerms, ScoreActivation};
@@ -96,14 +96,8 @@ impl RelativeScheme for MultiplicativePosition {
     }
 
     /// π_{|d|} per distance, every head alike.
-    fn distance_terms(
-        &self,
-        h: usize,
-        len_k: usize,
-        _causal: bool,
-        _scale: f64,
-        device: &Device,
-    ) -> Option<DistanceTerms> {
+    fn distance_terms(&self, at: TermsFor, device: &Device) -> Option<DistanceTerms> {
+        let TermsFor { n_heads: h, len_k, .. } = at;
         let m = self.max_distance as i64;
         let index = entry_index(len_k, |d| d.abs().min(m), device);
         let width = 2 * len_k - 1;

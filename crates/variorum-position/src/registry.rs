@@ -242,13 +242,10 @@ impl RelativePosition {
     /// The block-sparse kernel's terms ([`RelativeScheme::distance_terms`]).
     pub fn distance_terms(
         &self,
-        n_heads: usize,
-        len_k: usize,
-        causal: bool,
-        scale: f64,
+        at: crate::kind::TermsFor,
         device: &Device,
     ) -> Option<variorum_kernels::block_sparse::DistanceTerms> {
-        self.scheme().distance_terms(n_heads, len_k, causal, scale, device)
+        self.scheme().distance_terms(at, device)
     }
 }
 

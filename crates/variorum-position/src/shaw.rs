@@ -16,7 +16,7 @@ use variorum_core::{ConfigError, error::check};
 
 use crate::RelativePosition;
 use crate::ScoreLayout;
-use crate::kind::{HeadShape, PositionKind, RelativeScheme};
+use crate::kind::{HeadShape, PositionKind, RelativeScheme, TermsFor};
 use crate::layout::{entry_buckets, gather_buckets, scatter_buckets};
 use variorum_core::Capabilities;
 use variorum_kernels::block_sparse::{DistanceTable, DistanceTerms};
@@ -132,7 +132,8 @@ impl RelativeScheme for ShawRelative {
     }
 
     /// q_i·a^K and Σ_j α_ij a^V, both by the clipped offset, the tables shared by the heads.
-    fn distance_terms(&self, h: usize, len_k: usize, _causal: bool, _scale: f64, _: &Device) -> Option<DistanceTerms> {
+    fn distance_terms(&self, at: TermsFor, _: &Device) -> Option<DistanceTerms> {
+        let TermsFor { n_heads: h, len_k, .. } = at;
         let bucket = entry_buckets(len_k, |d| self.bucket(d));
         let table = |t: Tensor<2>| {
             let [n, dh] = t.dims();

@@ -25,7 +25,7 @@ use variorum_core::{ConfigError, error::check};
 
 use crate::RelativePosition;
 use crate::ScoreLayout;
-use crate::kind::{HeadShape, PositionKind, RelativeScheme};
+use crate::kind::{HeadShape, PositionKind, RelativeScheme, TermsFor};
 use crate::layout::{entry_buckets, entry_index};
 use variorum_core::Capabilities;
 use variorum_kernels::block_sparse::{DistanceTable, DistanceTerms};
@@ -167,24 +167,18 @@ impl RelativeScheme for XlRelative {
         true
     }
 
-    /// The four terms apart: q_iᵀW_R r_{i−j} a query term with one table row per distance (for
-    /// causal attention the non-negative ones; the others are hidden), uᵀk_j a key term of one
-    /// row, vᵀW_R r_{i−j} a bias per head and distance.
-    fn distance_terms(
-        &self,
-        h: usize,
-        len_k: usize,
-        causal: bool,
-        _scale: f64,
-        device: &Device,
-    ) -> Option<DistanceTerms> {
+    /// The four terms apart: q_iᵀW_R r_{i−j} a query term with one table row per distance the
+    /// call can score (up to its reach; for causal attention the non-negative ones, the others
+    /// are hidden), uᵀk_j a key term of one row, vᵀW_R r_{i−j} a bias per head and distance.
+    fn distance_terms(&self, at: TermsFor, device: &Device) -> Option<DistanceTerms> {
+        let TermsFor { n_heads: h, len_k, reach, causal, .. } = at;
         let dh = self.u.dims()[1];
-        let last = len_k as i64 - 1;
-        let count = if causal { len_k } else { 2 * len_k - 1 };
+        let last = reach.min(len_k - 1) as i64;
+        let count = if causal { last as usize + 1 } else { 2 * last as usize + 1 };
         let r = self.position_key.forward(self.sinusoids(last, count, 1, device));
         let rows = r.reshape([count, h, dh]).swap_dims(0, 1); // [h, count, dh]
-        // row c is distance last − c
-        let row = |d: i64| (last - d).min(count as i64 - 1);
+        // row c is distance last − c; distances past the reach are never scored
+        let row = |d: i64| (last - d).clamp(0, count as i64 - 1);
         let (bucket, index) = (entry_buckets(len_k, row), entry_index(len_k, row, device));
         let v_r = self.v.val().reshape([h, 1, dh]).matmul(rows.clone().swap_dims(1, 2)).reshape([h, count]);
         Some(DistanceTerms {
