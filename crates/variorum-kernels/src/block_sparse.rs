@@ -257,7 +257,7 @@ pub fn block_sparse_attention(
     norm: RowNormaliser,
 ) -> Option<Tensor<3>> {
     let (lens, groups) = (layout.lens(), layout.groups);
-    separate([q, k, v], bias, SparsePiece::only(layout), norm, |h, lq, lk| {
+    separate([q, k, v], DistanceTerms { bias, ..Default::default() }, SparsePiece::only(layout), norm, |h, lq, lk| {
         assert_eq!(lens, (lq, lk), "the sparse layout was built for other lengths");
         assert!(groups == 1 || groups == h, "a sparse layout has one pattern or one per head");
     })
@@ -277,7 +277,7 @@ pub fn block_sparse_self_attention(
 ) -> Option<Tensor<3>> {
     let (lens, groups) = (layout.lens(), layout.groups);
     let heads = PackedHeads { n_heads, n_kv_heads, scale };
-    packed(qkv, heads, bias, SparsePiece::only(layout), norm, |l| {
+    packed(qkv, heads, DistanceTerms { bias, ..Default::default() }, SparsePiece::only(layout), norm, |l| {
         assert_eq!(lens, (l, l), "the sparse layout was built for another length");
         assert!(groups == 1 || groups == n_heads, "a sparse layout has one pattern or one per head");
     })
@@ -380,10 +380,16 @@ pub fn block_sparse_union(
     pieces: Pieces,
 ) -> Option<Tensor<3>> {
     let check = pieces.clone();
-    separate([q, k, v], bias, pieces, RowNormaliser::Softmax, move |h, l, lk| {
-        assert_eq!(lk, l, "a union is self-attention: as many keys as queries");
-        check_pieces(&check, h, l);
-    })
+    separate(
+        [q, k, v],
+        DistanceTerms { bias, ..Default::default() },
+        pieces,
+        RowNormaliser::Softmax,
+        move |h, l, lk| {
+            assert_eq!(lk, l, "a union is self-attention: as many keys as queries");
+            check_pieces(&check, h, l);
+        },
+    )
 }
 
 /// [`block_sparse_union`] straight from a fused projection's output, as
@@ -397,71 +403,72 @@ pub fn block_sparse_union_self_attention(
 ) -> Option<Tensor<3>> {
     let check = pieces.clone();
     let heads = PackedHeads { n_heads, n_kv_heads, scale };
-    packed(qkv, heads, bias, pieces, RowNormaliser::Softmax, move |l| check_pieces(&check, n_heads, l))
+    let terms = DistanceTerms { bias, ..Default::default() };
+    packed(qkv, heads, terms, pieces, RowNormaliser::Softmax, move |l| check_pieces(&check, n_heads, l))
 }
 
-/// The op over separate q, k, v where the kernel applies (`check(h, Lq, Lk)` first), `None`
-/// elsewhere.
+/// The op over separate q, k, v (q scaled) with `terms` (a distance bias alone, content terms, or
+/// none) where the kernel applies (`check(h, Lq, Lk)` first), `None` elsewhere.
 fn separate(
     [q, k, v]: [Tensor<4>; 3],
-    bias: Option<Tensor<2>>,
+    terms: DistanceTerms,
     pieces: Pieces,
     norm: RowNormaliser,
     check: impl FnOnce(usize, usize, usize),
 ) -> Option<Tensor<3>> {
     #[cfg(feature = "flex")]
-    if crate::has_kernel(&q)
-        && crate::has_kernel(&k)
-        && crate::has_kernel(&v)
-        && bias.as_ref().is_none_or(crate::has_kernel)
-    {
-        let [_, h, lq, _] = q.dims();
+    if [&q, &k, &v].into_iter().all(|t| crate::has_kernel(t)) && terms_on_kernel(&terms) {
+        let [_, h, lq, dh] = q.dims();
         let lk = k.dims()[2];
         check(h, lq, lk);
         use burn::backend::Dispatch;
         CALLS.set(CALLS.get() + 1);
+        let device = q.device();
         let (q, k, v) = (q.into_dispatch(), k.into_dispatch(), v.into_dispatch());
-        let d = match bias {
-            Some(bias) => {
-                assert_eq!(bias.dims(), [h, 2 * lk - 1], "the distance bias is [heads, 2 Lk − 1]");
-                Dispatch::block_sparse_biased(q, k, v, bias.into_dispatch(), pieces, norm)
-            }
-            None => Dispatch::block_sparse(q, k, v, pieces, norm),
+        let d = if terms.is_empty() {
+            Dispatch::block_sparse(q, k, v, pieces, norm)
+        } else {
+            let (spec, tables, bias, multiplier) = term_inputs(terms, (h, dh, lk), &device);
+            let (tables, bias, multiplier) = (tables.into_dispatch(), bias.into_dispatch(), multiplier.into_dispatch());
+            Dispatch::block_sparse_terms(q, k, v, tables, bias, multiplier, spec, pieces, norm)
         };
         return Some(Tensor::from_dispatch(d));
     }
-    let _ = (q, k, v, bias, pieces, norm, check);
+    let _ = (q, k, v, terms, pieces, norm, check);
     None
 }
 
-/// The op over a packed projection where the kernel applies (`check(L)` first), `None` elsewhere.
+/// The op over a packed projection with `terms` where the kernel applies (`check(L)` first),
+/// `None` elsewhere.
 fn packed(
     qkv: Tensor<3>,
     heads: PackedHeads,
-    bias: Option<Tensor<2>>,
+    terms: DistanceTerms,
     pieces: Pieces,
     norm: RowNormaliser,
     check: impl FnOnce(usize),
 ) -> Option<Tensor<3>> {
     #[cfg(feature = "flex")]
-    if crate::has_kernel(&qkv) && bias.as_ref().is_none_or(crate::has_kernel) {
+    if crate::has_kernel(&qkv) && terms_on_kernel(&terms) {
         let [_, l, width] = qkv.dims();
         let h = heads.n_heads;
         assert_eq!(width % (h + 2 * heads.n_kv_heads), 0, "the projection is not (h + 2 h_kv) heads wide");
         check(l);
         use burn::backend::Dispatch;
         CALLS.set(CALLS.get() + 1);
+        let device = qkv.device();
         let qkv = qkv.into_dispatch();
-        let d = match bias {
-            Some(bias) => {
-                assert_eq!(bias.dims(), [h, 2 * l - 1], "the distance bias is [heads, 2 L − 1]");
-                Dispatch::block_sparse_packed_biased(qkv, bias.into_dispatch(), heads, pieces, norm)
-            }
-            None => Dispatch::block_sparse_packed(qkv, heads, pieces, norm),
+        let d = if terms.is_empty() {
+            Dispatch::block_sparse_packed(qkv, heads, pieces, norm)
+        } else {
+            let dh = width / (h + 2 * heads.n_kv_heads);
+            let (spec, tables, bias, multiplier) = term_inputs(terms, (h, dh, l), &device);
+            let (tables, bias, multiplier) = (tables.into_dispatch(), bias.into_dispatch(), multiplier.into_dispatch());
+            Dispatch::block_sparse_packed_terms(qkv, tables, bias, multiplier, heads, spec, pieces, norm)
         };
         return Some(Tensor::from_dispatch(d));
     }
-    let _ = (qkv, heads, bias, pieces, norm, check);
+    let _ = (qkv, heads, terms, pieces, norm, check);
     None
 }
 
@@ -549,6 +556,22 @@ pub struct TermSpec {
     activation: Option<ScoreActivation>,
 }
 
+impl DistanceTerms {
+    /// Whether no term is given.
+    pub fn is_empty(&self) -> bool {
+        let tables = self.queries.is_none() && self.keys.is_none() && self.values.is_none();
+        tables && self.bias.is_none() && self.multiplier.is_none()
+    }
+}
+
+impl TermSpec {
+    /// Whether a table or a multiplier comes (not a bias alone).
+    #[cfg(feature = "flex")]
+    fn has_content(&self) -> bool {
+        self.query.is_some() || self.key.is_some() || self.value.is_some() || self.activation.is_some()
+    }
+}
+
 /// A table's first row in the tables handed to the kernel, its bucket map, and for each entry
 /// the first entry of the longest stretch ending there whose buckets step by one slope in
 /// {−1, 0, 1} (`starts[e] ≤ e`).
@@ -631,29 +654,8 @@ pub fn block_sparse_with_terms(
     pieces: Pieces,
     norm: RowNormaliser,
 ) -> Option<Tensor<3>> {
-    #[cfg(feature = "flex")]
-    if [&q, &k, &v].into_iter().all(|t| crate::has_kernel(t)) && terms_on_kernel(&terms) {
-        let [_, h, lq, dh] = q.dims();
-        let lk = k.dims()[2];
-        check_term_pieces(&pieces, norm, (h, lq, lk));
-        let (spec, tables, bias, multiplier) = term_inputs(terms, (h, dh, lk), &q.device());
-        use burn::backend::Dispatch;
-        CALLS.set(CALLS.get() + 1);
-        let d = Dispatch::block_sparse_terms(
-            q.into_dispatch(),
-            k.into_dispatch(),
-            v.into_dispatch(),
-            tables.into_dispatch(),
-            bias.into_dispatch(),
-            multiplier.into_dispatch(),
-            spec,
-            pieces,
-            norm,
-        );
-        return Some(Tensor::from_dispatch(d));
-    }
-    let _ = (q, k, v, terms, pieces, norm);
-    None
+    let check = pieces.clone();
+    separate([q, k, v], terms, pieces, norm, move |h, lq, lk| check_term_pieces(&check, norm, (h, lq, lk)))
 }
 
 /// [`block_sparse_with_terms`] straight from a fused projection's output, as
@@ -666,36 +668,13 @@ pub fn block_sparse_self_attention_with_terms(
     pieces: Pieces,
     norm: RowNormaliser,
 ) -> Option<Tensor<3>> {
-    #[cfg(feature = "flex")]
-    if crate::has_kernel(&qkv) && terms_on_kernel(&terms) {
-        let [_, l, width] = qkv.dims();
-        assert_eq!(width % (n_heads + 2 * n_kv_heads), 0, "the projection is not (h + 2 h_kv) heads wide");
-        let dh = width / (n_heads + 2 * n_kv_heads);
-        check_term_pieces(&pieces, norm, (n_heads, l, l));
-        let (spec, tables, bias, multiplier) = term_inputs(terms, (n_heads, dh, l), &qkv.device());
-        use burn::backend::Dispatch;
-        CALLS.set(CALLS.get() + 1);
-        let heads = PackedHeads { n_heads, n_kv_heads, scale };
-        let d = Dispatch::block_sparse_packed_terms(
-            qkv.into_dispatch(),
-            tables.into_dispatch(),
-            bias.into_dispatch(),
-            multiplier.into_dispatch(),
-            heads,
-            spec,
-            pieces,
-            norm,
-        );
-        return Some(Tensor::from_dispatch(d));
-    }
-    let _ = (qkv, n_heads, n_kv_heads, scale, terms, pieces, norm);
-    None
+    let (check, heads) = (pieces.clone(), PackedHeads { n_heads, n_kv_heads, scale });
+    packed(qkv, heads, terms, pieces, norm, move |l| check_term_pieces(&check, norm, (n_heads, l, l)))
 }
 
 /// The pieces of a call with terms against its shape: none permuted; one layout in position
 /// order built for these lengths with one pattern or one per head, or a union as
 /// [`block_sparse_union`] takes it (softmax, self-attention).
-#[cfg(feature = "flex")]
 fn check_term_pieces(pieces: &[SparsePiece], norm: RowNormaliser, (h, lq, lk): (usize, usize, usize)) {
     assert!(pieces.iter().all(|piece| piece.order.is_none()), "a permuted piece takes no distance terms");
     match pieces {
@@ -759,28 +738,9 @@ mod flex {
             norm: RowNormaliser,
         ) -> FloatTensor<Self>;
 
-        /// [`block_sparse_attention`] with a distance bias `[h, 2 Lk − 1]`.
-        fn block_sparse_biased(
-            q: FloatTensor<Self>,
-            k: FloatTensor<Self>,
-            v: FloatTensor<Self>,
-            bias: FloatTensor<Self>,
-            pieces: Pieces,
-            norm: RowNormaliser,
-        ) -> FloatTensor<Self>;
-
         /// [`block_sparse_self_attention`] without a bias.
         fn block_sparse_packed(
             qkv: FloatTensor<Self>,
-            heads: PackedHeads,
-            pieces: Pieces,
-            norm: RowNormaliser,
-        ) -> FloatTensor<Self>;
-
-        /// [`block_sparse_self_attention`] with a distance bias `[h, 2 L − 1]`.
-        fn block_sparse_packed_biased(
-            qkv: FloatTensor<Self>,
-            bias: FloatTensor<Self>,
             heads: PackedHeads,
             pieces: Pieces,
             norm: RowNormaliser,
@@ -1627,12 +1587,11 @@ mod flex {
         }
     }
 
-    /// What a call adds to q·k: nothing, a distance bias (one tensor after the inputs), or
-    /// [`DistanceTerms`] (three: the tables, the bias, the multiplier).
+    /// What a call adds to q·k: nothing, or [`DistanceTerms`] (three tensors after the inputs:
+    /// the tables, the bias, the multiplier; placeholders where `spec` has no such part).
     #[derive(Debug, Clone)]
     enum Added {
         Nothing,
-        Bias,
         Terms(TermSpec),
     }
 
@@ -1641,7 +1600,6 @@ mod flex {
         fn count(&self) -> usize {
             match self {
                 Added::Nothing => 0,
-                Added::Bias => 1,
                 Added::Terms(_) => 3,
             }
         }
@@ -1651,10 +1609,10 @@ mod flex {
     fn terms_of<'a>(added: &'a Added, owned: &'a [FlexTensor], scale: f32) -> Terms<'a> {
         match added {
             Added::Nothing => Terms::default(),
-            Added::Bias => Terms { bias: Some(owned[0].storage::<f32>()), content: None },
             Added::Terms(spec) => Terms {
                 bias: spec.biased.then(|| owned[1].storage::<f32>()),
-                content: Some(Content {
+                // a bias alone (ALiBi, T5) reads no table
+                content: spec.has_content().then(|| Content {
                     spec,
                     tables: owned[0].storage::<f32>(),
                     rows: owned[0].layout().shape()[1],
@@ -1750,7 +1708,6 @@ mod flex {
         let shaped = |g: Option<Vec<f32>>, t: &FlexTensor| g.map(|g| data(g, t.layout().shape()));
         let extra_grads = match added {
             Added::Nothing => Vec::new(),
-            Added::Bias => vec![shaped(term_grads.bias, &owned[0])],
             Added::Terms(_) => vec![
                 shaped(term_grads.tables, &owned[0]),
                 shaped(term_grads.bias, &owned[1]),
@@ -1771,29 +1728,8 @@ mod flex {
             forward_kernel(Inputs::Separate, &[&q, &k, &v], (&Added::Nothing, &[]), &pieces, norm).0
         }
 
-        fn block_sparse_biased(
-            q: FlexTensor,
-            k: FlexTensor,
-            v: FlexTensor,
-            bias: FlexTensor,
-            pieces: Pieces,
-            norm: RowNormaliser,
-        ) -> FlexTensor {
-            forward_kernel(Inputs::Separate, &[&q, &k, &v], (&Added::Bias, &[&bias]), &pieces, norm).0
-        }
-
         fn block_sparse_packed(qkv: FlexTensor, heads: PackedHeads, pieces: Pieces, norm: RowNormaliser) -> FlexTensor {
             forward_kernel(Inputs::Packed(heads), &[&qkv], (&Added::Nothing, &[]), &pieces, norm).0
-        }
-
-        fn block_sparse_packed_biased(
-            qkv: FlexTensor,
-            bias: FlexTensor,
-            heads: PackedHeads,
-            pieces: Pieces,
-            norm: RowNormaliser,
-        ) -> FlexTensor {
-            forward_kernel(Inputs::Packed(heads), &[&qkv], (&Added::Bias, &[&bias]), &pieces, norm).0
         }
 
         #[allow(clippy::too_many_arguments)]
@@ -1896,17 +1832,6 @@ mod flex {
             tracked::<C, 3>(Inputs::Separate, [q, k, v], Added::Nothing, pieces, norm)
         }
 
-        fn block_sparse_biased(
-            q: FloatTensor<Self>,
-            k: FloatTensor<Self>,
-            v: FloatTensor<Self>,
-            bias: FloatTensor<Self>,
-            pieces: Pieces,
-            norm: RowNormaliser,
-        ) -> FloatTensor<Self> {
-            tracked::<C, 4>(Inputs::Separate, [q, k, v, bias], Added::Bias, pieces, norm)
-        }
-
         fn block_sparse_packed(
             qkv: FloatTensor<Self>,
             heads: PackedHeads,
@@ -1914,16 +1839,6 @@ mod flex {
             norm: RowNormaliser,
         ) -> FloatTensor<Self> {
             tracked::<C, 1>(Inputs::Packed(heads), [qkv], Added::Nothing, pieces, norm)
-        }
-
-        fn block_sparse_packed_biased(
-            qkv: FloatTensor<Self>,
-            bias: FloatTensor<Self>,
-            heads: PackedHeads,
-            pieces: Pieces,
-            norm: RowNormaliser,
-        ) -> FloatTensor<Self> {
-            tracked::<C, 2>(Inputs::Packed(heads), [qkv, bias], Added::Bias, pieces, norm)
         }
 
         #[allow(clippy::too_many_arguments)]
