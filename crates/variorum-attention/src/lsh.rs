@@ -226,11 +226,10 @@ impl LshAttention {
         let [b, h, l, hd] = q.dims();
         if !crate::kind::drops(&self.dropout, &q.device()) && variorum_kernels::has_kernel(&q) {
             // hashed as the cache and the composed path hash them; the kernel's keys carry the
-            // 1/√d of the scores (‖q‖ · √d as one small divisor)
-            let hashed = unit(q.clone().detach());
-            let buckets: Vec<Vec<i64>> = (0..self.rounds).map(|r| host(self.buckets(hashed.clone(), r))).collect();
-            let norm = q.clone().powf_scalar(2.0).sum_dim(3).sqrt().add_scalar(1e-6);
-            let keys = q.clone() / norm.mul_scalar((hd as f64).sqrt());
+            // 1/√d of the scores
+            let keys = unit(q.clone());
+            let buckets: Vec<Vec<i64>> = (0..self.rounds).map(|r| host(self.buckets(keys.clone(), r))).collect();
+            let keys = keys.div_scalar((hd as f64).sqrt());
             if let Some(context) = sorted_kernel::hash_rounds(q.clone(), keys, v.clone(), &buckets, self.chunk, causal)
             {
                 return context.narrow(1, l - lq, lq);

@@ -42,6 +42,7 @@ use burn::tensor::activation::{log_softmax, softmax};
 use variorum_core::{Capabilities, ConfigError, error::check};
 use variorum_position::HeadShape;
 
+use crate::full::concat_heads;
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
 use crate::qkv::{normal_linear, split_heads};
 use crate::sorted_chunks::log_sum_exp;
@@ -220,7 +221,7 @@ impl SinkhornAttention {
             Some(cache) => {
                 let (k, v) = cache.append(k, v);
                 if lq == 1 && causal {
-                    self.decode_one(q, k, v, &mut cache.block_keys)
+                    concat_heads(self.decode_one(q, k, v, &mut cache.block_keys))
                 } else {
                     // queries before the new ones are not needed: zeros stand in for them
                     let l = k.dims()[2];
@@ -229,12 +230,11 @@ impl SinkhornAttention {
                 }
             }
         };
-        let context = context.swap_dims(1, 2).reshape([b, lq, h * hd]);
         AttentionOutput { context: self.out.forward(context), weights: None, aux_losses: Vec::new() }
     }
 
-    /// All positions; the outputs of the last `lq`, `[b, h, lq, hd]`.
-    fn attend_all(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, lq: usize, causal: bool) -> Tensor<4> {
+    /// All positions; the outputs of the last `lq`, heads merged, `[b, lq, h · hd]`.
+    fn attend_all(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, lq: usize, causal: bool) -> Tensor<3> {
         let [b, h, l, hd] = q.dims();
         let device = q.device();
         let m = self.block;
@@ -250,7 +250,7 @@ impl SinkhornAttention {
         if self.sortcut.is_none() || causal {
             let keys = (ks.clone().reshape([b, h, n * m, hd]), vs.clone().reshape([b, h, n * m, hd]));
             if let Some(out) = self.on_kernel(q.clone(), keys, (k.clone(), v.clone()), l, causal) {
-                return out.narrow(2, l - lq, lq);
+                return out.narrow(1, l - lq, lq);
             }
         }
         let blocks = |t: Tensor<4>| t.reshape([b * h, n, m, hd]);
@@ -275,14 +275,14 @@ impl SinkhornAttention {
                 self.dropout.forward(probs).matmul(values)
             }
         };
-        out.reshape([b, h, n * m, hd]).narrow(2, l - lq, lq)
+        concat_heads(out.reshape([b, h, n * m, hd]).narrow(2, l - lq, lq))
     }
 
     /// Block i's queries against its sorted block and its own by the block-sparse kernel
     /// ([`variorum_kernels::block_sparse`]): the keys are the sorted blocks followed by the
     /// blocks themselves (`[b, h, 2 n m, hd]`, queries standing at the second half's positions),
     /// block i scoring two runs of m; `None` off flex or with dropout on the probabilities. Inputs
-    /// padded to n m positions of which `l` are real; returns `[b, h, n m, hd]`.
+    /// padded to n m positions of which `l` are real; returns the heads merged, `[b, n m, h · hd]`.
     fn on_kernel(
         &self,
         q: Tensor<4>,
@@ -290,11 +290,11 @@ impl SinkhornAttention {
         (k, v): (Tensor<4>, Tensor<4>),
         l: usize,
         causal: bool,
-    ) -> Option<Tensor<4>> {
+    ) -> Option<Tensor<3>> {
         if crate::kind::drops(&self.dropout, &q.device()) || !variorum_kernels::has_kernel(&q) {
             return None;
         }
-        let [b, h, len, hd] = q.dims();
+        let [_, _, len, hd] = q.dims();
         let m = self.block;
         let runs = |_: usize, i: usize| vec![i * m..(i + 1) * m, len + i * m..len + (i + 1) * m];
         let visible = |_: usize, at: usize, out: &mut Vec<std::ops::Range<usize>>| {
@@ -312,8 +312,7 @@ impl SinkhornAttention {
         let values = Tensor::cat(vec![vs, v], 2);
         let q = q.mul_scalar(1.0 / (hd as f64).sqrt());
         let softmax = variorum_kernels::normalisers::RowNormaliser::Softmax;
-        let out = variorum_kernels::block_sparse::block_sparse_attention(q, keys, values, None, layout, softmax)?;
-        Some(out.reshape([b, len, h, hd]).swap_dims(1, 2))
+        variorum_kernels::block_sparse::block_sparse_attention(q, keys, values, None, layout, softmax)
     }
 
     /// Which of [sorted block; own block] each query of each block may not see, `[n, m, 2m]`:

@@ -111,10 +111,11 @@ pub fn hash_rounds(
     chunk: usize,
     causal: bool,
 ) -> Option<Tensor<3>> {
-    if !variorum_kernels::has_kernel(&q) {
+    let [b, h, n, _] = q.dims();
+    // (an empty sequence has no block to lay out)
+    if !variorum_kernels::has_kernel(&q) || n == 0 {
         return None;
     }
-    let [b, h, n, _] = q.dims();
     let (rows, r_count) = (b * h, buckets.len());
     let windows = Windows { n, m: chunk.min(n).max(1), causal };
     // rounds[row][r]
@@ -216,7 +217,8 @@ pub fn routed(
     if !match &items {
         RoutingItems::Packed { qkv, .. } => variorum_kernels::has_kernel(qkv),
         RoutingItems::Heads([q, ..]) => variorum_kernels::has_kernel(q),
-    } {
+    } || l == 0
+    {
         return None;
     }
     let rows = b * h;

@@ -161,7 +161,7 @@ fn with_terms(mha: &MultiHeadAttention, p: &Projected, pieces: Pieces, norm: Row
     let len_k = p.k.dims()[2];
     // a piece in position order says how far its pairs reach; a union's slots stand elsewhere
     let reach = match &pieces[..] {
-        [piece] if piece.slots == Slots::Positions => piece.layout.reach(),
+        [piece] if piece.slots == Slots::Positions && piece.order.is_none() => piece.layout.reach(),
         _ => len_k - 1,
     };
     let at = TermsFor { n_heads: h, len_k, reach, causal: p.layout.causal, scale: mha.scale };
