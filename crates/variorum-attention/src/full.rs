@@ -747,13 +747,11 @@ pub fn per_query_head<const D: usize>(x: Tensor<D>, h: usize) -> Tensor<D> {
     if hkv == h {
         return x;
     }
-    let x = x.unsqueeze_dim::<5>(2);
-    let mut wide = [0usize; 5];
-    wide[..3].copy_from_slice(&[dims[0], hkv, h / hkv]);
-    wide[3..].copy_from_slice(&dims[2..]);
+    // any rank: the axes after the heads flattened, each key head's block repeated
+    let rest: usize = dims[2..].iter().product();
     let mut out = dims;
     out[1] = h;
-    x.expand(wide).reshape(out)
+    x.reshape([dims[0], hkv, 1, rest]).expand([dims[0], hkv, h / hkv, rest]).reshape(out)
 }
 
 /// Per-head contexts `[b, n_heads, len_q, d_h]` side by side, `[b, len_q, n_heads · d_h]`.

@@ -46,7 +46,7 @@ use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
 use variorum_position::{PositionConfig, XlRelativeConfig};
 
 use crate::band::{Band, BandPart, Pattern, PatternCall, decode_runs, dense_pattern, sparse};
-use crate::full::{Positioning, Projected};
+use crate::full::{Positioning, Projected, per_query_head};
 use crate::kind::{AttentionKind, AttentionMechanism, TestVariant, caps};
 use crate::qkv::QkvProjection;
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, MultiHeadAttention};
@@ -350,9 +350,10 @@ impl LongformerAttention {
         // the folded rows read the keys from the input's own positions
         let own_keys = input.key_value.is_none() && input.mask.q_start == input.mask.k_start;
         let unmasked = input.mask.custom.is_none() && input.mask.padding.is_none() && input.mask.graph.is_none();
-        let fold = global_cache.is_none() && !dense && own_keys && unmasked;
+        let plain = unmasked && input.mask.max_back.is_none() && !input.need_weights;
+        let fold = global_cache.is_none() && !dense && own_keys && plain;
         let global_projected = self.global_attention().map(|g| {
-            if fold && folds(&g, &input.query.device()) && input.mask.max_back.is_none() {
+            if fold && folds(&g, &input.query.device()) {
                 return (g, GlobalRows::Folded(input.query.clone()));
             }
             let p = g.project(input.query.clone(), input.key_value.clone(), input.mask, global_cache);
@@ -388,15 +389,14 @@ impl LongformerAttention {
             self.trim(c);
         }
         match global_projected {
-            Some((g, GlobalRows::Folded(x)))
-                if out.weights.is_none() && folding_pays(&g, &x, mask.q_start, &global) =>
-            {
+            Some((g, GlobalRows::Folded(x))) if folding_pays(&g, &x, mask.q_start, &global) => {
                 let (q0, lq) = (mask.q_start, x.dims()[1]);
                 let folded = FoldedProjections::new(&g);
+                FOLDS.set(FOLDS.get() + 1);
                 with_global_rows(out, (q0, lq), &global, |i, _| (folded.row(&g, &x, i, mask.causal), None))
             }
             Some((g, GlobalRows::Folded(x))) => {
-                // weights asked for, or so many global rows that projecting is cheaper: as defined
+                // so many global rows that projecting is cheaper (known once the rows are): as defined
                 let gp = g.project(x, None, mask, None);
                 with_projected_global_rows(out, &g, &gp, mask, &global)
             }
@@ -436,6 +436,15 @@ impl LongformerAttention {
         let parts = BandPart::per_dilation(band, &self.dilations);
         sparse(&self.attention, p, &Pattern { block: self.block, bands: &parts, global, extra: None })
     }
+}
+
+thread_local! {
+    static FOLDS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// How many calls on this thread folded their global rows (tests check the fold ran).
+pub fn folds_run() -> usize {
+    FOLDS.get()
 }
 
 /// How the global rows are computed: from the global projections of every position, or folded
@@ -478,19 +487,14 @@ impl FoldedProjections {
         let (h, h_kv, hd) = (qkv.n_heads, qkv.n_kv_heads, qkv.head_dim);
         let weight = qkv.qkv.weight.val();
         let d = weight.dims()[0];
-        // each query head's key/value head
-        let kv: Vec<i64> = (0..h).map(|hi| (hi / (h / h_kv)) as i64).collect();
-        let kv = Tensor::<1, Int>::from_data(TensorData::new(kv, [h]), &weight.device());
+        // each query head reads its key/value head's columns
         let per_head = |from: usize| {
-            weight.clone().narrow(1, from, h_kv * hd).reshape([d, h_kv, hd]).select(1, kv.clone()).swap_dims(0, 1)
+            per_query_head(weight.clone().narrow(1, from, h_kv * hd).reshape([d, h_kv, hd]), h).swap_dims(0, 1)
         };
-        let b_v = qkv.qkv.bias.as_ref().map(|bias| {
-            bias.val()
-                .narrow(0, (h + h_kv) * hd, h_kv * hd)
-                .reshape([h_kv, hd])
-                .select(0, kv.clone())
-                .reshape([1, h, 1, hd])
-        });
+        let b_v =
+            qkv.qkv.bias.as_ref().map(|bias| {
+                per_query_head(bias.val().narrow(0, (h + h_kv) * hd, h_kv * hd).reshape([1, h_kv, 1, hd]), h)
+            });
         Self { w_k: per_head(h * hd), w_v: per_head((h + h_kv) * hd), b_v }
     }
 
@@ -501,10 +505,7 @@ impl FoldedProjections {
     fn row(&self, g: &MultiHeadAttention, x: &Tensor<3>, i: usize, causal: bool) -> Tensor<3> {
         let [b, l, d] = x.dims();
         let (h, hd) = (g.qkv.n_heads, g.qkv.head_dim);
-        let q = variorum_kernels::linear::forward(&g.qkv.qkv, x.clone().narrow(1, i, 1))
-            .narrow(2, 0, h * hd)
-            .reshape([b, h, 1, hd])
-            .mul_scalar(g.scale);
+        let q = g.qkv.queries(x.clone().narrow(1, i, 1)).mul_scalar(g.scale);
         // u = W_kᵀ q per head: [b, h, d]
         let w_k = self.w_k.clone().swap_dims(1, 2).unsqueeze_dim::<4>(0).expand([b, h, hd, d]);
         let u = q.matmul(w_k).reshape([b, h, d]);
