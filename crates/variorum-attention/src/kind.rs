@@ -243,6 +243,12 @@ pub fn drops(dropout: &burn::nn::Dropout, device: &Device) -> bool {
     dropout.prob > 0.0 && device.is_autodiff() && dropout.training.is_enabled()
 }
 
+/// Whether a kind's CPU kernel computes what its composed path would for `t`: the kernels are on
+/// for its backend and `dropout` drops nothing (the kernels have no dropout).
+pub fn kernel_takes<const D: usize>(dropout: &burn::nn::Dropout, t: &Tensor<D>) -> bool {
+    variorum_kernels::has_kernel(t) && !drops(dropout, &t.device())
+}
+
 /// Refuses a dropout probability outside [0, 1) for `model.attention.dropout`.
 pub fn check_dropout(dropout: f64) -> Result<(), ConfigError> {
     variorum_core::error::check((0.0..1.0).contains(&dropout), || {

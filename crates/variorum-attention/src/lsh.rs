@@ -224,7 +224,7 @@ impl LshAttention {
     /// Every round over all positions; the outputs of the last `lq`, heads merged, `[b, lq, h · hd]`.
     fn attend_all(&self, q: Tensor<4>, v: Tensor<4>, lq: usize, causal: bool) -> Tensor<3> {
         let [b, h, l, hd] = q.dims();
-        if !crate::kind::drops(&self.dropout, &q.device()) && variorum_kernels::has_kernel(&q) {
+        if crate::kind::kernel_takes(&self.dropout, &q) {
             // hashed as the cache and the composed path hash them; the kernel's keys carry the
             // 1/√d of the scores
             let keys = unit(q.clone());

@@ -346,7 +346,7 @@ impl PoolingformerAttention {
         reach: usize,
     ) -> Option<Tensor<4>> {
         let device = q.device();
-        if crate::kind::drops(&self.level2.dropout, &device) || !variorum_kernels::has_kernel(q) {
+        if !crate::kind::kernel_takes(&self.level2.dropout, q) {
             return None;
         }
         let [b, h, l, dh] = q.dims();

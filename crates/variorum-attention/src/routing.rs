@@ -256,7 +256,7 @@ impl RoutingAttention {
             self.record(q.clone(), cq.clone());
             self.record(k.clone(), ck.clone());
         }
-        if !crate::kind::drops(&self.dropout, &q.device()) && variorum_kernels::has_kernel(&q) {
+        if crate::kind::kernel_takes(&self.dropout, &q) {
             let scale = 1.0 / (hd as f64).sqrt();
             let items = match packed {
                 Some(qkv) => RoutingItems::Packed { qkv, heads: h, scale },

@@ -291,7 +291,7 @@ impl SinkhornAttention {
         l: usize,
         causal: bool,
     ) -> Option<Tensor<3>> {
-        if crate::kind::drops(&self.dropout, &q.device()) || !variorum_kernels::has_kernel(&q) {
+        if !crate::kind::kernel_takes(&self.dropout, &q) {
             return None;
         }
         let [_, _, len, hd] = q.dims();

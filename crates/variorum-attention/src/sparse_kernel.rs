@@ -180,7 +180,7 @@ fn with_terms(mha: &MultiHeadAttention, p: &Projected, pieces: Pieces, norm: Row
 /// queries.
 fn applies(mha: &MultiHeadAttention, p: &Projected) -> bool {
     let aligned = p.layout.q_start == p.layout.k_start && p.layout.len_q == p.layout.len_k;
-    variorum_kernels::has_kernel(&p.q) && !crate::kind::drops(&mha.dropout, &p.q.device()) && aligned
+    crate::kind::kernel_takes(&mha.dropout, &p.q) && aligned
 }
 
 /// The position scheme's additive score by distance, `[h, 2 L − 1]` (entry t is distance
