@@ -35,20 +35,22 @@
 //!   of the call.
 //! - Padding keys are hidden from the softmax, left out of the means and out of the measure
 //!   (a query whose sampled keys are all padding has M = −10⁹ and ranks last).
-//! - Cost: U·d per query for the measure, [u, L_K] scores for the gathered active query rows,
-//!   O(L·d) for the (cumulative) means, plus the host ranking: a sort (bidirectional) or a Fenwick
-//!   tree (causal), O(L log L). Bidirectionally u = ⌈c·ln L⌉ rows, never L × L. Causally the
-//!   prefix ranking bounds no total: Σ_t u_t/(t + 1) ≈ c·(ln L)²/2 rows are active when the
-//!   measures are exchangeable, but measures that rise along the sequence (U_t grows with t, and
-//!   the max over more samples is larger) activate more, up to every row (measured: 762 ms and
-//!   879 MiB for one layer's forward + backward at L = 8192, ×2 per doubling from 4k, against
-//!   13.8 s / 5.3 GiB for full attention).
+//! - Cost: U·d per query for the measure (on the host: only the ranking reads it), [u, L_K]
+//!   scores for the gathered active query rows, O(L·d) for the (cumulative) means, plus the host
+//!   ranking: a sort (bidirectional) or a Fenwick tree (causal), O(L log L). Bidirectionally
+//!   u = ⌈c·ln L⌉ rows, never L × L. Causally the prefix ranking bounds no total: Σ_t u_t/(t + 1)
+//!   ≈ c·(ln L)²/2 rows are active when the measures are exchangeable (291 of 16,384 in the
+//!   benchmark's layer), but measures that rise along the sequence (U_t grows with t, and the max
+//!   over more samples is larger) can activate more, up to every row. On flex the active rows run
+//!   on the block-sparse kernel, which keeps nothing per (row, key) pair for the backward.
 //! - Decoding ([`ProbSparseState`]): keys and values in a [`KvCache`], every past measure per batch
 //!   row and head, the running sum of the values. A new token costs O(U·d + t) (measure, ranking
 //!   against the past measures, running mean) when lazy in every head, O(t·d) when active in some
 //!   head. The decoding steps take no padding mask (generation has none).
 //! - No position scheme acts inside (there is no full score matrix to bias, and the measure is
 //!   taken on the projected q/k); absolute encodings apply.
+
+use std::sync::Arc;
 
 use burn::nn::{Dropout, DropoutConfig};
 use burn::prelude::*;
@@ -57,6 +59,8 @@ use burn::tensor::activation::softmax;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use variorum_core::{Capabilities, ConfigError, error::check};
+use variorum_kernels::block_sparse::{SparseLayout, block_sparse_attention};
+use variorum_kernels::normalisers::RowNormaliser;
 use variorum_position::HeadShape;
 
 use crate::full::MASKED_SCORE;
@@ -278,25 +282,35 @@ impl ProbSparseAttention {
                 }
             })
             .collect();
-        let measures = self.measures(q.clone(), k.clone(), &samples, padding);
-        let host: Vec<f32> = measures.into_data().convert::<f32>().try_to_vec::<f32>().expect("f32 measures");
-        let rows: Vec<Vec<f32>> = host.chunks(lq.max(1)).map(<[f32]>::to_vec).collect();
+        let rows = self.measures(&q, &k, &samples, padding);
         let active: Vec<Vec<usize>> = rows
             .iter()
             .map(|m| if causal { prefix_active(m, self.factor) } else { top_active(m, top_count(self.factor, lq)) })
             .collect();
 
         // lazy outputs: the (cumulative) mean of the visible values
-        let w = kernel::unpadded(padding, b, lk, &device); // [b, 1, lk, 1]
         let lazy = if causal {
-            let sums = (v.clone() * w.clone()).cumsum(2);
-            let counts = w.clone().cumsum(2);
             let last: Vec<i64> = visible.iter().map(|&n| n.saturating_sub(1) as i64).collect();
             let last = Tensor::<1, Int>::from_data(TensorData::new(last, [lq]), &device);
-            let any: Vec<f32> = visible.iter().map(|&n| if n > 0 { 1.0 } else { 0.0 }).collect();
-            let any = Tensor::<4>::from_data(TensorData::new(any, [1, 1, lq, 1]), &device);
-            sums.select(2, last.clone()) / counts.select(2, last).clamp_min(1.0) * any
+            // row i takes the sum over the keys before `visible[i]`: the queries are the keys'
+            // positions in order (the training path), or a selection of them
+            let at_last = |x: Tensor<4>| if lq == lk && offset == 0 { x } else { x.select(2, last.clone()) };
+            match padding {
+                None => {
+                    // 1/n_i, and 0 for a query that sees no key
+                    let inverse: Vec<f32> = visible.iter().map(|&n| if n > 0 { 1.0 / n as f32 } else { 0.0 }).collect();
+                    let inverse = Tensor::<4>::from_data(TensorData::new(inverse, [1, 1, lq, 1]), &device);
+                    at_last(v.clone().cumsum(2)) * inverse
+                }
+                Some(_) => {
+                    let w = kernel::unpadded(padding, b, lk, &device); // [b, 1, lk, 1]
+                    let any: Vec<f32> = visible.iter().map(|&n| if n > 0 { 1.0 } else { 0.0 }).collect();
+                    let any = Tensor::<4>::from_data(TensorData::new(any, [1, 1, lq, 1]), &device);
+                    at_last((v.clone() * w.clone()).cumsum(2)) / at_last(w.cumsum(2)).clamp_min(1.0) * any
+                }
+            }
         } else {
+            let w = kernel::unpadded(padding, b, lk, &device);
             let mean = (v.clone() * w.clone()).sum_dim(2) / w.sum_dim(2).clamp_min(1.0);
             mean.expand([b, h, lq, dh])
         };
@@ -318,6 +332,30 @@ impl ProbSparseAttention {
         let keep = Tensor::<4>::from_data(TensorData::new(keep, [b, h, n_sel, 1]), &device);
         let rows_index = index.clone().expand([b, h, n_sel, dh]);
         let q_sel = q.gather(2, rows_index.clone());
+        let attended = match self.active_on_kernel(&q_sel, (&k, &v), &active, &visible, padding) {
+            Some(attended) => attended,
+            None => self.active_composed(q_sel, k, v, limit, causal, padding),
+        };
+        let delta = (attended - lazy.clone().gather(2, rows_index.clone())) * keep;
+        let out = lazy.scatter(2, rows_index, delta, IndexingUpdateOp::Add);
+        (out, Selection { measures: rows, active })
+    }
+
+    /// Softmax attention of the gathered active queries `q_sel: [b, h, n_sel, d_h]` over their
+    /// visible keys (the first `limit[row]` of `k`, `v` when causal), by Burn's ops: the
+    /// `[b, h, n_sel, L_K]` scores.
+    fn active_composed(
+        &self,
+        q_sel: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        limit: Vec<i64>,
+        causal: bool,
+        padding: Option<&Tensor<2, Bool>>,
+    ) -> Tensor<4> {
+        let [b, h, n_sel, _] = q_sel.dims();
+        let lk = k.dims()[2];
+        let device = q_sel.device();
         let mut scores = q_sel.matmul(k.swap_dims(2, 3)).mul_scalar(self.scale); // [b, h, n_sel, lk]
         if causal {
             let limit = Tensor::<3, Int>::from_data(TensorData::new(limit, [b, h, n_sel]), &device)
@@ -329,59 +367,73 @@ impl ProbSparseAttention {
         if let Some(p) = padding {
             scores = scores.mask_fill(p.clone().reshape([b, 1, 1, lk]).expand([b, h, n_sel, lk]), MASKED_SCORE);
         }
-        let attended = self.dropout.forward(softmax(scores, 3)).matmul(v);
-        let delta = (attended - lazy.clone().gather(2, rows_index.clone())) * keep;
-        let out = lazy.scatter(2, rows_index, delta, IndexingUpdateOp::Add);
-        (out, Selection { measures: rows, active })
+        self.dropout.forward(softmax(scores, 3)).matmul(v)
     }
 
-    /// M of every query over its sampled keys, `[b, h, L_Q]`. Only the ranking reads it, so it is
-    /// computed off the autodiff graph and a chunk of queries at a time: the sampled keys are
-    /// gathered per query (`[b, h, rows, U, d_h]`), which for all L at once would be U times the
-    /// keys (≈ 0.8 GiB at L = 16k).
+    /// The active queries' attention on the block-sparse kernel, where it applies (flex, no
+    /// dropout, no padding, no more active rows than keys): each batch row × head is one pattern
+    /// of the layout, whose row s (the s-th active query i, or none) sees keys 0 … `visible[i]` − 1.
+    /// Only the visible key blocks are scored and nothing per pair is kept for the backward,
+    /// where the composed path keeps `[b, h, n_sel, L_K]` scores and probabilities (causally
+    /// n_sel grows with L: about 1.2 GiB at L = 16k). `[b, h, n_sel, d_h]`.
+    fn active_on_kernel(
+        &self,
+        q_sel: &Tensor<4>,
+        (k, v): (&Tensor<4>, &Tensor<4>),
+        active: &[Vec<usize>],
+        visible: &[usize],
+        padding: Option<&Tensor<2, Bool>>,
+    ) -> Option<Tensor<4>> {
+        let [b, h, n_sel, dh] = q_sel.dims();
+        let lk = k.dims()[2];
+        if !crate::kind::kernel_takes(&self.dropout, q_sel) || padding.is_some() || n_sel > lk {
+            return None;
+        }
+        let block = 64;
+        let sees = |g: usize, s: usize| active[g].get(s).map_or(0, |&i| visible[i]);
+        // rows are in increasing query order: a block's widest row is its last
+        let runs = |g: usize, t: usize| {
+            vec![0..(t * block..((t + 1) * block).min(n_sel)).map(|s| sees(g, s)).max().unwrap_or(0)]
+        };
+        let offset = lk - n_sel; // the layout's query rows stand at positions offset + s
+        let seen = |g: usize, p: usize, out: &mut Vec<std::ops::Range<usize>>| out.push(0..sees(g, p - offset));
+        let layout = Arc::new(SparseLayout::new(n_sel, lk, block, b * h, runs, seen));
+        let heads = |x: &Tensor<4>| x.clone().reshape([1, b * h, x.dims()[2], dh]);
+        let q = heads(q_sel).mul_scalar(self.scale);
+        let out = block_sparse_attention(q, heads(k), heads(v), None, layout, RowNormaliser::Softmax)?;
+        Some(out.reshape([n_sel, b * h, dh]).swap_dims(0, 1).reshape([b, h, n_sel, dh]))
+    }
+
+    /// M of every query over its sampled keys, per batch row × head (`[row][query]`). Only the
+    /// host ranking reads it, so it is computed on the host, off the autodiff graph, from q and k
+    /// read once: gathering each query's U sampled keys as a tensor (`[b, h, L, U, d_h]`) took U
+    /// times the keys' memory (≈ 0.8 GiB at L = 16k; 200 MiB in chunks of 4,096 queries).
     fn measures(
         &self,
-        q: Tensor<4>,
-        k: Tensor<4>,
+        q: &Tensor<4>,
+        k: &Tensor<4>,
         samples: &[Vec<usize>],
         padding: Option<&Tensor<2, Bool>>,
-    ) -> Tensor<3> {
-        /// Queries whose sampled keys are gathered at once (smaller chunks measured slower: 666
-        /// against 376 ms at L = 16k with 512 rows).
-        const ROWS: usize = 4096;
-        let [b, h, _, dh] = q.dims();
-        let device = q.device();
-        let (q, k) = (q.detach(), k.detach());
-        let width = samples.iter().map(Vec::len).max().unwrap_or(0).max(1);
-        let parts = samples.chunks(ROWS).enumerate().map(|(c, rows)| {
-            let n = rows.len();
-            let mut index = Vec::with_capacity(n * width);
-            let mut hidden = Vec::with_capacity(n * width);
-            for row in rows {
-                for s in 0..width {
-                    index.push(row.get(s).copied().unwrap_or(0) as i64);
-                    hidden.push(s >= row.len());
-                }
-            }
-            let index = Tensor::<1, Int>::from_data(TensorData::new(index, [n * width]), &device);
-            let mut hidden = Tensor::<4, Bool>::from_data(TensorData::new(hidden, [1, 1, n, width]), &device)
-                .expand([b, h, n, width]);
-            if let Some(p) = padding {
-                let padded = p.clone().select(1, index.clone()).reshape([b, 1, n, width]).expand([b, h, n, width]);
-                hidden = hidden.bool_or(padded);
-            }
-            let keys = k.clone().select(2, index).reshape([b, h, n, width, dh]);
-            let scores = self.sampled_scores(q.clone().narrow(2, c * ROWS, n).unsqueeze_dim::<5>(3), keys);
-            measure(scores, hidden).reshape([b, h, n])
-        });
-        Tensor::cat(parts.collect(), 2)
-    }
-
-    /// q·k/√d of queries `[b, h, n, 1, d_h]` against their keys `[b, h, n, m, d_h]`: `[b, h, n, m]`
-    /// (written once so that decoding computes the measure exactly as the parallel forward).
-    fn sampled_scores(&self, q: Tensor<5>, keys: Tensor<5>) -> Tensor<4> {
-        let [b, h, n, m, _] = keys.dims();
-        (q * keys).sum_dim(4).reshape([b, h, n, m]).mul_scalar(self.scale)
+    ) -> Vec<Vec<f32>> {
+        use rayon::prelude::*;
+        let [b, h, lq, dh] = q.dims();
+        let lk = k.dims()[2];
+        let (q, k) = (host(q.clone()), host(k.clone()));
+        let hidden: Option<Vec<bool>> =
+            padding.map(|p| p.clone().into_data().convert::<bool>().try_to_vec::<bool>().expect("a bool padding mask"));
+        let scale = self.scale as f32;
+        (0..b * h)
+            .into_par_iter()
+            .map(|row| {
+                let (q, k) = (&q[row * lq * dh..][..lq * dh], &k[row * lk * dh..][..lk * dh]);
+                let padded = |j: usize| hidden.as_ref().is_some_and(|p| p[(row / h) * lk + j]);
+                let measure_of = |(i, keys): (usize, &Vec<usize>)| {
+                    let keys = keys.iter().filter(|&&j| !padded(j)).map(|&j| &k[j * dh..][..dh]);
+                    measure(&q[i * dh..][..dh], keys, scale)
+                };
+                samples.iter().enumerate().map(measure_of).collect()
+            })
+            .collect()
     }
 
     /// Causal decoding continuing `st`, one new position at a time.
@@ -402,17 +454,18 @@ impl ProbSparseAttention {
             };
             let lazy = sum.clone() / count.clone().clamp_min(1.0);
             st.value_sum = Some((sum, count));
-            // the measure over the sampled keys, read from the cache in place
+            // the measure over the sampled keys, gathered from the cache
             let picks = self.causal_keys(n - 1);
             let (kb, _, at) = st.cache.buffers().expect("a token was appended");
             let index: Vec<i64> = picks.iter().map(|&p| (p + at) as i64).collect();
             let m = index.len();
             let index = Tensor::<1, Int>::from_data(TensorData::new(index, [m]), &device);
-            let sampled = kb.select(2, index).reshape([b, h, 1, m, dh]);
-            let scores = self.sampled_scores(qt.clone().unsqueeze_dim::<5>(3), sampled);
-            let none = Tensor::<4, Bool>::from_data(TensorData::new(vec![false; m], [1, 1, 1, m]), &device);
-            let measures = measure(scores, none.expand([b, h, 1, m])).reshape([b * h]);
-            let measures: Vec<f32> = measures.into_data().convert::<f32>().try_to_vec::<f32>().expect("f32 measures");
+            let (sampled, qh) = (host(kb.select(2, index)), host(qt.clone()));
+            let measures: Vec<f32> = (0..b * h)
+                .map(|r| {
+                    measure(&qh[r * dh..][..dh], sampled[r * m * dh..][..m * dh].chunks_exact(dh), self.scale as f32)
+                })
+                .collect();
             let mut active = Vec::with_capacity(b * h);
             for (row, &mt) in st.measures.iter_mut().zip(&measures) {
                 let above = row.iter().filter(|x| x.total_cmp(&mt) != std::cmp::Ordering::Less).count();
@@ -448,12 +501,36 @@ pub struct Selection {
     pub active: Vec<Vec<usize>>,
 }
 
-/// max − mean over the visible entries of `scores: [b, h, n, m]` (`hidden`: true = left out).
-fn measure(scores: Tensor<4>, hidden: Tensor<4, Bool>) -> Tensor<4> {
-    let count = hidden.clone().bool_not().float().sum_dim(3).clamp_min(1.0);
-    let max = scores.clone().mask_fill(hidden.clone(), MASKED_SCORE).max_dim(3);
-    let mean = scores.mask_fill(hidden, 0.0).sum_dim(3) / count;
-    max - mean
+/// M = max − mean of `scale`·q·k over `keys` (−10⁹, ranking last, where there are none): the
+/// parallel forward and decoding both take it from here, so that a decoded measure ranks
+/// against the forward's bit for bit.
+fn measure<'a>(q: &[f32], keys: impl Iterator<Item = &'a [f32]>, scale: f32) -> f32 {
+    let (mut max, mut sum, mut n) = (f32::NEG_INFINITY, 0.0f32, 0usize);
+    for key in keys {
+        let s = dot(q, key) * scale;
+        max = max.max(s);
+        sum += s;
+        n += 1;
+    }
+    if n == 0 { MASKED_SCORE } else { max - sum / n as f32 }
+}
+
+/// q·k in eight lanes (a plain sum is not vectorised: float addition does not reassociate).
+fn dot(q: &[f32], k: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 8];
+    let (qc, kc) = (q.chunks_exact(8), k.chunks_exact(8));
+    let tail: f32 = qc.remainder().iter().zip(kc.remainder()).map(|(a, b)| a * b).sum();
+    for (a, b) in qc.zip(kc) {
+        for l in 0..8 {
+            lanes[l] += a[l] * b[l];
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
+/// A tensor's values on the host, in row-major order.
+fn host<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+    t.into_data().convert::<f32>().try_to_vec::<f32>().expect("f32 values")
 }
 
 /// The `u` queries of largest measure (ties: the earlier), in increasing order.

@@ -282,3 +282,27 @@ fn refusals() {
     assert_eq!(parsed, AttentionConfig::ProbSparse(ProbSparseConfig { factor: 3.0, seed: 2, ..Default::default() }));
     assert!(toml::from_str::<AttentionConfig>("kind = \"prob-sparse\"\nfactr = 3.0").is_err());
 }
+
+/// On flex (no dropout, no padding) the active queries attend on the block-sparse kernel: equal
+/// to the composed path with the kernels off — output, input gradient and the projection's
+/// gradient — causal and bidirectional, with more active queries than one kernel block of 64.
+#[test]
+fn active_queries_on_the_kernel_equal_the_composed_path_with_gradients() {
+    let _guard = common::seeded();
+    let dev = Device::flex().autodiff();
+    dev.seed(15);
+    let attn = build(5.0, &dev);
+    let len = 200;
+    let input = x(len, &dev);
+    let w: Tensor<3> = Tensor::random([2, len, D], Distribution::Normal(0.0, 1.0), &dev);
+    for causal in [true, false] {
+        let mask = if causal { AttentionMask::causal() } else { AttentionMask::bidirectional() };
+        let (q, k, v) = attn.proj.split(input.clone(), None);
+        let (_, selection) = attn.attend(q, k, v, causal, 0, None);
+        let most = selection.active.iter().map(Vec::len).max().unwrap();
+        assert!(most < len && (!causal || most > 64), "causal {causal}: {most} active queries");
+        let run = |x: Tensor<3>| attn.forward(AttentionInput::self_attention(x, &mask), None).context;
+        let weight = |g: &burn::tensor::Gradients| attn.proj.qkv.qkv.weight.grad(g).unwrap();
+        common::assert_kernel_matches_composed(&format!("causal {causal}"), &input, &w, run, weight);
+    }
+}
