@@ -73,7 +73,9 @@ pub fn bench_attention(args: Args) -> Result<ExitCode> {
             let o = if let Some(why) = too_big(cfg, args.d_model, len) {
                 Err(why)
             } else {
-                child(path, &format!("train:{len}"), &args)
+                // and what its tensors need, in a process that hands freed pages back at once
+                let needed = child(path, &format!("need:{len}"), &args).ok().and_then(|p| p.peak_mib);
+                child(path, &format!("train:{len}"), &args).map(|p| AttentionPoint { needed_mib: needed, ..p })
             };
             pb.suspend(|| println!("{name:<22} train     L = {len:>6}  {}", describe(&o, 1e3, "ms")));
             pb.inc(1);
@@ -124,13 +126,20 @@ fn measure_here(cfg: &ExperimentConfig, point: &str, args: &Args) -> Result<Exit
     let n: usize = n.parse().context("--point length")?;
     let (attn, pos) = (&cfg.model.attention, &cfg.model.position);
     let measure = || match mode {
-        "train" => {
+        "train" | "need" => {
+            let reps = if mode == "need" {
+                // training keeps freed pages for reuse (main); here they go back at once
+                variorum_train::allocator::return_freed_pages();
+                1
+            } else {
+                args.reps.max(1)
+            };
             let graph =
                 args.graph_degree.filter(|_| attn.capabilities().graph).map(|d| attention_bench::random_graph(n, d, 0));
-            Ok(attention_bench::training(attn, pos, args.d_model, n, args.reps.max(1), causal(cfg), graph, &device))
+            Ok(attention_bench::training(attn, pos, args.d_model, n, reps, causal(cfg), graph, &device))
         }
         "generate" => Ok(attention_bench::generation(attn, pos, args.d_model, n, args.tokens.max(1), &device)),
-        other => bail!("--point mode {other:?} is not train or generate"),
+        other => bail!("--point mode {other:?} is not train, need or generate"),
     };
     let p = if args.composed { variorum_kernels::without_kernels(measure)? } else { measure()? };
     println!("{}", serde_json::to_string(&p)?);
@@ -167,9 +176,10 @@ fn child(config: &Path, point: &str, args: &Args) -> Outcome {
 fn describe(o: &Outcome, scale: f64, unit: &str) -> String {
     match o {
         Ok(p) => format!(
-            "{:>10.2} {unit}  peak {}",
+            "{:>10.2} {unit}  peak {}{}",
             p.seconds * scale,
-            p.peak_mib.map_or("n/a".into(), |m| format!("{m:.0} MiB"))
+            p.peak_mib.map_or("n/a".into(), |m| format!("{m:.0} MiB")),
+            p.needed_mib.map_or(String::new(), |m| format!(" (needs {m:.0})"))
         ),
         Err(why) => why.clone(),
     }
@@ -221,6 +231,11 @@ fn write_outputs(dir: &Path, names: &[String], train: &Rows, generate: &Rows, ar
     let mib = |p: &AttentionPoint| p.peak_mib.map_or("n/a".into(), |m| format!("{m:.0}"));
     md += &table("Forward + backward, ms (median)", train, &args.lengths, &|p| format!("{:.1}", p.seconds * 1e3));
     md += &table("Forward + backward, peak memory above the start, MiB", train, &args.lengths, &mib);
+    md += "The peak above is resident memory as training runs it, where the allocator keeps freed \
+           pages for reuse (pages kept from earlier tensors of other sizes count). Below, the same \
+           layer in a process that hands freed pages back at once: what its tensors need.\n\n";
+    let needed = |p: &AttentionPoint| p.needed_mib.map_or("n/a".into(), |m| format!("{m:.0}"));
+    md += &table("Forward + backward, memory needed (freed pages returned), MiB", train, &args.lengths, &needed);
     md += &table("Decoding one token after the context, ms (median)", generate, &args.contexts, &|p| {
         format!("{:.3}", p.seconds * 1e3)
     });
@@ -233,6 +248,7 @@ fn write_outputs(dir: &Path, names: &[String], train: &Rows, generate: &Rows, ar
             serde_json::json!({"kind": name, "mode": mode, "n": n,
                 "seconds": o.as_ref().ok().map(|p| p.seconds),
                 "peak_mib": o.as_ref().ok().and_then(|p| p.peak_mib),
+                "needed_mib": o.as_ref().ok().and_then(|p| p.needed_mib),
                 "error": o.as_ref().err()})
         })
         .collect();

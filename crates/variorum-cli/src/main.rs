@@ -355,7 +355,8 @@ enum Command {
         /// difference).
         #[arg(long)]
         composed: bool,
-        /// Measure one point ("train:LEN" or "generate:CONTEXT") in this process.
+        /// Measure one point ("train:LEN", "need:LEN": its memory with freed pages handed back, or
+        /// "generate:CONTEXT") in this process.
         #[arg(long, hide = true)]
         point: Option<String>,
         /// Put a seeded random graph on the mask, each position reading this many others, for

@@ -23,8 +23,15 @@ use crate::trainer::median;
 pub struct AttentionPoint {
     /// Median seconds: of a forward + backward (training), or per decoded token (generation).
     pub seconds: f64,
-    /// Peak resident memory of the measuring process above what it held before the first run, MiB.
+    /// Peak resident memory of the measuring process above what it held before the first run,
+    /// MiB, with freed pages kept for reuse as training keeps them ([`crate::allocator`]): what
+    /// the allocator kept from earlier tensors of other sizes counts.
     pub peak_mib: Option<f64>,
+    /// The same measured in a process that hands freed pages back at once
+    /// ([`crate::allocator::return_freed_pages`]): what the layer's tensors need at their peak
+    /// (training points; filled in by the caller).
+    #[serde(default)]
+    pub needed_mib: Option<f64>,
 }
 
 /// The layer a model of context `len` would have: a fixed-length kind (Linformer) is built for
@@ -105,7 +112,12 @@ pub fn training(
             times.push(t0.elapsed().as_secs_f64());
         }
     }
-    AttentionPoint { seconds: median(&mut times), peak_mib: peak_rss_mib().zip(base).map(|(p, b)| (p - b).max(0.0)) }
+    AttentionPoint { seconds: median(&mut times), peak_mib: peak_above(base), needed_mib: None }
+}
+
+/// Peak resident memory since the last [`reset_peak`] above `base`, MiB.
+fn peak_above(base: Option<f64>) -> Option<f64> {
+    peak_rss_mib().zip(base).map(|(p, b)| (p - b).max(0.0))
 }
 
 /// Decoding after `context` tokens (fed in chunks of at most 1024): median seconds per new
@@ -164,7 +176,7 @@ pub fn generation(
         let _ = out.sum().into_scalar::<f32>();
         times.push(t0.elapsed().as_secs_f64());
     }
-    AttentionPoint { seconds: median(&mut times), peak_mib: peak_rss_mib().zip(base).map(|(p, b)| (p - b).max(0.0)) }
+    AttentionPoint { seconds: median(&mut times), peak_mib: peak_above(base), needed_mib: None }
 }
 
 /// Bytes a forward + backward of full attention needs for its `len × len` score matrices
