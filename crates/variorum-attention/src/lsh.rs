@@ -44,7 +44,7 @@ use variorum_position::HeadShape;
 use crate::full::concat_heads;
 use crate::kernel;
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
-use crate::qkv::{normal_linear, split_heads};
+use crate::qkv::{normal_linear, project_heads};
 use crate::sorted_chunks::{RoundLayout, SortedItems, attend_picked, host, sorted_chunk_attention};
 use crate::sorted_kernel;
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache};
@@ -191,7 +191,7 @@ impl LshAttention {
     /// Shared query/key and value heads, `[b, heads, len, head_dim]` each.
     fn project(&self, x: Tensor<3>) -> (Tensor<4>, Tensor<4>) {
         let [q, v]: [Tensor<4>; 2] =
-            split_heads(self.qv.forward(x), 2, self.n_heads, self.head_dim).try_into().expect("two parts");
+            project_heads(&self.qv, x, 2, self.n_heads, self.head_dim).try_into().expect("two parts");
         (q, v)
     }
 

@@ -1,8 +1,12 @@
 //! The plain query/key/value projection, written once for every mechanism that uses it.
 //!
-//! One fused `[d_model, (n_heads + 2·n_kv_heads)·head_dim]` matrix: self-attention costs a single
-//! GEMM. Grouped-/multi-query attention (Ainslie et al. 2023; Shazeer 2019) just has fewer K/V
+//! One fused `[d_model, (n_heads + 2·n_kv_heads)·head_dim]` matrix. The fused kernels read q, k
+//! and v from its one product ([`QkvProjection::self_attention_packed`]); the composed paths take
+//! one product per part ([`project_heads`]), whose backward costs less than views of one product.
+//! Grouped-/multi-query attention (Ainslie et al. 2023; Shazeer 2019) just has fewer K/V
 //! heads; the head size is independent of `d_model / n_heads`.
+
+use std::ops::Range;
 
 use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::prelude::*;
@@ -19,6 +23,28 @@ pub fn split_heads(x: Tensor<3>, parts: usize, heads: usize, head_dim: usize) ->
     let [b, l, _] = x.dims();
     let x = x.reshape([b, l, parts, heads, head_dim]);
     (0..parts).map(|i| x.clone().narrow(2, i, 1).reshape([b, l, heads, head_dim]).swap_dims(1, 2)).collect()
+}
+
+/// `x` projected by the output columns `columns` of `linear` alone: one product of that width.
+pub fn project_columns(linear: &Linear, x: Tensor<3>, columns: Range<usize>) -> Tensor<3> {
+    let d = linear.weight.dims()[0];
+    let bias = linear.bias.as_ref().map(|bias| bias.val().slice([columns.clone()]));
+    variorum_kernels::linear::linear(x, linear.weight.val().slice([0..d, columns]), bias)
+}
+
+/// [`split_heads`] of `linear`'s output over `x`, each part by its own product
+/// ([`project_columns`]). Views of one product cost more in the backward: a view's (`narrow`'s)
+/// gradient is written into zeros the size of the whole product, one per part, where separate
+/// products sum `[b, L, d_in]` gradients.
+pub fn project_heads(linear: &Linear, x: Tensor<3>, parts: usize, heads: usize, head_dim: usize) -> Vec<Tensor<4>> {
+    let [b, l, _] = x.dims();
+    let width = heads * head_dim;
+    (0..parts)
+        .map(|i| {
+            let y = project_columns(linear, x.clone(), i * width..(i + 1) * width);
+            y.reshape([b, l, heads, head_dim]).swap_dims(1, 2)
+        })
+        .collect()
 }
 
 #[derive(Config, Debug)]
@@ -60,19 +86,14 @@ pub struct QkvProjection {
 pub type Qkv = (Tensor<4>, Tensor<4>, Tensor<4>);
 
 impl QkvProjection {
-    /// Self-attention: q, k, v from the same states, each by its own columns of the projection.
-    /// Three products of a third the width instead of views of one: the backward of a view
-    /// (`narrow`) writes its gradient into zeros the size of the whole projection, so three views
-    /// cost three `[b, L, (h + 2 h_kv) · d_h]` gradients where three products sum three
-    /// `[b, L, d_model]` ones (16k positions, d_model 256: 100 MiB less at the backward's peak).
+    /// Self-attention: q, k, v from the same states, each by its own columns of the projection
+    /// ([`project_heads`]: at 16k positions and d_model 256, 100 MiB less at the backward's peak
+    /// than views of one product).
     pub fn self_attention(&self, x: Tensor<3>) -> Qkv {
-        let [b, l, d] = x.dims();
+        let [b, l, _] = x.dims();
         let (h, hkv, dh) = (self.n_heads, self.n_kv_heads, self.head_dim);
-        let w = self.qkv.weight.val();
         let part = |x: Tensor<3>, heads: usize, at: usize| {
-            let columns = at * dh..(at + heads) * dh;
-            let bias = self.qkv.bias.as_ref().map(|bias| bias.val().slice([columns.clone()]));
-            let y = variorum_kernels::linear::linear(x, w.clone().slice([0..d, columns]), bias);
+            let y = project_columns(&self.qkv, x, at * dh..(at + heads) * dh);
             y.reshape([b, l, heads, dh]).swap_dims(1, 2)
         };
         (part(x.clone(), h, 0), part(x.clone(), hkv, h), part(x, hkv, h + hkv))
@@ -99,23 +120,17 @@ impl QkvProjection {
 
     /// The queries alone, `[b, n_heads, len, head_dim]` (the first columns of the projection).
     pub fn queries(&self, x: Tensor<3>) -> Tensor<4> {
-        let [b, lq, d] = x.dims();
-        let hq = self.n_heads * self.head_dim;
-        let w = self.qkv.weight.val().slice([0..d, 0..hq]);
-        let bias = self.qkv.bias.as_ref().map(|bias| bias.val().slice([0..hq]));
-        let q = variorum_kernels::linear::linear(x, w, bias);
+        let [b, lq, _] = x.dims();
+        let q = project_columns(&self.qkv, x, 0..self.n_heads * self.head_dim);
         q.reshape([b, lq, self.n_heads, self.head_dim]).swap_dims(1, 2)
     }
 
     /// Keys and values alone from `source`, `[b, n_kv_heads, len, head_dim]` each (the last
     /// columns): what cross-attention keeps of a source that does not change.
     pub fn keys_values(&self, source: Tensor<3>) -> (Tensor<4>, Tensor<4>) {
-        let [b, lk, d] = source.dims();
-        let hq = self.n_heads * self.head_dim;
-        let w = self.qkv.weight.val();
-        let width = w.dims()[1];
-        let bias = self.qkv.bias.as_ref().map(|bias| bias.val().slice([hq..width]));
-        let kv = variorum_kernels::linear::linear(source, w.slice([0..d, hq..width]), bias);
+        let [b, lk, _] = source.dims();
+        let (hq, width) = (self.n_heads * self.head_dim, self.qkv.weight.dims()[1]);
+        let kv = project_columns(&self.qkv, source, hq..width);
         let kv = kv.reshape([b, lk, 2 * self.n_kv_heads, self.head_dim]).swap_dims(1, 2);
         (kv.clone().narrow(1, 0, self.n_kv_heads), kv.narrow(1, self.n_kv_heads, self.n_kv_heads))
     }

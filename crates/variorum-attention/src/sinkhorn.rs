@@ -44,7 +44,7 @@ use variorum_position::HeadShape;
 
 use crate::full::concat_heads;
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
-use crate::qkv::{normal_linear, split_heads};
+use crate::qkv::{normal_linear, project_heads};
 use crate::sorted_chunks::log_sum_exp;
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, kernel};
 
@@ -215,7 +215,7 @@ impl SinkhornAttention {
         let [b, lq, _] = input.query.dims();
         let (h, hd) = (self.n_heads, self.head_dim);
         let [q, k, v]: [Tensor<4>; 3] =
-            split_heads(self.qkv.forward(input.query), 3, h, hd).try_into().expect("three parts");
+            project_heads(&self.qkv, input.query, 3, h, hd).try_into().expect("three parts");
         let context = match cache {
             None => self.attend_all(q, k, v, lq, causal),
             Some(cache) => {
