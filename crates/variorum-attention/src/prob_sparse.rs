@@ -264,7 +264,7 @@ impl ProbSparseAttention {
         let [b, h, lq, dh] = q.dims();
         let lk = k.dims()[2];
         let device = q.device();
-        if lq == 0 || lk == 0 {
+        if lq == 0 || lk == 0 || b * h == 0 {
             let empty = Selection { measures: vec![Vec::new(); b * h], active: vec![Vec::new(); b * h] };
             return (Tensor::zeros([b, h, lq, dh], &device), empty);
         }
@@ -324,7 +324,8 @@ impl ProbSparseAttention {
             for s in 0..n_sel {
                 let i = row.get(s).copied();
                 index.push(i.unwrap_or(0) as i64);
-                keep.push(if i.is_some() { 1.0f32 } else { 0.0 });
+                // a query that sees no key keeps its lazy output (0) on both paths
+                keep.push(if i.is_some_and(|i| visible[i] > 0) { 1.0f32 } else { 0.0 });
                 limit.push(visible[i.unwrap_or(0)] as i64);
             }
         }
@@ -391,12 +392,12 @@ impl ProbSparseAttention {
         }
         let block = 64;
         let sees = |g: usize, s: usize| active[g].get(s).map_or(0, |&i| visible[i]);
-        // rows are in increasing query order: a block's widest row is its last
+        // a block scores the keys before its widest row's limit
         let runs = |g: usize, t: usize| {
             vec![0..(t * block..((t + 1) * block).min(n_sel)).map(|s| sees(g, s)).max().unwrap_or(0)]
         };
-        let offset = lk - n_sel; // the layout's query rows stand at positions offset + s
-        let seen = |g: usize, p: usize, out: &mut Vec<std::ops::Range<usize>>| out.push(0..sees(g, p - offset));
+        let first = lk - n_sel; // the layout's query row s stands at position first + s
+        let seen = |g: usize, p: usize, out: &mut Vec<std::ops::Range<usize>>| out.push(0..sees(g, p - first));
         let layout = Arc::new(SparseLayout::new(n_sel, lk, block, b * h, runs, seen));
         let heads = |x: &Tensor<4>| x.clone().reshape([1, b * h, x.dims()[2], dh]);
         let q = heads(q_sel).mul_scalar(self.scale);
@@ -507,25 +508,12 @@ pub struct Selection {
 fn measure<'a>(q: &[f32], keys: impl Iterator<Item = &'a [f32]>, scale: f32) -> f32 {
     let (mut max, mut sum, mut n) = (f32::NEG_INFINITY, 0.0f32, 0usize);
     for key in keys {
-        let s = dot(q, key) * scale;
+        let s = variorum_kernels::fast_math::dot(q, key) * scale;
         max = max.max(s);
         sum += s;
         n += 1;
     }
     if n == 0 { MASKED_SCORE } else { max - sum / n as f32 }
-}
-
-/// q·k in eight lanes (a plain sum is not vectorised: float addition does not reassociate).
-fn dot(q: &[f32], k: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; 8];
-    let (qc, kc) = (q.chunks_exact(8), k.chunks_exact(8));
-    let tail: f32 = qc.remainder().iter().zip(kc.remainder()).map(|(a, b)| a * b).sum();
-    for (a, b) in qc.zip(kc) {
-        for l in 0..8 {
-            lanes[l] += a[l] * b[l];
-        }
-    }
-    lanes.iter().sum::<f32>() + tail
 }
 
 /// A tensor's values on the host, in row-major order.

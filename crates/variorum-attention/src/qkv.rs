@@ -1,9 +1,9 @@
 //! The plain query/key/value projection, written once for every mechanism that uses it.
 //!
 //! One fused `[d_model, (n_heads + 2·n_kv_heads)·head_dim]` matrix. The fused kernels read q, k
-//! and v from its one product ([`QkvProjection::self_attention_packed`]); the composed paths take
-//! one product per part ([`project_heads`]), whose backward costs less than views of one product.
-//! Grouped-/multi-query attention (Ainslie et al. 2023; Shazeer 2019) just has fewer K/V
+//! and v from its one product ([`QkvProjection::self_attention_packed`]);
+//! [`QkvProjection::self_attention`] takes one product per part ([`project_heads`]), whose
+//! backward costs less than views of one product. Grouped-/multi-query attention (Ainslie et al. 2023; Shazeer 2019) just has fewer K/V
 //! heads; the head size is independent of `d_model / n_heads`.
 
 use std::ops::Range;

@@ -305,4 +305,18 @@ fn active_queries_on_the_kernel_equal_the_composed_path_with_gradients() {
         let weight = |g: &burn::tensor::Gradients| attn.proj.qkv.qkv.weight.grad(g).unwrap();
         common::assert_kernel_matches_composed(&format!("causal {causal}"), &input, &w, run, weight);
     }
+    // causal queries after a prefix of keys (the last 120 of 200 positions), and queries standing
+    // 3 positions before the first key (the first 3 see none: their lazy output, 0, both ways)
+    for (lq, offset) in [(120, 80), (len, -3)] {
+        let run = |x: Tensor<3>| {
+            let (q, k, v) = attn.proj.split(x, None);
+            let q = q.narrow(2, len - lq, lq);
+            let out = attn.attend(q, k, v, true, offset, None).0;
+            let out = attn.proj.merge(out);
+            // zeros in front for the rows without a query, so that the weights `w` apply
+            Tensor::cat(vec![Tensor::zeros([2, len - lq, D], &out.device()), out], 1)
+        };
+        let weight = |g: &burn::tensor::Gradients| attn.proj.qkv.qkv.weight.grad(g).unwrap();
+        common::assert_kernel_matches_composed(&format!("offset {offset}"), &input, &w, run, weight);
+    }
 }

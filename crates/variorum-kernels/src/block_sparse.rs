@@ -31,8 +31,10 @@
 //!
 //! The sparse kinds (sliding-window, local, multi-scale, BigBird, Longformer, the fixed and
 //! blockwise patterns, strided) hand their patterns here through `variorum_attention`'s
-//! `sparse_kernel`, LSH and routing through its `sorted_kernel`; every entry point returns `None`
-//! off flex, and the caller composes Burn's ops instead.
+//! `sparse_kernel`, LSH and routing through its `sorted_kernel`; full attention (with a distance
+//! scheme, or both ways), Sinkhorn's blocks, Poolingformer's segments and ProbSparse's active
+//! queries build their own layouts. Every entry point returns `None` off flex, and the caller
+//! composes Burn's ops instead.
 
 use std::ops::Range;
 use std::sync::Arc;
