@@ -19,7 +19,7 @@ use variorum_position::{HeadShape, PackedHeads, PositionConfig, RelativePosition
 
 use crate::band::{Band, banded};
 use crate::head_losses::{self, Disagreement, DiversityConfig, GuidanceConfig};
-use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
+use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps, kernel_takes};
 use crate::normaliser::{Normaliser, ScoreNormaliser};
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, QkvProjection, QkvProjectionConfig};
 
@@ -528,10 +528,13 @@ impl MultiHeadAttention {
         let [_, lq, _] = query.dims();
         let rotates = self.position.as_ref().is_some_and(|p| p.rotates());
         let (packed, (q, k, v)) = match key_value {
-            None => {
+            // the fused kernels read q, k, v in place from one product; other paths take one
+            // product per part, whose backward is cheaper than views' (`self_attention`)
+            None if cache.is_none() && !rotates && kernel_takes(&self.dropout, &query) => {
                 let (all, qkv) = self.qkv.self_attention_packed(query);
-                (Some(all).filter(|_| cache.is_none() && !rotates), qkv)
+                (Some(all), qkv)
             }
+            None => (None, self.qkv.self_attention(query)),
             Some(src) => (None, self.qkv.cross_attention(query, src)),
         };
         let (cached, dropped) = cache.as_ref().map_or((0, 0), |c| (c.len(), c.start));
