@@ -336,7 +336,7 @@ impl AttentionMechanism for HopfieldAttention {
 
     fn extend_cache(&self, x: Tensor<3>, _mask: &AttentionMask, state: &mut AttentionState) {
         if self.patterns.is_none() {
-            let (_, k, v) = self.qkv.self_attention(x);
+            let (k, v) = self.qkv.keys_values(x);
             state.kv_mut().append(k, v);
         }
     }

@@ -57,13 +57,31 @@ pub struct SparseLayout {
     /// `runs[runs_at[c]..runs_at[c + 1]]` are cell c's runs, c = group · blocks + block.
     runs_at: Vec<usize>,
     runs: Vec<(u32, u32)>,
-    /// Cell c's width (keys scored per row), and where its rows' bits start.
+    /// Cell c's width (keys scored per row), and where its rows' masks start.
     width: Vec<usize>,
-    bits_at: Vec<usize>,
-    /// Row r of cell c: `bits[bits_at[c] + r · ⌈width/64⌉ ..]`, bit s set when the row sees the
-    /// run slot s.
+    masks: Vec<CellMask>,
+    /// Row r of a cell whose masks are bits at `at`: `bits[at + r · ⌈width/64⌉ ..]`, bit s set
+    /// when the row sees the run slot s.
     bits: Vec<u64>,
+    /// Row r of a cell whose masks are spans at `at`: `spans[at + r]`, the run slots the row sees.
+    spans: Vec<(u32, u32)>,
     seen: usize,
+}
+
+/// Where a cell's rows' masks are: bits, or, where every row sees one contiguous stretch of the
+/// cell's slots (a band, or a pattern that reaches every key), one span per row — 8 bytes a row
+/// where bits take width / 8 (32 MiB at 16k positions for full attention both ways).
+#[derive(Debug, Clone, Copy)]
+enum CellMask {
+    Bits(usize),
+    Spans(usize),
+}
+
+/// What one row of a cell sees ([`SparseLayout::row_mask`]).
+#[cfg(feature = "flex")]
+enum RowMask<'a> {
+    Bits(&'a [u64]),
+    Span(usize, usize),
 }
 
 impl SparseLayout {
@@ -85,7 +103,7 @@ impl SparseLayout {
         let blocks = len_q.div_ceil(block);
         let offset = len_k - len_q;
         // one cell (group, query block): its merged runs, its rows' bits, the pairs it sees
-        let cell = |c: usize| -> (Vec<Range<usize>>, Vec<u64>, usize) {
+        let cell = |c: usize| -> (Vec<Range<usize>>, Mask, usize) {
             let (g, i) = (c / blocks, c % blocks);
             let mut listed: Vec<Range<usize>> =
                 runs(g, i).into_iter().map(|r| r.start..r.end.min(len_k)).filter(|r| !r.is_empty()).collect();
@@ -127,7 +145,11 @@ impl SparseLayout {
                 }
             }
             let seen = bits.iter().map(|w| w.count_ones() as usize).sum();
-            (merged, bits, seen)
+            let mask = match bits.chunks_exact(words.max(1)).take(rows).map(span_of).collect::<Option<Vec<_>>>() {
+                Some(spans) if words > 1 => Mask::Spans(spans),
+                _ => Mask::Bits(bits),
+            };
+            (merged, mask, seen)
         };
         #[cfg(feature = "flex")]
         let cells: Vec<_> = {
@@ -144,13 +166,24 @@ impl SparseLayout {
             runs_at: vec![0],
             runs: Vec::new(),
             width: Vec::new(),
-            bits_at: Vec::new(),
+            masks: Vec::new(),
             bits: Vec::new(),
+            spans: Vec::new(),
             seen: 0,
         };
-        for (merged, bits, seen) in cells {
-            layout.bits_at.push(layout.bits.len());
-            layout.bits.extend(bits);
+        for (merged, mask, seen) in cells {
+            layout.masks.push(match mask {
+                Mask::Bits(bits) => {
+                    let at = layout.bits.len();
+                    layout.bits.extend(bits);
+                    CellMask::Bits(at)
+                }
+                Mask::Spans(spans) => {
+                    let at = layout.spans.len();
+                    layout.spans.extend(spans);
+                    CellMask::Spans(at)
+                }
+            });
             layout.width.push(merged.iter().map(|r| r.len()).sum());
             layout.runs.extend(merged.iter().map(|r| (r.start as u32, r.end as u32)));
             layout.runs_at.push(layout.runs.len());
@@ -214,9 +247,17 @@ impl SparseLayout {
     }
 
     #[cfg(feature = "flex")]
-    fn row_bits(&self, c: usize, r: usize) -> &[u64] {
-        let words = self.width[c].div_ceil(64);
-        &self.bits[self.bits_at[c] + r * words..][..words]
+    fn row_mask(&self, c: usize, r: usize) -> RowMask<'_> {
+        match self.masks[c] {
+            CellMask::Bits(at) => {
+                let words = self.width[c].div_ceil(64);
+                RowMask::Bits(&self.bits[at + r * words..][..words])
+            }
+            CellMask::Spans(at) => {
+                let (a, b) = self.spans[at + r];
+                RowMask::Span(a as usize, b as usize)
+            }
+        }
     }
 
     #[cfg(feature = "flex")]
@@ -232,6 +273,24 @@ thread_local! {
 /// How many block-sparse forwards this thread has run (tests check a kind took the kernel).
 pub fn calls() -> usize {
     CALLS.get()
+}
+
+/// A cell's rows' masks while the layout is built.
+enum Mask {
+    Bits(Vec<u64>),
+    Spans(Vec<(u32, u32)>),
+}
+
+/// The one stretch of slots a row's bits set, `None` where they set two or more (no bit set:
+/// the empty stretch).
+fn span_of(row: &[u64]) -> Option<(u32, u32)> {
+    let first = row.iter().position(|&w| w != 0);
+    let Some(first) = first else { return Some((0, 0)) };
+    let a = first * 64 + row[first].trailing_zeros() as usize;
+    let last = row.iter().rposition(|&w| w != 0).expect("a set word");
+    let b = last * 64 + 64 - row[last].leading_zeros() as usize;
+    let ones: usize = row.iter().map(|w| w.count_ones() as usize).sum();
+    (ones == b - a).then_some((a as u32, b as u32))
 }
 
 /// Sets bits `a..b` of `row`.
@@ -889,7 +948,7 @@ mod flex {
             content.multiply(e, &runs, s, width, raw);
         }
         for (r, row) in s.chunks_exact_mut(width).enumerate() {
-            for_hidden(layout.row_bits(c, r), row, |x| *x = HIDDEN);
+            for_hidden(layout.row_mask(c, r), row, |x| *x = HIDDEN);
         }
     }
 
@@ -903,16 +962,25 @@ mod flex {
         Entries { first: q + keys - 1, step: slots.step(), rows }
     }
 
-    /// `f` on each entry of `row` whose bit is clear (whole words of visible keys skipped).
+    /// `f` on each entry of `row` the row does not see (with bits, whole words of visible keys
+    /// skipped).
     #[inline]
-    fn for_hidden(bits: &[u64], row: &mut [f32], f: impl Fn(&mut f32)) {
-        for (w, &word) in bits.iter().enumerate() {
-            if word != u64::MAX {
-                for (s, x) in row[w * 64..].iter_mut().take(64).enumerate() {
-                    if word >> s & 1 == 0 {
-                        f(x);
+    fn for_hidden(mask: RowMask, row: &mut [f32], f: impl Fn(&mut f32)) {
+        match mask {
+            RowMask::Bits(bits) => {
+                for (w, &word) in bits.iter().enumerate() {
+                    if word != u64::MAX {
+                        for (s, x) in row[w * 64..].iter_mut().take(64).enumerate() {
+                            if word >> s & 1 == 0 {
+                                f(x);
+                            }
+                        }
                     }
                 }
+            }
+            RowMask::Span(a, b) => {
+                let (before, rest) = row.split_at_mut(a);
+                before.iter_mut().chain(&mut rest[b - a..]).for_each(f);
             }
         }
     }
@@ -931,7 +999,7 @@ mod flex {
     fn clear_hidden(layout: &SparseLayout, c: usize, p: &mut [f32]) {
         let width = layout.width[c];
         for (r, row) in p.chunks_exact_mut(width).enumerate() {
-            for_hidden(layout.row_bits(c, r), row, |x| *x = 0.0);
+            for_hidden(layout.row_mask(c, r), row, |x| *x = 0.0);
         }
     }
 
@@ -1288,7 +1356,7 @@ mod flex {
             )
         };
         for (r, row) in s.chunks_exact_mut(width).enumerate() {
-            for_hidden(layout.row_bits(c, r), row, |x| *x = HIDDEN);
+            for_hidden(layout.row_mask(c, r), row, |x| *x = HIDDEN);
         }
     }
 
@@ -1934,7 +2002,10 @@ mod flex {
             for &(k0, k1) in layout.runs(c) {
                 if (k0 as usize..k1 as usize).contains(&j) {
                     let s = col + j - k0 as usize;
-                    return layout.row_bits(c, i % layout.block)[s / 64] >> (s % 64) & 1 == 1;
+                    return match layout.row_mask(c, i % layout.block) {
+                        RowMask::Bits(bits) => bits[s / 64] >> (s % 64) & 1 == 1,
+                        RowMask::Span(a, b) => (a..b).contains(&s),
+                    };
                 }
                 col += (k1 - k0) as usize;
             }
@@ -2520,6 +2591,39 @@ mod flex {
                     assert!(d < tol, "{name}, {what}: {d}");
                 }
             }
+        }
+
+        /// Rows that each see one stretch of their cell's slots keep a span per row instead of
+        /// bits (cells wider than one word); rows with holes keep bits. Both against the dense
+        /// computation.
+        #[test]
+        fn rows_of_one_stretch_keep_spans_and_rows_with_holes_bits() {
+            let (len, bs) = (150, 64);
+            let runs = |_: usize, i: usize| vec![(i * bs).saturating_sub(100)..((i + 1) * bs).min(len)];
+            let band = from_predicate((len, len, bs, 1), runs, |_, q, k| k <= q && q - k < 100);
+            // the first block scores one word's width: bits either way
+            assert!(band.bits.len() == bs && band.spans.len() == len - bs, "a band keeps spans");
+            let holes = from_predicate((len, len, bs, 1), runs, |_, q, k| k <= q && q - k < 100 && k % 5 != 1);
+            assert!(holes.spans.is_empty(), "a row with holes keeps bits");
+            assert_eq!(
+                band.seen(),
+                holes.seen()
+                    + (0..len).map(|q| (q.saturating_sub(99)..=q).filter(|k| k % 5 == 1).count()).sum::<usize>()
+            );
+            for norm in normalisers() {
+                check(band.clone(), 2, 1, true, norm);
+                check(holes.clone(), 2, 1, false, norm);
+            }
+        }
+
+        #[test]
+        fn span_of_a_row() {
+            let mut row = vec![0u64; 3];
+            assert_eq!(span_of(&row), Some((0, 0)));
+            set_bits(&mut row, 60, 130);
+            assert_eq!(span_of(&row), Some((60, 130)));
+            set_bits(&mut row, 140, 141);
+            assert_eq!(span_of(&row), None);
         }
 
         #[test]
