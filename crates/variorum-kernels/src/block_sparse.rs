@@ -72,6 +72,7 @@ pub struct SparseLayout {
 /// cell's slots (a band, or a pattern that reaches every key), one span per row — 8 bytes a row
 /// where bits take width / 8 (32 MiB at 16k positions for full attention both ways).
 #[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "flex"), allow(dead_code))] // only the kernel reads the masks
 enum CellMask {
     Bits(usize),
     Spans(usize),
