@@ -526,11 +526,12 @@ impl MultiHeadAttention {
         cache: Option<&mut KvCache>,
     ) -> Projected {
         let [_, lq, _] = query.dims();
-        let rotates = self.position.as_ref().is_some_and(|p| p.rotates());
+        // rotated q and k, or q and k with position vectors appended, are no views of the product
+        let changed = self.position.as_ref().is_some_and(|p| p.rotates() || p.has_position_products());
         let (packed, (q, k, v)) = match key_value {
             // the fused kernels read q, k, v in place from one product; other paths take one
             // product per part, whose backward is cheaper than views' (`self_attention`)
-            None if cache.is_none() && !rotates && kernel_takes(&self.dropout, &query) => {
+            None if cache.is_none() && !changed && kernel_takes(&self.dropout, &query) => {
                 let (all, qkv) = self.qkv.self_attention_packed(query);
                 (Some(all), qkv)
             }
@@ -770,8 +771,12 @@ impl MultiHeadAttention {
     /// before), no dropout on the probabilities and no weights asked for; `None` otherwise, or on a
     /// backend without the kernel.
     fn fused(&self, p: &Projected, m: &AttentionMask, need_weights: bool) -> Option<Tensor<3>> {
-        // a scheme that acts by rotating q and k alone has done so in the projection
-        let plain_position = self.position.as_ref().is_none_or(RelativePosition::rotates_packed);
+        // a scheme that acts by rotating q and k alone has done so in the projection; one that
+        // adds a product of per-position vectors (TUPE) has them appended to q and k below
+        let [b, h, lq, dh] = p.q.dims();
+        let [_, h_kv, lk, _] = p.k.dims();
+        let products = self.position.as_ref().is_some_and(|pos| pos.has_position_products()) && h == h_kv;
+        let plain_position = self.position.as_ref().is_none_or(RelativePosition::rotates_packed) || products;
         let offset = p.layout.q_start.checked_sub(p.layout.k_start)?;
         // one query (cached decoding): the kernel's GEMM would pack every key for a single row,
         // slower than the composed matrix–vector products (2,350 vs 2,830 tokens/s at context 1024)
@@ -779,12 +784,31 @@ impl MultiHeadAttention {
         if !self.kernel_computes(m, need_weights, &p.q.device()) || !plain_position || one_query {
             return None;
         }
+        let norm = self.normaliser.row;
         // a head's temperature scales its scores, so its queries: s/τ = (q/τ)·k
-        let q = match self.normaliser.query_factor() {
-            Some(f) => p.q.clone() * f,
-            None => p.q.clone(),
+        let factor = |x: Tensor<4>| match self.normaliser.query_factor() {
+            Some(f) => x * f,
+            None => x,
         };
-        variorum_kernels::causal_attention::causal_attention(q, p.k.clone(), p.v.clone(), offset, self.normaliser.row)
+        let Some((a, keys)) = self.position.as_ref().and_then(|pos| pos.position_products(&p.layout, self.scale))
+        else {
+            return variorum_kernels::causal_attention::causal_attention(
+                factor(p.q.clone()),
+                p.k.clone(),
+                p.v.clone(),
+                offset,
+                norm,
+            );
+        };
+        // s_ij = q_i·k_j + a_i·b_j = [q_i, a_i]·[k_j, b_j]; zero value columns for the appended
+        // ones, whose outputs are dropped
+        let d2 = a.dims()[2];
+        let side = |x: Tensor<3>, len: usize| x.unsqueeze_dim::<4>(0).expand([b, h, len, d2]);
+        let q = factor(Tensor::cat(vec![p.q.clone(), side(a, lq)], 3));
+        let k = Tensor::cat(vec![p.k.clone(), side(keys, lk)], 3);
+        let v = Tensor::cat(vec![p.v.clone(), Tensor::zeros([b, h, lk, d2], &p.v.device())], 3);
+        let out = variorum_kernels::causal_attention::causal_attention(q, k, v, offset, norm)?;
+        Some(out.reshape([b, lq, h, dh + d2]).narrow(3, 0, dh).reshape([b, lq, h * dh]))
     }
 
     /// Whether the call is plain attention over a fresh sequence (causal or both ways; no

@@ -196,3 +196,60 @@ fn every_scheme_on_the_kernels_equals_the_composed_path_with_the_gradients() {
         }
     }
 }
+
+/// TUPE's position–position term (`untied`) on the fused causal kernel, its per-position vectors
+/// appended to the queries and keys: the same output and every gradient (the table and U^Q, U^K
+/// too) as the composed path, causal, with and without a head temperature, from position 0 and
+/// from 7 (rows further into the table); with grouped-query heads (a key per query head would be needed) it stays composed.
+#[test]
+fn tupe_on_the_causal_kernel_equals_the_composed_path_with_the_gradients() {
+    let dev = Device::flex().autodiff();
+    dev.seed(13);
+    let x0: Tensor<3> = random([2, 70, D], &dev);
+    let w: Tensor<3> = random([2, 70, D], &dev);
+    let position: PositionConfig = toml::from_str("kind = \"untied\"\nmax_len = 80").unwrap();
+    let kinds = [
+        ("kind = \"full\"\nn_heads = 4", true),
+        ("kind = \"full\"\nn_heads = 4\nhead_temperature = true", true),
+        ("kind = \"full\"\nn_heads = 4\nn_kv_heads = 2", false),
+    ];
+    for (kind, on_kernel) in kinds {
+        for q_start in [0, 7] {
+            let cfg: variorum_attention::AttentionConfig = toml::from_str(kind).unwrap();
+            cfg.validate(D).unwrap();
+            let attn = cfg.init(D, 0.3, 0.3, Positioning { config: &position, context: 80 }, &dev);
+            let run = |kernels: bool| {
+                let f = || {
+                    let x = x0.clone().require_grad();
+                    let mask = AttentionMask::causal().at(q_start, q_start);
+                    let y = attn.forward(AttentionInput::self_attention(x.clone(), &mask), None).context;
+                    let grads = (y.clone() * w.clone()).sum().backward();
+                    let mut visitor = common::ParamGrads::new(&grads);
+                    attn.visit(&mut visitor);
+                    (y, x.grad(&grads).unwrap(), visitor.grads())
+                };
+                if kernels { f() } else { variorum_kernels::without_kernels(f) }
+            };
+            let before = variorum_kernels::causal_attention::calls();
+            let ((y1, g1, p1), (y2, g2, p2)) = (run(true), run(false));
+            let what = format!("{kind}, from position {q_start}");
+            assert_eq!(
+                variorum_kernels::causal_attention::calls() - before,
+                usize::from(on_kernel),
+                "{what}: kernel use"
+            );
+            let rel = |a: Tensor<3>, b: Tensor<3>| {
+                let s = b.clone().abs().max().into_scalar::<f32>().max(1e-3);
+                (a - b).abs().max().into_scalar::<f32>() / s
+            };
+            assert!(rel(y1, y2) < 1e-5, "{what}: outputs differ");
+            assert!(rel(g1, g2) < 1e-4, "{what}: input gradients differ");
+            assert_eq!(p1.len(), p2.len(), "{what}: the same parameters have gradients");
+            for (i, (a, b)) in p1.into_iter().zip(p2).enumerate() {
+                let s = b.clone().abs().max().into_scalar::<f32>().max(1e-3);
+                let d = (a - b).abs().max().into_scalar::<f32>() / s;
+                assert!(d < 1e-4, "{what}: gradient of parameter {i} differs by {d}");
+            }
+        }
+    }
+}

@@ -32,6 +32,16 @@
 use crate::normalisers::RowNormaliser;
 use burn::prelude::*;
 
+thread_local! {
+    static CALLS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// How many calls of [`causal_attention`] (separate q, k, v) this thread has run on the kernel
+/// (tests check a layer took it).
+pub fn calls() -> usize {
+    CALLS.get()
+}
+
 /// `norm`(q kᵀ + causal mask) v with the heads merged, `[b, Lq, h · d_h]`, by the fused kernel;
 /// `None` on a backend or float type without it.
 pub fn causal_attention(
@@ -43,6 +53,7 @@ pub fn causal_attention(
 ) -> Option<Tensor<3>> {
     #[cfg(feature = "flex")]
     if crate::has_kernel(&q) && crate::has_kernel(&k) && crate::has_kernel(&v) {
+        CALLS.set(CALLS.get() + 1);
         let (q, k, v) = (q.into_dispatch(), k.into_dispatch(), v.into_dispatch());
         let d = burn::backend::Dispatch::causal_attention(q, k, v, offset, norm);
         return Some(Tensor::from_dispatch(d));

@@ -174,6 +174,20 @@ pub trait RelativeScheme {
     fn distance_terms(&self, _at: TermsFor, _device: &Device) -> Option<DistanceTerms> {
         None
     }
+
+    /// Where [`scores`](Self::scores) adds a product of per-position vectors, s_ij += a_i · b_j
+    /// (TUPE's position–position term): `a` for the queries at `layout.q_start..` (`[n_heads,
+    /// len_q, d']`, scaled by `scale`) and `b` for the keys at `layout.k_start..` (`[n_heads,
+    /// len_k, d']`), so that a kernel can append them to each query and key — the term is then
+    /// part of q · k. Default: `None`.
+    fn position_products(&self, _layout: &ScoreLayout, _scale: f64) -> Option<(Tensor<3>, Tensor<3>)> {
+        None
+    }
+
+    /// Whether the scheme has [`position_products`](Self::position_products). Default: no.
+    fn has_position_products(&self) -> bool {
+        false
+    }
 }
 
 /// The call a scheme's [`RelativeScheme::distance_terms`] are for: `n_heads` query heads over

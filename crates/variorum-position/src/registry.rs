@@ -247,6 +247,17 @@ impl RelativePosition {
     ) -> Option<variorum_kernels::block_sparse::DistanceTerms> {
         self.scheme().distance_terms(at, device)
     }
+
+    /// Whether the scheme adds a product of per-position vectors
+    /// ([`RelativeScheme::has_position_products`]).
+    pub fn has_position_products(&self) -> bool {
+        self.scheme().has_position_products()
+    }
+
+    /// The per-position vectors of a product term ([`RelativeScheme::position_products`]).
+    pub fn position_products(&self, layout: &ScoreLayout, scale: f64) -> Option<(Tensor<3>, Tensor<3>)> {
+        self.scheme().position_products(layout, scale)
+    }
 }
 
 impl AbsolutePosition {

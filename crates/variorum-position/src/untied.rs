@@ -83,9 +83,14 @@ impl Untied {
 
     /// scale · (p_i U^Q)(p_j U^K)ᵀ, `[1, h, len_q, len_k]`.
     pub fn score_term(&self, layout: &ScoreLayout, scale: f64) -> Tensor<4> {
-        let q = self.project(layout.q_start, layout.len_q, 0).mul_scalar(scale);
-        let k = self.project(layout.k_start, layout.len_k, 1);
+        let (q, k) = self.products(layout, scale);
         q.matmul(k.swap_dims(1, 2)).unsqueeze_dim(0)
+    }
+
+    /// (scale · p_i U^Q, p_j U^K) per head, `[h, len_q, d_h]` and `[h, len_k, d_h]`.
+    fn products(&self, layout: &ScoreLayout, scale: f64) -> (Tensor<3>, Tensor<3>) {
+        let q = self.project(layout.q_start, layout.len_q, 0).mul_scalar(scale);
+        (q, self.project(layout.k_start, layout.len_k, 1))
     }
 }
 
@@ -125,5 +130,13 @@ impl PositionKind for UntiedConfig {
 impl RelativeScheme for Untied {
     fn scores(&self, scores: Tensor<4>, _q: Tensor<4>, _k: Tensor<4>, layout: &ScoreLayout, scale: f64) -> Tensor<4> {
         scores + self.score_term(layout, scale)
+    }
+
+    fn position_products(&self, layout: &ScoreLayout, scale: f64) -> Option<(Tensor<3>, Tensor<3>)> {
+        Some(self.products(layout, scale))
+    }
+
+    fn has_position_products(&self) -> bool {
+        true
     }
 }
