@@ -489,8 +489,9 @@ pub struct Projected {
     /// No key more than this many positions before its query (`AttentionMask::max_back`).
     pub max_back: Option<usize>,
     /// The fused projection's output `[b, L, (h + 2 h_kv) · d_h]` when q (before its scale), k
-    /// and v are exactly its views — self-attention without a cache or a rotation — so a kernel
-    /// can read them in place and hand back one gradient. Private: a `Projected` whose q, k or v
+    /// and v are exactly its views — self-attention without a cache, a rotation or appended
+    /// position vectors, where a kernel may take the call (flex, no dropout) — so a kernel can
+    /// read them in place and hand back one gradient. Private: a `Projected` whose q, k or v
     /// were changed is built anew ([`Projected::new`]) and has none.
     packed: Option<Tensor<3>>,
 }
@@ -501,8 +502,8 @@ impl Projected {
         Self { q, k, v, layout, max_back, packed: None }
     }
 
-    /// The fused projection q, k and v are views of, where they are (self-attention without a
-    /// cache or a rotation).
+    /// The fused projection q, k and v are views of, where a kernel may read it (see the
+    /// field).
     pub fn packed(&self) -> Option<&Tensor<3>> {
         self.packed.as_ref()
     }
@@ -767,9 +768,10 @@ pub fn concat_heads(context: Tensor<4>) -> Tensor<3> {
 impl MultiHeadAttention {
     /// The heads' merged context by the fused causal kernel ([`variorum_kernels::causal_attention`]), where it
     /// computes exactly what the composed path would: a causal mask and nothing else (no padding,
-    /// custom pattern or reach limit), no position term on the scores or the context (RoPE acts
-    /// before), no dropout on the probabilities and no weights asked for; `None` otherwise, or on a
-    /// backend without the kernel.
+    /// custom pattern or reach limit), no position term on the scores or the context but a
+    /// product of per-position vectors (TUPE, appended to q and k; RoPE acts before), no dropout
+    /// on the probabilities and no weights asked for; `None` otherwise, or on a backend without
+    /// the kernel.
     fn fused(&self, p: &Projected, m: &AttentionMask, need_weights: bool) -> Option<Tensor<3>> {
         // a scheme that acts by rotating q and k alone has done so in the projection; one that
         // adds a product of per-position vectors (TUPE) has them appended to q and k below
@@ -790,16 +792,12 @@ impl MultiHeadAttention {
             Some(f) => x * f,
             None => x,
         };
-        let Some((a, keys)) = self.position.as_ref().and_then(|pos| pos.position_products(&p.layout, self.scale))
-        else {
-            return variorum_kernels::causal_attention::causal_attention(
-                factor(p.q.clone()),
-                p.k.clone(),
-                p.v.clone(),
-                offset,
-                norm,
-            );
-        };
+        if !products {
+            let q = factor(p.q.clone());
+            return variorum_kernels::causal_attention::causal_attention(q, p.k.clone(), p.v.clone(), offset, norm);
+        }
+        // a scheme that says it has products and gives none keeps the composed path
+        let (a, keys) = self.position.as_ref()?.position_products(&p.layout, self.scale)?;
         // s_ij = q_i·k_j + a_i·b_j = [q_i, a_i]·[k_j, b_j]; zero value columns for the appended
         // ones, whose outputs are dropped
         let d2 = a.dims()[2];

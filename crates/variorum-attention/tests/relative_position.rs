@@ -199,8 +199,8 @@ fn every_scheme_on_the_kernels_equals_the_composed_path_with_the_gradients() {
 
 /// TUPE's position–position term (`untied`) on the fused causal kernel, its per-position vectors
 /// appended to the queries and keys: the same output and every gradient (the table and U^Q, U^K
-/// too) as the composed path, causal, with and without a head temperature, from position 0 and
-/// from 7 (rows further into the table); with grouped-query heads (a key per query head would be needed) it stays composed.
+/// too) as the composed path, causal, with and without a head temperature, with queries after
+/// the keys and further into the table; with grouped-query heads (a key per query head would be needed) it stays composed.
 #[test]
 fn tupe_on_the_causal_kernel_equals_the_composed_path_with_the_gradients() {
     let dev = Device::flex().autodiff();
@@ -214,14 +214,25 @@ fn tupe_on_the_causal_kernel_equals_the_composed_path_with_the_gradients() {
         ("kind = \"full\"\nn_heads = 4\nn_kv_heads = 2", false),
     ];
     for (kind, on_kernel) in kinds {
-        for q_start in [0, 7] {
+        // queries and keys from 0, both from 7 (rows further into the table), and queries 7
+        // positions after the keys (offset 7)
+        for (q_start, k_start) in [(0, 0), (7, 7), (7, 0)] {
             let cfg: variorum_attention::AttentionConfig = toml::from_str(kind).unwrap();
             cfg.validate(D).unwrap();
-            let attn = cfg.init(D, 0.3, 0.3, Positioning { config: &position, context: 80 }, &dev);
+            let mut attn = cfg.init(D, 0.3, 0.3, Positioning { config: &position, context: 80 }, &dev);
+            // a position term as large as the content scores, and temperatures away from 1
+            if let variorum_attention::Attention::Full(a) = &mut attn {
+                if let Some(RelativePosition::Untied(u)) = &mut a.position {
+                    u.table = Param::from_tensor(random(u.table.dims(), &dev));
+                }
+                if let Some(theta) = &mut a.normaliser.log_temperature {
+                    *theta = Param::from_tensor(random(theta.dims(), &dev).mul_scalar(0.5));
+                }
+            }
             let run = |kernels: bool| {
                 let f = || {
                     let x = x0.clone().require_grad();
-                    let mask = AttentionMask::causal().at(q_start, q_start);
+                    let mask = AttentionMask::causal().at(q_start, k_start);
                     let y = attn.forward(AttentionInput::self_attention(x.clone(), &mask), None).context;
                     let grads = (y.clone() * w.clone()).sum().backward();
                     let mut visitor = common::ParamGrads::new(&grads);
@@ -232,7 +243,7 @@ fn tupe_on_the_causal_kernel_equals_the_composed_path_with_the_gradients() {
             };
             let before = variorum_kernels::causal_attention::calls();
             let ((y1, g1, p1), (y2, g2, p2)) = (run(true), run(false));
-            let what = format!("{kind}, from position {q_start}");
+            let what = format!("{kind}, queries from {q_start}, keys from {k_start}");
             assert_eq!(
                 variorum_kernels::causal_attention::calls() - before,
                 usize::from(on_kernel),

@@ -2611,6 +2611,11 @@ mod flex {
                 holes.seen()
                     + (0..len).map(|q| (q.saturating_sub(99)..=q).filter(|k| k % 5 == 1).count()).sum::<usize>()
             );
+            // read back, the masks are the predicates (the kernel test compares against them)
+            for (q, k) in (0..len).flat_map(|q| (0..len).map(move |k| (q, k))) {
+                assert_eq!(sees(&band, 0, q, k), k <= q && q - k < 100, "band ({q}, {k})");
+                assert_eq!(sees(&holes, 0, q, k), k <= q && q - k < 100 && k % 5 != 1, "holes ({q}, {k})");
+            }
             for norm in normalisers() {
                 check(band.clone(), 2, 1, true, norm);
                 check(holes.clone(), 2, 1, false, norm);
@@ -2625,6 +2630,12 @@ mod flex {
             assert_eq!(span_of(&row), Some((60, 130)));
             set_bits(&mut row, 140, 141);
             assert_eq!(span_of(&row), None);
+            // ending on a word boundary, starting in a later word, a single bit
+            for (a, b) in [(0, 128), (64, 192), (70, 71)] {
+                let mut row = vec![0u64; 3];
+                set_bits(&mut row, a, b);
+                assert_eq!(span_of(&row), Some((a as u32, b as u32)), "{a}..{b}");
+            }
         }
 
         #[test]

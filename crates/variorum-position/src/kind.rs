@@ -175,11 +175,12 @@ pub trait RelativeScheme {
         None
     }
 
-    /// Where [`scores`](Self::scores) adds a product of per-position vectors, s_ij += a_i · b_j
-    /// (TUPE's position–position term): `a` for the queries at `layout.q_start..` (`[n_heads,
-    /// len_q, d']`, scaled by `scale`) and `b` for the keys at `layout.k_start..` (`[n_heads,
-    /// len_k, d']`), so that a kernel can append them to each query and key — the term is then
-    /// part of q · k. Default: `None`.
+    /// Where the whole of what [`scores`](Self::scores) adds is a product of per-position
+    /// vectors, s_ij += a_i · b_j (TUPE's position–position term), and nothing acts through
+    /// [`context`](Self::context): `a` for the queries at `layout.q_start..` (`[n_heads, len_q,
+    /// d']`, scaled by `scale`) and `b` for the keys at `layout.k_start..` (`[n_heads, len_k,
+    /// d']`), so that a kernel can append them to each query and key — the term is then part of
+    /// q · k. Default: `None`.
     fn position_products(&self, _layout: &ScoreLayout, _scale: f64) -> Option<(Tensor<3>, Tensor<3>)> {
         None
     }
