@@ -59,6 +59,47 @@ fn randomise(position: &mut Option<RelativePosition>, dev: &Device) {
     }
 }
 
+/// The output, the input gradient and every parameter's gradient of `attn` over `x0` (weighted
+/// by `w`) under `mask`, with the kernels on or off.
+fn output_and_gradients(
+    attn: &variorum_attention::Attention,
+    (x0, w): (&Tensor<3>, &Tensor<3>),
+    mask: &AttentionMask,
+    kernels: bool,
+) -> (Tensor<3>, Tensor<3>, Vec<Tensor<1>>) {
+    let f = || {
+        let x = x0.clone().require_grad();
+        let y = attn.forward(AttentionInput::self_attention(x.clone(), mask), None).context;
+        let grads = (y.clone() * w.clone()).sum().backward();
+        let mut visitor = common::ParamGrads::new(&grads);
+        attn.visit(&mut visitor);
+        (y, x.grad(&grads).unwrap(), visitor.grads())
+    };
+    if kernels { f() } else { variorum_kernels::without_kernels(f) }
+}
+
+/// Two paths' outputs agree to 1e-5 and their gradients to `tol` (relative to the largest entry).
+fn assert_agree(
+    what: &str,
+    a: (Tensor<3>, Tensor<3>, Vec<Tensor<1>>),
+    b: (Tensor<3>, Tensor<3>, Vec<Tensor<1>>),
+    tol: f32,
+) {
+    fn rel<const D: usize>(a: Tensor<D>, b: Tensor<D>) -> f32 {
+        let s = b.clone().abs().max().into_scalar::<f32>().max(1e-3);
+        (a - b).abs().max().into_scalar::<f32>() / s
+    }
+    let ((y1, g1, p1), (y2, g2, p2)) = (a, b);
+    assert!(rel(y1, y2) < 1e-5, "{what}: outputs differ");
+    let dg = rel(g1, g2);
+    assert!(dg < tol, "{what}: input gradients differ by {dg}");
+    assert_eq!(p1.len(), p2.len(), "{what}: the same parameters have gradients");
+    for (i, (a, b)) in p1.into_iter().zip(p2).enumerate() {
+        let d = rel(a, b);
+        assert!(d < tol, "{what}: gradient of parameter {i} differs by {d}");
+    }
+}
+
 fn weights(attn: &MultiHeadAttention, q: Tensor<3>, kv: Tensor<3>, mask: &AttentionMask) -> Tensor<4> {
     attn.forward(AttentionInput::cross_attention(q, kv, mask).with_weights(), None).weights.unwrap()
 }
@@ -150,20 +191,10 @@ fn every_scheme_on_the_kernels_equals_the_composed_path_with_the_gradients() {
             Attention::CapsuleHeads(a) => randomise(&mut a.attention.position, &dev),
             _ => unreachable!("the kinds listed above"),
         }
-        let run = |kernels: bool| {
-            let f = || {
-                let x = x0.clone().require_grad();
-                let mask = if causal { AttentionMask::causal() } else { AttentionMask::bidirectional() };
-                let y = attn.forward(AttentionInput::self_attention(x.clone(), &mask), None).context;
-                let grads = (y.clone() * w.clone()).sum().backward();
-                let mut visitor = common::ParamGrads::new(&grads);
-                attn.visit(&mut visitor);
-                (y, x.grad(&grads).unwrap(), visitor.grads())
-            };
-            if kernels { f() } else { variorum_kernels::without_kernels(f) }
-        };
+        let mask = if causal { AttentionMask::causal() } else { AttentionMask::bidirectional() };
+        let run = |kernels: bool| output_and_gradients(&attn, (&x0, &w), &mask, kernels);
         let (rotations, sparse) = (variorum_kernels::rope::calls(), variorum_kernels::block_sparse::calls());
-        let ((y1, g1, p1), (y2, g2, p2)) = (run(true), run(false));
+        let (on, off) = (run(true), run(false));
         // (the packed rotation and the fused causal kernel serve the causal training path; the
         // block-sparse kernel every key both ways, and a bias or terms with any mask)
         let sparse_calls = variorum_kernels::block_sparse::calls() - sparse;
@@ -176,24 +207,12 @@ fn every_scheme_on_the_kernels_equals_the_composed_path_with_the_gradients() {
             _ => sparse_calls == 1,
         };
         assert!(ran, "{kind} with {scheme}, causal {causal}: the kernel ran as expected");
-        let rel = |a: Tensor<3>, b: Tensor<3>| {
-            let s = b.clone().abs().max().into_scalar::<f32>().max(1e-3);
-            (a - b).abs().max().into_scalar::<f32>() / s
-        };
         let what = format!("{kind} with {scheme}, causal {causal}");
-        assert!(rel(y1, y2) < 1e-5, "{what}: outputs differ");
         // EM routing amplifies rounding: a 1e-6 change of the input moves capsule heads'
         // composed input gradient by 1e-4 (relative) with Transformer-XL, so the two paths'
         // different summation orders are held to 1e-3 there
         let tol = if kind.contains("capsule") { 1e-3 } else { 1e-4 };
-        let dg = rel(g1, g2);
-        assert!(dg < tol, "{what}: input gradients differ by {dg}");
-        assert_eq!(p1.len(), p2.len(), "{what}: the same parameters have gradients");
-        for (i, (a, b)) in p1.into_iter().zip(p2).enumerate() {
-            let s = b.clone().abs().max().into_scalar::<f32>().max(1e-3);
-            let d = (a - b).abs().max().into_scalar::<f32>() / s;
-            assert!(d < tol, "{what}: gradient of parameter {i} differs by {d}");
-        }
+        assert_agree(&what, on, off, tol);
     }
 }
 
@@ -229,38 +248,17 @@ fn tupe_on_the_causal_kernel_equals_the_composed_path_with_the_gradients() {
                     *theta = Param::from_tensor(random(theta.dims(), &dev).mul_scalar(0.5));
                 }
             }
-            let run = |kernels: bool| {
-                let f = || {
-                    let x = x0.clone().require_grad();
-                    let mask = AttentionMask::causal().at(q_start, k_start);
-                    let y = attn.forward(AttentionInput::self_attention(x.clone(), &mask), None).context;
-                    let grads = (y.clone() * w.clone()).sum().backward();
-                    let mut visitor = common::ParamGrads::new(&grads);
-                    attn.visit(&mut visitor);
-                    (y, x.grad(&grads).unwrap(), visitor.grads())
-                };
-                if kernels { f() } else { variorum_kernels::without_kernels(f) }
-            };
+            let mask = AttentionMask::causal().at(q_start, k_start);
+            let run = |kernels: bool| output_and_gradients(&attn, (&x0, &w), &mask, kernels);
             let before = variorum_kernels::causal_attention::calls();
-            let ((y1, g1, p1), (y2, g2, p2)) = (run(true), run(false));
+            let (on, off) = (run(true), run(false));
             let what = format!("{kind}, queries from {q_start}, keys from {k_start}");
             assert_eq!(
                 variorum_kernels::causal_attention::calls() - before,
                 usize::from(on_kernel),
                 "{what}: kernel use"
             );
-            let rel = |a: Tensor<3>, b: Tensor<3>| {
-                let s = b.clone().abs().max().into_scalar::<f32>().max(1e-3);
-                (a - b).abs().max().into_scalar::<f32>() / s
-            };
-            assert!(rel(y1, y2) < 1e-5, "{what}: outputs differ");
-            assert!(rel(g1, g2) < 1e-4, "{what}: input gradients differ");
-            assert_eq!(p1.len(), p2.len(), "{what}: the same parameters have gradients");
-            for (i, (a, b)) in p1.into_iter().zip(p2).enumerate() {
-                let s = b.clone().abs().max().into_scalar::<f32>().max(1e-3);
-                let d = (a - b).abs().max().into_scalar::<f32>() / s;
-                assert!(d < 1e-4, "{what}: gradient of parameter {i} differs by {d}");
-            }
+            assert_agree(&what, on, off, 1e-4);
         }
     }
 }
