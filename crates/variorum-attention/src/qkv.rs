@@ -1,10 +1,10 @@
 //! The plain query/key/value projection, written once for every mechanism that uses it.
 //!
 //! One fused `[d_model, (n_heads + 2·n_kv_heads)·head_dim]` matrix. The fused kernels read q, k
-//! and v from its one product ([`QkvProjection::self_attention_packed`]);
-//! [`QkvProjection::self_attention`] takes one product per part ([`project_heads`]), whose
-//! backward costs less than views of one product. Grouped-/multi-query attention (Ainslie et al. 2023; Shazeer 2019) just has fewer K/V
-//! heads; the head size is independent of `d_model / n_heads`.
+//! and v from its one product ([`QkvProjection::self_attention_packed`]); the other paths take
+//! one product per part ([`project_head_range`]), whose backward costs less than views of one
+//! product. Grouped-/multi-query attention (Ainslie et al. 2023; Shazeer 2019) just has fewer
+//! K/V heads; the head size is independent of `d_model / n_heads`.
 
 use std::ops::Range;
 
@@ -26,25 +26,26 @@ pub fn split_heads(x: Tensor<3>, parts: usize, heads: usize, head_dim: usize) ->
 }
 
 /// `x` projected by the output columns `columns` of `linear` alone: one product of that width.
-pub fn project_columns(linear: &Linear, x: Tensor<3>, columns: Range<usize>) -> Tensor<3> {
+fn project_columns(linear: &Linear, x: Tensor<3>, columns: Range<usize>) -> Tensor<3> {
     let d = linear.weight.dims()[0];
     let bias = linear.bias.as_ref().map(|bias| bias.val().slice([columns.clone()]));
     variorum_kernels::linear::linear(x, linear.weight.val().slice([0..d, columns]), bias)
 }
 
-/// [`split_heads`] of `linear`'s output over `x`, each part by its own product
-/// ([`project_columns`]). Views of one product cost more in the backward: a view's (`narrow`'s)
-/// gradient is written into zeros the size of the whole product, one per part, where separate
-/// products sum `[b, L, d_in]` gradients.
-pub fn project_heads(linear: &Linear, x: Tensor<3>, parts: usize, heads: usize, head_dim: usize) -> Vec<Tensor<4>> {
+/// Heads `first .. first + heads` of `linear`'s output over `x` (heads of `head_dim` columns),
+/// `[b, heads, L, head_dim]`, by one product of their width.
+pub fn project_head_range(linear: &Linear, x: Tensor<3>, first: usize, heads: usize, head_dim: usize) -> Tensor<4> {
     let [b, l, _] = x.dims();
-    let width = heads * head_dim;
-    (0..parts)
-        .map(|i| {
-            let y = project_columns(linear, x.clone(), i * width..(i + 1) * width);
-            y.reshape([b, l, heads, head_dim]).swap_dims(1, 2)
-        })
-        .collect()
+    let y = project_columns(linear, x, first * head_dim..(first + heads) * head_dim);
+    y.reshape([b, l, heads, head_dim]).swap_dims(1, 2)
+}
+
+/// [`split_heads`] of `linear`'s output over `x`, each part by its own product
+/// ([`project_head_range`]). Views of one product cost more in the backward: a view's
+/// (`narrow`'s) gradient is written into zeros the size of the whole product, one per part, where
+/// separate products sum `[b, L, d_in]` gradients.
+pub fn project_heads(linear: &Linear, x: Tensor<3>, parts: usize, heads: usize, head_dim: usize) -> Vec<Tensor<4>> {
+    (0..parts).map(|i| project_head_range(linear, x.clone(), i * heads, heads, head_dim)).collect()
 }
 
 #[derive(Config, Debug)]
@@ -90,13 +91,7 @@ impl QkvProjection {
     /// ([`project_heads`]: at 16k positions and d_model 256, 100 MiB less at the backward's peak
     /// than views of one product).
     pub fn self_attention(&self, x: Tensor<3>) -> Qkv {
-        let [b, l, _] = x.dims();
-        let (h, hkv, dh) = (self.n_heads, self.n_kv_heads, self.head_dim);
-        let part = |x: Tensor<3>, heads: usize, at: usize| {
-            let y = project_columns(&self.qkv, x, at * dh..(at + heads) * dh);
-            y.reshape([b, l, heads, dh]).swap_dims(1, 2)
-        };
-        (part(x.clone(), h, 0), part(x.clone(), hkv, h), part(x, hkv, h + hkv))
+        self.cross_attention(x.clone(), x)
     }
 
     /// [`self_attention`](Self::self_attention) with the projection's output `[b, L, (h + 2 h_kv)
@@ -120,18 +115,14 @@ impl QkvProjection {
 
     /// The queries alone, `[b, n_heads, len, head_dim]` (the first columns of the projection).
     pub fn queries(&self, x: Tensor<3>) -> Tensor<4> {
-        let [b, lq, _] = x.dims();
-        let q = project_columns(&self.qkv, x, 0..self.n_heads * self.head_dim);
-        q.reshape([b, lq, self.n_heads, self.head_dim]).swap_dims(1, 2)
+        project_head_range(&self.qkv, x, 0, self.n_heads, self.head_dim)
     }
 
     /// Keys and values alone from `source`, `[b, n_kv_heads, len, head_dim]` each (the last
     /// columns): what cross-attention keeps of a source that does not change.
     pub fn keys_values(&self, source: Tensor<3>) -> (Tensor<4>, Tensor<4>) {
-        let [b, lk, _] = source.dims();
-        let (hq, width) = (self.n_heads * self.head_dim, self.qkv.weight.dims()[1]);
-        let kv = project_columns(&self.qkv, source, hq..width);
-        let kv = kv.reshape([b, lk, 2 * self.n_kv_heads, self.head_dim]).swap_dims(1, 2);
-        (kv.clone().narrow(1, 0, self.n_kv_heads), kv.narrow(1, self.n_kv_heads, self.n_kv_heads))
+        let (h, hkv, dh) = (self.n_heads, self.n_kv_heads, self.head_dim);
+        let part = |first: usize| project_head_range(&self.qkv, source.clone(), first, hkv, dh);
+        (part(h), part(h + hkv))
     }
 }
