@@ -127,13 +127,8 @@ fn measure_here(cfg: &ExperimentConfig, point: &str, args: &Args) -> Result<Exit
     let (attn, pos) = (&cfg.model.attention, &cfg.model.position);
     let measure = || match mode {
         "train" | "need" => {
-            let reps = if mode == "need" {
-                // training keeps freed pages for reuse (main); here they go back at once
-                variorum_train::allocator::return_freed_pages();
-                1
-            } else {
-                args.reps.max(1)
-            };
+            // a `need` process hands freed pages back at once (set in main): one step measures it
+            let reps = if mode == "need" { 1 } else { args.reps.max(1) };
             let graph =
                 args.graph_degree.filter(|_| attn.capabilities().graph).map(|d| attention_bench::random_graph(n, d, 0));
             Ok(attention_bench::training(attn, pos, args.d_model, n, reps, causal(cfg), graph, &device))

@@ -435,13 +435,20 @@ fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    variorum_train::allocator::keep_freed_pages();
+    let cli = Cli::parse();
+    // Set before any other thread starts: a `bench-attention` child measuring what a layer needs
+    // hands freed pages back at once; every other process keeps them for reuse.
+    match &cli.command {
+        Command::BenchAttention { point: Some(p), .. } if p.starts_with("need:") => {
+            variorum_train::allocator::return_freed_pages()
+        }
+        _ => variorum_train::allocator::keep_freed_pages(),
+    }
     variorum_train::threads::join_compute_pool();
     // A panic is a bug in variorum, not a user mistake: one line, no backtrace.
     std::panic::set_hook(Box::new(|info| {
         eprintln!("variorum: internal error: {info}");
     }));
-    let cli = Cli::parse();
     match run(cli) {
         Ok(code) => code,
         Err(e) => {

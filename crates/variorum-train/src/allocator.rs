@@ -16,9 +16,10 @@ pub fn keep_freed_pages() {
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
 }
 
-/// Hand freed memory back at once from now on: a benchmark measuring what a computation's
-/// tensors need at their peak, without the pages an allocator keeps for reuse. Call before the
-/// computation, in a process of its own; harmless when mimalloc is not the global allocator.
+/// Hand freed memory back at once: a benchmark measuring what a computation's tensors need at
+/// their peak, without the pages an allocator keeps for reuse (a process of its own). Call once
+/// at start, before other threads exist, instead of [`keep_freed_pages`]; harmless when mimalloc
+/// is not the global allocator.
 pub fn return_freed_pages() {
     // SAFETY: as above.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) };
