@@ -170,7 +170,7 @@ impl AdaptiveSpanAttention {
         let query = input.query;
         let p = self.attention.project(query.clone(), key_value, &mask, cache);
         let layout = p.layout;
-        let (lk, h) = (layout.len_k, p.q.dims()[1]);
+        let (lk, h) = (layout.len_k, p.q_dims()[1]);
         let scores = self.attention.scores(&p);
         let causal = AttentionMask { k_start: layout.k_start, ..mask.clone() }.score_mask(lq, lk, &device);
         let scores = match causal {

@@ -136,9 +136,9 @@ pub fn dilated_band_scores(
     dilation: usize,
     global: &[usize],
 ) -> BandScores {
-    let [b, h, l, dh] = p.q.dims();
+    let [b, h, l, dh] = p.q_dims();
     let hkv = p.k.dims()[1];
-    let device = p.q.device();
+    let device = p.device();
     let dil = dilation.max(1);
     let n = l.div_ceil(dil);
     // residue classes: [b, heads, L, d] → [b·δ, heads, n, d]
@@ -174,7 +174,7 @@ pub fn dilated_band_scores(
     };
     let k = per_head(p.k.clone());
     let v = per_head(p.v.clone());
-    let q = pad_len(residues(p.q.clone()), pad).reshape([bb * h, nb, bs, dh]);
+    let q = pad_len(residues(p.q()), pad).reshape([bb * h, nb, bs, dh]);
     let mut scores = q.clone().matmul(k.clone().swap_dims(2, 3)); // [b·h, nb, B, span]
     // one layout for every block: its keys start `before` blocks before its queries
     let layout = ScoreLayout::new(before * bs * dil, 0, bs, span, p.layout.causal).with_stride(dil);
@@ -272,9 +272,9 @@ enum Piece {
 
 /// The context `[b, h, len, d_h]` of aligned queries and keys under `pattern`.
 pub fn sparse(mha: &MultiHeadAttention, p: &Projected, pattern: &Pattern) -> Tensor<4> {
-    let [b, h, l, dh] = p.q.dims();
+    let [b, h, l, dh] = p.q_dims();
     let hkv = p.k.dims()[1];
-    let device = p.q.device();
+    let device = p.device();
     let causal = p.layout.causal;
     // the callers' key sets are laid out in blocks of exactly `pattern.block` (a sequence shorter
     // than one block is one padded block)
@@ -366,7 +366,7 @@ pub fn sparse(mha: &MultiHeadAttention, p: &Projected, pattern: &Pattern) -> Ten
     let g = global.len();
     let at = Tensor::<1, Int>::from_data(TensorData::new(global.iter().map(|&x| x as i64).collect(), [g]), &device);
     let rows = if gathered_ok {
-        let qg = p.q.clone().select(2, at.clone());
+        let qg = p.q().select(2, at.clone());
         let mut scores = qg.matmul(k_all.swap_dims(2, 3)); // [b, h, g, L]
         if let Some(pos) = &mha.position {
             let values = global.iter().flat_map(|&i| (0..l).map(move |j| i as i64 - j as i64)).collect();
@@ -388,7 +388,7 @@ pub fn sparse(mha: &MultiHeadAttention, p: &Projected, pattern: &Pattern) -> Ten
         let rows = global
             .iter()
             .map(|&pos_i| {
-                let qi = p.q.clone().narrow(2, pos_i, 1);
+                let qi = p.q().narrow(2, pos_i, 1);
                 let first = p.max_back.map_or(0, |m| pos_i.saturating_sub(m));
                 let n = if causal { pos_i + 1 } else { l } - first;
                 let (k, v) = (k_all.clone().narrow(2, first, n), v_all.clone().narrow(2, first, n));
@@ -415,9 +415,9 @@ pub fn sparse(mha: &MultiHeadAttention, p: &Projected, pattern: &Pattern) -> Ten
 /// Every query's scores against each global key, one layout per column: `[b, h, L, g]`, and
 /// the global values `[b, h, g, d_h]`.
 fn global_columns(mha: &MultiHeadAttention, p: &Projected, global: &[usize]) -> (Tensor<4>, Tensor<4>) {
-    let [b, h, l, dh] = p.q.dims();
+    let [b, h, l, dh] = p.q_dims();
     let hkv = p.k.dims()[1];
-    let device = p.q.device();
+    let device = p.device();
     let expand = |x: Tensor<4>| {
         let n = x.dims()[2];
         if h == hkv { x } else { x.unsqueeze_dim::<5>(2).expand([b, hkv, h / hkv, n, dh]).reshape([b, h, n, dh]) }
@@ -432,11 +432,9 @@ fn global_columns(mha: &MultiHeadAttention, p: &Projected, global: &[usize]) -> 
         .enumerate()
         .map(|(j, &pos_j)| {
             let kj = kg.clone().narrow(2, j, 1);
-            let col = p.q.clone().matmul(kj.clone().swap_dims(2, 3)); // [b, h, L, 1]
+            let col = p.q().matmul(kj.clone().swap_dims(2, 3)); // [b, h, L, 1]
             let col = match &mha.position {
-                Some(pos) => {
-                    pos.scores(col, p.q.clone(), kj, &ScoreLayout::new(0, pos_j, l, 1, p.layout.causal), mha.scale)
-                }
+                Some(pos) => pos.scores(col, p.q(), kj, &ScoreLayout::new(0, pos_j, l, 1, p.layout.causal), mha.scale),
                 None => col,
             };
             if p.layout.causal || p.max_back.is_some() {
@@ -522,9 +520,9 @@ pub fn decode_runs(
     stepped: &[(Range<usize>, usize)],
     hidden: impl Fn(usize, usize) -> bool,
 ) -> Tensor<4> {
-    let [b, h, _, dh] = p.q.dims();
+    let [b, h, _, dh] = p.q_dims();
     let hkv = p.k.dims()[1];
-    let device = p.q.device();
+    let device = p.device();
     let (q_pos, k0) = (p.layout.q_start, p.layout.k_start);
     let mut runs: Vec<Range<usize>> =
         runs.iter().map(|r| r.start.max(k0)..r.end.min(q_pos + 1)).filter(|r| !r.is_empty()).collect();
@@ -567,9 +565,9 @@ pub fn decode_runs(
     let scores: Vec<Tensor<4>> = parts
         .iter()
         .map(|(k, _, layout)| {
-            let mut sc = p.q.clone().matmul(k.clone().swap_dims(2, 3));
+            let mut sc = p.q().matmul(k.clone().swap_dims(2, 3));
             if let Some(pos) = &mha.position {
-                sc = pos.scores(sc, p.q.clone(), k.clone(), layout, mha.scale);
+                sc = pos.scores(sc, p.q(), k.clone(), layout, mha.scale);
             }
             let n = layout.len_k;
             let off: Vec<bool> = (0..h)
@@ -608,7 +606,7 @@ pub fn dense_pattern(
     hidden: impl Fn(usize, usize, usize, usize) -> bool,
 ) -> AttentionOutput {
     let (lq, lk) = (p.layout.len_q, p.layout.len_k);
-    let device = p.q.device();
+    let device = p.device();
     let scores = mha.scores(p);
     let [b, h, _, _] = scores.dims();
     let (q0, k0) = (p.layout.q_start, p.layout.k_start);

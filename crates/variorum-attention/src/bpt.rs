@@ -486,9 +486,9 @@ impl BptAttention {
 
     /// Per-head contexts `[b, h, len_q, d_h]` of `p`'s queries over `nodes`.
     fn attend(&self, p: &Projected, nodes: &Nodes) -> Tensor<4> {
-        let [b, h, lq, dh] = p.q.dims();
+        let [b, h, lq, dh] = p.q_dims();
         let lk = p.k.dims()[2];
-        let device = p.q.device();
+        let device = p.device();
         let (q0, k0) = (p.layout.q_start, p.layout.k_start);
         assert!(
             q0 >= k0 && q0 - k0 + lq == lk,
@@ -503,11 +503,7 @@ impl BptAttention {
         let (k, v) = (per_head(k), per_head(v));
 
         let pad = nb * bs - lq;
-        let q = if pad == 0 {
-            p.q.clone()
-        } else {
-            Tensor::cat(vec![p.q.clone(), Tensor::zeros([b, h, pad, dh], &device)], 2)
-        };
+        let q = if pad == 0 { p.q() } else { Tensor::cat(vec![p.q(), Tensor::zeros([b, h, pad, dh], &device)], 2) };
         // q · a_r for every edge type, then each slot's own
         let types = self.relative.val().dims()[0];
         let a = self.relative.val().transpose().unsqueeze_dim::<3>(0).unsqueeze_dim::<4>(0);
@@ -655,7 +651,7 @@ mod tests {
             let mask = if causal { AttentionMask::causal() } else { AttentionMask::bidirectional() };
             let p = att.attention.project(x, None, &mask, None);
             let got = att.attend(&p, &Nodes::all(&p, None));
-            let [b, h, _, dh] = p.q.dims();
+            let [b, h, _, dh] = p.q_dims();
             let hkv = p.k.dims()[1];
             let a = att.relative.val();
             let mut rows = Vec::new();
@@ -664,7 +660,7 @@ mod tests {
                 let mut heads = Vec::new();
                 for head in 0..h {
                     let kv = head / (h / hkv);
-                    let q = p.q.clone().narrow(1, head, 1).narrow(2, i, 1).reshape([b, dh]);
+                    let q = p.q().narrow(1, head, 1).narrow(2, i, 1).reshape([b, dh]);
                     let (mut scores, mut values) = (Vec::new(), Vec::new());
                     for (n, t) in &nodes {
                         let span = n.span(len);

@@ -199,8 +199,8 @@ impl EtcAttention {
         mask: &AttentionMask,
     ) -> Tensor<4> {
         let mha = &self.attention;
-        let [b, h, l, _] = p.q.dims();
-        let device = p.q.device();
+        let [b, h, l, _] = p.q_dims();
+        let device = p.device();
         let causal = mask.causal;
         let s = self.segment;
         let q0 = p.layout.q_start;
@@ -210,7 +210,7 @@ impl EtcAttention {
             let g = kg.dims()[2];
             let hidden: Vec<bool> = (0..l).flat_map(|i| (0..g).map(move |j| causal && (j + 1) * s > q0 + i)).collect();
             let hidden = Tensor::<2, Bool>::from_data(TensorData::new(hidden, [l, g]), &device).unsqueeze::<4>();
-            let scores = p.q.clone().matmul(kg.swap_dims(2, 3)).mask_fill(hidden.expand([b, h, l, g]), MASKED_SCORE);
+            let scores = p.q().matmul(kg.swap_dims(2, 3)).mask_fill(hidden.expand([b, h, l, g]), MASKED_SCORE);
             (scores, vg)
         });
         // one softmax over [local scores | l2g], then the local context from its part

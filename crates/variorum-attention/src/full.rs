@@ -480,8 +480,8 @@ pub struct HeadLosses {
 
 /// Queries (scaled), keys and values of one forward, and where their scores sit.
 pub struct Projected {
-    /// `scale · q`, `[b, n_heads, len_q, head_dim]`.
-    pub q: Tensor<4>,
+    /// `scale · q`, `[b, n_heads, len_q, head_dim]` ([`Projected::q`]).
+    q: Queries,
     /// `[b, n_kv_heads, len_k, head_dim]`, the cache included.
     pub k: Tensor<4>,
     pub v: Tensor<4>,
@@ -496,10 +496,41 @@ pub struct Projected {
     packed: Option<Tensor<3>>,
 }
 
+/// The scaled queries, or the queries and their scale where q is a view of the packed
+/// projection: a kernel reading that scales q itself, and the product would be a strided,
+/// single-threaded pass over the view (19 ms of a 160 ms sliding-window step at 16k), so it is
+/// formed on first use.
+enum Queries {
+    Scaled(Tensor<4>),
+    OnUse { unscaled: Tensor<4>, scale: f64, scaled: std::cell::OnceCell<Tensor<4>> },
+}
+
 impl Projected {
-    /// Projections formed elsewhere (no packed projection behind them).
+    /// Projections formed elsewhere (no packed projection behind them); `q` already scaled.
     pub fn new(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, layout: ScoreLayout, max_back: Option<usize>) -> Self {
-        Self { q, k, v, layout, max_back, packed: None }
+        Self { q: Queries::Scaled(q), k, v, layout, max_back, packed: None }
+    }
+
+    /// The scaled queries `scale · q`, `[b, n_heads, len_q, head_dim]`.
+    pub fn q(&self) -> Tensor<4> {
+        match &self.q {
+            Queries::Scaled(q) => q.clone(),
+            Queries::OnUse { unscaled, scale, scaled } => {
+                scaled.get_or_init(|| unscaled.clone().mul_scalar(*scale)).clone()
+            }
+        }
+    }
+
+    /// The queries' shape `[b, n_heads, len_q, head_dim]`, without forming them.
+    pub fn q_dims(&self) -> [usize; 4] {
+        match &self.q {
+            Queries::Scaled(q) | Queries::OnUse { unscaled: q, .. } => q.dims(),
+        }
+    }
+
+    /// The device the projections live on.
+    pub fn device(&self) -> Device {
+        self.k.device()
     }
 
     /// The fused projection q, k and v are views of, where a kernel may read it (see the
@@ -511,7 +542,7 @@ impl Projected {
     /// The same projections for rows `rows` of the batch (no packed projection).
     pub fn rows(&self, rows: std::ops::Range<usize>) -> Self {
         let pick = |x: &Tensor<4>| x.clone().narrow(0, rows.start, rows.len());
-        Self::new(pick(&self.q), pick(&self.k), pick(&self.v), self.layout, self.max_back)
+        Self::new(pick(&self.q()), pick(&self.k), pick(&self.v), self.layout, self.max_back)
     }
 }
 
@@ -551,20 +582,26 @@ impl MultiHeadAttention {
             None => (k, v),
         };
         let layout = ScoreLayout::new(mask.q_start, k_start, lq, k.dims()[2], mask.causal);
-        Projected { q: q.mul_scalar(self.scale), k, v, layout, max_back: mask.max_back, packed }
+        let q = if packed.is_some() {
+            // q is a view of the packed projection, which a kernel scales as it reads
+            Queries::OnUse { unscaled: q, scale: self.scale, scaled: Default::default() }
+        } else {
+            Queries::Scaled(q.mul_scalar(self.scale))
+        };
+        Projected { q, k, v, layout, max_back: mask.max_back, packed }
     }
 
     /// Step 2: scaled scores `[b, n_heads, len_q, len_k]` with the position scheme applied, not
     /// masked.
     pub fn scores(&self, p: &Projected) -> Tensor<4> {
-        let [b, h, lq, dh] = p.q.dims();
+        let [b, h, lq, dh] = p.q_dims();
         let hkv = p.k.dims()[1];
         let (g, lk) = (h / hkv, p.layout.len_k);
         // queries of a group stacked along the length: [b, hkv, g·lq, dh] @ [b, hkv, dh, lk]
-        let q = if g == 1 { p.q.clone() } else { p.q.clone().reshape([b, hkv, g * lq, dh]) };
+        let q = if g == 1 { p.q() } else { p.q().reshape([b, hkv, g * lq, dh]) };
         let scores = q.matmul(p.k.clone().swap_dims(2, 3)).reshape([b, h, lq, lk]);
         match &self.position {
-            Some(pos) => pos.scores(scores, p.q.clone(), p.k.clone(), &p.layout, self.scale),
+            Some(pos) => pos.scores(scores, p.q(), p.k.clone(), &p.layout, self.scale),
             None => scores,
         }
     }
@@ -775,7 +812,7 @@ impl MultiHeadAttention {
     fn fused(&self, p: &Projected, m: &AttentionMask, need_weights: bool) -> Option<Tensor<3>> {
         // a scheme that acts by rotating q and k alone has done so in the projection; one that
         // adds a product of per-position vectors (TUPE) has them appended to q and k below
-        let [b, h, lq, dh] = p.q.dims();
+        let [b, h, lq, dh] = p.q_dims();
         let [_, h_kv, lk, _] = p.k.dims();
         let products = self.position.as_ref().is_some_and(|pos| pos.has_position_products()) && h == h_kv;
         let plain_position = self.position.as_ref().is_none_or(RelativePosition::rotates_packed) || products;
@@ -783,7 +820,7 @@ impl MultiHeadAttention {
         // one query (cached decoding): the kernel's GEMM would pack every key for a single row,
         // slower than the composed matrix–vector products (2,350 vs 2,830 tokens/s at context 1024)
         let one_query = p.layout.len_q == 1;
-        if !self.kernel_computes(m, need_weights, &p.q.device()) || !plain_position || one_query {
+        if !self.kernel_computes(m, need_weights, &p.device()) || !plain_position || one_query {
             return None;
         }
         let norm = self.normaliser.row;
@@ -793,7 +830,7 @@ impl MultiHeadAttention {
             None => x,
         };
         if !products {
-            let q = factor(p.q.clone());
+            let q = factor(p.q());
             return variorum_kernels::causal_attention::causal_attention(q, p.k.clone(), p.v.clone(), offset, norm);
         }
         // a scheme that says it has products and gives none keeps the composed path
@@ -802,7 +839,7 @@ impl MultiHeadAttention {
         // ones, whose outputs are dropped
         let d2 = a.dims()[2];
         let side = |x: Tensor<3>, len: usize| x.unsqueeze_dim::<4>(0).expand([b, h, len, d2]);
-        let q = factor(Tensor::cat(vec![p.q.clone(), side(a, lq)], 3));
+        let q = factor(Tensor::cat(vec![p.q(), side(a, lq)], 3));
         let k = Tensor::cat(vec![p.k.clone(), side(keys, lk)], 3);
         let v = Tensor::cat(vec![p.v.clone(), Tensor::zeros([b, h, lk, d2], &p.v.device())], 3);
         let out = variorum_kernels::causal_attention::causal_attention(q, k, v, offset, norm)?;
@@ -817,13 +854,13 @@ impl MultiHeadAttention {
     /// on. Bidirectional full attention (an encoder, a masked LM) is this call.
     fn on_the_sparse_kernel(&self, p: &Projected, m: &AttentionMask, need_weights: bool) -> bool {
         let aligned = p.layout.q_start == p.layout.k_start && p.layout.len_q == p.layout.len_k;
-        let drops = crate::kind::drops(&self.dropout, &p.q.device());
+        let drops = crate::kind::drops(&self.dropout, &p.device());
         let plain = m.padding.is_none() && m.custom.is_none() && m.graph.is_none() && !need_weights && !drops;
         // terms per distance scale with a head temperature: that keeps the composed path
         let scheme_ok = self.position.as_ref().is_none_or(|pos| {
             pos.works_on_gathered_keys() || (pos.has_distance_terms() && self.normaliser.query_factor().is_none())
         });
-        aligned && plain && scheme_ok && variorum_kernels::has_kernel(&p.q)
+        aligned && plain && scheme_ok && variorum_kernels::has_kernel(&p.k)
     }
 
     /// What both kernel paths share: a causal mask and nothing else, no dropout on the

@@ -137,9 +137,9 @@ impl KeySet {
 /// The scores of a [`KeySet`], `[b·h, nb, B, m]` (position scheme applied, hidden entries at
 /// [`MASKED_SCORE`]), and the gathered values `[b·h, nb, m, d_h]`.
 pub fn gathered_scores(mha: &MultiHeadAttention, p: &Projected, set: &KeySet) -> (Tensor<4>, Tensor<4>) {
-    let [b, h, l, dh] = p.q.dims();
+    let [b, h, l, dh] = p.q_dims();
     let hkv = p.k.dims()[1];
-    let device = p.q.device();
+    let device = p.device();
     let KeySet { groups, blocks: nb, block: bs, keys: m, .. } = *set;
     // one zero row at position l stands in for empty slots
     let per_head = |x: Tensor<4>| {
@@ -166,15 +166,11 @@ pub fn gathered_scores(mha: &MultiHeadAttention, p: &Projected, set: &KeySet) ->
         Some(rows) => {
             let at: Vec<i64> = rows.iter().map(|r| r.unwrap_or(l) as i64).collect();
             let at = Tensor::<1, Int>::from_data(TensorData::new(at, [nb * bs]), &device);
-            Tensor::cat(vec![p.q.clone(), Tensor::zeros([b, h, 1, dh], &device)], 2).select(2, at)
+            Tensor::cat(vec![p.q(), Tensor::zeros([b, h, 1, dh], &device)], 2).select(2, at)
         }
         None => {
             let pad = nb * bs - l;
-            if pad == 0 {
-                p.q.clone()
-            } else {
-                Tensor::cat(vec![p.q.clone(), Tensor::zeros([b, h, pad, dh], &device)], 2)
-            }
+            if pad == 0 { p.q() } else { Tensor::cat(vec![p.q(), Tensor::zeros([b, h, pad, dh], &device)], 2) }
         }
     };
     let mut scores = q.reshape([b * h, nb, bs, dh]).matmul(k.swap_dims(2, 3));

@@ -173,7 +173,7 @@ impl GaussianPriorAttention {
     /// (key j of `p.k` at j).
     pub fn centre_and_window(&self, p: &Projected) -> (Tensor<4>, Tensor<4>) {
         let l = &p.layout;
-        let device = p.q.device();
+        let device = p.device();
         let (mut first, mut reach) = (Vec::with_capacity(l.len_q), Vec::with_capacity(l.len_q));
         for i in 0..l.len_q {
             let (a, z) = visible(l, p.max_back, i);
@@ -182,7 +182,7 @@ impl GaussianPriorAttention {
         }
         let column = |v: Vec<f32>| Tensor::<1>::from_floats(v.as_slice(), &device).reshape([1, 1, l.len_q, 1]);
         let (first, reach) = (column(first), column(reach));
-        let (c, w) = self.fractions(p.q.clone().div_scalar(self.attention.scale));
+        let (c, w) = self.fractions(p.q().div_scalar(self.attention.scale));
         let centre = c * reach.clone() + first;
         let window = w * reach.add_scalar(1.0).mul_scalar(self.window_scale);
         (centre, window)
@@ -192,7 +192,7 @@ impl GaussianPriorAttention {
     pub fn prior(&self, p: &Projected) -> Tensor<4> {
         let (centre, window) = self.centre_and_window(p);
         let lk = p.layout.len_k;
-        let keys = Tensor::<1, Int>::arange(0..lk as i64, &p.q.device()).float().reshape([1, 1, 1, lk]);
+        let keys = Tensor::<1, Int>::arange(0..lk as i64, &p.device()).float().reshape([1, 1, 1, lk]);
         // 2σ² = D² / 2
         let two_sigma_sq = window.powi_scalar(2).mul_scalar(0.5).clamp_min(MIN_TWO_SIGMA_SQ);
         (keys - centre).powi_scalar(2).div(two_sigma_sq).neg()

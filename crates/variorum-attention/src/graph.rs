@@ -145,9 +145,9 @@ impl GraphAttention {
             return self.attention.forward(input, cache);
         };
         let p = self.attention.project(input.query, input.key_value, mask, cache);
-        let [b, h, lq, _] = p.q.dims();
+        let [b, h, lq, _] = p.q_dims();
         let [_, hkv, lk, _] = p.k.dims();
-        let s = side_scores(&p.q, aq.val()).reshape([b, h, lq, 1]);
+        let s = side_scores(&p.q(), aq.val()).reshape([b, h, lq, 1]);
         let t = per_query_head(side_scores(&p.k, ak.val()).reshape([b, hkv, 1, lk]), h);
         let scores = leaky_relu(s + t, NEGATIVE_SLOPE);
         let probs = self.attention.normalise(self.attention.mask_scores(scores, mask, input.dense_mask, &p));
@@ -158,13 +158,13 @@ impl GraphAttention {
 
     /// Per-head contexts `[b, h, L, d_h]` over each position's neighbours in `graph`, gathered.
     fn attend_graph(&self, p: &Projected, graph: &GraphMask) -> Tensor<4> {
-        let [b, h, l, _] = p.q.dims();
-        let (at, empty) = graph.neighbours(l, p.layout.causal, p.max_back, &p.q.device());
+        let [b, h, l, _] = p.q_dims();
+        let (at, empty) = graph.neighbours(l, p.layout.causal, p.max_back, &p.device());
         let slots = Slots::new(at, l, h);
         let scores = match (&self.query_vector, &self.key_vector) {
             (Some(aq), Some(ak)) => {
                 let hkv = p.k.dims()[1];
-                let s = side_scores(&p.q, aq.val()).reshape([b, h, l, 1]);
+                let s = side_scores(&p.q(), aq.val()).reshape([b, h, l, 1]);
                 let t = side_scores(&p.k, ak.val()).reshape([b, hkv, l, 1]);
                 leaky_relu(s + slots.gather(t).reshape([b, h, l, slots.degree]), NEGATIVE_SLOPE)
             }
@@ -209,8 +209,8 @@ impl Slots {
     /// q · k over each query's slots (the queries carry the scale): `[b, h, len_q, degree]`, one
     /// 1 × d_h by d_h × degree product per query and head.
     pub(crate) fn dot_scores(&self, p: &Projected) -> Tensor<4> {
-        let [b, h, lq, dh] = p.q.dims();
-        p.q.clone().reshape([b, h, lq, 1, dh]).matmul(self.gather(p.k.clone()).swap_dims(3, 4)).reshape([
+        let [b, h, lq, dh] = p.q_dims();
+        p.q().reshape([b, h, lq, 1, dh]).matmul(self.gather(p.k.clone()).swap_dims(3, 4)).reshape([
             b,
             h,
             lq,
@@ -368,12 +368,12 @@ mod tests {
         let out = att.forward(AttentionInput::self_attention(x.clone(), &mask), None).context;
         let p = att.attention.project(x, None, &AttentionMask::bidirectional(), None);
         let (aq, ak) = (att.query_vector.as_ref().unwrap().val(), att.key_vector.as_ref().unwrap().val());
-        let [_, h, _, dh] = p.q.dims();
+        let [_, h, _, dh] = p.q_dims();
         let i = 0;
         let reads = [0usize, 2, 5];
         let mut heads = Vec::new();
         for head in 0..h {
-            let q = p.q.clone().slice([0..1, head..head + 1, i..i + 1, 0..dh]).reshape([dh]);
+            let q = p.q().slice([0..1, head..head + 1, i..i + 1, 0..dh]).reshape([dh]);
             let s = (q * aq.clone().slice([head..head + 1, 0..dh]).reshape([dh])).sum();
             let e: Vec<Tensor<1>> = reads
                 .iter()

@@ -134,8 +134,8 @@ impl Local2dAttention {
         let (p, causal) = (&call.p, call.causal());
         let out = if call.fresh() {
             let mha = &self.attention;
-            let [b, h, l, dh] = p.q.dims();
-            let device = p.q.device();
+            let [b, h, l, dh] = p.q_dims();
+            let device = p.device();
             let set = self.rectangles(l, causal).limited(p.max_back);
             let (scores, v) = gathered_scores(mha, p, &set);
             let [_, nb, bs, w] = scores.dims();

@@ -534,7 +534,7 @@ fn with_projected_global_rows(
     with_global_rows(out, (q0, lq), global, |i, need_weights| {
         let pos = q0 + i;
         let layout = variorum_position::ScoreLayout::new(pos, gp.layout.k_start, 1, gp.layout.len_k, gp.layout.causal);
-        let p = Projected::new(gp.q.clone().narrow(2, i, 1), gp.k.clone(), gp.v.clone(), layout, gp.max_back);
+        let p = Projected::new(gp.q().narrow(2, i, 1), gp.k.clone(), gp.v.clone(), layout, gp.max_back);
         let row_mask =
             AttentionMask { q_start: pos, custom: mask.custom.clone().map(|c| c.narrow(1, i, 1)), ..mask.clone() };
         let row = dense_pattern(g, &p, &row_mask, need_weights, 1, |_, _, _, _| false);

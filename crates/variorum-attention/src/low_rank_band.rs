@@ -248,7 +248,7 @@ impl LowRankBandAttention {
         let causal = mask.causal;
         let device = x.device();
         let p = mha.project(x.clone(), source.clone(), mask, st.as_mut().map(|s| &mut s.band));
-        let lq = p.q.dims()[2];
+        let lq = p.q_dims()[2];
         let q0 = mask.q_start;
         let positions_mask = |k0: usize, lk: usize, hidden: &dyn Fn(usize, usize) -> bool| {
             let m: Vec<bool> =
@@ -257,7 +257,7 @@ impl LowRankBandAttention {
         };
         let band = self.band_of(causal);
         let (k0, lk) = (p.layout.k_start, p.layout.len_k);
-        let scores = p.q.clone().matmul(p.k.clone().swap_dims(2, 3));
+        let scores = p.q().matmul(p.k.clone().swap_dims(2, 3));
         let hidden = positions_mask(k0, lk, &|i, j| !band.sees(i as i64, j as i64));
         let band_ctx = mha.dropout.forward(softmax(scores.mask_fill(hidden, MASKED_SCORE), 3)).matmul(p.v.clone());
         let low = self.low_rank.as_ref().map(|lin| {

@@ -324,9 +324,9 @@ impl MemorizingAttention {
             return (mha.combine(mha.dropout.forward(probs), &p), w);
         };
         let p = self.local_projection(x, mask, st);
-        let h = p.q.dims()[1];
+        let h = p.q_dims()[1];
         let tau = gate.log_scale.val().exp().reshape([1, h, 1, 1]);
-        let q = unit(p.q);
+        let q = unit(p.q());
         let local = Projected::new(q.clone() * tau.clone(), unit(p.k), p.v, p.layout, p.max_back);
         let probs = self.local_probs(&local, mask);
         let w = need_weights.then(|| probs.clone());
@@ -359,6 +359,7 @@ impl MemorizingAttention {
     /// where their scores sit.
     fn local_projection(&self, x: Tensor<3>, mask: &AttentionMask, st: &mut MemorizingState) -> Projected {
         let p = self.attention.project(x, None, mask, None);
+        let (q, n, max_back) = (p.q(), p.q_dims()[2], p.max_back);
         let (k, v) = match st.local.take() {
             Some((k0, v0)) => (Tensor::cat(vec![k0, p.k], 2), Tensor::cat(vec![v0, p.v], 2)),
             None => (p.k, p.v),
@@ -369,9 +370,8 @@ impl MemorizingAttention {
             Some((k0, v0)) => (Tensor::cat(vec![k0.clone(), k], 2), Tensor::cat(vec![v0.clone(), v], 2)),
             None => (k, v),
         };
-        let n = p.q.dims()[2];
         let layout = ScoreLayout::new(mask.q_start, mask.k_start, n, k.dims()[2], true);
-        Projected::new(p.q, k, v, layout, p.max_back)
+        Projected::new(q, k, v, layout, max_back)
     }
 
     /// A complete segment leaves the local state; a memory layer (`store`) keeps it first.

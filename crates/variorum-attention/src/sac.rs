@@ -191,14 +191,14 @@ impl SacAttention {
                 (p, self.key_pointers(x.clone()))
             }
         };
-        let [b, h, lq, _] = p.q.dims();
+        let [b, h, lq, _] = p.q_dims();
         let lk = p.k.dims()[2];
         let edges = self.draw(x, pointers, mask, &p);
         // each query's own key first, then its edges
         let own = edges.own.clone().reshape([1, lq, 1]).expand([b, lq, 1]);
         let at = Tensor::cat(vec![own, edges.keys.clone()], 2);
         // (as integers: a gathered mask and a fresh one may differ in storage)
-        let empty = Tensor::cat(vec![Tensor::<3, Int>::zeros([b, lq, 1], &p.q.device()), edges.empty.clone().int()], 2)
+        let empty = Tensor::cat(vec![Tensor::<3, Int>::zeros([b, lq, 1], &p.device()), edges.empty.clone().int()], 2)
             .equal_elem(1);
         let slots = Slots::new(at, lk, h);
         let context = slots.attend(&self.attention, slots.dot_scores(&p), empty, &p);

@@ -40,7 +40,7 @@ pub fn context(mha: &MultiHeadAttention, p: &Projected, pattern: &Pattern, globa
     if !applies(mha, p) || gathered_queries || !position_ok {
         return None;
     }
-    let [_, h, l, _] = p.q.dims();
+    let [_, h, l, _] = p.q_dims();
     let bs = pattern.block.max(1);
     if pattern.extra.is_some_and(|set| set.block != bs || set.blocks != l.div_ceil(bs)) {
         return None;
@@ -87,7 +87,7 @@ pub fn layout_context(
     if !applies(mha, p) || !position_ok {
         return None;
     }
-    let l = p.q.dims()[2];
+    let l = p.q_dims()[2];
     let (causal, far) = (p.layout.causal, p.max_back.unwrap_or(usize::MAX));
     let clipped = |g: usize, q: usize, out: &mut Vec<Range<usize>>| {
         let from = out.len();
@@ -132,11 +132,11 @@ fn run(
     packed: impl FnOnce(Tensor<3>, (usize, usize), f64, Option<Tensor<2>>) -> Option<Tensor<3>>,
     separate: impl FnOnce(Tensor<4>, Option<Tensor<2>>) -> Option<Tensor<3>>,
 ) -> Option<Tensor<4>> {
-    let heads = (p.q.dims()[1], p.k.dims()[1]);
+    let heads = (p.q_dims()[1], p.k.dims()[1]);
     let out = match (mha.normaliser.query_factor(), p.packed()) {
         (None, Some(qkv)) => packed(qkv.clone(), heads, mha.scale, bias)?,
         (factor, _) => {
-            let (q, bias) = with_temperature(p.q.clone(), bias, factor);
+            let (q, bias) = with_temperature(p.q(), bias, factor);
             separate(q, bias)?
         }
     };
@@ -157,7 +157,7 @@ fn with_terms(mha: &MultiHeadAttention, p: &Projected, pieces: Pieces, norm: Row
     if mha.normaliser.query_factor().is_some() {
         return None;
     }
-    let [_, h, _, _] = p.q.dims();
+    let [_, h, _, _] = p.q_dims();
     let len_k = p.k.dims()[2];
     // a piece in position order says how far its pairs reach; a union's slots stand elsewhere
     let reach = match &pieces[..] {
@@ -165,13 +165,13 @@ fn with_terms(mha: &MultiHeadAttention, p: &Projected, pieces: Pieces, norm: Row
         _ => len_k - 1,
     };
     let at = TermsFor { n_heads: h, len_k, reach, causal: p.layout.causal, scale: mha.scale };
-    let terms = pos.distance_terms(at, &p.q.device())?;
+    let terms = pos.distance_terms(at, &p.device())?;
     let out = match p.packed() {
         Some(qkv) => {
             let heads = (h, p.k.dims()[1]);
             block_sparse_self_attention_with_terms(qkv.clone(), heads, mha.scale, terms, pieces, norm)?
         }
-        None => block_sparse_with_terms(p.q.clone(), p.k.clone(), p.v.clone(), terms, pieces, norm)?,
+        None => block_sparse_with_terms(p.q(), p.k.clone(), p.v.clone(), terms, pieces, norm)?,
     };
     Some(by_head(out, h))
 }
@@ -180,18 +180,18 @@ fn with_terms(mha: &MultiHeadAttention, p: &Projected, pieces: Pieces, norm: Row
 /// queries.
 fn applies(mha: &MultiHeadAttention, p: &Projected) -> bool {
     let aligned = p.layout.q_start == p.layout.k_start && p.layout.len_q == p.layout.len_k;
-    crate::kind::kernel_takes(&mha.dropout, &p.q) && aligned
+    crate::kind::kernel_takes(&mha.dropout, &p.k) && aligned
 }
 
 /// The position scheme's additive score by distance, `[h, 2 L − 1]` (entry t is distance
 /// t − (L − 1)), where it adds one.
 fn distance_bias(mha: &MultiHeadAttention, p: &Projected) -> Option<Tensor<2>> {
     let pos = mha.position.as_ref()?;
-    let [_, h, l, _] = p.q.dims();
+    let [_, h, l, _] = p.q_dims();
     let width = 2 * l - 1;
     let values = (0..width).map(|t| t as i64 - (l as i64 - 1)).collect();
     let distances = Distances { dims: [1, 1, 1, width], values, causal: p.layout.causal };
-    pos.bias_at(&distances, &p.q.device()).map(|bias| bias.reshape([h, width]))
+    pos.bias_at(&distances, &p.device()).map(|bias| bias.reshape([h, width]))
 }
 
 /// A head's temperature scales its whole score, s/τ = (q/τ)·k + b/τ.

@@ -193,7 +193,7 @@ impl StridedAttention {
             let context = match self.mode {
                 StridedMode::Local => banded(&self.attention, &p, &[self.local_band(causal)], &[]),
                 _ => sparse_kernel::union_context(&self.attention, &p, || {
-                    self.pieces(p.q.dims()[1], p.layout.len_q, causal, p.max_back)
+                    self.pieces(p.q_dims()[1], p.layout.len_q, causal, p.max_back)
                 })
                 .unwrap_or_else(|| self.blocked(&p, causal)),
             };
@@ -216,9 +216,9 @@ impl StridedAttention {
     /// and with stride ℓ), in one softmax. `[b, h, 1, d_h]`.
     fn decode(&self, p: &Projected) -> Tensor<4> {
         let mha = &self.attention;
-        let [b, h, _, dh] = p.q.dims();
+        let [b, h, _, dh] = p.q_dims();
         let [_, hkv, lk, _] = p.k.dims();
-        let device = p.q.device();
+        let device = p.device();
         let s = self.stride;
         let q_pos = p.layout.q_start;
         let expand = |x: Tensor<4>| {
@@ -253,9 +253,9 @@ impl StridedAttention {
         let scores: Vec<Tensor<4>> = parts
             .iter()
             .map(|(k, _, layout)| {
-                let mut sc = p.q.clone().matmul(k.clone().swap_dims(2, 3));
+                let mut sc = p.q().matmul(k.clone().swap_dims(2, 3));
                 if let Some(pos) = &mha.position {
-                    sc = pos.scores(sc, p.q.clone(), k.clone(), layout, mha.scale);
+                    sc = pos.scores(sc, p.q(), k.clone(), layout, mha.scale);
                 }
                 let n = layout.len_k;
                 let hidden: Vec<bool> = (0..h)
@@ -286,7 +286,7 @@ impl StridedAttention {
 
     /// Every key scored, the pattern as a mask.
     fn dense(&self, p: &Projected, mask: &AttentionMask, need_weights: bool) -> AttentionOutput {
-        let h = p.q.dims()[1];
+        let h = p.q_dims()[1];
         dense_pattern(&self.attention, p, mask, need_weights, 1, |_, head, q, k| !self.sees(head, h, q, k, mask.causal))
     }
 
@@ -371,9 +371,9 @@ impl StridedAttention {
     /// The column pattern and (union, heads) the band, in one softmax per row: `[b, h, L, d_h]`.
     fn blocked(&self, p: &Projected, causal: bool) -> Tensor<4> {
         let mha = &self.attention;
-        let [b, h, l, dh] = p.q.dims();
+        let [b, h, l, dh] = p.q_dims();
         let hkv = p.k.dims()[1];
-        let device = p.q.device();
+        let device = p.device();
         let s = self.stride;
         let n = l.div_ceil(s);
         let pad = n * s - l;
@@ -394,7 +394,7 @@ impl StridedAttention {
             let x = if pad == 0 { x } else { Tensor::cat(vec![x.clone(), Tensor::zeros([b, h, pad, dh], &device)], 2) };
             x.reshape([b, h, n, s, dh]).permute([0, 3, 1, 2, 4]).reshape([b * s, h, n, dh])
         };
-        let (qc, kc, vc) = (to_columns(p.q.clone()), to_columns(expand(p.k.clone())), to_columns(expand(p.v.clone())));
+        let (qc, kc, vc) = (to_columns(p.q()), to_columns(expand(p.k.clone())), to_columns(expand(p.v.clone())));
         let layout = ScoreLayout::new(0, 0, n, n, causal).with_stride(s);
         let mut col = qc.clone().matmul(kc.clone().swap_dims(2, 3)); // [b·ℓ, h, n, n]
         if let Some(pos) = &mha.position {

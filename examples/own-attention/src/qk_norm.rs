@@ -127,7 +127,7 @@ impl QkNormAttention {
         let a = &self.attention;
         let p = a.project(input.query, input.key_value, input.mask, cache);
         // the projection's 1/√d scale is undone by the normalisation; g scales instead
-        let q = unit(p.q.clone()) * self.gain.val().reshape([1, 1, 1, 1]);
+        let q = unit(p.q()) * self.gain.val().reshape([1, 1, 1, 1]);
         let p = Projected::new(q, unit(p.k.clone()), p.v, p.layout, p.max_back);
         let scores = a.mask_scores(a.scores(&p), input.mask, input.dense_mask, &p);
         let probs = softmax(scores, 3);
