@@ -567,8 +567,11 @@ impl MultiHeadAttention {
                 let (all, qkv) = self.qkv.self_attention_packed(query);
                 (Some(all), qkv)
             }
-            None => (None, self.qkv.self_attention(query)),
-            Some(src) => (None, self.qkv.cross_attention(query, src)),
+            // the scale on q's weight columns, not on its strided head view (`scaled_queries`)
+            source => {
+                let (k, v) = self.qkv.keys_values(source.unwrap_or_else(|| query.clone()));
+                (None, (self.qkv.scaled_queries(query, self.scale), k, v))
+            }
         };
         let (cached, dropped) = cache.as_ref().map_or((0, 0), |c| (c.len(), c.start));
         let k_start = mask.k_start + dropped;
@@ -586,7 +589,7 @@ impl MultiHeadAttention {
             // q is a view of the packed projection, which a kernel scales as it reads
             Queries::OnUse { unscaled: q, scale: self.scale, scaled: Default::default() }
         } else {
-            Queries::Scaled(q.mul_scalar(self.scale))
+            Queries::Scaled(q)
         };
         Projected { q, k, v, layout, max_back: mask.max_back, packed }
     }

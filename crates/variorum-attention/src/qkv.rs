@@ -25,18 +25,21 @@ pub fn split_heads(x: Tensor<3>, parts: usize, heads: usize, head_dim: usize) ->
     (0..parts).map(|i| x.clone().narrow(2, i, 1).reshape([b, l, heads, head_dim]).swap_dims(1, 2)).collect()
 }
 
-/// `x` projected by the output columns `columns` of `linear` alone: one product of that width.
-fn project_columns(linear: &Linear, x: Tensor<3>, columns: Range<usize>) -> Tensor<3> {
+/// `x` projected by the output columns `columns` of `linear` alone, times `factor`: one product
+/// of that width, the factor on the `d_in × width` weight slice (and bias), not on the output.
+fn project_columns(linear: &Linear, x: Tensor<3>, columns: Range<usize>, factor: f64) -> Tensor<3> {
     let d = linear.weight.dims()[0];
+    let times = |t: Tensor<2>| if factor == 1.0 { t } else { t.mul_scalar(factor) };
     let bias = linear.bias.as_ref().map(|bias| bias.val().slice([columns.clone()]));
-    variorum_kernels::linear::linear(x, linear.weight.val().slice([0..d, columns]), bias)
+    let bias = bias.map(|b| if factor == 1.0 { b } else { b.mul_scalar(factor) });
+    variorum_kernels::linear::linear(x, times(linear.weight.val().slice([0..d, columns])), bias)
 }
 
 /// Heads `first .. first + heads` of `linear`'s output over `x` (heads of `head_dim` columns),
 /// `[b, heads, L, head_dim]`, by one product of their width.
 pub fn project_head_range(linear: &Linear, x: Tensor<3>, first: usize, heads: usize, head_dim: usize) -> Tensor<4> {
     let [b, l, _] = x.dims();
-    let y = project_columns(linear, x, first * head_dim..(first + heads) * head_dim);
+    let y = project_columns(linear, x, first * head_dim..(first + heads) * head_dim, 1.0);
     y.reshape([b, l, heads, head_dim]).swap_dims(1, 2)
 }
 
@@ -115,7 +118,15 @@ impl QkvProjection {
 
     /// The queries alone, `[b, n_heads, len, head_dim]` (the first columns of the projection).
     pub fn queries(&self, x: Tensor<3>) -> Tensor<4> {
-        project_head_range(&self.qkv, x, 0, self.n_heads, self.head_dim)
+        self.scaled_queries(x, 1.0)
+    }
+
+    /// `scale ·` [`queries`](Self::queries), the scale on the weight's columns: `d_model × h d_h`
+    /// products where scaling the output would be a strided pass over its head view.
+    pub fn scaled_queries(&self, x: Tensor<3>, scale: f64) -> Tensor<4> {
+        let [b, l, _] = x.dims();
+        let (h, dh) = (self.n_heads, self.head_dim);
+        project_columns(&self.qkv, x, 0..h * dh, scale).reshape([b, l, h, dh]).swap_dims(1, 2)
     }
 
     /// Keys and values alone from `source`, `[b, n_kv_heads, len, head_dim]` each (the last
