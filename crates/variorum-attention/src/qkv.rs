@@ -26,13 +26,20 @@ pub fn split_heads(x: Tensor<3>, parts: usize, heads: usize, head_dim: usize) ->
 }
 
 /// `x` projected by the output columns `columns` of `linear` alone, times `factor`: one product
-/// of that width, the factor on the `d_in × width` weight slice (and bias), not on the output.
+/// of that width. The factor goes on the smaller side: the `d_in × width` weight slice (and
+/// bias) when `x` has more rows than `d_in` (training), the output otherwise (decoding one row).
 fn project_columns(linear: &Linear, x: Tensor<3>, columns: Range<usize>, factor: f64) -> Tensor<3> {
-    let d = linear.weight.dims()[0];
-    let times = |t: Tensor<2>| if factor == 1.0 { t } else { t.mul_scalar(factor) };
-    let bias = linear.bias.as_ref().map(|bias| bias.val().slice([columns.clone()]));
-    let bias = bias.map(|b| if factor == 1.0 { b } else { b.mul_scalar(factor) });
-    variorum_kernels::linear::linear(x, times(linear.weight.val().slice([0..d, columns])), bias)
+    let [b, l, d] = x.dims();
+    let weight = linear.weight.val().slice([0..d, columns.clone()]);
+    let bias = linear.bias.as_ref().map(|bias| bias.val().slice([columns]));
+    if factor == 1.0 {
+        return variorum_kernels::linear::linear(x, weight, bias);
+    }
+    if b * l > d {
+        variorum_kernels::linear::linear(x, weight.mul_scalar(factor), bias.map(|b| b.mul_scalar(factor)))
+    } else {
+        variorum_kernels::linear::linear(x, weight, bias).mul_scalar(factor)
+    }
 }
 
 /// Heads `first .. first + heads` of `linear`'s output over `x` (heads of `head_dim` columns),
@@ -121,8 +128,9 @@ impl QkvProjection {
         self.scaled_queries(x, 1.0)
     }
 
-    /// `scale ·` [`queries`](Self::queries), the scale on the weight's columns: `d_model × h d_h`
-    /// products where scaling the output would be a strided pass over its head view.
+    /// `scale ·` [`queries`](Self::queries), the scale on the weight's columns where those are
+    /// fewer than the output's entries (`project_columns`): scaling the output afterwards would
+    /// be a strided pass over its head view.
     pub fn scaled_queries(&self, x: Tensor<3>, scale: f64) -> Tensor<4> {
         let [b, l, _] = x.dims();
         let (h, dh) = (self.n_heads, self.head_dim);
@@ -135,5 +143,33 @@ impl QkvProjection {
         let (h, hkv, dh) = (self.n_heads, self.n_kv_heads, self.head_dim);
         let part = |first: usize| project_head_range(&self.qkv, source.clone(), first, hkv, dh);
         (part(h), part(h + hkv))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::{Distribution, Tolerance};
+
+    /// `scaled_queries` equals the scale times `queries`, output and input and weight gradients,
+    /// where the scale goes on the weight (more rows than d_model) and where it goes on the
+    /// output (one row, as in decoding).
+    #[test]
+    fn scaled_queries_are_the_scaled_queries_with_gradients() {
+        let device = Device::default().autodiff();
+        let proj = QkvProjectionConfig::new(8, 2, 1, 4).with_init_std(0.5).init(&device);
+        for len in [1, 9] {
+            let x: Tensor<3> = Tensor::random([2, len, 8], Distribution::Normal(0.0, 1.0), &device).require_grad();
+            let probe: Tensor<4> = Tensor::random([2, 2, len, 4], Distribution::Normal(0.0, 1.0), &device);
+            let run = |q: Tensor<4>| {
+                let grads = (q.clone() * probe.clone()).sum().backward();
+                (q.inner(), x.grad(&grads).unwrap(), proj.qkv.weight.grad(&grads).unwrap())
+            };
+            let (a, ga, wa) = run(proj.scaled_queries(x.clone(), 0.3));
+            let (b, gb, wb) = run(proj.queries(x.clone()) * 0.3);
+            a.into_data().assert_approx_eq::<f32>(&b.into_data(), Tolerance::default());
+            ga.into_data().assert_approx_eq::<f32>(&gb.into_data(), Tolerance::default());
+            wa.into_data().assert_approx_eq::<f32>(&wb.into_data(), Tolerance::default());
+        }
     }
 }

@@ -73,8 +73,15 @@ pub fn bench_attention(args: Args) -> Result<ExitCode> {
             let o = if let Some(why) = too_big(cfg, args.d_model, len) {
                 Err(why)
             } else {
-                // and what its tensors need, in a process that hands freed pages back at once
-                let needed = child(path, &format!("need:{len}"), &args).ok().and_then(|p| p.peak_mib);
+                // and what its tensors need, in a process that hands freed pages back at once; where
+                // that measurement fails, the line says why
+                let needed = match child(path, &format!("need:{len}"), &args) {
+                    Ok(p) => p.peak_mib,
+                    Err(why) => {
+                        pb.suspend(|| println!("{name:<22} needs     L = {len:>6}  not measured: {why}"));
+                        None
+                    }
+                };
                 child(path, &format!("train:{len}"), &args).map(|p| AttentionPoint { needed_mib: needed, ..p })
             };
             pb.suspend(|| println!("{name:<22} train     L = {len:>6}  {}", describe(&o, 1e3, "ms")));
