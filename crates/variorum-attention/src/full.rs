@@ -567,7 +567,8 @@ impl MultiHeadAttention {
                 let (all, qkv) = self.qkv.self_attention_packed(query);
                 (Some(all), qkv)
             }
-            // the scale on q's weight columns, not on its strided head view (`scaled_queries`)
+            // q comes scaled: the scale on the smaller of its weight slice and its product
+            // (`QkvProjection::scaled_queries`)
             source => {
                 let (k, v) = self.qkv.keys_values(source.unwrap_or_else(|| query.clone()));
                 (None, (self.qkv.scaled_queries(query, self.scale), k, v))
@@ -928,10 +929,11 @@ impl MultiHeadAttention {
     /// side by side, `[b, len_q, n_heads · d_h]`.
     pub fn content_only_heads(&self, query: Tensor<3>, key_value: Tensor<3>) -> Tensor<3> {
         let [b, lq, _] = query.dims();
-        let (q, k, v) = self.qkv.cross_attention(query, key_value);
         let (h, hkv, dh) = (self.qkv.n_heads, self.qkv.n_kv_heads, self.qkv.head_dim);
+        let (k, v) = self.qkv.keys_values(key_value);
+        let q = self.qkv.scaled_queries(query, 1.0 / (dh as f64).sqrt());
         let (g, lk) = (h / hkv, k.dims()[2]);
-        let q = q.mul_scalar(1.0 / (dh as f64).sqrt()).reshape([b, hkv, g * lq, dh]);
+        let q = q.reshape([b, hkv, g * lq, dh]);
         let probs = self.normalise(q.matmul(k.swap_dims(2, 3)).reshape([b, h, lq, lk]));
         concat_heads(probs.reshape([b, hkv, g * lq, lk]).matmul(v).reshape([b, h, lq, dh]))
     }
@@ -957,10 +959,10 @@ impl AttentionMechanism for MultiHeadAttention {
                 kept.0.get_or_insert(self.qkv.keys_values(source)).clone()
             }
         };
-        let q = self.qkv.queries(input.query);
+        let q = self.qkv.scaled_queries(input.query, self.scale);
         let m = input.mask;
         let layout = ScoreLayout::new(m.q_start, m.k_start, q.dims()[2], k.dims()[2], m.causal);
-        let p = Projected::new(q.mul_scalar(self.scale), k, v, layout, m.max_back);
+        let p = Projected::new(q, k, v, layout, m.max_back);
         let probs = self.normalise(self.mask_scores(self.scores(&p), m, input.dense_mask, &p));
         let weights = input.need_weights.then(|| probs.clone());
         AttentionOutput { context: self.combine(self.dropout.forward(probs), &p), weights, aux_losses: Vec::new() }

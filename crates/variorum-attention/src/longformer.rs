@@ -505,7 +505,7 @@ impl FoldedProjections {
     fn row(&self, g: &MultiHeadAttention, x: &Tensor<3>, i: usize, causal: bool) -> Tensor<3> {
         let [b, l, d] = x.dims();
         let (h, hd) = (g.qkv.n_heads, g.qkv.head_dim);
-        let q = g.qkv.queries(x.clone().narrow(1, i, 1)).mul_scalar(g.scale);
+        let q = g.qkv.scaled_queries(x.clone().narrow(1, i, 1), g.scale);
         // u = W_kᵀ q per head: [b, h, d]
         let w_k = self.w_k.clone().swap_dims(1, 2).unsqueeze_dim::<4>(0).expand([b, h, hd, d]);
         let u = q.matmul(w_k).reshape([b, h, d]);

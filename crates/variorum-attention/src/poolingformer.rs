@@ -472,11 +472,12 @@ impl PoolingformerAttention {
     /// Cross-attention: level 1 over every source key, level 2 over the pooled level-2
     /// projections of the source.
     fn cross(&self, query: Tensor<3>, source: Tensor<3>) -> Tensor<3> {
-        let (q, k, v) = self.level1.qkv.cross_attention(query, source.clone());
+        let (k, v) = self.level1.qkv.keys_values(source.clone());
+        let q = self.level1.qkv.scaled_queries(query, self.level1.scale);
         let [_, _, lq, _] = q.dims();
         let lk = k.dims()[2];
         let layout = ScoreLayout::new(0, 0, lq, lk, false);
-        let p = Projected::new(q.mul_scalar(self.level1.scale), k, v, layout, None);
+        let p = Projected::new(q, k, v, layout, None);
         let probs = self.level1.dropout.forward(softmax(self.level1.scores(&p), 3));
         let y = self.level1.combine(probs, &p);
         let (q2, k2, v2) = self.level2.qkv.cross_attention(y.clone(), source);

@@ -128,9 +128,9 @@ impl QkvProjection {
         self.scaled_queries(x, 1.0)
     }
 
-    /// `scale ·` [`queries`](Self::queries), the scale on the weight's columns where those are
-    /// fewer than the output's entries (`project_columns`): scaling the output afterwards would
-    /// be a strided pass over its head view.
+    /// `scale ·` [`queries`](Self::queries), the scale on whichever is smaller, the weight's
+    /// `d_model × h·d_h` slice or the `[b, L, h·d_h]` product (`project_columns`); either way
+    /// before the head view, over which a product would be a strided single-threaded pass.
     pub fn scaled_queries(&self, x: Tensor<3>, scale: f64) -> Tensor<4> {
         let [b, l, _] = x.dims();
         let (h, dh) = (self.n_heads, self.head_dim);
@@ -163,13 +163,15 @@ mod tests {
             let probe: Tensor<4> = Tensor::random([2, 2, len, 4], Distribution::Normal(0.0, 1.0), &device);
             let run = |q: Tensor<4>| {
                 let grads = (q.clone() * probe.clone()).sum().backward();
-                (q.inner(), x.grad(&grads).unwrap(), proj.qkv.weight.grad(&grads).unwrap())
+                let bias = proj.qkv.bias.as_ref().map(|b| b.grad(&grads).unwrap());
+                (q.inner(), x.grad(&grads).unwrap(), proj.qkv.weight.grad(&grads).unwrap(), bias.unwrap())
             };
-            let (a, ga, wa) = run(proj.scaled_queries(x.clone(), 0.3));
-            let (b, gb, wb) = run(proj.queries(x.clone()) * 0.3);
+            let (a, ga, wa, ba) = run(proj.scaled_queries(x.clone(), 0.3));
+            let (b, gb, wb, bb) = run(proj.queries(x.clone()) * 0.3);
             a.into_data().assert_approx_eq::<f32>(&b.into_data(), Tolerance::default());
             ga.into_data().assert_approx_eq::<f32>(&gb.into_data(), Tolerance::default());
             wa.into_data().assert_approx_eq::<f32>(&wb.into_data(), Tolerance::default());
+            ba.into_data().assert_approx_eq::<f32>(&bb.into_data(), Tolerance::default());
         }
     }
 }
