@@ -893,29 +893,35 @@ impl MultiHeadAttention {
         if !variorum_kernels::has_kernel(&input.query) {
             return None;
         }
-        // a rotation needs one position per row: queries and keys of the same positions
+        // a rotation needs one position per row: queries and keys of the same positions; a
+        // product of per-position vectors (TUPE) the kernel adds to every score itself
+        let products = self.position.as_ref().is_some_and(|p| p.has_position_products());
         if let Some(p) = &self.position
+            && !products
             && (!p.rotates_packed() || offset != 0)
         {
             return None;
         }
         let qkv = &self.qkv;
+        let (h, h_kv, norm) = (qkv.n_heads, qkv.n_kv_heads, self.normaliser.row);
         let all = variorum_kernels::linear::forward(&qkv.qkv, input.query.clone());
         let all = match &self.position {
-            None => all,
+            Some(p) if products => {
+                let len = all.dims()[1];
+                let layout = ScoreLayout::new(m.q_start, m.k_start, len, len, m.causal);
+                // a scheme that says it has products and gives none keeps the composed path
+                let (a, b) = p.position_products(&layout, self.scale)?;
+                return variorum_kernels::causal_attention::causal_self_attention_with_products(
+                    all, a, b, h, h_kv, self.scale, offset, norm,
+                );
+            }
             Some(p) => {
-                let heads = PackedHeads { n_heads: qkv.n_heads, n_kv_heads: qkv.n_kv_heads, head_dim: qkv.head_dim };
+                let heads = PackedHeads { n_heads: h, n_kv_heads: h_kv, head_dim: qkv.head_dim };
                 p.rotate_packed(all, heads, m.q_start)?
             }
+            None => all,
         };
-        variorum_kernels::causal_attention::causal_self_attention(
-            all,
-            qkv.n_heads,
-            qkv.n_kv_heads,
-            self.scale,
-            offset,
-            self.normaliser.row,
-        )
+        variorum_kernels::causal_attention::causal_self_attention(all, h, h_kv, self.scale, offset, norm)
     }
 
     /// softmax(q kᵀ/√d) v with the output projection, queries from `query`, keys and values from

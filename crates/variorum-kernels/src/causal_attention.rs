@@ -36,8 +36,9 @@ thread_local! {
     static CALLS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
-/// How many calls of [`causal_attention`] (separate q, k, v) this thread has run on the kernel
-/// (tests check a layer took it).
+/// How many calls of [`causal_attention`] (separate q, k, v) and of
+/// [`causal_self_attention_with_products`] this thread has run on the kernel (tests check a layer
+/// took it).
 pub fn calls() -> usize {
     CALLS.get()
 }
@@ -80,6 +81,33 @@ pub fn causal_self_attention(
         return Some(Tensor::from_dispatch(d));
     }
     let _ = (qkv, n_heads, n_kv_heads, scale, offset, norm);
+    None
+}
+
+/// [`FusedAttention::causal_self_attention_with_products`] of the fused projection `qkv` and the
+/// per-position vectors `a: [h, L, d']`, `b: [h, L, d']` (s_ij = scale · q_i·k_j + a_i·b_j), on
+/// flex (f32); `None` elsewhere.
+#[allow(clippy::too_many_arguments)]
+pub fn causal_self_attention_with_products(
+    qkv: Tensor<3>,
+    a: Tensor<3>,
+    b: Tensor<3>,
+    n_heads: usize,
+    n_kv_heads: usize,
+    scale: f64,
+    offset: usize,
+    norm: RowNormaliser,
+) -> Option<Tensor<3>> {
+    #[cfg(feature = "flex")]
+    if crate::has_kernel(&qkv) && crate::has_kernel(&a) && crate::has_kernel(&b) {
+        CALLS.set(CALLS.get() + 1);
+        let (qkv, a, b) = (qkv.into_dispatch(), a.into_dispatch(), b.into_dispatch());
+        let d = burn::backend::Dispatch::causal_self_attention_with_products(
+            qkv, a, b, n_heads, n_kv_heads, scale, offset, norm,
+        );
+        return Some(Tensor::from_dispatch(d));
+    }
+    let _ = (qkv, a, b, n_heads, n_kv_heads, scale, offset, norm);
     None
 }
 
@@ -126,6 +154,22 @@ pub(crate) mod flex {
         /// scaling or merge is recorded, forward or backward.
         fn causal_self_attention(
             qkv: FloatTensor<Self>,
+            n_heads: usize,
+            n_kv_heads: usize,
+            scale: f64,
+            offset: usize,
+            norm: RowNormaliser,
+        ) -> FloatTensor<Self>;
+
+        /// [`causal_self_attention`](Self::causal_self_attention) with a product of per-position
+        /// vectors added to every score, s_ij = scale · q_i·k_j + a_i·b_j: `a: [h, L, d']` and
+        /// `b: [h, L, d']` per query head, the same for every batch row (gradients summed over
+        /// them).
+        #[allow(clippy::too_many_arguments)]
+        fn causal_self_attention_with_products(
+            qkv: FloatTensor<Self>,
+            a: FloatTensor<Self>,
+            b: FloatTensor<Self>,
             n_heads: usize,
             n_kv_heads: usize,
             scale: f64,
@@ -185,6 +229,41 @@ pub(crate) mod flex {
         pub(crate) fn at(self, i: usize) -> *mut f32 {
             self.0.wrapping_add(i)
         }
+    }
+
+    /// Per-position vectors whose products add to the scores, shared by every batch row:
+    /// s_ij += a_i · b_j, `a: [h, Lq, d]` for the queries and `b: [h, Lk, d]` for the keys, per
+    /// query head, contiguous (TUPE's position–position term, `RelativeScheme::position_products`).
+    pub(crate) struct Products<'a> {
+        a: &'a [f32],
+        b: &'a [f32],
+        d: usize,
+    }
+
+    impl<'a> Products<'a> {
+        fn of(a: &'a FlexTensor, b: &'a FlexTensor) -> Self {
+            let d = a.layout().shape()[2];
+            Self { a: a.storage::<f32>(), b: b.storage::<f32>(), d }
+        }
+
+        /// s (rows × kend) += a[hi, q0..q0 + rows] · b[hi, ..kend]ᵀ.
+        fn add_scores(&self, sh: &Shape, hi: usize, q0: usize, rows: usize, kend: usize, s: &mut [f32]) {
+            let d = self.d;
+            let a = self.a[(hi * sh.lq + q0) * d..].as_ptr();
+            let b = self.b[hi * sh.lk * d..].as_ptr();
+            // SAFETY: rows q0.. of head hi of a, keys 0..kend of head hi of b, s rows × kend
+            unsafe {
+                gemm((rows, kend, d), s.as_mut_ptr(), kend as isize, true, a, (d as isize, 1), b, (1, d as isize), 1.0)
+            }
+        }
+    }
+
+    /// Where the backward of [`Products`] writes, per batch row (summed over rows afterwards):
+    /// da `[b, h, Lq, d]`, written once per element, and db `[b, h, Lk, d]`, accumulated into.
+    #[derive(Clone, Copy)]
+    struct ProductGrads {
+        da: Shared,
+        db: Shared,
     }
 
     /// dst (m × n) := [dst +] factor · lhs (m × k) · rhs (k × n); strides in elements, (row, column).
@@ -490,6 +569,7 @@ pub(crate) mod flex {
         k: &Heads,
         v: &Heads,
         scale: f32,
+        products: Option<&Products>,
         offset: usize,
         norm: RowNormaliser,
     ) -> (FlexTensor, FlexTensor) {
@@ -513,6 +593,9 @@ pub(crate) mod flex {
                     let qb = qp.wrapping_offset(q0 as isize * q.rs());
                     // SAFETY: row q0.. of this head, keys 0..kend ≤ Lk
                     unsafe { scores(&sh, qb, (q.rs(), q.cs()), kp, (k.rs(), k.cs()), rows, kend, s, scale) };
+                    if let Some(pr) = products {
+                        pr.add_scores(&sh, hi, q0, rows, kend, s);
+                    }
                     // SAFETY: rows (bi, hi, q0..q0 + rows) of lse belong to this task
                     let l = unsafe { std::slice::from_raw_parts_mut(lse_ptr.at((bi * sh.h + hi) * sh.lq + q0), rows) };
                     normalise_rows(norm, s, kend, |r| sh.visible(q0 + r), l, &mut scratch);
@@ -567,6 +650,7 @@ pub(crate) mod flex {
         lse: &[f32],
         grad: &FlexTensor,
         scale: f32,
+        products: Option<(&Products, ProductGrads)>,
         offset: usize,
         norm: RowNormaliser,
         [dq, dk, dv]: [Dest; 3],
@@ -593,6 +677,9 @@ pub(crate) mod flex {
                     // SAFETY (all gemm calls below): rows q0.. of head hi and keys 0..kend, inside
                     // their tensors; dq/dk/dv rows written are this task's
                     unsafe { scores(&sh, qb, qrc, kp, krc, rows, kend, p, scale) };
+                    if let Some((pr, _)) = products {
+                        pr.add_scores(&sh, hi, q0, rows, kend, p);
+                    }
                     let l = &lse[(bi * sh.h + hi) * sh.lq + q0..];
                     recompute_rows(norm, p, kend, |r| sh.visible(q0 + r), l);
                     let pt = (1, kend as isize);
@@ -614,6 +701,15 @@ pub(crate) mod flex {
                     unsafe { gemm((rows, dh, kend), dqb, dq.rs(), false, ds.as_ptr(), dsr, kp, krc, scale) };
                     // dK += scale · dSᵀ Q
                     unsafe { gemm((kend, dh, rows), dkp, dk.rs(), true, ds.as_ptr(), pt, qb, qrc, scale) };
+                    if let Some((pr, g)) = products {
+                        // this batch row's da = dS b, db += dSᵀ a (rows of head hi: this task's)
+                        let d = pr.d as isize;
+                        let da = g.da.at(((bi * sh.h + hi) * sh.lq + q0) * pr.d);
+                        let db = g.db.at((bi * sh.h + hi) * sh.lk * pr.d);
+                        let (a, b) = (pr.a[(hi * sh.lq + q0) * pr.d..].as_ptr(), pr.b[hi * sh.lk * pr.d..].as_ptr());
+                        unsafe { gemm((rows, pr.d, kend), da, d, false, ds.as_ptr(), dsr, b, (d, 1), 1.0) };
+                        unsafe { gemm((kend, pr.d, rows), db, d, true, ds.as_ptr(), pt, a, (d, 1), 1.0) };
+                    }
                 }
             }
         });
@@ -628,7 +724,7 @@ pub(crate) mod flex {
         norm: RowNormaliser,
     ) -> (FlexTensor, FlexTensor) {
         let (q, k, v) = (readable(q), readable(k), readable(v));
-        forward_views(&Heads::of(&q), &Heads::of(&k), &Heads::of(&v), 1.0, offset, norm)
+        forward_views(&Heads::of(&q), &Heads::of(&k), &Heads::of(&v), 1.0, None, offset, norm)
     }
 
     /// Backward of [`FusedAttention::causal_attention`]: (dq, dk, dv), contiguous, in the shapes of
@@ -657,7 +753,7 @@ pub(crate) mod flex {
             strides: [heads * len * dh, len * dh, dh],
         };
         let dests = [dest(dq.as_mut_ptr(), h, lq), dest(dk.as_mut_ptr(), h_kv, lk), dest(dv.as_mut_ptr(), h_kv, lk)];
-        backward_views((&qh, &kh, &vh), out, lse, grad, 1.0, offset, norm, dests);
+        backward_views((&qh, &kh, &vh), out, lse, grad, 1.0, None, offset, norm, dests);
         // SAFETY: every query block of every head was written by its task
         unsafe { dq.set_len(n_dq) };
         let data = |x: Vec<f32>, dims: [usize; 4]| FlexTensor::from_data(TensorData::new(x, dims));
@@ -682,6 +778,7 @@ pub(crate) mod flex {
     /// Forward of [`FusedAttention::causal_self_attention`].
     fn packed_forward(
         qkv: &FlexTensor,
+        products: Option<(&FlexTensor, &FlexTensor)>,
         heads: (usize, usize),
         scale: f64,
         offset: usize,
@@ -689,7 +786,9 @@ pub(crate) mod flex {
     ) -> (FlexTensor, FlexTensor) {
         let qkv = readable_packed(qkv);
         let [q, k, v] = packed_views(&qkv, heads.0, heads.1);
-        forward_views(&q, &k, &v, scale as f32, offset, norm)
+        let products = products.map(|(a, b)| (a.to_contiguous(), b.to_contiguous()));
+        let products = products.as_ref().map(|(a, b)| Products::of(a, b));
+        forward_views(&q, &k, &v, scale as f32, products.as_ref(), offset, norm)
     }
 
     /// The projection contiguous in its last axis (how `packed_views` reads it).
@@ -714,6 +813,22 @@ pub(crate) mod flex {
         offset: usize,
         norm: RowNormaliser,
     ) -> FlexTensor {
+        packed_backward_with(qkv, None, (n_heads, n_kv_heads), out, lse, grad, scale, offset, norm).0
+    }
+
+    /// [`packed_backward`] with [`Products`] `(a, b)`: also their gradients, summed over the batch.
+    #[allow(clippy::too_many_arguments)]
+    fn packed_backward_with(
+        qkv: &FlexTensor,
+        products: Option<(&FlexTensor, &FlexTensor)>,
+        (n_heads, n_kv_heads): (usize, usize),
+        out: &FlexTensor,
+        lse: &[f32],
+        grad: &FlexTensor,
+        scale: f64,
+        offset: usize,
+        norm: RowNormaliser,
+    ) -> (FlexTensor, Option<[FlexTensor; 2]>) {
         let qkv = readable_packed(qkv);
         let [q, k, v] = packed_views(&qkv, n_heads, n_kv_heads);
         let [b, _, len, dh] = q.dims;
@@ -724,8 +839,28 @@ pub(crate) mod flex {
         let dest =
             |first: usize| Dest { ptr: Shared(base.wrapping_add(first * dh)), strides: [len * width, dh, width] };
         let dests = [dest(0), dest(n_heads), dest(n_heads + n_kv_heads)];
-        backward_views((&q, &k, &v), out, lse, grad, scale as f32, offset, norm, dests);
-        FlexTensor::from_data(TensorData::new(d, [b, len, width]))
+        let Some((a, bt)) = products else {
+            backward_views((&q, &k, &v), out, lse, grad, scale as f32, None, offset, norm, dests);
+            return (FlexTensor::from_data(TensorData::new(d, [b, len, width])), None);
+        };
+        let (a, bt) = (a.to_contiguous(), bt.to_contiguous());
+        let pr = Products::of(&a, &bt);
+        let (lq, lk) = (a.layout().shape()[1], bt.layout().shape()[1]);
+        // per batch row, summed below: every row of da is written, db accumulates
+        let mut da = vec![0.0f32; b * n_heads * lq * pr.d];
+        let mut db = vec![0.0f32; b * n_heads * lk * pr.d];
+        let g = ProductGrads { da: Shared(da.as_mut_ptr()), db: Shared(db.as_mut_ptr()) };
+        backward_views((&q, &k, &v), out, lse, grad, scale as f32, Some((&pr, g)), offset, norm, dests);
+        let batch_sum = |x: Vec<f32>, len: usize| {
+            let n = n_heads * len * pr.d;
+            let mut total = x[..n].to_vec();
+            for row in x[n..].chunks_exact(n) {
+                total.iter_mut().zip(row).for_each(|(t, &r)| *t += r);
+            }
+            FlexTensor::from_data(TensorData::new(total, [n_heads, len, pr.d]))
+        };
+        let grads = [batch_sum(da, lq), batch_sum(db, lk)];
+        (FlexTensor::from_data(TensorData::new(d, [b, len, width])), Some(grads))
     }
 
     impl FusedAttention for Flex {
@@ -747,7 +882,20 @@ pub(crate) mod flex {
             offset: usize,
             norm: RowNormaliser,
         ) -> FlexTensor {
-            packed_forward(&qkv, (n_heads, n_kv_heads), scale, offset, norm).0
+            packed_forward(&qkv, None, (n_heads, n_kv_heads), scale, offset, norm).0
+        }
+
+        fn causal_self_attention_with_products(
+            qkv: FlexTensor,
+            a: FlexTensor,
+            b: FlexTensor,
+            n_heads: usize,
+            n_kv_heads: usize,
+            scale: f64,
+            offset: usize,
+            norm: RowNormaliser,
+        ) -> FlexTensor {
+            packed_forward(&qkv, Some((&a, &b)), (n_heads, n_kv_heads), scale, offset, norm).0
         }
     }
 
@@ -810,7 +958,58 @@ pub(crate) mod flex {
         }
     }
 
+    #[derive(Debug)]
+    struct ProductsBackward;
+
+    /// [`SavedPacked`] and the per-position vectors (checkpointed).
+    #[derive(Debug, Clone)]
+    struct SavedProducts {
+        packed: SavedPacked,
+        a: NodeId,
+        b: NodeId,
+    }
+
+    impl Backward<Flex, 3> for ProductsBackward {
+        type State = SavedProducts;
+
+        fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
+            let grad = grads.consume::<Flex>(&ops.node);
+            let SavedProducts { packed: s, a, b } = ops.state;
+            let qkv: FlexTensor = checkpointer.retrieve_node_output(s.qkv);
+            let a: FlexTensor = checkpointer.retrieve_node_output(a);
+            let b: FlexTensor = checkpointer.retrieve_node_output(b);
+            let lse = s.lse.storage::<f32>();
+            let (dqkv, dab) =
+                packed_backward_with(&qkv, Some((&a, &b)), s.heads, &s.out, lse, &grad, s.scale, s.offset, s.norm);
+            let [da, db] = dab.expect("products given, their gradients come back");
+            crate::register(grads, ops.parents.map(|p| p.map(|n| n.id)), [Some(dqkv), Some(da), Some(db)]);
+        }
+    }
+
     impl<C: CheckpointStrategy> FusedAttention for Autodiff<Flex, C> {
+        fn causal_self_attention_with_products(
+            qkv: FloatTensor<Self>,
+            a: FloatTensor<Self>,
+            b: FloatTensor<Self>,
+            n_heads: usize,
+            n_kv_heads: usize,
+            scale: f64,
+            offset: usize,
+            norm: RowNormaliser,
+        ) -> FloatTensor<Self> {
+            let heads = (n_heads, n_kv_heads);
+            let products = Some((a.primitive(), b.primitive()));
+            let (out, lse) = packed_forward(qkv.primitive(), products, heads, scale, offset, norm);
+            match ProductsBackward.prepare::<C>([qkv.node(), a.node(), b.node()]).compute_bound().stateful() {
+                OpsKind::Tracked(mut prep) => {
+                    let (qs, as_, bs) = (prep.checkpoint(&qkv), prep.checkpoint(&a), prep.checkpoint(&b));
+                    let packed = SavedPacked { qkv: qs, out: out.clone(), lse, heads, scale, offset, norm };
+                    prep.finish(SavedProducts { packed, a: as_, b: bs }, out)
+                }
+                OpsKind::UnTracked(prep) => prep.finish(out),
+            }
+        }
+
         fn causal_self_attention(
             qkv: FloatTensor<Self>,
             n_heads: usize,
@@ -820,7 +1019,7 @@ pub(crate) mod flex {
             norm: RowNormaliser,
         ) -> FloatTensor<Self> {
             let heads = (n_heads, n_kv_heads);
-            let (out, lse) = packed_forward(qkv.primitive(), heads, scale, offset, norm);
+            let (out, lse) = packed_forward(qkv.primitive(), None, heads, scale, offset, norm);
             match SelfAttentionBackward.prepare::<C>([qkv.node()]).compute_bound().stateful() {
                 OpsKind::Tracked(mut prep) => {
                     let node = prep.checkpoint(&qkv);
@@ -986,6 +1185,58 @@ pub(crate) mod flex {
             check_packed(RowNormaliser::Softmax, 3, 3, 10, 0);
             check_packed(RowNormaliser::Softmax, 4, 2, QUERY_BLOCK + 9, 0);
             check_packed(RowNormaliser::Softmax, 2, 1, 6, 3);
+        }
+
+        /// Per-position products on the packed op against Burn's ops: scores scale · q kᵀ + a bᵀ
+        /// (a, b shared by the batch rows), output and the gradients of the projection, a and b.
+        fn check_products(norm: RowNormaliser, h: usize, h_kv: usize, len: usize, offset: usize) {
+            let device = Device::flex().autodiff();
+            device.seed(21);
+            let (b, dh, d2, scale) = (2, 8, 5, 0.35);
+            let (width, g) = ((h + 2 * h_kv) * dh, h / h_kv);
+            let qkv: Tensor<3> = Tensor::random([b, len, width], Distribution::Normal(0.0, 1.5), &device);
+            let pa: Tensor<3> = Tensor::random([h, len, d2], Distribution::Normal(0.0, 1.0), &device);
+            let pb: Tensor<3> = Tensor::random([h, len, d2], Distribution::Normal(0.0, 1.0), &device);
+            let w: Tensor<3> = Tensor::random([b, len, h * dh], Distribution::Normal(0.0, 1.0), &device);
+            let run = |fused: bool| {
+                let (x, a, bb) = (qkv.clone().require_grad(), pa.clone().require_grad(), pb.clone().require_grad());
+                let y = if fused {
+                    causal_self_attention_with_products(x.clone(), a.clone(), bb.clone(), h, h_kv, scale, offset, norm)
+                        .expect("flex has the kernel")
+                } else {
+                    let all = x.clone().reshape([b, len, h + 2 * h_kv, dh]).swap_dims(1, 2);
+                    let q = all.clone().narrow(1, 0, h).mul_scalar(scale);
+                    let group =
+                        |t: Tensor<4>| t.unsqueeze_dim::<5>(2).expand([b, h_kv, g, len, dh]).reshape([b, h, len, dh]);
+                    let (k, v) = (group(all.clone().narrow(1, h, h_kv)), group(all.narrow(1, h + h_kv, h_kv)));
+                    let products = a.clone().matmul(bb.clone().swap_dims(1, 2)).unsqueeze_dim::<4>(0);
+                    let scores = q.matmul(k.swap_dims(2, 3)) + products;
+                    let hidden =
+                        Tensor::<2, Bool>::tril_mask([len, len], offset as i64, &device).reshape([1, 1, len, len]);
+                    let probs = normalise_scores(scores.mask_fill(hidden, -1.0e9), norm);
+                    probs.matmul(v).swap_dims(1, 2).reshape([b, len, h * dh])
+                };
+                let grads = (y.clone() * w.clone()).sum().backward();
+                (y, [x.grad(&grads).unwrap(), a.grad(&grads).unwrap(), bb.grad(&grads).unwrap()])
+            };
+            let ((y1, g1), (y2, g2)) = (run(true), run(false));
+            let tol = tolerance(norm);
+            let d = rel_diff(y1, y2);
+            assert!(d < tol, "forward, {norm:?}, h {h}/{h_kv}, L {len}: {d}");
+            for (name, (a, b)) in ["qkv", "a", "b"].iter().zip(g1.into_iter().zip(g2)) {
+                let d = rel_diff(a, b);
+                assert!(d < tol, "d {name}, {norm:?}, h {h}/{h_kv}, L {len}: {d}");
+            }
+        }
+
+        #[test]
+        fn position_products_equal_composed_attention() {
+            check_products(RowNormaliser::Softmax, 3, 3, 10, 0);
+            check_products(RowNormaliser::Softmax, 4, 2, QUERY_BLOCK + 9, 0);
+            check_products(RowNormaliser::Softmax, 2, 1, 6, 3);
+            for norm in normalisers() {
+                check_products(norm, 2, 2, 12, 0);
+            }
         }
 
         #[test]
