@@ -881,7 +881,9 @@ impl MultiHeadAttention {
     /// RoPE rotates the packed projection by a kernel too
     /// ([`RelativePosition::rotate_packed`]). The heads' contexts side by side, before the output
     /// projection; `None` where it does not apply (the conditions of [`Self::fused`], no keys from
-    /// elsewhere, no position scheme but one that rotates packed).
+    /// elsewhere, no position scheme but one that rotates packed or adds a product of
+    /// per-position vectors, TUPE, which the kernel adds itself at any offset and with
+    /// grouped-query heads).
     fn fused_self_attention(&self, input: &AttentionInput) -> Option<Tensor<3>> {
         let m = input.mask;
         let offset = m.q_start.checked_sub(m.k_start)?;
@@ -895,7 +897,7 @@ impl MultiHeadAttention {
         }
         // a rotation needs one position per row: queries and keys of the same positions; a
         // product of per-position vectors (TUPE) the kernel adds to every score itself
-        let products = self.position.as_ref().is_some_and(|p| p.has_position_products());
+        let products = self.position.as_ref().is_some_and(|p| p.has_position_products() && !p.rotates());
         if let Some(p) = &self.position
             && !products
             && (!p.rotates_packed() || offset != 0)
@@ -904,17 +906,23 @@ impl MultiHeadAttention {
         }
         let qkv = &self.qkv;
         let (h, h_kv, norm) = (qkv.n_heads, qkv.n_kv_heads, self.normaliser.row);
-        let all = variorum_kernels::linear::forward(&qkv.qkv, input.query.clone());
-        let all = match &self.position {
+        let position_products = match &self.position {
             Some(p) if products => {
-                let len = all.dims()[1];
+                let len = input.query.dims()[1];
                 let layout = ScoreLayout::new(m.q_start, m.k_start, len, len, m.causal);
                 // a scheme that says it has products and gives none keeps the composed path
-                let (a, b) = p.position_products(&layout, self.scale)?;
-                return variorum_kernels::causal_attention::causal_self_attention_with_products(
-                    all, a, b, h, h_kv, self.scale, offset, norm,
-                );
+                Some(p.position_products(&layout, self.scale)?)
             }
+            _ => None,
+        };
+        let all = variorum_kernels::linear::forward(&qkv.qkv, input.query.clone());
+        if let Some((a, b)) = position_products {
+            let scale = self.scale;
+            return variorum_kernels::causal_attention::causal_self_attention_with_products(
+                all, a, b, h, h_kv, scale, offset, norm,
+            );
+        }
+        let all = match &self.position {
             Some(p) => {
                 let heads = PackedHeads { n_heads: h, n_kv_heads: h_kv, head_dim: qkv.head_dim };
                 p.rotate_packed(all, heads, m.q_start)?

@@ -241,8 +241,15 @@ pub(crate) mod flex {
     }
 
     impl<'a> Products<'a> {
-        fn of(a: &'a FlexTensor, b: &'a FlexTensor) -> Self {
-            let d = a.layout().shape()[2];
+        /// `a` and `b` contiguous (from offset 0), checked against the call's heads and lengths:
+        /// the GEMMs read them through pointers.
+        fn of(a: &'a FlexTensor, b: &'a FlexTensor, (h, lq, lk): (usize, usize, usize)) -> Self {
+            let (da, db) = (a.layout().shape().to_vec(), b.layout().shape().to_vec());
+            let d = da.get(2).copied().unwrap_or(0);
+            assert!(
+                da == [h, lq, d] && db == [h, lk, d] && d > 0,
+                "position products a {da:?} and b {db:?} do not fit {h} query heads over {lq} queries and {lk} keys"
+            );
             Self { a: a.storage::<f32>(), b: b.storage::<f32>(), d }
         }
 
@@ -701,11 +708,11 @@ pub(crate) mod flex {
                     unsafe { gemm((rows, dh, kend), dqb, dq.rs(), false, ds.as_ptr(), dsr, kp, krc, scale) };
                     // dK += scale · dSᵀ Q
                     unsafe { gemm((kend, dh, rows), dkp, dk.rs(), true, ds.as_ptr(), pt, qb, qrc, scale) };
-                    if let Some((pr, g)) = products {
+                    if let Some((pr, grads)) = products {
                         // this batch row's da = dS b, db += dSᵀ a (rows of head hi: this task's)
                         let d = pr.d as isize;
-                        let da = g.da.at(((bi * sh.h + hi) * sh.lq + q0) * pr.d);
-                        let db = g.db.at((bi * sh.h + hi) * sh.lk * pr.d);
+                        let da = grads.da.at(((bi * sh.h + hi) * sh.lq + q0) * pr.d);
+                        let db = grads.db.at((bi * sh.h + hi) * sh.lk * pr.d);
                         let (a, b) = (pr.a[(hi * sh.lq + q0) * pr.d..].as_ptr(), pr.b[hi * sh.lk * pr.d..].as_ptr());
                         unsafe { gemm((rows, pr.d, kend), da, d, false, ds.as_ptr(), dsr, b, (d, 1), 1.0) };
                         unsafe { gemm((kend, pr.d, rows), db, d, true, ds.as_ptr(), pt, a, (d, 1), 1.0) };
@@ -787,7 +794,8 @@ pub(crate) mod flex {
         let qkv = readable_packed(qkv);
         let [q, k, v] = packed_views(&qkv, heads.0, heads.1);
         let products = products.map(|(a, b)| (a.to_contiguous(), b.to_contiguous()));
-        let products = products.as_ref().map(|(a, b)| Products::of(a, b));
+        let (h, len) = (q.dims[1], q.dims[2]);
+        let products = products.as_ref().map(|(a, b)| Products::of(a, b, (h, len, len)));
         forward_views(&q, &k, &v, scale as f32, products.as_ref(), offset, norm)
     }
 
@@ -844,8 +852,8 @@ pub(crate) mod flex {
             return (FlexTensor::from_data(TensorData::new(d, [b, len, width])), None);
         };
         let (a, bt) = (a.to_contiguous(), bt.to_contiguous());
-        let pr = Products::of(&a, &bt);
-        let (lq, lk) = (a.layout().shape()[1], bt.layout().shape()[1]);
+        let (lq, lk) = (len, len);
+        let pr = Products::of(&a, &bt, (n_heads, lq, lk));
         // per batch row, summed below: every row of da is written, db accumulates
         let mut da = vec![0.0f32; b * n_heads * lq * pr.d];
         let mut db = vec![0.0f32; b * n_heads * lk * pr.d];
@@ -1227,6 +1235,19 @@ pub(crate) mod flex {
                 let d = rel_diff(a, b);
                 assert!(d < tol, "d {name}, {norm:?}, h {h}/{h_kv}, L {len}: {d}");
             }
+        }
+
+        /// Vectors that do not fit the call's heads or length are refused before any GEMM reads
+        /// them through a pointer.
+        #[test]
+        #[should_panic(expected = "position products")]
+        fn position_products_of_the_wrong_shape_are_refused() {
+            let device = Device::flex();
+            let (h, len, dh) = (2, 6, 4);
+            let qkv = Tensor::<3>::zeros([1, len, 3 * h * dh], &device);
+            let a = Tensor::<3>::zeros([h, len - 1, 3], &device);
+            let b = Tensor::<3>::zeros([h, len, 3], &device);
+            let _ = causal_self_attention_with_products(qkv, a, b, h, h, 1.0, 0, RowNormaliser::Softmax);
         }
 
         #[test]
