@@ -353,10 +353,19 @@ impl HeadProjections {
 
     /// q `[b, h, len_q, d_h]`, k and v `[b, h, len_k, d_h]`.
     pub fn split(&self, query: Tensor<3>, key_value: Option<Tensor<3>>) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
-        match key_value {
-            None => self.qkv.self_attention(query),
-            Some(src) => self.qkv.cross_attention(query, src),
-        }
+        self.split_scaled(query, key_value, 1.0)
+    }
+
+    /// [`split`](Self::split) with q times `scale`, the scale on its projection
+    /// ([`QkvProjection::scaled_queries`]) rather than a strided pass over its head view.
+    pub fn split_scaled(
+        &self,
+        query: Tensor<3>,
+        key_value: Option<Tensor<3>>,
+        scale: f64,
+    ) -> (Tensor<4>, Tensor<4>, Tensor<4>) {
+        let (k, v) = self.qkv.keys_values(key_value.unwrap_or_else(|| query.clone()));
+        (self.qkv.scaled_queries(query, scale), k, v)
     }
 
     /// `[b, h, len, d_h]` → `[b, len, d_model]`.

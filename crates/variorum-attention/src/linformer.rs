@@ -183,20 +183,21 @@ impl LinformerAttention {
         p.val().narrow(2, 0, len).unsqueeze_dim::<4>(0)
     }
 
-    /// softmax(q (E k)ᵀ/√d)(F v) for heads `[b, h, len, d_h]` (keys at most `max_len` long).
+    /// softmax(q (E k)ᵀ/√d)(F v) for heads `[b, h, len, d_h]`, q already scaled by 1/√d
+    /// (`HeadProjections::split_scaled`; keys at most `max_len` long).
     pub fn attend(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Tensor<4> {
         let lk = k.dims()[2];
         debug_assert!(lk <= self.max_len, "{lk} keys exceed max_len {} (validate_len refuses this)", self.max_len);
         let e = Self::columns(&self.e, lk);
         let f = self.f.as_ref().map(|f| Self::columns(f, lk)).unwrap_or_else(|| e.clone());
         let (ek, fv) = (e.matmul(k), f.matmul(v)); // [b, h, k, d_h]
-        let scores = q.mul_scalar(self.scale).matmul(ek.swap_dims(2, 3)); // [b, h, len_q, k]
+        let scores = q.matmul(ek.swap_dims(2, 3)); // [b, h, len_q, k]
         self.dropout.forward(softmax(scores, 3)).matmul(fv)
     }
 
     /// The bidirectional form (Linformer keeps no decoding state; `state` is ignored).
     pub fn forward(&self, input: AttentionInput, _state: Option<&mut AttentionState>) -> AttentionOutput {
-        let (q, k, v) = self.proj.split(input.query, input.key_value);
+        let (q, k, v) = self.proj.split_scaled(input.query, input.key_value, self.scale);
         let padding = input.mask.padding.as_ref();
         let (k, v) = (hide_padding(k, padding), hide_padding(v, padding));
         let context = self.attend(q, k, v);

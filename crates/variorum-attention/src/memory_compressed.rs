@@ -200,8 +200,7 @@ impl MemoryCompressedAttention {
     pub fn forward(&self, input: AttentionInput, state: Option<&mut CompressedState>) -> AttentionOutput {
         let causal = input.mask.causal;
         let cross = input.key_value.is_some();
-        let (q, k, v) = self.proj.split(input.query, input.key_value);
-        let q = q.mul_scalar(self.scale);
+        let (q, k, v) = self.proj.split_scaled(input.query, input.key_value, self.scale);
         let context = match state {
             Some(st) if causal && !cross => {
                 let fresh = st.memory.is_none() && st.open.is_none();

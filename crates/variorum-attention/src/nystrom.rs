@@ -231,8 +231,9 @@ impl NystromAttention {
         self.landmarks.min(len_q).min(len_k)
     }
 
-    /// F̃ Ã⁺ (B̃ V) for heads `[b, h, len, d_h]`; `padding: [b, len_k]`; `same_positions` when the
-    /// queries are the keys' positions (self-attention: the padding applies to both).
+    /// F̃ Ã⁺ (B̃ V) for heads `[b, h, len, d_h]`, q already scaled (`HeadProjections::split_scaled`);
+    /// `padding: [b, len_k]`; `same_positions` when the queries are the keys' positions
+    /// (self-attention: the padding applies to both).
     pub fn attend(
         &self,
         q: Tensor<4>,
@@ -244,7 +245,6 @@ impl NystromAttention {
         let (lq, lk) = (q.dims()[2], k.dims()[2]);
         let m = self.landmarks_for(lq, lk);
         let device = q.device();
-        let q = q.mul_scalar(self.scale);
         let (pk, empty) = segment_means(lk, m, padding, &device);
         let pq = if same_positions { pk.clone() } else { segment_means(lq, m, None, &device).0 };
         let (q_land, k_land) = (pq.matmul(q.clone()), pk.matmul(k.clone())); // [b, h, m, d_h]
@@ -280,7 +280,7 @@ impl NystromAttention {
     /// The bidirectional form (Nyströmformer keeps no decoding state; `state` is ignored).
     pub fn forward(&self, input: AttentionInput, _state: Option<&mut AttentionState>) -> AttentionOutput {
         let cross = input.key_value.is_some();
-        let (q, k, v) = self.proj.split(input.query, input.key_value);
+        let (q, k, v) = self.proj.split_scaled(input.query, input.key_value, self.scale);
         let padding = input.mask.padding.as_ref();
         let mut context = self.attend(q, k, v.clone(), padding, !cross);
         if !cross && let Some(c) = self.conv_residual(hide_padding(v, padding)) {
