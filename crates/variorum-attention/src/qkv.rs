@@ -42,11 +42,17 @@ fn project_columns(linear: &Linear, x: Tensor<3>, columns: Range<usize>, factor:
     }
 }
 
-/// Heads `first .. first + heads` of `linear`'s output over `x` (heads of `head_dim` columns),
-/// `[b, heads, L, head_dim]`, by one product of their width.
-pub fn project_head_range(linear: &Linear, x: Tensor<3>, first: usize, heads: usize, head_dim: usize) -> Tensor<4> {
+/// Heads `first .. first + heads` of `linear`'s output over `x` (heads of `head_dim` columns)
+/// times `factor`, `[b, heads, L, head_dim]`, by one product of their width (the factor before
+/// the head view: [`project_columns`]).
+pub fn project_head_range(
+    linear: &Linear,
+    x: Tensor<3>,
+    (first, heads, head_dim): (usize, usize, usize),
+    factor: f64,
+) -> Tensor<4> {
     let [b, l, _] = x.dims();
-    let y = project_columns(linear, x, first * head_dim..(first + heads) * head_dim, 1.0);
+    let y = project_columns(linear, x, first * head_dim..(first + heads) * head_dim, factor);
     y.reshape([b, l, heads, head_dim]).swap_dims(1, 2)
 }
 
@@ -55,7 +61,7 @@ pub fn project_head_range(linear: &Linear, x: Tensor<3>, first: usize, heads: us
 /// (`narrow`'s) gradient is written into zeros the size of the whole product, one per part, where
 /// separate products sum `[b, L, d_in]` gradients.
 pub fn project_heads(linear: &Linear, x: Tensor<3>, parts: usize, heads: usize, head_dim: usize) -> Vec<Tensor<4>> {
-    (0..parts).map(|i| project_head_range(linear, x.clone(), i * heads, heads, head_dim)).collect()
+    (0..parts).map(|i| project_head_range(linear, x.clone(), (i * heads, heads, head_dim), 1.0)).collect()
 }
 
 #[derive(Config, Debug)]
@@ -132,16 +138,14 @@ impl QkvProjection {
     /// `d_model × h·d_h` slice or the `[b, L, h·d_h]` product (`project_columns`); either way
     /// before the head view, over which a product would be a strided single-threaded pass.
     pub fn scaled_queries(&self, x: Tensor<3>, scale: f64) -> Tensor<4> {
-        let [b, l, _] = x.dims();
-        let (h, dh) = (self.n_heads, self.head_dim);
-        project_columns(&self.qkv, x, 0..h * dh, scale).reshape([b, l, h, dh]).swap_dims(1, 2)
+        project_head_range(&self.qkv, x, (0, self.n_heads, self.head_dim), scale)
     }
 
     /// Keys and values alone from `source`, `[b, n_kv_heads, len, head_dim]` each (the last
     /// columns): what cross-attention keeps of a source that does not change.
     pub fn keys_values(&self, source: Tensor<3>) -> (Tensor<4>, Tensor<4>) {
         let (h, hkv, dh) = (self.n_heads, self.n_kv_heads, self.head_dim);
-        let part = |first: usize| project_head_range(&self.qkv, source.clone(), first, hkv, dh);
+        let part = |first: usize| project_head_range(&self.qkv, source.clone(), (first, hkv, dh), 1.0);
         (part(h), part(h + hkv))
     }
 }

@@ -44,7 +44,7 @@ use variorum_position::HeadShape;
 
 use crate::full::concat_heads;
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
-use crate::qkv::{normal_linear, project_heads};
+use crate::qkv::{normal_linear, project_head_range};
 use crate::sorted_chunks::log_sum_exp;
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, kernel};
 
@@ -214,8 +214,10 @@ impl SinkhornAttention {
         let causal = input.mask.causal;
         let [b, lq, _] = input.query.dims();
         let (h, hd) = (self.n_heads, self.head_dim);
-        let [q, k, v]: [Tensor<4>; 3] =
-            project_heads(&self.qkv, input.query, 3, h, hd).try_into().expect("three parts");
+        // q scaled by 1/√d_h on its projection, not by a strided pass over its heads
+        let q = project_head_range(&self.qkv, input.query.clone(), (0, h, hd), 1.0 / (hd as f64).sqrt());
+        let [k, v]: [Tensor<4>; 2] =
+            [1, 2].map(|part| project_head_range(&self.qkv, input.query.clone(), (part * h, h, hd), 1.0));
         let context = match cache {
             None => self.attend_all(q, k, v, lq, causal),
             Some(cache) => {
@@ -233,7 +235,7 @@ impl SinkhornAttention {
         AttentionOutput { context: self.out.forward(context), weights: None, aux_losses: Vec::new() }
     }
 
-    /// All positions; the outputs of the last `lq`, heads merged, `[b, lq, h · hd]`.
+    /// All positions (q scaled by 1/√d_h); the outputs of the last `lq`, heads merged, `[b, lq, h · hd]`.
     fn attend_all(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, lq: usize, causal: bool) -> Tensor<3> {
         let [b, h, l, hd] = q.dims();
         let device = q.device();
@@ -263,13 +265,13 @@ impl SinkhornAttention {
                 let keys = ks.narrow(1, 0, cut).reshape([b * h, 1, cut * m, hd]);
                 let values = vs.narrow(1, 0, cut).reshape([b * h, 1, cut * m, hd]);
                 let q = qb.reshape([b * h, 1, n * m, hd]);
-                let scores = q.matmul(keys.swap_dims(2, 3)).div_scalar((hd as f64).sqrt());
+                let scores = q.matmul(keys.swap_dims(2, 3));
                 self.dropout.forward(softmax(scores, 3)).matmul(values)
             }
             _ => {
                 let keys = Tensor::cat(vec![ks, kb], 2);
                 let values = Tensor::cat(vec![vs, vb], 2);
-                let scores = qb.matmul(keys.swap_dims(2, 3)).div_scalar((hd as f64).sqrt());
+                let scores = qb.matmul(keys.swap_dims(2, 3));
                 let hidden = self.hidden(n, m, l, causal, &device).unsqueeze_dim::<4>(0).expand([b * h, n, m, 2 * m]);
                 let probs = softmax(scores.mask_fill(hidden, MASKED), 3);
                 self.dropout.forward(probs).matmul(values)
@@ -294,7 +296,7 @@ impl SinkhornAttention {
         if !crate::kind::kernel_takes(&self.dropout, &q) {
             return None;
         }
-        let [_, _, len, hd] = q.dims();
+        let len = q.dims()[2];
         let m = self.block;
         let runs = |_: usize, i: usize| vec![i * m..(i + 1) * m, len + i * m..len + (i + 1) * m];
         let visible = |_: usize, at: usize, out: &mut Vec<std::ops::Range<usize>>| {
@@ -310,7 +312,6 @@ impl SinkhornAttention {
             std::sync::Arc::new(variorum_kernels::block_sparse::SparseLayout::new(len, 2 * len, m, 1, runs, visible));
         let keys = Tensor::cat(vec![ks, k], 2);
         let values = Tensor::cat(vec![vs, v], 2);
-        let q = q.mul_scalar(1.0 / (hd as f64).sqrt());
         let softmax = variorum_kernels::normalisers::RowNormaliser::Softmax;
         variorum_kernels::block_sparse::block_sparse_attention(q, keys, values, None, layout, softmax)
     }
@@ -361,7 +362,7 @@ impl SinkhornAttention {
             values.insert(0, vs.clone());
         }
         let (keys, values) = (Tensor::cat(keys, 2), Tensor::cat(values, 2));
-        let scores = q.matmul(keys.swap_dims(2, 3)).div_scalar((hd as f64).sqrt());
+        let scores = q.matmul(keys.swap_dims(2, 3));
         let z = log_sum_exp(scores.clone());
         (scores - z).exp().matmul(values)
     }
