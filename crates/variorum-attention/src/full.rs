@@ -558,7 +558,8 @@ impl MultiHeadAttention {
         cache: Option<&mut KvCache>,
     ) -> Projected {
         let [_, lq, _] = query.dims();
-        // rotated q and k, or q and k with position vectors appended, are no views of the product
+        // rotated q and k are no views of the product, and a product term (TUPE) off the packed
+        // kernel goes to the separate one: packing would only cost its views' backward
         let changed = self.position.as_ref().is_some_and(|p| p.rotates() || p.has_position_products());
         let (packed, (q, k, v)) = match key_value {
             // the fused kernels read q, k, v in place from one product; other paths take one
@@ -810,15 +811,13 @@ impl MultiHeadAttention {
     /// The heads' merged context by the fused causal kernel ([`variorum_kernels::causal_attention`]), where it
     /// computes exactly what the composed path would: a causal mask and nothing else (no padding,
     /// custom pattern or reach limit), no position term on the scores or the context but a
-    /// product of per-position vectors (TUPE, appended to q and k; RoPE acts before), no dropout
+    /// product of per-position vectors (TUPE, which the kernel adds; RoPE acts before), no dropout
     /// on the probabilities and no weights asked for; `None` otherwise, or on a backend without
     /// the kernel.
     fn fused(&self, p: &Projected, m: &AttentionMask, need_weights: bool) -> Option<Tensor<3>> {
         // a scheme that acts by rotating q and k alone has done so in the projection; one that
-        // adds a product of per-position vectors (TUPE) has them appended to q and k below
-        let [b, h, lq, dh] = p.q_dims();
-        let [_, h_kv, lk, _] = p.k.dims();
-        let products = self.position.as_ref().is_some_and(|pos| pos.has_position_products()) && h == h_kv;
+        // adds a product of per-position vectors (TUPE) hands them to the kernel below
+        let products = self.position.as_ref().is_some_and(|pos| pos.has_position_products() && !pos.rotates());
         let plain_position = self.position.as_ref().is_none_or(RelativePosition::rotates_packed) || products;
         let offset = p.layout.q_start.checked_sub(p.layout.k_start)?;
         // one query (cached decoding): the kernel's GEMM would pack every key for a single row,
@@ -828,26 +827,24 @@ impl MultiHeadAttention {
             return None;
         }
         let norm = self.normaliser.row;
-        // a head's temperature scales its scores, so its queries: s/τ = (q/τ)·k
-        let factor = |x: Tensor<4>| match self.normaliser.query_factor() {
-            Some(f) => x * f,
-            None => x,
+        // a head's temperature scales its scores, so its queries (and a product term's query
+        // side): s/τ = (q/τ)·k + (a/τ)·b
+        let factor = self.normaliser.query_factor();
+        let q = match &factor {
+            Some(f) => p.q() * f.clone(),
+            None => p.q(),
         };
+        let (k, v) = (p.k.clone(), p.v.clone());
         if !products {
-            let q = factor(p.q());
-            return variorum_kernels::causal_attention::causal_attention(q, p.k.clone(), p.v.clone(), offset, norm);
+            return variorum_kernels::causal_attention::causal_attention(q, k, v, offset, norm);
         }
         // a scheme that says it has products and gives none keeps the composed path
-        let (a, keys) = self.position.as_ref()?.position_products(&p.layout, self.scale)?;
-        // s_ij = q_i·k_j + a_i·b_j = [q_i, a_i]·[k_j, b_j]; zero value columns for the appended
-        // ones, whose outputs are dropped
-        let d2 = a.dims()[2];
-        let side = |x: Tensor<3>, len: usize| x.unsqueeze_dim::<4>(0).expand([b, h, len, d2]);
-        let q = factor(Tensor::cat(vec![p.q(), side(a, lq)], 3));
-        let k = Tensor::cat(vec![p.k.clone(), side(keys, lk)], 3);
-        let v = Tensor::cat(vec![p.v.clone(), Tensor::zeros([b, h, lk, d2], &p.v.device())], 3);
-        let out = variorum_kernels::causal_attention::causal_attention(q, k, v, offset, norm)?;
-        Some(out.reshape([b, lq, h, dh + d2]).narrow(3, 0, dh).reshape([b, lq, h * dh]))
+        let (a, b) = self.position.as_ref()?.position_products(&p.layout, self.scale)?;
+        let a = match factor {
+            Some(f) => a * f.squeeze_dim::<3>(0),
+            None => a,
+        };
+        variorum_kernels::causal_attention::causal_attention_with_products((q, k, v), (a, b), offset, norm)
     }
 
     /// Whether the call is plain attention over a fresh sequence (causal or both ways; no

@@ -217,10 +217,10 @@ fn every_scheme_on_the_kernels_equals_the_composed_path_with_the_gradients() {
 }
 
 /// TUPE's position–position term (`untied`) on the fused causal kernel — added by the packed
-/// kernel itself (`causal_self_attention_with_products`), or, with a head temperature, appended
-/// to the queries and keys of the separate one — the same output and every gradient (the table
+/// kernel itself (`causal_self_attention_with_products`), or, with a head temperature, by the
+/// separate one (`causal_attention_with_products`) — the same output and every gradient (the table
 /// and U^Q, U^K too) as the composed path, causal, with queries after the keys and further into
-/// the table, and with grouped-query heads.
+/// the table, and with grouped-query heads (with and without a temperature).
 #[test]
 fn tupe_on_the_causal_kernel_equals_the_composed_path_with_the_gradients() {
     let dev = Device::flex().autodiff();
@@ -232,6 +232,7 @@ fn tupe_on_the_causal_kernel_equals_the_composed_path_with_the_gradients() {
         "kind = \"full\"\nn_heads = 4",
         "kind = \"full\"\nn_heads = 4\nhead_temperature = true",
         "kind = \"full\"\nn_heads = 4\nn_kv_heads = 2",
+        "kind = \"full\"\nn_heads = 4\nn_kv_heads = 2\nhead_temperature = true",
     ];
     for kind in kinds {
         // queries and keys from 0, both from 7 (rows further into the table), and queries 7

@@ -36,9 +36,9 @@ thread_local! {
     static CALLS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
-/// How many calls of [`causal_attention`] (separate q, k, v) and of
-/// [`causal_self_attention_with_products`] this thread has run on the kernel (tests check a layer
-/// took it).
+/// How many calls of [`causal_attention`] (separate q, k, v) and of the two ops with products
+/// ([`causal_attention_with_products`], [`causal_self_attention_with_products`]) this thread has
+/// run on the kernel (tests check a layer took it).
 pub fn calls() -> usize {
     CALLS.get()
 }
@@ -81,6 +81,27 @@ pub fn causal_self_attention(
         return Some(Tensor::from_dispatch(d));
     }
     let _ = (qkv, n_heads, n_kv_heads, scale, offset, norm);
+    None
+}
+
+/// [`FusedAttention::causal_attention_with_products`]: [`causal_attention`] with s_ij += a_i·b_j
+/// (`a: [h, Lq, d']`, `b: [h, Lk, d']` per query head, shared by the batch rows), on flex (f32);
+/// `None` elsewhere.
+pub fn causal_attention_with_products(
+    (q, k, v): (Tensor<4>, Tensor<4>, Tensor<4>),
+    (a, b): (Tensor<3>, Tensor<3>),
+    offset: usize,
+    norm: RowNormaliser,
+) -> Option<Tensor<3>> {
+    #[cfg(feature = "flex")]
+    if [&q, &k, &v].into_iter().all(crate::has_kernel) && crate::has_kernel(&a) && crate::has_kernel(&b) {
+        CALLS.set(CALLS.get() + 1);
+        let (q, k, v, a, b) =
+            (q.into_dispatch(), k.into_dispatch(), v.into_dispatch(), a.into_dispatch(), b.into_dispatch());
+        let d = burn::backend::Dispatch::causal_attention_with_products(q, k, v, a, b, offset, norm);
+        return Some(Tensor::from_dispatch(d));
+    }
+    let _ = (q, k, v, a, b, offset, norm);
     None
 }
 
@@ -157,6 +178,20 @@ pub(crate) mod flex {
             n_heads: usize,
             n_kv_heads: usize,
             scale: f64,
+            offset: usize,
+            norm: RowNormaliser,
+        ) -> FloatTensor<Self>;
+
+        /// [`causal_attention`](Self::causal_attention) with a product of per-position vectors
+        /// added to every score, s_ij = q_i·k_j + a_i·b_j: `a: [h, Lq, d']`, `b: [h, Lk, d']` per
+        /// query head, the same for every batch row (gradients summed over them).
+        #[allow(clippy::too_many_arguments)]
+        fn causal_attention_with_products(
+            q: FloatTensor<Self>,
+            k: FloatTensor<Self>,
+            v: FloatTensor<Self>,
+            a: FloatTensor<Self>,
+            b: FloatTensor<Self>,
             offset: usize,
             norm: RowNormaliser,
         ) -> FloatTensor<Self>;
@@ -271,6 +306,39 @@ pub(crate) mod flex {
     struct ProductGrads {
         da: Shared,
         db: Shared,
+    }
+
+    /// `(a, b)` contiguous, as [`Products`] reads them.
+    fn contiguous(products: Option<(&FlexTensor, &FlexTensor)>) -> Option<(FlexTensor, FlexTensor)> {
+        products.map(|(a, b)| (a.to_contiguous(), b.to_contiguous()))
+    }
+
+    /// Runs a backward (`run`) with [`Products`] `(a, b)` of a call over `batch` rows of `h` query
+    /// heads, `lq` queries and `lk` keys, and their gradients' per-row buffers; returns da and db
+    /// summed over the rows (`None` without products).
+    fn with_product_grads(
+        products: Option<(&FlexTensor, &FlexTensor)>,
+        (batch, h, lq, lk): (usize, usize, usize, usize),
+        run: impl FnOnce(Option<(&Products, ProductGrads)>),
+    ) -> Option<[FlexTensor; 2]> {
+        let Some((a, b)) = contiguous(products) else {
+            run(None);
+            return None;
+        };
+        let pr = Products::of(&a, &b, (h, lq, lk));
+        // every row of da is written, db accumulates
+        let mut da = vec![0.0f32; batch * h * lq * pr.d];
+        let mut db = vec![0.0f32; batch * h * lk * pr.d];
+        run(Some((&pr, ProductGrads { da: Shared(da.as_mut_ptr()), db: Shared(db.as_mut_ptr()) })));
+        let batch_sum = |x: Vec<f32>, len: usize| {
+            let n = h * len * pr.d;
+            let mut total = x[..n].to_vec();
+            for row in x[n..].chunks_exact(n) {
+                total.iter_mut().zip(row).for_each(|(t, &r)| *t += r);
+            }
+            FlexTensor::from_data(TensorData::new(total, [h, len, pr.d]))
+        };
+        Some([batch_sum(da, lq), batch_sum(db, lk)])
     }
 
     /// dst (m × n) := [dst +] factor · lhs (m × k) · rhs (k × n); strides in elements, (row, column).
@@ -727,26 +795,29 @@ pub(crate) mod flex {
         q: &FlexTensor,
         k: &FlexTensor,
         v: &FlexTensor,
+        products: Option<(&FlexTensor, &FlexTensor)>,
         offset: usize,
         norm: RowNormaliser,
     ) -> (FlexTensor, FlexTensor) {
         let (q, k, v) = (readable(q), readable(k), readable(v));
-        forward_views(&Heads::of(&q), &Heads::of(&k), &Heads::of(&v), 1.0, None, offset, norm)
+        let (qh, kh, vh) = (Heads::of(&q), Heads::of(&k), Heads::of(&v));
+        let products = contiguous(products);
+        let products = products.as_ref().map(|(a, b)| Products::of(a, b, (qh.dims[1], qh.dims[2], kh.dims[2])));
+        forward_views(&qh, &kh, &vh, 1.0, products.as_ref(), offset, norm)
     }
 
     /// Backward of [`FusedAttention::causal_attention`]: (dq, dk, dv), contiguous, in the shapes of
     /// q, k, v. `lse` holds each row's log-sum-exp, or its threshold τ.
     #[allow(clippy::too_many_arguments)]
     fn backward_kernel(
-        q: &FlexTensor,
-        k: &FlexTensor,
-        v: &FlexTensor,
+        (q, k, v): (&FlexTensor, &FlexTensor, &FlexTensor),
+        products: Option<(&FlexTensor, &FlexTensor)>,
         out: &FlexTensor,
         lse: &[f32],
         grad: &FlexTensor,
         offset: usize,
         norm: RowNormaliser,
-    ) -> [FlexTensor; 3] {
+    ) -> ([FlexTensor; 3], Option<[FlexTensor; 2]>) {
         let (q, k, v) = (readable(q), readable(k), readable(v));
         let (qh, kh, vh) = (Heads::of(&q), Heads::of(&k), Heads::of(&v));
         let ([b, h, lq, dh], [_, h_kv, lk, _]) = (qh.dims, kh.dims);
@@ -760,11 +831,13 @@ pub(crate) mod flex {
             strides: [heads * len * dh, len * dh, dh],
         };
         let dests = [dest(dq.as_mut_ptr(), h, lq), dest(dk.as_mut_ptr(), h_kv, lk), dest(dv.as_mut_ptr(), h_kv, lk)];
-        backward_views((&qh, &kh, &vh), out, lse, grad, 1.0, None, offset, norm, dests);
+        let dab = with_product_grads(products, (b, h, lq, lk), |pr| {
+            backward_views((&qh, &kh, &vh), out, lse, grad, 1.0, pr, offset, norm, dests)
+        });
         // SAFETY: every query block of every head was written by its task
         unsafe { dq.set_len(n_dq) };
         let data = |x: Vec<f32>, dims: [usize; 4]| FlexTensor::from_data(TensorData::new(x, dims));
-        [data(dq, qh.dims), data(dk, kh.dims), data(dv, vh.dims)]
+        ([data(dq, qh.dims), data(dk, kh.dims), data(dv, vh.dims)], dab)
     }
 
     /// The query, key and value heads of a fused projection's output `[b, L, (h + 2 h_kv) · d_h]`,
@@ -793,7 +866,7 @@ pub(crate) mod flex {
     ) -> (FlexTensor, FlexTensor) {
         let qkv = readable_packed(qkv);
         let [q, k, v] = packed_views(&qkv, heads.0, heads.1);
-        let products = products.map(|(a, b)| (a.to_contiguous(), b.to_contiguous()));
+        let products = contiguous(products);
         let (h, len) = (q.dims[1], q.dims[2]);
         let products = products.as_ref().map(|(a, b)| Products::of(a, b, (h, len, len)));
         forward_views(&q, &k, &v, scale as f32, products.as_ref(), offset, norm)
@@ -808,25 +881,11 @@ pub(crate) mod flex {
         if dense { t.clone() } else { t.to_contiguous() }
     }
 
-    /// Backward of [`FusedAttention::causal_self_attention`]: the gradient of `qkv`, in its layout.
-    /// `lse` holds each row's log-sum-exp, or its threshold τ.
+    /// Backward of [`FusedAttention::causal_self_attention`]: the gradient of `qkv`, in its
+    /// layout, and with [`Products`] `(a, b)` theirs, summed over the batch. `lse` holds each
+    /// row's log-sum-exp, or its threshold τ.
     #[allow(clippy::too_many_arguments)]
     fn packed_backward(
-        qkv: &FlexTensor,
-        (n_heads, n_kv_heads): (usize, usize),
-        out: &FlexTensor,
-        lse: &[f32],
-        grad: &FlexTensor,
-        scale: f64,
-        offset: usize,
-        norm: RowNormaliser,
-    ) -> FlexTensor {
-        packed_backward_with(qkv, None, (n_heads, n_kv_heads), out, lse, grad, scale, offset, norm).0
-    }
-
-    /// [`packed_backward`] with [`Products`] `(a, b)`: also their gradients, summed over the batch.
-    #[allow(clippy::too_many_arguments)]
-    fn packed_backward_with(
         qkv: &FlexTensor,
         products: Option<(&FlexTensor, &FlexTensor)>,
         (n_heads, n_kv_heads): (usize, usize),
@@ -847,28 +906,10 @@ pub(crate) mod flex {
         let dest =
             |first: usize| Dest { ptr: Shared(base.wrapping_add(first * dh)), strides: [len * width, dh, width] };
         let dests = [dest(0), dest(n_heads), dest(n_heads + n_kv_heads)];
-        let Some((a, bt)) = products else {
-            backward_views((&q, &k, &v), out, lse, grad, scale as f32, None, offset, norm, dests);
-            return (FlexTensor::from_data(TensorData::new(d, [b, len, width])), None);
-        };
-        let (a, bt) = (a.to_contiguous(), bt.to_contiguous());
-        let (lq, lk) = (len, len);
-        let pr = Products::of(&a, &bt, (n_heads, lq, lk));
-        // per batch row, summed below: every row of da is written, db accumulates
-        let mut da = vec![0.0f32; b * n_heads * lq * pr.d];
-        let mut db = vec![0.0f32; b * n_heads * lk * pr.d];
-        let g = ProductGrads { da: Shared(da.as_mut_ptr()), db: Shared(db.as_mut_ptr()) };
-        backward_views((&q, &k, &v), out, lse, grad, scale as f32, Some((&pr, g)), offset, norm, dests);
-        let batch_sum = |x: Vec<f32>, len: usize| {
-            let n = n_heads * len * pr.d;
-            let mut total = x[..n].to_vec();
-            for row in x[n..].chunks_exact(n) {
-                total.iter_mut().zip(row).for_each(|(t, &r)| *t += r);
-            }
-            FlexTensor::from_data(TensorData::new(total, [n_heads, len, pr.d]))
-        };
-        let grads = [batch_sum(da, lq), batch_sum(db, lk)];
-        (FlexTensor::from_data(TensorData::new(d, [b, len, width])), Some(grads))
+        let dab = with_product_grads(products, (b, n_heads, len, len), |pr| {
+            backward_views((&q, &k, &v), out, lse, grad, scale as f32, pr, offset, norm, dests)
+        });
+        (FlexTensor::from_data(TensorData::new(d, [b, len, width])), dab)
     }
 
     impl FusedAttention for Flex {
@@ -879,7 +920,19 @@ pub(crate) mod flex {
             offset: usize,
             norm: RowNormaliser,
         ) -> FlexTensor {
-            forward_kernel(&q, &k, &v, offset, norm).0
+            forward_kernel(&q, &k, &v, None, offset, norm).0
+        }
+
+        fn causal_attention_with_products(
+            q: FlexTensor,
+            k: FlexTensor,
+            v: FlexTensor,
+            a: FlexTensor,
+            b: FlexTensor,
+            offset: usize,
+            norm: RowNormaliser,
+        ) -> FlexTensor {
+            forward_kernel(&q, &k, &v, Some((&a, &b)), offset, norm).0
         }
 
         fn causal_self_attention(
@@ -932,8 +985,35 @@ pub(crate) mod flex {
             let q: FlexTensor = checkpointer.retrieve_node_output(s.q);
             let k: FlexTensor = checkpointer.retrieve_node_output(s.k);
             let v: FlexTensor = checkpointer.retrieve_node_output(s.v);
-            let g = backward_kernel(&q, &k, &v, &s.out, s.lse.storage::<f32>(), &grad, s.offset, s.norm);
+            let (g, _) = backward_kernel((&q, &k, &v), None, &s.out, s.lse.storage::<f32>(), &grad, s.offset, s.norm);
             crate::register(grads, ops.parents.map(|p| p.map(|n| n.id)), g.map(Some));
+        }
+    }
+
+    #[derive(Debug)]
+    struct SeparateProductsBackward;
+
+    /// [`Saved`] and the per-position vectors (checkpointed).
+    #[derive(Debug, Clone)]
+    struct SavedSeparateProducts {
+        separate: Saved,
+        a: NodeId,
+        b: NodeId,
+    }
+
+    impl Backward<Flex, 5> for SeparateProductsBackward {
+        type State = SavedSeparateProducts;
+
+        fn backward(self, ops: Ops<Self::State, 5>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
+            let grad = grads.consume::<Flex>(&ops.node);
+            let SavedSeparateProducts { separate: s, a, b } = ops.state;
+            let [q, k, v, a, b]: [FlexTensor; 5] = [s.q, s.k, s.v, a, b].map(|n| checkpointer.retrieve_node_output(n));
+            let lse = s.lse.storage::<f32>();
+            let ([dq, dk, dv], dab) =
+                backward_kernel((&q, &k, &v), Some((&a, &b)), &s.out, lse, &grad, s.offset, s.norm);
+            let [da, db] = dab.expect("products given, their gradients come back");
+            let g = [dq, dk, dv, da, db].map(Some);
+            crate::register(grads, ops.parents.map(|p| p.map(|n| n.id)), g);
         }
     }
 
@@ -961,7 +1041,7 @@ pub(crate) mod flex {
             let s = ops.state;
             let qkv: FlexTensor = checkpointer.retrieve_node_output(s.qkv);
             let lse = s.lse.storage::<f32>();
-            let g = packed_backward(&qkv, s.heads, &s.out, lse, &grad, s.scale, s.offset, s.norm);
+            let (g, _) = packed_backward(&qkv, None, s.heads, &s.out, lse, &grad, s.scale, s.offset, s.norm);
             crate::register(grads, ops.parents.map(|p| p.map(|n| n.id)), [Some(g)]);
         }
     }
@@ -988,13 +1068,35 @@ pub(crate) mod flex {
             let b: FlexTensor = checkpointer.retrieve_node_output(b);
             let lse = s.lse.storage::<f32>();
             let (dqkv, dab) =
-                packed_backward_with(&qkv, Some((&a, &b)), s.heads, &s.out, lse, &grad, s.scale, s.offset, s.norm);
+                packed_backward(&qkv, Some((&a, &b)), s.heads, &s.out, lse, &grad, s.scale, s.offset, s.norm);
             let [da, db] = dab.expect("products given, their gradients come back");
             crate::register(grads, ops.parents.map(|p| p.map(|n| n.id)), [Some(dqkv), Some(da), Some(db)]);
         }
     }
 
     impl<C: CheckpointStrategy> FusedAttention for Autodiff<Flex, C> {
+        fn causal_attention_with_products(
+            q: FloatTensor<Self>,
+            k: FloatTensor<Self>,
+            v: FloatTensor<Self>,
+            a: FloatTensor<Self>,
+            b: FloatTensor<Self>,
+            offset: usize,
+            norm: RowNormaliser,
+        ) -> FloatTensor<Self> {
+            let products = Some((a.primitive(), b.primitive()));
+            let (out, lse) = forward_kernel(q.primitive(), k.primitive(), v.primitive(), products, offset, norm);
+            let nodes = [q.node(), k.node(), v.node(), a.node(), b.node()];
+            match SeparateProductsBackward.prepare::<C>(nodes).compute_bound().stateful() {
+                OpsKind::Tracked(mut prep) => {
+                    let [qs, ks, vs, as_, bs] = [&q, &k, &v, &a, &b].map(|t| prep.checkpoint(t));
+                    let separate = Saved { q: qs, k: ks, v: vs, out: out.clone(), lse, offset, norm };
+                    prep.finish(SavedSeparateProducts { separate, a: as_, b: bs }, out)
+                }
+                OpsKind::UnTracked(prep) => prep.finish(out),
+            }
+        }
+
         fn causal_self_attention_with_products(
             qkv: FloatTensor<Self>,
             a: FloatTensor<Self>,
@@ -1045,7 +1147,7 @@ pub(crate) mod flex {
             offset: usize,
             norm: RowNormaliser,
         ) -> FloatTensor<Self> {
-            let (out, lse) = forward_kernel(q.primitive(), k.primitive(), v.primitive(), offset, norm);
+            let (out, lse) = forward_kernel(q.primitive(), k.primitive(), v.primitive(), None, offset, norm);
             match CausalAttentionBackward.prepare::<C>([q.node(), k.node(), v.node()]).compute_bound().stateful() {
                 OpsKind::Tracked(mut prep) => {
                     let (qs, ks, vs) = (prep.checkpoint(&q), prep.checkpoint(&k), prep.checkpoint(&v));
@@ -1195,8 +1297,9 @@ pub(crate) mod flex {
             check_packed(RowNormaliser::Softmax, 2, 1, 6, 3);
         }
 
-        /// Per-position products on the packed op against Burn's ops: scores scale · q kᵀ + a bᵀ
-        /// (a, b shared by the batch rows), output and the gradients of the projection, a and b.
+        /// Per-position products on the packed op and on the separate one (q split and scaled)
+        /// against Burn's ops: scores scale · q kᵀ + a bᵀ (a, b shared by the batch rows), output
+        /// and the gradients of the projection, a and b.
         fn check_products(norm: RowNormaliser, h: usize, h_kv: usize, len: usize, offset: usize) {
             let device = Device::flex().autodiff();
             device.seed(21);
@@ -1206,14 +1309,24 @@ pub(crate) mod flex {
             let pa: Tensor<3> = Tensor::random([h, len, d2], Distribution::Normal(0.0, 1.0), &device);
             let pb: Tensor<3> = Tensor::random([h, len, d2], Distribution::Normal(0.0, 1.0), &device);
             let w: Tensor<3> = Tensor::random([b, len, h * dh], Distribution::Normal(0.0, 1.0), &device);
-            let run = |fused: bool| {
+            #[derive(PartialEq)]
+            enum Path {
+                Packed,
+                Separate,
+                Composed,
+            }
+            let run = |path: Path| {
                 let (x, a, bb) = (qkv.clone().require_grad(), pa.clone().require_grad(), pb.clone().require_grad());
-                let y = if fused {
+                let all = x.clone().reshape([b, len, h + 2 * h_kv, dh]).swap_dims(1, 2);
+                let q = all.clone().narrow(1, 0, h).mul_scalar(scale);
+                let y = if path == Path::Packed {
                     causal_self_attention_with_products(x.clone(), a.clone(), bb.clone(), h, h_kv, scale, offset, norm)
                         .expect("flex has the kernel")
+                } else if path == Path::Separate {
+                    let (k, v) = (all.clone().narrow(1, h, h_kv), all.narrow(1, h + h_kv, h_kv));
+                    causal_attention_with_products((q, k, v), (a.clone(), bb.clone()), offset, norm)
+                        .expect("flex has the kernel")
                 } else {
-                    let all = x.clone().reshape([b, len, h + 2 * h_kv, dh]).swap_dims(1, 2);
-                    let q = all.clone().narrow(1, 0, h).mul_scalar(scale);
                     let group =
                         |t: Tensor<4>| t.unsqueeze_dim::<5>(2).expand([b, h_kv, g, len, dh]).reshape([b, h, len, dh]);
                     let (k, v) = (group(all.clone().narrow(1, h, h_kv)), group(all.narrow(1, h + h_kv, h_kv)));
@@ -1227,13 +1340,17 @@ pub(crate) mod flex {
                 let grads = (y.clone() * w.clone()).sum().backward();
                 (y, [x.grad(&grads).unwrap(), a.grad(&grads).unwrap(), bb.grad(&grads).unwrap()])
             };
-            let ((y1, g1), (y2, g2)) = (run(true), run(false));
             let tol = tolerance(norm);
-            let d = rel_diff(y1, y2);
-            assert!(d < tol, "forward, {norm:?}, h {h}/{h_kv}, L {len}: {d}");
-            for (name, (a, b)) in ["qkv", "a", "b"].iter().zip(g1.into_iter().zip(g2)) {
-                let d = rel_diff(a, b);
-                assert!(d < tol, "d {name}, {norm:?}, h {h}/{h_kv}, L {len}: {d}");
+            let (want, want_grads) = run(Path::Composed);
+            for path in [Path::Packed, Path::Separate] {
+                let op = if path == Path::Packed { "packed" } else { "separate" };
+                let (got, grads) = run(path);
+                let d = rel_diff(got, want.clone());
+                assert!(d < tol, "{op} forward, {norm:?}, h {h}/{h_kv}, L {len}: {d}");
+                for (name, (g, w)) in ["qkv", "a", "b"].iter().zip(grads.into_iter().zip(want_grads.clone())) {
+                    let d = rel_diff(g, w);
+                    assert!(d < tol, "{op} d {name}, {norm:?}, h {h}/{h_kv}, L {len}: {d}");
+                }
             }
         }
 

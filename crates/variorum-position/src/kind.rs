@@ -179,8 +179,8 @@ pub trait RelativeScheme {
     /// vectors, s_ij += a_i · b_j (TUPE's position–position term), and nothing acts through
     /// [`context`](Self::context): `a` for the queries at `layout.q_start..` (`[n_heads, len_q,
     /// d']`, scaled by `scale`) and `b` for the keys at `layout.k_start..` (`[n_heads, len_k,
-    /// d']`), so that a kernel can append them to each query and key — the term is then part of
-    /// q · k. Default: `None`.
+    /// d']`), which the causal kernels add to every block's scores by one more GEMM. Default:
+    /// `None`.
     fn position_products(&self, _layout: &ScoreLayout, _scale: f64) -> Option<(Tensor<3>, Tensor<3>)> {
         None
     }
