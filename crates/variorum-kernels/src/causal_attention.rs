@@ -993,20 +993,21 @@ pub(crate) mod flex {
     #[derive(Debug)]
     struct SeparateProductsBackward;
 
-    /// [`Saved`] and the per-position vectors (checkpointed).
+    /// What an op's backward saves ([`Saved`], [`SavedPacked`]) and its per-position vectors
+    /// (checkpointed).
     #[derive(Debug, Clone)]
-    struct SavedSeparateProducts {
-        separate: Saved,
+    struct WithProducts<S> {
+        saved: S,
         a: NodeId,
         b: NodeId,
     }
 
     impl Backward<Flex, 5> for SeparateProductsBackward {
-        type State = SavedSeparateProducts;
+        type State = WithProducts<Saved>;
 
         fn backward(self, ops: Ops<Self::State, 5>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
             let grad = grads.consume::<Flex>(&ops.node);
-            let SavedSeparateProducts { separate: s, a, b } = ops.state;
+            let WithProducts { saved: s, a, b } = ops.state;
             let [q, k, v, a, b]: [FlexTensor; 5] = [s.q, s.k, s.v, a, b].map(|n| checkpointer.retrieve_node_output(n));
             let lse = s.lse.storage::<f32>();
             let ([dq, dk, dv], dab) =
@@ -1049,23 +1050,13 @@ pub(crate) mod flex {
     #[derive(Debug)]
     struct ProductsBackward;
 
-    /// [`SavedPacked`] and the per-position vectors (checkpointed).
-    #[derive(Debug, Clone)]
-    struct SavedProducts {
-        packed: SavedPacked,
-        a: NodeId,
-        b: NodeId,
-    }
-
     impl Backward<Flex, 3> for ProductsBackward {
-        type State = SavedProducts;
+        type State = WithProducts<SavedPacked>;
 
         fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
             let grad = grads.consume::<Flex>(&ops.node);
-            let SavedProducts { packed: s, a, b } = ops.state;
-            let qkv: FlexTensor = checkpointer.retrieve_node_output(s.qkv);
-            let a: FlexTensor = checkpointer.retrieve_node_output(a);
-            let b: FlexTensor = checkpointer.retrieve_node_output(b);
+            let WithProducts { saved: s, a, b } = ops.state;
+            let [qkv, a, b]: [FlexTensor; 3] = [s.qkv, a, b].map(|n| checkpointer.retrieve_node_output(n));
             let lse = s.lse.storage::<f32>();
             let (dqkv, dab) =
                 packed_backward(&qkv, Some((&a, &b)), s.heads, &s.out, lse, &grad, s.scale, s.offset, s.norm);
@@ -1091,7 +1082,7 @@ pub(crate) mod flex {
                 OpsKind::Tracked(mut prep) => {
                     let [qs, ks, vs, as_, bs] = [&q, &k, &v, &a, &b].map(|t| prep.checkpoint(t));
                     let separate = Saved { q: qs, k: ks, v: vs, out: out.clone(), lse, offset, norm };
-                    prep.finish(SavedSeparateProducts { separate, a: as_, b: bs }, out)
+                    prep.finish(WithProducts { saved: separate, a: as_, b: bs }, out)
                 }
                 OpsKind::UnTracked(prep) => prep.finish(out),
             }
@@ -1114,7 +1105,7 @@ pub(crate) mod flex {
                 OpsKind::Tracked(mut prep) => {
                     let (qs, as_, bs) = (prep.checkpoint(&qkv), prep.checkpoint(&a), prep.checkpoint(&b));
                     let packed = SavedPacked { qkv: qs, out: out.clone(), lse, heads, scale, offset, norm };
-                    prep.finish(SavedProducts { packed, a: as_, b: bs }, out)
+                    prep.finish(WithProducts { saved: packed, a: as_, b: bs }, out)
                 }
                 OpsKind::UnTracked(prep) => prep.finish(out),
             }
