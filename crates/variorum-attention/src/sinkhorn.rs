@@ -26,10 +26,10 @@
 //! first block has no sorted block. Decoding then equals the full forward: a new token scores its
 //! block so far plus its block's sorted block, mixed from the cache once per block and kept.
 //!
-//! On flex without dropout (and without SortCut) the blocks attend on the block-sparse kernel: the
-//! sorted blocks followed by the blocks themselves are one key sequence, and block i scores two
-//! runs of it, so no `[N, b, 2b]` score or mask tensor is formed; the sorting network, the
-//! balancing and the mixing stay Burn's ops.
+//! On flex without dropout (and without SortCut) the blocks attend on their own kernel
+//! ([`variorum_kernels::sinkhorn`]): it mixes the sorted blocks per head in scratch, in the
+//! forward and again in the backward, so neither they nor an `[N, b, 2b]` score or mask tensor
+//! is kept; the sorting network and the balancing stay Burn's ops.
 //!
 //! The Gumbel noise (`gumbel = true`) is drawn afresh on every training forward, so a reversible
 //! block's recomputation cannot replay it (the config is then not `replayable`). Queries and keys
@@ -47,6 +47,7 @@ use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, cap
 use crate::qkv::{normal_linear, project_head_range};
 use crate::sorted_chunks::log_sum_exp;
 use crate::{AttentionInput, AttentionOutput, AttentionState, KvCache, kernel};
+use variorum_kernels::sinkhorn::{SinkhornBlocks, sinkhorn_block_attention};
 
 const MASKED: f32 = -1e9;
 
@@ -172,8 +173,13 @@ impl SinkhornAttention {
     /// `[b, h, n, block · hd]` (padding as zeros). Causal rows mix earlier blocks only (row 0: none).
     pub fn sort_matrix(&self, blocks: Tensor<4>, causal: bool) -> Tensor<4> {
         let [b, h, n, _] = blocks.dims();
-        let hd = self.head_dim;
-        let means = blocks.reshape([b, h, n, self.block, hd]).mean_dim(3).reshape([b, h, n, hd]);
+        let means = blocks.reshape([b, h, n, self.block, self.head_dim]).mean_dim(3).reshape([b, h, n, self.head_dim]);
+        self.sort_of_means(means, causal)
+    }
+
+    /// [`Self::sort_matrix`] from the blocks' mean keys `[b, h, n, hd]`.
+    fn sort_of_means(&self, means: Tensor<4>, causal: bool) -> Tensor<4> {
+        let [b, h, n, hd] = means.dims();
         let device = means.device();
         // causally, row i reads the mean of the blocks before it
         let pooled = if causal {
@@ -246,15 +252,18 @@ impl SinkhornAttention {
         };
         let (q, k, v) = (pad(q), pad(k), pad(v));
         let flat = |t: Tensor<4>| t.reshape([b, h, n, m * hd]);
-        let s = self.sort_matrix(flat(k.clone()), causal);
-        let sorted = |t: Tensor<4>| s.clone().matmul(flat(t)).reshape([b * h, n, m, hd]);
-        let (ks, vs) = (sorted(k.clone()), sorted(v.clone()));
-        if self.sortcut.is_none() || causal {
-            let keys = (ks.clone().reshape([b, h, n * m, hd]), vs.clone().reshape([b, h, n * m, hd]));
-            if let Some(out) = self.on_kernel(q.clone(), keys, (k.clone(), v.clone()), l, causal) {
+        // the block means from the projection's own layout `[b, L, h · hd]` (k is its head view),
+        // where a block of positions is a view: no copy of the keys
+        let means = k.clone().swap_dims(1, 2).reshape([b, n, m, h * hd]).mean_dim(2);
+        let s = self.sort_of_means(means.reshape([b, n, h, hd]).swap_dims(1, 2), causal);
+        if (self.sortcut.is_none() || causal) && crate::kind::kernel_takes(&self.dropout, &q) {
+            let blocks = SinkhornBlocks { block: m, len: l, causal };
+            if let Some(out) = sinkhorn_block_attention(q.clone(), k.clone(), v.clone(), s.clone(), blocks) {
                 return out.narrow(1, l - lq, lq);
             }
         }
+        let sorted = |t: Tensor<4>| s.clone().matmul(flat(t)).reshape([b * h, n, m, hd]);
+        let (ks, vs) = (sorted(k.clone()), sorted(v.clone()));
         let blocks = |t: Tensor<4>| t.reshape([b * h, n, m, hd]);
         let (qb, kb, vb) = (blocks(q), blocks(k), blocks(v));
 
@@ -278,42 +287,6 @@ impl SinkhornAttention {
             }
         };
         concat_heads(out.reshape([b, h, n * m, hd]).narrow(2, l - lq, lq))
-    }
-
-    /// Block i's queries against its sorted block and its own by the block-sparse kernel
-    /// ([`variorum_kernels::block_sparse`]): the keys are the sorted blocks followed by the
-    /// blocks themselves (`[b, h, 2 n m, hd]`, queries standing at the second half's positions),
-    /// block i scoring two runs of m; `None` off flex or with dropout on the probabilities. Inputs
-    /// padded to n m positions of which `l` are real; returns the heads merged, `[b, n m, h · hd]`.
-    fn on_kernel(
-        &self,
-        q: Tensor<4>,
-        (ks, vs): (Tensor<4>, Tensor<4>),
-        (k, v): (Tensor<4>, Tensor<4>),
-        l: usize,
-        causal: bool,
-    ) -> Option<Tensor<3>> {
-        if !crate::kind::kernel_takes(&self.dropout, &q) {
-            return None;
-        }
-        let len = q.dims()[2];
-        let m = self.block;
-        let runs = |_: usize, i: usize| vec![i * m..(i + 1) * m, len + i * m..len + (i + 1) * m];
-        let visible = |_: usize, at: usize, out: &mut Vec<std::ops::Range<usize>>| {
-            // key slots: sorted block i at i m …, own block at len + i m …; the query at len + t
-            let (t, i) = (at - len, (at - len) / m);
-            if !(causal && i == 0) {
-                out.push(i * m..(i + 1) * m);
-            }
-            let own_end = if causal { t + 1 } else { (i + 1) * m };
-            out.push(len + i * m..len + own_end.min(l));
-        };
-        let layout =
-            std::sync::Arc::new(variorum_kernels::block_sparse::SparseLayout::new(len, 2 * len, m, 1, runs, visible));
-        let keys = Tensor::cat(vec![ks, k], 2);
-        let values = Tensor::cat(vec![vs, v], 2);
-        let softmax = variorum_kernels::normalisers::RowNormaliser::Softmax;
-        variorum_kernels::block_sparse::block_sparse_attention(q, keys, values, None, layout, softmax)
     }
 
     /// Which of [sorted block; own block] each query of each block may not see, `[n, m, 2m]`:

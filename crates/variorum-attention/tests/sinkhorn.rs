@@ -172,8 +172,9 @@ fn causal_outputs_before_a_change_are_bit_identical() {
     }
 }
 
-/// On flex (no dropout, no SortCut) the blocks attend on the block-sparse kernel: equal to the
-/// composed path with the kernels off — output, input gradient and the projection's gradient —
+/// On flex (no dropout, no SortCut) the blocks attend on their own kernel: equal to the
+/// composed path with the kernels off — output, input gradient, the projection's and the sorting
+/// network's gradients —
 /// causal and bidirectional, one block, several, a partial last block.
 #[test]
 fn the_kernel_path_equals_the_composed_path_with_gradients() {
@@ -187,7 +188,11 @@ fn the_kernel_path_equals_the_composed_path_with_gradients() {
         for causal in [true, false] {
             let what = format!("block {block}, len {len}, causal {causal}");
             let run = |x: Tensor<3>| run(&attn, x, causal);
-            common::assert_kernel_matches_composed(&what, &x, &w, run, |g| attn.qkv.weight.grad(g).unwrap());
+            let before = variorum_kernels::sinkhorn::calls();
+            common::assert_kernel_matches_composed(&what, &x, &w, &run, |g| attn.qkv.weight.grad(g).unwrap());
+            // the sorting network's gradient comes back through the kernel's dS
+            common::assert_kernel_matches_composed(&what, &x, &w, &run, |g| attn.sort.weight.grad(g).unwrap());
+            assert!(variorum_kernels::sinkhorn::calls() > before, "{what}: Sinkhorn's kernel");
         }
     }
 }

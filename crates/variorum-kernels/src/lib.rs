@@ -23,6 +23,7 @@ pub mod linear;
 pub mod linear_attention;
 pub mod normalisers;
 pub mod rope;
+pub mod sinkhorn;
 
 use burn::prelude::*;
 

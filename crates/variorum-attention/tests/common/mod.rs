@@ -13,7 +13,7 @@ pub fn with_kernels<R>(on: bool, f: impl FnOnce() -> R) -> R {
     if on { f() } else { variorum_kernels::without_kernels(f) }
 }
 
-/// Holds a layer's block-sparse kernel path to its composed path (the kernels off): `run(x)` the
+/// Holds a layer's kernel path (block-sparse or Sinkhorn's blocks) to its composed path (the kernels off): `run(x)` the
 /// layer's output, `weight(grads)` the gradient of one of its parameters; the output, the input
 /// gradient and that gradient must agree (relative to their largest entries), and the kernel must
 /// run on the first path only.
@@ -26,9 +26,9 @@ pub fn assert_kernel_matches_composed(
 ) {
     let grads_of = |kernels: bool| {
         let x = x.clone().require_grad();
-        let before = variorum_kernels::block_sparse::calls();
+        let before = kernel_calls();
         let y = with_kernels(kernels, || run(x.clone()));
-        assert_eq!(variorum_kernels::block_sparse::calls() > before, kernels, "{what}: kernel use");
+        assert_eq!(kernel_calls() > before, kernels, "{what}: kernel use");
         let grads = (y.clone() * w.clone()).sum().backward();
         (y, x.grad(&grads).unwrap(), weight(&grads))
     };
@@ -39,6 +39,11 @@ pub fn assert_kernel_matches_composed(
     assert!(rel(y1, y2) < 1e-5, "output, {what}");
     assert!(rel(dx1, dx2) < 1e-4, "input gradient, {what}");
     assert!(rel(dw1.unsqueeze(), dw2.unsqueeze()) < 1e-4, "parameter gradient, {what}");
+}
+
+/// Calls of the attention kernels the layers here reach (block-sparse, Sinkhorn's blocks).
+pub fn kernel_calls() -> usize {
+    variorum_kernels::block_sparse::calls() + variorum_kernels::sinkhorn::calls()
 }
 
 /// Causal and bidirectional masks, each with the kernels on and off.
