@@ -209,21 +209,23 @@ pub fn sees_segment(i: usize, j: usize, s: usize, len: usize, causal: bool, reac
 }
 
 /// Pools `[b, h, len, d]` over segments of `s` along the length: `[b, h, ⌈len/s⌉, d]` (or
-/// ⌊len/s⌋ with `complete_only`), a trailing partial segment pooled over what it has.
+/// ⌊len/s⌋ with `complete_only`), a trailing partial segment pooled over what it has. Pooled by
+/// positions, `[b, len, h · d]`: the projection's own layout (`x` is its head view), where a
+/// segment is a view and nothing is copied.
 fn pool(x: Tensor<4>, s: usize, max: bool, complete_only: bool) -> Option<Tensor<4>> {
-    let [b, h, l, d] = x.dims();
+    let x = x.swap_dims(1, 2);
+    let [b, l, h, d] = x.dims();
     let full = l / s;
+    let reduce = |t: Tensor<4>, dim: usize| if max { t.max_dim(dim) } else { t.mean_dim(dim) };
     let mut parts = Vec::new();
     if full > 0 {
-        let seg = x.clone().narrow(2, 0, full * s).reshape([b, h, full, s, d]);
-        let p = if max { seg.max_dim(3) } else { seg.mean_dim(3) };
-        parts.push(p.reshape([b, h, full, d]));
+        let segments = x.clone().narrow(1, 0, full * s).reshape([b, full, s, h * d]);
+        parts.push(reduce(segments, 2).reshape([b, full, h, d]));
     }
     if !complete_only && full * s < l {
-        let rest = x.narrow(2, full * s, l - full * s);
-        parts.push(if max { rest.max_dim(2) } else { rest.mean_dim(2) });
+        parts.push(reduce(x.narrow(1, full * s, l - full * s), 1));
     }
-    (!parts.is_empty()).then(|| Tensor::cat(parts, 2))
+    (!parts.is_empty()).then(|| Tensor::cat(parts, 1).swap_dims(1, 2))
 }
 
 impl PoolingformerAttention {
@@ -266,8 +268,10 @@ impl PoolingformerAttention {
         let plain = AttentionMask { causal, ..AttentionMask::causal() };
         let p = self.level1.project(x, None, &plain, None);
         let y = self.level1.merge(banded(&self.level1, &p, &[self.band(causal)], &[]));
-        let (q2, k2, v2) = self.level2.qkv.self_attention(y.clone());
-        let z = self.pooled_attention(q2.mul_scalar(self.level2.scale), k2.clone(), v2.clone(), causal);
+        // q' scaled on its projection, not by a pass over its head view
+        let q2 = self.level2.qkv.scaled_queries(y.clone(), self.level2.scale);
+        let (k2, v2) = self.level2.qkv.keys_values(y.clone());
+        let z = self.pooled_attention(q2, k2.clone(), v2.clone(), causal);
         (y + self.level2.merge(z), [p.k, p.v, k2, v2])
     }
 
@@ -333,8 +337,8 @@ impl PoolingformerAttention {
     }
 
     /// Level 2 by the block-sparse kernel ([`variorum_kernels::block_sparse`]), where it applies
-    /// (flex, no dropout on the probabilities): the pooled keys and values `[b, h, n, d_h]`
-    /// padded to the L positions (slots from n on are never seen), each block of queries scoring
+    /// (flex, no dropout on the probabilities): L queries over the n pooled keys and values
+    /// `[b, h, n, d_h]` (a layout with fewer keys than queries), each block of queries scoring
     /// the segments within `reach` of its own, each query the segments [`sees_segment`] gives.
     /// Nothing is copied per block, where the composed path stacks every block's span of
     /// segments (`[b·h, L/s, span, d_h]` for keys and values). Per-head context `[b, h, L, d_h]`.
@@ -345,20 +349,12 @@ impl PoolingformerAttention {
         causal: bool,
         reach: usize,
     ) -> Option<Tensor<4>> {
-        let device = q.device();
         if !crate::kind::kernel_takes(&self.level2.dropout, q) {
             return None;
         }
         let [b, h, l, dh] = q.dims();
-        let [_, hkv, n, _] = kp.dims();
+        let n = kp.dims()[2];
         let (s, w2) = (self.pool_size, self.level2_window);
-        let padded = |x: &Tensor<4>| {
-            if n == l {
-                x.clone()
-            } else {
-                Tensor::cat(vec![x.clone(), Tensor::zeros([b, hkv, l - n, dh], &device)], 2)
-            }
-        };
         let (before, after) = (reach, if causal { 0 } else { reach });
         // the segments of the blocks of `block` queries first ..= last
         let segments = |first: usize, last: usize| (first / s).saturating_sub(before)..(last / s + after + 1).min(n);
@@ -372,9 +368,9 @@ impl PoolingformerAttention {
                 }
             }
         };
-        let layout = std::sync::Arc::new(SparseLayout::new(l, l, block, 1, runs, visible));
+        let layout = std::sync::Arc::new(SparseLayout::new(l, n, block, 1, runs, visible));
         let norm = variorum_kernels::normalisers::RowNormaliser::Softmax;
-        let out = block_sparse_attention(q.clone(), padded(kp), padded(vp), None, layout, norm)?;
+        let out = block_sparse_attention(q.clone(), kp.clone(), vp.clone(), None, layout, norm)?;
         Some(out.reshape([b, l, h, dh]).swap_dims(1, 2))
     }
 

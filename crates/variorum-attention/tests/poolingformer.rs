@@ -247,7 +247,9 @@ fn the_registered_kind_decodes_through_the_attention_state() {
             attn.forward(AttentionInput::self_attention(input.clone().narrow(1, at, n), &m), Some(&mut state)).context
         })
         .collect();
-    let d = max_diff(full, Tensor::cat(parts, 1));
+    // relative: the forward scales q' on its weights, decoding on its one row (rounding differs)
+    let scale = full.clone().abs().max().into_scalar::<f32>();
+    let d = max_diff(full, Tensor::cat(parts, 1)) / scale;
     assert!(d < 1e-5, "{d}");
     assert!(state.get::<PoolingState>().is_some());
 }

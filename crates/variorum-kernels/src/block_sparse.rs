@@ -47,7 +47,9 @@ mod terms;
 
 /// Which keys each block of queries scores (runs of consecutive keys) and, inside those, which
 /// keys each query sees. Query row r stands at position r + (len_k − len_q) (the queries are the
-/// last of the keys' positions, as in a cache); key slot j at position j.
+/// last of the keys' positions, as in a cache); key slot j at position j. With fewer keys than
+/// queries (keys that summarise the positions, as Poolingformer's pooled segments) row r is
+/// position r and the key slots are the layout's own; no distance term then applies.
 #[derive(Debug, Clone)]
 pub struct SparseLayout {
     len_q: usize,
@@ -100,9 +102,9 @@ impl SparseLayout {
         runs: impl Fn(usize, usize) -> Vec<Range<usize>> + Sync,
         visible: impl Fn(usize, usize, &mut Vec<Range<usize>>) + Sync,
     ) -> Self {
-        assert!(block > 0 && groups > 0 && len_q <= len_k, "a sparse layout needs blocks, groups and len_q ≤ len_k");
+        assert!(block > 0 && groups > 0, "a sparse layout needs blocks and groups");
         let blocks = len_q.div_ceil(block);
-        let offset = len_k - len_q;
+        let offset = len_k.saturating_sub(len_q);
         // one cell (group, query block): its merged runs, its rows' bits, the pairs it sees
         let cell = |c: usize| -> (Vec<Range<usize>>, Mask, usize) {
             let (g, i) = (c / blocks, c % blocks);
@@ -218,7 +220,7 @@ impl SparseLayout {
     /// The largest distance, either way, between a query and a key its block scores: no term by
     /// distance is read further out (`len_k − 1` for a layout that reaches every key).
     pub fn reach(&self) -> usize {
-        let (blocks, offset) = (self.blocks(), self.len_k - self.len_q);
+        let (blocks, offset) = (self.blocks(), self.len_k.saturating_sub(self.len_q));
         let mut reach = 0;
         for c in 0..self.groups * blocks {
             let i = c % blocks;
@@ -483,6 +485,7 @@ fn separate(
         let [_, h, lq, dh] = q.dims();
         let lk = k.dims()[2];
         check(h, lq, lk);
+        assert!(terms.is_empty() || lk >= lq, "terms by distance need the queries to be the last of the keys' positions");
         use burn::backend::Dispatch;
         CALLS.set(CALLS.get() + 1);
         let device = q.device();
@@ -861,7 +864,7 @@ mod flex {
             assert!(h_kv > 0 && h % h_kv == 0, "query heads {h} are not a multiple of key/value heads {h_kv}");
             assert_eq!(k.dims, v.dims, "keys and values differ in shape");
             assert!(
-                k.dims[2] >= lq && k.dims[0] == b && k.dims[3] == dh,
+                k.dims[0] == b && k.dims[3] == dh,
                 "keys {:?} do not fit queries {:?}",
                 k.dims,
                 q.dims
@@ -1961,7 +1964,7 @@ mod flex {
             layout: &SparseLayout,
             norm: RowNormaliser,
         ) -> Tensor<3> {
-            let offset = layout.len_k - layout.len_q;
+            let offset = layout.len_k.saturating_sub(layout.len_q);
             composed_with(q, k, v, bias, |hi, i, j| sees(layout, hi, i - offset, j), norm)
         }
 
@@ -1979,7 +1982,7 @@ mod flex {
             let g = h / h_kv;
             let device = q.device();
             let mut scores = q.reshape([b, h_kv, g * lq, dh]).matmul(k.swap_dims(2, 3)).reshape([b, h, lq, lk]);
-            let offset = lk - lq;
+            let offset = lk.saturating_sub(lq);
             if let Some(bias) = bias {
                 let at: Vec<i64> =
                     (0..lq).flat_map(|i| (0..lk).map(move |j| (i + offset + lk - 1 - j) as i64)).collect();
@@ -2029,10 +2032,12 @@ mod flex {
             let (b, dh) = (2, 8);
             let (lq, lk) = layout.lens();
             let layout = Arc::new(layout);
+            let len = lq.max(lk);
             let all: Tensor<4> =
-                Tensor::random([b, lk, h + 2 * h_kv, dh], Distribution::Normal(0.0, 1.5), &device).swap_dims(1, 2);
-            let q = all.clone().narrow(1, 0, h).narrow(2, lk - lq, lq).mul_scalar(0.7);
+                Tensor::random([b, len, h + 2 * h_kv, dh], Distribution::Normal(0.0, 1.5), &device).swap_dims(1, 2);
+            let q = all.clone().narrow(1, 0, h).narrow(2, len - lq, lq).mul_scalar(0.7);
             let (k, v) = (all.clone().narrow(1, h, h_kv), all.narrow(1, h + h_kv, h_kv));
+            let (k, v) = (k.narrow(2, len - lk, lk), v.narrow(2, len - lk, lk));
             let bias: Tensor<2> = Tensor::random([h, layout.bias_width()], Distribution::Normal(0.0, 1.0), &device);
             let w: Tensor<3> = Tensor::random([b, lq, h * dh], Distribution::Normal(0.0, 1.0), &device);
             let run = |fused: bool| {
@@ -2673,6 +2678,22 @@ mod flex {
                 |_, q, k| q != 8 && q.abs_diff(k) <= 2,
             );
             check(layout, 2, 2, true, RowNormaliser::Softmax);
+        }
+
+        #[test]
+        fn fewer_keys_than_queries_summarising_segments() {
+            // 13 queries over 4 keys, each key a finished segment of 3 positions (Poolingformer's
+            // pooled level): query q sees segment j once it is complete, 3j + 2 ≤ q, within the
+            // last 7 positions; rows 0 and 1 see nothing
+            let (len, s, keys) = (13, 3, 4);
+            let layout = from_predicate(
+                (len, keys, 4, 1),
+                |_, i| vec![(i * 4).saturating_sub(8) / s..(i * 4 + 3) / s + 1],
+                |_, q, j| s * j + s - 1 <= q && s * j + 7 > q,
+            );
+            for norm in [RowNormaliser::Softmax, RowNormaliser::Sparsemax] {
+                check(layout.clone(), 2, 1, false, norm);
+            }
         }
 
         #[test]
