@@ -253,7 +253,8 @@ impl SinkhornAttention {
         let (q, k, v) = (pad(q), pad(k), pad(v));
         let flat = |t: Tensor<4>| t.reshape([b, h, n, m * hd]);
         // the block means from the projection's own layout `[b, L, h · hd]` (k is its head view),
-        // where a block of positions is a view: no copy of the keys
+        // where a block of positions is a view: no copy of the keys (but for a padded sequence,
+        // copied by its padding)
         let means = k.clone().swap_dims(1, 2).reshape([b, n, m, h * hd]).mean_dim(2);
         let s = self.sort_of_means(means.reshape([b, n, h, hd]).swap_dims(1, 2), causal);
         if (self.sortcut.is_none() || causal) && crate::kind::kernel_takes(&self.dropout, &q) {

@@ -32,8 +32,9 @@
 //! The sparse kinds (sliding-window, local, multi-scale, BigBird, Longformer, the fixed and
 //! blockwise patterns, strided) hand their patterns here through `variorum_attention`'s
 //! `sparse_kernel`, LSH and routing through its `sorted_kernel`; full attention (with a distance
-//! scheme, or both ways), Sinkhorn's blocks, Poolingformer's segments and ProbSparse's active
-//! queries build their own layouts. Every entry point returns `None` off flex, and the caller
+//! scheme, or both ways), Poolingformer's pooled segments (fewer keys than queries) and
+//! ProbSparse's active queries build their own layouts; Sinkhorn's blocks, whose sorted keys
+//! are mixtures that exist nowhere in memory, have their own kernel ([`crate::sinkhorn`]). Every entry point returns `None` off flex, and the caller
 //! composes Burn's ops instead.
 
 use std::ops::Range;
@@ -218,8 +219,12 @@ impl SparseLayout {
     }
 
     /// The largest distance, either way, between a query and a key its block scores: no term by
-    /// distance is read further out (`len_k − 1` for a layout that reaches every key).
+    /// distance is read further out (`len_k − 1` for a layout that reaches every key; 0 with
+    /// fewer keys than queries, where no term by distance applies).
     pub fn reach(&self) -> usize {
+        if self.len_k < self.len_q {
+            return 0;
+        }
         let (blocks, offset) = (self.blocks(), self.len_k.saturating_sub(self.len_q));
         let mut reach = 0;
         for c in 0..self.groups * blocks {
@@ -236,7 +241,7 @@ impl SparseLayout {
     /// Entries of a distance bias table: one per query − key distance, −(len_k − 1) …
     /// len_k − 1 (the table's index is distance + len_k − 1).
     pub fn bias_width(&self) -> usize {
-        2 * self.len_k - 1
+        (2 * self.len_k).saturating_sub(1)
     }
 
     #[cfg(feature = "flex")]
@@ -485,7 +490,10 @@ fn separate(
         let [_, h, lq, dh] = q.dims();
         let lk = k.dims()[2];
         check(h, lq, lk);
-        assert!(terms.is_empty() || lk >= lq, "terms by distance need the queries to be the last of the keys' positions");
+        assert!(
+            terms.is_empty() || lk >= lq,
+            "terms by distance need the queries to be the last of the keys' positions"
+        );
         use burn::backend::Dispatch;
         CALLS.set(CALLS.get() + 1);
         let device = q.device();
@@ -863,12 +871,7 @@ mod flex {
             let h_kv = k.dims[1];
             assert!(h_kv > 0 && h % h_kv == 0, "query heads {h} are not a multiple of key/value heads {h_kv}");
             assert_eq!(k.dims, v.dims, "keys and values differ in shape");
-            assert!(
-                k.dims[0] == b && k.dims[3] == dh,
-                "keys {:?} do not fit queries {:?}",
-                k.dims,
-                q.dims
-            );
+            assert!(k.dims[0] == b && k.dims[3] == dh, "keys {:?} do not fit queries {:?}", k.dims, q.dims);
             Self { b, h, h_kv, lq, dh }
         }
 
@@ -960,7 +963,8 @@ mod flex {
     /// keys: the key tensor's length).
     fn entries((layout, slots, len): (&SparseLayout, Slots, usize), q0: usize, rows: usize) -> Entries {
         let (q, keys) = match slots {
-            Slots::Positions => (q0 + layout.len_k - layout.len_q, layout.len_k),
+            // (fewer keys than queries: no term by distance reads this)
+            Slots::Positions => ((q0 + layout.len_k).saturating_sub(layout.len_q), layout.len_k),
             Slots::Classes { .. } => (slots.position(q0, len).expect("a scored row stands for a position"), len),
         };
         Entries { first: q + keys - 1, step: slots.step(), rows }
@@ -1042,7 +1046,7 @@ mod flex {
         let mut out = vec![0.0f32; n_out];
         let mut lse = vec![f32::NEG_INFINITY; sh.b * sh.h * len];
         let (out_ptr, lse_ptr) = (Shared(out.as_mut_ptr()), Shared(lse.as_mut_ptr()));
-        let width_bias = 2 * k.dims[2] - 1;
+        let width_bias = (2 * k.dims[2]).saturating_sub(1);
         (0..sh.b * sh.h_kv).into_par_iter().for_each(|task| {
             let (bi, kv) = (task / sh.h_kv, task % sh.h_kv);
             let (kp, vp) = (k.head(bi, kv), v.head(bi, kv));
@@ -1143,7 +1147,7 @@ mod flex {
         let (g, dh, bs, len) = (sh.h / sh.h_kv, sh.dh, layout.block, sh.lq);
         let (out, grad) = (out.to_contiguous(), grad.to_contiguous());
         let (o, dout) = (out.storage::<f32>(), grad.storage::<f32>());
-        let width_bias = 2 * kh.dims[2] - 1;
+        let width_bias = (2 * kh.dims[2]).saturating_sub(1);
         let table_rows = terms.content.map_or(0, |c| c.rows);
         let multiplied = terms.content.is_some_and(|c| c.multiplier.is_some());
         let per_task: Vec<[Vec<f32>; 3]> = (0..sh.b * sh.h_kv)
@@ -2694,6 +2698,14 @@ mod flex {
             for norm in [RowNormaliser::Softmax, RowNormaliser::Sparsemax] {
                 check(layout.clone(), 2, 1, false, norm);
             }
+            // wider cells (more than 64 segments in reach of a block of 16), bidirectional
+            let (len, s, keys, w) = (300, 3, 100, 120);
+            let layout = from_predicate(
+                (len, keys, 16, 1),
+                |_, i| vec![(i * 16).saturating_sub(w) / s..((i + 1) * 16 + w) / s + 1],
+                |_, q, j| s * j + w > q && q + w > s * j + s - 1,
+            );
+            check(layout, 2, 2, false, RowNormaliser::Softmax);
         }
 
         #[test]
