@@ -7,8 +7,9 @@
 # 2. quality: each config trained alike (the baby character model, context 64, 1000 steps) and
 #    evaluated on the first 131,072 validation characters.
 #
-# Writes OUT/bench/ (attention-bench.md, .json and three PNGs), OUT/<name>/ (a finished run is
-# not trained again), OUT/<name>.eval and OUT/results.tsv.
+# Writes OUT/bench/ (attention-bench.md, .json and four PNGs: time, peak memory, memory needed,
+# decoding), OUT/<name>/ (a finished run is not trained again), OUT/<name>.eval and
+# OUT/results.tsv.
 #
 # Environment:
 #   FAMILY            the config directory (default configs/attention; configs/masked holds the

@@ -295,6 +295,13 @@ fn write_outputs(dir: &Path, names: &[String], train: &Rows, generate: &Rows, ar
         "MiB",
     )?;
     draw(
+        "attention-train-needed.png",
+        series(train, &|p| p.needed_mib.filter(|m| *m > 0.0)),
+        "forward + backward memory needed (freed pages returned)",
+        "sequence length",
+        "MiB",
+    )?;
+    draw(
         "attention-generation.png",
         series(generate, &|p| Some(p.seconds * 1e3)),
         "decoding cost per token",
