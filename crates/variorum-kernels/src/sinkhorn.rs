@@ -219,6 +219,16 @@ mod flex {
         s
     }
 
+    /// Head (bi, hi)'s S (as [`sort_of`] gives it) and its sorted blocks K̃ = S K, Ṽ = S V,
+    /// contiguous `[N m, d_h]`: formed alike by the forward and again by the backward.
+    fn mixtures(g: &Geometry, sort: &[f32], (k, v): (View, View), bi: usize, hi: usize) -> [Vec<f32>; 3] {
+        let s = sort_of(sort, g, bi, hi);
+        let (mut kt, mut vt) = (vec![0.0f32; g.l() * g.dh], vec![0.0f32; g.l() * g.dh]);
+        mix(g, &s, k, &mut kt, false, false);
+        mix(g, &s, v, &mut vt, false, false);
+        [s, kt, vt]
+    }
+
     /// dst[i, t, :] (+)= Σ_j S_ij src[j, t, :] for every position t of a block (`transpose`:
     /// Σ_i S_ij src[i, t, :] into row j), `dst` contiguous `[N m, d_h]`.
     fn mix(g: &Geometry, s: &[f32], src: View, dst: &mut [f32], transpose: bool, accumulate: bool) {
@@ -321,11 +331,8 @@ mod flex {
         let mut lse = vec![0.0f32; g.b * g.h * l];
         let (out_p, lse_p) = (Shared(out.as_mut_ptr()), Shared(lse.as_mut_ptr()));
         for_each_head(&g, |bi, hi| {
-            let s = sort_of(sort.storage::<f32>(), &g, bi, hi);
             let (kv, vv) = (head_view(k, bi, hi), head_view(v, bi, hi));
-            let (mut kt, mut vt) = (vec![0.0f32; l * dh], vec![0.0f32; l * dh]);
-            mix(&g, &s, kv, &mut kt, false, false);
-            mix(&g, &s, vv, &mut vt, false, false);
+            let [_, kt, vt] = mixtures(&g, sort.storage::<f32>(), (kv, vv), bi, hi);
             let (ktv, vtv, qv) = (scratch_view(&kt, dh), scratch_view(&vt, dh), head_view(q, bi, hi));
             let buffers = || (vec![0.0f32; 2 * m * m], Vec::new());
             (0..g.n).into_par_iter().for_each_init(buffers, |(sc, scratch), i| {
@@ -384,20 +391,17 @@ mod flex {
             (Shared(dq.as_mut_ptr()), Shared(dk.as_mut_ptr()), Shared(dv.as_mut_ptr()), Shared(ds.as_mut_ptr()));
         for_each_head(&g, |bi, hi| {
             let at = (bi * g.h + hi) * head;
-            let s = sort_of(sort.storage::<f32>(), &g, bi, hi);
             let (qv, kv, vv) = (head_view(q, bi, hi), head_view(k, bi, hi), head_view(v, bi, hi));
-            let (mut kt, mut vt) = (vec![0.0f32; head], vec![0.0f32; head]);
-            mix(&g, &s, kv, &mut kt, false, false);
-            mix(&g, &s, vv, &mut vt, false, false);
+            let [s, kt, vt] = mixtures(&g, sort.storage::<f32>(), (kv, vv), bi, hi);
             // block 0 of a causal call writes no sorted-block gradient: zeros
             let (mut dkt, mut dvt) = (vec![0.0f32; head], vec![0.0f32; head]);
             let (dktp, dvtp) = (Shared(dkt.as_mut_ptr()), Shared(dvt.as_mut_ptr()));
             let (ktv, vtv) = (scratch_view(&kt, dh), scratch_view(&vt, dh));
             let buffers = || (vec![0.0f32; 2 * m * m], vec![0.0f32; 2 * m * m]);
-            (0..n).into_par_iter().for_each_init(buffers, |(p, dsc), i| {
+            (0..n).into_par_iter().for_each_init(buffers, |(p, da), i| {
                 let w = g.width(i);
                 let shift = w - m;
-                let (p, dsc) = (&mut p[..m * w], &mut dsc[..m * w]);
+                let (p, da) = (&mut p[..m * w], &mut da[..m * w]);
                 block_scores(&g, i, qv, ktv, kv, p);
                 let ls = &lse[(bi * g.h + hi) * l + i * m..][..m];
                 recompute_rows(RowNormaliser::Softmax, p, w, |r| shift + g.own(i, r), ls);
@@ -410,11 +414,11 @@ mod flex {
                 unsafe {
                     // dP = dO [Ṽ_i; V_i]ᵀ
                     if g.mixes(i) {
-                        gemm((m, m, dh), dsc.as_mut_ptr(), w as isize, false, dob, do_rc, vtv.at(i * m), vtv.t(), 1.0);
+                        gemm((m, m, dh), da.as_mut_ptr(), w as isize, false, dob, do_rc, vtv.at(i * m), vtv.t(), 1.0);
                     }
                     gemm(
                         (m, m, dh),
-                        dsc[shift..].as_mut_ptr(),
+                        da[shift..].as_mut_ptr(),
                         w as isize,
                         false,
                         dob,
@@ -424,23 +428,25 @@ mod flex {
                         1.0,
                     );
                 }
-                score_gradients(dsc, p, w, dout, o, first, g.out_rs() as usize, dh);
-                let (pown, dsown) = (p[shift..].as_ptr(), dsc[shift..].as_ptr());
+                // dA = P ∘ (dP − D) in place of dP
+                score_gradients(da, p, w, dout, o, first, g.out_rs() as usize, dh);
+                let (pown, daown) = (p[shift..].as_ptr(), da[shift..].as_ptr());
                 unsafe {
-                    // dV_i += P_ownᵀ dO, dK_i += dS_ownᵀ q_i, dq_i = dS_own K_i (+ dS̃ K̃_i)
+                    // dV_i += P_ownᵀ dO, dK_i += dA_ownᵀ q_i, dq_i = dA_own K_i (+ dÃ K̃_i)
                     gemm((m, dh, m), rows(dvp, i * m), dh as isize, true, pown, pt, dob, do_rc, 1.0);
-                    gemm((m, dh, m), rows(dkp, i * m), dh as isize, true, dsown, pt, qv.at(i * m), qv.rc, 1.0);
-                    gemm((m, dh, m), rows(dqp, i * m), dh as isize, false, dsown, ws, kv.at(i * m), kv.rc, 1.0);
+                    gemm((m, dh, m), rows(dkp, i * m), dh as isize, true, daown, pt, qv.at(i * m), qv.rc, 1.0);
+                    gemm((m, dh, m), rows(dqp, i * m), dh as isize, false, daown, ws, kv.at(i * m), kv.rc, 1.0);
                     if g.mixes(i) {
-                        let (ps, dss) = (p.as_ptr(), dsc.as_ptr());
-                        gemm((m, dh, m), rows(dqp, i * m), dh as isize, true, dss, ws, ktv.at(i * m), ktv.rc, 1.0);
-                        // dṼ_i = P̃ᵀ dO, dK̃_i = dS̃ᵀ q_i
+                        let (ps, das) = (p.as_ptr(), da.as_ptr());
+                        gemm((m, dh, m), rows(dqp, i * m), dh as isize, true, das, ws, ktv.at(i * m), ktv.rc, 1.0);
+                        // dṼ_i = P̃ᵀ dO, dK̃_i = dÃᵀ q_i
                         gemm((m, dh, m), dvtp.at(i * m * dh), dh as isize, false, ps, pt, dob, do_rc, 1.0);
-                        gemm((m, dh, m), dktp.at(i * m * dh), dh as isize, false, dss, pt, qv.at(i * m), qv.rc, 1.0);
+                        gemm((m, dh, m), dktp.at(i * m * dh), dh as isize, false, das, pt, qv.at(i * m), qv.rc, 1.0);
                     }
                 }
             });
-            // dS = dK̃ Kᵀ + dṼ Vᵀ over the blocks (causally its upper triangle stays zero)
+            // the sort matrix's dS = dK̃ Kᵀ + dṼ Vᵀ over the blocks (causally its upper triangle
+            // stays zero)
             // SAFETY: head (bi, hi)'s n × n of ds, and its rows of dk and dv, are this call's alone
             let dsh = unsafe { std::slice::from_raw_parts_mut(dsp.at((bi * g.h + hi) * n * n), n * n) };
             mix_gradient(&g, &dkt, kv, dsh);
