@@ -127,7 +127,7 @@ pub fn cosine_agreement(x: Tensor<4>, weight: f64) -> Tensor<1> {
     // [b·L, h, d] · [b·L, d, h]: every pair of heads at every position
     let unit = unit.swap_dims(1, 2).reshape([b * l, h, d]);
     let cos = unit.clone().matmul(unit.swap_dims(1, 2));
-    cos.sum().div_scalar((b * l * h * h) as f64).mul_scalar(weight).reshape([1])
+    variorum_core::ordered_sum(cos).div_scalar((b * l * h * h) as f64).mul_scalar(weight).reshape([1])
 }
 
 /// λ/H² Σ_i Σ_j Σ_k A^i_qk A^j_qk averaged over the queries, for weights `[b, H, Lq, Lk]`: the
@@ -135,7 +135,10 @@ pub fn cosine_agreement(x: Tensor<4>, weight: f64) -> Tensor<1> {
 pub fn position_agreement(weights: Tensor<4>, weight: f64) -> Tensor<1> {
     let [b, h, lq, _] = weights.dims();
     let total = weights.sum_dim(1); // [b, 1, Lq, Lk]
-    total.powf_scalar(2.0).sum().div_scalar((b * lq * h * h) as f64).mul_scalar(weight).reshape([1])
+    variorum_core::ordered_sum(total.powf_scalar(2.0))
+        .div_scalar((b * lq * h * h) as f64)
+        .mul_scalar(weight)
+        .reshape([1])
 }
 
 /// λ · mean over guided (head, query) pairs of Σ_k (A_qk − P_qk)², for weights `[b, H, Lq, Lk]`
@@ -164,7 +167,7 @@ pub fn pattern_loss(weights: Tensor<4>, layout: &ScoreLayout, guidance: &Guidanc
     let target = Tensor::<1>::from_data(TensorData::new(target, [g * lq * lk]), &device).reshape([1, g, lq, lk]);
     let counted = Tensor::<1>::from_data(TensorData::new(counted, [g * lq]), &device).reshape([1, g, lq, 1]);
     let guided = weights.narrow(1, 0, g);
-    let err = ((guided - target).powf_scalar(2.0) * counted).sum();
+    let err = variorum_core::ordered_sum((guided - target).powf_scalar(2.0) * counted);
     err.div_scalar(b as f64 * rows as f64).mul_scalar(guidance.weight).reshape([1])
 }
 

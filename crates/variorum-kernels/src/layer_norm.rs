@@ -177,23 +177,25 @@ mod flex {
         let (mean, rstd) = (saved.mean.storage::<f32>(), saved.rstd.storage::<f32>());
         let d = g.len();
         let mut dx = vec![0.0f32; xs.len()];
-        let (dgamma, dbeta) = dx
+        // Each chunk of ROWS rows sums its own part of ∂L/∂γ and ∂L/∂β; the parts are then added
+        // in chunk order on this thread. A fold/reduce would add them in the order rayon's work
+        // stealing split the rows, so two runs of one seed could differ in the last bit (and
+        // runs on another number of threads always would); this order is fixed by the data.
+        let parts: Vec<(Vec<f32>, Vec<f32>)> = dx
             .par_chunks_mut(ROWS * d)
             .zip(xs.par_chunks(ROWS * d).zip(dy.par_chunks(ROWS * d)))
             .zip(mean.par_chunks(ROWS).zip(rstd.par_chunks(ROWS)))
-            .fold(
-                || (vec![0.0f32; d], vec![0.0f32; d]),
-                |(mut dg, mut db), ((dx, (x, dy)), (m, r))| {
-                    backward_rows(dx, x, dy, g, m, r, &mut dg, &mut db, centred);
-                    (dg, db)
-                },
-            )
-            .reduce(
-                || (vec![0.0f32; d], vec![0.0f32; d]),
-                |(a, b), (c, e)| {
-                    (a.iter().zip(c).map(|(x, y)| x + y).collect(), b.iter().zip(e).map(|(x, y)| x + y).collect())
-                },
-            );
+            .map(|((dx, (x, dy)), (m, r))| {
+                let (mut dg, mut db) = (vec![0.0f32; d], vec![0.0f32; d]);
+                backward_rows(dx, x, dy, g, m, r, &mut dg, &mut db, centred);
+                (dg, db)
+            })
+            .collect();
+        let (mut dgamma, mut dbeta) = (vec![0.0f32; d], vec![0.0f32; d]);
+        for (dg, db) in &parts {
+            dgamma.iter_mut().zip(dg).for_each(|(a, b)| *a += b);
+            dbeta.iter_mut().zip(db).for_each(|(a, b)| *a += b);
+        }
         let t = |v: Vec<f32>, dims: Vec<usize>| FlexTensor::from_data(TensorData::new(v, dims));
         [t(dx, dims), t(dgamma, vec![d]), t(dbeta, vec![d])]
     }

@@ -16,7 +16,7 @@ struct SquaredNorm<'a> {
 impl ModuleVisitor for SquaredNorm<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
         if let Some(g) = self.grads.get::<D>(param.id) {
-            let s = g.square().sum();
+            let s = variorum_core::ordered_sum(g.square());
             self.sum = Some(match self.sum.take() {
                 Some(acc) => acc + s,
                 None => s,
