@@ -216,8 +216,10 @@ impl ModelConfig {
     }
 
     /// Builds the model. Call [`validate`](Self::validate) (and [`resolve`](Self::resolve)) first.
+    /// Its parameters' ids come from their paths in the model, so two models of one config
+    /// write byte-identical weights and optimizer files when their numbers agree.
     pub fn init(&self, device: &Device) -> DecoderLm {
-        DecoderLm::new(self, device)
+        DecoderLm::new(self, device).map(&mut crate::param_ids::PathIds::default())
     }
 
     /// Forward FLOPs per token (2 per multiply–add), with every query attending over the full

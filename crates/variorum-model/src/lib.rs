@@ -9,6 +9,7 @@ pub mod exits;
 pub mod harness;
 pub mod long_term_memory;
 pub mod objective;
+mod param_ids;
 pub mod reversible_grads;
 pub mod rules;
 pub mod zoo;

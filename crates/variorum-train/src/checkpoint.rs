@@ -81,6 +81,29 @@ pub fn save(run: &Path, state: &TrainState, keep: usize, write: impl FnOnce(&Pat
     Ok(target)
 }
 
+/// Writes the optimizer's state to `path` (burnpack) with its tensors in name order. Burn's
+/// `ModuleOptimizer::save` lays them out in the order of a `HashMap` of parameters, which is
+/// random per process: two runs of one seed wrote the same numbers in different orders, so their
+/// checkpoints differed byte for byte. The names are the parameters' ids with the state's
+/// fields, and the ids come from the parameters' paths (`ModelConfig::init`), so the file is a
+/// function of the state. Loading reads tensors by name, so `ModuleOptimizer::load` reads it
+/// as it reads Burn's own.
+pub fn save_optimizer(optim: &burn::optim::ModuleOptimizer, path: &Path) -> Result<()> {
+    let bytes = optim.into_bytes().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let reader = burn_pack::Reader::from_bytes(bytes).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (scalars, metadata) = (reader.scalars().clone(), reader.metadata().clone());
+    let mut tensors = reader.into_tensors().map_err(|e| anyhow::anyhow!("{e}"))?;
+    tensors.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut writer = burn_pack::Writer::new(tensors).auto_extension(false);
+    for (key, value) in &scalars {
+        writer = writer.with_scalar(key, *value);
+    }
+    for (key, value) in &metadata {
+        writer = writer.with_metadata(key, value);
+    }
+    writer.write_to_file(path).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
 fn prune(dir: &Path, keep: usize, latest: &str) -> Result<()> {
     let mut steps: Vec<String> = fs::read_dir(dir)?
         .filter_map(|e| e.ok())

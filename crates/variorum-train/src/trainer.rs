@@ -602,7 +602,8 @@ fn save_checkpoint(
             .clone()
             .save_file(dir.join("model.bpk"))
             .map_err(|e| anyhow::anyhow!("cannot write model checkpoint: {e}"))?;
-        optim.save(dir.join("optim.bpk")).map_err(|e| anyhow::anyhow!("cannot write optimizer checkpoint: {e}"))?;
+        checkpoint::save_optimizer(optim, &dir.join("optim.bpk"))
+            .map_err(|e| anyhow::anyhow!("cannot write optimizer checkpoint: {e}"))?;
         Ok(())
     })
 }
