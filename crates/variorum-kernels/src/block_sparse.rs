@@ -1339,7 +1339,10 @@ mod flex {
     }
 
     /// One block's scores against its gathered keys into `s` (rows × width), hidden pairs at
-    /// [`HIDDEN`].
+    /// [`HIDDEN`]: each seen pair's by [`fast_math::dot`] over the head's width, which sums in an
+    /// order fixed by that width alone. A GEMM over the block would pick its kernel by the
+    /// block's shape (the gemm crate's horizontal kernel, which sums by lanes, below 256 entries),
+    /// and a permuted block's width depends on later positions ([`attend_visible`]).
     fn gathered_scores(
         layout: &SparseLayout,
         c: usize,
@@ -1347,24 +1350,82 @@ mod flex {
         ks: &[f32],
         (rows, width, dh): (usize, usize, usize),
         scale: f32,
-        s: &mut [f32],
+        (s, cols): (&mut [f32], &mut Vec<usize>),
     ) {
-        // SAFETY: qs holds rows × dh, ks width × dh, s rows × width
-        unsafe {
-            gemm(
-                (rows, width, dh),
-                s.as_mut_ptr(),
-                width as isize,
-                false,
-                qs.as_ptr(),
-                (dh as isize, 1),
-                ks.as_ptr(),
-                (1, dh as isize),
-                scale,
-            )
-        };
-        for (r, row) in s.chunks_exact_mut(width).enumerate() {
-            for_hidden(layout.row_mask(c, r), row, |x| *x = HIDDEN);
+        s.fill(HIDDEN);
+        for (r, row) in s.chunks_exact_mut(width).enumerate().take(rows) {
+            visible_columns(layout.row_mask(c, r), width, cols);
+            let q = &qs[r * dh..][..dh];
+            for &j in cols.iter() {
+                row[j] = scale * fast_math::dot(q, &ks[j * dh..][..dh]);
+            }
+        }
+    }
+
+    /// The columns of `row` (a cell's row of `width` slots) the row sees, in column order.
+    fn visible_columns(mask: RowMask, width: usize, out: &mut Vec<usize>) {
+        out.clear();
+        match mask {
+            RowMask::Bits(bits) => {
+                for (w, &word) in bits.iter().enumerate() {
+                    let mut rest = word;
+                    while rest != 0 {
+                        let s = w * 64 + rest.trailing_zeros() as usize;
+                        if s < width {
+                            out.push(s);
+                        }
+                        rest &= rest - 1;
+                    }
+                }
+            }
+            RowMask::Span(a, b) => out.extend(a..b),
+        }
+    }
+
+    crate::wide_vectors! {
+        /// `o += p · v`.
+        fn add_scaled(o: &mut [f32], p: f32, v: &[f32]) {
+            o.iter_mut().zip(v).for_each(|(o, &v)| *o += p * v);
+        }
+    }
+
+    /// A permuted block's weights and outputs (gathered queries `qs`, keys `ks`, values `vs`):
+    /// each row scored against the keys it sees alone, taken in column order, normalised over
+    /// them, and its output summed over them in that order. Where a block sits in a sorted order
+    /// depends on every position's bucket or cluster, later ones included, so the column a key
+    /// lands in and the block's width do too; the keys a causal row sees, in column order, are the
+    /// keys of its bucket before it in position order, which later positions do not move. Summing
+    /// the whole row (the hidden columns are exact zeros, but a sum of 16 lanes gives each column
+    /// its lane by its index) or multiplying P by V over every column let later tokens change the
+    /// last bits of earlier outputs. A row that sees nothing: output 0, slot [`HIDDEN`].
+    #[allow(clippy::too_many_arguments)]
+    fn attend_visible(
+        (layout, c): (&SparseLayout, usize),
+        norm: RowNormaliser,
+        [qs, ks, vs]: [&[f32]; 3],
+        scale: f32,
+        (rows, width, dh): (usize, usize, usize),
+        (l, os): (&mut [f32], &mut [f32]),
+        (seen, cols, scratch): (&mut Vec<f32>, &mut Vec<usize>, &mut Vec<f32>),
+    ) {
+        for r in 0..rows {
+            let o = &mut os[r * dh..][..dh];
+            o.fill(0.0);
+            visible_columns(layout.row_mask(c, r), width, cols);
+            if cols.is_empty() {
+                l[r] = HIDDEN;
+                continue;
+            }
+            let q = &qs[r * dh..][..dh];
+            seen.clear();
+            seen.extend(cols.iter().map(|&j| scale * fast_math::dot(q, &ks[j * dh..][..dh])));
+            let n = seen.len();
+            normalise_rows(norm, seen, n, |_| n, &mut l[r..r + 1], scratch);
+            for (&j, &p) in cols.iter().zip(seen.iter()) {
+                if p != 0.0 {
+                    add_scaled(o, p, &vs[j * dh..][..dh]);
+                }
+            }
         }
     }
 
@@ -1388,8 +1449,9 @@ mod flex {
             let (kp, vp) = (k.head(bi, kv), v.head(bi, kv));
             let (mut qs, mut os) = (vec![0.0f32; bs * dh], vec![0.0f32; bs * dh]);
             let (mut ks, mut vs) = (vec![0.0f32; wmax * dh], vec![0.0f32; wmax * dh]);
-            let (mut s, mut l) = (vec![0.0f32; bs * wmax], vec![0.0f32; bs]);
+            let mut l = vec![0.0f32; bs];
             let mut scratch: Vec<f32> = Vec::with_capacity(if norm.needs_threshold() { wmax } else { 0 });
+            let (mut seen, mut cols) = (Vec::with_capacity(wmax), Vec::with_capacity(wmax));
             let (mut qpos, mut kpos) = (Vec::with_capacity(bs), Vec::with_capacity(wmax));
             for hi in kv * g..(kv + 1) * g {
                 let (qp, pat) = (q.head(bi, hi), pattern(layout, &sh, bi, hi));
@@ -1398,31 +1460,24 @@ mod flex {
                     permuted_positions(layout, order, (pat, c), (q0, rows), (&mut qpos, &mut kpos));
                     let (qs, os) = (&mut qs[..rows * dh], &mut os[..rows * dh]);
                     let (ks, vs) = (&mut ks[..width * dh], &mut vs[..width * dh]);
-                    let (s, l) = (&mut s[..rows * width], &mut l[..rows]);
+                    let l = &mut l[..rows];
                     // SAFETY: the permutation's positions are rows of these heads (checked)
                     unsafe {
                         gather_rows(qp, (q.rs(), q.cs()), &qpos, dh, qs);
                         gather_rows(kp, (k.rs(), k.cs()), &kpos, dh, ks);
                         gather_rows(vp, (v.rs(), v.cs()), &kpos, dh, vs);
                     }
-                    gathered_scores(layout, c, qs, ks, (rows, width, dh), scale, s);
-                    normalise_rows(norm, s, width, |_| width, l, &mut scratch);
-                    clear_hidden(layout, c, s);
-                    let (dhs, ws) = (dh as isize, width as isize);
-                    // SAFETY: s holds rows × width, vs width × dh, os rows × dh
-                    unsafe {
-                        gemm(
-                            (rows, dh, width),
-                            os.as_mut_ptr(),
-                            dhs,
-                            false,
-                            s.as_ptr(),
-                            (ws, 1),
-                            vs.as_ptr(),
-                            (dhs, 1),
-                            1.0,
-                        )
-                    };
+                    let (qs, ks, vs) = (&*qs, &*ks, &*vs);
+                    let sizes = (rows, width, dh);
+                    attend_visible(
+                        (layout, c),
+                        norm,
+                        [qs, ks, vs],
+                        scale,
+                        sizes,
+                        (l, os),
+                        (&mut seen, &mut cols, &mut scratch),
+                    );
                     for (r, &pos) in qpos.iter().enumerate() {
                         // SAFETY: row (bi, pos) of head hi, in out and lse, belongs to this task
                         unsafe {
@@ -1461,6 +1516,7 @@ mod flex {
             let [mut qs, mut os, mut dos, mut dqs] = std::array::from_fn(|_| vec![0.0f32; bs * dh]);
             let [mut ks, mut vs, mut dks, mut dvs] = std::array::from_fn(|_| vec![0.0f32; wmax * dh]);
             let (mut p, mut ds, mut l) = (vec![0.0f32; bs * wmax], vec![0.0f32; bs * wmax], vec![0.0f32; bs]);
+            let mut cols = Vec::with_capacity(wmax);
             let (mut qpos, mut kpos) = (Vec::with_capacity(bs), Vec::with_capacity(wmax));
             for hi in kv * g..(kv + 1) * g {
                 let (qp, pat) = (qh.head(bi, hi), pattern(layout, &sh, bi, hi));
@@ -1488,7 +1544,7 @@ mod flex {
                     for (x, &pos) in l.iter_mut().zip(&qpos) {
                         *x = lse[(bi * sh.h + hi) * len + pos];
                     }
-                    gathered_scores(layout, c, qs, ks, (rows, width, dh), scale, p);
+                    gathered_scores(layout, c, qs, ks, (rows, width, dh), scale, (p, &mut cols));
                     recompute_rows(norm, p, width, |_| width, l);
                     clear_hidden(layout, c, p);
                     let ws = width as isize;

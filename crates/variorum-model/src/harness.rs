@@ -47,12 +47,34 @@ fn ensure(holds: bool, why: impl FnOnce() -> String) -> Result<(), String> {
     if holds { Ok(()) } else { Err(why()) }
 }
 
+/// Positions of the long causality check: several of the kernels' query blocks (64 rows), so
+/// that a layout sorted by content (LSH's buckets, routing's clusters) permutes queries and keys
+/// across blocks and rows wider than the sums' 16 lanes, where the order of a sum can move with
+/// later tokens.
+pub const LONG_CAUSALITY_LEN: usize = 160;
+
 /// A causal model's outputs up to position t ignore every token after t (and react to their
-/// own); a masked (bidirectional) model's early outputs do see later tokens.
+/// own); a masked (bidirectional) model's early outputs do see later tokens. Checked at 12
+/// positions, and at [`LONG_CAUSALITY_LEN`] where the variant takes that context (its `seq_len`
+/// raised to it): exactly, to the last bit, unless the kind declares why not.
 pub fn check_causality(name: &str, cfg: &ModelConfig, device: &Device) -> Result<(), String> {
+    causality_at(name, cfg, device, 12, 5)?;
+    if let Some(long) = long_variant(cfg) {
+        causality_at(&format!("{name} (at {LONG_CAUSALITY_LEN} positions)"), &long, device, LONG_CAUSALITY_LEN, 100)?;
+    }
+    Ok(())
+}
+
+/// The variant with a context of [`LONG_CAUSALITY_LEN`], where it validates with one.
+pub fn long_variant(cfg: &ModelConfig) -> Option<ModelConfig> {
+    let long = ModelConfig { seq_len: cfg.seq_len.max(LONG_CAUSALITY_LEN), ..cfg.clone() };
+    long.validate().ok().map(|_| long)
+}
+
+fn causality_at(name: &str, cfg: &ModelConfig, device: &Device, l: usize, t: usize) -> Result<(), String> {
     let _guard = seeded();
     let model = build(name, cfg, 1, device)?;
-    let (b, l, v, t) = (2, 12, cfg.vocab(), 5);
+    let (b, v) = (2, cfg.vocab());
     let a = tokens(3, b, l, v, device);
     // replace every token after position t
     let future = tokens(4, b, l - t - 1, v, device).add_scalar(1).remainder_scalar(v as i64);
