@@ -386,9 +386,25 @@ fn merge_at(base: &mut toml::Table, over: toml::Table, root: bool) {
     }
 }
 
+/// A TOML error in one short line: the message and where (line, column), without the excerpt
+/// of the source that toml quotes under it (a gutter `|`, the offending line whole, a caret) —
+/// one line of a 200 KB config would otherwise be the error — and cut to [`MAX_ERROR`] characters.
 fn one_line(msg: &str) -> String {
-    msg.lines().filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with('|')).collect::<Vec<_>>().join(" ")
+    let excerpt = |l: &str| {
+        let t = l.trim_start();
+        t.starts_with('|')
+            || t.split_once('|')
+                .is_some_and(|(n, _)| !n.trim().is_empty() && n.trim().bytes().all(|b| b.is_ascii_digit()))
+    };
+    let line = msg.lines().filter(|l| !l.trim().is_empty() && !excerpt(l)).collect::<Vec<_>>().join(" ");
+    match line.char_indices().nth(MAX_ERROR) {
+        Some((cut, _)) => format!("{}…", &line[..cut]),
+        None => line,
+    }
 }
+
+/// The longest config error printed, in characters.
+const MAX_ERROR: usize = 300;
 
 #[cfg(test)]
 mod tests {
@@ -403,6 +419,19 @@ n_heads = 4
 [data]
 path = "x.txt"
 "#;
+
+    #[test]
+    fn a_parse_error_is_one_short_line_that_names_where() {
+        // a 200 KB config on one line, broken near its end
+        let long = format!("x = \"{}\" y", "a".repeat(200_000));
+        let err = ExperimentConfig::parse(&long, false).unwrap_err().to_string();
+        assert!(err.len() < 400, "{} characters: {}", err.len(), &err[..400.min(err.len())]);
+        assert!(err.contains("line 1") && err.contains("column"), "{err}");
+        assert!(!err.contains("aaaa"), "{err}");
+        // a short one keeps its message whole
+        let err = ExperimentConfig::parse("[model\nd_model = 1", false).unwrap_err().to_string();
+        assert!(err.contains("line 1") && !err.contains('\n'), "{err}");
+    }
 
     #[test]
     fn extends_overrides_a_base_and_a_kind_replaces_its_table() {
