@@ -203,6 +203,11 @@ fn resume_replays_the_uninterrupted_run_exactly() {
             let (p, q) = (x.train_loss.unwrap_or(0.0), y.train_loss.unwrap_or(0.0));
             assert!((p - q).abs() <= 1e-6 * p.abs(), "{name}: step {} training loss {p} vs {q}", x.step);
         }
+        // the weights and the sample, byte for byte
+        for file in ["model.bpk", "sample.txt"] {
+            let (x, y) = (std::fs::read(straight.join(file)).unwrap(), std::fs::read(split.join(file)).unwrap());
+            assert!(x == y, "{name}: the resumed run's {file} differs from the uninterrupted one's");
+        }
     }
 }
 
