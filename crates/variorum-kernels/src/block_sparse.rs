@@ -1339,10 +1339,12 @@ mod flex {
     }
 
     /// One block's scores against its gathered keys into `s` (rows × width), hidden pairs at
-    /// [`HIDDEN`]: each seen pair's by [`fast_math::dot`] over the head's width, which sums in an
-    /// order fixed by that width alone. A GEMM over the block would pick its kernel by the
-    /// block's shape (the gemm crate's horizontal kernel, which sums by lanes, below 256 entries),
-    /// and a permuted block's width depends on later positions ([`attend_visible`]).
+    /// [`HIDDEN`]: by one GEMM, for the backward, whose probabilities are recomputed against the
+    /// forward's log-sum-exp. The forward scores a permuted block's pairs one by one instead
+    /// ([`attend_visible`]): a GEMM's kernel is chosen by the block's shape (the gemm crate's
+    /// horizontal kernel, which sums by lanes, below 256 entries), and a permuted block's width
+    /// depends on later positions. The two can differ in the last bit of a score; the weights
+    /// recomputed here differ from the forward's by as little, and no output depends on them.
     fn gathered_scores(
         layout: &SparseLayout,
         c: usize,
@@ -1350,15 +1352,24 @@ mod flex {
         ks: &[f32],
         (rows, width, dh): (usize, usize, usize),
         scale: f32,
-        (s, cols): (&mut [f32], &mut Vec<usize>),
+        s: &mut [f32],
     ) {
-        s.fill(HIDDEN);
-        for (r, row) in s.chunks_exact_mut(width).enumerate().take(rows) {
-            visible_columns(layout.row_mask(c, r), width, cols);
-            let q = &qs[r * dh..][..dh];
-            for &j in cols.iter() {
-                row[j] = scale * fast_math::dot(q, &ks[j * dh..][..dh]);
-            }
+        // SAFETY: qs holds rows × dh, ks width × dh, s rows × width
+        unsafe {
+            gemm(
+                (rows, width, dh),
+                s.as_mut_ptr(),
+                width as isize,
+                false,
+                qs.as_ptr(),
+                (dh as isize, 1),
+                ks.as_ptr(),
+                (1, dh as isize),
+                scale,
+            )
+        };
+        for (r, row) in s.chunks_exact_mut(width).enumerate() {
+            for_hidden(layout.row_mask(c, r), row, |x| *x = HIDDEN);
         }
     }
 
@@ -1383,9 +1394,26 @@ mod flex {
     }
 
     crate::wide_vectors! {
-        /// `o += p · v`.
-        fn add_scaled(o: &mut [f32], p: f32, v: &[f32]) {
-            o.iter_mut().zip(v).for_each(|(o, &v)| *o += p * v);
+        /// `scale · q·k_j` for each column j of `cols` (rows of `ks`, `q.len()` wide), in that
+        /// order, into `out`.
+        fn seen_scores(q: &[f32], ks: &[f32], cols: &[usize], scale: f32, out: &mut Vec<f32>) {
+            let dh = q.len();
+            out.clear();
+            out.extend(cols.iter().map(|&j| scale * fast_math::dot(q, &ks[j * dh..][..dh])));
+        }
+    }
+
+    crate::wide_vectors! {
+        /// `o = Σ p_j v_j` over the columns j of `cols` (rows of `vs`, `o.len()` wide), added in
+        /// that order.
+        fn weighted_values(p: &[f32], vs: &[f32], cols: &[usize], o: &mut [f32]) {
+            let dh = o.len();
+            o.fill(0.0);
+            for (&j, &w) in cols.iter().zip(p) {
+                if w != 0.0 {
+                    o.iter_mut().zip(&vs[j * dh..][..dh]).for_each(|(o, &v)| *o += w * v);
+                }
+            }
         }
     }
 
@@ -1410,22 +1438,16 @@ mod flex {
     ) {
         for r in 0..rows {
             let o = &mut os[r * dh..][..dh];
-            o.fill(0.0);
             visible_columns(layout.row_mask(c, r), width, cols);
             if cols.is_empty() {
+                o.fill(0.0);
                 l[r] = HIDDEN;
                 continue;
             }
-            let q = &qs[r * dh..][..dh];
-            seen.clear();
-            seen.extend(cols.iter().map(|&j| scale * fast_math::dot(q, &ks[j * dh..][..dh])));
+            seen_scores(&qs[r * dh..][..dh], ks, cols, scale, seen);
             let n = seen.len();
             normalise_rows(norm, seen, n, |_| n, &mut l[r..r + 1], scratch);
-            for (&j, &p) in cols.iter().zip(seen.iter()) {
-                if p != 0.0 {
-                    add_scaled(o, p, &vs[j * dh..][..dh]);
-                }
-            }
+            weighted_values(seen, vs, cols, o);
         }
     }
 
@@ -1516,7 +1538,6 @@ mod flex {
             let [mut qs, mut os, mut dos, mut dqs] = std::array::from_fn(|_| vec![0.0f32; bs * dh]);
             let [mut ks, mut vs, mut dks, mut dvs] = std::array::from_fn(|_| vec![0.0f32; wmax * dh]);
             let (mut p, mut ds, mut l) = (vec![0.0f32; bs * wmax], vec![0.0f32; bs * wmax], vec![0.0f32; bs]);
-            let mut cols = Vec::with_capacity(wmax);
             let (mut qpos, mut kpos) = (Vec::with_capacity(bs), Vec::with_capacity(wmax));
             for hi in kv * g..(kv + 1) * g {
                 let (qp, pat) = (qh.head(bi, hi), pattern(layout, &sh, bi, hi));
@@ -1544,7 +1565,7 @@ mod flex {
                     for (x, &pos) in l.iter_mut().zip(&qpos) {
                         *x = lse[(bi * sh.h + hi) * len + pos];
                     }
-                    gathered_scores(layout, c, qs, ks, (rows, width, dh), scale, (p, &mut cols));
+                    gathered_scores(layout, c, qs, ks, (rows, width, dh), scale, p);
                     recompute_rows(norm, p, width, |_| width, l);
                     clear_hidden(layout, c, p);
                     let ws = width as isize;
