@@ -57,11 +57,14 @@ fn data_dir(dir: &Path) -> PathBuf {
 }
 
 /// A config that runs the shipped `config` for `steps` steps, logging every 2 and evaluating
-/// every 4 on one batch, in batches of at most 4.
+/// every 4 on one batch, in batches of at most 4 rows, or of up to 256 positions where rows are
+/// short: a step's rows then span several of the kernels' 64-row chunks, whose sums a parallel
+/// reduction could add in a varying order.
 fn short_schedule(config: &Path, dir: &Path, steps: u64) -> PathBuf {
     let name = config.strip_prefix(repo().join("configs")).unwrap().to_string_lossy().replace('/', "-");
     let path = dir.join(name);
-    let batch = variorum_train::ExperimentConfig::load(config).unwrap().train.batch_size.min(4);
+    let cfg = variorum_train::ExperimentConfig::load(config).unwrap();
+    let batch = cfg.train.batch_size.min((256 / cfg.model.seq_len.max(1)).max(4));
     let text = format!(
         "extends = {:?}\n[train]\nsteps = {steps}\nwarmup_steps = 2\nbatch_size = {batch}\nlog_interval = 2\neval_interval = 4\neval_batches = 1\ncheckpoint_interval = {steps}\nsample_tokens = 16\n",
         config.display().to_string()

@@ -1452,8 +1452,9 @@ mod flex {
     }
 
     /// [`forward_views`] for a piece over a [`Permutation`]: per block, the query rows and the
-    /// keys and values of its runs are gathered into scratch (one GEMM over all of them), and the
-    /// output rows and log-sum-exps are written at the queries' positions.
+    /// keys and values of its runs are gathered into scratch, each row attends over the keys it
+    /// sees ([`attend_visible`]), and the output rows and log-sum-exps are written at the
+    /// queries' positions.
     fn forward_permuted(
         [q, k, v]: [&Heads; 3],
         scale: f32,

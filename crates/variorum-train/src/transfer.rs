@@ -51,6 +51,7 @@ impl InitReport {
 pub fn export_safetensors(model: &DecoderLm, path: &Path) -> Result<Vec<String>> {
     let mut store = SafetensorsStore::from_file(path).skip_enum_variants(true);
     model.save_into(&mut store).map_err(|e| anyhow!("cannot write {}: {e}", path.display()))?;
+    sort_metadata(path).map_err(|e| anyhow!("cannot write {}: {e}", path.display()))?;
     let mut written = SafetensorsStore::from_file(path);
     let names = written
         .get_all_tensors()
@@ -59,6 +60,41 @@ pub fn export_safetensors(model: &DecoderLm, path: &Path) -> Result<Vec<String>>
         .cloned()
         .collect();
     Ok(names)
+}
+
+/// Rewrites a safetensors file's `__metadata__` with its keys in order, in place. burn-store
+/// hands the safetensors crate its metadata (format, producer, version) as a `HashMap`, whose
+/// order is random per process, so two exports of one model differed in their header's bytes;
+/// the tensors themselves the crate already writes in a fixed order. The header keeps its
+/// length (the same entries reordered, padded with spaces as the format allows).
+fn sort_metadata(path: &Path) -> std::io::Result<()> {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let invalid = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_owned());
+    let mut file = std::fs::OpenOptions::new().read(true).write(true).open(path)?;
+    let mut len = [0u8; 8];
+    file.read_exact(&mut len)?;
+    let n = usize::try_from(u64::from_le_bytes(len)).map_err(|_| invalid("header length"))?;
+    let mut header = vec![0u8; n];
+    file.read_exact(&mut header)?;
+    let mut json: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&header).map_err(|e| invalid(&e.to_string()))?;
+    let Some(serde_json::Value::Object(meta)) = json.remove("__metadata__") else { return Ok(()) };
+    let sorted: std::collections::BTreeMap<String, serde_json::Value> = meta.into_iter().collect();
+    // `__metadata__` first, as the crate writes it, then the tensors (each with its offsets)
+    let mut out = format!("{{\"__metadata__\":{}", serde_json::to_string(&sorted)?).into_bytes();
+    for (name, info) in &json {
+        out.push(b',');
+        out.extend(serde_json::to_string(name)?.into_bytes());
+        out.push(b':');
+        out.extend(serde_json::to_string(info)?.into_bytes());
+    }
+    out.push(b'}');
+    if out.len() > n {
+        return Err(invalid("the sorted header is longer than the written one"));
+    }
+    out.resize(n, b' ');
+    file.seek(SeekFrom::Start(8))?;
+    file.write_all(&out)
 }
 
 /// The weights file of a run directory (final, or the latest checkpoint's), or `path` itself.
@@ -162,4 +198,31 @@ fn normalised(path: &str) -> Vec<&str> {
     path.split('.')
         .filter(|s| !s.starts_with(|c: char| c.is_ascii_uppercase()) && !matches!(*s, "proj" | "attention"))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::prelude::*;
+
+    #[test]
+    fn an_export_is_a_function_of_the_weights() {
+        let dir = tempfile::tempdir().unwrap();
+        let model = variorum_model::zoo::tiny().init(&Device::flex());
+        let (a, b) = (dir.path().join("a.safetensors"), dir.path().join("b.safetensors"));
+        export_safetensors(&model, &a).unwrap();
+        export_safetensors(&model, &b).unwrap();
+        let (a, b) = (std::fs::read(a).unwrap(), std::fs::read(b).unwrap());
+        assert!(a == b, "two exports of one model differ");
+        // the metadata's keys in order (a HashMap's order before)
+        let header = String::from_utf8_lossy(&a[8..200]);
+        let at = |key: &str| header.find(key).unwrap_or_else(|| panic!("{key} missing from {header}"));
+        assert!(at("\"format\"") < at("\"producer\"") && at("\"producer\"") < at("\"version\""), "{header}");
+        // and the file still loads, every tensor in place
+        let mut store = SafetensorsStore::from_file(dir.path().join("a.safetensors"));
+        assert_eq!(
+            store.get_all_tensors().unwrap().len(),
+            export_safetensors(&model, &dir.path().join("c.safetensors")).unwrap().len()
+        );
+    }
 }

@@ -672,4 +672,9 @@ fn a_model_conditioned_on_tags_needs_tagged_data_and_keeps_its_tag_names() {
     // and it conditions the scores
     let (a, b) = (loaded.score_tagged(&prompt, Some(1)).unwrap(), loaded.score_tagged(&prompt, Some(2)).unwrap());
     assert!((a.total_logprob - b.total_logprob).abs() > 1e-6, "two tags score the prompt alike");
+    // a corpus whose sections changed since training is refused: its ids would name other ones
+    std::fs::write(tmp.path().join("corpus.txt"), "to be or not to be in the mind that is the question\n".repeat(200))
+        .unwrap();
+    let msg = loaded.validation_split().unwrap_err().to_string();
+    assert!(msg.contains("changed since training") && msg.contains("tags.json"), "{msg}");
 }
