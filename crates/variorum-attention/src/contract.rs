@@ -3,7 +3,8 @@
 use burn::prelude::*;
 use variorum_core::{AttentionMask, AuxLosses};
 
-use crate::CarriedMaps;
+use crate::state::CarriedMaps;
+use variorum_position::PositionConfig;
 
 /// What every attention mechanism receives.
 #[derive(Debug)]
@@ -60,4 +61,18 @@ pub struct AttentionOutput {
     /// Extra losses (already weighted), and policies' per-row log-probabilities named
     /// `variorum_core::REINFORCE_PREFIX`… (`[batch]`, not losses: the model turns them into one).
     pub aux_losses: AuxLosses,
+}
+
+/// The position scheme a mechanism is built with, and the model's context length (the size of
+/// learned position tables).
+#[derive(Debug, Clone, Copy)]
+pub struct Positioning<'a> {
+    pub config: &'a PositionConfig,
+    pub context: usize,
+}
+
+impl Positioning<'_> {
+    /// No relative scheme (absolute positions, or none).
+    pub const NONE: Positioning<'static> =
+        Positioning { config: &PositionConfig::None(variorum_position::NoPositionConfig {}), context: 0 };
 }

@@ -8,7 +8,8 @@ use serde::de::DeserializeOwned;
 use variorum_core::{AttentionMask, Capabilities, ConfigError};
 use variorum_position::HeadShape;
 
-use crate::{AttentionInput, AttentionOutput, AttentionState, Positioning};
+use crate::contract::{AttentionInput, AttentionOutput, Positioning};
+use crate::state::AttentionState;
 
 /// What every attention kind's `build` receives: the model's width, the initialisation scales
 /// and the layer's position scheme.
@@ -163,6 +164,13 @@ pub trait AttentionKind:
         None
     }
 
+    /// Whether a trained layer of this setting has something to show of what it learned
+    /// ([`AttentionMechanism::learned`]): `variorum inspect` asks before it loads the weights.
+    /// Default: no.
+    fn shows_what_it_learned(&self) -> bool {
+        false
+    }
+
     fn build(&self, init: &LayerInit, device: &Device) -> Self::Module;
 
     /// Tiny settings the generic harness runs (at least one per kind: a test fails otherwise).
@@ -234,19 +242,23 @@ pub trait AttentionMechanism: Module + burn::module::ModuleDisplay + core::fmt::
     /// Rows `r` with `rows[r]` start a new document: what the state remembers of theirs is
     /// forgotten. Called by the trainer before a step whose rows do not all start over.
     fn reset_rows(&self, _state: &mut AttentionState, _rows: &[bool]) {}
+
+    /// What this trained layer learned, for the run report and `variorum inspect` (adaptive
+    /// span: the span of every head), where its config says it shows something
+    /// ([`AttentionKind::shows_what_it_learned`]). Default: nothing.
+    fn learned(&self) -> Option<Learned> {
+        None
+    }
 }
 
-/// Whether `dropout` drops anything on `device`: what [`Dropout::forward`](burn::nn::Dropout)
-/// checks — a probability above 0, an autodiff device and the training flag. Elsewhere (evaluation,
-/// generation) a kind's kernel path, which has no dropout, computes the same thing.
-pub fn drops(dropout: &burn::nn::Dropout, device: &Device) -> bool {
-    dropout.prob > 0.0 && device.is_autodiff() && dropout.training.is_enabled()
-}
-
-/// Whether a kind's CPU kernel computes what its composed path would for `t`: the kernels are on
-/// for its backend and `dropout` drops nothing (the kernels have no dropout).
-pub fn kernel_takes<const D: usize>(dropout: &burn::nn::Dropout, t: &Tensor<D>) -> bool {
-    variorum_kernels::has_kernel(t) && !drops(dropout, &t.device())
+/// One layer's view of what it learned ([`AttentionMechanism::learned`]): a heading, the same
+/// for every layer of a model, and this layer's line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Learned {
+    /// What is shown and in which unit (`learned span per head (positions, at most 64, …)`).
+    pub title: String,
+    /// This layer's values.
+    pub line: String,
 }
 
 /// Refuses a dropout probability outside [0, 1) for `model.attention.dropout`.

@@ -81,7 +81,7 @@ impl AttentionState {
     }
 
     /// The KV cache, created on first use (the state of every kind that caches keys and values).
-    pub fn kv_mut(&mut self) -> &mut crate::KvCache {
+    pub fn kv_mut(&mut self) -> &mut crate::cache::KvCache {
         self.get_or_default()
     }
 }

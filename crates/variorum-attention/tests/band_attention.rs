@@ -8,7 +8,7 @@ mod common;
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use common::{D, decoding_gap, masks_and_paths, schemes, with_kernels};
-use variorum_attention::band::Band;
+use variorum_attention::Band;
 use variorum_attention::{
     AttentionConfig, AttentionInput, AttentionKind, BandAttention, LocalAttentionConfig, MultiScaleConfig, Positioning,
     SlidingWindowConfig,
@@ -164,7 +164,7 @@ fn each_head_keeps_its_own_window() {
     let mask = AttentionMask::causal();
     let heads = |x: Tensor<3>| {
         let p = attn.attention.project(x, None, &mask, None);
-        variorum_attention::band::banded(&attn.attention, &p, &attn.bands(true), &[])
+        variorum_attention::banded(&attn.attention, &p, &attn.bands(true), &[])
     };
     let diff = (heads(x) - heads(y)).abs().max_dim(3).reshape([4, 12]).into_data().try_to_vec::<f32>().unwrap();
     for (h, w) in [1usize, 2, 3, 6].iter().enumerate() {

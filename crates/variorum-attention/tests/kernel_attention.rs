@@ -6,8 +6,8 @@ mod common;
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::activation::softmax;
-use variorum_attention::kernel::{self, Features};
 use variorum_attention::{Attention, AttentionConfig, AttentionInput, AttentionState, Positioning};
+use variorum_attention::{Features, KernelState, MIN_NORMALISER, kernel_bidirectional};
 use variorum_core::AttentionMask;
 
 static SEEDED: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -59,7 +59,7 @@ fn token_by_token_decoding_equals_the_parallel_forward() {
         let d = (full - Tensor::cat(parts, 1)).abs().max().into_scalar::<f32>();
         assert!(d < 1e-4, "{cfg:?}: {d}");
         // the state does not grow with the context: one [features, d_v + 1] matrix per head
-        let Some(Some(s)) = state.get::<Option<kernel::KernelState>>() else { panic!("{cfg:?}: no recurrent state") };
+        let Some(Some(s)) = state.get::<Option<KernelState>>() else { panic!("{cfg:?}: no recurrent state") };
         assert_eq!(s.s.dims()[0..2], [2, if cfg.kind() == "average" { 1 } else { 4 }]);
     }
 }
@@ -117,7 +117,7 @@ fn mean_error(kind: &str, features: usize, dev: &Device) -> f64 {
                     min_normaliser: 1e-30,
                 };
                 let exact = softmax(q.matmul(k.swap_dims(2, 3)).div_scalar((d as f64).sqrt()), 3).matmul(v);
-                (kernel::bidirectional(f), exact)
+                (kernel_bidirectional(f), exact)
             }
             _ => {
                 let sigma = 0.7;
@@ -132,11 +132,11 @@ fn mean_error(kind: &str, features: usize, dev: &Device) -> f64 {
                     k_shift: None,
                     gate: None,
                     rescale: false,
-                    min_normaliser: kernel::MIN_NORMALISER,
+                    min_normaliser: MIN_NORMALISER,
                 };
                 let unit = |x: Tensor<4>| x.clone() / x.powf_scalar(2.0).sum_dim(3).sqrt();
                 let scores = unit(q).matmul(unit(k).swap_dims(2, 3)).div_scalar(sigma * sigma);
-                (kernel::bidirectional(f), softmax(scores, 3).matmul(v))
+                (kernel_bidirectional(f), softmax(scores, 3).matmul(v))
             }
         };
         total += (approx - exact).abs().mean().into_scalar::<f32>() as f64;

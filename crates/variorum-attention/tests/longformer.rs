@@ -8,8 +8,8 @@ mod common;
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use common::{D, schemes};
-use variorum_attention::longformer::{GlobalProjections, LongformerCache};
 use variorum_attention::{AttentionInput, AttentionKind, LongformerAttention, LongformerConfig, Positioning};
+use variorum_attention::{GlobalProjections, LongformerCache};
 use variorum_core::AttentionMask;
 use variorum_position::{PositionConfig, XlRelativeConfig};
 
@@ -202,9 +202,9 @@ fn folded_global_rows_equal_the_definition_with_gradients() {
                 let dg = attn.global_qkv.as_ref().unwrap().qkv.weight.grad(&grads).unwrap();
                 (y, x.grad(&grads).unwrap(), dg)
             };
-            let before = variorum_attention::longformer::folds_run();
+            let before = variorum_attention::folds_run();
             let (y1, dx1, dg1) = run(false);
-            let folded = variorum_attention::longformer::folds_run() - before;
+            let folded = variorum_attention::folds_run() - before;
             let (y2, dx2, dg2) = run(true);
             let gap = |a: Tensor<3>, b: Tensor<3>| (a - b).abs().max().into_scalar::<f32>();
             let what = format!("kv heads {n_kv_heads:?}, causal {}, padding {}", mask.causal, mask.padding.is_some());

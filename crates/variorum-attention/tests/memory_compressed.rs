@@ -6,7 +6,7 @@ use burn::module::Param;
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::activation::softmax;
-use variorum_attention::memory_compressed::CompressedState;
+use variorum_attention::CompressedState;
 use variorum_attention::{AttentionInput, AttentionKind, MemoryCompressedAttention, MemoryCompressedConfig};
 use variorum_core::AttentionMask;
 

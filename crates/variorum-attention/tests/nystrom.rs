@@ -9,7 +9,7 @@ mod common;
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::activation::softmax;
-use variorum_attention::nystrom::iterative_pinv;
+use variorum_attention::iterative_pinv;
 use variorum_attention::{
     Attention, AttentionConfig, AttentionInput, AttentionKind, NystromAttention, NystromConfig, NystromInverse,
     Positioning,

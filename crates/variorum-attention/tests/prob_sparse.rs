@@ -8,7 +8,7 @@ mod common;
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::activation::softmax;
-use variorum_attention::prob_sparse::top_count;
+use variorum_attention::top_count;
 use variorum_attention::{
     AttentionConfig, AttentionInput, AttentionKind, AttentionState, Positioning, ProbSparseAttention, ProbSparseConfig,
     ProbSparseState,

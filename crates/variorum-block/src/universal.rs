@@ -66,6 +66,11 @@ impl DepthConfig {
         vec![("depth universal".into(), ut(false)), ("depth universal + act".into(), ut(true))]
     }
 
+    /// Whether a trained model shows what its depth learned (ACT: the steps each token took).
+    pub fn shows_what_it_learned(&self) -> bool {
+        matches!(self, Self::Universal(u) if u.act)
+    }
+
     /// Whether the blocks share one set of weights.
     pub fn shared(&self) -> bool {
         matches!(self, Self::Universal(_))

@@ -3,7 +3,7 @@
 //!
 //! S_t = g_t S_{t−1} + φ(k_t) [v_t; 1]ᵀ,   [n_t; d_t] = φ(q_t)ᵀ S_t,   o_t = n_t / max(d_t, ε),
 //!
-//! the kernelised core of `variorum_attention::kernel` (linear, Performer, RFA, with or without
+//! the kernelised core of `variorum_attention`'s `kernelised/kernel.rs` (linear, Performer, RFA, with or without
 //! the gate; RFA-Gate's key weight 1 − g_t is applied here too, [`LinearSpec::gated_keys`]). Composed from Burn's
 //! ops, the chunked form keeps every chunk's carried sums S `[features, d_v + 1]` for the backward
 //! (and, gated, records one op per chunk), and autodiff keeps φ(q), φ(k) and the maps'

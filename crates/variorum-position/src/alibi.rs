@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use variorum_core::Capabilities;
 
 use crate::RelativePosition;
-use crate::kind::{HeadShape, PositionKind, RelativeScheme};
+use crate::kind::{DistanceBias, HeadShape, PositionKind};
 
 /// The paper's slopes for `n_heads` heads.
 pub fn alibi_slopes(n_heads: usize) -> Vec<f64> {
@@ -45,20 +45,24 @@ impl AlibiBias {
         Self { n_heads }
     }
 
-    /// The additive bias `[1, n_heads, len_q, len_k]`.
-    pub fn bias(&self, layout: &ScoreLayout, device: &Device) -> Tensor<4> {
+    /// The heads' slopes m_h, `[n_heads]`.
+    fn slopes(&self, device: &Device) -> Tensor<1> {
         let slopes: Vec<f32> = alibi_slopes(self.n_heads).into_iter().map(|s| s as f32).collect();
-        let slopes = Tensor::<1>::from_data(TensorData::new(slopes, [self.n_heads]), device);
-        let distance = layout.values(|d| -(d.abs() as f32), device);
-        slopes.reshape([1, self.n_heads, 1, 1]) * distance.unsqueeze_dim::<3>(0).unsqueeze_dim(0)
+        Tensor::<1>::from_data(TensorData::new(slopes, [self.n_heads]), device)
     }
 }
 
-impl AlibiBias {
+impl DistanceBias for AlibiBias {
+    /// The additive bias `[1, n_heads, len_q, len_k]`.
+    fn bias(&self, layout: &ScoreLayout, device: &Device) -> Tensor<4> {
+        let slopes = self.slopes(device);
+        let distance = layout.values(|d| -(d.abs() as f32), device);
+        slopes.reshape([1, self.n_heads, 1, 1]) * distance.unsqueeze_dim::<3>(0).unsqueeze_dim(0)
+    }
+
     /// The bias of gathered keys, `[h, n, len_q, len_k]` for distances `[groups, n, len_q, len_k]`.
-    pub fn bias_at(&self, d: &Distances, device: &Device) -> Tensor<4> {
-        let slopes: Vec<f32> = alibi_slopes(self.n_heads).into_iter().map(|s| s as f32).collect();
-        let slopes = Tensor::<1>::from_data(TensorData::new(slopes, [self.n_heads]), device);
+    fn bias_at(&self, d: &Distances, device: &Device) -> Tensor<4> {
+        let slopes = self.slopes(device);
         let [_, n, lq, lk] = d.dims;
         let distance = d.values(|d| -(d.abs() as f32), device);
         (slopes.reshape([self.n_heads, 1, 1, 1]) * distance).expand([self.n_heads, n, lq, lk])
@@ -77,21 +81,6 @@ impl PositionKind for AlibiConfig {
 
     fn init_relative(&self, heads: HeadShape, _context: usize, _device: &Device) -> Option<RelativePosition> {
         Some(AlibiBias::new(heads.n_heads).into())
-    }
-}
-
-impl RelativeScheme for AlibiBias {
-    fn scores(&self, scores: Tensor<4>, _q: Tensor<4>, _k: Tensor<4>, layout: &ScoreLayout, _scale: f64) -> Tensor<4> {
-        let device = scores.device();
-        scores + self.bias(layout, &device)
-    }
-
-    fn works_on_gathered_keys(&self) -> bool {
-        true
-    }
-
-    fn bias_at(&self, d: &Distances, device: &Device) -> Option<Tensor<4>> {
-        Some(AlibiBias::bias_at(self, d, device))
     }
 }
 

@@ -191,6 +191,32 @@ pub trait RelativeScheme {
     }
 }
 
+/// A scheme whose whole effect is a bias on the scores read from the query–key distance alone
+/// (ALiBi, T5): its [`RelativeScheme`] follows — the bias added to each block of scores, and the
+/// same bias at the distances of gathered keys.
+pub trait DistanceBias {
+    /// The additive bias `[1, n_heads, len_q, len_k]` of a block of scores at `layout`.
+    fn bias(&self, layout: &ScoreLayout, device: &Device) -> Tensor<4>;
+
+    /// The bias of gathered keys, `[h, n, len_q, len_k]` for distances `[groups, n, len_q, len_k]`.
+    fn bias_at(&self, d: &Distances, device: &Device) -> Tensor<4>;
+}
+
+impl<T: DistanceBias> RelativeScheme for T {
+    fn scores(&self, scores: Tensor<4>, _q: Tensor<4>, _k: Tensor<4>, layout: &ScoreLayout, _scale: f64) -> Tensor<4> {
+        let device = scores.device();
+        scores + DistanceBias::bias(self, layout, &device)
+    }
+
+    fn works_on_gathered_keys(&self) -> bool {
+        true
+    }
+
+    fn bias_at(&self, d: &Distances, device: &Device) -> Option<Tensor<4>> {
+        Some(DistanceBias::bias_at(self, d, device))
+    }
+}
+
 /// The call a scheme's [`RelativeScheme::distance_terms`] are for: `n_heads` query heads over
 /// `len_k` keys (the queries the last of their positions), no scored pair further apart than
 /// `reach` positions either way (a window's reach; `len_k − 1` for every key), causal or not, and

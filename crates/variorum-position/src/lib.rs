@@ -26,7 +26,7 @@ pub mod untied;
 pub use alibi::{AlibiBias, AlibiConfig, alibi_slopes};
 pub use deberta::{DebertaConfig, Disentangled};
 pub use distance_aware::{DistanceAware, DistanceAwareConfig};
-pub use kind::{AbsoluteSignal, HeadShape, PackedHeads, PositionKind, RelativeScheme, TermsFor};
+pub use kind::{AbsoluteSignal, DistanceBias, HeadShape, PackedHeads, PositionKind, RelativeScheme, TermsFor};
 pub use layout::{Distances, ScoreLayout};
 pub use learned::{LearnedPosition, LearnedPositionConfig};
 pub use multiplicative::{MultiplicativeConfig, MultiplicativePosition};

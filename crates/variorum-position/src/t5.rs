@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use variorum_core::{ConfigError, error::check};
 
 use crate::RelativePosition;
-use crate::kind::{HeadShape, PositionKind, RelativeScheme};
+use crate::kind::{DistanceBias, HeadShape, PositionKind};
 use crate::{Distances, ScoreLayout, layout::per_head_bias};
 use variorum_core::Capabilities;
 
@@ -94,19 +94,17 @@ pub struct T5Bias {
     pub max_distance: usize,
 }
 
-impl T5Bias {
+impl DistanceBias for T5Bias {
     /// The additive bias `[1, n_heads, len_q, len_k]`.
-    pub fn bias(&self, layout: &ScoreLayout, device: &Device) -> Tensor<4> {
+    fn bias(&self, layout: &ScoreLayout, device: &Device) -> Tensor<4> {
         let (nb, md, bidi) = (self.num_buckets, self.max_distance, !layout.causal);
         // distance d = query − key, T5's relative position = key − query = −d
         let index = layout.index(|d| t5_bucket(-d, bidi, nb, md) as i64, device);
         per_head_bias(self.table.val(), index)
     }
-}
 
-impl T5Bias {
     /// The bias of gathered keys, `[h, n, len_q, len_k]` for distances `[groups, n, len_q, len_k]`.
-    pub fn bias_at(&self, d: &Distances, device: &Device) -> Tensor<4> {
+    fn bias_at(&self, d: &Distances, device: &Device) -> Tensor<4> {
         let (nb, md, bidi) = (self.num_buckets, self.max_distance, !d.causal);
         let [g, n, lq, lk] = d.dims;
         let index = d.index(|d| t5_bucket(-d, bidi, nb, md) as i64, device); // [g, n·lq·lk]
@@ -132,21 +130,6 @@ impl PositionKind for T5BiasConfig {
 
     fn test_variants() -> Vec<(&'static str, Self)> {
         vec![("8 buckets to 12", Self { num_buckets: 8, max_distance: 12 })]
-    }
-}
-
-impl RelativeScheme for T5Bias {
-    fn scores(&self, scores: Tensor<4>, _q: Tensor<4>, _k: Tensor<4>, layout: &ScoreLayout, _scale: f64) -> Tensor<4> {
-        let device = scores.device();
-        scores + self.bias(layout, &device)
-    }
-
-    fn works_on_gathered_keys(&self) -> bool {
-        true
-    }
-
-    fn bias_at(&self, d: &Distances, device: &Device) -> Option<Tensor<4>> {
-        Some(T5Bias::bias_at(self, d, device))
     }
 }
 

@@ -508,24 +508,17 @@ fn learned(
             figure: None,
         });
     }
-    let mut spans = Vec::new();
-    let mut header = String::new();
+    // what each layer's attention says it learned (adaptive span: its spans), one view per title
+    let mut layers: Vec<(String, Vec<String>)> = Vec::new();
     for (i, block) in model.blocks.iter().enumerate() {
-        let variorum_attention::Attention::AdaptiveSpan(a) = &block.attn else { continue };
-        if header.is_empty() {
-            let dynamic = if a.predictor.is_some() {
-                "; dynamic spans are per token, these are the unused static ones"
-            } else {
-                ""
-            };
-            header = format!("positions, at most {}, ramp {}{dynamic}", a.max_span, a.ramp);
+        let Some(l) = block.attn.learned() else { continue };
+        let line = format!("layer {i}: {}", l.line);
+        match layers.iter_mut().find(|(title, _)| *title == l.title) {
+            Some((_, lines)) => lines.push(line),
+            None => layers.push((l.title, vec![line])),
         }
-        let z: Vec<String> = a.spans().iter().map(|z| format!("{z:.1}")).collect();
-        spans.push(format!("layer {i}: {}", z.join("  ")));
     }
-    if !spans.is_empty() {
-        views.push(Learned { title: format!("learned span per head ({header})"), lines: spans, figure: None });
-    }
+    views.extend(layers.into_iter().map(|(title, lines)| Learned { title, lines, figure: None }));
     let read = &ids[..ids.len().min(STEPS_TOKENS)];
     // (text windows: not what a graph run reads)
     let steps = match config.data.graph {

@@ -16,8 +16,8 @@ use burn::module::Param;
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
 use serde::{Deserialize, Serialize};
-use variorum_attention::full::Projected;
-use variorum_attention::kind::caps;
+use variorum_attention::Projected;
+use variorum_attention::caps;
 use variorum_attention::{
     AttentionInput, AttentionKind, AttentionMechanism, AttentionOutput, AttentionState, KvCache, LayerInit,
     MultiHeadAttention, MultiHeadAttentionConfig, TestVariant,

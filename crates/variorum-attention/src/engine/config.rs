@@ -1,0 +1,99 @@
+//! The engine's settings: heads, dropout, biases, normaliser and the heads' auxiliary losses —
+//! the table of the `full` kind, and what every kind with head fields builds its engine from.
+
+use crate::contract::Positioning;
+use crate::engine::head_losses::{DiversityConfig, GuidanceConfig};
+use crate::engine::heads::{HeadLosses, MultiHeadAttention};
+use crate::engine::normaliser::Normaliser;
+use crate::engine::qkv::QkvProjectionConfig;
+use burn::nn::{DropoutConfig, Initializer, LinearConfig};
+use burn::prelude::*;
+use serde::{Deserialize, Serialize};
+use variorum_position::HeadShape;
+
+/// `model.attention` with `kind = "full"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MultiHeadAttentionConfig {
+    /// Query heads. Default 4.
+    pub n_heads: usize,
+    /// Key/value heads: `n_heads` (default) is multi-head, 1 is multi-query, anything dividing
+    /// `n_heads` is grouped-query attention.
+    pub n_kv_heads: Option<usize>,
+    /// Size of each head. Default `d_model / n_heads`.
+    pub head_dim: Option<usize>,
+    /// Dropout on the attention probabilities. Default 0.
+    pub dropout: f64,
+    /// Biases in the q/k/v and output projections. Default true.
+    pub bias: bool,
+    /// How each row of scores becomes weights: "softmax" (default), "relu", "sigmoid",
+    /// "sparsemax" or "entmax-1.5" ([`Normaliser`]).
+    pub normaliser: Normaliser,
+    /// A learned temperature per head dividing its scores before the normaliser. Default false.
+    pub head_temperature: bool,
+    /// Disagreement regularisation of the heads (`{ on = "subspace" | "positions" | "outputs",
+    /// weight = 0.1 }`, `engine::head_losses`). Default none.
+    pub diversity: Option<DiversityConfig>,
+    /// Heads pulled toward fixed patterns (`{ patterns = ["previous", "first", …], weight = 0.1 }`,
+    /// `engine::head_losses`). Default none.
+    pub guidance: Option<GuidanceConfig>,
+}
+
+impl Default for MultiHeadAttentionConfig {
+    fn default() -> Self {
+        Self {
+            n_heads: 4,
+            n_kv_heads: None,
+            head_dim: None,
+            dropout: 0.0,
+            bias: true,
+            normaliser: Normaliser::Softmax,
+            head_temperature: false,
+            diversity: None,
+            guidance: None,
+        }
+    }
+}
+
+impl MultiHeadAttentionConfig {
+    pub fn kv_heads(&self) -> usize {
+        self.n_kv_heads.unwrap_or(self.n_heads)
+    }
+
+    pub fn head_dim(&self, d_model: usize) -> usize {
+        self.head_dim.unwrap_or(d_model / self.n_heads.max(1))
+    }
+
+    /// Query heads and head size (the shape every kind with these head fields reports).
+    pub fn heads(&self, d_model: usize) -> HeadShape {
+        HeadShape { d_model, n_heads: self.n_heads, head_dim: self.head_dim(d_model) }
+    }
+
+    /// `init_std` for q/k/v; `out_std` for the output projection (GPT-2 scales residual
+    /// projections by 1/√(2·n_layers)); `position` supplies the layer's relative scheme, if any.
+    pub fn init(
+        &self,
+        d_model: usize,
+        init_std: f64,
+        out_std: f64,
+        position: Positioning,
+        device: &Device,
+    ) -> MultiHeadAttention {
+        let head_dim = self.head_dim(d_model);
+        MultiHeadAttention {
+            position: position.config.init_relative(self.heads(d_model), position.context, device),
+            qkv: QkvProjectionConfig::new(d_model, self.n_heads, self.kv_heads(), head_dim)
+                .with_bias(self.bias)
+                .with_init_std(init_std)
+                .init(device),
+            out: LinearConfig::new(self.n_heads * head_dim, d_model)
+                .with_bias(self.bias)
+                .with_initializer(Initializer::Normal { mean: 0.0, std: out_std })
+                .init(device),
+            dropout: DropoutConfig::new(self.dropout).init(),
+            normaliser: self.normaliser.init(self.n_heads, self.head_temperature, position.context, device),
+            losses: HeadLosses { diversity: self.diversity.clone(), guidance: self.guidance.clone() },
+            scale: position.config.content_scale() / (head_dim as f64).sqrt(),
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! BigBird attention (Zaheer et al. 2020), the `bigbird` kind: every query block of b positions
+//! attends to
+//!
+//! - its **window**: the `window_blocks` blocks on each side and its own (BigBird's blocked sliding
+//!   window; causal: the blocks before it and itself up to the query),
+//! - the **global** tokens (BigBird-ITC: the first `global_tokens` positions attend to every key
+//!   and every query attends to them),
+//! - r **random** blocks (`random_blocks`) chosen among the blocks outside its window.
+//!
+//! The random blocks of query block t are drawn from a ChaCha stream seeded by (`seed`, layer, t):
+//! the pattern is fixed per layer, reproducible, and saved with the model (the seed is part of
+//! the config a checkpoint carries). Causally, t's candidates are the blocks before its window,
+//! so its pattern does not depend on the sequence length and cached decoding sees what the full
+//! forward saw. Bidirectionally the candidates are all blocks outside the window.
+//!
+//! Computed by blocks: the window as a band ([`crate::engine::blocks`]), the random blocks as keys gathered
+//! per query block ([`crate::engine::gathered`]), the global columns and rows, all in one softmax per
+//! query: O(L·b·(2·window_blocks + 1 + r) + L·g) scores. Random keys are gathered, so position
+//! schemes are limited to those acting through the distance (none, absolute, RoPE, ALiBi, T5).
+
+use burn::prelude::*;
+use rand::SeedableRng;
+use rand::seq::IndexedRandom;
+use rand_chacha::ChaCha8Rng;
+use variorum_core::{Capabilities, ConfigError, error::check};
+use variorum_position::{PositionConfig, T5BiasConfig};
+
+use crate::cache::KvCache;
+use crate::contract::Positioning;
+use crate::contract::{AttentionInput, AttentionOutput};
+use crate::engine::band::{Band, BandPart, Pattern};
+use crate::engine::blocks::sparse;
+use crate::engine::gathered::KeySet;
+use crate::engine::heads::MultiHeadAttention;
+use crate::kind::{AttentionKind, AttentionMechanism, TestVariant, caps};
+use crate::pattern::call::{PatternCall, decode_runs};
+
+attention_config! {
+    /// `model.attention` with `kind = "bigbird"`.
+    pub struct BigBirdConfig {
+        /// b, positions per block. Default 64 (the paper's).
+        pub block: usize = 64,
+        /// Window blocks on each side of the query's block. Default 1 (3 blocks, as in the paper).
+        pub window_blocks: usize = 1,
+        /// r, random key blocks per query block. Default 3 (the paper's ITC setting).
+        pub random_blocks: usize = 3,
+        /// g, the first g positions are global. Default 64 (one block, as BigBird-ITC's first).
+        pub global_tokens: usize = 64,
+        /// Seed of the random blocks (mixed with the layer index). Default 0.
+        pub seed: u64 = 0,
+        /// The layer this config was specialised for ([`AttentionKind::for_layer`]).
+        #[serde(skip)]
+        pub layer: usize = 0,
+    }
+}
+
+impl BigBirdConfig {
+    /// This config as layer `i`'s (owned; [`AttentionKind::for_layer`]).
+    pub fn with_layer(self, i: usize) -> Self {
+        Self { layer: i, ..self }
+    }
+
+    pub fn init(
+        &self,
+        d_model: usize,
+        init_std: f64,
+        out_std: f64,
+        position: Positioning,
+        device: &Device,
+    ) -> BigBirdAttention {
+        BigBirdAttention {
+            attention: self.heads().init(d_model, init_std, out_std, position, device),
+            block: self.block,
+            window_blocks: self.window_blocks,
+            random_blocks: self.random_blocks,
+            global_tokens: self.global_tokens,
+            seed: self.seed,
+            layer: self.layer,
+        }
+    }
+}
+
+impl AttentionKind for BigBirdConfig {
+    type Module = BigBirdAttention;
+    const SUMMARY: &'static str = "BigBird: blocked sliding window, global tokens (the first g positions) and r random blocks per query block, fixed per layer by a seed; computed block by block";
+    const PAPER: &'static str = "Zaheer et al. 2020, Big Bird: Transformers for Longer Sequences";
+    const CAPS: Capabilities = Capabilities { gathers_keys: true, hides_padding: false, ..caps::BLOCKED_SCORES };
+    head_kind_items!();
+
+    fn expanded(&self, d_model: usize) -> Self {
+        self.expanded_heads(d_model)
+    }
+
+    fn for_layer(&self, i: usize) -> Self {
+        Self { layer: i, ..self.clone() }
+    }
+
+    fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
+        self.heads().validate(d_model)?;
+        check(self.block >= 1, || "model.attention.block must be at least 1".into())
+    }
+
+    /// Multiply–adds per token: the window and random blocks, the global tokens.
+    fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
+        let keys = self.block * (2 * self.window_blocks + 1 + self.random_blocks) + self.global_tokens;
+        self.heads().flops_per_token(d_model, keys.min(len_k))
+    }
+
+    fn test_variants() -> Vec<TestVariant<Self>> {
+        // the harness's sequences span several blocks, so random blocks exist past the window
+        [
+            (PositionConfig::Alibi(Default::default()), 2),
+            (PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 16 }), 0),
+        ]
+        .into_iter()
+        .map(|(position, global_tokens)| {
+            let cfg = Self {
+                block: 2,
+                window_blocks: 1,
+                random_blocks: 2,
+                global_tokens,
+                n_kv_heads: Some(2),
+                ..Default::default()
+            };
+            TestVariant::new(format!("{global_tokens} global + position {}", position.kind()), cfg)
+                .with_position(position)
+        })
+        .collect()
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct BigBirdAttention {
+    pub attention: MultiHeadAttention,
+    pub block: usize,
+    pub window_blocks: usize,
+    pub random_blocks: usize,
+    pub global_tokens: usize,
+    pub seed: u64,
+    pub layer: usize,
+}
+
+impl BigBirdAttention {
+    /// The random key blocks of query block `t` (sorted), with `blocks` blocks in the sequence.
+    pub fn random_blocks(&self, t: usize, blocks: usize, causal: bool) -> Vec<usize> {
+        let b = self.block;
+        let candidates: Vec<usize> = (0..if causal { t } else { blocks })
+            .filter(|&v| v.abs_diff(t) > self.window_blocks && (v + 1) * b > self.global_tokens)
+            .collect();
+        let stream = self.seed ^ (self.layer as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (t as u64) << 20;
+        let mut rng = ChaCha8Rng::seed_from_u64(stream);
+        let mut picked: Vec<usize> = candidates.choose_multiple(&mut rng, self.random_blocks).copied().collect();
+        picked.sort_unstable();
+        picked
+    }
+
+    /// Whether query position `q` sees key position `k`, with `random` the random blocks of
+    /// `q`'s block.
+    fn sees(&self, q: usize, k: usize, random: &[usize], causal: bool) -> bool {
+        if causal && k > q {
+            return false;
+        }
+        let (bq, bk) = (q / self.block, k / self.block);
+        q < self.global_tokens
+            || k < self.global_tokens
+            || bq.abs_diff(bk) <= self.window_blocks
+            || random.binary_search(&bk).is_ok()
+    }
+
+    fn window(&self, causal: bool) -> Band {
+        let reach = self.window_blocks * self.block;
+        Band { back: reach, ahead: reach, block: self.block, query_blocks: true, causal }
+    }
+
+    pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
+        self.forward_with(input, cache, false)
+    }
+
+    /// With `dense`, always scores every key under the pattern's mask (the definition; tests).
+    pub fn forward_with(&self, input: AttentionInput, cache: Option<&mut KvCache>, dense: bool) -> AttentionOutput {
+        let call = PatternCall::new(&self.attention, input, cache, dense);
+        let (p, causal) = (&call.p, call.causal());
+        let len = p.layout.k_start + p.layout.len_k;
+        let blocks = len.max(p.layout.q_start + p.layout.len_q).div_ceil(self.block);
+        let b = self.block;
+        if call.decoding() {
+            // one new token: its window blocks, its random blocks and the global tokens (only
+            // its own block's random draw is needed)
+            let q = p.layout.q_start;
+            let t = q / b;
+            let random = self.random_blocks(t, blocks, true);
+            let mut runs = vec![t.saturating_sub(self.window_blocks) * b..q + 1, 0..self.global_tokens];
+            runs.extend(random.iter().map(|&v| v * b..(v + 1) * b));
+            let context = decode_runs(&self.attention, p, &runs, &[], |_, k| {
+                !self.sees(q, k, &random, true) || p.max_back.is_some_and(|n| q - k > n)
+            });
+            return PatternCall::output(&self.attention, context);
+        }
+        let random: Vec<Vec<usize>> = (0..blocks).map(|t| self.random_blocks(t, blocks, causal)).collect();
+        if call.fresh() {
+            let keys = KeySet::new(
+                1,
+                len,
+                b,
+                self.random_blocks * b,
+                |_, t, s| random[t].get(s / b).map(|&v| v * b + s % b),
+                |_, q, k| k >= self.global_tokens && (!causal || k <= q),
+            );
+            let global: Vec<usize> = (0..self.global_tokens.min(len)).collect();
+            let window = BandPart { bands: vec![self.window(causal)], dilation: 1, heads: Vec::new() };
+            let pattern = Pattern { block: b, bands: &[window], global: &global, extra: Some(&keys) };
+            PatternCall::output(&self.attention, sparse(&self.attention, p, &pattern))
+        } else {
+            call.dense(&self.attention, 1, |_, _, q, k| !self.sees(q, k, &random[q / b], causal))
+        }
+    }
+}
+
+impl AttentionMechanism for BigBirdAttention {
+    // The cache grows with every position (global tokens and random blocks reach back to 0).
+    kv_cache_hooks!();
+
+    fn content_only(&self, query: Tensor<3>, key_value: Tensor<3>) -> Tensor<3> {
+        self.attention.content_only(query, key_value)
+    }
+}
