@@ -12,28 +12,59 @@ use variorum_train::ExperimentConfig;
 use variorum_train::attention_bench::{self, AttentionPoint};
 use variorum_train::progress;
 
-use crate::device;
+use crate::common::at_least;
+use crate::device::DeviceArgs;
 
-pub struct Args {
+#[derive(clap::Args, Debug)]
+pub struct BenchAttentionArgs {
+    /// Experiment configs (only `model.attention` and `model.position` are used).
     pub configs: Vec<PathBuf>,
+    /// Sequence lengths of the forward + backward, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1024,2048,4096,8192,16384")]
     pub lengths: Vec<usize>,
+    /// Context lengths after which one token is decoded, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1024,4096,16384")]
     pub contexts: Vec<usize>,
+    #[arg(long, default_value_t = 256)]
     pub d_model: usize,
+    /// Timed forward + backward runs per point (after one untimed).
+    #[arg(long, default_value_t = 3)]
     pub reps: usize,
+    /// Decoded tokens timed per context.
+    #[arg(long, default_value_t = 16)]
     pub tokens: usize,
+    /// Directory for the tables (markdown, JSON) and plots.
+    #[arg(long)]
     pub out: Option<PathBuf>,
-    pub device: String,
-    /// The CPU kernels off.
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    /// With the CPU kernels off: each kind's composed path (what a kernel gives is the
+    /// difference).
+    #[arg(long)]
     pub composed: bool,
+    /// Measure one point ("train:LEN", "need:LEN": its memory with freed pages handed back, or
+    /// "generate:CONTEXT") in this process.
+    #[arg(long, hide = true)]
     pub point: Option<String>,
-    /// A random graph of this many reads per position on the mask, for kinds that read a graph.
+    /// Put a seeded random graph on the mask, each position reading this many others, for
+    /// the kinds that read a graph (`graph`, `full`; data.graph in training).
+    #[arg(long)]
     pub graph_degree: Option<usize>,
 }
 
 /// A point's outcome: measured, or why not.
 type Outcome = std::result::Result<AttentionPoint, String>;
 
-pub fn bench_attention(args: Args) -> Result<ExitCode> {
+pub fn run(args: BenchAttentionArgs) -> Result<ExitCode> {
+    for &n in &args.lengths {
+        at_least("--lengths", n, 1)?;
+    }
+    for &n in &args.contexts {
+        at_least("--contexts", n, 1)?;
+    }
+    at_least("--d-model", args.d_model, 1)?;
+    at_least("--reps", args.reps, 1)?;
+    at_least("--tokens", args.tokens, 1)?;
     if args.configs.is_empty() {
         bail!("give at least one config (its [model.attention] is measured)");
     }
@@ -61,7 +92,7 @@ pub fn bench_attention(args: Args) -> Result<ExitCode> {
         return measure_here(&kinds[0].2, point, &args);
     }
     let path = if args.composed { ", kernels off (composed ops)" } else { "" };
-    println!("# one attention layer, batch 1, d_model {}, device {}{path}", args.d_model, args.device);
+    println!("# one attention layer, batch 1, d_model {}, device {}{path}", args.d_model, args.device.device);
     let mut train = Vec::new();
     let mut generate = Vec::new();
     // one step per point, here in the parent only: a child (`--point`) returned above, and its
@@ -127,8 +158,8 @@ fn too_big(cfg: &ExperimentConfig, d_model: usize, len: usize) -> Option<String>
     })
 }
 
-fn measure_here(cfg: &ExperimentConfig, point: &str, args: &Args) -> Result<ExitCode> {
-    let (device, _) = device::select(&args.device)?;
+fn measure_here(cfg: &ExperimentConfig, point: &str, args: &BenchAttentionArgs) -> Result<ExitCode> {
+    let (device, _) = args.device.select()?;
     let (mode, n) = point.split_once(':').context("--point is mode:length")?;
     let n: usize = n.parse().context("--point length")?;
     let (attn, pos) = (&cfg.model.attention, &cfg.model.position);
@@ -148,12 +179,12 @@ fn measure_here(cfg: &ExperimentConfig, point: &str, args: &Args) -> Result<Exit
     Ok(ExitCode::SUCCESS)
 }
 
-fn child(config: &Path, point: &str, args: &Args) -> Outcome {
+fn child(config: &Path, point: &str, args: &BenchAttentionArgs) -> Outcome {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this program: {e}"))?;
     let out = Command::new(exe)
         .arg("bench-attention")
         .arg(config)
-        .args(["--point", point, "--device", &args.device])
+        .args(["--point", point, "--device", &args.device.device])
         .args(["--d-model", &args.d_model.to_string(), "--reps", &args.reps.to_string()])
         .args(["--tokens", &args.tokens.to_string()])
         .args(args.composed.then_some("--composed"))
@@ -189,7 +220,7 @@ fn describe(o: &Outcome, scale: f64, unit: &str) -> String {
 
 type Rows = [(String, usize, Outcome)];
 
-fn write_outputs(dir: &Path, names: &[String], train: &Rows, generate: &Rows, args: &Args) -> Result<()> {
+fn write_outputs(dir: &Path, names: &[String], train: &Rows, generate: &Rows, args: &BenchAttentionArgs) -> Result<()> {
     let cell = |rows: &Rows, name: &str, n: usize, f: &dyn Fn(&AttentionPoint) -> String| {
         rows.iter()
             .find(|r| r.0 == name && r.1 == n)
@@ -208,7 +239,7 @@ fn write_outputs(dir: &Path, names: &[String], train: &Rows, generate: &Rows, ar
     };
     let mut md = format!(
         "One attention layer, batch 1, d_model {}, causal (bidirectional for masked-LM configs), device {}{path}{graph} (`variorum bench-attention`).\n\n",
-        args.d_model, args.device
+        args.d_model, args.device.device
     );
     let header = |first: &str, ns: &[usize]| {
         let mut s = format!("| {first} |");

@@ -13,9 +13,17 @@ use variorum_train::knn_lm::{self, BuildSettings, Built, KnnEval};
 use variorum_train::run::Run;
 use variorum_train::{progress, spalm};
 
-use crate::device;
+use crate::common::on_interrupt;
+use crate::device::DeviceArgs;
 
-#[derive(clap::Subcommand)]
+// `variorum datastore`: its subcommand is all it takes.
+#[derive(clap::Args, Debug)]
+pub struct DatastoreArgs {
+    #[command(subcommand)]
+    pub command: DatastoreCommand,
+}
+
+#[derive(clap::Subcommand, Debug)]
 pub enum DatastoreCommand {
     /// Store (key, next token) for every position of a text, keyed by a run's states, with an
     /// HNSW index; prints its size first, and resumes where an interrupted build stopped.
@@ -46,8 +54,8 @@ pub enum DatastoreCommand {
         /// HNSW candidates explored per insertion (efConstruction).
         #[arg(long, default_value_t = HnswParams::default().expansion_add)]
         expansion_add: usize,
-        #[arg(long, default_value = "cpu")]
-        device: String,
+        #[command(flatten)]
+        device: DeviceArgs,
     },
     /// SPALM's neighbour tables: for every position of the training and validation splits of
     /// the datastore's run, the next tokens of its k nearest entries, searched once with the
@@ -66,52 +74,68 @@ pub enum DatastoreCommand {
         /// HNSW candidates explored per query.
         #[arg(long, default_value_t = 64)]
         ef: usize,
-        #[arg(long, default_value = "cpu")]
-        device: String,
+        #[command(flatten)]
+        device: DeviceArgs,
     },
     /// What a datastore holds and what built it.
     Info { dir: PathBuf },
 }
 
-#[derive(Clone, Copy, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub enum Split {
     Train,
     Valid,
 }
 
-/// `variorum eval RUN --knn DIR` settings.
+// `variorum eval RUN --knn DIR` and its settings (flattened into `eval`'s arguments; `generate
+// --knn` fills one in with a single k and λ). No `///` on the struct: it would become help text.
+#[derive(clap::Args, Debug)]
 pub struct KnnArgs {
-    pub dir: PathBuf,
-    pub ks: Vec<usize>,
-    pub lambdas: Vec<f64>,
-    pub temperature: f64,
-    pub exact: bool,
-    pub ef: usize,
-    /// Queries also searched exactly, for the index's recall.
-    pub recall: usize,
+    /// Also score with this kNN-LM datastore (`variorum datastore build`): the loss with the
+    /// LM alone and mixed with retrieval, p = λ p_kNN + (1 − λ) p_LM, for each k and λ.
+    #[arg(long)]
+    pub knn: Option<PathBuf>,
+    /// Neighbours retrieved, comma-separated (one search with the largest).
+    #[arg(long, value_delimiter = ',', default_value = "64", requires = "knn")]
+    pub knn_k: Vec<usize>,
+    /// Weights λ of the kNN distribution, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "0.25", requires = "knn")]
+    pub knn_lambda: Vec<f64>,
+    /// Temperature T of p_kNN ∝ exp(−distance / T).
+    #[arg(long, default_value_t = 1.0, requires = "knn")]
+    pub knn_temperature: f64,
+    /// Search every key (exact) instead of the HNSW index.
+    #[arg(long, requires = "knn")]
+    pub knn_exact: bool,
+    /// HNSW candidates explored per query (at least k).
+    #[arg(long, default_value_t = 128, requires = "knn")]
+    pub knn_ef: usize,
+    /// Also search N queries, spread over the text, exactly and print the index's recall@k.
+    #[arg(long, default_value_t = 0, requires = "knn")]
+    pub knn_recall: usize,
 }
 
 impl KnnArgs {
     pub fn check(&self) -> Result<()> {
-        if self.ks.is_empty() || self.ks.contains(&0) {
+        if self.knn_k.is_empty() || self.knn_k.contains(&0) {
             bail!("--knn-k needs neighbour counts of at least 1");
         }
-        if let Some(l) = self.lambdas.iter().find(|l| !(0.0..=1.0).contains(*l)) {
+        if let Some(l) = self.knn_lambda.iter().find(|l| !(0.0..=1.0).contains(*l)) {
             bail!("--knn-lambda {l} must be in [0, 1]");
         }
-        if !(self.temperature > 0.0 && self.temperature.is_finite()) {
-            bail!("--knn-temperature {} must be > 0", self.temperature);
+        if !(self.knn_temperature > 0.0 && self.knn_temperature.is_finite()) {
+            bail!("--knn-temperature {} must be > 0", self.knn_temperature);
         }
         Ok(())
     }
 
     pub fn mode(&self) -> SearchMode {
-        if self.exact { SearchMode::Exact } else { SearchMode::Approximate { ef: self.ef } }
+        if self.knn_exact { SearchMode::Exact } else { SearchMode::Approximate { ef: self.knn_ef } }
     }
 }
 
-pub fn run(cmd: DatastoreCommand) -> Result<ExitCode> {
-    match cmd {
+pub fn run(args: DatastoreArgs) -> Result<ExitCode> {
+    match args.command {
         DatastoreCommand::Build {
             run,
             split,
@@ -124,7 +148,7 @@ pub fn run(cmd: DatastoreCommand) -> Result<ExitCode> {
             expansion_add,
             device,
         } => {
-            let (device, _) = device::select(&device)?;
+            let (device, _) = device.select()?;
             let run = Run::load(&run, &device)?;
             knn_lm::check_run(&run)?;
             let (mut ids, text, default_out) = match &data {
@@ -168,7 +192,7 @@ pub fn run(cmd: DatastoreCommand) -> Result<ExitCode> {
             build(&run, &ids, &text, &out, &settings)
         }
         DatastoreCommand::Neighbours { dir, k, exclude_radius, ef, device } => {
-            let (device, _) = device::select(&device)?;
+            let (device, _) = device.select()?;
             let store = Datastore::open(&dir)?;
             let run = Run::load(Path::new(&store.meta.origin.run), &device)
                 .with_context(|| format!("the run that built {}", dir.display()))?;
@@ -185,10 +209,8 @@ pub fn run(cmd: DatastoreCommand) -> Result<ExitCode> {
                     run.dir.display()
                 );
             }
-            let interrupt = crate::on_interrupt(
-                "committing and stopping (Ctrl-C again to stop at once)",
-                "what was committed is kept",
-            )?;
+            let interrupt =
+                on_interrupt("committing and stopping (Ctrl-C again to stop at once)", "what was committed is kept")?;
             let settings = spalm::SearchSettings { k, exclude_radius, ef, chunk: spalm::CHUNK };
             for (split, ids) in [("train", &corpus.train), ("val", &corpus.val)] {
                 let out = spalm::table_dir(&dir, split);
@@ -289,7 +311,7 @@ fn build(run: &Run, ids: &[u32], text: &str, out: &Path, settings: &BuildSetting
         );
     }
     let interrupt =
-        crate::on_interrupt("committing and stopping (Ctrl-C again to stop at once)", "what was committed is kept")?;
+        on_interrupt("committing and stopping (Ctrl-C again to stop at once)", "what was committed is kept")?;
     let pb = progress::bar(planned, "keys");
     let start = std::time::Instant::now();
     let mut stage_start = (String::from("keys"), start);
@@ -333,21 +355,22 @@ fn build(run: &Run, ids: &[u32], text: &str, out: &Path, settings: &BuildSetting
 /// k and λ, at the run's context (or the one --seq-len given) with the eval's stride.
 pub fn eval_knn(
     run: &Run,
+    dir: &Path,
     knn: &KnnArgs,
     ids: &[u32],
     len: usize,
     stride: usize,
 ) -> Result<Vec<variorum_train::eval_record::EvalRow>> {
     knn.check()?;
-    let store = Datastore::open(&knn.dir)?;
+    let store = Datastore::open(dir)?;
     let settings = KnnEval {
         window: len,
         stride,
-        ks: knn.ks.clone(),
-        lambdas: knn.lambdas.clone(),
-        temperature: knn.temperature,
+        ks: knn.knn_k.clone(),
+        lambdas: knn.knn_lambda.clone(),
+        temperature: knn.knn_temperature,
         mode: knn.mode(),
-        recall_queries: knn.recall,
+        recall_queries: knn.knn_recall,
     };
     let windows = variorum_train::eval::sliding_windows(ids.len(), len, stride).len() as u64;
     let pb = progress::bar(windows, "kNN-LM");
@@ -368,7 +391,7 @@ pub fn eval_knn(
     if let Some((recall, n)) = scores.recall {
         println!(
             "# HNSW recall@{} against exact search: {recall:.4} over {n} queries",
-            knn.ks.iter().max().unwrap_or(&0)
+            knn.knn_k.iter().max().unwrap_or(&0)
         );
     }
     if scores.causal {

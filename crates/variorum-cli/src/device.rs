@@ -25,6 +25,22 @@ pub fn available() -> Vec<&'static str> {
     v
 }
 
+// `--device NAME` for the commands that take it, flattened into their arguments
+// (`#[command(flatten)]`). No `///` here: it would become help text. `train` keeps its own
+// field, whose help lists the names.
+#[derive(clap::Args, Debug)]
+pub struct DeviceArgs {
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+}
+
+impl DeviceArgs {
+    /// The device `--device` names, and its canonical name.
+    pub fn select(&self) -> Result<(Device, String)> {
+        select(&self.device)
+    }
+}
+
 /// Resolves a `--device` name to a device and its canonical name.
 pub fn select(name: &str) -> Result<(Device, String)> {
     let canonical = if name == "cpu" { CPU_DEFAULT } else { name };

@@ -10,21 +10,38 @@ use plotters::style::{Palette, Palette99, RGBColor};
 use variorum_train::early_exit::{Confidence, calibrate, calibrate_ltt, sweep};
 use variorum_train::run::Run;
 
-use crate::device;
+use crate::device::DeviceArgs;
 
-pub struct Args {
+#[derive(clap::Args, Debug)]
+pub struct EarlyExitArgs {
     pub run: PathBuf,
+    /// Thresholds to try, comma-separated (1 = the full model).
+    #[arg(long, value_delimiter = ',', default_value = "1,0.995,0.99,0.95,0.9,0.8,0.6,0.4,0.2,0")]
     pub thresholds: Vec<f64>,
+    /// Validation tokens to decode (token by token, so keep it modest).
+    #[arg(long, default_value_t = 4096)]
     pub max_tokens: usize,
+    /// Loss increase allowed by the calibration, nats.
+    #[arg(long, default_value_t = 0.02)]
     pub tolerance: f64,
+    /// Learn-then-Test calibration: the largest fraction of tokens whose prediction may change.
+    #[arg(long, default_value_t = 0.1)]
     pub ltt_delta: f64,
+    /// Learn-then-Test calibration: the test's level (1 − confidence).
+    #[arg(long, default_value_t = 0.05)]
     pub ltt_epsilon: f64,
+    /// Where to draw the curve (default RUN/early-exit.png).
+    #[arg(long)]
     pub plot: Option<PathBuf>,
-    pub device: String,
+    #[command(flatten)]
+    pub device: DeviceArgs,
 }
 
-pub fn early_exit(args: Args) -> Result<ExitCode> {
-    let (device, _) = device::select(&args.device)?;
+pub fn run(args: EarlyExitArgs) -> Result<ExitCode> {
+    if !(args.tolerance >= 0.0 && args.tolerance.is_finite()) {
+        bail!("--tolerance {} must be >= 0 (nats of loss above the full model)", args.tolerance);
+    }
+    let (device, _) = args.device.select()?;
     let run = Run::load(&args.run, &device)?;
     if run.model.exits.is_none() {
         bail!("{} has no early exits: train it with [model.exits] kind = \"every-layer\"", args.run.display());

@@ -15,27 +15,51 @@ use variorum_train::eval_record::{self, EvalRow};
 use variorum_train::progress;
 use variorum_train::run::Run;
 
-use crate::device;
+use crate::common::at_least;
+use crate::datastore::KnnArgs;
+use crate::device::DeviceArgs;
 
 /// `--decode`'s default: validation examples an encoder–decoder decodes for chrF.
 pub const DEFAULT_DECODE: usize = 200;
 
+// The clap arguments of `variorum eval` are what the evaluation reads.
+#[derive(clap::Args, Debug)]
 pub struct EvalArgs {
+    /// Run directories.
+    #[arg(required = true)]
     pub runs: Vec<PathBuf>,
+    /// A UTF-8 text file to evaluate instead of the validation split.
+    #[arg(long)]
     pub data: Option<PathBuf>,
+    /// Context lengths, comma-separated (default: the model's).
+    #[arg(long, value_delimiter = ',')]
     pub seq_len: Vec<usize>,
+    /// Tokens between window starts; each window counts only its last `stride` predictions
+    /// (default: the context length, i.e. disjoint windows).
+    #[arg(long)]
     pub stride: Option<usize>,
+    /// Evaluate only the first N tokens.
+    #[arg(long)]
     pub max_tokens: Option<usize>,
+    /// Where to draw loss against context length (with several lengths); default RUN/eval.png,
+    /// or ./eval.png when comparing runs.
+    #[arg(long)]
     pub plot: Option<PathBuf>,
-    /// `key=value` settings applied to every run's config before loading (`--set`).
+    /// Evaluate under another setting of the run's config, KEY=VALUE (repeatable), e.g.
+    /// `--set model.memory.length=256` for a longer memory than in training.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
     pub settings: Vec<String>,
-    pub device: String,
-    /// Encoder–decoder runs: beams of the decoding chrF is read from (1 = greedy).
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    /// Encoder–decoder runs: beams of the decoding chrF is measured on (1 = greedy).
+    #[arg(long, default_value_t = 1)]
     pub beams: usize,
-    /// Encoder–decoder runs: validation examples decoded for chrF.
+    /// Encoder–decoder runs: validation examples decoded for chrF (the loss reads them all).
+    #[arg(long, default_value_t = DEFAULT_DECODE)]
     pub decode: usize,
-    /// Score with a kNN-LM datastore too (`--knn`).
-    pub knn: Option<crate::datastore::KnnArgs>,
+    // `--knn DIR` and its settings: scoring with a kNN-LM datastore too (help text on the fields)
+    #[command(flatten)]
+    pub retrieval: KnnArgs,
 }
 
 /// The token ids to evaluate `run` on, where they come from and, for the run's tagged
@@ -123,16 +147,17 @@ fn draw(series: &[(String, Vec<(f64, f64)>)], path: PathBuf) -> Result<()> {
     Ok(())
 }
 
-pub fn eval(args: EvalArgs) -> Result<ExitCode> {
+pub fn run(args: EvalArgs) -> Result<ExitCode> {
+    at_least("--beams", args.beams, 1)?;
     check_lengths(&args.seq_len, args.stride)?;
-    let (device, _) = device::select(&args.device)?;
+    let (device, _) = args.device.select()?;
     if !args.settings.is_empty() {
         println!("# with {}", args.settings.join(", "));
     }
     if args.runs.len() == 1 {
         return eval_one(&args, &device);
     }
-    if args.knn.is_some() {
+    if args.retrieval.knn.is_some() {
         bail!("--knn scores one run with its datastore: give one run");
     }
     if args.seq_len.is_empty() {
@@ -553,7 +578,7 @@ fn eval_examples(run: &Run, args: &EvalArgs, device: &burn::prelude::Device) -> 
 
 fn eval_one(args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode> {
     let run = Run::load_with(&args.runs[0], device, &args.settings)?;
-    if args.knn.is_some() {
+    if args.retrieval.knn.is_some() {
         variorum_train::knn_lm::check_run(&run)?;
     }
     if run.config.data.graph.is_some() {
@@ -572,9 +597,9 @@ fn eval_one(args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode>
         run.check_len(len)?;
     }
     println!("# {} tokens of {source}", ids.len());
-    if let Some(knn) = &args.knn {
+    if let Some(dir) = &args.retrieval.knn {
         let [len] = lengths[..] else { bail!("--knn scores at one context length: give one --seq-len") };
-        let rows = crate::datastore::eval_knn(&run, knn, &ids, len, args.stride.unwrap_or(len))?;
+        let rows = crate::datastore::eval_knn(&run, dir, &args.retrieval, &ids, len, args.stride.unwrap_or(len))?;
         record(&run, args, &label, rows);
         return Ok(ExitCode::SUCCESS);
     }

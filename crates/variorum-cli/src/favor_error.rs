@@ -13,22 +13,37 @@ use burn::tensor::activation::softmax;
 use plotters::style::{BLUE, RED};
 use variorum_attention::PerformerConfig;
 
-use crate::device;
+use crate::device::DeviceArgs;
 
-pub struct Args {
+#[derive(clap::Args, Debug)]
+pub struct FavorErrorArgs {
+    /// Random feature counts, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "8,16,32,64,128,256")]
     pub features: Vec<usize>,
+    /// Sequence length of the random queries and keys.
+    #[arg(long, default_value_t = 256)]
     pub len: usize,
+    /// Head size d.
+    #[arg(long, default_value_t = 16)]
     pub head_dim: usize,
+    /// Standard deviation of the queries' and keys' entries.
+    #[arg(long, default_value_t = 1.0)]
     pub std: f64,
+    /// Draws of the features (and of q, k) averaged per point.
+    #[arg(long, default_value_t = 20)]
     pub draws: usize,
+    #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Where to draw the curves (log–log).
+    #[arg(long)]
     pub plot: Option<std::path::PathBuf>,
-    pub device: String,
+    #[command(flatten)]
+    pub device: DeviceArgs,
 }
 
 /// Mean squared error of the FAVOR+ attention matrix with `m` features over `draws` draws of
 /// the features and of q, k ~ N(0, std²) `[1, 1, len, d]`.
-fn error(m: usize, orthogonal: bool, args: &Args, device: &Device) -> f64 {
+fn error(m: usize, orthogonal: bool, args: &FavorErrorArgs, device: &Device) -> f64 {
     let d = args.head_dim;
     let cfg = PerformerConfig { n_heads: 1, head_dim: Some(d), features: Some(m), orthogonal, ..Default::default() };
     let mut total = 0.0;
@@ -45,7 +60,7 @@ fn error(m: usize, orthogonal: bool, args: &Args, device: &Device) -> f64 {
     total / args.draws as f64
 }
 
-pub fn favor_error(args: Args) -> Result<ExitCode> {
+pub fn run(args: FavorErrorArgs) -> Result<ExitCode> {
     if args.features.is_empty() || args.features.contains(&0) {
         bail!("--features: give feature counts of at least 1, e.g. 8,16,32,64,128,256");
     }
@@ -57,7 +72,7 @@ pub fn favor_error(args: Args) -> Result<ExitCode> {
     if !(args.std > 0.0 && args.std.is_finite()) {
         bail!("--std = {} must be positive", args.std);
     }
-    let (device, _) = device::select(&args.device)?;
+    let (device, _) = args.device.select()?;
     device.seed(args.seed);
     println!(
         "# FAVOR+ vs softmax attention: MSE of the attention matrix, L = {}, d = {}, q, k ~ N(0, {}²), {} draws",

@@ -12,17 +12,24 @@ use nalgebra::DMatrix;
 use plotters::style::{Palette, Palette99, RGBColor};
 use variorum_train::run::Run;
 
-use crate::device;
+use crate::device::DeviceArgs;
 
-pub struct Args {
+#[derive(clap::Args, Debug)]
+pub struct SpectrumArgs {
+    /// Run directory (a plain stack whose attention forms probabilities).
     pub run: PathBuf,
+    /// Windows of the model's context, spread over the validation split.
+    #[arg(long, default_value_t = 16)]
     pub windows: usize,
+    /// Where to draw the curves (default RUN/spectrum.png).
+    #[arg(long)]
     pub plot: Option<PathBuf>,
-    pub device: String,
+    #[command(flatten)]
+    pub device: DeviceArgs,
 }
 
-pub fn spectrum(args: Args) -> Result<ExitCode> {
-    let (device, _) = device::select(&args.device)?;
+pub fn run(args: SpectrumArgs) -> Result<ExitCode> {
+    let (device, _) = args.device.select()?;
     let run = Run::load(&args.run, &device)?;
     if args.windows == 0 {
         bail!("--windows must be at least 1");
