@@ -34,10 +34,12 @@ pub struct KvCache {
 }
 
 impl KvCache {
+    /// The number of live entries (cached and not dropped).
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether no entry is live.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

@@ -27,24 +27,30 @@ pub struct AttentionInput<'a> {
 }
 
 impl<'a> AttentionInput<'a> {
+    /// Self-attention: keys and values come from `query`.
     pub fn self_attention(query: Tensor<3>, mask: &'a AttentionMask) -> Self {
         Self { query, key_value: None, mask, dense_mask: None, need_weights: false, carried: None }
     }
 
+    /// Attention from `query` to another sequence, `key_value: [batch, len_k, d_model]` (a
+    /// memory, the encoder output).
     pub fn cross_attention(query: Tensor<3>, key_value: Tensor<3>, mask: &'a AttentionMask) -> Self {
         Self { query, key_value: Some(key_value), mask, dense_mask: None, need_weights: false, carried: None }
     }
 
+    /// With `m` as the precomputed dense mask (`None`: a mechanism that needs one builds it).
     pub fn with_dense_mask(mut self, m: Option<Tensor<4, Bool>>) -> Self {
         self.dense_mask = m;
         self
     }
 
+    /// With `c`, the model's slot for maps carried between block applications.
     pub fn with_carried(mut self, c: &'a mut CarriedMaps) -> Self {
         self.carried = Some(c);
         self
     }
 
+    /// Asking for the attention weights in the output.
     pub fn with_weights(mut self) -> Self {
         self.need_weights = true;
         self
@@ -67,7 +73,9 @@ pub struct AttentionOutput {
 /// learned position tables).
 #[derive(Debug, Clone, Copy)]
 pub struct Positioning<'a> {
+    /// The model's position scheme (a relative one is built into the layer).
     pub config: &'a PositionConfig,
+    /// The model's context length, in tokens (the size of learned position tables).
     pub context: usize,
 }
 

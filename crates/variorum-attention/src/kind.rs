@@ -15,6 +15,7 @@ use crate::state::AttentionState;
 /// and the layer's position scheme.
 #[derive(Debug, Clone, Copy)]
 pub struct LayerInit<'a> {
+    /// The model's width.
     pub d_model: usize,
     /// std of the normal initialisation of the input projections.
     pub init_std: f64,
@@ -30,6 +31,7 @@ pub struct LayerInit<'a> {
 pub struct TestVariant<C> {
     /// Says what the variant exercises (`"dilated heads"`); the harness prefixes the kind.
     pub name: String,
+    /// The kind's setting under test.
     pub config: C,
     /// Run with the masked (bidirectional) objective instead of next-token prediction.
     pub masked: bool,
@@ -49,6 +51,7 @@ impl<C> TestVariant<C> {
         self
     }
 
+    /// The same variant under the position scheme `position`.
     pub fn with_position(mut self, position: variorum_position::PositionConfig) -> Self {
         self.position = Some(position);
         self
@@ -171,6 +174,7 @@ pub trait AttentionKind:
         false
     }
 
+    /// The initialised layer: this setting at `init`'s width, scales and position scheme.
     fn build(&self, init: &LayerInit, device: &Device) -> Self::Module;
 
     /// Tiny settings the generic harness runs (at least one per kind: a test fails otherwise).

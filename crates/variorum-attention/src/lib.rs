@@ -25,6 +25,8 @@
 //!
 //! Everything public is exported here, once; the modules are private.
 
+#![warn(missing_docs)]
+
 #[macro_use]
 mod macros;
 

@@ -26,6 +26,7 @@ macro_rules! head_fields {
 /// fields (the derived defaults of the heads written out; kinds with more add theirs).
 macro_rules! head_methods {
     () => {
+        /// The engine's config from the head fields (`full`'s table, no head losses).
         pub fn heads(&self) -> $crate::engine::config::MultiHeadAttentionConfig {
             $crate::macros::head_fields!(self)
         }

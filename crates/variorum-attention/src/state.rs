@@ -116,6 +116,7 @@ impl CarriedMaps {
         self.0.get()
     }
 
+    /// Whether the slot holds nothing.
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }

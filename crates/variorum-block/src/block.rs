@@ -66,6 +66,7 @@ pub trait BlockKind {
         Vec::new()
     }
 
+    /// Checks the settings; messages name the config key. Default: `norm_eps` in (0, 1).
     fn validate(&self) -> Result<(), ConfigError> {
         let eps = self.residual().norm_eps;
         check(eps > 0.0 && eps < 1.0, || format!("model.block.norm_eps = {eps} must be in (0, 1)"))
@@ -94,15 +95,21 @@ impl Default for BlockConfig {
 
 /// Everything a block is built from.
 pub struct BlockParts<'a> {
+    /// Width of the residual stream.
     pub d_model: usize,
+    /// The self-attention (`model.attention`).
     pub attention: &'a AttentionConfig,
     /// The model's position scheme (its relative part lives in the attention).
     pub position: Positioning<'a>,
+    /// `model.feed_forward`.
     pub feed_forward: &'a FeedForwardConfig,
+    /// `model.memory`.
     pub memory: &'a MemoryConfig,
     /// An encoder–decoder's cross-attention (decoder blocks only).
     pub cross: Option<&'a AttentionConfig>,
+    /// Dropout probability on the branches and the FFN hidden layer (`model.dropout`).
     pub dropout: f64,
+    /// std of the normal initialisation of the other weights (GPT-2: 0.02).
     pub init_std: f64,
     /// std of the residual output projections (GPT-2: init_std / √(2·n_layers)).
     pub out_std: f64,
@@ -119,14 +126,18 @@ impl BlockConfig {
         self.spec().pre_norm()
     }
 
+    /// Two streams whose blocks are inverted in the backward instead of storing activations.
     pub fn reversible(&self) -> bool {
         self.spec().reversible()
     }
 
+    /// Checks the settings; messages name the config key (`model.block.*`).
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.spec().validate()
     }
 
+    /// One block of this wiring from `parts`. A reversible block's dropouts are 0 here: it drops
+    /// out its branch outputs with replayed masks instead ([`crate::reversible`]).
     pub fn init(&self, parts: &BlockParts, device: &Device) -> TransformerBlock {
         let r = self.residual();
         let d = parts.d_model;
@@ -150,23 +161,35 @@ impl BlockConfig {
 /// transition's window of recent inputs.
 #[derive(Debug, Clone, Default)]
 pub struct LayerState {
+    /// The attention's incremental state (its KV cache, without a memory).
     pub attention: AttentionState,
+    /// The memory's state: this layer's detached past inputs.
     pub memory: MemoryState,
+    /// A convolutional feed-forward's last k−1 inputs `[b, k−1, d]` (`separable-conv`).
     pub transition: Option<Tensor<3>>,
     /// The cross-attention's state over the current source (an encoder–decoder's decoder).
     pub cross: AttentionState,
 }
 
+/// One Transformer layer: an attention branch and a feed-forward branch joined to the residual
+/// stream by the config's wiring, with an optional memory and cross-attention.
 #[derive(Module, Debug)]
 pub struct TransformerBlock {
+    /// The attention branch's norm: on its input (pre-norm) or after its sum (post-norm).
     pub attn_norm: Norm,
+    /// The self-attention (`model.attention`).
     pub attn: Attention,
+    /// The feed-forward branch's norm, placed as `attn_norm`.
     pub ffn_norm: Norm,
+    /// The position-wise feed-forward layer (`model.feed_forward`).
     pub ffn: FeedForward,
+    /// Dropout on each branch's output before it joins the stream.
     pub dropout: Dropout,
+    /// Norms on the branch inputs (and one after the stack), rather than after each sum.
     pub pre_norm: bool,
     /// GTrXL: the gates replacing the two residual sums (empty otherwise).
     pub gates: Vec<GtrxlGate>,
+    /// The layer's part of `model.memory` (sizes, compression network), if the kind has one.
     pub memory: Option<LayerMemory>,
     /// An encoder–decoder's decoder block: cross-attention over the encoded source between the
     /// self-attention and the feed-forward layer ([`crate::cross`]).
@@ -175,8 +198,11 @@ pub struct TransformerBlock {
 
 /// Output of one block.
 pub struct BlockOutput {
+    /// The stream after the block, `[b, len_q, d_model]`.
     pub x: Tensor<3>,
+    /// The attention's auxiliary losses and the compressive memory's, by name.
     pub aux_losses: AuxLosses,
+    /// The self-attention's weights `[b, n_heads, len_q, len_k]`, when asked for and formed.
     pub weights: Option<Tensor<4>>,
 }
 

@@ -24,14 +24,21 @@ use burn::nn::{Linear, LinearConfig, PaddingConfig1d};
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 
+/// `model.memory.compression`: the compression function f_c, at rate c.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum CompressionKind {
+    /// Max pooling, kernel = stride = c.
     MaxPool,
+    /// Mean pooling, kernel = stride = c.
     MeanPool,
+    /// A 1D convolution, kernel = stride = c, starting as mean pooling. The default.
     #[default]
     Conv,
+    /// A 1D convolution, kernel c, dilation 2, stride c: each compressed state also reads the
+    /// group before it.
     DilatedConv,
+    /// The n/c states that received the most attention while in memory, in their original order.
     MostUsed,
 }
 
@@ -69,6 +76,7 @@ impl CompressionKind {
         }
     }
 
+    /// The name in a config.
     pub fn name(self) -> &'static str {
         match self {
             Self::MaxPool => "max-pool",
@@ -80,11 +88,15 @@ impl CompressionKind {
     }
 }
 
+/// A compression function with its parameters: `[b, n, d]` → `[b, n / c, d]`.
 #[derive(Module, Debug)]
 pub struct Compressor {
+    /// c, states per compressed state.
     pub rate: usize,
+    /// The compression function.
     #[module(skip)]
     pub kind: CompressionKind,
+    /// The convolution of `conv` and `dilated-conv` (none for the others).
     pub conv: Option<Conv1d>,
     /// g of the auto-encoding loss (when it is on).
     pub decoder: Option<Linear>,

@@ -16,9 +16,13 @@ use variorum_core::{AttentionMask, AuxLosses};
 
 use crate::{Norm, ResidualConfig};
 
+/// A decoder block's cross-attention sublayer: its norm and its attention over the source.
 #[derive(Module, Debug)]
 pub struct CrossAttention {
+    /// The branch's norm: on the stream before the queries (pre-norm) or after the sum
+    /// (post-norm).
     pub norm: Norm,
+    /// The attention: queries from the stream, keys and values from the source; no positions.
     pub attn: Attention,
 }
 

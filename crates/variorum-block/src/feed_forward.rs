@@ -68,6 +68,7 @@ macro_rules! feed_forward_kinds {
             /// Every registered kind, in zoo order.
             pub const ALL: &'static [FeedForwardKind] = &[ $( Self::$variant, )+ ];
 
+            /// The name in a config.
             pub fn name(self) -> &'static str {
                 match self { $( Self::$variant => $kind, )+ }
             }
@@ -86,11 +87,18 @@ macro_rules! feed_forward_kinds {
 }
 
 feed_forward_kinds! {
+    /// φ = ReLU (Vaswani et al. 2017).
     "relu" => Relu(ReluFfn),
+    /// φ = GELU, the exact erf form (Hendrycks & Gimpel 2016; GPT). The default.
     "gelu" => Gelu(GeluFfn),
+    /// Gated, φ = sigmoid (Dauphin et al. 2017).
     "glu" => Glu(GluFfn),
+    /// Gated, φ = GELU (Shazeer 2020).
     "geglu" => Geglu(GegluFfn),
+    /// Gated, φ = Swish (Shazeer 2020).
     "swiglu" => Swiglu(SwigluFfn),
+    /// A causal depthwise filter over time, then φ = ReLU (the Universal Transformer's
+    /// transition).
     "separable-conv" => SeparableConv(SeparableConvFfn),
 }
 
@@ -101,10 +109,12 @@ impl Default for FeedForwardKind {
 }
 
 impl FeedForwardKind {
+    /// The up-projection yields a gate and a value (2·d_ff wide).
     pub fn gated(self) -> bool {
         self.spec().gated()
     }
 
+    /// What the kind declares it supports.
     pub fn capabilities(self) -> Capabilities {
         self.declared().2
     }
@@ -133,6 +143,7 @@ impl Default for FeedForwardConfig {
 }
 
 impl FeedForwardConfig {
+    /// The hidden width: `d_ff`, or 4 · `d_model` when unset.
     pub fn d_ff(&self, d_model: usize) -> usize {
         self.d_ff.unwrap_or(4 * d_model)
     }
@@ -142,12 +153,15 @@ impl FeedForwardConfig {
         Self { d_ff: Some(self.d_ff(d_model)), ..self.clone() }
     }
 
+    /// Checks the settings; messages name the config key (`model.feed_forward.*`).
     pub fn validate(&self) -> Result<(), ConfigError> {
         check(self.d_ff != Some(0), || "model.feed_forward.d_ff must be at least 1".into())?;
         check(self.kernel_size >= 1, || "model.feed_forward.kernel_size must be at least 1".into())?;
         check(self.chunks >= 1, || "model.feed_forward.chunks must be at least 1".into())
     }
 
+    /// The layer: `init_std` for the up-projection, `out_std` for the down-projection, `dropout`
+    /// on the hidden layer.
     pub fn init(&self, d_model: usize, dropout: f64, init_std: f64, out_std: f64, device: &Device) -> FeedForward {
         let d_ff = self.d_ff(d_model);
         let up_width = if self.kind.gated() { 2 * d_ff } else { d_ff };
@@ -171,6 +185,7 @@ impl FeedForwardConfig {
         }
     }
 
+    /// Forward FLOPs per token (2 per multiply–add): both projections and the depthwise filter.
     pub fn flops_per_token(&self, d_model: usize) -> u64 {
         let d_ff = self.d_ff(d_model) as u64;
         let up = if self.kind.gated() { 2 * d_ff } else { d_ff };
@@ -178,6 +193,7 @@ impl FeedForwardConfig {
         2 * (d_model as u64 * (up + depthwise) + d_ff * d_model as u64)
     }
 
+    /// The `variorum zoo` rows.
     pub fn zoo() -> Vec<KindInfo> {
         FeedForwardKind::ALL
             .iter()
@@ -189,13 +205,20 @@ impl FeedForwardConfig {
     }
 }
 
+/// A position-wise feed-forward layer (a depthwise filter over time first for
+/// `separable-conv`).
 #[derive(Module, Debug)]
 pub struct FeedForward {
+    /// W₁ and b₁, `d_model` → d_ff; for a gated kind the fused [W | V], `d_model` → 2·d_ff.
     pub up: Linear,
+    /// W₂ and b₂, d_ff → `d_model`.
     pub down: Linear,
+    /// Dropout on the hidden layer.
     pub dropout: Dropout,
+    /// The kind: φ, gating, convolution.
     #[module(skip)]
     pub kind: FeedForwardKind,
+    /// Slices of the sequence the position-wise part runs on, one after another.
     #[module(skip)]
     pub chunks: usize,
     /// `separable-conv`: the per-channel filter over time.
@@ -203,6 +226,7 @@ pub struct FeedForward {
 }
 
 impl FeedForward {
+    /// FFN(x) for `x: [b, len, d_model]`, without decoding state.
     pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
         self.forward_with(x, None)
     }

@@ -63,6 +63,7 @@ impl BlockKind for GtrxlConfig {
     }
 }
 
+/// GTrXL's gate g(x, y), replacing one residual sum of a block.
 #[derive(Module, Debug)]
 pub struct GtrxlGate {
     /// [W_r | W_z | W_g] applied to the branch output y.
@@ -78,6 +79,8 @@ pub struct GtrxlGate {
 }
 
 impl GtrxlGate {
+    /// A gate over `d_model` channels: weights normal with std `init_std`, b_g = `gate_bias`,
+    /// learned per dimension when `learned`.
     pub fn new(d_model: usize, gate_bias: f64, learned: bool, init_std: f64, device: &Device) -> Self {
         let init = Initializer::Normal { mean: 0.0, std: init_std };
         let lin = |o: usize| LinearConfig::new(d_model, o).with_bias(false).with_initializer(init.clone()).init(device);

@@ -1,5 +1,7 @@
 //! Residual wiring and the pieces written once for every block: norms, feed-forward variants.
 
+#![warn(missing_docs)]
+
 pub mod block;
 pub mod compression;
 pub mod compressive;

@@ -51,6 +51,7 @@ impl Default for MemoryConfig {
 }
 
 impl MemoryConfig {
+    /// Whether the kind is `none`: no memory.
     pub fn is_none(&self) -> bool {
         matches!(self, Self::None(_))
     }
@@ -116,6 +117,7 @@ impl MemoryState {
         cat(vec![self.compressed.clone(), self.memory.clone(), self.pending.clone()])
     }
 
+    /// Length of [`context`](Self::context).
     pub fn context_len(&self) -> usize {
         len(&self.compressed) + len(&self.memory) + len(&self.pending)
     }
@@ -144,12 +146,17 @@ impl MemoryState {
 /// The per-layer part of a memory: sizes, and the compression network when there is one.
 #[derive(Module, Debug)]
 pub struct LayerMemory {
+    /// n_m, the states the FIFO memory keeps.
     pub length: usize,
+    /// n_cm, the states the compressed memory keeps (0 without one).
     pub compressed_length: usize,
     /// Segment length: states are committed to the memory a segment at a time.
     pub segment: usize,
+    /// f_c for the states the FIFO evicts (compressive memory); none: they are dropped.
     pub compressor: Option<Compressor>,
+    /// Weight of the attention-reconstruction loss (0 = off).
     pub reconstruction_weight: f64,
+    /// Weight of the auto-encoding loss (0 = off).
     pub autoencoding_weight: f64,
 }
 

@@ -4,6 +4,7 @@ use burn::module::{Initializer, Param};
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 
+/// `model.block.norm`: the normalisation every norm of the blocks uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum NormKind {
@@ -15,6 +16,7 @@ pub enum NormKind {
 }
 
 impl NormKind {
+    /// A norm over `d_model` channels with ε = `eps`, starting at γ = 1 (and β = 0).
     pub fn init(self, d_model: usize, eps: f64, device: &Device) -> Norm {
         match self {
             Self::LayerNorm => Norm::Layer(LayerNorm::new(d_model, eps, device)),
@@ -23,9 +25,12 @@ impl NormKind {
     }
 }
 
+/// A normalisation layer of either kind, over the last dimension.
 #[derive(Module, Debug)]
 pub enum Norm {
+    /// LayerNorm.
     Layer(LayerNorm),
+    /// RMSNorm.
     Rms(RmsNorm),
 }
 
@@ -34,8 +39,11 @@ pub enum Norm {
 /// Burn's keeps its ε private, and the kernel needs it.
 #[derive(Module, Debug)]
 pub struct LayerNorm {
+    /// γ, the per-channel scale `[d_model]`.
     pub gamma: Param<Tensor<1>>,
+    /// β, the per-channel shift `[d_model]` (none: no shift, as Burn's allows).
     pub beta: Option<Param<Tensor<1>>>,
+    /// ε, added to the variance.
     pub epsilon: f64,
 }
 
@@ -49,6 +57,7 @@ impl LayerNorm {
         }
     }
 
+    /// Normalises `x` over its last dimension.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         let beta = self.beta.as_ref().map(|b| b.val());
         variorum_kernels::layer_norm::layer_norm(x, self.gamma.val(), beta, self.epsilon)
@@ -59,7 +68,9 @@ impl LayerNorm {
 /// runs the fused kernel on flex ([`variorum_kernels::layer_norm::rms_norm`]).
 #[derive(Module, Debug)]
 pub struct RmsNorm {
+    /// γ, the per-channel scale `[d_model]`.
     pub gamma: Param<Tensor<1>>,
+    /// ε, added to the mean square.
     pub epsilon: f64,
 }
 
@@ -69,12 +80,14 @@ impl RmsNorm {
         Self { gamma: Initializer::Ones.init([d_model], device), epsilon }
     }
 
+    /// Normalises `x` over its last dimension.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         variorum_kernels::layer_norm::rms_norm(x, self.gamma.val(), self.epsilon)
     }
 }
 
 impl Norm {
+    /// Normalises `x` over its last dimension with the layer's kind.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         match self {
             Self::Layer(n) => n.forward(x),

@@ -66,7 +66,9 @@ impl BlockKind for ReversibleConfig {
 /// The two residual streams of a reversible stack, `[batch, len, d_model]` each.
 #[derive(Debug, Clone)]
 pub struct Streams {
+    /// X₁, the stream the attention branch adds to.
     pub x1: Tensor<3>,
+    /// X₂, the stream the feed-forward branch adds to.
     pub x2: Tensor<3>,
 }
 
@@ -81,6 +83,7 @@ impl Streams {
         (self.x1 + self.x2).div_scalar(2.0)
     }
 
+    /// Both streams as plain tensors, off the autodiff graph.
     pub fn without_autodiff(self) -> Self {
         Self { x1: self.x1.without_autodiff(), x2: self.x2.without_autodiff() }
     }
@@ -90,7 +93,9 @@ impl Streams {
 /// comes from a ChaCha8 stream seeded with `seed` mixed with both.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ReplayDropout {
+    /// Probability of dropping an entry (`model.dropout`).
     pub prob: f64,
+    /// Base seed of every mask.
     pub seed: u64,
 }
 
@@ -127,9 +132,13 @@ fn mix(seed: u64, salt: u64) -> u64 {
 /// inference) and which layer it is (for the dropout masks).
 #[derive(Clone, Copy)]
 pub struct RevContext<'a> {
+    /// The attention mask every block of the stack shares.
     pub mask: &'a AttentionMask,
+    /// Its dense form, built once per forward (none: mechanisms that need it build it).
     pub dense_mask: Option<&'a Tensor<4, Bool>>,
+    /// The branch-output dropout; none at inference.
     pub dropout: Option<ReplayDropout>,
+    /// The block's index in the stack, mixed into its dropout masks' seed.
     pub layer: usize,
 }
 

@@ -52,6 +52,7 @@ impl Default for UniversalConfig {
 }
 
 impl DepthConfig {
+    /// The name in a config (the `kind` key).
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Stack => "stack",
@@ -76,6 +77,7 @@ impl DepthConfig {
         matches!(self, Self::Universal(_))
     }
 
+    /// Checks the settings; messages name the config key (`model.depth.*`).
     pub fn validate(&self) -> Result<(), ConfigError> {
         match self {
             Self::Stack => Ok(()),
@@ -88,6 +90,8 @@ impl DepthConfig {
         }
     }
 
+    /// ACT's halting unit (weights normal with std `init_std`, bias `halting_bias`), if the depth
+    /// is universal with `act`.
     pub fn init_act(&self, d_model: usize, init_std: f64, device: &Device) -> Option<Act> {
         match self {
             Self::Universal(u) if u.act => {
@@ -103,6 +107,7 @@ impl DepthConfig {
         }
     }
 
+    /// The `variorum zoo` rows.
     pub fn zoo() -> Vec<KindInfo> {
         let caps = variorum_core::Capabilities::NEUTRAL;
         vec![
@@ -121,16 +126,21 @@ impl DepthConfig {
 /// The halting unit and ACT's settings.
 #[derive(Module, Debug)]
 pub struct Act {
+    /// The halting unit w·s + b, `d_model` → 1; p_t is its sigmoid.
     pub halting: Linear,
+    /// 1 − ε: a position halts once its halting probabilities reach this.
     pub threshold: f64,
+    /// τ, weight of the ponder cost.
     pub ponder_weight: f64,
 }
 
 /// ACT's running totals over the steps of one forward, per position `[b, len]`.
 pub struct ActState {
+    /// 1 for a position that has halted, 0 while it runs.
     pub halted: Tensor<2>,
     /// Σ p over the steps taken so far (then 1 once halted).
     pub halting_probability: Tensor<2>,
+    /// R, the remainder each position took when it halted (0 before).
     pub remainders: Tensor<2>,
     /// Steps that counted (N).
     pub n_updates: Tensor<2>,
@@ -141,6 +151,7 @@ pub struct ActState {
 }
 
 impl Act {
+    /// The totals before the first step: zeros for `[batch, len]` positions.
     pub fn start(&self, batch: usize, len: usize, device: &Device) -> ActState {
         let z = || Tensor::zeros([batch, len], device);
         ActState {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Result, bail};
-use variorum_train::heatmap;
+use variorum_train::pictures::heatmap;
 use variorum_train::run::Run;
 
 use crate::device;

@@ -308,7 +308,7 @@ fn write_outputs(dir: &Path, names: &[String], train: &Rows, generate: &Rows, ar
                 (n.as_str(), p.clone(), RGBColor(r, g, b), true)
             })
             .collect();
-        variorum_train::plot::log_lines(&coloured, &dir.join(file), title, x, y)?;
+        variorum_train::pictures::plot::log_lines(&coloured, &dir.join(file), title, x, y)?;
         Ok(())
     };
     draw(

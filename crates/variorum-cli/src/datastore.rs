@@ -1,6 +1,6 @@
 //! `variorum datastore build|neighbours|info` and `variorum eval --knn`: the kNN-LM's datastore
-//! (`variorum_train::knn_lm`, format in `variorum_retrieval::datastore`) and SPALM's neighbour
-//! tables (`variorum_train::spalm`).
+//! (`variorum_train::retrieval::knn_lm`, format in `variorum_retrieval::datastore`) and SPALM's neighbour
+//! tables (`variorum_train::retrieval::spalm`).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -9,9 +9,10 @@ use std::sync::atomic::Ordering;
 use anyhow::{Context, Result, bail};
 use variorum_retrieval::search::HnswParams;
 use variorum_retrieval::{Datastore, SearchMode};
-use variorum_train::knn_lm::{self, BuildSettings, Built, KnnEval};
+use variorum_train::progress;
+use variorum_train::retrieval::knn_lm::{self, BuildSettings, Built, KnnEval};
+use variorum_train::retrieval::spalm;
 use variorum_train::run::Run;
-use variorum_train::{progress, spalm};
 
 use crate::common::on_interrupt;
 use crate::device::DeviceArgs;

@@ -123,7 +123,7 @@ pub fn run(args: EarlyExitArgs) -> Result<ExitCode> {
         println!("{line}");
     }
     let path = args.plot.unwrap_or_else(|| args.run.join("early-exit.png"));
-    if variorum_train::plot::lines(
+    if variorum_train::pictures::plot::lines(
         &series,
         &path,
         "early exit: loss against compute",

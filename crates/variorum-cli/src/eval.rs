@@ -135,7 +135,7 @@ fn draw(series: &[(String, Vec<(f64, f64)>)], path: PathBuf) -> Result<()> {
         RGBColor(r, g, b)
     });
     let series: Vec<_> = series.iter().zip(colours).map(|((n, p), c)| (n.as_str(), p.clone(), c, true)).collect();
-    if variorum_train::plot::lines(
+    if variorum_train::pictures::plot::lines(
         &series,
         &path,
         "loss against context length",
@@ -332,7 +332,7 @@ fn streams(
     ids: &[u32],
     len: usize,
     carry: bool,
-    retrieved: Option<&variorum_train::spalm::Retrieved>,
+    retrieved: Option<&variorum_train::retrieval::spalm::Retrieved>,
     device: &burn::prelude::Device,
     pb: &progress::ProgressBar,
 ) -> Result<(f64, usize)> {
@@ -346,12 +346,12 @@ fn streams(
 
 /// The neighbour table of `ids` among those of `run`'s datastore (`data.neighbours`): its
 /// validation or training split's, when `ids` is that split or begins it.
-fn retrieved_for(run: &Run, ids: &[u32]) -> Result<variorum_train::spalm::Retrieved> {
+fn retrieved_for(run: &Run, ids: &[u32]) -> Result<variorum_train::retrieval::spalm::Retrieved> {
     let (Some(dir), Some(l)) = (&run.config.data.neighbours, &run.config.model.long_term_memory) else {
         bail!("{} has no long-term memory", run.dir.display());
     };
     let corpus = variorum_data::Corpus::load(&run.config.data, Some(run.tokenizer.clone()))?;
-    let (train, val) = variorum_train::spalm::open_tables(dir, &corpus, run.model.vocab_size, l.k)?;
+    let (train, val) = variorum_train::retrieval::spalm::open_tables(dir, &corpus, run.model.vocab_size, l.k)?;
     // a split or its first tokens (--max-tokens): the table's rows from the start
     let starts = |split: &[u32]| ids.len() <= split.len() && split[..ids.len()] == *ids;
     match (starts(&corpus.val), starts(&corpus.train)) {
@@ -579,7 +579,7 @@ fn eval_examples(run: &Run, args: &EvalArgs, device: &burn::prelude::Device) -> 
 fn eval_one(args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode> {
     let run = Run::load_with(&args.runs[0], device, &args.settings)?;
     if args.retrieval.knn.is_some() {
-        variorum_train::knn_lm::check_run(&run)?;
+        variorum_train::retrieval::knn_lm::check_run(&run)?;
     }
     if run.config.data.graph.is_some() {
         return eval_graph(&run, args, device);

@@ -89,7 +89,13 @@ pub fn run(args: FavorErrorArgs) -> Result<ExitCode> {
     if let Some(path) = &args.plot {
         let series = [("iid", iid, BLUE, true), ("orthogonal", orth, RED, true)];
         let title = "FAVOR+ approximation error";
-        if variorum_train::plot::log_lines(&series, path, title, "random features m", "MSE of the attention matrix")? {
+        if variorum_train::pictures::plot::log_lines(
+            &series,
+            path,
+            title,
+            "random features m",
+            "MSE of the attention matrix",
+        )? {
             println!("# plot: {}", path.display());
         }
     }

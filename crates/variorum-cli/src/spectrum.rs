@@ -89,7 +89,8 @@ pub fn run(args: SpectrumArgs) -> Result<ExitCode> {
     let named: Vec<(&str, Vec<(f64, f64)>, RGBColor, bool)> =
         series.iter().map(|(n, p, c)| (n.as_str(), p.clone(), *c, false)).collect();
     let title = "attention matrices: cumulative singular values";
-    if variorum_train::plot::lines(&named, &path, title, "singular value index", "normalised cumulative sum")? {
+    if variorum_train::pictures::plot::lines(&named, &path, title, "singular value index", "normalised cumulative sum")?
+    {
         println!("# plot: {}", path.display());
     }
     Ok(ExitCode::SUCCESS)

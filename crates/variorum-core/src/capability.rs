@@ -117,5 +117,6 @@ pub struct KindInfo {
     pub summary: &'static str,
     /// Source paper (authors, year, title).
     pub paper: &'static str,
+    /// What the kind declares it supports.
     pub caps: Capabilities,
 }

@@ -10,6 +10,7 @@ use std::fmt;
 pub struct ConfigError(pub String);
 
 impl ConfigError {
+    /// The error with message `msg`.
     pub fn new(msg: impl Into<String>) -> Self {
         Self(msg.into())
     }

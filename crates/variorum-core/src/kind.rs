@@ -3,7 +3,7 @@
 //!
 //! Attention and position have their own registries (their modules are enums too, see
 //! `variorum_attention`'s `registry/mod.rs`, `variorum_position::registry`); the other config axes
-//! (`model.block`, `model.memory`) use [`kind_enum!`]: each kind's file implements
+//! (`model.block`, `model.memory`) use `kind_enum!`: each kind's file implements
 //! [`Declared`] and the axis's own object-safe trait on its config, and one line per kind in
 //! the axis's registry writes the serde enum, its `kind()`, the zoo rows, the test variants and
 //! a `spec()` that hands out the config as the axis trait, so the axis's methods are written

@@ -4,6 +4,8 @@
 //! Nothing here depends on a backend: every crate of the workspace is written against Burn's
 //! runtime `Device` and `Tensor<D, K>`; the binary picks the backend.
 
+#![warn(missing_docs)]
+
 pub mod capability;
 pub mod error;
 pub mod kind;

@@ -51,7 +51,9 @@ pub struct AttentionMask {
 /// padding (`[batch, len_source]`, true = a padded position, hidden from cross-attention).
 #[derive(Debug, Clone)]
 pub struct EncodedSource {
+    /// The encoder's output, `[batch, len_source, d_model]`.
     pub hidden: Tensor<3>,
+    /// `[batch, len_source]`, `true` = a padded source position.
     pub padding: Option<Tensor<2, Bool>>,
 }
 
@@ -84,6 +86,7 @@ impl GraphMask {
         Self { rows }
     }
 
+    /// The adjacency lists, one per batch row (as given to [`new`](Self::new)).
     pub fn rows(&self) -> &[Arc<Vec<Vec<u32>>>] {
         &self.rows
     }
@@ -149,9 +152,15 @@ impl GraphMask {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GlobalLocal {
     /// `globals` auxiliary tokens, one per segment from the first, in front of the long tokens.
-    Prefixed { globals: usize },
+    Prefixed {
+        /// How many auxiliary tokens lead the input.
+        globals: usize,
+    },
     /// The auxiliary token of `segment` alone (decoding, once the segment is complete).
-    Auxiliary { segment: usize },
+    Auxiliary {
+        /// The segment's index (from 0).
+        segment: usize,
+    },
 }
 
 impl AttentionMask {
@@ -196,11 +205,13 @@ impl AttentionMask {
         self
     }
 
+    /// Padding keys (see [`Self::padding`]).
     pub fn with_padding(mut self, padding: Tensor<2, Bool>) -> Self {
         self.padding = Some(padding);
         self
     }
 
+    /// An extra pattern of hidden entries (see [`Self::custom`]).
     pub fn with_custom(mut self, custom: Tensor<3, Bool>) -> Self {
         self.custom = Some(custom);
         self

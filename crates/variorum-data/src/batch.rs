@@ -22,9 +22,14 @@ use crate::tags::SplitTags;
 /// that follows `inputs[t]` in the text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenBatch {
+    /// Input token ids, `batch_size × seq_len`, row-major.
     pub inputs: Vec<i64>,
+    /// Target token ids, the same shape: the token after each input, or `NO_TARGET` where a row
+    /// predicts nothing (padding).
     pub targets: Vec<i64>,
+    /// Rows in this batch (the last evaluation batch can hold fewer than asked for).
     pub batch_size: usize,
+    /// Tokens per row.
     pub seq_len: usize,
     /// Per row: true if this row starts a new stream (recurrent state must be reset).
     pub reset: Vec<bool>,
@@ -123,10 +128,12 @@ impl RandomWindows {
         RandomWindows { tags: Some(tags), ..self }
     }
 
+    /// Tokens per row.
     pub fn seq_len(&self) -> usize {
         self.seq_len
     }
 
+    /// Rows per batch.
     pub fn batch_size(&self) -> usize {
         self.batch_size
     }
@@ -209,10 +216,12 @@ impl OrderedStreams {
         self.segments
     }
 
+    /// Tokens per row: the length of one segment.
     pub fn seq_len(&self) -> usize {
         self.seq_len
     }
 
+    /// Rows per batch: the number of streams.
     pub fn batch_size(&self) -> usize {
         self.batch_size
     }

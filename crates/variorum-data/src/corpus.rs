@@ -237,6 +237,8 @@ fn held_out(n: usize, val_fraction: f64) -> usize {
 /// A tokenized corpus, ready to be cut into batches.
 #[derive(Debug, Clone)]
 pub struct Corpus {
+    /// The tokenizer that made the ids: the one given, or one trained as
+    /// [`Corpus::from_text`] says.
     pub tokenizer: Tokenizer,
     /// Token ids of the training part (the first `1 - val_fraction` of the chars;
     /// with `holdout = "each-section"`, the first part of every section).

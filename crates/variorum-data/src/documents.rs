@@ -25,6 +25,8 @@ struct Segment {
     first: bool,
 }
 
+/// Batches whose rows read whole documents (the sections `data.tags` finds), segment by
+/// segment, each document from a new segment with `reset = true`; a pure function of the step.
 #[derive(Debug, Clone)]
 pub struct DocumentStreams {
     tokens: Arc<Vec<u32>>,
@@ -71,10 +73,12 @@ impl DocumentStreams {
         documents(len, tags).len()
     }
 
+    /// Predictions per segment, the row length.
     pub fn seq_len(&self) -> usize {
         self.seq_len
     }
 
+    /// Rows per batch.
     pub fn batch_size(&self) -> usize {
         self.rows.len()
     }

@@ -27,11 +27,21 @@ pub enum DataError {
 
     /// The corpus file does not exist; `hint` says how to get it.
     #[error("corpus {} not found: {hint}", path.display())]
-    CorpusNotFound { path: PathBuf, hint: String },
+    CorpusNotFound {
+        /// The path looked for.
+        path: PathBuf,
+        /// How to get the corpus: the dataset's fetch recipe, or setting `data.path`.
+        hint: String,
+    },
 
     /// The corpus file exists but could not be read.
     #[error("could not read corpus {}: {message}", path.display())]
-    CorpusRead { path: PathBuf, message: String },
+    CorpusRead {
+        /// The corpus file.
+        path: PathBuf,
+        /// The reader's error, on one line.
+        message: String,
+    },
 
     /// The corpus file is not UTF-8; `offset` is the byte offset of the first
     /// invalid byte.
@@ -40,11 +50,19 @@ pub enum DataError {
          convert the file to UTF-8 (e.g. iconv -f LATIN1 -t UTF-8)",
         path.display()
     )]
-    CorpusNotUtf8 { path: PathBuf, offset: usize },
+    CorpusNotUtf8 {
+        /// The corpus file.
+        path: PathBuf,
+        /// Byte offset of the first invalid byte.
+        offset: usize,
+    },
 
     /// The corpus file is empty.
     #[error("corpus {} is empty: point data.path at a non-empty UTF-8 text file", path.display())]
-    CorpusEmpty { path: PathBuf },
+    CorpusEmpty {
+        /// The corpus file.
+        path: PathBuf,
+    },
 
     /// The corpus is too short for what was asked of it (a train/validation split,
     /// a window of `seq_len + 1` tokens, ...).
@@ -59,15 +77,33 @@ pub enum DataError {
          vocabulary: train the tokenizer on text that contains it, or use data.tokenizer \
          kind = \"byte\" or \"bpe\", which can encode any text"
     )]
-    UnknownChar { ch: char, offset: usize, context: String },
+    UnknownChar {
+        /// The character.
+        ch: char,
+        /// Its byte offset in the text being encoded.
+        offset: usize,
+        /// What that text is, as a phrase appended to the offset (e.g. " of the validation
+        /// split of corpus data/x.txt"); empty when unknown.
+        context: String,
+    },
 
     /// Training or running the BPE tokenizer (the `tokenizers` crate) failed.
     #[error("BPE tokenizer could not {action}: {message}")]
-    Bpe { action: &'static str, message: String },
+    Bpe {
+        /// What the tokenizer could not do, as a verb phrase ("be trained", "encode the text").
+        action: &'static str,
+        /// The `tokenizers` crate's error, on one line.
+        message: String,
+    },
 
     /// A tokenizer file is missing, unreadable, corrupt, or could not be written.
     #[error("tokenizer file {}: {problem}", path.display())]
-    TokenizerFile { path: PathBuf, problem: String },
+    TokenizerFile {
+        /// The tokenizer file.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: String,
+    },
 }
 
 /// Flattens a foreign error message to one line (some errors from dependencies

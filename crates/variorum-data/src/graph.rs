@@ -58,14 +58,18 @@ struct Record {
 pub struct GraphExample {
     /// The line of the file it comes from (1-based), for messages.
     pub line: usize,
+    /// The tokens of its nodes, end to end in node order.
     pub tokens: Vec<u32>,
+    /// Per token, the positions (within the example) it reads besides itself, ascending.
     pub adjacency: Arc<Vec<Vec<u32>>>,
 }
 
 /// The examples of a graph data file, split by line.
 #[derive(Debug, Clone)]
 pub struct GraphSplits {
+    /// The training examples: all but the last `val_fraction` of the lines.
     pub train: Arc<Vec<GraphExample>>,
+    /// The validation examples: the last `val_fraction` of the lines.
     pub val: Arc<Vec<GraphExample>>,
 }
 

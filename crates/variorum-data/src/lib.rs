@@ -6,6 +6,8 @@
 //! so this crate is quick to build and test, and the index arithmetic that
 //! decides what a model sees is checked on its own.
 
+#![warn(missing_docs)]
+
 mod batch;
 mod corpus;
 mod documents;

@@ -40,15 +40,20 @@ pub struct PairsConfig {
 /// One pair: the line it came from and the tokens of each side.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Pair {
+    /// The line of the file it comes from (1-based), for messages.
     pub line: usize,
+    /// The source's tokens: what the encoder reads.
     pub source: Vec<u32>,
+    /// The target's tokens, without the end token the batches add.
     pub target: Vec<u32>,
 }
 
 /// The pairs of each split.
 #[derive(Debug, Clone)]
 pub struct PairSplits {
+    /// The training pairs: all but the last `val_fraction` of them.
     pub train: Arc<Vec<Pair>>,
+    /// The validation pairs: the last `val_fraction` of them.
     pub val: Arc<Vec<Pair>>,
 }
 

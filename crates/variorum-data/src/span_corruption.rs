@@ -30,10 +30,15 @@ use crate::pairs::example_batch;
 /// the first sentinel's id (the others follow it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SpanShape {
+    /// Tokens per window, `n` (the model's `seq_len`).
     pub window: usize,
+    /// Tokens dropped from each window.
     pub noise: usize,
+    /// Spans the dropped tokens form, one sentinel each: `1 ≤ spans ≤ min(noise, window − noise)`.
     pub spans: usize,
+    /// The end token `</s>` that closes every target.
     pub end: u32,
+    /// The id of `<s₀>`; sentinel `i` is `first_sentinel + i`.
     pub first_sentinel: u32,
 }
 
@@ -82,6 +87,8 @@ pub struct SpanCorruption {
 }
 
 impl SpanCorruption {
+    /// Corrupted windows of `tokens`, `batch_size` per step, drawn from `seed`. Fails if `tokens`
+    /// is shorter than one window or `batch_size` is 0.
     pub fn new(tokens: Arc<Vec<u32>>, shape: SpanShape, batch_size: usize, seed: u64) -> Result<Self, DataError> {
         check(&tokens, &shape, "training")?;
         if batch_size == 0 {

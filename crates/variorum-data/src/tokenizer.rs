@@ -157,7 +157,9 @@ impl CharTokenizer {
 /// A trained (or loaded) tokenizer of one of the three kinds.
 #[derive(Debug, Clone)]
 pub enum Tokenizer {
+    /// One token per character of its vocabulary.
     Char(CharTokenizer),
+    /// One token per UTF-8 byte: 256 ids, nothing learnt.
     Byte,
     /// Boxed: the Hugging Face tokenizer is large and the other variants are tiny.
     Bpe(Box<tokenizers::Tokenizer>),

@@ -17,8 +17,11 @@ use burn::prelude::*;
 pub struct AdamWStep {
     /// η.
     pub lr: f32,
+    /// β₁, the first moment's decay.
     pub beta_1: f32,
+    /// β₂, the second moment's decay.
     pub beta_2: f32,
+    /// ε, added to the denominator √(v / c₂).
     pub epsilon: f32,
     /// λ (decoupled: scaled by η).
     pub weight_decay: f32,

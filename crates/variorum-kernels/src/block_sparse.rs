@@ -357,8 +357,11 @@ pub fn block_sparse_self_attention(
 /// [`Slots::Positions`]).
 #[derive(Debug, Clone)]
 pub struct SparsePiece {
+    /// The pattern: which key slots each block of query slots scores, and which each query sees.
     pub layout: Arc<SparseLayout>,
+    /// The position each slot stands for.
     pub slots: Slots,
+    /// The slots' positions where no stride gives them (then `slots` is `Positions`).
     pub order: Option<Arc<Permutation>>,
 }
 
@@ -372,7 +375,9 @@ pub struct SparsePiece {
 /// query sees is a band of slots. Softmax or the other row normalisers; no distance bias.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Permutation {
+    /// The position of each query slot, `[g · L + s]`.
     pub queries: Vec<u32>,
+    /// The position of each key slot, `[g · L + s]`.
     pub keys: Vec<u32>,
 }
 
@@ -387,7 +392,12 @@ pub enum Slots {
     /// position i · stride + c, or padding (seen by nothing) past the end of the sequence. The
     /// layout's blocks and runs must not cross from one class into the next (`per_class` a
     /// multiple of the block).
-    Classes { stride: usize, per_class: usize },
+    Classes {
+        /// The stride: class c holds positions c, c + stride, c + 2 · stride, …
+        stride: usize,
+        /// Slots per class (a multiple of the layout's block).
+        per_class: usize,
+    },
 }
 
 impl Slots {
@@ -605,13 +615,16 @@ pub struct DistanceTerms {
 /// (`2 Lk − 1` of them) its bucket.
 #[derive(Debug, Clone)]
 pub struct DistanceTable {
+    /// The table's rows, `[h, buckets, d_h]`.
     pub rows: Tensor<3>,
+    /// Each distance entry's bucket (`2 Lk − 1` entries).
     pub bucket: Arc<Vec<u32>>,
 }
 
 /// What acts on the scores before a [`DistanceTerms`] multiplier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ScoreActivation {
+    /// The scores as they are.
     Identity,
     /// DA-Transformer's ReLU.
     Relu,
@@ -767,8 +780,11 @@ fn check_term_pieces(pieces: &[SparsePiece], norm: RowNormaliser, (h, lq, lk): (
 /// The head counts and score scale of a packed projection.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PackedHeads {
+    /// h, the query heads.
     pub n_heads: usize,
+    /// h_kv, the key and value heads.
     pub n_kv_heads: usize,
+    /// The factor of the scores, `scale · q kᵀ`.
     pub scale: f64,
 }
 

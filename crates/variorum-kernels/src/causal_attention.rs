@@ -17,7 +17,7 @@
 //! gradients as `[batch, heads, L, L]` tensors — eight passes over 100 MiB per layer for the small
 //! GPT (docs/cpu-speed.md) — and autodiff keeps two of them per layer for the backward pass. Here
 //! each (batch, key/value head) is one task on rayon's pool; a task walks its query heads in blocks
-//! of [`QUERY_BLOCK`] rows, scores a block against the keys it can see (the causal half: blocks
+//! of `QUERY_BLOCK` rows, scores a block against the keys it can see (the causal half: blocks
 //! past the diagonal are never formed), and keeps only a block × L scratch. Matrix products go to
 //! the `gemm` crate (flex's own GEMM) on strided views, so the head split of the fused QKV
 //! projection is read in place; the output comes back with its heads already merged,
@@ -25,7 +25,7 @@
 //!
 //! Queries must come scaled (`scale · q`); grouped-query attention maps query head h to key/value
 //! head h / (n_heads / n_kv_heads). It reaches Burn through the `backend_extension` mechanism:
-//! [`FusedAttention`] for `Flex` and for `Autodiff<Flex>` with the hand-written backward.
+//! `FusedAttention` for `Flex` and for `Autodiff<Flex>` with the hand-written backward.
 //! [`causal_attention`] returns `None` where the kernel does not apply (another backend or float
 //! type), and the caller composes the ops instead.
 
@@ -63,7 +63,7 @@ pub fn causal_attention(
     None
 }
 
-/// [`FusedAttention::causal_self_attention`] of the fused projection `qkv`, on flex (f32); `None`
+/// `FusedAttention::causal_self_attention` of the fused projection `qkv`, on flex (f32); `None`
 /// elsewhere. Keys j ≤ i + `offset` are visible to query i; `norm` maps each row of scores to
 /// weights.
 pub fn causal_self_attention(
@@ -84,7 +84,7 @@ pub fn causal_self_attention(
     None
 }
 
-/// [`FusedAttention::causal_attention_with_products`]: [`causal_attention`] with s_ij += a_i·b_j
+/// `FusedAttention::causal_attention_with_products`: [`causal_attention`] with s_ij += a_i·b_j
 /// (`a: [h, Lq, d']`, `b: [h, Lk, d']` per query head, shared by the batch rows), on flex (f32);
 /// `None` elsewhere.
 pub fn causal_attention_with_products(
@@ -105,7 +105,7 @@ pub fn causal_attention_with_products(
     None
 }
 
-/// [`FusedAttention::causal_self_attention_with_products`] of the fused projection `qkv` and the
+/// `FusedAttention::causal_self_attention_with_products` of the fused projection `qkv` and the
 /// per-position vectors `a: [h, L, d']`, `b: [h, L, d']` (s_ij = scale · q_i·k_j + a_i·b_j), on
 /// flex (f32); `None` elsewhere.
 #[allow(clippy::too_many_arguments)]

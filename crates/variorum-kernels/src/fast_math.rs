@@ -24,7 +24,7 @@ pub fn exp_neg(x: f32) -> f32 {
     e * f32::from_bits(n_int.wrapping_add(127) << 23)
 }
 
-/// Whether the CPU has every feature [`wide_vectors!`]'s AVX-512 copy is compiled for (a CPU
+/// Whether the CPU has every feature `wide_vectors!`'s AVX-512 copy is compiled for (a CPU
 /// with AVX-512F alone, without VL or DQ, must not run it).
 #[cfg(target_arch = "x86_64")]
 pub fn has_avx512() -> bool {
@@ -34,7 +34,7 @@ pub fn has_avx512() -> bool {
         && has_avx2()
 }
 
-/// Whether the CPU has every feature [`wide_vectors!`]'s AVX2 copy is compiled for.
+/// Whether the CPU has every feature `wide_vectors!`'s AVX2 copy is compiled for.
 #[cfg(target_arch = "x86_64")]
 pub fn has_avx2() -> bool {
     std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("avx")
@@ -97,7 +97,7 @@ pub unsafe fn written_by(n: usize, fill: impl FnOnce(&mut [std::mem::MaybeUninit
 /// AVX-512 register (or two AVX2 ones) of them, where a single running float would serialise.
 const LANES: usize = 16;
 
-/// Σ xᵢ, summed in [`LANES`] interleaved partial sums.
+/// Σ xᵢ, summed in `LANES` interleaved partial sums.
 #[inline]
 pub fn sum(x: &[f32]) -> f32 {
     sum_of(x, |v| v)

@@ -84,6 +84,7 @@ mod flex {
     /// FNet's mixing on the backends that have it.
     #[backend_extension(Flex, Autodiff)]
     pub trait FourierMix: Backend {
+        /// ℜ(F_seq(F_hidden(x))) of `x: [batch, L, d]`, by FFT in f32.
         fn fourier_mix(x: FloatTensor<Self>) -> FloatTensor<Self>;
     }
 

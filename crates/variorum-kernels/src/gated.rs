@@ -72,6 +72,7 @@ mod flex {
     /// The fused gate of the backends that have it.
     #[backend_extension(Flex, Autodiff)]
     pub trait GatedUnit: Backend {
+        /// σ(a) ∘ b of `h = [.., 2 F]` (a its first F features, b the last F): `[.., F]`.
         fn gated_unit(h: FloatTensor<Self>, gate: Gate) -> FloatTensor<Self>;
     }
 

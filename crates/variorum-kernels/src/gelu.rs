@@ -8,7 +8,7 @@
 //! (docs/cpu-speed.md). Here erf is Abramowitz & Stegun 7.1.26 (|error| ≤ 1.5 · 10⁻⁷) and exp a
 //! range-reduced polynomial, both branch-free so the loops vectorise; the result is the exact
 //! GELU to f32 rounding (equal to Burn's, and its gradient, to 1e-5 in the tests), not the tanh
-//! approximation. It reaches Burn through the `backend_extension` mechanism: [`FastGelu`] for `Flex` and for
+//! approximation. It reaches Burn through the `backend_extension` mechanism: `FastGelu` for `Flex` and for
 //! `Autodiff<Flex>` with the hand-written backward. Other backends and float types take Burn's
 //! own `gelu`; [`gelu`] chooses.
 
@@ -46,6 +46,7 @@ mod flex {
     /// The fast exact GELU of the backends that have it.
     #[backend_extension(Flex, Autodiff)]
     pub trait FastGelu: Backend {
+        /// The exact GELU of `x`, element by element (f32).
         fn fast_gelu(x: FloatTensor<Self>) -> FloatTensor<Self>;
     }
 

@@ -10,6 +10,8 @@
 //! crate and every library crate above it build against Burn with no backend at all, and every
 //! function here is its composed fallback.
 
+#![warn(missing_docs)]
+
 pub mod adamw;
 pub mod block_sparse;
 pub mod causal_attention;

@@ -48,9 +48,15 @@ pub enum FeatureMap {
     /// `log_gate` is given. Outputs then depend on earlier keys only, in their rounding too. (The
     /// decay has no floor here; the composed path floors it at 10⁻³⁰, which differs only where M
     /// jumps by more than 69 nats, leaving 10⁻³⁰ of the earlier sums against e^{−jump}.)
-    Positive { scale: f32 },
+    Positive {
+        /// s, the scale applied to x before the projection (Performer: d^{−1/4}).
+        scale: f32,
+    },
     /// φ(x) = ReLU(s w_r·x)/√m + 10⁻³ (Performer's ReLU kernel), m = r.
-    Relu { scale: f32 },
+    Relu {
+        /// s, the scale applied to x before the projection (Performer: d^{−1/4}).
+        scale: f32,
+    },
     /// Random Fourier features of the unit vector (RFA, Peng et al. 2021), m = 2r:
     /// φ(x) = [sin(W x̂); cos(W x̂)]/√r, x̂ = x / max(‖x‖, 10⁻⁶).
     Fourier,
@@ -70,6 +76,7 @@ pub struct LinearSpec {
     pub chunk: usize,
     /// ε, the floor of the normaliser d_t.
     pub min_normaliser: f32,
+    /// φ, applied to the rows of q and k.
     pub features: FeatureMap,
     /// Each key joins the sums with weight 1 − g_t (RFA-Gate's S_t = g_t S_{t−1} + (1 − g_t)
     /// φ(k_t) v_tᵀ); needs a decay. False: weight 1.

@@ -15,10 +15,16 @@ pub enum RowNormaliser {
     Softmax,
     /// ReLU attention, p_j = scale · max(s_j, 0). Wortsman et al. 2023 divide by the sequence
     /// length: the caller passes scale = 1/L.
-    Relu { scale: f32 },
+    Relu {
+        /// The factor on max(s_j, 0).
+        scale: f32,
+    },
     /// Sigmoid attention (Ramapuram et al. 2024), p_j = σ(s_j + bias) = 1 / (1 + e^{−(s_j + bias)});
     /// the caller chooses the bias, −ln L in the paper.
-    Sigmoid { bias: f32 },
+    Sigmoid {
+        /// Added to every score before σ.
+        bias: f32,
+    },
     /// Sparsemax (Martins & Astudillo 2016), p_j = max(s_j − τ, 0) with τ such that Σ_j p_j = 1
     /// ([`sparsemax_threshold`]).
     Sparsemax,

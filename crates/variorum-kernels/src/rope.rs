@@ -19,7 +19,9 @@ use burn::prelude::*;
 pub struct Rotation {
     /// Query heads, key/value heads and the head size of the packed projection.
     pub n_heads: usize,
+    /// h_kv, the key and value heads.
     pub n_kv_heads: usize,
+    /// d_h, the size of each head.
     pub head_dim: usize,
     /// r, the rotated dimensions per head (even, at most `head_dim`).
     pub rotary_dim: usize,
@@ -98,6 +100,7 @@ mod flex {
     /// RoPE on a packed projection, for the backends that have it.
     #[backend_extension(Flex, Autodiff)]
     pub trait PackedRope: Backend {
+        /// `qkv: [b, L, (h + 2 h_kv) · d_h]` with its query and key heads rotated by `rotation`.
         fn rope_packed(qkv: FloatTensor<Self>, rotation: Rotation) -> FloatTensor<Self>;
     }
 

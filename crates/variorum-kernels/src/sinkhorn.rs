@@ -41,8 +41,11 @@ pub fn calls() -> usize {
 /// padding, seen by no query), causal or not.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SinkhornBlocks {
+    /// m, positions per block.
     pub block: usize,
+    /// The real positions; keys from `len` on are padding.
     pub len: usize,
+    /// Queries see no key after their own position, and block i mixes only the blocks before it.
     pub causal: bool,
 }
 

@@ -13,6 +13,8 @@ use crate::exits::ExitConfig;
 use crate::long_term_memory::LongTermMemoryConfig;
 use crate::objective::ObjectiveConfig;
 
+/// `[model]`: one value per axis (position, attention, block, feed-forward, memory, depth, …)
+/// and the sizes; [`ModelConfig::validate`] checks it before anything is built.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelConfig {
@@ -40,12 +42,15 @@ pub struct ModelConfig {
     pub init_std: f64,
     /// Position scheme: absolute (added to the input) or relative (inside every attention layer).
     pub position: PositionConfig,
+    /// The self-attention, chosen by `kind`. Default `full` (multi-head scaled dot-product).
     pub attention: AttentionConfig,
     /// Attend at most this many positions back, whatever the attention kind (score-forming
     /// kinds only): a hard limit on top of the kind's own pattern. Full attention then runs as
     /// a band computed by blocks, and KV caches keep only the last `max_back` keys. Default none.
     pub max_back: Option<usize>,
+    /// The block's residual wiring and norms, chosen by `kind`. Default `pre-ln`.
     pub block: BlockConfig,
+    /// The position-wise feed-forward network. Default GELU, `d_ff = 4 · d_model`.
     pub feed_forward: FeedForwardConfig,
     /// Memory of earlier segments (Transformer-XL, Compressive). Default none.
     pub memory: MemoryConfig,
@@ -101,6 +106,8 @@ pub const MAX_LAYERS: usize = 10_000;
 pub const MAX_WIDTH: usize = 1 << 17;
 
 impl ModelConfig {
+    /// Checks every axis, the sizes and the rules between the axes ([`crate::rules`]); messages
+    /// name the config key and a value that works.
     pub fn validate(&self) -> Result<(), ConfigError> {
         check(self.d_model > 0, || "model.d_model must be at least 1".into())?;
         check(self.n_layers > 0, || "model.n_layers must be at least 1".into())?;

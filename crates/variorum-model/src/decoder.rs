@@ -30,6 +30,8 @@ use crate::exits::{ExitConfig, ExitHeads};
 pub struct LmOutput {
     /// `[batch, len, vocab]`
     pub logits: Tensor<3>,
+    /// Named auxiliary losses of the blocks (and ACT's `ponder` cost), already weighted
+    /// ([`AuxLosses`]).
     pub aux_losses: AuxLosses,
     /// Steps each position took, `[batch, len]`, when Adaptive Computation Time decides.
     pub steps: Option<Tensor<2>>,
@@ -54,7 +56,10 @@ pub enum Flow {
 /// source.
 #[derive(Debug, Clone, Default)]
 pub struct DecoderState {
+    /// Position of the next token: the tokens run so far.
     pub position: usize,
+    /// Per block application, its KV cache or memory and cross-attention state; empty until the
+    /// first call.
     pub layers: Vec<LayerState>,
     /// Sum of the first block's outputs over the tokens so far `[batch, 1, d]`, kept by early-exit
     /// decoding for the sequence exit predictor (its input is their running mean).
@@ -72,12 +77,17 @@ impl DecoderState {
     }
 }
 
+/// The language model a [`ModelConfig`] describes: embedding, blocks, output head, and whatever
+/// the config adds (early exits, an encoder, SPALM's long-term memory).
 #[derive(Module, Debug)]
 pub struct DecoderLm {
+    /// The token embedding `[vocab_size, d_model]`; also the output projection when tied.
     pub token_embedding: Embedding,
+    /// The absolute position signal added to the embedded tokens; `None` for relative schemes.
     pub position: Option<AbsolutePosition>,
     /// Empty, or one signal per block added to its input.
     pub layer_positions: Vec<AbsolutePosition>,
+    /// Dropout on the embedded input (`model.dropout`).
     pub embedding_dropout: Dropout,
     /// `depth` distinct blocks, or one shared block (Universal Transformer).
     pub blocks: Vec<TransformerBlock>,
@@ -89,7 +99,10 @@ pub struct DecoderLm {
     pub final_norm: Option<Norm>,
     /// Present when the output embedding is not tied.
     pub head: Option<Linear>,
+    /// Rows of the embedding and width of the logits: the text vocabulary plus the special tokens
+    /// ([`ModelConfig::vocab`]).
     pub vocab_size: usize,
+    /// The context length trained on (`model.seq_len`).
     pub seq_len: usize,
     /// `model.max_back`: no query scores a key further back.
     pub max_back: Option<usize>,
@@ -114,6 +127,8 @@ pub struct DecoderLm {
 }
 
 impl DecoderLm {
+    /// A freshly initialised model of `cfg` (validated and resolved): weights drawn from
+    /// N(0, `init_std`²), residual output projections with std `init_std / √(2·n_layers)` (GPT-2).
     pub fn new(cfg: &ModelConfig, device: &Device) -> Self {
         let (d, vocab) = (cfg.d_model, cfg.vocab());
         let init = Initializer::Normal { mean: 0.0, std: cfg.init_std };

@@ -48,7 +48,9 @@ pub struct EncoderConfig {
 /// (`[batch, len]`, true = padding; `None` when every row fills the length).
 #[derive(Debug, Clone)]
 pub struct Source {
+    /// Token ids `[batch, len]`, padded at the end with 0.
     pub tokens: Tensor<2, Int>,
+    /// `[batch, len]`, true at padding; `None` when every row fills the length.
     pub padding: Option<Tensor<2, Bool>>,
 }
 
@@ -67,8 +69,11 @@ impl Source {
     }
 }
 
+/// The encoder of an encoder–decoder: bidirectional blocks over the embedded source (the
+/// embedding is the decoder's).
 #[derive(Module, Debug)]
 pub struct Encoder {
+    /// `model.encoder.n_layers` blocks, each with the encoder's attention.
     pub blocks: Vec<TransformerBlock>,
     /// Present for pre-LN stacks.
     pub final_norm: Option<Norm>,
@@ -98,6 +103,7 @@ impl Encoder {
 }
 
 impl ModelConfig {
+    /// Whether `kind = "encoder-decoder"`.
     pub fn is_encoder_decoder(&self) -> bool {
         self.kind == ModelKind::EncoderDecoder
     }

@@ -35,12 +35,16 @@ pub enum PredictorKind {
     /// No exit predictor (CALM's confidence measures decide at decoding time).
     #[default]
     None,
+    /// One exit per sequence, from the running mean of the first block's outputs.
     Sequence,
+    /// One exit per token: a softmax over exits from the first block's output.
     TokenMultinomial,
+    /// One exit per token: a halting unit per block before the last; q is where the token halts.
     TokenGeometric,
 }
 
 impl PredictorKind {
+    /// The config value (`"token-multinomial"`, …).
     pub fn name(self) -> &'static str {
         match self {
             Self::None => "none",
@@ -68,8 +72,10 @@ pub struct ExitPredictor {
     /// One `d → N` layer (sequence, token-multinomial) or one `d → 1` halting unit per block
     /// before the last (token-geometric).
     pub layers: Vec<Linear>,
+    /// Which predictor this is.
     #[module(skip)]
     pub kind: PredictorKind,
+    /// What it learns to imitate.
     #[module(skip)]
     pub oracle: Oracle,
     /// λ, the cost of each block in the oracle.
@@ -78,6 +84,7 @@ pub struct ExitPredictor {
     pub sigma: f64,
     /// Weight of the predictor's loss.
     pub weight: f64,
+    /// N, the exits it chooses among: the model's blocks.
     pub exits: usize,
 }
 

@@ -65,6 +65,7 @@ impl ExitWeighting {
     }
 }
 
+/// `model.exits` with `kind = "every-layer"`: an output classifier after every block.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EveryLayerConfig {
@@ -107,6 +108,7 @@ impl Default for EveryLayerConfig {
 }
 
 impl ExitConfig {
+    /// The `kind = "…"` value.
     pub fn kind(&self) -> &'static str {
         match self {
             Self::None => "none",
@@ -135,6 +137,7 @@ impl ExitConfig {
         out
     }
 
+    /// Checks the weights, λ and σ; messages name the config key (`model.exits.*`).
     pub fn validate(&self) -> Result<(), ConfigError> {
         match self {
             Self::None => Ok(()),
@@ -147,6 +150,7 @@ impl ExitConfig {
         }
     }
 
+    /// The `variorum zoo` rows.
     pub fn zoo() -> Vec<KindInfo> {
         let caps = variorum_core::Capabilities::NEUTRAL;
         vec![
@@ -171,8 +175,11 @@ impl ExitConfig {
 /// Per-block classifiers for the intermediate exits (empty when they share the model's head).
 #[derive(Module, Debug)]
 pub struct ExitHeads {
+    /// The intermediate exits' own final norms, one per block before the last (empty when shared).
     pub norms: Vec<Norm>,
+    /// The intermediate exits' own output heads `d_model → vocab`, no bias (empty when shared).
     pub heads: Vec<Linear>,
+    /// Weight of the `early_exits` loss (`model.exits.weight`).
     pub weight: f64,
     /// How the exits' losses are combined.
     #[module(skip)]

@@ -1,6 +1,8 @@
 //! The zoo: models composed from the axes of a config: the transformer language model, trained
 //! left to right (next token) or as a masked language model (bidirectional).
 
+#![warn(missing_docs)]
+
 pub mod config;
 pub mod decoder;
 pub mod encoder;

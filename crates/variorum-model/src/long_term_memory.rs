@@ -3,7 +3,7 @@
 //! contexts most like it in a large datastore.
 //!
 //! For position t with final hidden state h_t (after the last norm of a pre-LN stack) and the
-//! k retrieved next tokens v_1 … v_k, whose embeddings y_i = E[v_i] are rows of the model's
+//! k retrieved next tokens v_1 … v_k, whose embeddings y_i = E\[v_i\] are rows of the model's
 //! own token embedding:
 //!
 //! ```text
@@ -57,6 +57,7 @@ impl Default for LongTermMemoryConfig {
 pub const MAX_NEIGHBOURS: usize = 1024;
 
 impl LongTermMemoryConfig {
+    /// Checks `k` and `gate_bias`; messages name the config key.
     pub fn validate(&self) -> Result<(), ConfigError> {
         check((1..=MAX_NEIGHBOURS).contains(&self.k), || {
             format!("model.long_term_memory.k = {} must be in 1..={MAX_NEIGHBOURS}", self.k)
@@ -66,6 +67,7 @@ impl LongTermMemoryConfig {
         })
     }
 
+    /// The memory for a residual stream of width `d_model`: gate weights 0, gate bias `gate_bias`.
     pub fn init(&self, d_model: usize, device: &Device) -> LongTermMemory {
         let gate = LinearConfig::new(d_model, 1).with_initializer(Initializer::Constant { value: 0.0 }).init(device);
         let bias = Tensor::<1>::full([1], self.gate_bias, device);

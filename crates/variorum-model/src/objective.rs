@@ -15,6 +15,7 @@
 use serde::{Deserialize, Serialize};
 use variorum_core::{ConfigError, error::check};
 
+/// `model.objective`, chosen by `kind`: what the model learns to predict ([module docs](self)).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum ObjectiveConfig {
@@ -73,6 +74,7 @@ impl Default for MaskedConfig {
 }
 
 impl ObjectiveConfig {
+    /// The `kind = "…"` value.
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Causal => "causal",
@@ -86,6 +88,7 @@ impl ObjectiveConfig {
         !matches!(self, Self::Masked(_))
     }
 
+    /// Checks the rates and span length; messages name the config key (`model.objective.*`).
     pub fn validate(&self) -> Result<(), ConfigError> {
         if let Self::SpanCorruption(c) = self {
             check(c.noise_density > 0.0 && c.noise_density < 0.5, || {

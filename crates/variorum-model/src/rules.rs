@@ -8,13 +8,18 @@ use crate::exits::ExitConfig;
 
 /// What the rules read of a model config: each axis's capabilities and the model-level choices.
 pub struct Setting<'a> {
+    /// The whole model config, for the model-level choices.
     pub model: &'a ModelConfig,
+    /// What the attention kind declares.
     pub attention: Capabilities,
+    /// What the position scheme declares.
     pub position: Capabilities,
+    /// What the feed-forward kind declares.
     pub feed_forward: Capabilities,
 }
 
 impl<'a> Setting<'a> {
+    /// The setting of `model`: its config and the capabilities of its kinds.
     pub fn of(model: &'a ModelConfig) -> Self {
         Self {
             model,
@@ -48,7 +53,9 @@ impl<'a> Setting<'a> {
 
 /// One compatibility rule: `holds` must be true, else the config is refused with `why`.
 pub struct Rule {
+    /// Whether the setting satisfies the rule.
     pub holds: fn(&Setting) -> bool,
+    /// The refusal when it does not: what clashes, named by config key, and what would work.
     pub why: fn(&Setting) -> String,
 }
 

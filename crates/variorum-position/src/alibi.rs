@@ -35,12 +35,15 @@ pub fn alibi_slopes(n_heads: usize) -> Vec<f64> {
     slopes
 }
 
+/// ALiBi's bias, −m_h · |i − j| on head h's scores. No parameters.
 #[derive(Module, Debug)]
 pub struct AlibiBias {
+    /// Heads, each with its slope m_h.
     pub n_heads: usize,
 }
 
 impl AlibiBias {
+    /// The bias for `n_heads` heads, with the paper's slopes.
     pub fn new(n_heads: usize) -> Self {
         Self { n_heads }
     }

@@ -38,10 +38,12 @@ impl Default for DebertaConfig {
 }
 
 impl DebertaConfig {
+    /// Checks the settings; messages name the config key (`model.position.max_distance`).
     pub fn validate(&self) -> Result<(), ConfigError> {
         check(self.max_distance > 0, || "model.position.max_distance must be at least 1".into())
     }
 
+    /// One layer's position terms; P, W_{q,r} and W_{k,r} start normal with std 0.02.
     pub fn init(&self, d_model: usize, n_heads: usize, head_dim: usize, device: &Device) -> Disentangled {
         let init = Initializer::Normal { mean: 0.0, std: 0.02 };
         let proj = || {
@@ -57,6 +59,7 @@ impl DebertaConfig {
     }
 }
 
+/// DeBERTa's content→position and position→content terms of one attention layer.
 #[derive(Module, Debug)]
 pub struct Disentangled {
     /// P, `[2k, d_model]`.
@@ -65,7 +68,9 @@ pub struct Disentangled {
     pub position_query: Linear,
     /// W_{k,r}
     pub position_key: Linear,
+    /// k: offsets are clipped to [−k, k).
     pub max_distance: usize,
+    /// Query heads h.
     pub n_heads: usize,
 }
 

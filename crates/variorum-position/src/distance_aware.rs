@@ -21,6 +21,7 @@ use crate::kind::{HeadShape, PositionKind, RelativeScheme, TermsFor};
 use crate::layout::entry_values;
 use variorum_kernels::block_sparse::{DistanceTerms, ScoreActivation};
 
+/// DA-Transformer's per-head re-weighting of the rectified scores by distance.
 #[derive(Module, Debug)]
 pub struct DistanceAware {
     /// α, `[n_heads]`.
@@ -30,6 +31,7 @@ pub struct DistanceAware {
 }
 
 impl DistanceAware {
+    /// `n_heads` heads, α_h spread evenly over [−1, 1] (near-range heads first), β_h = 0.
     pub fn new(n_heads: usize, device: &Device) -> Self {
         let alpha: Vec<f32> = (0..n_heads)
             .map(|h| if n_heads == 1 { -1.0 } else { -1.0 + 2.0 * h as f32 / (n_heads - 1) as f32 })

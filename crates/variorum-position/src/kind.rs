@@ -14,8 +14,11 @@ use variorum_kernels::block_sparse::DistanceTerms;
 /// The head geometry a relative scheme is built for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeadShape {
+    /// Width of the residual stream.
     pub d_model: usize,
+    /// Query heads.
     pub n_heads: usize,
+    /// d_h, the size of each head.
     pub head_dim: usize,
 }
 
@@ -89,8 +92,11 @@ pub trait PositionKind:
 /// The head counts and size of a fused QKV projection ([`RelativeScheme::rotate_packed`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PackedHeads {
+    /// h, the query heads.
     pub n_heads: usize,
+    /// h_kv, the key and value heads.
     pub n_kv_heads: usize,
+    /// d_h, the size of each head.
     pub head_dim: usize,
 }
 
@@ -223,10 +229,15 @@ impl<T: DistanceBias> RelativeScheme for T {
 /// the score scale.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TermsFor {
+    /// Query heads.
     pub n_heads: usize,
+    /// Keys; the queries are the last of their positions.
     pub len_k: usize,
+    /// The largest distance of a scored pair, either way (`len_k − 1` for every key).
     pub reach: usize,
+    /// No query sees a key after its own position.
     pub causal: bool,
+    /// The score scale.
     pub scale: f64,
 }
 

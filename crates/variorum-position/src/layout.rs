@@ -9,11 +9,16 @@
 
 use burn::prelude::*;
 
+/// Where a block of scores `[len_q, len_k]` sits: its rows' and columns' absolute positions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ScoreLayout {
+    /// Absolute position of the first query row.
     pub q_start: usize,
+    /// Absolute position of the first key column.
     pub k_start: usize,
+    /// Query rows.
     pub len_q: usize,
+    /// Key columns.
     pub len_k: usize,
     /// The scores belong to causal attention (T5 then uses its one-sided buckets).
     pub causal: bool,
@@ -23,6 +28,7 @@ pub struct ScoreLayout {
 }
 
 impl ScoreLayout {
+    /// A block of consecutive positions (stride 1).
     pub fn new(q_start: usize, k_start: usize, len_q: usize, len_k: usize, causal: bool) -> Self {
         Self { q_start, k_start, len_q, len_k, causal, stride: 1 }
     }
@@ -72,6 +78,7 @@ impl ScoreLayout {
 /// `groups` = 1 (every head alike) or one per head.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Distances {
+    /// `[groups, n, len_q, len_k]`.
     pub dims: [usize; 4],
     /// Row-major `query position − key position`.
     pub values: Vec<i64>,

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use variorum_core::Capabilities;
 use variorum_core::{ConfigError, error::check};
 
+/// `model.position` with `kind = "learned"`.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LearnedPositionConfig {
@@ -25,6 +26,7 @@ pub struct LearnedPositionConfig {
 }
 
 impl LearnedPositionConfig {
+    /// Checks the table covers the context `model.seq_len`; messages name the config key.
     pub fn validate(&self, context: usize) -> Result<(), ConfigError> {
         if let Some(m) = self.max_len {
             check(m >= context, || {
@@ -36,12 +38,14 @@ impl LearnedPositionConfig {
         Ok(())
     }
 
+    /// One table, `max_len` (or `context`) rows starting normal with std 0.02.
     pub fn init(&self, d_model: usize, context: usize, device: &Device) -> LearnedPosition {
         let max_len = self.max_len.unwrap_or(context);
         LearnedPosition { table: Initializer::Normal { mean: 0.0, std: 0.02 }.init([max_len, d_model], device) }
     }
 }
 
+/// A learned vector per absolute position, added to the residual stream.
 #[derive(Module, Debug)]
 pub struct LearnedPosition {
     /// `[max_len, d_model]`
@@ -49,6 +53,7 @@ pub struct LearnedPosition {
 }
 
 impl LearnedPosition {
+    /// Rows of the table: the longest sequence it encodes.
     pub fn max_len(&self) -> usize {
         self.table.val().dims()[0]
     }

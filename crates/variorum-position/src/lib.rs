@@ -6,6 +6,8 @@
 //! and receive the absolute positions of the attention contract through a [`ScoreLayout`] —
 //! [`RelativePosition`]. One file per scheme, its defining equation in the doc comment.
 
+#![warn(missing_docs)]
+
 pub mod alibi;
 pub mod deberta;
 pub mod distance_aware;

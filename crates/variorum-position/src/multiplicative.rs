@@ -33,6 +33,7 @@ impl Default for MultiplicativeConfig {
 }
 
 impl MultiplicativeConfig {
+    /// Checks the settings; messages name the config key (`model.position.max_distance`).
     pub fn validate(&self) -> Result<(), ConfigError> {
         check(self.max_distance > 0, || "model.position.max_distance must be at least 1".into())?;
         // one scalar per distance: a bound keeps `max_distance + 1` from overflowing
@@ -41,6 +42,7 @@ impl MultiplicativeConfig {
         })
     }
 
+    /// One layer's scalars, all starting at 1.
     pub fn init(&self, device: &Device) -> MultiplicativePosition {
         MultiplicativePosition {
             // lazy, like the other parameters: nothing is allocated before weights are loaded
@@ -50,10 +52,12 @@ impl MultiplicativeConfig {
     }
 }
 
+/// A learned scalar per offset |i − j|, multiplying one layer's content scores.
 #[derive(Module, Debug)]
 pub struct MultiplicativePosition {
     /// π, `[max_distance + 1]`.
     pub scale: Param<Tensor<1>>,
+    /// Largest offset with its own scalar; further ones share the last.
     pub max_distance: usize,
 }
 

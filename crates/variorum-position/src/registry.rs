@@ -1,7 +1,7 @@
 //! Every position scheme, registered once. One line names a scheme (its `kind = "…"` value),
 //! the config variant and type ([`PositionKind`]), and the module it builds inside attention
 //! (`relative Variant(Module)`, a [`RelativeScheme`]) or on the residual stream
-//! (`absolute Variant(Module)`, an [`AbsoluteSignal`]). [`position_kinds!`] writes from the list
+//! (`absolute Variant(Module)`, an [`AbsoluteSignal`]). `position_kinds!` writes from the list
 //! the config enum [`PositionConfig`], the module enums [`RelativePosition`] and
 //! [`AbsolutePosition`], and their dispatch. Adding a scheme is its file plus one line here.
 
@@ -28,13 +28,19 @@ macro_rules! position_kinds {
         /// One layer's relative position scheme.
         #[derive(Module, Debug)]
         pub enum RelativePosition {
-            $( $( $rv($rm), )? )+
+            $( $(
+                #[doc = concat!("`", $kind, "`: the scheme's part inside one attention layer.")]
+                $rv($rm),
+            )? )+
         }
 
         /// An initialised absolute scheme (added before the first block, or before one block).
         #[derive(Module, Debug)]
         pub enum AbsolutePosition {
-            $( $( $av($am), )? )+
+            $( $(
+                #[doc = concat!("`", $kind, "`: the scheme's signal on the residual stream.")]
+                $av($am),
+            )? )+
         }
 
         $( $( impl From<$rm> for RelativePosition {
@@ -56,6 +62,7 @@ macro_rules! position_kinds {
         } )+
 
         impl PositionConfig {
+            /// The name in a config (the `kind` key).
             pub fn kind(&self) -> &'static str {
                 match self { $( Self::$variant(_) => $kind, )+ }
             }

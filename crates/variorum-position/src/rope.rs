@@ -54,6 +54,7 @@ impl Default for RotaryConfig {
 }
 
 impl RotaryConfig {
+    /// Checks the settings against the head size; messages name the config key.
     pub fn validate(&self, head_dim: usize) -> Result<(), ConfigError> {
         check(self.base > 1.0, || format!("model.position.base = {} must be > 1 (10000 is the paper's)", self.base))?;
         let r = self.rotary_dim.unwrap_or(head_dim);
@@ -64,6 +65,7 @@ impl RotaryConfig {
         })
     }
 
+    /// The rotation for heads of `head_dim`. No parameters.
     pub fn init(&self, head_dim: usize) -> RotaryEmbedding {
         RotaryEmbedding {
             base: self.base,
@@ -73,10 +75,14 @@ impl RotaryConfig {
     }
 }
 
+/// RoPE's rotation of the query and key heads by their positions.
 #[derive(Module, Debug)]
 pub struct RotaryEmbedding {
+    /// Base of the wavelengths: θ_k = base^(−2k/d_rot).
     pub base: f64,
+    /// d_rot, the rotated dimensions per head (even); the rest pass through.
     pub rotary_dim: usize,
+    /// (x_{2k}, x_{2k+1}) pairs rather than (x_k, x_{k + d_rot/2}).
     pub interleaved: bool,
 }
 

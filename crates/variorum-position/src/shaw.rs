@@ -38,10 +38,12 @@ impl Default for ShawConfig {
 }
 
 impl ShawConfig {
+    /// Checks the settings; messages name the config key (`model.position.max_distance`).
     pub fn validate(&self) -> Result<(), ConfigError> {
         check(self.max_distance > 0, || "model.position.max_distance must be at least 1 (the paper uses 16)".into())
     }
 
+    /// One layer's vectors, normal with std 0.02.
     pub fn init(&self, head_dim: usize, device: &Device) -> ShawRelative {
         let rows = 2 * self.max_distance + 1;
         let init = Initializer::Normal { mean: 0.0, std: 0.02 };
@@ -53,12 +55,14 @@ impl ShawConfig {
     }
 }
 
+/// Shaw et al.'s relative key (and value) vectors of one layer, shared by its heads.
 #[derive(Module, Debug)]
 pub struct ShawRelative {
     /// a^K, `[2k + 1, head_dim]`, row `k + (j − i)`.
     pub keys: Param<Tensor<2>>,
     /// a^V, `[2k + 1, head_dim]`.
     pub values: Option<Param<Tensor<2>>>,
+    /// k: offsets are clipped to ±k.
     pub max_distance: usize,
 }
 

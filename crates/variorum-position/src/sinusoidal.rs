@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use variorum_core::Capabilities;
 use variorum_core::{ConfigError, error::check};
 
+/// `model.position` with `kind = "sinusoidal"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SinusoidalPositionConfig {
@@ -31,6 +32,7 @@ impl Default for SinusoidalPositionConfig {
 }
 
 impl SinusoidalPositionConfig {
+    /// Checks the settings against `d_model` (even); messages name the config key.
     pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         check(d_model % 2 == 0, || {
             format!("model.position.kind = \"sinusoidal\" needs an even model.d_model, got {d_model}")
@@ -38,6 +40,7 @@ impl SinusoidalPositionConfig {
         check(self.base > 1.0, || format!("model.position.base = {} must be > 1 (10000 is the paper's)", self.base))
     }
 
+    /// The encoding for `d_model` dimensions, frequencies ω_k = base^(−2k/d).
     pub fn init(&self, d_model: usize, device: &Device) -> SinusoidalPosition {
         let half = d_model / 2;
         let freqs: Vec<f32> = (0..half).map(|k| self.base.powf(-(2.0 * k as f64) / d_model as f64) as f32).collect();
@@ -47,6 +50,7 @@ impl SinusoidalPositionConfig {
     }
 }
 
+/// The sinusoidal encoding, added to the embeddings.
 #[derive(Module, Debug)]
 pub struct SinusoidalPosition {
     /// ω_k, `[d_model / 2]`; trainable only when configured so.
@@ -54,6 +58,7 @@ pub struct SinusoidalPosition {
 }
 
 impl SinusoidalPosition {
+    /// PE for positions `start..start + len`, `[len, d_model]`: sin at 2k, cos at 2k + 1.
     pub fn encode(&self, start: usize, len: usize, device: &Device) -> Tensor<2> {
         let freqs = self.frequencies.val();
         let [half] = freqs.dims();

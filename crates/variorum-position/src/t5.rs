@@ -40,6 +40,7 @@ impl Default for T5BiasConfig {
 }
 
 impl T5BiasConfig {
+    /// Checks the settings; messages name the config key (`model.position.*`).
     pub fn validate(&self) -> Result<(), ConfigError> {
         check(self.num_buckets >= 4, || {
             format!("model.position.num_buckets = {} must be at least 4 (32 is T5's)", self.num_buckets)
@@ -53,6 +54,7 @@ impl T5BiasConfig {
         })
     }
 
+    /// One layer's table for `n_heads` heads, normal with std 0.02.
     pub fn init(&self, n_heads: usize, device: &Device) -> T5Bias {
         T5Bias {
             table: Initializer::Normal { mean: 0.0, std: 0.02 }.init([n_heads, self.num_buckets], device),
@@ -86,11 +88,14 @@ pub fn t5_bucket(relative_position: i64, bidirectional: bool, num_buckets: usize
     (ret + large.min(buckets - 1)) as usize
 }
 
+/// T5's bias of one layer: a learned scalar per head and distance bucket.
 #[derive(Module, Debug)]
 pub struct T5Bias {
     /// `[n_heads, num_buckets]`
     pub table: Param<Tensor<2>>,
+    /// Buckets per head (the two signs share them when bidirectional).
     pub num_buckets: usize,
+    /// Distance at which the log-spaced buckets end.
     pub max_distance: usize,
 }
 

@@ -14,15 +14,19 @@ use variorum_core::{Capabilities, ConfigError};
 use crate::AbsolutePosition;
 use crate::kind::{AbsoluteSignal, HeadShape, PositionKind};
 
+/// The position ⊕ step signal of one recurrence step. No parameters.
 #[derive(Module, Debug)]
 pub struct TimestepEncoding {
     /// The recurrence step t (1-based).
     pub step: usize,
+    /// Base of the wavelengths (10000).
     pub base: f64,
+    /// Width of the signal (even).
     pub d_model: usize,
 }
 
 impl TimestepEncoding {
+    /// The signal of step `step` (1-based), `d_model` wide, base 10000.
     pub fn new(step: usize, d_model: usize) -> Self {
         Self { step, base: 10_000.0, d_model }
     }

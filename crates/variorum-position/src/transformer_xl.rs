@@ -45,6 +45,7 @@ impl Default for XlRelativeConfig {
 }
 
 impl XlRelativeConfig {
+    /// Checks the settings against `d_model` (even); messages name the config key.
     pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         check(d_model % 2 == 0, || {
             format!("model.position.kind = \"transformer-xl\" needs an even model.d_model, got {d_model}")
@@ -52,6 +53,7 @@ impl XlRelativeConfig {
         check(self.base > 1.0, || format!("model.position.base = {} must be > 1", self.base))
     }
 
+    /// One layer's W_R, u and v, normal with std 0.02.
     pub fn init(&self, d_model: usize, n_heads: usize, head_dim: usize, device: &Device) -> XlRelative {
         let init = Initializer::Normal { mean: 0.0, std: 0.02 };
         XlRelative {
@@ -67,6 +69,7 @@ impl XlRelativeConfig {
     }
 }
 
+/// Transformer-XL's position terms of one attention layer.
 #[derive(Module, Debug)]
 pub struct XlRelative {
     /// W_R: sinusoids of distances → per-head keys.
@@ -75,7 +78,9 @@ pub struct XlRelative {
     pub u: Param<Tensor<2>>,
     /// Position bias v, `[n_heads, head_dim]`.
     pub v: Param<Tensor<2>>,
+    /// Base of the sinusoid wavelengths.
     pub base: f64,
+    /// Width of the sinusoids r (even).
     pub d_model: usize,
 }
 

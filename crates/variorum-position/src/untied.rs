@@ -7,7 +7,7 @@
 //! sequence of a batch (computed once per forward). Nothing is added to the input.
 //!
 //! Choices: each layer has its own table (the paper shares one across layers and projects it per
-//! layer); TUPE's optional relative bias and its [CLS] untying are left out (the latter has no
+//! layer); TUPE's optional relative bias and its \[CLS\] untying are left out (the latter has no
 //! meaning in a decoder LM). The table bounds the positions: a longer sequence is refused by the
 //! model with a clear error, as for `learned`.
 
@@ -31,6 +31,7 @@ pub struct UntiedConfig {
 }
 
 impl UntiedConfig {
+    /// Checks the table covers the context `model.seq_len`; messages name the config key.
     pub fn validate(&self, context: usize) -> Result<(), ConfigError> {
         if let Some(m) = self.max_len {
             check(m >= context, || {
@@ -42,6 +43,7 @@ impl UntiedConfig {
         Ok(())
     }
 
+    /// One layer's table (`max_len` or `context` rows) and projections, normal with std 0.02.
     pub fn init(&self, d_model: usize, n_heads: usize, head_dim: usize, context: usize, device: &Device) -> Untied {
         let init = Initializer::Normal { mean: 0.0, std: 0.02 };
         Untied {
@@ -55,16 +57,19 @@ impl UntiedConfig {
     }
 }
 
+/// TUPE's position–position term of one attention layer.
 #[derive(Module, Debug)]
 pub struct Untied {
     /// p, `[max_len, d_model]`.
     pub table: Param<Tensor<2>>,
     /// [U^Q | U^K] fused.
     pub position_qk: Linear,
+    /// Query heads h.
     pub n_heads: usize,
 }
 
 impl Untied {
+    /// Rows of the table: the longest sequence it encodes.
     pub fn max_len(&self) -> usize {
         self.table.dims()[0]
     }

@@ -32,9 +32,13 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Result, RetrievalError};
 use crate::search::{self, HnswParams, Neighbour, SearchMode};
 
+/// The datastore's description, [`Meta`] as JSON.
 pub const META_FILE: &str = "datastore.json";
+/// The keys: `entries × dim` f32, entry `i`'s in row `i`.
 pub const KEYS_FILE: &str = "keys.f32";
+/// The values: `entries` u32, the token that followed each entry's context.
 pub const VALUES_FILE: &str = "values.u32";
+/// The complete HNSW index over the keys, in usearch's format.
 pub const INDEX_FILE: &str = "index.usearch";
 const PARTIAL_INDEX_FILE: &str = "index.usearch.partial";
 const FORMAT: &str = "variorum-datastore";
@@ -65,6 +69,7 @@ pub struct Origin {
     pub vocab_size: u32,
     /// Windows of `window` tokens every `stride` tokens computed the keys.
     pub window: usize,
+    /// Tokens between window starts.
     pub stride: usize,
 }
 
@@ -103,6 +108,7 @@ pub struct IndexMeta {
     pub kind: String,
     /// The library and version that wrote `index.usearch`.
     pub library: String,
+    /// The index's build settings (written flat, beside the other fields).
     #[serde(flatten)]
     pub params: HnswParams,
     /// Entries in the index so far (all of them once the datastore is complete).
@@ -114,6 +120,7 @@ pub struct IndexMeta {
 pub struct Meta {
     /// `variorum-datastore`.
     pub format: String,
+    /// Version of the format; a reader refuses any other.
     pub version: u32,
     /// Values per key.
     pub dim: usize,
@@ -123,7 +130,9 @@ pub struct Meta {
     pub planned: u64,
     /// Keys written and the index built.
     pub complete: bool,
+    /// What the datastore was built from.
     pub origin: Origin,
+    /// The index's settings and progress.
     pub index: IndexMeta,
 }
 
@@ -281,6 +290,7 @@ impl DatastoreWriter {
         Ok(Self { dir: dir.to_path_buf(), meta, keys, values, checkpoint_every: Duration::from_secs(300) })
     }
 
+    /// The description, as committed so far.
     pub fn meta(&self) -> &Meta {
         &self.meta
     }
@@ -411,7 +421,9 @@ fn path_str(p: &Path) -> Result<String> {
 
 /// A complete datastore, memory-mapped for searching.
 pub struct Datastore {
+    /// The directory it was opened from.
     pub dir: PathBuf,
+    /// Its description (`datastore.json`).
     pub meta: Meta,
     keys: Mmap,
     values: Mmap,
@@ -514,14 +526,17 @@ impl Datastore {
         Ok(Self { dir: dir.to_path_buf(), meta, keys, values, index, search_lock: Default::default() })
     }
 
+    /// Entries in the datastore.
     pub fn len(&self) -> usize {
         self.meta.entries as usize
     }
 
+    /// Whether it holds no entry.
     pub fn is_empty(&self) -> bool {
         self.meta.entries == 0
     }
 
+    /// Key width: f32 values per key.
     pub fn dim(&self) -> usize {
         self.meta.dim
     }

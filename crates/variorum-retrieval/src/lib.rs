@@ -8,7 +8,10 @@
 //! - [`neighbours`]: neighbour tables, a text's retrieved next tokens searched once and kept on
 //!   disk, which SPALM (Yogatama et al. 2021) reads while it trains.
 
+#![warn(missing_docs)]
+
 pub mod datastore;
+/// The crate's error type, [`RetrievalError`], and its [`Result`](error::Result).
 pub mod error;
 pub mod knn;
 pub mod neighbours;

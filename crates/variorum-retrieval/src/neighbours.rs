@@ -25,7 +25,9 @@ use serde::{Deserialize, Serialize};
 use crate::datastore::{check_format, short, write_json};
 use crate::error::{Result, RetrievalError};
 
+/// The table's description, [`TableMeta`] as JSON.
 pub const TABLE_META: &str = "neighbours.json";
+/// The rows: `positions × k` u32, nearest first, [`NONE`] where fewer were found.
 pub const TABLE_FILE: &str = "neighbours.u32";
 /// A slot with no neighbour.
 pub const NONE: u32 = u32::MAX;
@@ -62,10 +64,13 @@ pub struct TableOrigin {
 pub struct TableMeta {
     /// `variorum-neighbours`.
     pub format: String,
+    /// Version of the format; a reader refuses any other.
     pub version: u32,
+    /// What was searched.
     pub origin: TableOrigin,
     /// Rows written to `neighbours.u32` (synced).
     pub done: u64,
+    /// Every position has its row.
     pub complete: bool,
 }
 
@@ -156,6 +161,7 @@ impl TableWriter {
         Ok(Self { dir: dir.to_path_buf(), meta, file })
     }
 
+    /// The description, as committed so far.
     pub fn meta(&self) -> &TableMeta {
         &self.meta
     }
@@ -183,7 +189,9 @@ impl TableWriter {
 
 /// A complete neighbour table, memory-mapped.
 pub struct NeighbourTable {
+    /// The directory it was opened from.
     pub dir: PathBuf,
+    /// Its description (`neighbours.json`).
     pub meta: TableMeta,
     rows: Mmap,
 }

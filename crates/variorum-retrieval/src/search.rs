@@ -10,7 +10,9 @@ use rayon::prelude::*;
 /// One retrieved entry: its id (its row in the datastore) and squared L2 distance to the query.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Neighbour {
+    /// The entry's id: its row in the datastore.
     pub id: u64,
+    /// Squared L2 distance to the query.
     pub distance: f32,
 }
 
@@ -21,7 +23,10 @@ pub enum SearchMode {
     Exact,
     /// The HNSW index, exploring `ef` candidates per query (usearch's `expansion_search`; at
     /// least `k` are explored).
-    Approximate { ef: usize },
+    Approximate {
+        /// Candidates explored per query.
+        ef: usize,
+    },
 }
 
 /// Squared Euclidean distance.

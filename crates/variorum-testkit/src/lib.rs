@@ -4,6 +4,8 @@
 //! kind…). Not part of the library: `variorum_model::zoo::variants` is what every kind declares,
 //! this crate adds the combinations for the workspace's own tests.
 
+#![warn(missing_docs)]
+
 use variorum_attention::{AdaptiveSpanConfig, AttentionConfig, SlidingWindowConfig, StridedConfig};
 use variorum_block::{
     BlockConfig, DepthConfig, FeedForwardConfig, FeedForwardKind, GtrxlConfig, MemoryConfig, PostLnConfig,

@@ -9,9 +9,13 @@ use variorum_kernels::adamw::{AdamWStep, step};
 /// AdamW with decoupled weight decay (no AMSGrad, no cautious decay: the trainer never asks).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FusedAdamW {
+    /// β₁, the decay of the first moment (`train.beta1`).
     pub beta_1: f32,
+    /// β₂, the decay of the second moment (`train.beta2`).
     pub beta_2: f32,
+    /// ε, added to the second moment's root in the denominator (`train.eps`).
     pub epsilon: f32,
+    /// Decoupled weight decay λ: each step scales a parameter by `1 − lr · λ`.
     pub weight_decay: f32,
 }
 

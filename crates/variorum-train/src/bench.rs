@@ -13,12 +13,16 @@ use crate::config::ExperimentConfig;
 use crate::step::{optimizer, train_step};
 use crate::trainer::median;
 
+/// What [`bench()`] measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchReport {
+    /// Parameters of the model.
     pub params: usize,
+    /// Training tokens per optimizer step: `batch_size × seq_len × grad_accum`.
     pub tokens_per_step: usize,
     /// Training tokens per second of each run.
     pub runs: Vec<f64>,
+    /// The median of `runs`.
     pub median_tokens_per_sec: f64,
     /// Training FLOP/s at the median (3 × forward FLOPs per token).
     pub median_gflops: f64,

@@ -19,6 +19,7 @@ pub struct TrainState {
     pub step: u64,
     /// Sum and count of the training losses since the last metrics row.
     pub loss_sum: f64,
+    /// Steps whose losses `loss_sum` holds.
     pub loss_count: u64,
     /// Last validation loss, if any.
     pub val_loss: Option<f64>,
@@ -49,6 +50,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// The directory of `run`'s checkpoints, `run/checkpoints`.
 pub fn checkpoints_dir(run: &Path) -> PathBuf {
     run.join("checkpoints")
 }

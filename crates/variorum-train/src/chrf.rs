@@ -22,9 +22,14 @@ use std::collections::HashMap;
 /// order, whitespace removed).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Chrf {
+    /// The largest character n-gram order. Default 6.
     pub char_order: usize,
+    /// β: recall counts β times as much as precision. Default 2.
     pub beta: f64,
+    /// Average every order's F-score, 1e-16 for an empty precision or recall (chrF++.py, NLTK,
+    /// Moses), instead of the effective order. Default false.
     pub eps_smoothing: bool,
+    /// Keep whitespace in the n-grams. Default false: removed, as sacreBLEU does.
     pub keep_whitespace: bool,
 }
 

@@ -39,7 +39,9 @@ pub struct CollaborateReport {
     pub source: PathBuf,
     /// The run directory written.
     pub out: PathBuf,
+    /// Heads per layer.
     pub n_heads: usize,
+    /// Width of each head's queries and keys.
     pub head_dim: usize,
     /// D̃, the width of the shared query/key projections.
     pub shared_dim: usize,
@@ -50,9 +52,11 @@ pub struct CollaborateReport {
     pub layer_errors: Vec<f64>,
     /// Parameters of the attention layers (all blocks), before and after.
     pub attention_params_before: usize,
+    /// Parameters of the attention layers after.
     pub attention_params_after: usize,
     /// Parameters of the whole model, before and after.
     pub model_params_before: usize,
+    /// Parameters of the whole model after.
     pub model_params_after: usize,
     /// Settings of the run that the collaborative form does not carry (said, not refused).
     pub notes: Vec<String>,

@@ -15,12 +15,17 @@ use variorum_core::{ConfigError, error::check};
 use variorum_data::DataConfig;
 use variorum_model::{ModelConfig, ObjectiveConfig};
 
+/// An experiment file: the model, its data and its training, checked together by
+/// [`ExperimentConfig::validate`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ExperimentConfig {
+    /// `[model]`: what is trained.
     #[serde(default)]
     pub model: ModelConfig,
+    /// `[data]`: the corpus, its tokenizer and split. Required.
     pub data: DataConfig,
+    /// `[train]`: the optimizer, schedule, batching, evaluation and checkpoints.
     #[serde(default)]
     pub train: TrainConfig,
 }
@@ -69,6 +74,7 @@ pub struct TrainConfig {
     pub min_lr: f64,
     /// Linear warmup from 0 to `lr`. Default 100.
     pub warmup_steps: u64,
+    /// Schedule after the warmup: `cosine` (default), `linear` or `constant`.
     pub decay: Decay,
     /// AdamW decoupled weight decay, applied to matrices and embeddings only (not to biases,
     /// norms or position frequencies). Default 0.1.
@@ -94,6 +100,7 @@ pub struct TrainConfig {
     pub log_interval: u64,
     /// Seeds initialisation, batches and dropout. Default 1337.
     pub seed: u64,
+    /// How batches are drawn: `random` (default), `ordered` or `documents`.
     pub batching: Batching,
     /// Length of the sample generated at the end. Default 500.
     pub sample_tokens: usize,
@@ -133,6 +140,7 @@ impl Default for TrainConfig {
 }
 
 impl TrainConfig {
+    /// Checks every setting's range; messages name the key (`train.*`) and what works.
     pub fn validate(&self) -> Result<(), ConfigError> {
         check(self.steps > 0, || "train.steps must be at least 1".into())?;
         check(self.batch_size > 0, || "train.batch_size must be at least 1".into())?;
@@ -252,6 +260,8 @@ impl ExperimentConfig {
         }
     }
 
+    /// Checks each section and the combinations across them (a memory needs ordered batches, an
+    /// encoder–decoder paired or corrupted examples, …); messages name the keys.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.model.validate()?;
         check(self.model.memory.is_none() || self.train.batching == Batching::Ordered, || {

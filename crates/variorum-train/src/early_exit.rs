@@ -32,16 +32,22 @@ use variorum_model::{DecoderLm, DecoderState, PredictorKind};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Confidence {
+    /// p₍₁₎ − p₍₂₎: the gap between the exit's two most likely tokens.
     SoftmaxResponse,
+    /// (1 + cos(hⁿ, hⁿ⁻¹)) / 2: how little the block changed the state.
     Saturation,
+    /// CALM's learned exit classifier (`model.exits.classifier`).
     Classifier,
+    /// The Depth-Adaptive Transformer's exit predictor (`model.exits.predictor`).
     Predictor,
 }
 
 impl Confidence {
+    /// Every measure.
     pub const ALL: [Confidence; 4] =
         [Confidence::SoftmaxResponse, Confidence::Saturation, Confidence::Classifier, Confidence::Predictor];
 
+    /// Its kebab-case name (`"softmax-response"`, …), as serde writes it and reports print it.
     pub fn name(self) -> &'static str {
         match self {
             Self::SoftmaxResponse => "softmax-response",
@@ -55,6 +61,7 @@ impl Confidence {
 /// When to exit.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ExitPolicy {
+    /// The measure compared with the threshold.
     pub confidence: Confidence,
     /// Exit when the confidence reaches this; 1 or more never exits.
     pub threshold: f64,
@@ -190,6 +197,7 @@ pub fn generate(
 pub struct TokenExit {
     /// −log p(next token)
     pub loss: f64,
+    /// Blocks it ran through: where it exited, or N when it did not.
     pub blocks: usize,
     /// The predicted top token.
     pub top: usize,
@@ -215,7 +223,9 @@ pub fn decode(model: &DecoderLm, ids: &[u32], policy: ExitPolicy, device: &Devic
 /// One threshold's decoding.
 #[derive(Debug, Clone)]
 pub struct SweepPoint {
+    /// The threshold decoded with.
     pub threshold: f64,
+    /// Every predicted token's exit, in text order.
     pub tokens: Vec<TokenExit>,
 }
 

@@ -73,7 +73,9 @@ pub fn masked_batches(cfg: &ModelConfig, batches: Vec<TokenBatch>, seed: u64) ->
 /// window, with less context).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Window {
+    /// Index in the text of the window's first input token.
     pub start: usize,
+    /// Offset in the window of the first prediction counted.
     pub from: usize,
 }
 
@@ -207,7 +209,7 @@ pub fn stream_loss(
     seg_len: usize,
     streams: usize,
     carry_memory: bool,
-    retrieved: Option<&crate::spalm::Retrieved>,
+    retrieved: Option<&crate::retrieval::spalm::Retrieved>,
     device: &Device,
     progress: Option<&ProgressBar>,
 ) -> (f64, usize) {

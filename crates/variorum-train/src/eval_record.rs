@@ -17,6 +17,7 @@ pub const EVAL_FILE: &str = "eval.json";
 pub struct EvalRow {
     /// What was read: "the validation split" or a file's path.
     pub data: String,
+    /// Window length: the tokens of context a window reads.
     pub seq_len: usize,
     /// Tokens between window starts (`seq_len` for disjoint windows); absent for readings without
     /// windows (memory models read as streams).

@@ -20,10 +20,13 @@ pub struct FreezeConfig {
 }
 
 impl FreezeConfig {
+    /// Whether nothing is frozen.
     pub fn is_empty(&self) -> bool {
         !self.embeddings && self.first_blocks == 0 && !self.all_but_head
     }
 
+    /// Checks the settings against a model of `n_layers` blocks, with tied embeddings when `tied`;
+    /// messages name the key (`train.freeze.*`).
     pub fn validate(&self, n_layers: usize, tied: bool) -> Result<(), ConfigError> {
         check(self.first_blocks <= n_layers, || {
             format!("train.freeze.first_blocks = {} exceeds model.n_layers = {n_layers}", self.first_blocks)

@@ -5,11 +5,12 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use variorum_model::{DecoderLm, DecoderState, Rows};
 
-use crate::knn_lm::Retriever;
+use crate::retrieval::knn_lm::Retriever;
 
 /// Sampling settings.
 #[derive(Debug, Clone)]
 pub struct SampleConfig {
+    /// The most tokens generated.
     pub max_new_tokens: usize,
     /// 0 = greedy.
     pub temperature: f64,
@@ -19,6 +20,7 @@ pub struct SampleConfig {
     pub top_p: f64,
     /// Recompute the whole window for every token instead of using the KV cache (for comparison).
     pub no_cache: bool,
+    /// Seeds the draws of sampling.
     pub seed: u64,
     /// The example tag to generate under (`data.tags`: e.g. the play), for a model conditioned
     /// on one; `None` = untagged (tag 0).
@@ -58,11 +60,11 @@ pub fn generate(
 /// What generation retrieves, when anything.
 #[derive(Clone, Copy, Default)]
 pub struct Retrieval<'a> {
-    /// A kNN-LM datastore: each token is drawn from its mixture with the LM ([`crate::knn_lm`]).
+    /// A kNN-LM datastore: each token is drawn from its mixture with the LM ([`crate::retrieval::knn_lm`]).
     pub knn: Option<&'a Retriever<'a>>,
     /// A long-term memory's neighbours (SPALM): every position fed reads its own, searched as
-    /// the text grows ([`crate::spalm::OnlineNeighbours`]).
-    pub neighbours: Option<&'a crate::spalm::OnlineNeighbours>,
+    /// the text grows ([`crate::retrieval::spalm::OnlineNeighbours`]).
+    pub neighbours: Option<&'a crate::retrieval::spalm::OnlineNeighbours>,
 }
 
 /// [`generate`] with `retrieval`; fails only when a datastore's index does.

@@ -1,5 +1,9 @@
 //! Training, evaluation and sampling for variorum models: the experiment config, the training loop
-//! with atomic checkpoints and exact resume, metrics, the loss plot, and the benchmark.
+//! with atomic checkpoints and exact resume, metrics, evaluation, generation and the benchmarks.
+//! Two groups read a run without training it: [`pictures`] (the HTML report, charts, heatmaps,
+//! patterns) and [`retrieval`] (kNN-LM and SPALM over a trained run).
+
+#![warn(missing_docs)]
 
 pub mod adamw;
 pub mod allocator;
@@ -15,20 +19,16 @@ pub mod eval;
 pub mod eval_record;
 pub mod freeze;
 pub mod generate;
-pub mod heatmap;
-pub mod knn_lm;
 pub mod listing;
 pub mod lock;
 pub mod metrics;
-pub mod pattern;
-pub mod plot;
+pub mod pictures;
 pub mod progress;
-pub mod report;
+pub mod retrieval;
 pub mod run;
 pub mod schedule;
 pub mod seq2seq;
 pub mod snapshot;
-pub mod spalm;
 pub mod step;
 pub mod threads;
 pub mod trainer;

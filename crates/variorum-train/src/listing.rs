@@ -31,14 +31,19 @@ pub enum Status {
 /// One row of the table.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunRow {
+    /// The run directory.
     pub dir: PathBuf,
     /// `attention kind / position kind`, `d_model × n_layers`.
     pub model: String,
+    /// The step of the last metrics row.
     pub steps_done: u64,
+    /// Steps the run trains for (`train.steps`; 0 when its config does not parse).
     pub steps: u64,
+    /// The lowest finite validation loss logged, nats per token.
     pub best_val_loss: Option<f64>,
     /// The last logged training throughput.
     pub tokens_per_sec: Option<f64>,
+    /// Where the run stands.
     pub status: Status,
 }
 

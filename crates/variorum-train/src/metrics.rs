@@ -11,16 +11,25 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
+/// The first line of `metrics.csv`: its columns.
 pub const HEADER: &str = "step,train_loss,val_loss,lr,grad_norm,tokens_per_sec,elapsed_sec,aux";
 
+/// One line of `metrics.csv`: one logging interval. An empty field reads as `None`.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Row {
+    /// Optimizer steps done at the end of the interval.
     pub step: u64,
+    /// Mean training loss over the interval, nats per token.
     pub train_loss: Option<f64>,
+    /// Validation loss, on evaluation rows only.
     pub val_loss: Option<f64>,
+    /// Learning rate of the interval's last step.
     pub lr: f64,
+    /// Global gradient norm of the interval's last step, before clipping.
     pub grad_norm: Option<f64>,
+    /// Training tokens per second over the interval (evaluation excluded).
     pub tokens_per_sec: Option<f64>,
+    /// Training time so far, seconds (evaluation and checkpointing excluded).
     pub elapsed_sec: f64,
     /// Auxiliary losses by name.
     pub aux: Vec<(String, f64)>,
@@ -73,6 +82,7 @@ impl Row {
     }
 }
 
+/// A run's `metrics.csv`, written one row at a time.
 pub struct MetricsLog {
     path: PathBuf,
 }
@@ -110,6 +120,7 @@ impl MetricsLog {
         Ok(Self { path })
     }
 
+    /// Appends `row` to the file.
     pub fn append(&self, row: &Row) -> Result<()> {
         let mut f = OpenOptions::new()
             .append(true)
@@ -119,6 +130,7 @@ impl MetricsLog {
         Ok(())
     }
 
+    /// Every row written so far (damaged lines skipped).
     pub fn rows(&self) -> Result<Vec<Row>> {
         read(&self.path)
     }

@@ -28,13 +28,17 @@ use crate::generate::{SampleConfig, generate};
 
 /// A run directory loaded for inference.
 pub struct Run {
+    /// The run directory.
     pub dir: PathBuf,
+    /// Its config (`config.toml`), with any settings of [`Run::load_with`] applied.
     pub config: ExperimentConfig,
+    /// Its tokenizer (`tokenizer.json`).
     pub tokenizer: Tokenizer,
     /// In inference mode (no autodiff, dropout off).
     pub model: DecoderLm,
     /// Where the weights came from (`model.bpk` or a checkpoint's).
     pub weights: PathBuf,
+    /// The device the model is on.
     pub device: Device,
     /// The example tags the run was trained with (`tags.json`, index = tag id, 0 = untagged);
     /// empty for untagged data.
@@ -49,12 +53,15 @@ pub const TAGS_FILE: &str = "tags.json";
 pub struct TokenScore {
     /// Index of the token in the scored sequence.
     pub position: usize,
+    /// The token's id.
     pub token: u32,
+    /// The token's text (`</s>` for an encoder–decoder's end token).
     pub text: String,
     /// Natural log.
     pub logprob: f64,
 }
 
+/// The log-probability of every token of a sequence ([`Run::score`]).
 #[derive(Debug, Clone, Serialize)]
 pub struct Scores {
     /// Every token but the first (which has nothing to be predicted from).

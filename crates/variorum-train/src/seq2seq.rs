@@ -71,11 +71,14 @@ pub fn validation_examples(
 /// An encoder–decoder's training examples, one kind or the other.
 #[derive(Debug, Clone)]
 pub enum ExampleBatches {
+    /// Random source–target pairs (`data.pairs`).
     Pairs(PairBatches),
+    /// Span-corrupted windows of a plain text (T5).
     Spans(SpanCorruption),
 }
 
 impl ExampleBatches {
+    /// The batch for training step `step`.
     pub fn batch(&self, step: u64) -> TokenBatch {
         match self {
             Self::Pairs(b) => b.batch(step),
@@ -120,12 +123,14 @@ fn text_with(tokens: &[u32], tokenizer: &Tokenizer, vocab: usize, special: impl 
 pub struct ExampleScores {
     /// Examples scored, and the target tokens predicted (each target and its end token).
     pub examples: usize,
+    /// Target tokens predicted: every target's tokens and its end token.
     pub target_tokens: usize,
     /// Mean loss per target token, nats.
     pub loss: f64,
     /// Examples decoded, and the corpus chrF (sacreBLEU's chrF2, [`crate::chrf`]) of what the
     /// model wrote for them against their targets.
     pub decoded: usize,
+    /// Their corpus chrF, 0 to 100.
     pub chrf: f64,
 }
 

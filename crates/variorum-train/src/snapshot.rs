@@ -19,16 +19,22 @@ use variorum_model::DecoderState;
 /// Shapes of one layer's memory tensors (absent ones are `None`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LayerShapes {
+    /// The compressed memory, `[b, ≤ n_cm, d]`.
     pub compressed: Option<[usize; 3]>,
+    /// The FIFO memory, `[b, ≤ n_m, d]`.
     pub memory: Option<[usize; 3]>,
+    /// The unfinished segment's inputs, `[b, < segment, d]`.
     pub pending: Option<[usize; 3]>,
+    /// The attention each memory slot has received, `[b, memory length]`.
     pub usage: Option<[usize; 2]>,
 }
 
 /// What `state.json` records of a saved memory.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MemoryLayout {
+    /// The state's position: the tokens run so far.
     pub position: usize,
+    /// Per block application, the shapes of its memory.
     pub layers: Vec<LayerShapes>,
 }
 
@@ -40,6 +46,7 @@ struct MemoryTensors {
 }
 
 impl MemoryLayout {
+    /// The layout of `state`'s memories.
     pub fn of(state: &DecoderState) -> Self {
         let dims3 = |t: &Option<Tensor<3>>| t.as_ref().map(|t| t.dims());
         let layers = state

@@ -75,6 +75,9 @@ pub struct StepResult {
     pub aux: AuxLosses,
 }
 
+/// One optimizer step of `model` over `micro_batches` (`train.grad_accum` of them, gradients
+/// averaged): frozen gradients dropped, the global norm clipped (`grad_clip`), AdamW at rate `lr`.
+/// `memory` is a memory model's state, carried across steps and reset where a row says so.
 pub fn train_step(
     model: DecoderLm,
     optim: &mut ModuleOptimizer,

@@ -19,6 +19,7 @@ use crate::checkpoint;
 /// What `init_from` did with each tensor.
 #[derive(Debug, Clone, Default)]
 pub struct InitReport {
+    /// The run directory or weights file read.
     pub source: PathBuf,
     /// Copied from the source.
     pub loaded: Vec<String>,
@@ -31,6 +32,7 @@ pub struct InitReport {
 }
 
 impl InitReport {
+    /// One line: the tensors loaded, new, skipped for shape and unused, naming all but the loaded.
     pub fn summary(&self) -> String {
         let list = |v: &[String]| if v.is_empty() { String::new() } else { format!(" ({})", v.join(", ")) };
         format!(

@@ -1,4 +1,4 @@
-//! kNN-LM end to end (`variorum_train::knn_lm`): a datastore built from a trained run over its
+//! kNN-LM end to end (`variorum_train::retrieval::knn_lm`): a datastore built from a trained run over its
 //! training split and over a text; λ = 0 reproducing the LM's loss to the bit; a datastore over
 //! the scored text that never hands a position its own continuation; an interrupted build that
 //! resumes to the same datastore; generation that recites the datastore's text with λ = 1.
@@ -12,7 +12,7 @@ use common::{corpus, seeded, tiny_config};
 use variorum_retrieval::search::HnswParams;
 use variorum_retrieval::{Datastore, KnnConfig, SearchMode};
 use variorum_train::generate::{Retrieval, SampleConfig, generate_with};
-use variorum_train::knn_lm::{self, BuildSettings, Built, KnnEval, Retriever};
+use variorum_train::retrieval::knn_lm::{self, BuildSettings, Built, KnnEval, Retriever};
 use variorum_train::run::Run;
 use variorum_train::{Outcome, TrainOptions, train};
 

@@ -22,7 +22,8 @@ use headless_chrome::protocol::cdp::{Log, Network, Page as CdpPage, Runtime};
 use headless_chrome::{Browser, LaunchOptions};
 use serde::Deserialize;
 use serde_json::Value;
-use variorum_train::{ExperimentConfig, Outcome, TrainOptions, metrics, report, train};
+use variorum_train::pictures::report;
+use variorum_train::{ExperimentConfig, Outcome, TrainOptions, metrics, train};
 
 const NO_BROWSER: &str =
     "no headless Chromium: run scripts/system-deps.sh (Debian: chromium-headless-shell) or set VARIORUM_CHROMIUM";

@@ -1,4 +1,4 @@
-//! SPALM end to end (`variorum_train::spalm`, `variorum_model::long_term_memory`): neighbour
+//! SPALM end to end (`variorum_train::retrieval::spalm`, `variorum_model::long_term_memory`): neighbour
 //! tables searched with a trained run's datastore — the training split leaving out each
 //! position's own entry (or a band around it), the validation split searching it whole — and a
 //! Transformer-XL model with
@@ -16,9 +16,9 @@ use variorum_retrieval::search::HnswParams;
 use variorum_retrieval::{Datastore, NeighbourTable, SearchMode};
 use variorum_train::eval::stream_loss;
 use variorum_train::generate::{Retrieval, SampleConfig, generate_with};
-use variorum_train::knn_lm::{self, BuildSettings};
+use variorum_train::retrieval::knn_lm::{self, BuildSettings};
+use variorum_train::retrieval::spalm::{self, OnlineNeighbours, Retrieved, SearchSettings};
 use variorum_train::run::Run;
-use variorum_train::spalm::{self, OnlineNeighbours, Retrieved, SearchSettings};
 use variorum_train::{ExperimentConfig, Outcome, TrainOptions, train};
 
 fn train_run(cfg: ExperimentConfig, run: &Path) {

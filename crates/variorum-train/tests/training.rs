@@ -75,14 +75,24 @@ fn tiny_datastore(dir: &Path) -> PathBuf {
     let run = variorum_train::run::Run::load(&encoder, &Device::flex()).unwrap();
     let corpus = variorum_data::Corpus::load(&run.config.data, Some(run.tokenizer.clone())).unwrap();
     let store = dir.join("datastore");
-    let settings = variorum_train::knn_lm::BuildSettings { window: 16, stride: 16, index: Default::default() };
-    variorum_train::knn_lm::build_datastore(&run, &corpus.train, "train", &store, &settings, |_, _, _| {}, &|| false)
-        .unwrap();
+    let settings =
+        variorum_train::retrieval::knn_lm::BuildSettings { window: 16, stride: 16, index: Default::default() };
+    variorum_train::retrieval::knn_lm::build_datastore(
+        &run,
+        &corpus.train,
+        "train",
+        &store,
+        &settings,
+        |_, _, _| {},
+        &|| false,
+    )
+    .unwrap();
     let ds = variorum_retrieval::Datastore::open(&store).unwrap();
-    let search = variorum_train::spalm::SearchSettings { k: 8, exclude_radius: 64, ef: 32, chunk: 16_384 };
+    let search = variorum_train::retrieval::spalm::SearchSettings { k: 8, exclude_radius: 64, ef: 32, chunk: 16_384 };
     for (split, ids) in [("train", &corpus.train), ("val", &corpus.val)] {
-        let out = variorum_train::spalm::table_dir(&store, split);
-        variorum_train::spalm::search_table(&ds, &run, ids, split, &out, search, |_, _| {}, &|| false).unwrap();
+        let out = variorum_train::retrieval::spalm::table_dir(&store, split);
+        variorum_train::retrieval::spalm::search_table(&ds, &run, ids, split, &out, search, |_, _| {}, &|| false)
+            .unwrap();
     }
     store
 }

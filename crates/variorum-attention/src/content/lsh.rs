@@ -69,6 +69,7 @@ attention_config! {
 }
 
 impl LshConfig {
+    /// Query heads and head size (`head_dim` defaults to `d_model / n_heads`).
     pub fn heads(&self, d_model: usize) -> HeadShape {
         projections::heads(self.n_heads, self.head_dim, d_model)
     }
@@ -77,6 +78,8 @@ impl LshConfig {
         self.heads(d_model).head_dim
     }
 
+    /// The layer: `init_std` for the shared query/key and value projection, `out_std` for the
+    /// output.
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> LshAttention {
         let (h, hd) = (self.n_heads, self.head_dim(d_model));
         LshAttention {
@@ -144,18 +147,29 @@ impl AttentionKind for LshConfig {
     }
 }
 
+/// A Reformer LSH attention layer ([`LshConfig`]): shared-QK heads hashed into buckets.
 #[derive(Module, Debug)]
 pub struct LshAttention {
     /// The shared query/key projection and the value projection, fused.
     pub qv: Linear,
+    /// The output projection, `h · d_h → d_model`.
     pub out: Linear,
+    /// Dropout on the attention weights.
     pub dropout: Dropout,
+    /// Heads h.
     pub n_heads: usize,
+    /// d_h, the size of each head.
     pub head_dim: usize,
+    /// b, hash buckets: 1 or even.
     pub buckets: usize,
+    /// Hash rounds combined per query.
     pub rounds: usize,
+    /// m, the chunk of the sorted sequence a query attends within (and the one before);
+    /// causal: the m earlier positions of its bucket.
     pub chunk: usize,
+    /// Seed of the random rotations, mixed with `layer`.
     pub seed: u64,
+    /// The layer's index, mixed into the rotations' seed so each layer hashes differently.
     pub layer: usize,
 }
 
@@ -197,6 +211,8 @@ impl LshAttention {
         (q, v)
     }
 
+    /// Self-attention over the hash buckets (`key_value` must be `None`), `[b, len_q, d_model]`.
+    /// The cache keeps every position's projection, value and buckets; one causal token is O(m).
     pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
         // shared-QK: keys come from the queries' positions (models refuse a memory with it)
         assert!(input.key_value.is_none(), "lsh attention is self-attention only (shared queries and keys)");

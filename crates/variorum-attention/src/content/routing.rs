@@ -69,10 +69,13 @@ attention_config! {
 }
 
 impl RoutingConfig {
+    /// Query heads and head size (`head_dim` defaults to `d_model / n_heads`).
     pub fn heads(&self, d_model: usize) -> HeadShape {
         projections::heads(self.n_heads, self.head_dim, d_model)
     }
 
+    /// The layer: `init_std` for q/k/v, `out_std` for the output; the centroids drawn at random,
+    /// unit rows.
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> RoutingAttention {
         let (h, hd) = (self.n_heads, self.heads(d_model).head_dim);
         let centroids = Tensor::random([h * self.clusters, hd], Distribution::Normal(0.0, 1.0), device);
@@ -153,19 +156,31 @@ impl AttentionKind for RoutingConfig {
 #[derive(Debug, Clone, Default)]
 pub struct ClusterStats(Arc<Mutex<Option<(Tensor<2>, Tensor<2>)>>>);
 
+/// A Routing Transformer layer ([`RoutingConfig`]): attention within k-means clusters.
 #[derive(Module, Debug)]
 pub struct RoutingAttention {
+    /// The fused q/k/v projection, `d_model → 3 · h · d_h`.
     pub qkv: Linear,
+    /// The output projection, `h · d_h → d_model`.
     pub out: Linear,
+    /// Dropout on the attention weights.
     pub dropout: Dropout,
     /// μ, `[heads · clusters, head_dim]`, unit rows; moved by [`Self::update_centroids`].
     pub centroids: Param<Tensor<2>>,
+    /// Heads h.
     pub n_heads: usize,
+    /// d_h, the size of each head.
     pub head_dim: usize,
+    /// k, centroids per head.
     pub clusters: usize,
+    /// w: a query looks among the 2w routing items (queries and keys) before it.
     pub window: usize,
+    /// λ, the centroids' moving-average decay.
     pub decay: f64,
+    /// The first `local_heads` heads put every position in one cluster: a sliding window of w.
     pub local_heads: usize,
+    /// Sums and counts of the normalised queries and keys assigned to each centroid since the
+    /// last update (training forwards only); not saved.
     #[module(skip)]
     pub stats: ClusterStats,
 }
@@ -217,6 +232,8 @@ impl RoutingAttention {
         self.centroids = redraw(&self.centroids, next);
     }
 
+    /// Self-attention within the clusters (`key_value` must be `None`), `[b, len_q, d_model]`. The
+    /// cache keeps every position's key, query, value and clusters; one causal token is O(w).
     pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
         assert!(input.key_value.is_none(), "routing attention is self-attention only");
         let causal = input.mask.causal;

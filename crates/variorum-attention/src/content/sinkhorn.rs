@@ -71,10 +71,13 @@ attention_config! {
 }
 
 impl SinkhornConfig {
+    /// Query heads and head size (`head_dim` defaults to `d_model / n_heads`).
     pub fn heads(&self, d_model: usize) -> HeadShape {
         projections::heads(self.n_heads, self.head_dim, d_model)
     }
 
+    /// The layer: `init_std` for q/k/v, `out_std` for the output, std 1/√d_h for the sorting
+    /// network's W.
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> SinkhornAttention {
         let (h, hd) = (self.n_heads, self.heads(d_model).head_dim);
         SinkhornAttention {
@@ -159,19 +162,31 @@ impl AttentionKind for SinkhornConfig {
     }
 }
 
+/// A sparse Sinkhorn attention layer ([`SinkhornConfig`]): each block attends to itself and
+/// its sorted block.
 #[derive(Module, Debug)]
 pub struct SinkhornAttention {
+    /// The fused q/k/v projection, `d_model → 3 · h · d_h`.
     pub qkv: Linear,
+    /// The output projection, `h · d_h → d_model`.
     pub out: Linear,
     /// W of the sorting network R_ij = (W p_i)·p_j / √d.
     pub sort: Linear,
+    /// Dropout on the attention weights.
     pub dropout: Dropout,
+    /// Heads h.
     pub n_heads: usize,
+    /// d_h, the size of each head.
     pub head_dim: usize,
+    /// b, positions per block.
     pub block: usize,
+    /// k, Sinkhorn iterations (row and column normalisation each; causal: row softmax only).
     pub iterations: usize,
+    /// τ, the temperature dividing the sorting logits.
     pub temperature: f64,
+    /// Gumbel noise on the sorting logits in training forwards.
     pub gumbel: bool,
+    /// SortCut: every query attends to the first n sorted blocks only (bidirectional).
     pub sortcut: Option<usize>,
 }
 
@@ -222,6 +237,8 @@ impl SinkhornAttention {
         log_s.exp()
     }
 
+    /// Self-attention over own and sorted blocks (no `key_value`), `[b, len_q, d_model]`. One
+    /// decoded causal token scores its block so far and the block's sorted block.
     pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
         assert!(input.key_value.is_none(), "sinkhorn attention is self-attention only");
         let causal = input.mask.causal;

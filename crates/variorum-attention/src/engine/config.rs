@@ -56,10 +56,12 @@ impl Default for MultiHeadAttentionConfig {
 }
 
 impl MultiHeadAttentionConfig {
+    /// Key/value heads: `n_kv_heads`, or `n_heads` where unset.
     pub fn kv_heads(&self) -> usize {
         self.n_kv_heads.unwrap_or(self.n_heads)
     }
 
+    /// Size of each head: `head_dim`, or `d_model / n_heads` where unset.
     pub fn head_dim(&self, d_model: usize) -> usize {
         self.head_dim.unwrap_or(d_model / self.n_heads.max(1))
     }

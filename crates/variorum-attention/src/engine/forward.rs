@@ -14,6 +14,8 @@ use variorum_core::AttentionMask;
 use variorum_position::{PackedHeads, RelativePosition, ScoreLayout};
 
 impl MultiHeadAttention {
+    /// Attention of `input`'s queries over its keys and values (appended to `cache`, where
+    /// given), by the fastest path that computes exactly the composed definition.
     pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
         let HeadLosses { diversity, guidance } = &self.losses;
         if diversity.is_none() && guidance.is_none() {

@@ -21,17 +21,25 @@ use burn::prelude::*;
 use variorum_core::AttentionMask;
 use variorum_position::{RelativePosition, ScoreLayout};
 
+/// Multi-head scaled dot-product attention (Vaswani et al. 2017): the `full` kind's module, and
+/// the engine of every kind that changes one of its steps.
 #[derive(Module, Debug)]
 pub struct MultiHeadAttention {
+    /// The fused q/k/v projection (W^Q, W^K, W^V), grouped-query where `n_kv_heads < n_heads`.
     pub qkv: QkvProjection,
+    /// The layer's relative position scheme; `None` with absolute positions or none.
     pub position: Option<RelativePosition>,
+    /// The output projection W^O, `n_heads · d_h → d_model`.
     pub out: Linear,
+    /// Dropout on the attention probabilities.
     pub dropout: Dropout,
     /// Scores to weights (softmax unless the config says otherwise).
     pub normaliser: ScoreNormaliser,
     /// Auxiliary losses on the heads (`full` only; none by default).
     #[module(skip)]
     pub losses: HeadLosses,
+    /// The factor on q·kᵀ: 1/√d_h times the position scheme's content factor (below 1 for
+    /// schemes that add score terms of the same size: TUPE, DeBERTa).
     pub scale: f64,
 }
 
@@ -48,7 +56,9 @@ pub struct Projected {
     q: Queries,
     /// `[b, n_kv_heads, len_k, head_dim]`, the cache included.
     pub k: Tensor<4>,
+    /// `[b, n_kv_heads, len_k, head_dim]`, the cache included.
     pub v: Tensor<4>,
+    /// Where the scores sit: the queries' and keys' first positions and lengths, causality.
     pub layout: ScoreLayout,
     /// No key more than this many positions before its query (`AttentionMask::max_back`).
     pub max_back: Option<usize>,

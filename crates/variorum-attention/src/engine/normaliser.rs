@@ -84,6 +84,8 @@ impl Normaliser {
 pub struct ScoreNormaliser {
     /// θ, `[n_heads]`: the scores of head h are divided by exp(θ_h) before the row function.
     pub log_temperature: Option<Param<Tensor<1>>>,
+    /// The row function from scores to weights ([`RowNormaliser`]), its constants set from the
+    /// context length (ReLU's 1/L, sigmoid's −ln L).
     #[module(skip)]
     pub row: RowNormaliser,
 }

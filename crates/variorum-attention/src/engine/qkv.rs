@@ -64,19 +64,27 @@ pub fn project_heads(linear: &Linear, x: Tensor<3>, parts: usize, heads: usize, 
     (0..parts).map(|i| project_head_range(linear, x.clone(), (i * heads, heads, head_dim), 1.0)).collect()
 }
 
+/// Sizes and initialisation of a [`QkvProjection`].
 #[derive(Config, Debug)]
 pub struct QkvProjectionConfig {
+    /// Width of the hidden states projected.
     pub d_model: usize,
+    /// Query heads.
     pub n_heads: usize,
+    /// Key/value heads: `n_heads` (multi-head), 1 (multi-query) or a divisor (grouped-query).
     pub n_kv_heads: usize,
+    /// Size of each head, independent of `d_model / n_heads`.
     pub head_dim: usize,
+    /// A bias on the projection. Default true.
     #[config(default = true)]
     pub bias: bool,
+    /// Standard deviation of the initial weights, N(0, std²). Default 0.02.
     #[config(default = 0.02)]
     pub init_std: f64,
 }
 
 impl QkvProjectionConfig {
+    /// The projection, its weights and bias drawn from N(0, `init_std`²).
     pub fn init(&self, device: &Device) -> QkvProjection {
         let width = (self.n_heads + 2 * self.n_kv_heads) * self.head_dim;
         QkvProjection {
@@ -91,11 +99,17 @@ impl QkvProjectionConfig {
     }
 }
 
+/// The query, key and value projections as one fused linear layer.
 #[derive(Module, Debug)]
 pub struct QkvProjection {
+    /// `d_model → (n_heads + 2·n_kv_heads)·head_dim`: the queries' columns, then the keys',
+    /// then the values'.
     pub qkv: Linear,
+    /// Query heads.
     pub n_heads: usize,
+    /// Key/value heads (each shared by `n_heads / n_kv_heads` query heads).
     pub n_kv_heads: usize,
+    /// Size of each head.
     pub head_dim: usize,
 }
 

@@ -39,14 +39,17 @@ impl Default for AverageAttentionConfig {
 }
 
 impl AverageAttentionConfig {
+    /// One "head" of width `d_model`: the average mixes whole inputs.
     pub fn heads(&self, d_model: usize) -> HeadShape {
         HeadShape { d_model, n_heads: 1, head_dim: d_model }
     }
 
+    /// Hidden width of the FFN: `d_ff`, or `d_model`.
     pub fn d_ff(&self, d_model: usize) -> usize {
         self.d_ff.unwrap_or(d_model)
     }
 
+    /// The layer: `init_std` for W₁ and the gates, `out_std` for W₂ (the FFN's output).
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> AverageAttention {
         let linear =
             |i, o, std| LinearConfig::new(i, o).with_initializer(Initializer::Normal { mean: 0.0, std }).init(device);
@@ -97,16 +100,23 @@ impl AttentionKind for AverageAttentionConfig {
     }
 }
 
+/// An Average Attention Network layer ([`AverageAttentionConfig`]): cumulative average, FFN
+/// and gates.
 #[derive(Module, Debug)]
 pub struct AverageAttention {
+    /// W₁, b₁ of the FFN, `d_model → d_ff`.
     pub ffn_in: Linear,
+    /// W₂, b₂ of the FFN, `d_ff → d_model`.
     pub ffn_out: Linear,
     /// W, b of the input and forget gates, `[2d, 2d]`.
     pub gate: Linear,
+    /// Positions per chunk of the causal average.
     pub chunk: usize,
 }
 
 impl AverageAttention {
+    /// h = i ⊙ y + f ⊙ g, `[b, len_q, d_model]`. Causally the average continues from the running
+    /// sum and count in `state` and leaves them there: O(d) per decoded token.
     pub fn forward(&self, input: AttentionInput, state: Option<&mut Option<KernelState>>) -> AttentionOutput {
         let y = input.query;
         let source = input.key_value.unwrap_or_else(|| y.clone());

@@ -43,7 +43,9 @@ pub const MIN_NORMALISER: f64 = 1e-6;
 /// exponential feature maps finite; 0 for the others).
 #[derive(Debug, Clone)]
 pub struct KernelState {
+    /// S, `[batch, heads, features, d_v + 1]`: the sums over exp(shift); the last column is z.
     pub s: Tensor<4>,
+    /// The sums' log-scale, `[batch, heads]` (0 unless the feature map is exponential).
     pub shift: Tensor<2>,
 }
 

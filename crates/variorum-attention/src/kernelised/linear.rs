@@ -26,10 +26,12 @@ attention_config! {
 }
 
 impl LinearAttentionConfig {
+    /// Query heads and head size (`head_dim` defaults to `d_model / n_heads`).
     pub fn heads(&self, d_model: usize) -> HeadShape {
         projections::heads(self.n_heads, self.head_dim, d_model)
     }
 
+    /// The layer: `init_std` for q/k/v, `out_std` for the output projection.
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> LinearAttention {
         let h = self.heads(d_model);
         LinearAttention {
@@ -74,13 +76,18 @@ impl AttentionKind for LinearAttentionConfig {
     }
 }
 
+/// A linear attention layer ([`LinearAttentionConfig`]), φ = elu + 1.
 #[derive(Module, Debug)]
 pub struct LinearAttention {
+    /// The q/k/v and output projections.
     pub proj: HeadProjections,
+    /// Positions per chunk of the causal form.
     pub chunk: usize,
 }
 
 impl LinearAttention {
+    /// φ(Q)(φ(K)ᵀV) normalised, `[b, len_q, d_model]`. Causally the sums continue from `state`
+    /// and are left in it: O(1) per decoded token in the context length.
     pub fn forward(&self, input: AttentionInput, state: Option<&mut Option<KernelState>>) -> AttentionOutput {
         let min = kernel::MIN_NORMALISER;
         let fused = kernel::fused_self_attention(

@@ -37,6 +37,7 @@ use crate::contract::{AttentionInput, AttentionOutput};
 use crate::kernelised::random_features::{fixed, gaussian_rows, redraw};
 use crate::state::AttentionState;
 
+/// The kernel Performer's random features estimate (`kernel` in [`PerformerConfig`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum PerformerKernel {
@@ -64,15 +65,18 @@ attention_config! {
 }
 
 impl PerformerConfig {
+    /// Query heads and head size (`head_dim` defaults to `d_model / n_heads`).
     pub fn heads(&self, d_model: usize) -> HeadShape {
         projections::heads(self.n_heads, self.head_dim, d_model)
     }
 
+    /// m, the random features: `features`, or ⌈d_h · ln d_h⌉.
     pub fn features(&self, d_model: usize) -> usize {
         let d = self.heads(d_model).head_dim as f64;
         self.features.unwrap_or_else(|| (d * d.ln()).ceil().max(1.0) as usize)
     }
 
+    /// The layer: `init_std` for q/k/v, `out_std` for the output projection; W drawn afresh.
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> PerformerAttention {
         let h = self.heads(d_model);
         PerformerAttention {
@@ -124,14 +128,19 @@ impl AttentionKind for PerformerConfig {
     }
 }
 
+/// A Performer (FAVOR+) layer ([`PerformerConfig`]).
 #[derive(Module, Debug)]
 pub struct PerformerAttention {
+    /// The q/k/v and output projections.
     pub proj: HeadProjections,
     /// W, `[m, d_h]`, no gradient.
     pub projection: Param<Tensor<2>>,
+    /// Softmax (positive) or ReLU random features; not saved.
     #[module(skip)]
     pub kernel: PerformerKernel,
+    /// Whether W's rows are drawn orthogonal (in blocks of d_h), here and at each redraw.
     pub orthogonal: bool,
+    /// Positions per chunk of the causal form.
     pub chunk: usize,
     /// Optimizer steps between draws of W (0 = never): the config's `redraw_interval`, not saved.
     #[module(skip)]
@@ -220,6 +229,8 @@ impl PerformerAttention {
         relu(self.project(x).0).div_scalar(self.sqrt_m()).add_scalar(1e-3)
     }
 
+    /// Kernelised attention through the random features, `[b, len_q, d_model]`. Causally the sums
+    /// and the keys' running log-scale continue from `state` and are left in it.
     pub fn forward(&self, input: AttentionInput, state: Option<&mut Option<KernelState>>) -> AttentionOutput {
         let w = self.projection.val();
         let scale = (w.dims()[1] as f32).powf(-0.25);

@@ -65,14 +65,18 @@ attention_config! {
 }
 
 impl RfaConfig {
+    /// Query heads and head size (`head_dim` defaults to `d_model / n_heads`).
     pub fn heads(&self, d_model: usize) -> HeadShape {
         projections::heads(self.n_heads, self.head_dim, d_model)
     }
 
+    /// D, the random frequencies: `features`, or 2 · d_h.
     pub fn features(&self, d_model: usize) -> usize {
         self.features.unwrap_or(2 * self.heads(d_model).head_dim)
     }
 
+    /// The layer: `init_std` for q/k/v and the gate, `out_std` for the output projection; ε drawn
+    /// afresh, s at 1/σ.
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> RfaAttention {
         let h = self.heads(d_model);
         let draws = if self.shared_features { 1 } else { h.n_heads };
@@ -144,8 +148,10 @@ impl AttentionKind for RfaConfig {
     }
 }
 
+/// A Random Feature Attention layer ([`RfaConfig`]), gated or not.
 #[derive(Module, Debug)]
 pub struct RfaAttention {
+    /// The q/k/v and output projections.
     pub proj: HeadProjections,
     /// ε for each head (or one for all), `[draws · D, d_h]`, no gradient: entries N(0, 1) when
     /// the scale is learned, N(0, σ⁻²) (W itself) when not.
@@ -154,9 +160,12 @@ pub struct RfaAttention {
     pub frequency_scale: Option<Param<Tensor<2>>>,
     /// RFA-Gate's w_g, b_g (one gate per head).
     pub gate: Option<Linear>,
+    /// σ, the config's kernel width: W = ε/σ when the scale is not learned (s starts at 1/σ when
+    /// it is).
     pub sigma: f64,
     /// Draws of ε: one per head, or 1 when shared.
     pub draws: usize,
+    /// Positions per chunk of the causal form.
     pub chunk: usize,
     /// Optimizer steps between draws of W (0 = never): the config's `redraw_interval`, not saved.
     #[module(skip)]
@@ -195,6 +204,8 @@ impl RfaAttention {
         Tensor::cat(vec![wx.clone().sin(), wx.cos()], 3).div_scalar(n.sqrt())
     }
 
+    /// Kernelised attention through the random features, `[b, len_q, d_model]`. Causally the sums
+    /// (decaying with RFA-Gate) continue from `state` and are left in it.
     pub fn forward(&self, input: AttentionInput, state: Option<&mut Option<KernelState>>) -> AttentionOutput {
         let source = input.key_value.clone().unwrap_or_else(|| input.query.clone());
         let gate = self.gate.as_ref().map(|g| sigmoid(g.forward(source)).swap_dims(1, 2));

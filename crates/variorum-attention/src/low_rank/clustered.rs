@@ -59,10 +59,12 @@ attention_config! {
 }
 
 impl ClusteredConfig {
+    /// Query heads and head size (`head_dim` defaults to `d_model / n_heads`).
     pub fn heads(&self, d_model: usize) -> HeadShape {
         projections::heads(self.n_heads, self.head_dim, d_model)
     }
 
+    /// The layer: `init_std` for q/k/v, `out_std` for the output projection.
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> ClusteredAttention {
         let h = self.heads(d_model);
         ClusteredAttention {
@@ -131,13 +133,21 @@ impl AttentionKind for ClusteredConfig {
     }
 }
 
+/// A clustered attention layer ([`ClusteredConfig`]): softmax attention once per query
+/// centroid, copied to the cluster's members.
 #[derive(Module, Debug)]
 pub struct ClusteredAttention {
+    /// The q/k/v and output projections.
     pub proj: HeadProjections,
+    /// Dropout on the attention weights (the centroids' and the exact top-k ones).
     pub dropout: Dropout,
+    /// C, query clusters per head (capped at the sequence length).
     pub clusters: usize,
+    /// Lloyd iterations of the k-means.
     pub iterations: usize,
+    /// k keys per cluster rescored exactly for each member query; `None`: plain clustered.
     pub top_k: Option<usize>,
+    /// 1/√d_h, the scores' scale.
     pub scale: f64,
 }
 

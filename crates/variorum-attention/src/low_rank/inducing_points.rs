@@ -90,6 +90,7 @@ attention_config! {
 }
 
 impl InducingPointsConfig {
+    /// Query heads and head size (`head_dim` defaults to `d_model / n_heads`).
     pub fn heads(&self, d_model: usize) -> HeadShape {
         projections::heads(self.n_heads, self.head_dim, d_model)
     }
@@ -104,6 +105,8 @@ impl InducingPointsConfig {
         }
     }
 
+    /// The layer: `init_std` for the slots, the input projections and the rFF, `out_std` for the
+    /// output projections.
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> InducingPointsAttention {
         let h = self.heads(d_model);
         let width = h.n_heads * h.head_dim;
@@ -186,6 +189,8 @@ impl AttentionKind for InducingPointsConfig {
     }
 }
 
+/// An inducing-point layer ([`InducingPointsConfig`]): m learned slots pack the sequence,
+/// every query unpacks them.
 #[derive(Module, Debug)]
 pub struct InducingPointsAttention {
     /// I, the learned slots `[m, d_model]`.
@@ -208,10 +213,15 @@ pub struct InducingPointsAttention {
     pub unpack_kv: Linear,
     /// Output projection, `n_heads·d_h → d_model`.
     pub out: Linear,
+    /// Dropout on the pack's and the unpack's attention weights.
     pub dropout: Dropout,
+    /// Heads of both attentions.
     pub n_heads: usize,
+    /// d_h, the size of each head.
     pub head_dim: usize,
+    /// One projection for keys and values (k = v) in each attention.
     pub tie_kv: bool,
+    /// 1/√d_h, the scores' scale.
     pub scale: f64,
 }
 

@@ -69,10 +69,12 @@ attention_config! {
 }
 
 impl LinformerConfig {
+    /// Query heads and head size (`head_dim` defaults to `d_model / n_heads`).
     pub fn heads(&self, d_model: usize) -> HeadShape {
         projections::heads(self.n_heads, self.head_dim, d_model)
     }
 
+    /// The layer: `init_std` for q/k/v, `out_std` for the output projection, E and F ~ N(0, 1/n).
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> LinformerAttention {
         let h = self.heads(d_model);
         let rows = if self.share == LinformerShare::None { h.n_heads } else { 1 };
@@ -162,15 +164,20 @@ impl AttentionKind for LinformerConfig {
     }
 }
 
+/// A Linformer layer ([`LinformerConfig`]): keys and values projected along the length.
 #[derive(Module, Debug)]
 pub struct LinformerAttention {
+    /// The q/k/v and output projections.
     pub proj: HeadProjections,
     /// E, `[n_heads or 1, k, n]`.
     pub e: Param<Tensor<3>>,
     /// F, the same shape; `None` when E is shared with the values (`key-value`).
     pub f: Option<Param<Tensor<3>>>,
+    /// Dropout on the L × k attention weights.
     pub dropout: Dropout,
+    /// n, the columns of E and F: the longest key sequence the layer takes.
     pub max_len: usize,
+    /// 1/√d_h, the queries' scale.
     pub scale: f64,
 }
 

@@ -70,10 +70,13 @@ impl LowRankBandConfig {
         }
     }
 
+    /// Query heads and head size (`head_dim` defaults to `d_model / n_heads`).
     pub fn heads(&self, d_model: usize) -> HeadShape {
         self.mha().heads(d_model)
     }
 
+    /// The layer: `init_std` for the input projections (Q̃ and K̃ too), `out_std` for the output;
+    /// γ = 0, an even mix.
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> LowRankBandAttention {
         let h = self.heads(d_model);
         LowRankBandAttention {
@@ -141,10 +144,14 @@ impl AttentionKind for LowRankBandConfig {
 /// and values of the last w (`band`).
 #[derive(Debug, Clone, Default)]
 pub struct LowRankBandState {
+    /// The low-rank keys K̃ and the values of every position.
     pub low_rank: KvCache,
+    /// The band keys and values of the last w positions.
     pub band: KvCache,
 }
 
+/// A low-rank and band layer ([`LowRankBandConfig`]): per head, a gated mix of the two
+/// attentions over shared values.
 #[derive(Module, Debug)]
 pub struct LowRankBandAttention {
     /// The band module's queries and keys, the shared values and the output projection.
@@ -153,7 +160,9 @@ pub struct LowRankBandAttention {
     pub low_rank: Option<Linear>,
     /// γ per head: the low-rank module's share is σ(γ).
     pub gate: Param<Tensor<1>>,
+    /// r, the low-rank module's query/key size per head; 0 disables the module.
     pub rank: usize,
+    /// w, the band's width: keys back, the query's own included (bidirectional: also w − 1 ahead).
     pub band: usize,
 }
 
@@ -188,6 +197,8 @@ impl LowRankBandAttention {
         low * g.clone() + band * (g.neg() + 1.0)
     }
 
+    /// The gated mix, `[b, len_q, d_model]`: the band by blocks over a fresh sequence, every key
+    /// densely for cross-attention and for causal decoding that continues `state`.
     pub fn forward(&self, input: AttentionInput, state: Option<&mut LowRankBandState>) -> AttentionOutput {
         let mask = input.mask;
         let context = match (input.key_value, state) {

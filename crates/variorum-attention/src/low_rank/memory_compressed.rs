@@ -57,10 +57,13 @@ attention_config! {
 }
 
 impl MemoryCompressedConfig {
+    /// Query heads and head size (`head_dim` defaults to `d_model / n_heads`).
     pub fn heads(&self, d_model: usize) -> HeadShape {
         projections::heads(self.n_heads, self.head_dim, d_model)
     }
 
+    /// The layer: `init_std` for q/k/v, `out_std` for the output projection; the convolutions
+    /// keep Burn's default initialisation.
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> MemoryCompressedAttention {
         let h = self.heads(d_model);
         let width = h.n_heads * h.head_dim;
@@ -165,19 +168,31 @@ impl AttentionKind for MemoryCompressedConfig {
 /// (`[b, h, n, d_h]` each).
 #[derive(Debug, Clone, Default)]
 pub struct CompressedState {
+    /// Compressed keys and values of the finished blocks.
     pub memory: Option<(Tensor<4>, Tensor<4>)>,
+    /// Raw keys and values of the open block (a local layer's: of its open local block).
     pub open: Option<(Tensor<4>, Tensor<4>)>,
 }
 
+/// A memory-compressed attention layer ([`MemoryCompressedConfig`]): keys and values
+/// shortened by a strided convolution.
 #[derive(Module, Debug)]
 pub struct MemoryCompressedAttention {
+    /// The q/k/v and output projections.
     pub proj: HeadProjections,
+    /// Conv_s of the keys, kernel = stride = s, over the `h · d_h` channels.
     pub compress_k: Conv1d,
+    /// Conv_s of the values, kernel = stride = s, over the `h · d_h` channels.
     pub compress_v: Conv1d,
+    /// Dropout on the attention weights.
     pub dropout: Dropout,
+    /// s, kernel and stride of the compression.
     pub stride: usize,
+    /// Also attend to the raw keys of the query's own block (causal forwards always do).
     pub local: bool,
+    /// 1/√d_h, the queries' scale.
     pub scale: f64,
+    /// What this layer attends to (from `local_layers` and the layer's index); not saved.
     #[module(skip)]
     pub role: Role,
 }
@@ -199,6 +214,8 @@ impl MemoryCompressedAttention {
         out.swap_dims(1, 2).reshape([b, n, h, dh]).swap_dims(1, 2)
     }
 
+    /// Attention over the compressed (and own-block) keys, `[b, len_q, d_model]`. Causal
+    /// self-attention continues `state` and leaves it updated: O(L/s + s) per decoded token.
     pub fn forward(&self, input: AttentionInput, state: Option<&mut CompressedState>) -> AttentionOutput {
         let causal = input.mask.causal;
         let cross = input.key_value.is_some();

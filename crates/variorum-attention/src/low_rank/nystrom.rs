@@ -78,10 +78,13 @@ attention_config! {
 }
 
 impl NystromConfig {
+    /// Query heads and head size (`head_dim` defaults to `d_model / n_heads`).
     pub fn heads(&self, d_model: usize) -> HeadShape {
         projections::heads(self.n_heads, self.head_dim, d_model)
     }
 
+    /// The layer: `init_std` for q/k/v, `out_std` for the output projection; the convolution
+    /// keeps Burn's default initialisation.
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> NystromAttention {
         let h = self.heads(d_model);
         let conv = self.conv_kernel.map(|c| {
@@ -159,16 +162,22 @@ impl AttentionKind for NystromConfig {
     }
 }
 
+/// A Nyströmformer layer ([`NystromConfig`]): softmax attention through m landmarks.
 #[derive(Module, Debug)]
 pub struct NystromAttention {
+    /// The q/k/v and output projections.
     pub proj: HeadProjections,
     /// The depthwise convolution on V, `n_heads` channels in `n_heads` groups.
     pub conv: Option<Conv1d>,
+    /// Dropout on F̃, the L × m query–landmark weights.
     pub dropout: Dropout,
+    /// m, landmarks (capped at the sequence length).
     pub landmarks: usize,
+    /// Iterations of the pseudo-inverse (or of the regularised inverse).
     pub pinv_iterations: usize,
     /// λ of the regularised inverse; 0 = the pseudo-inverse.
     pub lambda: f64,
+    /// 1/√d_h, the queries' scale.
     pub scale: f64,
 }
 

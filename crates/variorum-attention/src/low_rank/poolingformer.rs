@@ -99,10 +99,12 @@ impl PoolingformerConfig {
         }
     }
 
+    /// Query heads and head size (`head_dim` defaults to `d_model / n_heads`).
     pub fn heads(&self, d_model: usize) -> HeadShape {
         self.mha().heads(d_model)
     }
 
+    /// The layer, both levels: `init_std` for q/k/v, `out_std` for the output projections.
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> PoolingformerAttention {
         let mha = self.mha();
         PoolingformerAttention {
@@ -180,8 +182,11 @@ impl AttentionKind for PoolingformerConfig {
 /// segment), and the raw level-2 keys and values of the open segment.
 #[derive(Debug, Clone, Default)]
 pub struct PoolingState {
+    /// Level 1's keys and values of the last w₁ positions.
     pub window: KvCache,
+    /// Pooled level-2 keys and values of the finished segments still in reach.
     pub pooled: KvCache,
+    /// Raw level-2 keys and values of the open segment.
     pub open: Option<(Tensor<4>, Tensor<4>)>,
 }
 
@@ -191,16 +196,22 @@ impl PoolingState {
     }
 }
 
+/// A Poolingformer layer ([`PoolingformerConfig`]): a sliding window, then pooling attention
+/// over its output, summed.
 #[derive(Module, Debug)]
 pub struct PoolingformerAttention {
     /// Level 1: sliding-window attention over the input.
     pub level1: MultiHeadAttention,
     /// Level 2: pooling attention over level 1's output.
     pub level2: MultiHeadAttention,
+    /// w₁, level 1's window: keys back, the query's own included (bidirectional: also
+    /// w₁ − 1 ahead).
     pub window: usize,
     /// Max pooling (else mean).
     pub max_pool: bool,
+    /// s, kernel and stride of the pooling.
     pub pool_size: usize,
+    /// w₂, the window the pooled segments come from; `None`: the whole sequence.
     pub level2_window: Option<usize>,
 }
 
@@ -244,6 +255,8 @@ impl PoolingformerAttention {
         }
     }
 
+    /// Y + Z, `[b, len_q, d_model]`: by blocks over a fresh sequence, one position at a time in
+    /// causal decoding that continues `state`; cross-attention reads the whole source.
     pub fn forward(&self, input: AttentionInput, state: Option<&mut PoolingState>) -> AttentionOutput {
         let mask = input.mask;
         let out = match (input.key_value, state) {

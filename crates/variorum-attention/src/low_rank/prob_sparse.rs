@@ -86,10 +86,12 @@ attention_config! {
 }
 
 impl ProbSparseConfig {
+    /// Query heads and head size (`head_dim` defaults to `d_model / n_heads`).
     pub fn heads(&self, d_model: usize) -> HeadShape {
         projections::heads(self.n_heads, self.head_dim, d_model)
     }
 
+    /// The layer: `init_std` for q/k/v, `out_std` for the output projection.
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> ProbSparseAttention {
         let h = self.heads(d_model);
         ProbSparseAttention {
@@ -171,18 +173,29 @@ pub fn top_count(factor: f64, n: usize) -> usize {
 /// `[b, h, 1, d_h]` with Σ_j w_j `[b, 1, 1, 1]` (w_j = 0 for a padding key of the prompt).
 #[derive(Debug, Clone, Default)]
 pub struct ProbSparseState {
+    /// The keys and values of every past position.
     pub cache: KvCache,
+    /// M of every past position, `measures[batch · heads + head][position]`.
     pub measures: Vec<Vec<f32>>,
+    /// Σ_j w_j v_j `[b, h, 1, d_h]` and Σ_j w_j `[b, 1, 1, 1]`: the lazy queries' running mean.
     pub value_sum: Option<(Tensor<4>, Tensor<4>)>,
 }
 
+/// A ProbSparse attention layer ([`ProbSparseConfig`]): the most peaked queries attend, the
+/// lazy ones get the mean of the values.
 #[derive(Module, Debug)]
 pub struct ProbSparseAttention {
+    /// The q/k/v and output projections.
     pub proj: HeadProjections,
+    /// Dropout on the active queries' attention weights.
     pub dropout: Dropout,
+    /// c: U = ⌈c·ln L_K⌉ sampled keys per query, u = ⌈c·ln L_Q⌉ active queries.
     pub factor: f64,
+    /// Seed of the sampled key positions, mixed with `layer`.
     pub seed: u64,
+    /// The layer's index, mixed into the samples' seed so each layer draws its own.
     pub layer: usize,
+    /// 1/√d_h, the scores' scale (in the measure too).
     pub scale: f64,
 }
 
@@ -213,6 +226,8 @@ impl ProbSparseAttention {
         self.sampled_keys(i, len_k, top_count(self.factor, len_k))
     }
 
+    /// Active queries attend, lazy ones get the (cumulative) mean of V, `[b, len_q, d_model]`.
+    /// Causal self-attention continues `state` and leaves it updated.
     pub fn forward(&self, input: AttentionInput, state: Option<&mut ProbSparseState>) -> AttentionOutput {
         let mask = input.mask;
         let causal = mask.causal;

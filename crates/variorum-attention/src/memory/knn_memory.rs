@@ -58,11 +58,14 @@ pub struct Retrieved {
 }
 
 impl KnnMemory {
+    /// An empty memory: `rows` batch rows of `heads` heads, each keeping at most `capacity`
+    /// entries of `dim` floats.
     pub fn new(rows: usize, heads: usize, dim: usize, capacity: usize) -> Self {
         let row = RowMemory { keys: vec![Vec::new(); heads], values: vec![Vec::new(); heads], len: 0, next: 0 };
         Self { heads, dim, capacity, rows: vec![row; rows] }
     }
 
+    /// The batch rows it holds a memory for.
     pub fn rows(&self) -> usize {
         self.rows.len()
     }

@@ -83,6 +83,8 @@ impl MemorizingConfig {
         self.memory_layers.first().copied().unwrap_or(true)
     }
 
+    /// The layer for `d_model`: the heads, and on a memory layer the gate (b_g = 0) and ln τ
+    /// (τ = log₂(L² − L) for a segment of L). `segment = 0` becomes the model's context.
     pub fn init(
         &self,
         d_model: usize,
@@ -203,15 +205,21 @@ impl AttentionKind for MemorizingConfig {
     }
 }
 
+/// The Memorizing Transformer's layer: local attention over the segment and the previous one,
+/// mixed per head with attention over the k keys nearest each query in its row's memory.
 #[derive(Module, Debug)]
 pub struct MemorizingAttention {
     /// Projections, position scheme and output of plain multi-head attention.
     pub attention: MultiHeadAttention,
     /// The gate and the score scale of a layer with a memory; none on the others.
     pub memory: Option<MemoryGate>,
+    /// Positions each batch row's memory keeps; 0 keeps none.
     pub memory_size: usize,
+    /// k, the stored keys each query retrieves.
     pub top_k: usize,
+    /// Positions per segment (the config's 0 resolved to the model's context).
     pub segment: usize,
+    /// Whether local attention also reads the previous segment (the Transformer-XL cache).
     pub xl_cache: bool,
 }
 
@@ -230,9 +238,13 @@ pub struct MemoryGate {
 /// whether each row's belongs to its current document; and each row's memory.
 #[derive(Debug, Clone, Default)]
 pub struct MemorizingState {
+    /// The unfinished segment's raw keys and values, `[b, n_kv_heads, held, d_h]`.
     pub local: Option<(Tensor<4>, Tensor<4>)>,
+    /// The previous segment's raw keys and values (the XL cache), `[b, n_kv_heads, segment, d_h]`.
     pub previous: Option<(Tensor<4>, Tensor<4>)>,
+    /// Per batch row, whether `previous` belongs to its current document (false: hidden).
     pub previous_rows: Vec<bool>,
+    /// Each row's memory: the normalised keys and the values of its document's earlier segments.
     pub memory: KnnMemory,
 }
 
@@ -267,6 +279,8 @@ fn unit(x: Tensor<4>) -> Tensor<4> {
 }
 
 impl MemorizingAttention {
+    /// Runs the layer segment by segment, continuing `state` (its [`MemorizingState`]) when given
+    /// and from a fresh memory otherwise. Causal self-attention only.
     pub fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
         assert!(input.key_value.is_none(), "memorizing attention has no cross-attention form");
         assert!(input.mask.causal, "memorizing attention is causal");

@@ -131,9 +131,13 @@ impl<C: Convolution> Default for ConvConfig<C> {
 /// What either kind's settings decide for one layer.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ConvSettings {
+    /// H, kernels (learned, or predicted per position); channel c uses kernel ⌊c·H/d_model⌋.
     pub n_heads: usize,
+    /// k, taps of every kernel (this layer's, after `kernel_sizes`).
     pub kernel_size: usize,
+    /// DropConnect: dropout on the softmax-normalised kernel weights while training.
     pub weight_dropout: f64,
+    /// Biases in the input and output projections (the weight predictor has none).
     pub bias: bool,
     /// Kernels predicted from each position (DynamicConv) rather than learned once (LightConv).
     pub dynamic: bool,
@@ -172,6 +176,8 @@ impl ConvSettings {
         2 * (2 * d * d + d * d + d * k + predictor)
     }
 
+    /// The layer: `init_std` for the input projection and the predictor, `out_std` for the output;
+    /// LightConv's kernels Xavier-uniform.
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> ConvolutionAttention {
         let (h, k) = (self.n_heads, self.kernel_size);
         let kernels = (!self.dynamic)
@@ -300,6 +306,7 @@ pub struct ConvolutionAttention {
 /// always for k = 1).
 #[derive(Debug, Clone, Default)]
 pub struct ConvolutionState {
+    /// The last k − 1 rows of x, `[b, k − 1, d]`; `None` before the first call and for k = 1.
     pub rows: Option<Tensor<3>>,
 }
 
@@ -375,6 +382,8 @@ impl ConvolutionAttention {
         self.weight_dropout.forward(softmax(per_head, 3))
     }
 
+    /// The convolution of `input.query`'s GLU, through the output projection; no weights (there
+    /// are no scores). A causal call with `state` continues from and updates its cached rows.
     pub fn forward(&self, input: AttentionInput, state: Option<&mut ConvolutionState>) -> AttentionOutput {
         assert!(
             input.key_value.is_none(),

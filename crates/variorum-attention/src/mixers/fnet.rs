@@ -71,6 +71,7 @@ impl AttentionKind for FnetConfig {
 /// FNet's mixing: no parameters.
 #[derive(Module, Debug)]
 pub struct FourierMixing {
+    /// d, the model width (recorded only: the transforms take their lengths from the input).
     pub d_model: usize,
 }
 

@@ -69,6 +69,7 @@ impl Default for GmlpConfig {
 }
 
 impl GmlpConfig {
+    /// d_ffn for a model of width `d_model`: the config's, else 2·d_model.
     pub fn d_ffn(&self, d_model: usize) -> usize {
         self.d_ffn.unwrap_or(2 * d_model)
     }
@@ -155,6 +156,7 @@ pub struct TinyAttention {
     pub qkv: Linear,
     /// W_o, `[d_attn, d_ffn / 2]`.
     pub out: Linear,
+    /// d_attn, the width of the single head.
     pub d_attn: usize,
 }
 
@@ -181,12 +183,14 @@ impl TinyAttention {
     }
 }
 
+/// gMLP's spatial gating unit, y = s(Z) V; with aMLP's tiny attention added to the gate when set.
 #[derive(Module, Debug)]
 pub struct GmlpAttention {
     /// U, `[d_model, d_ffn]`.
     pub up: Linear,
     /// LayerNorm(Z₂)'s γ and β, `[d_ffn / 2]`.
     pub norm_gamma: Param<Tensor<1>>,
+    /// β, `[d_ffn / 2]` (starts at 0).
     pub norm_beta: Param<Tensor<1>>,
     /// W, `[ℓ, ℓ]` (query position, key position).
     pub spatial: Param<Tensor<2>>,
@@ -202,7 +206,9 @@ pub struct GmlpAttention {
 /// whose keys are a one-column placeholder) and the tiny attention's keys and values.
 #[derive(Debug, Clone, Default)]
 pub struct GmlpState {
+    /// LayerNorm(Z₂) of every position so far, the values `[b, 1, len, d_ffn / 2]`.
     pub gate: KvCache,
+    /// The tiny attention's keys and values, `[b, 1, len, d_attn]`; empty without aMLP.
     pub tiny: KvCache,
 }
 
@@ -212,6 +218,8 @@ impl GmlpAttention {
         self.spatial_bias.val().dims()[0]
     }
 
+    /// The unit over `input.query`, W masked like scores by `input.mask`; no weights. With `state`
+    /// the new positions' rows of W also read the positions it keeps, and it keeps theirs.
     pub fn forward(&self, input: AttentionInput, state: Option<&mut GmlpState>) -> AttentionOutput {
         let AttentionInput { query: x, mask, .. } = input;
         let [b, lq, _] = x.dims();

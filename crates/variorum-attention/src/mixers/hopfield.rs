@@ -87,6 +87,7 @@ attention_config! {
 }
 
 impl HopfieldConfig {
+    /// The heads: `n_heads` of `head_dim` (default d_model / n_heads).
     pub fn heads(&self, d_model: usize) -> HeadShape {
         crate::engine::projections::heads(self.n_heads, self.head_dim, d_model)
     }
@@ -202,6 +203,8 @@ impl AttentionKind for HopfieldConfig {
     }
 }
 
+/// The modern Hopfield layer: each query's ξ updated `steps − 1` times in the key space, then
+/// retrieved over the values; from the sequence (a token mixer) or from `patterns` (a lookup).
 #[derive(Module, Debug)]
 pub struct HopfieldAttention {
     /// W_Q, W_K, W_V fused as in `full`: columns [Q | K | V], `[d_model, 3 · n_heads · d_h]`.
@@ -313,6 +316,8 @@ impl HopfieldAttention {
         (xi, rounds)
     }
 
+    /// The retrieval for `input.query`, with its weights `[b, h, len_q, len_k]` when asked for.
+    /// The mixer's keys follow `cache`'s; the lookup reads neither `cache` nor a source.
     pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
         let AttentionInput { query, key_value, mask, need_weights, .. } = input;
         let (q, k, v, hidden) = match &self.patterns {

@@ -52,6 +52,7 @@ impl Default for MlpMixerConfig {
 }
 
 impl MlpMixerConfig {
+    /// D_S for a context of ℓ = `context` positions: the config's, else ℓ.
     pub fn d_token(&self, context: usize) -> usize {
         self.d_token.unwrap_or(context.max(1))
     }
@@ -110,6 +111,8 @@ impl AttentionKind for MlpMixerConfig {
     }
 }
 
+/// MLP-Mixer's token-mixing MLP, W₂ GELU(W₁ X + b₁) + b₂ along the positions, shared by the
+/// channels; MADE-masked when causal.
 #[derive(Module, Debug)]
 pub struct MlpMixerAttention {
     /// W₁, `[D_S, ℓ]`.
@@ -133,6 +136,7 @@ fn degrees(hidden: usize, context: usize) -> Vec<usize> {
 /// O(D_S·d) per token, whatever the context.
 #[derive(Debug, Clone, Default)]
 pub struct MixerState {
+    /// W₁ X of the positions so far, `[b, D_S, d]`; `None` before the first call.
     pub sums: Option<Tensor<3>>,
 }
 

@@ -14,13 +14,18 @@ use crate::state::AttentionState;
 use burn::prelude::*;
 use variorum_core::AttentionMask;
 
+/// Multi-head attention restricted to a band of keys around each query (the module of
+/// `sliding-window`, `local` and `multi-scale`).
 #[derive(Module, Debug)]
 pub struct BandAttention {
+    /// The engine the band restricts: projections, scores, normaliser, output projection.
     pub attention: MultiHeadAttention,
     /// Keys seen back (from the query, or from its block's start).
     pub back: usize,
     /// Bidirectional only: keys seen ahead (of the query, or of its block's end).
     pub look_ahead: usize,
+    /// Positions per block of the computation (and, with `query_blocks`, of the query blocks
+    /// reach is measured from).
     pub block: usize,
     /// Reach measured from the query's block (local attention) rather than the query.
     pub query_blocks: bool,
@@ -64,6 +69,8 @@ impl BandAttention {
         cache.drop_front(cache.len().saturating_sub(keep));
     }
 
+    /// Attention within the band, keys appended to `cache` where given; by blocks where the
+    /// keys are the queries, dense and masked otherwise.
     pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
         self.forward_with(input, cache, false)
     }

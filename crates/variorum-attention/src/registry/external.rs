@@ -194,7 +194,9 @@ impl<C: AttentionKind> DynKind for C {
 /// A registered kind's config: its name and its settings.
 #[derive(Debug)]
 pub struct ExternalConfig {
+    /// The name the kind was registered under, `kind = "<name>"`.
     pub kind: &'static str,
+    /// Its settings, behind the object-safe methods the registry calls (`DynKind`).
     pub config: Box<dyn DynKind>,
 }
 

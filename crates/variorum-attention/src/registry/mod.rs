@@ -84,7 +84,8 @@ macro_rules! attention_kinds {
         /// An initialised attention mechanism, one variant per registered kind.
         #[derive(Module, Debug)]
         pub enum Attention {
-            $( $variant($module), )+
+            $( #[doc = concat!(" The `", $kind, "` kind's mechanism.")] $variant($module), )+
+            /// A kind registered from outside this crate.
             External(ExternalAttention),
         }
 
@@ -131,6 +132,7 @@ macro_rules! attention_kinds {
                 out
             }
 
+            /// What this setting supports ([`AttentionKind::capabilities`]).
             pub fn capabilities(&self) -> Capabilities {
                 match self {
                     $( Self::$variant(c) => AttentionKind::capabilities(c), )+
@@ -138,6 +140,7 @@ macro_rules! attention_kinds {
                 }
             }
 
+            /// Why a setting without a causal form has none ([`AttentionKind::why_not_causal`]).
             pub fn why_not_causal(&self) -> &'static str {
                 match self {
                     $( Self::$variant(c) => AttentionKind::why_not_causal(c), )+
@@ -154,6 +157,7 @@ macro_rules! attention_kinds {
                 }
             }
 
+            /// The config with every derived default written out ([`AttentionKind::expanded`]).
             pub fn expanded(&self, d_model: usize) -> Self {
                 match self {
                     $( Self::$variant(c) => Self::$variant(AttentionKind::expanded(c, d_model)), )+
@@ -161,6 +165,7 @@ macro_rules! attention_kinds {
                 }
             }
 
+            /// Checks the settings against the model width ([`AttentionKind::validate`]).
             pub fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
                 match self {
                     $( Self::$variant(c) => AttentionKind::validate(c, d_model), )+
@@ -168,6 +173,8 @@ macro_rules! attention_kinds {
                 }
             }
 
+            /// Refuses a sequence of `len` positions the kind cannot take
+            /// ([`AttentionKind::validate_len`]).
             pub fn validate_len(&self, len: usize) -> Result<(), ConfigError> {
                 match self {
                     $( Self::$variant(c) => AttentionKind::validate_len(c, len), )+
@@ -175,6 +182,7 @@ macro_rules! attention_kinds {
                 }
             }
 
+            /// The config of a model of context `len` ([`AttentionKind::for_length`]).
             pub fn for_length(&self, len: usize) -> Self {
                 match self {
                     $( Self::$variant(c) => Self::$variant(AttentionKind::for_length(c, len)), )+
@@ -182,6 +190,7 @@ macro_rules! attention_kinds {
                 }
             }
 
+            /// Query heads and head size ([`AttentionKind::head_shape`]).
             pub fn heads(&self, d_model: usize) -> HeadShape {
                 match self {
                     $( Self::$variant(c) => AttentionKind::head_shape(c, d_model), )+
@@ -189,6 +198,7 @@ macro_rules! attention_kinds {
                 }
             }
 
+            /// Dropout on the attention weights ([`AttentionKind::dropout`]).
             pub fn dropout(&self) -> f64 {
                 match self {
                     $( Self::$variant(c) => AttentionKind::dropout(c), )+
@@ -196,6 +206,7 @@ macro_rules! attention_kinds {
                 }
             }
 
+            /// Forward FLOPs per token for `len_k` keys ([`AttentionKind::flops_per_token`]).
             pub fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
                 match self {
                     $( Self::$variant(c) => AttentionKind::flops_per_token(c, d_model, len_k), )+
@@ -203,6 +214,7 @@ macro_rules! attention_kinds {
                 }
             }
 
+            /// The config of layer `layer` ([`AttentionKind::for_layer`]).
             pub fn for_layer(&self, layer: usize) -> Self {
                 match self {
                     $( Self::$variant(c) => Self::$variant(AttentionKind::for_layer(c, layer)), )+
@@ -210,6 +222,8 @@ macro_rules! attention_kinds {
                 }
             }
 
+            /// Whether every query is scored against every key
+            /// ([`AttentionKind::scores_every_key`]).
             pub fn scores_every_key(&self) -> bool {
                 match self {
                     $( Self::$variant(c) => AttentionKind::scores_every_key(c), )+
@@ -234,6 +248,8 @@ macro_rules! attention_kinds {
                 }
             }
 
+            /// Layers with their own setting, 0 = the same in every layer
+            /// ([`AttentionKind::per_layer`]).
             pub fn per_layer(&self) -> usize {
                 match self {
                     $( Self::$variant(c) => AttentionKind::per_layer(c), )+
@@ -241,6 +257,7 @@ macro_rules! attention_kinds {
                 }
             }
 
+            /// The key of the per-layer list ([`AttentionKind::per_layer_key`]).
             pub fn per_layer_key(&self) -> &'static str {
                 match self {
                     $( Self::$variant(c) => AttentionKind::per_layer_key(c), )+
@@ -267,6 +284,8 @@ macro_rules! attention_kinds {
         }
 
         impl Attention {
+            /// Runs the mechanism, with its decoding state when decoding
+            /// ([`AttentionMechanism::forward`]).
             pub fn forward(&self, input: AttentionInput, state: Option<&mut AttentionState>) -> AttentionOutput {
                 match self {
                     $( Self::$variant(a) => AttentionMechanism::forward(a, input, state), )+
@@ -274,6 +293,8 @@ macro_rules! attention_kinds {
                 }
             }
 
+            /// Appends what a forward would to the state, without the output
+            /// ([`AttentionMechanism::extend_cache`]).
             pub fn extend_cache(&self, x: Tensor<3>, mask: &AttentionMask, state: &mut AttentionState) {
                 match self {
                     $( Self::$variant(a) => AttentionMechanism::extend_cache(a, x, mask, state), )+
@@ -281,6 +302,8 @@ macro_rules! attention_kinds {
                 }
             }
 
+            /// Cross-attention over a source that stays the same from call to call
+            /// ([`AttentionMechanism::cross_attention`]).
             pub fn cross_attention(&self, input: AttentionInput, state: &mut AttentionState) -> AttentionOutput {
                 match self {
                     $( Self::$variant(a) => AttentionMechanism::cross_attention(a, input, state), )+
@@ -288,6 +311,8 @@ macro_rules! attention_kinds {
                 }
             }
 
+            /// Content-based attention, no mask or position scheme
+            /// ([`AttentionMechanism::content_only`]).
             pub fn content_only(&self, query: Tensor<3>, key_value: Tensor<3>) -> Tensor<3> {
                 match self {
                     $( Self::$variant(a) => AttentionMechanism::content_only(a, query, key_value), )+
@@ -295,6 +320,8 @@ macro_rules! attention_kinds {
                 }
             }
 
+            /// Whether the mechanism reads the dense mask
+            /// ([`AttentionMechanism::uses_dense_mask`]).
             pub fn uses_dense_mask(&self) -> bool {
                 match self {
                     $( Self::$variant(a) => AttentionMechanism::uses_dense_mask(a), )+
@@ -302,6 +329,8 @@ macro_rules! attention_kinds {
                 }
             }
 
+            /// The segment length of a global input beside the sequence, if any
+            /// ([`AttentionMechanism::global_segment`]).
             pub fn global_segment(&self) -> Option<usize> {
                 match self {
                     $( Self::$variant(a) => AttentionMechanism::global_segment(a), )+
@@ -309,6 +338,8 @@ macro_rules! attention_kinds {
                 }
             }
 
+            /// Token ids with global attention wherever they occur
+            /// ([`AttentionMechanism::global_token_ids`]).
             pub fn global_token_ids(&self) -> &[u32] {
                 match self {
                     $( Self::$variant(a) => AttentionMechanism::global_token_ids(a), )+
@@ -316,6 +347,8 @@ macro_rules! attention_kinds {
                 }
             }
 
+            /// The trainer's hook after every optimizer step
+            /// ([`AttentionMechanism::after_optimizer_step`]).
             pub fn after_optimizer_step(&mut self, step: usize) {
                 match self {
                     $( Self::$variant(a) => AttentionMechanism::after_optimizer_step(a, step), )+
@@ -323,6 +356,8 @@ macro_rules! attention_kinds {
                 }
             }
 
+            /// Whether the state keeps a memory of earlier segments
+            /// ([`AttentionMechanism::remembers`]).
             pub fn remembers(&self) -> bool {
                 match self {
                     $( Self::$variant(a) => AttentionMechanism::remembers(a), )+
@@ -338,6 +373,8 @@ macro_rules! attention_kinds {
                 }
             }
 
+            /// Forgets what the state remembers of rows that start a new document
+            /// ([`AttentionMechanism::reset_rows`]).
             pub fn reset_rows(&self, state: &mut AttentionState, rows: &[bool]) {
                 match self {
                     $( Self::$variant(a) => AttentionMechanism::reset_rows(a, state, rows), )+
@@ -345,6 +382,8 @@ macro_rules! attention_kinds {
                 }
             }
 
+            /// The hook after a partial load of the weights
+            /// ([`AttentionMechanism::after_partial_load`]).
             pub fn after_partial_load(&mut self, fresh: &dyn Fn(&str) -> bool) {
                 match self {
                     $( Self::$variant(a) => AttentionMechanism::after_partial_load(a, fresh), )+

@@ -77,6 +77,8 @@ impl CapsuleHeadsConfig {
         (self.capsules.unwrap_or(self.n_heads), self.capsule_dim.unwrap_or(heads.head_dim(d_model)))
     }
 
+    /// The layer for `d_model`: `full`'s heads with W_O from the N capsules, the votes at the
+    /// identity plus N(0, 0.02²), and for EM activation weights and β's at zero.
     pub fn init(
         &self,
         d_model: usize,
@@ -169,6 +171,8 @@ impl AttentionKind for CapsuleHeadsConfig {
     }
 }
 
+/// Multi-head attention whose heads are routed by agreement (dynamic or EM) to N output
+/// capsules instead of concatenated.
 #[derive(Module, Debug)]
 pub struct CapsuleHeadsAttention {
     /// Projections, scores and the heads' contexts; its `out` is W_O from the N capsules.
@@ -179,14 +183,20 @@ pub struct CapsuleHeadsAttention {
     pub activation: Option<Param<Tensor<2>>>,
     /// EM: [β_u; β_a], `[2, N]`.
     pub betas: Option<Param<Tensor<2>>>,
+    /// Dynamic or EM routing.
     #[module(skip)]
     pub routing: CapsuleRouting,
+    /// T, routing iterations.
     pub iterations: usize,
+    /// N, output capsules.
     pub capsules: usize,
+    /// d_c, the size of each output capsule.
     pub capsule_dim: usize,
 }
 
 impl CapsuleHeadsAttention {
+    /// The heads' contexts as `full` forms them (after `cache`'s keys), routed to the output; the
+    /// weights are the heads' attention weights.
     pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
         let (heads, weights) = self.attention.attend_heads(input, cache);
         AttentionOutput { context: self.aggregate(heads), weights, aux_losses: Vec::new() }

@@ -85,6 +85,9 @@ impl CollaborativeConfig {
         self.shared_dim.unwrap_or(h.n_heads * h.head_dim)
     }
 
+    /// The layer for `d_model`: the shared projections and W_V ~ N(0, init_std²),
+    /// W_O ~ N(0, out_std²), the mixing vectors Xavier-uniform. Panics on a position scheme
+    /// other than a distance-only score bias (ALiBi, T5), which configs refuse.
     pub fn init(
         &self,
         d_model: usize,
@@ -203,6 +206,8 @@ impl AttentionKind for CollaborativeConfig {
     }
 }
 
+/// Collaborative heads: one query/key projection of width D̃ shared by every head, re-weighted per
+/// head by its mixing vector m_h; values and output as in full attention.
 #[derive(Module, Debug)]
 pub struct CollaborativeAttention {
     /// `[W̃_Q | W̃_K | W_V]`, `[d_model, 2·D̃ + H·d_h]`: one GEMM for self-attention. W_V's columns
@@ -214,9 +219,13 @@ pub struct CollaborativeAttention {
     pub out: Linear,
     /// A distance-only score scheme (ALiBi, T5), if the layer has one.
     pub position: Option<RelativePosition>,
+    /// Dropout on the attention probabilities.
     pub dropout: Dropout,
+    /// Scores to weights (softmax unless the config says otherwise).
     pub normaliser: ScoreNormaliser,
+    /// H, query heads.
     pub n_heads: usize,
+    /// d_h, the size of each head's values.
     pub head_dim: usize,
     /// D̃.
     pub shared_dim: usize,
@@ -304,6 +313,8 @@ impl CollaborativeAttention {
         (variorum_kernels::linear::forward(&self.out, context), probs)
     }
 
+    /// The layer over `input`, its shared keys and values after `cache`'s (whose front is dropped
+    /// past `max_back`); weights `[b, H, len_q, len_k]` when asked for.
     pub fn forward(&self, input: AttentionInput, mut cache: Option<&mut KvCache>) -> AttentionOutput {
         let mask = input.mask;
         let (q, k, v) = match input.key_value {

@@ -86,6 +86,8 @@ attention_config! {
 impl EvolvingConfig {
     head_methods!();
 
+    /// The layer for `d_model`: `full`'s heads, a zero kernel (the first step is α·Â + (1 − α)·S)
+    /// and a = ln(α / (1 − α)) for the configured α.
     pub fn init(
         &self,
         d_model: usize,
@@ -152,6 +154,8 @@ impl AttentionKind for EvolvingConfig {
     }
 }
 
+/// Evolving attention: multi-head attention whose logits mix in a residual convolution of the
+/// previous layer's, A^in = α·CNN(Â_{l−1}) + (1 − α)·S.
 #[derive(Module, Debug)]
 pub struct EvolvingAttention {
     /// Projections, position scheme and output of plain multi-head attention.
@@ -170,6 +174,7 @@ pub struct EvolvingMaps(pub Tensor<4>);
 /// convolution reads.
 #[derive(Debug, Clone, Default)]
 pub struct EvolvingState {
+    /// The layer's own keys and values.
     pub kv: KvCache,
     /// The previous layer's map (hidden entries 0) for the last k_q − 1 queries, as the
     /// convolution saw it, `[b, n_heads, k_q − 1, keys when stored]` (zero rows before the first
@@ -183,6 +188,8 @@ impl EvolvingAttention {
         sigmoid(self.alpha.val())
     }
 
+    /// The layer over `input`, mixing in the map `input.carried` brings from the previous layer
+    /// (none: plain attention) and handing its own A^in on; `state` for decoding.
     pub fn forward(&self, input: AttentionInput, state: Option<&mut EvolvingState>) -> AttentionOutput {
         let a = &self.attention;
         let (cache, rows) = match state {

@@ -72,6 +72,8 @@ attention_config! {
 }
 
 impl GaussianPriorConfig {
+    /// The layer for `d_model`: `full`'s heads, W_p ~ N(0, 1/d_h), v ~ N(0, init_std²), b_p = 0
+    /// and b_d = 4 (every window about the whole visible range).
     pub fn init(
         &self,
         d_model: usize,
@@ -133,6 +135,8 @@ impl AttentionKind for GaussianPriorConfig {
     }
 }
 
+/// Multi-head attention plus a Gaussian prior G on the scores, its centre and window predicted
+/// from each query.
 #[derive(Module, Debug)]
 pub struct GaussianPriorAttention {
     /// Projections, position scheme and output of plain multi-head attention.
@@ -201,6 +205,7 @@ impl GaussianPriorAttention {
         (keys - centre).powi_scalar(2).div(two_sigma_sq).neg()
     }
 
+    /// `full`'s forward (keys after `cache`'s) with G added to the scaled scores before the mask.
     pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
         self.attention.forward_with_score_bias(input, cache, |p| self.prior(p))
     }

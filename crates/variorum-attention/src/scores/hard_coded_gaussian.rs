@@ -41,10 +41,13 @@ attention_config! {
 }
 
 impl HardCodedGaussianConfig {
+    /// The heads: `n_heads` of `head_dim` (default d_model / n_heads).
     pub fn heads(&self, d_model: usize) -> HeadShape {
         projections::heads(self.n_heads, self.head_dim, d_model)
     }
 
+    /// The layer for `d_model`: W_v ~ N(0, init_std²) and W_o ~ N(0, out_std²), its only
+    /// parameters (the weights are fixed).
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> HardCodedGaussianAttention {
         let h = self.heads(d_model);
         let width = h.n_heads * h.head_dim;
@@ -108,20 +111,26 @@ impl AttentionKind for HardCodedGaussianConfig {
     }
 }
 
+/// Hard-coded Gaussian attention: fixed weights over key positions around each query's, per head,
+/// applied to learned values.
 #[derive(Module, Debug)]
 pub struct HardCodedGaussianAttention {
     /// W_v, `[d_model, n_heads · head_dim]`.
     pub value: Linear,
     /// W_o, `[n_heads · head_dim, d_model]`.
     pub out: Linear,
+    /// H, heads (their offsets cycle over −1, 0 and, bidirectionally, +1).
     pub n_heads: usize,
+    /// d_h, the size of each head's values.
     pub head_dim: usize,
+    /// σ, every head's Gaussian width, in positions.
     pub std: f64,
 }
 
 /// Decoding state: the values of every position so far, `[b, n_heads, len, head_dim]`.
 #[derive(Debug, Clone, Default)]
 pub struct GaussianCache {
+    /// The values so far, `[b, n_heads, len, head_dim]`; `None` before the first call.
     pub values: Option<Tensor<4>>,
 }
 
@@ -154,6 +163,8 @@ impl HardCodedGaussianAttention {
         softmax(scores, 3)
     }
 
+    /// The heads' Gaussian-weighted values of `input.key_value` (else of `input.query`), after
+    /// those kept in `state`, through W_o; weights `[b, n_heads, len_q, len_k]` when asked for.
     pub fn forward(&self, input: AttentionInput, state: Option<&mut GaussianCache>) -> AttentionOutput {
         let [b, lq, _] = input.query.dims();
         let source = input.key_value.unwrap_or(input.query);

@@ -57,6 +57,8 @@ impl LazyformerConfig {
         self.layer.is_multiple_of(self.group.max(1))
     }
 
+    /// The layer for `d_model`: plain multi-head attention in a computing layer, only values and
+    /// an output projection in a reusing one.
     pub fn init(
         &self,
         d_model: usize,
@@ -139,12 +141,18 @@ pub struct ReusedMaps {
     pub value: Linear,
     /// W_O, `[n_heads · head_dim, d_model]`.
     pub out: Linear,
+    /// Dropout on the reused probabilities: this layer's own draw.
     pub dropout: burn::nn::Dropout,
+    /// Query heads, as many as the probabilities carry.
     pub n_heads: usize,
+    /// Value heads, each serving n_heads / n_kv_heads query heads.
     pub n_kv_heads: usize,
+    /// d_h, the size of each head.
     pub head_dim: usize,
 }
 
+/// A Lazyformer layer: a computing layer (plain attention that hands on its probabilities), or a
+/// reusing one (the carried probabilities over its own values).
 #[derive(Module, Debug)]
 pub struct LazyAttention {
     /// A computing layer: plain multi-head attention (`None` in a reusing layer).
@@ -160,6 +168,8 @@ pub struct LazyAttention {
 pub struct LazyMaps(pub Tensor<4>);
 
 impl LazyAttention {
+    /// The layer over `input`, keys or values after `cache`'s. A computing layer puts its
+    /// probabilities in `input.carried`; a reusing one reads them there, and panics without them.
     pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
         match (&self.attention, &self.reuse) {
             (Some(a), _) if !self.publish => a.forward(input, cache),

@@ -40,6 +40,7 @@ attention_config! {
 impl RealFormerConfig {
     head_methods!();
 
+    /// The layer for `d_model`: `full`'s heads (residual attention adds no parameters).
     pub fn init(
         &self,
         d_model: usize,
@@ -82,6 +83,8 @@ impl AttentionKind for RealFormerConfig {
     }
 }
 
+/// RealFormer's residual attention: multi-head attention whose raw scores add those of the
+/// layer before.
 #[derive(Module, Debug)]
 pub struct RealFormerAttention {
     /// Projections, position scheme and output of plain multi-head attention.
@@ -93,6 +96,8 @@ pub struct RealFormerAttention {
 pub struct ResidualScores(pub Tensor<4>);
 
 impl RealFormerAttention {
+    /// The layer over `input` (keys after `cache`'s), its raw scores plus those `input.carried`
+    /// brings from the previous layer, and the sum handed on there.
     pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
         let a = &self.attention;
         let p = a.project(input.query, input.key_value, input.mask, cache);

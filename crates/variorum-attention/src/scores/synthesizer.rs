@@ -118,6 +118,7 @@ fn ceil_sqrt(n: usize) -> usize {
 }
 
 impl SynthesizerConfig {
+    /// The heads: `n_heads` of `head_dim` (default d_model / n_heads).
     pub fn heads(&self, d_model: usize) -> HeadShape {
         projections::heads(self.n_heads, self.head_dim, d_model)
     }
@@ -423,6 +424,8 @@ impl RandomSynthesizer {
     }
 }
 
+/// The Synthesizer: attention weights from synthesized score tables (dense, random, or a learned
+/// mixture of both with dot products) over learned values.
 #[derive(Module, Debug)]
 pub struct SynthesizerAttention {
     /// The dense part (dense, mixture).
@@ -439,9 +442,13 @@ pub struct SynthesizerAttention {
     pub value: Linear,
     /// W_O, `[n_heads · head_dim, d_model]`.
     pub out: Linear,
+    /// Dropout on the attention weights.
     pub dropout: Dropout,
+    /// Scores to weights (softmax unless the config says otherwise).
     pub normaliser: crate::engine::normaliser::ScoreNormaliser,
+    /// H, heads.
     pub n_heads: usize,
+    /// d_h, the size of each head.
     pub head_dim: usize,
     /// ℓ, the positions the score tables cover (the model's context).
     pub context: usize,

@@ -33,6 +33,8 @@ attention_config! {
 impl TalkingHeadsConfig {
     head_methods!();
 
+    /// The layer for `d_model`: `full`'s heads and both mixes at the identity, so that it starts
+    /// as plain attention.
     pub fn init(
         &self,
         d_model: usize,
@@ -81,6 +83,8 @@ impl AttentionKind for TalkingHeadsConfig {
     }
 }
 
+/// Talking-heads attention: multi-head attention with learned mixes across heads on the logits and
+/// on the weights.
 #[derive(Module, Debug)]
 pub struct TalkingHeadsAttention {
     /// Projections, position scheme and output of plain multi-head attention.
@@ -99,6 +103,8 @@ fn mix_heads(mix: &Param<Tensor<2>>, x: Tensor<4>) -> Tensor<4> {
 }
 
 impl TalkingHeadsAttention {
+    /// The layer over `input` (keys after `cache`'s); the weights it returns are the mixed ones
+    /// (W', after the weight mix).
     pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
         let a = &self.attention;
         let p = a.project(input.query, input.key_value, input.mask, cache);

@@ -58,6 +58,8 @@ attention_config! {
 }
 
 impl TaskPriorConfig {
+    /// The layer for `d_model`: `full`'s heads, z ~ N(0, 1), FiLM with γ's bias 1 and β's 0,
+    /// A_n at zero (M(z) starts near 0: plain attention); blocks of ⌈L/N⌉, L the context.
     pub fn init(
         &self,
         d_model: usize,
@@ -126,6 +128,8 @@ impl AttentionKind for TaskPriorConfig {
     }
 }
 
+/// Multi-head attention plus a block-diagonal prior M(z) on the scores, conditioned on the
+/// example's task embedding z.
 #[derive(Module, Debug)]
 pub struct TaskPriorAttention {
     /// Projections, position scheme and output of plain multi-head attention.
@@ -184,6 +188,8 @@ impl TaskPriorAttention {
         flat.gather(1, index.unsqueeze_dim::<2>(0).expand([b, lq * lk])).reshape([b, 1, lq, lk])
     }
 
+    /// `full`'s forward (keys after `cache`'s) with M(z) of each row's tag (`input.mask.tags`;
+    /// none: tag 0) added to the scaled scores.
     pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
         let [b, _, _] = input.query.dims();
         let device = input.query.device();

@@ -63,6 +63,8 @@ impl AdaptiveSpanConfig {
         }
     }
 
+    /// The layer: `init_std` for q/k/v, `out_std` for the output projection; `position` supplies
+    /// the layer's relative scheme, if any.
     pub fn init(
         &self,
         d_model: usize,
@@ -130,15 +132,21 @@ impl AttentionKind for AdaptiveSpanConfig {
     }
 }
 
+/// An adaptive-span layer ([`AdaptiveSpanConfig`]): multi-head attention whose weights fade
+/// out beyond a learned span per head (or per token).
 #[derive(Module, Debug)]
 pub struct AdaptiveSpanAttention {
+    /// The softmax multi-head attention the soft mask reweights.
     pub attention: MultiHeadAttention,
     /// z / S per head (used clamped to [0, 1]).
     pub span: Param<Tensor<1>>,
     /// Dynamic spans: x_t → S·σ(vᵀx_t + b) per head.
     pub predictor: Option<Linear>,
+    /// S, the largest span.
     pub max_span: usize,
+    /// R, the length of the soft ramp.
     pub ramp: usize,
+    /// λ of the L1 penalty on spans.
     pub penalty: f64,
 }
 
@@ -158,6 +166,8 @@ impl AdaptiveSpanAttention {
         (widest.ceil() as usize + self.ramp).min(self.max_span)
     }
 
+    /// Attention under the soft span mask, `[b, len_q, d_model]`, and the `adaptive_span` loss.
+    /// Keys beyond the reach are never scored, and dropped from `cache`.
     pub fn forward(&self, input: AttentionInput, mut cache: Option<&mut KvCache>) -> AttentionOutput {
         let device = input.query.device();
         let mask = input.mask;

@@ -60,6 +60,8 @@ impl BigBirdConfig {
         Self { layer: i, ..self }
     }
 
+    /// The layer: `init_std` for q/k/v, `out_std` for the output projection; `position` supplies
+    /// the layer's relative scheme, if any.
     pub fn init(
         &self,
         d_model: usize,
@@ -129,14 +131,22 @@ impl AttentionKind for BigBirdConfig {
     }
 }
 
+/// A BigBird layer ([`BigBirdConfig`]): blocked window, global tokens and random blocks.
 #[derive(Module, Debug)]
 pub struct BigBirdAttention {
+    /// The multi-head attention the pattern restricts: projections, position scheme, normaliser.
     pub attention: MultiHeadAttention,
+    /// b, positions per block.
     pub block: usize,
+    /// Window blocks on each side of the query's block.
     pub window_blocks: usize,
+    /// r, random key blocks per query block.
     pub random_blocks: usize,
+    /// g: the first g positions are global.
     pub global_tokens: usize,
+    /// Seed of the random blocks, mixed with `layer`.
     pub seed: u64,
+    /// The layer's index, mixed into the random blocks' seed so each layer draws its own.
     pub layer: usize,
 }
 
@@ -172,6 +182,8 @@ impl BigBirdAttention {
         Band { back: reach, ahead: reach, block: self.block, query_blocks: true, causal }
     }
 
+    /// [`Self::forward_with`] without `dense`, `[b, len_q, d_model]`; `cache` holds the earlier
+    /// positions' keys and values when decoding.
     pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
         self.forward_with(input, cache, false)
     }

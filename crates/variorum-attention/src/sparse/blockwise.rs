@@ -42,10 +42,13 @@ attention_config! {
 }
 
 impl BlockwiseConfig {
+    /// s_h of every head: `shifts`, or 0, 1, …, h − 1.
     pub fn head_shifts(&self) -> Vec<usize> {
         if self.shifts.is_empty() { (0..self.n_heads).collect() } else { self.shifts.clone() }
     }
 
+    /// The layer: `init_std` for q/k/v, `out_std` for the output projection; `position` supplies
+    /// the layer's relative scheme, if any.
     pub fn init(
         &self,
         d_model: usize,
@@ -95,10 +98,15 @@ impl AttentionKind for BlockwiseConfig {
     }
 }
 
+/// A blockwise (BlockBERT) layer ([`BlockwiseConfig`]): each head's query block sees one
+/// shifted key block.
 #[derive(Module, Debug)]
 pub struct BlockwiseAttention {
+    /// The multi-head attention the pattern restricts: projections, position scheme, normaliser.
     pub attention: MultiHeadAttention,
+    /// B, positions per block.
     pub block: usize,
+    /// s_h per head, the block shift of its permutation.
     #[module(skip)]
     pub shifts: Vec<usize>,
 }
@@ -117,6 +125,8 @@ impl BlockwiseAttention {
         own || self.partner(head, bq, blocks, causal) == Some(bk)
     }
 
+    /// [`Self::forward_with`] without `dense`, `[b, len_q, d_model]`; `cache` holds the earlier
+    /// positions' keys and values when decoding.
     pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
         self.forward_with(input, cache, false)
     }

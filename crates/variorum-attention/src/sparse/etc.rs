@@ -46,10 +46,13 @@ attention_config! {
 }
 
 impl EtcConfig {
+    /// Positions per block of the l2l band: `block`, or min(window, 128).
     pub fn block(&self) -> usize {
         self.block.unwrap_or(self.window.min(128))
     }
 
+    /// The layer: `init_std` for q/k/v, `out_std` for the output projection; `position` supplies
+    /// the layer's relative scheme, if any.
     pub fn init(
         &self,
         d_model: usize,
@@ -114,22 +117,32 @@ impl AttentionKind for EtcConfig {
     }
 }
 
+/// An ETC global–local layer ([`EtcConfig`]): long tokens and one global token per segment.
 #[derive(Module, Debug)]
 pub struct EtcAttention {
+    /// The multi-head attention whose projections the long and the global tokens share.
     pub attention: MultiHeadAttention,
+    /// w, long keys each long query sees back (its own included; as many ahead when
+    /// bidirectional).
     pub window: usize,
+    /// S, long positions per segment, each with one global token.
     pub segment: usize,
+    /// Positions per block of the l2l band.
     pub block: usize,
 }
 
 /// Decoding state: the long tokens' cache and every global token's keys and values.
 #[derive(Debug, Clone, Default)]
 pub struct EtcState {
+    /// The long tokens' keys and values: the last max(window, segment).
     pub long: KvCache,
+    /// Every global token's keys and values.
     pub global: KvCache,
 }
 
 impl EtcAttention {
+    /// The four pieces, `[b, len_q, d_model]`, for the tokens `mask.global_local` places: long
+    /// ones (any global ones in front of them), or a completed segment's global token alone.
     pub fn forward(&self, input: AttentionInput, state: Option<&mut EtcState>) -> AttentionOutput {
         let mask = input.mask;
         let mha = &self.attention;

@@ -58,6 +58,8 @@ pub enum Sees {
 }
 
 impl FixedConfig {
+    /// The layer: `init_std` for q/k/v, `out_std` for the output projection; `position` supplies
+    /// the layer's relative scheme, if any.
     pub fn init(
         &self,
         d_model: usize,
@@ -134,10 +136,15 @@ impl AttentionKind for FixedConfig {
     }
 }
 
+/// A Sparse Transformer fixed-pattern layer ([`FixedConfig`]): own block and every block's
+/// summaries.
 #[derive(Module, Debug)]
 pub struct FixedAttention {
+    /// The multi-head attention the pattern restricts: projections, position scheme, normaliser.
     pub attention: MultiHeadAttention,
+    /// ℓ, positions per block.
     pub stride: usize,
+    /// c, summary positions at the end of each block.
     pub summary: usize,
     /// What each head sees.
     #[module(skip)]
@@ -166,6 +173,8 @@ impl FixedAttention {
         }
     }
 
+    /// [`Self::forward_with`] without `dense`, `[b, len_q, d_model]`; `cache` holds the earlier
+    /// positions' keys and values when decoding.
     pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
         self.forward_with(input, cache, false)
     }

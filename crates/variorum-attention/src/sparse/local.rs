@@ -29,10 +29,13 @@ attention_config! {
 }
 
 impl LocalAttentionConfig {
+    /// Positions after the block (bidirectional only): `look_ahead`, or `memory`.
     pub fn look_ahead(&self) -> usize {
         self.look_ahead.unwrap_or(self.memory)
     }
 
+    /// The layer, a [`BandAttention`]: `init_std` for q/k/v, `out_std` for the output projection;
+    /// `position` supplies the layer's relative scheme, if any.
     pub fn init(
         &self,
         d_model: usize,

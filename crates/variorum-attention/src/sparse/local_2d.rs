@@ -43,6 +43,8 @@ attention_config! {
 }
 
 impl Local2dConfig {
+    /// The layer: `init_std` for q/k/v, `out_std` for the output projection; `position` supplies
+    /// the layer's relative scheme, if any.
     pub fn init(
         &self,
         d_model: usize,
@@ -99,13 +101,21 @@ impl AttentionKind for Local2dConfig {
     }
 }
 
+/// A 2D local attention layer ([`Local2dConfig`]): query rectangles of a raster image see
+/// their memory rectangles.
 #[derive(Module, Debug)]
 pub struct Local2dAttention {
+    /// The multi-head attention the pattern restricts: projections, position scheme, normaliser.
     pub attention: MultiHeadAttention,
+    /// W, positions per image row.
     pub width: usize,
+    /// h_q, rows per query rectangle.
     pub query_rows: usize,
+    /// w_q, columns per query rectangle (at most W).
     pub query_cols: usize,
+    /// h_m, memory rows above the rectangle (and below, bidirectionally).
     pub memory_rows: usize,
+    /// w_m, memory columns left and right of the rectangle.
     pub memory_cols: usize,
 }
 
@@ -127,6 +137,8 @@ impl Local2dAttention {
         (!causal || k <= q) && (r0..r1).contains(&row) && (c0..c1).contains(&col)
     }
 
+    /// [`Self::forward_with`] without `dense`, `[b, len_q, d_model]`; `cache` holds the earlier
+    /// positions' keys and values when decoding.
     pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
         self.forward_with(input, cache, false)
     }

@@ -93,10 +93,12 @@ attention_config! {
 }
 
 impl LongformerConfig {
+    /// Positions per block of the computation: `block`, or min(w, 128).
     pub fn block(&self) -> usize {
         self.block.unwrap_or(self.window.min(128))
     }
 
+    /// Keys seen ahead (bidirectional only): `look_ahead`, or w − 1.
     pub fn look_ahead(&self) -> usize {
         self.look_ahead.unwrap_or(self.window.saturating_sub(1))
     }
@@ -106,6 +108,8 @@ impl LongformerConfig {
         if self.dilations.is_empty() { vec![1; self.n_heads] } else { self.dilations.clone() }
     }
 
+    /// The layer: `init_std` for q/k/v, `out_std` for the output projection; `position` supplies
+    /// the layer's relative scheme, if any. Q_g, K_g, V_g start as copies of the local ones.
     pub fn init(
         &self,
         d_model: usize,
@@ -254,12 +258,18 @@ fn copy_of(qkv: &QkvProjection) -> QkvProjection {
 /// position (when separate).
 #[derive(Debug, Clone, Default)]
 pub struct LongformerCache {
+    /// The window's keys and values (every key once global tokens are possible), and the
+    /// positions of the global tokens chosen by id.
     pub local: KvCache,
+    /// K_g and V_g of every position (separate global projections only).
     pub global: KvCache,
 }
 
+/// A Longformer layer ([`LongformerConfig`]): a (dilated) sliding window plus global
+/// attention.
 #[derive(Module, Debug)]
 pub struct LongformerAttention {
+    /// The sliding window's multi-head attention; its output projection serves global rows too.
     pub attention: MultiHeadAttention,
     /// Q_g, K_g, V_g, when global attention has its own projections.
     pub global_qkv: Option<QkvProjection>,
@@ -267,12 +277,15 @@ pub struct LongformerAttention {
     pub back: usize,
     /// Bidirectional only: keys seen ahead, δ apart.
     pub look_ahead: usize,
+    /// Positions per block of the computation.
     pub block: usize,
     /// δ per head.
     #[module(skip)]
     pub dilations: Vec<usize>,
+    /// Positions with global attention.
     #[module(skip)]
     pub global: Vec<usize>,
+    /// Token ids with global attention wherever they occur (the mask brings their positions).
     #[module(skip)]
     pub global_token_ids: Vec<u32>,
 }
@@ -327,6 +340,8 @@ impl LongformerAttention {
         cache.drop_front(cache.len().saturating_sub(reach));
     }
 
+    /// [`Self::forward_with`] without `dense`, `[b, len_q, d_model]`; `cache` holds the window's
+    /// (and the global projections') keys and values when decoding.
     pub fn forward(&self, input: AttentionInput, cache: Option<&mut LongformerCache>) -> AttentionOutput {
         self.forward_with(input, cache, false)
     }

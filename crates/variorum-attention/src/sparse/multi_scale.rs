@@ -34,10 +34,13 @@ impl MultiScaleConfig {
         self.windows.iter().copied().max().unwrap_or(1)
     }
 
+    /// Positions per block of the computation: `block`, or min(max w, 128).
     pub fn block(&self) -> usize {
         self.block.unwrap_or(self.widest().min(128))
     }
 
+    /// The layer, a [`BandAttention`]: `init_std` for q/k/v, `out_std` for the output projection;
+    /// `position` supplies the layer's relative scheme, if any.
     pub fn init(
         &self,
         d_model: usize,

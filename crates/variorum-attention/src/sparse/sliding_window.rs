@@ -40,14 +40,18 @@ attention_config! {
 }
 
 impl SlidingWindowConfig {
+    /// Positions per block of the computation: `block`, or min(w, 128).
     pub fn block(&self) -> usize {
         self.block.unwrap_or(self.window.min(128))
     }
 
+    /// Keys seen ahead (bidirectional only): `look_ahead`, or w − 1.
     pub fn look_ahead(&self) -> usize {
         self.look_ahead.unwrap_or(self.window.saturating_sub(1))
     }
 
+    /// The layer, a [`BandAttention`]: `init_std` for q/k/v, `out_std` for the output projection;
+    /// `position` supplies the layer's relative scheme, if any.
     pub fn init(
         &self,
         d_model: usize,

@@ -74,6 +74,8 @@ attention_config! {
 }
 
 impl StridedConfig {
+    /// What this layer's heads attend to: `combine`, with `alternate` resolved by the layer's
+    /// parity.
     pub fn mode(&self) -> StridedMode {
         match self.combine {
             StridedCombine::Union => StridedMode::Union,
@@ -83,6 +85,8 @@ impl StridedConfig {
         }
     }
 
+    /// The layer: `init_std` for q/k/v, `out_std` for the output projection; `position` supplies
+    /// the layer's relative scheme, if any.
     pub fn init(
         &self,
         d_model: usize,
@@ -148,10 +152,15 @@ impl AttentionKind for StridedConfig {
     }
 }
 
+/// A Sparse Transformer strided-pattern layer ([`StridedConfig`]): the previous ℓ positions
+/// and every ℓ-th one.
 #[derive(Module, Debug)]
 pub struct StridedAttention {
+    /// The multi-head attention the pattern restricts: projections, position scheme, normaliser.
     pub attention: MultiHeadAttention,
+    /// ℓ, the stride.
     pub stride: usize,
+    /// What the heads attend to (from `combine` and the layer); not saved.
     #[module(skip)]
     pub mode: StridedMode,
 }
@@ -179,6 +188,8 @@ impl StridedAttention {
         Band { back, ahead: if causal { 0 } else { back }, block: self.stride, query_blocks: false, causal }
     }
 
+    /// [`Self::forward_with`] without `dense`, `[b, len_q, d_model]`; `cache` holds the earlier
+    /// positions' keys and values when decoding.
     pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
         self.forward_with(input, cache, false)
     }

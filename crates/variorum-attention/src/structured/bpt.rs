@@ -84,6 +84,7 @@ impl BptConfig {
         1 + 2 * self.k * (self.clip_levels + 1)
     }
 
+    /// The layer for `d_model`: `full`'s heads and a_r ~ N(0, init_std²) for every edge type.
     pub fn init(
         &self,
         d_model: usize,
@@ -456,16 +457,23 @@ impl BptState {
     }
 }
 
+/// BP-Transformer: each token attends to its binary-partition neighbourhood (k nodes per side and
+/// level), with a relative representation on each edge.
 #[derive(Module, Debug)]
 pub struct BptAttention {
+    /// Projections and output of plain multi-head attention.
     pub attention: MultiHeadAttention,
     /// a_r, `[edge types, d_h]`: the relative representation of each edge type.
     pub relative: Param<Tensor<2>>,
+    /// k, nodes per side at every level.
     pub k: usize,
+    /// Levels above this one share their relative representations.
     pub clip_levels: usize,
 }
 
 impl BptAttention {
+    /// The layer over `input`'s own sequence; no weights (no dense map exists). Causal and
+    /// unpadded, `state` keeps the node sums; otherwise the span means come from its KV cache.
     pub fn forward(&self, input: AttentionInput, state: Option<&mut BptState>) -> AttentionOutput {
         let mask = input.mask;
         assert!(

@@ -67,6 +67,8 @@ attention_config! {
 }
 
 impl GraphAttentionConfig {
+    /// The layer for `d_model`: `full`'s heads, and for additive scores a_q and a_k, drawn from
+    /// N(0, init_std²).
     pub fn init(
         &self,
         d_model: usize,
@@ -123,8 +125,11 @@ impl AttentionKind for GraphAttentionConfig {
     }
 }
 
+/// Graph-masked attention: each position attends over its neighbours in the example's graph and
+/// itself (the complete graph without one).
 #[derive(Module, Debug)]
 pub struct GraphAttention {
+    /// Projections, dot-product scores and output of plain multi-head attention.
     pub attention: MultiHeadAttention,
     /// a_q, `[n_heads, d_h]` (additive scores only).
     pub query_vector: Option<Param<Tensor<2>>>,
@@ -133,6 +138,8 @@ pub struct GraphAttention {
 }
 
 impl GraphAttention {
+    /// The layer over `input`: gathered over `input.mask.graph`'s neighbours (no weights, no
+    /// cache) when it has one, over every visible key (after `cache`'s) otherwise.
     pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
         let mask = input.mask;
         if let Some(graph) = &mask.graph {

@@ -70,6 +70,8 @@ attention_config! {
 }
 
 impl SacConfig {
+    /// The layer for `d_model`: `full`'s heads and the two pointer projections U and W,
+    /// N(0, init_std²) without biases.
     pub fn init(
         &self,
         d_model: usize,
@@ -149,18 +151,24 @@ impl AttentionKind for SacConfig {
 /// [`KvCache`] as both of its halves).
 #[derive(Debug, Clone, Default)]
 pub struct SacState {
+    /// The layer's keys and values.
     pub kv: KvCache,
     pointers: KvCache,
 }
 
+/// SAC: attention over the k keys an edge predictor draws for each query, and the query itself;
+/// the predictor learns by REINFORCE.
 #[derive(Module, Debug)]
 pub struct SacAttention {
+    /// Projections, dot-product scores and output of plain multi-head attention.
     pub attention: MultiHeadAttention,
     /// U: each query's pointer, `d_model → r`.
     pub pointer_query: Linear,
     /// W: each key's pointer, `d_model → r`.
     pub pointer_key: Linear,
+    /// k, the keys drawn for each query besides itself.
     pub edges: usize,
+    /// Weight of the REINFORCE term (0: the predictor does not learn).
     pub policy_weight: f64,
 }
 
@@ -178,6 +186,8 @@ pub struct Edges {
 }
 
 impl SacAttention {
+    /// The layer over `input`'s own sequence (keys after `state`'s); no weights. While training it
+    /// returns each row's log π, times `policy_weight`, as the `edge_policy` REINFORCE term.
     pub fn forward(&self, input: AttentionInput, state: Option<&mut SacState>) -> AttentionOutput {
         let mask = input.mask;
         assert!(

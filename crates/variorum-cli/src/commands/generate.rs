@@ -174,21 +174,26 @@ pub fn run(args: GenerateArgs) -> Result<ExitCode> {
                 knn_recall: 0,
             };
             args.check()?;
-            variorum_train::knn_lm::check_run(&run)?;
+            variorum_train::retrieval::knn_lm::check_run(&run)?;
             let store = variorum_retrieval::Datastore::open(dir)?;
-            variorum_train::knn_lm::check_datastore(&run, &store)?;
+            variorum_train::retrieval::knn_lm::check_datastore(&run, &store)?;
             Some((store, args))
         }
         None => None,
     };
-    let retriever = store.as_ref().map(|(store, args)| variorum_train::knn_lm::Retriever {
+    let retriever = store.as_ref().map(|(store, args)| variorum_train::retrieval::knn_lm::Retriever {
         store,
         knn: variorum_retrieval::KnnConfig { k: knn_k, lambda: knn_lambda, temperature: knn_temperature },
         mode: args.mode(),
     });
     // a long-term memory retrieves for every position as the text grows
     let neighbours = match run.config.model.long_term_memory {
-        Some(_) => Some(variorum_train::spalm::OnlineNeighbours::open(&run.config, run.model.vocab_size, &device, 64)?),
+        Some(_) => Some(variorum_train::retrieval::spalm::OnlineNeighbours::open(
+            &run.config,
+            run.model.vocab_size,
+            &device,
+            64,
+        )?),
         None => None,
     };
     let retrieval = variorum_train::generate::Retrieval { knn: retriever.as_ref(), neighbours: neighbours.as_ref() };

@@ -80,7 +80,7 @@ fn learns(cfg: &ExperimentConfig) -> bool {
 fn learned_behaviour(run: &Path) -> Result<()> {
     let (device, _) = device::select("cpu")?;
     let loaded = Run::load(run, &device)?;
-    for (title, lines) in variorum_train::report::learned_text(&loaded, &device)? {
+    for (title, lines) in variorum_train::pictures::report::learned_text(&loaded, &device)? {
         println!("# {title}");
         for line in lines {
             println!("#   {line}");

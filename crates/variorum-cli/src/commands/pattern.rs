@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use variorum_train::ExperimentConfig;
-use variorum_train::pattern;
+use variorum_train::pictures::pattern;
 use variorum_train::run::Run;
 
 use crate::device::DeviceArgs;

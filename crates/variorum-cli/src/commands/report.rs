@@ -25,11 +25,11 @@ pub fn run(args: ReportArgs) -> Result<ExitCode> {
     let (device, _) = device.select()?;
     let out = match (out, runs.as_slice()) {
         (Some(out), _) => out,
-        (None, [one]) => one.join(variorum_train::report::REPORT_FILE),
-        (None, _) => PathBuf::from(variorum_train::report::REPORT_FILE),
+        (None, [one]) => one.join(variorum_train::pictures::report::REPORT_FILE),
+        (None, _) => PathBuf::from(variorum_train::pictures::report::REPORT_FILE),
     };
     let pb = variorum_train::progress::spinner(&format!("reading {} run(s)", runs.len()));
-    let written = variorum_train::report::write(&runs, &out, &device);
+    let written = variorum_train::pictures::report::write(&runs, &out, &device);
     pb.finish_and_clear();
     written?;
     eprintln!("report written to {}", out.display());

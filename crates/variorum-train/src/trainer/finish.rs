@@ -84,7 +84,7 @@ impl Session<'_> {
                 // a long-term memory retrieves as the sample grows; if its datastore cannot be read
                 // now, the sample goes without (the run's artefacts matter more than its sample)
                 let retrieving = cfg.model.long_term_memory.as_ref().map(|_| {
-                    let online = crate::spalm::OnlineNeighbours::open(cfg, cfg.model.vocab(), &inner, 64)?;
+                    let online = crate::retrieval::spalm::OnlineNeighbours::open(cfg, cfg.model.vocab(), &inner, 64)?;
                     let retrieval = crate::generate::Retrieval { knn: None, neighbours: Some(&online) };
                     crate::generate::generate_with(valid, &prompt, &sample_cfg, retrieval, &inner, |_| {})
                 });

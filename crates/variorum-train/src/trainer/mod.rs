@@ -26,7 +26,7 @@ use crate::config::{ExperimentConfig, TrainConfig};
 use crate::listing::Status;
 use crate::lock::RunLock;
 use crate::metrics::MetricsLog;
-use crate::spalm::Retrieved;
+use crate::retrieval::spalm::Retrieved;
 
 mod finish;
 mod prepare;
@@ -81,22 +81,37 @@ impl TrainOptions {
 /// Final figures of a run, also written to `summary.json`.
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
+    /// Optimizer steps done.
     pub steps: u64,
     /// Median over the metrics rows (the first one, which includes warm-up, excluded).
     pub tokens_per_sec: f64,
+    /// Training loss of the last logging interval, nats per token.
     pub final_train_loss: Option<f64>,
+    /// The last validation loss, nats per token.
     pub final_val_loss: Option<f64>,
+    /// Parameters of the model.
     pub params: usize,
+    /// Forward FLOPs per token, as the model config counts them (`flops_per_token`).
     pub flops_per_token: u64,
+    /// Name of the device trained on.
     pub device: String,
+    /// Training time, seconds (evaluation and checkpointing excluded).
     pub train_seconds: f64,
     /// Peak resident set size of the training process, MiB (Linux).
     pub peak_rss_mib: Option<f64>,
 }
 
+/// How a training ended.
 pub enum Outcome {
+    /// It reached its last step.
     Finished(Summary),
-    Interrupted { step: u64, checkpoint: PathBuf },
+    /// Stopped between two steps (Ctrl-C, `--stop-at`); `--resume` continues from the checkpoint.
+    Interrupted {
+        /// Optimizer steps done.
+        step: u64,
+        /// The checkpoint written at the stop.
+        checkpoint: PathBuf,
+    },
 }
 
 /// Mixes the run seed with a step number into a device seed.
@@ -264,7 +279,7 @@ fn write_report(run: &Path, opts: &TrainOptions, status: Status, now: &ReportSta
     }
     let written = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let model = now.model.valid();
-        let live = crate::report::Live {
+        let live = crate::pictures::report::Live {
             status,
             model: &model,
             config: now.config,
@@ -272,9 +287,9 @@ fn write_report(run: &Path, opts: &TrainOptions, status: Status, now: &ReportSta
             validation: &now.corpus.val,
             params: now.params,
         };
-        crate::report::write_live(run, &live, &opts.device)
+        crate::pictures::report::write_live(run, &live, &opts.device)
     }));
-    let out = run.join(crate::report::REPORT_FILE);
+    let out = run.join(crate::pictures::report::REPORT_FILE);
     match written {
         Ok(Ok(())) => {}
         Ok(Err(e)) => say(format!("note: {} not written: {e:#}", out.display())),
@@ -293,7 +308,7 @@ struct ReportState<'a> {
 fn finish_plot(run: &Path, metrics: &MetricsLog) -> Result<()> {
     let rows = metrics.rows()?;
     let title = run.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    if !crate::plot::loss_curve(&rows, &run.join("loss.png"), &title)? {
+    if !crate::pictures::plot::loss_curve(&rows, &run.join("loss.png"), &title)? {
         eprintln!("note: loss.png not drawn (no font found; install fonts-dejavu-core)");
     }
     Ok(())

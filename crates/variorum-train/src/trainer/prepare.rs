@@ -19,7 +19,7 @@ use crate::config::{Batching, ExperimentConfig, TrainConfig};
 use crate::eval::{masked_batches, masking};
 use crate::lock::RunLock;
 use crate::metrics::MetricsLog;
-use crate::spalm::Retrieved;
+use crate::retrieval::spalm::Retrieved;
 use crate::step::optimizer;
 use crate::transfer::InitReport;
 
@@ -155,11 +155,11 @@ fn open_run(
     // SPALM: every position's retrieved tokens, looked up by its place in the split; opened
     // before the run directory is written, so that a missing table leaves nothing behind
     let retrieved = match (&cfg.data.neighbours, &cfg.model.long_term_memory) {
-        (Some(dir), Some(l)) => Some(crate::spalm::open_tables(dir, &corpus, cfg.model.vocab(), l.k)?),
+        (Some(dir), Some(l)) => Some(crate::retrieval::spalm::open_tables(dir, &corpus, cfg.model.vocab(), l.k)?),
         _ => None,
     };
     if let (true, Some(tables)) = (opts.resume, &retrieved) {
-        crate::spalm::check_resumed_tables(run, tables)?;
+        crate::retrieval::spalm::check_resumed_tables(run, tables)?;
     }
     fs::create_dir_all(run).with_context(|| format!("cannot create run directory {}", run.display()))?;
     // one training per run directory, held to the end, before anything in it is written (a
@@ -186,7 +186,7 @@ fn open_run(
         write_atomic(&path, serde_json::to_string_pretty(&tags.names)?.as_bytes())?;
     }
     if let Some(tables) = &retrieved {
-        crate::spalm::record_tables(run, tables)?;
+        crate::retrieval::spalm::record_tables(run, tables)?;
     }
     Ok((corpus, retrieved, lock))
 }

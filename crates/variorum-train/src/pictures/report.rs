@@ -53,13 +53,17 @@ const EXIT_TOKENS: usize = 256;
 /// the run directory may be stale (a finished run resumed to more steps keeps its old
 /// `model.bpk`, `summary.json` and `sample.txt` until it ends) or busy (its lock is held).
 pub struct Live<'a> {
+    /// Where the run stands now.
     pub status: Status,
     /// The model now, in inference mode.
     pub model: &'a DecoderLm,
+    /// The run's config.
     pub config: &'a ExperimentConfig,
+    /// The run's tokenizer.
     pub tokenizer: &'a Tokenizer,
     /// The validation split's tokens.
     pub validation: &'a [u32],
+    /// Parameters of the model.
     pub params: usize,
 }
 
@@ -416,15 +420,15 @@ fn model_views(dir: &Path, page: &mut RunPage, live: Option<&Live>, device: &Dev
     let title = format!("pattern of {kind}, layer 0, on the first {len} validation tokens{untagged}");
     let tokens =
         Tensor::<2, Int>::from_data(TensorData::new(ids[..len].iter().map(|&t| t as i64).collect(), [1, len]), device);
-    page.pattern = match crate::pattern::read(model, cfg, tokens, 0, None) {
-        Ok(p) => Figure::from_png(&title, |path| crate::pattern::draw(&p, path)),
+    page.pattern = match crate::pictures::pattern::read(model, cfg, tokens, 0, None) {
+        Ok(p) => Figure::from_png(&title, |path| crate::pictures::pattern::draw(&p, path)),
         Err(e) => Figure::missing(&title, format!("{e:#}")),
     };
 
     let len = HEATMAP_LEN.min(cfg.seq_len).min(ids.len());
     let title = format!("learned attention of {kind} on {len} validation tokens{untagged}");
-    let labels = crate::heatmap::token_labels(tokenizer, &ids[..len]);
-    match crate::heatmap::read(model, cfg, &ids[..len], labels, None, None, device) {
+    let labels = crate::pictures::heatmap::token_labels(tokenizer, &ids[..len]);
+    match crate::pictures::heatmap::read(model, cfg, &ids[..len], labels, None, None, device) {
         Ok(mut maps) => {
             page.head_stats = maps
                 .stats()
@@ -443,7 +447,7 @@ fn model_views(dir: &Path, page: &mut RunPage, live: Option<&Live>, device: &Dev
                 title
             };
             maps.layers.truncate(shown);
-            page.attention = Figure::from_png(&title, |path| crate::heatmap::draw(&maps, path));
+            page.attention = Figure::from_png(&title, |path| crate::pictures::heatmap::draw(&maps, path));
             page.attention_text = Some(tokenizer.decode(&ids[..len]));
         }
         Err(e) => page.attention = Figure::missing(&title, format!("{e:#}")),
@@ -548,7 +552,7 @@ fn learned(
                 .iter()
                 .map(|p| format!("threshold {:.1}: {:.2} blocks, loss {:.4}", p.threshold, p.blocks(), p.loss()))
                 .collect();
-            let svg = crate::plot::lines_svg(
+            let svg = crate::pictures::plot::lines_svg(
                 &[("exits", curve, RGBColor(30, 60, 140), true)],
                 (720, 420),
                 &title,
@@ -586,7 +590,7 @@ fn series(histories: &[History], value: impl Fn(&Row) -> Option<f64>) -> Vec<(St
 fn chart(title: &str, y: &str, lines: &[(String, Vec<(f64, f64)>, RGBColor, bool)]) -> Figure {
     let borrowed: Vec<(&str, Vec<(f64, f64)>, RGBColor, bool)> =
         lines.iter().map(|(n, p, c, m)| (n.as_str(), p.clone(), *c, *m)).collect();
-    Figure::from_svg(title, crate::plot::lines_svg(&borrowed, (900, 480), title, "step", y))
+    Figure::from_svg(title, crate::pictures::plot::lines_svg(&borrowed, (900, 480), title, "step", y))
 }
 
 /// Loss (train thin, validation marked), learning rate and gradient norm, every run overlaid.
@@ -717,7 +721,7 @@ mod tests {
         );
         // the pattern and the heatmaps are pictures, the curves inline SVG
         assert_eq!(html.matches("src=\"data:image/png;base64,").count(), 2, "pattern and heatmap PNGs");
-        if crate::plot::has_font() {
+        if crate::pictures::plot::has_font() {
             assert!(
                 html.matches("<svg").count() >= 4,
                 "loss, learning rate, gradient norm, span and throughput charts"

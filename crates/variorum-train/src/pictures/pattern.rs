@@ -42,8 +42,11 @@ pub enum Reading {
 pub struct Pattern {
     /// `model.attention.kind`.
     pub kind: String,
+    /// The block application read (0 = nearest the embeddings).
     pub layer: usize,
+    /// Positions on each axis.
     pub len: usize,
+    /// How the pattern was read.
     pub reading: Reading,
     /// One `len × len` grid per head (weights) or one for the layer (gradient), row-major
     /// (query i, key j at `i * len + j`).
@@ -191,13 +194,13 @@ pub fn draw(pattern: &Pattern, path: &Path) -> Result<()> {
     let side = cell * pattern.len as u32;
     // wide enough for the title line above a single grid
     let (w, h) = ((cols as u32 * (side + 24) + 24).max(620), rows as u32 * (side + 40) + 40);
-    crate::plot::draw_to_file!(path, (w, h), |area| paint(pattern, &area, cols, cell))
+    crate::pictures::plot::draw_to_file!(path, (w, h), |area| paint(pattern, &area, cols, cell))
 }
 
 fn paint<DB: DrawingBackend>(pattern: &Pattern, area: &DrawingArea<DB, Shift>, cols: usize, cell: u32) -> Result<()> {
     let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow::anyhow!("{e}");
     area.fill(&WHITE).map_err(err)?;
-    let font = crate::plot::has_font();
+    let font = crate::pictures::plot::has_font();
     if font {
         let title = format!(
             "{}, layer {}, {} positions ({})",

@@ -108,16 +108,20 @@ pub struct BuildSettings {
     pub window: usize,
     /// Tokens between window starts.
     pub stride: usize,
+    /// The HNSW index's build settings.
     pub index: HnswParams,
 }
 
 /// How a build ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Built {
+    /// Every entry written and the index built.
     Complete,
     /// Stopped on request with everything so far committed: the same build resumes.
     Interrupted {
+        /// Entries committed.
         entries: u64,
+        /// Entries in the index so far.
         indexed: u64,
     },
 }
@@ -224,12 +228,17 @@ pub struct KnnScores {
 /// Settings of a kNN-LM evaluation.
 #[derive(Debug, Clone)]
 pub struct KnnEval {
+    /// Window length: the tokens each forward reads.
     pub window: usize,
+    /// Tokens between window starts.
     pub stride: usize,
     /// Neighbour counts to score with (one search with the largest).
     pub ks: Vec<usize>,
+    /// The interpolation weights λ to score with: p = λ p_kNN + (1 − λ) p_LM.
     pub lambdas: Vec<f64>,
+    /// Divides the distances before the softmax over the neighbours.
     pub temperature: f64,
+    /// Exact search or the HNSW index.
     pub mode: SearchMode,
     /// Also search about this many queries, spread over the text, exactly and report the
     /// index's recall@k.
@@ -377,8 +386,11 @@ fn knn_target_prob(neighbours: &[Neighbour], temperature: f64, values: &[u32], t
 
 /// Retrieval while generating: each next token is drawn from the mixture.
 pub struct Retriever<'a> {
+    /// The datastore searched.
     pub store: &'a Datastore,
+    /// k, λ and the temperature.
     pub knn: KnnConfig,
+    /// Exact search or the HNSW index.
     pub mode: SearchMode,
 }
 

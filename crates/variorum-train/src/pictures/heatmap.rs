@@ -3,7 +3,7 @@
 //! statistics per head — the entropy of a query's weights (how spread its attention is) and
 //! the mean distance to the keys it weighs (how far back it looks).
 //!
-//! Where [`crate::pattern`] draws *what may be attended to* (a boolean pattern, from weights or
+//! Where [`crate::pictures::pattern`] draws *what may be attended to* (a boolean pattern, from weights or
 //! gradients), this draws *how much* each key is weighed, from the weights the kind forms
 //! ([`DecoderLm::attention_maps`]); kinds that form none (kernelised, sorted buckets) are
 //! refused and pointed to `variorum pattern`.
@@ -72,6 +72,7 @@ impl Heatmaps {
         self.tokens.len()
     }
 
+    /// Whether there is no token.
     pub fn is_empty(&self) -> bool {
         self.tokens.is_empty()
     }
@@ -269,13 +270,13 @@ fn colour(w: f32) -> RGBColor {
 /// the heatmaps are drawn.
 pub fn draw(maps: &Heatmaps, path: &Path) -> Result<()> {
     let lay = layout(maps);
-    crate::plot::draw_to_file!(path, (lay.width, lay.height), |area| paint(maps, &area, &lay))
+    crate::pictures::plot::draw_to_file!(path, (lay.width, lay.height), |area| paint(maps, &area, &lay))
 }
 
 fn paint<DB: DrawingBackend>(maps: &Heatmaps, area: &DrawingArea<DB, Shift>, lay: &Layout) -> Result<()> {
     let err = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("{e}");
     area.fill(&WHITE).map_err(err)?;
-    let font = crate::plot::has_font();
+    let font = crate::pictures::plot::has_font();
     let len = lay.len.min(maps.len());
     if font {
         let title = format!(

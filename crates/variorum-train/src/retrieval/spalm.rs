@@ -21,7 +21,7 @@ use variorum_retrieval::{Datastore, NeighbourTable, SearchMode, TableWriter};
 
 use crate::ExperimentConfig;
 use crate::eval::sliding_windows;
-use crate::knn_lm::{check_datastore, forward_group, ids_sha256, overlaps};
+use crate::retrieval::knn_lm::{check_datastore, forward_group, ids_sha256, overlaps};
 use crate::run::Run;
 
 /// The directory of a datastore's neighbour table for a split (`train`, `val`).
@@ -175,7 +175,9 @@ fn found_values<'a>(
 
 /// A split's neighbour table and how many of each row a model reads.
 pub struct Retrieved {
+    /// The split's neighbour table.
     pub table: NeighbourTable,
+    /// Neighbours read per position (`model.long_term_memory.k`), at most the table's `k`.
     pub k: usize,
 }
 
@@ -210,6 +212,7 @@ impl Retrieved {
 /// datastore's length that the position falls in, counted from the text's start; a table's
 /// last partial window, which its search aligns with the text's end, is the one exception).
 pub struct OnlineNeighbours {
+    /// The datastore searched.
     pub store: Datastore,
     /// The datastore's run: its model computes the queries.
     pub encoder: Run,
