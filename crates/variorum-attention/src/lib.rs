@@ -24,6 +24,23 @@
 //! - the registry, which names every kind.
 //!
 //! Everything public is exported here, once; the modules are private.
+//!
+//! A kind from its table, checked against the model width, built and run over a sequence:
+//!
+//! ```
+//! use burn::prelude::*;
+//! use variorum_attention::{AttentionConfig, AttentionInput, Positioning};
+//! use variorum_core::AttentionMask;
+//!
+//! let config: AttentionConfig = toml::from_str("kind = \"sliding-window\"\nn_heads = 2\nwindow = 4").unwrap();
+//! config.validate(16).unwrap();
+//! let device = Device::flex();
+//! let layer = config.init(16, 0.02, 0.02, Positioning::NONE, &device);
+//! let x = Tensor::<3>::ones([1, 8, 16], &device);
+//! let mask = AttentionMask::causal();
+//! let out = layer.forward(AttentionInput::self_attention(x, &mask), None);
+//! assert_eq!(out.context.dims(), [1, 8, 16]);
+//! ```
 
 #![warn(missing_docs)]
 

@@ -1,5 +1,23 @@
 //! The zoo: models composed from the axes of a config: the transformer language model, trained
 //! left to right (next token) or as a masked language model (bidirectional).
+//!
+//! A model from the `[model]` table of an experiment file, checked, built and run on token ids:
+//!
+//! ```
+//! use burn::prelude::*;
+//! use variorum_model::ModelConfig;
+//!
+//! let config: ModelConfig = toml::from_str(
+//!     "vocab_size = 11\nd_model = 32\nn_layers = 2\nseq_len = 16\n\
+//!      [attention]\nkind = \"full\"\nn_heads = 4\n[position]\nkind = \"rope\"",
+//! )
+//! .unwrap();
+//! config.validate().unwrap();
+//! let device = Device::flex();
+//! let model = config.init(&device);
+//! let tokens = Tensor::<2, Int>::zeros([1, 16], &device);
+//! assert_eq!(model.forward(tokens).logits.dims(), [1, 16, 11]);
+//! ```
 
 #![warn(missing_docs)]
 
