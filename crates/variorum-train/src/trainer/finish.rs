@@ -48,7 +48,8 @@ impl Session<'_> {
     /// `sample.txt`: a masked model fills in a validation window, an encoder–decoder writes the
     /// first validation example's target, any other model continues a prompt.
     fn closing_sample(&self, valid: &DecoderLm) -> String {
-        let (cfg, tc, corpus, eval_set) = (&self.cfg, &self.tc, &self.corpus, &self.eval_set);
+        let (cfg, corpus, eval_set) = (&self.cfg, &self.corpus, &self.eval_set);
+        let tc = &cfg.train;
         let inner = self.device.clone().inner();
         // text starts after a line break; graph examples have none: the first validation example's
         // first token (and the complete graph, as any generation)

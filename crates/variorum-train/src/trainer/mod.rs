@@ -22,7 +22,7 @@ use variorum_data::{Corpus, DocumentStreams, GraphBatches, Masking, OrderedStrea
 use variorum_model::{DecoderLm, DecoderState};
 
 use crate::checkpoint::{self, TrainState};
-use crate::config::{ExperimentConfig, TrainConfig};
+use crate::config::ExperimentConfig;
 use crate::listing::Status;
 use crate::lock::RunLock;
 use crate::metrics::MetricsLog;
@@ -148,7 +148,7 @@ impl Batches {
 /// checkpoint first when Ctrl-C or `--stop-at` asks), and `Session::finish` writes the artefacts.
 pub fn train(cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> {
     let mut session = prepare(cfg, opts)?;
-    while session.state.step < session.tc.steps {
+    while session.state.step < session.cfg.train.steps {
         if session.stop_requested() {
             return session.interrupt();
         }
@@ -166,9 +166,6 @@ struct Session<'a> {
     run: &'a Path,
     /// The config as resolved (the run's own `[train]` when resuming, the vocabulary filled in).
     cfg: ExperimentConfig,
-    /// `cfg.train`.
-    tc: TrainConfig,
-    seq_len: usize,
     corpus: Corpus,
     /// SPALM's retrieved tokens, (training split, validation split).
     retrieved: Option<(Retrieved, Retrieved)>,
@@ -211,7 +208,14 @@ impl Session<'_> {
     /// Writes a checkpoint of the session's state, model, optimizer and memory
     /// ([`save_checkpoint`]: atomically, the oldest beyond `train.keep_checkpoints` removed).
     fn save(&self) -> Result<PathBuf> {
-        save_checkpoint(self.run, &self.state, self.tc.keep_checkpoints, &self.model, &self.optim, self.memory.as_ref())
+        save_checkpoint(
+            self.run,
+            &self.state,
+            self.cfg.train.keep_checkpoints,
+            &self.model,
+            &self.optim,
+            self.memory.as_ref(),
+        )
     }
 
     /// Writes the run's report of `model` (the training model, or the final one for inference):

@@ -37,20 +37,19 @@ pub(super) fn prepare(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<
     let checkpoints = check_request(&mut cfg, opts)?;
     let run = &opts.run_dir;
     let (corpus, retrieved, lock) = open_run(&mut cfg, opts)?;
-    let tc = cfg.train.clone();
-    let seq_len = cfg.model.seq_len;
-    let Data { batches, document_eval, eval_set, masking } = data(&cfg, &tc, &corpus, retrieved.as_ref())?;
+    let tc = &cfg.train;
+    let Data { batches, document_eval, eval_set, masking } = data(&cfg, tc, &corpus, retrieved.as_ref())?;
 
     // --- model and optimizer
     let device = opts.device.clone().autodiff();
     device.seed(tc.seed);
     let mut model: DecoderLm = cfg.model.init(&device);
-    let mut optim = optimizer(&tc);
+    let mut optim = optimizer(tc);
     let mut state = TrainState::default();
     // the checkpoint resumed from, once one loads completely
     let mut resume: Option<(PathBuf, TrainState)> = None;
     if opts.resume {
-        let (m, o, dir, st) = newest_complete_checkpoint(&checkpoints, model, &tc)?;
+        let (m, o, dir, st) = newest_complete_checkpoint(&checkpoints, model, tc)?;
         (model, optim, state) = (m, o, st.clone());
         resume = Some((dir, st));
         if state.step > tc.steps {
@@ -67,15 +66,13 @@ pub(super) fn prepare(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<
     };
     let params = model.num_params();
     let metrics = MetricsLog::open(run, resume.as_ref().map(|(_, s)| s.step))?;
-    let pb = progress_bar(opts, &cfg, &tc, params, &state, init_report.as_ref());
+    let pb = progress_bar(opts, &cfg, tc, params, &state, init_report.as_ref());
     let memory = resumed_memory(&model, resume.as_ref(), &device)?;
 
     Ok(Session {
         opts,
         run: run.as_path(),
         cfg,
-        tc,
-        seq_len,
         corpus,
         retrieved,
         batches,

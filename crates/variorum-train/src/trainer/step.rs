@@ -45,13 +45,13 @@ impl Session<'_> {
     /// `train_step` consumes the model and hands back the updated one.
     pub(super) fn step(mut self) -> Result<Self> {
         let step = self.state.step;
-        let lr = learning_rate(&self.tc, step);
-        self.device.seed(step_seed(self.tc.seed, step));
+        let lr = learning_rate(&self.cfg.train, step);
+        self.device.seed(step_seed(self.cfg.train.seed, step));
         let micro = self.micro_batches(step);
         self.interval_tokens += micro.iter().map(batch_tokens).sum::<f64>();
         let t0 = Instant::now();
         let (m, res) =
-            train_step(self.model, &mut self.optim, &self.tc, &micro, lr, &self.device, self.memory.as_mut());
+            train_step(self.model, &mut self.optim, &self.cfg.train, &micro, lr, &self.device, self.memory.as_mut());
         // the mechanisms' own updates between steps (random features redrawn, centroids moved),
         // drawn from the step's seeded stream, so a resumed run replays them
         self.model = m.after_optimizer_step(step as usize + 1);
@@ -66,7 +66,7 @@ impl Session<'_> {
         self.interval_steps += 1;
         self.pb.set_position(self.state.step);
 
-        let tc = &self.tc;
+        let tc = &self.cfg.train;
         let done = self.state.step == tc.steps;
         let eval_now = (tc.eval_interval > 0 && self.state.step % tc.eval_interval == 0) || done;
         let log_now = self.state.step % tc.log_interval == 0 || eval_now;
@@ -99,7 +99,7 @@ impl Session<'_> {
     /// Step `step`'s `grad_accum` micro-batches: batch `i` is a pure function of (seed, i), with
     /// its retrieved tokens, masked with a seed of its own under the masked objective.
     fn micro_batches(&self, step: u64) -> Vec<TokenBatch> {
-        let tc = &self.tc;
+        let tc = &self.cfg.train;
         (0..tc.grad_accum as u64)
             .map(|m| {
                 let i = step * tc.grad_accum as u64 + m;
@@ -163,7 +163,7 @@ impl Session<'_> {
 
     /// The validation loss of the model as it stands.
     fn validation_loss(&self) -> f64 {
-        let (model, tc, seq_len, corpus) = (&self.model, &self.tc, self.seq_len, &self.corpus);
+        let (model, tc, seq_len, corpus) = (&self.model, &self.cfg.train, self.cfg.model.seq_len, &self.corpus);
         let inner = self.device.clone().inner();
         let val_retrieved = self.retrieved.as_ref().map(|(_, v)| v);
         if let Some(batches) = &self.document_eval {
