@@ -25,6 +25,38 @@ pub struct LayerInit<'a> {
     pub position: Positioning<'a>,
 }
 
+/// The settings a kind shares with full attention's heads, as one value
+/// ([`AttentionKind::head_settings`]): how many query and key/value heads, their size, the
+/// dropout on the attention weights.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HeadSettings {
+    /// Query heads.
+    pub n_heads: usize,
+    /// Key/value heads (unset: `n_heads`).
+    pub n_kv_heads: Option<usize>,
+    /// Size of each head (unset: `d_model / n_heads`).
+    pub head_dim: Option<usize>,
+    /// Dropout on the attention weights.
+    pub dropout: f64,
+}
+
+impl HeadSettings {
+    /// Query heads and head size at width `d_model`.
+    pub fn shape(&self, d_model: usize) -> HeadShape {
+        HeadShape { d_model, n_heads: self.n_heads, head_dim: self.head_dim.unwrap_or(d_model / self.n_heads.max(1)) }
+    }
+
+    /// The settings with their derived defaults written out: `n_kv_heads` (`n_heads`) and
+    /// `head_dim` (`d_model / n_heads`).
+    pub fn expanded(&self, d_model: usize) -> Self {
+        Self {
+            n_kv_heads: Some(self.n_kv_heads.unwrap_or(self.n_heads)),
+            head_dim: Some(self.shape(d_model).head_dim),
+            ..*self
+        }
+    }
+}
+
 /// A tiny setting of a kind for the generic tests (leak, decode = forward, save/load, overfit),
 /// declared beside the kind: the harness builds a 2-layer model around it.
 #[derive(Debug, Clone)]
@@ -60,9 +92,10 @@ impl<C> TestVariant<C> {
 
 impl<C: Clone> TestVariant<C> {
     /// The variants of a kind on full attention's score path (talking heads, RealFormer,
-    /// Lazyformer, …): `base` alone, `grouped` (`base` with two key/value heads) under RoPE,
-    /// `base` under ALiBi, and `base` under the masked objective.
-    pub fn score_path(base: C, grouped: C) -> Vec<Self> {
+    /// Lazyformer, …): `base` alone, `grouped` (`base` with two key/value heads, and whatever
+    /// else the kind wants tried with them) under RoPE, `base` under ALiBi, and `base` under the
+    /// masked objective.
+    pub fn score_path_with(base: C, grouped: C) -> Vec<Self> {
         use variorum_position::{PositionConfig, RotaryConfig};
         vec![
             Self::new("", base.clone()),
@@ -71,6 +104,18 @@ impl<C: Clone> TestVariant<C> {
             Self::new("position alibi", base.clone()).with_position(PositionConfig::Alibi(Default::default())),
             Self::new("bidirectional", base).masked(),
         ]
+    }
+}
+
+impl<C: AttentionKind> TestVariant<C> {
+    /// [`score_path_with`](Self::score_path_with) where the grouped variant is `base` with two
+    /// key/value heads (its [`head_settings`](AttentionKind::head_settings) changed).
+    pub fn score_path(base: C) -> Vec<Self> {
+        let grouped = match base.head_settings() {
+            Some(heads) => base.with_head_settings(&HeadSettings { n_kv_heads: Some(2), ..heads }),
+            None => base.clone(),
+        };
+        Self::score_path_with(base, grouped)
     }
 }
 
@@ -107,8 +152,37 @@ pub trait AttentionKind:
         None
     }
 
-    /// The same config with every derived default written out.
-    fn expanded(&self, d_model: usize) -> Self;
+    /// The settings this kind shares with full attention's heads, as one value (keys its table
+    /// lacks at their defaults), if it has heads: the defaults of [`head_shape`](Self::head_shape),
+    /// [`dropout`](Self::dropout) and [`expanded`](Self::expanded) read them. Kinds written
+    /// with the crate's `attention_config!` get this and
+    /// [`with_head_settings`](Self::with_head_settings) from one macro line. Default: none (one
+    /// head of the model's width, no dropout on weights).
+    fn head_settings(&self) -> Option<HeadSettings> {
+        None
+    }
+
+    /// This config with `heads` written into the head fields its table has (what
+    /// [`expanded_heads`](Self::expanded_heads) writes back). Default: unchanged.
+    fn with_head_settings(&self, _heads: &HeadSettings) -> Self {
+        self.clone()
+    }
+
+    /// The config with the heads' derived defaults written out (`n_kv_heads`, `head_dim`), the
+    /// rest as it is.
+    fn expanded_heads(&self, d_model: usize) -> Self {
+        match self.head_settings() {
+            Some(heads) => self.with_head_settings(&heads.expanded(d_model)),
+            None => self.clone(),
+        }
+    }
+
+    /// The same config with every derived default written out. Default: the heads'
+    /// ([`expanded_heads`](Self::expanded_heads)); a kind whose own settings default from
+    /// others writes those out too.
+    fn expanded(&self, d_model: usize) -> Self {
+        self.expanded_heads(d_model)
+    }
 
     /// Checks the settings against the model width; errors name the key
     /// (`model.attention.…`) and what would work.
@@ -126,12 +200,19 @@ pub trait AttentionKind:
         self.clone()
     }
 
-    /// Query heads and head size (what position schemes are built for).
-    fn head_shape(&self, d_model: usize) -> HeadShape;
+    /// Query heads and head size (what position schemes are built for). Default: the
+    /// [`head_settings`](Self::head_settings)' shape, or one head of the model's width.
+    fn head_shape(&self, d_model: usize) -> HeadShape {
+        match self.head_settings() {
+            Some(heads) => heads.shape(d_model),
+            None => HeadShape { d_model, n_heads: 1, head_dim: d_model },
+        }
+    }
 
-    /// Dropout on the attention weights (kinds without weights: 0).
+    /// Dropout on the attention weights. Default: the [`head_settings`](Self::head_settings)'
+    /// dropout, or 0 (kinds without weights).
     fn dropout(&self) -> f64 {
-        0.0
+        self.head_settings().map_or(0.0, |heads| heads.dropout)
     }
 
     /// Forward FLOPs per token (2 per multiply–add) for a context of `len_k` keys.

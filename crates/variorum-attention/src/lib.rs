@@ -69,7 +69,7 @@ mod registry;
 // The contract, the state, what a kind declares, the registry.
 pub use cache::KvCache;
 pub use contract::{AttentionInput, AttentionOutput, Positioning};
-pub use kind::{AttentionKind, AttentionMechanism, LayerInit, Learned, TestVariant, caps};
+pub use kind::{AttentionKind, AttentionMechanism, HeadSettings, LayerInit, Learned, TestVariant, caps};
 pub use registry::external::{ExternalAttention, ExternalConfig, register};
 pub use registry::{Attention, AttentionConfig};
 pub use state::{AttentionState, CarriedMaps};

@@ -1,4 +1,19 @@
 //! Residual wiring and the pieces written once for every block: norms, feed-forward variants.
+//!
+//! ```
+//! use burn::prelude::*;
+//! use variorum_block::{FeedForwardConfig, FeedForwardKind, NormKind};
+//!
+//! // a pre-norm residual feed-forward: x + SwiGLU(RMSNorm(x))
+//! let config = FeedForwardConfig { kind: FeedForwardKind::Swiglu, d_ff: Some(32), ..Default::default() };
+//! config.validate().unwrap();
+//! let device = Device::flex();
+//! let ffn = config.init(16, 0.0, 0.02, 0.02, &device);
+//! let norm = NormKind::RmsNorm.init(16, 1e-5, &device);
+//! let x = Tensor::<3>::ones([2, 5, 16], &device);
+//! let y = x.clone() + ffn.forward(norm.forward(x));
+//! assert_eq!(y.dims(), [2, 5, 16]);
+//! ```
 
 #![warn(missing_docs)]
 

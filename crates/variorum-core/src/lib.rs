@@ -3,6 +3,19 @@
 //!
 //! Nothing here depends on a backend: every crate of the workspace is written against Burn's
 //! runtime `Device` and `Tensor<D, K>`; the binary picks the backend.
+//!
+//! ```
+//! use burn::prelude::*;
+//! use variorum_core::AttentionMask;
+//!
+//! // a causal mask hides every key after its query: the strict upper triangle of the scores
+//! let device = Device::flex();
+//! let hidden = AttentionMask::causal().score_mask(3, 3, &device).unwrap();
+//! let hidden = hidden.into_data().try_to_vec::<bool>().unwrap();
+//! assert_eq!(hidden, [false, true, true, false, false, true, false, false, false]);
+//! // a bidirectional layer sees every key: no mask at all
+//! assert!(AttentionMask::bidirectional().score_mask(3, 3, &device).is_none());
+//! ```
 
 #![warn(missing_docs)]
 

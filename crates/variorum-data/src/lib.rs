@@ -5,6 +5,23 @@
 //! Nothing here depends on the tensor library: batches are plain `Vec<i64>`,
 //! so this crate is quick to build and test, and the index arithmetic that
 //! decides what a model sees is checked on its own.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use variorum_data::{RandomWindows, Tokenizer, TokenizerConfig};
+//!
+//! let text = "to be, or not to be, that is the question";
+//! let tokenizer = Tokenizer::train(&TokenizerConfig::Char, text).unwrap();
+//! let ids = tokenizer.encode(text).unwrap();
+//! assert_eq!(tokenizer.decode(&ids), text);
+//! // two windows of 8 tokens per batch, each with the 8 tokens that follow: step 0 is the same
+//! // batch for the same seed
+//! let windows = RandomWindows::new(Arc::new(ids), 8, 2, 7).unwrap();
+//! let batch = windows.batch(0);
+//! assert_eq!((batch.batch_size, batch.seq_len, batch.inputs.len()), (2, 8, 16));
+//! assert_eq!(batch.inputs[1..8], batch.targets[0..7]);
+//! assert_eq!(batch.inputs, windows.batch(0).inputs);
+//! ```
 
 #![warn(missing_docs)]
 

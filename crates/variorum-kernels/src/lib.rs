@@ -9,6 +9,20 @@
 //! The kernels are compiled only with the `flex` feature (the CLI turns it on): without it, this
 //! crate and every library crate above it build against Burn with no backend at all, and every
 //! function here is its composed fallback.
+//!
+//! ```
+//! use burn::prelude::*;
+//! use burn::tensor::Distribution;
+//!
+//! // the fused LayerNorm computes what Burn's composed op computes
+//! let device = Device::flex();
+//! let x = Tensor::<2>::random([4, 16], Distribution::Normal(0.0, 1.0), &device);
+//! let gamma = Tensor::<1>::random([16], Distribution::Normal(1.0, 0.1), &device);
+//! let beta = Tensor::<1>::random([16], Distribution::Normal(0.0, 0.1), &device);
+//! let fused = variorum_kernels::layer_norm::layer_norm(x.clone(), gamma.clone(), Some(beta.clone()), 1e-5);
+//! let composed = burn::tensor::module::layer_norm(x, gamma, Some(beta), 1e-5);
+//! assert!((fused - composed).abs().max().into_scalar::<f32>() < 1e-5);
+//! ```
 
 #![warn(missing_docs)]
 

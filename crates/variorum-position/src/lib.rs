@@ -5,6 +5,23 @@
 //! [`AbsolutePosition`]. Relative schemes act inside attention, on q/k or on the score matrix,
 //! and receive the absolute positions of the attention contract through a [`ScoreLayout`] —
 //! [`RelativePosition`]. One file per scheme, its defining equation in the doc comment.
+//!
+//! ```
+//! use burn::prelude::*;
+//! use variorum_position::RotaryConfig;
+//!
+//! // RoPE: a rotated query and key score the same wherever they stand, as long as they stand
+//! // as far apart
+//! let device = Device::flex();
+//! let rope = RotaryConfig::default().init(8);
+//! let q = Tensor::<1>::from_floats([1.0, 0.5, -1.0, 2.0, 0.0, 1.5, 1.0, -0.5], &device).reshape([1, 1, 1, 8]);
+//! let k = Tensor::<1>::from_floats([0.5, -1.0, 2.0, 0.0, 1.0, 1.0, -0.5, 3.0], &device).reshape([1, 1, 1, 8]);
+//! let score = |at_q: usize, at_k: usize| {
+//!     (rope.rotate(q.clone(), at_q) * rope.rotate(k.clone(), at_k)).sum().into_scalar::<f32>()
+//! };
+//! assert!((score(3, 1) - score(9, 7)).abs() < 1e-4);
+//! assert!((score(3, 1) - score(3, 2)).abs() > 1e-3);
+//! ```
 
 #![warn(missing_docs)]
 

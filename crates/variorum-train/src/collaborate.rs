@@ -1,7 +1,7 @@
 //! A trained run's full multi-head attention re-parameterised as collaborative heads
 //! (Cordonnier, Loukas, Jaggi 2020): every layer's heads become one shared query and key
 //! projection of width D̃ (`shared_dim`) with a mixing vector per head
-//! ([`CollaborativeAttention::from_heads`]), everything else is copied, and the result is written
+//! ([`variorum_attention::CollaborativeAttention::from_heads`]), everything else is copied, and the result is written
 //! as a new run directory that [`Run::load`] reads, `variorum eval` evaluates and
 //! `variorum train CONFIG --init-from DIR` fine-tunes.
 //!
@@ -25,8 +25,6 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use burn::prelude::*;
 use serde::Serialize;
-use variorum_attention::{Attention, AttentionConfig, CollaborativeAttention, CollaborativeConfig};
-use variorum_position::RelativePosition;
 
 use crate::checkpoint::write_atomic;
 use crate::config::ExperimentConfig;
@@ -76,55 +74,27 @@ pub struct CollaborateReport {
 pub fn collaborate(run: &Run, shared_dim: Option<usize>, out: &Path) -> Result<CollaborateReport> {
     let source = run.dir.display();
     let model_cfg = &run.config.model;
-    let AttentionConfig::Full(full) = &model_cfg.attention else {
-        bail!(
-            "{source}: model.attention.kind = \"{}\": only `full` multi-head attention can be re-parameterised into collaborative heads",
-            model_cfg.attention.kind()
-        );
-    };
     if model_cfg.is_encoder_decoder() {
         bail!("{source} is an encoder–decoder: collaborate re-parameterises a decoder stack's self-attention only");
     }
-    let heads = full.heads(model_cfg.d_model);
+    let heads = model_cfg.attention.heads(model_cfg.d_model);
     let (n_heads, head_dim) = (heads.n_heads, heads.head_dim);
     let width = n_heads * head_dim;
     let shared = shared_dim.unwrap_or(width);
+    // the run's config with collaborative heads of the same shape; its rules decide the rest
+    // (position schemes that read per-head queries and keys, RoPE, …)
+    let (attention, notes) =
+        model_cfg.attention.as_collaborative(model_cfg.d_model, shared).map_err(|e| anyhow::anyhow!("{source}: {e}"))?;
     if !(1..=width).contains(&shared) {
         bail!(
             "--shared-dim {shared} does not fit {source}: it must be in 1..={width} (n_heads · head_dim = {n_heads} · {head_dim}; {width} is exact, less compresses the query/key projections)"
         );
     }
-
-    // the run's config with collaborative heads of the same shape; its rules decide the rest
-    // (position schemes that read per-head queries and keys, RoPE, …)
-    let collaborative = CollaborativeConfig {
-        n_heads,
-        head_dim: Some(head_dim),
-        dropout: full.dropout,
-        bias: full.bias,
-        normaliser: full.normaliser,
-        head_temperature: full.head_temperature,
-        shared_dim: Some(shared),
-    };
     let mut config = run.config.clone();
-    config.model.attention = AttentionConfig::Collaborative(collaborative);
+    config.model.attention = attention;
     config
         .validate()
         .map_err(|e| anyhow::anyhow!("{source} cannot be re-parameterised into collaborative heads: {e}"))?;
-
-    let mut notes = Vec::new();
-    if full.diversity.is_some() || full.guidance.is_some() {
-        notes.push(
-            "model.attention.diversity / guidance (training losses on full heads) are dropped: collaborative heads take none"
-                .to_string(),
-        );
-    }
-    if full.kv_heads() < n_heads {
-        notes.push(format!(
-            "the {} key/value heads are repeated for the {n_heads} query heads: collaborative heads have one value head per query head (more value parameters, a larger KV cache)",
-            full.kv_heads()
-        ));
-    }
 
     check_out(out)?;
 
@@ -135,21 +105,10 @@ pub fn collaborate(run: &Run, shared_dim: Option<usize>, out: &Path) -> Result<C
     let mut attention_params_before = 0;
     let mut attention_params_after = 0;
     for (i, block) in model.blocks.iter_mut().enumerate() {
-        let Attention::Full(layer) = &block.attn else {
-            bail!("{source}: block {i} does not hold full attention although model.attention.kind = \"full\"");
-        };
-        // `from_heads` asserts what the rules above refuse; checked again so it cannot panic
-        if let Some(p) = &layer.position
-            && !(p.works_on_gathered_keys() && !matches!(p, RelativePosition::Rope(_)))
-        {
-            bail!(
-                "{source}: model.position.kind = \"{}\" does not act on collaborative heads: only distance-only score schemes (alibi, t5) or absolute positions do",
-                model_cfg.position.kind()
-            );
-        }
         attention_params_before += block.attn.num_params();
-        let (collab, error) = CollaborativeAttention::from_heads(layer, shared, &run.device);
-        block.attn = Attention::Collaborative(collab);
+        let (layer, error) =
+            block.attn.as_collaborative(shared, &run.device).map_err(|e| anyhow::anyhow!("{source}: block {i}: {e}"))?;
+        block.attn = layer;
         attention_params_after += block.attn.num_params();
         layer_errors.push(error);
     }
@@ -254,6 +213,7 @@ fn fill(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use variorum_attention::Attention;
     use variorum_data::{Tokenizer, TokenizerConfig};
 
     /// A run directory `dir/name` with a tiny untrained model of `attention` and `position` (TOML

@@ -19,11 +19,11 @@ use serde::{Deserialize, Serialize};
 use variorum_attention::Projected;
 use variorum_attention::caps;
 use variorum_attention::{
-    AttentionInput, AttentionKind, AttentionMechanism, AttentionOutput, AttentionState, KvCache, LayerInit,
-    MultiHeadAttention, MultiHeadAttentionConfig, TestVariant,
+    AttentionInput, AttentionKind, AttentionMechanism, AttentionOutput, AttentionState, HeadSettings, KvCache,
+    LayerInit, MultiHeadAttention, MultiHeadAttentionConfig, TestVariant,
 };
 use variorum_core::{AttentionMask, Capabilities, ConfigError};
-use variorum_position::{HeadShape, PositionConfig, RotaryConfig};
+use variorum_position::{PositionConfig, RotaryConfig};
 
 /// `model.attention` with `kind = "qk-norm"` (the name is given at registration).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -65,21 +65,19 @@ impl AttentionKind for QkNormConfig {
     const PAPER: &'static str = "Henry, Dachapally, Pawar, Chen 2020, Query-Key Normalization for Transformers";
     const CAPS: Capabilities = caps::SCORES;
 
-    fn expanded(&self, d_model: usize) -> Self {
-        let h = self.heads().expanded(d_model);
-        Self { n_kv_heads: h.n_kv_heads, head_dim: h.head_dim, ..self.clone() }
+    /// The head fields as one value: `head_shape`, `dropout` and `expanded` come from it.
+    fn head_settings(&self) -> Option<HeadSettings> {
+        let Self { n_heads, n_kv_heads, head_dim, dropout } = *self;
+        Some(HeadSettings { n_heads, n_kv_heads, head_dim, dropout })
+    }
+
+    fn with_head_settings(&self, heads: &HeadSettings) -> Self {
+        let HeadSettings { n_heads, n_kv_heads, head_dim, dropout } = *heads;
+        Self { n_heads, n_kv_heads, head_dim, dropout }
     }
 
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         self.heads().validate(d_model)
-    }
-
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads().heads(d_model)
-    }
-
-    fn dropout(&self) -> f64 {
-        self.dropout
     }
 
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {

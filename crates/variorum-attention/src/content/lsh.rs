@@ -39,7 +39,6 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use variorum_core::{Capabilities, ConfigError, error::check};
 
-use variorum_position::HeadShape;
 
 use crate::cache::KvCache;
 use crate::contract::{AttentionInput, AttentionOutput};
@@ -69,13 +68,8 @@ attention_config! {
 }
 
 impl LshConfig {
-    /// Query heads and head size (`head_dim` defaults to `d_model / n_heads`).
-    pub fn heads(&self, d_model: usize) -> HeadShape {
-        projections::heads(self.n_heads, self.head_dim, d_model)
-    }
-
     fn head_dim(&self, d_model: usize) -> usize {
-        self.heads(d_model).head_dim
+        self.head_shape(d_model).head_dim
     }
 
     /// The layer: `init_std` for the shared query/key and value projection, `out_std` for the
@@ -103,9 +97,6 @@ impl AttentionKind for LshConfig {
     const PAPER: &'static str = "Kitaev et al. 2020, Reformer: The Efficient Transformer";
     const CAPS: Capabilities = Capabilities { reads_memory: false, hides_padding: false, ..caps::NO_SCORES };
 
-    fn expanded(&self, d_model: usize) -> Self {
-        Self { head_dim: Some(self.head_dim(d_model)), ..self.clone() }
-    }
 
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         projections::validate_heads(self.n_heads, self.head_dim, self.chunk, d_model)?;
@@ -116,13 +107,7 @@ impl AttentionKind for LshConfig {
         check(self.rounds >= 1, || "model.attention.rounds must be at least 1".into())
     }
 
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads(d_model)
-    }
-
-    fn dropout(&self) -> f64 {
-        self.dropout
-    }
+    head_settings_hooks!();
 
     /// Multiply–adds per token: projections, the rotations, 2m scores and 2m value rows per round.
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {

@@ -41,12 +41,10 @@ use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use variorum_core::{Capabilities, ConfigError, error::check};
-use variorum_position::HeadShape;
 
 use crate::cache::KvCache;
 use crate::contract::{AttentionInput, AttentionOutput};
 use crate::engine::heads::concat_heads;
-use crate::engine::projections;
 use crate::engine::qkv::{normal_linear, split_heads};
 use crate::kernelised::random_features::{fixed, redraw};
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
@@ -69,15 +67,10 @@ attention_config! {
 }
 
 impl RoutingConfig {
-    /// Query heads and head size (`head_dim` defaults to `d_model / n_heads`).
-    pub fn heads(&self, d_model: usize) -> HeadShape {
-        projections::heads(self.n_heads, self.head_dim, d_model)
-    }
-
     /// The layer: `init_std` for q/k/v, `out_std` for the output; the centroids drawn at random,
     /// unit rows.
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> RoutingAttention {
-        let (h, hd) = (self.n_heads, self.heads(d_model).head_dim);
+        let (h, hd) = (self.n_heads, self.head_shape(d_model).head_dim);
         let centroids = Tensor::random([h * self.clusters, hd], Distribution::Normal(0.0, 1.0), device);
         RoutingAttention {
             qkv: normal_linear(d_model, 3 * h * hd, self.bias, init_std, device),
@@ -101,19 +94,10 @@ impl AttentionKind for RoutingConfig {
     const PAPER: &'static str = "Roy et al. 2021, Efficient Content-Based Sparse Attention with Routing Transformers";
     const CAPS: Capabilities = Capabilities { reads_memory: false, hides_padding: false, ..caps::NO_SCORES };
 
-    fn expanded(&self, d_model: usize) -> Self {
-        Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
-    }
-
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
-        crate::engine::config::MultiHeadAttentionConfig {
-            n_heads: self.n_heads,
-            head_dim: self.head_dim,
-            ..Default::default()
-        }
-        .validate(d_model)?;
+        // the head checks of `full`, dropout included
+        crate::engine::config::MultiHeadAttentionConfig::from(self.head_fields()).validate(d_model)?;
         check(self.window >= 1, || "model.attention.window must be at least 1".into())?;
-        crate::kind::check_dropout(self.dropout)?;
         check(self.clusters >= 1, || "model.attention.clusters must be at least 1".into())?;
         check((0.0..1.0).contains(&self.decay), || {
             format!("model.attention.decay = {} must be in [0, 1)", self.decay)
@@ -123,18 +107,12 @@ impl AttentionKind for RoutingConfig {
         })
     }
 
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads(d_model)
-    }
-
-    fn dropout(&self) -> f64 {
-        self.dropout
-    }
+    head_settings_hooks!();
 
     /// Multiply–adds per token: projections, the assignments, and 4w scores and value rows for
     /// each of its two routing items.
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
-        let (h, hd) = (self.n_heads as u64, self.heads(d_model).head_dim as u64);
+        let (h, hd) = (self.n_heads as u64, self.head_shape(d_model).head_dim as u64);
         let keys = (4 * self.window).min(2 * len_k) as u64;
         2 * (4 * d_model as u64 * h * hd + h * (2 * self.clusters as u64 * hd + 2 * 2 * keys * hd))
     }

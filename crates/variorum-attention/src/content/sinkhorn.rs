@@ -40,12 +40,10 @@ use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::activation::{log_softmax, softmax};
 use variorum_core::{Capabilities, ConfigError, error::check};
-use variorum_position::HeadShape;
 
 use crate::cache::KvCache;
 use crate::contract::{AttentionInput, AttentionOutput};
 use crate::engine::heads::concat_heads;
-use crate::engine::projections;
 use crate::engine::qkv::{normal_linear, project_head_range};
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
 use crate::pattern::sorted_chunks::log_sum_exp;
@@ -71,15 +69,10 @@ attention_config! {
 }
 
 impl SinkhornConfig {
-    /// Query heads and head size (`head_dim` defaults to `d_model / n_heads`).
-    pub fn heads(&self, d_model: usize) -> HeadShape {
-        projections::heads(self.n_heads, self.head_dim, d_model)
-    }
-
     /// The layer: `init_std` for q/k/v, `out_std` for the output, std 1/√d_h for the sorting
     /// network's W.
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> SinkhornAttention {
-        let (h, hd) = (self.n_heads, self.heads(d_model).head_dim);
+        let (h, hd) = (self.n_heads, self.head_shape(d_model).head_dim);
         SinkhornAttention {
             qkv: normal_linear(d_model, 3 * h * hd, self.bias, init_std, device),
             out: normal_linear(h * hd, d_model, self.bias, out_std, device),
@@ -119,35 +112,20 @@ impl AttentionKind for SinkhornConfig {
         "model.attention.sortcut lets every query see the first sorted blocks, which mix the whole sequence: a sortcut is bidirectional; remove it for a causal model"
     }
 
-    fn expanded(&self, d_model: usize) -> Self {
-        Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
-    }
-
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
-        crate::engine::config::MultiHeadAttentionConfig {
-            n_heads: self.n_heads,
-            head_dim: self.head_dim,
-            ..Default::default()
-        }
-        .validate(d_model)?;
+        // the head checks of `full`, dropout included
+        crate::engine::config::MultiHeadAttentionConfig::from(self.head_fields()).validate(d_model)?;
         check(self.block >= 1, || "model.attention.block must be at least 1".into())?;
-        crate::kind::check_dropout(self.dropout)?;
         check(self.iterations >= 1, || "model.attention.iterations must be at least 1".into())?;
         check(self.temperature > 0.0, || format!("model.attention.temperature = {} must be > 0", self.temperature))?;
         check(self.sortcut != Some(0), || "model.attention.sortcut must be at least 1 block".into())
     }
 
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads(d_model)
-    }
-
-    fn dropout(&self) -> f64 {
-        self.dropout
-    }
+    head_settings_hooks!();
 
     /// Multiply–adds per token: projections, 2b (or n·b) scores and value rows, the mixing.
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
-        let (h, hd) = (self.n_heads as u64, self.heads(d_model).head_dim as u64);
+        let (h, hd) = (self.n_heads as u64, self.head_shape(d_model).head_dim as u64);
         let keys = self.sortcut.map_or(2 * self.block, |n| n * self.block).min(len_k) as u64;
         let blocks = len_k.div_ceil(self.block) as u64;
         2 * (4 * d_model as u64 * h * hd + h * (2 * keys * hd + 2 * blocks * hd))

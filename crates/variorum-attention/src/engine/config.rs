@@ -6,6 +6,7 @@ use crate::engine::head_losses::{DiversityConfig, GuidanceConfig};
 use crate::engine::heads::{HeadLosses, MultiHeadAttention};
 use crate::engine::normaliser::Normaliser;
 use crate::engine::qkv::QkvProjectionConfig;
+use crate::kind::HeadSettings;
 use burn::nn::{DropoutConfig, Initializer, LinearConfig};
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -52,6 +53,15 @@ impl Default for MultiHeadAttentionConfig {
             diversity: None,
             guidance: None,
         }
+    }
+}
+
+/// The engine's settings of a kind's head settings: `full`'s table with those four fields,
+/// the rest at its defaults.
+impl From<HeadSettings> for MultiHeadAttentionConfig {
+    fn from(heads: HeadSettings) -> Self {
+        let HeadSettings { n_heads, n_kv_heads, head_dim, dropout } = heads;
+        Self { n_heads, n_kv_heads, head_dim, dropout, ..Default::default() }
     }
 }
 

@@ -1,4 +1,4 @@
-//! Head projections and helpers every kind with its own q/k/v shares: the heads of a kind
+//! Head projections and helpers every kind with its own q/k/v shares: the head checks of a kind
 //! without grouped keys, separate q/k/v and output projections, padding hidden from keys and
 //! means, a table read past its end.
 
@@ -8,12 +8,6 @@ use crate::kind::AttentionKind;
 use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::prelude::*;
 use variorum_core::{ConfigError, error::check};
-use variorum_position::HeadShape;
-
-/// Heads and head size of a kernelised kind (`head_dim` defaults to `d_model / n_heads`).
-pub fn heads(n_heads: usize, head_dim: Option<usize>, d_model: usize) -> HeadShape {
-    HeadShape { d_model, n_heads, head_dim: head_dim.unwrap_or(d_model / n_heads.max(1)) }
-}
 
 /// The head checks of `full`, plus a positive chunk.
 pub fn validate_heads(

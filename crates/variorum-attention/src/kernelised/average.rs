@@ -14,7 +14,6 @@ use burn::prelude::*;
 use burn::tensor::activation::{relu, sigmoid};
 use serde::{Deserialize, Serialize};
 use variorum_core::{Capabilities, ConfigError, error::check};
-use variorum_position::HeadShape;
 
 use crate::contract::{AttentionInput, AttentionOutput};
 use crate::engine::projections;
@@ -39,11 +38,6 @@ impl Default for AverageAttentionConfig {
 }
 
 impl AverageAttentionConfig {
-    /// One "head" of width `d_model`: the average mixes whole inputs.
-    pub fn heads(&self, d_model: usize) -> HeadShape {
-        HeadShape { d_model, n_heads: 1, head_dim: d_model }
-    }
-
     /// Hidden width of the FFN: `d_ff`, or `d_model`.
     pub fn d_ff(&self, d_model: usize) -> usize {
         self.d_ff.unwrap_or(d_model)
@@ -78,10 +72,6 @@ impl AttentionKind for AverageAttentionConfig {
     fn validate(&self, _d_model: usize) -> Result<(), ConfigError> {
         check(self.d_ff != Some(0), || "model.attention.d_ff must be at least 1".into())?;
         check(self.chunk >= 1, || "model.attention.chunk must be at least 1".into())
-    }
-
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads(d_model)
     }
 
     /// Multiply–adds per token: FFN and gate (the average itself is O(d), whatever `len_k`).

@@ -8,7 +8,6 @@
 use burn::prelude::*;
 use burn::tensor::activation::elu;
 use variorum_core::{Capabilities, ConfigError};
-use variorum_position::HeadShape;
 
 use crate::contract::{AttentionInput, AttentionOutput};
 use crate::engine::projections;
@@ -26,14 +25,9 @@ attention_config! {
 }
 
 impl LinearAttentionConfig {
-    /// Query heads and head size (`head_dim` defaults to `d_model / n_heads`).
-    pub fn heads(&self, d_model: usize) -> HeadShape {
-        projections::heads(self.n_heads, self.head_dim, d_model)
-    }
-
     /// The layer: `init_std` for q/k/v, `out_std` for the output projection.
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> LinearAttention {
-        let h = self.heads(d_model);
+        let h = self.head_shape(d_model);
         LinearAttention {
             proj: HeadProjections::new(d_model, h.n_heads, h.head_dim, self.bias, init_std, out_std, device),
             chunk: self.chunk,
@@ -47,21 +41,15 @@ impl AttentionKind for LinearAttentionConfig {
     const PAPER: &'static str = "Katharopoulos et al. 2020, Transformers are RNNs";
     const CAPS: Capabilities = Capabilities { cross: true, ..caps::NO_SCORES };
 
-    fn expanded(&self, d_model: usize) -> Self {
-        Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
-    }
-
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         projections::validate_heads(self.n_heads, self.head_dim, self.chunk, d_model)
     }
 
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads(d_model)
-    }
+    head_settings_hooks!();
 
     /// The projections plus the chunked kernel sums, with φ of the head size.
     fn flops_per_token(&self, d_model: usize, _len_k: usize) -> u64 {
-        let h = self.heads(d_model);
+        let h = self.head_shape(d_model);
         kernel_flops(h, h.head_dim, self.chunk)
     }
 

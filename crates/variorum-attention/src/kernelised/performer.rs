@@ -23,7 +23,6 @@ use burn::prelude::*;
 use burn::tensor::activation::relu;
 use serde::{Deserialize, Serialize};
 use variorum_core::{Capabilities, ConfigError, error::check};
-use variorum_position::HeadShape;
 
 use crate::engine::projections;
 use crate::engine::projections::HeadProjections;
@@ -65,20 +64,15 @@ attention_config! {
 }
 
 impl PerformerConfig {
-    /// Query heads and head size (`head_dim` defaults to `d_model / n_heads`).
-    pub fn heads(&self, d_model: usize) -> HeadShape {
-        projections::heads(self.n_heads, self.head_dim, d_model)
-    }
-
     /// m, the random features: `features`, or ⌈d_h · ln d_h⌉.
     pub fn features(&self, d_model: usize) -> usize {
-        let d = self.heads(d_model).head_dim as f64;
+        let d = self.head_shape(d_model).head_dim as f64;
         self.features.unwrap_or_else(|| (d * d.ln()).ceil().max(1.0) as usize)
     }
 
     /// The layer: `init_std` for q/k/v, `out_std` for the output projection; W drawn afresh.
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> PerformerAttention {
-        let h = self.heads(d_model);
+        let h = self.head_shape(d_model);
         PerformerAttention {
             proj: HeadProjections::new(d_model, h.n_heads, h.head_dim, self.bias, init_std, out_std, device),
             projection: fixed(gaussian_rows(self.features(d_model), h.head_dim, self.orthogonal, device)),
@@ -97,7 +91,7 @@ impl AttentionKind for PerformerConfig {
     const CAPS: Capabilities = Capabilities { cross: true, ..caps::NO_SCORES };
 
     fn expanded(&self, d_model: usize) -> Self {
-        Self { head_dim: Some(self.heads(d_model).head_dim), features: Some(self.features(d_model)), ..self.clone() }
+        Self { features: Some(self.features(d_model)), ..self.expanded_heads(d_model) }
     }
 
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
@@ -105,12 +99,10 @@ impl AttentionKind for PerformerConfig {
         check(self.features != Some(0), || "model.attention.features must be at least 1".into())
     }
 
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads(d_model)
-    }
+    head_settings_hooks!();
 
     fn flops_per_token(&self, d_model: usize, _len_k: usize) -> u64 {
-        kernel_flops(self.heads(d_model), self.features(d_model), self.chunk)
+        kernel_flops(self.head_shape(d_model), self.features(d_model), self.chunk)
     }
 
     fn build(&self, init: &LayerInit, device: &Device) -> PerformerAttention {

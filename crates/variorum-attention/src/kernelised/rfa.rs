@@ -30,7 +30,6 @@ use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::activation::sigmoid;
 use variorum_core::{Capabilities, ConfigError, error::check};
-use variorum_position::HeadShape;
 
 use crate::contract::{AttentionInput, AttentionOutput};
 use crate::engine::projections;
@@ -65,20 +64,15 @@ attention_config! {
 }
 
 impl RfaConfig {
-    /// Query heads and head size (`head_dim` defaults to `d_model / n_heads`).
-    pub fn heads(&self, d_model: usize) -> HeadShape {
-        projections::heads(self.n_heads, self.head_dim, d_model)
-    }
-
     /// D, the random frequencies: `features`, or 2 · d_h.
     pub fn features(&self, d_model: usize) -> usize {
-        self.features.unwrap_or(2 * self.heads(d_model).head_dim)
+        self.features.unwrap_or(2 * self.head_shape(d_model).head_dim)
     }
 
     /// The layer: `init_std` for q/k/v and the gate, `out_std` for the output projection; ε drawn
     /// afresh, s at 1/σ.
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> RfaAttention {
-        let h = self.heads(d_model);
+        let h = self.head_shape(d_model);
         let draws = if self.shared_features { 1 } else { h.n_heads };
         let mut attn = RfaAttention {
             proj: HeadProjections::new(d_model, h.n_heads, h.head_dim, self.bias, init_std, out_std, device),
@@ -111,7 +105,7 @@ impl AttentionKind for RfaConfig {
     const CAPS: Capabilities = Capabilities { cross: true, ..caps::NO_SCORES };
 
     fn expanded(&self, d_model: usize) -> Self {
-        Self { head_dim: Some(self.heads(d_model).head_dim), features: Some(self.features(d_model)), ..self.clone() }
+        Self { features: Some(self.features(d_model)), ..self.expanded_heads(d_model) }
     }
 
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
@@ -122,13 +116,11 @@ impl AttentionKind for RfaConfig {
         })
     }
 
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads(d_model)
-    }
+    head_settings_hooks!();
 
     /// Sine and cosine of each of the D frequencies: 2D features.
     fn flops_per_token(&self, d_model: usize, _len_k: usize) -> u64 {
-        kernel_flops(self.heads(d_model), 2 * self.features(d_model), self.chunk)
+        kernel_flops(self.head_shape(d_model), 2 * self.features(d_model), self.chunk)
     }
 
     fn build(&self, init: &LayerInit, device: &Device) -> RfaAttention {

@@ -36,7 +36,6 @@ use burn::nn::{Dropout, DropoutConfig};
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
 use variorum_core::{Capabilities, ConfigError, error::check};
-use variorum_position::HeadShape;
 
 use crate::contract::{AttentionInput, AttentionOutput};
 use crate::engine::normaliser::MASKED_SCORE;
@@ -59,14 +58,9 @@ attention_config! {
 }
 
 impl ClusteredConfig {
-    /// Query heads and head size (`head_dim` defaults to `d_model / n_heads`).
-    pub fn heads(&self, d_model: usize) -> HeadShape {
-        projections::heads(self.n_heads, self.head_dim, d_model)
-    }
-
     /// The layer: `init_std` for q/k/v, `out_std` for the output projection.
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> ClusteredAttention {
-        let h = self.heads(d_model);
+        let h = self.head_shape(d_model);
         ClusteredAttention {
             proj: HeadProjections::new(d_model, h.n_heads, h.head_dim, self.bias, init_std, out_std, device),
             dropout: DropoutConfig::new(self.dropout).init(),
@@ -88,10 +82,6 @@ impl AttentionKind for ClusteredConfig {
         "a cluster's centroid, and so every member's attention, depends on later queries"
     }
 
-    fn expanded(&self, d_model: usize) -> Self {
-        Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
-    }
-
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         projections::validate_heads(self.n_heads, self.head_dim, 1, d_model)?;
         check(self.clusters >= 1, || "model.attention.clusters must be at least 1".into())?;
@@ -102,19 +92,13 @@ impl AttentionKind for ClusteredConfig {
         crate::kind::check_dropout(self.dropout)
     }
 
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads(d_model)
-    }
-
-    fn dropout(&self) -> f64 {
-        self.dropout
-    }
+    head_settings_hooks!();
 
     /// Multiply–adds per token over a context of `len_k` (L_Q = L_K): projections, the distances
     /// to C centroids per iteration, C·L_K centroid scores and value rows spread over L_K queries,
     /// the broadcast back, k exact scores and value rows.
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
-        let h = self.heads(d_model);
+        let h = self.head_shape(d_model);
         let (d, hd) = (d_model as u64, (h.n_heads * h.head_dim) as u64);
         let c = self.clusters.min(len_k.max(1)) as u64;
         let k = self.top_k.map_or(0, |k| k.min(len_k)) as u64;

@@ -53,7 +53,6 @@ use burn::prelude::*;
 use burn::tensor::activation::{relu, softmax};
 use serde::{Deserialize, Serialize};
 use variorum_core::{Capabilities, ConfigError, error::check};
-use variorum_position::HeadShape;
 
 use crate::contract::{AttentionInput, AttentionOutput};
 use crate::engine::normaliser::MASKED_SCORE;
@@ -90,15 +89,10 @@ attention_config! {
 }
 
 impl InducingPointsConfig {
-    /// Query heads and head size (`head_dim` defaults to `d_model / n_heads`).
-    pub fn heads(&self, d_model: usize) -> HeadShape {
-        projections::heads(self.n_heads, self.head_dim, d_model)
-    }
-
     /// Width of the packed slots the unpack reads: d_model (isab, after the output projection)
     /// or n_heads·d_h (luna, the raw heads).
     fn slot_width(&self, d_model: usize) -> usize {
-        let h = self.heads(d_model);
+        let h = self.head_shape(d_model);
         match self.mode {
             InducingMode::Isab => d_model,
             InducingMode::Luna => h.n_heads * h.head_dim,
@@ -108,7 +102,7 @@ impl InducingPointsConfig {
     /// The layer: `init_std` for the slots, the input projections and the rFF, `out_std` for the
     /// output projections.
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> InducingPointsAttention {
-        let h = self.heads(d_model);
+        let h = self.head_shape(d_model);
         let width = h.n_heads * h.head_dim;
         let kv = if self.tie_kv { width } else { 2 * width };
         let isab = self.mode == InducingMode::Isab;
@@ -145,29 +139,19 @@ impl AttentionKind for InducingPointsConfig {
         "every slot reads the whole sequence before any position reads the slots"
     }
 
-    fn expanded(&self, d_model: usize) -> Self {
-        Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
-    }
-
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         projections::validate_heads(self.n_heads, self.head_dim, 1, d_model)?;
         check(self.slots >= 1, || "model.attention.slots must be at least 1 (the number of inducing points)".into())?;
         crate::kind::check_dropout(self.dropout)
     }
 
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads(d_model)
-    }
-
-    fn dropout(&self) -> f64 {
-        self.dropout
-    }
+    head_settings_hooks!();
 
     /// Multiply–adds per token over a context of `len_k`: the per-token projections, m scores and
     /// weighted sums in each attention, and the slot side (pack queries, pack output, rFF,
     /// unpack keys/values) amortised over the `len_k` tokens.
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
-        let h = self.heads(d_model);
+        let h = self.head_shape(d_model);
         let (d, hd, m) = (d_model as u64, (h.n_heads * h.head_dim) as u64, self.slots as u64);
         let kv = if self.tie_kv { hd } else { 2 * hd };
         let sw = self.slot_width(d_model) as u64;

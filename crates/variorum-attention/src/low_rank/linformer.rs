@@ -34,7 +34,6 @@ use burn::prelude::*;
 use burn::tensor::activation::softmax;
 use serde::{Deserialize, Serialize};
 use variorum_core::{Capabilities, ConfigError, error::check};
-use variorum_position::HeadShape;
 
 use crate::contract::{AttentionInput, AttentionOutput};
 use crate::engine::projections;
@@ -69,14 +68,9 @@ attention_config! {
 }
 
 impl LinformerConfig {
-    /// Query heads and head size (`head_dim` defaults to `d_model / n_heads`).
-    pub fn heads(&self, d_model: usize) -> HeadShape {
-        projections::heads(self.n_heads, self.head_dim, d_model)
-    }
-
     /// The layer: `init_std` for q/k/v, `out_std` for the output projection, E and F ~ N(0, 1/n).
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> LinformerAttention {
-        let h = self.heads(d_model);
+        let h = self.head_shape(d_model);
         let rows = if self.share == LinformerShare::None { h.n_heads } else { 1 };
         let std = 1.0 / (self.max_len as f64).sqrt();
         let draw = || Initializer::Normal { mean: 0.0, std }.init([rows, self.k, self.max_len], device);
@@ -99,10 +93,6 @@ impl AttentionKind for LinformerConfig {
 
     fn why_not_causal(&self) -> &'static str {
         "E and F mix every position, later ones included, into each projected key and value"
-    }
-
-    fn expanded(&self, d_model: usize) -> Self {
-        Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
     }
 
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
@@ -135,18 +125,12 @@ impl AttentionKind for LinformerConfig {
         Self { max_len: len, ..self.clone() }
     }
 
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads(d_model)
-    }
-
-    fn dropout(&self) -> f64 {
-        self.dropout
-    }
+    head_settings_hooks!();
 
     /// Multiply–adds ×2 per token: projections, E K and F V (k·d_h per head), L × k scores and
     /// their values.
     fn flops_per_token(&self, d_model: usize, _len_k: usize) -> u64 {
-        let h = self.heads(d_model);
+        let h = self.head_shape(d_model);
         let (d, hd, k) = (d_model as u64, (h.n_heads * h.head_dim) as u64, self.k as u64);
         2 * (4 * d * hd + 4 * k * hd)
     }

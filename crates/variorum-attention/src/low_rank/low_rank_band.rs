@@ -34,7 +34,6 @@ use burn::nn::Linear;
 use burn::prelude::*;
 use burn::tensor::activation::{sigmoid, softmax};
 use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
-use variorum_position::HeadShape;
 
 use crate::cache::KvCache;
 use crate::contract::{AttentionInput, AttentionOutput, Positioning};
@@ -60,25 +59,13 @@ attention_config! {
 
 impl LowRankBandConfig {
     fn mha(&self) -> MultiHeadAttentionConfig {
-        MultiHeadAttentionConfig {
-            n_heads: self.n_heads,
-            n_kv_heads: None,
-            head_dim: self.head_dim,
-            dropout: self.dropout,
-            bias: self.bias,
-            ..Default::default()
-        }
-    }
-
-    /// Query heads and head size (`head_dim` defaults to `d_model / n_heads`).
-    pub fn heads(&self, d_model: usize) -> HeadShape {
-        self.mha().heads(d_model)
+        MultiHeadAttentionConfig { bias: self.bias, ..self.head_fields().into() }
     }
 
     /// The layer: `init_std` for the input projections (Q̃ and K̃ too), `out_std` for the output;
     /// γ = 0, an even mix.
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> LowRankBandAttention {
-        let h = self.heads(d_model);
+        let h = self.head_shape(d_model);
         LowRankBandAttention {
             band_attention: self.mha().init(d_model, init_std, out_std, Positioning::NONE, device),
             low_rank: (self.rank > 0)
@@ -97,14 +84,10 @@ impl AttentionKind for LowRankBandConfig {
         "Guo, Qiu, Liu, Xue, Zhang 2019, Low-Rank and Locality Constrained Self-Attention for Sequence Modeling";
     const CAPS: Capabilities = Capabilities { hides_padding: false, ..caps::NO_SCORES };
 
-    fn expanded(&self, d_model: usize) -> Self {
-        Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
-    }
-
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         self.mha().validate(d_model)?;
         check(self.band >= 1, || "model.attention.band must be at least 1".into())?;
-        let dh = self.heads(d_model).head_dim;
+        let dh = self.head_shape(d_model).head_dim;
         check(self.rank <= dh, || {
             format!(
                 "model.attention.rank = {} exceeds the head size {dh}: the low-rank module's keys must be smaller than the heads' (0 disables it)",
@@ -113,18 +96,12 @@ impl AttentionKind for LowRankBandConfig {
         })
     }
 
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads(d_model)
-    }
-
-    fn dropout(&self) -> f64 {
-        self.dropout
-    }
+    head_settings_hooks!();
 
     /// Multiply–adds per token over a context of `len_k`: projections, L·r low-rank scores and
     /// L·d_h for their values, w band keys (plus the block's slack).
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
-        let h = self.heads(d_model);
+        let h = self.head_shape(d_model);
         let (d, hd, n) = (d_model as u64, (h.n_heads * h.head_dim) as u64, h.n_heads as u64);
         let low = 2 * n * self.rank as u64;
         let band = len_k.min(self.band + self.band.min(128)) as u64;

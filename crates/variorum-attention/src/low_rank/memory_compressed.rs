@@ -29,7 +29,6 @@ use burn::nn::{Dropout, DropoutConfig};
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
 use variorum_core::{Capabilities, ConfigError, error::check};
-use variorum_position::HeadShape;
 
 use crate::contract::{AttentionInput, AttentionOutput};
 use crate::engine::normaliser::MASKED_SCORE;
@@ -57,15 +56,10 @@ attention_config! {
 }
 
 impl MemoryCompressedConfig {
-    /// Query heads and head size (`head_dim` defaults to `d_model / n_heads`).
-    pub fn heads(&self, d_model: usize) -> HeadShape {
-        projections::heads(self.n_heads, self.head_dim, d_model)
-    }
-
     /// The layer: `init_std` for q/k/v, `out_std` for the output projection; the convolutions
     /// keep Burn's default initialisation.
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> MemoryCompressedAttention {
-        let h = self.heads(d_model);
+        let h = self.head_shape(d_model);
         let width = h.n_heads * h.head_dim;
         let conv = || Conv1dConfig::new(width, width, self.stride).with_stride(self.stride).init(device);
         MemoryCompressedAttention {
@@ -110,10 +104,6 @@ impl AttentionKind for MemoryCompressedConfig {
     /// (`reads_memory: false`, refused by the model's rules).
     const CAPS: Capabilities = Capabilities { reads_memory: false, hides_padding: false, ..caps::NO_SCORES };
 
-    fn expanded(&self, d_model: usize) -> Self {
-        Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
-    }
-
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         projections::validate_heads(self.n_heads, self.head_dim, 1, d_model)?;
         check(self.stride >= 1, || "model.attention.stride must be at least 1".into())?;
@@ -121,18 +111,12 @@ impl AttentionKind for MemoryCompressedConfig {
         crate::kind::check_dropout(self.dropout)
     }
 
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads(d_model)
-    }
-
-    fn dropout(&self) -> f64 {
-        self.dropout
-    }
+    head_settings_hooks!();
 
     /// Multiply–adds per token over a context of `len_k`: projections, compression, L/s + s keys
     /// (interleaved: the mean of a local layer's B keys and a compressed layer's L/s).
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
-        let h = self.heads(d_model);
+        let h = self.head_shape(d_model);
         let (d, hd) = (d_model as u64, (h.n_heads * h.head_dim) as u64);
         let compressed = (len_k / self.stride.max(1)) as u64;
         let keys = match self.local_layers {

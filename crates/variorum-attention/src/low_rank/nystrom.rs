@@ -40,7 +40,6 @@ use burn::prelude::*;
 use burn::tensor::activation::softmax;
 use serde::{Deserialize, Serialize};
 use variorum_core::{Capabilities, ConfigError, error::check};
-use variorum_position::HeadShape;
 
 use crate::contract::{AttentionInput, AttentionOutput};
 use crate::engine::normaliser::MASKED_SCORE;
@@ -78,15 +77,10 @@ attention_config! {
 }
 
 impl NystromConfig {
-    /// Query heads and head size (`head_dim` defaults to `d_model / n_heads`).
-    pub fn heads(&self, d_model: usize) -> HeadShape {
-        projections::heads(self.n_heads, self.head_dim, d_model)
-    }
-
     /// The layer: `init_std` for q/k/v, `out_std` for the output projection; the convolution
     /// keeps Burn's default initialisation.
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> NystromAttention {
-        let h = self.heads(d_model);
+        let h = self.head_shape(d_model);
         let conv = self.conv_kernel.map(|c| {
             Conv1dConfig::new(h.n_heads, h.n_heads, c)
                 .with_groups(h.n_heads)
@@ -117,10 +111,6 @@ impl AttentionKind for NystromConfig {
         "its landmarks are means over segments that reach past the query, coupled by one pseudo-inverse"
     }
 
-    fn expanded(&self, d_model: usize) -> Self {
-        Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
-    }
-
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         projections::validate_heads(self.n_heads, self.head_dim, 1, d_model)?;
         check(self.landmarks >= 1, || "model.attention.landmarks must be at least 1".into())?;
@@ -134,18 +124,12 @@ impl AttentionKind for NystromConfig {
         crate::kind::check_dropout(self.dropout)
     }
 
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads(d_model)
-    }
-
-    fn dropout(&self) -> f64 {
-        self.dropout
-    }
+    head_settings_hooks!();
 
     /// Multiply–adds ×2 per token over `len_k` keys: projections, landmark means, F̃, B̃ and B̃V
     /// (m·d_h each per head), the conv, and Ã with its inverse spread over the tokens.
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
-        let h = self.heads(d_model);
+        let h = self.head_shape(d_model);
         let (d, hd, n) = (d_model as u64, (h.n_heads * h.head_dim) as u64, h.n_heads as u64);
         let m = self.landmarks.min(len_k.max(1)) as u64;
         let per_call = 2 * m * m * hd + 4 * self.pinv_iterations as u64 * n * m * m * m;

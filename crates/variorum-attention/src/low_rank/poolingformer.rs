@@ -49,7 +49,7 @@ use burn::tensor::activation::softmax;
 use serde::{Deserialize, Serialize};
 use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
 use variorum_kernels::block_sparse::{SparseLayout, block_sparse_attention};
-use variorum_position::{HeadShape, ScoreLayout};
+use variorum_position::ScoreLayout;
 
 use crate::cache::KvCache;
 use crate::contract::{AttentionInput, AttentionOutput, Positioning};
@@ -89,19 +89,7 @@ attention_config! {
 
 impl PoolingformerConfig {
     fn mha(&self) -> MultiHeadAttentionConfig {
-        MultiHeadAttentionConfig {
-            n_heads: self.n_heads,
-            n_kv_heads: None,
-            head_dim: self.head_dim,
-            dropout: self.dropout,
-            bias: self.bias,
-            ..Default::default()
-        }
-    }
-
-    /// Query heads and head size (`head_dim` defaults to `d_model / n_heads`).
-    pub fn heads(&self, d_model: usize) -> HeadShape {
-        self.mha().heads(d_model)
+        MultiHeadAttentionConfig { bias: self.bias, ..self.head_fields().into() }
     }
 
     /// The layer, both levels: `init_std` for q/k/v, `out_std` for the output projections.
@@ -127,10 +115,6 @@ impl AttentionKind for PoolingformerConfig {
     // no `cross`: its cross form (`cross()`) does not hide source padding yet
     const CAPS: Capabilities = Capabilities { reads_memory: false, hides_padding: false, ..caps::NO_SCORES };
 
-    fn expanded(&self, d_model: usize) -> Self {
-        Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
-    }
-
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         self.mha().validate(d_model)?;
         check(self.window >= 1, || "model.attention.window must be at least 1".into())?;
@@ -143,18 +127,12 @@ impl AttentionKind for PoolingformerConfig {
         })
     }
 
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads(d_model)
-    }
-
-    fn dropout(&self) -> f64 {
-        self.dropout
-    }
+    head_settings_hooks!();
 
     /// Multiply–adds per token over a context of `len_k`: two sets of projections, w₁ raw keys
     /// (plus the block's slack) and the pooled keys in reach.
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
-        let h = self.heads(d_model);
+        let h = self.head_shape(d_model);
         let (d, hd) = (d_model as u64, (h.n_heads * h.head_dim) as u64);
         let raw = len_k.min(self.window + self.window.min(128)) as u64;
         let reach = self.level2_window.map_or(len_k, |w| w.min(len_k));

@@ -61,7 +61,6 @@ use rand_chacha::ChaCha8Rng;
 use variorum_core::{Capabilities, ConfigError, error::check};
 use variorum_kernels::block_sparse::{SparseLayout, block_sparse_attention};
 use variorum_kernels::normalisers::RowNormaliser;
-use variorum_position::HeadShape;
 
 use crate::cache::KvCache;
 use crate::contract::{AttentionInput, AttentionOutput};
@@ -86,14 +85,9 @@ attention_config! {
 }
 
 impl ProbSparseConfig {
-    /// Query heads and head size (`head_dim` defaults to `d_model / n_heads`).
-    pub fn heads(&self, d_model: usize) -> HeadShape {
-        projections::heads(self.n_heads, self.head_dim, d_model)
-    }
-
     /// The layer: `init_std` for q/k/v, `out_std` for the output projection.
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> ProbSparseAttention {
-        let h = self.heads(d_model);
+        let h = self.head_shape(d_model);
         ProbSparseAttention {
             proj: HeadProjections::new(d_model, h.n_heads, h.head_dim, self.bias, init_std, out_std, device),
             dropout: DropoutConfig::new(self.dropout).init(),
@@ -116,10 +110,6 @@ impl AttentionKind for ProbSparseConfig {
         Self { layer: i, ..self.clone() }
     }
 
-    fn expanded(&self, d_model: usize) -> Self {
-        Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
-    }
-
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         projections::validate_heads(self.n_heads, self.head_dim, 1, d_model)?;
         check(self.factor.is_finite() && self.factor > 0.0, || {
@@ -128,18 +118,12 @@ impl AttentionKind for ProbSparseConfig {
         crate::kind::check_dropout(self.dropout)
     }
 
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads(d_model)
-    }
-
-    fn dropout(&self) -> f64 {
-        self.dropout
-    }
+    head_settings_hooks!();
 
     /// Multiply–adds per token over a context of `len_k`: projections, U sampled scores, the
     /// active share u/L of a full row (u·L_K scores and value rows spread over L_K queries), the mean.
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
-        let h = self.heads(d_model);
+        let h = self.head_shape(d_model);
         let (d, hd) = (d_model as u64, (h.n_heads * h.head_dim) as u64);
         // U sampled scores, u·L_K active scores and value rows over L_K queries, the mean
         let u = top_count(self.factor, len_k) as u64;

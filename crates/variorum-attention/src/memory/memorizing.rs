@@ -130,10 +130,6 @@ impl AttentionKind for MemorizingConfig {
         "it is causal only"
     }
 
-    fn expanded(&self, d_model: usize) -> Self {
-        self.expanded_heads(d_model)
-    }
-
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         self.heads().validate(d_model)?;
         check(self.top_k >= 1, || "model.attention.top_k = 0 must be at least 1, e.g. 32".into())

@@ -220,10 +220,6 @@ impl<C: Convolution> AttentionKind for ConvConfig<C> {
     const PAPER: &'static str = WU_2019;
     const CAPS: Capabilities = CONV_CAPS;
 
-    fn expanded(&self, _d_model: usize) -> Self {
-        self.clone()
-    }
-
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         self.settings().validate(&self.kernel_sizes, d_model)
     }

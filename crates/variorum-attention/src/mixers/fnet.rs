@@ -18,7 +18,6 @@
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 use variorum_core::{Capabilities, ConfigError};
-use variorum_position::HeadShape;
 
 use crate::contract::{AttentionInput, AttentionOutput};
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
@@ -40,16 +39,8 @@ impl AttentionKind for FnetConfig {
         "every Fourier coefficient sums every position, so there is no causal form: train FNet with model.objective = { kind = \"masked\" }"
     }
 
-    fn expanded(&self, _d_model: usize) -> Self {
-        Self {}
-    }
-
     fn validate(&self, _d_model: usize) -> Result<(), ConfigError> {
         Ok(())
-    }
-
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        HeadShape { d_model, n_heads: 1, head_dim: d_model }
     }
 
     /// A complex FFT of length n costs about 5 n log₂ n real operations: per token, its share

@@ -38,7 +38,6 @@ use burn::tensor::Distribution;
 use burn::tensor::activation::softmax;
 use serde::{Deserialize, Serialize};
 use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
-use variorum_position::HeadShape;
 
 use crate::cache::KvCache;
 use crate::contract::{AttentionInput, AttentionOutput};
@@ -114,10 +113,6 @@ impl AttentionKind for GmlpConfig {
             format!("model.attention.d_ffn = {d_ffn} must be even and at least 2 (Z₁ and Z₂ are half of it each)")
         })?;
         check(self.tiny_attention != Some(0), || "model.attention.tiny_attention must be at least 1".into())
-    }
-
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        HeadShape { d_model, n_heads: 1, head_dim: d_model }
     }
 
     /// This call's `[len_q, len_k]` block of W (and aMLP's scores).

@@ -87,19 +87,14 @@ attention_config! {
 }
 
 impl HopfieldConfig {
-    /// The heads: `n_heads` of `head_dim` (default d_model / n_heads).
-    pub fn heads(&self, d_model: usize) -> HeadShape {
-        crate::engine::projections::heads(self.n_heads, self.head_dim, d_model)
-    }
-
     /// β, its default written out: 1/√d_h.
     pub fn beta(&self, d_model: usize) -> f64 {
-        self.beta.unwrap_or_else(|| 1.0 / (self.heads(d_model).head_dim as f64).sqrt())
+        self.beta.unwrap_or_else(|| 1.0 / (self.head_shape(d_model).head_dim as f64).sqrt())
     }
 
     /// `init_std` for W_Q, W_K, W_V; `out_std` for W_O (as `full`).
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> HopfieldAttention {
-        let HeadShape { n_heads: h, head_dim: dh, .. } = self.heads(d_model);
+        let HeadShape { n_heads: h, head_dim: dh, .. } = self.head_shape(d_model);
         let stored = |n: usize| Tensor::<2>::random([n, d_model], Distribution::Normal(0.0, 1.0), device);
         HopfieldAttention {
             qkv: QkvProjectionConfig::new(d_model, h, h, dh).with_bias(self.bias).with_init_std(init_std).init(device),
@@ -121,7 +116,7 @@ impl AttentionKind for HopfieldConfig {
     const CAPS: Capabilities = Capabilities { reads_memory: false, cross: true, ..caps::NO_SCORES };
 
     fn expanded(&self, d_model: usize) -> Self {
-        Self { head_dim: Some(self.heads(d_model).head_dim), beta: Some(self.beta(d_model)), ..self.clone() }
+        Self { beta: Some(self.beta(d_model)), ..self.expanded_heads(d_model) }
     }
 
     /// The lookup's stored patterns replace a cross-attention source (the mixer retrieves from it).
@@ -131,13 +126,7 @@ impl AttentionKind for HopfieldConfig {
 
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         // the head checks of `full`, dropout included
-        let heads = MultiHeadAttentionConfig {
-            n_heads: self.n_heads,
-            head_dim: self.head_dim,
-            dropout: self.dropout,
-            ..Default::default()
-        };
-        heads.validate(d_model)?;
+        MultiHeadAttentionConfig::from(self.head_fields()).validate(d_model)?;
         if let Some(beta) = self.beta {
             check(beta.is_finite() && beta > 0.0, || {
                 format!("model.attention.beta = {beta} must be positive and finite (leave it out for 1/√head_dim)")
@@ -163,20 +152,14 @@ impl AttentionKind for HopfieldConfig {
         })
     }
 
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads(d_model)
-    }
-
-    fn dropout(&self) -> f64 {
-        self.dropout
-    }
+    head_settings_hooks!();
 
     /// 2 FLOPs per multiply–add: the projections (W_Q and W_O only for the lookup, whose stored
     /// patterns are projected once per batch row and forward, not per token), then per step the scores and the
     /// weighted sum (of keys for an update, of values for the output) over `len_k` keys, or over
     /// the n stored patterns for the lookup.
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
-        let shape = self.heads(d_model);
+        let shape = self.head_shape(d_model);
         let (d, hd, steps) = (d_model as u64, (shape.n_heads * shape.head_dim) as u64, self.steps as u64);
         match self.patterns {
             Some(n) => 2 * (2 * d * hd) + steps * 2 * 2 * hd * n as u64,

@@ -30,7 +30,6 @@ use burn::nn::Initializer;
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 use variorum_core::{Capabilities, ConfigError, error::check};
-use variorum_position::HeadShape;
 
 use crate::contract::{AttentionInput, AttentionOutput};
 use crate::engine::projections::take;
@@ -78,16 +77,8 @@ impl AttentionKind for MlpMixerConfig {
     // weights over absolute positions: no relative scheme, no memory, contexts up to ℓ
     const CAPS: Capabilities = Capabilities { reads_memory: false, variable_length: false, ..caps::NO_SCORES };
 
-    fn expanded(&self, _d_model: usize) -> Self {
-        self.clone()
-    }
-
     fn validate(&self, _d_model: usize) -> Result<(), ConfigError> {
         check(self.d_token != Some(0), || "model.attention.d_token must be at least 1".into())
-    }
-
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        HeadShape { d_model, n_heads: 1, head_dim: d_model }
     }
 
     /// Both layers of the MLP, per channel: D_S hidden units over `len_k` positions (the model's

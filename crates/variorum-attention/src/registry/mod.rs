@@ -6,6 +6,7 @@
 //! ([`crate::registry::external::register`]) and becomes [`AttentionConfig::External`].
 
 pub(crate) mod external;
+mod surgery;
 
 use burn::prelude::*;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};

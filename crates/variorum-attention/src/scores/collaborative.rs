@@ -51,10 +51,11 @@ use burn::prelude::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
-use variorum_position::{HeadShape, PositionConfig, RelativePosition, ScoreLayout, T5BiasConfig};
+use variorum_position::{PositionConfig, RelativePosition, ScoreLayout, T5BiasConfig};
 
 use crate::cache::KvCache;
 use crate::contract::{AttentionInput, AttentionOutput, Positioning};
+use crate::engine::config::MultiHeadAttentionConfig;
 use crate::engine::heads::MultiHeadAttention;
 use crate::engine::normaliser::MASKED_SCORE;
 use crate::engine::normaliser::ScoreNormaliser;
@@ -74,14 +75,9 @@ attention_config! {
 }
 
 impl CollaborativeConfig {
-    /// Query heads and the size of each head's values (what position schemes are built for).
-    pub fn heads(&self, d_model: usize) -> HeadShape {
-        projections::heads(self.n_heads, self.head_dim, d_model)
-    }
-
     /// D̃, the shared query/key width.
     pub fn shared(&self, d_model: usize) -> usize {
-        let h = self.heads(d_model);
+        let h = self.head_shape(d_model);
         self.shared_dim.unwrap_or(h.n_heads * h.head_dim)
     }
 
@@ -96,7 +92,7 @@ impl CollaborativeConfig {
         position: Positioning,
         device: &Device,
     ) -> CollaborativeAttention {
-        let heads = self.heads(d_model);
+        let heads = self.head_shape(d_model);
         let (h, dh, s) = (heads.n_heads, heads.head_dim, self.shared(d_model));
         let relative = position.config.init_relative(heads, position.context, device);
         if let Some(p) = &relative {
@@ -122,6 +118,39 @@ impl CollaborativeConfig {
     }
 }
 
+impl CollaborativeConfig {
+    /// Full attention's settings as collaborative heads of width `shared_dim`: the same heads,
+    /// head size, dropout, bias and normaliser (the table [`CollaborativeAttention::from_heads`]
+    /// builds its layer for), and a line for each setting of `full` this form does not carry
+    /// (said, not refused).
+    pub fn from_full(full: &MultiHeadAttentionConfig, d_model: usize, shared_dim: usize) -> (Self, Vec<String>) {
+        let config = Self {
+            n_heads: full.n_heads,
+            head_dim: Some(full.head_dim(d_model)),
+            dropout: full.dropout,
+            bias: full.bias,
+            normaliser: full.normaliser,
+            head_temperature: full.head_temperature,
+            shared_dim: Some(shared_dim),
+        };
+        let mut dropped = Vec::new();
+        if full.diversity.is_some() || full.guidance.is_some() {
+            dropped.push(
+                "model.attention.diversity / guidance (training losses on full heads) are dropped: collaborative heads take none"
+                    .to_string(),
+            );
+        }
+        if full.kv_heads() < full.n_heads {
+            dropped.push(format!(
+                "the {} key/value heads are repeated for the {} query heads: collaborative heads have one value head per query head (more value parameters, a larger KV cache)",
+                full.kv_heads(),
+                full.n_heads
+            ));
+        }
+        (config, dropped)
+    }
+}
+
 /// Whether a relative scheme acts on collaborative heads: through the distance alone, on the
 /// scores (not by rotating q and k).
 fn fits(p: &RelativePosition) -> bool {
@@ -138,13 +167,13 @@ impl AttentionKind for CollaborativeConfig {
     const CAPS: Capabilities = Capabilities { qk_rotation: false, gathers_keys: true, ..caps::CROSS_SCORES };
 
     fn expanded(&self, d_model: usize) -> Self {
-        Self { head_dim: Some(self.heads(d_model).head_dim), shared_dim: Some(self.shared(d_model)), ..self.clone() }
+        Self { shared_dim: Some(self.shared(d_model)), ..self.expanded_heads(d_model) }
     }
 
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         projections::validate_heads(self.n_heads, self.head_dim, 1, d_model)?;
         crate::kind::check_dropout(self.dropout)?;
-        let h = self.heads(d_model);
+        let h = self.head_shape(d_model);
         let width = h.n_heads * h.head_dim;
         check(self.shared_dim.is_none_or(|s| (1..=width).contains(&s)), || {
             format!(
@@ -156,18 +185,12 @@ impl AttentionKind for CollaborativeConfig {
         })
     }
 
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads(d_model)
-    }
-
-    fn dropout(&self) -> f64 {
-        self.dropout
-    }
+    head_settings_hooks!();
 
     /// The projections (q̃, k̃ of width D̃, the values) and the output, the mixing (H·D̃ products),
     /// then per head q̃_h·k̃ over D̃ and the weighted values over d_h, for `len_k` keys.
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
-        let heads = self.heads(d_model);
+        let heads = self.head_shape(d_model);
         let (d, h, dh) = (d_model as u64, heads.n_heads as u64, heads.head_dim as u64);
         let s = self.shared(d_model) as u64;
         2 * (d * (2 * s + h * dh) + h * dh * d) + h * s + 2 * h * (s + dh) * len_k as u64
@@ -411,18 +434,37 @@ impl CollaborativeAttention {
     /// # Panics
     ///
     /// If `shared_dim` is 0 or more than `n_heads · head_dim`, or if the layer has a position
-    /// scheme other than a distance-only score bias (RoPE, Transformer-XL, …).
+    /// scheme other than a distance-only score bias (RoPE, Transformer-XL, …):
+    /// [`try_from_heads`](Self::try_from_heads) refuses these instead.
     pub fn from_heads(full: &MultiHeadAttention, shared_dim: usize, device: &Device) -> (CollaborativeAttention, f64) {
+        match Self::try_from_heads(full, shared_dim, device) {
+            Ok(done) => done,
+            Err(why) => panic!("{why}"),
+        }
+    }
+
+    /// [`from_heads`](Self::from_heads), with a one-line refusal instead of a panic: a
+    /// `shared_dim` outside `1..=n_heads · head_dim`, or a layer whose position scheme does not
+    /// act on collaborative heads.
+    pub fn try_from_heads(
+        full: &MultiHeadAttention,
+        shared_dim: usize,
+        device: &Device,
+    ) -> Result<(CollaborativeAttention, f64), String> {
         let qkv = &full.qkv;
         let (h, hkv, dh) = (qkv.n_heads, qkv.n_kv_heads, qkv.head_dim);
         let width = h * dh;
         let kv_width = hkv * dh;
-        assert!(
-            (1..=width).contains(&shared_dim),
-            "shared_dim = {shared_dim} must be in 1..={width} (n_heads · head_dim)"
-        );
-        if let Some(p) = &full.position {
-            assert!(fits(p), "collaborative heads take only distance-only score schemes (ALiBi, T5)");
+        if !(1..=width).contains(&shared_dim) {
+            return Err(format!("shared_dim = {shared_dim} must be in 1..={width} (n_heads · head_dim)"));
+        }
+        if let Some(p) = &full.position
+            && !fits(p)
+        {
+            return Err(
+                "its relative position scheme does not act on collaborative heads: only distance-only score schemes (alibi, t5) or absolute positions do"
+                    .to_string(),
+            );
         }
         let w = qkv.qkv.weight.val();
         let d = w.dims()[0];
@@ -474,7 +516,7 @@ impl CollaborativeAttention {
             shared_dim,
             scale: full.scale,
         };
-        (attention.to_device(device), error)
+        Ok((attention.to_device(device), error))
     }
 }
 

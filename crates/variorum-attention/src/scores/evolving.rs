@@ -116,10 +116,6 @@ impl AttentionKind for EvolvingConfig {
     const CAPS: Capabilities = Capabilities { cross_layer: true, ..caps::SCORES };
     head_kind_items!();
 
-    fn expanded(&self, d_model: usize) -> Self {
-        self.expanded_heads(d_model)
-    }
-
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         self.heads().validate(d_model)?;
         let [kq, kk] = self.kernel;
@@ -150,7 +146,7 @@ impl AttentionKind for EvolvingConfig {
     }
 
     fn test_variants() -> Vec<TestVariant<Self>> {
-        TestVariant::score_path(Self::default(), Self { n_kv_heads: Some(2), ..Self::default() })
+        TestVariant::score_path(Self::default())
     }
 }
 

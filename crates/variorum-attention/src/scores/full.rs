@@ -19,11 +19,11 @@ use crate::engine::config::MultiHeadAttentionConfig;
 use crate::engine::head_losses::{self, Disagreement, DiversityConfig, GuidanceConfig};
 use crate::engine::heads::{MultiHeadAttention, Projected};
 use crate::engine::normaliser::Normaliser;
-use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
+use crate::kind::{AttentionKind, AttentionMechanism, HeadSettings, LayerInit, TestVariant, caps};
 use crate::state::AttentionState;
 use burn::prelude::*;
 use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check, error::divisors};
-use variorum_position::{HeadShape, PositionConfig, ScoreLayout};
+use variorum_position::{PositionConfig, ScoreLayout};
 
 impl AttentionKind for MultiHeadAttentionConfig {
     type Module = MultiHeadAttention;
@@ -33,9 +33,14 @@ impl AttentionKind for MultiHeadAttentionConfig {
     // the graph mask acts through the dense score mask
     const CAPS: Capabilities = Capabilities { graph: true, ..caps::CROSS_SCORES };
 
-    /// The same config with the derived defaults written out.
-    fn expanded(&self, d_model: usize) -> Self {
-        Self { n_kv_heads: Some(self.kv_heads()), head_dim: Some(self.head_dim(d_model)), ..self.clone() }
+    fn head_settings(&self) -> Option<HeadSettings> {
+        let Self { n_heads, n_kv_heads, head_dim, dropout, .. } = *self;
+        Some(HeadSettings { n_heads, n_kv_heads, head_dim, dropout })
+    }
+
+    fn with_head_settings(&self, heads: &HeadSettings) -> Self {
+        let HeadSettings { n_heads, n_kv_heads, head_dim, dropout } = *heads;
+        Self { n_heads, n_kv_heads, head_dim, dropout, ..self.clone() }
     }
 
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
@@ -66,14 +71,6 @@ impl AttentionKind for MultiHeadAttentionConfig {
         // the head losses are defined on self-attention maps
         let losses = self.diversity.is_some() || self.guidance.is_some();
         Capabilities { aux_losses: losses, cross: Self::CAPS.cross && !losses, ..Self::CAPS }
-    }
-
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads(d_model)
-    }
-
-    fn dropout(&self) -> f64 {
-        self.dropout
     }
 
     /// Multiply–adds per token of the score-forming part, for a context of `len_k` keys.

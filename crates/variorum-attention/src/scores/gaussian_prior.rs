@@ -103,10 +103,6 @@ impl AttentionKind for GaussianPriorConfig {
     const CAPS: Capabilities = Capabilities { hides_padding: false, ..caps::SCORES };
     head_kind_items!();
 
-    fn expanded(&self, d_model: usize) -> Self {
-        self.expanded_heads(d_model)
-    }
-
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         // the head checks of `full`, dropout included
         self.heads().validate(d_model)?;
@@ -131,7 +127,7 @@ impl AttentionKind for GaussianPriorConfig {
     }
 
     fn test_variants() -> Vec<TestVariant<Self>> {
-        TestVariant::score_path(Self::default(), Self { n_kv_heads: Some(2), ..Self::default() })
+        TestVariant::score_path(Self::default())
     }
 }
 

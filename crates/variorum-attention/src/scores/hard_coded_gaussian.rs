@@ -23,7 +23,6 @@ use burn::nn::Linear;
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
 use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
-use variorum_position::HeadShape;
 
 use crate::contract::{AttentionInput, AttentionOutput};
 use crate::engine::normaliser::MASKED_SCORE;
@@ -41,15 +40,10 @@ attention_config! {
 }
 
 impl HardCodedGaussianConfig {
-    /// The heads: `n_heads` of `head_dim` (default d_model / n_heads).
-    pub fn heads(&self, d_model: usize) -> HeadShape {
-        projections::heads(self.n_heads, self.head_dim, d_model)
-    }
-
     /// The layer for `d_model`: W_v ~ N(0, init_std²) and W_o ~ N(0, out_std²), its only
     /// parameters (the weights are fixed).
     pub fn init(&self, d_model: usize, init_std: f64, out_std: f64, device: &Device) -> HardCodedGaussianAttention {
-        let h = self.heads(d_model);
+        let h = self.head_shape(d_model);
         let width = h.n_heads * h.head_dim;
         HardCodedGaussianAttention {
             value: normal_linear(d_model, width, self.bias, init_std, device),
@@ -68,10 +62,6 @@ impl AttentionKind for HardCodedGaussianConfig {
     // weights from positions alone: no score matrix for a position scheme to act on
     const CAPS: Capabilities = Capabilities { reads_memory: false, ..caps::NO_SCORES };
 
-    fn expanded(&self, d_model: usize) -> Self {
-        Self { head_dim: Some(self.heads(d_model).head_dim), ..self.clone() }
-    }
-
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         projections::validate_heads(self.n_heads, self.head_dim, 1, d_model)?;
         check(self.std > 0.0 && self.std.is_finite(), || {
@@ -79,14 +69,12 @@ impl AttentionKind for HardCodedGaussianConfig {
         })
     }
 
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads(d_model)
-    }
+    head_settings_hooks!();
 
     /// Multiply–adds per token: the value and output projections, and the weighted sum over
     /// `len_k` values (the weights themselves are shared by the batch).
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
-        let h = self.heads(d_model);
+        let h = self.head_shape(d_model);
         let (d, hd) = (d_model as u64, (h.n_heads * h.head_dim) as u64);
         2 * (2 * d * hd) + 2 * hd * len_k as u64
     }

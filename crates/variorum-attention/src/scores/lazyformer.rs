@@ -98,10 +98,6 @@ impl AttentionKind for LazyformerConfig {
 
     head_kind_items!();
 
-    fn expanded(&self, d_model: usize) -> Self {
-        self.expanded_heads(d_model)
-    }
-
     fn for_layer(&self, i: usize) -> Self {
         Self { layer: i, ..self.clone() }
     }
@@ -130,7 +126,7 @@ impl AttentionKind for LazyformerConfig {
     }
 
     fn test_variants() -> Vec<TestVariant<Self>> {
-        TestVariant::score_path(Self::default(), Self { n_kv_heads: Some(2), ..Self::default() })
+        TestVariant::score_path(Self::default())
     }
 }
 

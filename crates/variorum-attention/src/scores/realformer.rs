@@ -61,10 +61,6 @@ impl AttentionKind for RealFormerConfig {
 
     head_kind_items!();
 
-    fn expanded(&self, d_model: usize) -> Self {
-        self.expanded_heads(d_model)
-    }
-
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         self.heads().validate(d_model)
     }
@@ -79,7 +75,7 @@ impl AttentionKind for RealFormerConfig {
     }
 
     fn test_variants() -> Vec<TestVariant<Self>> {
-        TestVariant::score_path(Self::default(), Self { n_kv_heads: Some(2), ..Self::default() })
+        TestVariant::score_path(Self::default())
     }
 }
 

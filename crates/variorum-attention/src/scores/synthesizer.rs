@@ -60,7 +60,7 @@ use burn::tensor::Distribution;
 use burn::tensor::activation::{relu, softmax};
 use serde::{Deserialize, Serialize};
 use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
-use variorum_position::{HeadShape, PositionConfig, RelativePosition, RotaryConfig};
+use variorum_position::{PositionConfig, RelativePosition, RotaryConfig};
 
 use crate::cache::KvCache;
 use crate::contract::{AttentionInput, AttentionOutput, Positioning};
@@ -118,11 +118,6 @@ fn ceil_sqrt(n: usize) -> usize {
 }
 
 impl SynthesizerConfig {
-    /// The heads: `n_heads` of `head_dim` (default d_model / n_heads).
-    pub fn heads(&self, d_model: usize) -> HeadShape {
-        projections::heads(self.n_heads, self.head_dim, d_model)
-    }
-
     /// Whether the setting has a dense part (dense, mixture).
     pub fn has_dense(&self) -> bool {
         self.variant != SynthesizerVariant::Random
@@ -155,7 +150,7 @@ impl SynthesizerConfig {
         position: Positioning,
         device: &Device,
     ) -> SynthesizerAttention {
-        let shape = self.heads(d_model);
+        let shape = self.head_shape(d_model);
         let (h, dh) = (shape.n_heads, shape.head_dim);
         let width = h * dh;
         let context = position.context.max(1);
@@ -222,11 +217,8 @@ impl AttentionKind for SynthesizerConfig {
     }
 
     fn expanded(&self, d_model: usize) -> Self {
-        Self {
-            head_dim: Some(self.heads(d_model).head_dim),
-            hidden: if self.has_dense() { Some(self.hidden.unwrap_or(d_model)) } else { self.hidden },
-            ..self.clone()
-        }
+        let hidden = if self.has_dense() { Some(self.hidden.unwrap_or(d_model)) } else { self.hidden };
+        Self { hidden, ..self.expanded_heads(d_model) }
     }
 
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
@@ -260,13 +252,7 @@ impl AttentionKind for SynthesizerConfig {
         }
     }
 
-    fn head_shape(&self, d_model: usize) -> HeadShape {
-        self.heads(d_model)
-    }
-
-    fn dropout(&self) -> f64 {
-        self.dropout
-    }
+    head_settings_hooks!();
 
     /// Multiply–adds per token, 2 FLOPs each: the value and output projections and the weighted
     /// sum over `len_k` values; dense: the MLP (its second layer for the `len_k` key columns only,
@@ -274,7 +260,7 @@ impl AttentionKind for SynthesizerConfig {
     /// nothing per token (a table read), or a row of R1 R2ᵀ (k per key) when factorized; mixture:
     /// both, plus the query and key projections, QKᵀ and the three-way mix.
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
-        let shape = self.heads(d_model);
+        let shape = self.head_shape(d_model);
         let (d, h, lk) = (d_model as u64, shape.n_heads as u64, len_k as u64);
         let hd = (shape.n_heads * shape.head_dim) as u64;
         let mut flops = 2 * (2 * d * hd) + 2 * hd * lk;

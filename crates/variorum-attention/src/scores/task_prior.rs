@@ -94,10 +94,6 @@ impl AttentionKind for TaskPriorConfig {
     const CAPS: Capabilities = Capabilities { reads_memory: false, ..caps::SCORES };
     head_kind_items!();
 
-    fn expanded(&self, d_model: usize) -> Self {
-        self.expanded_heads(d_model)
-    }
-
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         self.heads().validate(d_model)?;
         check(self.tasks >= 1, || {
@@ -124,7 +120,7 @@ impl AttentionKind for TaskPriorConfig {
     }
 
     fn test_variants() -> Vec<TestVariant<Self>> {
-        TestVariant::score_path(Self::default(), Self { n_kv_heads: Some(2), blocks: 3, ..Self::default() })
+        TestVariant::score_path_with(Self::default(), Self { n_kv_heads: Some(2), blocks: 3, ..Self::default() })
     }
 }
 

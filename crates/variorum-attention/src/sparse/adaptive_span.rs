@@ -53,14 +53,7 @@ impl AdaptiveSpanConfig {
     /// The multi-head attention it is built on, softmax-normalised: the soft mask reweights softmax's distribution and
     /// renormalises it (the paper's definition), which has no meaning for the other normalisers.
     pub fn heads(&self) -> MultiHeadAttentionConfig {
-        MultiHeadAttentionConfig {
-            n_heads: self.n_heads,
-            n_kv_heads: self.n_kv_heads,
-            head_dim: self.head_dim,
-            dropout: self.dropout,
-            bias: self.bias,
-            ..Default::default()
-        }
+        MultiHeadAttentionConfig { bias: self.bias, ..self.head_fields().into() }
     }
 
     /// The layer: `init_std` for q/k/v, `out_std` for the output projection; `position` supplies
@@ -95,11 +88,6 @@ impl AttentionKind for AdaptiveSpanConfig {
     const PAPER: &'static str = "Sukhbaatar et al. 2019, Adaptive Attention Span in Transformers";
     const CAPS: Capabilities = Capabilities { bidirectional: false, aux_losses: true, ..caps::SCORES };
     head_kind_items!();
-
-    fn expanded(&self, d_model: usize) -> Self {
-        let h = self.heads().expanded(d_model);
-        Self { n_kv_heads: h.n_kv_heads, head_dim: h.head_dim, ..self.clone() }
-    }
 
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         self.heads().validate(d_model)?;

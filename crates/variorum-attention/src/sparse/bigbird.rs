@@ -89,10 +89,6 @@ impl AttentionKind for BigBirdConfig {
     const CAPS: Capabilities = Capabilities { gathers_keys: true, hides_padding: false, ..caps::BLOCKED_SCORES };
     head_kind_items!();
 
-    fn expanded(&self, d_model: usize) -> Self {
-        self.expanded_heads(d_model)
-    }
-
     fn for_layer(&self, i: usize) -> Self {
         Self { layer: i, ..self.clone() }
     }

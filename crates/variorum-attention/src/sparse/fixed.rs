@@ -94,10 +94,6 @@ impl AttentionKind for FixedConfig {
     const CAPS: Capabilities = caps::GATHERED_SCORES;
     head_kind_items!();
 
-    fn expanded(&self, d_model: usize) -> Self {
-        self.expanded_heads(d_model)
-    }
-
     fn for_layer(&self, i: usize) -> Self {
         Self { layer: i, ..self.clone() }
     }

@@ -71,10 +71,6 @@ impl AttentionKind for Local2dConfig {
     const CAPS: Capabilities = caps::GATHERED_SCORES;
     head_kind_items!();
 
-    fn expanded(&self, d_model: usize) -> Self {
-        self.expanded_heads(d_model)
-    }
-
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         self.heads().validate(d_model)?;
         check(self.width >= 1 && self.query_rows >= 1 && self.query_cols >= 1, || {

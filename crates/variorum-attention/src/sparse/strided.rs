@@ -110,10 +110,6 @@ impl AttentionKind for StridedConfig {
     const CAPS: Capabilities = caps::BLOCKED_SCORES;
     head_kind_items!();
 
-    fn expanded(&self, d_model: usize) -> Self {
-        self.expanded_heads(d_model)
-    }
-
     fn for_layer(&self, i: usize) -> Self {
         Self { layer: i, ..self.clone() }
     }

@@ -108,10 +108,6 @@ impl AttentionKind for BptConfig {
     const CAPS: Capabilities = Capabilities { reads_memory: false, ..caps::NO_SCORES };
     head_kind_items!();
 
-    fn expanded(&self, d_model: usize) -> Self {
-        self.expanded_heads(d_model)
-    }
-
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         self.heads().validate(d_model)?;
         check(self.k >= 1, || "model.attention.k must be at least 1 (nodes per side and level)".into())

@@ -98,10 +98,6 @@ impl AttentionKind for GraphAttentionConfig {
     const CAPS: Capabilities = Capabilities { reads_memory: false, graph: true, ..caps::NO_SCORES };
     head_kind_items!();
 
-    fn expanded(&self, d_model: usize) -> Self {
-        self.expanded_heads(d_model)
-    }
-
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         self.heads().validate(d_model)
     }

@@ -107,10 +107,6 @@ impl AttentionKind for SacConfig {
         Capabilities { reads_memory: false, replayable: false, aux_losses: true, policy: true, ..caps::NO_SCORES };
     head_kind_items!();
 
-    fn expanded(&self, d_model: usize) -> Self {
-        self.expanded_heads(d_model)
-    }
-
     /// A predictor that learns is a policy (its rows need one another as the baseline).
     fn capabilities(&self) -> Capabilities {
         Capabilities { policy: self.policy_weight > 0.0, ..Self::CAPS }
