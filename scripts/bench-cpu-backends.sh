@@ -4,8 +4,10 @@
 # The winner is what `--device cpu` means (crates/variorum-cli/src/device.rs, CPU_DEFAULT).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# ndarray is opt-in: this script builds the binary with it (its own build of Burn's features;
+# scripts/system-deps.sh with NDARRAY=1 installs OpenBLAS).
+cargo build --release -p variorum-cli --features ndarray
 bin="${CARGO_TARGET_DIR:-target}/release/variorum"
-[ -x "$bin" ] || cargo test --release --workspace --no-run
 configs=("$@")
 [ ${#configs[@]} -gt 0 ] || configs=(configs/gpt-baby-shakespeare-char.toml)
 printf '%-48s %-8s %12s %10s\n' config device tokens/s peak_MiB

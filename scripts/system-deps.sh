@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # System packages variorum needs beyond the Rust toolchain (Debian/Ubuntu):
-#   libopenblas-dev      OpenBLAS for the ndarray backend (--device ndarray)
 #   mesa-vulkan-drivers  lavapipe, a software Vulkan driver: --device wgpu without a GPU
 #   fonts-dejavu-core    a font for the loss-curve plot
-#   pkg-config           finds OpenBLAS at build time
 #   chromium-headless-shell  a headless browser: the run report's test loads the page in it
+# With `--features ndarray` (the ndarray backend, opt-in): add libopenblas-dev and pkg-config,
+# or run this script with NDARRAY=1.
 set -euo pipefail
-pkgs=(libopenblas-dev mesa-vulkan-drivers fonts-dejavu-core pkg-config chromium-headless-shell)
+pkgs=(mesa-vulkan-drivers fonts-dejavu-core chromium-headless-shell)
+[ "${NDARRAY:-0}" = 1 ] && pkgs+=(libopenblas-dev pkg-config)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

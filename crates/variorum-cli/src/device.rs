@@ -66,6 +66,11 @@ pub fn select(name: &str) -> Result<(Device, String)> {
             probe(&d, "cuda", "check the NVIDIA driver, or use --device cpu")?;
             d
         }
+        // a backend of the CLI's features that this build left out
+        off if ["flex", "ndarray", "wgpu", "cuda"].contains(&off) => bail!(
+            "--device {off} is not built in: rebuild with `--features {off}`, or use one of {}",
+            available().join(", ")
+        ),
         other => bail!("--device {other} is not available in this build: use one of {}", available().join(", ")),
     };
     // Burn materialises some state (e.g. reloaded optimizer moments) on `Device::default()`,

@@ -352,8 +352,11 @@ mod tests {
                     let ((fast, g_fast), (composed, g_composed)) = (run(false), run(true));
                     let what =
                         format!("{} (temperature {head_temperature}, causal {})", normaliser.name(), mask.causal);
-                    let d = (fast - composed).abs().max().into_scalar::<f32>();
-                    assert!(d < 1e-5, "{what}: outputs differ by {d}");
+                    // relative to the outputs' size, as the gradients below: the weights are drawn
+                    // from the device's generator, which tests running beside this one also draw from
+                    let size = composed.clone().abs().max().into_scalar::<f32>().max(1.0);
+                    let d = (fast - composed).abs().max().into_scalar::<f32>() / size;
+                    assert!(d < 1e-5, "{what}: outputs differ by {d} of their largest ({size})");
                     // relative to the gradient's size: sums of dozens of terms of either sign
                     let size = g_composed.clone().abs().max().into_scalar::<f32>().max(1.0);
                     let d = (g_fast - g_composed).abs().max().into_scalar::<f32>() / size;

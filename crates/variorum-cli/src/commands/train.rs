@@ -15,7 +15,7 @@ use crate::device;
 pub struct TrainArgs {
     /// Experiment config (.toml or .json).
     pub config: PathBuf,
-    /// cpu (the fastest CPU backend), flex, ndarray, wgpu, cuda (when built with it).
+    /// cpu (the fastest CPU backend), flex, wgpu; ndarray and cuda when built with them.
     #[arg(long, default_value = "cpu")]
     pub device: String,
     /// Run directory. Default: runs/<config name>.

@@ -3,7 +3,7 @@
 //! nothing), also with keys longer than the queries (a cache or a memory), and the scheme
 //! actually changes the pattern.
 
-mod common;
+use crate::common;
 
 use burn::module::Param;
 use burn::prelude::*;

@@ -1,7 +1,7 @@
 //! Sparse Sinkhorn attention against its definition: softmax over [the block's sorted block; the
 //! block itself], the sorted block the soft-permutation mix of key blocks.
 
-mod common;
+use crate::common;
 
 use burn::prelude::*;
 use burn::tensor::Distribution;

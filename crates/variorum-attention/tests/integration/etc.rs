@@ -2,7 +2,7 @@
 //! the four pieces' masks (g2g, g2l, l2g, l2l), causal and bidirectional, for lengths that do and
 //! do not end a segment.
 
-mod common;
+use crate::common;
 
 use burn::prelude::*;
 use burn::tensor::Distribution;

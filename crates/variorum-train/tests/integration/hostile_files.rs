@@ -65,7 +65,7 @@ proptest! {
     #[test]
     fn damaged_graph_data_are_errors_not_panics(cut in cut(), flips in proptest::collection::vec((0.0f64..1.0, any::<u8>()), 1..5)) {
         // the first lines of the shipped example, damaged
-        let real: String = include_str!("../../../configs/graph/min-trees.jsonl").lines().take(6).collect::<Vec<_>>().join("\n");
+        let real: String = include_str!("../../../../configs/graph/min-trees.jsonl").lines().take(6).collect::<Vec<_>>().join("\n");
         let bytes = damaged(real.as_bytes(), cut, &flips);
         let text = String::from_utf8_lossy(&bytes);
         let cfg = variorum_data::DataConfig {

@@ -1,7 +1,7 @@
 //! The kernelised kinds (linear, performer, rfa, average): the recurrent form decodes what the
 //! parallel form computes, and random features converge to the softmax attention they estimate.
 
-mod common;
+use crate::common;
 
 use burn::prelude::*;
 use burn::tensor::Distribution;

@@ -2,7 +2,7 @@
 //! pairs (every round's buckets from the layer's own hashing), self excluded unless alone, and
 //! several rounds as one softmax over the union of their pairs (the duplicate correction).
 
-mod common;
+use crate::common;
 
 use burn::prelude::*;
 use burn::tensor::Distribution;

@@ -3,7 +3,7 @@
 //! position scheme, for lengths that are not a multiple of the block; and the masks are the
 //! patterns.
 
-mod common;
+use crate::common;
 
 use burn::prelude::*;
 use burn::tensor::Distribution;

@@ -3,7 +3,7 @@
 //! windows over everything it is full attention; no output depends on a later input; decoding
 //! equals the causal forward; max and mean pooling differ; bad configs are refused.
 
-mod common;
+use crate::common;
 
 use burn::module::Param;
 use burn::prelude::*;

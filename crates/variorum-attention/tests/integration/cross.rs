@@ -7,7 +7,7 @@
 //! `cross` are left out (their patterns are tied to the query's position, they mix queries, or
 //! they read only their own sequence).
 
-mod common;
+use crate::common;
 
 use burn::prelude::*;
 use burn::tensor::Distribution;

@@ -1,7 +1,7 @@
 //! Routing attention against its definition (dense attention restricted to same-cluster pairs),
 //! and its centroids' moving average.
 
-mod common;
+use crate::common;
 
 use burn::prelude::*;
 use burn::tensor::Distribution;

@@ -3,7 +3,7 @@
 //! head reaches every δ-th position; global tokens see everything; decoding token by token with
 //! global tokens chosen by id equals the full forward; global attention has its own projections.
 
-mod common;
+use crate::common;
 
 use burn::prelude::*;
 use burn::tensor::Distribution;

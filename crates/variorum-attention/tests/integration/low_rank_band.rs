@@ -3,7 +3,7 @@
 //! or weighted to nothing it is sliding-window attention; no output depends on a later input;
 //! decoding equals the causal forward; bad configs are refused.
 
-mod common;
+use crate::common;
 
 use burn::module::Param;
 use burn::prelude::*;

@@ -4,7 +4,7 @@
 //! the Moore–Penrose conditions, the conv adds exactly the depthwise convolution of V, padding
 //! tokens change nothing, configs are checked.
 
-mod common;
+use crate::common;
 
 use burn::prelude::*;
 use burn::tensor::Distribution;

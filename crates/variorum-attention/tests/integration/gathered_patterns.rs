@@ -3,7 +3,7 @@
 //! attention under the pattern's mask, causal and bidirectional, with the position schemes that
 //! act through the distance, for ragged lengths; and the pattern is what the paper says.
 
-mod common;
+use crate::common;
 
 use burn::prelude::*;
 use burn::tensor::Distribution;

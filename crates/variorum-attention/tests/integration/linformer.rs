@@ -2,7 +2,7 @@
 //! and head with 2-D matrices: identity projections give full attention, shorter sequences equal
 //! zero-padded keys and values, padding keys equal a shorter sequence, configs are checked.
 
-mod common;
+use crate::common;
 
 use burn::module::Param;
 use burn::prelude::*;

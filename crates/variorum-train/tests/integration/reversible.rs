@@ -1,7 +1,7 @@
 //! Reversible stacks: inputs rebuilt from outputs through many layers, and the gradients of the
 //! activation-free backward equal those of ordinary back-propagation through stored activations.
 
-mod common;
+use crate::common;
 
 use burn::module::{ModuleVisitor, Param};
 use burn::optim::GradientsParams;

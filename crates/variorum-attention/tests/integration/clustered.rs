@@ -3,7 +3,7 @@
 //! identical queries get identical outputs; Lloyd iterations never increase the within-cluster sum
 //! of squares; the improved (top-k) form against its equation, and full attention at k = L_K.
 
-mod common;
+use crate::common;
 
 use burn::prelude::*;
 use burn::tensor::Distribution;

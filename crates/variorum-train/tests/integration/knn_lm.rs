@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-mod common;
+use crate::common;
 
 use burn::prelude::*;
 use common::{corpus, seeded, tiny_config};

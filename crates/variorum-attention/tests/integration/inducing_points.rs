@@ -3,7 +3,7 @@
 //! equivariant; the output depends on the keys only through the m packed slots; cross-attention
 //! and padding work; impossible configs are refused.
 
-mod common;
+use crate::common;
 
 use burn::module::Param;
 use burn::nn::{LayerNorm, Linear};

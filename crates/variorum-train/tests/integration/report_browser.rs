@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-mod common;
+use crate::common;
 
 use anyhow::{Context, anyhow};
 use burn::prelude::Device;

@@ -3,7 +3,7 @@
 //! (cumulative) mean of the values; full attention when every key is sampled and every query
 //! active; strictly causal; decoding equals the parallel forward.
 
-mod common;
+use crate::common;
 
 use burn::prelude::*;
 use burn::tensor::Distribution;

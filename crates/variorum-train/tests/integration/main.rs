@@ -1,0 +1,17 @@
+//! The trainer's integration tests (training, checkpoints, inference, retrieval, the report in a
+//! browser, hostile files, …), one module per file, built as one test binary.
+
+mod common;
+
+mod early_exit;
+mod encoder_decoder;
+mod graph;
+mod hostile_files;
+mod inference;
+mod knn_lm;
+mod memorizing;
+mod report_browser;
+mod reversible;
+mod sac;
+mod spalm;
+mod training;
