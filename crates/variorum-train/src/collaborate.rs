@@ -83,8 +83,10 @@ pub fn collaborate(run: &Run, shared_dim: Option<usize>, out: &Path) -> Result<C
     let shared = shared_dim.unwrap_or(width);
     // the run's config with collaborative heads of the same shape; its rules decide the rest
     // (position schemes that read per-head queries and keys, RoPE, …)
-    let (attention, notes) =
-        model_cfg.attention.as_collaborative(model_cfg.d_model, shared).map_err(|e| anyhow::anyhow!("{source}: {e}"))?;
+    let (attention, notes) = model_cfg
+        .attention
+        .as_collaborative(model_cfg.d_model, shared)
+        .map_err(|e| anyhow::anyhow!("{source}: {e}"))?;
     if !(1..=width).contains(&shared) {
         bail!(
             "--shared-dim {shared} does not fit {source}: it must be in 1..={width} (n_heads · head_dim = {n_heads} · {head_dim}; {width} is exact, less compresses the query/key projections)"
@@ -106,8 +108,10 @@ pub fn collaborate(run: &Run, shared_dim: Option<usize>, out: &Path) -> Result<C
     let mut attention_params_after = 0;
     for (i, block) in model.blocks.iter_mut().enumerate() {
         attention_params_before += block.attn.num_params();
-        let (layer, error) =
-            block.attn.as_collaborative(shared, &run.device).map_err(|e| anyhow::anyhow!("{source}: block {i}: {e}"))?;
+        let (layer, error) = block
+            .attn
+            .as_collaborative(shared, &run.device)
+            .map_err(|e| anyhow::anyhow!("{source}: block {i}: {e}"))?;
         block.attn = layer;
         attention_params_after += block.attn.num_params();
         layer_errors.push(error);

@@ -39,7 +39,6 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use variorum_core::{Capabilities, ConfigError, error::check};
 
-
 use crate::cache::KvCache;
 use crate::contract::{AttentionInput, AttentionOutput};
 use crate::engine::heads::concat_heads;
@@ -96,7 +95,6 @@ impl AttentionKind for LshConfig {
     const SUMMARY: &'static str = "Reformer LSH attention: shared-QK, random-rotation hashing into buckets, several rounds, sorted chunks attending to themselves and the chunk before (causal: the m positions before in the sorted order)";
     const PAPER: &'static str = "Kitaev et al. 2020, Reformer: The Efficient Transformer";
     const CAPS: Capabilities = Capabilities { reads_memory: false, hides_padding: false, ..caps::NO_SCORES };
-
 
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         projections::validate_heads(self.n_heads, self.head_dim, self.chunk, d_model)?;

@@ -12,7 +12,11 @@ impl AttentionConfig {
     /// This setting as collaborative heads of width `shared_dim` (Cordonnier et al. 2020,
     /// [`CollaborativeConfig::from_full`]), with a line for each setting the new form does not
     /// carry. Refused, in one line, for a kind without that map (every kind but `full`).
-    pub fn as_collaborative(&self, d_model: usize, shared_dim: usize) -> Result<(AttentionConfig, Vec<String>), String> {
+    pub fn as_collaborative(
+        &self,
+        d_model: usize,
+        shared_dim: usize,
+    ) -> Result<(AttentionConfig, Vec<String>), String> {
         match self {
             AttentionConfig::Full(full) => {
                 let (config, dropped) = CollaborativeConfig::from_full(full, d_model, shared_dim);
@@ -35,7 +39,9 @@ impl Attention {
         match self {
             Attention::Full(layer) => CollaborativeAttention::try_from_heads(layer, shared_dim, device)
                 .map(|(layer, error)| (Attention::Collaborative(layer), error)),
-            _ => Err("only a `full` multi-head attention layer can be re-parameterised into collaborative heads".into()),
+            _ => {
+                Err("only a `full` multi-head attention layer can be re-parameterised into collaborative heads".into())
+            }
         }
     }
 }
