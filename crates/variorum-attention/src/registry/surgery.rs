@@ -32,12 +32,12 @@ impl AttentionConfig {
 
 impl Attention {
     /// This trained layer as collaborative heads of width `shared_dim`, and the relative error
-    /// of its query–key products ([`CollaborativeAttention::try_from_heads`]: 0 when exact).
+    /// of its query–key products ([`CollaborativeAttention::from_heads`]: 0 when exact).
     /// Refused, in one line, for a layer of another kind than `full`, a width out of range or a
     /// position scheme the new form cannot carry.
     pub fn as_collaborative(&self, shared_dim: usize, device: &Device) -> Result<(Attention, f64), String> {
         match self {
-            Attention::Full(layer) => CollaborativeAttention::try_from_heads(layer, shared_dim, device)
+            Attention::Full(layer) => CollaborativeAttention::from_heads(layer, shared_dim, device)
                 .map(|(layer, error)| (Attention::Collaborative(layer), error)),
             _ => {
                 Err("only a `full` multi-head attention layer can be re-parameterised into collaborative heads".into())

@@ -431,22 +431,10 @@ impl CollaborativeAttention {
     ///   heads (exact when the heads' biases share the decomposition's structure). The returned
     ///   error is that of the weights; the bias fit is not in it.
     ///
-    /// # Panics
-    ///
-    /// If `shared_dim` is 0 or more than `n_heads · head_dim`, or if the layer has a position
-    /// scheme other than a distance-only score bias (RoPE, Transformer-XL, …):
-    /// [`try_from_heads`](Self::try_from_heads) refuses these instead.
-    pub fn from_heads(full: &MultiHeadAttention, shared_dim: usize, device: &Device) -> (CollaborativeAttention, f64) {
-        match Self::try_from_heads(full, shared_dim, device) {
-            Ok(done) => done,
-            Err(why) => panic!("{why}"),
-        }
-    }
-
-    /// [`from_heads`](Self::from_heads), with a one-line refusal instead of a panic: a
-    /// `shared_dim` outside `1..=n_heads · head_dim`, or a layer whose position scheme does not
-    /// act on collaborative heads.
-    pub fn try_from_heads(
+    /// Refused, in one line: a `shared_dim` outside `1..=n_heads · head_dim`, or a layer whose
+    /// position scheme does not act on collaborative heads (RoPE, Transformer-XL, …: only
+    /// distance-only score biases do).
+    pub fn from_heads(
         full: &MultiHeadAttention,
         shared_dim: usize,
         device: &Device,
@@ -776,7 +764,7 @@ mod tests {
         // multi-head and grouped-query (two K/V heads, repeated for the query heads)
         for kv_heads in [4, 2] {
             let full = full_layer(kv_heads, &dev);
-            let (collab, error) = CollaborativeAttention::from_heads(&full, 16, &dev);
+            let (collab, error) = CollaborativeAttention::from_heads(&full, 16, &dev).unwrap();
             assert_eq!(error, 0.0);
             assert_eq!(collab.qkv.weight.val().dims(), [D, 2 * 16 + 16]);
             let x = random([2, 6, D], &dev);
@@ -822,7 +810,7 @@ mod tests {
         let rest = full.qkv.qkv.bias.as_ref().unwrap().val().narrow(0, 16, 32);
         full.qkv.qkv.bias = Some(Param::from_tensor(Tensor::cat(vec![bq, rest], 0)));
 
-        let (collab, error) = CollaborativeAttention::from_heads(&full, R, &dev);
+        let (collab, error) = CollaborativeAttention::from_heads(&full, R, &dev).unwrap();
         assert!(error < 1e-3, "relative error {error} of an exactly rank-{R} layer");
         assert_eq!(collab.mixing.val().dims(), [4, R]);
         let x = random([2, 6, D], &dev);
@@ -838,7 +826,7 @@ mod tests {
         let dev = Device::flex();
         dev.seed(9);
         let full = full_layer(4, &dev);
-        let errors: Vec<f64> = [2, 6, 12, 16].map(|s| CollaborativeAttention::from_heads(&full, s, &dev).1).to_vec();
+        let errors: Vec<f64> = [2, 6, 12, 16].map(|s| CollaborativeAttention::from_heads(&full, s, &dev).unwrap().1).to_vec();
         assert!(errors[0] <= 1.0, "{errors:?}");
         assert!(errors.windows(2).all(|w| w[1] < w[0]), "errors {errors:?} must fall with shared_dim");
         assert_eq!(errors[3], 0.0, "16 = n_heads · head_dim is exact");
