@@ -826,7 +826,8 @@ mod tests {
         let dev = Device::flex();
         dev.seed(9);
         let full = full_layer(4, &dev);
-        let errors: Vec<f64> = [2, 6, 12, 16].map(|s| CollaborativeAttention::from_heads(&full, s, &dev).unwrap().1).to_vec();
+        let errors: Vec<f64> =
+            [2, 6, 12, 16].map(|s| CollaborativeAttention::from_heads(&full, s, &dev).unwrap().1).to_vec();
         assert!(errors[0] <= 1.0, "{errors:?}");
         assert!(errors.windows(2).all(|w| w[1] < w[0]), "errors {errors:?} must fall with shared_dim");
         assert_eq!(errors[3], 0.0, "16 = n_heads · head_dim is exact");
