@@ -1,15 +1,15 @@
 //! The HTML report in a real browser: two tiny runs are trained, `report::write` renders them to one
-//! file, and a headless Chromium driven over the DevTools protocol loads it. The page must load
-//! without a console error or warning, an exception or an error log entry, fetch nothing but
-//! itself (it is self-contained), have every section of `report::SECTIONS` in order, show every
-//! picture, and name both runs.
+//! file, and a headless Chromium loads it (`--dump-dom`, with a recorder and a probe put first in
+//! the page). The page must load without a console message, an exception or a picture that fails,
+//! fetch nothing but itself (it is self-contained), have every section of `report::SECTIONS` in
+//! order, show every picture, and name both runs.
 //!
 //! The browser: `$VARIORUM_CHROMIUM`, else Debian's `chromium-headless-shell` or `chromium`, else
 //! the first Chromium on the PATH. Without one the test fails and says how to install one.
 
-use std::ffi::OsStr;
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common;
@@ -17,11 +17,7 @@ use crate::common;
 use anyhow::{Context, anyhow};
 use burn::prelude::Device;
 use common::{corpus, seeded};
-use headless_chrome::protocol::cdp::types::Event;
-use headless_chrome::protocol::cdp::{Log, Network, Page as CdpPage, Runtime};
-use headless_chrome::{Browser, LaunchOptions};
 use serde::Deserialize;
-use serde_json::Value;
 use variorum_train::pictures::report;
 use variorum_train::{ExperimentConfig, Outcome, TrainOptions, metrics, train};
 
@@ -60,78 +56,8 @@ fn tiny_config(corpus: &Path, seed: u64) -> ExperimentConfig {
     cfg
 }
 
-/// Console errors and warnings, exceptions, error and warning log entries, and requested URLs, as
-/// the DevTools protocol reported them while the page loaded.
-#[derive(Debug, Default)]
-struct Recorded {
-    problems: Vec<String>,
-    requests: Vec<String>,
-}
-
-impl Recorded {
-    /// Reads the events' parameters as the protocol's JSON (their field names there are the
-    /// protocol's own, not the generated Rust ones).
-    fn record(&mut self, event: &Event) {
-        match event {
-            Event::RuntimeConsoleAPICalled(e) => {
-                let p = as_json(&e.params);
-                let kind = p["type"].as_str().unwrap_or_default();
-                if matches!(kind, "error" | "warning" | "assert") {
-                    let args: Vec<String> = p["args"].as_array().into_iter().flatten().map(remote_text).collect();
-                    self.problems.push(format!("console.{kind}: {}", args.join(" ")));
-                }
-            }
-            Event::RuntimeExceptionThrown(e) => {
-                let p = as_json(&e.params);
-                let d = &p["exceptionDetails"];
-                self.problems.push(format!(
-                    "uncaught exception: {} {} (at {}:{})",
-                    d["text"].as_str().unwrap_or_default(),
-                    d["exception"]["description"].as_str().unwrap_or_default(),
-                    d["url"].as_str().unwrap_or("?"),
-                    d["lineNumber"],
-                ));
-            }
-            Event::LogEntryAdded(e) => {
-                let p = as_json(&e.params);
-                let entry = &p["entry"];
-                let level = entry["level"].as_str().unwrap_or_default();
-                if matches!(level, "error" | "warning") {
-                    self.problems.push(format!(
-                        "log {level} ({}): {} {}",
-                        entry["source"].as_str().unwrap_or("?"),
-                        entry["text"].as_str().unwrap_or_default(),
-                        entry["url"].as_str().unwrap_or_default(),
-                    ));
-                }
-            }
-            Event::NetworkRequestWillBeSent(e) => {
-                let p = as_json(&e.params);
-                self.requests.push(p["request"]["url"].as_str().unwrap_or("(no url)").to_string());
-            }
-            _ => {}
-        }
-    }
-}
-
-fn as_json<T: serde::Serialize>(params: &T) -> Value {
-    serde_json::to_value(params).unwrap_or_default()
-}
-
-/// A console argument (a `Runtime.RemoteObject`) as text.
-fn remote_text(object: &Value) -> String {
-    match (&object["value"], object["description"].as_str()) {
-        (Value::String(s), _) => s.clone(),
-        (Value::Null, Some(description)) => description.to_string(),
-        (Value::Null, None) => object["type"].to_string(),
-        (value, _) => value.to_string(),
-    }
-}
-
-/// Installed before the page's own scripts: the same problems seen from inside the page, in case
-/// an event of a newer Chromium does not parse with this crate's protocol and never reaches
-/// `Recorded` (the crate drops such events silently). Capturing `error` also catches a picture
-/// that fails to load.
+/// Installed first in the page's `<head>`, before anything of the report: what goes wrong while it
+/// loads, seen from inside. Capturing `error` also catches a picture that fails to load.
 const RECORDER: &str = r#"(() => {
   const seen = window.__variorumProblems = [];
   addEventListener('error', e => {
@@ -154,6 +80,8 @@ const RECORDER: &str = r#"(() => {
 #[derive(Debug, Deserialize)]
 struct Dom {
     href: String,
+    /// The navigation's own Resource Timing entry: the page as the browser fetched it.
+    navigation: Vec<String>,
     /// The ids of the `<section id>` elements, in document order.
     sections: Vec<String>,
     images: Vec<Picture>,
@@ -174,8 +102,14 @@ struct Picture {
     detail: String,
 }
 
-/// Opens every `<details>` first (a reader can), so that collapsed plots are laid out and measured.
-const PROBE: &str = r#"JSON.stringify((() => {
+/// The id of the element `PROBE` writes its JSON into.
+const PROBE_ID: &str = "variorum-probe";
+
+/// Run at the page's load event (every picture decoded, or failed): opens every `<details>` first
+/// (a reader can), so that collapsed plots are laid out and measured, then appends its findings as
+/// a JSON `<script>` element, which `--dump-dom` prints as it is (`<` escaped, so that no text
+/// of the page can close the element early).
+const PROBE: &str = r#"addEventListener('load', () => {
   document.querySelectorAll('details').forEach(d => { d.open = true; });
   const images = [...document.images].map((im, i) => ({
     name: `<img> ${i} (alt: ${im.getAttribute('alt') || 'none'})`,
@@ -192,8 +126,9 @@ const PROBE: &str = r#"JSON.stringify((() => {
     });
   const body = document.body.cloneNode(true);
   body.querySelectorAll('script, style').forEach(e => e.remove());
-  return {
+  const found = {
     href: location.href,
+    navigation: performance.getEntriesByType('navigation').map(e => e.name),
     sections: [...document.querySelectorAll('section[id]')].map(s => s.id),
     images,
     svgs,
@@ -201,14 +136,21 @@ const PROBE: &str = r#"JSON.stringify((() => {
     problems: window.__variorumProblems || ['the in-page recorder did not run'],
     resources: performance.getEntriesByType('resource').map(e => e.name),
   };
-})())"#;
+  const out = document.createElement('script');
+  out.type = 'application/json';
+  out.id = 'variorum-probe';
+  out.textContent = JSON.stringify(found).replace(/</g, '\\u003c');
+  document.body.appendChild(out);
+});"#;
 
-/// What was recorded while the report loaded, and what the page says about itself afterwards.
+/// What the browser printed while the report loaded, and what the page says about itself.
 #[derive(Debug)]
 struct Page {
-    /// The `file://` URL navigated to.
+    /// The `file://` URL loaded.
     url: String,
-    recorded: Recorded,
+    /// The browser's console lines (`--enable-logging=stderr`): every console message and uncaught
+    /// exception, whatever its level. The report has no script of its own, so each is a problem.
+    console: Vec<String>,
     dom: Dom,
 }
 
@@ -226,67 +168,63 @@ fn file_url(path: &Path) -> anyhow::Result<String> {
     Ok(url)
 }
 
-/// Launches `chromium` headless, loads `html` with the Runtime, Log and Network domains recording,
-/// probes the page, and closes the browser.
+/// Loads a copy of `html` with `RECORDER` and `PROBE` put first in its `<head>` in headless
+/// `chromium`, which prints the DOM once the page has loaded (`--dump-dom`) and its console on
+/// stderr. The browser is run as a plain process (no DevTools client: that crate alone cost the
+/// first build 270 CPU-seconds, docs/build-time.md) and killed if it takes longer than a minute.
 fn load(chromium: &Path, html: &Path) -> anyhow::Result<Page> {
-    let options = LaunchOptions::default_builder()
-        .path(Some(chromium.to_path_buf()))
-        .headless(true)
-        .sandbox(false) // CI runs as root, where Chromium refuses to start sandboxed
-        .window_size(Some((1280, 1024)))
-        .args(vec![OsStr::new("--hide-scrollbars")])
-        .idle_browser_timeout(Duration::from_secs(60))
-        .build()
-        .map_err(|e| anyhow!("launch options: {e}"))?;
-    let browser = Browser::new(options).context("launching the browser")?;
-    let tab = browser.new_tab()?;
-    tab.set_default_timeout(Duration::from_secs(20));
+    let report = std::fs::read_to_string(html)?;
+    let head = report.find("<head>").ok_or_else(|| anyhow!("the report has no <head>"))? + "<head>".len();
+    let probed = html.with_file_name("report.probed.html");
+    let scripts = format!("<script>{RECORDER}</script><script>{PROBE}</script>");
+    std::fs::write(&probed, format!("{}{scripts}{}", &report[..head], &report[head..]))?;
+    let url = file_url(&probed)?;
 
-    // listening and recording before anything is enabled or loaded
-    let recorded = Arc::new(Mutex::new(Recorded::default()));
-    let sink = Arc::clone(&recorded);
-    tab.add_event_listener(Arc::new(move |event: &Event| {
-        sink.lock().unwrap_or_else(PoisonError::into_inner).record(event)
-    }))?;
-    tab.call_method(Runtime::Enable(None))?;
-    tab.call_method(Log::Enable(None))?;
-    tab.call_method(Network::Enable {
-        max_total_buffer_size: None,
-        max_resource_buffer_size: None,
-        max_post_data_size: None,
-        report_direct_socket_traffic: None,
-        enable_durable_messages: None,
-    })?;
-    tab.call_method(CdpPage::AddScriptToEvaluateOnNewDocument {
-        source: RECORDER.to_string(),
-        world_name: None,
-        include_command_line_api: None,
-        run_immediately: None,
-    })?;
-
-    let url = file_url(html)?;
-    tab.navigate_to(&url)?.wait_until_navigated().context("waiting for the navigation")?;
-    // the report's load event (not about:blank's): every picture decoded, or failed
-    let loaded = "location.protocol === 'file:' && document.readyState === 'complete'";
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let state = tab.evaluate(loaded, false)?.value;
-        if state == Some(Value::Bool(true)) {
-            break;
+    let mut child = Command::new(chromium)
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1280,1024"])
+        .args(["--enable-logging=stderr", "--v=0", "--dump-dom"]) // CI runs as root: no sandbox
+        .arg(&url)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("launching the browser")?;
+    // both pipes drained while the browser runs, so that neither fills and blocks it
+    let mut stdout = child.stdout.take().expect("piped");
+    let mut stderr = child.stderr.take().expect("piped");
+    let out = std::thread::spawn(move || {
+        let mut s = String::new();
+        stdout.read_to_string(&mut s).map(|_| s)
+    });
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        stderr.read_to_string(&mut s).map(|_| s)
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
         }
-        anyhow::ensure!(Instant::now() < deadline, "the report did not finish loading in 15 s ({loaded}: {state:?})");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    // events still on their way to the listener's thread
-    std::thread::sleep(Duration::from_millis(300));
+        if Instant::now() > deadline {
+            child.kill()?;
+            child.wait()?;
+            anyhow::bail!("the browser did not finish loading the report in 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let dom = out.join().map_err(|_| anyhow!("stdout reader panicked"))??;
+    let log = err.join().map_err(|_| anyhow!("stderr reader panicked"))??;
+    anyhow::ensure!(status.success(), "the browser exited with {status}:\n{log}");
 
-    let probe = tab.evaluate(PROBE, false)?.value.ok_or_else(|| anyhow!("the probe returned nothing"))?;
-    let probe = probe.as_str().ok_or_else(|| anyhow!("the probe returned {probe}, not a JSON string"))?;
-    let dom: Dom = serde_json::from_str(probe).context("the probe's JSON")?;
-    let recorded = std::mem::take(&mut *recorded.lock().unwrap_or_else(PoisonError::into_inner));
-    drop(tab);
-    drop(browser); // kills the browser process
-    Ok(Page { url, recorded, dom })
+    let open = format!(r#"<script type="application/json" id="{PROBE_ID}">"#);
+    let start =
+        dom.find(&open).ok_or_else(|| anyhow!("the probe wrote nothing (no {open} in the DOM); stderr:\n{log}"))?;
+    let json = &dom[start + open.len()..];
+    let json = &json[..json.find("</script>").ok_or_else(|| anyhow!("the probe's element is not closed"))?];
+    let dom: Dom = serde_json::from_str(json).context("the probe's JSON")?;
+    // "[…:INFO:CONSOLE:3] "message", source: file:///… (3)"
+    let console = log.lines().filter(|l| l.contains(":CONSOLE")).map(str::to_string).collect();
+    Ok(Page { url, console, dom })
 }
 
 /// The `src`/`href` attributes of `html` that are neither `data:` URLs nor `#` anchors, and any CSS
@@ -348,24 +286,20 @@ fn the_report_of_two_runs_loads_cleanly_in_a_headless_browser() {
     let page = load(&chromium, &out).unwrap_or_else(|e| panic!("loading the report in {}: {e:#}", chromium.display()));
     eprintln!("browser: {:.1} s", started.elapsed().as_secs_f64());
 
-    let problems = &page.recorded.problems;
     assert!(
-        problems.is_empty(),
-        "the browser reported problems while loading the report:\n  {}",
-        problems.join("\n  ")
+        page.console.is_empty(),
+        "the browser's console while loading the report (the report has no script, so any line is a problem):\n  {}",
+        page.console.join("\n  ")
     );
     assert!(page.dom.problems.is_empty(), "the page saw problems while loading:\n  {}", page.dom.problems.join("\n  "));
 
-    let itself = |u: &String| *u == page.url || *u == page.dom.href;
-    assert!(
-        page.recorded.requests.iter().any(itself),
-        "Network.requestWillBeSent was not seen for the report itself ({}), so the request check below means nothing; seen: {:?}",
-        page.url,
-        page.recorded.requests
+    assert_eq!(page.dom.href, page.url, "the page the probe ran in");
+    assert_eq!(
+        page.dom.navigation,
+        [page.url.clone()],
+        "Resource Timing should hold the report's own navigation, or the resource check below means nothing"
     );
-    let foreign: Vec<&String> = (page.recorded.requests.iter().chain(&page.dom.resources))
-        .filter(|&u| !itself(u) && !u.starts_with("data:"))
-        .collect();
+    let foreign: Vec<&String> = page.dom.resources.iter().filter(|u| !u.starts_with("data:")).collect();
     assert!(foreign.is_empty(), "the report fetched other resources (it must be self-contained): {foreign:?}");
 
     assert_eq!(
