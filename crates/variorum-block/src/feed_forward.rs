@@ -5,7 +5,7 @@
 //!
 //! with the kind deciding φ, the gating and an optional convolution over time first. Each kind
 //! is its own file and one line in [`FeedForwardKind`]'s list: [`crate::dense_ffn`] (relu,
-//! gelu), [`crate::glu`] (glu, geglu, swiglu), [`crate::separable_conv`]. The gated kinds
+//! gelu, gelu-tanh), [`crate::glu`] (glu, geglu, swiglu), [`crate::separable_conv`]. The gated kinds
 //! compute x W and x V with one fused GEMM and split the result.
 //!
 //! `chunks = c` (Reformer §3, "chunking"): the position-wise part runs on c slices of the
@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use variorum_core::{Capabilities, ConfigError, Declared, KindInfo, error::check};
 use variorum_kernels::linear;
 
-use crate::dense_ffn::{GeluFfn, ReluFfn};
+use crate::dense_ffn::{GeluFfn, GeluTanhFfn, ReluFfn};
 use crate::glu::{GegluFfn, GluFfn, SwigluFfn};
 use crate::separable_conv::SeparableConvFfn;
 
@@ -91,6 +91,8 @@ feed_forward_kinds! {
     "relu" => Relu(ReluFfn),
     /// φ = GELU, the exact erf form (Hendrycks & Gimpel 2016; GPT). The default.
     "gelu" => Gelu(GeluFfn),
+    /// φ = GELU's tanh approximation (GPT-2's `gelu_new`).
+    "gelu-tanh" => GeluTanh(GeluTanhFfn),
     /// Gated, φ = sigmoid (Dauphin et al. 2017).
     "glu" => Glu(GluFfn),
     /// Gated, φ = GELU (Shazeer 2020).
@@ -124,7 +126,8 @@ impl FeedForwardKind {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FeedForwardConfig {
-    /// `relu`, `gelu` (exact erf form; default), `glu`, `geglu`, `swiglu`, `separable-conv`.
+    /// `relu`, `gelu` (exact erf form; default), `gelu-tanh`, `glu`, `geglu`, `swiglu`,
+    /// `separable-conv`.
     pub kind: FeedForwardKind,
     /// Hidden width. Default `4 · d_model`.
     pub d_ff: Option<usize>,

@@ -25,7 +25,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
-use commands::{bench, collaborate, export, generate, inspect, pattern, report, runs, score, train, zoo};
+use commands::{bench, collaborate, export, generate, import, inspect, pattern, report, runs, score, train, zoo};
 
 #[derive(Parser)]
 #[command(
@@ -60,6 +60,9 @@ enum Command {
     EarlyExit(early_exit::EarlyExitArgs),
     /// Write a run's weights in another format (tensor names: crates/variorum-train/src/transfer.rs).
     Export(export::ExportArgs),
+    /// Import a Hugging Face model directory (GPT-2, LLaMA, Mistral: config.json, safetensors,
+    /// tokenizer.json) as a run directory every command works on.
+    Import(import::ImportArgs),
     /// Re-parameterise a run's full multi-head attention as collaborative heads (Cordonnier et
     /// al. 2020: shared query/key projections, a mixing vector per head); writes a new run.
     Collaborate(collaborate::CollaborateArgs),
@@ -140,6 +143,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Datastore(args) => datastore::run(args),
         Command::EarlyExit(args) => early_exit::run(args),
         Command::Export(args) => export::run(args),
+        Command::Import(args) => import::run(args),
         Command::Collaborate(args) => collaborate::run(args),
         Command::Pattern(args) => pattern::run(args),
         Command::Attention(args) => attention::run(args),

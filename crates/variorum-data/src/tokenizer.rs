@@ -212,6 +212,20 @@ impl Tokenizer {
         }
     }
 
+    /// A prompt or a scored text → ids, with the special tokens the tokenizer's post-processor
+    /// adds, as transformers' `tokenizer(text)` does (a Hugging Face tokenizer with a template,
+    /// LLaMA's `<s> $A`, puts its BOS first); the same as [`encode`](Self::encode) for every
+    /// other tokenizer.
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, DataError> {
+        match self {
+            Tokenizer::Bpe(t) => t
+                .encode(text, true)
+                .map(|e| e.get_ids().to_vec())
+                .map_err(|e| DataError::Bpe { action: "encode the text", message: one_line(e) }),
+            other => other.encode(text),
+        }
+    }
+
     /// Ids → text. Never fails, because it is used on model samples: an id the
     /// tokenizer does not know, or bytes that are not valid UTF-8, become U+FFFD.
     pub fn decode(&self, ids: &[u32]) -> String {

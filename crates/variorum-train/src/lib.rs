@@ -19,6 +19,7 @@ pub mod eval;
 pub mod eval_record;
 pub mod freeze;
 pub mod generate;
+pub mod hf;
 pub mod listing;
 pub mod lock;
 pub mod metrics;

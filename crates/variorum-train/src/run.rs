@@ -148,9 +148,10 @@ impl Run {
         }
     }
 
-    /// Token ids of a prompt; an empty prompt is refused (the models have no BOS token).
+    /// Token ids of a prompt, with the special tokens its tokenizer adds (an imported LLaMA's
+    /// BOS); an empty prompt is refused where that leaves no token.
     pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>> {
-        let ids = self.tokenizer.encode(text).context("the prompt cannot be encoded")?;
+        let ids = self.tokenizer.encode_prompt(text).context("the prompt cannot be encoded")?;
         if ids.is_empty() {
             bail!("the prompt is empty and the model has no beginning-of-sequence token: give at least one character");
         }

@@ -5,6 +5,7 @@ pub mod bench;
 pub mod collaborate;
 pub mod export;
 pub mod generate;
+pub mod import;
 pub mod inspect;
 pub mod pattern;
 pub mod report;

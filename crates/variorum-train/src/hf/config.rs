@@ -1,0 +1,197 @@
+//! A Hugging Face `config.json`, read key by key. Every key an architecture reads is marked;
+//! what is left at the end must be one that does not change the computation (metadata,
+//! generation defaults, ids), or the import is refused naming it: a setting variorum does not
+//! understand is never silently dropped.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Result, anyhow, bail};
+use serde_json::{Map, Value};
+
+/// Keys of transformers' `PretrainedConfig` and of the hub's files that say nothing about the
+/// computation of a forward pass.
+const HARMLESS: &[&str] = &[
+    "_name_or_path",
+    "architectures",
+    "model_type",
+    "torch_dtype",
+    "dtype",
+    "transformers_version",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "sep_token_id",
+    "decoder_start_token_id",
+    "use_cache",
+    "return_dict",
+    "output_hidden_states",
+    "output_attentions",
+    "torchscript",
+    "initializer_range",
+    "id2label",
+    "label2id",
+    "problem_type",
+    "task_specific_params",
+    "tokenizer_class",
+    "prefix",
+    "finetuning_task",
+    "max_length",
+    "min_length",
+    "do_sample",
+    "early_stopping",
+    "num_beams",
+    "num_beam_groups",
+    "temperature",
+    "top_k",
+    "top_p",
+    "typical_p",
+    "repetition_penalty",
+    "length_penalty",
+    "no_repeat_ngram_size",
+    "encoder_no_repeat_ngram_size",
+    "bad_words_ids",
+    "num_return_sequences",
+    "diversity_penalty",
+    "forced_bos_token_id",
+    "forced_eos_token_id",
+    "remove_invalid_values",
+    "exponential_decay_length_penalty",
+    "suppress_tokens",
+    "begin_suppress_tokens",
+    "output_scores",
+    "return_dict_in_generate",
+    "tf_legacy_loss",
+    "use_bfloat16",
+    "chunk_size_feed_forward",
+    "_attn_implementation_autoset",
+];
+
+/// `config.json`, its keys taken as they are read.
+pub(crate) struct HfConfig {
+    path: PathBuf,
+    map: Map<String, Value>,
+    read: Vec<String>,
+}
+
+impl HfConfig {
+    /// Reads `dir/config.json`.
+    pub(crate) fn load(dir: &Path) -> Result<HfConfig> {
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => {
+                anyhow!("{} not found: {} is not a Hugging Face model directory", path.display(), dir.display())
+            }
+            _ => anyhow!("{} cannot be read: {e}", path.display()),
+        })?;
+        let value: Value = serde_json::from_str(&text).map_err(|e| anyhow!("{} is not JSON: {e}", path.display()))?;
+        let Value::Object(map) = value else { bail!("{} is not a JSON object", path.display()) };
+        Ok(HfConfig { path, map, read: Vec::new() })
+    }
+
+    /// The file, for messages.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn get(&mut self, key: &str) -> Option<&Value> {
+        self.read.push(key.to_string());
+        self.map.get(key).filter(|v| !v.is_null())
+    }
+
+    fn wrong(&self, key: &str, want: &str) -> anyhow::Error {
+        anyhow!("{}: {key} = {} is not {want}", self.path.display(), self.map[key])
+    }
+
+    /// `model_type`.
+    pub(crate) fn model_type(&mut self) -> Result<String> {
+        match self.get("model_type").cloned() {
+            Some(Value::String(s)) => Ok(s.clone()),
+            Some(_) => Err(self.wrong("model_type", "a string")),
+            None => bail!("{} has no model_type", self.path.display()),
+        }
+    }
+
+    /// A positive integer the architecture needs.
+    pub(crate) fn usize(&mut self, key: &str) -> Result<usize> {
+        self.opt_usize(key)?.ok_or_else(|| anyhow!("{} has no {key}", self.path.display()))
+    }
+
+    /// A positive integer, if present (`null` counts as absent).
+    pub(crate) fn opt_usize(&mut self, key: &str) -> Result<Option<usize>> {
+        match self.get(key).map(Value::as_u64) {
+            None => Ok(None),
+            Some(Some(n)) if n > 0 => Ok(Some(n as usize)),
+            Some(_) => Err(self.wrong(key, "a positive integer")),
+        }
+    }
+
+    /// A number, or `default` when absent.
+    pub(crate) fn f64_or(&mut self, key: &str, default: f64) -> Result<f64> {
+        match self.get(key).map(Value::as_f64) {
+            None => Ok(default),
+            Some(Some(x)) => Ok(x),
+            Some(None) => Err(self.wrong(key, "a number")),
+        }
+    }
+
+    /// A boolean, or `default` when absent.
+    pub(crate) fn bool_or(&mut self, key: &str, default: bool) -> Result<bool> {
+        match self.get(key).map(Value::as_bool) {
+            None => Ok(default),
+            Some(Some(b)) => Ok(b),
+            Some(None) => Err(self.wrong(key, "true or false")),
+        }
+    }
+
+    /// A string, or `default` when absent.
+    pub(crate) fn str_or(&mut self, key: &str, default: &str) -> Result<String> {
+        match self.get(key).map(|v| v.as_str().map(str::to_owned)) {
+            None => Ok(default.to_string()),
+            Some(Some(s)) => Ok(s),
+            Some(None) => Err(self.wrong(key, "a string")),
+        }
+    }
+
+    /// An object, if present.
+    pub(crate) fn object(&mut self, key: &str) -> Result<Option<Map<String, Value>>> {
+        match self.get(key).cloned() {
+            None => Ok(None),
+            Some(Value::Object(m)) => Ok(Some(m)),
+            Some(_) => Err(self.wrong(key, "an object")),
+        }
+    }
+
+    /// A setting variorum has only one way of computing: absent, `null`, or `value`; anything
+    /// else is refused as `what`.
+    pub(crate) fn require(&mut self, key: &str, value: Value, what: &str) -> Result<()> {
+        match self.get(key).cloned() {
+            None => Ok(()),
+            Some(v) if v == value => Ok(()),
+            Some(v) => {
+                bail!("{}: {key} = {v} is not supported: {what}", self.path.display())
+            }
+        }
+    }
+
+    /// Marks keys the architecture knows and that need no mapping (e.g. GPT-2's
+    /// `summary_*`, which only its classification heads read).
+    pub(crate) fn ignore(&mut self, keys: &[&str]) {
+        self.read.extend(keys.iter().map(|k| k.to_string()));
+    }
+
+    /// Refuses the first key no one read that is not harmless.
+    pub(crate) fn finish(self, architecture: &str) -> Result<()> {
+        let unread: Vec<&String> =
+            self.map.keys().filter(|k| !self.read.iter().any(|r| r == *k) && !HARMLESS.contains(&k.as_str())).collect();
+        if let Some(key) = unread.first() {
+            bail!(
+                "{}: {key} = {} is a setting variorum's {architecture} mapping does not know; it may change the \
+                 computation, so the import stops here{}",
+                self.path.display(),
+                self.map[key.as_str()],
+                if unread.len() > 1 { format!(" ({} such keys)", unread.len()) } else { String::new() }
+            );
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,103 @@
+//! GPT-2 (`model_type = "gpt2"`, `GPT2LMHeadModel`; Radford et al. 2019): learned positions,
+//! pre-LN blocks with LayerNorm, full attention with biases, a GELU FFN (the tanh form,
+//! `gelu_new`, unless `activation_function` says otherwise), tied embeddings.
+//!
+//! Its `Conv1D` layers store weights as `[in, out]`, Burn's own layout: copied as they are.
+//! `c_attn` is q | k | v along its output, head-major within each, as variorum's fused
+//! projection.
+
+use anyhow::{Result, bail};
+use serde_json::Value;
+
+use super::checkpoint::Checkpoint;
+use super::config::HfConfig;
+use super::recipe::Recipe;
+use super::{Mapping, int, table};
+
+pub(crate) fn map(cfg: &mut HfConfig, ckpt: &Checkpoint) -> Result<Mapping> {
+    let vocab = cfg.usize("vocab_size")?;
+    let positions = cfg.usize("n_positions")?;
+    let d = cfg.usize("n_embd")?;
+    let layers = cfg.usize("n_layer")?;
+    let heads = cfg.usize("n_head")?;
+    let d_ff = cfg.opt_usize("n_inner")?.unwrap_or(4 * d);
+    let eps = cfg.f64_or("layer_norm_epsilon", 1e-5)?;
+    let resid = cfg.f64_or("resid_pdrop", 0.1)?;
+    let attn_dropout = cfg.f64_or("attn_pdrop", 0.1)?;
+    cfg.f64_or("embd_pdrop", 0.1)?; // variorum drops the embeddings with model.dropout
+    let ffn = match cfg.str_or("activation_function", "gelu_new")?.as_str() {
+        "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => "gelu-tanh",
+        "gelu" => "gelu",
+        "relu" => "relu",
+        other => {
+            bail!("{}: activation_function = {other:?} is not supported (gelu_new, gelu, relu)", cfg.path().display())
+        }
+    };
+    cfg.require("scale_attn_weights", Value::Bool(true), "variorum scales scores by 1/√head_dim")?;
+    cfg.require("scale_attn_by_inverse_layer_idx", Value::Bool(false), "no per-layer score scaling")?;
+    cfg.require("add_cross_attention", Value::Bool(false), "a decoder-only model")?;
+    cfg.require("tie_word_embeddings", Value::Bool(true), "GPT2LMHeadModel ties its head to the embedding")?;
+    // numerics of the reference (upcasting the scores), not the function computed; the n_ctx of
+    // old configs is n_positions; summary_* configure GPT2DoubleHeadsModel's classifier only
+    cfg.ignore(&[
+        "reorder_and_upcast_attn",
+        "n_ctx",
+        "summary_type",
+        "summary_use_proj",
+        "summary_activation",
+        "summary_proj_to_labels",
+        "summary_first_dropout",
+    ]);
+
+    let p = if ckpt.has("transformer.wte.weight") { "transformer." } else { "" };
+    let mut tensors = vec![
+        ("token_embedding.weight".to_string(), Recipe::copy(format!("{p}wte.weight"))),
+        ("position.table".to_string(), Recipe::copy(format!("{p}wpe.weight"))),
+        ("final_norm.gamma".to_string(), Recipe::copy(format!("{p}ln_f.weight"))),
+        ("final_norm.beta".to_string(), Recipe::copy(format!("{p}ln_f.bias"))),
+    ];
+    for i in 0..layers {
+        let h = format!("{p}h.{i}");
+        let b = format!("blocks.{i}");
+        for (ours, theirs) in [
+            ("attn_norm.gamma", "ln_1.weight"),
+            ("attn_norm.beta", "ln_1.bias"),
+            ("attn.qkv.qkv.weight", "attn.c_attn.weight"),
+            ("attn.qkv.qkv.bias", "attn.c_attn.bias"),
+            ("attn.out.weight", "attn.c_proj.weight"),
+            ("attn.out.bias", "attn.c_proj.bias"),
+            ("ffn_norm.gamma", "ln_2.weight"),
+            ("ffn_norm.beta", "ln_2.bias"),
+            ("ffn.up.weight", "mlp.c_fc.weight"),
+            ("ffn.up.bias", "mlp.c_fc.bias"),
+            ("ffn.down.weight", "mlp.c_proj.weight"),
+            ("ffn.down.bias", "mlp.c_proj.bias"),
+        ] {
+            tensors.push((format!("{b}.{ours}"), Recipe::copy(format!("{h}.{theirs}"))));
+        }
+    }
+
+    let model = table([
+        ("vocab_size", int(vocab)),
+        ("d_model", int(d)),
+        ("n_layers", int(layers)),
+        ("seq_len", int(positions)),
+        ("dropout", resid.into()),
+        ("tie_embeddings", true.into()),
+        ("position", table([("kind", "learned".into()), ("max_len", int(positions))])),
+        ("attention", table([("kind", "full".into()), ("n_heads", int(heads)), ("dropout", attn_dropout.into())])),
+        ("block", table([("kind", "pre-ln".into()), ("norm", "layer-norm".into()), ("norm_eps", eps.into())])),
+        ("feed_forward", table([("kind", ffn.into()), ("d_ff", int(d_ff))])),
+    ]);
+    Ok(Mapping {
+        class: "GPT2LMHeadModel",
+        model,
+        tensors,
+        // the causal mask GPT-2 once stored per layer, and the head tied to the embedding
+        derived: |name| {
+            name.ends_with(".attn.bias") && !name.contains("c_attn")
+                || name.ends_with(".attn.masked_bias")
+                || name == "lm_head.weight"
+        },
+    })
+}

@@ -1,0 +1,134 @@
+//! LLaMA (`model_type = "llama"`, `LlamaForCausalLM`; Touvron et al. 2023) and Mistral
+//! (`"mistral"`, the same layers): rotary positions rotating halves of each head, pre-LN blocks
+//! with RMSNorm, grouped-query full attention, a SwiGLU FFN, tied or untied embeddings.
+//!
+//! PyTorch's `nn.Linear` stores `[out, in]`: every projection is transposed. q, k and v are
+//! joined along the output into variorum's fused projection; gate and up into the gated FFN's
+//! up-projection, gate first.
+//!
+//! Mistral's `sliding_window` masks keys more than that many positions back. Within a context
+//! no longer than the window that is full attention, which is what the import writes, with
+//! `seq_len` at most the window.
+
+use anyhow::{Result, bail};
+use serde_json::Value;
+
+use super::checkpoint::Checkpoint;
+use super::config::HfConfig;
+use super::recipe::Recipe;
+use super::{Mapping, int, table};
+
+pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
+    let model_type = cfg.model_type()?;
+    let vocab = cfg.usize("vocab_size")?;
+    let d = cfg.usize("hidden_size")?;
+    let layers = cfg.usize("num_hidden_layers")?;
+    let heads = cfg.usize("num_attention_heads")?;
+    let kv_heads = cfg.opt_usize("num_key_value_heads")?.unwrap_or(heads);
+    let head_dim = cfg.opt_usize("head_dim")?.unwrap_or(d / heads);
+    let d_ff = cfg.usize("intermediate_size")?;
+    let mut positions = cfg.opt_usize("max_position_embeddings")?.unwrap_or(2048);
+    let eps = cfg.f64_or("rms_norm_eps", 1e-6)?;
+    let mut theta = cfg.f64_or("rope_theta", 10_000.0)?;
+    let tied = cfg.bool_or("tie_word_embeddings", false)?;
+    let attention_bias = cfg.bool_or("attention_bias", false)?;
+    let mlp_bias = cfg.bool_or("mlp_bias", false)?;
+    let attn_dropout = cfg.f64_or("attention_dropout", 0.0)?;
+    let path = cfg.path().display().to_string();
+    match cfg.str_or("hidden_act", "silu")?.as_str() {
+        "silu" | "swish" => {}
+        other => bail!("{path}: hidden_act = {other:?} is not supported (silu: SwiGLU)"),
+    }
+    let no_scaling = "variorum's rope has no frequency scaling (linear, dynamic, yarn, llama3)";
+    cfg.require("rope_scaling", Value::Null, no_scaling)?;
+    // transformers 5 writes the rotary settings as one object
+    if let Some(rope) = cfg.object("rope_parameters")? {
+        for (key, value) in &rope {
+            match (key.as_str(), value) {
+                ("rope_theta", v) => {
+                    theta = v
+                        .as_f64()
+                        .ok_or_else(|| anyhow::anyhow!("{path}: rope_parameters.rope_theta = {v} is not a number"))?
+                }
+                ("rope_type", Value::String(t)) if t == "default" => {}
+                _ => bail!("{path}: rope_parameters.{key} = {value} is not supported: {no_scaling}"),
+            }
+        }
+    }
+    // tensor-parallel slicing of the pretraining run: the same function computed in pieces
+    cfg.ignore(&["pretraining_tp"]);
+    if model_type == "mistral" {
+        if let Some(window) = cfg.opt_usize("sliding_window")? {
+            positions = positions.min(window);
+        }
+        cfg.ignore(&["use_sliding_window", "max_window_layers"]);
+    }
+
+    let mut tensors = vec![
+        ("token_embedding.weight".to_string(), Recipe::copy("model.embed_tokens.weight")),
+        ("final_norm.gamma".to_string(), Recipe::copy("model.norm.weight")),
+    ];
+    if !tied {
+        tensors.push(("head.weight".to_string(), Recipe::transpose("lm_head.weight")));
+    }
+    for i in 0..layers {
+        let l = format!("model.layers.{i}");
+        let b = format!("blocks.{i}");
+        let qkv = |what: &str| {
+            Recipe::Join(
+                ["q_proj", "k_proj", "v_proj"].map(|p| Recipe::copy(format!("{l}.self_attn.{p}.{what}"))).to_vec(),
+            )
+        };
+        let t = |name: &str| Recipe::transpose(format!("{l}.{name}.weight"));
+        tensors.extend([
+            (format!("{b}.attn_norm.gamma"), Recipe::copy(format!("{l}.input_layernorm.weight"))),
+            (format!("{b}.ffn_norm.gamma"), Recipe::copy(format!("{l}.post_attention_layernorm.weight"))),
+            (
+                format!("{b}.attn.qkv.qkv.weight"),
+                Recipe::Join(vec![t("self_attn.q_proj"), t("self_attn.k_proj"), t("self_attn.v_proj")]),
+            ),
+            (format!("{b}.attn.out.weight"), t("self_attn.o_proj")),
+            (format!("{b}.ffn.up.weight"), Recipe::Join(vec![t("mlp.gate_proj"), t("mlp.up_proj")])),
+            (format!("{b}.ffn.down.weight"), t("mlp.down_proj")),
+        ]);
+        if attention_bias {
+            tensors.push((format!("{b}.attn.qkv.qkv.bias"), qkv("bias")));
+            tensors.push((format!("{b}.attn.out.bias"), Recipe::copy(format!("{l}.self_attn.o_proj.bias"))));
+        }
+        if mlp_bias {
+            let bias = |p: &str| Recipe::copy(format!("{l}.mlp.{p}.bias"));
+            tensors.push((format!("{b}.ffn.up.bias"), Recipe::Join(vec![bias("gate_proj"), bias("up_proj")])));
+            tensors.push((format!("{b}.ffn.down.bias"), bias("down_proj")));
+        }
+    }
+
+    let mut attention = vec![
+        ("kind", "full".into()),
+        ("n_heads", int(heads)),
+        ("n_kv_heads", int(kv_heads)),
+        ("bias", attention_bias.into()),
+        ("dropout", attn_dropout.into()),
+    ];
+    if head_dim * heads != d {
+        attention.push(("head_dim", int(head_dim)));
+    }
+    let model = table([
+        ("vocab_size", int(vocab)),
+        ("d_model", int(d)),
+        ("n_layers", int(layers)),
+        ("seq_len", int(positions)),
+        ("dropout", 0.0.into()),
+        ("tie_embeddings", tied.into()),
+        ("position", table([("kind", "rope".into()), ("base", theta.into()), ("layout", "rotate-half".into())])),
+        ("attention", table(attention)),
+        ("block", table([("kind", "pre-ln".into()), ("norm", "rms-norm".into()), ("norm_eps", eps.into())])),
+        ("feed_forward", table([("kind", "swiglu".into()), ("d_ff", int(d_ff)), ("bias", mlp_bias.into())])),
+    ]);
+    Ok(Mapping {
+        class: if model_type == "mistral" { "MistralForCausalLM" } else { "LlamaForCausalLM" },
+        model,
+        tensors,
+        // rotary frequencies some checkpoints store; the head when tied to the embedding
+        derived: |name| name.ends_with("rotary_emb.inv_freq") || name == "lm_head.weight",
+    })
+}

@@ -1,0 +1,215 @@
+//! Hugging Face models in: [`import`] reads a model directory as transformers'
+//! `save_pretrained` writes it (`config.json`, `model.safetensors` or its shards and index,
+//! `tokenizer.json`) and writes an ordinary run directory (`config.toml`, `tokenizer.json`,
+//! `model.bpk`), on which every command works.
+//!
+//! One file per architecture says what its `config.json` is in variorum's kinds (a `[model]`
+//! table a config file could hold, so the same recipe trains from scratch) and where each of
+//! variorum's tensors comes from (`recipe.rs`). Keys of `config.json` no mapping reads
+//! and tensors no mapping uses stop the import, naming them: nothing is silently dropped.
+
+mod checkpoint;
+mod config;
+mod gpt2;
+mod llama;
+mod recipe;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, anyhow, bail};
+use burn::module::Module;
+use burn::prelude::*;
+use burn::store::ModuleSnapshot;
+use variorum_data::Tokenizer;
+
+use crate::config::ExperimentConfig;
+use checkpoint::Checkpoint;
+use config::HfConfig;
+use recipe::Recipe;
+
+/// An architecture's reading of a model directory.
+pub(crate) struct Mapping {
+    /// The transformers class the mapping reproduces (`GPT2LMHeadModel`).
+    class: &'static str,
+    /// The `[model]` table.
+    model: toml::Value,
+    /// Every tensor of the variorum model and how it is made.
+    tensors: Vec<(String, Recipe)>,
+    /// Checkpoint tensors that are not weights of their own (stored buffers, a tied head): not
+    /// used, and not an error.
+    derived: fn(&str) -> bool,
+}
+
+/// The `model_type`s [`import`] reads and the file that maps each.
+const ARCHITECTURES: &[(&str, fn(&mut HfConfig, &Checkpoint) -> Result<Mapping>)] =
+    &[("gpt2", gpt2::map), ("llama", llama::map), ("mistral", llama::map)];
+
+/// What [`import`] wrote.
+#[derive(Debug, Clone)]
+pub struct Imported {
+    /// The run directory.
+    pub out: PathBuf,
+    /// The transformers class reproduced (`LlamaForCausalLM`).
+    pub class: &'static str,
+    /// Tensors written.
+    pub tensors: usize,
+    /// Parameters.
+    pub params: usize,
+}
+
+/// Reads the Hugging Face model directory `src` and writes the run directory `out`, which must
+/// not exist. The run is written beside `out` under a temporary name and renamed into place
+/// when complete, so a failed import leaves nothing behind. The weights are converted on
+/// `device` (any: they are only copied).
+pub fn import(src: &Path, out: &Path, device: &Device) -> Result<Imported> {
+    if out.exists() {
+        bail!("{} exists: give --out a directory that does not exist yet", out.display());
+    }
+    if !src.is_dir() {
+        bail!(
+            "{} is not a directory: give a Hugging Face model directory (config.json, model.safetensors, tokenizer.json)",
+            src.display()
+        );
+    }
+    let mut hf = HfConfig::load(src)?;
+    let model_type = hf.model_type()?;
+    let Some((_, map)) = ARCHITECTURES.iter().find(|(t, _)| *t == model_type) else {
+        let known: Vec<&str> = ARCHITECTURES.iter().map(|(t, _)| *t).collect();
+        bail!(
+            "{}: model_type = {model_type:?} is not supported; variorum imports {}",
+            hf.path().display(),
+            known.join(", ")
+        );
+    };
+    let ckpt = Checkpoint::open(src)?;
+    let mapping = map(&mut hf, &ckpt)?;
+    hf.finish(mapping.class)?;
+
+    let tokenizer_path = src.join("tokenizer.json");
+    if !tokenizer_path.is_file() {
+        bail!(
+            "{} not found: variorum reads the tokenizers-format file that transformers' fast tokenizers save",
+            tokenizer_path.display()
+        );
+    }
+    let tokenizer = Tokenizer::load(&tokenizer_path)?;
+
+    let config_text = config_toml(src, &mapping, tokenizer.vocab_size())?;
+    let staging = staging_dir(out)?;
+    let result = write_run(&staging, &config_text, &tokenizer_path, src, &ckpt, &mapping, device);
+    match result {
+        Ok((tensors, params)) => {
+            std::fs::rename(&staging, out)
+                .with_context(|| format!("cannot move {} to {}", staging.display(), out.display()))?;
+            Ok(Imported { out: out.to_path_buf(), class: mapping.class, tensors, params })
+        }
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&staging);
+            Err(e)
+        }
+    }
+}
+
+/// `out`'s sibling `.out.importing`, created empty (left over from a killed import: removed).
+fn staging_dir(out: &Path) -> Result<PathBuf> {
+    let name = out.file_name().ok_or_else(|| anyhow!("--out {} names no directory", out.display()))?;
+    let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+    let staging = parent.join(format!(".{}.importing", name.to_string_lossy()));
+    if staging.exists() {
+        std::fs::remove_dir_all(&staging).with_context(|| format!("cannot remove {}", staging.display()))?;
+    }
+    std::fs::create_dir(&staging).with_context(|| format!("cannot create {}", staging.display()))?;
+    Ok(staging)
+}
+
+/// The run's `config.toml`: where it came from, the `[model]` table, and a `[data]` section.
+fn config_toml(src: &Path, mapping: &Mapping, tokenizer_vocab: usize) -> Result<String> {
+    let model = toml::to_string(&mapping.model)?;
+    let vocab = mapping.model.get("vocab_size").and_then(toml::Value::as_integer).unwrap_or(0);
+    if (vocab as usize) < tokenizer_vocab {
+        bail!(
+            "{}: the tokenizer has {tokenizer_vocab} tokens but the embedding {vocab} rows: they do not belong together",
+            src.join("tokenizer.json").display()
+        );
+    }
+    // the model's sub-tables come out of `toml` as [section]s of their own: prefix them
+    let model = model.replace("\n[", "\n[model.");
+    let model = if let Some(rest) = model.strip_prefix('[') { format!("[model.{rest}") } else { model };
+    Ok(format!(
+        "# Imported from {} ({}) by `variorum import`.\n\
+         # generate, score and inspect read the run's tokenizer.json; eval and fine-tuning read [data].\n\n\
+         [model]\n{model}\n\
+         [data]\ndataset = \"shakespeare\"\ntokenizer = {{ kind = \"bpe\", vocab_size = {tokenizer_vocab} }}\n",
+        src.display(),
+        mapping.class,
+    ))
+}
+
+/// Writes the run into `dir`: config, tokenizer, weights. Returns tensors and parameters.
+fn write_run(
+    dir: &Path,
+    config_text: &str,
+    tokenizer: &Path,
+    src: &Path,
+    ckpt: &Checkpoint,
+    mapping: &Mapping,
+    device: &Device,
+) -> Result<(usize, usize)> {
+    let config_path = dir.join("config.toml");
+    std::fs::write(&config_path, config_text)?;
+    let config = ExperimentConfig::load(&config_path).map_err(|e| {
+        anyhow!("the config written for {} does not validate (a bug of the mapping): {e}", src.display())
+    })?;
+    std::fs::copy(tokenizer, dir.join("tokenizer.json"))?;
+    for extra in ["tokenizer_config.json", "special_tokens_map.json", "generation_config.json"] {
+        if src.join(extra).is_file() {
+            std::fs::copy(src.join(extra), dir.join(extra))?;
+        }
+    }
+
+    let mut model = config.model.init(device);
+    // the model's own tensors, names and shapes, against the mapping's
+    let wanted: Vec<(String, Vec<usize>)> =
+        model.collect(None, None, true).into_iter().map(|t| (t.name.clone(), t.shape.to_vec())).collect();
+    let mut pack = Vec::with_capacity(wanted.len());
+    for (name, shape) in &wanted {
+        let recipe = mapping.tensors.iter().find(|(n, _)| n == name).map(|(_, r)| r).ok_or_else(|| {
+            anyhow!("the {} mapping gives no tensor for {name} (a bug of the mapping)", mapping.class)
+        })?;
+        let got = recipe.shape(ckpt).map_err(|e| anyhow!("{}: {e}", src.display()))?;
+        if &got != shape {
+            bail!("{}: {recipe:?} has the shape {got:?}, but config.json implies {shape:?} for {name}", src.display());
+        }
+        let values = recipe.values(ckpt)?;
+        pack.push(burn::store::bridge::from_data(TensorData::new(values, shape.clone()), name.clone(), None));
+    }
+    let unused: Vec<String> = ckpt.unused().into_iter().filter(|n| !(mapping.derived)(n)).collect();
+    if let Some(first) = unused.first() {
+        bail!(
+            "{}: {} tensor(s) of the checkpoint have no place in a {} (first: {first})",
+            src.display(),
+            unused.len(),
+            mapping.class
+        );
+    }
+    let result = model.apply(pack, None, None, true);
+    if !result.errors.is_empty() || !result.missing.is_empty() {
+        bail!("loading the mapped tensors failed: {result:?}");
+    }
+    let params = model.num_params();
+    model
+        .save_file(dir.join("model.bpk"))
+        .map_err(|e| anyhow!("cannot write {}: {e}", dir.join("model.bpk").display()))?;
+    Ok((wanted.len(), params))
+}
+
+/// `[(key, value), …]` as a TOML table.
+fn table<'a>(pairs: impl IntoIterator<Item = (&'a str, toml::Value)>) -> toml::Value {
+    toml::Value::Table(pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+}
+
+/// An integer for a TOML table.
+fn int(n: usize) -> toml::Value {
+    toml::Value::Integer(n as i64)
+}

@@ -1,0 +1,139 @@
+//! `variorum import` against transformers: tiny random Hugging Face models
+//! (tests/fixtures/hf/, made by scripts/reference/make_hf_fixtures.py with transformers 5.24.0)
+//! imported into run directories must tokenize the fixture's text to the same ids, give every
+//! token the log-probability transformers gave it (fp32, eager attention) within 1e-4, and
+//! continue a prompt greedily, on the cached decoding path, with the tokens transformers'
+//! `generate` chose.
+
+use std::path::{Path, PathBuf};
+
+use burn::prelude::Device;
+use serde::Deserialize;
+use variorum_train::generate::SampleConfig;
+use variorum_train::hf;
+use variorum_train::run::Run;
+
+#[derive(Deserialize)]
+struct Expected {
+    text: String,
+    ids: Vec<u32>,
+    logprobs: Vec<f64>,
+    prompt: String,
+    prompt_ids: Vec<u32>,
+    greedy: Vec<u32>,
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf").join(name)
+}
+
+/// Imports fixture `name` and checks it against its expected.json; returns max |Δ log-prob|.
+fn equal_to_transformers(name: &str, class: &str) -> f64 {
+    let src = fixture(name);
+    let expected: Expected =
+        serde_json::from_str(&std::fs::read_to_string(src.join("expected.json")).unwrap()).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("run");
+    let device = Device::flex();
+    let imported = hf::import(&src, &out, &device).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+    assert_eq!(imported.class, class);
+    let run = Run::load(&out, &device).unwrap();
+
+    assert_eq!(run.encode_prompt(&expected.text).unwrap(), expected.ids, "{name}: token ids of the text");
+    assert_eq!(run.encode_prompt(&expected.prompt).unwrap(), expected.prompt_ids, "{name}: token ids of the prompt");
+
+    let scores = run.score(&expected.ids).unwrap();
+    assert_eq!(scores.tokens.len(), expected.logprobs.len());
+    let worst =
+        scores.tokens.iter().zip(&expected.logprobs).map(|(t, want)| (t.logprob - want).abs()).fold(0.0, f64::max);
+    assert!(worst < 1e-4, "{name}: max |Δ log-prob| = {worst:e} against transformers");
+
+    let cfg = SampleConfig::greedy(expected.greedy.len());
+    let continued = run.generate(&expected.prompt_ids, &cfg, |_| {});
+    assert_eq!(continued, expected.greedy, "{name}: greedy continuation (KV cache) against transformers' generate");
+    eprintln!("{name}: max |Δ log-prob| = {worst:.2e} over {} tokens", expected.logprobs.len());
+    worst
+}
+
+#[test]
+fn gpt2_sharded_f32_equals_transformers() {
+    equal_to_transformers("gpt2", "GPT2LMHeadModel");
+}
+
+#[test]
+fn llama_bf16_untied_grouped_heads_equals_transformers() {
+    equal_to_transformers("llama", "LlamaForCausalLM");
+}
+
+#[test]
+fn an_existing_out_directory_is_refused_and_left_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("mine.txt"), "keep").unwrap();
+    let e = hf::import(&fixture("gpt2"), tmp.path(), &Device::flex()).unwrap_err().to_string();
+    assert!(e.contains("exists"), "{e}");
+    assert_eq!(std::fs::read_to_string(tmp.path().join("mine.txt")).unwrap(), "keep");
+}
+
+/// A copy of fixture `name` in a temporary directory, changed by `edit`; the import of it must
+/// fail with a message containing `says`, and leave no run behind.
+fn refused(name: &str, edit: impl FnOnce(&Path), says: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    for entry in std::fs::read_dir(fixture(name)).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), src.join(entry.file_name())).unwrap();
+    }
+    edit(&src);
+    let out = tmp.path().join("run");
+    let e = format!("{:#}", hf::import(&src, &out, &Device::flex()).unwrap_err());
+    assert!(e.contains(says), "expected {says:?} in: {e}");
+    assert!(!e.contains('\n'), "one line: {e}");
+    assert!(!out.exists(), "a refused import left {}", out.display());
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left, ["src"], "nothing half-written beside the run");
+}
+
+fn edit_config(src: &Path, f: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>)) {
+    let path = src.join("config.json");
+    let mut json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    f(json.as_object_mut().unwrap());
+    std::fs::write(&path, json.to_string()).unwrap();
+}
+
+#[test]
+fn bad_model_directories_are_refused_in_one_line() {
+    refused("llama", |s| std::fs::write(s.join("config.json"), "{ not json").unwrap(), "is not JSON");
+    refused(
+        "llama",
+        |s| edit_config(s, |c| _ = c.insert("model_type".into(), "mamba".into())),
+        "model_type = \"mamba\" is not supported",
+    );
+    refused(
+        "llama",
+        |s| {
+            edit_config(s, |c| {
+                _ = c.insert("rope_scaling".into(), serde_json::json!({"type": "linear", "factor": 2.0}))
+            })
+        },
+        "rope_scaling",
+    );
+    refused("llama", |s| edit_config(s, |c| _ = c.insert("some_new_switch".into(), true.into())), "some_new_switch");
+    refused("llama", |s| edit_config(s, |c| _ = c.insert("hidden_size".into(), 64.into())), "shape");
+    refused("llama", |s| edit_config(s, |c| _ = c.insert("vocab_size".into(), 100.into())), "do not belong together");
+    refused(
+        "llama",
+        |s| {
+            let f = s.join("model.safetensors");
+            let bytes = std::fs::read(&f).unwrap();
+            std::fs::write(&f, &bytes[..bytes.len() - 100]).unwrap();
+        },
+        "truncated",
+    );
+    refused(
+        "gpt2",
+        |s| std::fs::remove_file(s.join("model-00002-of-00003.safetensors")).unwrap(),
+        "listed in the index but absent",
+    );
+    refused("gpt2", |s| std::fs::remove_file(s.join("tokenizer.json")).unwrap(), "tokenizer.json not found");
+}

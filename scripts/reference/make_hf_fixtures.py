@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""Fixtures for `variorum import`: tiny random Hugging Face models and what transformers computes
+with them (crates/variorum-train/tests/fixtures/hf/<architecture>/).
+
+Each fixture directory is what `save_pretrained` writes (config.json, the safetensors weights,
+tokenizer.json, tokenizer_config.json), plus expected.json: the text, its token ids as the
+tokenizer gives them, the log-probability transformers gives every token after the first
+(fp32, eager attention), and the 32 tokens its greedy `generate` appends to a prompt (with the
+KV cache). The tests read them without Python.
+
+The weights are random and widened (matrices x12, norms and biases jittered) so that the
+log-probabilities are far from uniform and a wrong mapping shows. The GPT-2 fixture is stored
+as f32 in shards (an index and two files); the LLaMA one as bf16, untied, with grouped-query
+heads. The expectations come from each saved directory loaded back with `from_pretrained` in
+f32 (bf16 values widen exactly), as a user would load it.
+
+Usage: python3 scripts/reference/make_hf_fixtures.py [OUT_DIR]
+(pinned versions: scripts/reference/requirements.txt plus transformers, below).
+"""
+
+import json
+import os
+import sys
+
+import torch
+import transformers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast
+
+PINNED = "5.24.0"
+assert transformers.__version__ == PINNED, f"transformers {transformers.__version__}, the fixtures pin {PINNED}"
+
+# The text the tokenizers are trained on and the models scored on (Sonnet 18 and a line of Hamlet).
+CORPUS = """Shall I compare thee to a summer's day?
+Thou art more lovely and more temperate:
+Rough winds do shake the darling buds of May,
+And summer's lease hath all too short a date;
+Sometime too hot the eye of heaven shines,
+And often is his gold complexion dimm'd;
+And every fair from fair sometime declines,
+By chance or nature's changing course untrimm'd;
+But thy eternal summer shall not fade,
+Nor lose possession of that fair thou ow'st;
+Nor shall death brag thou wander'st in his shade,
+When in eternal lines to time thou grow'st:
+So long as men can breathe or eyes can see,
+So long lives this, and this gives life to thee.
+To be, or not to be, that is the question.
+"""
+TEXT = "Shall I compare thee to a summer's day? Thou art more lovely, and so long lives this."
+PROMPT = "So long as men"
+GREEDY_TOKENS = 32
+
+
+def byte_level_bpe(vocab_size, specials):
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([CORPUS], trainer)
+    return tok
+
+
+def widen(model, seed):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.mul_(12.0)
+            elif "norm" in name or "ln" in name:
+                p.add_(0.2 * torch.randn(p.shape, generator=g))
+            else:
+                p.add_(0.1 * torch.randn(p.shape, generator=g))
+
+
+def expectations(model, tokenizer):
+    ids = tokenizer(TEXT)["input_ids"]
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].double()
+        logprobs = torch.log_softmax(logits, dim=-1)
+        scored = [logprobs[i - 1, ids[i]].item() for i in range(1, len(ids))]
+        prompt = tokenizer(PROMPT)["input_ids"]
+        prompt_tensor = torch.tensor([prompt])
+        out = model.generate(
+            prompt_tensor,
+            # explicit: inferred from pad_token_id it would mask LLaMA's BOS (id 0) out
+            attention_mask=torch.ones_like(prompt_tensor),
+            max_new_tokens=GREEDY_TOKENS,
+            min_new_tokens=GREEDY_TOKENS,
+            do_sample=False,
+            use_cache=True,
+            pad_token_id=0,
+        )[0].tolist()
+    return {
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "text": TEXT,
+        "ids": ids,
+        "logprobs": scored,
+        "prompt": PROMPT,
+        "prompt_ids": prompt,
+        "greedy": out[len(prompt):],
+    }
+
+
+def save(out, name, model, tokenizer, **save_args):
+    d = os.path.join(out, name)
+    os.makedirs(d, exist_ok=True)
+    for f in os.listdir(d):
+        os.remove(os.path.join(d, f))
+    model.save_pretrained(d, **save_args)
+    tokenizer.save_pretrained(d)
+    return d
+
+
+def gpt2(out):
+    tok = byte_level_bpe(320, ["<|endoftext|>"])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>", unk_token="<|endoftext|>"
+    )
+    cfg = transformers.GPT2Config(
+        vocab_size=tok.get_vocab_size(),
+        n_positions=64,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        activation_function="gelu_new",
+        layer_norm_epsilon=1e-5,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    torch.manual_seed(1)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    model.config._attn_implementation = "eager"
+    widen(model, 1)
+    d = save(out, "gpt2", model, tokenizer, max_shard_size="60KB")
+    reloaded = transformers.GPT2LMHeadModel.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
+    return d, expectations(reloaded.eval(), tokenizer)
+
+
+def llama(out):
+    tok = byte_level_bpe(300, ["<s>", "</s>"])
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 0)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+    cfg = transformers.LlamaConfig(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=32,
+        intermediate_size=88,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        attention_bias=False,
+        mlp_bias=False,
+        bos_token_id=0,
+        eos_token_id=1,
+    )
+    torch.manual_seed(2)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    model.config._attn_implementation = "eager"
+    widen(model, 2)
+    d = save(out, "llama", model.to(torch.bfloat16), tokenizer)
+    # what a user gets: the saved directory loaded in f32 (the rotary frequencies, a buffer that
+    # `.to(bfloat16)` would have rounded too, are computed afresh in f32)
+    reloaded = transformers.LlamaForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
+    return d, expectations(reloaded.eval(), tokenizer)
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else "crates/variorum-train/tests/fixtures/hf"
+    torch.set_num_threads(1)
+    for make in (gpt2, llama):
+        d, expected = make(out)
+        with open(os.path.join(d, "expected.json"), "w") as f:
+            json.dump(expected, f, indent=1)
+            f.write("\n")
+        size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
+        print(f"{d}: {len(expected['ids'])} tokens, {size / 1024:.0f} KiB")
+
+
+if __name__ == "__main__":
+    main()
