@@ -158,9 +158,8 @@ fn write_run(
 ) -> Result<(usize, usize)> {
     let config_path = dir.join("config.toml");
     std::fs::write(&config_path, config_text)?;
-    let config = ExperimentConfig::load(&config_path).map_err(|e| {
-        anyhow!("the config written for {} does not validate (a bug of the mapping): {e}", src.display())
-    })?;
+    let config = ExperimentConfig::load(&config_path)
+        .map_err(|e| anyhow!("{} describes a model variorum refuses: {e}", src.join("config.json").display()))?;
     std::fs::copy(tokenizer, dir.join("tokenizer.json"))?;
     for extra in ["tokenizer_config.json", "special_tokens_map.json", "generation_config.json"] {
         if src.join(extra).is_file() {

@@ -136,4 +136,10 @@ fn bad_model_directories_are_refused_in_one_line() {
         "listed in the index but absent",
     );
     refused("gpt2", |s| std::fs::remove_file(s.join("tokenizer.json")).unwrap(), "tokenizer.json not found");
+    // 30 wide in 4 heads: the user's config, not the mapping, is what fails
+    refused(
+        "gpt2",
+        |s| edit_config(s, |c| _ = c.insert("n_embd".into(), 30.into())),
+        "describes a model variorum refuses",
+    );
 }
