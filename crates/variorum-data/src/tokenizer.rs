@@ -6,6 +6,8 @@
 //! anything) and `bpe` (sub-word units as used by real LMs, trained here with the
 //! Hugging Face `tokenizers` crate so the saved file is the standard format).
 //!
+//! A fourth, `file`, reads a tokenizer already made (an imported model's `tokenizer.json`).
+//!
 //! Every kind round-trips: `decode(encode(x)) == x` for any text it can encode.
 
 use std::collections::{BTreeSet, HashMap};
@@ -53,6 +55,13 @@ pub enum TokenizerConfig {
         #[serde(default = "default_min_freq")]
         min_frequency: u64,
     },
+    /// A tokenizer already made: a Hugging Face `tokenizer.json` (what `variorum import`
+    /// copies into a run, so that fine-tuning an imported model keeps its vocabulary) or a file
+    /// [`Tokenizer::save`] wrote. Nothing is learnt from the corpus.
+    File {
+        /// The file; a relative path is read from the current directory, as `data.path` is.
+        path: PathBuf,
+    },
 }
 
 impl Default for TokenizerConfig {
@@ -66,6 +75,13 @@ impl Default for TokenizerConfig {
 impl TokenizerConfig {
     /// Checks the settings; messages name the config key (`data.tokenizer.*`).
     pub fn validate(&self) -> Result<(), DataError> {
+        if let TokenizerConfig::File { path } = self {
+            if path.as_os_str().is_empty() {
+                return Err(DataError::Config(
+                    "data.tokenizer.path is empty: name a tokenizer.json (a run's, or a Hugging Face model's)".into(),
+                ));
+            }
+        }
         if let TokenizerConfig::Bpe { vocab_size, .. } = self {
             if *vocab_size < MIN_BPE_VOCAB {
                 return Err(DataError::Config(format!(
@@ -177,11 +193,24 @@ enum SavedTokenizer {
 /// crate spread it over threads and keeps its per-token bookkeeping small.
 const BPE_CHUNK_BYTES: usize = 1 << 16;
 
+/// GPT-2's byte-to-character map, which byte-level BPE vocabularies are written in: printable
+/// bytes stand for themselves, the others for the characters from U+0100 on, in byte order.
+/// (The `tokenizers` crate has this table but does not export it.)
+fn gpt2_byte_char(b: u8) -> char {
+    let printable = |x: u8| (b'!'..=b'~').contains(&x) || (0xA1..=0xAC).contains(&x) || (0xAE..=0xFF).contains(&x);
+    if printable(b) {
+        return char::from(b);
+    }
+    let rank = (0..b).filter(|&x| !printable(x)).count() as u32;
+    char::from_u32(256 + rank).expect("below U+0200")
+}
+
 /// How many pieces are encoded per call, bounding the memory held at once.
 const BPE_CHUNKS_PER_BATCH: usize = 64;
 
 impl Tokenizer {
-    /// Builds a tokenizer of kind `cfg` from `text` (for `byte` nothing is learnt).
+    /// Builds a tokenizer of kind `cfg` from `text` (for `byte` nothing is learnt; `file` reads
+    /// its file).
     pub fn train(cfg: &TokenizerConfig, text: &str) -> Result<Tokenizer, DataError> {
         cfg.validate()?;
         match cfg {
@@ -189,6 +218,15 @@ impl Tokenizer {
             TokenizerConfig::Byte => Ok(Tokenizer::Byte),
             TokenizerConfig::Bpe { vocab_size, min_frequency } => {
                 train_bpe(text, *vocab_size, *min_frequency).map(|t| Tokenizer::Bpe(Box::new(t)))
+            }
+            TokenizerConfig::File { path } => {
+                if !path.is_file() {
+                    return Err(DataError::Config(format!(
+                        "data.tokenizer.path = {:?} is not a file (a relative path is read from the current directory)",
+                        path.display().to_string()
+                    )));
+                }
+                Tokenizer::load(path)
             }
         }
     }
@@ -253,6 +291,42 @@ impl Tokenizer {
             Tokenizer::Byte => "byte",
             Tokenizer::Bpe(_) => "token",
         }
+    }
+
+    /// The tokenizer as a Hugging Face `tokenizer.json` that encodes every text to the same ids
+    /// (what `variorum export --format hf` writes). BPE: the file itself. Char: a BPE model
+    /// with no merges whose vocabulary is the characters, nothing around it, and a decoder that
+    /// joins the pieces (`Fuse`). Byte: the same over GPT-2's byte-to-character alphabet, with
+    /// its byte-level pre-tokenizer (no regex split: every byte is a token) and decoder.
+    pub fn to_hf_json(&self) -> Result<String, DataError> {
+        let bpe = |vocab: serde_json::Map<String, serde_json::Value>| {
+            serde_json::json!({
+                "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                "ignore_merges": false, "vocab": vocab, "merges": []
+            })
+        };
+        let json = match self {
+            Tokenizer::Bpe(t) => return t.to_string(true).map_err(|e| DataError::Config(one_line(e))),
+            Tokenizer::Char(c) => serde_json::json!({
+                "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+                "normalizer": null, "pre_tokenizer": null, "post_processor": null,
+                "decoder": {"type": "Fuse"},
+                "model": bpe(c.vocab.iter().enumerate().map(|(i, ch)| (ch.to_string(), i.into())).collect()),
+            }),
+            Tokenizer::Byte => {
+                let byte_level = serde_json::json!({
+                    "type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false
+                });
+                serde_json::json!({
+                    "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+                    "normalizer": null, "pre_tokenizer": byte_level, "post_processor": null,
+                    "decoder": byte_level,
+                    "model": bpe((0..=255u8).map(|b| (gpt2_byte_char(b).to_string(), u32::from(b).into())).collect()),
+                })
+            }
+        };
+        serde_json::to_string_pretty(&json).map_err(|e| DataError::Config(one_line(e)))
     }
 
     /// Writes the tokenizer as JSON (BPE: the Hugging Face `tokenizer.json`
@@ -572,6 +646,48 @@ mod tests {
             assert_eq!(ids, whole, "chunk target {target}");
         }
         assert_eq!(encode_bpe(hf, &text).expect("encodes"), whole);
+    }
+
+    #[test]
+    fn a_file_tokenizer_is_the_saved_one_and_a_missing_file_is_named() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let text = "the cat sat on the mat; the cat sat on the hat. ".repeat(20);
+        let bpe = Tokenizer::train(&TokenizerConfig::Bpe { vocab_size: 270, min_frequency: 2 }, &text).expect("trains");
+        let path = dir.path().join("tokenizer.json");
+        bpe.save(&path).expect("saves");
+        let cfg = TokenizerConfig::File { path: path.clone() };
+        // nothing learnt from the text it is given
+        let loaded = Tokenizer::train(&cfg, "zzz").expect("loads");
+        assert_eq!(loaded.vocab_size(), bpe.vocab_size());
+        assert_eq!(loaded.encode(&text).unwrap(), bpe.encode(&text).unwrap());
+        let missing = TokenizerConfig::File { path: dir.path().join("absent.json") };
+        let err = Tokenizer::train(&missing, &text).unwrap_err().to_string();
+        assert!(err.contains("data.tokenizer.path") && err.contains("absent.json"), "{err}");
+        let empty = TokenizerConfig::File { path: PathBuf::new() };
+        assert!(empty.validate().unwrap_err().to_string().contains("data.tokenizer.path is empty"));
+        let parsed: TokenizerConfig =
+            serde_json::from_str(r#"{"kind":"file","path":"a/tokenizer.json"}"#).expect("parses");
+        assert_eq!(parsed, TokenizerConfig::File { path: "a/tokenizer.json".into() });
+    }
+
+    #[test]
+    fn every_kind_is_written_as_a_hugging_face_tokenizer_that_encodes_the_same() {
+        let text = "Hwæt! We Gardena in geardagum,\nþeodcyninga þrym gefrunon. ".repeat(8);
+        let kinds =
+            [TokenizerConfig::Char, TokenizerConfig::Byte, TokenizerConfig::Bpe { vocab_size: 300, min_frequency: 2 }];
+        for cfg in kinds {
+            let ours = Tokenizer::train(&cfg, &text).expect("trains");
+            let json = ours.to_hf_json().expect("writes");
+            let hf: tokenizers::Tokenizer = json.parse().expect("tokenizers reads it");
+            let ids = ours.encode(&text).unwrap();
+            assert_eq!(hf.encode(text.as_str(), false).unwrap().get_ids(), ids.as_slice(), "{cfg:?}");
+            assert_eq!(hf.decode(&ids, false).unwrap(), text, "{cfg:?}");
+            assert_eq!(hf.get_vocab_size(true), ours.vocab_size(), "{cfg:?}");
+        }
+        // the byte alphabet: 256 distinct characters, printable ASCII standing for itself
+        let chars: BTreeSet<char> = (0..=255u8).map(gpt2_byte_char).collect();
+        assert_eq!(chars.len(), 256);
+        assert_eq!((gpt2_byte_char(b'A'), gpt2_byte_char(b' '), gpt2_byte_char(0)), ('A', '\u{0120}', '\u{0100}'));
     }
 
     #[test]

@@ -384,9 +384,21 @@ fn merge(base: &mut toml::Table, over: toml::Table) {
     merge_at(base, over, true)
 }
 
+/// Keys of `[data]` of which a config holds one: an extending file that sets one of them
+/// replaces the base's (a fine-tuning config that sets `data.path` over an imported run's
+/// `data.dataset`).
+const DATA_SOURCES: [&str; 2] = ["dataset", "path"];
+
 fn merge_at(base: &mut toml::Table, over: toml::Table, root: bool) {
     for (key, value) in over {
         let tagged = |o: &toml::Table| o.contains_key("kind") && !(root && key == "model");
+        if let (true, Some(toml::Value::Table(b)), toml::Value::Table(o)) =
+            (root && key == "data", base.get_mut(&key), &value)
+        {
+            if DATA_SOURCES.iter().any(|k| o.contains_key(*k)) {
+                b.retain(|k, _| !DATA_SOURCES.iter().any(|s| *s == k));
+            }
+        }
         match (base.get_mut(&key), value) {
             (Some(toml::Value::Table(b)), toml::Value::Table(o)) if !tagged(&o) => merge_at(b, o, false),
             (_, value) => {
@@ -464,6 +476,18 @@ path = "x.txt"
         let c = ExperimentConfig::load(&dir.path().join("v/kind.toml")).unwrap();
         assert_eq!((c.model.d_model, c.model.n_layers), (64, 3));
         assert_eq!(c.model.position.kind(), "learned", "the base's position table is kept");
+        // data.path in an extending file replaces the base's data.dataset, and the reverse
+        std::fs::write(dir.path().join("v/file.toml"), "extends = \"../base.toml\"\n[data]\npath = \"my.txt\"\n")
+            .unwrap();
+        let c = ExperimentConfig::load(&dir.path().join("v/file.toml")).unwrap();
+        assert_eq!((c.data.dataset.as_deref(), c.data.path.as_deref()), (None, Some(Path::new("my.txt"))));
+        std::fs::write(dir.path().join("v/back.toml"), "extends = \"file.toml\"\n[data]\ndataset = \"shakespeare\"\n")
+            .unwrap();
+        let c = ExperimentConfig::load(&dir.path().join("v/back.toml")).unwrap();
+        assert_eq!((c.data.dataset.as_deref(), c.data.path.as_deref()), (Some("shakespeare"), None));
+        std::fs::write(dir.path().join("v/again.toml"), "extends = \"back.toml\"\n[data]\npath = \"a.txt\"\n").unwrap();
+        let c = ExperimentConfig::load(&dir.path().join("v/again.toml")).unwrap();
+        assert_eq!((c.data.dataset.as_deref(), c.data.path.as_deref()), (None, Some(Path::new("a.txt"))));
         // a missing base and a cycle are clear errors
         std::fs::write(dir.path().join("a.toml"), "extends = \"b.toml\"").unwrap();
         std::fs::write(dir.path().join("b.toml"), "extends = \"a.toml\"").unwrap();

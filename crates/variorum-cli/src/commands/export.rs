@@ -1,5 +1,6 @@
-//! `variorum export`: write a run's weights in another format (safetensors; the tensor names are
-//! those of crates/variorum-train/src/transfer.rs), listing the tensors written.
+//! `variorum export`: write a run's weights in another format: safetensors (the tensor names
+//! are those of crates/variorum-train/src/transfer.rs, listed as written), or a Hugging Face
+//! model directory that transformers loads (docs/interop.md).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -15,30 +16,52 @@ pub struct ExportArgs {
     pub run: PathBuf,
     #[arg(long, value_enum, default_value = "safetensors")]
     pub format: ExportFormat,
-    /// Output file. Default: RUN/model.safetensors.
+    /// Output: a file for safetensors (default RUN/model.safetensors); a directory that does not
+    /// exist yet for hf (default RUN/hf).
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub enum ExportFormat {
+    /// The weights alone, under variorum's tensor names.
     Safetensors,
+    /// A Hugging Face model directory (config.json, model.safetensors, tokenizer.json) as GPT-2
+    /// or LLaMA, for `AutoModelForCausalLM.from_pretrained`.
+    Hf,
 }
 
 pub fn run(args: ExportArgs) -> Result<ExitCode> {
-    // the one format there is; another one would be a match here
-    let ExportArgs { run, format: ExportFormat::Safetensors, out } = args;
+    let ExportArgs { run, format, out } = args;
     // the weights are only copied: no need for another device
     let (device, _) = device::select("cpu")?;
-    let spinner = variorum_train::progress::spinner(&format!("loading {}", run.display()));
-    let loaded = Run::load(&run, &device)?;
-    let path = out.unwrap_or_else(|| run.join("model.safetensors"));
-    spinner.set_message(format!("writing {}", path.display()));
-    let names = variorum_train::transfer::export_safetensors(&loaded.model, &path)?;
-    spinner.finish_and_clear();
-    for n in &names {
-        println!("{n}");
+    match format {
+        ExportFormat::Safetensors => {
+            let spinner = variorum_train::progress::spinner(&format!("loading {}", run.display()));
+            let loaded = Run::load(&run, &device)?;
+            let path = out.unwrap_or_else(|| run.join("model.safetensors"));
+            spinner.set_message(format!("writing {}", path.display()));
+            let names = variorum_train::transfer::export_safetensors(&loaded.model, &path)?;
+            spinner.finish_and_clear();
+            for n in &names {
+                println!("{n}");
+            }
+            eprintln!("{} tensors written to {}", names.len(), path.display());
+        }
+        ExportFormat::Hf => {
+            let out = out.unwrap_or_else(|| run.join("hf"));
+            let spinner = variorum_train::progress::spinner(&format!("exporting {}", run.display()));
+            let done = variorum_train::hf::export(&run, &out, &device)?;
+            spinner.finish_and_clear();
+            eprintln!(
+                "{} written as {} ({} tensors, {} parameters): transformers' AutoModelForCausalLM.from_pretrained({:?}) loads it",
+                done.out.display(),
+                done.class,
+                done.tensors,
+                done.params,
+                done.out.display().to_string()
+            );
+        }
     }
-    eprintln!("{} tensors written to {}", names.len(), path.display());
     Ok(ExitCode::SUCCESS)
 }

@@ -77,6 +77,12 @@ impl Checkpoint {
         Ok(Checkpoint { files, entries, taken: Mutex::new(BTreeSet::new()) })
     }
 
+    /// A checkpoint with no tensors: what a mapping is given when it is run to be inverted
+    /// (`export`), so that it names the tensors as transformers' own classes save them.
+    pub(crate) fn empty() -> Checkpoint {
+        Checkpoint { files: Vec::new(), entries: BTreeMap::new(), taken: Mutex::new(BTreeSet::new()) }
+    }
+
     /// Whether the checkpoint has `name`.
     pub(crate) fn has(&self, name: &str) -> bool {
         self.entries.contains_key(name)

@@ -88,6 +88,12 @@ impl HfConfig {
         Ok(HfConfig { path, map, read: Vec::new() })
     }
 
+    /// A `config.json` made in memory (by `export`, to read it back as the import would);
+    /// `path` is where it is to be written, for messages.
+    pub(crate) fn from_map(path: PathBuf, map: Map<String, Value>) -> HfConfig {
+        HfConfig { path, map, read: Vec::new() }
+    }
+
     /// The file, for messages.
     pub(crate) fn path(&self) -> &Path {
         &self.path

@@ -1,13 +1,14 @@
 //! GPT-2 (`model_type = "gpt2"`, `GPT2LMHeadModel`; Radford et al. 2019): learned positions,
 //! pre-LN blocks with LayerNorm, full attention with biases, a GELU FFN (the tanh form,
-//! `gelu_new`, unless `activation_function` says otherwise), tied embeddings.
+//! `gelu_new`, unless `activation_function` says otherwise), tied embeddings (untied when
+//! `tie_word_embeddings` is false).
 //!
 //! Its `Conv1D` layers store weights as `[in, out]`, Burn's own layout: copied as they are.
 //! `c_attn` is q | k | v along its output, head-major within each, as variorum's fused
 //! projection.
 
 use anyhow::{Result, bail};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::checkpoint::Checkpoint;
 use super::config::HfConfig;
@@ -36,7 +37,7 @@ pub(crate) fn map(cfg: &mut HfConfig, ckpt: &Checkpoint) -> Result<Mapping> {
     cfg.require("scale_attn_weights", Value::Bool(true), "variorum scales scores by 1/√head_dim")?;
     cfg.require("scale_attn_by_inverse_layer_idx", Value::Bool(false), "no per-layer score scaling")?;
     cfg.require("add_cross_attention", Value::Bool(false), "a decoder-only model")?;
-    cfg.require("tie_word_embeddings", Value::Bool(true), "GPT2LMHeadModel ties its head to the embedding")?;
+    let tied = cfg.bool_or("tie_word_embeddings", true)?;
     // numerics of the reference (upcasting the scores), not the function computed; the n_ctx of
     // old configs is n_positions; summary_* configure GPT2DoubleHeadsModel's classifier only
     cfg.ignore(&[
@@ -49,13 +50,17 @@ pub(crate) fn map(cfg: &mut HfConfig, ckpt: &Checkpoint) -> Result<Mapping> {
         "summary_first_dropout",
     ]);
 
-    let p = if ckpt.has("transformer.wte.weight") { "transformer." } else { "" };
+    // GPT2LMHeadModel's names; a bare GPT2Model's have no prefix
+    let p = if ckpt.has("wte.weight") { "" } else { "transformer." };
     let mut tensors = vec![
         ("token_embedding.weight".to_string(), Recipe::copy(format!("{p}wte.weight"))),
         ("position.table".to_string(), Recipe::copy(format!("{p}wpe.weight"))),
         ("final_norm.gamma".to_string(), Recipe::copy(format!("{p}ln_f.weight"))),
         ("final_norm.beta".to_string(), Recipe::copy(format!("{p}ln_f.bias"))),
     ];
+    if !tied {
+        tensors.push(("head.weight".to_string(), Recipe::transpose("lm_head.weight")));
+    }
     for i in 0..layers {
         let h = format!("{p}h.{i}");
         let b = format!("blocks.{i}");
@@ -83,7 +88,7 @@ pub(crate) fn map(cfg: &mut HfConfig, ckpt: &Checkpoint) -> Result<Mapping> {
         ("n_layers", int(layers)),
         ("seq_len", int(positions)),
         ("dropout", resid.into()),
-        ("tie_embeddings", true.into()),
+        ("tie_embeddings", tied.into()),
         ("position", table([("kind", "learned".into()), ("max_len", int(positions))])),
         ("attention", table([("kind", "full".into()), ("n_heads", int(heads)), ("dropout", attn_dropout.into())])),
         ("block", table([("kind", "pre-ln".into()), ("norm", "layer-norm".into()), ("norm_eps", eps.into())])),
@@ -100,4 +105,30 @@ pub(crate) fn map(cfg: &mut HfConfig, ckpt: &Checkpoint) -> Result<Mapping> {
                 || name == "lm_head.weight"
         },
     })
+}
+
+/// The `config.json` of a run's model (`m`: its expanded `[model]` as JSON) as GPT-2;
+/// `export` reads it back with [`map`] and refuses the run unless that gives the same model.
+pub(crate) fn config_json(m: &Value) -> Map<String, Value> {
+    let activation = match m["feed_forward"]["kind"].as_str() {
+        Some("gelu-tanh") => "gelu_new",
+        Some("relu") => "relu",
+        // GPT-2's own; any other kind is then told apart by the check
+        _ => "gelu",
+    };
+    let pairs = [
+        ("vocab_size", m["vocab_size"].clone()),
+        ("n_positions", m["position"]["max_len"].clone()),
+        ("n_embd", m["d_model"].clone()),
+        ("n_layer", m["n_layers"].clone()),
+        ("n_head", m["attention"]["n_heads"].clone()),
+        ("n_inner", m["feed_forward"]["d_ff"].clone()),
+        ("activation_function", activation.into()),
+        ("layer_norm_epsilon", m["block"]["norm_eps"].clone()),
+        ("resid_pdrop", m["dropout"].clone()),
+        ("embd_pdrop", m["dropout"].clone()),
+        ("attn_pdrop", m["attention"]["dropout"].clone()),
+        ("tie_word_embeddings", m["tie_embeddings"].clone()),
+    ];
+    pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }

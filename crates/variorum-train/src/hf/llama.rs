@@ -11,7 +11,7 @@
 //! `seq_len` at most the window.
 
 use anyhow::{Result, bail};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::checkpoint::Checkpoint;
 use super::config::HfConfig;
@@ -74,30 +74,29 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
     for i in 0..layers {
         let l = format!("model.layers.{i}");
         let b = format!("blocks.{i}");
-        let qkv = |what: &str| {
-            Recipe::Join(
-                ["q_proj", "k_proj", "v_proj"].map(|p| Recipe::copy(format!("{l}.self_attn.{p}.{what}"))).to_vec(),
-            )
+        let widths = [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim];
+        let qkv = |part: &dyn Fn(&str) -> Recipe| {
+            Recipe::Join(["q_proj", "k_proj", "v_proj"].iter().zip(widths).map(|(p, w)| (part(p), w)).collect())
+        };
+        let gate_up = |part: &dyn Fn(&str) -> Recipe| {
+            Recipe::Join(["gate_proj", "up_proj"].iter().map(|p| (part(p), d_ff)).collect())
         };
         let t = |name: &str| Recipe::transpose(format!("{l}.{name}.weight"));
         tensors.extend([
             (format!("{b}.attn_norm.gamma"), Recipe::copy(format!("{l}.input_layernorm.weight"))),
             (format!("{b}.ffn_norm.gamma"), Recipe::copy(format!("{l}.post_attention_layernorm.weight"))),
-            (
-                format!("{b}.attn.qkv.qkv.weight"),
-                Recipe::Join(vec![t("self_attn.q_proj"), t("self_attn.k_proj"), t("self_attn.v_proj")]),
-            ),
+            (format!("{b}.attn.qkv.qkv.weight"), qkv(&|p| t(&format!("self_attn.{p}")))),
             (format!("{b}.attn.out.weight"), t("self_attn.o_proj")),
-            (format!("{b}.ffn.up.weight"), Recipe::Join(vec![t("mlp.gate_proj"), t("mlp.up_proj")])),
+            (format!("{b}.ffn.up.weight"), gate_up(&|p| t(&format!("mlp.{p}")))),
             (format!("{b}.ffn.down.weight"), t("mlp.down_proj")),
         ]);
         if attention_bias {
-            tensors.push((format!("{b}.attn.qkv.qkv.bias"), qkv("bias")));
+            tensors.push((format!("{b}.attn.qkv.qkv.bias"), qkv(&|p| Recipe::copy(format!("{l}.self_attn.{p}.bias")))));
             tensors.push((format!("{b}.attn.out.bias"), Recipe::copy(format!("{l}.self_attn.o_proj.bias"))));
         }
         if mlp_bias {
             let bias = |p: &str| Recipe::copy(format!("{l}.mlp.{p}.bias"));
-            tensors.push((format!("{b}.ffn.up.bias"), Recipe::Join(vec![bias("gate_proj"), bias("up_proj")])));
+            tensors.push((format!("{b}.ffn.up.bias"), gate_up(&bias)));
             tensors.push((format!("{b}.ffn.down.bias"), bias("down_proj")));
         }
     }
@@ -131,4 +130,31 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
         // rotary frequencies some checkpoints store; the head when tied to the embedding
         derived: |name| name.ends_with("rotary_emb.inv_freq") || name == "lm_head.weight",
     })
+}
+
+/// The `config.json` of a run's model (`m`: its expanded `[model]` as JSON) as LLaMA;
+/// `export` reads it back with [`map`] and refuses the run unless that gives the same model.
+/// The rotary base is written both as transformers 5 keeps it (`rope_parameters`) and as
+/// earlier versions read it (`rope_theta`).
+pub(crate) fn config_json(m: &Value) -> Map<String, Value> {
+    let base = m["position"]["base"].clone();
+    let pairs = [
+        ("vocab_size", m["vocab_size"].clone()),
+        ("hidden_size", m["d_model"].clone()),
+        ("intermediate_size", m["feed_forward"]["d_ff"].clone()),
+        ("num_hidden_layers", m["n_layers"].clone()),
+        ("num_attention_heads", m["attention"]["n_heads"].clone()),
+        ("num_key_value_heads", m["attention"]["n_kv_heads"].clone()),
+        ("head_dim", m["attention"]["head_dim"].clone()),
+        ("max_position_embeddings", m["seq_len"].clone()),
+        ("rms_norm_eps", m["block"]["norm_eps"].clone()),
+        ("rope_theta", base.clone()),
+        ("rope_parameters", serde_json::json!({"rope_theta": base, "rope_type": "default"})),
+        ("hidden_act", "silu".into()),
+        ("attention_bias", m["attention"]["bias"].clone()),
+        ("attention_dropout", m["attention"]["dropout"].clone()),
+        ("mlp_bias", m["feed_forward"]["bias"].clone()),
+        ("tie_word_embeddings", m["tie_embeddings"].clone()),
+    ];
+    pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }

@@ -10,6 +10,7 @@
 
 mod checkpoint;
 mod config;
+mod export;
 mod gpt2;
 mod llama;
 mod recipe;
@@ -26,6 +27,8 @@ use crate::config::ExperimentConfig;
 use checkpoint::Checkpoint;
 use config::HfConfig;
 use recipe::Recipe;
+
+pub use export::{Exported, export};
 
 /// An architecture's reading of a model directory.
 pub(crate) struct Mapping {
@@ -94,8 +97,8 @@ pub fn import(src: &Path, out: &Path, device: &Device) -> Result<Imported> {
     }
     let tokenizer = Tokenizer::load(&tokenizer_path)?;
 
-    let config_text = config_toml(src, &mapping, tokenizer.vocab_size())?;
-    let staging = staging_dir(out)?;
+    let config_text = config_toml(src, out, &mapping, tokenizer.vocab_size())?;
+    let staging = staging_dir(out, "importing")?;
     let result = write_run(&staging, &config_text, &tokenizer_path, src, &ckpt, &mapping, device);
     match result {
         Ok((tensors, params)) => {
@@ -110,12 +113,13 @@ pub fn import(src: &Path, out: &Path, device: &Device) -> Result<Imported> {
     }
 }
 
-/// `out`'s sibling `.out.importing`, created empty (left over from a killed import: removed).
-fn staging_dir(out: &Path) -> Result<PathBuf> {
+/// `out`'s sibling `.out.{what}`, created empty (one left over from a killed import or export
+/// is removed).
+fn staging_dir(out: &Path, what: &str) -> Result<PathBuf> {
     let name = out.file_name().ok_or_else(|| anyhow!("--out {} names no directory", out.display()))?;
     let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
-    let staging = parent.join(format!(".{}.importing", name.to_string_lossy()));
+    let staging = parent.join(format!(".{}.{what}", name.to_string_lossy()));
     if staging.exists() {
         std::fs::remove_dir_all(&staging).with_context(|| format!("cannot remove {}", staging.display()))?;
     }
@@ -123,8 +127,10 @@ fn staging_dir(out: &Path) -> Result<PathBuf> {
     Ok(staging)
 }
 
-/// The run's `config.toml`: where it came from, the `[model]` table, and a `[data]` section.
-fn config_toml(src: &Path, mapping: &Mapping, tokenizer_vocab: usize) -> Result<String> {
+/// The run's `config.toml`: where it came from, the `[model]` table, and a `[data]` section
+/// whose tokenizer is the run's `tokenizer.json` (`out` as given, so relative to the current
+/// directory as `data.path` is).
+fn config_toml(src: &Path, out: &Path, mapping: &Mapping, tokenizer_vocab: usize) -> Result<String> {
     let model = toml::to_string(&mapping.model)?;
     let vocab = mapping.model.get("vocab_size").and_then(toml::Value::as_integer).unwrap_or(0);
     if (vocab as usize) < tokenizer_vocab {
@@ -138,11 +144,13 @@ fn config_toml(src: &Path, mapping: &Mapping, tokenizer_vocab: usize) -> Result<
     let model = if let Some(rest) = model.strip_prefix('[') { format!("[model.{rest}") } else { model };
     Ok(format!(
         "# Imported from {} ({}) by `variorum import`.\n\
-         # generate, score and inspect read the run's tokenizer.json; eval and fine-tuning read [data].\n\n\
+         # The run's tokenizer.json is the model's own; [data] is what eval and fine-tuning read\n\
+         # (a file of your own: data.path = \"…\").\n\n\
          [model]\n{model}\n\
-         [data]\ndataset = \"shakespeare\"\ntokenizer = {{ kind = \"bpe\", vocab_size = {tokenizer_vocab} }}\n",
+         [data]\ndataset = \"shakespeare\"\ntokenizer = {{ kind = \"file\", path = {tokenizer} }}\n",
         src.display(),
         mapping.class,
+        tokenizer = toml::Value::String(out.join("tokenizer.json").display().to_string()),
     ))
 }
 

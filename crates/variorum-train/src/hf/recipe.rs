@@ -1,6 +1,8 @@
 //! How one of variorum's tensors is made from a checkpoint's: copied, transposed from PyTorch's
 //! `[out, in]` `nn.Linear` layout to Burn's `[in, out]`, or several joined along their last axis
-//! (q | k | v into the fused projection, gate | up into a gated FFN's).
+//! (q | k | v into the fused projection, gate | up into a gated FFN's). Every recipe can be run
+//! backwards ([`Recipe::invert`]): that is how `export` writes a checkpoint, so what is exported
+//! is by construction what the import reads.
 
 use anyhow::{Result, bail};
 
@@ -13,8 +15,9 @@ pub(crate) enum Recipe {
     Copy(String),
     /// A 2-D tensor transposed.
     Transpose(String),
-    /// Tensors of equal leading axes joined along the last one, in order.
-    Join(Vec<Recipe>),
+    /// Tensors of equal leading axes joined along the last one, in order, each of the width
+    /// (last axis) the config implies.
+    Join(Vec<(Recipe, usize)>),
 }
 
 impl Recipe {
@@ -37,17 +40,24 @@ impl Recipe {
                 other => bail!("tensor {name} is {other:?}: expected a matrix"),
             },
             Recipe::Join(parts) => {
-                let mut shapes = parts.iter().map(|p| p.shape(ckpt));
-                let mut out = shapes.next().ok_or_else(|| anyhow::anyhow!("nothing to join"))??;
-                for s in shapes {
-                    let s = s?;
-                    let last = out.len() - 1;
-                    if s.len() != out.len() || s[..last] != out[..last] {
-                        bail!("{self:?}: the parts' shapes {out:?} and {s:?} do not join along the last axis");
+                let mut out: Option<Vec<usize>> = None;
+                for (part, width) in parts {
+                    let s = part.shape(ckpt)?;
+                    if s.last() != Some(width) {
+                        bail!("{part:?} has the shape {s:?}, but config.json implies {width} along its last axis");
                     }
-                    out[last] += s[last];
+                    match &mut out {
+                        None => out = Some(s),
+                        Some(out) => {
+                            let last = out.len() - 1;
+                            if s.len() != out.len() || s[..last] != out[..last] {
+                                bail!("{self:?}: the parts' shapes {out:?} and {s:?} do not join along the last axis");
+                            }
+                            out[last] += s[last];
+                        }
+                    }
                 }
-                Ok(out)
+                out.ok_or_else(|| anyhow::anyhow!("nothing to join"))
             }
         }
     }
@@ -68,9 +78,8 @@ impl Recipe {
                 Ok(t)
             }
             Recipe::Join(parts) => {
-                let shapes: Vec<Vec<usize>> = parts.iter().map(|p| p.shape(ckpt)).collect::<Result<_>>()?;
-                let values: Vec<Vec<f32>> = parts.iter().map(|p| p.values(ckpt)).collect::<Result<_>>()?;
-                let widths: Vec<usize> = shapes.iter().map(|s| *s.last().expect("at least 1-D")).collect();
+                let values: Vec<Vec<f32>> = parts.iter().map(|(p, _)| p.values(ckpt)).collect::<Result<_>>()?;
+                let widths: Vec<usize> = parts.iter().map(|(_, w)| *w).collect();
                 let rows = values[0].len() / widths[0].max(1);
                 let mut out = Vec::with_capacity(values.iter().map(Vec::len).sum());
                 for r in 0..rows {
@@ -81,5 +90,49 @@ impl Recipe {
                 Ok(out)
             }
         }
+    }
+
+    /// The checkpoint's tensors that make `values` (of `shape`, row-major) by this recipe:
+    /// copied back, transposed back, or split at the parts' widths.
+    pub(crate) fn invert(
+        &self,
+        values: Vec<f32>,
+        shape: &[usize],
+        out: &mut Vec<(String, Vec<usize>, Vec<f32>)>,
+    ) -> Result<()> {
+        match self {
+            Recipe::Copy(name) => out.push((name.clone(), shape.to_vec(), values)),
+            Recipe::Transpose(name) => {
+                let [rows, cols] = shape[..] else {
+                    bail!("{self:?} is given a tensor of shape {shape:?}: expected a matrix")
+                };
+                let mut t = vec![0.0; values.len()];
+                for r in 0..rows {
+                    for c in 0..cols {
+                        t[c * rows + r] = values[r * cols + c];
+                    }
+                }
+                out.push((name.clone(), vec![cols, rows], t));
+            }
+            Recipe::Join(parts) => {
+                let total: usize = parts.iter().map(|(_, w)| w).sum();
+                if shape.last() != Some(&total) {
+                    bail!("{self:?} is given a tensor of shape {shape:?}: its parts are {total} wide");
+                }
+                let rows = values.len() / total.max(1);
+                let mut offset = 0;
+                for (part, width) in parts {
+                    let mut piece = Vec::with_capacity(rows * width);
+                    for r in 0..rows {
+                        piece.extend_from_slice(&values[r * total + offset..r * total + offset + width]);
+                    }
+                    let mut part_shape = shape.to_vec();
+                    *part_shape.last_mut().expect("at least 1-D") = *width;
+                    part.invert(piece, &part_shape, out)?;
+                    offset += width;
+                }
+            }
+        }
+        Ok(())
     }
 }

@@ -6,6 +6,7 @@ mod common;
 mod early_exit;
 mod encoder_decoder;
 mod graph;
+mod hf_export;
 mod hf_import;
 mod hostile_files;
 mod inference;

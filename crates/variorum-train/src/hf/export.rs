@@ -1,0 +1,255 @@
+//! Variorum runs out: [`export`] writes a run as a Hugging Face model directory that
+//! transformers' `AutoModelForCausalLM.from_pretrained` and `AutoTokenizer.from_pretrained` load
+//! (`config.json`, `model.safetensors`, `tokenizer.json`, `tokenizer_config.json`).
+//!
+//! No mapping is written twice. Each architecture says how a run's model is described in its
+//! `config.json` (`config_json` in its file); that description is then read back by the very
+//! mapping the import uses, and the run is exported only if what comes back is the run's own
+//! `[model]`: any setting the architecture cannot express (another attention kind, post-LN, a
+//! memory, …) is refused naming it. The weights are the import's recipes run backwards
+//! ([`Recipe::invert`]).
+//!
+//! Two differences are bridged exactly rather than refused: rotary embeddings that pair
+//! dimensions `(2k, 2k+1)` (`layout = "interleaved"`) are written for transformers' rotate-half
+//! pairs `(k, k + d/2)` by permuting the query and key projections' output features within each
+//! head (the same permutation on q and k leaves every score as it was), and dropout rates the
+//! architecture has no place for are left out (they do not change what the model computes).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, anyhow, bail};
+use burn::prelude::*;
+use burn::store::ModuleSnapshot;
+use serde_json::{Map, Value};
+use variorum_model::ModelConfig;
+
+use super::checkpoint::Checkpoint;
+use super::config::HfConfig;
+use super::recipe::Recipe;
+use super::{Mapping, gpt2, llama};
+use crate::run::Run;
+
+/// What [`export`] wrote.
+#[derive(Debug, Clone)]
+pub struct Exported {
+    /// The model directory.
+    pub out: PathBuf,
+    /// The transformers class it loads as (`GPT2LMHeadModel`).
+    pub class: &'static str,
+    /// Tensors written.
+    pub tensors: usize,
+    /// Parameters.
+    pub params: usize,
+}
+
+/// An architecture runs are exported as: the `config.json` describing a run's model, for the
+/// runs of its family (told apart by the position scheme), and the mapping that reads it.
+struct Target {
+    model_type: &'static str,
+    position: &'static str,
+    config_json: fn(&Value) -> Map<String, Value>,
+    map: fn(&mut HfConfig, &Checkpoint) -> Result<Mapping>,
+}
+
+const TARGETS: &[Target] = &[
+    Target { model_type: "gpt2", position: "learned", config_json: gpt2::config_json, map: gpt2::map },
+    Target { model_type: "llama", position: "rope", config_json: llama::config_json, map: llama::map },
+];
+
+/// Writes the run `run_dir` as the Hugging Face model directory `out`, which must not exist;
+/// like [`super::import`], the directory is written under a temporary name and renamed into
+/// place when complete. Loads the run on `device`.
+pub fn export(run_dir: &Path, out: &Path, device: &Device) -> Result<Exported> {
+    if out.exists() {
+        bail!("{} exists: give --out a directory that does not exist yet", out.display());
+    }
+    let run = Run::load(run_dir, device)?;
+    let mut ours = run.config.model.clone();
+    ours.resolve(run.tokenizer.vocab_size())?;
+    let ours = ours.expanded();
+    let described = serde_json::to_value(&ours)?;
+    let position = described["position"]["kind"].as_str().unwrap_or_default();
+    let Some(target) = TARGETS.iter().find(|t| t.position == position) else {
+        let known: Vec<String> =
+            TARGETS.iter().map(|t| format!("{} ({} positions)", t.model_type, t.position)).collect();
+        bail!(
+            "{}: model.position.kind = {position:?}: no Hugging Face architecture variorum exports to has it ({})",
+            run_dir.display(),
+            known.join(", ")
+        );
+    };
+
+    let mut json = (target.config_json)(&described);
+    json.insert("model_type".into(), target.model_type.into());
+    let mut hf = HfConfig::from_map(out.join("config.json"), json.clone());
+    let mapping = (target.map)(&mut hf, &Checkpoint::empty())?;
+    hf.finish(mapping.class)?;
+    let rotary_heads = same_model(run_dir, &ours, &mapping)?;
+    json.insert("architectures".into(), Value::Array(vec![mapping.class.into()]));
+    json.insert("dtype".into(), "float32".into());
+    json.insert("tie_word_embeddings".into(), ours.tie_embeddings.into());
+    // transformers' defaults (GPT-2's 50256) would name tokens the vocabulary may not have: the
+    // ids an imported run brought (generation_config.json), or none
+    let generation = std::fs::read_to_string(run_dir.join("generation_config.json")).ok();
+    let generation: Map<String, Value> = generation.and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
+    for key in ["bos_token_id", "eos_token_id", "pad_token_id"] {
+        json.insert(key.into(), generation.get(key).cloned().unwrap_or(Value::Null));
+    }
+
+    let staging = super::staging_dir(out, "exporting")?;
+    let result = write_model(&staging, &run, &json, &mapping, rotary_heads);
+    match result {
+        Ok((tensors, params)) => {
+            std::fs::rename(&staging, out)
+                .with_context(|| format!("cannot move {} to {}", staging.display(), out.display()))?;
+            Ok(Exported { out: out.to_path_buf(), class: mapping.class, tensors, params })
+        }
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&staging);
+            Err(e)
+        }
+    }
+}
+
+/// Checks that the mapping reads the exported `config.json` back as the run's own model, with
+/// the differences export bridges; returns the head size when rotary features are to be
+/// permuted to rotate-half order.
+fn same_model(run_dir: &Path, ours: &ModelConfig, mapping: &Mapping) -> Result<Option<usize>> {
+    let mut theirs: ModelConfig = mapping
+        .model
+        .clone()
+        .try_into()
+        .map_err(|e| anyhow!("the {} mapping writes a [model] variorum refuses (a bug): {e}", mapping.class))?;
+    theirs.resolve(ours.vocab_size.unwrap_or_default())?;
+    let mut theirs = toml::Value::try_from(theirs.expanded())?;
+    let mut ours = toml::Value::try_from(ours)?;
+    for key in ["init_std", "dropout"] {
+        if let (Some(t), Some(o)) = (theirs.as_table_mut(), ours.get(key)) {
+            t.insert(key.into(), o.clone());
+        }
+    }
+    let interleaved =
+        ours.get("position").and_then(|p| p.get("layout")).and_then(toml::Value::as_str) == Some("interleaved");
+    if interleaved {
+        ours["position"]["layout"] = "rotate-half".into();
+    }
+    if let Some((key, here, there)) = first_difference("model", &ours, &theirs) {
+        bail!(
+            "{}: cannot be exported as {}: {key} = {here} here, but {} computes {key} = {there}",
+            run_dir.display(),
+            mapping.class,
+            mapping.class
+        );
+    }
+    let head_dim = ours.get("attention").and_then(|a| a.get("head_dim")).and_then(toml::Value::as_integer);
+    Ok(if interleaved { head_dim.map(|d| d as usize) } else { None })
+}
+
+/// The first key whose values differ between two TOML trees: (path, ours, theirs).
+fn first_difference(path: &str, a: &toml::Value, b: &toml::Value) -> Option<(String, String, String)> {
+    match (a, b) {
+        (toml::Value::Table(ta), toml::Value::Table(tb)) => {
+            let keys: std::collections::BTreeSet<&String> = ta.keys().chain(tb.keys()).collect();
+            keys.into_iter().find_map(|k| match (ta.get(k), tb.get(k)) {
+                (Some(x), Some(y)) => first_difference(&format!("{path}.{k}"), x, y),
+                (x, y) => {
+                    let show = |v: Option<&toml::Value>| v.map_or("(unset)".to_string(), |v| v.to_string());
+                    Some((format!("{path}.{k}"), show(x), show(y)))
+                }
+            })
+        }
+        _ if a == b => None,
+        _ => Some((path.to_string(), a.to_string(), b.to_string())),
+    }
+}
+
+/// Writes `config.json`, `model.safetensors` and the tokenizer files into `dir`.
+fn write_model(
+    dir: &Path,
+    run: &Run,
+    json: &Map<String, Value>,
+    mapping: &Mapping,
+    rotary_heads: Option<usize>,
+) -> Result<(usize, usize)> {
+    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(json)? + "\n")?;
+    // the model's tensors by name
+    let mut ours: HashMap<String, (Vec<usize>, Vec<f32>)> = HashMap::new();
+    for tensor in run.model.collect(None, None, true) {
+        let data = burn::store::bridge::to_data(&tensor).map_err(|e| anyhow!("cannot read {}: {e:?}", tensor.name))?;
+        let values = data.convert::<f32>().try_to_vec::<f32>().map_err(|e| anyhow!("{}: {e:?}", tensor.name))?;
+        ours.insert(tensor.name.clone(), (tensor.shape.to_vec(), values));
+    }
+    let mut tensors = Vec::new();
+    for (name, recipe) in &mapping.tensors {
+        let (shape, mut values) =
+            ours.remove(name).ok_or_else(|| anyhow!("the model has no tensor {name} (a bug of the mapping)"))?;
+        if let Some(head_dim) =
+            rotary_heads.filter(|_| name.ends_with(".attn.qkv.qkv.weight") || name.ends_with(".attn.qkv.qkv.bias"))
+        {
+            values = rotate_half_order(&values, recipe, head_dim)?;
+        }
+        recipe.invert(values, &shape, &mut tensors)?;
+    }
+    if let Some(left) = ours.keys().next() {
+        bail!("the {} mapping has no place for {left} (a bug of the mapping)", mapping.class);
+    }
+    let params: usize = tensors.iter().map(|(_, _, v)| v.len()).sum();
+    let count = tensors.len();
+    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> =
+        tensors.into_iter().map(|(n, s, v)| (n, s, v.iter().flat_map(|x| x.to_le_bytes()).collect())).collect();
+    let views = bytes
+        .iter()
+        .map(|(n, s, b)| Ok((n.as_str(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b)?)))
+        .collect::<Result<Vec<_>>>()?;
+    let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
+    safetensors::serialize_to_file(views, Some(metadata), &dir.join("model.safetensors"))
+        .map_err(|e| anyhow!("cannot write {}: {e}", dir.join("model.safetensors").display()))?;
+
+    std::fs::write(dir.join("tokenizer.json"), run.tokenizer.to_hf_json()?)?;
+    // an imported run's own files; for a tokenizer made here, the class that reads tokenizer.json
+    let mut copied_config = false;
+    for extra in ["tokenizer_config.json", "special_tokens_map.json", "generation_config.json"] {
+        if run.dir.join(extra).is_file() {
+            std::fs::copy(run.dir.join(extra), dir.join(extra))?;
+            copied_config |= extra == "tokenizer_config.json";
+        }
+    }
+    if !copied_config {
+        let config = serde_json::json!({
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "model_max_length": run.config.model.seq_len,
+            "clean_up_tokenization_spaces": false,
+        });
+        std::fs::write(dir.join("tokenizer_config.json"), serde_json::to_string_pretty(&config)? + "\n")?;
+    }
+    Ok((count, params))
+}
+
+/// A fused q | k | v projection (weight `[d, w]` row-major, or bias `[w]`) with the query and
+/// key features of every head reordered from interleaved rotary pairs `(2k, 2k+1)` to
+/// rotate-half pairs `(k, k + d/2)`: feature `k` of the result is feature `2k` of the input and
+/// feature `k + d/2` is `2k + 1`. Values are left alone.
+fn rotate_half_order(values: &[f32], recipe: &Recipe, head_dim: usize) -> Result<Vec<f32>> {
+    let Recipe::Join(parts) = recipe else { bail!("{recipe:?} is not a fused q | k | v projection") };
+    let [(_, q), (_, k), _] = parts.as_slice() else { bail!("{recipe:?} is not a fused q | k | v projection") };
+    let width: usize = parts.iter().map(|(_, w)| w).sum();
+    if head_dim == 0 || head_dim % 2 != 0 || (q + k) % head_dim != 0 {
+        bail!(
+            "rotary features of head size {head_dim} cannot be paired in a projection of {q} + {k} query and key features"
+        );
+    }
+    let half = head_dim / 2;
+    let mut out = values.to_vec();
+    for row in out.chunks_mut(width).zip(values.chunks(width)) {
+        let (dst, src) = row;
+        for head in 0..(q + k) / head_dim {
+            let base = head * head_dim;
+            for j in 0..half {
+                dst[base + j] = src[base + 2 * j];
+                dst[base + half + j] = src[base + 2 * j + 1];
+            }
+        }
+    }
+    Ok(out)
+}

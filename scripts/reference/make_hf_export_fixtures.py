@@ -1,0 +1,233 @@
+#!/usr/bin/env python3
+"""Fixtures for `variorum export --format hf`: runs trained here, exported, and what transformers
+computes with the export (crates/variorum-train/tests/fixtures/hf/export/<name>/).
+
+Three runs, each trained by the variorum binary on corpus.txt (Sonnet 18 four times, committed
+beside them):
+  gpt        the GPT recipe (learned positions, pre-LN LayerNorm, exact GELU, tied embeddings,
+             characters) -> GPT2LMHeadModel, its char tokenizer as a tokenizer.json;
+  llama      the LLaMA-style recipe as variorum's baby config has it (rotary positions pairing
+             (2k, 2k+1), RMSNorm, SwiGLU, 4 query heads on 2 key/value heads, untied) ->
+             LlamaForCausalLM, the rotary features permuted to transformers' rotate-half order;
+  roundtrip  the round trip: tests/fixtures/hf/llama (a transformers model, bf16) imported,
+             fine-tuned 100 steps (`train --init-from`, its own tokenizer kept by
+             `data.tokenizer.kind = "file"`), exported again.
+
+Each directory holds the run (config.toml, tokenizer.json, model.bpk) and expected.json: the
+text's token ids as transformers' AutoTokenizer gives them from the export, the log-probability
+transformers gives every token after the first (fp32, eager attention), the 32 tokens its greedy
+`generate` appends to a prompt, and the sha256 of every file `variorum export` wrote, so that the
+test, exporting the same run again without Python, knows it wrote the files transformers scored.
+
+Usage (from the repository root, after `cargo build --release`):
+    python3 scripts/reference/make_hf_export_fixtures.py [VARIORUM_BINARY]
+(pinned versions: scripts/reference/requirements.txt).
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+PINNED = "5.24.0"
+assert transformers.__version__ == PINNED, f"transformers {transformers.__version__}, the fixtures pin {PINNED}"
+
+ROOT = "crates/variorum-train/tests/fixtures/hf/export"
+CORPUS = os.path.join(ROOT, "corpus.txt")
+TEXT = "Shall I compare thee to a summer's day? Thou art more lovely"
+PROMPT = "So long as men"
+GREEDY_TOKENS = 32
+
+# What every run shares: a tiny model trained briefly (the weights only need to be far from
+# their initialisation for a wrong mapping to show).
+TRAIN = """
+[data]
+path = "{corpus}"
+val_fraction = 0.25
+{tokenizer}
+
+[train]
+steps = {steps}
+batch_size = 8
+lr = 3e-3
+warmup_steps = 10
+eval_interval = {steps}
+eval_batches = 2
+checkpoint_interval = {steps}
+sample_tokens = 0
+"""
+
+GPT = """
+[model]
+d_model = 32
+n_layers = 2
+seq_len = 64
+tie_embeddings = true
+
+[model.position]
+kind = "learned"
+
+[model.attention]
+kind = "full"
+n_heads = 4
+
+[model.block]
+kind = "pre-ln"
+norm = "layer-norm"
+
+[model.feed_forward]
+kind = "gelu"
+d_ff = 64
+"""
+
+LLAMA = """
+[model]
+d_model = 32
+n_layers = 2
+seq_len = 64
+tie_embeddings = false
+
+[model.position]
+kind = "rope"
+layout = "interleaved"
+
+[model.attention]
+kind = "full"
+n_heads = 4
+n_kv_heads = 2
+bias = false
+
+[model.block]
+kind = "pre-ln"
+norm = "rms-norm"
+
+[model.feed_forward]
+kind = "swiglu"
+d_ff = 64
+bias = false
+"""
+
+CORPUS_TEXT = """Shall I compare thee to a summer's day?
+Thou art more lovely and more temperate:
+Rough winds do shake the darling buds of May,
+And summer's lease hath all too short a date;
+Sometime too hot the eye of heaven shines,
+And often is his gold complexion dimm'd;
+And every fair from fair sometime declines,
+By chance or nature's changing course untrimm'd;
+But thy eternal summer shall not fade,
+Nor lose possession of that fair thou ow'st;
+Nor shall death brag thou wander'st in his shade,
+When in eternal lines to time thou grow'st:
+So long as men can breathe or eyes can see,
+So long lives this, and this gives life to thee.
+"""
+
+KEEP = ("config.toml", "tokenizer.json", "model.bpk")
+
+
+def variorum(binary, *args):
+    subprocess.run([binary, *args], check=True, stdout=subprocess.DEVNULL)
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def expectations(export_dir):
+    tokenizer = AutoTokenizer.from_pretrained(export_dir)
+    model = AutoModelForCausalLM.from_pretrained(export_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    ids = tokenizer(TEXT)["input_ids"]
+    assert tokenizer.decode(ids, skip_special_tokens=True) == TEXT, "the exported tokenizer does not round-trip"
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), dim=-1)
+        scored = [logprobs[i - 1, ids[i]].item() for i in range(1, len(ids))]
+        prompt = tokenizer(PROMPT)["input_ids"]
+        prompt_tensor = torch.tensor([prompt])
+        out = model.generate(
+            prompt_tensor,
+            attention_mask=torch.ones_like(prompt_tensor),
+            max_new_tokens=GREEDY_TOKENS,
+            min_new_tokens=GREEDY_TOKENS,
+            do_sample=False,
+            use_cache=True,
+            pad_token_id=0,
+        )[0].tolist()
+    return {
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "class": type(model).__name__,
+        "text": TEXT,
+        "ids": ids,
+        "logprobs": scored,
+        "prompt": PROMPT,
+        "prompt_ids": prompt,
+        "greedy": out[len(prompt):],
+        "exported": {f: sha256(os.path.join(export_dir, f)) for f in sorted(os.listdir(export_dir))},
+    }
+
+
+def train(binary, tmp, name, text, init_from=None):
+    config = os.path.join(tmp, f"{name}.toml")
+    with open(config, "w") as f:
+        f.write(text)
+    run = os.path.join(tmp, name)
+    args = ["train", config, "--out", run, "--no-progress", "--no-report"]
+    if init_from:
+        args += ["--init-from", init_from]
+    variorum(binary, *args)
+    return run
+
+
+def main():
+    target = os.environ.get("CARGO_TARGET_DIR", "target")
+    binary = sys.argv[1] if len(sys.argv) > 1 else os.path.join(target, "release", "variorum")
+    torch.set_num_threads(1)
+    os.makedirs(ROOT, exist_ok=True)
+    with open(CORPUS, "w") as f:
+        # four times: a validation quarter longer than the imported model's 128 positions
+        f.write(CORPUS_TEXT * 4)
+    with tempfile.TemporaryDirectory() as tmp:
+        char = TRAIN.format(corpus=CORPUS, tokenizer='tokenizer = { kind = "char" }', steps=200)
+        runs = {
+            "gpt": train(binary, tmp, "gpt", GPT + char),
+            "llama": train(binary, tmp, "llama", LLAMA + char),
+        }
+        imported = os.path.join(tmp, "imported")
+        variorum(binary, "import", "crates/variorum-train/tests/fixtures/hf/llama", "--out", imported)
+        finetune = f'extends = "{imported}/config.toml"\n' + TRAIN.format(
+            corpus=CORPUS, tokenizer=f'tokenizer = {{ kind = "file", path = "{imported}/tokenizer.json" }}', steps=100
+        )
+        runs["roundtrip"] = train(binary, tmp, "roundtrip", finetune, init_from=imported)
+
+        for name, run in runs.items():
+            export_dir = os.path.join(tmp, f"{name}-hf")
+            variorum(binary, "export", run, "--format", "hf", "--out", export_dir)
+            expected = expectations(export_dir)
+            d = os.path.join(ROOT, name)
+            shutil.rmtree(d, ignore_errors=True)
+            os.makedirs(d)
+            for f in KEEP:
+                shutil.copy(os.path.join(run, f), d)
+            # the run's config names temporary paths that are gone: the fixture's own instead
+            with open(os.path.join(d, "config.toml")) as f:
+                config = f.read().replace(f"{imported}/tokenizer.json", os.path.join(d, "tokenizer.json"))
+            with open(os.path.join(d, "config.toml"), "w") as f:
+                f.write(config)
+            with open(os.path.join(d, "expected.json"), "w") as f:
+                json.dump(expected, f, indent=1)
+                f.write("\n")
+            size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
+            print(f"{d}: {expected['class']}, {len(expected['ids'])} tokens, {size / 1024:.0f} KiB")
+
+
+if __name__ == "__main__":
+    main()
