@@ -11,10 +11,11 @@ KV cache). The tests read them without Python.
 The weights are random and widened (matrices x12, norms and biases jittered) so that the
 log-probabilities are far from uniform and a wrong mapping shows. The GPT-2 fixture is stored
 as f32 in shards (an index and two files); the LLaMA one as bf16, untied, with grouped-query
-heads. The expectations come from each saved directory loaded back with `from_pretrained` in
+heads; OPT with its offset position table and BOS; Qwen2 with q/k/v biases, grouped-query heads,
+tied, θ = 10⁶. The expectations come from each saved directory loaded back with `from_pretrained` in
 f32 (bf16 values widen exactly), as a user would load it.
 
-Usage: python3 scripts/reference/make_hf_fixtures.py [OUT_DIR]
+Usage: python3 scripts/reference/make_hf_fixtures.py [OUT_DIR [NAME...]]  (NAME: gpt2 llama opt qwen2)
 (pinned versions: scripts/reference/requirements.txt plus transformers, below).
 """
 
@@ -177,10 +178,67 @@ def llama(out):
     return d, expectations(reloaded.eval(), tokenizer)
 
 
+def opt(out):
+    tok = byte_level_bpe(300, ["<s>", "<pad>", "</s>", "<unk>"])
+    # OPT's tokenizer starts every text with </s> (id 2)
+    tok.post_processor = processors.TemplateProcessing(single="</s> $A", pair="</s> $A </s> $B", special_tokens=[("</s>", 2)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="</s>", eos_token="</s>", pad_token="<pad>")
+    cfg = transformers.OPTConfig(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=32,
+        num_hidden_layers=2,
+        ffn_dim=80,
+        max_position_embeddings=64,
+        num_attention_heads=4,
+        word_embed_proj_dim=32,
+        dropout=0.0,
+        activation_function="relu",
+        pad_token_id=1,
+        bos_token_id=2,
+        eos_token_id=2,
+    )
+    torch.manual_seed(3)
+    model = transformers.OPTForCausalLM(cfg).eval()
+    model.config._attn_implementation = "eager"
+    widen(model, 3)
+    d = save(out, "opt", model, tokenizer)
+    reloaded = transformers.OPTForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
+    return d, expectations(reloaded.eval(), tokenizer)
+
+
+def qwen2(out):
+    tok = byte_level_bpe(300, ["<|endoftext|>"])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    cfg = transformers.Qwen2Config(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=32,
+        intermediate_size=72,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+        eos_token_id=0,
+    )
+    torch.manual_seed(4)
+    model = transformers.Qwen2ForCausalLM(cfg).eval()
+    model.config._attn_implementation = "eager"
+    widen(model, 4)
+    d = save(out, "qwen2", model, tokenizer)
+    reloaded = transformers.Qwen2ForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
+    return d, expectations(reloaded.eval(), tokenizer)
+
+
+MAKERS = {"gpt2": gpt2, "llama": llama, "opt": opt, "qwen2": qwen2}
+
+
 def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "crates/variorum-train/tests/fixtures/hf"
+    names = sys.argv[2:] or list(MAKERS)
     torch.set_num_threads(1)
-    for make in (gpt2, llama):
+    for make in (MAKERS[n] for n in names):
         d, expected = make(out)
         with open(os.path.join(d, "expected.json"), "w") as f:
             json.dump(expected, f, indent=1)

@@ -58,9 +58,10 @@ enum Command {
     /// CALM early exit on a run with `[model.exits]`: validation loss against mean blocks used
     /// for each confidence measure and threshold, the calibrated thresholds, and a plot.
     EarlyExit(early_exit::EarlyExitArgs),
-    /// Write a run's weights in another format (tensor names: crates/variorum-train/src/transfer.rs).
+    /// Write a run's weights in another format: safetensors (tensor names:
+    /// crates/variorum-train/src/transfer.rs) or a Hugging Face model directory (GPT-2, LLaMA).
     Export(export::ExportArgs),
-    /// Import a Hugging Face model directory (GPT-2, LLaMA, Mistral: config.json, safetensors,
+    /// Import a Hugging Face model directory (GPT-2, LLaMA, Mistral, Qwen2, OPT: config.json, safetensors,
     /// tokenizer.json) as a run directory every command works on.
     Import(import::ImportArgs),
     /// Re-parameterise a run's full multi-head attention as collaborative heads (Cordonnier et

@@ -167,6 +167,15 @@ impl HfConfig {
         }
     }
 
+    /// An array, if present.
+    pub(crate) fn array(&mut self, key: &str) -> Result<Option<Vec<Value>>> {
+        match self.get(key).cloned() {
+            None => Ok(None),
+            Some(Value::Array(a)) => Ok(Some(a)),
+            Some(_) => Err(self.wrong(key, "an array")),
+        }
+    }
+
     /// A setting variorum has only one way of computing: absent, `null`, or `value`; anything
     /// else is refused as `what`.
     pub(crate) fn require(&mut self, key: &str, value: Value, what: &str) -> Result<()> {

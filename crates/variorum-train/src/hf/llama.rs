@@ -6,6 +6,8 @@
 //! joined along the output into variorum's fused projection; gate and up into the gated FFN's
 //! up-projection, gate first.
 //!
+//! Qwen2 (`"qwen2"`) is LLaMA with biases on q, k and v (none on the output projection).
+//!
 //! Mistral's `sliding_window` masks keys more than that many positions back. Within a context
 //! no longer than the window that is full attention, which is what the import writes, with
 //! `seq_len` at most the window.
@@ -63,6 +65,20 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
         }
         cfg.ignore(&["use_sliding_window", "max_window_layers"]);
     }
+    // Qwen2: biases on q, k and v but not on the output projection (given zeros: variorum's
+    // `bias` covers all four); sliding windows only where use_sliding_window says so
+    let qwen2 = model_type == "qwen2";
+    if qwen2 {
+        cfg.require("use_sliding_window", Value::Bool(false), "variorum's Qwen2 attends to the whole context")?;
+        if let Some(types) = cfg.array("layer_types")? {
+            if let Some(other) = types.iter().find(|t| t.as_str() != Some("full_attention")) {
+                bail!("{path}: layer_types holds {other}: variorum's Qwen2 has full attention in every layer");
+            }
+        }
+        // read only with use_sliding_window
+        cfg.ignore(&["sliding_window", "max_window_layers"]);
+    }
+    let qkv_bias = attention_bias || qwen2;
 
     let mut tensors = vec![
         ("token_embedding.weight".to_string(), Recipe::copy("model.embed_tokens.weight")),
@@ -90,9 +106,13 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
             (format!("{b}.ffn.up.weight"), gate_up(&|p| t(&format!("mlp.{p}")))),
             (format!("{b}.ffn.down.weight"), t("mlp.down_proj")),
         ]);
-        if attention_bias {
+        if qkv_bias {
             tensors.push((format!("{b}.attn.qkv.qkv.bias"), qkv(&|p| Recipe::copy(format!("{l}.self_attn.{p}.bias")))));
-            tensors.push((format!("{b}.attn.out.bias"), Recipe::copy(format!("{l}.self_attn.o_proj.bias"))));
+            let out = match attention_bias {
+                true => Recipe::copy(format!("{l}.self_attn.o_proj.bias")),
+                false => Recipe::Zeros(vec![d]),
+            };
+            tensors.push((format!("{b}.attn.out.bias"), out));
         }
         if mlp_bias {
             let bias = |p: &str| Recipe::copy(format!("{l}.mlp.{p}.bias"));
@@ -105,7 +125,7 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
         ("kind", "full".into()),
         ("n_heads", int(heads)),
         ("n_kv_heads", int(kv_heads)),
-        ("bias", attention_bias.into()),
+        ("bias", qkv_bias.into()),
         ("dropout", attn_dropout.into()),
     ];
     if head_dim * heads != d {
@@ -124,7 +144,11 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
         ("feed_forward", table([("kind", "swiglu".into()), ("d_ff", int(d_ff)), ("bias", mlp_bias.into())])),
     ]);
     Ok(Mapping {
-        class: if model_type == "mistral" { "MistralForCausalLM" } else { "LlamaForCausalLM" },
+        class: match model_type.as_str() {
+            "mistral" => "MistralForCausalLM",
+            "qwen2" => "Qwen2ForCausalLM",
+            _ => "LlamaForCausalLM",
+        },
         model,
         tensors,
         // rotary frequencies some checkpoints store; the head when tied to the embedding

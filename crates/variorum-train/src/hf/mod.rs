@@ -13,6 +13,7 @@ mod config;
 mod export;
 mod gpt2;
 mod llama;
+mod opt;
 mod recipe;
 
 use std::path::{Path, PathBuf};
@@ -45,7 +46,7 @@ pub(crate) struct Mapping {
 
 /// The `model_type`s [`import`] reads and the file that maps each.
 const ARCHITECTURES: &[(&str, fn(&mut HfConfig, &Checkpoint) -> Result<Mapping>)] =
-    &[("gpt2", gpt2::map), ("llama", llama::map), ("mistral", llama::map)];
+    &[("gpt2", gpt2::map), ("llama", llama::map), ("mistral", llama::map), ("qwen2", llama::map), ("opt", opt::map)];
 
 /// What [`import`] wrote.
 #[derive(Debug, Clone)]

@@ -1,6 +1,7 @@
 //! How one of variorum's tensors is made from a checkpoint's: copied, transposed from PyTorch's
-//! `[out, in]` `nn.Linear` layout to Burn's `[in, out]`, or several joined along their last axis
-//! (q | k | v into the fused projection, gate | up into a gated FFN's). Every recipe can be run
+//! `[out, in]` `nn.Linear` layout to Burn's `[in, out]`, several joined along their last axis
+//! (q | k | v into the fused projection, gate | up into a gated FFN's), leading rows dropped, or
+//! zeros where the architecture has no tensor. Every recipe can be run
 //! backwards ([`Recipe::invert`]): that is how `export` writes a checkpoint, so what is exported
 //! is by construction what the import reads.
 
@@ -18,6 +19,12 @@ pub(crate) enum Recipe {
     /// Tensors of equal leading axes joined along the last one, in order, each of the width
     /// (last axis) the config implies.
     Join(Vec<(Recipe, usize)>),
+    /// A tensor without its first rows (OPT's position table, whose first two rows no position
+    /// reads); written back with zero rows in their place.
+    SkipRows(Box<Recipe>, usize),
+    /// Zeros of a shape: a bias the checkpoint's architecture does not have but variorum's
+    /// setting includes (Qwen2's output projection has none while its q/k/v have them).
+    Zeros(Vec<usize>),
 }
 
 impl Recipe {
@@ -59,6 +66,15 @@ impl Recipe {
                 }
                 out.ok_or_else(|| anyhow::anyhow!("nothing to join"))
             }
+            Recipe::SkipRows(inner, skip) => {
+                let mut shape = inner.shape(ckpt)?;
+                match shape.first_mut() {
+                    Some(rows) if *rows > *skip => *rows -= skip,
+                    _ => bail!("{inner:?} has the shape {shape:?}: expected more than {skip} rows"),
+                }
+                Ok(shape)
+            }
+            Recipe::Zeros(shape) => Ok(shape.clone()),
         }
     }
 
@@ -89,6 +105,13 @@ impl Recipe {
                 }
                 Ok(out)
             }
+            Recipe::SkipRows(inner, skip) => {
+                let rows = inner.shape(ckpt)?[0];
+                let mut v = inner.values(ckpt)?;
+                let width = v.len() / rows.max(1);
+                Ok(v.split_off(skip * width))
+            }
+            Recipe::Zeros(shape) => Ok(vec![0.0; shape.iter().product()]),
         }
     }
 
@@ -132,6 +155,16 @@ impl Recipe {
                     offset += width;
                 }
             }
+            Recipe::SkipRows(inner, skip) => {
+                let width = shape[1..].iter().product::<usize>();
+                let mut padded = vec![0.0; skip * width];
+                padded.extend(values);
+                let mut padded_shape = shape.to_vec();
+                padded_shape[0] += skip;
+                inner.invert(padded, &padded_shape, out)?;
+            }
+            // nothing of the checkpoint's: the architecture has no such tensor
+            Recipe::Zeros(_) => {}
         }
         Ok(())
     }

@@ -66,6 +66,16 @@ fn llama_bf16_untied_grouped_heads_equals_transformers() {
 }
 
 #[test]
+fn opt_with_its_offset_position_table_equals_transformers() {
+    equal_to_transformers("opt", "OPTForCausalLM");
+}
+
+#[test]
+fn qwen2_with_qkv_biases_equals_transformers() {
+    equal_to_transformers("qwen2", "Qwen2ForCausalLM");
+}
+
+#[test]
 fn an_existing_out_directory_is_refused_and_left_alone() {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::write(tmp.path().join("mine.txt"), "keep").unwrap();
