@@ -2,13 +2,16 @@
 """Fixtures for `variorum export --format hf`: runs trained here, exported, and what transformers
 computes with the export (crates/variorum-train/tests/fixtures/hf/export/<name>/).
 
-Three runs, each trained by the variorum binary on corpus.txt (Sonnet 18 four times, committed
+Four runs, each trained by the variorum binary on corpus.txt (Sonnet 18 four times, committed
 beside them):
   gpt        the GPT recipe (learned positions, pre-LN LayerNorm, exact GELU, tied embeddings,
              characters) -> GPT2LMHeadModel, its char tokenizer as a tokenizer.json;
   llama      the LLaMA-style recipe as variorum's baby config has it (rotary positions pairing
              (2k, 2k+1), RMSNorm, SwiGLU, 4 query heads on 2 key/value heads, untied) ->
              LlamaForCausalLM, the rotary features permuted to transformers' rotate-half order;
+  neox       rotary pairs (2k, 2k+1) on 4 of each head's 8 dimensions, LayerNorm, attention and
+             feed-forward in parallel, biases, GELU, untied -> GPTNeoXForCausalLM (the fused
+             projection stored per head, the rotary features permuted);
   roundtrip  the round trip: tests/fixtures/hf/llama (a transformers model, bf16) imported,
              fine-tuned 100 steps (`train --init-from`, its own tokenizer kept by
              `data.tokenizer.kind = "file"`), exported again.
@@ -114,6 +117,32 @@ d_ff = 64
 bias = false
 """
 
+NEOX = """
+[model]
+d_model = 32
+n_layers = 2
+seq_len = 64
+tie_embeddings = false
+
+[model.position]
+kind = "rope"
+layout = "interleaved"
+rotary_dim = 4
+
+[model.attention]
+kind = "full"
+n_heads = 4
+
+[model.block]
+kind = "pre-ln"
+norm = "layer-norm"
+parallel = true
+
+[model.feed_forward]
+kind = "gelu"
+d_ff = 64
+"""
+
 CORPUS_TEXT = """Shall I compare thee to a summer's day?
 Thou art more lovely and more temperate:
 Rough winds do shake the darling buds of May,
@@ -200,6 +229,7 @@ def main():
         runs = {
             "gpt": train(binary, tmp, "gpt", GPT + char),
             "llama": train(binary, tmp, "llama", LLAMA + char),
+            "neox": train(binary, tmp, "neox", NEOX + char),
         }
         imported = os.path.join(tmp, "imported")
         variorum(binary, "import", "crates/variorum-train/tests/fixtures/hf/llama", "--out", imported)

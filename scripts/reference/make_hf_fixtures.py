@@ -12,10 +12,10 @@ The weights are random and widened (matrices x12, norms and biases jittered) so 
 log-probabilities are far from uniform and a wrong mapping shows. The GPT-2 fixture is stored
 as f32 in shards (an index and two files); the LLaMA one as bf16, untied, with grouped-query
 heads; OPT with its offset position table and BOS; Qwen2 with q/k/v biases, grouped-query heads,
-tied, θ = 10⁶. The expectations come from each saved directory loaded back with `from_pretrained` in
+tied, θ = 10⁶; GPT-NeoX with parallel branches and rotary on half of each head. The expectations come from each saved directory loaded back with `from_pretrained` in
 f32 (bf16 values widen exactly), as a user would load it.
 
-Usage: python3 scripts/reference/make_hf_fixtures.py [OUT_DIR [NAME...]]  (NAME: gpt2 llama opt qwen2)
+Usage: python3 scripts/reference/make_hf_fixtures.py [OUT_DIR [NAME...]]  (NAME: gpt2 llama opt qwen2 gpt_neox)
 (pinned versions: scripts/reference/requirements.txt plus transformers, below).
 """
 
@@ -231,7 +231,37 @@ def qwen2(out):
     return d, expectations(reloaded.eval(), tokenizer)
 
 
-MAKERS = {"gpt2": gpt2, "llama": llama, "opt": opt, "qwen2": qwen2}
+def gpt_neox(out):
+    tok = byte_level_bpe(300, ["<|endoftext|>"])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>")
+    cfg = transformers.GPTNeoXConfig(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=96,
+        hidden_act="gelu",
+        max_position_embeddings=128,
+        layer_norm_eps=1e-5,
+        use_parallel_residual=True,
+        # transformers 5 reads the rotary settings from here only (a partial_rotary_factor
+        # keyword beside it is stored but not used)
+        rope_parameters={"rope_theta": 10000.0, "partial_rotary_factor": 0.5, "rope_type": "default"},
+        attention_bias=True,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    torch.manual_seed(5)
+    model = transformers.GPTNeoXForCausalLM(cfg).eval()
+    model.config._attn_implementation = "eager"
+    widen(model, 5)
+    d = save(out, "gpt_neox", model, tokenizer)
+    reloaded = transformers.GPTNeoXForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
+    return d, expectations(reloaded.eval(), tokenizer)
+
+
+MAKERS = {"gpt2": gpt2, "llama": llama, "opt": opt, "qwen2": qwen2, "gpt_neox": gpt_neox}
 
 
 def main():

@@ -2,6 +2,7 @@
 //!
 //! post-LN (Vaswani et al. 2017):  x = LN(x + Attn(x));      x = LN(x + FFN(x))
 //! pre-LN  (Xiong et al. 2020; GPT-2): x = x + Attn(LN(x));  x = x + FFN(LN(x))
+//! parallel pre-LN (GPT-J, GPT-NeoX): x = x + Attn(LN₁(x)) + FFN(LN₂(x))
 //! GTrXL (Parisotto et al. 2020):   x = g₁(x, ReLU(Attn(LN(x))));  x = g₂(x, ReLU(FFN(LN(x))))
 //!
 //! with g the GRU-style gate of [`crate::gtrxl`]. Dropout (`model.dropout`) is applied to each
@@ -58,6 +59,12 @@ pub trait BlockKind {
     /// Two streams whose blocks are inverted in the backward instead of storing activations
     /// (the depth loop and the gradients take the reversible path). Default: no.
     fn reversible(&self) -> bool {
+        false
+    }
+
+    /// Attention and feed-forward read the same input and join the stream together. Default:
+    /// no, one after the other.
+    fn parallel(&self) -> bool {
         false
     }
 
@@ -131,6 +138,11 @@ impl BlockConfig {
         self.spec().reversible()
     }
 
+    /// Attention and feed-forward read the same input and join the stream together.
+    pub fn parallel(&self) -> bool {
+        self.spec().parallel()
+    }
+
     /// Checks the settings; messages name the config key (`model.block.*`).
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.spec().validate()
@@ -150,6 +162,7 @@ impl BlockConfig {
             ffn: parts.feed_forward.init(d, dropout, parts.init_std, parts.out_std, device),
             dropout: DropoutConfig::new(dropout).init(),
             pre_norm: self.pre_norm(),
+            parallel: self.parallel(),
             gates: self.spec().gates(d, parts.init_std, device),
             memory: parts.memory.init(d, parts.position.context, device),
             cross: parts.cross.map(|c| CrossAttention::new(c, &r, d, parts.init_std, parts.out_std, device)),
@@ -187,6 +200,8 @@ pub struct TransformerBlock {
     pub dropout: Dropout,
     /// Norms on the branch inputs (and one after the stack), rather than after each sum.
     pub pre_norm: bool,
+    /// Both branches read the block's input and join the stream together (pre-norm only).
+    pub parallel: bool,
     /// GTrXL: the gates replacing the two residual sums (empty otherwise).
     pub gates: Vec<GtrxlGate>,
     /// The layer's part of `model.memory` (sizes, compression network), if the kind has one.
@@ -262,7 +277,10 @@ impl TransformerBlock {
             None => y,
         };
         let window = incremental.then_some(&mut state.transition);
-        let y = if self.pre_norm {
+        let y = if self.parallel {
+            // the feed-forward branch reads the block's input, not the attention's sum
+            y + self.dropout.forward(self.ffn.forward_with(self.ffn_norm.forward(x.clone()), window))
+        } else if self.pre_norm {
             self.join(1, y.clone(), self.ffn.forward_with(self.ffn_norm.forward(y), window))
         } else {
             self.ffn_norm.forward(y.clone() + self.dropout.forward(self.ffn.forward_with(y, window)))

@@ -267,6 +267,12 @@ pub const RULES: &[Rule] = &[
         },
     },
     Rule {
+        holds: |s| !s.model.block.parallel() || !s.model.is_encoder_decoder(),
+        why: |_| {
+            "model.block.parallel = true runs attention and feed-forward side by side, but an encoder–decoder's decoder block puts cross-attention between them: use parallel = false".into()
+        },
+    },
+    Rule {
         holds: |s| !s.memory() || !s.position.absolute,
         why: |s| {
             format!(

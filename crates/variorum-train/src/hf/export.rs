@@ -7,7 +7,7 @@
 //! mapping the import uses, and the run is exported only if what comes back is the run's own
 //! `[model]`: any setting the architecture cannot express (another attention kind, post-LN, a
 //! memory, …) is refused naming it. The weights are the import's recipes run backwards
-//! ([`Recipe::invert`]).
+//! (`Recipe::invert`).
 //!
 //! Two differences are bridged exactly rather than refused: rotary embeddings that pair
 //! dimensions `(2k, 2k+1)` (`layout = "interleaved"`) are written for transformers' rotate-half
@@ -26,8 +26,7 @@ use variorum_model::ModelConfig;
 
 use super::checkpoint::Checkpoint;
 use super::config::HfConfig;
-use super::recipe::Recipe;
-use super::{Mapping, gpt2, llama};
+use super::{Mapping, gpt_neox, gpt2, llama};
 use crate::run::Run;
 
 /// What [`export`] wrote.
@@ -55,6 +54,7 @@ struct Target {
 const TARGETS: &[Target] = &[
     Target { model_type: "gpt2", position: "learned", config_json: gpt2::config_json, map: gpt2::map },
     Target { model_type: "llama", position: "rope", config_json: llama::config_json, map: llama::map },
+    Target { model_type: "gpt_neox", position: "rope", config_json: gpt_neox::config_json, map: gpt_neox::map },
 ];
 
 /// Writes the run `run_dir` as the Hugging Face model directory `out`, which must not exist;
@@ -70,7 +70,8 @@ pub fn export(run_dir: &Path, out: &Path, device: &Device) -> Result<Exported> {
     let ours = ours.expanded();
     let described = serde_json::to_value(&ours)?;
     let position = described["position"]["kind"].as_str().unwrap_or_default();
-    let Some(target) = TARGETS.iter().find(|t| t.position == position) else {
+    let candidates: Vec<&Target> = TARGETS.iter().filter(|t| t.position == position).collect();
+    if candidates.is_empty() {
         let known: Vec<String> =
             TARGETS.iter().map(|t| format!("{} ({} positions)", t.model_type, t.position)).collect();
         bail!(
@@ -78,14 +79,27 @@ pub fn export(run_dir: &Path, out: &Path, device: &Device) -> Result<Exported> {
             run_dir.display(),
             known.join(", ")
         );
+    }
+    // the first architecture that reads back as the run; else every one's first difference
+    let mut refusals = Vec::new();
+    let mut found = None;
+    for target in candidates {
+        let mut json = (target.config_json)(&described);
+        json.insert("model_type".into(), target.model_type.into());
+        let mut hf = HfConfig::from_map(out.join("config.json"), json.clone());
+        let mapping = (target.map)(&mut hf, &Checkpoint::empty())?;
+        hf.finish(mapping.class)?;
+        match same_model(&ours, &mapping)? {
+            Ok(rotary) => {
+                found = Some((json, mapping, rotary));
+                break;
+            }
+            Err(difference) => refusals.push(format!("as {} {difference}", mapping.class)),
+        }
+    }
+    let Some((mut json, mapping, rotary)) = found else {
+        bail!("{}: cannot be exported {}", run_dir.display(), refusals.join(", nor "));
     };
-
-    let mut json = (target.config_json)(&described);
-    json.insert("model_type".into(), target.model_type.into());
-    let mut hf = HfConfig::from_map(out.join("config.json"), json.clone());
-    let mapping = (target.map)(&mut hf, &Checkpoint::empty())?;
-    hf.finish(mapping.class)?;
-    let rotary_heads = same_model(run_dir, &ours, &mapping)?;
     json.insert("architectures".into(), Value::Array(vec![mapping.class.into()]));
     json.insert("dtype".into(), "float32".into());
     json.insert("tie_word_embeddings".into(), ours.tie_embeddings.into());
@@ -98,7 +112,7 @@ pub fn export(run_dir: &Path, out: &Path, device: &Device) -> Result<Exported> {
     }
 
     let staging = super::staging_dir(out, "exporting")?;
-    let result = write_model(&staging, &run, &json, &mapping, rotary_heads);
+    let result = write_model(&staging, &run, &json, &mapping, rotary.as_ref());
     match result {
         Ok((tensors, params)) => {
             std::fs::rename(&staging, out)
@@ -112,10 +126,21 @@ pub fn export(run_dir: &Path, out: &Path, device: &Device) -> Result<Exported> {
     }
 }
 
-/// Checks that the mapping reads the exported `config.json` back as the run's own model, with
-/// the differences export bridges; returns the head size when rotary features are to be
-/// permuted to rotate-half order.
-fn same_model(run_dir: &Path, ours: &ModelConfig, mapping: &Mapping) -> Result<Option<usize>> {
+/// Rotary features stored in interleaved pairs, to be written in rotate-half order.
+struct RotaryPairs {
+    head_dim: usize,
+    /// The rotated part of each head (its first features).
+    rotary_dim: usize,
+    /// Query and key features of the fused projection (all heads): the first ones of its output.
+    qk_features: usize,
+    /// All its output features (q, k, v).
+    width: usize,
+}
+
+/// Whether the mapping reads the exported `config.json` back as the run's own model, with the
+/// differences export bridges: `Ok` with the rotary features to reorder, if any, or `Err` with
+/// the first setting that differs.
+fn same_model(ours: &ModelConfig, mapping: &Mapping) -> Result<std::result::Result<Option<RotaryPairs>, String>> {
     let mut theirs: ModelConfig = mapping
         .model
         .clone()
@@ -123,27 +148,29 @@ fn same_model(run_dir: &Path, ours: &ModelConfig, mapping: &Mapping) -> Result<O
         .map_err(|e| anyhow!("the {} mapping writes a [model] variorum refuses (a bug): {e}", mapping.class))?;
     theirs.resolve(ours.vocab_size.unwrap_or_default())?;
     let mut theirs = toml::Value::try_from(theirs.expanded())?;
-    let mut ours = toml::Value::try_from(ours)?;
+    let mut ours_toml = toml::Value::try_from(ours)?;
     for key in ["init_std", "dropout"] {
-        if let (Some(t), Some(o)) = (theirs.as_table_mut(), ours.get(key)) {
+        if let (Some(t), Some(o)) = (theirs.as_table_mut(), ours_toml.get(key)) {
             t.insert(key.into(), o.clone());
         }
     }
     let interleaved =
-        ours.get("position").and_then(|p| p.get("layout")).and_then(toml::Value::as_str) == Some("interleaved");
+        ours_toml.get("position").and_then(|p| p.get("layout")).and_then(toml::Value::as_str) == Some("interleaved");
     if interleaved {
-        ours["position"]["layout"] = "rotate-half".into();
+        ours_toml["position"]["layout"] = "rotate-half".into();
     }
-    if let Some((key, here, there)) = first_difference("model", &ours, &theirs) {
-        bail!(
-            "{}: cannot be exported as {}: {key} = {here} here, but {} computes {key} = {there}",
-            run_dir.display(),
-            mapping.class,
-            mapping.class
-        );
+    if let Some((key, here, there)) = first_difference("model", &ours_toml, &theirs) {
+        return Ok(Err(format!("({key} = {here} here, but {} computes {key} = {there})", mapping.class)));
     }
-    let head_dim = ours.get("attention").and_then(|a| a.get("head_dim")).and_then(toml::Value::as_integer);
-    Ok(if interleaved { head_dim.map(|d| d as usize) } else { None })
+    let rotary = interleaved.then(|| {
+        let int = |v: Option<&toml::Value>| v.and_then(toml::Value::as_integer).unwrap_or(0) as usize;
+        let attention = ours_toml.get("attention");
+        let field = |k: &str| int(attention.and_then(|a| a.get(k)));
+        let (heads, kv, head_dim) = (field("n_heads"), field("n_kv_heads"), field("head_dim"));
+        let rotary_dim = ours_toml.get("position").and_then(|p| p.get("rotary_dim")).map_or(head_dim, |v| int(Some(v)));
+        RotaryPairs { head_dim, rotary_dim, qk_features: (heads + kv) * head_dim, width: (heads + 2 * kv) * head_dim }
+    });
+    Ok(Ok(rotary))
 }
 
 /// The first key whose values differ between two TOML trees: (path, ours, theirs).
@@ -170,7 +197,7 @@ fn write_model(
     run: &Run,
     json: &Map<String, Value>,
     mapping: &Mapping,
-    rotary_heads: Option<usize>,
+    rotary: Option<&RotaryPairs>,
 ) -> Result<(usize, usize)> {
     std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(json)? + "\n")?;
     // the model's tensors by name
@@ -184,10 +211,9 @@ fn write_model(
     for (name, recipe) in &mapping.tensors {
         let (shape, mut values) =
             ours.remove(name).ok_or_else(|| anyhow!("the model has no tensor {name} (a bug of the mapping)"))?;
-        if let Some(head_dim) =
-            rotary_heads.filter(|_| name.ends_with(".attn.qkv.qkv.weight") || name.ends_with(".attn.qkv.qkv.bias"))
-        {
-            values = rotate_half_order(&values, recipe, head_dim)?;
+        let fused = name.ends_with(".attn.qkv.qkv.weight") || name.ends_with(".attn.qkv.qkv.bias");
+        if let Some(r) = rotary.filter(|_| fused) {
+            values = rotate_half_order(&values, r)?;
         }
         recipe.invert(values, &shape, &mut tensors)?;
     }
@@ -226,25 +252,20 @@ fn write_model(
     Ok((count, params))
 }
 
-/// A fused q | k | v projection (weight `[d, w]` row-major, or bias `[w]`) with the query and
-/// key features of every head reordered from interleaved rotary pairs `(2k, 2k+1)` to
-/// rotate-half pairs `(k, k + d/2)`: feature `k` of the result is feature `2k` of the input and
-/// feature `k + d/2` is `2k + 1`. Values are left alone.
-fn rotate_half_order(values: &[f32], recipe: &Recipe, head_dim: usize) -> Result<Vec<f32>> {
-    let Recipe::Join(parts) = recipe else { bail!("{recipe:?} is not a fused q | k | v projection") };
-    let [(_, q), (_, k), _] = parts.as_slice() else { bail!("{recipe:?} is not a fused q | k | v projection") };
-    let width: usize = parts.iter().map(|(_, w)| w).sum();
-    if head_dim == 0 || head_dim % 2 != 0 || (q + k) % head_dim != 0 {
-        bail!(
-            "rotary features of head size {head_dim} cannot be paired in a projection of {q} + {k} query and key features"
-        );
+/// A fused q | k | v projection (weight `[d, w]` row-major, or bias `[w]`) with the rotated
+/// query and key features of every head reordered from interleaved pairs `(2k, 2k+1)` to
+/// rotate-half pairs `(k, k + r/2)`, `r` the rotated part: feature `k` of the result is feature
+/// `2k` of the input and feature `k + r/2` is `2k + 1`. Values are left alone.
+fn rotate_half_order(values: &[f32], r: &RotaryPairs) -> Result<Vec<f32>> {
+    let (hd, rot) = (r.head_dim, r.rotary_dim);
+    if hd == 0 || rot % 2 != 0 || rot > hd || r.qk_features % hd != 0 || r.width == 0 || values.len() % r.width != 0 {
+        bail!("rotary features ({rot} of each head's {hd}) cannot be paired in a projection {} wide", r.width);
     }
-    let half = head_dim / 2;
+    let half = rot / 2;
     let mut out = values.to_vec();
-    for row in out.chunks_mut(width).zip(values.chunks(width)) {
-        let (dst, src) = row;
-        for head in 0..(q + k) / head_dim {
-            let base = head * head_dim;
+    for (dst, src) in out.chunks_mut(r.width).zip(values.chunks(r.width)) {
+        for head in 0..r.qk_features / hd {
+            let base = head * hd;
             for j in 0..half {
                 dst[base + j] = src[base + 2 * j];
                 dst[base + half + j] = src[base + 2 * j + 1];

@@ -12,6 +12,7 @@ mod checkpoint;
 mod config;
 mod export;
 mod gpt2;
+mod gpt_neox;
 mod llama;
 mod opt;
 mod recipe;
@@ -45,8 +46,14 @@ pub(crate) struct Mapping {
 }
 
 /// The `model_type`s [`import`] reads and the file that maps each.
-const ARCHITECTURES: &[(&str, fn(&mut HfConfig, &Checkpoint) -> Result<Mapping>)] =
-    &[("gpt2", gpt2::map), ("llama", llama::map), ("mistral", llama::map), ("qwen2", llama::map), ("opt", opt::map)];
+const ARCHITECTURES: &[(&str, fn(&mut HfConfig, &Checkpoint) -> Result<Mapping>)] = &[
+    ("gpt2", gpt2::map),
+    ("llama", llama::map),
+    ("mistral", llama::map),
+    ("qwen2", llama::map),
+    ("opt", opt::map),
+    ("gpt_neox", gpt_neox::map),
+];
 
 /// What [`import`] wrote.
 #[derive(Debug, Clone)]

@@ -1,7 +1,7 @@
 //! How one of variorum's tensors is made from a checkpoint's: copied, transposed from PyTorch's
 //! `[out, in]` `nn.Linear` layout to Burn's `[in, out]`, several joined along their last axis
-//! (q | k | v into the fused projection, gate | up into a gated FFN's), leading rows dropped, or
-//! zeros where the architecture has no tensor. Every recipe can be run
+//! (q | k | v into the fused projection, gate | up into a gated FFN's), leading rows dropped,
+//! reordered along the last axis, or zeros where the architecture has no tensor. Every recipe can be run
 //! backwards ([`Recipe::invert`]): that is how `export` writes a checkpoint, so what is exported
 //! is by construction what the import reads.
 
@@ -22,6 +22,10 @@ pub(crate) enum Recipe {
     /// A tensor without its first rows (OPT's position table, whose first two rows no position
     /// reads); written back with zero rows in their place.
     SkipRows(Box<Recipe>, usize),
+    /// A tensor with its last axis reordered: entry `i` of the result is entry `order[i]` of
+    /// the stored one (GPT-NeoX's fused projection, q | k | v within each head, read as
+    /// variorum's, each of q, k, v over all heads).
+    Permute(Box<Recipe>, Vec<usize>),
     /// Zeros of a shape: a bias the checkpoint's architecture does not have but variorum's
     /// setting includes (Qwen2's output projection has none while its q/k/v have them).
     Zeros(Vec<usize>),
@@ -74,6 +78,13 @@ impl Recipe {
                 }
                 Ok(shape)
             }
+            Recipe::Permute(inner, order) => {
+                let shape = inner.shape(ckpt)?;
+                if shape.last() != Some(&order.len()) {
+                    bail!("{inner:?} has the shape {shape:?}: expected {} along its last axis", order.len());
+                }
+                Ok(shape)
+            }
             Recipe::Zeros(shape) => Ok(shape.clone()),
         }
     }
@@ -110,6 +121,10 @@ impl Recipe {
                 let mut v = inner.values(ckpt)?;
                 let width = v.len() / rows.max(1);
                 Ok(v.split_off(skip * width))
+            }
+            Recipe::Permute(inner, order) => {
+                let v = inner.values(ckpt)?;
+                Ok(v.chunks(order.len()).flat_map(|row| order.iter().map(|&i| row[i])).collect())
             }
             Recipe::Zeros(shape) => Ok(vec![0.0; shape.iter().product()]),
         }
@@ -162,6 +177,15 @@ impl Recipe {
                 let mut padded_shape = shape.to_vec();
                 padded_shape[0] += skip;
                 inner.invert(padded, &padded_shape, out)?;
+            }
+            Recipe::Permute(inner, order) => {
+                let mut back = vec![0.0; values.len()];
+                for (row_out, row_in) in back.chunks_mut(order.len()).zip(values.chunks(order.len())) {
+                    for (i, &from) in order.iter().enumerate() {
+                        row_out[from] = row_in[i];
+                    }
+                }
+                inner.invert(back, shape, out)?;
             }
             // nothing of the checkpoint's: the architecture has no such tensor
             Recipe::Zeros(_) => {}

@@ -92,6 +92,11 @@ fn llama_recipe_with_interleaved_rotary_pairs_exports_as_llama() {
 }
 
 #[test]
+fn parallel_partial_rotary_recipe_exports_as_gpt_neox() {
+    exported_as_transformers_scored_it("neox");
+}
+
+#[test]
 fn an_imported_model_fine_tuned_here_exports_as_llama_again() {
     exported_as_transformers_scored_it("roundtrip");
 }
@@ -130,6 +135,12 @@ fn recipes_transformers_cannot_compute_are_refused_naming_the_setting() {
         "gpt",
         |c| c.replace("init_std = 0.02\n", "init_std = 0.02\nmax_back = 16\n"),
         "model.max_back = 16 here, but GPT2LMHeadModel computes model.max_back = (unset)",
+    );
+    // rotary positions: neither architecture that has them computes sparsemax
+    refused(
+        "llama",
+        |c| c.replace("normaliser = \"softmax\"", "normaliser = \"sparsemax\""),
+        "cannot be exported as LlamaForCausalLM (model.attention.normaliser = \"sparsemax\" here, but LlamaForCausalLM computes model.attention.normaliser = \"softmax\"), nor as GPTNeoXForCausalLM (",
     );
     // a position scheme no exported architecture has
     refused(

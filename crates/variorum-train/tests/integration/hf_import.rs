@@ -76,6 +76,11 @@ fn qwen2_with_qkv_biases_equals_transformers() {
 }
 
 #[test]
+fn gpt_neox_parallel_partial_rotary_equals_transformers() {
+    equal_to_transformers("gpt_neox", "GPTNeoXForCausalLM");
+}
+
+#[test]
 fn an_existing_out_directory_is_refused_and_left_alone() {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::write(tmp.path().join("mine.txt"), "keep").unwrap();
