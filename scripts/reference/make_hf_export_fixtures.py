@@ -36,17 +36,16 @@ import sys
 import tempfile
 
 import torch
-import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-PINNED = "5.24.0"
-assert transformers.__version__ == PINNED, f"transformers {transformers.__version__}, the fixtures pin {PINNED}"
+# the import fixtures' script: the pinned version's check, and what transformers computes
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_hf_fixtures import expectations as transformers_computes  # noqa: E402
 
 ROOT = "crates/variorum-train/tests/fixtures/hf/export"
 CORPUS = os.path.join(ROOT, "corpus.txt")
 TEXT = "Shall I compare thee to a summer's day? Thou art more lovely"
 PROMPT = "So long as men"
-GREEDY_TOKENS = 32
 
 # What every run shares: a tiny model trained briefly (the weights only need to be far from
 # their initialisation for a wrong mapping to show).
@@ -176,32 +175,9 @@ def expectations(export_dir):
     model = AutoModelForCausalLM.from_pretrained(export_dir, dtype=torch.float32, attn_implementation="eager").eval()
     ids = tokenizer(TEXT)["input_ids"]
     assert tokenizer.decode(ids, skip_special_tokens=True) == TEXT, "the exported tokenizer does not round-trip"
-    with torch.no_grad():
-        logprobs = torch.log_softmax(model(torch.tensor([ids])).logits[0].double(), dim=-1)
-        scored = [logprobs[i - 1, ids[i]].item() for i in range(1, len(ids))]
-        prompt = tokenizer(PROMPT)["input_ids"]
-        prompt_tensor = torch.tensor([prompt])
-        out = model.generate(
-            prompt_tensor,
-            attention_mask=torch.ones_like(prompt_tensor),
-            max_new_tokens=GREEDY_TOKENS,
-            min_new_tokens=GREEDY_TOKENS,
-            do_sample=False,
-            use_cache=True,
-            pad_token_id=0,
-        )[0].tolist()
-    return {
-        "transformers": transformers.__version__,
-        "torch": torch.__version__,
-        "class": type(model).__name__,
-        "text": TEXT,
-        "ids": ids,
-        "logprobs": scored,
-        "prompt": PROMPT,
-        "prompt_ids": prompt,
-        "greedy": out[len(prompt):],
-        "exported": {f: sha256(os.path.join(export_dir, f)) for f in sorted(os.listdir(export_dir))},
-    }
+    expected = {"class": type(model).__name__, **transformers_computes(model, tokenizer, TEXT, PROMPT)}
+    expected["exported"] = {f: sha256(os.path.join(export_dir, f)) for f in sorted(os.listdir(export_dir))}
+    return expected
 
 
 def train(binary, tmp, name, text, init_from=None):

@@ -79,13 +79,15 @@ def widen(model, seed):
                 p.add_(0.1 * torch.randn(p.shape, generator=g))
 
 
-def expectations(model, tokenizer):
-    ids = tokenizer(TEXT)["input_ids"]
+def expectations(model, tokenizer, text=TEXT, prompt_text=PROMPT):
+    """What transformers computes with `model`: the ids of `text`, every token's log-probability
+    after the first, and the greedy continuation of `prompt_text` through the KV cache."""
+    ids = tokenizer(text)["input_ids"]
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits[0].double()
         logprobs = torch.log_softmax(logits, dim=-1)
         scored = [logprobs[i - 1, ids[i]].item() for i in range(1, len(ids))]
-        prompt = tokenizer(PROMPT)["input_ids"]
+        prompt = tokenizer(prompt_text)["input_ids"]
         prompt_tensor = torch.tensor([prompt])
         out = model.generate(
             prompt_tensor,
@@ -100,10 +102,10 @@ def expectations(model, tokenizer):
     return {
         "transformers": transformers.__version__,
         "torch": torch.__version__,
-        "text": TEXT,
+        "text": text,
         "ids": ids,
         "logprobs": scored,
-        "prompt": PROMPT,
+        "prompt": prompt_text,
         "prompt_ids": prompt,
         "greedy": out[len(prompt):],
     }

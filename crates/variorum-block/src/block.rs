@@ -342,3 +342,27 @@ impl TransformerBlock {
         out
     }
 }
+
+/// A block of `cfg` 16 wide over a context of 8, with default attention and feed-forward and
+/// large random weights (std 0.3), for the block kinds' tests.
+#[cfg(test)]
+pub(crate) fn tiny_block(cfg: BlockConfig, device: &Device) -> TransformerBlock {
+    let (attention, ffn, memory, position) = (
+        AttentionConfig::default(),
+        FeedForwardConfig::default(),
+        MemoryConfig::None(Default::default()),
+        variorum_position::PositionConfig::default(),
+    );
+    let parts = BlockParts {
+        d_model: 16,
+        attention: &attention,
+        position: Positioning { config: &position, context: 8 },
+        feed_forward: &ffn,
+        memory: &memory,
+        cross: None,
+        dropout: 0.0,
+        init_std: 0.3,
+        out_std: 0.3,
+    };
+    cfg.init(&parts, device)
+}

@@ -104,39 +104,17 @@ impl BlockKind for PostLnConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::block::{BlockParts, TransformerBlock};
-    use crate::{BlockConfig, FeedForwardConfig, MemoryConfig};
+    use crate::BlockConfig;
+    use crate::block::{TransformerBlock, tiny_block};
     use burn::prelude::*;
     use burn::tensor::Distribution;
-    use variorum_attention::{AttentionConfig, AttentionInput, Positioning};
+    use variorum_attention::AttentionInput;
     use variorum_core::AttentionMask;
-    use variorum_position::PositionConfig;
-
-    fn block(cfg: BlockConfig, dev: &Device) -> TransformerBlock {
-        let (attention, ffn, memory, position) = (
-            AttentionConfig::default(),
-            FeedForwardConfig::default(),
-            MemoryConfig::None(Default::default()),
-            PositionConfig::default(),
-        );
-        let parts = BlockParts {
-            d_model: 16,
-            attention: &attention,
-            position: Positioning { config: &position, context: 8 },
-            feed_forward: &ffn,
-            memory: &memory,
-            cross: None,
-            dropout: 0.0,
-            init_std: 0.3,
-            out_std: 0.3,
-        };
-        cfg.init(&parts, dev)
-    }
 
     #[test]
     fn a_parallel_block_adds_both_branches_of_its_input_to_the_stream() {
         let dev = Device::flex();
-        let parallel = block(BlockConfig::PreLn(PreLnConfig { parallel: true, ..Default::default() }), &dev);
+        let parallel = tiny_block(BlockConfig::PreLn(PreLnConfig { parallel: true, ..Default::default() }), &dev);
         let x: Tensor<3> = Tensor::random([2, 8, 16], Distribution::Normal(0.0, 1.0), &dev);
         let mask = AttentionMask::causal();
         let input = AttentionInput {

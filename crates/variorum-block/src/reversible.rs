@@ -199,31 +199,11 @@ impl TransformerBlock {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::block::BlockParts;
-    use crate::{BlockConfig, FeedForwardConfig, MemoryConfig};
+    use crate::BlockConfig;
     use burn::tensor::Distribution;
-    use variorum_attention::{AttentionConfig, Positioning};
-    use variorum_position::PositionConfig;
 
     fn block(dev: &Device) -> TransformerBlock {
-        let (attention, ffn, memory, position) = (
-            AttentionConfig::default(),
-            FeedForwardConfig::default(),
-            MemoryConfig::None(Default::default()),
-            PositionConfig::default(),
-        );
-        let parts = BlockParts {
-            d_model: 16,
-            attention: &attention,
-            position: Positioning { config: &position, context: 8 },
-            feed_forward: &ffn,
-            memory: &memory,
-            cross: None,
-            dropout: 0.0,
-            init_std: 0.3,
-            out_std: 0.3,
-        };
-        BlockConfig::Reversible(ReversibleConfig::default()).init(&parts, dev)
+        crate::block::tiny_block(BlockConfig::Reversible(ReversibleConfig::default()), dev)
     }
 
     fn max_diff(a: Tensor<3>, b: Tensor<3>) -> f32 {
