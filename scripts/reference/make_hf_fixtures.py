@@ -12,10 +12,10 @@ The weights are random and widened (matrices x12, norms and biases jittered) so 
 log-probabilities are far from uniform and a wrong mapping shows. The GPT-2 fixture is stored
 as f32 in shards (an index and two files); the LLaMA one as bf16, untied, with grouped-query
 heads; OPT with its offset position table and BOS; Qwen2 with q/k/v biases, grouped-query heads,
-tied, θ = 10⁶; GPT-NeoX with parallel branches and rotary on half of each head. The expectations come from each saved directory loaded back with `from_pretrained` in
+tied, θ = 10⁶; GPT-NeoX with parallel branches and rotary on half of each head; Mistral in f16 with one K/V head. The expectations come from each saved directory loaded back with `from_pretrained` in
 f32 (bf16 values widen exactly), as a user would load it.
 
-Usage: python3 scripts/reference/make_hf_fixtures.py [OUT_DIR [NAME...]]  (NAME: gpt2 llama opt qwen2 gpt_neox)
+Usage: python3 scripts/reference/make_hf_fixtures.py [OUT_DIR [NAME...]]  (NAME: gpt2 llama opt qwen2 gpt_neox mistral)
 (pinned versions: scripts/reference/requirements.txt plus transformers, below).
 """
 
@@ -263,7 +263,35 @@ def gpt_neox(out):
     return d, expectations(reloaded.eval(), tokenizer)
 
 
-MAKERS = {"gpt2": gpt2, "llama": llama, "opt": opt, "qwen2": qwen2, "gpt_neox": gpt_neox}
+def mistral(out):
+    tok = byte_level_bpe(300, ["<s>", "</s>"])
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 0)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+    cfg = transformers.MistralConfig(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=32,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        # a window wider than the text: within it sliding-window attention is full attention
+        max_position_embeddings=256,
+        sliding_window=96,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=1,
+    )
+    torch.manual_seed(6)
+    model = transformers.MistralForCausalLM(cfg).eval()
+    model.config._attn_implementation = "eager"
+    widen(model, 6)
+    d = save(out, "mistral", model.to(torch.float16), tokenizer)
+    reloaded = transformers.MistralForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
+    return d, expectations(reloaded.eval(), tokenizer)
+
+
+MAKERS = {"gpt2": gpt2, "llama": llama, "opt": opt, "qwen2": qwen2, "gpt_neox": gpt_neox, "mistral": mistral}
 
 
 def main():

@@ -105,13 +105,22 @@ impl Checkpoint {
         let (path, map) = &self.files[entry.file];
         let bytes = &map[entry.bytes.0..entry.bytes.1];
         let pairs = |n: usize| bytes.chunks_exact(n);
-        Ok(match entry.dtype {
+        let values = match entry.dtype {
             Dtype::F32 => pairs(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
             Dtype::BF16 => pairs(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
             Dtype::F16 => pairs(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
             Dtype::F64 => pairs(8).map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")) as f32).collect(),
             other => bail!("tensor {name} in {} is {other:?}: expected f32, bf16, f16 or f64 weights", path.display()),
-        })
+        };
+        // The pages just read are not needed again: let them go, so that an import holds one
+        // copy of the weights (the model's), not a second one in the mapping. Advice only: an
+        // error leaves the pages where they are.
+        // SAFETY: the mapping is read-only and shared with its file; dropped pages are read from
+        // the file again if touched, so no data this process wrote can be lost.
+        let _ = unsafe {
+            map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, entry.bytes.0, entry.bytes.1 - entry.bytes.0)
+        };
+        Ok(values)
     }
 
     /// Tensors no mapping asked for.

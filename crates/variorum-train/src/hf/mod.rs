@@ -23,6 +23,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use burn::module::Module;
 use burn::prelude::*;
 use burn::store::ModuleSnapshot;
+use burn::store::burn_pack::Error as PackError;
 use variorum_data::Tokenizer;
 
 use crate::config::ExperimentConfig;
@@ -92,7 +93,7 @@ pub fn import(src: &Path, out: &Path, device: &Device) -> Result<Imported> {
             known.join(", ")
         );
     };
-    let ckpt = Checkpoint::open(src)?;
+    let ckpt = std::sync::Arc::new(Checkpoint::open(src)?);
     let mapping = map(&mut hf, &ckpt)?;
     hf.finish(mapping.class)?;
 
@@ -168,7 +169,7 @@ fn write_run(
     config_text: &str,
     tokenizer: &Path,
     src: &Path,
-    ckpt: &Checkpoint,
+    ckpt: &std::sync::Arc<Checkpoint>,
     mapping: &Mapping,
     device: &Device,
 ) -> Result<(usize, usize)> {
@@ -196,8 +197,18 @@ fn write_run(
         if &got != shape {
             bail!("{}: {recipe:?} has the shape {got:?}, but config.json implies {shape:?} for {name}", src.display());
         }
-        let values = recipe.values(ckpt)?;
-        pack.push(burn::store::bridge::from_data(TensorData::new(values, shape.clone()), name.clone(), None));
+        // made when the model takes it: one tensor's values held at a time, not the whole model's
+        let (recipe, from, dims) = (recipe.clone(), std::sync::Arc::clone(ckpt), shape.clone());
+        pack.push(burn::store::bridge::deferred(
+            name.clone(),
+            burn::tensor::DType::F32,
+            Shape::from(shape.clone()),
+            None,
+            move || {
+                let values = recipe.values(&from).map_err(|e| PackError::ValidationError(format!("{e:#}")))?;
+                Ok(TensorData::new(values, dims.clone()))
+            },
+        ));
     }
     let unused: Vec<String> = ckpt.unused().into_iter().filter(|n| !(mapping.derived)(n)).collect();
     if let Some(first) = unused.first() {

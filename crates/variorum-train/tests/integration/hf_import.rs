@@ -81,6 +81,11 @@ fn gpt_neox_parallel_partial_rotary_equals_transformers() {
 }
 
 #[test]
+fn mistral_f16_one_kv_head_equals_transformers() {
+    equal_to_transformers("mistral", "MistralForCausalLM");
+}
+
+#[test]
 fn an_existing_out_directory_is_refused_and_left_alone() {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::write(tmp.path().join("mine.txt"), "keep").unwrap();
