@@ -92,9 +92,13 @@ impl Checkpoint {
         self.entries.get(name).ok_or_else(|| anyhow!("the weights have no tensor {name}"))
     }
 
-    /// The shape of `name`, marking it used.
+    /// The shape of `name`, marking it used; refuses a dtype [`values`](Self::values) cannot read.
     pub(crate) fn shape(&self, name: &str) -> Result<Vec<usize>> {
         let entry = self.entry(name)?;
+        if !matches!(entry.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16 | Dtype::F64) {
+            let path = &self.files[entry.file].0;
+            bail!("tensor {name} in {} is {:?}: expected f32, bf16, f16 or f64 weights", path.display(), entry.dtype);
+        }
         self.taken.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_string());
         Ok(entry.shape.clone())
     }

@@ -184,12 +184,23 @@ fn write_run(
         }
     }
 
-    let mut model = config.model.init(device);
-    // the model's own tensors, names and shapes, against the mapping's
-    let wanted: Vec<(String, Vec<usize>)> =
-        model.collect(None, None, true).into_iter().map(|t| (t.name.clone(), t.shape.to_vec())).collect();
+    // The model's tensors: names (without enum variants, as the mappings write them; and as its
+    // burnpack file names them), shapes and parameter ids. The model itself is not kept: the
+    // file is written straight from the checkpoint, one tensor at a time, so an import holds
+    // about one copy of the weights at most (docs/interop.md measures it).
+    let (wanted, file_names, params) = {
+        let model = config.model.init(device);
+        let wanted: Vec<(String, Vec<usize>, Option<u64>)> = model
+            .collect(None, None, true)
+            .into_iter()
+            .map(|t| (t.name.clone(), t.shape.to_vec(), t.param_id))
+            .collect();
+        let file_names: std::collections::HashMap<Option<u64>, String> =
+            model.collect(None, None, false).into_iter().map(|t| (t.param_id, t.name)).collect();
+        (wanted, file_names, model.num_params())
+    };
     let mut pack = Vec::with_capacity(wanted.len());
-    for (name, shape) in &wanted {
+    for (name, shape, id) in &wanted {
         let recipe = mapping.tensors.iter().find(|(n, _)| n == name).map(|(_, r)| r).ok_or_else(|| {
             anyhow!("the {} mapping gives no tensor for {name} (a bug of the mapping)", mapping.class)
         })?;
@@ -197,13 +208,14 @@ fn write_run(
         if &got != shape {
             bail!("{}: {recipe:?} has the shape {got:?}, but config.json implies {shape:?} for {name}", src.display());
         }
-        // made when the model takes it: one tensor's values held at a time, not the whole model's
+        let file_name = file_names.get(id).cloned().unwrap_or_else(|| name.clone());
+        // made when the writer reaches it: one tensor's values held at a time
         let (recipe, from, dims) = (recipe.clone(), std::sync::Arc::clone(ckpt), shape.clone());
         pack.push(burn::store::bridge::deferred(
-            name.clone(),
+            file_name,
             burn::tensor::DType::F32,
             Shape::from(shape.clone()),
-            None,
+            *id,
             move || {
                 let values = recipe.values(&from).map_err(|e| PackError::ValidationError(format!("{e:#}")))?;
                 Ok(TensorData::new(values, dims.clone()))
@@ -219,14 +231,12 @@ fn write_run(
             mapping.class
         );
     }
-    let result = model.apply(pack, None, None, true);
-    if !result.errors.is_empty() || !result.missing.is_empty() {
-        bail!("loading the mapped tensors failed: {result:?}");
-    }
-    let params = model.num_params();
-    model
-        .save_file(dir.join("model.bpk"))
-        .map_err(|e| anyhow!("cannot write {}: {e}", dir.join("model.bpk").display()))?;
+    let weights = dir.join("model.bpk");
+    burn::store::burn_pack::Writer::new(pack)
+        .write_to_file(&weights)
+        .map_err(|e| anyhow!("cannot write {}: {e}", weights.display()))?;
+    // the file loads into the model as any run's does (names, shapes, nothing missing or left)
+    crate::weights::load_weights(config.model.init(device), &weights, "imported weights")?;
     Ok((wanted.len(), params))
 }
 

@@ -156,6 +156,34 @@ fn bad_model_directories_are_refused_in_one_line() {
         "listed in the index but absent",
     );
     refused("gpt2", |s| std::fs::remove_file(s.join("tokenizer.json")).unwrap(), "tokenizer.json not found");
+    // integers where weights belong
+    refused(
+        "opt",
+        |s| {
+            let f = s.join("model.safetensors");
+            let bytes = std::fs::read(&f).unwrap();
+            let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+            let int = "model.decoder.layers.0.fc1.bias";
+            let owned: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
+                .tensors()
+                .into_iter()
+                .map(|(n, v)| {
+                    let data = match n == int {
+                        true => v.data().chunks_exact(4).flat_map(|_| 7i64.to_le_bytes()).collect(),
+                        false => v.data().to_vec(),
+                    };
+                    let dtype = if n == int { safetensors::Dtype::I64 } else { v.dtype() };
+                    (n, dtype, v.shape().to_vec(), data)
+                })
+                .collect();
+            let views: Vec<(&str, safetensors::tensor::TensorView)> = owned
+                .iter()
+                .map(|(n, d, sh, b)| (n.as_str(), safetensors::tensor::TensorView::new(*d, sh.clone(), b).unwrap()))
+                .collect();
+            safetensors::serialize_to_file(views, None, &f).unwrap();
+        },
+        "model.safetensors is I64: expected f32, bf16, f16 or f64",
+    );
     // 30 wide in 4 heads: the user's config, not the mapping, is what fails
     refused(
         "gpt2",
