@@ -121,6 +121,20 @@ def save(out, name, model, tokenizer, **save_args):
     return d
 
 
+def made(out, name, cls, cfg, tokenizer, seed, dtype=None, **save_args):
+    """A tiny random `cls` of `cfg` (seeded, eager attention, widened), saved as fixture `name`
+    (in `dtype` if given), and what transformers computes with the saved directory loaded back
+    in f32 — as a user loads it: a model cast to bf16 and back would keep its rotary
+    frequencies, a buffer, rounded to bf16 (1.4e-2 off), whereas loading computes them afresh."""
+    torch.manual_seed(seed)
+    model = cls(cfg).eval()
+    model.config._attn_implementation = "eager"
+    widen(model, seed)
+    d = save(out, name, model if dtype is None else model.to(dtype), tokenizer, **save_args)
+    reloaded = cls.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
+    return d, expectations(reloaded.eval(), tokenizer)
+
+
 def gpt2(out):
     tok = byte_level_bpe(320, ["<|endoftext|>"])
     tokenizer = PreTrainedTokenizerFast(
@@ -140,13 +154,7 @@ def gpt2(out):
         bos_token_id=0,
         eos_token_id=0,
     )
-    torch.manual_seed(1)
-    model = transformers.GPT2LMHeadModel(cfg).eval()
-    model.config._attn_implementation = "eager"
-    widen(model, 1)
-    d = save(out, "gpt2", model, tokenizer, max_shard_size="60KB")
-    reloaded = transformers.GPT2LMHeadModel.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
-    return d, expectations(reloaded.eval(), tokenizer)
+    return made(out, "gpt2", transformers.GPT2LMHeadModel, cfg, tokenizer, seed=1, max_shard_size="60KB")
 
 
 def llama(out):
@@ -169,15 +177,7 @@ def llama(out):
         bos_token_id=0,
         eos_token_id=1,
     )
-    torch.manual_seed(2)
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    model.config._attn_implementation = "eager"
-    widen(model, 2)
-    d = save(out, "llama", model.to(torch.bfloat16), tokenizer)
-    # what a user gets: the saved directory loaded in f32 (the rotary frequencies, a buffer that
-    # `.to(bfloat16)` would have rounded too, are computed afresh in f32)
-    reloaded = transformers.LlamaForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
-    return d, expectations(reloaded.eval(), tokenizer)
+    return made(out, "llama", transformers.LlamaForCausalLM, cfg, tokenizer, seed=2, dtype=torch.bfloat16)
 
 
 def opt(out):
@@ -199,13 +199,7 @@ def opt(out):
         bos_token_id=2,
         eos_token_id=2,
     )
-    torch.manual_seed(3)
-    model = transformers.OPTForCausalLM(cfg).eval()
-    model.config._attn_implementation = "eager"
-    widen(model, 3)
-    d = save(out, "opt", model, tokenizer)
-    reloaded = transformers.OPTForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
-    return d, expectations(reloaded.eval(), tokenizer)
+    return made(out, "opt", transformers.OPTForCausalLM, cfg, tokenizer, seed=3)
 
 
 def qwen2(out):
@@ -224,13 +218,7 @@ def qwen2(out):
         tie_word_embeddings=True,
         eos_token_id=0,
     )
-    torch.manual_seed(4)
-    model = transformers.Qwen2ForCausalLM(cfg).eval()
-    model.config._attn_implementation = "eager"
-    widen(model, 4)
-    d = save(out, "qwen2", model, tokenizer)
-    reloaded = transformers.Qwen2ForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
-    return d, expectations(reloaded.eval(), tokenizer)
+    return made(out, "qwen2", transformers.Qwen2ForCausalLM, cfg, tokenizer, seed=4)
 
 
 def gpt_neox(out):
@@ -254,13 +242,7 @@ def gpt_neox(out):
         bos_token_id=0,
         eos_token_id=0,
     )
-    torch.manual_seed(5)
-    model = transformers.GPTNeoXForCausalLM(cfg).eval()
-    model.config._attn_implementation = "eager"
-    widen(model, 5)
-    d = save(out, "gpt_neox", model, tokenizer)
-    reloaded = transformers.GPTNeoXForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
-    return d, expectations(reloaded.eval(), tokenizer)
+    return made(out, "gpt_neox", transformers.GPTNeoXForCausalLM, cfg, tokenizer, seed=5)
 
 
 def mistral(out):
@@ -282,13 +264,7 @@ def mistral(out):
         bos_token_id=0,
         eos_token_id=1,
     )
-    torch.manual_seed(6)
-    model = transformers.MistralForCausalLM(cfg).eval()
-    model.config._attn_implementation = "eager"
-    widen(model, 6)
-    d = save(out, "mistral", model.to(torch.float16), tokenizer)
-    reloaded = transformers.MistralForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
-    return d, expectations(reloaded.eval(), tokenizer)
+    return made(out, "mistral", transformers.MistralForCausalLM, cfg, tokenizer, seed=6, dtype=torch.float16)
 
 
 MAKERS = {"gpt2": gpt2, "llama": llama, "opt": opt, "qwen2": qwen2, "gpt_neox": gpt_neox, "mistral": mistral}

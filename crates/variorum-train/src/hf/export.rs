@@ -102,7 +102,6 @@ pub fn export(run_dir: &Path, out: &Path, device: &Device) -> Result<Exported> {
     };
     json.insert("architectures".into(), Value::Array(vec![mapping.class.into()]));
     json.insert("dtype".into(), "float32".into());
-    json.insert("tie_word_embeddings".into(), ours.tie_embeddings.into());
     // transformers' defaults (GPT-2's 50256) would name tokens the vocabulary may not have: the
     // ids an imported run brought (generation_config.json), or none
     let generation = std::fs::read_to_string(run_dir.join("generation_config.json")).ok();

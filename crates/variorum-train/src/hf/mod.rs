@@ -184,23 +184,27 @@ fn write_run(
         }
     }
 
-    // The model's tensors: names (without enum variants, as the mappings write them; and as its
-    // burnpack file names them), shapes and parameter ids. The model itself is not kept: the
-    // file is written straight from the checkpoint, one tensor at a time, so an import holds
-    // about one copy of the weights at most (docs/interop.md measures it).
-    let (wanted, file_names, params) = {
+    // The model's tensors: names without enum variants (as the mappings write them) and with
+    // them (as its burnpack file names them; one traversal, so the two lists are in the same
+    // order), shapes and parameter ids. The model itself is not kept: the file is written
+    // straight from the checkpoint, one tensor at a time, so an import holds about one copy of
+    // the weights at most (docs/interop.md measures it).
+    let (wanted, params) = {
         let model = config.model.init(device);
-        let wanted: Vec<(String, Vec<usize>, Option<u64>)> = model
-            .collect(None, None, true)
+        let short = model.collect(None, None, true);
+        let full = model.collect(None, None, false);
+        if short.len() != full.len() {
+            bail!("the model lists {} tensors by one naming and {} by the other (a bug)", short.len(), full.len());
+        }
+        let wanted: Vec<(String, String, Vec<usize>, Option<u64>)> = short
             .into_iter()
-            .map(|t| (t.name.clone(), t.shape.to_vec(), t.param_id))
+            .zip(full)
+            .map(|(s, f)| (s.name.clone(), f.name.clone(), s.shape.to_vec(), s.param_id))
             .collect();
-        let file_names: std::collections::HashMap<Option<u64>, String> =
-            model.collect(None, None, false).into_iter().map(|t| (t.param_id, t.name)).collect();
-        (wanted, file_names, model.num_params())
+        (wanted, model.num_params())
     };
     let mut pack = Vec::with_capacity(wanted.len());
-    for (name, shape, id) in &wanted {
+    for (name, file_name, shape, id) in &wanted {
         let recipe = mapping.tensors.iter().find(|(n, _)| n == name).map(|(_, r)| r).ok_or_else(|| {
             anyhow!("the {} mapping gives no tensor for {name} (a bug of the mapping)", mapping.class)
         })?;
@@ -208,11 +212,10 @@ fn write_run(
         if &got != shape {
             bail!("{}: {recipe:?} has the shape {got:?}, but config.json implies {shape:?} for {name}", src.display());
         }
-        let file_name = file_names.get(id).cloned().unwrap_or_else(|| name.clone());
         // made when the writer reaches it: one tensor's values held at a time
         let (recipe, from, dims) = (recipe.clone(), std::sync::Arc::clone(ckpt), shape.clone());
         pack.push(burn::store::bridge::deferred(
-            file_name,
+            file_name.clone(),
             burn::tensor::DType::F32,
             Shape::from(shape.clone()),
             *id,

@@ -117,9 +117,10 @@ impl Recipe {
                 Ok(out)
             }
             Recipe::SkipRows(inner, skip) => {
-                let rows = inner.shape(ckpt)?[0];
+                // the shape check (more rows than skipped) before any slicing
+                let kept = self.shape(ckpt)?[0];
                 let mut v = inner.values(ckpt)?;
-                let width = v.len() / rows.max(1);
+                let width = v.len() / (kept + skip);
                 Ok(v.split_off(skip * width))
             }
             Recipe::Permute(inner, order) => {
@@ -171,7 +172,8 @@ impl Recipe {
                 }
             }
             Recipe::SkipRows(inner, skip) => {
-                let width = shape[1..].iter().product::<usize>();
+                let Some((_, rest)) = shape.split_first() else { bail!("{self:?} is given a scalar") };
+                let width = rest.iter().product::<usize>();
                 let mut padded = vec![0.0; skip * width];
                 padded.extend(values);
                 let mut padded_shape = shape.to_vec();
