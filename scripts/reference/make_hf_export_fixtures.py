@@ -2,7 +2,7 @@
 """Fixtures for `variorum export --format hf`: runs trained here, exported, and what transformers
 computes with the export (crates/variorum-train/tests/fixtures/hf/export/<name>/).
 
-Four runs, each trained by the variorum binary on corpus.txt (Sonnet 18 four times, committed
+Seven runs, each trained by the variorum binary on corpus.txt (Sonnet 18 four times, committed
 beside them):
   gpt        the GPT recipe (learned positions, pre-LN LayerNorm, exact GELU, tied embeddings,
              characters) -> GPT2LMHeadModel, its char tokenizer as a tokenizer.json;
@@ -12,6 +12,12 @@ beside them):
   neox       rotary pairs (2k, 2k+1) on 4 of each head's 8 dimensions, LayerNorm, attention and
              feed-forward in parallel, biases, GELU, untied -> GPTNeoXForCausalLM (the fused
              projection stored per head, the rotary features permuted);
+  phi        one LayerNorm shared by parallel branches, rotate-half rotary on 2 of each head's 4
+             dimensions, 4 query heads on 2 key/value heads, a head bias -> PhiForCausalLM;
+  gptj       the same with rotary pairs (2k, 2k+1) and no attention biases -> GPTJForCausalLM
+             (GPT-J's own pairing: nothing permuted);
+  bloom      ALiBi over 6 heads, a LayerNorm on the embeddings, tanh GELU, tied ->
+             BloomForCausalLM;
   roundtrip  the round trip: tests/fixtures/hf/llama (a transformers model, bf16) imported,
              fine-tuned 100 steps (`train --init-from`, its own tokenizer kept by
              `data.tokenizer.kind = "file"`), exported again.
@@ -23,7 +29,7 @@ transformers gives every token after the first (fp32, eager attention), the 32 t
 test, exporting the same run again without Python, knows it wrote the files transformers scored.
 
 Usage (from the repository root, after `cargo build --release`):
-    python3 scripts/reference/make_hf_export_fixtures.py [VARIORUM_BINARY]
+    python3 scripts/reference/make_hf_export_fixtures.py [VARIORUM_BINARY [NAME...]]
 (pinned versions: scripts/reference/requirements.txt).
 """
 
@@ -142,6 +148,88 @@ kind = "gelu"
 d_ff = 64
 """
 
+# the three below are small (16 or 24 wide): their point is the mapping, not the model
+PHI = """
+[model]
+d_model = 16
+n_layers = 2
+seq_len = 64
+tie_embeddings = false
+head_bias = true
+
+[model.position]
+kind = "rope"
+rotary_dim = 2
+
+[model.attention]
+kind = "full"
+n_heads = 4
+n_kv_heads = 2
+
+[model.block]
+kind = "pre-ln"
+norm = "layer-norm"
+parallel = true
+shared_norm = true
+
+[model.feed_forward]
+kind = "gelu-tanh"
+d_ff = 48
+"""
+
+GPTJ = """
+[model]
+d_model = 16
+n_layers = 2
+seq_len = 64
+tie_embeddings = false
+head_bias = true
+
+[model.position]
+kind = "rope"
+layout = "interleaved"
+rotary_dim = 2
+
+[model.attention]
+kind = "full"
+n_heads = 4
+bias = false
+
+[model.block]
+kind = "pre-ln"
+norm = "layer-norm"
+parallel = true
+shared_norm = true
+
+[model.feed_forward]
+kind = "gelu-tanh"
+d_ff = 48
+"""
+
+BLOOM = """
+[model]
+d_model = 24
+n_layers = 2
+seq_len = 64
+tie_embeddings = true
+embedding_norm = true
+
+[model.position]
+kind = "alibi"
+
+[model.attention]
+kind = "full"
+n_heads = 6
+
+[model.block]
+kind = "pre-ln"
+norm = "layer-norm"
+
+[model.feed_forward]
+kind = "gelu-tanh"
+d_ff = 96
+"""
+
 CORPUS_TEXT = """Shall I compare thee to a summer's day?
 Thou art more lovely and more temperate:
 Rough winds do shake the darling buds of May,
@@ -195,6 +283,8 @@ def train(binary, tmp, name, text, init_from=None):
 def main():
     target = os.environ.get("CARGO_TARGET_DIR", "target")
     binary = sys.argv[1] if len(sys.argv) > 1 else os.path.join(target, "release", "variorum")
+    names = set(sys.argv[2:])
+    wanted = lambda name: not names or name in names  # noqa: E731
     torch.set_num_threads(1)
     os.makedirs(ROOT, exist_ok=True)
     with open(CORPUS, "w") as f:
@@ -202,17 +292,17 @@ def main():
         f.write(CORPUS_TEXT * 4)
     with tempfile.TemporaryDirectory() as tmp:
         char = TRAIN.format(corpus=CORPUS, tokenizer='tokenizer = { kind = "char" }', steps=200)
-        runs = {
-            "gpt": train(binary, tmp, "gpt", GPT + char),
-            "llama": train(binary, tmp, "llama", LLAMA + char),
-            "neox": train(binary, tmp, "neox", NEOX + char),
-        }
+        recipes = {"gpt": GPT, "llama": LLAMA, "neox": NEOX, "phi": PHI, "gptj": GPTJ, "bloom": BLOOM}
+        runs = {name: train(binary, tmp, name, recipe + char) for name, recipe in recipes.items() if wanted(name)}
         imported = os.path.join(tmp, "imported")
-        variorum(binary, "import", "crates/variorum-train/tests/fixtures/hf/llama", "--out", imported)
-        finetune = f'extends = "{imported}/config.toml"\n' + TRAIN.format(
-            corpus=CORPUS, tokenizer=f'tokenizer = {{ kind = "file", path = "{imported}/tokenizer.json" }}', steps=100
-        )
-        runs["roundtrip"] = train(binary, tmp, "roundtrip", finetune, init_from=imported)
+        if wanted("roundtrip"):
+            variorum(binary, "import", "crates/variorum-train/tests/fixtures/hf/llama", "--out", imported)
+            finetune = f'extends = "{imported}/config.toml"\n' + TRAIN.format(
+                corpus=CORPUS,
+                tokenizer=f'tokenizer = {{ kind = "file", path = "{imported}/tokenizer.json" }}',
+                steps=100,
+            )
+            runs["roundtrip"] = train(binary, tmp, "roundtrip", finetune, init_from=imported)
 
         for name, run in runs.items():
             export_dir = os.path.join(tmp, f"{name}-hf")

@@ -12,10 +12,13 @@ The weights are random and widened (matrices x12, norms and biases jittered) so 
 log-probabilities are far from uniform and a wrong mapping shows. The GPT-2 fixture is stored
 as f32 in shards (an index and two files); the LLaMA one as bf16, untied, with grouped-query
 heads; OPT with its offset position table and BOS; Qwen2 with q/k/v biases, grouped-query heads,
-tied, θ = 10⁶; GPT-NeoX with parallel branches and rotary on half of each head; Mistral in f16 with one K/V head. The expectations come from each saved directory loaded back with `from_pretrained` in
+tied, θ = 10⁶; GPT-NeoX with parallel branches and rotary on half of each head; Mistral in f16 with one K/V head;
+Phi with one norm shared by its parallel branches, grouped-query heads and a head bias; GPT-J with
+rotary on adjacent pairs of 4 of each head's 8 dimensions; BLOOM with ALiBi over 6 heads and an
+embedding LayerNorm (these three in bf16, to keep the fixtures small). The expectations come from each saved directory loaded back with `from_pretrained` in
 f32 (bf16 values widen exactly), as a user would load it.
 
-Usage: python3 scripts/reference/make_hf_fixtures.py [OUT_DIR [NAME...]]  (NAME: gpt2 llama opt qwen2 gpt_neox mistral)
+Usage: python3 scripts/reference/make_hf_fixtures.py [OUT_DIR [NAME...]]  (NAME: gpt2 llama opt qwen2 gpt_neox mistral phi gptj bloom)
 (pinned versions: scripts/reference/requirements.txt plus transformers, below).
 """
 
@@ -267,7 +270,78 @@ def mistral(out):
     return made(out, "mistral", transformers.MistralForCausalLM, cfg, tokenizer, seed=6, dtype=torch.float16)
 
 
-MAKERS = {"gpt2": gpt2, "llama": llama, "opt": opt, "qwen2": qwen2, "gpt_neox": gpt_neox, "mistral": mistral}
+def phi(out):
+    tok = byte_level_bpe(300, ["<|endoftext|>"])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>")
+    cfg = transformers.PhiConfig(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=32,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        layer_norm_eps=1e-5,
+        hidden_act="gelu_new",
+        rope_parameters={"rope_theta": 10000.0, "partial_rotary_factor": 0.5, "rope_type": "default"},
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    return made(out, "phi", transformers.PhiForCausalLM, cfg, tokenizer, seed=7, dtype=torch.bfloat16)
+
+
+def gptj(out):
+    tok = byte_level_bpe(300, ["<|endoftext|>"])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>")
+    cfg = transformers.GPTJConfig(
+        vocab_size=tok.get_vocab_size(),
+        n_positions=128,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        rotary_dim=4,
+        n_inner=72,
+        activation_function="gelu_new",
+        layer_norm_epsilon=1e-5,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    return made(out, "gptj", transformers.GPTJForCausalLM, cfg, tokenizer, seed=8, dtype=torch.bfloat16)
+
+
+def bloom(out):
+    tok = byte_level_bpe(300, ["<unk>", "<s>", "</s>", "<pad>"])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
+    # six heads: ALiBi's slopes for a head count that is not a power of two
+    cfg = transformers.BloomConfig(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=24,
+        n_layer=2,
+        n_head=6,
+        layer_norm_epsilon=1e-5,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=3,
+    )
+    return made(out, "bloom", transformers.BloomForCausalLM, cfg, tokenizer, seed=9, dtype=torch.bfloat16)
+
+
+MAKERS = {
+    "gpt2": gpt2,
+    "llama": llama,
+    "opt": opt,
+    "qwen2": qwen2,
+    "gpt_neox": gpt_neox,
+    "mistral": mistral,
+    "phi": phi,
+    "gptj": gptj,
+    "bloom": bloom,
+}
 
 
 def main():

@@ -68,6 +68,12 @@ pub trait BlockKind {
         false
     }
 
+    /// The parallel branches read one norm's output (GPT-J, Phi), so the block has no
+    /// feed-forward norm of its own. Default: no.
+    fn shared_norm(&self) -> bool {
+        false
+    }
+
     /// Gates replacing the two residual sums (attention, feed-forward). Default: none, sums.
     fn gates(&self, _d_model: usize, _init_std: f64, _device: &Device) -> Vec<GtrxlGate> {
         Vec::new()
@@ -158,7 +164,7 @@ impl BlockConfig {
         TransformerBlock {
             attn_norm: r.norm.init(d, r.norm_eps, device),
             attn: parts.attention.init(d, parts.init_std, parts.out_std, parts.position, device),
-            ffn_norm: r.norm.init(d, r.norm_eps, device),
+            ffn_norm: (!self.spec().shared_norm()).then(|| r.norm.init(d, r.norm_eps, device)),
             ffn: parts.feed_forward.init(d, dropout, parts.init_std, parts.out_std, device),
             dropout: DropoutConfig::new(dropout).init(),
             pre_norm: self.pre_norm(),
@@ -192,8 +198,9 @@ pub struct TransformerBlock {
     pub attn_norm: Norm,
     /// The self-attention (`model.attention`).
     pub attn: Attention,
-    /// The feed-forward branch's norm, placed as `attn_norm`.
-    pub ffn_norm: Norm,
+    /// The feed-forward branch's norm, placed as `attn_norm`; `None` when the parallel branches
+    /// share `attn_norm` (GPT-J, Phi).
+    pub ffn_norm: Option<Norm>,
     /// The position-wise feed-forward layer (`model.feed_forward`).
     pub ffn: FeedForward,
     /// Dropout on each branch's output before it joins the stream.
@@ -253,6 +260,8 @@ impl TransformerBlock {
             None => (norm_in(x.clone()), None),
         };
         let weights = need_weights || track_usage;
+        // the parallel branches of a shared norm both read the normed input
+        let shared = (self.parallel && self.ffn_norm.is_none()).then(|| query.clone());
         let input = AttentionInput { query, key_value, mask, dense_mask, need_weights: weights, carried };
         // a memory model keeps layer inputs, not keys and values
         let cache = if self.memory.is_none() && incremental { Some(&mut state.attention) } else { None };
@@ -279,11 +288,12 @@ impl TransformerBlock {
         let window = incremental.then_some(&mut state.transition);
         let y = if self.parallel {
             // the feed-forward branch reads the block's input, not the attention's sum
-            y + self.dropout.forward(self.ffn.forward_with(self.ffn_norm.forward(x.clone()), window))
+            let input = shared.unwrap_or_else(|| self.norm_ffn_input(x.clone()));
+            y + self.dropout.forward(self.ffn.forward_with(input, window))
         } else if self.pre_norm {
-            self.join(1, y.clone(), self.ffn.forward_with(self.ffn_norm.forward(y), window))
+            self.join(1, y.clone(), self.ffn.forward_with(self.norm_ffn_input(y), window))
         } else {
-            self.ffn_norm.forward(y.clone() + self.dropout.forward(self.ffn.forward_with(y, window)))
+            self.norm_ffn_input(y.clone() + self.dropout.forward(self.ffn.forward_with(y, window)))
         };
 
         if let Some(memory) = &self.memory
@@ -300,6 +310,11 @@ impl TransformerBlock {
     pub fn extend_cache(&self, x: Tensor<3>, mask: &AttentionMask, state: &mut LayerState) {
         let x = if self.pre_norm { self.attn_norm.forward(x) } else { x };
         self.attn.extend_cache(x, mask, &mut state.attention);
+    }
+
+    /// The feed-forward branch's norm of `x`: its own, or the shared `attn_norm`.
+    pub fn norm_ffn_input(&self, x: Tensor<3>) -> Tensor<3> {
+        self.ffn_norm.as_ref().unwrap_or(&self.attn_norm).forward(x)
     }
 
     /// Joins branch output `y` to the stream `x`: a residual sum, or GTrXL's gate `which`.

@@ -6,14 +6,15 @@
 //!                                     x = x + Attn(LN₁(x)) + FFN(LN₂(x))
 //!
 //! The parallel form (`parallel = true`) reads one input in both branches, so the two can run
-//! at once; GPT-NeoX keeps a norm per branch, as here (a model with one shared norm, GPT-J's, is
-//! the case of two norms with equal weights).
+//! at once. GPT-NeoX keeps a norm per branch; GPT-J and Phi share one (`shared_norm = true`):
+//!                                     x = x + Attn(LN(x)) + FFN(LN(x))
 //!
 //! Xiong et al. show that post-LN's gradients at the output layers are large at initialisation
 //! (hence its learning-rate warm-up), pre-LN's are well-behaved without one.
 
 use serde::{Deserialize, Serialize};
-use variorum_core::{Capabilities, Declared};
+use variorum_core::error::check;
+use variorum_core::{Capabilities, ConfigError, Declared};
 
 use crate::NormKind;
 use crate::block::{BlockKind, ResidualConfig};
@@ -30,6 +31,10 @@ pub struct PreLnConfig {
     /// `x + Attn(LN₁(x)) + FFN(LN₂(x))` (GPT-J, GPT-NeoX, PaLM). Default false (one after the
     /// other).
     pub parallel: bool,
+    /// With `parallel`: both branches read one norm's output, `x + Attn(LN(x)) + FFN(LN(x))`
+    /// (GPT-J, Phi), and the block has no feed-forward norm. Default false (a norm per branch,
+    /// GPT-NeoX).
+    pub shared_norm: bool,
 }
 
 /// `model.block` with `kind = "post-ln"`.
@@ -45,7 +50,7 @@ pub struct PostLnConfig {
 impl Default for PreLnConfig {
     fn default() -> Self {
         let ResidualConfig { norm, norm_eps } = ResidualConfig::default();
-        Self { norm, norm_eps, parallel: false }
+        Self { norm, norm_eps, parallel: false, shared_norm: false }
     }
 }
 
@@ -67,6 +72,7 @@ impl Declared for PreLnConfig {
             ("layer-norm", Self::default()),
             ("rms-norm", Self { norm: NormKind::RmsNorm, ..Self::default() }),
             ("parallel", Self { parallel: true, ..Self::default() }),
+            ("parallel-shared-norm", Self { parallel: true, shared_norm: true, ..Self::default() }),
         ]
     }
 }
@@ -88,6 +94,18 @@ impl BlockKind for PreLnConfig {
 
     fn parallel(&self) -> bool {
         self.parallel
+    }
+
+    fn shared_norm(&self) -> bool {
+        self.shared_norm
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let eps = self.norm_eps;
+        check(eps > 0.0 && eps < 1.0, || format!("model.block.norm_eps = {eps} must be in (0, 1)"))?;
+        check(self.parallel || !self.shared_norm, || {
+            "model.block.shared_norm = true needs parallel = true: only parallel branches read one input".into()
+        })
     }
 }
 
@@ -126,7 +144,7 @@ mod tests {
             carried: None,
         };
         let attn = parallel.attn.forward(input, None).context;
-        let ffn = parallel.ffn.forward_with(parallel.ffn_norm.forward(x.clone()), None);
+        let ffn = parallel.ffn.forward_with(parallel.ffn_norm.as_ref().unwrap().forward(x.clone()), None);
         let want = x.clone() + attn + ffn;
         let got = parallel.forward(x.clone(), &mask, None, None, None, false).x;
         let diff = (got.clone() - want).abs().max().into_scalar::<f32>();
@@ -135,5 +153,45 @@ mod tests {
         let sequential = TransformerBlock { parallel: false, ..parallel };
         let seq = sequential.forward(x, &mask, None, None, None, false).x;
         assert!((got - seq).abs().max().into_scalar::<f32>() > 1e-3);
+    }
+
+    #[test]
+    fn a_shared_norm_feeds_both_parallel_branches_the_same_normed_input() {
+        let dev = Device::flex();
+        let cfg = PreLnConfig { parallel: true, shared_norm: true, ..Default::default() };
+        let shared = tiny_block(BlockConfig::PreLn(cfg), &dev);
+        assert!(shared.ffn_norm.is_none(), "a shared norm is the block's only one");
+        let x: Tensor<3> = Tensor::random([2, 8, 16], Distribution::Normal(0.0, 1.0), &dev);
+        // the norm's weights away from 1 and 0, so that reading x unnormed would show
+        let gamma = Tensor::<1>::random([16], Distribution::Uniform(0.5, 2.0), &dev);
+        let beta = Tensor::<1>::random([16], Distribution::Uniform(-1.0, 1.0), &dev);
+        let mut shared = shared;
+        shared.attn_norm = crate::Norm::Layer(crate::norm::LayerNorm {
+            gamma: burn::module::Param::from_tensor(gamma),
+            beta: Some(burn::module::Param::from_tensor(beta)),
+            epsilon: 1e-5,
+        });
+        let mask = AttentionMask::causal();
+        let normed = shared.attn_norm.forward(x.clone());
+        let input = AttentionInput {
+            query: normed.clone(),
+            key_value: None,
+            mask: &mask,
+            dense_mask: None,
+            need_weights: false,
+            carried: None,
+        };
+        let attn = shared.attn.forward(input, None).context;
+        let want = x.clone() + attn + shared.ffn.forward_with(normed, None);
+        let got = shared.forward(x.clone(), &mask, None, None, None, false).x;
+        let diff = (got - want).abs().max().into_scalar::<f32>();
+        assert!(diff < 1e-5, "x + Attn(LN x) + FFN(LN x) off by {diff}");
+    }
+
+    #[test]
+    fn a_shared_norm_without_parallel_branches_is_refused() {
+        let cfg = PreLnConfig { shared_norm: true, ..Default::default() };
+        let err = cfg.validate().unwrap_err().to_string();
+        assert!(err.contains("model.block.shared_norm") && err.contains("parallel"), "{err}");
     }
 }

@@ -170,7 +170,7 @@ impl TransformerBlock {
     /// G(x) = Dropout(FeedForward(LN(x))).
     fn rev_feed_forward(&self, x: Tensor<3>, cx: &RevContext, state: Option<&mut LayerState>) -> Tensor<3> {
         let window = state.map(|s| &mut s.transition);
-        cx.drop(self.ffn.forward_with(self.ffn_norm.forward(x), window), 1)
+        cx.drop(self.ffn.forward_with(self.norm_ffn_input(x), window), 1)
     }
 
     /// Y₁ = X₁ + F(X₂), Y₂ = X₂ + G(Y₁). With `state`, the attention continues from its cache

@@ -37,6 +37,13 @@ pub struct ModelConfig {
     /// so that a fixed sinusoidal signal of amplitude 1 does not drown tokens embedded with a
     /// small `init_std`. Default false (GPT).
     pub scale_embeddings: bool,
+    /// Normalise the embedded input (tokens plus absolute positions) with the blocks' norm kind
+    /// and ε before the first block: BLOOM's `word_embeddings_layernorm`, BERT's embedding
+    /// LayerNorm. Default false.
+    pub embedding_norm: bool,
+    /// The output head adds a learned bias per vocabulary entry to the logits, tied
+    /// embeddings or not (GPT-J's and Phi's `lm_head`, BERT's MLM decoder). Default false.
+    pub head_bias: bool,
     /// std of the normal initialisation of weights (GPT-2: 0.02); residual output
     /// projections get `init_std / √(2·n_layers)`. Default 0.02.
     pub init_std: f64,
@@ -82,6 +89,8 @@ impl Default for ModelConfig {
             dropout: 0.0,
             tie_embeddings: true,
             scale_embeddings: false,
+            embedding_norm: false,
+            head_bias: false,
             init_std: 0.02,
             position: PositionConfig::default(),
             attention: AttentionConfig::default(),

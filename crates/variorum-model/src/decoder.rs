@@ -87,6 +87,8 @@ pub struct DecoderLm {
     pub position: Option<AbsolutePosition>,
     /// Empty, or one signal per block added to its input.
     pub layer_positions: Vec<AbsolutePosition>,
+    /// The norm of the embedded input (`model.embedding_norm`: BLOOM, BERT).
+    pub embedding_norm: Option<Norm>,
     /// Dropout on the embedded input (`model.dropout`).
     pub embedding_dropout: Dropout,
     /// `depth` distinct blocks, or one shared block (Universal Transformer).
@@ -99,6 +101,8 @@ pub struct DecoderLm {
     pub final_norm: Option<Norm>,
     /// Present when the output embedding is not tied.
     pub head: Option<Linear>,
+    /// The logits' bias `[vocab_size]` (`model.head_bias`), tied head or not.
+    pub head_bias: Option<Param<Tensor<1>>>,
     /// Rows of the embedding and width of the logits: the text vocabulary plus the special tokens
     /// ([`ModelConfig::vocab`]).
     pub vocab_size: usize,
@@ -161,6 +165,7 @@ impl DecoderLm {
             layer_positions: (0..cfg.n_layers)
                 .filter_map(|i| cfg.position.init_layer(i, d, cfg.seq_len, device))
                 .collect(),
+            embedding_norm: cfg.embedding_norm.then(|| norm.norm.init(d, norm.norm_eps, device)),
             embedding_dropout: DropoutConfig::new(cfg.dropout).init(),
             blocks: (0..if cfg.depth.shared() { 1 } else { cfg.n_layers })
                 .map(|i| {
@@ -173,6 +178,7 @@ impl DecoderLm {
             final_norm: cfg.block.pre_norm().then(|| norm.norm.init(d, norm.norm_eps, device)),
             head: (!cfg.tie_embeddings)
                 .then(|| LinearConfig::new(d, vocab).with_bias(false).with_initializer(init).init(device)),
+            head_bias: cfg.head_bias.then(|| Initializer::Zeros.init([vocab], device)),
             vocab_size: vocab,
             seq_len: cfg.seq_len,
             max_back: cfg.max_back,
@@ -249,6 +255,9 @@ impl DecoderLm {
         }
         if let Some(p) = &self.position {
             x = p.forward(x, start);
+        }
+        if let Some(norm) = &self.embedding_norm {
+            x = norm.forward(x);
         }
         self.embedding_dropout.forward(x)
     }
@@ -619,10 +628,12 @@ impl DecoderLm {
     }
 
     fn logits(&self, x: Tensor<3>) -> Tensor<3> {
-        match &self.head {
-            Some(head) => variorum_kernels::linear::forward(head, x),
-            None => variorum_kernels::linear::linear(x, self.token_embedding.weight.val().transpose(), None),
-        }
+        // the head is built without a bias of its own: `head_bias` serves tied heads too
+        let weight = match &self.head {
+            Some(head) => head.weight.val(),
+            None => self.token_embedding.weight.val().transpose(),
+        };
+        variorum_kernels::linear::linear(x, weight, self.head_bias.as_ref().map(|b| b.val()))
     }
 
     /// Mean cross-entropy of `targets` under `tokens` ([`token_loss`](Self::token_loss)), plus the

@@ -11,11 +11,12 @@ use variorum_core::{ConfigError, error::check};
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FreezeConfig {
-    /// Token embedding and absolute position parameters. Default false.
+    /// Token embedding, absolute position and embedding-norm parameters. Default false.
     pub embeddings: bool,
     /// The first n blocks (of the decoder, in an encoder–decoder: its encoder blocks train). Default 0.
     pub first_blocks: usize,
-    /// Everything but the output head (`head`, or `token_embedding` when tied). Default false.
+    /// Everything but the output head (`head`, or `token_embedding` when tied, and its bias).
+    /// Default false.
     pub all_but_head: bool,
 }
 
@@ -42,11 +43,11 @@ impl FreezeConfig {
         let top = path.first().map(String::as_str).unwrap_or("");
         if self.all_but_head {
             let head = if tied { "token_embedding" } else { "head" };
-            if top != head {
+            if top != head && top != "head_bias" {
                 return true;
             }
         }
-        if self.embeddings && (top == "token_embedding" || top == "position") {
+        if self.embeddings && matches!(top, "token_embedding" | "position" | "embedding_norm") {
             return true;
         }
         top == "blocks" && path.get(1).and_then(|i| i.parse::<usize>().ok()).is_some_and(|i| i < self.first_blocks)

@@ -6,6 +6,7 @@
 
 mod attention_maps;
 mod cross_layer;
+mod embedding_and_head;
 mod encoder_decoder;
 mod memory;
 mod objective;

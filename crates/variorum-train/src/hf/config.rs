@@ -66,6 +66,26 @@ const HARMLESS: &[&str] = &[
     "_attn_implementation_autoset",
 ];
 
+/// Rotary positions as a `config.json` sets them.
+pub(crate) struct Rope {
+    /// The base θ of the frequencies.
+    pub(crate) theta: f64,
+    /// The part of each head's dimensions rotated (transformers' `partial_rotary_factor`).
+    pub(crate) fraction: f64,
+}
+
+impl Rope {
+    /// The dimensions of a `head_dim`-wide head that rotate, as transformers counts them
+    /// (`int(head_dim * partial_rotary_factor)`), refused unless they pair up.
+    pub(crate) fn rotary_dim(&self, head_dim: usize, path: &Path) -> Result<usize> {
+        let r = (head_dim as f64 * self.fraction) as usize;
+        if r == 0 || r % 2 != 0 || r > head_dim {
+            bail!("{}: a rotary part of {r} of each head's {head_dim} dimensions cannot be paired", path.display());
+        }
+        Ok(r)
+    }
+}
+
 /// `config.json`, its keys taken as they are read.
 pub(crate) struct HfConfig {
     path: PathBuf,
@@ -186,6 +206,33 @@ impl HfConfig {
                 bail!("{}: {key} = {v} is not supported: {what}", self.path.display())
             }
         }
+    }
+
+    /// The rotary settings, from the keys earlier transformers write (`theta_keys`, then
+    /// `rope_theta`; `rotary_pct`, then `partial_rotary_factor`) or from the one object
+    /// transformers 5 writes and then reads (`rope_parameters`: keys beside it are kept in the
+    /// file but not used). Any frequency scaling is refused.
+    pub(crate) fn rope(&mut self, theta_keys: &[&str], fraction: f64) -> Result<Rope> {
+        let mut rope = Rope { theta: 10_000.0, fraction };
+        for key in theta_keys.iter().chain(&["rope_theta"]) {
+            rope.theta = self.f64_or(key, rope.theta)?;
+        }
+        rope.fraction = self.f64_or("rotary_pct", rope.fraction)?;
+        rope.fraction = self.f64_or("partial_rotary_factor", rope.fraction)?;
+        let no_scaling = "variorum's rope has no frequency scaling (linear, dynamic, yarn, llama3)";
+        self.require("rope_scaling", Value::Null, no_scaling)?;
+        let path = self.path.display().to_string();
+        for (key, value) in self.object("rope_parameters")?.unwrap_or_default() {
+            let number =
+                || value.as_f64().ok_or_else(|| anyhow!("{path}: rope_parameters.{key} = {value} is not a number"));
+            match key.as_str() {
+                "rope_theta" => rope.theta = number()?,
+                "partial_rotary_factor" => rope.fraction = number()?,
+                "rope_type" if value.as_str() == Some("default") => {}
+                _ => bail!("{path}: rope_parameters.{key} = {value} is not supported: {no_scaling}"),
+            }
+        }
+        Ok(rope)
     }
 
     /// Marks keys the architecture knows and that need no mapping (e.g. GPT-2's

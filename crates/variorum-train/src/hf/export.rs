@@ -26,7 +26,7 @@ use variorum_model::ModelConfig;
 
 use super::checkpoint::Checkpoint;
 use super::config::HfConfig;
-use super::{Mapping, gpt_neox, gpt2, llama};
+use super::{Mapping, bloom, gpt_neox, gpt2, gptj, llama, phi};
 use crate::run::Run;
 
 /// What [`export`] wrote.
@@ -55,6 +55,9 @@ const TARGETS: &[Target] = &[
     Target { model_type: "gpt2", position: "learned", config_json: gpt2::config_json, map: gpt2::map },
     Target { model_type: "llama", position: "rope", config_json: llama::config_json, map: llama::map },
     Target { model_type: "gpt_neox", position: "rope", config_json: gpt_neox::config_json, map: gpt_neox::map },
+    Target { model_type: "gptj", position: "rope", config_json: gptj::config_json, map: gptj::map },
+    Target { model_type: "phi", position: "rope", config_json: phi::config_json, map: phi::map },
+    Target { model_type: "bloom", position: "alibi", config_json: bloom::config_json, map: bloom::map },
 ];
 
 /// Writes the run `run_dir` as the Hugging Face model directory `out`, which must not exist;
@@ -153,23 +156,29 @@ fn same_model(ours: &ModelConfig, mapping: &Mapping) -> Result<std::result::Resu
             t.insert(key.into(), o.clone());
         }
     }
+    let refusal = |(key, here, there): (String, String, String)| {
+        Ok(Err(format!("({key} = {here} here, but {} computes {key} = {there})", mapping.class)))
+    };
+    // the same layout as the architecture's (GPT-J pairs (2k, 2k+1) as variorum's interleaved)
+    let Some(difference) = first_difference("model", &ours_toml, &theirs) else { return Ok(Ok(None)) };
     let interleaved =
         ours_toml.get("position").and_then(|p| p.get("layout")).and_then(toml::Value::as_str) == Some("interleaved");
-    if interleaved {
-        ours_toml["position"]["layout"] = "rotate-half".into();
+    if !interleaved {
+        return refusal(difference);
     }
-    if let Some((key, here, there)) = first_difference("model", &ours_toml, &theirs) {
-        return Ok(Err(format!("({key} = {here} here, but {} computes {key} = {there})", mapping.class)));
+    ours_toml["position"]["layout"] = "rotate-half".into();
+    if let Some(difference) = first_difference("model", &ours_toml, &theirs) {
+        return refusal(difference);
     }
-    let rotary = interleaved.then(|| {
+    let rotary = {
         let int = |v: Option<&toml::Value>| v.and_then(toml::Value::as_integer).unwrap_or(0) as usize;
         let attention = ours_toml.get("attention");
         let field = |k: &str| int(attention.and_then(|a| a.get(k)));
         let (heads, kv, head_dim) = (field("n_heads"), field("n_kv_heads"), field("head_dim"));
         let rotary_dim = ours_toml.get("position").and_then(|p| p.get("rotary_dim")).map_or(head_dim, |v| int(Some(v)));
         RotaryPairs { head_dim, rotary_dim, qk_features: (heads + kv) * head_dim, width: (heads + 2 * kv) * head_dim }
-    });
-    Ok(Ok(rotary))
+    };
+    Ok(Ok(Some(rotary)))
 }
 
 /// The first key whose values differ between two TOML trees: (path, ours, theirs).

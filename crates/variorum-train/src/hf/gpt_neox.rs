@@ -8,7 +8,7 @@
 //! other (`[h, 3, head_dim]` along its output); variorum's fused projection holds all heads' q,
 //! then all k, then all v. The import reorders the output features (a permutation: exact).
 
-use anyhow::{Result, anyhow, bail};
+use anyhow::{Result, bail};
 use serde_json::{Map, Value};
 
 use super::checkpoint::Checkpoint;
@@ -36,26 +36,8 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
         "relu" => "relu",
         other => bail!("{path}: hidden_act = {other:?} is not supported (gelu, gelu_new, relu)"),
     };
-    // earlier transformers write the rotary settings as keys of their own, 5 as one object,
-    // which is then what it reads (keys beside it are kept in the file but not used)
-    let mut theta = cfg.f64_or("rotary_emb_base", 10_000.0)?;
-    theta = cfg.f64_or("rope_theta", theta)?;
-    let mut fraction = cfg.f64_or("rotary_pct", 1.0)?;
-    fraction = cfg.f64_or("partial_rotary_factor", fraction)?;
-    let no_scaling = "variorum's rope has no frequency scaling (linear, dynamic, yarn)";
-    cfg.require("rope_scaling", Value::Null, no_scaling)?;
-    if let Some(rope) = cfg.object("rope_parameters")? {
-        for (key, value) in &rope {
-            let number =
-                || value.as_f64().ok_or_else(|| anyhow!("{path}: rope_parameters.{key} = {value} is not a number"));
-            match (key.as_str(), value) {
-                ("rope_theta", _) => theta = number()?,
-                ("partial_rotary_factor", _) => fraction = number()?,
-                ("rope_type", Value::String(t)) if t == "default" => {}
-                _ => bail!("{path}: rope_parameters.{key} = {value} is not supported: {no_scaling}"),
-            }
-        }
-    }
+    let rope = cfg.rope(&["rotary_emb_base"], 1.0)?;
+    let theta = rope.theta;
     // the classification head's, and a flag transformers' generation reads
     cfg.ignore(&["classifier_dropout", "is_decoder"]);
 
@@ -63,16 +45,8 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
     if head_dim * heads != d {
         bail!("{path}: hidden_size = {d} is not a multiple of num_attention_heads = {heads}");
     }
-    // transformers truncates: int(head_dim * fraction)
-    let rotary_dim = (head_dim as f64 * fraction) as usize;
-    if rotary_dim == 0 || rotary_dim % 2 != 0 {
-        bail!("{path}: a rotary part of {rotary_dim} of each head's {head_dim} dimensions cannot be paired");
-    }
+    let rotary_dim = rope.rotary_dim(head_dim, cfg.path())?;
 
-    // variorum's output feature (part p of q/k/v, head h, j) is NeoX's (h, p, j)
-    let order: Vec<usize> = (0..3)
-        .flat_map(|p| (0..heads).flat_map(move |h| (0..head_dim).map(move |j| h * 3 * head_dim + p * head_dim + j)))
-        .collect();
     let p = "gpt_neox";
     let mut tensors = vec![
         ("token_embedding.weight".to_string(), Recipe::copy(format!("{p}.embed_in.weight"))),
@@ -92,10 +66,7 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
             (format!("{b}.attn_norm.beta"), c("input_layernorm.bias")),
             (format!("{b}.ffn_norm.gamma"), c("post_attention_layernorm.weight")),
             (format!("{b}.ffn_norm.beta"), c("post_attention_layernorm.bias")),
-            (
-                format!("{b}.attn.qkv.qkv.weight"),
-                Recipe::Permute(Box::new(t("attention.query_key_value")), order.clone()),
-            ),
+            (format!("{b}.attn.qkv.qkv.weight"), Recipe::per_head_qkv(t("attention.query_key_value"), heads, head_dim)),
             (format!("{b}.attn.out.weight"), t("attention.dense")),
             (format!("{b}.ffn.up.weight"), t("mlp.dense_h_to_4h")),
             (format!("{b}.ffn.up.bias"), c("mlp.dense_h_to_4h.bias")),
@@ -105,7 +76,7 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
         if bias {
             tensors.push((
                 format!("{b}.attn.qkv.qkv.bias"),
-                Recipe::Permute(Box::new(c("attention.query_key_value.bias")), order.clone()),
+                Recipe::per_head_qkv(c("attention.query_key_value.bias"), heads, head_dim),
             ));
             tensors.push((format!("{b}.attn.out.bias"), c("attention.dense.bias")));
         }

@@ -31,7 +31,6 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
     let d_ff = cfg.usize("intermediate_size")?;
     let mut positions = cfg.opt_usize("max_position_embeddings")?.unwrap_or(2048);
     let eps = cfg.f64_or("rms_norm_eps", 1e-6)?;
-    let mut theta = cfg.f64_or("rope_theta", 10_000.0)?;
     let tied = cfg.bool_or("tie_word_embeddings", false)?;
     let attention_bias = cfg.bool_or("attention_bias", false)?;
     let mlp_bias = cfg.bool_or("mlp_bias", false)?;
@@ -41,22 +40,11 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
         "silu" | "swish" => {}
         other => bail!("{path}: hidden_act = {other:?} is not supported (silu: SwiGLU)"),
     }
-    let no_scaling = "variorum's rope has no frequency scaling (linear, dynamic, yarn, llama3)";
-    cfg.require("rope_scaling", Value::Null, no_scaling)?;
-    // transformers 5 writes the rotary settings as one object
-    if let Some(rope) = cfg.object("rope_parameters")? {
-        for (key, value) in &rope {
-            match (key.as_str(), value) {
-                ("rope_theta", v) => {
-                    theta = v
-                        .as_f64()
-                        .ok_or_else(|| anyhow::anyhow!("{path}: rope_parameters.rope_theta = {v} is not a number"))?
-                }
-                ("rope_type", Value::String(t)) if t == "default" => {}
-                _ => bail!("{path}: rope_parameters.{key} = {value} is not supported: {no_scaling}"),
-            }
-        }
+    let rope = cfg.rope(&[], 1.0)?;
+    if rope.fraction != 1.0 {
+        bail!("{path}: partial_rotary_factor = {} is not LLaMA's: every dimension rotates", rope.fraction);
     }
+    let theta = rope.theta;
     // tensor-parallel slicing of the pretraining run: the same function computed in pieces
     cfg.ignore(&["pretraining_tp"]);
     if model_type == "mistral" {

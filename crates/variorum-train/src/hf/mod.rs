@@ -8,13 +8,16 @@
 //! variorum's tensors comes from (`recipe.rs`). Keys of `config.json` no mapping reads
 //! and tensors no mapping uses stop the import, naming them: nothing is silently dropped.
 
+mod bloom;
 mod checkpoint;
 mod config;
 mod export;
 mod gpt2;
 mod gpt_neox;
+mod gptj;
 mod llama;
 mod opt;
+mod phi;
 mod recipe;
 
 use std::path::{Path, PathBuf};
@@ -54,6 +57,9 @@ const ARCHITECTURES: &[(&str, fn(&mut HfConfig, &Checkpoint) -> Result<Mapping>)
     ("qwen2", llama::map),
     ("opt", opt::map),
     ("gpt_neox", gpt_neox::map),
+    ("gptj", gptj::map),
+    ("phi", phi::map),
+    ("bloom", bloom::map),
 ];
 
 /// What [`import`] wrote.

@@ -42,6 +42,17 @@ impl Recipe {
         Recipe::Transpose(name.into())
     }
 
+    /// A fused q/k/v projection (`Copy`/`Transpose` of it as `fused`) stored per head, each
+    /// head's q, k and v one after the other (`[heads, 3, head_dim]` along its output:
+    /// GPT-NeoX, BLOOM), read as variorum's: all heads' q, then all k, then all v.
+    pub(crate) fn per_head_qkv(fused: Recipe, heads: usize, head_dim: usize) -> Recipe {
+        // variorum's output feature (part p, head h, j) is the stored (h, p, j)
+        let order = (0..3)
+            .flat_map(|p| (0..heads).flat_map(move |h| (0..head_dim).map(move |j| (h * 3 + p) * head_dim + j)))
+            .collect();
+        Recipe::Permute(Box::new(fused), order)
+    }
+
     /// The shape this recipe gives, from the headers alone.
     pub(crate) fn shape(&self, ckpt: &Checkpoint) -> Result<Vec<usize>> {
         match self {

@@ -101,6 +101,21 @@ fn an_imported_model_fine_tuned_here_exports_as_llama_again() {
     exported_as_transformers_scored_it("roundtrip");
 }
 
+#[test]
+fn shared_norm_recipe_with_a_head_bias_exports_as_phi() {
+    exported_as_transformers_scored_it("phi");
+}
+
+#[test]
+fn shared_norm_recipe_with_interleaved_pairs_exports_as_gptj_unpermuted() {
+    exported_as_transformers_scored_it("gptj");
+}
+
+#[test]
+fn alibi_recipe_with_an_embedding_norm_exports_as_bloom() {
+    exported_as_transformers_scored_it("bloom");
+}
+
 /// A copy of fixture `name` whose config.toml is changed by `edit`; its export must fail with a
 /// message containing `says`, in one line, and leave nothing behind.
 fn refused(name: &str, edit: impl FnOnce(&str) -> String, says: &str) {
@@ -142,10 +157,16 @@ fn recipes_transformers_cannot_compute_are_refused_naming_the_setting() {
         |c| c.replace("normaliser = \"softmax\"", "normaliser = \"sparsemax\""),
         "cannot be exported as LlamaForCausalLM (model.attention.normaliser = \"sparsemax\" here, but LlamaForCausalLM computes model.attention.normaliser = \"softmax\"), nor as GPTNeoXForCausalLM (",
     );
+    // GPT-J's rotary base is fixed; Phi's pairs would do, but Phi has attention biases
+    refused(
+        "gptj",
+        |c| c.replace("base = 10000.0", "base = 500.0"),
+        "as GPTJForCausalLM (model.position.base = 500.0 here, but GPTJForCausalLM computes model.position.base = 10000.0), nor as PhiForCausalLM (model.attention.bias = false here",
+    );
     // a position scheme no exported architecture has
     refused(
         "llama",
-        |c| c.replace("kind = \"rope\"\nbase = 10000.0\nlayout = \"interleaved\"", "kind = \"alibi\""),
+        |c| c.replace("kind = \"rope\"\nbase = 10000.0\nlayout = \"interleaved\"", "kind = \"none\""),
         "no Hugging Face architecture variorum exports to has it",
     );
     // an out directory that exists is left alone

@@ -86,6 +86,21 @@ fn mistral_f16_one_kv_head_equals_transformers() {
 }
 
 #[test]
+fn phi_shared_norm_head_bias_equals_transformers() {
+    equal_to_transformers("phi", "PhiForCausalLM");
+}
+
+#[test]
+fn gptj_interleaved_partial_rotary_equals_transformers() {
+    equal_to_transformers("gptj", "GPTJForCausalLM");
+}
+
+#[test]
+fn bloom_alibi_six_heads_embedding_norm_equals_transformers() {
+    equal_to_transformers("bloom", "BloomForCausalLM");
+}
+
+#[test]
 fn an_existing_out_directory_is_refused_and_left_alone() {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::write(tmp.path().join("mine.txt"), "keep").unwrap();
@@ -183,6 +198,27 @@ fn bad_model_directories_are_refused_in_one_line() {
             safetensors::serialize_to_file(views, None, &f).unwrap();
         },
         "model.safetensors is I64: expected f32, bf16, f16 or f64",
+    );
+    // settings of the newer architectures that variorum cannot compute
+    refused("phi", |s| edit_config(s, |c| _ = c.insert("qk_layernorm".into(), true.into())), "qk_layernorm = true");
+    refused(
+        "bloom",
+        |s| edit_config(s, |c| _ = c.insert("apply_residual_connection_post_layernorm".into(), true.into())),
+        "apply_residual_connection_post_layernorm = true",
+    );
+    refused("gptj", |s| edit_config(s, |c| _ = c.insert("rotary_dim".into(), 5.into())), "rotary_dim = 5");
+    // a head bias the mapping expects and the file lacks
+    refused(
+        "phi",
+        |s| {
+            let f = s.join("model.safetensors");
+            let bytes = std::fs::read(&f).unwrap();
+            let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+            let views: Vec<(String, safetensors::tensor::TensorView)> =
+                st.tensors().into_iter().filter(|(n, _)| n != "lm_head.bias").collect();
+            safetensors::serialize_to_file(views, None, &f).unwrap();
+        },
+        "lm_head.bias",
     );
     // 30 wide in 4 heads: the user's config, not the mapping, is what fails
     refused(
