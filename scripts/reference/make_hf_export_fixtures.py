@@ -2,14 +2,14 @@
 """Fixtures for `variorum export --format hf`: runs trained here, exported, and what transformers
 computes with the export (crates/variorum-train/tests/fixtures/hf/export/<name>/).
 
-Seven runs, each trained by the variorum binary on corpus.txt (Sonnet 18 four times, committed
+Eight runs, each trained by the variorum binary on corpus.txt (Sonnet 18 four times, committed
 beside them):
   gpt        the GPT recipe (learned positions, pre-LN LayerNorm, exact GELU, tied embeddings,
              characters) -> GPT2LMHeadModel, its char tokenizer as a tokenizer.json;
   llama      the LLaMA-style recipe as variorum's baby config has it (rotary positions pairing
              (2k, 2k+1), RMSNorm, SwiGLU, 4 query heads on 2 key/value heads, untied) ->
              LlamaForCausalLM, the rotary features permuted to transformers' rotate-half order;
-  neox       rotary pairs (2k, 2k+1) on 4 of each head's 8 dimensions, LayerNorm, attention and
+  neox       rotary pairs (2k, 2k+1) on 2 of each head's 4 dimensions, LayerNorm, attention and
              feed-forward in parallel, biases, GELU, untied -> GPTNeoXForCausalLM (the fused
              projection stored per head, the rotary features permuted);
   phi        one LayerNorm shared by parallel branches, rotate-half rotary on 2 of each head's 4
@@ -18,6 +18,9 @@ beside them):
              (GPT-J's own pairing: nothing permuted);
   bloom      ALiBi over 6 heads, a LayerNorm on the embeddings, tanh GELU, tied ->
              BloomForCausalLM;
+  bert       a masked model: learned positions, the embedding LayerNorm, post-LN blocks, the MLM
+             head transform and bias, its mask token an extra row -> BertForMaskedLM, the mask
+             token added to the exported tokenizer as [MASK];
   roundtrip  the round trip: tests/fixtures/hf/llama (a transformers model, bf16) imported,
              fine-tuned 100 steps (`train --init-from`, its own tokenizer kept by
              `data.tokenizer.kind = "file"`), exported again.
@@ -42,11 +45,12 @@ import sys
 import tempfile
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
 # the import fixtures' script: the pinned version's check, and what transformers computes
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_hf_fixtures import expectations as transformers_computes  # noqa: E402
+from make_hf_fixtures import masked_expectations  # noqa: E402
 
 ROOT = "crates/variorum-train/tests/fixtures/hf/export"
 CORPUS = os.path.join(ROOT, "corpus.txt")
@@ -74,7 +78,7 @@ sample_tokens = 0
 
 GPT = """
 [model]
-d_model = 32
+d_model = 16
 n_layers = 2
 seq_len = 64
 tie_embeddings = true
@@ -92,12 +96,12 @@ norm = "layer-norm"
 
 [model.feed_forward]
 kind = "gelu"
-d_ff = 64
+d_ff = 32
 """
 
 LLAMA = """
 [model]
-d_model = 32
+d_model = 16
 n_layers = 2
 seq_len = 64
 tie_embeddings = false
@@ -118,13 +122,13 @@ norm = "rms-norm"
 
 [model.feed_forward]
 kind = "swiglu"
-d_ff = 64
+d_ff = 32
 bias = false
 """
 
 NEOX = """
 [model]
-d_model = 32
+d_model = 16
 n_layers = 2
 seq_len = 64
 tie_embeddings = false
@@ -132,7 +136,7 @@ tie_embeddings = false
 [model.position]
 kind = "rope"
 layout = "interleaved"
-rotary_dim = 4
+rotary_dim = 2
 
 [model.attention]
 kind = "full"
@@ -145,10 +149,9 @@ parallel = true
 
 [model.feed_forward]
 kind = "gelu"
-d_ff = 64
+d_ff = 32
 """
 
-# the three below are small (16 or 24 wide): their point is the mapping, not the model
 PHI = """
 [model]
 d_model = 16
@@ -230,6 +233,35 @@ kind = "gelu-tanh"
 d_ff = 96
 """
 
+BERT = """
+[model]
+d_model = 16
+n_layers = 2
+seq_len = 64
+tie_embeddings = true
+embedding_norm = true
+head_transform = true
+head_bias = true
+
+[model.position]
+kind = "learned"
+
+[model.attention]
+kind = "full"
+n_heads = 4
+
+[model.block]
+kind = "post-ln"
+norm = "layer-norm"
+
+[model.feed_forward]
+kind = "gelu"
+d_ff = 32
+
+[model.objective]
+kind = "masked"
+"""
+
 CORPUS_TEXT = """Shall I compare thee to a summer's day?
 Thou art more lovely and more temperate:
 Rough winds do shake the darling buds of May,
@@ -260,10 +292,17 @@ def sha256(path):
 
 def expectations(export_dir):
     tokenizer = AutoTokenizer.from_pretrained(export_dir)
-    model = AutoModelForCausalLM.from_pretrained(export_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    with open(os.path.join(export_dir, "config.json")) as f:
+        masked = json.load(f)["model_type"] == "bert"
+    auto = AutoModelForMaskedLM if masked else AutoModelForCausalLM
+    model = auto.from_pretrained(export_dir, dtype=torch.float32, attn_implementation="eager").eval()
     ids = tokenizer(TEXT)["input_ids"]
     assert tokenizer.decode(ids, skip_special_tokens=True) == TEXT, "the exported tokenizer does not round-trip"
-    expected = {"class": type(model).__name__, **transformers_computes(model, tokenizer, TEXT, PROMPT)}
+    if masked:
+        computed = masked_expectations(model, tokenizer, tokenizer.mask_token_id, TEXT)
+    else:
+        computed = transformers_computes(model, tokenizer, TEXT, PROMPT)
+    expected = {"class": type(model).__name__, **computed}
     expected["exported"] = {f: sha256(os.path.join(export_dir, f)) for f in sorted(os.listdir(export_dir))}
     return expected
 
@@ -292,7 +331,7 @@ def main():
         f.write(CORPUS_TEXT * 4)
     with tempfile.TemporaryDirectory() as tmp:
         char = TRAIN.format(corpus=CORPUS, tokenizer='tokenizer = { kind = "char" }', steps=200)
-        recipes = {"gpt": GPT, "llama": LLAMA, "neox": NEOX, "phi": PHI, "gptj": GPTJ, "bloom": BLOOM}
+        recipes = {"gpt": GPT, "llama": LLAMA, "neox": NEOX, "phi": PHI, "gptj": GPTJ, "bloom": BLOOM, "bert": BERT}
         runs = {name: train(binary, tmp, name, recipe + char) for name, recipe in recipes.items() if wanted(name)}
         imported = os.path.join(tmp, "imported")
         if wanted("roundtrip"):

@@ -8,17 +8,22 @@ tokenizer gives them, the log-probability transformers gives every token after t
 (fp32, eager attention), and the 32 tokens its greedy `generate` appends to a prompt (with the
 KV cache). The tests read them without Python.
 
-The weights are random and widened (matrices x12, norms and biases jittered) so that the
-log-probabilities are far from uniform and a wrong mapping shows. The GPT-2 fixture is stored
-as f32 in shards (an index and two files); the LLaMA one as bf16, untied, with grouped-query
+The models are 16 wide, 2 layers, and stored in bf16 (Mistral in f16, GPT-2 in f32), so that
+the eleven fit in a few hundred KiB. The weights are random and widened (matrices x12, norms
+and biases jittered) so that the log-probabilities are far from uniform and a wrong mapping
+shows. GPT-2 is stored in shards (an index and three files); LLaMA untied, with grouped-query
 heads; OPT with its offset position table and BOS; Qwen2 with q/k/v biases, grouped-query heads,
-tied, θ = 10⁶; GPT-NeoX with parallel branches and rotary on half of each head; Mistral in f16 with one K/V head;
-Phi with one norm shared by its parallel branches, grouped-query heads and a head bias; GPT-J with
-rotary on adjacent pairs of 4 of each head's 8 dimensions; BLOOM with ALiBi over 6 heads and an
-embedding LayerNorm (these three in bf16, to keep the fixtures small). The expectations come from each saved directory loaded back with `from_pretrained` in
-f32 (bf16 values widen exactly), as a user would load it.
+tied, θ = 10⁶; GPT-NeoX with parallel branches and rotary on half of each head; Mistral with one
+K/V head; Phi with one norm shared by its parallel branches, grouped-query heads and a head
+bias; GPT-J with rotary on adjacent pairs of 2 of each head's 4 dimensions; BLOOM with ALiBi
+over 6 heads and an embedding LayerNorm. The masked models, BERT (WordPiece, two token types)
+and RoBERTa (byte-level BPE, the position table offset past the padding id), record instead the
+log-probability every position gives its own token with every fourth token hidden behind the
+mask token, and the encoder's last hidden state. The expectations come from each saved
+directory loaded back with `from_pretrained` in f32 (bf16 values widen exactly), as a user
+would load it.
 
-Usage: python3 scripts/reference/make_hf_fixtures.py [OUT_DIR [NAME...]]  (NAME: gpt2 llama opt qwen2 gpt_neox mistral phi gptj bloom)
+Usage: python3 scripts/reference/make_hf_fixtures.py [OUT_DIR [NAME...]]  (NAME: gpt2 llama opt qwen2 gpt_neox mistral phi gptj bloom bert roberta)
 (pinned versions: scripts/reference/requirements.txt plus transformers, below).
 """
 
@@ -28,7 +33,7 @@ import sys
 
 import torch
 import transformers
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
 PINNED = "5.24.0"
@@ -92,12 +97,14 @@ def expectations(model, tokenizer, text=TEXT, prompt_text=PROMPT):
         scored = [logprobs[i - 1, ids[i]].item() for i in range(1, len(ids))]
         prompt = tokenizer(prompt_text)["input_ids"]
         prompt_tensor = torch.tensor([prompt])
+        # plain greedy decoding, as variorum's: no end-of-text stop, and no min_new_tokens, which
+        # would suppress the end-of-text token where it is the argmax
+        model.generation_config.eos_token_id = None
         out = model.generate(
             prompt_tensor,
             # explicit: inferred from pad_token_id it would mask LLaMA's BOS (id 0) out
             attention_mask=torch.ones_like(prompt_tensor),
             max_new_tokens=GREEDY_TOKENS,
-            min_new_tokens=GREEDY_TOKENS,
             do_sample=False,
             use_cache=True,
             pad_token_id=0,
@@ -146,7 +153,7 @@ def gpt2(out):
     cfg = transformers.GPT2Config(
         vocab_size=tok.get_vocab_size(),
         n_positions=64,
-        n_embd=32,
+        n_embd=16,
         n_layer=2,
         n_head=4,
         activation_function="gelu_new",
@@ -157,7 +164,7 @@ def gpt2(out):
         bos_token_id=0,
         eos_token_id=0,
     )
-    return made(out, "gpt2", transformers.GPT2LMHeadModel, cfg, tokenizer, seed=1, max_shard_size="60KB")
+    return made(out, "gpt2", transformers.GPT2LMHeadModel, cfg, tokenizer, seed=1, max_shard_size="20KB")
 
 
 def llama(out):
@@ -166,8 +173,8 @@ def llama(out):
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
     cfg = transformers.LlamaConfig(
         vocab_size=tok.get_vocab_size(),
-        hidden_size=32,
-        intermediate_size=88,
+        hidden_size=16,
+        intermediate_size=44,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
@@ -190,19 +197,19 @@ def opt(out):
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="</s>", eos_token="</s>", pad_token="<pad>")
     cfg = transformers.OPTConfig(
         vocab_size=tok.get_vocab_size(),
-        hidden_size=32,
+        hidden_size=16,
         num_hidden_layers=2,
-        ffn_dim=80,
+        ffn_dim=40,
         max_position_embeddings=64,
         num_attention_heads=4,
-        word_embed_proj_dim=32,
+        word_embed_proj_dim=16,
         dropout=0.0,
         activation_function="relu",
         pad_token_id=1,
         bos_token_id=2,
         eos_token_id=2,
     )
-    return made(out, "opt", transformers.OPTForCausalLM, cfg, tokenizer, seed=3)
+    return made(out, "opt", transformers.OPTForCausalLM, cfg, tokenizer, seed=3, dtype=torch.bfloat16)
 
 
 def qwen2(out):
@@ -210,8 +217,8 @@ def qwen2(out):
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
     cfg = transformers.Qwen2Config(
         vocab_size=tok.get_vocab_size(),
-        hidden_size=32,
-        intermediate_size=72,
+        hidden_size=16,
+        intermediate_size=36,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
@@ -221,7 +228,7 @@ def qwen2(out):
         tie_word_embeddings=True,
         eos_token_id=0,
     )
-    return made(out, "qwen2", transformers.Qwen2ForCausalLM, cfg, tokenizer, seed=4)
+    return made(out, "qwen2", transformers.Qwen2ForCausalLM, cfg, tokenizer, seed=4, dtype=torch.bfloat16)
 
 
 def gpt_neox(out):
@@ -229,10 +236,10 @@ def gpt_neox(out):
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>")
     cfg = transformers.GPTNeoXConfig(
         vocab_size=tok.get_vocab_size(),
-        hidden_size=32,
+        hidden_size=16,
         num_hidden_layers=2,
         num_attention_heads=4,
-        intermediate_size=96,
+        intermediate_size=48,
         hidden_act="gelu",
         max_position_embeddings=128,
         layer_norm_eps=1e-5,
@@ -245,7 +252,7 @@ def gpt_neox(out):
         bos_token_id=0,
         eos_token_id=0,
     )
-    return made(out, "gpt_neox", transformers.GPTNeoXForCausalLM, cfg, tokenizer, seed=5)
+    return made(out, "gpt_neox", transformers.GPTNeoXForCausalLM, cfg, tokenizer, seed=5, dtype=torch.bfloat16)
 
 
 def mistral(out):
@@ -254,8 +261,8 @@ def mistral(out):
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
     cfg = transformers.MistralConfig(
         vocab_size=tok.get_vocab_size(),
-        hidden_size=32,
-        intermediate_size=80,
+        hidden_size=16,
+        intermediate_size=40,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=1,
@@ -275,8 +282,8 @@ def phi(out):
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|endoftext|>")
     cfg = transformers.PhiConfig(
         vocab_size=tok.get_vocab_size(),
-        hidden_size=32,
-        intermediate_size=80,
+        hidden_size=16,
+        intermediate_size=40,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
@@ -297,11 +304,11 @@ def gptj(out):
     cfg = transformers.GPTJConfig(
         vocab_size=tok.get_vocab_size(),
         n_positions=128,
-        n_embd=32,
+        n_embd=16,
         n_layer=2,
         n_head=4,
-        rotary_dim=4,
-        n_inner=72,
+        rotary_dim=2,
+        n_inner=36,
         activation_function="gelu_new",
         layer_norm_epsilon=1e-5,
         tie_word_embeddings=False,
@@ -331,6 +338,95 @@ def bloom(out):
     return made(out, "bloom", transformers.BloomForCausalLM, cfg, tokenizer, seed=9, dtype=torch.bfloat16)
 
 
+def masked_expectations(model, tokenizer, mask_id, text=TEXT):
+    """What transformers computes with a masked LM: the ids of `text`, the same with every
+    fourth token after the first replaced by the mask token, the log-probability each position
+    gives the original token, and the last hidden state (the encoder's output) at every position."""
+    ids = tokenizer(text)["input_ids"]
+    # the first and last are [CLS]/<s> and [SEP]/</s>
+    masked = [mask_id if 0 < i < len(ids) - 1 and i % 4 == 1 else t for i, t in enumerate(ids)]
+    with torch.no_grad():
+        out = model(torch.tensor([masked]), output_hidden_states=True)
+        logprobs = torch.log_softmax(out.logits[0].double(), dim=-1)
+        scored = [logprobs[i, ids[i]].item() for i in range(len(ids))]
+        # nine significant digits: far below the tests' 1e-4, and half the file
+        hidden = [[float(f"{v:.9g}") for v in row] for row in out.hidden_states[-1][0].double().tolist()]
+    return {
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "text": text,
+        "ids": ids,
+        "masked_ids": masked,
+        "mask_id": mask_id,
+        "logprobs": scored,
+        "hidden": hidden,
+    }
+
+
+def made_masked(out, name, cls, cfg, tokenizer, seed, mask_token, dtype=None):
+    torch.manual_seed(seed)
+    model = cls(cfg).eval()
+    model.config._attn_implementation = "eager"
+    widen(model, seed)
+    d = save(out, name, model if dtype is None else model.to(dtype), tokenizer)
+    reloaded = cls.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
+    return d, masked_expectations(reloaded.eval(), tokenizer, tokenizer.convert_tokens_to_ids(mask_token))
+
+
+def bert(out):
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    trainer = trainers.WordPieceTrainer(vocab_size=300, special_tokens=specials, show_progress=False)
+    tok.train_from_iterator([CORPUS], trainer)
+    cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)]
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]", cls_token="[CLS]", mask_token="[MASK]"
+    )
+    cfg = transformers.BertConfig(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=32,
+        hidden_act="gelu",
+        max_position_embeddings=64,
+        type_vocab_size=2,
+        layer_norm_eps=1e-12,
+        pad_token_id=0,
+    )
+    return made_masked(out, "bert", transformers.BertForMaskedLM, cfg, tokenizer, seed=10, mask_token="[MASK]", dtype=torch.bfloat16)
+
+
+def roberta(out):
+    tok = byte_level_bpe(300, ["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>", mask_token="<mask>"
+    )
+    cfg = transformers.RobertaConfig(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=32,
+        max_position_embeddings=66,
+        type_vocab_size=1,
+        layer_norm_eps=1e-5,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+    )
+    return made_masked(out, "roberta", transformers.RobertaForMaskedLM, cfg, tokenizer, seed=11, mask_token="<mask>", dtype=torch.bfloat16)
+
+
 MAKERS = {
     "gpt2": gpt2,
     "llama": llama,
@@ -341,6 +437,8 @@ MAKERS = {
     "phi": phi,
     "gptj": gptj,
     "bloom": bloom,
+    "bert": bert,
+    "roberta": roberta,
 }
 
 

@@ -2,8 +2,8 @@
 //! `prob` of the positions is chosen for prediction; a chosen token is replaced by the mask token
 //! with probability `mask_token`, by a random token with probability `random_token`, and kept
 //! otherwise. The targets are the original tokens at the chosen positions and the mask id
-//! everywhere else, which the loss ignores (the mask token is never a text token, so it cannot be
-//! a real target).
+//! everywhere else, which the loss ignores (the mask token is not a text token — an extra
+//! embedding row, or a tokenizer's special `[MASK]` — so it is not a real target).
 //!
 //! Choices: positions are chosen independently (Bernoulli(`prob`)), not as an exact count; a row
 //! where none was chosen gets one chosen position, so that every row has a loss. The window is the
@@ -26,8 +26,10 @@ pub struct Masking {
     pub mask_token: f64,
     /// Of the chosen positions, the share replaced by a random text token (BERT: 0.1).
     pub random_token: f64,
-    /// Id of the mask token; text tokens are `0..mask_id`.
+    /// Id of the mask token: `vocab` (an extra row), or one of the vocabulary's (BERT's `[MASK]`).
     pub mask_id: u32,
+    /// Text tokens are `0..vocab`; a random replacement is one of them other than the mask token.
+    pub vocab: u32,
 }
 
 impl Masking {
@@ -51,8 +53,10 @@ impl Masking {
                 let u: f64 = rng.random();
                 if u < self.mask_token {
                     inputs[i] = ignore;
-                } else if u < self.mask_token + self.random_token && self.mask_id > 0 {
-                    inputs[i] = i64::from(rng.random_range(0..self.mask_id));
+                } else if u < self.mask_token + self.random_token
+                    && let Some(token) = self.random_token(&mut rng)
+                {
+                    inputs[i] = i64::from(token);
                 }
             }
         }
@@ -68,6 +72,20 @@ impl Masking {
             starts: batch.starts.clone(),
             neighbours: batch.neighbours.clone(),
         }
+    }
+}
+
+impl Masking {
+    /// A text token other than the mask token, uniformly; `None` when there is none.
+    fn random_token(&self, rng: &mut ChaCha8Rng) -> Option<u32> {
+        // the mask token among the vocabulary: draw from the others, skipping over it
+        let inside = self.mask_id < self.vocab;
+        let choices = self.vocab - u32::from(inside);
+        if choices == 0 {
+            return None;
+        }
+        let t = rng.random_range(0..choices);
+        Some(if inside && t >= self.mask_id { t + 1 } else { t })
     }
 }
 
@@ -100,7 +118,7 @@ mod tests {
         }
     }
 
-    const BERT: Masking = Masking { prob: 0.15, mask_token: 0.8, random_token: 0.1, mask_id: 7 };
+    const BERT: Masking = Masking { prob: 0.15, mask_token: 0.8, random_token: 0.1, mask_id: 7, vocab: 7 };
 
     #[test]
     fn hidden_positions_are_the_targets_and_the_rest_is_ignored() {
@@ -123,6 +141,22 @@ mod tests {
         // kept = 10% kept + random draws that hit the same token (1/7 of 10%)
         assert!((kept - (0.1 + 0.1 / 7.0)).abs() < 0.02, "{kept}");
         assert!(m.inputs.iter().all(|&t| (0..=7).contains(&t)));
+    }
+
+    #[test]
+    fn a_mask_token_inside_the_vocabulary_is_never_a_random_replacement() {
+        // BERT's [MASK] is id 3 of 7 text ids; replace every chosen token by a random one
+        let m = Masking { prob: 0.5, mask_token: 0.0, random_token: 1.0, mask_id: 3, vocab: 7 };
+        let src = batch(64, 64);
+        let out = m.apply(&src, 11);
+        let mut seen = [0usize; 7];
+        for i in 0..out.targets.len() {
+            if out.targets[i] != 3 {
+                seen[out.inputs[i] as usize] += 1;
+            }
+        }
+        assert_eq!(seen[3], 0, "the mask token drawn as a random token: {seen:?}");
+        assert!(seen.iter().enumerate().all(|(t, &n)| t == 3 || n > 100), "every other token drawn: {seen:?}");
     }
 
     #[test]

@@ -44,6 +44,9 @@ pub struct ModelConfig {
     /// The output head adds a learned bias per vocabulary entry to the logits, tied
     /// embeddings or not (GPT-J's and Phi's `lm_head`, BERT's MLM decoder). Default false.
     pub head_bias: bool,
+    /// A dense layer, GELU and the blocks' norm before the output head: BERT's and RoBERTa's
+    /// masked-LM prediction head ([`crate::HeadTransform`]). Default false.
+    pub head_transform: bool,
     /// std of the normal initialisation of weights (GPT-2: 0.02); residual output
     /// projections get `init_std / √(2·n_layers)`. Default 0.02.
     pub init_std: f64,
@@ -91,6 +94,7 @@ impl Default for ModelConfig {
             scale_embeddings: false,
             embedding_norm: false,
             head_bias: false,
+            head_transform: false,
             init_std: 0.02,
             position: PositionConfig::default(),
             attention: AttentionConfig::default(),
@@ -193,24 +197,40 @@ impl ModelConfig {
                 format!(
                     "model.vocab_size = {v} is smaller than the tokenizer's vocabulary ({tokenizer_vocab}): remove the key or raise it"
                 )
-            }),
-            None => {
-                self.vocab_size = Some(tokenizer_vocab);
-                Ok(())
-            }
+            })?,
+            None => self.vocab_size = Some(tokenizer_vocab),
         }
+        self.check_mask_token()
     }
 
-    /// Rows of the embedding: the text vocabulary, plus the mask token of the masked objective,
-    /// or an encoder–decoder's end token and span corruption's sentinels.
+    /// A mask token of the vocabulary's own is one of its tokens.
+    fn check_mask_token(&self) -> Result<(), ConfigError> {
+        if let (ObjectiveConfig::Masked(m), Some(vocab)) = (&self.objective, self.vocab_size)
+            && let Some(id) = m.mask_token
+        {
+            check(id < vocab, || {
+                format!("model.objective.mask_token = {id} is not a token of the vocabulary ({vocab} tokens)")
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Rows of the embedding: the text vocabulary, plus the mask token of the masked objective
+    /// (unless the vocabulary has its own), or an encoder–decoder's end token and span
+    /// corruption's sentinels.
     pub fn vocab(&self) -> usize {
         let special = usize::from(self.is_encoder_decoder()) + self.sentinels().map_or(0, |s| s.0);
-        self.vocab_size.unwrap_or(256) + usize::from(!self.objective.is_causal()) + special
+        let extra_mask = matches!(&self.objective, ObjectiveConfig::Masked(m) if m.mask_token.is_none());
+        self.vocab_size.unwrap_or(256) + usize::from(extra_mask) + special
     }
 
-    /// The mask token's id (the last embedding row) under the masked objective.
+    /// The mask token's id under the masked objective: the vocabulary's own, or the last
+    /// embedding row.
     pub fn mask_token(&self) -> Option<usize> {
-        (!self.objective.is_causal()).then(|| self.vocab_size.unwrap_or(256))
+        match &self.objective {
+            ObjectiveConfig::Masked(m) => Some(m.mask_token.unwrap_or(self.vocab_size.unwrap_or(256))),
+            _ => None,
+        }
     }
 
     /// What the masked objective needs: bidirectional attention, and none of the pieces that only
@@ -228,7 +248,7 @@ impl ModelConfig {
         if self.max_back.is_some() {
             return refuse("model.max_back", "it limits how far back a causal query reaches");
         }
-        Ok(())
+        self.check_mask_token()
     }
 
     /// Builds the model. Call [`validate`](Self::validate) (and [`resolve`](Self::resolve)) first.

@@ -101,6 +101,8 @@ pub struct DecoderLm {
     pub final_norm: Option<Norm>,
     /// Present when the output embedding is not tied.
     pub head: Option<Linear>,
+    /// BERT's dense + GELU + norm before the head (`model.head_transform`).
+    pub head_transform: Option<crate::HeadTransform>,
     /// The logits' bias `[vocab_size]` (`model.head_bias`), tied head or not.
     pub head_bias: Option<Param<Tensor<1>>>,
     /// Rows of the embedding and width of the logits: the text vocabulary plus the special tokens
@@ -178,6 +180,7 @@ impl DecoderLm {
             final_norm: cfg.block.pre_norm().then(|| norm.norm.init(d, norm.norm_eps, device)),
             head: (!cfg.tie_embeddings)
                 .then(|| LinearConfig::new(d, vocab).with_bias(false).with_initializer(init).init(device)),
+            head_transform: cfg.head_transform.then(|| crate::HeadTransform::new(d, &norm, cfg.init_std, device)),
             head_bias: cfg.head_bias.then(|| Initializer::Zeros.init([vocab], device)),
             vocab_size: vocab,
             seq_len: cfg.seq_len,
@@ -628,6 +631,10 @@ impl DecoderLm {
     }
 
     fn logits(&self, x: Tensor<3>) -> Tensor<3> {
+        let x = match &self.head_transform {
+            Some(t) => t.forward(x),
+            None => x,
+        };
         // the head is built without a bias of its own: `head_bias` serves tied heads too
         let weight = match &self.head {
             Some(head) => head.weight.val(),

@@ -5,8 +5,9 @@
 //! - `masked`: the hidden tokens of a window from everything around them (BERT's masked language
 //!   model; Devlin et al. 2019): attention is bidirectional, so the attention kinds that have no
 //!   causal form (Linformer, Nyströmformer, clustered, inducing points, …) train too. The
-//!   embedding gets one extra row, the mask token (id = the text vocabulary size), and the loss
-//!   counts the hidden positions only. A masked model does not generate.
+//!   embedding gets one extra row, the mask token (id = the text vocabulary size), unless the
+//!   tokenizer has a mask token of its own (`mask_token`: BERT's `[MASK]`), and the loss counts
+//!   the hidden positions only. A masked model does not generate.
 //! - `span-corruption`: T5's denoising objective (Raffel et al. 2020, §3.1.4) for an
 //!   encoder–decoder on a single corpus: spans of a window are dropped from the source, each
 //!   replaced by a sentinel token, and the decoder writes the dropped spans after their
@@ -65,11 +66,14 @@ pub struct MaskedConfig {
     /// Of the chosen positions, the share shown as a random token (the rest are shown unchanged).
     /// Default 0.1 (BERT).
     pub random_token_prob: f64,
+    /// The mask token's id when the vocabulary has one (BERT's `[MASK]`, RoBERTa's `<mask>`).
+    /// Default none: an extra embedding row after the vocabulary.
+    pub mask_token: Option<usize>,
 }
 
 impl Default for MaskedConfig {
     fn default() -> Self {
-        Self { mask_prob: 0.15, mask_token_prob: 0.8, random_token_prob: 0.1 }
+        Self { mask_prob: 0.15, mask_token_prob: 0.8, random_token_prob: 0.1, mask_token: None }
     }
 }
 

@@ -54,6 +54,7 @@ pub fn masking(cfg: &ModelConfig) -> Option<Masking> {
             mask_token: m.mask_token_prob,
             random_token: m.random_token_prob,
             mask_id: cfg.mask_token().unwrap_or_default() as u32,
+            vocab: cfg.vocab_size.unwrap_or_default() as u32,
         }),
     }
 }

@@ -15,8 +15,8 @@ pub struct FreezeConfig {
     pub embeddings: bool,
     /// The first n blocks (of the decoder, in an encoder–decoder: its encoder blocks train). Default 0.
     pub first_blocks: usize,
-    /// Everything but the output head (`head`, or `token_embedding` when tied, and its bias).
-    /// Default false.
+    /// Everything but the output head (`head`, or `token_embedding` when tied, its bias and
+    /// transform). Default false.
     pub all_but_head: bool,
 }
 
@@ -43,7 +43,7 @@ impl FreezeConfig {
         let top = path.first().map(String::as_str).unwrap_or("");
         if self.all_but_head {
             let head = if tied { "token_embedding" } else { "head" };
-            if top != head && top != "head_bias" {
+            if !matches!(top, "head_bias" | "head_transform") && top != head {
                 return true;
             }
         }

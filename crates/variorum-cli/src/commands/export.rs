@@ -26,8 +26,9 @@ pub struct ExportArgs {
 pub enum ExportFormat {
     /// The weights alone, under variorum's tensor names.
     Safetensors,
-    /// A Hugging Face model directory (config.json, model.safetensors, tokenizer.json) as GPT-2
-    /// or LLaMA, for `AutoModelForCausalLM.from_pretrained`.
+    /// A Hugging Face model directory (config.json, model.safetensors, tokenizer.json) as GPT-2,
+    /// LLaMA, GPT-NeoX, GPT-J, Phi, BLOOM or (a masked model) BERT, for transformers'
+    /// `from_pretrained`.
     Hf,
 }
 
@@ -53,8 +54,10 @@ pub fn run(args: ExportArgs) -> Result<ExitCode> {
             let spinner = variorum_train::progress::spinner(&format!("exporting {}", run.display()));
             let done = variorum_train::hf::export(&run, &out, &device)?;
             spinner.finish_and_clear();
+            let auto =
+                if done.class.ends_with("ForMaskedLM") { "AutoModelForMaskedLM" } else { "AutoModelForCausalLM" };
             eprintln!(
-                "{} written as {} ({} tensors, {} parameters): transformers' AutoModelForCausalLM.from_pretrained({:?}) loads it",
+                "{} written as {} ({} tensors, {} parameters): transformers' {auto}.from_pretrained({:?}) loads it",
                 done.out.display(),
                 done.class,
                 done.tensors,

@@ -1,4 +1,5 @@
-//! `model.embedding_norm` (BLOOM, BERT) and `model.head_bias` (GPT-J, Phi, BERT's MLM decoder).
+//! `model.embedding_norm` (BLOOM, BERT), `model.head_bias` (GPT-J, Phi, BERT's MLM decoder) and
+//! `model.head_transform` (BERT's prediction head).
 
 use burn::module::Param;
 use burn::prelude::*;
@@ -31,7 +32,43 @@ fn the_head_bias_is_added_to_every_positions_logits_tied_or_not() {
 #[test]
 fn a_model_without_head_bias_has_none() {
     let model = zoo::tiny().init(&Device::flex());
-    assert!(model.head_bias.is_none() && model.embedding_norm.is_none());
+    assert!(model.head_bias.is_none() && model.embedding_norm.is_none() && model.head_transform.is_none());
+}
+
+#[test]
+fn the_head_transform_is_dense_gelu_norm_before_the_tied_projection() {
+    let dev = Device::flex();
+    let cfg = ModelConfig { head_transform: true, head_bias: true, init_std: 0.5, ..zoo::tiny() };
+    cfg.validate().unwrap();
+    let mut model = cfg.init(&dev);
+    let t = model.head_transform.clone().expect("a transform");
+    // a norm away from its identity, so that leaving it out would show
+    let d = cfg.d_model;
+    let gamma = Tensor::<1>::random([d], Distribution::Uniform(0.5, 2.0), &dev);
+    let beta = Tensor::<1>::random([d], Distribution::Uniform(-1.0, 1.0), &dev);
+    model.head_transform = Some(variorum_model::HeadTransform {
+        norm: variorum_block::Norm::Layer(variorum_block::norm::LayerNorm {
+            gamma: Param::from_tensor(gamma.clone()),
+            beta: Some(Param::from_tensor(beta.clone())),
+            epsilon: 1e-5,
+        }),
+        ..t
+    });
+    let out = model.forward(tokens(&dev));
+    // by hand: h W + b, erf GELU, LayerNorm, then Eᵀ and the head bias
+    let dense = &model.head_transform.as_ref().unwrap().dense;
+    let h =
+        out.features.matmul(dense.weight.val().unsqueeze::<3>()) + dense.bias.as_ref().unwrap().val().unsqueeze::<3>();
+    let h = burn::tensor::activation::gelu(h);
+    let mean = h.clone().mean_dim(2);
+    let centred = h - mean;
+    let var = centred.clone().powf_scalar(2.0).mean_dim(2);
+    let normed = centred / var.add_scalar(1e-5).sqrt();
+    let normed = normed * gamma.unsqueeze::<3>() + beta.unsqueeze::<3>();
+    let want = normed.matmul(model.token_embedding.weight.val().transpose().unsqueeze::<3>())
+        + model.head_bias.as_ref().unwrap().val().unsqueeze::<3>();
+    let diff = (out.logits - want).abs().max().into_scalar::<f32>();
+    assert!(diff < 1e-3, "logits off Norm(GELU(h W + b)) Eᵀ + c by {diff}");
 }
 
 #[test]

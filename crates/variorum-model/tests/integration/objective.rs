@@ -25,6 +25,23 @@ fn the_masked_objective_adds_the_mask_token() {
 }
 
 #[test]
+fn a_mask_token_of_the_vocabulary_adds_no_row() {
+    let masked = parse("[objective]\nkind = \"masked\"\nmask_token = 3");
+    masked.validate().unwrap();
+    assert_eq!((masked.vocab(), masked.mask_token()), (11, Some(3)));
+    let model = masked.init(&burn::prelude::Device::flex());
+    assert_eq!(model.token_embedding.weight.dims(), [11, 32]);
+    assert_eq!(model.mask_token, Some(3));
+    let e = refusal("[objective]\nkind = \"masked\"\nmask_token = 11");
+    assert!(e.contains("model.objective.mask_token = 11 is not a token of the vocabulary (11 tokens)"), "{e}");
+    // and when the vocabulary comes from the tokenizer
+    let mut open_vocab: ModelConfig = toml::from_str("[objective]\nkind = \"masked\"\nmask_token = 20").unwrap();
+    open_vocab.validate().unwrap();
+    let e = open_vocab.resolve(11).unwrap_err().to_string();
+    assert!(e.contains("mask_token = 20"), "{e}");
+}
+
+#[test]
 fn left_to_right_pieces_are_refused_with_the_masked_objective() {
     for (extra, names) in [
         ("[objective]\nkind = \"masked\"\n[memory]\nkind = \"xl\"", "model.memory"),

@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 use super::checkpoint::Checkpoint;
 use super::config::HfConfig;
 use super::recipe::Recipe;
-use super::{Mapping, int, table};
+use super::{Mapping, Sizes, int, table};
 
 /// BLOOM was trained on sequences of this length; ALiBi has no table to bound it.
 const TRAINED_CONTEXT: usize = 2048;
@@ -88,13 +88,8 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
         ]);
     }
 
-    let model = table([
-        ("vocab_size", int(vocab)),
-        ("d_model", int(d)),
-        ("n_layers", int(layers)),
-        ("seq_len", int(context)),
-        ("dropout", dropout.into()),
-        ("tie_embeddings", tied.into()),
+    let sizes = Sizes { vocab, d, layers, seq_len: context, dropout, tied };
+    let model = sizes.model([
         ("embedding_norm", true.into()),
         ("position", table([("kind", "alibi".into())])),
         (

@@ -79,7 +79,7 @@ impl Rope {
     /// (`int(head_dim * partial_rotary_factor)`), refused unless they pair up.
     pub(crate) fn rotary_dim(&self, head_dim: usize, path: &Path) -> Result<usize> {
         let r = (head_dim as f64 * self.fraction) as usize;
-        if r == 0 || r % 2 != 0 || r > head_dim {
+        if r == 0 || !r.is_multiple_of(2) || r > head_dim {
             bail!("{}: a rotary part of {r} of each head's {head_dim} dimensions cannot be paired", path.display());
         }
         Ok(r)
@@ -91,6 +91,9 @@ pub(crate) struct HfConfig {
     path: PathBuf,
     map: Map<String, Value>,
     read: Vec<String>,
+    /// The mask token's id when the tokenizer files are not beside `config.json` yet (an
+    /// export, whose tokenizer is written with the weights).
+    mask_token: Option<usize>,
 }
 
 impl HfConfig {
@@ -105,13 +108,18 @@ impl HfConfig {
         })?;
         let value: Value = serde_json::from_str(&text).map_err(|e| anyhow!("{} is not JSON: {e}", path.display()))?;
         let Value::Object(map) = value else { bail!("{} is not a JSON object", path.display()) };
-        Ok(HfConfig { path, map, read: Vec::new() })
+        Ok(HfConfig { path, map, read: Vec::new(), mask_token: None })
     }
 
     /// A `config.json` made in memory (by `export`, to read it back as the import would);
-    /// `path` is where it is to be written, for messages.
-    pub(crate) fn from_map(path: PathBuf, map: Map<String, Value>) -> HfConfig {
-        HfConfig { path, map, read: Vec::new() }
+    /// `path` is where it is to be written, for messages; `mask_token`, a masked model's.
+    pub(crate) fn from_map(path: PathBuf, map: Map<String, Value>, mask_token: Option<usize>) -> HfConfig {
+        HfConfig { path, map, read: Vec::new(), mask_token }
+    }
+
+    /// The mask token's id given by [`from_map`](Self::from_map), if any.
+    pub(crate) fn mask_token(&self) -> Option<usize> {
+        self.mask_token
     }
 
     /// The file, for messages.
@@ -151,6 +159,15 @@ impl HfConfig {
         }
     }
 
+    /// A token id or other index (0 allowed), or `default` when absent.
+    pub(crate) fn index_or(&mut self, key: &str, default: usize) -> Result<usize> {
+        match self.get(key).map(Value::as_u64) {
+            None => Ok(default),
+            Some(Some(n)) => Ok(n as usize),
+            Some(None) => Err(self.wrong(key, "an integer ≥ 0")),
+        }
+    }
+
     /// A number, or `default` when absent.
     pub(crate) fn f64_or(&mut self, key: &str, default: f64) -> Result<f64> {
         match self.get(key).map(Value::as_f64) {
@@ -175,6 +192,17 @@ impl HfConfig {
             None => Ok(default.to_string()),
             Some(Some(s)) => Ok(s),
             Some(None) => Err(self.wrong(key, "a string")),
+        }
+    }
+
+    /// The feed-forward kind of the activation named by `key` (`default` when absent): the
+    /// two-layer FFN's activations variorum has, under transformers' names.
+    pub(crate) fn activation(&mut self, key: &str, default: &str) -> Result<&'static str> {
+        match self.str_or(key, default)?.as_str() {
+            "gelu_new" | "gelu_fast" | "gelu_pytorch_tanh" => Ok("gelu-tanh"),
+            "gelu" => Ok("gelu"),
+            "relu" => Ok("relu"),
+            other => bail!("{}: {key} = {other:?} is not supported (gelu, gelu_new, relu)", self.path.display()),
         }
     }
 

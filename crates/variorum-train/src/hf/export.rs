@@ -22,11 +22,11 @@ use anyhow::{Context, Result, anyhow, bail};
 use burn::prelude::*;
 use burn::store::ModuleSnapshot;
 use serde_json::{Map, Value};
-use variorum_model::ModelConfig;
+use variorum_model::{ModelConfig, ObjectiveConfig};
 
 use super::checkpoint::Checkpoint;
 use super::config::HfConfig;
-use super::{Mapping, bloom, gpt_neox, gpt2, gptj, llama, phi};
+use super::{Mapping, bert, bloom, gpt_neox, gpt2, gptj, llama, phi};
 use crate::run::Run;
 
 /// What [`export`] wrote.
@@ -47,17 +47,26 @@ pub struct Exported {
 struct Target {
     model_type: &'static str,
     position: &'static str,
+    /// A masked language model (BERT), for runs of the masked objective.
+    masked: bool,
     config_json: fn(&Value) -> Map<String, Value>,
     map: fn(&mut HfConfig, &Checkpoint) -> Result<Mapping>,
 }
 
 const TARGETS: &[Target] = &[
-    Target { model_type: "gpt2", position: "learned", config_json: gpt2::config_json, map: gpt2::map },
-    Target { model_type: "llama", position: "rope", config_json: llama::config_json, map: llama::map },
-    Target { model_type: "gpt_neox", position: "rope", config_json: gpt_neox::config_json, map: gpt_neox::map },
-    Target { model_type: "gptj", position: "rope", config_json: gptj::config_json, map: gptj::map },
-    Target { model_type: "phi", position: "rope", config_json: phi::config_json, map: phi::map },
-    Target { model_type: "bloom", position: "alibi", config_json: bloom::config_json, map: bloom::map },
+    Target { model_type: "gpt2", position: "learned", masked: false, config_json: gpt2::config_json, map: gpt2::map },
+    Target { model_type: "bert", position: "learned", masked: true, config_json: bert::config_json, map: bert::map },
+    Target { model_type: "llama", position: "rope", masked: false, config_json: llama::config_json, map: llama::map },
+    Target {
+        model_type: "gpt_neox",
+        position: "rope",
+        masked: false,
+        config_json: gpt_neox::config_json,
+        map: gpt_neox::map,
+    },
+    Target { model_type: "gptj", position: "rope", masked: false, config_json: gptj::config_json, map: gptj::map },
+    Target { model_type: "phi", position: "rope", masked: false, config_json: phi::config_json, map: phi::map },
+    Target { model_type: "bloom", position: "alibi", masked: false, config_json: bloom::config_json, map: bloom::map },
 ];
 
 /// Writes the run `run_dir` as the Hugging Face model directory `out`, which must not exist;
@@ -70,15 +79,30 @@ pub fn export(run_dir: &Path, out: &Path, device: &Device) -> Result<Exported> {
     let run = Run::load(run_dir, device)?;
     let mut ours = run.config.model.clone();
     ours.resolve(run.tokenizer.vocab_size())?;
+    // a masked model's extra mask row becomes a token of the exported vocabulary, `[MASK]`
+    let added_mask = match &mut ours.objective {
+        ObjectiveConfig::Masked(m) if m.mask_token.is_none() => {
+            let id = ours.vocab_size.unwrap_or_default();
+            m.mask_token = Some(id);
+            ours.vocab_size = Some(id + 1);
+            Some(id)
+        }
+        _ => None,
+    };
+    let mask_token = ours.mask_token();
     let ours = ours.expanded();
     let described = serde_json::to_value(&ours)?;
     let position = described["position"]["kind"].as_str().unwrap_or_default();
-    let candidates: Vec<&Target> = TARGETS.iter().filter(|t| t.position == position).collect();
+    let masked = mask_token.is_some();
+    let candidates: Vec<&Target> = TARGETS.iter().filter(|t| t.position == position && t.masked == masked).collect();
     if candidates.is_empty() {
-        let known: Vec<String> =
-            TARGETS.iter().map(|t| format!("{} ({} positions)", t.model_type, t.position)).collect();
+        let known: Vec<String> = TARGETS
+            .iter()
+            .map(|t| format!("{} ({} positions{})", t.model_type, t.position, if t.masked { ", masked" } else { "" }))
+            .collect();
+        let objective = if masked { " under the masked objective" } else { "" };
         bail!(
-            "{}: model.position.kind = {position:?}: no Hugging Face architecture variorum exports to has it ({})",
+            "{}: model.position.kind = {position:?}{objective}: no Hugging Face architecture variorum exports to has it ({})",
             run_dir.display(),
             known.join(", ")
         );
@@ -89,7 +113,7 @@ pub fn export(run_dir: &Path, out: &Path, device: &Device) -> Result<Exported> {
     for target in candidates {
         let mut json = (target.config_json)(&described);
         json.insert("model_type".into(), target.model_type.into());
-        let mut hf = HfConfig::from_map(out.join("config.json"), json.clone());
+        let mut hf = HfConfig::from_map(out.join("config.json"), json.clone(), mask_token);
         let mapping = (target.map)(&mut hf, &Checkpoint::empty())?;
         hf.finish(mapping.class)?;
         match same_model(&ours, &mapping)? {
@@ -114,7 +138,7 @@ pub fn export(run_dir: &Path, out: &Path, device: &Device) -> Result<Exported> {
     }
 
     let staging = super::staging_dir(out, "exporting")?;
-    let result = write_model(&staging, &run, &json, &mapping, rotary.as_ref());
+    let result = write_model(&staging, &run, &json, &mapping, rotary.as_ref(), added_mask);
     match result {
         Ok((tensors, params)) => {
             std::fs::rename(&staging, out)
@@ -127,6 +151,9 @@ pub fn export(run_dir: &Path, out: &Path, device: &Device) -> Result<Exported> {
         }
     }
 }
+
+/// The name an exported masked model's mask token is given when the run's was an extra row.
+const MASK: &str = "[MASK]";
 
 /// Rotary features stored in interleaved pairs, to be written in rotate-half order.
 struct RotaryPairs {
@@ -206,6 +233,7 @@ fn write_model(
     json: &Map<String, Value>,
     mapping: &Mapping,
     rotary: Option<&RotaryPairs>,
+    added_mask: Option<usize>,
 ) -> Result<(usize, usize)> {
     std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(json)? + "\n")?;
     // the model's tensors by name
@@ -240,7 +268,20 @@ fn write_model(
     safetensors::serialize_to_file(views, Some(metadata), &dir.join("model.safetensors"))
         .map_err(|e| anyhow!("cannot write {}: {e}", dir.join("model.safetensors").display()))?;
 
-    std::fs::write(dir.join("tokenizer.json"), run.tokenizer.to_hf_json()?)?;
+    let mut tokenizer = run.tokenizer.to_hf_json()?;
+    if let Some(id) = added_mask {
+        let mut json: Value = serde_json::from_str(&tokenizer)?;
+        let mask = serde_json::json!({
+            "id": id, "content": MASK, "single_word": false, "lstrip": false, "rstrip": false,
+            "normalized": false, "special": true
+        });
+        match json["added_tokens"].as_array_mut() {
+            Some(added) => added.push(mask),
+            None => json["added_tokens"] = Value::Array(vec![mask]),
+        }
+        tokenizer = serde_json::to_string_pretty(&json)?;
+    }
+    std::fs::write(dir.join("tokenizer.json"), tokenizer)?;
     // an imported run's own files; for a tokenizer made here, the class that reads tokenizer.json
     let mut copied_config = false;
     for extra in ["tokenizer_config.json", "special_tokens_map.json", "generation_config.json"] {
@@ -250,11 +291,14 @@ fn write_model(
         }
     }
     if !copied_config {
-        let config = serde_json::json!({
+        let mut config = serde_json::json!({
             "tokenizer_class": "PreTrainedTokenizerFast",
             "model_max_length": run.config.model.seq_len,
             "clean_up_tokenization_spaces": false,
         });
+        if added_mask.is_some() {
+            config["mask_token"] = MASK.into();
+        }
         std::fs::write(dir.join("tokenizer_config.json"), serde_json::to_string_pretty(&config)? + "\n")?;
     }
     Ok((count, params))

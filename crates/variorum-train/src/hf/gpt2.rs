@@ -7,13 +7,13 @@
 //! `c_attn` is q | k | v along its output, head-major within each, as variorum's fused
 //! projection.
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use serde_json::{Map, Value};
 
 use super::checkpoint::Checkpoint;
 use super::config::HfConfig;
 use super::recipe::Recipe;
-use super::{Mapping, int, table};
+use super::{Mapping, Sizes, int, table};
 
 pub(crate) fn map(cfg: &mut HfConfig, ckpt: &Checkpoint) -> Result<Mapping> {
     let vocab = cfg.usize("vocab_size")?;
@@ -26,14 +26,7 @@ pub(crate) fn map(cfg: &mut HfConfig, ckpt: &Checkpoint) -> Result<Mapping> {
     let resid = cfg.f64_or("resid_pdrop", 0.1)?;
     let attn_dropout = cfg.f64_or("attn_pdrop", 0.1)?;
     cfg.f64_or("embd_pdrop", 0.1)?; // variorum drops the embeddings with model.dropout
-    let ffn = match cfg.str_or("activation_function", "gelu_new")?.as_str() {
-        "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => "gelu-tanh",
-        "gelu" => "gelu",
-        "relu" => "relu",
-        other => {
-            bail!("{}: activation_function = {other:?} is not supported (gelu_new, gelu, relu)", cfg.path().display())
-        }
-    };
+    let ffn = cfg.activation("activation_function", "gelu_new")?;
     cfg.require("scale_attn_weights", Value::Bool(true), "variorum scales scores by 1/√head_dim")?;
     cfg.require("scale_attn_by_inverse_layer_idx", Value::Bool(false), "no per-layer score scaling")?;
     cfg.require("add_cross_attention", Value::Bool(false), "a decoder-only model")?;
@@ -82,13 +75,8 @@ pub(crate) fn map(cfg: &mut HfConfig, ckpt: &Checkpoint) -> Result<Mapping> {
         }
     }
 
-    let model = table([
-        ("vocab_size", int(vocab)),
-        ("d_model", int(d)),
-        ("n_layers", int(layers)),
-        ("seq_len", int(positions)),
-        ("dropout", resid.into()),
-        ("tie_embeddings", tied.into()),
+    let sizes = Sizes { vocab, d, layers, seq_len: positions, dropout: resid, tied };
+    let model = sizes.model([
         ("position", table([("kind", "learned".into()), ("max_len", int(positions))])),
         ("attention", table([("kind", "full".into()), ("n_heads", int(heads)), ("dropout", attn_dropout.into())])),
         ("block", table([("kind", "pre-ln".into()), ("norm", "layer-norm".into()), ("norm_eps", eps.into())])),
@@ -110,12 +98,7 @@ pub(crate) fn map(cfg: &mut HfConfig, ckpt: &Checkpoint) -> Result<Mapping> {
 /// The `config.json` of a run's model (`m`: its expanded `[model]` as JSON) as GPT-2;
 /// `export` reads it back with [`map`] and refuses the run unless that gives the same model.
 pub(crate) fn config_json(m: &Value) -> Map<String, Value> {
-    let activation = match m["feed_forward"]["kind"].as_str() {
-        Some("gelu-tanh") => "gelu_new",
-        Some("relu") => "relu",
-        // GPT-2's own; any other kind is then told apart by the check
-        _ => "gelu",
-    };
+    let activation = super::hf_activation(m["feed_forward"]["kind"].as_str(), "gelu");
     let pairs = [
         ("vocab_size", m["vocab_size"].clone()),
         ("n_positions", m["position"]["max_len"].clone()),

@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 use super::checkpoint::Checkpoint;
 use super::config::HfConfig;
 use super::recipe::Recipe;
-use super::{Mapping, int, table};
+use super::{Mapping, Sizes, int, rotary, table};
 
 pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
     let vocab = cfg.usize("vocab_size")?;
@@ -30,12 +30,7 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
     let attn_dropout = cfg.f64_or("attention_dropout", 0.0)?;
     let dropout = cfg.f64_or("hidden_dropout", 0.0)?;
     let path = cfg.path().display().to_string();
-    let ffn = match cfg.str_or("hidden_act", "gelu")?.as_str() {
-        "gelu" => "gelu",
-        "gelu_new" | "gelu_fast" | "gelu_pytorch_tanh" => "gelu-tanh",
-        "relu" => "relu",
-        other => bail!("{path}: hidden_act = {other:?} is not supported (gelu, gelu_new, relu)"),
-    };
+    let ffn = cfg.activation("hidden_act", "gelu")?;
     let rope = cfg.rope(&["rotary_emb_base"], 1.0)?;
     let theta = rope.theta;
     // the classification head's, and a flag transformers' generation reads
@@ -82,18 +77,9 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
         }
     }
 
-    let mut position = vec![("kind", "rope".into()), ("base", theta.into()), ("layout", "rotate-half".into())];
-    if rotary_dim < head_dim {
-        position.push(("rotary_dim", int(rotary_dim)));
-    }
-    let model = table([
-        ("vocab_size", int(vocab)),
-        ("d_model", int(d)),
-        ("n_layers", int(layers)),
-        ("seq_len", int(positions)),
-        ("dropout", dropout.into()),
-        ("tie_embeddings", tied.into()),
-        ("position", table(position)),
+    let sizes = Sizes { vocab, d, layers, seq_len: positions, dropout, tied };
+    let model = sizes.model([
+        ("position", rotary(theta, "rotate-half", rotary_dim, head_dim)),
         (
             "attention",
             table([
@@ -131,12 +117,7 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
 /// The `config.json` of a run's model (`m`: its expanded `[model]` as JSON) as GPT-NeoX;
 /// `export` reads it back with [`map`] and refuses the run unless that gives the same model.
 pub(crate) fn config_json(m: &Value) -> Map<String, Value> {
-    let activation = match m["feed_forward"]["kind"].as_str() {
-        Some("gelu-tanh") => "gelu_new",
-        Some("relu") => "relu",
-        // NeoX's own; any other kind is then told apart by the check
-        _ => "gelu",
-    };
+    let activation = super::hf_activation(m["feed_forward"]["kind"].as_str(), "gelu");
     let head_dim = m["attention"]["head_dim"].as_f64().unwrap_or(1.0);
     let rotary = m["position"]["rotary_dim"].as_f64().unwrap_or(head_dim);
     let pairs = [

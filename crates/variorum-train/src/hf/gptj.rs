@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 use super::checkpoint::Checkpoint;
 use super::config::HfConfig;
 use super::recipe::Recipe;
-use super::{Mapping, int, table};
+use super::{Mapping, Sizes, int, rotary, table};
 
 pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
     let vocab = cfg.usize("vocab_size")?;
@@ -30,12 +30,7 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
     cfg.f64_or("embd_pdrop", 0.0)?;
     let attn_dropout = cfg.f64_or("attn_pdrop", 0.0)?;
     let path = cfg.path().display().to_string();
-    let ffn = match cfg.str_or("activation_function", "gelu_new")?.as_str() {
-        "gelu_new" | "gelu_fast" | "gelu_pytorch_tanh" => "gelu-tanh",
-        "gelu" => "gelu",
-        "relu" => "relu",
-        other => bail!("{path}: activation_function = {other:?} is not supported (gelu_new, gelu, relu)"),
-    };
+    let ffn = cfg.activation("activation_function", "gelu_new")?;
     let head_dim = d / heads;
     if head_dim * heads != d {
         bail!("{path}: n_embd = {d} is not a multiple of n_head = {heads}");
@@ -76,19 +71,11 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
         ]);
     }
 
-    let mut position = vec![("kind", "rope".into()), ("base", 10_000.0.into()), ("layout", "interleaved".into())];
-    if rotary_dim < head_dim {
-        position.push(("rotary_dim", int(rotary_dim)));
-    }
-    let model = table([
-        ("vocab_size", int(vocab)),
-        ("d_model", int(d)),
-        ("n_layers", int(layers)),
-        ("seq_len", int(positions)),
-        ("dropout", dropout.into()),
-        ("tie_embeddings", tied.into()),
+    let sizes = Sizes { vocab, d, layers, seq_len: positions, dropout, tied };
+    let model = sizes.model([
         ("head_bias", true.into()),
-        ("position", table(position)),
+        // GPT-J's base is fixed
+        ("position", rotary(10_000.0, "interleaved", rotary_dim, head_dim)),
         (
             "attention",
             table([
@@ -127,12 +114,7 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
 /// The `config.json` of a run's model (`m`: its expanded `[model]` as JSON) as GPT-J; `export`
 /// reads it back with [`map`] and refuses the run unless that gives the same model.
 pub(crate) fn config_json(m: &Value) -> Map<String, Value> {
-    let activation = match m["feed_forward"]["kind"].as_str() {
-        Some("gelu") => "gelu",
-        Some("relu") => "relu",
-        // GPT-J's own; any other kind is then told apart by the check
-        _ => "gelu_new",
-    };
+    let activation = super::hf_activation(m["feed_forward"]["kind"].as_str(), "gelu_new");
     let rotary = match m["position"]["rotary_dim"].is_null() {
         true => m["attention"]["head_dim"].clone(),
         false => m["position"]["rotary_dim"].clone(),

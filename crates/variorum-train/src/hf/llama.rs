@@ -18,7 +18,7 @@ use serde_json::{Map, Value};
 use super::checkpoint::Checkpoint;
 use super::config::HfConfig;
 use super::recipe::Recipe;
-use super::{Mapping, int, table};
+use super::{Mapping, Sizes, int, rotary, table};
 
 pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
     let model_type = cfg.model_type()?;
@@ -119,14 +119,9 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
     if head_dim * heads != d {
         attention.push(("head_dim", int(head_dim)));
     }
-    let model = table([
-        ("vocab_size", int(vocab)),
-        ("d_model", int(d)),
-        ("n_layers", int(layers)),
-        ("seq_len", int(positions)),
-        ("dropout", 0.0.into()),
-        ("tie_embeddings", tied.into()),
-        ("position", table([("kind", "rope".into()), ("base", theta.into()), ("layout", "rotate-half".into())])),
+    let sizes = Sizes { vocab, d, layers, seq_len: positions, dropout: 0.0, tied };
+    let model = sizes.model([
+        ("position", rotary(theta, "rotate-half", head_dim, head_dim)),
         ("attention", table(attention)),
         ("block", table([("kind", "pre-ln".into()), ("norm", "rms-norm".into()), ("norm_eps", eps.into())])),
         ("feed_forward", table([("kind", "swiglu".into()), ("d_ff", int(d_ff)), ("bias", mlp_bias.into())])),

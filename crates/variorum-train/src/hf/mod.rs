@@ -8,6 +8,7 @@
 //! variorum's tensors comes from (`recipe.rs`). Keys of `config.json` no mapping reads
 //! and tensors no mapping uses stop the import, naming them: nothing is silently dropped.
 
+mod bert;
 mod bloom;
 mod checkpoint;
 mod config;
@@ -60,6 +61,8 @@ const ARCHITECTURES: &[(&str, fn(&mut HfConfig, &Checkpoint) -> Result<Mapping>)
     ("gptj", gptj::map),
     ("phi", phi::map),
     ("bloom", bloom::map),
+    ("bert", bert::map),
+    ("roberta", bert::map),
 ];
 
 /// What [`import`] wrote.
@@ -247,6 +250,53 @@ fn write_run(
     // the file loads into the model as any run's does (names, shapes, nothing missing or left)
     crate::weights::load_weights(config.model.init(device), &weights, "imported weights")?;
     Ok((wanted.len(), params))
+}
+
+/// The `[model]` keys every architecture sets.
+struct Sizes {
+    vocab: usize,
+    d: usize,
+    layers: usize,
+    seq_len: usize,
+    dropout: f64,
+    tied: bool,
+}
+
+impl Sizes {
+    /// The `[model]` table: these keys, then `rest` (position, attention, block, …).
+    fn model<'a>(self, rest: impl IntoIterator<Item = (&'a str, toml::Value)>) -> toml::Value {
+        let mut pairs = vec![
+            ("vocab_size", int(self.vocab)),
+            ("d_model", int(self.d)),
+            ("n_layers", int(self.layers)),
+            ("seq_len", int(self.seq_len)),
+            ("dropout", self.dropout.into()),
+            ("tie_embeddings", self.tied.into()),
+        ];
+        pairs.extend(rest);
+        table(pairs)
+    }
+}
+
+/// `model.position` for rotary positions of base `theta` and pairing `layout`, on the first
+/// `rotary_dim` of each head's `head_dim` dimensions.
+fn rotary(theta: f64, layout: &str, rotary_dim: usize, head_dim: usize) -> toml::Value {
+    let mut position = vec![("kind", "rope".into()), ("base", theta.into()), ("layout", layout.into())];
+    if rotary_dim < head_dim {
+        position.push(("rotary_dim", int(rotary_dim)));
+    }
+    table(position)
+}
+
+/// transformers' name of a two-layer FFN's activation for variorum's feed-forward `kind`
+/// (`own`, the architecture's default, for any other: the export's check then tells it apart).
+fn hf_activation(kind: Option<&str>, own: &'static str) -> &'static str {
+    match kind {
+        Some("gelu-tanh") => "gelu_new",
+        Some("gelu") => "gelu",
+        Some("relu") => "relu",
+        _ => own,
+    }
 }
 
 /// `[(key, value), …]` as a TOML table.

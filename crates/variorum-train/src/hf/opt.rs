@@ -13,7 +13,7 @@ use serde_json::Value;
 use super::checkpoint::Checkpoint;
 use super::config::HfConfig;
 use super::recipe::Recipe;
-use super::{Mapping, int, table};
+use super::{Mapping, Sizes, int, table};
 
 /// The rows OPT's position table has before position 0.
 const POSITION_OFFSET: usize = 2;
@@ -33,11 +33,7 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
             bail!("{path}: word_embed_proj_dim = {proj} is not supported: variorum embeds at the model width ({d})");
         }
     }
-    let ffn = match cfg.str_or("activation_function", "relu")?.as_str() {
-        "relu" => "relu",
-        "gelu" => "gelu",
-        other => bail!("{path}: activation_function = {other:?} is not supported (relu, gelu)"),
-    };
+    let ffn = cfg.activation("activation_function", "relu")?;
     cfg.require(
         "do_layer_norm_before",
         Value::Bool(true),
@@ -86,13 +82,8 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
         ]);
     }
 
-    let model = table([
-        ("vocab_size", int(vocab)),
-        ("d_model", int(d)),
-        ("n_layers", int(layers)),
-        ("seq_len", int(positions)),
-        ("dropout", dropout.into()),
-        ("tie_embeddings", true.into()),
+    let sizes = Sizes { vocab, d, layers, seq_len: positions, dropout, tied: true };
+    let model = sizes.model([
         ("position", table([("kind", "learned".into()), ("max_len", int(positions))])),
         ("attention", table([("kind", "full".into()), ("n_heads", int(heads)), ("dropout", attn_dropout.into())])),
         // OPT's LayerNorms keep PyTorch's default ε

@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 use super::checkpoint::Checkpoint;
 use super::config::HfConfig;
 use super::recipe::Recipe;
-use super::{Mapping, int, table};
+use super::{Mapping, Sizes, int, rotary, table};
 
 pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
     let vocab = cfg.usize("vocab_size")?;
@@ -31,11 +31,7 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
     cfg.f64_or("embd_pdrop", 0.0)?;
     let attn_dropout = cfg.f64_or("attention_dropout", 0.0)?;
     let path = cfg.path().display().to_string();
-    let ffn = match cfg.str_or("hidden_act", "gelu_new")?.as_str() {
-        "gelu_new" | "gelu_fast" | "gelu_pytorch_tanh" => "gelu-tanh",
-        "gelu" => "gelu",
-        other => bail!("{path}: hidden_act = {other:?} is not supported (gelu_new, gelu)"),
-    };
+    let ffn = cfg.activation("hidden_act", "gelu_new")?;
     cfg.require("qk_layernorm", Value::Bool(false), "variorum's attention does not normalise queries and keys")?;
     // transformers 5 writes Phi's default 0.5 into rope_parameters; older files may not
     let rope = cfg.rope(&[], 0.5)?;
@@ -77,19 +73,10 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
         ]);
     }
 
-    let mut position = vec![("kind", "rope".into()), ("base", rope.theta.into()), ("layout", "rotate-half".into())];
-    if rotary_dim < head_dim {
-        position.push(("rotary_dim", int(rotary_dim)));
-    }
-    let model = table([
-        ("vocab_size", int(vocab)),
-        ("d_model", int(d)),
-        ("n_layers", int(layers)),
-        ("seq_len", int(positions)),
-        ("dropout", dropout.into()),
-        ("tie_embeddings", tied.into()),
+    let sizes = Sizes { vocab, d, layers, seq_len: positions, dropout, tied };
+    let model = sizes.model([
         ("head_bias", true.into()),
-        ("position", table(position)),
+        ("position", rotary(rope.theta, "rotate-half", rotary_dim, head_dim)),
         (
             "attention",
             table([
@@ -124,11 +111,7 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
 /// The `config.json` of a run's model (`m`: its expanded `[model]` as JSON) as Phi; `export`
 /// reads it back with [`map`] and refuses the run unless that gives the same model.
 pub(crate) fn config_json(m: &Value) -> Map<String, Value> {
-    let activation = match m["feed_forward"]["kind"].as_str() {
-        Some("gelu") => "gelu",
-        // Phi's own; any other kind is then told apart by the check
-        _ => "gelu_new",
-    };
+    let activation = super::hf_activation(m["feed_forward"]["kind"].as_str(), "gelu_new");
     let head_dim = m["attention"]["head_dim"].as_f64().unwrap_or(1.0);
     let rotary = m["position"]["rotary_dim"].as_f64().unwrap_or(head_dim);
     let pairs = [

@@ -29,6 +29,10 @@ pub(crate) enum Recipe {
     /// Zeros of a shape: a bias the checkpoint's architecture does not have but variorum's
     /// setting includes (Qwen2's output projection has none while its q/k/v have them).
     Zeros(Vec<usize>),
+    /// A matrix with one row of another checkpoint matrix added to each of its rows: BERT's
+    /// token-type embedding of type 0, which every position of a one-segment text adds, folded
+    /// into the position table. Written back as the matrix, and a one-row table of zeros.
+    PlusRow(Box<Recipe>, String, usize),
 }
 
 impl Recipe {
@@ -97,6 +101,15 @@ impl Recipe {
                 Ok(shape)
             }
             Recipe::Zeros(shape) => Ok(shape.clone()),
+            Recipe::PlusRow(inner, name, row) => {
+                let shape = inner.shape(ckpt)?;
+                match (ckpt.shape(name)?.as_slice(), shape.as_slice()) {
+                    (&[rows, w], &[_, width]) if *row < rows && w == width => Ok(shape),
+                    (other, _) => {
+                        bail!("tensor {name} is {other:?}: expected a matrix with row {row} as wide as {inner:?}")
+                    }
+                }
+            }
         }
     }
 
@@ -139,6 +152,16 @@ impl Recipe {
                 Ok(v.chunks(order.len()).flat_map(|row| order.iter().map(|&i| row[i])).collect())
             }
             Recipe::Zeros(shape) => Ok(vec![0.0; shape.iter().product()]),
+            Recipe::PlusRow(inner, name, row) => {
+                let width = *self.shape(ckpt)?.last().expect("a matrix");
+                let added = ckpt.values(name)?;
+                let added = &added[row * width..(row + 1) * width];
+                let mut v = inner.values(ckpt)?;
+                for chunk in v.chunks_mut(width) {
+                    chunk.iter_mut().zip(added).for_each(|(x, a)| *x += a);
+                }
+                Ok(v)
+            }
         }
     }
 
@@ -202,6 +225,11 @@ impl Recipe {
             }
             // nothing of the checkpoint's: the architecture has no such tensor
             Recipe::Zeros(_) => {}
+            Recipe::PlusRow(inner, name, _) => {
+                let width = *shape.last().unwrap_or(&0);
+                out.push((name.clone(), vec![1, width], vec![0.0; width]));
+                inner.invert(values, shape, out)?;
+            }
         }
         Ok(())
     }

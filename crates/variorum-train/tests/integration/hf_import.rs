@@ -7,7 +7,8 @@
 
 use std::path::{Path, PathBuf};
 
-use burn::prelude::Device;
+use burn::prelude::*;
+use burn::tensor::activation::log_softmax;
 use serde::Deserialize;
 use variorum_train::generate::SampleConfig;
 use variorum_train::hf;
@@ -100,6 +101,69 @@ fn bloom_alibi_six_heads_embedding_norm_equals_transformers() {
     equal_to_transformers("bloom", "BloomForCausalLM");
 }
 
+/// What transformers computed with a masked LM (make_hf_fixtures.py's `masked_expectations`).
+#[derive(Deserialize)]
+pub(crate) struct MaskedExpected {
+    pub(crate) text: String,
+    pub(crate) ids: Vec<u32>,
+    pub(crate) masked_ids: Vec<u32>,
+    pub(crate) mask_id: usize,
+    pub(crate) logprobs: Vec<f64>,
+    pub(crate) hidden: Vec<Vec<f64>>,
+}
+
+/// With `expected.masked_ids` as input: max |Δ| between the log-probability `run` gives each
+/// position's own token and transformers', and between the encoder outputs.
+pub(crate) fn mlm_deltas(run: &Run, expected: &MaskedExpected) -> (f64, f64) {
+    let device = Device::flex();
+    let len = expected.masked_ids.len();
+    let ids: Vec<i64> = expected.masked_ids.iter().map(|&t| t as i64).collect();
+    let out = run.model.forward(Tensor::<2, Int>::from_data(TensorData::new(ids, [1, len]), &device));
+    let logprobs = log_softmax(out.logits, 2).into_data().convert::<f64>().try_to_vec::<f64>().unwrap();
+    let vocab = logprobs.len() / len;
+    let worst = (0..len)
+        .map(|i| (logprobs[i * vocab + expected.ids[i] as usize] - expected.logprobs[i]).abs())
+        .fold(0.0, f64::max);
+    let hidden = out.features.into_data().convert::<f64>().try_to_vec::<f64>().unwrap();
+    let want: Vec<f64> = expected.hidden.concat();
+    assert_eq!(hidden.len(), want.len());
+    (worst, hidden.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max))
+}
+
+/// Imports masked-LM fixture `name` and checks it against its expected.json: the text's ids,
+/// the mask token, and, with every fourth token hidden, the log-probability each position gives
+/// its own token and the encoder's output at every position. Returns the two max |Δ|.
+fn masked_equal_to_transformers(name: &str, class: &str) -> (f64, f64) {
+    let src = fixture(name);
+    let expected: MaskedExpected =
+        serde_json::from_str(&std::fs::read_to_string(src.join("expected.json")).unwrap()).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("run");
+    let device = Device::flex();
+    let imported = hf::import(&src, &out, &device).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+    assert_eq!(imported.class, class);
+    let run = Run::load(&out, &device).unwrap();
+    assert_eq!(run.encode_prompt(&expected.text).unwrap(), expected.ids, "{name}: token ids of the text");
+    assert_eq!(run.model.mask_token, Some(expected.mask_id), "{name}: the tokenizer's mask token");
+    assert!(expected.masked_ids.contains(&(expected.mask_id as u32)));
+    let (worst, hidden_worst) = mlm_deltas(&run, &expected);
+    assert!(worst < 1e-4, "{name}: max |Δ log-prob| = {worst:e} against transformers' MLM logits");
+    assert!(hidden_worst < 1e-4, "{name}: max |Δ hidden| = {hidden_worst:e} against transformers' last hidden state");
+    let len = expected.ids.len();
+    eprintln!("{name}: max |Δ log-prob| = {worst:.2e}, max |Δ hidden| = {hidden_worst:.2e} over {len} positions");
+    (worst, hidden_worst)
+}
+
+#[test]
+fn bert_masked_lm_equals_transformers() {
+    masked_equal_to_transformers("bert", "BertForMaskedLM");
+}
+
+#[test]
+fn roberta_with_its_offset_positions_equals_transformers() {
+    masked_equal_to_transformers("roberta", "RobertaForMaskedLM");
+}
+
 #[test]
 fn an_existing_out_directory_is_refused_and_left_alone() {
     let tmp = tempfile::tempdir().unwrap();
@@ -184,7 +248,7 @@ fn bad_model_directories_are_refused_in_one_line() {
                 .into_iter()
                 .map(|(n, v)| {
                     let data = match n == int {
-                        true => v.data().chunks_exact(4).flat_map(|_| 7i64.to_le_bytes()).collect(),
+                        true => (0..v.shape().iter().product::<usize>()).flat_map(|_| 7i64.to_le_bytes()).collect(),
                         false => v.data().to_vec(),
                     };
                     let dtype = if n == int { safetensors::Dtype::I64 } else { v.dtype() };
@@ -207,6 +271,22 @@ fn bad_model_directories_are_refused_in_one_line() {
         "apply_residual_connection_post_layernorm = true",
     );
     refused("gptj", |s| edit_config(s, |c| _ = c.insert("rotary_dim".into(), 5.into())), "rotary_dim = 5");
+    refused("bert", |s| edit_config(s, |c| _ = c.insert("is_decoder".into(), true.into())), "is_decoder = true");
+    refused(
+        "bert",
+        |s| edit_config(s, |c| _ = c.insert("position_embedding_type".into(), "relative_key".into())),
+        "position_embedding_type = \"relative_key\"",
+    );
+    // a masked model whose tokenizer has no mask token
+    refused(
+        "roberta",
+        |s| {
+            let f = s.join("tokenizer_config.json");
+            let text = std::fs::read_to_string(&f).unwrap().replace("<mask>", "<hidden>");
+            std::fs::write(&f, text).unwrap();
+        },
+        "no mask token \"<hidden>\"",
+    );
     // a head bias the mapping expects and the file lacks
     refused(
         "phi",

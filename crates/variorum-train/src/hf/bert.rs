@@ -1,0 +1,198 @@
+//! BERT and RoBERTa as masked language models (`model_type = "bert"`, `BertForMaskedLM`, Devlin
+//! et al. 2019; `"roberta"`, `RobertaForMaskedLM`, Liu et al. 2019): learned positions, a
+//! LayerNorm on the embedded input (`model.embedding_norm`), post-LN blocks, bidirectional full
+//! attention with biases, a GELU FFN, and the MLM head: dense, GELU, LayerNorm
+//! (`model.head_transform`), the tied embedding and a bias (`model.head_bias`). The mask token is
+//! the tokenizer's own (`model.objective.mask_token`).
+//!
+//! Every token of a one-segment text has token type 0, so that type's embedding is added to
+//! every position: the import folds it into the position table (`PlusRow`); a model read for
+//! two-segment inputs (type 1) is not what variorum computes. RoBERTa numbers positions from
+//! `pad_token_id + 1`, as OPT from 2: the rows before are dropped.
+
+use std::path::Path;
+
+use anyhow::{Result, anyhow, bail};
+use serde_json::{Map, Value};
+
+use super::checkpoint::Checkpoint;
+use super::config::HfConfig;
+use super::recipe::Recipe;
+use super::{Mapping, Sizes, int, table};
+
+pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
+    let roberta = cfg.model_type()? == "roberta";
+    let vocab = cfg.usize("vocab_size")?;
+    let d = cfg.usize("hidden_size")?;
+    let layers = cfg.usize("num_hidden_layers")?;
+    let heads = cfg.usize("num_attention_heads")?;
+    let d_ff = cfg.usize("intermediate_size")?;
+    let table_rows = cfg.opt_usize("max_position_embeddings")?.unwrap_or(512);
+    let eps = cfg.f64_or("layer_norm_eps", 1e-12)?;
+    let tied = cfg.bool_or("tie_word_embeddings", true)?;
+    let dropout = cfg.f64_or("hidden_dropout_prob", 0.1)?;
+    let attn_dropout = cfg.f64_or("attention_probs_dropout_prob", 0.1)?;
+    let types = cfg.opt_usize("type_vocab_size")?.unwrap_or(2);
+    let path = cfg.path().display().to_string();
+    // the prediction head's GELU is BERT's hidden_act; RoBERTa's is always the erf GELU
+    let act = cfg.str_or("hidden_act", "gelu")?;
+    if act != "gelu" {
+        bail!("{path}: hidden_act = {act:?} is not supported (gelu: the head transform's GELU)");
+    }
+    cfg.require("position_embedding_type", "absolute".into(), "variorum's BERT has learned absolute positions")?;
+    cfg.require("is_decoder", Value::Bool(false), "a masked language model attends both ways")?;
+    cfg.require("add_cross_attention", Value::Bool(false), "variorum's BERT has no cross-attention")?;
+    // the classification heads'
+    cfg.ignore(&["classifier_dropout"]);
+    // RoBERTa's positions start after the padding id
+    let offset = if roberta { cfg.index_or("pad_token_id", 1)? + 1 } else { 0 };
+    if table_rows <= offset {
+        bail!("{path}: max_position_embeddings = {table_rows} leaves no position after the first {offset}");
+    }
+    let (p, class) = if roberta { ("roberta", "RobertaForMaskedLM") } else { ("bert", "BertForMaskedLM") };
+    let mask_token = match cfg.mask_token() {
+        Some(id) => id,
+        None => mask_token_id(cfg.path().parent().unwrap_or(Path::new(".")), roberta)?,
+    };
+    if types == 0 {
+        bail!("{path}: type_vocab_size = 0 leaves no token type for a text");
+    }
+
+    let e = format!("{p}.embeddings");
+    let positions = Recipe::copy(format!("{e}.position_embeddings.weight"));
+    let positions = if offset > 0 { Recipe::SkipRows(Box::new(positions), offset) } else { positions };
+    let (head, transform) = if roberta {
+        ("lm_head", ["lm_head.dense", "lm_head.layer_norm"])
+    } else {
+        ("cls.predictions", ["cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm"])
+    };
+    let mut tensors = vec![
+        ("token_embedding.weight".to_string(), Recipe::copy(format!("{e}.word_embeddings.weight"))),
+        (
+            "position.table".to_string(),
+            Recipe::PlusRow(Box::new(positions), format!("{e}.token_type_embeddings.weight"), 0),
+        ),
+        ("embedding_norm.gamma".to_string(), Recipe::copy(format!("{e}.LayerNorm.weight"))),
+        ("embedding_norm.beta".to_string(), Recipe::copy(format!("{e}.LayerNorm.bias"))),
+        ("head_transform.dense.weight".to_string(), Recipe::transpose(format!("{}.weight", transform[0]))),
+        ("head_transform.dense.bias".to_string(), Recipe::copy(format!("{}.bias", transform[0]))),
+        ("head_transform.norm.gamma".to_string(), Recipe::copy(format!("{}.weight", transform[1]))),
+        ("head_transform.norm.beta".to_string(), Recipe::copy(format!("{}.bias", transform[1]))),
+        ("head_bias".to_string(), Recipe::copy(format!("{head}.bias"))),
+    ];
+    if !tied {
+        tensors.push(("head.weight".to_string(), Recipe::transpose(format!("{head}.decoder.weight"))));
+    }
+    for i in 0..layers {
+        let l = format!("{p}.encoder.layer.{i}");
+        let b = format!("blocks.{i}");
+        let c = |name: &str| Recipe::copy(format!("{l}.{name}"));
+        let t = |name: &str| Recipe::transpose(format!("{l}.{name}.weight"));
+        let qkv = |part: &dyn Fn(&str) -> Recipe| {
+            Recipe::Join(["query", "key", "value"].iter().map(|q| (part(&format!("attention.self.{q}")), d)).collect())
+        };
+        tensors.extend([
+            (format!("{b}.attn.qkv.qkv.weight"), qkv(&|n| t(n))),
+            (format!("{b}.attn.qkv.qkv.bias"), qkv(&|n| c(&format!("{n}.bias")))),
+            (format!("{b}.attn.out.weight"), t("attention.output.dense")),
+            (format!("{b}.attn.out.bias"), c("attention.output.dense.bias")),
+            (format!("{b}.attn_norm.gamma"), c("attention.output.LayerNorm.weight")),
+            (format!("{b}.attn_norm.beta"), c("attention.output.LayerNorm.bias")),
+            (format!("{b}.ffn.up.weight"), t("intermediate.dense")),
+            (format!("{b}.ffn.up.bias"), c("intermediate.dense.bias")),
+            (format!("{b}.ffn.down.weight"), t("output.dense")),
+            (format!("{b}.ffn.down.bias"), c("output.dense.bias")),
+            (format!("{b}.ffn_norm.gamma"), c("output.LayerNorm.weight")),
+            (format!("{b}.ffn_norm.beta"), c("output.LayerNorm.bias")),
+        ]);
+    }
+
+    let sizes = Sizes { vocab, d, layers, seq_len: table_rows - offset, dropout, tied };
+    let model = sizes.model([
+        ("embedding_norm", true.into()),
+        ("head_transform", true.into()),
+        ("head_bias", true.into()),
+        ("position", table([("kind", "learned".into())])),
+        (
+            "attention",
+            table([
+                ("kind", "full".into()),
+                ("n_heads", int(heads)),
+                ("bias", true.into()),
+                ("dropout", attn_dropout.into()),
+            ]),
+        ),
+        ("block", table([("kind", "post-ln".into()), ("norm", "layer-norm".into()), ("norm_eps", eps.into())])),
+        ("feed_forward", table([("kind", "gelu".into()), ("d_ff", int(d_ff))])),
+        ("objective", table([("kind", "masked".into()), ("mask_token", int(mask_token))])),
+    ]);
+    Ok(Mapping {
+        class,
+        model,
+        tensors,
+        // the tied decoder (and its bias, the head's own under another name); the pooler and
+        // next-sentence head of pretraining checkpoints, which the masked LM does not read
+        derived: |name| {
+            name.ends_with("predictions.decoder.weight")
+                || name.ends_with("predictions.decoder.bias")
+                || name == "lm_head.decoder.weight"
+                || name == "lm_head.decoder.bias"
+                || name.ends_with("embeddings.position_ids")
+                || name.ends_with("embeddings.token_type_ids")
+                || name.contains(".pooler.")
+                || name.starts_with("cls.seq_relationship.")
+        },
+    })
+}
+
+/// The id of the tokenizer's mask token: the `mask_token` of `tokenizer_config.json` (BERT's
+/// `[MASK]`, RoBERTa's `<mask>` by default), looked up in `tokenizer.json`'s added tokens.
+fn mask_token_id(dir: &Path, roberta: bool) -> Result<usize> {
+    let read = |name: &str| -> Result<Option<Value>> {
+        let file = dir.join(name);
+        if !file.is_file() {
+            return Ok(None);
+        }
+        let text = std::fs::read_to_string(&file).map_err(|e| anyhow!("{} cannot be read: {e}", file.display()))?;
+        serde_json::from_str(&text).map(Some).map_err(|e| anyhow!("{} is not JSON: {e}", file.display()))
+    };
+    let mut token = if roberta { "<mask>" } else { "[MASK]" }.to_string();
+    if let Some(config) = read("tokenizer_config.json")? {
+        match &config["mask_token"] {
+            Value::String(s) => token = s.clone(),
+            Value::Object(o) => token = o.get("content").and_then(Value::as_str).unwrap_or(&token).to_string(),
+            _ => {}
+        }
+    }
+    let tokenizer = dir.join("tokenizer.json");
+    let added = read("tokenizer.json")?.map(|t| t["added_tokens"].clone()).unwrap_or(Value::Null);
+    added
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|t| t["content"].as_str() == Some(&token))
+        .and_then(|t| t["id"].as_u64())
+        .map(|id| id as usize)
+        .ok_or_else(|| anyhow!("{}: no mask token {token:?} among the added tokens", tokenizer.display()))
+}
+
+/// The `config.json` of a masked run's model (`m`: its expanded `[model]` as JSON) as BERT;
+/// `export` reads it back with [`map`] and refuses the run unless that gives the same model.
+/// One token type, whose embedding (zeros) the position table already holds.
+pub(crate) fn config_json(m: &Value) -> Map<String, Value> {
+    let pairs = [
+        ("vocab_size", m["vocab_size"].clone()),
+        ("hidden_size", m["d_model"].clone()),
+        ("num_hidden_layers", m["n_layers"].clone()),
+        ("num_attention_heads", m["attention"]["n_heads"].clone()),
+        ("intermediate_size", m["feed_forward"]["d_ff"].clone()),
+        ("hidden_act", "gelu".into()),
+        ("hidden_dropout_prob", m["dropout"].clone()),
+        ("attention_probs_dropout_prob", m["attention"]["dropout"].clone()),
+        ("max_position_embeddings", m["seq_len"].clone()),
+        ("type_vocab_size", 1.into()),
+        ("layer_norm_eps", m["block"]["norm_eps"].clone()),
+        ("tie_word_embeddings", m["tie_embeddings"].clone()),
+    ];
+    pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+}
