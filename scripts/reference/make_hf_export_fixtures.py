@@ -2,7 +2,7 @@
 """Fixtures for `variorum export --format hf`: runs trained here, exported, and what transformers
 computes with the export (crates/variorum-train/tests/fixtures/hf/export/<name>/).
 
-Eight runs, each trained by the variorum binary on corpus.txt (Sonnet 18 four times, committed
+Nine runs, each trained by the variorum binary on corpus.txt (Sonnet 18 four times, committed
 beside them):
   gpt        the GPT recipe (learned positions, pre-LN LayerNorm, exact GELU, tied embeddings,
              characters) -> GPT2LMHeadModel, its char tokenizer as a tokenizer.json;
@@ -21,6 +21,8 @@ beside them):
   bert       a masked model: learned positions, the embedding LayerNorm, post-LN blocks, the MLM
              head transform and bias, its mask token an extra row -> BertForMaskedLM, the mask
              token added to the exported tokenizer as [MASK];
+  fnet       the same with the fnet kind's Fourier mixing, an embedding projection and tanh GELU
+             -> FNetForMaskedLM;
   roundtrip  the round trip: tests/fixtures/hf/llama (a transformers model, bf16) imported,
              fine-tuned 100 steps (`train --init-from`, its own tokenizer kept by
              `data.tokenizer.kind = "file"`), exported again.
@@ -262,6 +264,35 @@ d_ff = 32
 kind = "masked"
 """
 
+FNET = """
+[model]
+d_model = 16
+n_layers = 2
+seq_len = 64
+tie_embeddings = true
+embedding_norm = true
+embedding_projection = true
+head_transform = true
+head_bias = true
+
+[model.position]
+kind = "learned"
+
+[model.attention]
+kind = "fnet"
+
+[model.block]
+kind = "post-ln"
+norm = "layer-norm"
+
+[model.feed_forward]
+kind = "gelu-tanh"
+d_ff = 32
+
+[model.objective]
+kind = "masked"
+"""
+
 CORPUS_TEXT = """Shall I compare thee to a summer's day?
 Thou art more lovely and more temperate:
 Rough winds do shake the darling buds of May,
@@ -293,7 +324,7 @@ def sha256(path):
 def expectations(export_dir):
     tokenizer = AutoTokenizer.from_pretrained(export_dir)
     with open(os.path.join(export_dir, "config.json")) as f:
-        masked = json.load(f)["model_type"] == "bert"
+        masked = json.load(f)["model_type"] in ("bert", "fnet")
     auto = AutoModelForMaskedLM if masked else AutoModelForCausalLM
     model = auto.from_pretrained(export_dir, dtype=torch.float32, attn_implementation="eager").eval()
     ids = tokenizer(TEXT)["input_ids"]
@@ -331,7 +362,7 @@ def main():
         f.write(CORPUS_TEXT * 4)
     with tempfile.TemporaryDirectory() as tmp:
         char = TRAIN.format(corpus=CORPUS, tokenizer='tokenizer = { kind = "char" }', steps=200)
-        recipes = {"gpt": GPT, "llama": LLAMA, "neox": NEOX, "phi": PHI, "gptj": GPTJ, "bloom": BLOOM, "bert": BERT}
+        recipes = {"gpt": GPT, "llama": LLAMA, "neox": NEOX, "phi": PHI, "gptj": GPTJ, "bloom": BLOOM, "bert": BERT, "fnet": FNET}
         runs = {name: train(binary, tmp, name, recipe + char) for name, recipe in recipes.items() if wanted(name)}
         imported = os.path.join(tmp, "imported")
         if wanted("roundtrip"):

@@ -9,21 +9,22 @@ tokenizer gives them, the log-probability transformers gives every token after t
 KV cache). The tests read them without Python.
 
 The models are 16 wide, 2 layers, and stored in bf16 (Mistral in f16, GPT-2 in f32), so that
-the eleven fit in a few hundred KiB. The weights are random and widened (matrices x12, norms
+the twelve fit in a few hundred KiB. The weights are random and widened (matrices x12, norms
 and biases jittered) so that the log-probabilities are far from uniform and a wrong mapping
 shows. GPT-2 is stored in shards (an index and three files); LLaMA untied, with grouped-query
 heads; OPT with its offset position table and BOS; Qwen2 with q/k/v biases, grouped-query heads,
 tied, θ = 10⁶; GPT-NeoX with parallel branches and rotary on half of each head; Mistral with one
 K/V head; Phi with one norm shared by its parallel branches, grouped-query heads and a head
 bias; GPT-J with rotary on adjacent pairs of 2 of each head's 4 dimensions; BLOOM with ALiBi
-over 6 heads and an embedding LayerNorm. The masked models, BERT (WordPiece, two token types)
-and RoBERTa (byte-level BPE, the position table offset past the padding id), record instead the
+over 6 heads and an embedding LayerNorm. The masked models, BERT (WordPiece, two token types),
+RoBERTa (byte-level BPE, the position table offset past the padding id) and FNet (Fourier
+mixing, an embedding projection, tanh GELU), record instead the
 log-probability every position gives its own token with every fourth token hidden behind the
 mask token, and the encoder's last hidden state. The expectations come from each saved
 directory loaded back with `from_pretrained` in f32 (bf16 values widen exactly), as a user
 would load it.
 
-Usage: python3 scripts/reference/make_hf_fixtures.py [OUT_DIR [NAME...]]  (NAME: gpt2 llama opt qwen2 gpt_neox mistral phi gptj bloom bert roberta)
+Usage: python3 scripts/reference/make_hf_fixtures.py [OUT_DIR [NAME...]]  (NAME: gpt2 llama opt qwen2 gpt_neox mistral phi gptj bloom bert roberta fnet)
 (pinned versions: scripts/reference/requirements.txt plus transformers, below).
 """
 
@@ -373,7 +374,8 @@ def made_masked(out, name, cls, cfg, tokenizer, seed, mask_token, dtype=None):
     return d, masked_expectations(reloaded.eval(), tokenizer, tokenizer.convert_tokens_to_ids(mask_token))
 
 
-def bert(out):
+def wordpiece():
+    """A WordPiece tokenizer trained on the corpus, BERT's way: [CLS] text [SEP]."""
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
@@ -388,6 +390,11 @@ def bert(out):
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=tok, unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]", cls_token="[CLS]", mask_token="[MASK]"
     )
+    return tok, tokenizer
+
+
+def bert(out):
+    tok, tokenizer = wordpiece()
     cfg = transformers.BertConfig(
         vocab_size=tok.get_vocab_size(),
         hidden_size=16,
@@ -427,6 +434,23 @@ def roberta(out):
     return made_masked(out, "roberta", transformers.RobertaForMaskedLM, cfg, tokenizer, seed=11, mask_token="<mask>", dtype=torch.bfloat16)
 
 
+def fnet(out):
+    tok, tokenizer = wordpiece()
+    cfg = transformers.FNetConfig(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=16,
+        num_hidden_layers=2,
+        intermediate_size=32,
+        hidden_act="gelu_new",
+        max_position_embeddings=64,
+        type_vocab_size=4,
+        layer_norm_eps=1e-12,
+        use_tpu_fourier_optimizations=False,
+        pad_token_id=0,
+    )
+    return made_masked(out, "fnet", transformers.FNetForMaskedLM, cfg, tokenizer, seed=12, mask_token="[MASK]", dtype=torch.bfloat16)
+
+
 MAKERS = {
     "gpt2": gpt2,
     "llama": llama,
@@ -439,6 +463,7 @@ MAKERS = {
     "bloom": bloom,
     "bert": bert,
     "roberta": roberta,
+    "fnet": fnet,
 }
 
 

@@ -41,11 +41,15 @@ pub struct ModelConfig {
     /// and ε before the first block: BLOOM's `word_embeddings_layernorm`, BERT's embedding
     /// LayerNorm. Default false.
     pub embedding_norm: bool,
+    /// A dense layer (`d_model` → `d_model`, with a bias) on the embedded input, after
+    /// `embedding_norm`: FNet's embedding projection. Default false.
+    pub embedding_projection: bool,
     /// The output head adds a learned bias per vocabulary entry to the logits, tied
     /// embeddings or not (GPT-J's and Phi's `lm_head`, BERT's MLM decoder). Default false.
     pub head_bias: bool,
-    /// A dense layer, GELU and the blocks' norm before the output head: BERT's and RoBERTa's
-    /// masked-LM prediction head ([`crate::HeadTransform`]). Default false.
+    /// A dense layer, the feed-forward kind's activation and the blocks' norm before the output
+    /// head: BERT's, RoBERTa's and FNet's masked-LM prediction head ([`crate::HeadTransform`]).
+    /// Default false.
     pub head_transform: bool,
     /// std of the normal initialisation of weights (GPT-2: 0.02); residual output
     /// projections get `init_std / √(2·n_layers)`. Default 0.02.
@@ -93,6 +97,7 @@ impl Default for ModelConfig {
             tie_embeddings: true,
             scale_embeddings: false,
             embedding_norm: false,
+            embedding_projection: false,
             head_bias: false,
             head_transform: false,
             init_std: 0.02,

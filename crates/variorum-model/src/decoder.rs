@@ -89,6 +89,8 @@ pub struct DecoderLm {
     pub layer_positions: Vec<AbsolutePosition>,
     /// The norm of the embedded input (`model.embedding_norm`: BLOOM, BERT).
     pub embedding_norm: Option<Norm>,
+    /// The dense layer after it (`model.embedding_projection`: FNet).
+    pub embedding_projection: Option<Linear>,
     /// Dropout on the embedded input (`model.dropout`).
     pub embedding_dropout: Dropout,
     /// `depth` distinct blocks, or one shared block (Universal Transformer).
@@ -168,6 +170,9 @@ impl DecoderLm {
                 .filter_map(|i| cfg.position.init_layer(i, d, cfg.seq_len, device))
                 .collect(),
             embedding_norm: cfg.embedding_norm.then(|| norm.norm.init(d, norm.norm_eps, device)),
+            embedding_projection: cfg
+                .embedding_projection
+                .then(|| LinearConfig::new(d, d).with_initializer(init.clone()).init(device)),
             embedding_dropout: DropoutConfig::new(cfg.dropout).init(),
             blocks: (0..if cfg.depth.shared() { 1 } else { cfg.n_layers })
                 .map(|i| {
@@ -180,7 +185,9 @@ impl DecoderLm {
             final_norm: cfg.block.pre_norm().then(|| norm.norm.init(d, norm.norm_eps, device)),
             head: (!cfg.tie_embeddings)
                 .then(|| LinearConfig::new(d, vocab).with_bias(false).with_initializer(init).init(device)),
-            head_transform: cfg.head_transform.then(|| crate::HeadTransform::new(d, &norm, cfg.init_std, device)),
+            head_transform: cfg
+                .head_transform
+                .then(|| crate::HeadTransform::new(d, &norm, cfg.feed_forward.kind, cfg.init_std, device)),
             head_bias: cfg.head_bias.then(|| Initializer::Zeros.init([vocab], device)),
             vocab_size: vocab,
             seq_len: cfg.seq_len,
@@ -261,6 +268,9 @@ impl DecoderLm {
         }
         if let Some(norm) = &self.embedding_norm {
             x = norm.forward(x);
+        }
+        if let Some(projection) = &self.embedding_projection {
+            x = variorum_kernels::linear::forward(projection, x);
         }
         self.embedding_dropout.forward(x)
     }

@@ -11,7 +11,8 @@ use variorum_core::{ConfigError, error::check};
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FreezeConfig {
-    /// Token embedding, absolute position and embedding-norm parameters. Default false.
+    /// Token embedding, absolute position, embedding norm and projection parameters. Default
+    /// false.
     pub embeddings: bool,
     /// The first n blocks (of the decoder, in an encoder–decoder: its encoder blocks train). Default 0.
     pub first_blocks: usize,
@@ -47,7 +48,8 @@ impl FreezeConfig {
                 return true;
             }
         }
-        if self.embeddings && matches!(top, "token_embedding" | "position" | "embedding_norm") {
+        if self.embeddings && matches!(top, "token_embedding" | "position" | "embedding_norm" | "embedding_projection")
+        {
             return true;
         }
         top == "blocks" && path.get(1).and_then(|i| i.parse::<usize>().ok()).is_some_and(|i| i < self.first_blocks)

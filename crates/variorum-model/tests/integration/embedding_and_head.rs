@@ -33,6 +33,31 @@ fn the_head_bias_is_added_to_every_positions_logits_tied_or_not() {
 fn a_model_without_head_bias_has_none() {
     let model = zoo::tiny().init(&Device::flex());
     assert!(model.head_bias.is_none() && model.embedding_norm.is_none() && model.head_transform.is_none());
+    assert!(model.embedding_projection.is_none());
+}
+
+#[test]
+fn the_embedding_projection_is_a_dense_layer_after_the_embedding_norm() {
+    let dev = Device::flex();
+    let cfg = ModelConfig { embedding_norm: true, embedding_projection: true, init_std: 0.5, ..zoo::tiny() };
+    cfg.validate().unwrap();
+    let mut model = cfg.init(&dev);
+    let projected = model.embed(tokens(&dev), 0);
+    let projection = model.embedding_projection.take().expect("a projection");
+    let normed = model.embed(tokens(&dev), 0);
+    let want =
+        normed.matmul(projection.weight.val().unsqueeze::<3>()) + projection.bias.unwrap().val().unsqueeze::<3>();
+    let diff = (projected - want).abs().max().into_scalar::<f32>();
+    assert!(diff < 1e-4, "embedding off (norm(x) W + b) by {diff}");
+}
+
+#[test]
+fn the_head_transform_activates_with_the_feed_forward_kind() {
+    use variorum_block::{FeedForwardConfig, FeedForwardKind};
+    let feed_forward = FeedForwardConfig { kind: FeedForwardKind::GeluTanh, d_ff: Some(64), ..Default::default() };
+    let cfg = ModelConfig { head_transform: true, feed_forward, ..zoo::tiny() };
+    let model = cfg.init(&Device::flex());
+    assert_eq!(model.head_transform.unwrap().activation, FeedForwardKind::GeluTanh);
 }
 
 #[test]

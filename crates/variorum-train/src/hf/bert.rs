@@ -1,9 +1,11 @@
-//! BERT and RoBERTa as masked language models (`model_type = "bert"`, `BertForMaskedLM`, Devlin
-//! et al. 2019; `"roberta"`, `RobertaForMaskedLM`, Liu et al. 2019): learned positions, a
-//! LayerNorm on the embedded input (`model.embedding_norm`), post-LN blocks, bidirectional full
-//! attention with biases, a GELU FFN, and the MLM head: dense, GELU, LayerNorm
-//! (`model.head_transform`), the tied embedding and a bias (`model.head_bias`). The mask token is
-//! the tokenizer's own (`model.objective.mask_token`).
+//! BERT, RoBERTa and FNet as masked language models (`model_type = "bert"`, `BertForMaskedLM`,
+//! Devlin et al. 2019; `"roberta"`, `RobertaForMaskedLM`, Liu et al. 2019; `"fnet"`,
+//! `FNetForMaskedLM`, Lee-Thorp et al. 2021): learned positions, a LayerNorm on the embedded
+//! input (`model.embedding_norm`), post-LN blocks, bidirectional full attention with biases —
+//! FNet: the `fnet` kind's Fourier mixing, no weights, and a dense layer after the embedding norm
+//! (`model.embedding_projection`) —, a GELU FFN, and the MLM head: dense, the FFN's activation,
+//! LayerNorm (`model.head_transform`), the tied embedding and a bias (`model.head_bias`). The
+//! mask token is the tokenizer's own (`model.objective.mask_token`).
 //!
 //! Every token of a one-segment text has token type 0, so that type's embedding is added to
 //! every position: the import folds it into the position table (`PlusRow`); a model read for
@@ -21,27 +23,40 @@ use super::recipe::Recipe;
 use super::{Mapping, Sizes, int, table};
 
 pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
-    let roberta = cfg.model_type()? == "roberta";
+    let model_type = cfg.model_type()?;
+    let (roberta, fnet) = (model_type == "roberta", model_type == "fnet");
     let vocab = cfg.usize("vocab_size")?;
     let d = cfg.usize("hidden_size")?;
     let layers = cfg.usize("num_hidden_layers")?;
-    let heads = cfg.usize("num_attention_heads")?;
+    let heads = if fnet { 0 } else { cfg.usize("num_attention_heads")? };
     let d_ff = cfg.usize("intermediate_size")?;
     let table_rows = cfg.opt_usize("max_position_embeddings")?.unwrap_or(512);
     let eps = cfg.f64_or("layer_norm_eps", 1e-12)?;
     let tied = cfg.bool_or("tie_word_embeddings", true)?;
     let dropout = cfg.f64_or("hidden_dropout_prob", 0.1)?;
-    let attn_dropout = cfg.f64_or("attention_probs_dropout_prob", 0.1)?;
+    let attn_dropout = if fnet { 0.0 } else { cfg.f64_or("attention_probs_dropout_prob", 0.1)? };
     let types = cfg.opt_usize("type_vocab_size")?.unwrap_or(2);
     let path = cfg.path().display().to_string();
-    // the prediction head's GELU is BERT's hidden_act; RoBERTa's is always the erf GELU
-    let act = cfg.str_or("hidden_act", "gelu")?;
-    if act != "gelu" {
-        bail!("{path}: hidden_act = {act:?} is not supported (gelu: the head transform's GELU)");
+    // the prediction head's activation is hidden_act, as the FFN's; RoBERTa's is always the erf GELU
+    let ffn = cfg.activation("hidden_act", if fnet { "gelu_new" } else { "gelu" })?;
+    if roberta && ffn != "gelu" {
+        bail!(
+            "{path}: hidden_act other than gelu is not supported: RoBERTa's head transform uses GELU whatever it says"
+        );
     }
-    cfg.require("position_embedding_type", "absolute".into(), "variorum's BERT has learned absolute positions")?;
-    cfg.require("is_decoder", Value::Bool(false), "a masked language model attends both ways")?;
-    cfg.require("add_cross_attention", Value::Bool(false), "variorum's BERT has no cross-attention")?;
+    if fnet {
+        cfg.require(
+            "use_tpu_fourier_optimizations",
+            Value::Bool(false),
+            "variorum's Fourier mixing is the FFT over the whole sequence",
+        )?;
+        // read only with the TPU optimisations
+        cfg.ignore(&["tpu_short_seq_length"]);
+    } else {
+        cfg.require("position_embedding_type", "absolute".into(), "variorum's BERT has learned absolute positions")?;
+        cfg.require("is_decoder", Value::Bool(false), "a masked language model attends both ways")?;
+        cfg.require("add_cross_attention", Value::Bool(false), "variorum's BERT has no cross-attention")?;
+    }
     // the classification heads'
     cfg.ignore(&["classifier_dropout"]);
     // RoBERTa's positions start after the padding id
@@ -49,7 +64,11 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
     if table_rows <= offset {
         bail!("{path}: max_position_embeddings = {table_rows} leaves no position after the first {offset}");
     }
-    let (p, class) = if roberta { ("roberta", "RobertaForMaskedLM") } else { ("bert", "BertForMaskedLM") };
+    let (p, class) = match model_type.as_str() {
+        "roberta" => ("roberta", "RobertaForMaskedLM"),
+        "fnet" => ("fnet", "FNetForMaskedLM"),
+        _ => ("bert", "BertForMaskedLM"),
+    };
     let mask_token = match cfg.mask_token() {
         Some(id) => id,
         None => mask_token_id(cfg.path().parent().unwrap_or(Path::new(".")), roberta)?,
@@ -83,6 +102,10 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
     if !tied {
         tensors.push(("head.weight".to_string(), Recipe::transpose(format!("{head}.decoder.weight"))));
     }
+    if fnet {
+        tensors.push(("embedding_projection.weight".to_string(), Recipe::transpose(format!("{e}.projection.weight"))));
+        tensors.push(("embedding_projection.bias".to_string(), Recipe::copy(format!("{e}.projection.bias"))));
+    }
     for i in 0..layers {
         let l = format!("{p}.encoder.layer.{i}");
         let b = format!("blocks.{i}");
@@ -91,13 +114,19 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
         let qkv = |part: &dyn Fn(&str) -> Recipe| {
             Recipe::Join(["query", "key", "value"].iter().map(|q| (part(&format!("attention.self.{q}")), d)).collect())
         };
+        // the mixing sublayer's norm: after the attention's output projection, or FNet's Fourier
+        let mixing = if fnet { "fourier.output" } else { "attention.output" };
+        if !fnet {
+            tensors.extend([
+                (format!("{b}.attn.qkv.qkv.weight"), qkv(&|n| t(n))),
+                (format!("{b}.attn.qkv.qkv.bias"), qkv(&|n| c(&format!("{n}.bias")))),
+                (format!("{b}.attn.out.weight"), t("attention.output.dense")),
+                (format!("{b}.attn.out.bias"), c("attention.output.dense.bias")),
+            ]);
+        }
         tensors.extend([
-            (format!("{b}.attn.qkv.qkv.weight"), qkv(&|n| t(n))),
-            (format!("{b}.attn.qkv.qkv.bias"), qkv(&|n| c(&format!("{n}.bias")))),
-            (format!("{b}.attn.out.weight"), t("attention.output.dense")),
-            (format!("{b}.attn.out.bias"), c("attention.output.dense.bias")),
-            (format!("{b}.attn_norm.gamma"), c("attention.output.LayerNorm.weight")),
-            (format!("{b}.attn_norm.beta"), c("attention.output.LayerNorm.bias")),
+            (format!("{b}.attn_norm.gamma"), c(&format!("{mixing}.LayerNorm.weight"))),
+            (format!("{b}.attn_norm.beta"), c(&format!("{mixing}.LayerNorm.bias"))),
             (format!("{b}.ffn.up.weight"), t("intermediate.dense")),
             (format!("{b}.ffn.up.bias"), c("intermediate.dense.bias")),
             (format!("{b}.ffn.down.weight"), t("output.dense")),
@@ -107,23 +136,25 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
         ]);
     }
 
+    let attention = match fnet {
+        true => table([("kind", "fnet".into())]),
+        false => table([
+            ("kind", "full".into()),
+            ("n_heads", int(heads)),
+            ("bias", true.into()),
+            ("dropout", attn_dropout.into()),
+        ]),
+    };
     let sizes = Sizes { vocab, d, layers, seq_len: table_rows - offset, dropout, tied };
     let model = sizes.model([
         ("embedding_norm", true.into()),
+        ("embedding_projection", fnet.into()),
         ("head_transform", true.into()),
         ("head_bias", true.into()),
         ("position", table([("kind", "learned".into())])),
-        (
-            "attention",
-            table([
-                ("kind", "full".into()),
-                ("n_heads", int(heads)),
-                ("bias", true.into()),
-                ("dropout", attn_dropout.into()),
-            ]),
-        ),
+        ("attention", attention),
         ("block", table([("kind", "post-ln".into()), ("norm", "layer-norm".into()), ("norm_eps", eps.into())])),
-        ("feed_forward", table([("kind", "gelu".into()), ("d_ff", int(d_ff))])),
+        ("feed_forward", table([("kind", ffn.into()), ("d_ff", int(d_ff))])),
         ("objective", table([("kind", "masked".into()), ("mask_token", int(mask_token))])),
     ]);
     Ok(Mapping {
@@ -186,12 +217,32 @@ pub(crate) fn config_json(m: &Value) -> Map<String, Value> {
         ("num_hidden_layers", m["n_layers"].clone()),
         ("num_attention_heads", m["attention"]["n_heads"].clone()),
         ("intermediate_size", m["feed_forward"]["d_ff"].clone()),
-        ("hidden_act", "gelu".into()),
+        ("hidden_act", super::hf_activation(m["feed_forward"]["kind"].as_str(), "gelu").into()),
         ("hidden_dropout_prob", m["dropout"].clone()),
         ("attention_probs_dropout_prob", m["attention"]["dropout"].clone()),
         ("max_position_embeddings", m["seq_len"].clone()),
         ("type_vocab_size", 1.into()),
         ("layer_norm_eps", m["block"]["norm_eps"].clone()),
+        ("tie_word_embeddings", m["tie_embeddings"].clone()),
+    ];
+    pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+}
+
+/// The `config.json` of a masked run with Fourier mixing (`m`: its expanded `[model]` as JSON)
+/// as FNet; `export` reads it back with [`map`] and refuses the run unless that gives the same
+/// model.
+pub(crate) fn fnet_config_json(m: &Value) -> Map<String, Value> {
+    let pairs = [
+        ("vocab_size", m["vocab_size"].clone()),
+        ("hidden_size", m["d_model"].clone()),
+        ("num_hidden_layers", m["n_layers"].clone()),
+        ("intermediate_size", m["feed_forward"]["d_ff"].clone()),
+        ("hidden_act", super::hf_activation(m["feed_forward"]["kind"].as_str(), "gelu_new").into()),
+        ("hidden_dropout_prob", m["dropout"].clone()),
+        ("max_position_embeddings", m["seq_len"].clone()),
+        ("type_vocab_size", 1.into()),
+        ("layer_norm_eps", m["block"]["norm_eps"].clone()),
+        ("use_tpu_fourier_optimizations", false.into()),
         ("tie_word_embeddings", m["tie_embeddings"].clone()),
     ];
     pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()

@@ -56,6 +56,13 @@ struct Target {
 const TARGETS: &[Target] = &[
     Target { model_type: "gpt2", position: "learned", masked: false, config_json: gpt2::config_json, map: gpt2::map },
     Target { model_type: "bert", position: "learned", masked: true, config_json: bert::config_json, map: bert::map },
+    Target {
+        model_type: "fnet",
+        position: "learned",
+        masked: true,
+        config_json: bert::fnet_config_json,
+        map: bert::map,
+    },
     Target { model_type: "llama", position: "rope", masked: false, config_json: llama::config_json, map: llama::map },
     Target {
         model_type: "gpt_neox",
@@ -114,7 +121,15 @@ pub fn export(run_dir: &Path, out: &Path, device: &Device) -> Result<Exported> {
         let mut json = (target.config_json)(&described);
         json.insert("model_type".into(), target.model_type.into());
         let mut hf = HfConfig::from_map(out.join("config.json"), json.clone(), mask_token);
-        let mapping = (target.map)(&mut hf, &Checkpoint::empty())?;
+        // a description the mapping cannot read (a key the run has no value for) is a refusal
+        // of this architecture, not of the run
+        let mapping = match (target.map)(&mut hf, &Checkpoint::empty()) {
+            Ok(mapping) => mapping,
+            Err(e) => {
+                refusals.push(format!("as {} ({e})", target.model_type));
+                continue;
+            }
+        };
         hf.finish(mapping.class)?;
         match same_model(&ours, &mapping)? {
             Ok(rotary) => {

@@ -63,6 +63,7 @@ const ARCHITECTURES: &[(&str, fn(&mut HfConfig, &Checkpoint) -> Result<Mapping>)
     ("bloom", bloom::map),
     ("bert", bert::map),
     ("roberta", bert::map),
+    ("fnet", bert::map),
 ];
 
 /// What [`import`] wrote.

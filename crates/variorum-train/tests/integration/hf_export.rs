@@ -116,39 +116,51 @@ fn alibi_recipe_with_an_embedding_norm_exports_as_bloom() {
     exported_as_transformers_scored_it("bloom");
 }
 
-#[test]
-fn masked_recipe_exports_as_bert_with_its_mask_row_as_a_token() {
-    let dir = fixture("bert");
+/// Exports masked fixture `name` and checks it against its expected.json (what transformers'
+/// `AutoModelForMaskedLM` computed with the export); then imports the export and checks again.
+fn masked_exported_as_transformers_scored_it(name: &str, class: &str) -> f64 {
+    let dir = fixture(name);
     let text = std::fs::read_to_string(dir.join("expected.json")).unwrap();
     let expected: crate::hf_import::MaskedExpected = serde_json::from_str(&text).unwrap();
     let files: serde_json::Value = serde_json::from_str(&text).unwrap();
-    assert_eq!(files["class"], "BertForMaskedLM");
+    assert_eq!(files["class"], class);
     let device = Device::flex();
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("hf");
-    let done = hf::export(&dir, &out, &device).unwrap_or_else(|e| panic!("bert: {e:#}"));
-    assert_eq!(done.class, "BertForMaskedLM");
+    let done = hf::export(&dir, &out, &device).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+    assert_eq!(done.class, class);
     for (file, hash) in files["exported"].as_object().unwrap() {
-        assert_eq!(&sha256(&out.join(file)), hash, "bert: {file} is not the file transformers was given");
+        assert_eq!(&sha256(&out.join(file)), hash, "{name}: {file} is not the file transformers was given");
     }
     let run = Run::load(&dir, &device).unwrap();
-    assert_eq!(run.encode_prompt(&expected.text).unwrap(), expected.ids, "bert: token ids of the text");
+    assert_eq!(run.encode_prompt(&expected.text).unwrap(), expected.ids, "{name}: token ids of the text");
     // the run's extra mask row is the exported vocabulary's [MASK]
     assert_eq!(run.model.mask_token, Some(expected.mask_id));
     let (worst, hidden) = crate::hf_import::mlm_deltas(&run, &expected);
-    assert!(worst < 1e-4 && hidden < 1e-4, "bert: max |Δ log-prob| = {worst:e}, |Δ hidden| = {hidden:e}");
+    assert!(worst < 1e-4 && hidden < 1e-4, "{name}: max |Δ log-prob| = {worst:e}, |Δ hidden| = {hidden:e}");
 
     // and back: the export imported is the run again, its mask token the tokenizer's
     let back = tmp.path().join("back");
-    hf::import(&out, &back, &device).unwrap_or_else(|e| panic!("bert: importing the export: {e:#}"));
+    hf::import(&out, &back, &device).unwrap_or_else(|e| panic!("{name}: importing the export: {e:#}"));
     let again = Run::load(&back, &device).unwrap();
     assert_eq!(again.model.mask_token, Some(expected.mask_id));
     let (again_worst, again_hidden) = crate::hf_import::mlm_deltas(&again, &expected);
     assert!(
         again_worst < 1e-4 && again_hidden < 1e-4,
-        "bert: the export imported is off transformers by {again_worst:e}"
+        "{name}: the export imported is off transformers by {again_worst:e}"
     );
-    eprintln!("bert: max |Δ log-prob| = {worst:.2e}, |Δ hidden| = {hidden:.2e} against transformers");
+    eprintln!("{name}: max |Δ log-prob| = {worst:.2e}, |Δ hidden| = {hidden:.2e} against transformers");
+    worst
+}
+
+#[test]
+fn masked_recipe_exports_as_bert_with_its_mask_row_as_a_token() {
+    masked_exported_as_transformers_scored_it("bert", "BertForMaskedLM");
+}
+
+#[test]
+fn masked_fourier_recipe_exports_as_fnet() {
+    masked_exported_as_transformers_scored_it("fnet", "FNetForMaskedLM");
 }
 
 /// A copy of fixture `name` whose config.toml is changed by `edit`; its export must fail with a

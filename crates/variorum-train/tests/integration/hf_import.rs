@@ -165,6 +165,11 @@ fn roberta_with_its_offset_positions_equals_transformers() {
 }
 
 #[test]
+fn fnet_fourier_mixing_with_its_embedding_projection_equals_transformers() {
+    masked_equal_to_transformers("fnet", "FNetForMaskedLM");
+}
+
+#[test]
 fn an_existing_out_directory_is_refused_and_left_alone() {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::write(tmp.path().join("mine.txt"), "keep").unwrap();
@@ -276,6 +281,11 @@ fn bad_model_directories_are_refused_in_one_line() {
         "bert",
         |s| edit_config(s, |c| _ = c.insert("position_embedding_type".into(), "relative_key".into())),
         "position_embedding_type = \"relative_key\"",
+    );
+    refused(
+        "fnet",
+        |s| edit_config(s, |c| _ = c.insert("use_tpu_fourier_optimizations".into(), true.into())),
+        "use_tpu_fourier_optimizations = true",
     );
     // a masked model whose tokenizer has no mask token
     refused(
