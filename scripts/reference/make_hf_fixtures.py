@@ -30,7 +30,9 @@ Usage: python3 scripts/reference/make_hf_fixtures.py [OUT_DIR [NAME...]]  (NAME:
 
 import json
 import os
+import re
 import sys
+from collections import Counter
 
 import torch
 import transformers
@@ -375,14 +377,20 @@ def made_masked(out, name, cls, cfg, tokenizer, seed, mask_token, dtype=None):
 
 
 def wordpiece():
-    """A WordPiece tokenizer trained on the corpus, BERT's way: [CLS] text [SEP]."""
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    """A WordPiece tokenizer over the corpus, BERT's way: [CLS] text [SEP]. Its vocabulary is
+    built here rather than by the tokenizers trainer, which breaks ties differently from run to
+    run: the specials, every character alone and as a continuation, then the corpus's words of
+    two or more characters by falling count (ties alphabetical)."""
+    words = re.findall(r"\w+|[^\w\s]", CORPUS.lower())
+    chars = sorted(set("".join(words)))
+    counts = Counter(w for w in words if len(w) > 1)
+    common = [w for w, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))][:150]
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    vocab = specials + chars + ["##" + c for c in chars] + common
+    tok = Tokenizer(models.WordPiece({t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    trainer = trainers.WordPieceTrainer(vocab_size=300, special_tokens=specials, show_progress=False)
-    tok.train_from_iterator([CORPUS], trainer)
     cls_id, sep_id = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", cls_id), ("[SEP]", sep_id)]
