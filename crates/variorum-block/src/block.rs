@@ -81,9 +81,14 @@ pub trait BlockKind {
 
     /// Checks the settings; messages name the config key. Default: `norm_eps` in (0, 1).
     fn validate(&self) -> Result<(), ConfigError> {
-        let eps = self.residual().norm_eps;
-        check(eps > 0.0 && eps < 1.0, || format!("model.block.norm_eps = {eps} must be in (0, 1)"))
+        check_norm_eps(&self.residual())
     }
+}
+
+/// `model.block.norm_eps` in (0, 1): the check every kind's `validate` starts with.
+pub(crate) fn check_norm_eps(residual: &ResidualConfig) -> Result<(), ConfigError> {
+    let eps = residual.norm_eps;
+    check(eps > 0.0 && eps < 1.0, || format!("model.block.norm_eps = {eps} must be in (0, 1)"))
 }
 
 variorum_core::kind_enum! {

@@ -101,8 +101,7 @@ impl BlockKind for PreLnConfig {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
-        let eps = self.norm_eps;
-        check(eps > 0.0 && eps < 1.0, || format!("model.block.norm_eps = {eps} must be in (0, 1)"))?;
+        crate::block::check_norm_eps(&self.residual())?;
         check(self.parallel || !self.shared_norm, || {
             "model.block.shared_norm = true needs parallel = true: only parallel branches read one input".into()
         })
