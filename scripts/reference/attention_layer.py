@@ -1,4 +1,5 @@
-"""PyTorch's attention on the CPU, the outside reference of `variorum bench-attention`.
+"""PyTorch's attention on the CPU or a CUDA GPU (--device cuda), the outside reference of
+`variorum bench-attention`.
 
 One point per process (its peak memory is its own): forward + backward at one sequence length,
 batch 1, causal, median of --reps timed runs after one untimed run. Two modes:
@@ -10,7 +11,10 @@ batch 1, causal, median of --reps timed runs after one untimed run. Two modes:
 --window W > 0 hides keys more than W − 1 back with a dense boolean mask: sliding-window attention
 as PyTorch runs it on a CPU (FlexAttention, its block-sparse path, has no CPU backward).
 
-Prints one line: RESULT {"mode", "window", "len", "ms", "peak_mib", "torch"}.
+On CUDA the time waits for the GPU (synchronize after each step) and "device_mib" is the peak of
+torch.cuda.max_memory_allocated during the timed steps.
+
+Prints one line: RESULT {"mode", "window", "len", "ms", "peak_mib", "device_mib", "device", "torch"}.
 """
 
 import argparse
@@ -40,7 +44,11 @@ def main() -> None:
     p.add_argument("--window", type=int, default=0)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu")
     a = p.parse_args()
+    dev = torch.device(a.device)
+    torch.set_default_device(dev)
+    cuda = dev.type == "cuda"
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     n, d, h = a.len, a.d_model, a.heads
@@ -73,11 +81,18 @@ def main() -> None:
             attend(q, k, v).sum().backward()
             return q.grad.sum().item()
 
+    def timed_step():
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+
     base = rss_mib()
     times = []
     for r in range(a.reps + 1):
+        if cuda and r == 1:
+            torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
-        step()
+        timed_step()
         if r > 0:
             times.append(time.perf_counter() - t0)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base
@@ -87,6 +102,8 @@ def main() -> None:
         "len": n,
         "ms": statistics.median(times) * 1e3,
         "peak_mib": max(peak, 0.0),
+        "device_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
         "torch": torch.__version__,
     }
     print("RESULT " + json.dumps(result))

@@ -238,6 +238,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (the second GPU reference)")
     p.add_argument("--log_interval", type=int, default=50)
     args = p.parse_args(argv)
     if args.min_lr is None:
@@ -274,6 +275,9 @@ def main(argv=None, build_model=None) -> int:
     model.train()
     n_params = count_parameters(model)
     optimizer = make_optimizer(model, args.lr, (args.beta1, args.beta2), args.eps, args.weight_decay)
+    if args.compile:
+        # after the optimizer took the parameters; the compiled module shares them
+        model = torch.compile(model)
     batch_gen = torch.Generator().manual_seed(args.seed)
 
     log(
@@ -343,6 +347,9 @@ def main(argv=None, build_model=None) -> int:
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "vocab_size": len(vocab),
+        "device": str(device),
+        "device_mib": torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None,
+        "compiled": args.compile,
     }
     print("RESULT " + json.dumps(result), flush=True)
     return 0

@@ -209,10 +209,11 @@ fn child(config: &Path, point: &str, args: &BenchAttentionArgs) -> Outcome {
 fn describe(o: &Outcome, scale: f64, unit: &str) -> String {
     match o {
         Ok(p) => format!(
-            "{:>10.2} {unit}  peak {}{}",
+            "{:>10.2} {unit}  peak {}{}{}",
             p.seconds * scale,
             p.peak_mib.map_or("n/a".into(), |m| format!("{m:.0} MiB")),
-            p.needed_mib.map_or(String::new(), |m| format!(" (needs {m:.0})"))
+            p.needed_mib.map_or(String::new(), |m| format!(" (needs {m:.0})")),
+            p.device_mib.map_or(String::new(), |m| format!(", device {m:.0} MiB"))
         ),
         Err(why) => why.clone(),
     }
@@ -282,6 +283,7 @@ fn write_outputs(dir: &Path, names: &[String], train: &Rows, generate: &Rows, ar
                 "seconds": o.as_ref().ok().map(|p| p.seconds),
                 "peak_mib": o.as_ref().ok().and_then(|p| p.peak_mib),
                 "needed_mib": o.as_ref().ok().and_then(|p| p.needed_mib),
+                "device_mib": o.as_ref().ok().and_then(|p| p.device_mib),
                 "error": o.as_ref().err()})
         })
         .collect();

@@ -7,19 +7,53 @@
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 
-#[test]
-fn wgpu_forward_and_backward_match_the_cpu() {
+/// The CPU and GPU devices (autodiff), or `None` where VARIORUM_SKIP_WGPU=1; keep the returned
+/// directory alive while the GPU runs.
+fn devices() -> Option<(Device, Device, tempfile::TempDir)> {
     if std::env::var("VARIORUM_SKIP_WGPU").is_ok_and(|v| v == "1") {
         eprintln!("skipped: VARIORUM_SKIP_WGPU=1");
-        return;
+        return None;
     }
     // lavapipe wants a private runtime directory (mode 0700); CI machines have none.
     let runtime = tempfile::tempdir().unwrap();
     if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
         unsafe { std::env::set_var("XDG_RUNTIME_DIR", runtime.path()) };
     }
-    let cpu = Device::flex().autodiff();
-    let gpu = Device::wgpu(burn::tensor::DeviceKind::DefaultDevice).autodiff();
+    Some((Device::flex().autodiff(), Device::wgpu(burn::tensor::DeviceKind::DefaultDevice).autodiff(), runtime))
+}
+
+/// The loss of `cfg`'s model (the same weights on both devices) on a fixed batch of 2 × `len`
+/// tokens, and the gradient of the token embedding, on the CPU and on the GPU.
+fn on_both(cfg: &variorum_model::ModelConfig, len: usize, cpu: &Device, gpu: &Device) -> [(f32, Vec<f32>); 2] {
+    cpu.seed(3);
+    let model_cpu = cfg.init(cpu);
+    let dir = tempfile::tempdir().unwrap();
+    model_cpu.clone().save_file(dir.path().join("m")).unwrap();
+    let model_gpu = cfg.init(gpu).load_file(dir.path().join("m"));
+    let ids: Vec<i64> = (0..2 * (len + 1)).map(|i| (i * 7 % 11) as i64).collect();
+    let run = |model: &variorum_model::DecoderLm, dev: &Device| {
+        let t = Tensor::<2, Int>::from_data(TensorData::new(ids.clone(), [2, len + 1]), dev);
+        let (loss, _) = model.loss(t.clone().slice([0..2, 0..len]), t.slice([0..2, 1..len + 1]));
+        let value = loss.clone().into_scalar::<f32>();
+        let grads = GradientsParams::from_grads(loss.backward(), model);
+        let g = grads.get::<2>(model.token_embedding.weight.id).unwrap();
+        (value, g.into_data().try_to_vec::<f32>().unwrap())
+    };
+    [run(&model_cpu, cpu), run(&model_gpu, gpu)]
+}
+
+/// The two runs' losses within 1e-4 and embedding gradients within 1e-3 of the largest.
+fn assert_close(name: &str, [(loss_cpu, grad_cpu), (loss_gpu, grad_gpu)]: [(f32, Vec<f32>); 2]) {
+    assert!((loss_cpu - loss_gpu).abs() < 1e-4, "{name}: loss: cpu {loss_cpu} vs wgpu {loss_gpu}");
+    let scale = grad_cpu.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let diff = grad_cpu.iter().zip(&grad_gpu).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(scale > 0.0, "{name}");
+    assert!(diff < 1e-3 * scale, "{name}: embedding gradient differs by {diff} (scale {scale})");
+}
+
+#[test]
+fn wgpu_forward_and_backward_match_the_cpu() {
+    let Some((cpu, gpu, _runtime)) = devices() else { return };
     // the plain model, the kinds that sort, gather and rebuild (content-based attention,
     // reversible blocks), pool and rank on the host, a bidirectional masked LM with an
     // iterative pseudo-inverse, a sorted normaliser (the fused kernel on the CPU, sort and cumsum
@@ -40,27 +74,36 @@ fn wgpu_forward_and_backward_match_the_cpu() {
         variorum_testkit::variants().into_iter().filter(|(n, _)| chosen.contains(&n.as_str())).collect();
     assert_eq!(variants.len(), chosen.len(), "a chosen variant was renamed");
     for (name, cfg) in variants {
-        cpu.seed(3);
-        let model_cpu = cfg.init(&cpu);
-        let dir = tempfile::tempdir().unwrap();
-        model_cpu.clone().save_file(dir.path().join("m")).unwrap();
-        let model_gpu = cfg.init(&gpu).load_file(dir.path().join("m"));
+        assert_close(&name, on_both(&cfg, 16, &cpu, &gpu));
+    }
+}
 
-        let ids: Vec<i64> = (0..2 * 17).map(|i| (i * 7 % 11) as i64).collect();
-        let run = |model: &variorum_model::DecoderLm, dev: &Device| {
-            let t = Tensor::<2, Int>::from_data(TensorData::new(ids.clone(), [2, 17]), dev);
-            let (loss, _) = model.loss(t.clone().slice([0..2, 0..16]), t.slice([0..2, 1..17]));
-            let value = loss.clone().into_scalar::<f32>();
-            let grads = GradientsParams::from_grads(loss.backward(), model);
-            let g = grads.get::<2>(model.token_embedding.weight.id).unwrap();
-            (value, g.into_data().try_to_vec::<f32>().unwrap())
-        };
-        let (loss_cpu, grad_cpu) = run(&model_cpu, &cpu);
-        let (loss_gpu, grad_gpu) = run(&model_gpu, &gpu);
-        assert!((loss_cpu - loss_gpu).abs() < 1e-4, "{name}: loss: cpu {loss_cpu} vs wgpu {loss_gpu}");
-        let scale = grad_cpu.iter().fold(0f32, |m, x| m.max(x.abs()));
-        let diff = grad_cpu.iter().zip(&grad_gpu).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-        assert!(scale > 0.0, "{name}");
-        assert!(diff < 1e-3 * scale, "{name}: embedding gradient differs by {diff} (scale {scale})");
+/// Full attention whose scores exceed the budget goes by query blocks on the GPU (Burn's ops
+/// with the hand-written backward of `variorum_kernels::query_blocked`) and gives the CPU's
+/// fused kernel's loss and gradients: causal and both ways (a masked LM), RoPE with
+/// grouped-query heads. The budget is lowered so that 40 tokens make three blocks.
+#[test]
+fn wgpu_query_blocked_attention_matches_the_cpu() {
+    use variorum_kernels::query_blocked;
+    let Some((cpu, gpu, _runtime)) = devices() else { return };
+    let base = variorum_model::ModelConfig { seq_len: 40, ..variorum_model::zoo::tiny() };
+    let mut rope = variorum_model::ModelConfig {
+        position: serde_json::from_str(r#"{ "kind": "rope" }"#).unwrap(),
+        ..base.clone()
+    };
+    if let variorum_attention::AttentionConfig::Full(full) = &mut rope.attention {
+        full.n_kv_heads = Some(2);
+    }
+    let masked = variorum_model::ModelConfig {
+        objective: variorum_model::ObjectiveConfig::Masked(Default::default()),
+        ..base.clone()
+    };
+    let chosen = [("causal", base), ("rope, grouped-query", rope), ("masked", masked)];
+    for (name, cfg) in chosen {
+        let before = query_blocked::calls();
+        // 2 sequences × 4 heads × 40 keys: 16 query rows per block
+        let runs = query_blocked::with_score_budget(2 * 4 * 40 * 16, || on_both(&cfg, 40, &cpu, &gpu));
+        assert!(query_blocked::calls() > before, "{name}: the GPU run did not take the blocked path");
+        assert_close(&name, runs);
     }
 }

@@ -38,6 +38,7 @@ pub mod layer_norm;
 pub mod linear;
 pub mod linear_attention;
 pub mod normalisers;
+pub mod query_blocked;
 pub mod rope;
 pub mod sinkhorn;
 

@@ -11,6 +11,7 @@ use crate::engine::head_losses::{self, Disagreement};
 use crate::engine::heads::{HeadLosses, MultiHeadAttention, Projected, concat_heads};
 use burn::prelude::*;
 use variorum_core::AttentionMask;
+use variorum_kernels::normalisers::RowNormaliser;
 use variorum_position::{PackedHeads, RelativePosition, ScoreLayout};
 
 impl MultiHeadAttention {
@@ -110,6 +111,9 @@ impl MultiHeadAttention {
             let band = Band { back: l, ahead, block: l.clamp(1, 128), query_blocks: false, causal: m.causal };
             return (concat_heads(banded(self, &p, &[band], &[])), None);
         }
+        if let Some(context) = self.query_blocked(&p, input.mask, input.need_weights) {
+            return (context, None);
+        }
         let scores = self.mask_scores(self.scores(&p), input.mask, input.dense_mask, &p);
         let probs = self.normalise(scores);
         let weights = input.need_weights.then(|| probs.clone());
@@ -170,6 +174,33 @@ impl MultiHeadAttention {
             pos.works_on_gathered_keys() || (pos.has_distance_terms() && self.normaliser.query_factor().is_none())
         });
         aligned && plain && scheme_ok && variorum_kernels::has_kernel(&p.k)
+    }
+
+    /// Plain softmax attention whose scores would not fit the budget
+    /// ([`variorum_kernels::query_blocked::block_rows`]), by blocks of queries with a backward
+    /// that recomputes them ([`variorum_kernels::query_blocked`]): the GPU backends' path for
+    /// long sequences, where the composed scores are an `[b, h, L, L]` buffer (4 GiB at 16k)
+    /// that autodiff would keep. Causal or both ways, a rotation done in the projection, a head
+    /// temperature folded into q; no padding, custom pattern, reach limit, dropout on the
+    /// probabilities or weights asked for. `None` otherwise, or where the scores fit.
+    fn query_blocked(&self, p: &Projected, m: &AttentionMask, need_weights: bool) -> Option<Tensor<3>> {
+        use variorum_kernels::query_blocked;
+        let plain = m.padding.is_none() && m.custom.is_none() && m.graph.is_none() && m.max_back.is_none();
+        let drops = crate::engine::heads::drops(&self.dropout, &p.device());
+        let position = self.position.as_ref().is_none_or(RelativePosition::rotates_packed);
+        let softmax = self.normaliser.row == RowNormaliser::Softmax;
+        if !plain || need_weights || drops || !position || !softmax || !query_blocked::available(&p.k) {
+            return None;
+        }
+        let offset = if m.causal { p.layout.q_start.checked_sub(p.layout.k_start)? } else { 0 };
+        let [b, h, lq, _] = p.q_dims();
+        let block = query_blocked::block_rows(b, h, lq, p.layout.len_k)?;
+        let q = match self.normaliser.query_factor() {
+            Some(f) => p.q() * f,
+            None => p.q(),
+        };
+        let heads = query_blocked::attention(q, p.k.clone(), p.v.clone(), m.causal, offset, block)?;
+        Some(concat_heads(heads))
     }
 
     /// What both kernel paths share: a causal mask and nothing else, no dropout on the
@@ -235,5 +266,48 @@ impl MultiHeadAttention {
             None => all,
         };
         variorum_kernels::causal_attention::causal_self_attention(all, h, h_kv, self.scale, offset, norm)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::contract::Positioning;
+    use crate::engine::config::MultiHeadAttentionConfig;
+    use burn::tensor::Distribution;
+    use variorum_kernels::query_blocked;
+
+    /// Cross-attention both ways (which no fused CPU kernel takes) whose scores exceed the budget
+    /// goes by query blocks, with grouped-query heads and a learned temperature, and gives the
+    /// composed output and gradients; within the budget it stays composed.
+    #[test]
+    fn scores_over_the_budget_go_by_query_blocks_with_the_same_result() {
+        let device = Device::flex().autodiff();
+        device.seed(5);
+        let cfg =
+            MultiHeadAttentionConfig { n_heads: 4, n_kv_heads: Some(2), head_temperature: true, ..Default::default() };
+        let attn = cfg.init(16, 0.3, 0.3, Positioning::NONE, &device);
+        let normal = Distribution::Normal(0.0, 1.0);
+        let x = Tensor::<3>::random([2, 40, 16], normal, &device).require_grad();
+        let memory = Tensor::<3>::random([2, 23, 16], normal, &device).require_grad();
+        let mask = AttentionMask::bidirectional();
+        let run = |budget: usize| {
+            let before = query_blocked::calls();
+            let out = query_blocked::with_score_budget(budget, || {
+                attn.forward(AttentionInput::cross_attention(x.clone(), memory.clone(), &mask), None).context
+            });
+            let blocked = query_blocked::calls() > before;
+            let grads = out.clone().powi_scalar(2).sum().backward();
+            let temperature = attn.normaliser.log_temperature.as_ref().unwrap().grad(&grads).unwrap();
+            let g = [x.grad(&grads).unwrap(), memory.grad(&grads).unwrap()];
+            (blocked, out.inner(), g, temperature)
+        };
+        let (blocked, out, [dx, dm], dt) = run(1);
+        let (composed, out_c, [dx_c, dm_c], dt_c) = run(usize::MAX);
+        assert!(blocked && !composed, "blocked {blocked}, composed {composed}");
+        let diff = |a: Tensor<3>, b: Tensor<3>| (a - b).abs().max().into_scalar::<f32>();
+        assert!(diff(out, out_c) < 1e-5);
+        assert!(diff(dx, dx_c) < 1e-4 && diff(dm, dm_c) < 1e-4);
+        assert!((dt - dt_c).abs().max().into_scalar::<f32>() < 1e-4);
     }
 }
