@@ -7,6 +7,15 @@ use burn::prelude::*;
 /// by `scripts/bench-cpu-backends.sh` (see the README's table).
 pub const CPU_DEFAULT: &str = "flex";
 
+/// The CPU device `--device cpu` means, where a fresh model's weights are drawn whatever the
+/// device, so that a seed gives the same weights on every backend.
+pub fn host() -> Device {
+    #[cfg(feature = "flex")]
+    return Device::flex();
+    #[cfg(not(feature = "flex"))]
+    Device::default()
+}
+
 /// Names accepted by `--device` in this build.
 pub fn available() -> Vec<&'static str> {
     let mut v = vec!["cpu"];

@@ -97,7 +97,7 @@ pub fn attention(
     offset: usize,
     block: usize,
 ) -> Option<Tensor<4>> {
-    let ([b, h, lq, dh], [bk, hkv, lk, dhk]) = (q.dims(), k.dims());
+    let ([b, h, _, dh], [bk, hkv, _, dhk]) = (q.dims(), k.dims());
     assert!(
         bk == b && dhk == dh && v.dims() == k.dims(),
         "q {:?}, k {:?}, v {:?} do not fit",
@@ -107,7 +107,6 @@ pub fn attention(
     );
     assert!(hkv > 0 && h % hkv == 0, "{h} query heads cannot share {hkv} key/value heads");
     assert!(block > 0, "a block has at least one query");
-    let _ = (lq, lk);
     #[cfg(any(feature = "flex", cube_backend))]
     if available(&q) && available(&k) && available(&v) {
         CALLS.set(CALLS.get() + 1);
@@ -116,7 +115,7 @@ pub fn attention(
         let out = burn::backend::Dispatch::query_blocked_attention(q, k, v, blocking);
         return Some(Tensor::from_dispatch(out));
     }
-    let _ = (q, k, v, causal, offset);
+    let _ = (q, k, v, causal, offset, block);
     None
 }
 
@@ -131,6 +130,7 @@ pub struct Blocking {
     pub block: usize,
 }
 
+#[cfg(any(feature = "flex", cube_backend))]
 impl Blocking {
     /// Each block's query rows and the keys they see, `(i0, i1, key_end)`.
     fn blocks(self, lq: usize, lk: usize) -> impl Iterator<Item = (usize, usize, usize)> {
@@ -144,6 +144,7 @@ impl Blocking {
 
 /// The computation in Burn's ops on tensors without autodiff, for any backend: what the
 /// extension's implementations call on their primitives.
+#[cfg(any(feature = "flex", cube_backend))]
 mod blocks {
     use super::Blocking;
     use burn::prelude::*;

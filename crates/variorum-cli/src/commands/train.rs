@@ -64,6 +64,7 @@ pub fn run(args: TrainArgs) -> Result<ExitCode> {
         stop_at,
         init_from,
         device,
+        init_device: Some(device::host()),
         device_name,
         progress: !no_progress && std::io::IsTerminal::is_terminal(&std::io::stderr()),
         interrupt,

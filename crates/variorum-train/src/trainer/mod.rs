@@ -50,6 +50,11 @@ pub struct TrainOptions {
     pub stop_at: Option<u64>,
     /// The device (without autodiff; training adds it).
     pub device: Device,
+    /// Where a fresh model's weights are drawn (from `train.seed`) before they move to `device`:
+    /// the CLI names the CPU, so that a config and seed give the same weights, and so the same
+    /// run, on every backend (each backend's generator draws its own numbers). `None`: on
+    /// `device`.
+    pub init_device: Option<Device>,
     /// Name of the device, for the summary.
     pub device_name: String,
     /// Draw a progress bar on stderr.
@@ -70,6 +75,7 @@ impl TrainOptions {
             stop_at: None,
             init_from: None,
             device,
+            init_device: None,
             device_name: device_name.into(),
             progress: false,
             interrupt: Arc::new(AtomicBool::new(false)),

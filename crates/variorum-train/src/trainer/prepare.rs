@@ -43,7 +43,15 @@ pub(super) fn prepare(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<
     // --- model and optimizer
     let device = opts.device.clone().autodiff();
     device.seed(tc.seed);
-    let mut model: DecoderLm = cfg.model.init(&device);
+    // drawn where `init_device` says, every parameter at once in the module's order (Burn would
+    // draw each on first use, on whatever device it had been moved to by then), then moved
+    let host = opts.init_device.clone().unwrap_or_else(|| opts.device.clone()).autodiff();
+    host.seed(tc.seed);
+    let mut model: DecoderLm = cfg.model.init(&host);
+    model.visit(&mut DrawNow);
+    if host != device {
+        model = model.fork(&device);
+    }
     let mut optim = optimizer(tc);
     let mut state = TrainState::default();
     // the checkpoint resumed from, once one loads completely
@@ -96,6 +104,23 @@ pub(super) fn prepare(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<
         last_train_loss: None,
         _lock: lock,
     })
+}
+
+/// Draws every lazily initialised parameter of a module where it stands.
+struct DrawNow;
+
+impl burn::module::ModuleVisitor for DrawNow {
+    fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<D>>) {
+        let _ = param.val();
+    }
+
+    fn visit_int<const D: usize>(&mut self, param: &burn::module::Param<Tensor<D, Int>>) {
+        let _ = param.val();
+    }
+
+    fn visit_bool<const D: usize>(&mut self, param: &burn::module::Param<Tensor<D, Bool>>) {
+        let _ = param.val();
+    }
 }
 
 /// `--max-steps` applied, the config validated, and the run directory's checkpoints read: a
