@@ -174,7 +174,11 @@ fn measure_here(cfg: &ExperimentConfig, point: &str, args: &BenchAttentionArgs) 
         "generate" => Ok(attention_bench::generation(attn, pos, args.d_model, n, args.tokens.max(1), &device)),
         other => bail!("--point mode {other:?} is not train, need or generate"),
     };
-    let p = if args.composed { variorum_kernels::without_kernels(measure)? } else { measure()? };
+    let mut p = if args.composed { variorum_kernels::without_kernels(measure)? } else { measure()? };
+    // on a GPU, what Burn's pools hold on it after the runs: their peak, as pools keep pages
+    if ["wgpu", "cuda"].contains(&args.device.device.as_str()) {
+        p.device_mib = device.memory_pool_usage().map(|u| u.bytes_reserved as f64 / (1 << 20) as f64);
+    }
     println!("{}", serde_json::to_string(&p)?);
     Ok(ExitCode::SUCCESS)
 }

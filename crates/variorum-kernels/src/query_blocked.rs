@@ -291,29 +291,23 @@ mod extension {
         (primitive(out), primitive(lse))
     }
 
-    #[cfg(feature = "flex")]
-    impl QueryBlocked for burn::backend::Flex {
-        fn query_blocked_attention(
-            q: FloatTensor<Self>,
-            k: FloatTensor<Self>,
-            v: FloatTensor<Self>,
-            c: Blocking,
-        ) -> FloatTensor<Self> {
-            forward::<Self>(q, k, v, c).0
-        }
+    /// The forward alone on each backend the crate was built for (no autodiff: nothing kept).
+    macro_rules! forward_on {
+        ($($cfg:meta => $backend:ty),*) => {$(
+            #[$cfg]
+            impl QueryBlocked for $backend {
+                fn query_blocked_attention(
+                    q: FloatTensor<Self>,
+                    k: FloatTensor<Self>,
+                    v: FloatTensor<Self>,
+                    c: Blocking,
+                ) -> FloatTensor<Self> {
+                    forward::<Self>(q, k, v, c).0
+                }
+            }
+        )*};
     }
-
-    #[cfg(cube_backend)]
-    impl QueryBlocked for burn::backend::Cube {
-        fn query_blocked_attention(
-            q: FloatTensor<Self>,
-            k: FloatTensor<Self>,
-            v: FloatTensor<Self>,
-            c: Blocking,
-        ) -> FloatTensor<Self> {
-            forward::<Self>(q, k, v, c).0
-        }
-    }
+    forward_on!(cfg(feature = "flex") => burn::backend::Flex, cfg(cube_backend) => burn::backend::Cube);
 
     #[derive(Debug)]
     struct QueryBlockedBackward;

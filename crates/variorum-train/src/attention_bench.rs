@@ -33,18 +33,10 @@ pub struct AttentionPoint {
     #[serde(default)]
     pub needed_mib: Option<f64>,
     /// On a GPU: the bytes Burn's memory pools hold on the device after the runs, MiB — their
-    /// peak, as pools keep the pages they took for reuse. `None` on the CPU.
+    /// peak, as pools keep the pages they took for reuse (filled in by the caller, which knows
+    /// whether the device is one). `None` on the CPU.
     #[serde(default)]
     pub device_mib: Option<f64>,
-}
-
-/// The device memory Burn's pools hold on `device`, MiB; `None` on the CPU (flex has no pools
-/// on a device, its memory is the process's).
-fn device_pool_mib(device: &Device) -> Option<f64> {
-    if device.clone().inner() == Device::flex() {
-        return None;
-    }
-    device.memory_pool_usage().map(|u| u.bytes_reserved as f64 / (1 << 20) as f64)
 }
 
 /// The layer a model of context `len` would have: a fixed-length kind (Linformer) is built for
@@ -125,8 +117,7 @@ pub fn training(
             times.push(t0.elapsed().as_secs_f64());
         }
     }
-    let device_mib = device_pool_mib(&device);
-    AttentionPoint { seconds: median(&mut times), peak_mib: peak_above(base), needed_mib: None, device_mib }
+    AttentionPoint { seconds: median(&mut times), peak_mib: peak_above(base), needed_mib: None, device_mib: None }
 }
 
 /// Peak resident memory since the last [`reset_peak`] above `base`, MiB.
@@ -190,8 +181,7 @@ pub fn generation(
         let _ = out.sum().into_scalar::<f32>();
         times.push(t0.elapsed().as_secs_f64());
     }
-    let device_mib = device_pool_mib(device);
-    AttentionPoint { seconds: median(&mut times), peak_mib: peak_above(base), needed_mib: None, device_mib }
+    AttentionPoint { seconds: median(&mut times), peak_mib: peak_above(base), needed_mib: None, device_mib: None }
 }
 
 /// Bytes a forward + backward of full attention needs for its `len × len` score matrices
