@@ -36,8 +36,9 @@ pub fn calls() -> usize {
 }
 
 /// The elements of one block's scores the engine aims for, `b · h · n · L_k`: 32 Mi floats
-/// (128 MiB), a few of which live at once in the backward. Large enough that each product
-/// fills a GPU, small enough that 16k tokens and 8 heads still fit a consumer card.
+/// (128 MiB), a few of which live at once in the backward (one layer at 32k took 689 MiB of an
+/// H200's memory, docs/gpu.md). At 32k on an H200 its 256-row blocks were too small to keep the
+/// GPU busy (5.8× the 16k time); a budget scaled to the device's memory is not written yet.
 pub const SCORE_BUDGET: usize = 1 << 25;
 
 thread_local! {

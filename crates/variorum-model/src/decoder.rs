@@ -103,7 +103,7 @@ pub struct DecoderLm {
     pub final_norm: Option<Norm>,
     /// Present when the output embedding is not tied.
     pub head: Option<Linear>,
-    /// BERT's dense + GELU + norm before the head (`model.head_transform`).
+    /// BERT's dense + activation + norm before the head (`model.head_transform`).
     pub head_transform: Option<crate::HeadTransform>,
     /// The logits' bias `[vocab_size]` (`model.head_bias`), tied head or not.
     pub head_bias: Option<Param<Tensor<1>>>,

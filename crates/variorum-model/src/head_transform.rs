@@ -12,7 +12,8 @@ use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::prelude::*;
 use variorum_block::{FeedForwardKind, Norm, ResidualConfig};
 
-/// The dense layer, GELU and norm before a masked model's output projection.
+/// The dense layer, the feed-forward kind's activation and the norm before a masked model's
+/// output projection.
 #[derive(Module, Debug)]
 pub struct HeadTransform {
     /// `[d_model, d_model]` with a bias.
