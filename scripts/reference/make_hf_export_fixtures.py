@@ -25,7 +25,12 @@ beside them):
              -> FNetForMaskedLM;
   roundtrip  the round trip: tests/fixtures/hf/llama (a transformers model, bf16) imported,
              fine-tuned 100 steps (`train --init-from`, its own tokenizer kept by
-             `data.tokenizer.kind = "file"`), exported again.
+             `data.tokenizer.kind = "file"`), exported again;
+  t5         the same for an encoder–decoder: tests/fixtures/hf/t5_v1_1 imported, fine-tuned
+             100 steps on pairs.tsv (each line of the sonnet and the next; the relative bias
+             tables frozen, `train.freeze.positions`, so that each stack keeps the one table
+             T5 has), exported as T5ForConditionalGeneration; transformers scores a target
+             given its source and decodes the source greedily (AutoModelForSeq2SeqLM).
 
 Each directory holds the run (config.toml, tokenizer.json, model.bpk) and expected.json: the
 text's token ids as transformers' AutoTokenizer gives them from the export, the log-probability
@@ -47,15 +52,17 @@ import sys
 import tempfile
 
 import torch
-from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
 # the import fixtures' script: the pinned version's check, and what transformers computes
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_hf_fixtures import expectations as transformers_computes  # noqa: E402
 from make_hf_fixtures import masked_expectations  # noqa: E402
+from make_hf_fixtures import seq2seq_expectations  # noqa: E402
 
 ROOT = "crates/variorum-train/tests/fixtures/hf/export"
 CORPUS = os.path.join(ROOT, "corpus.txt")
+PAIRS = os.path.join(ROOT, "pairs.tsv")
 TEXT = "Shall I compare thee to a summer's day? Thou art more lovely"
 PROMPT = "So long as men"
 
@@ -324,9 +331,14 @@ def sha256(path):
 def expectations(export_dir):
     tokenizer = AutoTokenizer.from_pretrained(export_dir)
     with open(os.path.join(export_dir, "config.json")) as f:
-        masked = json.load(f)["model_type"] in ("bert", "fnet")
-    auto = AutoModelForMaskedLM if masked else AutoModelForCausalLM
+        model_type = json.load(f)["model_type"]
+    masked = model_type in ("bert", "fnet")
+    auto = AutoModelForMaskedLM if masked else AutoModelForSeq2SeqLM if model_type == "t5" else AutoModelForCausalLM
     model = auto.from_pretrained(export_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    if model_type == "t5":
+        expected = {"class": type(model).__name__, **seq2seq_expectations(model, tokenizer)}
+        expected["exported"] = {f: sha256(os.path.join(export_dir, f)) for f in sorted(os.listdir(export_dir))}
+        return expected
     ids = tokenizer(TEXT)["input_ids"]
     assert tokenizer.decode(ids, skip_special_tokens=True) == TEXT, "the exported tokenizer does not round-trip"
     if masked:
@@ -373,6 +385,18 @@ def main():
                 steps=100,
             )
             runs["roundtrip"] = train(binary, tmp, "roundtrip", finetune, init_from=imported)
+        if wanted("t5"):
+            lines = CORPUS_TEXT.strip().split("\n")
+            with open(PAIRS, "w") as f:
+                f.writelines(f"{a}\t{b}\n" for a, b in zip(lines, lines[1:]))
+            imported = os.path.join(tmp, "imported-t5")
+            variorum(binary, "import", "crates/variorum-train/tests/fixtures/hf/t5_v1_1", "--out", imported)
+            finetune = f'extends = "{imported}/config.toml"\n' + TRAIN.format(
+                corpus=PAIRS,
+                tokenizer=f'tokenizer = {{ kind = "file", path = "{imported}/tokenizer.json" }}\n[data.pairs]',
+                steps=100,
+            ) + "\n[train.freeze]\npositions = true\n"
+            runs["t5"] = train(binary, tmp, "t5", finetune, init_from=imported)
 
         for name, run in runs.items():
             export_dir = os.path.join(tmp, f"{name}-hf")
@@ -385,14 +409,17 @@ def main():
                 shutil.copy(os.path.join(run, f), d)
             # the run's config names temporary paths that are gone: the fixture's own instead
             with open(os.path.join(d, "config.toml")) as f:
-                config = f.read().replace(f"{imported}/tokenizer.json", os.path.join(d, "tokenizer.json"))
+                config = f.read()
+            for i in ("imported", "imported-t5"):
+                config = config.replace(f"{os.path.join(tmp, i)}/tokenizer.json", os.path.join(d, "tokenizer.json"))
             with open(os.path.join(d, "config.toml"), "w") as f:
                 f.write(config)
             with open(os.path.join(d, "expected.json"), "w") as f:
                 json.dump(expected, f, indent=1)
                 f.write("\n")
             size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
-            print(f"{d}: {expected['class']}, {len(expected['ids'])} tokens, {size / 1024:.0f} KiB")
+            n = len(expected.get("ids", expected.get("target_ids", [])))
+            print(f"{d}: {expected['class']}, {n} tokens, {size / 1024:.0f} KiB")
 
 
 if __name__ == "__main__":

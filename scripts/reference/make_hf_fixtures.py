@@ -24,7 +24,13 @@ mask token, and the encoder's last hidden state. The expectations come from each
 directory loaded back with `from_pretrained` in f32 (bf16 values widen exactly), as a user
 would load it.
 
-Usage: python3 scripts/reference/make_hf_fixtures.py [OUT_DIR [NAME...]]  (NAME: gpt2 llama opt qwen2 gpt_neox mistral phi gptj bloom bert roberta fnet)
+T5 (v1.0: ReLU, tied and scaled head, d_kv 6 × 4 heads ≠ d_model, 3 encoder and 2 decoder
+blocks, 8 buckets to distance 20; v1.1: gated tanh-GELU, a head of its own) is scored as
+transformers trains it: the source with its `</s>`, the target after the decoder's start token
+`<pad>`, each target token and the `</s>` after it; its greedy decode of the source, 32 tokens.
+Its tokenizer is a Unigram model with Metaspace pieces, as T5's tokenizer.json.
+
+Usage: python3 scripts/reference/make_hf_fixtures.py [OUT_DIR [NAME...]]  (NAME: gpt2 llama opt qwen2 gpt_neox mistral phi gptj bloom bert roberta fnet t5 t5_v1_1)
 (pinned versions: scripts/reference/requirements.txt plus transformers, below).
 """
 
@@ -78,12 +84,12 @@ def byte_level_bpe(vocab_size, specials):
     return tok
 
 
-def widen(model, seed):
+def widen(model, seed, factor=12.0):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() >= 2:
-                p.mul_(12.0)
+                p.mul_(factor)
             elif "norm" in name or "ln" in name:
                 p.add_(0.2 * torch.randn(p.shape, generator=g))
             else:
@@ -459,6 +465,127 @@ def fnet(out):
     return made_masked(out, "fnet", transformers.FNetForMaskedLM, cfg, tokenizer, seed=12, mask_token="[MASK]", dtype=torch.bfloat16)
 
 
+def unigram():
+    """A SentencePiece-style Unigram tokenizer as T5's tokenizer.json is: Metaspace pieces, `</s>`
+    appended to every text. Its vocabulary is written here (no trainer, so it is the same every
+    run): `<pad>`, `</s>`, `<unk>`, the pieces `▁` and every character, then the corpus's words
+    (with `▁` before them) by falling count, ties alphabetical; scores favour longer pieces."""
+    words = CORPUS.split()
+    chars = sorted(set("".join(words)))
+    counts = Counter("\u2581" + w for w in words)
+    common = [w for w, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))][:120]
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -3.0)]
+    pieces += [(c, -6.0) for c in chars] + [(w, -2.0 - 0.01 * i) for i, w in enumerate(common)]
+    tok = Tokenizer(models.Unigram(pieces, unk_id=2))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
+    tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
+    tok.post_processor = processors.TemplateProcessing(
+        single="$A </s>", pair="$A </s> $B </s>", special_tokens=[("</s>", 1)]
+    )
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", unk_token="<unk>", pad_token="<pad>")
+    return tok, tokenizer
+
+
+WIDEN_T5 = float(os.environ.get("WIDEN_T5", "1.5"))
+SOURCE = "Shall I compare thee to a summer's day?"
+TARGET = "Thou art more lovely and more temperate: so long lives this."
+
+
+def seq2seq_expectations(model, tokenizer):
+    """What transformers computes with an encoder–decoder: the source's ids (with the `</s>` its
+    tokenizer appends), the target's (without), the log-probability of every target token and of
+    the `</s>` after it (the decoder reading `decoder_start_token_id` first), and the 32 tokens
+    its greedy `generate` writes for the source (end-of-text not stopping it)."""
+    source = tokenizer(SOURCE)["input_ids"]
+    target = tokenizer(TARGET, add_special_tokens=False)["input_ids"]
+    labels = target + [model.config.eos_token_id]
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([source]), labels=torch.tensor([labels])).logits[0].double()
+        logprobs = torch.log_softmax(logits, dim=-1)
+        scored = [logprobs[i, t].item() for i, t in enumerate(labels)]
+        model.generation_config.eos_token_id = None
+        out = model.generate(
+            torch.tensor([source]),
+            attention_mask=torch.ones(1, len(source), dtype=torch.long),
+            max_new_tokens=GREEDY_TOKENS,
+            do_sample=False,
+            use_cache=True,
+        )[0].tolist()
+    return {
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "source": SOURCE,
+        "source_ids": source,
+        "target": TARGET,
+        "target_ids": target,
+        "logprobs": scored,
+        # without the decoder's start token
+        "greedy": out[1:],
+    }
+
+
+def made_seq2seq(out, name, cfg, tokenizer, seed, untie=False):
+    """As `made`, for T5, whose initialisation is already wide (the embedding N(0, 1), the
+    projections scaled to their fan-in): matrices widened by WIDEN_T5 only."""
+    torch.manual_seed(seed)
+    model = transformers.T5ForConditionalGeneration(cfg).eval()
+    model.config._attn_implementation = "eager"
+    widen(model, seed, WIDEN_T5)
+    if untie:
+        # v1.1's head of its own (transformers 5 keeps it apart when it differs)
+        model.lm_head.weight = torch.nn.Parameter(torch.randn(model.lm_head.weight.shape))
+    d = save(out, name, model.to(torch.bfloat16), tokenizer)
+    reloaded = transformers.T5ForConditionalGeneration.from_pretrained(d, dtype=torch.float32, attn_implementation="eager")
+    return d, seq2seq_expectations(reloaded.eval(), tokenizer)
+
+
+def t5(out):
+    tok, tokenizer = unigram()
+    # v1.0: ReLU, the head tied and the decoder's output scaled; heads of 6 (24 wide, not 16),
+    # three encoder blocks and two decoder blocks, the buckets few enough that distances past
+    # the exact ones are hashed
+    cfg = transformers.T5Config(
+        vocab_size=tok.get_vocab_size() + 3,
+        d_model=16,
+        d_kv=6,
+        d_ff=40,
+        num_layers=3,
+        num_decoder_layers=2,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=20,
+        dropout_rate=0.0,
+        layer_norm_epsilon=1e-6,
+        feed_forward_proj="relu",
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+    )
+    return made_seq2seq(out, "t5", cfg, tokenizer, seed=13)
+
+
+def t5_v1_1(out):
+    tok, tokenizer = unigram()
+    cfg = transformers.T5Config(
+        vocab_size=tok.get_vocab_size(),
+        d_model=16,
+        d_kv=4,
+        d_ff=24,
+        num_layers=2,
+        num_heads=4,
+        relative_attention_num_buckets=32,
+        relative_attention_max_distance=128,
+        dropout_rate=0.0,
+        layer_norm_epsilon=1e-6,
+        feed_forward_proj="gated-gelu",
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+    )
+    return made_seq2seq(out, "t5_v1_1", cfg, tokenizer, seed=14, untie=True)
+
+
 MAKERS = {
     "gpt2": gpt2,
     "llama": llama,
@@ -472,6 +599,8 @@ MAKERS = {
     "bert": bert,
     "roberta": roberta,
     "fnet": fnet,
+    "t5": t5,
+    "t5_v1_1": t5_v1_1,
 }
 
 
@@ -485,7 +614,8 @@ def main():
             json.dump(expected, f, indent=1)
             f.write("\n")
         size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
-        print(f"{d}: {len(expected['ids'])} tokens, {size / 1024:.0f} KiB")
+        n = len(expected.get("ids", expected.get("target_ids", [])))
+        print(f"{d}: {n} tokens, {size / 1024:.0f} KiB")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ macro_rules! head_fields {
             bias: $c.bias,
             normaliser: $c.normaliser,
             head_temperature: $c.head_temperature,
+            scaled: true,
             diversity: None,
             guidance: None,
         }

@@ -21,7 +21,7 @@ use variorum_core::{Capabilities, ConfigError, Declared, KindInfo, error::check}
 use variorum_kernels::linear;
 
 use crate::dense_ffn::{GeluFfn, GeluTanhFfn, ReluFfn};
-use crate::glu::{GegluFfn, GluFfn, SwigluFfn};
+use crate::glu::{GegluFfn, GegluTanhFfn, GluFfn, SwigluFfn};
 use crate::separable_conv::SeparableConvFfn;
 
 /// What a feed-forward kind changes in the shared layers: its nonlinearity, whether the
@@ -97,6 +97,8 @@ feed_forward_kinds! {
     "glu" => Glu(GluFfn),
     /// Gated, φ = GELU (Shazeer 2020).
     "geglu" => Geglu(GegluFfn),
+    /// Gated, φ = GELU's tanh approximation (T5 v1.1's `gated-gelu`).
+    "geglu-tanh" => GegluTanh(GegluTanhFfn),
     /// Gated, φ = Swish (Shazeer 2020).
     "swiglu" => Swiglu(SwigluFfn),
     /// A causal depthwise filter over time, then φ = ReLU (the Universal Transformer's
@@ -126,8 +128,8 @@ impl FeedForwardKind {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FeedForwardConfig {
-    /// `relu`, `gelu` (exact erf form; default), `gelu-tanh`, `glu`, `geglu`, `swiglu`,
-    /// `separable-conv`.
+    /// `relu`, `gelu` (exact erf form; default), `gelu-tanh`, `glu`, `geglu`, `geglu-tanh`,
+    /// `swiglu`, `separable-conv`.
     pub kind: FeedForwardKind,
     /// Hidden width. Default `4 · d_model`.
     pub d_ff: Option<usize>,

@@ -541,8 +541,8 @@ fn eval_examples(run: &Run, args: &EvalArgs, device: &burn::prelude::Device) -> 
     let n: usize = batches.iter().map(|b| b.batch_size).sum();
     let decode = args.decode.min(n);
     let pb = progress::bar(decode as u64, &run_name(&args.runs[0]));
-    // the special tokens start at the end token
-    let vocab = run.model.end_token.unwrap_or_default();
+    // the special tokens the config adds start after the text vocabulary
+    let vocab = run.model.text_vocab;
     let s = variorum_train::seq2seq::score_examples(
         &run.model,
         &batches,

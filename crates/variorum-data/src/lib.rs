@@ -42,7 +42,9 @@ pub use documents::DocumentStreams;
 pub use error::DataError;
 pub use graph::{GraphBatches, GraphDataConfig, GraphExample, GraphSplits, NO_TARGET, graph_eval_batches};
 pub use masking::Masking;
-pub use pairs::{Pair, PairBatches, PairSplits, PairsConfig, check_pair_lengths, example_batch, pair_eval_batches};
+pub use pairs::{
+    Pair, PairBatches, PairSplits, PairsConfig, TargetTokens, check_pair_lengths, example_batch, pair_eval_batches,
+};
 pub use span_corruption::{SpanCorruption, SpanShape, span_eval_batches};
 pub use tags::{Holdout, SplitTags, TagConfig, TagSections, UNTAGGED};
 pub use tokenizer::{CharTokenizer, Tokenizer, TokenizerConfig};

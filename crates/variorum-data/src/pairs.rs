@@ -10,10 +10,15 @@
 //! are the validation split.
 //!
 //! A batch is `batch_size` pairs, drawn at random per step (a pure function of the step, as for
-//! text windows). Its rows are the targets, after the end token and padded to the batch's
-//! longest: the decoder reads `[</s>, t₁, …, t_n]` and predicts `[t₁, …, t_n, </s>]`, then
+//! text windows). Its rows are the targets, after the start token (the end token `</s>` itself
+//! unless the model names another: T5 starts from `<pad>`) and padded to the batch's longest:
+//! the decoder reads `[start, t₁, …, t_n]` and predicts `[t₁, …, t_n, </s>]`, then
 //! [`NO_TARGET`](crate::NO_TARGET) over the padding. Each row's source rides beside it
 //! ([`TokenBatch::sources`]).
+//!
+//! A source is tokenized as a prompt is, with the special tokens the tokenizer's post-processor
+//! adds (T5's appends `</s>`, as transformers' `tokenizer(source)` does); a target without them,
+//! the batches adding the end token.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -35,6 +40,23 @@ pub struct PairsConfig {
     /// `data.path` holds `source<TAB>target` lines.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub target_path: Option<PathBuf>,
+}
+
+/// The tokens that frame every target: the decoder's first input and the token that ends the
+/// target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TargetTokens {
+    /// The decoder's first input.
+    pub start: u32,
+    /// The last token of every target, where generation stops.
+    pub end: u32,
+}
+
+impl TargetTokens {
+    /// One token `</s>` that starts and ends (variorum's own encoder–decoders).
+    pub fn same(end: u32) -> Self {
+        Self { start: end, end }
+    }
 }
 
 /// One pair: the line it came from and the tokens of each side.
@@ -114,7 +136,7 @@ pub(crate) fn parse<'a>(
 
 /// Tokenizes one pair.
 pub(crate) fn pair(line: usize, source: &str, target: &str, tokenizer: &Tokenizer) -> Result<Pair, DataError> {
-    Ok(Pair { line, source: tokenizer.encode(source)?, target: tokenizer.encode(target)? })
+    Ok(Pair { line, source: tokenizer.encode_prompt(source)?, target: tokenizer.encode(target)? })
 }
 
 /// Fails, naming the file and line, if a pair does not fit `seq_len`: its source, or its target
@@ -138,18 +160,18 @@ pub fn check_pair_lengths(pairs: &[Pair], path: &Path, seq_len: usize) -> Result
 #[derive(Debug, Clone)]
 pub struct PairBatches {
     pairs: Arc<Vec<Pair>>,
-    end: u32,
+    tokens: TargetTokens,
     batch_size: usize,
     seed: u64,
 }
 
 impl PairBatches {
-    /// `end` is the end token's id. Fails if a pair is longer than `seq_len` or there is none.
+    /// `tokens` frame each target. Fails if a pair is longer than `seq_len` or there is none.
     pub fn new(
         pairs: Arc<Vec<Pair>>,
         path: &Path,
         seq_len: usize,
-        end: u32,
+        tokens: TargetTokens,
         batch_size: usize,
         seed: u64,
     ) -> Result<Self, DataError> {
@@ -160,7 +182,7 @@ impl PairBatches {
         if batch_size == 0 {
             return Err(DataError::Config("batch_size = 0 must be at least 1, e.g. 32".into()));
         }
-        Ok(Self { pairs, end, batch_size, seed })
+        Ok(Self { pairs, tokens, batch_size, seed })
     }
 
     /// The batch for training step `step`.
@@ -172,7 +194,7 @@ impl PairBatches {
                 (p.source.as_slice(), p.target.as_slice())
             })
             .collect();
-        example_batch(&picks, self.end)
+        example_batch(&picks, self.tokens)
     }
 }
 
@@ -182,7 +204,7 @@ pub fn pair_eval_batches(
     pairs: &[Pair],
     path: &Path,
     seq_len: usize,
-    end: u32,
+    tokens: TargetTokens,
     max_rows: usize,
     batch_size: usize,
 ) -> Result<Vec<TokenBatch>, DataError> {
@@ -192,19 +214,21 @@ pub fn pair_eval_batches(
         .chunks(batch_size.max(1))
         .map(|c| {
             let rows: Vec<(&[u32], &[u32])> = c.iter().map(|p| (p.source.as_slice(), p.target.as_slice())).collect();
-            example_batch(&rows, end)
+            example_batch(&rows, tokens)
         })
         .collect())
 }
 
-/// A batch of (source, target) examples: rows `[</s>, target…]` → `[target…, </s>]`, padded to
-/// the longest with `</s>` inputs and [`NO_TARGET`] targets; the sources beside them.
-pub fn example_batch(examples: &[(&[u32], &[u32])], end: u32) -> TokenBatch {
+/// A batch of (source, target) examples: rows `[start, target…]` → `[target…, </s>]`, padded
+/// to the longest with `</s>` inputs and [`NO_TARGET`] targets; the sources beside them.
+pub fn example_batch(examples: &[(&[u32], &[u32])], tokens: TargetTokens) -> TokenBatch {
+    let TargetTokens { start, end } = tokens;
     let b = examples.len();
     let len = examples.iter().map(|(_, t)| t.len() + 1).max().unwrap_or(1);
     let mut inputs = vec![i64::from(end); b * len];
     let mut targets = vec![NO_TARGET; b * len];
     for (r, (_, t)) in examples.iter().enumerate() {
+        inputs[r * len] = i64::from(start);
         for (i, &id) in t.iter().enumerate() {
             inputs[r * len + i + 1] = i64::from(id);
             targets[r * len + i] = i64::from(id);
@@ -259,11 +283,16 @@ mod tests {
 
     #[test]
     fn a_batch_reads_the_end_token_first_and_predicts_the_target_then_the_end() {
-        let b = example_batch(&[(&[7, 8][..], &[1, 2, 3][..]), (&[9][..], &[4][..])], 50);
+        let examples = [(&[7, 8][..], &[1, 2, 3][..]), (&[9][..], &[4][..])];
+        let b = example_batch(&examples, TargetTokens::same(50));
         assert_eq!(b.seq_len, 4);
         assert_eq!(b.inputs, vec![50, 1, 2, 3, 50, 4, 50, 50]);
         assert_eq!(b.targets, vec![1, 2, 3, 50, 4, 50, NO_TARGET, NO_TARGET]);
         assert_eq!(b.sources.iter().map(|s| s.as_slice().to_vec()).collect::<Vec<_>>(), vec![vec![7, 8], vec![9]]);
+        // T5's: every row starts from its own start token, ends with the end token
+        let t5 = example_batch(&examples, TargetTokens { start: 0, end: 1 });
+        assert_eq!(t5.inputs, vec![0, 1, 2, 3, 0, 4, 1, 1]);
+        assert_eq!(t5.targets, vec![1, 2, 3, 1, 4, 1, NO_TARGET, NO_TARGET]);
     }
 
     #[test]

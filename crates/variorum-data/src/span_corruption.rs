@@ -131,7 +131,7 @@ pub fn span_eval_batches(
 
 fn batch(examples: &[(Vec<u32>, Vec<u32>)], end: u32) -> TokenBatch {
     let rows: Vec<(&[u32], &[u32])> = examples.iter().map(|(s, t)| (s.as_slice(), t.as_slice())).collect();
-    example_batch(&rows, end)
+    example_batch(&rows, crate::pairs::TargetTokens::same(end))
 }
 
 fn check(tokens: &[u32], shape: &SpanShape, split: &str) -> Result<(), DataError> {

@@ -51,6 +51,10 @@ pub struct ModelConfig {
     /// head: BERT's, RoBERTa's and FNet's masked-LM prediction head ([`crate::HeadTransform`]).
     /// Default false.
     pub head_transform: bool,
+    /// Multiply the vector the output head reads by 1/√d_model: T5's tied head (Mesh
+    /// TensorFlow), which reads the embedding matrix at the scale of the model's stream.
+    /// Default false.
+    pub scale_head: bool,
     /// std of the normal initialisation of weights (GPT-2: 0.02); residual output
     /// projections get `init_std / √(2·n_layers)`. Default 0.02.
     pub init_std: f64,
@@ -80,6 +84,12 @@ pub struct ModelConfig {
     pub encoder: EncoderConfig,
     /// Encoder–decoder models: the decoder's cross-attention over the source. Default `full`.
     pub cross_attention: Option<AttentionConfig>,
+    /// Encoder–decoder models: a token of the vocabulary that ends every target (T5's `</s>`,
+    /// id 1) instead of an embedding row of its own after the vocabulary. Default: the extra row.
+    pub end_token: Option<usize>,
+    /// Encoder–decoder models: the decoder's first input (T5's `<pad>`, id 0). Default: the end
+    /// token.
+    pub start_token: Option<usize>,
     /// SPALM's gated long-term memory before the output head, reading neighbours retrieved
     /// from a datastore (`data.neighbours`). Default none.
     pub long_term_memory: Option<LongTermMemoryConfig>,
@@ -100,6 +110,7 @@ impl Default for ModelConfig {
             embedding_projection: false,
             head_bias: false,
             head_transform: false,
+            scale_head: false,
             init_std: 0.02,
             position: PositionConfig::default(),
             attention: AttentionConfig::default(),
@@ -112,6 +123,8 @@ impl Default for ModelConfig {
             objective: ObjectiveConfig::Causal,
             encoder: EncoderConfig::default(),
             cross_attention: None,
+            end_token: None,
+            start_token: None,
             long_term_memory: None,
         }
     }
@@ -205,7 +218,8 @@ impl ModelConfig {
             })?,
             None => self.vocab_size = Some(tokenizer_vocab),
         }
-        self.check_mask_token()
+        self.check_mask_token()?;
+        self.check_sequence_tokens()
     }
 
     /// A mask token of the vocabulary's own is one of its tokens.
@@ -224,7 +238,8 @@ impl ModelConfig {
     /// (unless the vocabulary has its own), or an encoder–decoder's end token and span
     /// corruption's sentinels.
     pub fn vocab(&self) -> usize {
-        let special = usize::from(self.is_encoder_decoder()) + self.sentinels().map_or(0, |s| s.0);
+        let end_row = self.is_encoder_decoder() && self.end_token.is_none();
+        let special = usize::from(end_row) + self.sentinels().map_or(0, |s| s.0);
         let extra_mask = matches!(&self.objective, ObjectiveConfig::Masked(m) if m.mask_token.is_none());
         self.vocab_size.unwrap_or(256) + usize::from(extra_mask) + special
     }

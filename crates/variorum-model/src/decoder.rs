@@ -128,8 +128,16 @@ pub struct DecoderLm {
     pub mask_token: Option<usize>,
     /// An encoder–decoder's encoder ([`crate::encoder`]); its decoder blocks cross-attend to it.
     pub encoder: Option<Encoder>,
-    /// An encoder–decoder's end token: the decoder's first input, and where an example ends.
+    /// An encoder–decoder's end token: where a target ends.
     pub end_token: Option<usize>,
+    /// An encoder–decoder's start token: the decoder's first input (the end token unless
+    /// `model.start_token` says otherwise).
+    pub start_token: Option<usize>,
+    /// The text vocabulary: embedding rows from here on are the special tokens the config adds
+    /// (the mask token, an encoder–decoder's end token, sentinels).
+    pub text_vocab: usize,
+    /// 1/√d_model on the vector the head reads (`model.scale_head`: T5's tied head).
+    pub head_scale: Option<f64>,
     /// SPALM's long-term memory before the head ([`crate::long_term_memory`]).
     pub long_term_memory: Option<crate::LongTermMemory>,
 }
@@ -202,6 +210,9 @@ impl DecoderLm {
             mask_token: cfg.mask_token(),
             encoder,
             end_token: cfg.end_token(),
+            start_token: cfg.start_token(),
+            text_vocab: cfg.vocab_size.unwrap_or(256),
+            head_scale: cfg.scale_head.then(|| 1.0 / (d as f64).sqrt()),
             long_term_memory: cfg.long_term_memory.as_ref().map(|l| l.init(d, device)),
             exits: match &cfg.exits {
                 ExitConfig::None => None,
@@ -641,6 +652,10 @@ impl DecoderLm {
     }
 
     fn logits(&self, x: Tensor<3>) -> Tensor<3> {
+        let x = match self.head_scale {
+            Some(s) => x.mul_scalar(s),
+            None => x,
+        };
         let x = match &self.head_transform {
             Some(t) => t.forward(x),
             None => x,

@@ -123,9 +123,29 @@ impl ModelConfig {
         self.cross_attention.clone().unwrap_or_default()
     }
 
-    /// The end token `</s>` of an encoder–decoder: the first row after the text vocabulary.
+    /// The end token `</s>` of an encoder–decoder: `model.end_token`, or the first row after the
+    /// text vocabulary.
     pub fn end_token(&self) -> Option<usize> {
-        self.is_encoder_decoder().then(|| self.vocab_size.unwrap_or(256))
+        self.is_encoder_decoder().then(|| self.end_token.unwrap_or(self.vocab_size.unwrap_or(256)))
+    }
+
+    /// The decoder's first input (encoder–decoder models): `model.start_token`, or the end token.
+    pub fn start_token(&self) -> Option<usize> {
+        if !self.is_encoder_decoder() {
+            return None;
+        }
+        self.start_token.or(self.end_token())
+    }
+
+    /// `model.end_token` and `model.start_token` are tokens of the vocabulary (once it is known).
+    pub(crate) fn check_sequence_tokens(&self) -> Result<(), ConfigError> {
+        let Some(vocab) = self.vocab_size else { return Ok(()) };
+        for (key, id) in [("end_token", self.end_token), ("start_token", self.start_token)] {
+            if let Some(id) = id {
+                check(id < vocab, || format!("model.{key} = {id} is not a token of the vocabulary ({vocab} tokens)"))?;
+            }
+        }
+        Ok(())
     }
 
     /// Span corruption's sentinel tokens: how many, and the first's id (after the end token).
@@ -144,10 +164,20 @@ impl ModelConfig {
             check(self.cross_attention.is_none(), || {
                 "model.cross_attention is set, but model.kind = \"decoder\" has no encoder to attend to: set model.kind = \"encoder-decoder\" or remove it".into()
             })?;
+            check(self.end_token.is_none() && self.start_token.is_none(), || {
+                "model.end_token and model.start_token are an encoder–decoder's (model.kind = \"encoder-decoder\"): remove them".into()
+            })?;
             return check(!matches!(self.objective, crate::ObjectiveConfig::SpanCorruption(_)), || {
                 "model.objective.kind = \"span-corruption\" trains an encoder and a decoder: set model.kind = \"encoder-decoder\"".into()
             });
         }
+        check(
+            self.end_token.is_none() || !matches!(self.objective, crate::ObjectiveConfig::SpanCorruption(_)),
+            || {
+                "model.end_token cannot be used with model.objective.kind = \"span-corruption\", whose end token and sentinels are rows after the vocabulary: remove it".into()
+            },
+        )?;
+        self.check_sequence_tokens()?;
         let layers = self.encoder_layers();
         check((1..=crate::config::MAX_LAYERS).contains(&layers), || {
             format!("model.encoder.n_layers = {layers} must be in 1..={}", crate::config::MAX_LAYERS)
@@ -218,6 +248,8 @@ impl ModelConfig {
             kind: ModelKind::Decoder,
             encoder: EncoderConfig::default(),
             cross_attention: None,
+            end_token: None,
+            start_token: None,
             long_term_memory: None,
             attention: encoder,
             n_layers: layers,

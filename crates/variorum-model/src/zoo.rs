@@ -140,7 +140,38 @@ pub fn encoder_decoder_variants() -> Vec<(String, ModelConfig)> {
             out.push((format!("encoder-decoder block {name}").trim_end().to_string(), c));
         }
     }
+    out.push(("encoder-decoder t5 recipe".to_string(), t5_recipe()));
     out
+}
+
+/// T5's recipe on the tiny encoder–decoder, as `variorum import` writes it for a T5 v1.1
+/// checkpoint: the vocabulary's own start and end tokens (`<pad>` = 0, `</s>` = 1), full
+/// attention without biases or the 1/√d_h, T5's bucketed bias, pre-LN blocks with RMS norms,
+/// a tanh-GEGLU FFN without biases, and the head reading the stream times 1/√d_model.
+pub fn t5_recipe() -> ModelConfig {
+    let attention = AttentionConfig::Full(MultiHeadAttentionConfig {
+        n_heads: 4,
+        bias: false,
+        scaled: false,
+        ..Default::default()
+    });
+    let block = BlockConfig::PreLn(variorum_block::PreLnConfig {
+        norm: variorum_block::NormKind::RmsNorm,
+        norm_eps: 1e-6,
+        ..Default::default()
+    });
+    let feed_forward = FeedForwardConfig { kind: FeedForwardKind::GegluTanh, bias: false, ..Default::default() };
+    ModelConfig {
+        end_token: Some(1),
+        start_token: Some(0),
+        scale_head: true,
+        position: PositionConfig::T5(Default::default()),
+        cross_attention: Some(attention.clone()),
+        attention,
+        block,
+        feed_forward,
+        ..tiny_encoder_decoder()
+    }
 }
 
 /// Panics unless every test variant validates and no two share a name (the zoo's own variants,

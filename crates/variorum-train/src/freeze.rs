@@ -19,12 +19,16 @@ pub struct FreezeConfig {
     /// Everything but the output head (`head`, or `token_embedding` when tied, its bias and
     /// transform). Default false.
     pub all_but_head: bool,
+    /// Every position parameter: the absolute position table and each attention's relative
+    /// scheme (T5's bucket tables, Shaw's, …). An imported T5 keeps its one table per stack
+    /// (copied into every layer) with it, and so stays exportable. Default false.
+    pub positions: bool,
 }
 
 impl FreezeConfig {
     /// Whether nothing is frozen.
     pub fn is_empty(&self) -> bool {
-        !self.embeddings && self.first_blocks == 0 && !self.all_but_head
+        !self.embeddings && self.first_blocks == 0 && !self.all_but_head && !self.positions
     }
 
     /// Checks the settings against a model of `n_layers` blocks, with tied embeddings when `tied`;
@@ -50,6 +54,10 @@ impl FreezeConfig {
         }
         if self.embeddings && matches!(top, "token_embedding" | "position" | "embedding_norm" | "embedding_projection")
         {
+            return true;
+        }
+        // the model's own `position` and every attention's (`blocks.i.attn.position`, …)
+        if self.positions && path.iter().any(|m| m == "position") {
             return true;
         }
         top == "blocks" && path.get(1).and_then(|i| i.parse::<usize>().ok()).is_some_and(|i| i < self.first_blocks)
@@ -86,4 +94,60 @@ pub fn drop_frozen_grads(model: &variorum_model::DecoderLm, grads: &mut Gradient
     }
     let tied = model.head.is_none();
     model.visit(&mut DropFrozen { cfg, tied, path: Vec::new(), grads });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use variorum_model::ModelConfig;
+
+    /// The path of every parameter that has a gradient.
+    struct WithGrads<'a> {
+        grads: &'a GradientsParams,
+        path: Vec<String>,
+        found: Vec<String>,
+    }
+
+    impl ModuleVisitor for WithGrads<'_> {
+        fn enter_module(&mut self, name: &str, _container_type: &str) {
+            self.path.push(name.to_string());
+        }
+
+        fn exit_module(&mut self, _name: &str, _container_type: &str) {
+            self.path.pop();
+        }
+
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if self.grads.get::<D>(param.id).is_some() {
+                self.found.push(self.path.join("."));
+            }
+        }
+    }
+
+    /// `positions` drops the gradient of every position parameter — each layer's T5 table, in
+    /// the encoder and the decoder — and of nothing else.
+    #[test]
+    fn frozen_positions_are_every_position_table_and_nothing_else() {
+        let dev = Device::flex().autodiff();
+        let position = toml::from_str("kind = \"t5\"").unwrap();
+        let cfg = ModelConfig { position, ..variorum_model::zoo::tiny_encoder_decoder() };
+        cfg.validate().unwrap();
+        let model = cfg.init(&dev);
+        let with_grads = |grads: &GradientsParams| {
+            let mut v = WithGrads { grads, path: Vec::new(), found: Vec::new() };
+            model.visit(&mut v);
+            v.found
+        };
+        let tokens = Tensor::<2, Int>::from_data(TensorData::new(vec![1i64, 2, 3, 4], [1, 4]), &dev);
+        let source = variorum_model::Source::from_rows(&[vec![5, 6, 7]], &dev);
+        let loss = model.forward_tagged(tokens, source, None).logits.sum();
+        let mut grads = GradientsParams::from_grads(loss.backward(), &model);
+        let all = with_grads(&grads);
+        drop_frozen_grads(&model, &mut grads, &FreezeConfig { positions: true, ..Default::default() });
+        let kept = with_grads(&grads);
+        let dropped: Vec<&String> = all.iter().filter(|n| !kept.contains(n)).collect();
+        let tables: Vec<&String> = all.iter().filter(|n| n.split('.').any(|m| m == "position")).collect();
+        assert_eq!(dropped, tables, "exactly the position tables are frozen");
+        assert!(dropped.iter().any(|n| n.starts_with("encoder")) && dropped.iter().any(|n| n.starts_with("blocks")));
+    }
 }

@@ -218,7 +218,7 @@ impl Run {
     }
 
     /// An encoder–decoder's log-probability of every token of `target`, and of the end token
-    /// after it, given `source`: one forward over the target after the end token it starts from.
+    /// after it, given `source`: one forward over the target after the start token.
     pub fn score_from(&self, source: &[u32], target: &[u32]) -> Result<Scores> {
         let Some(end) = self.model.end_token else {
             bail!("{} is not an encoder–decoder: score a text without --source", self.dir.display());
@@ -234,7 +234,8 @@ impl Run {
                 target.len() + 1
             );
         }
-        let inputs: Vec<i64> = std::iter::once(end as i64).chain(target.iter().map(|&t| t as i64)).collect();
+        let start = self.model.start_token.unwrap_or(end);
+        let inputs: Vec<i64> = std::iter::once(start as i64).chain(target.iter().map(|&t| t as i64)).collect();
         let n = inputs.len();
         let x = Tensor::<2, Int>::from_data(TensorData::new(inputs, [1, n]), &self.device);
         let wanted: Vec<u32> = target.iter().copied().chain(std::iter::once(end as u32)).collect();

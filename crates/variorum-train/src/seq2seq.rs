@@ -1,14 +1,15 @@
 //! Generation from a source (encoder–decoder models): the encoder runs once, its output and each
 //! decoder layer's cross-attention keys and values stay in the state ([`DecoderState::source`],
-//! `LayerState::cross`), and the decoder writes the target token by token after the end token
-//! until it writes the end token again or fills the context.
+//! `LayerState::cross`), and the decoder writes the target token by token after the start token
+//! (the end token, unless the model names another) until it writes the end token or fills the
+//! context.
 
 use burn::prelude::*;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use variorum_core::EncodedSource;
 use variorum_data::{
-    Corpus, DataError, PairBatches, SpanCorruption, SpanShape, TokenBatch, Tokenizer, pair_eval_batches,
+    Corpus, DataError, PairBatches, SpanCorruption, SpanShape, TargetTokens, TokenBatch, Tokenizer, pair_eval_batches,
     span_eval_batches,
 };
 use variorum_model::{DecoderLm, DecoderState, ModelConfig, Rows, Source};
@@ -24,6 +25,11 @@ pub fn span_shape(model: &ModelConfig) -> Option<SpanShape> {
     Some(SpanShape { window: model.seq_len, noise, spans, end, first_sentinel: first as u32 })
 }
 
+/// The tokens that frame an encoder–decoder's targets (`None` for a decoder).
+pub fn target_tokens(model: &ModelConfig) -> Option<TargetTokens> {
+    Some(TargetTokens { start: model.start_token()? as u32, end: model.end_token()? as u32 })
+}
+
 /// An encoder–decoder's training batches: random pairs (`data.pairs`) or corrupted windows of
 /// the training text. `None` for a decoder.
 pub fn training_examples(
@@ -32,13 +38,13 @@ pub fn training_examples(
     batch_size: usize,
     seed: u64,
 ) -> Result<Option<ExampleBatches>, DataError> {
-    let Some(end) = model.end_token() else { return Ok(None) };
+    let Some(tokens) = target_tokens(model) else { return Ok(None) };
     Ok(Some(match (&corpus.pairs, span_shape(model)) {
         (Some(p), _) => ExampleBatches::Pairs(PairBatches::new(
             p.train.clone(),
             &corpus.path,
             model.seq_len,
-            end as u32,
+            tokens,
             batch_size,
             seed,
         )?),
@@ -60,9 +66,9 @@ pub fn validation_examples(
     max_rows: usize,
     batch_size: usize,
 ) -> Result<Option<Vec<TokenBatch>>, DataError> {
-    let Some(end) = model.end_token() else { return Ok(None) };
+    let Some(tokens) = target_tokens(model) else { return Ok(None) };
     Ok(Some(match (&corpus.pairs, span_shape(model)) {
-        (Some(p), _) => pair_eval_batches(&p.val, &corpus.path, model.seq_len, end as u32, max_rows, batch_size)?,
+        (Some(p), _) => pair_eval_batches(&p.val, &corpus.path, model.seq_len, tokens, max_rows, batch_size)?,
         (None, Some(shape)) => span_eval_batches(&corpus.val, shape, max_rows, batch_size)?,
         (None, None) => return Err(DataError::Config("an encoder–decoder needs data.pairs or span corruption".into())),
     }))
@@ -178,7 +184,7 @@ pub fn score_examples(
     ExampleScores { examples, target_tokens, loss, decoded: written.len(), chrf }
 }
 
-/// The longest target the model writes: its context less the end token it starts from.
+/// The longest target the model writes: its context less the start token.
 fn max_target(model: &DecoderLm, asked: usize) -> usize {
     asked.min(model.seq_len.saturating_sub(1))
 }
@@ -194,9 +200,10 @@ pub fn generate_from(
     mut on_token: impl FnMut(u32),
 ) -> Vec<u32> {
     let end = model.end_token.expect("an encoder–decoder model") as u32;
+    let start = model.start_token.expect("an encoder–decoder model") as u32;
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
     let source = Source::from_rows(&[source.to_vec()], device);
-    let mut written: Vec<u32> = vec![end];
+    let mut written: Vec<u32> = vec![start];
     let mut state = DecoderState::default();
     let mut fresh = true;
     let mut out = Vec::new();
@@ -235,15 +242,16 @@ pub fn beam_search_from(
     device: &Device,
 ) -> Vec<u32> {
     let end = model.end_token.expect("an encoder–decoder model") as u32;
+    let start = model.start_token.expect("an encoder–decoder model") as u32;
     let beams = beams.max(1);
     let (encoded, _) = model.encode(&Source::from_rows(&[source.to_vec()], device));
-    // (target so far after the end token, total log-probability)
+    // (target so far after the start token, total log-probability)
     let mut alive: Vec<(Vec<u32>, f64)> = vec![(Vec::new(), 0.0)];
     let mut finished: Vec<(Vec<u32>, f64)> = Vec::new();
     for _ in 0..max_target(model, max_new_tokens) {
         let b = alive.len();
         let rows: Vec<Vec<u32>> =
-            alive.iter().map(|(t, _)| std::iter::once(end).chain(t.iter().copied()).collect()).collect();
+            alive.iter().map(|(t, _)| std::iter::once(start).chain(t.iter().copied()).collect()).collect();
         let len = rows[0].len();
         let mut state = DecoderState { source: Some(repeat(&encoded, b)), ..Default::default() };
         let logits = model.forward_tagged(ids(&rows, device), None, Some(&mut state)).logits;

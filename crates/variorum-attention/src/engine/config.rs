@@ -32,12 +32,24 @@ pub struct MultiHeadAttentionConfig {
     pub normaliser: Normaliser,
     /// A learned temperature per head dividing its scores before the normaliser. Default false.
     pub head_temperature: bool,
+    /// Divide the scores q·k by √d_h (Vaswani et al. §3.2.1). `false`: T5's unscaled dot
+    /// products (Raffel et al. 2020; Mesh TensorFlow folds the factor into the query's
+    /// initialisation, which variorum's single `init_std` does not reproduce: a fresh model's
+    /// scores are √d_h times larger than the scaled form's). Default true, and then not written
+    /// out (so that a written-out table keeps only the keys every kind with head fields takes,
+    /// and `--set model.attention.kind=…` can switch to another of them).
+    #[serde(skip_serializing_if = "is_true")]
+    pub scaled: bool,
     /// Disagreement regularisation of the heads (`{ on = "subspace" | "positions" | "outputs",
     /// weight = 0.1 }`, `engine::head_losses`). Default none.
     pub diversity: Option<DiversityConfig>,
     /// Heads pulled toward fixed patterns (`{ patterns = ["previous", "first", …], weight = 0.1 }`,
     /// `engine::head_losses`). Default none.
     pub guidance: Option<GuidanceConfig>,
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 impl Default for MultiHeadAttentionConfig {
@@ -50,6 +62,7 @@ impl Default for MultiHeadAttentionConfig {
             bias: true,
             normaliser: Normaliser::Softmax,
             head_temperature: false,
+            scaled: true,
             diversity: None,
             guidance: None,
         }
@@ -105,7 +118,7 @@ impl MultiHeadAttentionConfig {
             dropout: DropoutConfig::new(self.dropout).init(),
             normaliser: self.normaliser.init(self.n_heads, self.head_temperature, position.context, device),
             losses: HeadLosses { diversity: self.diversity.clone(), guidance: self.guidance.clone() },
-            scale: position.config.content_scale() / (head_dim as f64).sqrt(),
+            scale: position.config.content_scale() / if self.scaled { (head_dim as f64).sqrt() } else { 1.0 },
         }
     }
 }

@@ -308,6 +308,9 @@ mod tests {
         let diff = |a: Tensor<3>, b: Tensor<3>| (a - b).abs().max().into_scalar::<f32>();
         assert!(diff(out, out_c) < 1e-5);
         assert!(diff(dx, dx_c) < 1e-4 && diff(dm, dm_c) < 1e-4);
-        assert!((dt - dt_c).abs().max().into_scalar::<f32>() < 1e-4);
+        // the temperature's gradient sums over every score: compared relative to its size (the
+        // draws are not locked against other tests, so its size varies from run to run)
+        let (gap, size) = ((dt - dt_c.clone()).abs().max().into_scalar::<f32>(), dt_c.abs().max().into_scalar::<f32>());
+        assert!(gap <= 1e-4 * size.max(1.0), "temperature gradient off by {gap} of {size}");
     }
 }

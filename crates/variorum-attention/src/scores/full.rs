@@ -108,6 +108,12 @@ impl AttentionKind for MultiHeadAttentionConfig {
                 Self { normaliser: Normaliser::Entmax15, ..heads(4, Some(2)) },
             ),
             TestVariant::new("head temperature", Self { head_temperature: true, ..Default::default() }).masked(),
+            // T5's attention: unscaled scores, no biases, its bucketed bias
+            TestVariant::new(
+                "unscaled, no bias + position t5",
+                Self { scaled: false, bias: false, ..Default::default() },
+            )
+            .with_position(PositionConfig::T5(Default::default())),
             TestVariant::new(
                 "sparsemax + head temperature + position alibi",
                 Self { normaliser: Normaliser::Sparsemax, head_temperature: true, ..Default::default() },
@@ -238,6 +244,35 @@ mod tests {
         assert_eq!(w.dims(), [2, 4, 3, 7]);
         let row_sums = w.sum_dim(3).sub_scalar(1.0).abs().max().into_scalar::<f32>();
         assert!(row_sums < 1e-5, "attention rows must sum to 1");
+    }
+
+    /// `scaled = false` drops the 1/√d_h and nothing else: with queries multiplied by 1/√d_h
+    /// (T5's initialisation does it) the unscaled attention is the scaled one.
+    #[test]
+    fn unscaled_attention_is_scaled_attention_with_queries_times_the_scale() {
+        let dev = Device::flex();
+        let scaled = attention(4, 2, &dev);
+        let cfg = MultiHeadAttentionConfig { n_heads: 4, n_kv_heads: Some(2), scaled: false, ..Default::default() };
+        let mut unscaled = cfg.init(16, 0.2, 0.2, Positioning::NONE, &dev);
+        unscaled.out = scaled.out.clone();
+        let mask = AttentionMask::causal();
+        let x = random([2, 5, 16], &dev);
+        let run = |a: &MultiHeadAttention| a.forward(AttentionInput::self_attention(x.clone(), &mask), None).context;
+        // the same weights: a different function (scores √d_h = 2 times larger)
+        unscaled.qkv = scaled.qkv.clone();
+        let apart = (run(&scaled) - run(&unscaled)).abs().max().into_scalar::<f32>();
+        assert!(apart > 1e-3, "unscaled scores must change the output ({apart})");
+        // the q columns (the first 4 heads × 4) and their bias halved
+        let (w, b) = (scaled.qkv.qkv.weight.val(), scaled.qkv.qkv.bias.as_ref().unwrap().val());
+        let half =
+            |t: Tensor<2>| t.clone().slice_assign([0..t.dims()[0], 0..16], t.slice([0..16, 0..16]).mul_scalar(0.5));
+        unscaled.qkv.qkv.weight = Param::from_tensor(half(w));
+        let b2 = b.clone().unsqueeze::<2>();
+        unscaled.qkv.qkv.bias = Some(Param::from_tensor(
+            b2.clone().slice_assign([0..1, 0..16], b2.slice([0..1, 0..16]).mul_scalar(0.5)).squeeze_dim(0),
+        ));
+        let same = (run(&scaled) - run(&unscaled)).abs().max().into_scalar::<f32>();
+        assert!(same < 1e-5, "unscaled attention of queries / √d_h must be scaled attention ({same})");
     }
 
     #[test]

@@ -10,11 +10,9 @@ use variorum_attention::{Attention, AttentionConfig, AttentionInput, AttentionSt
 use variorum_attention::{Features, KernelState, MIN_NORMALISER, kernel_bidirectional};
 use variorum_core::AttentionMask;
 
-static SEEDED: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn seeded() -> std::sync::MutexGuard<'static, ()> {
-    SEEDED.lock().unwrap_or_else(|e| e.into_inner())
-}
+// the lock every test of this binary that seeds the process-wide generator holds (a lock of
+// its own here let these tests draw while others had seeded it)
+use crate::common::seeded;
 
 fn kinds() -> Vec<AttentionConfig> {
     kinds_in_chunks(3)

@@ -54,8 +54,11 @@ pub fn run(args: ExportArgs) -> Result<ExitCode> {
             let spinner = variorum_train::progress::spinner(&format!("exporting {}", run.display()));
             let done = variorum_train::hf::export(&run, &out, &device)?;
             spinner.finish_and_clear();
-            let auto =
-                if done.class.ends_with("ForMaskedLM") { "AutoModelForMaskedLM" } else { "AutoModelForCausalLM" };
+            let auto = match done.class {
+                c if c.ends_with("ForMaskedLM") => "AutoModelForMaskedLM",
+                c if c.ends_with("ForConditionalGeneration") => "AutoModelForSeq2SeqLM",
+                _ => "AutoModelForCausalLM",
+            };
             eprintln!(
                 "{} written as {} ({} tensors, {} parameters): transformers' {auto}.from_pretrained({:?}) loads it",
                 done.out.display(),

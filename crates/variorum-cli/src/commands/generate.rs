@@ -241,7 +241,8 @@ fn generate_from_source(
     beams: usize,
     device: &burn::prelude::Device,
 ) -> Result<ExitCode> {
-    let ids = run.tokenizer.encode(source).context("the source cannot be encoded")?;
+    // as the model was trained on sources: with the tokenizer's special tokens (T5's `</s>`)
+    let ids = run.tokenizer.encode_prompt(source).context("the source cannot be encoded")?;
     if ids.is_empty() || ids.len() > run.model.seq_len {
         anyhow::bail!(
             "the source is {} tokens: an encoder–decoder reads 1 to model.seq_len = {} tokens",
@@ -249,8 +250,8 @@ fn generate_from_source(
             run.model.seq_len
         );
     }
-    // the special tokens start at the end token
-    let vocab = run.model.end_token.unwrap_or_default();
+    // the special tokens the config adds start after the text vocabulary
+    let vocab = run.model.text_vocab;
     let start = std::time::Instant::now();
     let mut out = std::io::stdout();
     let written = if beams > 1 {

@@ -46,7 +46,6 @@ pub fn run(args: ScoreArgs) -> Result<ExitCode> {
         (None, Some(p)) => p,
         (None, None) => anyhow::bail!("give --text FILE or --prompt TEXT"),
     };
-    let ids = run.encode_prompt(&text)?;
     if run.model.long_term_memory.is_some() {
         eprintln!(
             "note: {}'s long-term memory reads the neighbour tables of its own splits; this text is scored without retrieval (the LM alone; `variorum eval` scores the validation split with it)",
@@ -54,11 +53,15 @@ pub fn run(args: ScoreArgs) -> Result<ExitCode> {
         );
     }
     let scores = match source {
+        // the source with the tokenizer's special tokens (T5's `</s>`), as sources are trained
+        // on; the target without them: the end token is scored after it
         Some(source) => {
-            let source = run.tokenizer.encode(&source).context("the source cannot be encoded")?;
-            run.score_from(&source, &ids)?
+            let source = run.tokenizer.encode_prompt(&source).context("the source cannot be encoded")?;
+            let target = run.tokenizer.encode(&text).context("the target cannot be encoded")?;
+            run.score_from(&source, &target)?
         }
         None => {
+            let ids = run.encode_prompt(&text)?;
             let tag = tag.map(|name| run.tag_id(&name)).transpose()?;
             run.score_tagged(&ids, tag)?
         }

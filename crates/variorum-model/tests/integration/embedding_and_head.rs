@@ -29,11 +29,29 @@ fn the_head_bias_is_added_to_every_positions_logits_tied_or_not() {
     }
 }
 
+/// `scale_head` (T5's tied head): the head reads the final state times 1/√d_model, so the
+/// logits are the unscaled model's over √d_model, tied head or not.
+#[test]
+fn the_scaled_head_reads_the_stream_over_the_root_of_d_model() {
+    let dev = Device::flex();
+    for tied in [true, false] {
+        let cfg = ModelConfig { scale_head: true, tie_embeddings: tied, ..zoo::tiny() };
+        cfg.validate().unwrap();
+        let mut model = cfg.init(&dev);
+        let scaled = model.forward(tokens(&dev)).logits;
+        model.head_scale = None;
+        let plain = model.forward(tokens(&dev)).logits;
+        assert!(plain.clone().abs().max().into_scalar::<f32>() > 1e-2, "the check needs logits away from 0");
+        let diff = (scaled - plain.div_scalar((cfg.d_model as f64).sqrt())).abs().max().into_scalar::<f32>();
+        assert!(diff < 1e-6, "tied = {tied}: logits off the unscaled ones / √d by {diff}");
+    }
+}
+
 #[test]
 fn a_model_without_head_bias_has_none() {
     let model = zoo::tiny().init(&Device::flex());
     assert!(model.head_bias.is_none() && model.embedding_norm.is_none() && model.head_transform.is_none());
-    assert!(model.embedding_projection.is_none());
+    assert!(model.embedding_projection.is_none() && model.head_scale.is_none());
 }
 
 #[test]

@@ -26,6 +26,7 @@ fn every_encoder_decoder_variant_keeps_its_properties() {
         "position rope",
         "position t5",
         "block post-ln",
+        "t5 recipe",
     ] {
         assert!(
             variants.iter().any(|(n, _)| n.starts_with(&format!("encoder-decoder {part}"))),
@@ -33,6 +34,35 @@ fn every_encoder_decoder_variant_keeps_its_properties() {
             variants.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>()
         );
     }
+}
+
+/// `model.end_token` and `model.start_token` (T5's `</s>` and `<pad>`): tokens of the
+/// vocabulary, so no row is added for them; without them the one extra row `</s>` both starts
+/// and ends. Out of the vocabulary, on a decoder-only model or beside span corruption's own
+/// rows they are refused by name.
+#[test]
+fn vocabulary_start_and_end_tokens_add_no_row_and_are_checked() {
+    use variorum_model::ModelConfig;
+    use variorum_model::zoo::{t5_recipe, tiny};
+    let (base, t5) = (tiny_encoder_decoder(), t5_recipe());
+    let text = base.vocab_size.unwrap();
+    assert_eq!((base.end_token(), base.start_token(), base.vocab()), (Some(text), Some(text), text + 1));
+    assert_eq!((t5.end_token(), t5.start_token(), t5.vocab()), (Some(1), Some(0), text));
+    let model = t5.init(&Device::flex());
+    assert_eq!((model.end_token, model.start_token, model.text_vocab), (Some(1), Some(0), text));
+    let err = |c: ModelConfig| {
+        let mut c = c;
+        c.validate().and_then(|_| c.resolve(text)).unwrap_err().to_string()
+    };
+    let e = err(ModelConfig { end_token: Some(text), ..t5_recipe() });
+    assert!(e.contains(&format!("model.end_token = {text} is not a token of the vocabulary")), "{e}");
+    let e = err(ModelConfig { start_token: Some(text + 5), ..t5_recipe() });
+    assert!(e.contains("model.start_token"), "{e}");
+    let e = err(ModelConfig { end_token: Some(1), ..tiny() });
+    assert!(e.contains("are an encoder–decoder's"), "{e}");
+    let span = variorum_model::ObjectiveConfig::SpanCorruption(Default::default());
+    let e = err(ModelConfig { objective: span, ..t5_recipe() });
+    assert!(e.contains("model.end_token cannot be used with model.objective.kind = \"span-corruption\""), "{e}");
 }
 
 #[test]

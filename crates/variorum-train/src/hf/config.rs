@@ -179,9 +179,14 @@ impl HfConfig {
 
     /// A boolean, or `default` when absent.
     pub(crate) fn bool_or(&mut self, key: &str, default: bool) -> Result<bool> {
+        Ok(self.opt_bool(key)?.unwrap_or(default))
+    }
+
+    /// A boolean, if present.
+    pub(crate) fn opt_bool(&mut self, key: &str) -> Result<Option<bool>> {
         match self.get(key).map(Value::as_bool) {
-            None => Ok(default),
-            Some(Some(b)) => Ok(b),
+            None => Ok(None),
+            Some(Some(b)) => Ok(Some(b)),
             Some(None) => Err(self.wrong(key, "true or false")),
         }
     }

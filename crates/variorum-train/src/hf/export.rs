@@ -26,7 +26,7 @@ use variorum_model::{ModelConfig, ObjectiveConfig};
 
 use super::checkpoint::Checkpoint;
 use super::config::HfConfig;
-use super::{Mapping, bert, bloom, gpt_neox, gpt2, gptj, llama, phi};
+use super::{Mapping, bert, bloom, gpt_neox, gpt2, gptj, llama, phi, t5};
 use crate::run::Run;
 
 /// What [`export`] wrote.
@@ -74,6 +74,7 @@ const TARGETS: &[Target] = &[
     Target { model_type: "gptj", position: "rope", masked: false, config_json: gptj::config_json, map: gptj::map },
     Target { model_type: "phi", position: "rope", masked: false, config_json: phi::config_json, map: phi::map },
     Target { model_type: "bloom", position: "alibi", masked: false, config_json: bloom::config_json, map: bloom::map },
+    Target { model_type: "t5", position: "t5", masked: false, config_json: t5::config_json, map: t5::map },
 ];
 
 /// Writes the run `run_dir` as the Hugging Face model directory `out`, which must not exist;
@@ -149,7 +150,10 @@ pub fn export(run_dir: &Path, out: &Path, device: &Device) -> Result<Exported> {
     let generation = std::fs::read_to_string(run_dir.join("generation_config.json")).ok();
     let generation: Map<String, Value> = generation.and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
     for key in ["bos_token_id", "eos_token_id", "pad_token_id"] {
-        json.insert(key.into(), generation.get(key).cloned().unwrap_or(Value::Null));
+        // an architecture that computes with an id (T5's end token) has written it already
+        if json.get(key).is_none_or(Value::is_null) {
+            json.insert(key.into(), generation.get(key).cloned().unwrap_or(Value::Null));
+        }
     }
 
     let staging = super::staging_dir(out, "exporting")?;
@@ -271,6 +275,7 @@ fn write_model(
     if let Some(left) = ours.keys().next() {
         bail!("the {} mapping has no place for {left} (a bug of the mapping)", mapping.class);
     }
+    let tensors = one_per_name(tensors)?;
     let params: usize = tensors.iter().map(|(_, _, v)| v.len()).sum();
     let count = tensors.len();
     let bytes: Vec<(String, Vec<usize>, Vec<u8>)> =
@@ -317,6 +322,27 @@ fn write_model(
         std::fs::write(dir.join("tokenizer_config.json"), serde_json::to_string_pretty(&config)? + "\n")?;
     }
     Ok((count, params))
+}
+
+/// The checkpoint's tensors with each name once: a tensor several of the run's are made from
+/// (T5's relative bias table, which every layer of a stack reads) is written once, if they
+/// agree; if they have parted (fine-tuning moves each layer's copy), the run is refused.
+fn one_per_name(tensors: Vec<(String, Vec<usize>, Vec<f32>)>) -> Result<Vec<(String, Vec<usize>, Vec<f32>)>> {
+    let mut out: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::with_capacity(tensors.len());
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for (name, shape, values) in tensors {
+        match seen.get(&name) {
+            None => {
+                seen.insert(name.clone(), out.len());
+                out.push((name, shape, values));
+            }
+            Some(&i) if out[i].1 == shape && out[i].2 == values => {}
+            Some(_) => bail!(
+                "{name} is one tensor in the exported architecture, read by several layers, but this run's copies differ (fine-tuning moves each layer's apart): it has no exact export"
+            ),
+        }
+    }
+    Ok(out)
 }
 
 /// A fused q | k | v projection (weight `[d, w]` row-major, or bias `[w]`) with the rotated

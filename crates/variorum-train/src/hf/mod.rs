@@ -20,6 +20,7 @@ mod llama;
 mod opt;
 mod phi;
 mod recipe;
+mod t5;
 
 use std::path::{Path, PathBuf};
 
@@ -64,6 +65,7 @@ const ARCHITECTURES: &[(&str, fn(&mut HfConfig, &Checkpoint) -> Result<Mapping>)
     ("bert", bert::map),
     ("roberta", bert::map),
     ("fnet", bert::map),
+    ("t5", t5::map),
 ];
 
 /// What [`import`] wrote.
@@ -161,12 +163,21 @@ fn config_toml(src: &Path, out: &Path, mapping: &Mapping, tokenizer_vocab: usize
     // the model's sub-tables come out of `toml` as [section]s of their own: prefix them
     let model = model.replace("\n[", "\n[model.");
     let model = if let Some(rest) = model.strip_prefix('[') { format!("[model.{rest}") } else { model };
+    // an encoder–decoder reads pairs: a file the user names (a decoder reads a plain text)
+    let encoder_decoder = mapping.model.get("kind").and_then(toml::Value::as_str) == Some("encoder-decoder");
+    let data = match encoder_decoder {
+        true => {
+            "# an encoder–decoder reads source<TAB>target lines: data.path = \"your-pairs.tsv\"\n\
+                 path = \"pairs.tsv\"\npairs = {}\n"
+        }
+        false => "dataset = \"shakespeare\"\n",
+    };
     Ok(format!(
         "# Imported from {} ({}) by `variorum import`.\n\
          # The run's tokenizer.json is the model's own; [data] is what eval and fine-tuning read\n\
          # (a file of your own: data.path = \"…\").\n\n\
          [model]\n{model}\n\
-         [data]\ndataset = \"shakespeare\"\ntokenizer = {{ kind = \"file\", path = {tokenizer} }}\n",
+         [data]\n{data}tokenizer = {{ kind = \"file\", path = {tokenizer} }}\n",
         src.display(),
         mapping.class,
         tokenizer = toml::Value::String(out.join("tokenizer.json").display().to_string()),

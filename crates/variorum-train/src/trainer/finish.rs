@@ -72,7 +72,7 @@ impl Session<'_> {
             (Some(mask), Some(b)) => fill_in_sample(valid, b, mask, &corpus.tokenizer, &inner),
             // an encoder–decoder writes the target of the first validation example
             (None, Some(b)) if !b.sources.is_empty() => {
-                let vocab = valid.end_token.unwrap_or_default();
+                let vocab = valid.text_vocab;
                 let show = |t: &[u32]| crate::seq2seq::show(t, &corpus.tokenizer, vocab);
                 // the first example's target, without its end token
                 let mut target: Vec<u32> =

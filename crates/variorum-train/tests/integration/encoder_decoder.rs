@@ -13,7 +13,7 @@ use common::seeded;
 use variorum_data::{Corpus, pair_eval_batches};
 use variorum_train::generate::SampleConfig;
 use variorum_train::run::Run;
-use variorum_train::seq2seq::{beam_search_from, generate_from, score_examples};
+use variorum_train::seq2seq::{beam_search_from, generate_from, score_examples, target_tokens};
 use variorum_train::step::{batch_rows, batch_tensors};
 use variorum_train::{ExperimentConfig, Outcome, TrainOptions, train};
 
@@ -96,9 +96,15 @@ fn an_encoder_decoder_learns_to_reverse_unseen_words() {
     }
     assert!(exact >= 54, "{exact} of 60 unseen words reversed exactly");
     // `variorum eval`'s measurement: the loss training reported, and chrF near 100
-    let batches =
-        pair_eval_batches(val, &corpus.path, run.model.seq_len, run.model.end_token.unwrap() as u32, usize::MAX, 16)
-            .unwrap();
+    let batches = pair_eval_batches(
+        val,
+        &corpus.path,
+        run.model.seq_len,
+        target_tokens(&run.config.model).unwrap(),
+        usize::MAX,
+        16,
+    )
+    .unwrap();
     let vocab = run.config.model.vocab_size.unwrap();
     let s = score_examples(&run.model, &batches, &run.tokenizer, vocab, 1, 60, &device, || {});
     assert!((s.loss - loss).abs() < 1e-4, "eval {} vs training's {loss}", s.loss);
@@ -132,7 +138,7 @@ fn each_row_of_a_padded_batch_reads_its_own_source_only() {
     device.seed(3);
     let model = model_cfg.init(&device);
     let val = &corpus.pairs.as_ref().unwrap().val[..6];
-    let end = model_cfg.end_token().unwrap() as u32;
+    let end = target_tokens(&model_cfg).unwrap();
     assert!(val.iter().any(|p| p.source.len() != val[0].source.len()), "the rows must differ in length");
     let batch = pair_eval_batches(val, &corpus.path, model_cfg.seq_len, end, 6, 6).unwrap().remove(0);
     let (inputs, _) = batch_tensors(&batch, &device);

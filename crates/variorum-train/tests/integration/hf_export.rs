@@ -163,6 +163,129 @@ fn masked_fourier_recipe_exports_as_fnet() {
     masked_exported_as_transformers_scored_it("fnet", "FNetForMaskedLM");
 }
 
+/// What transformers computed with an exported encoder–decoder (the import fixtures'
+/// `seq2seq_expectations`), and the files it was given.
+#[derive(Deserialize)]
+struct Seq2SeqExpected {
+    class: String,
+    source_ids: Vec<u32>,
+    target_ids: Vec<u32>,
+    logprobs: Vec<f64>,
+    greedy: Vec<u32>,
+    exported: std::collections::BTreeMap<String, String>,
+}
+
+/// The T5 round trip: tests/fixtures/hf/t5_v1_1 imported, fine-tuned here on pairs with its
+/// relative bias tables frozen, exported as T5 — the very files transformers'
+/// `AutoModelForSeq2SeqLM` scored: the run scores each target token and the end token as
+/// transformers did within 1e-4, decodes the source greedily to the same tokens (up to the end
+/// token), and the export imported again is the run.
+#[test]
+fn an_imported_t5_fine_tuned_here_exports_as_t5_again() {
+    let dir = fixture("t5");
+    let expected: Seq2SeqExpected =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let device = Device::flex();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("hf");
+    let done = hf::export(&dir, &out, &device).unwrap_or_else(|e| panic!("t5: {e:#}"));
+    assert_eq!(done.class, expected.class);
+    for (file, hash) in &expected.exported {
+        assert_eq!(&sha256(&out.join(file)), hash, "t5: {file} is not the file transformers was given");
+    }
+    let run = Run::load(&dir, &device).unwrap();
+    let scores: Vec<f64> =
+        run.score_from(&expected.source_ids, &expected.target_ids).unwrap().tokens.iter().map(|t| t.logprob).collect();
+    let worst = max_delta(&scores, &expected.logprobs);
+    assert!(worst < 1e-4, "t5: max |Δ log-prob| = {worst:e} against transformers");
+    let cfg = SampleConfig::greedy(expected.greedy.len());
+    let written = variorum_train::seq2seq::generate_from(&run.model, &expected.source_ids, &cfg, &device, |_| {});
+    let until_end: Vec<u32> = expected.greedy.iter().copied().take_while(|&t| t != 1).collect();
+    assert_eq!(written, until_end, "t5: greedy decode (KV cache) against transformers' generate");
+
+    let back = tmp.path().join("back");
+    hf::import(&out, &back, &device).unwrap_or_else(|e| panic!("t5: importing the export: {e:#}"));
+    let again = Run::load(&back, &device).unwrap();
+    let rescored: Vec<f64> = again
+        .score_from(&expected.source_ids, &expected.target_ids)
+        .unwrap()
+        .tokens
+        .iter()
+        .map(|t| t.logprob)
+        .collect();
+    let back_delta = max_delta(&rescored, &scores);
+    assert!(back_delta < 1e-5, "t5: export then import moved log-probs by {back_delta:e}");
+    eprintln!("t5: max |Δ log-prob| = {worst:.2e} against transformers, {back_delta:.2e} after import");
+}
+
+/// T5 v1.0 (a tied head read at 1/√d_model) imported and exported at once: every tensor
+/// transformers' checkpoint had comes back with its values (bf16 widened exactly to f32), and
+/// `config.json` says what the original's does; a run whose layers' relative bias tables have
+/// parted is refused, as is a tied head without the factor.
+#[test]
+fn an_imported_t5_v1_0_exports_its_own_tensors_and_parted_tables_are_refused() {
+    let device = Device::flex();
+    let tmp = tempfile::tempdir().unwrap();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/t5");
+    let run = tmp.path().join("run");
+    hf::import(&src, &run, &device).unwrap();
+    let out = tmp.path().join("hf");
+    hf::export(&run, &out, &device).unwrap();
+    let original = std::fs::read(src.join("model.safetensors")).unwrap();
+    let original = safetensors::SafeTensors::deserialize(&original).unwrap();
+    let exported = std::fs::read(out.join("model.safetensors")).unwrap();
+    let exported = safetensors::SafeTensors::deserialize(&exported).unwrap();
+    let mut names: Vec<String> = original.names().into_iter().map(String::from).collect();
+    let mut written: Vec<String> = exported.names().into_iter().map(String::from).collect();
+    names.sort();
+    written.sort();
+    assert_eq!(written, names, "the export's tensors are the checkpoint's");
+    for name in &names {
+        let bf16: Vec<f32> = original
+            .tensor(name)
+            .unwrap()
+            .data()
+            .chunks(2)
+            .map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16))
+            .collect();
+        let f32s: Vec<f32> = exported
+            .tensor(name)
+            .unwrap()
+            .data()
+            .chunks(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        assert_eq!(f32s, bf16, "{name}");
+    }
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    let want: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    for key in ["d_kv", "num_layers", "num_decoder_layers", "feed_forward_proj", "relative_attention_num_buckets"] {
+        assert_eq!(config[key], want[key], "{key}");
+    }
+    assert_eq!(
+        (config["tie_word_embeddings"].clone(), config["scale_decoder_outputs"].clone()),
+        (true.into(), true.into())
+    );
+    assert_eq!((config["eos_token_id"].clone(), config["decoder_start_token_id"].clone()), (1.into(), 0.into()));
+
+    // one layer's table moved: no T5 computes that
+    use burn::module::Module as _;
+    let mut model = Run::load(&run, &device).unwrap().model;
+    match &mut model.blocks[1].attn {
+        variorum_attention::Attention::Full(a) => {
+            let Some(variorum_position::RelativePosition::T5(t)) = &mut a.position else { panic!("a T5 table") };
+            t.table = burn::module::Param::from_tensor(t.table.val().add_scalar(0.5));
+        }
+        _ => panic!("full attention"),
+    }
+    model.save_file(run.join("model.bpk")).unwrap();
+    let e = format!("{:#}", hf::export(&run, &tmp.path().join("parted"), &device).unwrap_err());
+    assert!(e.contains("relative_attention_bias") && e.contains("copies differ"), "{e}");
+    assert!(!tmp.path().join("parted").exists());
+}
+
 /// A copy of fixture `name` whose config.toml is changed by `edit`; its export must fail with a
 /// message containing `says`, in one line, and leave nothing behind.
 fn refused(name: &str, edit: impl FnOnce(&str) -> String, says: &str) {
@@ -215,6 +338,18 @@ fn recipes_transformers_cannot_compute_are_refused_naming_the_setting() {
         "llama",
         |c| c.replace("kind = \"rope\"\nbase = 10000.0\nlayout = \"interleaved\"", "kind = \"none\""),
         "no Hugging Face architecture variorum exports to has it",
+    );
+    // T5: a head read at 1/√d_model is T5's tied one; this run's is its own
+    refused(
+        "t5",
+        |c| c.replace("scale_head = false", "scale_head = true"),
+        "model.tie_embeddings = false here, but T5ForConditionalGeneration computes model.tie_embeddings = true",
+    );
+    // T5's scores are unscaled in every attention, the cross-attention's included
+    refused(
+        "t5",
+        |c| c.replacen("scaled = false", "scaled = true", 3).replacen("scaled = true", "scaled = false", 2),
+        "model.cross_attention.scaled = (unset) here, but T5ForConditionalGeneration computes model.cross_attention.scaled = false",
     );
     // an out directory that exists is left alone
     let tmp = tempfile::tempdir().unwrap();

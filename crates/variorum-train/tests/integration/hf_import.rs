@@ -169,6 +169,63 @@ fn fnet_fourier_mixing_with_its_embedding_projection_equals_transformers() {
     masked_equal_to_transformers("fnet", "FNetForMaskedLM");
 }
 
+/// What transformers computed with an encoder–decoder (make_hf_fixtures.py's
+/// `seq2seq_expectations`).
+#[derive(Deserialize)]
+struct Seq2SeqExpected {
+    source: String,
+    source_ids: Vec<u32>,
+    target: String,
+    target_ids: Vec<u32>,
+    logprobs: Vec<f64>,
+    greedy: Vec<u32>,
+}
+
+/// Imports encoder–decoder fixture `name` and checks it against its expected.json: the ids of
+/// the source (with the `</s>` T5's tokenizer appends) and the target (without), the
+/// log-probability of every target token and of the end token after it given the source (as
+/// `variorum score --source` computes them), and the greedy decode of the source through the
+/// KV cache, up to the first end token, where variorum's stops. Returns max |Δ log-prob|.
+fn seq2seq_equal_to_transformers(name: &str) -> f64 {
+    let src = fixture(name);
+    let expected: Seq2SeqExpected =
+        serde_json::from_str(&std::fs::read_to_string(src.join("expected.json")).unwrap()).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("run");
+    let device = Device::flex();
+    let imported = hf::import(&src, &out, &device).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+    assert_eq!(imported.class, "T5ForConditionalGeneration");
+    let run = Run::load(&out, &device).unwrap();
+    assert_eq!((run.model.start_token, run.model.end_token), (Some(0), Some(1)), "{name}: <pad> starts, </s> ends");
+
+    assert_eq!(run.tokenizer.encode_prompt(&expected.source).unwrap(), expected.source_ids, "{name}: source ids");
+    assert_eq!(run.tokenizer.encode(&expected.target).unwrap(), expected.target_ids, "{name}: target ids");
+    let scores = run.score_from(&expected.source_ids, &expected.target_ids).unwrap();
+    assert_eq!(scores.tokens.len(), expected.logprobs.len());
+    assert_eq!(scores.tokens.last().unwrap().token, 1, "{name}: the end token is scored last");
+    let worst =
+        scores.tokens.iter().zip(&expected.logprobs).map(|(t, want)| (t.logprob - want).abs()).fold(0.0, f64::max);
+    assert!(worst < 1e-4, "{name}: max |Δ log-prob| = {worst:e} against transformers");
+
+    let cfg = SampleConfig::greedy(expected.greedy.len());
+    let written = variorum_train::seq2seq::generate_from(&run.model, &expected.source_ids, &cfg, &device, |_| {});
+    let until_end: Vec<u32> = expected.greedy.iter().copied().take_while(|&t| t != 1).collect();
+    assert!(until_end.len() >= 16, "{name}: the fixture's greedy decode ends early ({until_end:?})");
+    assert_eq!(written, until_end, "{name}: greedy decode (KV cache) against transformers' generate");
+    eprintln!("{name}: max |Δ log-prob| = {worst:.2e} over {} tokens", expected.logprobs.len());
+    worst
+}
+
+#[test]
+fn t5_v1_0_relu_tied_scaled_head_equals_transformers() {
+    seq2seq_equal_to_transformers("t5");
+}
+
+#[test]
+fn t5_v1_1_gated_gelu_own_head_equals_transformers() {
+    seq2seq_equal_to_transformers("t5_v1_1");
+}
+
 #[test]
 fn an_existing_out_directory_is_refused_and_left_alone() {
     let tmp = tempfile::tempdir().unwrap();
@@ -287,6 +344,18 @@ fn bad_model_directories_are_refused_in_one_line() {
         |s| edit_config(s, |c| _ = c.insert("use_tpu_fourier_optimizations".into(), true.into())),
         "use_tpu_fourier_optimizations = true",
     );
+    refused(
+        "t5",
+        |s| edit_config(s, |c| _ = c.insert("feed_forward_proj".into(), "gated-relu".into())),
+        "feed_forward_proj = \"gated-relu\" is not supported",
+    );
+    refused(
+        "t5",
+        |s| edit_config(s, |c| _ = c.insert("is_encoder_decoder".into(), false.into())),
+        "is_encoder_decoder",
+    );
+    // an end token past the vocabulary
+    refused("t5", |s| edit_config(s, |c| _ = c.insert("eos_token_id".into(), 500.into())), "model.end_token = 500");
     // a masked model whose tokenizer has no mask token
     refused(
         "roberta",
