@@ -2,8 +2,8 @@
 """Fixtures for `variorum export --format hf`: runs trained here, exported, and what transformers
 computes with the export (crates/variorum-train/tests/fixtures/hf/export/<name>/).
 
-Nine runs, each trained by the variorum binary on corpus.txt (Sonnet 18 four times, committed
-beside them):
+Nine runs trained by the variorum binary on corpus.txt (Sonnet 18 four times, committed beside
+them) and two imported models fine-tuned (roundtrip, t5):
   gpt        the GPT recipe (learned positions, pre-LN LayerNorm, exact GELU, tied embeddings,
              characters) -> GPT2LMHeadModel, its char tokenizer as a tokenizer.json;
   llama      the LLaMA-style recipe as variorum's baby config has it (rotary positions pairing
@@ -23,6 +23,9 @@ beside them):
              token added to the exported tokenizer as [MASK];
   fnet       the same with the fnet kind's Fourier mixing, an embedding projection and tanh GELU
              -> FNetForMaskedLM;
+  nystromformer  BERT's with the nystrom kind (4 landmarks over its 60 positions, the authors'
+             start of the pseudo-inverse, a conv of width 5 on V) and tanh GELU ->
+             NystromformerForMaskedLM;
   roundtrip  the round trip: tests/fixtures/hf/llama (a transformers model, bf16) imported,
              fine-tuned 100 steps (`train --init-from`, its own tokenizer kept by
              `data.tokenizer.kind = "file"`), exported again;
@@ -271,6 +274,14 @@ d_ff = 32
 kind = "masked"
 """
 
+# BERT's with Nyströmformer's attention: 4 landmarks over the 60-character text (transformers
+# approximates at exactly its segment_means_seq_len, the run's seq_len), the authors' start of
+# the pseudo-inverse, a depthwise conv of width 5 on V
+NYSTROM = BERT.replace("seq_len = 64", "seq_len = 60").replace(
+    'kind = "full"\nn_heads = 4',
+    'kind = "nystrom"\nn_heads = 4\nlandmarks = 4\nconv_kernel = 5\npinv_scale = "batch"',
+).replace('kind = "gelu"\nd_ff', 'kind = "gelu-tanh"\nd_ff')
+
 FNET = """
 [model]
 d_model = 16
@@ -332,7 +343,7 @@ def expectations(export_dir):
     tokenizer = AutoTokenizer.from_pretrained(export_dir)
     with open(os.path.join(export_dir, "config.json")) as f:
         model_type = json.load(f)["model_type"]
-    masked = model_type in ("bert", "fnet")
+    masked = model_type in ("bert", "fnet", "nystromformer")
     auto = AutoModelForMaskedLM if masked else AutoModelForSeq2SeqLM if model_type == "t5" else AutoModelForCausalLM
     model = auto.from_pretrained(export_dir, dtype=torch.float32, attn_implementation="eager").eval()
     if model_type == "t5":
@@ -374,7 +385,10 @@ def main():
         f.write(CORPUS_TEXT * 4)
     with tempfile.TemporaryDirectory() as tmp:
         char = TRAIN.format(corpus=CORPUS, tokenizer='tokenizer = { kind = "char" }', steps=200)
-        recipes = {"gpt": GPT, "llama": LLAMA, "neox": NEOX, "phi": PHI, "gptj": GPTJ, "bloom": BLOOM, "bert": BERT, "fnet": FNET}
+        recipes = {
+            "gpt": GPT, "llama": LLAMA, "neox": NEOX, "phi": PHI, "gptj": GPTJ, "bloom": BLOOM, "bert": BERT, "fnet": FNET,
+            "nystromformer": NYSTROM,
+        }
         runs = {name: train(binary, tmp, name, recipe + char) for name, recipe in recipes.items() if wanted(name)}
         imported = os.path.join(tmp, "imported")
         if wanted("roundtrip"):

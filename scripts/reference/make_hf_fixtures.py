@@ -20,7 +20,9 @@ over 6 heads and an embedding LayerNorm. The masked models, BERT (WordPiece, two
 RoBERTa (byte-level BPE, the position table offset past the padding id) and FNet (Fourier
 mixing, an embedding projection, tanh GELU), record instead the
 log-probability every position gives its own token with every fourth token hidden behind the
-mask token, and the encoder's last hidden state. The expectations come from each saved
+mask token, and the encoder's last hidden state. Nyströmformer is BERT's with 4 landmarks over
+the text's 24 tokens (transformers' segment length), the authors' pseudo-inverse and a
+depthwise conv of width 5 on V. The expectations come from each saved
 directory loaded back with `from_pretrained` in f32 (bf16 values widen exactly), as a user
 would load it.
 
@@ -30,7 +32,7 @@ transformers trains it: the source with its `</s>`, the target after the decoder
 `<pad>`, each target token and the `</s>` after it; its greedy decode of the source, 32 tokens.
 Its tokenizer is a Unigram model with Metaspace pieces, as T5's tokenizer.json.
 
-Usage: python3 scripts/reference/make_hf_fixtures.py [OUT_DIR [NAME...]]  (NAME: gpt2 llama opt qwen2 gpt_neox mistral phi gptj bloom bert roberta fnet t5 t5_v1_1)
+Usage: python3 scripts/reference/make_hf_fixtures.py [OUT_DIR [NAME...]]  (NAME: gpt2 llama opt qwen2 gpt_neox mistral phi gptj bloom bert roberta fnet nystromformer t5 t5_v1_1)
 (pinned versions: scripts/reference/requirements.txt plus transformers, below).
 """
 
@@ -465,6 +467,30 @@ def fnet(out):
     return made_masked(out, "fnet", transformers.FNetForMaskedLM, cfg, tokenizer, seed=12, mask_token="[MASK]", dtype=torch.bfloat16)
 
 
+def nystromformer(out):
+    tok, tokenizer = wordpiece()
+    # transformers computes the approximation for inputs of exactly segment_means_seq_len
+    # tokens: the text's 24, in 4 landmarks of 6; a depthwise conv of width 5 on V
+    cfg = transformers.NystromformerConfig(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=32,
+        hidden_act="gelu_new",
+        max_position_embeddings=64,
+        type_vocab_size=2,
+        segment_means_seq_len=len(tokenizer(TEXT)["input_ids"]),
+        num_landmarks=4,
+        conv_kernel_size=5,
+        layer_norm_eps=1e-5,
+        pad_token_id=0,
+    )
+    return made_masked(
+        out, "nystromformer", transformers.NystromformerForMaskedLM, cfg, tokenizer, seed=15, mask_token="[MASK]", dtype=torch.bfloat16
+    )
+
+
 def unigram():
     """A SentencePiece-style Unigram tokenizer as T5's tokenizer.json is: Metaspace pieces, `</s>`
     appended to every text. Its vocabulary is written here (no trainer, so it is the same every
@@ -599,6 +625,7 @@ MAKERS = {
     "bert": bert,
     "roberta": roberta,
     "fnet": fnet,
+    "nystromformer": nystromformer,
     "t5": t5,
     "t5_v1_1": t5_v1_1,
 }

@@ -103,7 +103,9 @@ pub use low_rank::inducing_points::{InducingMode, InducingPointsAttention, Induc
 pub use low_rank::linformer::{LinformerAttention, LinformerConfig, LinformerShare};
 pub use low_rank::low_rank_band::{LowRankBandAttention, LowRankBandConfig, LowRankBandState};
 pub use low_rank::memory_compressed::{CompressedState, MemoryCompressedAttention, MemoryCompressedConfig};
-pub use low_rank::nystrom::{NystromAttention, NystromConfig, NystromInverse, iterative_pinv};
+pub use low_rank::nystrom::{
+    NystromAttention, NystromConfig, NystromInverse, PinvScale, iterative_pinv, iterative_pinv_from,
+};
 pub use low_rank::poolingformer::{PoolKind, PoolingState, PoolingformerAttention, PoolingformerConfig};
 pub use low_rank::prob_sparse::{ProbSparseAttention, ProbSparseConfig, ProbSparseState, top_count};
 

@@ -13,9 +13,15 @@
 //!   token is its own landmark (m = L). Cross-attention takes m ≤ min(len_q, len_k) segments of
 //!   each side.
 //! - Ã⁺ by the paper's iteration Z₀ = Ãᵀ/(‖Ã‖₁‖Ã‖_∞), Z_{j+1} = ¼ Z_j(13I − ÃZ_j(15I −
-//!   ÃZ_j(7I − ÃZ_j))) with the norms of each head's own matrix (the paper's code takes the
-//!   largest over the batch). `inverse = "regularised"` (CSALR, Chen et al. 2020) uses
-//!   (Ã + λI)⁻¹ instead, computed by the same iteration on Ã + λI.
+//!   ÃZ_j(7I − ÃZ_j))) with the norms of each head's own matrix. `pinv_scale = "batch"` is the
+//!   authors' code (and transformers'): Z₀ = Ãᵀ / max ‖Ã‖₁, the largest column sum over every
+//!   head and batch row (‖Ã‖_∞ = 1 for softmax rows), so that six iterations give what theirs
+//!   give — and one row's output depends on the others in its batch. `inverse = "regularised"`
+//!   (CSALR, Chen et al. 2020) uses (Ã + λI)⁻¹ instead, computed by the same iteration on
+//!   Ã + λI.
+//! - With a landmark per position (m ≥ L, both sides) the approximation is the attention itself
+//!   (F̃ = Ã = B̃ = P, and P P⁺ P = P): it is computed directly, softmax(QKᵀ/√d)V, exactly — as the
+//!   authors' code does when m equals its sequence length.
 //! - `conv_kernel = c` adds the paper's skip connection: a depthwise 1-D convolution of V along
 //!   the length, one kernel of odd width c per head shared by its channels, zero-padded ("same"
 //!   length), no bias. Self-attention only (a cross-attention source is not aligned with the
@@ -48,6 +54,18 @@ use crate::engine::projections::{HeadProjections, hide_padding};
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
 use crate::state::AttentionState;
 
+/// How the pseudo-inverse iteration scales its start Z₀ = Ãᵀ / c.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PinvScale {
+    /// c = ‖Ã‖₁‖Ã‖_∞ of each head's own matrix (the paper's equation).
+    #[default]
+    PerMatrix,
+    /// c = the largest column sum over every matrix of the batch (the authors' code,
+    /// transformers' `NystromformerForMaskedLM`).
+    Batch,
+}
+
 /// How Nyströmformer inverts the landmark matrix Ã.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -73,6 +91,9 @@ attention_config! {
         pub lambda: f64 = 0.1,
         /// Width of the depthwise convolution on V (odd); none = no skip connection. Default none.
         pub conv_kernel: Option<usize> = None,
+        /// The pseudo-inverse iteration's start: `per-matrix` (default, the paper's equation) or
+        /// `batch` (the authors' code).
+        pub pinv_scale: PinvScale = PinvScale::PerMatrix,
     }
 }
 
@@ -95,6 +116,7 @@ impl NystromConfig {
             landmarks: self.landmarks,
             pinv_iterations: self.pinv_iterations,
             lambda: if self.inverse == NystromInverse::Regularised { self.lambda } else { 0.0 },
+            pinv_scale: self.pinv_scale,
             scale: 1.0 / (h.head_dim as f64).sqrt(),
         }
     }
@@ -142,7 +164,14 @@ impl AttentionKind for NystromConfig {
     }
 
     fn test_variants() -> Vec<TestVariant<Self>> {
-        vec![TestVariant::new("", Self { landmarks: 4, conv_kernel: Some(3), ..Default::default() }).masked()]
+        vec![
+            TestVariant::new("", Self { landmarks: 4, conv_kernel: Some(3), ..Default::default() }).masked(),
+            TestVariant::new(
+                "pinv scale batch",
+                Self { landmarks: 4, pinv_scale: PinvScale::Batch, ..Default::default() },
+            )
+            .masked(),
+        ]
     }
 }
 
@@ -161,17 +190,29 @@ pub struct NystromAttention {
     pub pinv_iterations: usize,
     /// λ of the regularised inverse; 0 = the pseudo-inverse.
     pub lambda: f64,
+    /// How the inverse's iteration starts.
+    #[module(skip)]
+    pub pinv_scale: PinvScale,
     /// 1/√d_h, the queries' scale.
     pub scale: f64,
 }
 
-/// Ã⁺ by the paper's iteration, for each `[m, m]` matrix of `a: [b, h, m, m]`.
+/// Ã⁺ by the paper's iteration, for each `[m, m]` matrix of `a: [b, h, m, m]`, started at
+/// Z₀ = Ãᵀ/(‖Ã‖₁‖Ã‖_∞) of each matrix.
 pub fn iterative_pinv(a: Tensor<4>, iterations: usize) -> Tensor<4> {
+    iterative_pinv_from(a, iterations, PinvScale::PerMatrix)
+}
+
+/// [`iterative_pinv`] started as `scale` says.
+pub fn iterative_pinv_from(a: Tensor<4>, iterations: usize, scale: PinvScale) -> Tensor<4> {
     let m = a.dims()[2];
     let abs = a.clone().abs();
     let norm_1 = abs.clone().sum_dim(2).max_dim(3); // largest column sum, [b, h, 1, 1]
-    let norm_inf = abs.sum_dim(3).max_dim(2); // largest row sum
-    let mut z = a.clone().swap_dims(2, 3) / (norm_1 * norm_inf).clamp_min(1e-30);
+    let c = match scale {
+        PinvScale::PerMatrix => norm_1 * abs.sum_dim(3).max_dim(2), // × the largest row sum
+        PinvScale::Batch => norm_1.max().reshape([1, 1, 1, 1]),
+    };
+    let mut z = a.clone().swap_dims(2, 3) / c.clamp_min(1e-30);
     let eye = Tensor::<2>::eye(m, &a.device()).reshape([1, 1, m, m]);
     let minus = |c: f64, t: Tensor<4>| eye.clone().mul_scalar(c) - t;
     for _ in 0..iterations {
@@ -240,6 +281,11 @@ impl NystromAttention {
         let (lq, lk) = (q.dims()[2], k.dims()[2]);
         let m = self.landmarks_for(lq, lk);
         let device = q.device();
+        if m == lq && m == lk && self.lambda == 0.0 {
+            // every position its own landmark: the attention itself
+            let pad_keys = padding.map(|p| p.clone().reshape([p.dims()[0], 1, 1, lk]));
+            return self.dropout.forward(softmax(hide(q.matmul(k.swap_dims(2, 3)), pad_keys), 3)).matmul(v);
+        }
         let (pk, empty) = segment_means(lk, m, padding, &device);
         let pq = if same_positions { pk.clone() } else { segment_means(lq, m, None, &device).0 };
         let (q_land, k_land) = (pq.matmul(q.clone()), pk.matmul(k.clone())); // [b, h, m, d_h]
@@ -260,7 +306,7 @@ impl NystromAttention {
         } else {
             a
         };
-        let z = iterative_pinv(a, self.pinv_iterations);
+        let z = iterative_pinv_from(a, self.pinv_iterations, self.pinv_scale);
         self.dropout.forward(f).matmul(z.matmul(b_.matmul(v)))
     }
 

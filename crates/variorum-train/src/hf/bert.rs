@@ -11,6 +11,17 @@
 //! every position: the import folds it into the position table (`PlusRow`); a model read for
 //! two-segment inputs (type 1) is not what variorum computes. RoBERTa numbers positions from
 //! `pad_token_id + 1`, as OPT from 2: the rows before are dropped.
+//!
+//! Nyströmformer (`"nystromformer"`, `NystromformerForMaskedLM`, Xiong et al. 2021) is BERT with
+//! the `nystrom` kind for attention: `num_landmarks` segment means, six iterations of the
+//! pseudo-inverse started as the authors' code starts them (`pinv_scale = "batch"`), the
+//! depthwise convolution of V (`conv_kernel`); positions numbered from 2. transformers computes
+//! the approximation only for inputs of exactly `segment_means_seq_len` tokens (it reshapes them
+//! into the landmarks' segments; shorter texts must be padded, the padding then entering the
+//! landmark means) — variorum's segments take any length, so it equals transformers at that
+//! length. With `num_landmarks = segment_means_seq_len` transformers computes softmax attention
+//! whatever the length: the import gives every position its own landmark (`landmarks` =
+//! `seq_len`), where the kind computes the attention itself.
 
 use std::path::Path;
 
@@ -24,21 +35,23 @@ use super::{Mapping, Sizes, int, table};
 
 pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
     let model_type = cfg.model_type()?;
-    let (roberta, fnet) = (model_type == "roberta", model_type == "fnet");
+    let (roberta, fnet, nystrom) = (model_type == "roberta", model_type == "fnet", model_type == "nystromformer");
     let vocab = cfg.usize("vocab_size")?;
     let d = cfg.usize("hidden_size")?;
     let layers = cfg.usize("num_hidden_layers")?;
     let heads = if fnet { 0 } else { cfg.usize("num_attention_heads")? };
     let d_ff = cfg.usize("intermediate_size")?;
-    let table_rows = cfg.opt_usize("max_position_embeddings")?.unwrap_or(512);
-    let eps = cfg.f64_or("layer_norm_eps", 1e-12)?;
+    let positions = cfg.opt_usize("max_position_embeddings")?.unwrap_or(if nystrom { 510 } else { 512 });
+    // Nyströmformer's table has two rows before position 0
+    let table_rows = if nystrom { positions + 2 } else { positions };
+    let eps = cfg.f64_or("layer_norm_eps", if nystrom { 1e-5 } else { 1e-12 })?;
     let tied = cfg.bool_or("tie_word_embeddings", true)?;
     let dropout = cfg.f64_or("hidden_dropout_prob", 0.1)?;
     let attn_dropout = if fnet { 0.0 } else { cfg.f64_or("attention_probs_dropout_prob", 0.1)? };
     let types = cfg.opt_usize("type_vocab_size")?.unwrap_or(2);
     let path = cfg.path().display().to_string();
     // the prediction head's activation is hidden_act, as the FFN's; RoBERTa's is always the erf GELU
-    let ffn = cfg.activation("hidden_act", if fnet { "gelu_new" } else { "gelu" })?;
+    let ffn = cfg.activation("hidden_act", if fnet || nystrom { "gelu_new" } else { "gelu" })?;
     if roberta && ffn != "gelu" {
         bail!(
             "{path}: hidden_act other than gelu is not supported: RoBERTa's head transform uses GELU whatever it says"
@@ -52,21 +65,45 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
         )?;
         // read only with the TPU optimisations
         cfg.ignore(&["tpu_short_seq_length"]);
+    } else if nystrom {
+        cfg.require("add_cross_attention", Value::Bool(false), "variorum's Nyströmformer has no cross-attention")?;
+        // transformers reads the other start only through a config subscript that fails
+        cfg.require("inv_coeff_init_option", Value::Bool(false), "the authors' start of the pseudo-inverse")?;
     } else {
         cfg.require("position_embedding_type", "absolute".into(), "variorum's BERT has learned absolute positions")?;
         cfg.require("is_decoder", Value::Bool(false), "a masked language model attends both ways")?;
         cfg.require("add_cross_attention", Value::Bool(false), "variorum's BERT has no cross-attention")?;
     }
+    let landmarks = match nystrom {
+        true => {
+            let (m, segment) = (cfg.usize("num_landmarks")?, cfg.usize("segment_means_seq_len")?);
+            if m != segment && !segment.is_multiple_of(m) {
+                bail!("{path}: segment_means_seq_len = {segment} is not a multiple of num_landmarks = {m}");
+            }
+            // softmax attention at every length, where transformers' landmarks are its positions
+            Some(if m == segment { positions } else { m })
+        }
+        false => None,
+    };
+    let conv = if nystrom { cfg.opt_usize("conv_kernel_size")? } else { None };
+    if let Some(k) = conv.filter(|k| k % 2 == 0) {
+        bail!("{path}: conv_kernel_size = {k} is even: transformers' padding keeps the length only for odd kernels");
+    }
     // the classification heads'
     cfg.ignore(&["classifier_dropout"]);
-    // RoBERTa's positions start after the padding id
-    let offset = if roberta { cfg.index_or("pad_token_id", 1)? + 1 } else { 0 };
+    // RoBERTa's positions start after the padding id, Nyströmformer's at 2
+    let offset = match (roberta, nystrom) {
+        (true, _) => cfg.index_or("pad_token_id", 1)? + 1,
+        (_, true) => 2,
+        _ => 0,
+    };
     if table_rows <= offset {
         bail!("{path}: max_position_embeddings = {table_rows} leaves no position after the first {offset}");
     }
     let (p, class) = match model_type.as_str() {
         "roberta" => ("roberta", "RobertaForMaskedLM"),
         "fnet" => ("fnet", "FNetForMaskedLM"),
+        "nystromformer" => ("nystromformer", "NystromformerForMaskedLM"),
         _ => ("bert", "BertForMaskedLM"),
     };
     let mask_token = match cfg.mask_token() {
@@ -117,12 +154,22 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
         // the mixing sublayer's norm: after the attention's output projection, or FNet's Fourier
         let mixing = if fnet { "fourier.output" } else { "attention.output" };
         if !fnet {
+            // the nystrom kind's projections sit in `proj`
+            let a = if nystrom { format!("{b}.attn.proj") } else { format!("{b}.attn") };
             tensors.extend([
-                (format!("{b}.attn.qkv.qkv.weight"), qkv(&|n| t(n))),
-                (format!("{b}.attn.qkv.qkv.bias"), qkv(&|n| c(&format!("{n}.bias")))),
-                (format!("{b}.attn.out.weight"), t("attention.output.dense")),
-                (format!("{b}.attn.out.bias"), c("attention.output.dense.bias")),
+                (format!("{a}.qkv.qkv.weight"), qkv(&|n| t(n))),
+                (format!("{a}.qkv.qkv.bias"), qkv(&|n| c(&format!("{n}.bias")))),
+                (format!("{a}.out.weight"), t("attention.output.dense")),
+                (format!("{a}.out.bias"), c("attention.output.dense.bias")),
             ]);
+        }
+        if let Some(k) = conv {
+            // transformers' Conv2d kernel (k × 1) per head, variorum's Conv1d (k) per head
+            let stored = Recipe::copy(format!("{l}.attention.self.conv.weight"));
+            tensors.push((
+                format!("{b}.attn.conv.weight"),
+                Recipe::Reshape(Box::new(stored), vec![heads, 1, k, 1], vec![heads, 1, k]),
+            ));
         }
         tensors.extend([
             (format!("{b}.attn_norm.gamma"), c(&format!("{mixing}.LayerNorm.weight"))),
@@ -136,9 +183,24 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
         ]);
     }
 
-    let attention = match fnet {
-        true => table([("kind", "fnet".into())]),
-        false => table([
+    let attention = match (fnet, landmarks) {
+        (true, _) => table([("kind", "fnet".into())]),
+        (false, Some(m)) => {
+            let mut a = vec![
+                ("kind", "nystrom".into()),
+                ("n_heads", int(heads)),
+                ("bias", true.into()),
+                ("dropout", attn_dropout.into()),
+                ("landmarks", int(m)),
+                ("pinv_iterations", int(6)),
+                ("pinv_scale", "batch".into()),
+            ];
+            if let Some(k) = conv {
+                a.push(("conv_kernel", int(k)));
+            }
+            table(a)
+        }
+        (false, None) => table([
             ("kind", "full".into()),
             ("n_heads", int(heads)),
             ("bias", true.into()),
@@ -246,4 +308,20 @@ pub(crate) fn fnet_config_json(m: &Value) -> Map<String, Value> {
         ("tie_word_embeddings", m["tie_embeddings"].clone()),
     ];
     pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+}
+
+/// The `config.json` of a masked run with the `nystrom` kind (`m`: its expanded `[model]` as
+/// JSON) as Nyströmformer; `export` reads it back with [`map`] and refuses the run unless that
+/// gives the same model. transformers approximates at one length, `segment_means_seq_len`: the
+/// run's `seq_len`, which its landmarks must divide; with a landmark per position
+/// (`landmarks = seq_len`) it computes softmax attention at every length, as the kind does.
+pub(crate) fn nystromformer_config_json(m: &Value) -> Map<String, Value> {
+    let mut json = config_json(m);
+    json.insert("hidden_act".into(), super::hf_activation(m["feed_forward"]["kind"].as_str(), "gelu_new").into());
+    let a = &m["attention"];
+    json.insert("num_landmarks".into(), a["landmarks"].clone());
+    json.insert("segment_means_seq_len".into(), m["seq_len"].clone());
+    json.insert("conv_kernel_size".into(), a["conv_kernel"].clone());
+    json.insert("inv_coeff_init_option".into(), false.into());
+    json
 }

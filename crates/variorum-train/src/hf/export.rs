@@ -63,6 +63,13 @@ const TARGETS: &[Target] = &[
         config_json: bert::fnet_config_json,
         map: bert::map,
     },
+    Target {
+        model_type: "nystromformer",
+        position: "learned",
+        masked: true,
+        config_json: bert::nystromformer_config_json,
+        map: bert::map,
+    },
     Target { model_type: "llama", position: "rope", masked: false, config_json: llama::config_json, map: llama::map },
     Target {
         model_type: "gpt_neox",

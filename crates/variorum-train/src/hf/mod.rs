@@ -65,6 +65,7 @@ const ARCHITECTURES: &[(&str, fn(&mut HfConfig, &Checkpoint) -> Result<Mapping>)
     ("bert", bert::map),
     ("roberta", bert::map),
     ("fnet", bert::map),
+    ("nystromformer", bert::map),
     ("t5", t5::map),
 ];
 

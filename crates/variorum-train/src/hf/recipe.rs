@@ -1,9 +1,9 @@
 //! How one of variorum's tensors is made from a checkpoint's: copied, transposed from PyTorch's
 //! `[out, in]` `nn.Linear` layout to Burn's `[in, out]`, several joined along their last axis
 //! (q | k | v into the fused projection, gate | up into a gated FFN's), leading rows dropped,
-//! reordered along the last axis, or zeros where the architecture has no tensor. Every recipe can be run
-//! backwards ([`Recipe::invert`]): that is how `export` writes a checkpoint, so what is exported
-//! is by construction what the import reads.
+//! reordered along the last axis, reshaped, or zeros where the architecture has no tensor.
+//! Every recipe can be run backwards ([`Recipe::invert`]): that is how `export` writes a
+//! checkpoint, so what is exported is by construction what the import reads.
 
 use anyhow::{Result, bail};
 
@@ -29,6 +29,10 @@ pub(crate) enum Recipe {
     /// Zeros of a shape: a bias the checkpoint's architecture does not have but variorum's
     /// setting includes (Qwen2's output projection has none while its q/k/v have them).
     Zeros(Vec<usize>),
+    /// A tensor of another shape with the same values in the same order (Nyströmformer's
+    /// `Conv2d` kernel `[h, 1, k, 1]` as variorum's `Conv1d` kernel `[h, 1, k]`): the stored
+    /// shape, then variorum's.
+    Reshape(Box<Recipe>, Vec<usize>, Vec<usize>),
     /// A matrix with one row of another checkpoint matrix added to each of its rows: BERT's
     /// token-type embedding of type 0, which every position of a one-segment text adds, folded
     /// into the position table. Written back as the matrix, and a one-row table of zeros.
@@ -101,6 +105,13 @@ impl Recipe {
                 Ok(shape)
             }
             Recipe::Zeros(shape) => Ok(shape.clone()),
+            Recipe::Reshape(inner, stored, ours) => {
+                let shape = inner.shape(ckpt)?;
+                if &shape != stored || stored.iter().product::<usize>() != ours.iter().product::<usize>() {
+                    bail!("{inner:?} has the shape {shape:?}: expected {stored:?}, read as {ours:?}");
+                }
+                Ok(ours.clone())
+            }
             Recipe::PlusRow(inner, name, row) => {
                 let shape = inner.shape(ckpt)?;
                 match (ckpt.shape(name)?.as_slice(), shape.as_slice()) {
@@ -152,6 +163,10 @@ impl Recipe {
                 Ok(v.chunks(order.len()).flat_map(|row| order.iter().map(|&i| row[i])).collect())
             }
             Recipe::Zeros(shape) => Ok(vec![0.0; shape.iter().product()]),
+            Recipe::Reshape(inner, _, _) => {
+                self.shape(ckpt)?;
+                inner.values(ckpt)
+            }
             Recipe::PlusRow(inner, name, row) => {
                 let width = *self.shape(ckpt)?.last().expect("a matrix");
                 let added = ckpt.values(name)?;
@@ -225,6 +240,7 @@ impl Recipe {
             }
             // nothing of the checkpoint's: the architecture has no such tensor
             Recipe::Zeros(_) => {}
+            Recipe::Reshape(inner, stored, _) => inner.invert(values, stored, out)?,
             Recipe::PlusRow(inner, name, _) => {
                 let width = *shape.last().unwrap_or(&0);
                 out.push((name.clone(), vec![1, width], vec![0.0; width]));

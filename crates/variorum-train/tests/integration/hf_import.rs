@@ -164,6 +164,14 @@ fn roberta_with_its_offset_positions_equals_transformers() {
     masked_equal_to_transformers("roberta", "RobertaForMaskedLM");
 }
 
+/// Nyströmformer's approximation (4 landmarks over the text's 24 tokens, the authors'
+/// pseudo-inverse start, a depthwise conv on V), not softmax attention: the mapping of every
+/// setting shows.
+#[test]
+fn nystromformer_landmarks_pinv_and_conv_equal_transformers() {
+    masked_equal_to_transformers("nystromformer", "NystromformerForMaskedLM");
+}
+
 #[test]
 fn fnet_fourier_mixing_with_its_embedding_projection_equals_transformers() {
     masked_equal_to_transformers("fnet", "FNetForMaskedLM");
