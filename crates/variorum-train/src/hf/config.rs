@@ -64,6 +64,9 @@ const HARMLESS: &[&str] = &[
     "use_bfloat16",
     "chunk_size_feed_forward",
     "_attn_implementation_autoset",
+    // older transformers' names: `use_cache`'s, and a training-memory switch (T5, XLM-R, …)
+    "output_past",
+    "gradient_checkpointing",
 ];
 
 /// Rotary positions as a `config.json` sets them.

@@ -234,6 +234,37 @@ fn t5_v1_1_gated_gelu_own_head_equals_transformers() {
     seq2seq_equal_to_transformers("t5_v1_1");
 }
 
+/// The keys Google's T5 configs on the Hub carry from older transformers (`output_past`,
+/// `gradient_checkpointing`, `task_specific_params`, `n_positions`, no `feed_forward_proj`)
+/// change nothing: the import reads them, the context from `n_positions`.
+#[test]
+fn t5_configs_of_older_transformers_import() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    for entry in std::fs::read_dir(fixture("t5")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), src.join(entry.file_name())).unwrap();
+    }
+    edit_config(&src, |c| {
+        c.remove("feed_forward_proj");
+        c.remove("scale_decoder_outputs");
+        for (k, v) in [
+            ("output_past", serde_json::json!(true)),
+            ("gradient_checkpointing", serde_json::json!(false)),
+            ("n_positions", serde_json::json!(96)),
+            ("task_specific_params", serde_json::json!({"summarization": {"prefix": "summarize: "}})),
+        ] {
+            c.insert(k.into(), v);
+        }
+    });
+    let out = tmp.path().join("run");
+    hf::import(&src, &out, &Device::flex()).unwrap_or_else(|e| panic!("{e:#}"));
+    let run = Run::load(&out, &Device::flex()).unwrap();
+    let m = &run.config.model;
+    assert_eq!((m.seq_len, m.scale_head, m.feed_forward.kind.name()), (96, true, "relu"));
+}
+
 #[test]
 fn an_existing_out_directory_is_refused_and_left_alone() {
     let tmp = tempfile::tempdir().unwrap();
