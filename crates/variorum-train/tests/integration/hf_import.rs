@@ -239,13 +239,7 @@ fn t5_v1_1_gated_gelu_own_head_equals_transformers() {
 /// change nothing: the import reads them, the context from `n_positions`.
 #[test]
 fn t5_configs_of_older_transformers_import() {
-    let tmp = tempfile::tempdir().unwrap();
-    let src = tmp.path().join("src");
-    std::fs::create_dir(&src).unwrap();
-    for entry in std::fs::read_dir(fixture("t5")).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), src.join(entry.file_name())).unwrap();
-    }
+    let (tmp, src) = fixture_copy("t5");
     edit_config(&src, |c| {
         c.remove("feed_forward_proj");
         c.remove("scale_decoder_outputs");
@@ -274,9 +268,8 @@ fn an_existing_out_directory_is_refused_and_left_alone() {
     assert_eq!(std::fs::read_to_string(tmp.path().join("mine.txt")).unwrap(), "keep");
 }
 
-/// A copy of fixture `name` in a temporary directory, changed by `edit`; the import of it must
-/// fail with a message containing `says`, and leave no run behind.
-fn refused(name: &str, edit: impl FnOnce(&Path), says: &str) {
+/// A copy of fixture `name` in `src` of a temporary directory (returned with it).
+fn fixture_copy(name: &str) -> (tempfile::TempDir, PathBuf) {
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("src");
     std::fs::create_dir(&src).unwrap();
@@ -284,6 +277,13 @@ fn refused(name: &str, edit: impl FnOnce(&Path), says: &str) {
         let entry = entry.unwrap();
         std::fs::copy(entry.path(), src.join(entry.file_name())).unwrap();
     }
+    (tmp, src)
+}
+
+/// A copy of fixture `name` in a temporary directory, changed by `edit`; the import of it must
+/// fail with a message containing `says`, and leave no run behind.
+fn refused(name: &str, edit: impl FnOnce(&Path), says: &str) {
+    let (tmp, src) = fixture_copy(name);
     edit(&src);
     let out = tmp.path().join("run");
     let e = format!("{:#}", hf::import(&src, &out, &Device::flex()).unwrap_err());
