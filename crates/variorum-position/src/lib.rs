@@ -43,7 +43,7 @@ pub mod transformer_xl;
 pub mod untied;
 
 pub use alibi::{AlibiBias, AlibiConfig, alibi_slopes};
-pub use deberta::{DebertaConfig, Disentangled};
+pub use deberta::{DebertaConfig, Disentangled, P2cDistance};
 pub use distance_aware::{DistanceAware, DistanceAwareConfig};
 pub use kind::{AbsoluteSignal, DistanceBias, HeadShape, PackedHeads, PositionKind, RelativeScheme, TermsFor};
 pub use layout::{Distances, ScoreLayout};

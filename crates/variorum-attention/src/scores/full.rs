@@ -157,7 +157,7 @@ impl AttentionKind for MultiHeadAttentionConfig {
             // relative schemes with grouped-query heads (keys shared by several query heads)
             [
                 PositionConfig::TransformerXl(Default::default()),
-                PositionConfig::Deberta(variorum_position::DebertaConfig { max_distance: 4 }),
+                PositionConfig::Deberta(variorum_position::DebertaConfig { max_distance: 4, ..Default::default() }),
                 PositionConfig::Rope(Default::default()),
             ]
             .map(|p| {

@@ -36,7 +36,7 @@ fn schemes() -> Vec<PositionConfig> {
         }),
         PositionConfig::Da(Default::default()),
         PositionConfig::Multiplicative(MultiplicativeConfig { max_distance: 4 }),
-        PositionConfig::Deberta(DebertaConfig { max_distance: 3 }),
+        PositionConfig::Deberta(DebertaConfig { max_distance: 3, ..Default::default() }),
     ]
 }
 
@@ -95,6 +95,12 @@ fn assert_agree(
     assert!(dg < tol, "{what}: input gradients differ by {dg}");
     assert_eq!(p1.len(), p2.len(), "{what}: the same parameters have gradients");
     for (i, (a, b)) in p1.into_iter().zip(p2).enumerate() {
+        // a gradient that is zero in exact arithmetic (DeBERTa's W_{k,r} bias shifts each query's
+        // scores by a constant, which the softmax cancels) is rounding noise on both paths
+        let noise = |g: &Tensor<1>| g.clone().abs().max().into_scalar::<f32>() < 1e-5;
+        if noise(&a) && noise(&b) {
+            continue;
+        }
         let d = rel(a, b);
         assert!(d < tol, "{what}: gradient of parameter {i} differs by {d}");
     }
@@ -163,6 +169,7 @@ fn every_scheme_on_the_kernels_equals_the_composed_path_with_the_gradients() {
         "kind = \"transformer-xl\"",
         "kind = \"shaw\"\nmax_distance = 5",
         "kind = \"deberta\"\nmax_distance = 5",
+        "kind = \"deberta\"\nmax_distance = 6\nlog_buckets = 11\nbias = true\nnorm = true\np2c_distance = \"query-minus-key\"",
         "kind = \"da\"",
         "kind = \"multiplicative\"\nmax_distance = 9",
     ];

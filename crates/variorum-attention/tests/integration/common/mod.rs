@@ -62,7 +62,7 @@ pub fn schemes() -> Vec<PositionConfig> {
     all.extend([
         PositionConfig::TransformerXl(XlRelativeConfig::default()),
         PositionConfig::Shaw(ShawConfig { max_distance: 3, values: true }),
-        PositionConfig::Deberta(DebertaConfig { max_distance: 3 }),
+        PositionConfig::Deberta(DebertaConfig { max_distance: 3, ..Default::default() }),
         PositionConfig::Da(Default::default()),
         PositionConfig::Multiplicative(MultiplicativeConfig { max_distance: 4 }),
     ]);
