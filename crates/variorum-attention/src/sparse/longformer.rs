@@ -24,7 +24,9 @@
 //!
 //! while every other query scores the global keys with the local projections, in its window's
 //! softmax (as the reference implementation does). They exist when the config names global
-//! positions or token ids; `global_projections = "shared"` uses the local projections for both
+//! positions or token ids, or always with `global_projections = "separate"` (Longformer's
+//! checkpoints carry them whether or not an input has global tokens: kept, a global position
+//! named later uses them); `global_projections = "shared"` uses the local projections for both
 //! (the form before this option, which also loads runs trained with it). The output projection
 //! is shared. Global rows are computed one global position at a time over all keys: O(L·g).
 //! Where nothing but the softmax acts on the scores (no position scheme inside attention, no
@@ -58,11 +60,11 @@ use crate::pattern::call::{PatternCall, decode_runs, dense_pattern};
 use crate::state::AttentionState;
 
 /// Which projections Longformer's global attention uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum GlobalProjections {
-    /// Q_g, K_g, V_g of their own, initialised from the local ones (the paper's).
-    #[default]
+    /// Q_g, K_g, V_g of their own, initialised from the local ones (the paper's), kept even
+    /// where no position is global.
     Separate,
     /// The sliding window's projections for global attention too.
     Shared,
@@ -73,7 +75,8 @@ attention_config! {
     pub struct LongformerConfig {
         /// w, keys each query sees back, its own included (δ apart on a dilated head). Default 256.
         pub window: usize = 256,
-        /// Bidirectional only: keys seen ahead. Default w − 1 (symmetric).
+        /// Bidirectional only: keys seen ahead. Default w − 1 (symmetric; each layer's own w
+        /// with `layer_windows`).
         pub look_ahead: Option<usize> = None,
         /// Positions per block of the computation. Default min(w, 128).
         pub block: Option<usize> = None,
@@ -87,8 +90,9 @@ attention_config! {
         pub global: Vec<usize> = Vec::new(),
         /// Token ids with global attention wherever they occur (e.g. a separator). Default none.
         pub global_token_ids: Vec<u32> = Vec::new(),
-        /// `separate` (Q_g, K_g, V_g, the paper's; default) or `shared` with the window.
-        pub global_projections: GlobalProjections = GlobalProjections::Separate,
+        /// `separate` (Q_g, K_g, V_g, the paper's) or `shared` with the window. Default:
+        /// separate where some position is global, none otherwise.
+        pub global_projections: Option<GlobalProjections> = None,
     }
 }
 
@@ -121,8 +125,12 @@ impl LongformerConfig {
         let attention = self.heads().init(d_model, init_std, out_std, position, device);
         let has_global = !self.global.is_empty() || !self.global_token_ids.is_empty();
         LongformerAttention {
-            global_qkv: (has_global && self.global_projections == GlobalProjections::Separate)
-                .then(|| copy_of(&attention.qkv)),
+            global_qkv: match self.global_projections {
+                Some(GlobalProjections::Separate) => true,
+                Some(GlobalProjections::Shared) => false,
+                None => has_global,
+            }
+            .then(|| copy_of(&attention.qkv)),
             attention,
             back: self.window - 1,
             look_ahead: self.look_ahead(),
@@ -151,7 +159,8 @@ impl AttentionKind for LongformerConfig {
 
     fn expanded(&self, d_model: usize) -> Self {
         Self {
-            look_ahead: Some(self.look_ahead()),
+            // with a window per layer, each layer's own w − 1 unless one is given
+            look_ahead: if self.layer_windows.is_empty() { Some(self.look_ahead()) } else { self.look_ahead },
             block: Some(self.block()),
             dilations: self.head_dilations(),
             ..self.expanded_heads(d_model)
@@ -621,5 +630,42 @@ impl AttentionMechanism for LongformerAttention {
         if self.global_qkv.is_some() && fresh("global_qkv") {
             self.global_qkv = Some(copy_of(&self.attention.qkv));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bidirectionally each layer sees as far ahead as back (its own w − 1), unless `look_ahead`
+    /// says otherwise (before, every layer read the base `window`'s: 255 keys ahead).
+    #[test]
+    fn each_layer_looks_ahead_by_its_own_window() {
+        let config = LongformerConfig { layer_windows: vec![2, 5], ..Default::default() }.expanded(16);
+        let ahead: Vec<usize> = (0..2).map(|i| config.for_layer(i).look_ahead()).collect();
+        assert_eq!(ahead, [1, 4]);
+        let given = LongformerConfig { layer_windows: vec![2, 5], look_ahead: Some(3), ..Default::default() };
+        let ahead: Vec<usize> = (0..2).map(|i| given.expanded(16).for_layer(i).look_ahead()).collect();
+        assert_eq!(ahead, [3, 3]);
+        let uniform = LongformerConfig { window: 6, ..Default::default() }.expanded(16);
+        assert_eq!(uniform.for_layer(1).look_ahead(), 5);
+    }
+
+    /// `global_projections = "separate"` keeps Q_g, K_g, V_g without global positions (a
+    /// checkpoint's); unset, they exist only with global positions; `shared` never.
+    #[test]
+    fn global_projections_exist_as_configured() {
+        let device = Device::default();
+        let init = |c: LongformerConfig| {
+            c.init(16, 0.02, 0.02, Positioning { config: &PositionConfig::default(), context: 16 }, &device)
+                .global_qkv
+                .is_some()
+        };
+        let base = LongformerConfig { n_heads: 2, window: 3, ..Default::default() };
+        assert!(!init(base.clone()));
+        assert!(init(LongformerConfig { global: vec![0], ..base.clone() }));
+        assert!(init(LongformerConfig { global_projections: Some(GlobalProjections::Separate), ..base.clone() }));
+        let shared = Some(GlobalProjections::Shared);
+        assert!(!init(LongformerConfig { global: vec![0], global_projections: shared, ..base }));
     }
 }

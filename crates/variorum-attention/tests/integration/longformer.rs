@@ -142,7 +142,7 @@ fn global_attention_has_its_own_projections() {
     // only a layer with global tokens has them; `shared` keeps the window's
     let none = PositionConfig::None(Default::default());
     assert!(longformer(&LongformerConfig::default(), &none, &dev).global_qkv.is_none());
-    let shared_cfg = LongformerConfig { global_projections: GlobalProjections::Shared, ..cfg.clone() };
+    let shared_cfg = LongformerConfig { global_projections: Some(GlobalProjections::Shared), ..cfg.clone() };
     assert!(longformer(&shared_cfg, &none, &dev).global_qkv.is_none());
     for position in schemes() {
         let fresh = longformer(&cfg, &position, &dev);
