@@ -32,7 +32,7 @@ transformers trains it: the source with its `</s>`, the target after the decoder
 `<pad>`, each target token and the `</s>` after it; its greedy decode of the source, 32 tokens.
 Its tokenizer is a Unigram model with Metaspace pieces, as T5's tokenizer.json.
 
-Usage: python3 scripts/reference/make_hf_fixtures.py [OUT_DIR [NAME...]]  (NAME: gpt2 llama opt qwen2 gpt_neox mistral phi gptj bloom bert roberta fnet nystromformer t5 t5_v1_1)
+Usage: python3 scripts/reference/make_hf_fixtures.py [OUT_DIR [NAME...]]  (NAME: gpt2 llama opt qwen2 gpt_neox mistral phi gptj bloom bert roberta fnet nystromformer deberta_v2 longformer t5 t5_v1_1)
 (pinned versions: scripts/reference/requirements.txt plus transformers, below).
 """
 
@@ -426,7 +426,8 @@ def bert(out):
     return made_masked(out, "bert", transformers.BertForMaskedLM, cfg, tokenizer, seed=10, mask_token="[MASK]", dtype=torch.bfloat16)
 
 
-def roberta(out):
+def roberta_tokenizer():
+    """RoBERTa's byte-level BPE: <s> text </s>, and its <mask>."""
     tok = byte_level_bpe(300, ["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
     tok.post_processor = processors.TemplateProcessing(
         single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
@@ -434,6 +435,11 @@ def roberta(out):
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>", mask_token="<mask>"
     )
+    return tok, tokenizer
+
+
+def roberta(out):
+    tok, tokenizer = roberta_tokenizer()
     cfg = transformers.RobertaConfig(
         vocab_size=tok.get_vocab_size(),
         hidden_size=16,
@@ -489,6 +495,75 @@ def nystromformer(out):
     return made_masked(
         out, "nystromformer", transformers.NystromformerForMaskedLM, cfg, tokenizer, seed=15, mask_token="[MASK]", dtype=torch.bfloat16
     )
+
+
+def deberta_v2(out):
+    tok, tokenizer = wordpiece()
+    # DeBERTa v3's settings: no absolute positions, log buckets (8 rows each way, exact within
+    # 4, reaching the last at 19: the text's 24 tokens reach past it), the relative embeddings
+    # normed and read through the content projections (share_att_key); the original head
+    # (`legacy = False`: lm_predictions, always tied)
+    cfg = transformers.DebertaV2Config(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=32,
+        hidden_act="gelu",
+        max_position_embeddings=64,
+        type_vocab_size=0,
+        relative_attention=True,
+        position_biased_input=False,
+        pos_att_type=["p2c", "c2p"],
+        position_buckets=8,
+        max_relative_positions=20,
+        share_att_key=True,
+        norm_rel_ebd="layer_norm",
+        layer_norm_eps=1e-7,
+        legacy=False,
+        pad_token_id=0,
+    )
+    return made_masked(
+        out, "deberta_v2", transformers.DebertaV2ForMaskedLM, cfg, tokenizer, seed=16, mask_token="[MASK]", dtype=torch.bfloat16
+    )
+
+
+def longformer(out):
+    tok, tokenizer = roberta_tokenizer()
+    # RoBERTa's embeddings; a window of 8 (4 each way) in the first layer, 16 in the second: the
+    # text's 59 tokens span several windows (transformers pads them to a multiple of 16)
+    cfg = transformers.LongformerConfig(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=32,
+        max_position_embeddings=66,
+        type_vocab_size=1,
+        layer_norm_eps=1e-5,
+        attention_window=[8, 16],
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        sep_token_id=2,
+    )
+    d, expected = made_masked(
+        out, "longformer", transformers.LongformerForMaskedLM, cfg, tokenizer, seed=17, mask_token="<mask>", dtype=torch.bfloat16
+    )
+    # and with global attention on <s> (what transformers' classification heads give it): the
+    # global projections at work
+    model = transformers.LongformerForMaskedLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+    masked = torch.tensor([expected["masked_ids"]])
+    global_mask = torch.zeros_like(masked)
+    global_mask[0, 0] = 1
+    with torch.no_grad():
+        result = model(masked, global_attention_mask=global_mask, output_hidden_states=True)
+        logprobs = torch.log_softmax(result.logits[0].double(), dim=-1)
+    ids = expected["ids"]
+    expected["global_positions"] = [0]
+    expected["global_logprobs"] = [logprobs[i, ids[i]].item() for i in range(len(ids))]
+    expected["global_hidden"] = [[float(f"{v:.9g}") for v in row] for row in result.hidden_states[-1][0].double().tolist()]
+    return d, expected
 
 
 def unigram():
@@ -626,6 +701,8 @@ MAKERS = {
     "roberta": roberta,
     "fnet": fnet,
     "nystromformer": nystromformer,
+    "deberta_v2": deberta_v2,
+    "longformer": longformer,
     "t5": t5,
     "t5_v1_1": t5_v1_1,
 }

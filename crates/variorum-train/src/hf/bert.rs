@@ -1,6 +1,7 @@
 //! BERT, RoBERTa and FNet as masked language models (`model_type = "bert"`, `BertForMaskedLM`,
 //! Devlin et al. 2019; `"roberta"`, `RobertaForMaskedLM`, Liu et al. 2019; `"fnet"`,
-//! `FNetForMaskedLM`, Lee-Thorp et al. 2021): learned positions, a LayerNorm on the embedded
+//! `FNetForMaskedLM`, Lee-Thorp et al. 2021; `"longformer"`, `LongformerForMaskedLM`, Beltagy
+//! et al. 2020): learned positions, a LayerNorm on the embedded
 //! input (`model.embedding_norm`), post-LN blocks, bidirectional full attention with biases —
 //! FNet: the `fnet` kind's Fourier mixing, no weights, and a dense layer after the embedding norm
 //! (`model.embedding_projection`) —, a GELU FFN, and the MLM head: dense, the FFN's activation,
@@ -11,6 +12,15 @@
 //! every position: the import folds it into the position table (`PlusRow`); a model read for
 //! two-segment inputs (type 1) is not what variorum computes. RoBERTa numbers positions from
 //! `pad_token_id + 1`, as OPT from 2: the rows before are dropped.
+//!
+//! Longformer is RoBERTa with the `longformer` kind for attention: a window of
+//! `attention_window / 2` keys each way (`window` = that + 1, the query's own included, per layer
+//! where the config lists one per layer) and global projections Q_g, K_g, V_g of their own
+//! (`global_projections = "separate"`, kept although no position is global: transformers gives
+//! global attention only to the positions a caller's `global_attention_mask` names, none by
+//! default for a masked LM; a config naming `model.attention.global` positions computes what
+//! transformers computes with them global). transformers pads the input to a multiple of the
+//! window with masked keys: the same scores for the tokens of the text.
 //!
 //! Nyströmformer (`"nystromformer"`, `NystromformerForMaskedLM`, Xiong et al. 2021) is BERT with
 //! the `nystrom` kind for attention: `num_landmarks` segment means, six iterations of the
@@ -35,7 +45,9 @@ use super::{Mapping, Sizes, int, table};
 
 pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
     let model_type = cfg.model_type()?;
-    let (roberta, fnet, nystrom) = (model_type == "roberta", model_type == "fnet", model_type == "nystromformer");
+    let (fnet, nystrom, longformer) = (model_type == "fnet", model_type == "nystromformer", model_type == "longformer");
+    // RoBERTa's embeddings and head
+    let roberta = model_type == "roberta" || longformer;
     let vocab = cfg.usize("vocab_size")?;
     let d = cfg.usize("hidden_size")?;
     let layers = cfg.usize("num_hidden_layers")?;
@@ -65,6 +77,14 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
         )?;
         // read only with the TPU optimisations
         cfg.ignore(&["tpu_short_seq_length"]);
+    } else if longformer {
+        cfg.require(
+            "attention_mode",
+            "longformer".into(),
+            "variorum's Longformer is the sliding window with global attention",
+        )?;
+        // read only when exporting to ONNX
+        cfg.ignore(&["onnx_export"]);
     } else if nystrom {
         cfg.require("add_cross_attention", Value::Bool(false), "variorum's Nyströmformer has no cross-attention")?;
         // transformers reads the other start only through a config subscript that fails
@@ -85,6 +105,10 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
         }
         false => None,
     };
+    let windows = match longformer {
+        true => attention_windows(cfg, layers)?,
+        false => Vec::new(),
+    };
     let conv = if nystrom { cfg.opt_usize("conv_kernel_size")? } else { None };
     if let Some(k) = conv.filter(|k| k % 2 == 0) {
         bail!("{path}: conv_kernel_size = {k} is even: transformers' padding keeps the length only for odd kernels");
@@ -102,6 +126,7 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
     }
     let (p, class) = match model_type.as_str() {
         "roberta" => ("roberta", "RobertaForMaskedLM"),
+        "longformer" => ("longformer", "LongformerForMaskedLM"),
         "fnet" => ("fnet", "FNetForMaskedLM"),
         "nystromformer" => ("nystromformer", "NystromformerForMaskedLM"),
         _ => ("bert", "BertForMaskedLM"),
@@ -154,13 +179,31 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
         // the mixing sublayer's norm: after the attention's output projection, or FNet's Fourier
         let mixing = if fnet { "fourier.output" } else { "attention.output" };
         if !fnet {
-            // the nystrom kind's projections sit in `proj`
-            let a = if nystrom { format!("{b}.attn.proj") } else { format!("{b}.attn") };
+            // the nystrom kind's projections sit in `proj`, the longformer kind's in `attention`
+            let a = match (nystrom, longformer) {
+                (true, _) => format!("{b}.attn.proj"),
+                (_, true) => format!("{b}.attn.attention"),
+                _ => format!("{b}.attn"),
+            };
             tensors.extend([
                 (format!("{a}.qkv.qkv.weight"), qkv(&|n| t(n))),
                 (format!("{a}.qkv.qkv.bias"), qkv(&|n| c(&format!("{n}.bias")))),
                 (format!("{a}.out.weight"), t("attention.output.dense")),
                 (format!("{a}.out.bias"), c("attention.output.dense.bias")),
+            ]);
+        }
+        if longformer {
+            let global = |part: &dyn Fn(&str) -> Recipe| {
+                Recipe::Join(
+                    ["query_global", "key_global", "value_global"]
+                        .iter()
+                        .map(|q| (part(&format!("attention.self.{q}")), d))
+                        .collect(),
+                )
+            };
+            tensors.extend([
+                (format!("{b}.attn.global_qkv.qkv.weight"), global(&|n| t(n))),
+                (format!("{b}.attn.global_qkv.qkv.bias"), global(&|n| c(&format!("{n}.bias")))),
             ]);
         }
         if let Some(k) = conv {
@@ -185,6 +228,22 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
 
     let attention = match (fnet, landmarks) {
         (true, _) => table([("kind", "fnet".into())]),
+        _ if longformer => {
+            // a one-sided reach of attention_window / 2: w = that + 1 keys back, that many ahead
+            let keys: Vec<usize> = windows.iter().map(|w| w / 2 + 1).collect();
+            let mut a = vec![
+                ("kind", "longformer".into()),
+                ("n_heads", int(heads)),
+                ("bias", true.into()),
+                ("dropout", attn_dropout.into()),
+                ("window", int(keys[0])),
+                ("global_projections", "separate".into()),
+            ];
+            if keys.iter().any(|&k| k != keys[0]) {
+                a.push(("layer_windows", toml::Value::Array(keys.iter().map(|&k| int(k)).collect())));
+            }
+            table(a)
+        }
         (false, Some(m)) => {
             let mut a = vec![
                 ("kind", "nystrom".into()),
@@ -238,9 +297,27 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
     })
 }
 
+/// Longformer's `attention_window`: one even width for every layer, or a list of one per layer.
+fn attention_windows(cfg: &mut HfConfig, layers: usize) -> Result<Vec<usize>> {
+    let path = cfg.path().display().to_string();
+    let windows = match cfg.array("attention_window") {
+        Ok(Some(list)) => list.iter().map(|w| w.as_u64().map(|w| w as usize)).collect::<Option<Vec<_>>>(),
+        Ok(None) => Some(vec![512; layers]),
+        Err(_) => Some(vec![cfg.usize("attention_window")?; layers]),
+    };
+    let windows = windows.ok_or_else(|| anyhow!("{path}: attention_window is not a width or a list of widths"))?;
+    if windows.len() != layers {
+        bail!("{path}: attention_window lists {} widths for {layers} layers", windows.len());
+    }
+    if let Some(w) = windows.iter().find(|&&w| w == 0 || w % 2 == 1) {
+        bail!("{path}: attention_window = {w}: transformers needs a positive even width");
+    }
+    Ok(windows)
+}
+
 /// The id of the tokenizer's mask token: the `mask_token` of `tokenizer_config.json` (BERT's
 /// `[MASK]`, RoBERTa's `<mask>` by default), looked up in `tokenizer.json`'s added tokens.
-fn mask_token_id(dir: &Path, roberta: bool) -> Result<usize> {
+pub(crate) fn mask_token_id(dir: &Path, roberta: bool) -> Result<usize> {
     let read = |name: &str| -> Result<Option<Value>> {
         let file = dir.join(name);
         if !file.is_file() {

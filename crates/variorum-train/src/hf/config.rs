@@ -171,6 +171,31 @@ impl HfConfig {
         }
     }
 
+    /// A signed integer where the architecture writes −1 for "unset" (DeBERTa's
+    /// `position_buckets`), or `default` when absent.
+    pub(crate) fn int_or(&mut self, key: &str, default: i64) -> Result<i64> {
+        match self.get(key).map(Value::as_i64) {
+            None => Ok(default),
+            Some(Some(n)) => Ok(n),
+            Some(None) => Err(self.wrong(key, "an integer")),
+        }
+    }
+
+    /// A list of names, written as an array of strings or as one string joined by `|`
+    /// (DeBERTa's `pos_att_type` and `norm_rel_ebd`), trimmed and lowercased as transformers
+    /// reads them; `None` when absent.
+    pub(crate) fn names(&mut self, key: &str) -> Result<Option<Vec<String>>> {
+        let clean = |s: &str| s.trim().to_lowercase();
+        match self.get(key).cloned() {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.split('|').map(clean).collect())),
+            Some(Value::Array(a)) if a.iter().all(Value::is_string) => {
+                Ok(Some(a.iter().filter_map(Value::as_str).map(clean).collect()))
+            }
+            Some(_) => Err(self.wrong(key, "a name or a list of names")),
+        }
+    }
+
     /// A number, or `default` when absent.
     pub(crate) fn f64_or(&mut self, key: &str, default: f64) -> Result<f64> {
         match self.get(key).map(Value::as_f64) {

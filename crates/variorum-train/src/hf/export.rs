@@ -26,7 +26,7 @@ use variorum_model::{ModelConfig, ObjectiveConfig};
 
 use super::checkpoint::Checkpoint;
 use super::config::HfConfig;
-use super::{Mapping, bert, bloom, gpt_neox, gpt2, gptj, llama, phi, t5};
+use super::{Mapping, bert, bloom, deberta_v2, gpt_neox, gpt2, gptj, llama, phi, t5};
 use crate::run::Run;
 
 /// What [`export`] wrote.
@@ -69,6 +69,13 @@ const TARGETS: &[Target] = &[
         masked: true,
         config_json: bert::nystromformer_config_json,
         map: bert::map,
+    },
+    Target {
+        model_type: "deberta-v2",
+        position: "deberta",
+        masked: true,
+        config_json: deberta_v2::config_json,
+        map: deberta_v2::map,
     },
     Target { model_type: "llama", position: "rope", masked: false, config_json: llama::config_json, map: llama::map },
     Target {
@@ -164,7 +171,7 @@ pub fn export(run_dir: &Path, out: &Path, device: &Device) -> Result<Exported> {
     }
 
     let staging = super::staging_dir(out, "exporting")?;
-    let result = write_model(&staging, &run, &json, &mapping, rotary.as_ref(), added_mask);
+    let result = write_model(&staging, &run, &json, &mapping, rotary.as_ref(), added_mask, mask_token);
     match result {
         Ok((tensors, params)) => {
             std::fs::rename(&staging, out)
@@ -260,6 +267,7 @@ fn write_model(
     mapping: &Mapping,
     rotary: Option<&RotaryPairs>,
     added_mask: Option<usize>,
+    mask_token: Option<usize>,
 ) -> Result<(usize, usize)> {
     std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(json)? + "\n")?;
     // the model's tensors by name
@@ -308,7 +316,7 @@ fn write_model(
         }
         tokenizer = serde_json::to_string_pretty(&json)?;
     }
-    std::fs::write(dir.join("tokenizer.json"), tokenizer)?;
+    std::fs::write(dir.join("tokenizer.json"), &tokenizer)?;
     // an imported run's own files; for a tokenizer made here, the class that reads tokenizer.json
     let mut copied_config = false;
     for extra in ["tokenizer_config.json", "special_tokens_map.json", "generation_config.json"] {
@@ -323,8 +331,23 @@ fn write_model(
             "model_max_length": run.config.model.seq_len,
             "clean_up_tokenization_spaces": false,
         });
-        if added_mask.is_some() {
-            config["mask_token"] = MASK.into();
+        // the mask token by name (`tokenizer.mask_token_id` reads it): the added row's, or the
+        // vocabulary's own (a tokenizer imported and fine-tuned here)
+        let named = |id: usize| -> Option<Value> {
+            let json: Value = serde_json::from_str(&tokenizer).ok()?;
+            let added = json["added_tokens"].as_array()?.iter().find(|t| t["id"].as_u64() == Some(id as u64))?;
+            Some(added["content"].clone())
+        };
+        match (added_mask, mask_token) {
+            (Some(_), _) => config["mask_token"] = MASK.into(),
+            (None, Some(id)) => {
+                config["mask_token"] = named(id).ok_or_else(|| {
+                    anyhow!(
+                        "the mask token {id} is not among the tokenizer's added tokens: transformers could not name it"
+                    )
+                })?
+            }
+            (None, None) => {}
         }
         std::fs::write(dir.join("tokenizer_config.json"), serde_json::to_string_pretty(&config)? + "\n")?;
     }

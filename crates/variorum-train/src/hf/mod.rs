@@ -12,6 +12,7 @@ mod bert;
 mod bloom;
 mod checkpoint;
 mod config;
+mod deberta_v2;
 mod export;
 mod gpt2;
 mod gpt_neox;
@@ -66,6 +67,8 @@ const ARCHITECTURES: &[(&str, fn(&mut HfConfig, &Checkpoint) -> Result<Mapping>)
     ("roberta", bert::map),
     ("fnet", bert::map),
     ("nystromformer", bert::map),
+    ("longformer", bert::map),
+    ("deberta-v2", deberta_v2::map),
     ("t5", t5::map),
 ];
 

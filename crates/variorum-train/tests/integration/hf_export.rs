@@ -169,6 +169,39 @@ fn masked_nystrom_recipe_exports_as_nystromformer() {
     masked_exported_as_transformers_scored_it("nystromformer", "NystromformerForMaskedLM");
 }
 
+/// The DeBERTa round trip: tests/fixtures/hf/deberta_v2 (log buckets, the relative table normed
+/// and read through the content projections) imported, fine-tuned here with the position
+/// parameters frozen, exported with position projections of its own. A run whose layers'
+/// relative tables have parted (any DeBERTa-style run trained from scratch: variorum's tables
+/// are per layer) has no exact export and is refused.
+#[test]
+fn an_imported_deberta_fine_tuned_here_exports_as_deberta_again() {
+    masked_exported_as_transformers_scored_it("deberta", "DebertaV2ForMaskedLM");
+    let device = Device::flex();
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    for entry in std::fs::read_dir(fixture("deberta")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), run.join(entry.file_name())).unwrap();
+    }
+    use burn::module::Module as _;
+    let mut model = Run::load(&run, &device).unwrap().model;
+    match &mut model.blocks[1].attn {
+        variorum_attention::Attention::Full(a) => {
+            let Some(variorum_position::RelativePosition::Deberta(p)) = &mut a.position else {
+                panic!("DeBERTa's terms")
+            };
+            p.relative = burn::module::Param::from_tensor(p.relative.val().add_scalar(0.5));
+        }
+        _ => panic!("full attention"),
+    }
+    model.save_file(run.join("model.bpk")).unwrap();
+    let e = format!("{:#}", hf::export(&run, &tmp.path().join("parted"), &device).unwrap_err());
+    assert!(e.contains("rel_embeddings") && e.contains("copies differ"), "{e}");
+    assert!(!tmp.path().join("parted").exists());
+}
+
 #[test]
 fn masked_fourier_recipe_exports_as_fnet() {
     masked_exported_as_transformers_scored_it("fnet", "FNetForMaskedLM");
@@ -353,6 +386,12 @@ fn recipes_transformers_cannot_compute_are_refused_naming_the_setting() {
         "t5",
         |c| c.replacen("scaled = false", "scaled = true", 3).replacen("scaled = true", "scaled = false", 2),
         "model.cross_attention.scaled = (unset) here, but T5ForConditionalGeneration computes model.cross_attention.scaled = false",
+    );
+    // DeBERTa's position→content read at the paper's δ(j, i) (the default, unset): transformers reads δ(i, j)
+    refused(
+        "deberta",
+        |c| c.replace("p2c_distance = \"query-minus-key\"\n", ""),
+        "model.position.p2c_distance = (unset) here, but DebertaV2ForMaskedLM computes model.position.p2c_distance = \"query-minus-key\"",
     );
     // an out directory that exists is left alone
     let tmp = tempfile::tempdir().unwrap();

@@ -172,6 +172,71 @@ fn nystromformer_landmarks_pinv_and_conv_equal_transformers() {
     masked_equal_to_transformers("nystromformer", "NystromformerForMaskedLM");
 }
 
+/// DeBERTa v3's settings: disentangled attention (c2p and p2c) over logarithmic buckets that
+/// the text reaches past, the relative table normed and read through the content projections
+/// (`share_att_key`), no absolute positions, the original MLM head. Hub configs write
+/// `pos_att_type` as one string (`"p2c|c2p"`): the same model.
+#[test]
+fn deberta_v2_disentangled_log_buckets_equal_transformers() {
+    masked_equal_to_transformers("deberta_v2", "DebertaV2ForMaskedLM");
+    let (tmp, src) = fixture_copy("deberta_v2");
+    edit_config(&src, |c| _ = c.insert("pos_att_type".into(), "P2C| c2p".into()));
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    hf::import(&src, &a, &Device::flex()).unwrap();
+    hf::import(&fixture("deberta_v2"), &b, &Device::flex()).unwrap();
+    // the [model] table: from its header to [data]
+    let model = |run: &Path| {
+        let text = std::fs::read_to_string(run.join("config.toml")).unwrap();
+        let start = text.find("[model]").unwrap();
+        text[start..text.find("\n[data]").unwrap()].to_string()
+    };
+    assert_eq!(model(&a), model(&b));
+}
+
+/// What transformers computed with Longformer's global attention on some positions (the
+/// fixture's `global_*` entries).
+#[derive(Deserialize)]
+struct GlobalExpected {
+    global_positions: Vec<usize>,
+    global_logprobs: Vec<f64>,
+    global_hidden: Vec<Vec<f64>>,
+}
+
+/// Longformer: windows of 4 keys each way in the first layer and 8 in the second over a text
+/// of 59 tokens, as transformers' masked LM computes it (no global attention); then, with
+/// `model.attention.global = [0]` in the run's config, as transformers computes it with a
+/// `global_attention_mask` on `<s>`: the checkpoint's global projections at work.
+#[test]
+fn longformer_windows_and_global_projections_equal_transformers() {
+    masked_equal_to_transformers("longformer", "LongformerForMaskedLM");
+    let src = fixture("longformer");
+    let text = std::fs::read_to_string(src.join("expected.json")).unwrap();
+    let mut expected: MaskedExpected = serde_json::from_str(&text).unwrap();
+    let global: GlobalExpected = serde_json::from_str(&text).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("run");
+    let device = Device::flex();
+    hf::import(&src, &out, &device).unwrap();
+    let config = std::fs::read_to_string(out.join("config.toml")).unwrap();
+    assert!(
+        config.contains("layer_windows = [5, 9]") && config.contains("global_projections = \"separate\""),
+        "{config}"
+    );
+    let positions = format!("{:?}", global.global_positions);
+    let with_global = config.replace("[model.attention]\n", &format!("[model.attention]\nglobal = {positions}\n"));
+    std::fs::write(out.join("config.toml"), with_global).unwrap();
+    let run = Run::load(&out, &device).unwrap();
+    (expected.logprobs, expected.hidden) = (global.global_logprobs, global.global_hidden);
+    let (worst, hidden) = mlm_deltas(&run, &expected);
+    assert!(
+        worst < 1e-4 && hidden < 1e-4,
+        "longformer, global {positions}: |Δ log-prob| = {worst:e}, |Δ hidden| = {hidden:e}"
+    );
+    eprintln!(
+        "longformer with global attention on {positions}: max |Δ log-prob| = {worst:.2e}, max |Δ hidden| = {hidden:.2e}"
+    );
+}
+
 #[test]
 fn fnet_fourier_mixing_with_its_embedding_projection_equals_transformers() {
     masked_equal_to_transformers("fnet", "FNetForMaskedLM");
@@ -377,6 +442,25 @@ fn bad_model_directories_are_refused_in_one_line() {
         "bert",
         |s| edit_config(s, |c| _ = c.insert("position_embedding_type".into(), "relative_key".into())),
         "position_embedding_type = \"relative_key\"",
+    );
+    for (key, value, says) in [
+        ("position_biased_input", serde_json::json!(true), "position_biased_input = true"),
+        ("conv_kernel_size", serde_json::json!(3), "conv_kernel_size = 3"),
+        ("pos_att_type", serde_json::json!(["c2p"]), "pos_att_type = [\"c2p\"]"),
+        ("norm_rel_ebd", serde_json::json!("layer_norm|other"), "norm_rel_ebd"),
+        ("type_vocab_size", serde_json::json!(2), "type_vocab_size = 2"),
+    ] {
+        refused("deberta_v2", |s| edit_config(s, |c| _ = c.insert(key.into(), value)), says);
+    }
+    refused(
+        "longformer",
+        |s| edit_config(s, |c| _ = c.insert("attention_window".into(), 7.into())),
+        "attention_window = 7",
+    );
+    refused(
+        "longformer",
+        |s| edit_config(s, |c| _ = c.insert("attention_window".into(), serde_json::json!([8]))),
+        "lists 1 widths for 2 layers",
     );
     refused(
         "fnet",
