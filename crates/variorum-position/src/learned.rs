@@ -111,3 +111,23 @@ impl AbsoluteSignal for LearnedPosition {
         LearnedPosition::encode(self, start, len)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Positions `start..start + len` read rows `start..start + len` of the table, whatever the
+    /// start (a cached decoding step reads its own position's row).
+    #[test]
+    fn positions_read_their_own_rows() {
+        let device = Device::default();
+        let (rows, d) = (6usize, 3usize);
+        let mut learned = LearnedPositionConfig::default().init(d, rows, &device);
+        let values: Vec<f32> = (0..rows * d).map(|x| x as f32).collect();
+        learned.table = Param::from_tensor(Tensor::<2>::from_data(TensorData::new(values.clone(), [rows, d]), &device));
+        for (start, len) in [(0, rows), (2, 3), (5, 1)] {
+            let got = learned.encode(start, len).into_data().try_to_vec::<f32>().unwrap();
+            assert_eq!(got, values[start * d..(start + len) * d], "rows {start}..{}", start + len);
+        }
+    }
+}

@@ -109,3 +109,37 @@ impl RelativeScheme for MultiplicativePosition {
         Some(DistanceTerms { multiplier: Some((factors, ScoreActivation::Identity)), ..Default::default() })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::Distribution;
+
+    /// Every score times π_{min(|i − j|, m)}, by hand: the scalar of the offset's size, the
+    /// last one shared beyond m, the same for both signs and every head.
+    #[test]
+    fn scores_are_multiplied_by_the_scalar_of_their_offset() {
+        let device = Device::default();
+        let (m, heads, len_q, len_k, q_start) = (3usize, 2usize, 4usize, 10usize, 4usize);
+        let mut position = MultiplicativeConfig { max_distance: m }.init(&device);
+        let pi = Tensor::<1>::random([m + 1], Distribution::Uniform(0.5, 2.0), &device);
+        position.scale = Param::from_tensor(pi.clone());
+        let scores = Tensor::<1>::random([heads * len_q * len_k], Distribution::Normal(0.0, 1.0), &device)
+            .reshape([1, heads, len_q, len_k]);
+        let unused = Tensor::<4>::zeros([1, heads, len_q, 2], &device);
+        let layout = ScoreLayout::new(q_start, 0, len_q, len_k, false);
+        let got = position.scores(scores.clone(), unused.clone(), unused, &layout, 1.0);
+        let [got, scores, pi]: [Vec<f32>; 3] =
+            [got.into_data(), scores.into_data(), pi.into_data()].map(|d| d.try_to_vec::<f32>().unwrap());
+        for h in 0..heads {
+            for i in 0..len_q {
+                for j in 0..len_k {
+                    let offset = ((q_start + i) as i64 - j as i64).unsigned_abs() as usize;
+                    let at = (h * len_q + i) * len_k + j;
+                    let want = scores[at] * pi[offset.min(m)];
+                    assert!((got[at] - want).abs() < 1e-6, "head {h}, query {i}, key {j}: {} vs {want}", got[at]);
+                }
+            }
+        }
+    }
+}

@@ -150,3 +150,56 @@ impl RelativeScheme for ShawRelative {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::Distribution;
+
+    fn values<const D: usize>(t: Tensor<D>) -> Vec<f32> {
+        t.into_data().try_to_vec::<f32>().unwrap()
+    }
+
+    /// Shaw et al.'s terms pair by pair, by hand: the score adds q_i · a^K_{clip(j − i)}, the
+    /// context adds Σ_j α_ij a^V_{clip(j − i)}, offsets clipped to ±k (queries after the first
+    /// keys, as with a cache, so that both clips are reached).
+    #[test]
+    fn key_and_value_terms_are_the_clipped_offsets_vectors() {
+        let device = Device::default();
+        let (k, dh, heads, len_q, len_k, q_start) = (2usize, 3usize, 2usize, 4usize, 9usize, 3usize);
+        let mut shaw = ShawConfig { max_distance: k, values: true }.init(dh, &device);
+        let normal = |n: usize| Tensor::<1>::random([n], Distribution::Normal(0.0, 1.0), &device);
+        shaw.keys = Param::from_tensor(normal((2 * k + 1) * dh).reshape([2 * k + 1, dh]));
+        shaw.values = Some(Param::from_tensor(normal((2 * k + 1) * dh).reshape([2 * k + 1, dh])));
+        let q = normal(heads * len_q * dh).reshape([1, heads, len_q, dh]);
+        let probs = normal(heads * len_q * len_k).reshape([1, heads, len_q, len_k]);
+        let layout = ScoreLayout::new(q_start, 0, len_q, len_k, false);
+        let scores = values(shaw.score_term(q.clone(), &layout));
+        let context = values(shaw.context_term(probs.clone(), &layout).unwrap());
+
+        let (a_k, a_v) = (values(shaw.keys.val()), values(shaw.values.as_ref().unwrap().val()));
+        let (q, probs) = (values(q), values(probs));
+        // the row of the offset j − i, clipped to ±k
+        let row = |i: usize, j: usize| (j as i64 - (q_start + i) as i64).clamp(-(k as i64), k as i64) as usize + k;
+        let mut clipped = [false, false];
+        for h in 0..heads {
+            for i in 0..len_q {
+                let qi = &q[(h * len_q + i) * dh..][..dh];
+                for j in 0..len_k {
+                    let r = row(i, j);
+                    clipped = [clipped[0] || r == 0, clipped[1] || r == 2 * k];
+                    let want: f32 = qi.iter().zip(&a_k[r * dh..][..dh]).map(|(x, y)| x * y).sum();
+                    let got = scores[(h * len_q + i) * len_k + j];
+                    assert!((got - want).abs() < 1e-5, "score, head {h}, query {i}, key {j}: {got} vs {want}");
+                }
+                for c in 0..dh {
+                    let want: f32 =
+                        (0..len_k).map(|j| probs[(h * len_q + i) * len_k + j] * a_v[row(i, j) * dh + c]).sum();
+                    let got = context[(h * len_q + i) * dh + c];
+                    assert!((got - want).abs() < 1e-4, "context, head {h}, query {i}, dim {c}: {got} vs {want}");
+                }
+            }
+        }
+        assert_eq!(clipped, [true, true], "both clips reached");
+    }
+}

@@ -145,3 +145,43 @@ impl RelativeScheme for Untied {
         true
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::Distribution;
+
+    /// TUPE's position–position term pair by pair, by hand: scale · (p_i U^Q)·(p_j U^K) for the
+    /// queries' and keys' absolute rows (queries after the keys' start, as with a cache), U^Q
+    /// and U^K the two halves of the fused projection, head by head.
+    #[test]
+    fn the_position_term_is_the_projected_rows_product() {
+        let device = Device::default();
+        let (d, heads, dh, rows) = (4usize, 2usize, 3usize, 12usize);
+        let mut untied = UntiedConfig { max_len: Some(rows) }.init(d, heads, dh, rows, &device);
+        let normal = |n: usize| Tensor::<1>::random([n], Distribution::Normal(0.0, 1.0), &device);
+        untied.table = Param::from_tensor(normal(rows * d).reshape([rows, d]));
+        untied.position_qk.weight = Param::from_tensor(normal(d * 2 * heads * dh).reshape([d, 2 * heads * dh]));
+        let (q_start, k_start, len_q, len_k, scale) = (5usize, 2usize, 3usize, 7usize, 0.3);
+        let layout = ScoreLayout::new(q_start, k_start, len_q, len_k, false);
+        let got = untied.score_term(&layout, scale).into_data().try_to_vec::<f32>().unwrap();
+        let p = untied.table.val().into_data().try_to_vec::<f32>().unwrap();
+        let w = untied.position_qk.weight.val().into_data().try_to_vec::<f32>().unwrap();
+        let width = 2 * heads * dh;
+        // feature c of row r through column block `part` (0: U^Q, 1: U^K) of head h
+        let proj = |r: usize, part: usize, h: usize, c: usize| -> f32 {
+            let col = part * heads * dh + h * dh + c;
+            (0..d).map(|x| p[r * d + x] * w[x * width + col]).sum()
+        };
+        for h in 0..heads {
+            for i in 0..len_q {
+                for j in 0..len_k {
+                    let want: f32 = scale as f32
+                        * (0..dh).map(|c| proj(q_start + i, 0, h, c) * proj(k_start + j, 1, h, c)).sum::<f32>();
+                    let at = (h * len_q + i) * len_k + j;
+                    assert!((got[at] - want).abs() < 1e-4, "head {h}, query {i}, key {j}: {} vs {want}", got[at]);
+                }
+            }
+        }
+    }
+}
