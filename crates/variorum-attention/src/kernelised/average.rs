@@ -139,3 +139,36 @@ impl AttentionMechanism for AverageAttention {
         AverageAttention::forward(self, input, state.map(|s| s.get_or_default::<Option<KernelState>>()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::Distribution;
+    use variorum_core::AttentionMask;
+
+    /// The paper's layer written out position by position: the average of y₁…y_j (of every y
+    /// bidirectionally), the FFN ReLU(a W₁ + b₁) W₂ + b₂, the gates σ(W [y; g] + b) split into
+    /// input i and forget f, and h = i ⊙ y + f ⊙ g — against the chunked kernel (chunks of 3 over
+    /// 8 positions, so the running sums cross chunks).
+    #[test]
+    fn the_layer_is_the_cumulative_average_its_ffn_and_gates() {
+        let device = Device::default();
+        let (b, len, d) = (2usize, 8usize, 4usize);
+        let layer = AverageAttentionConfig { d_ff: Some(6), chunk: 3 }.init(d, 0.5, 0.5, &device);
+        let y = Tensor::<3>::random([b, len, d], Distribution::Normal(0.0, 1.0), &device);
+        for causal in [true, false] {
+            let mask = if causal { AttentionMask::causal() } else { AttentionMask::bidirectional() };
+            let got = layer.forward(AttentionInput::self_attention(y.clone(), &mask), None).context;
+            for j in 0..len {
+                let seen = if causal { j + 1 } else { len };
+                let average = y.clone().narrow(1, 0, seen).mean_dim(1);
+                let g = layer.ffn_out.forward(relu(layer.ffn_in.forward(average)));
+                let yj = y.clone().narrow(1, j, 1);
+                let gates = sigmoid(layer.gate.forward(Tensor::cat(vec![yj.clone(), g.clone()], 2)));
+                let want = gates.clone().narrow(2, 0, d) * yj + gates.narrow(2, d, d) * g;
+                let diff = (got.clone().narrow(1, j, 1) - want).abs().max().into_scalar::<f32>();
+                assert!(diff < 1e-5, "causal {causal}, position {j}: off by {diff}");
+            }
+        }
+    }
+}
