@@ -3,7 +3,7 @@
 computes with the export (crates/variorum-train/tests/fixtures/hf/export/<name>/).
 
 Nine runs trained by the variorum binary on corpus.txt (Sonnet 18 four times, committed beside
-them) and three imported models fine-tuned (roundtrip, t5, deberta):
+them) and four imported models fine-tuned (roundtrip, t5, deberta, big_bird):
   gpt        the GPT recipe (learned positions, pre-LN LayerNorm, exact GELU, tied embeddings,
              characters) -> GPT2LMHeadModel, its char tokenizer as a tokenizer.json;
   llama      the LLaMA-style recipe as variorum's baby config has it (rotary positions pairing
@@ -40,6 +40,10 @@ them) and three imported models fine-tuned (roundtrip, t5, deberta):
              has one relative table for all layers, variorum one per layer: frozen, the copies
              stay equal), exported as DebertaV2ForMaskedLM (the position projections as their
              own, BERT's head).
+  big_bird   the same for BigBird: tests/fixtures/hf/big_bird (block-sparse attention in blocks
+             of 2, 2 random blocks, the embeddings rescaled) imported, fine-tuned 100 steps on
+             the sonnet, exported as BigBirdForMaskedLM; scored on a longer text (31 tokens),
+             for which transformers computes the block-sparse attention rather than full.
 
 Each directory holds the run (config.toml, tokenizer.json, model.bpk) and expected.json: the
 text's token ids as transformers' AutoTokenizer gives them from the export, the log-probability
@@ -66,6 +70,7 @@ from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelFo
 # the import fixtures' script: the pinned version's check, and what transformers computes
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_hf_fixtures import expectations as transformers_computes  # noqa: E402
+from make_hf_fixtures import BIG_BIRD_TEXT  # noqa: E402
 from make_hf_fixtures import masked_expectations  # noqa: E402
 from make_hf_fixtures import seq2seq_expectations  # noqa: E402
 
@@ -349,22 +354,24 @@ def expectations(export_dir):
     tokenizer = AutoTokenizer.from_pretrained(export_dir)
     with open(os.path.join(export_dir, "config.json")) as f:
         model_type = json.load(f)["model_type"]
-    masked = model_type in ("bert", "fnet", "nystromformer", "deberta-v2")
+    masked = model_type in ("bert", "fnet", "nystromformer", "deberta-v2", "big_bird")
     auto = AutoModelForMaskedLM if masked else AutoModelForSeq2SeqLM if model_type == "t5" else AutoModelForCausalLM
     model = auto.from_pretrained(export_dir, dtype=torch.float32, attn_implementation="eager").eval()
     if model_type == "t5":
         expected = {"class": type(model).__name__, **seq2seq_expectations(model, tokenizer)}
         expected["exported"] = {f: sha256(os.path.join(export_dir, f)) for f in sorted(os.listdir(export_dir))}
         return expected
-    ids = tokenizer(TEXT)["input_ids"]
+    # BigBird attends in full to texts of at most (5 + 2r)·b tokens
+    text = BIG_BIRD_TEXT if model_type == "big_bird" else TEXT
+    ids = tokenizer(text)["input_ids"]
     # the text again, or, from an imported WordPiece tokenizer (lowercased, punctuation split),
     # a text that encodes to the same ids
     decoded = tokenizer.decode(ids, skip_special_tokens=True)
-    assert decoded == TEXT or tokenizer(decoded)["input_ids"] == ids, f"the exported tokenizer does not round-trip: {decoded!r}"
+    assert decoded == text or tokenizer(decoded)["input_ids"] == ids, f"the exported tokenizer does not round-trip: {decoded!r}"
     if masked:
-        computed = masked_expectations(model, tokenizer, tokenizer.mask_token_id, TEXT)
+        computed = masked_expectations(model, tokenizer, tokenizer.mask_token_id, text)
     else:
-        computed = transformers_computes(model, tokenizer, TEXT, PROMPT)
+        computed = transformers_computes(model, tokenizer, text, PROMPT)
     expected = {"class": type(model).__name__, **computed}
     expected["exported"] = {f: sha256(os.path.join(export_dir, f)) for f in sorted(os.listdir(export_dir))}
     return expected
@@ -417,6 +424,8 @@ def main():
         # the tables every layer of a stack (T5) or the encoder (DeBERTa) shares stay equal
         if wanted("deberta"):
             fine_tuned("deberta", "deberta_v2", CORPUS, freeze_positions=True)
+        if wanted("big_bird"):
+            fine_tuned("big_bird", "big_bird", CORPUS)
         if wanted("t5"):
             lines = CORPUS_TEXT.strip().split("\n")
             with open(PAIRS, "w") as f:
@@ -435,7 +444,7 @@ def main():
             # the run's config names temporary paths that are gone: the fixture's own instead
             with open(os.path.join(d, "config.toml")) as f:
                 config = f.read()
-            for i in ("imported-roundtrip", "imported-t5", "imported-deberta"):
+            for i in ("imported-roundtrip", "imported-t5", "imported-deberta", "imported-big_bird"):
                 config = config.replace(f"{os.path.join(tmp, i)}/tokenizer.json", os.path.join(d, "tokenizer.json"))
             with open(os.path.join(d, "config.toml"), "w") as f:
                 f.write(config)

@@ -32,7 +32,7 @@ transformers trains it: the source with its `</s>`, the target after the decoder
 `<pad>`, each target token and the `</s>` after it; its greedy decode of the source, 32 tokens.
 Its tokenizer is a Unigram model with Metaspace pieces, as T5's tokenizer.json.
 
-Usage: python3 scripts/reference/make_hf_fixtures.py [OUT_DIR [NAME...]]  (NAME: gpt2 llama opt qwen2 gpt_neox mistral phi gptj bloom bert roberta fnet nystromformer deberta_v2 longformer t5 t5_v1_1)
+Usage: python3 scripts/reference/make_hf_fixtures.py [OUT_DIR [NAME...]]  (NAME: gpt2 llama opt qwen2 gpt_neox mistral phi gptj bloom bert roberta fnet nystromformer deberta_v2 longformer big_bird t5 t5_v1_1)
 (pinned versions: scripts/reference/requirements.txt plus transformers, below).
 """
 
@@ -69,6 +69,8 @@ To be, or not to be, that is the question.
 """
 TEXT = "Shall I compare thee to a summer's day? Thou art more lovely, and so long lives this."
 PROMPT = "So long as men"
+# BigBird's: long enough for its block-sparse attention, an odd number of tokens
+BIG_BIRD_TEXT = TEXT + " Rough winds do shake the buds."
 GREEDY_TOKENS = 32
 
 
@@ -566,6 +568,42 @@ def longformer(out):
     return d, expected
 
 
+def big_bird(out):
+    tok, tokenizer = wordpiece()
+    # block-sparse attention in blocks of 2 with 2 random blocks: transformers computes it for
+    # texts longer than (5 + 2·2)·2 = 18 tokens (the text's 31, padded to 32: the last block
+    # half padding) and full attention up to that; in eval mode its random blocks are all block
+    # 0. The embeddings rescaled by √d.
+    cfg = transformers.BigBirdConfig(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=32,
+        hidden_act="gelu_new",
+        max_position_embeddings=64,
+        type_vocab_size=2,
+        attention_type="block_sparse",
+        block_size=2,
+        num_random_blocks=2,
+        rescale_embeddings=True,
+        layer_norm_eps=1e-12,
+        pad_token_id=0,
+        sep_token_id=3,
+    )
+    torch.manual_seed(18)
+    model = transformers.BigBirdForMaskedLM(cfg).eval()
+    widen(model, 18)
+    d = save(out, "big_bird", model.to(torch.bfloat16), tokenizer)
+    mask_id = tokenizer.convert_tokens_to_ids("[MASK]")
+    load = lambda: transformers.BigBirdForMaskedLM.from_pretrained(d, dtype=torch.float32).eval()
+    expected = masked_expectations(load(), tokenizer, mask_id, text=BIG_BIRD_TEXT)
+    # a text of at most 18 tokens, on a model loaded afresh (transformers switches a model to
+    # full attention for good once it sees one)
+    expected["short"] = masked_expectations(load(), tokenizer, mask_id, text=PROMPT)
+    return d, expected
+
+
 def unigram():
     """A SentencePiece-style Unigram tokenizer as T5's tokenizer.json is: Metaspace pieces, `</s>`
     appended to every text. Its vocabulary is written here (no trainer, so it is the same every
@@ -703,6 +741,7 @@ MAKERS = {
     "nystromformer": nystromformer,
     "deberta_v2": deberta_v2,
     "longformer": longformer,
+    "big_bird": big_bird,
     "t5": t5,
     "t5_v1_1": t5_v1_1,
 }

@@ -86,7 +86,7 @@ pub use pattern::band_attention::BandAttention;
 
 // Sparse patterns.
 pub use sparse::adaptive_span::{AdaptiveSpanAttention, AdaptiveSpanConfig};
-pub use sparse::bigbird::{BigBirdAttention, BigBirdConfig};
+pub use sparse::bigbird::{BigBirdAttention, BigBirdConfig, RandomDraw};
 pub use sparse::blockwise::{BlockwiseAttention, BlockwiseConfig};
 pub use sparse::etc::{EtcAttention, EtcConfig, EtcState};
 pub use sparse::fixed::{FixedAttention, FixedConfig};

@@ -37,6 +37,10 @@ pub struct KeySet {
     /// runs of the sequence (2D local attention's rectangles); `None` = row i·B + r is position
     /// i·B + r. An empty entry is a padding row.
     pub queries: Option<Vec<Option<usize>>>,
+    /// The listed keys may also be in the pattern's band or global columns and are then scored
+    /// again, each copy counted in the softmax (BigBird's `random_draw = "first-block"`). The
+    /// block-sparse kernel keeps one bit per (query, key), so such a set keeps the composed path.
+    pub repeats: bool,
 }
 
 impl KeySet {
@@ -67,7 +71,7 @@ impl KeySet {
                 }
             }
         }
-        Self { groups, blocks, block, keys, positions, hidden, queries: None }
+        Self { groups, blocks, block, keys, positions, hidden, queries: None, repeats: false }
     }
 
     /// Query blocks made of the listed positions (`queries[i·B + r]`, `None` for padding), one
@@ -97,7 +101,7 @@ impl KeySet {
                 }
             }
         }
-        Self { groups: 1, blocks, block, keys, positions, hidden, queries: Some(queries) }
+        Self { groups: 1, blocks, block, keys, positions, hidden, queries: Some(queries), repeats: false }
     }
 
     /// The position of query row `r` of block `i`.

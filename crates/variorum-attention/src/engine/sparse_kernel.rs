@@ -35,9 +35,10 @@ use crate::engine::heads::Projected;
 /// `None` where it does not apply (see the module) or off flex. `global`: the pattern's global
 /// positions inside the sequence, sorted.
 pub fn context(mha: &MultiHeadAttention, p: &Projected, pattern: &Pattern, global: &[usize]) -> Option<Tensor<4>> {
-    let gathered_queries = pattern.extra.is_some_and(|set| set.queries.is_some());
+    // gathered query rows, or keys counted twice: the composed path
+    let composed_only = pattern.extra.is_some_and(|set| set.queries.is_some() || set.repeats);
     let position_ok = position_ok(mha);
-    if !applies(mha, p) || gathered_queries || !position_ok {
+    if !applies(mha, p) || composed_only || !position_ok {
         return None;
     }
     let [_, h, l, _] = p.q_dims();

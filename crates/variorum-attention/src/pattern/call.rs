@@ -61,6 +61,21 @@ impl<'a> PatternCall<'a> {
     ) -> AttentionOutput {
         dense_pattern(mha, &self.p, self.mask, self.need_weights, rows, hidden)
     }
+
+    /// Every key scored, query position `q` counting key `k` `visits(q, k)` times in its softmax
+    /// (0 = hidden; a key counted m times weighs as one with ln m added to its score): the
+    /// definition of a pattern that scores some keys more than once.
+    pub fn dense_counted(&self, mha: &MultiHeadAttention, visits: impl Fn(usize, usize) -> usize) -> AttentionOutput {
+        let (lq, lk) = (self.p.layout.len_q, self.p.layout.len_k);
+        let (q0, k0) = (self.p.layout.q_start, self.p.layout.k_start);
+        let log_count: Vec<f32> = (0..lq)
+            .flat_map(|i| (0..lk).map(move |j| (q0 + i, k0 + j)))
+            .map(|(q, k)| (visits(q, k).max(1) as f32).ln())
+            .collect();
+        let extra = Tensor::<2>::from_data(TensorData::new(log_count, [lq, lk]), &self.p.device()).unsqueeze::<4>();
+        let hidden = |_: usize, _: usize, q: usize, k: usize| visits(q, k) == 0;
+        dense_pattern_with(mha, &self.p, self.mask, self.need_weights, 1, hidden, Some(extra))
+    }
 }
 
 /// Whether `p` is one new query decoded after its cached keys (causal, the last key its own).
@@ -165,9 +180,25 @@ pub fn dense_pattern(
     rows: usize,
     hidden: impl Fn(usize, usize, usize, usize) -> bool,
 ) -> AttentionOutput {
+    dense_pattern_with(mha, p, mask, need_weights, rows, hidden, None)
+}
+
+/// [`dense_pattern`] with `extra` `[1, 1, len_q, len_k]` added to the scores before the mask.
+fn dense_pattern_with(
+    mha: &MultiHeadAttention,
+    p: &Projected,
+    mask: &AttentionMask,
+    need_weights: bool,
+    rows: usize,
+    hidden: impl Fn(usize, usize, usize, usize) -> bool,
+    extra: Option<Tensor<4>>,
+) -> AttentionOutput {
     let (lq, lk) = (p.layout.len_q, p.layout.len_k);
     let device = p.device();
-    let scores = mha.scores(p);
+    let mut scores = mha.scores(p);
+    if let Some(extra) = extra {
+        scores = scores + extra;
+    }
     let [b, h, _, _] = scores.dims();
     let (q0, k0) = (p.layout.q_start, p.layout.k_start);
     let outside: Vec<bool> = (0..rows)

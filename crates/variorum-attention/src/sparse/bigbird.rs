@@ -13,6 +13,13 @@
 //! so its pattern does not depend on the sequence length and cached decoding sees what the full
 //! forward saw. Bidirectionally the candidates are all blocks outside the window.
 //!
+//! transformers' BigBird (the authors' ITC layout) is three settings of the kind: the last block
+//! global too (`global_last_block`, with `global_tokens = block`: two global blocks), no random
+//! draw outside training (`random_draw = "first-block"`: each random block is block 0, counted once
+//! more per copy) and full attention for sequences of at most (5 + 2r)·b positions (`full_up_to`,
+//! where its block layout does not fit). All three depend on where the sequence ends, so they
+//! are bidirectional only.
+//!
 //! Computed by blocks: the window as a band ([`crate::engine::blocks`]), the random blocks as keys gathered
 //! per query block ([`crate::engine::gathered`]), the global columns and rows, all in one softmax per
 //! query: O(L·b·(2·window_blocks + 1 + r) + L·g) scores. Random keys are gathered, so position
@@ -48,13 +55,61 @@ attention_config! {
         pub global_tokens: usize = 64,
         /// Seed of the random blocks (mixed with the layer index). Default 0.
         pub seed: u64 = 0,
+        /// The last block global too: positions (⌈L/b⌉ − 1)·b … L − 1 attend to every key and every
+        /// query attends to them, as BigBird-ITC's second global block (the authors' code and
+        /// transformers have the first and the last; with `global_tokens = block`). Bidirectional
+        /// only: which block is last depends on the length. Default false.
+        #[serde(skip_serializing_if = "is_false")]
+        pub global_last_block: bool = false,
+        /// Where the r random blocks come from ([`RandomDraw`]). Default `"seeded"`.
+        #[serde(skip_serializing_if = "RandomDraw::is_seeded")]
+        pub random_draw: RandomDraw = RandomDraw::Seeded,
+        /// Sequences of at most this many positions get full attention: transformers' BigBird
+        /// switches to full attention up to (5 + 2r)·b positions, where its block layout does not
+        /// fit. Bidirectional only. Default 0 (never).
+        #[serde(skip_serializing_if = "is_zero")]
+        pub full_up_to: usize = 0,
         /// The layer this config was specialised for ([`AttentionKind::for_layer`]).
         #[serde(skip)]
         pub layer: usize = 0,
     }
 }
 
+/// Where BigBird's random key blocks come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RandomDraw {
+    /// r blocks per query block drawn outside its window and the global blocks, fixed per layer
+    /// by `seed` (the paper's: a fixed random pattern).
+    #[default]
+    Seeded,
+    /// No draw: each of the r random blocks is block 0. What transformers' BigBird computes
+    /// outside training (its draw returns zeros in eval mode): block 0's keys, already global, are
+    /// then counted 1 + r times in every non-global query's softmax — the same as one copy with
+    /// ln(1 + r) added to their scores. Bidirectional only, softmax without head temperatures.
+    FirstBlock,
+}
+
+impl RandomDraw {
+    fn is_seeded(&self) -> bool {
+        *self == Self::Seeded
+    }
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
 impl BigBirdConfig {
+    /// Whether a setting ties the pattern to where the sequence ends (no causal form).
+    fn needs_the_whole_sequence(&self) -> bool {
+        self.global_last_block || self.random_draw == RandomDraw::FirstBlock || self.full_up_to > 0
+    }
+
     /// This config as layer `i`'s (owned; [`AttentionKind::for_layer`]).
     pub fn with_layer(self, i: usize) -> Self {
         Self { layer: i, ..self }
@@ -78,6 +133,9 @@ impl BigBirdConfig {
             global_tokens: self.global_tokens,
             seed: self.seed,
             layer: self.layer,
+            global_last_block: self.global_last_block,
+            random_draw: self.random_draw,
+            full_up_to: self.full_up_to,
         }
     }
 }
@@ -89,13 +147,33 @@ impl AttentionKind for BigBirdConfig {
     const CAPS: Capabilities = Capabilities { gathers_keys: true, hides_padding: false, ..caps::BLOCKED_SCORES };
     head_kind_items!();
 
+    fn capabilities(&self) -> Capabilities {
+        match self.needs_the_whole_sequence() {
+            true => Capabilities { causal: false, incremental: false, ..Self::CAPS },
+            false => Self::CAPS,
+        }
+    }
+
+    fn why_not_causal(&self) -> &'static str {
+        "global_last_block, random_draw = \"first-block\" and full_up_to depend on where the sequence ends"
+    }
+
     fn for_layer(&self, i: usize) -> Self {
         Self { layer: i, ..self.clone() }
     }
 
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         self.heads().validate(d_model)?;
-        check(self.block >= 1, || "model.attention.block must be at least 1".into())
+        check(self.block >= 1, || "model.attention.block must be at least 1".into())?;
+        check(
+            self.random_draw == RandomDraw::Seeded
+                || (self.normaliser == crate::engine::normaliser::Normaliser::Softmax && !self.head_temperature),
+            || {
+                "model.attention.random_draw = \"first-block\" counts block 0's keys again in a softmax: \
+                 it needs normaliser = \"softmax\" and no head_temperature"
+                    .into()
+            },
+        )
     }
 
     /// Multiply–adds per token: the window and random blocks, the global tokens.
@@ -144,14 +222,25 @@ pub struct BigBirdAttention {
     pub seed: u64,
     /// The layer's index, mixed into the random blocks' seed so each layer draws its own.
     pub layer: usize,
+    /// The last block global too.
+    pub global_last_block: bool,
+    /// Where the random blocks come from.
+    #[module(skip)]
+    pub random_draw: RandomDraw,
+    /// Full attention up to this many positions.
+    pub full_up_to: usize,
 }
 
 impl BigBirdAttention {
     /// The random key blocks of query block `t` (sorted), with `blocks` blocks in the sequence.
     pub fn random_blocks(&self, t: usize, blocks: usize, causal: bool) -> Vec<usize> {
+        if self.random_draw == RandomDraw::FirstBlock {
+            return vec![0; self.random_blocks];
+        }
         let b = self.block;
+        let last = self.global_last_block.then(|| blocks.saturating_sub(1));
         let candidates: Vec<usize> = (0..if causal { t } else { blocks })
-            .filter(|&v| v.abs_diff(t) > self.window_blocks && (v + 1) * b > self.global_tokens)
+            .filter(|&v| v.abs_diff(t) > self.window_blocks && (v + 1) * b > self.global_tokens && Some(v) != last)
             .collect();
         let stream = self.seed ^ (self.layer as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (t as u64) << 20;
         let mut rng = ChaCha8Rng::seed_from_u64(stream);
@@ -160,17 +249,36 @@ impl BigBirdAttention {
         picked
     }
 
-    /// Whether query position `q` sees key position `k`, with `random` the random blocks of
-    /// `q`'s block.
-    fn sees(&self, q: usize, k: usize, random: &[usize], causal: bool) -> bool {
+    /// The global positions of a sequence of `len`: the first `global_tokens`, and the last
+    /// block's with `global_last_block`.
+    fn global(&self, len: usize) -> Vec<usize> {
+        let mut global: Vec<usize> = (0..self.global_tokens.min(len)).collect();
+        if self.global_last_block && len > 0 {
+            let from = (len.div_ceil(self.block) - 1) * self.block;
+            global.extend((from..len).filter(|&k| k >= self.global_tokens));
+        }
+        global
+    }
+
+    /// How many times query `q` scores key `k` in a sequence of `len` (`random`: the random
+    /// blocks of `q`'s block): 0 where it does not see it, 1 + r for block 0's keys under
+    /// [`RandomDraw::FirstBlock`] (a copy per random block), else 1.
+    fn visits(&self, q: usize, k: usize, len: usize, random: &[usize], causal: bool) -> usize {
         if causal && k > q {
-            return false;
+            return 0;
+        }
+        let global = |pos: usize| {
+            pos < self.global_tokens || (self.global_last_block && pos / self.block == len.div_ceil(self.block) - 1)
+        };
+        if global(q) {
+            return 1;
         }
         let (bq, bk) = (q / self.block, k / self.block);
-        q < self.global_tokens
-            || k < self.global_tokens
-            || bq.abs_diff(bk) <= self.window_blocks
-            || random.binary_search(&bk).is_ok()
+        let seen = global(k) || bq.abs_diff(bk) <= self.window_blocks;
+        match self.random_draw {
+            RandomDraw::FirstBlock => usize::from(seen) + if bk == 0 { self.random_blocks } else { 0 },
+            RandomDraw::Seeded => usize::from(seen || random.binary_search(&bk).is_ok()),
+        }
     }
 
     fn window(&self, causal: bool) -> Band {
@@ -189,37 +297,49 @@ impl BigBirdAttention {
         let call = PatternCall::new(&self.attention, input, cache, dense);
         let (p, causal) = (&call.p, call.causal());
         let len = p.layout.k_start + p.layout.len_k;
+        if len <= self.full_up_to {
+            return call.dense(&self.attention, 1, |_, _, _, _| false);
+        }
         let blocks = len.max(p.layout.q_start + p.layout.len_q).div_ceil(self.block);
         let b = self.block;
         if call.decoding() {
             // one new token: its window blocks, its random blocks and the global tokens (only
-            // its own block's random draw is needed)
+            // its own block's random draw is needed; the settings that read the sequence's end
+            // have no causal form)
             let q = p.layout.q_start;
             let t = q / b;
             let random = self.random_blocks(t, blocks, true);
             let mut runs = vec![t.saturating_sub(self.window_blocks) * b..q + 1, 0..self.global_tokens];
             runs.extend(random.iter().map(|&v| v * b..(v + 1) * b));
             let context = decode_runs(&self.attention, p, &runs, &[], |_, k| {
-                !self.sees(q, k, &random, true) || p.max_back.is_some_and(|n| q - k > n)
+                self.visits(q, k, len, &random, true) == 0 || p.max_back.is_some_and(|n| q - k > n)
             });
             return PatternCall::output(&self.attention, context);
         }
         let random: Vec<Vec<usize>> = (0..blocks).map(|t| self.random_blocks(t, blocks, causal)).collect();
+        let global = self.global(len);
         if call.fresh() {
-            let keys = KeySet::new(
+            // seeded random blocks lie outside the window and the global blocks; block 0's
+            // copies under `first-block` are counted again on purpose
+            let again = self.random_draw == RandomDraw::FirstBlock;
+            let mut keys = KeySet::new(
                 1,
                 len,
                 b,
                 self.random_blocks * b,
                 |_, t, s| random[t].get(s / b).map(|&v| v * b + s % b),
-                |_, q, k| k >= self.global_tokens && (!causal || k <= q),
+                |_, q, k| (again || global.binary_search(&k).is_err()) && (!causal || k <= q),
             );
-            let global: Vec<usize> = (0..self.global_tokens.min(len)).collect();
+            keys.repeats = again;
             let window = BandPart { bands: vec![self.window(causal)], dilation: 1, heads: Vec::new() };
             let pattern = Pattern { block: b, bands: &[window], global: &global, extra: Some(&keys) };
             PatternCall::output(&self.attention, sparse(&self.attention, p, &pattern))
         } else {
-            call.dense(&self.attention, 1, |_, _, q, k| !self.sees(q, k, &random[q / b], causal))
+            let visits = |q: usize, k: usize| self.visits(q, k, len, &random[q / b], causal);
+            match self.random_draw {
+                RandomDraw::Seeded => call.dense(&self.attention, 1, |_, _, q, k| visits(q, k) == 0),
+                RandomDraw::FirstBlock => call.dense_counted(&self.attention, |q, k| visits(q, k)),
+            }
         }
     }
 }

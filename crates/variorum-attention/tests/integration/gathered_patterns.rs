@@ -11,7 +11,7 @@ use common::{D, decoding_gap, distance_schemes as schemes, masks_and_paths, with
 use variorum_attention::{
     AttentionConfig, AttentionInput, AttentionKind, AttentionOutput, BigBirdAttention, BigBirdConfig,
     BlockwiseAttention, BlockwiseConfig, FixedAttention, FixedConfig, Local2dAttention, Local2dConfig, Positioning,
-    StridedCombine,
+    RandomDraw, StridedCombine,
 };
 use variorum_core::AttentionMask;
 use variorum_position::PositionConfig;
@@ -133,6 +133,146 @@ fn global_tokens_see_everything_and_others_only_their_pattern() {
         let reached = reached_by(&attn, len, 1, causal, &dev);
         assert_eq!(reached, (if causal { 1 } else { 0 }..len).collect::<Vec<_>>());
     }
+}
+
+/// transformers' BigBird layout: the first and the last block global, no random draw (block 0
+/// counted once per random block) or a seeded one.
+fn transformers_bigbirds() -> Vec<BigBirdConfig> {
+    [RandomDraw::FirstBlock, RandomDraw::Seeded]
+        .into_iter()
+        .flat_map(|random_draw| {
+            [(2, 2, 4), (3, 1, 2)].map(|(block, random_blocks, kv)| BigBirdConfig {
+                block,
+                window_blocks: 1,
+                random_blocks,
+                global_tokens: block,
+                global_last_block: true,
+                random_draw,
+                n_kv_heads: Some(kv),
+                seed: 3,
+                ..Default::default()
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn transformers_bigbird_blocks_equal_its_dense_definition() {
+    let dev = Device::flex();
+    for position in schemes() {
+        for cfg in transformers_bigbirds() {
+            let attn = bigbird(&cfg, &position, &dev);
+            for len in [5, 13, 18] {
+                let x: Tensor<3> = Tensor::random([2, len, D], Distribution::Normal(0.0, 1.0), &dev);
+                let mask = AttentionMask::bidirectional();
+                for kernels in [true, false] {
+                    let blocked = with_kernels(kernels, || run(|i| attn.forward_with(i, None, false), &x, &mask));
+                    let dense = run(|i| attn.forward_with(i, None, true), &x, &mask);
+                    let d = (blocked - dense).abs().max().into_scalar::<f32>();
+                    assert!(d < 1e-5, "{} {cfg:?} len {len} kernels {kernels}: {d}", position.kind());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_first_block_drawn_r_times_weighs_as_its_keys_with_ln_1_plus_r_added() {
+    // under `first-block`, a non-global query's softmax holds block 0's keys 1 + r times: the same
+    // as a pattern without random blocks whose block-0 scores are raised by ln(1 + r). Check it
+    // on weights built by hand from the same projections: one head, no position scheme.
+    let dev = Device::flex();
+    let (block, r, len) = (2, 3, 12);
+    let cfg = BigBirdConfig {
+        n_heads: 1,
+        block,
+        window_blocks: 1,
+        random_blocks: r,
+        global_tokens: block,
+        global_last_block: true,
+        random_draw: RandomDraw::FirstBlock,
+        ..Default::default()
+    };
+    let attn = bigbird(&cfg, &PositionConfig::None(Default::default()), &dev);
+    let x: Tensor<3> = Tensor::random([1, len, D], Distribution::Normal(0.0, 1.0), &dev);
+    let mask = AttentionMask::bidirectional();
+    let got = run(|i| attn.forward(i, None), &x, &mask);
+    let qkv = attn.attention.qkv.qkv.forward(x.clone()); // [1, len, 3·D]
+    let (q, k, v) = (qkv.clone().narrow(2, 0, D), qkv.clone().narrow(2, D, D), qkv.narrow(2, 2 * D, D));
+    let scores = q.matmul(k.swap_dims(1, 2)).div_scalar((D as f32).sqrt()); // [1, len, len]
+    let scores = scores.into_data().try_to_vec::<f32>().unwrap();
+    let last = (len.div_ceil(block) - 1) * block;
+    let mut context = vec![0f32; len * D];
+    let v_rows = v.clone().into_data().try_to_vec::<f32>().unwrap();
+    for i in 0..len {
+        let global_q = i < block || i >= last;
+        let weight = |j: usize| -> f64 {
+            let s = scores[i * len + j] as f64;
+            if global_q {
+                return s.exp();
+            }
+            let near = (i / block).abs_diff(j / block) <= 1;
+            let (first, last_block) = (j < block, j >= last);
+            let count = match (first, last_block || near) {
+                (true, _) => 1 + r,
+                (false, true) => 1,
+                (false, false) => 0,
+            };
+            count as f64 * s.exp()
+        };
+        let w: Vec<f64> = (0..len).map(weight).collect();
+        let z: f64 = w.iter().sum();
+        for (j, wj) in w.iter().enumerate() {
+            for c in 0..D {
+                context[i * D + c] += (wj / z) as f32 * v_rows[j * D + c];
+            }
+        }
+    }
+    let want = attn.attention.out.forward(Tensor::<3>::from_data(TensorData::new(context, [1, len, D]), &dev));
+    let d = (got - want).abs().max().into_scalar::<f32>();
+    assert!(d < 1e-5, "{d}");
+}
+
+#[test]
+fn the_last_block_is_global_and_short_sequences_get_full_attention() {
+    let dev = Device::flex();
+    let cfg = BigBirdConfig {
+        block: 2,
+        window_blocks: 1,
+        random_blocks: 1,
+        global_tokens: 2,
+        global_last_block: true,
+        random_draw: RandomDraw::FirstBlock,
+        full_up_to: 14,
+        ..Default::default()
+    };
+    let attn = bigbird(&cfg, &PositionConfig::None(Default::default()), &dev);
+    // 21 positions in 11 blocks, the last (position 20) alone: it reaches every query, and a
+    // change in the middle reaches its window, the first block and the last
+    assert_eq!(reached_by(&attn, 21, 20, false, &dev), (0..21).collect::<Vec<_>>());
+    assert_eq!(reached_by(&attn, 21, 10, false, &dev), vec![0, 1, 8, 9, 10, 11, 12, 13, 20]);
+    // at 14 positions and fewer, full attention: every query reached
+    assert_eq!(reached_by(&attn, 14, 7, false, &dev), (0..14).collect::<Vec<_>>());
+    assert_eq!(reached_by(&attn, 15, 7, false, &dev).len(), 2 + 6 + 1);
+}
+
+#[test]
+fn settings_that_read_the_sequence_end_have_no_causal_form() {
+    for cfg in [
+        BigBirdConfig { global_last_block: true, ..Default::default() },
+        BigBirdConfig { random_draw: RandomDraw::FirstBlock, ..Default::default() },
+        BigBirdConfig { full_up_to: 64, ..Default::default() },
+    ] {
+        let caps = cfg.capabilities();
+        assert!(!caps.causal && !caps.incremental && caps.bidirectional, "{cfg:?}");
+    }
+    assert!(BigBirdConfig::default().capabilities().causal);
+    let bad = BigBirdConfig {
+        random_draw: RandomDraw::FirstBlock,
+        normaliser: variorum_attention::Normaliser::Relu,
+        ..Default::default()
+    };
+    assert!(bad.validate(D).unwrap_err().to_string().contains("random_draw"));
 }
 
 fn fixed(cfg: &FixedConfig, position: &PositionConfig, dev: &Device) -> FixedAttention {

@@ -1,7 +1,8 @@
 //! BERT, RoBERTa and FNet as masked language models (`model_type = "bert"`, `BertForMaskedLM`,
 //! Devlin et al. 2019; `"roberta"`, `RobertaForMaskedLM`, Liu et al. 2019; `"fnet"`,
 //! `FNetForMaskedLM`, Lee-Thorp et al. 2021; `"longformer"`, `LongformerForMaskedLM`, Beltagy
-//! et al. 2020): learned positions, a LayerNorm on the embedded
+//! et al. 2020; `"big_bird"`, `BigBirdForMaskedLM`, Zaheer et al. 2020, its attention in
+//! `big_bird.rs`): learned positions, a LayerNorm on the embedded
 //! input (`model.embedding_norm`), post-LN blocks, bidirectional full attention with biases —
 //! FNet: the `fnet` kind's Fourier mixing, no weights, and a dense layer after the embedding norm
 //! (`model.embedding_projection`) —, a GELU FFN, and the MLM head: dense, the FFN's activation,
@@ -46,6 +47,7 @@ use super::{Mapping, Sizes, int, table};
 pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
     let model_type = cfg.model_type()?;
     let (fnet, nystrom, longformer) = (model_type == "fnet", model_type == "nystromformer", model_type == "longformer");
+    let big_bird = model_type == "big_bird";
     // RoBERTa's embeddings and head
     let roberta = model_type == "roberta" || longformer;
     let vocab = cfg.usize("vocab_size")?;
@@ -63,7 +65,7 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
     let types = cfg.opt_usize("type_vocab_size")?.unwrap_or(2);
     let path = cfg.path().display().to_string();
     // the prediction head's activation is hidden_act, as the FFN's; RoBERTa's is always the erf GELU
-    let ffn = cfg.activation("hidden_act", if fnet || nystrom { "gelu_new" } else { "gelu" })?;
+    let ffn = cfg.activation("hidden_act", if fnet || nystrom || big_bird { "gelu_new" } else { "gelu" })?;
     if roberta && ffn != "gelu" {
         bail!(
             "{path}: hidden_act other than gelu is not supported: RoBERTa's head transform uses GELU whatever it says"
@@ -90,7 +92,13 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
         // transformers reads the other start only through a config subscript that fails
         cfg.require("inv_coeff_init_option", Value::Bool(false), "the authors' start of the pseudo-inverse")?;
     } else {
-        cfg.require("position_embedding_type", "absolute".into(), "variorum's BERT has learned absolute positions")?;
+        if !big_bird {
+            cfg.require(
+                "position_embedding_type",
+                "absolute".into(),
+                "variorum's BERT has learned absolute positions",
+            )?;
+        }
         cfg.require("is_decoder", Value::Bool(false), "a masked language model attends both ways")?;
         cfg.require("add_cross_attention", Value::Bool(false), "variorum's BERT has no cross-attention")?;
     }
@@ -129,6 +137,7 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
         "longformer" => ("longformer", "LongformerForMaskedLM"),
         "fnet" => ("fnet", "FNetForMaskedLM"),
         "nystromformer" => ("nystromformer", "NystromformerForMaskedLM"),
+        "big_bird" => ("bert", "BigBirdForMaskedLM"),
         _ => ("bert", "BertForMaskedLM"),
     };
     let mask_token = match cfg.mask_token() {
@@ -138,6 +147,13 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
     if types == 0 {
         bail!("{path}: type_vocab_size = 0 leaves no token type for a text");
     }
+
+    let big_bird_attention = match big_bird {
+        true => Some(super::big_bird::attention(cfg, heads, attn_dropout)?),
+        false => None,
+    };
+    // the kinds whose projections sit in a module of their own
+    let nested = longformer || big_bird_attention.as_ref().is_some_and(|a| a["kind"].as_str() == Some("bigbird"));
 
     let e = format!("{p}.embeddings");
     let positions = Recipe::copy(format!("{e}.position_embeddings.weight"));
@@ -179,8 +195,9 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
         // the mixing sublayer's norm: after the attention's output projection, or FNet's Fourier
         let mixing = if fnet { "fourier.output" } else { "attention.output" };
         if !fnet {
-            // the nystrom kind's projections sit in `proj`, the longformer kind's in `attention`
-            let a = match (nystrom, longformer) {
+            // the nystrom kind's projections sit in `proj`, the longformer and bigbird kinds' in
+            // `attention`
+            let a = match (nystrom, nested) {
                 (true, _) => format!("{b}.attn.proj"),
                 (_, true) => format!("{b}.attn.attention"),
                 _ => format!("{b}.attn"),
@@ -226,8 +243,11 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
         ]);
     }
 
+    // BigBird's embeddings times √d before the positions are added
+    let scale_embeddings = big_bird && cfg.bool_or("rescale_embeddings", false)?;
     let attention = match (fnet, landmarks) {
         (true, _) => table([("kind", "fnet".into())]),
+        _ if big_bird => big_bird_attention.expect("read above"),
         _ if longformer => {
             // a one-sided reach of attention_window / 2: w = that + 1 keys back, that many ahead
             let keys: Vec<usize> = windows.iter().map(|w| w / 2 + 1).collect();
@@ -267,7 +287,8 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
         ]),
     };
     let sizes = Sizes { vocab, d, layers, seq_len: table_rows - offset, dropout, tied };
-    let model = sizes.model([
+    let scaled = scale_embeddings.then(|| ("scale_embeddings", true.into()));
+    let model = sizes.model(scaled.into_iter().chain([
         ("embedding_norm", true.into()),
         ("embedding_projection", fnet.into()),
         ("head_transform", true.into()),
@@ -277,7 +298,7 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
         ("block", table([("kind", "post-ln".into()), ("norm", "layer-norm".into()), ("norm_eps", eps.into())])),
         ("feed_forward", table([("kind", ffn.into()), ("d_ff", int(d_ff))])),
         ("objective", table([("kind", "masked".into()), ("mask_token", int(mask_token))])),
-    ]);
+    ]));
     Ok(Mapping {
         class,
         model,
@@ -400,5 +421,25 @@ pub(crate) fn nystromformer_config_json(m: &Value) -> Map<String, Value> {
     json.insert("segment_means_seq_len".into(), m["seq_len"].clone());
     json.insert("conv_kernel_size".into(), a["conv_kernel"].clone());
     json.insert("inv_coeff_init_option".into(), false.into());
+    json
+}
+
+/// The `config.json` of a masked run with the `bigbird` kind in transformers' layout (the
+/// settings the import writes) or full attention with `scale_embeddings` (`m`: its expanded
+/// `[model]` as JSON) as BigBird; `export` reads it back with [`map`] and refuses the run unless
+/// that gives the same model (a seeded random draw, say, which transformers draws only in
+/// training and anew every step).
+pub(crate) fn big_bird_config_json(m: &Value) -> Map<String, Value> {
+    let mut json = config_json(m);
+    json.insert("hidden_act".into(), super::hf_activation(m["feed_forward"]["kind"].as_str(), "gelu_new").into());
+    let a = &m["attention"];
+    let sparse = a["kind"].as_str() == Some("bigbird");
+    json.insert("attention_type".into(), if sparse { "block_sparse" } else { "original_full" }.into());
+    if sparse {
+        json.insert("block_size".into(), a["block"].clone());
+        json.insert("num_random_blocks".into(), a["random_blocks"].clone());
+    }
+    json.insert("use_bias".into(), true.into());
+    json.insert("rescale_embeddings".into(), m["scale_embeddings"].clone());
     json
 }

@@ -70,6 +70,14 @@ const TARGETS: &[Target] = &[
         config_json: bert::nystromformer_config_json,
         map: bert::map,
     },
+    // after BERT: full attention exports as BigBird only with its rescaled embeddings
+    Target {
+        model_type: "big_bird",
+        position: "learned",
+        masked: true,
+        config_json: bert::big_bird_config_json,
+        map: bert::map,
+    },
     Target {
         model_type: "deberta-v2",
         position: "deberta",

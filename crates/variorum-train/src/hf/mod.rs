@@ -9,6 +9,7 @@
 //! and tensors no mapping uses stop the import, naming them: nothing is silently dropped.
 
 mod bert;
+mod big_bird;
 mod bloom;
 mod checkpoint;
 mod config;
@@ -68,6 +69,7 @@ const ARCHITECTURES: &[(&str, fn(&mut HfConfig, &Checkpoint) -> Result<Mapping>)
     ("fnet", bert::map),
     ("nystromformer", bert::map),
     ("longformer", bert::map),
+    ("big_bird", bert::map),
     ("deberta-v2", deberta_v2::map),
     ("t5", t5::map),
 ];

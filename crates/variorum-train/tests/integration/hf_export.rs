@@ -202,6 +202,29 @@ fn an_imported_deberta_fine_tuned_here_exports_as_deberta_again() {
     assert!(!tmp.path().join("parted").exists());
 }
 
+/// The BigBird round trip: tests/fixtures/hf/big_bird (block-sparse attention in blocks of 2
+/// with 2 random blocks, the embeddings rescaled) imported, fine-tuned here, exported; scored
+/// on 31 tokens, where transformers attends block-sparsely. The same run with a seeded draw is
+/// refused: transformers draws random blocks only in training, anew every step.
+#[test]
+fn an_imported_big_bird_fine_tuned_here_exports_as_big_bird_again() {
+    masked_exported_as_transformers_scored_it("big_bird", "BigBirdForMaskedLM");
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    for entry in std::fs::read_dir(fixture("big_bird")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), run.join(entry.file_name())).unwrap();
+    }
+    let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    let seeded = config.replace("random_draw = \"first-block\"", "random_draw = \"seeded\"");
+    assert_ne!(seeded, config);
+    std::fs::write(run.join("config.toml"), seeded).unwrap();
+    let e = format!("{:#}", hf::export(&run, &tmp.path().join("seeded"), &Device::flex()).unwrap_err());
+    assert!(e.contains("random_draw"), "{e}");
+    assert!(!tmp.path().join("seeded").exists());
+}
+
 #[test]
 fn masked_fourier_recipe_exports_as_fnet() {
     masked_exported_as_transformers_scored_it("fnet", "FNetForMaskedLM");

@@ -237,6 +237,43 @@ fn longformer_windows_and_global_projections_equal_transformers() {
     );
 }
 
+/// BigBird's block-sparse attention as transformers computes it in eval mode: blocks of 2, one
+/// each side, the first and last blocks global, 2 random blocks that are block 0 (its keys
+/// counted three times), over a text of 31 tokens (the last block half padding in transformers);
+/// and a text of 6 tokens, which transformers (and the import) attends to in full. A seeded
+/// draw, or block 0 counted once, is another model.
+#[test]
+fn big_bird_block_sparse_attention_equals_transformers() {
+    masked_equal_to_transformers("big_bird", "BigBirdForMaskedLM");
+    let src = fixture("big_bird");
+    let text = std::fs::read_to_string(src.join("expected.json")).unwrap();
+    let expected: MaskedExpected = serde_json::from_str(&text).unwrap();
+    let short: MaskedExpected =
+        serde_json::from_value(serde_json::from_str::<serde_json::Value>(&text).unwrap()["short"].clone()).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("run");
+    let device = Device::flex();
+    hf::import(&src, &out, &device).unwrap();
+    let config = std::fs::read_to_string(out.join("config.toml")).unwrap();
+    for setting in
+        ["kind = \"bigbird\"", "random_draw = \"first-block\"", "global_last_block = true", "full_up_to = 18"]
+    {
+        assert!(config.contains(setting), "{setting}: {config}");
+    }
+    let run = Run::load(&out, &device).unwrap();
+    let (worst, hidden) = mlm_deltas(&run, &short);
+    assert!(worst < 1e-4 && hidden < 1e-4, "big_bird, 6 tokens: |Δ log-prob| = {worst:e}, |Δ hidden| = {hidden:e}");
+    eprintln!("big_bird, 6 tokens (full attention): max |Δ log-prob| = {worst:.2e}, max |Δ hidden| = {hidden:.2e}");
+    // the settings matter: without them the text's log-probabilities move
+    for (from, to) in [("random_draw = \"first-block\"", "random_draw = \"seeded\""), ("global_last_block = true", "")]
+    {
+        std::fs::write(out.join("config.toml"), config.replace(from, to)).unwrap();
+        let other = Run::load(&out, &device).unwrap();
+        let (worst, _) = mlm_deltas(&other, &expected);
+        assert!(worst > 1e-3, "{from} → {to:?}: |Δ log-prob| = {worst:e}");
+    }
+}
+
 #[test]
 fn fnet_fourier_mixing_with_its_embedding_projection_equals_transformers() {
     masked_equal_to_transformers("fnet", "FNetForMaskedLM");
@@ -462,6 +499,13 @@ fn bad_model_directories_are_refused_in_one_line() {
         |s| edit_config(s, |c| _ = c.insert("attention_window".into(), serde_json::json!([8]))),
         "lists 1 widths for 2 layers",
     );
+    for (key, value, says) in [
+        ("attention_type", serde_json::json!("sliding"), "attention_type = \"sliding\" is not supported"),
+        ("use_bias", serde_json::json!(false), "use_bias = false"),
+        ("block_size", serde_json::json!(0), "block_size = 0"),
+    ] {
+        refused("big_bird", |s| edit_config(s, |c| _ = c.insert(key.into(), value)), says);
+    }
     refused(
         "fnet",
         |s| edit_config(s, |c| _ = c.insert("use_tpu_fourier_optimizations".into(), true.into())),
