@@ -163,23 +163,11 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
     } else {
         ("cls.predictions", ["cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm"])
     };
-    let mut tensors = vec![
-        ("token_embedding.weight".to_string(), Recipe::copy(format!("{e}.word_embeddings.weight"))),
-        (
-            "position.table".to_string(),
-            Recipe::PlusRow(Box::new(positions), format!("{e}.token_type_embeddings.weight"), 0),
-        ),
-        ("embedding_norm.gamma".to_string(), Recipe::copy(format!("{e}.LayerNorm.weight"))),
-        ("embedding_norm.beta".to_string(), Recipe::copy(format!("{e}.LayerNorm.bias"))),
-        ("head_transform.dense.weight".to_string(), Recipe::transpose(format!("{}.weight", transform[0]))),
-        ("head_transform.dense.bias".to_string(), Recipe::copy(format!("{}.bias", transform[0]))),
-        ("head_transform.norm.gamma".to_string(), Recipe::copy(format!("{}.weight", transform[1]))),
-        ("head_transform.norm.beta".to_string(), Recipe::copy(format!("{}.bias", transform[1]))),
-        ("head_bias".to_string(), Recipe::copy(format!("{head}.bias"))),
-    ];
-    if !tied {
-        tensors.push(("head.weight".to_string(), Recipe::transpose(format!("{head}.decoder.weight"))));
-    }
+    let mut tensors = vec![(
+        "position.table".to_string(),
+        Recipe::PlusRow(Box::new(positions), format!("{e}.token_type_embeddings.weight"), 0),
+    )];
+    tensors.extend(embeddings_and_head(&e, head, transform, tied));
     if fnet {
         tensors.push(("embedding_projection.weight".to_string(), Recipe::transpose(format!("{e}.projection.weight"))));
         tensors.push(("embedding_projection.bias".to_string(), Recipe::copy(format!("{e}.projection.bias"))));
@@ -187,11 +175,6 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
     for i in 0..layers {
         let l = format!("{p}.encoder.layer.{i}");
         let b = format!("blocks.{i}");
-        let c = |name: &str| Recipe::copy(format!("{l}.{name}"));
-        let t = |name: &str| Recipe::transpose(format!("{l}.{name}.weight"));
-        let qkv = |part: &dyn Fn(&str) -> Recipe| {
-            Recipe::Join(["query", "key", "value"].iter().map(|q| (part(&format!("attention.self.{q}")), d)).collect())
-        };
         // the mixing sublayer's norm: after the attention's output projection, or FNet's Fourier
         let mixing = if fnet { "fourier.output" } else { "attention.output" };
         if !fnet {
@@ -202,26 +185,11 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
                 (_, true) => format!("{b}.attn.attention"),
                 _ => format!("{b}.attn"),
             };
-            tensors.extend([
-                (format!("{a}.qkv.qkv.weight"), qkv(&|n| t(n))),
-                (format!("{a}.qkv.qkv.bias"), qkv(&|n| c(&format!("{n}.bias")))),
-                (format!("{a}.out.weight"), t("attention.output.dense")),
-                (format!("{a}.out.bias"), c("attention.output.dense.bias")),
-            ]);
+            tensors.extend(attention_projections(&l, &a, ["query", "key", "value"], d));
         }
         if longformer {
-            let global = |part: &dyn Fn(&str) -> Recipe| {
-                Recipe::Join(
-                    ["query_global", "key_global", "value_global"]
-                        .iter()
-                        .map(|q| (part(&format!("attention.self.{q}")), d))
-                        .collect(),
-                )
-            };
-            tensors.extend([
-                (format!("{b}.attn.global_qkv.qkv.weight"), global(&|n| t(n))),
-                (format!("{b}.attn.global_qkv.qkv.bias"), global(&|n| c(&format!("{n}.bias")))),
-            ]);
+            let names = ["query_global", "key_global", "value_global"];
+            tensors.extend(fused_qkv(&l, &format!("{b}.attn.global_qkv.qkv"), names, d));
         }
         if let Some(k) = conv {
             // transformers' Conv2d kernel (k × 1) per head, variorum's Conv1d (k) per head
@@ -231,16 +199,7 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
                 Recipe::Reshape(Box::new(stored), vec![heads, 1, k, 1], vec![heads, 1, k]),
             ));
         }
-        tensors.extend([
-            (format!("{b}.attn_norm.gamma"), c(&format!("{mixing}.LayerNorm.weight"))),
-            (format!("{b}.attn_norm.beta"), c(&format!("{mixing}.LayerNorm.bias"))),
-            (format!("{b}.ffn.up.weight"), t("intermediate.dense")),
-            (format!("{b}.ffn.up.bias"), c("intermediate.dense.bias")),
-            (format!("{b}.ffn.down.weight"), t("output.dense")),
-            (format!("{b}.ffn.down.bias"), c("output.dense.bias")),
-            (format!("{b}.ffn_norm.gamma"), c("output.LayerNorm.weight")),
-            (format!("{b}.ffn_norm.beta"), c("output.LayerNorm.bias")),
-        ]);
+        tensors.extend(post_ln_norms_and_ffn(&l, &b, mixing));
     }
 
     // BigBird's embeddings times √d before the positions are added
@@ -316,6 +275,62 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
                 || name.starts_with("cls.seq_relationship.")
         },
     })
+}
+
+/// The token embedding, the LayerNorm on the embedded input and the MLM head of a BERT-style
+/// checkpoint: `e` the embeddings' module, `head` the head's (its `bias`, and its
+/// `decoder.weight` when not `tied`), `transform` its dense layer and LayerNorm.
+pub(crate) fn embeddings_and_head(e: &str, head: &str, transform: [&str; 2], tied: bool) -> Vec<(String, Recipe)> {
+    let mut tensors = vec![
+        ("token_embedding.weight".to_string(), Recipe::copy(format!("{e}.word_embeddings.weight"))),
+        ("embedding_norm.gamma".to_string(), Recipe::copy(format!("{e}.LayerNorm.weight"))),
+        ("embedding_norm.beta".to_string(), Recipe::copy(format!("{e}.LayerNorm.bias"))),
+        ("head_transform.dense.weight".to_string(), Recipe::transpose(format!("{}.weight", transform[0]))),
+        ("head_transform.dense.bias".to_string(), Recipe::copy(format!("{}.bias", transform[0]))),
+        ("head_transform.norm.gamma".to_string(), Recipe::copy(format!("{}.weight", transform[1]))),
+        ("head_transform.norm.beta".to_string(), Recipe::copy(format!("{}.bias", transform[1]))),
+        ("head_bias".to_string(), Recipe::copy(format!("{head}.bias"))),
+    ];
+    if !tied {
+        tensors.push(("head.weight".to_string(), Recipe::transpose(format!("{head}.decoder.weight"))));
+    }
+    tensors
+}
+
+/// The query, key and value projections of checkpoint layer `l` (`attention.self.<names>`, each
+/// `width` outputs) joined into variorum's fused projection `qkv` (its weight and bias).
+pub(crate) fn fused_qkv(l: &str, qkv: &str, names: [&str; 3], width: usize) -> [(String, Recipe); 2] {
+    let join = |suffix: &str, part: fn(String) -> Recipe| {
+        Recipe::Join(names.iter().map(|q| (part(format!("{l}.attention.self.{q}.{suffix}")), width)).collect())
+    };
+    [(format!("{qkv}.weight"), join("weight", Recipe::Transpose)), (format!("{qkv}.bias"), join("bias", Recipe::Copy))]
+}
+
+/// [`fused_qkv`] into attention module `a`, and its output projection.
+pub(crate) fn attention_projections(l: &str, a: &str, names: [&str; 3], width: usize) -> Vec<(String, Recipe)> {
+    let mut tensors = fused_qkv(l, &format!("{a}.qkv.qkv"), names, width).to_vec();
+    tensors.extend([
+        (format!("{a}.out.weight"), Recipe::transpose(format!("{l}.attention.output.dense.weight"))),
+        (format!("{a}.out.bias"), Recipe::copy(format!("{l}.attention.output.dense.bias"))),
+    ]);
+    tensors
+}
+
+/// The two LayerNorms and the FFN of post-LN checkpoint layer `l` as variorum's block `b`:
+/// `mixing` is the module whose output LayerNorm follows the token mixing (`attention.output`).
+pub(crate) fn post_ln_norms_and_ffn(l: &str, b: &str, mixing: &str) -> [(String, Recipe); 8] {
+    let c = |name: &str| Recipe::copy(format!("{l}.{name}"));
+    let t = |name: &str| Recipe::transpose(format!("{l}.{name}.weight"));
+    [
+        (format!("{b}.attn_norm.gamma"), c(&format!("{mixing}.LayerNorm.weight"))),
+        (format!("{b}.attn_norm.beta"), c(&format!("{mixing}.LayerNorm.bias"))),
+        (format!("{b}.ffn.up.weight"), t("intermediate.dense")),
+        (format!("{b}.ffn.up.bias"), c("intermediate.dense.bias")),
+        (format!("{b}.ffn.down.weight"), t("output.dense")),
+        (format!("{b}.ffn.down.bias"), c("output.dense.bias")),
+        (format!("{b}.ffn_norm.gamma"), c("output.LayerNorm.weight")),
+        (format!("{b}.ffn_norm.beta"), c("output.LayerNorm.bias")),
+    ]
 }
 
 /// Longformer's `attention_window`: one even width for every layer, or a list of one per layer.

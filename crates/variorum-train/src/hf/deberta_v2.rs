@@ -25,7 +25,7 @@ use serde_json::{Map, Value};
 use super::checkpoint::Checkpoint;
 use super::config::HfConfig;
 use super::recipe::Recipe;
-use super::{Mapping, Sizes, int, table};
+use super::{Mapping, Sizes, bert, int, table};
 
 pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
     let vocab = cfg.usize("vocab_size")?;
@@ -87,7 +87,7 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
     let (span, log_buckets) = if buckets > 0 { (buckets as usize, Some(max_relative)) } else { (max_relative, None) };
     let mask_token = match cfg.mask_token() {
         Some(id) => id,
-        None => super::bert::mask_token_id(cfg.path().parent().unwrap_or(std::path::Path::new(".")), false)?,
+        None => bert::mask_token_id(cfg.path().parent().unwrap_or(std::path::Path::new(".")), false)?,
     };
 
     let e = "deberta.embeddings";
@@ -95,54 +95,29 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
         true => ("cls.predictions", ["cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm"]),
         false => ("lm_predictions.lm_head", ["lm_predictions.lm_head.dense", "lm_predictions.lm_head.LayerNorm"]),
     };
-    let mut tensors = vec![
-        ("token_embedding.weight".to_string(), Recipe::copy(format!("{e}.word_embeddings.weight"))),
-        ("embedding_norm.gamma".to_string(), Recipe::copy(format!("{e}.LayerNorm.weight"))),
-        ("embedding_norm.beta".to_string(), Recipe::copy(format!("{e}.LayerNorm.bias"))),
-        ("head_transform.dense.weight".to_string(), Recipe::transpose(format!("{}.weight", transform[0]))),
-        ("head_transform.dense.bias".to_string(), Recipe::copy(format!("{}.bias", transform[0]))),
-        ("head_transform.norm.gamma".to_string(), Recipe::copy(format!("{}.weight", transform[1]))),
-        ("head_transform.norm.beta".to_string(), Recipe::copy(format!("{}.bias", transform[1]))),
-        ("head_bias".to_string(), Recipe::copy(format!("{head}.bias"))),
-    ];
-    if !tied {
-        tensors.push(("head.weight".to_string(), Recipe::transpose(format!("{head}.decoder.weight"))));
-    }
+    let mut tensors = bert::embeddings_and_head(e, head, transform, tied);
     let inner = heads * head_dim;
     for i in 0..layers {
         let l = format!("deberta.encoder.layer.{i}");
         let b = format!("blocks.{i}");
         let c = |name: &str| Recipe::copy(format!("{l}.{name}"));
         let t = |name: &str| Recipe::transpose(format!("{l}.{name}.weight"));
-        let qkv = |part: &dyn Fn(&str) -> Recipe| {
-            Recipe::Join(
-                ["query_proj", "key_proj", "value_proj"]
-                    .iter()
-                    .map(|q| (part(&format!("attention.self.{q}")), inner))
-                    .collect(),
-            )
-        };
         let (pos_query, pos_key) = if share { ("query_proj", "key_proj") } else { ("pos_query_proj", "pos_key_proj") };
         let p = format!("{b}.attn.position");
+        tensors.extend(bert::attention_projections(
+            &l,
+            &format!("{b}.attn"),
+            ["query_proj", "key_proj", "value_proj"],
+            inner,
+        ));
         tensors.extend([
-            (format!("{b}.attn.qkv.qkv.weight"), qkv(&|n| t(n))),
-            (format!("{b}.attn.qkv.qkv.bias"), qkv(&|n| c(&format!("{n}.bias")))),
-            (format!("{b}.attn.out.weight"), t("attention.output.dense")),
-            (format!("{b}.attn.out.bias"), c("attention.output.dense.bias")),
             (format!("{p}.relative"), Recipe::copy("deberta.encoder.rel_embeddings.weight")),
             (format!("{p}.position_query.weight"), t(&format!("attention.self.{pos_query}"))),
             (format!("{p}.position_query.bias"), c(&format!("attention.self.{pos_query}.bias"))),
             (format!("{p}.position_key.weight"), t(&format!("attention.self.{pos_key}"))),
             (format!("{p}.position_key.bias"), c(&format!("attention.self.{pos_key}.bias"))),
-            (format!("{b}.attn_norm.gamma"), c("attention.output.LayerNorm.weight")),
-            (format!("{b}.attn_norm.beta"), c("attention.output.LayerNorm.bias")),
-            (format!("{b}.ffn.up.weight"), t("intermediate.dense")),
-            (format!("{b}.ffn.up.bias"), c("intermediate.dense.bias")),
-            (format!("{b}.ffn.down.weight"), t("output.dense")),
-            (format!("{b}.ffn.down.bias"), c("output.dense.bias")),
-            (format!("{b}.ffn_norm.gamma"), c("output.LayerNorm.weight")),
-            (format!("{b}.ffn_norm.beta"), c("output.LayerNorm.bias")),
         ]);
+        tensors.extend(bert::post_ln_norms_and_ffn(&l, &b, "attention.output"));
         if norm {
             tensors.push((format!("{p}.norm.gamma"), Recipe::copy("deberta.encoder.LayerNorm.weight")));
             tensors.push((format!("{p}.norm.beta"), Recipe::copy("deberta.encoder.LayerNorm.bias")));
@@ -206,7 +181,7 @@ pub(crate) fn config_json(m: &Value) -> Map<String, Value> {
     };
     let norm = if position["norm"].as_bool() == Some(true) { "layer_norm" } else { "none" };
     // BERT's sizes and rates, no token types
-    let mut json = super::bert::config_json(m);
+    let mut json = bert::config_json(m);
     json.extend(
         [
             ("attention_head_size", m["attention"]["head_dim"].clone()),
