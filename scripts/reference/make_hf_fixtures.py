@@ -411,14 +411,15 @@ def wordpiece():
     return tok, tokenizer
 
 
+# The masked models' sizes (BERT's names): 16 wide, 2 layers of 4 heads, an FFN 32 wide.
+BERT_TINY = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=4, intermediate_size=32)
+
+
 def bert(out):
     tok, tokenizer = wordpiece()
     cfg = transformers.BertConfig(
         vocab_size=tok.get_vocab_size(),
-        hidden_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=32,
+        **BERT_TINY,
         hidden_act="gelu",
         max_position_embeddings=64,
         type_vocab_size=2,
@@ -444,10 +445,7 @@ def roberta(out):
     tok, tokenizer = roberta_tokenizer()
     cfg = transformers.RobertaConfig(
         vocab_size=tok.get_vocab_size(),
-        hidden_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=32,
+        **BERT_TINY,
         max_position_embeddings=66,
         type_vocab_size=1,
         layer_norm_eps=1e-5,
@@ -481,10 +479,7 @@ def nystromformer(out):
     # tokens: the text's 24, in 4 landmarks of 6; a depthwise conv of width 5 on V
     cfg = transformers.NystromformerConfig(
         vocab_size=tok.get_vocab_size(),
-        hidden_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=32,
+        **BERT_TINY,
         hidden_act="gelu_new",
         max_position_embeddings=64,
         type_vocab_size=2,
@@ -507,10 +502,7 @@ def deberta_v2(out):
     # (`legacy = False`: lm_predictions, always tied)
     cfg = transformers.DebertaV2Config(
         vocab_size=tok.get_vocab_size(),
-        hidden_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=32,
+        **BERT_TINY,
         hidden_act="gelu",
         max_position_embeddings=64,
         type_vocab_size=0,
@@ -536,10 +528,7 @@ def longformer(out):
     # text's 59 tokens span several windows (transformers pads them to a multiple of 16)
     cfg = transformers.LongformerConfig(
         vocab_size=tok.get_vocab_size(),
-        hidden_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=32,
+        **BERT_TINY,
         max_position_embeddings=66,
         type_vocab_size=1,
         layer_norm_eps=1e-5,
@@ -576,10 +565,7 @@ def big_bird(out):
     # 0. The embeddings rescaled by √d.
     cfg = transformers.BigBirdConfig(
         vocab_size=tok.get_vocab_size(),
-        hidden_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=32,
+        **BERT_TINY,
         hidden_act="gelu_new",
         max_position_embeddings=64,
         type_vocab_size=2,
