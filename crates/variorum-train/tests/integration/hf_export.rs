@@ -178,13 +178,7 @@ fn masked_nystrom_recipe_exports_as_nystromformer() {
 fn an_imported_deberta_fine_tuned_here_exports_as_deberta_again() {
     masked_exported_as_transformers_scored_it("deberta", "DebertaV2ForMaskedLM");
     let device = Device::flex();
-    let tmp = tempfile::tempdir().unwrap();
-    let run = tmp.path().join("run");
-    std::fs::create_dir(&run).unwrap();
-    for entry in std::fs::read_dir(fixture("deberta")).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), run.join(entry.file_name())).unwrap();
-    }
+    let (tmp, run) = run_copy("deberta");
     use burn::module::Module as _;
     let mut model = Run::load(&run, &device).unwrap().model;
     match &mut model.blocks[1].attn {
@@ -209,20 +203,11 @@ fn an_imported_deberta_fine_tuned_here_exports_as_deberta_again() {
 #[test]
 fn an_imported_big_bird_fine_tuned_here_exports_as_big_bird_again() {
     masked_exported_as_transformers_scored_it("big_bird", "BigBirdForMaskedLM");
-    let tmp = tempfile::tempdir().unwrap();
-    let run = tmp.path().join("run");
-    std::fs::create_dir(&run).unwrap();
-    for entry in std::fs::read_dir(fixture("big_bird")).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), run.join(entry.file_name())).unwrap();
-    }
-    let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
-    let seeded = config.replace("random_draw = \"first-block\"", "random_draw = \"seeded\"");
-    assert_ne!(seeded, config);
-    std::fs::write(run.join("config.toml"), seeded).unwrap();
-    let e = format!("{:#}", hf::export(&run, &tmp.path().join("seeded"), &Device::flex()).unwrap_err());
-    assert!(e.contains("random_draw"), "{e}");
-    assert!(!tmp.path().join("seeded").exists());
+    let seeded = |c: &str| {
+        assert!(c.contains("random_draw = \"first-block\""), "{c}");
+        c.replace("random_draw = \"first-block\"", "random_draw = \"seeded\"")
+    };
+    refused("big_bird", seeded, "random_draw");
 }
 
 #[test]
@@ -345,9 +330,8 @@ fn an_imported_t5_v1_0_exports_its_own_tensors_and_parted_tables_are_refused() {
     assert!(!tmp.path().join("parted").exists());
 }
 
-/// A copy of fixture `name` whose config.toml is changed by `edit`; its export must fail with a
-/// message containing `says`, in one line, and leave nothing behind.
-fn refused(name: &str, edit: impl FnOnce(&str) -> String, says: &str) {
+/// A copy of the run of fixture `name`: `run` in a temporary directory.
+fn run_copy(name: &str) -> (tempfile::TempDir, PathBuf) {
     let tmp = tempfile::tempdir().unwrap();
     let run = tmp.path().join("run");
     std::fs::create_dir(&run).unwrap();
@@ -355,6 +339,13 @@ fn refused(name: &str, edit: impl FnOnce(&str) -> String, says: &str) {
         let entry = entry.unwrap();
         std::fs::copy(entry.path(), run.join(entry.file_name())).unwrap();
     }
+    (tmp, run)
+}
+
+/// A copy of fixture `name` whose config.toml is changed by `edit`; its export must fail with a
+/// message containing `says`, in one line, and leave nothing behind.
+fn refused(name: &str, edit: impl FnOnce(&str) -> String, says: &str) {
+    let (tmp, run) = run_copy(name);
     let config = run.join("config.toml");
     std::fs::write(&config, edit(&std::fs::read_to_string(&config).unwrap())).unwrap();
     let out = tmp.path().join("hf");
