@@ -26,6 +26,7 @@
 #![warn(missing_docs)]
 
 pub mod alibi;
+pub mod axial;
 pub mod deberta;
 pub mod distance_aware;
 pub mod kind;
@@ -43,6 +44,7 @@ pub mod transformer_xl;
 pub mod untied;
 
 pub use alibi::{AlibiBias, AlibiConfig, alibi_slopes};
+pub use axial::{AxialPosition, AxialPositionConfig};
 pub use deberta::{DebertaConfig, Disentangled, P2cDistance};
 pub use distance_aware::{DistanceAware, DistanceAwareConfig};
 pub use kind::{AbsoluteSignal, DistanceBias, HeadShape, PackedHeads, PositionKind, RelativeScheme, TermsFor};

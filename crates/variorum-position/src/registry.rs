@@ -159,6 +159,8 @@ position_kinds! {
     "sinusoidal" => Sinusoidal(SinusoidalPositionConfig) absolute Sinusoidal(SinusoidalPosition),
     /// A learned table added to the embeddings (or before every block).
     "learned" => Learned(LearnedPositionConfig) absolute Learned(LearnedPosition),
+    /// Reformer's axial positions: per-axis learned tables over a grid of positions, concatenated.
+    "axial" => Axial(AxialPositionConfig) absolute Axial(AxialPosition),
     /// No position signal at all (NoPE).
     "none" => None(NoPositionConfig),
     /// Shaw et al. 2018: learned relative key (and value) vectors, offsets clipped to ±k.
