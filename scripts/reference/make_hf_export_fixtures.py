@@ -3,7 +3,7 @@
 computes with the export (crates/variorum-train/tests/fixtures/hf/export/<name>/).
 
 Nine runs trained by the variorum binary on corpus.txt (Sonnet 18 four times, committed beside
-them) and four imported models fine-tuned (roundtrip, t5, deberta, big_bird):
+them) and five imported models fine-tuned (roundtrip, t5, deberta, big_bird, longformer):
   gpt        the GPT recipe (learned positions, pre-LN LayerNorm, exact GELU, tied embeddings,
              characters) -> GPT2LMHeadModel, its char tokenizer as a tokenizer.json;
   llama      the LLaMA-style recipe as variorum's baby config has it (rotary positions pairing
@@ -44,6 +44,10 @@ them) and four imported models fine-tuned (roundtrip, t5, deberta, big_bird):
              of 2, 2 random blocks, the embeddings rescaled) imported, fine-tuned 100 steps on
              the sonnet, exported as BigBirdForMaskedLM; scored on a longer text (31 tokens),
              for which transformers computes the block-sparse attention rather than full.
+  longformer the same for Longformer: tests/fixtures/hf/longformer (windows of 4 and 8 keys each
+             way, global projections of its own, RoBERTa's tokenizer) imported, fine-tuned 100
+             steps, exported as LongformerForMaskedLM (positions numbered from the padding
+             token's id, the rows before written as zeros).
 
 Each directory holds the run (config.toml, tokenizer.json, model.bpk) and expected.json: the
 text's token ids as transformers' AutoTokenizer gives them from the export, the log-probability
@@ -354,7 +358,7 @@ def expectations(export_dir):
     tokenizer = AutoTokenizer.from_pretrained(export_dir)
     with open(os.path.join(export_dir, "config.json")) as f:
         model_type = json.load(f)["model_type"]
-    masked = model_type in ("bert", "fnet", "nystromformer", "deberta-v2", "big_bird")
+    masked = model_type in ("bert", "fnet", "nystromformer", "deberta-v2", "big_bird", "longformer")
     auto = AutoModelForMaskedLM if masked else AutoModelForSeq2SeqLM if model_type == "t5" else AutoModelForCausalLM
     model = auto.from_pretrained(export_dir, dtype=torch.float32, attn_implementation="eager").eval()
     if model_type == "t5":
@@ -426,6 +430,8 @@ def main():
             fine_tuned("deberta", "deberta_v2", CORPUS, freeze_positions=True)
         if wanted("big_bird"):
             fine_tuned("big_bird", "big_bird", CORPUS)
+        if wanted("longformer"):
+            fine_tuned("longformer", "longformer", CORPUS)
         if wanted("t5"):
             lines = CORPUS_TEXT.strip().split("\n")
             with open(PAIRS, "w") as f:
@@ -444,7 +450,7 @@ def main():
             # the run's config names temporary paths that are gone: the fixture's own instead
             with open(os.path.join(d, "config.toml")) as f:
                 config = f.read()
-            for i in ("imported-roundtrip", "imported-t5", "imported-deberta", "imported-big_bird"):
+            for i in ("imported-roundtrip", "imported-t5", "imported-deberta", "imported-big_bird", "imported-longformer"):
                 config = config.replace(f"{os.path.join(tmp, i)}/tokenizer.json", os.path.join(d, "tokenizer.json"))
             with open(os.path.join(d, "config.toml"), "w") as f:
                 f.write(config)

@@ -180,12 +180,12 @@ impl Run {
         Ok((corpus.val, corpus.tags.map(|t| t.val)))
     }
 
-    /// Checks that windows of `len` tokens can be encoded (a learned position table is bounded).
+    /// Checks that windows of `len` tokens can be encoded (a learned table, axial too, is bounded).
     pub fn check_len(&self, len: usize) -> Result<()> {
         let m = &self.config.model;
         match m.position.max_len(m.seq_len) {
             Some(max) if len > max => bail!(
-                "a context of {len} tokens exceeds the learned position table of {max} rows (model.position.kind = \"{}\"): use at most {max}",
+                "a context of {len} tokens exceeds the {max} positions a learned table encodes (model.position.kind = \"{}\"): use at most {max}",
                 m.position.kind()
             ),
             _ => {}

@@ -458,3 +458,25 @@ pub(crate) fn big_bird_config_json(m: &Value) -> Map<String, Value> {
     json.insert("rescale_embeddings".into(), m["scale_embeddings"].clone());
     json
 }
+
+/// The `config.json` of a masked run with the `longformer` kind (`m`: its expanded `[model]` as
+/// JSON, with `pad_token_id`: the run's padding token, which export finds in its tokenizer) as
+/// Longformer; `export` reads it back with [`map`] and refuses the run unless that gives the same
+/// model. Longformer numbers positions from `pad_token_id + 1` (RoBERTa's embeddings): the
+/// table's rows before are written as zeros. A window of w keys back is `attention_window`
+/// 2(w − 1), per layer where the run has `layer_windows`.
+pub(crate) fn longformer_config_json(m: &Value) -> Map<String, Value> {
+    let mut json = config_json(m);
+    let a = &m["attention"];
+    let width = |w: &Value| w.as_u64().map_or(Value::Null, |w| (2 * w.saturating_sub(1)).into());
+    let windows: Vec<Value> = match a["layer_windows"].as_array() {
+        Some(per_layer) => per_layer.iter().map(width).collect(),
+        None => vec![width(&a["window"]); m["n_layers"].as_u64().unwrap_or(0) as usize],
+    };
+    let pad = m["pad_token_id"].as_u64().unwrap_or_default();
+    json.insert("attention_window".into(), Value::Array(windows));
+    json.insert("attention_mode".into(), "longformer".into());
+    json.insert("pad_token_id".into(), pad.into());
+    json.insert("max_position_embeddings".into(), (m["seq_len"].as_u64().unwrap_or_default() + pad + 1).into());
+    json
+}

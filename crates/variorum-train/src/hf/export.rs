@@ -51,17 +51,35 @@ struct Target {
     masked: bool,
     config_json: fn(&Value) -> Map<String, Value>,
     map: fn(&mut HfConfig, &Checkpoint) -> Result<Mapping>,
+    /// Numbers positions from the padding token's id (RoBERTa's embeddings): the run's
+    /// tokenizer must name one, which `config_json` reads as `pad_token_id`.
+    pads: bool,
 }
 
 const TARGETS: &[Target] = &[
-    Target { model_type: "gpt2", position: "learned", masked: false, config_json: gpt2::config_json, map: gpt2::map },
-    Target { model_type: "bert", position: "learned", masked: true, config_json: bert::config_json, map: bert::map },
+    Target {
+        model_type: "gpt2",
+        position: "learned",
+        masked: false,
+        config_json: gpt2::config_json,
+        map: gpt2::map,
+        pads: false,
+    },
+    Target {
+        model_type: "bert",
+        position: "learned",
+        masked: true,
+        config_json: bert::config_json,
+        map: bert::map,
+        pads: false,
+    },
     Target {
         model_type: "fnet",
         position: "learned",
         masked: true,
         config_json: bert::fnet_config_json,
         map: bert::map,
+        pads: false,
     },
     Target {
         model_type: "nystromformer",
@@ -69,6 +87,7 @@ const TARGETS: &[Target] = &[
         masked: true,
         config_json: bert::nystromformer_config_json,
         map: bert::map,
+        pads: false,
     },
     // after BERT: full attention exports as BigBird only with its rescaled embeddings
     Target {
@@ -77,6 +96,15 @@ const TARGETS: &[Target] = &[
         masked: true,
         config_json: bert::big_bird_config_json,
         map: bert::map,
+        pads: false,
+    },
+    Target {
+        model_type: "longformer",
+        position: "learned",
+        masked: true,
+        config_json: bert::longformer_config_json,
+        map: bert::map,
+        pads: true,
     },
     Target {
         model_type: "deberta-v2",
@@ -84,19 +112,49 @@ const TARGETS: &[Target] = &[
         masked: true,
         config_json: deberta_v2::config_json,
         map: deberta_v2::map,
+        pads: false,
     },
-    Target { model_type: "llama", position: "rope", masked: false, config_json: llama::config_json, map: llama::map },
+    Target {
+        model_type: "llama",
+        position: "rope",
+        masked: false,
+        config_json: llama::config_json,
+        map: llama::map,
+        pads: false,
+    },
     Target {
         model_type: "gpt_neox",
         position: "rope",
         masked: false,
         config_json: gpt_neox::config_json,
         map: gpt_neox::map,
+        pads: false,
     },
-    Target { model_type: "gptj", position: "rope", masked: false, config_json: gptj::config_json, map: gptj::map },
-    Target { model_type: "phi", position: "rope", masked: false, config_json: phi::config_json, map: phi::map },
-    Target { model_type: "bloom", position: "alibi", masked: false, config_json: bloom::config_json, map: bloom::map },
-    Target { model_type: "t5", position: "t5", masked: false, config_json: t5::config_json, map: t5::map },
+    Target {
+        model_type: "gptj",
+        position: "rope",
+        masked: false,
+        config_json: gptj::config_json,
+        map: gptj::map,
+        pads: false,
+    },
+    Target {
+        model_type: "phi",
+        position: "rope",
+        masked: false,
+        config_json: phi::config_json,
+        map: phi::map,
+        pads: false,
+    },
+    Target {
+        model_type: "bloom",
+        position: "alibi",
+        masked: false,
+        config_json: bloom::config_json,
+        map: bloom::map,
+        pads: false,
+    },
+    Target { model_type: "t5", position: "t5", masked: false, config_json: t5::config_json, map: t5::map, pads: false },
 ];
 
 /// Writes the run `run_dir` as the Hugging Face model directory `out`, which must not exist;
@@ -140,7 +198,19 @@ pub fn export(run_dir: &Path, out: &Path, device: &Device) -> Result<Exported> {
     // the first architecture that reads back as the run; else every one's first difference
     let mut refusals = Vec::new();
     let mut found = None;
+    let pad = padding_token(&run.dir);
     for target in candidates {
+        let mut described = described.clone();
+        if target.pads {
+            let Some(pad) = pad else {
+                refusals.push(format!(
+                    "as {} (it numbers positions from the padding token's id, and this run's tokenizer names none among its added tokens)",
+                    target.model_type
+                ));
+                continue;
+            };
+            described["pad_token_id"] = pad.into();
+        }
         let mut json = (target.config_json)(&described);
         json.insert("model_type".into(), target.model_type.into());
         let mut hf = HfConfig::from_map(out.join("config.json"), json.clone(), mask_token);
@@ -191,6 +261,32 @@ pub fn export(run_dir: &Path, out: &Path, device: &Device) -> Result<Exported> {
             Err(e)
         }
     }
+}
+
+/// The id of the padding token `run_dir`'s tokenizer has, if any: the `pad_token` an imported
+/// run's `tokenizer_config.json` or `special_tokens_map.json` names, else the one
+/// `tokenizer.json`'s padding settings name, else a special added token called `<pad>` or
+/// `[PAD]` (a run fine-tuned from an import keeps only its `tokenizer.json`) — always one of
+/// `tokenizer.json`'s added tokens, which no text encodes to.
+fn padding_token(run_dir: &Path) -> Option<usize> {
+    let read =
+        |name: &str| -> Option<Value> { serde_json::from_str(&std::fs::read_to_string(run_dir.join(name)).ok()?).ok() };
+    let tokenizer = read("tokenizer.json")?;
+    let named = ["tokenizer_config.json", "special_tokens_map.json"]
+        .iter()
+        .find_map(|f| {
+            let pad = read(f)?.get("pad_token")?.clone();
+            pad.as_str().map(String::from).or_else(|| pad["content"].as_str().map(String::from))
+        })
+        .or_else(|| tokenizer["padding"]["pad_token"].as_str().map(String::from));
+    let added = tokenizer["added_tokens"].as_array()?;
+    let token = match named {
+        Some(name) => added.iter().find(|t| t["content"].as_str() == Some(&name))?,
+        None => added.iter().find(|t| {
+            t["special"].as_bool() == Some(true) && matches!(t["content"].as_str(), Some("<pad>" | "[PAD]"))
+        })?,
+    };
+    token["id"].as_u64().map(|id| id as usize)
 }
 
 /// The name an exported masked model's mask token is given when the run's was an extra row.

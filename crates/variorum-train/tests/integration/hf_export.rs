@@ -210,6 +210,26 @@ fn an_imported_big_bird_fine_tuned_here_exports_as_big_bird_again() {
     refused("big_bird", seeded, "random_draw");
 }
 
+/// The Longformer round trip: tests/fixtures/hf/longformer (windows of 4 and 8 keys each way,
+/// global projections of its own) imported, fine-tuned here, exported with its positions
+/// numbered from the padding token's id again. A run whose tokenizer names no padding token
+/// has no place to number them from and is refused.
+#[test]
+fn an_imported_longformer_fine_tuned_here_exports_as_longformer_again() {
+    masked_exported_as_transformers_scored_it("longformer", "LongformerForMaskedLM");
+    let (tmp, run) = run_copy("longformer");
+    // the same tokenizer with `<pad>` an ordinary token
+    let tokenizer = run.join("tokenizer.json");
+    let mut json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&tokenizer).unwrap()).unwrap();
+    let added = json["added_tokens"].as_array_mut().unwrap();
+    let pad = added.iter_mut().find(|t| t["content"] == "<pad>").expect("RoBERTa's <pad>");
+    pad["special"] = false.into();
+    std::fs::write(&tokenizer, json.to_string()).unwrap();
+    let e = format!("{:#}", hf::export(&run, &tmp.path().join("hf"), &Device::flex()).unwrap_err());
+    assert!(e.contains("as longformer (it numbers positions from the padding token's id"), "{e}");
+    assert!(!tmp.path().join("hf").exists());
+}
+
 #[test]
 fn masked_fourier_recipe_exports_as_fnet() {
     masked_exported_as_transformers_scored_it("fnet", "FNetForMaskedLM");
