@@ -68,6 +68,12 @@ pub trait BlockKind {
         false
     }
 
+    /// Width of the stack's output, which the final norm and the head read, for a model
+    /// `d_model` wide. Default: d_model (a reversible stack may concatenate its two streams).
+    fn output_width(&self, d_model: usize) -> usize {
+        d_model
+    }
+
     /// The parallel branches read one norm's output (GPT-J, Phi), so the block has no
     /// feed-forward norm of its own. Default: no.
     fn shared_norm(&self) -> bool {
@@ -152,6 +158,19 @@ impl BlockConfig {
     /// Attention and feed-forward read the same input and join the stream together.
     pub fn parallel(&self) -> bool {
         self.spec().parallel()
+    }
+
+    /// Width of the stack's output (the final norm's and the head's input).
+    pub fn output_width(&self, d_model: usize) -> usize {
+        self.spec().output_width(d_model)
+    }
+
+    /// How a reversible stack joins its streams (the mean for any other block).
+    pub fn stream_merge(&self) -> crate::reversible::StreamMerge {
+        match self {
+            Self::Reversible(r) => r.merge,
+            _ => crate::reversible::StreamMerge::Mean,
+        }
     }
 
     /// Checks the settings; messages name the config key (`model.block.*`).

@@ -42,6 +42,6 @@ pub use gtrxl::{GtrxlConfig, GtrxlGate};
 pub use memory::{LayerMemory, MemoryConfig, MemoryKind, MemoryState, NoMemoryConfig};
 pub use norm::{Norm, NormKind};
 pub use placement::{PostLnConfig, PreLnConfig};
-pub use reversible::{ReplayDropout, RevContext, ReversibleConfig, Streams};
+pub use reversible::{ReplayDropout, RevContext, ReversibleConfig, StreamMerge, Streams};
 pub use universal::{Act, ActState, DepthConfig, UniversalConfig};
 pub use xl_memory::XlMemoryConfig;

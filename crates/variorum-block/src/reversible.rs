@@ -7,9 +7,11 @@
 //!
 //! X₂ = Y₂ − G(Y₁)          X₁ = Y₁ − F(X₂)
 //!
-//! A stack starts from (X₁, X₂) = (x, x) and ends with (Y₁ + Y₂)/2 — the mean keeps the width at
-//! d_model, so the output embedding can stay tied (Reformer concatenates to 2·d_model; our choice
-//! follows lucidrains/reformer-pytorch). Training never keeps a block's activations: the decoder
+//! A stack starts from (X₁, X₂) = (x, x) and ends with (Y₁ + Y₂)/2 (`merge = "mean"`, the
+//! default: the width stays d_model, so the output embedding can stay tied; lucidrains'
+//! reformer-pytorch) or with [Y₁ ; Y₂] (`merge = "concat"`, Reformer's own — trax and
+//! transformers: the final norm and the head then read 2·d_model features, and the head has
+//! its own weights). Training never keeps a block's activations: the decoder
 //! runs the stack without a graph, then walks it backwards, rebuilding each block's inputs from
 //! its outputs and recomputing that one block under autodiff to get its gradients
 //! (`variorum_model::DecoderLm::reversible_grads`).
@@ -37,12 +39,33 @@ pub struct ReversibleConfig {
     pub norm: NormKind,
     /// ε of the norms. Default 1e-5.
     pub norm_eps: f64,
+    /// How the stack's two output streams become the head's input ([`StreamMerge`]). Default
+    /// `"mean"`.
+    #[serde(skip_serializing_if = "StreamMerge::is_mean")]
+    pub merge: StreamMerge,
 }
 
 impl Default for ReversibleConfig {
     fn default() -> Self {
         let ResidualConfig { norm, norm_eps } = ResidualConfig::default();
-        Self { norm, norm_eps }
+        Self { norm, norm_eps, merge: StreamMerge::Mean }
+    }
+}
+
+/// How a reversible stack's output streams Y₁, Y₂ are joined for the head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StreamMerge {
+    /// (Y₁ + Y₂)/2, d_model wide.
+    #[default]
+    Mean,
+    /// [Y₁ ; Y₂], 2·d_model wide (Reformer's).
+    Concat,
+}
+
+impl StreamMerge {
+    fn is_mean(&self) -> bool {
+        *self == Self::Mean
     }
 }
 
@@ -51,6 +74,10 @@ impl Declared for ReversibleConfig {
     const PAPER: &'static str =
         "Gomez et al. 2017, The Reversible Residual Network; Kitaev et al. 2020, Reformer: The Efficient Transformer";
     const CAPS: Capabilities = Capabilities::NEUTRAL;
+
+    fn test_variants() -> Vec<(&'static str, Self)> {
+        vec![("", Self::default()), ("streams concatenated", Self { merge: StreamMerge::Concat, ..Default::default() })]
+    }
 }
 
 impl BlockKind for ReversibleConfig {
@@ -60,6 +87,13 @@ impl BlockKind for ReversibleConfig {
 
     fn reversible(&self) -> bool {
         true
+    }
+
+    fn output_width(&self, d_model: usize) -> usize {
+        match self.merge {
+            StreamMerge::Mean => d_model,
+            StreamMerge::Concat => 2 * d_model,
+        }
     }
 }
 
@@ -78,9 +112,12 @@ impl Streams {
         Self { x1: x.clone(), x2: x }
     }
 
-    /// The stack's output (Y₁ + Y₂)/2.
-    pub fn merge(self) -> Tensor<3> {
-        (self.x1 + self.x2).div_scalar(2.0)
+    /// The stack's output: (Y₁ + Y₂)/2, or [Y₁ ; Y₂] along the features.
+    pub fn merge(self, how: StreamMerge) -> Tensor<3> {
+        match how {
+            StreamMerge::Mean => (self.x1 + self.x2).div_scalar(2.0),
+            StreamMerge::Concat => Tensor::cat(vec![self.x1, self.x2], 2),
+        }
     }
 
     /// Both streams as plain tensors, off the autodiff graph.

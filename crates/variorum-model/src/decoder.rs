@@ -123,6 +123,9 @@ pub struct DecoderLm {
     pub exits: Option<ExitHeads>,
     /// A reversible stack ([`variorum_block::reversible`]), with this branch-output dropout.
     pub reversible: Option<f64>,
+    /// How a reversible stack joins its two output streams for the head.
+    #[module(skip)]
+    pub stream_merge: variorum_block::StreamMerge,
     /// The masked objective's mask token (the last embedding row): attention is bidirectional and
     /// the loss ignores targets equal to it. `None`: next-token prediction, causal attention.
     pub mask_token: Option<usize>,
@@ -147,6 +150,7 @@ impl DecoderLm {
     /// N(0, `init_std`²), residual output projections with std `init_std / √(2·n_layers)` (GPT-2).
     pub fn new(cfg: &ModelConfig, device: &Device) -> Self {
         let (d, vocab) = (cfg.d_model, cfg.vocab());
+        let width = cfg.block.output_width(d);
         let init = Initializer::Normal { mean: 0.0, std: cfg.init_std };
         let out_std = cfg.init_std / (2.0 * cfg.n_layers as f64).sqrt();
         let parts = BlockParts {
@@ -190,9 +194,10 @@ impl DecoderLm {
                 .collect(),
             depth: cfg.n_layers,
             act: cfg.depth.init_act(d, cfg.init_std, device),
-            final_norm: cfg.block.pre_norm().then(|| norm.norm.init(d, norm.norm_eps, device)),
+            // the stack's output: d_model wide, or both streams of a reversible one
+            final_norm: cfg.block.pre_norm().then(|| norm.norm.init(width, norm.norm_eps, device)),
             head: (!cfg.tie_embeddings)
-                .then(|| LinearConfig::new(d, vocab).with_bias(false).with_initializer(init).init(device)),
+                .then(|| LinearConfig::new(width, vocab).with_bias(false).with_initializer(init).init(device)),
             head_transform: cfg
                 .head_transform
                 .then(|| crate::HeadTransform::new(d, &norm, cfg.feed_forward.kind, cfg.init_std, device)),
@@ -207,6 +212,7 @@ impl DecoderLm {
                 .then(|| Param::from_tensor(Tensor::random([1, d], Distribution::Normal(0.0, cfg.init_std), device))),
             embedding_scale: cfg.scale_embeddings.then(|| (d as f64).sqrt()),
             reversible: cfg.block.reversible().then_some(cfg.dropout),
+            stream_merge: cfg.block.stream_merge(),
             mask_token: cfg.mask_token(),
             encoder,
             end_token: cfg.end_token(),
@@ -364,7 +370,7 @@ impl DecoderLm {
                 aux_losses.extend(aux);
                 streams = s;
             }
-            return (streams.merge(), aux_losses, self.depth);
+            return (streams.merge(self.stream_merge), aux_losses, self.depth);
         }
         // the attention maps each application hands the next (cross-layer kinds)
         let mut carried = CarriedMaps::default();

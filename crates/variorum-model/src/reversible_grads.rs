@@ -63,7 +63,8 @@ pub fn reversible_grads(
     // 2. the head, from the output streams as leaves
     let y1 = leaf(streams.x1.clone());
     let y2 = leaf(streams.x2.clone());
-    let logits = model.exit_logits(model.depth - 1, Streams { x1: y1.clone(), x2: y2.clone() }.merge());
+    let logits =
+        model.exit_logits(model.depth - 1, Streams { x1: y1.clone(), x2: y2.clone() }.merge(model.stream_merge));
     let loss = model.token_loss(logits, targets);
     let mut grads = loss.clone().mul_scalar(scale).backward();
     let mut gy = upstream(&y1, &y2, &grads);

@@ -167,6 +167,16 @@ pub const RULES: &[Rule] = &[
         },
     },
     Rule {
+        holds: |s| {
+            let m = &s.model;
+            m.block.output_width(m.d_model) == m.d_model
+                || (!m.tie_embeddings && !m.head_transform && !m.is_encoder_decoder())
+        },
+        why: |_| {
+            "model.block.merge = \"concat\" hands the head both streams, 2 × model.d_model features: the head needs weights of its own (tie_embeddings = false), no head_transform, and a decoder-only model".into()
+        },
+    },
+    Rule {
         holds: |s| !s.model.block.reversible() || s.attention.replayable,
         why: |s| {
             format!(

@@ -73,7 +73,9 @@ pub fn variants() -> Vec<(String, ModelConfig)> {
     }
     out.extend(AttentionConfig::test_variants().into_iter().map(attention_variant));
     for (name, block) in BlockConfig::test_variants() {
-        out.push((named("block", name), ModelConfig { block, n_layers: 3, ..tiny() }));
+        // a block whose stack is wider than the model reads it with a head of its own
+        let tie_embeddings = block.output_width(tiny().d_model) == tiny().d_model;
+        out.push((named("block", name), ModelConfig { block, n_layers: 3, tie_embeddings, ..tiny() }));
     }
     for &kind in FeedForwardKind::ALL {
         let feed_forward = FeedForwardConfig { kind, d_ff: Some(48), ..Default::default() };

@@ -140,6 +140,42 @@ fn gradients_include_the_auxiliary_losses_and_relative_positions() {
     check_gradients(cfg, "adaptive span + alibi, untied");
 }
 
+/// Reformer's end of the stack (`merge = "concat"`): the final norm and the head read
+/// [Y₁ ; Y₂], 2 × d_model features — the logits equal those computed by hand from the two
+/// streams — and the activation-free backward still equals back-propagation.
+#[test]
+fn concatenated_streams_feed_a_head_twice_as_wide() {
+    let block = BlockConfig::Reversible(variorum_block::ReversibleConfig {
+        merge: variorum_block::StreamMerge::Concat,
+        ..Default::default()
+    });
+    let cfg = ModelConfig { block, tie_embeddings: false, ..reversible(3, 0.0) };
+    check_gradients(cfg.clone(), "streams concatenated");
+
+    let dev = Device::flex();
+    dev.seed(3);
+    let model = cfg.init(&dev);
+    let x = tokens(4, 2, 12, 11, &dev);
+    let d = cfg.d_model;
+    let norm = model.final_norm.as_ref().expect("the final norm");
+    let head = model.head.as_ref().expect("a head of its own");
+    assert_eq!(head.weight.val().dims()[0], 2 * d, "the head reads both streams");
+    let mut streams = Streams::split(model.embed(x.clone(), 0));
+    let mask = AttentionMask::causal();
+    for (i, block) in model.blocks.iter().enumerate() {
+        let cx = RevContext { mask: &mask, dense_mask: None, dropout: None, layer: i };
+        streams = block.reversible_forward(streams, &cx, None).0;
+    }
+    let joined = Tensor::cat(vec![streams.x1, streams.x2], 2);
+    let want = head.forward(norm.forward(joined));
+    let got = model.forward(x).logits;
+    let diff = max_diff(got, want);
+    assert!(diff < 1e-5, "logits differ from head(norm([Y1; Y2])) by {diff}");
+    // a tied head cannot read 2·d features
+    let tied = ModelConfig { tie_embeddings: true, ..cfg };
+    assert!(tied.validate().unwrap_err().to_string().contains("merge = \"concat\""));
+}
+
 #[test]
 fn gradients_of_a_model_conditioned_on_example_tags() {
     let attention: AttentionConfig = toml::from_str("kind = \"task-prior\"\ntasks = 4").unwrap();
