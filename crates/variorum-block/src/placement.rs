@@ -128,6 +128,59 @@ mod tests {
     use variorum_attention::AttentionInput;
     use variorum_core::AttentionMask;
 
+    /// Self-attention of `block` over `x`, causal.
+    fn attend(block: &TransformerBlock, x: Tensor<3>, mask: &AttentionMask) -> Tensor<3> {
+        let input =
+            AttentionInput { query: x, key_value: None, mask, dense_mask: None, need_weights: false, carried: None };
+        block.attn.forward(input, None).context
+    }
+
+    /// Norms with weights away from 1 and biases away from 0, so that a norm left out or moved
+    /// shows.
+    fn uneven_norms(block: &mut TransformerBlock, dev: &Device) {
+        let norm = || {
+            crate::Norm::Layer(crate::norm::LayerNorm {
+                gamma: burn::module::Param::from_tensor(Tensor::random([16], Distribution::Uniform(0.5, 2.0), dev)),
+                beta: Some(burn::module::Param::from_tensor(Tensor::random(
+                    [16],
+                    Distribution::Uniform(-1.0, 1.0),
+                    dev,
+                ))),
+                epsilon: 1e-5,
+            })
+        };
+        block.attn_norm = norm();
+        block.ffn_norm = Some(norm());
+    }
+
+    /// The two placements written out: pre-LN x + Attn(LN₁x), then y + FFN(LN₂y); post-LN
+    /// LN₁(x + Attn x), then LN₂(y + FFN y) — with the same weights, two different functions.
+    #[test]
+    fn pre_and_post_ln_put_the_norms_where_their_equations_do() {
+        let dev = Device::flex();
+        dev.seed(2);
+        let x: Tensor<3> = Tensor::random([2, 8, 16], Distribution::Normal(0.0, 1.0), &dev);
+        let mask = AttentionMask::causal();
+        let mut pre = tiny_block(BlockConfig::PreLn(PreLnConfig::default()), &dev);
+        uneven_norms(&mut pre, &dev);
+        let (ln1, ln2) = (pre.attn_norm.clone(), pre.ffn_norm.clone().unwrap());
+        let y = x.clone() + attend(&pre, ln1.forward(x.clone()), &mask);
+        let want = y.clone() + pre.ffn.forward_with(ln2.forward(y), None);
+        let got = pre.forward(x.clone(), &mask, None, None, None, false).x;
+        let diff = (got.clone() - want).abs().max().into_scalar::<f32>();
+        assert!(diff < 1e-5, "pre-LN off its equations by {diff}");
+
+        let post = TransformerBlock { pre_norm: false, ..pre.clone() };
+        let y = ln1.forward(x.clone() + attend(&post, x.clone(), &mask));
+        let want = ln2.forward(y.clone() + post.ffn.forward_with(y, None));
+        let got_post = post.forward(x.clone(), &mask, None, None, None, false).x;
+        let diff = (got_post.clone() - want).abs().max().into_scalar::<f32>();
+        assert!(diff < 1e-5, "post-LN off its equations by {diff}");
+        assert!((got - got_post).abs().max().into_scalar::<f32>() > 1e-2, "the placements must differ");
+        // the post-ln kind builds the post-LN wiring
+        assert!(!tiny_block(BlockConfig::PostLn(PostLnConfig::default()), &dev).pre_norm);
+    }
+
     #[test]
     fn a_parallel_block_adds_both_branches_of_its_input_to_the_stream() {
         let dev = Device::flex();

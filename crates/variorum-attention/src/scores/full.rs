@@ -305,6 +305,56 @@ mod tests {
         assert_eq!(attn.qkv.qkv.weight.val().dims(), [16, (4 + 2) * 4]);
     }
 
+    /// Grouped-query attention is multi-head attention whose query heads g·h/h_kv … (g+1)·h/h_kv − 1
+    /// all read K/V head g (consecutive groups, as LLaMA's): the same layer with every K/V head
+    /// copied to the query heads of its group gives the same output, causal and bidirectional,
+    /// on the fused kernels and the composed path. Another grouping (head i reading K/V head
+    /// i mod h_kv) does not.
+    #[test]
+    fn grouped_query_heads_are_multi_head_attention_with_each_kv_head_copied_to_its_group() {
+        let dev = Device::flex();
+        dev.seed(4);
+        let grouped = attention(4, 2, &dev);
+        let (dh, h, hkv) = (4, 4, 2);
+        // the fused projection's columns: q (h·dh) | k (h_kv·dh) | v (h_kv·dh)
+        let copy_groups = |t: Tensor<2>, group_of: &dyn Fn(usize) -> usize| {
+            let rows = t.dims()[0];
+            let q = t.clone().slice([0..rows, 0..h * dh]);
+            let part = |base: usize| -> Vec<Tensor<2>> {
+                (0..h)
+                    .map(|i| t.clone().slice([0..rows, base + group_of(i) * dh..base + (group_of(i) + 1) * dh]))
+                    .collect()
+            };
+            let mut all = vec![q];
+            all.extend(part(h * dh));
+            all.extend(part(h * dh + hkv * dh));
+            Tensor::cat(all, 1)
+        };
+        let expanded = |group_of: &dyn Fn(usize) -> usize| {
+            let mut full = attention(4, 4, &dev);
+            full.qkv.qkv.weight = Param::from_tensor(copy_groups(grouped.qkv.qkv.weight.val(), group_of));
+            let bias = grouped.qkv.qkv.bias.as_ref().unwrap().val().unsqueeze::<2>();
+            full.qkv.qkv.bias = Some(Param::from_tensor(copy_groups(bias, group_of).squeeze_dim(0)));
+            full.out = grouped.out.clone();
+            full
+        };
+        let consecutive = expanded(&|i| i / (h / hkv));
+        let interleaved = expanded(&|i| i % hkv);
+        let x = random([2, 7, 16], &dev);
+        for (mask, kernels) in
+            [(AttentionMask::causal(), true), (AttentionMask::causal(), false), (AttentionMask::bidirectional(), false)]
+        {
+            let run = |a: &MultiHeadAttention| {
+                let go = || a.forward(AttentionInput::self_attention(x.clone(), &mask), None).context;
+                if kernels { go() } else { variorum_kernels::without_kernels(go) }
+            };
+            let same = (run(&grouped) - run(&consecutive)).abs().max().into_scalar::<f32>();
+            assert!(same < 1e-5, "causal {} kernels {kernels}: {same}", mask.causal);
+            let other = (run(&grouped) - run(&interleaved)).abs().max().into_scalar::<f32>();
+            assert!(other > 1e-3, "another grouping must give another output ({other})");
+        }
+    }
+
     /// The losses leave the output alone, and minimising them does what they say: the guided head
     /// moves its weight onto the previous token, the disagreeing heads' outputs turn apart.
     #[test]

@@ -145,6 +145,70 @@ mod tests {
         }
     }
 
+    /// The paper's equations written out entry by entry, with two different non-symmetric mixes:
+    /// J_h = Q_h K_hᵀ/√d, J'_i = Σ_h P_l[i, h] J_h, W_i = softmax(J'_i + M), W'_j = Σ_i P_w[j, i] W_i,
+    /// O = concat_j(W'_j V_j) W_O. Swapping the mixes, transposing either, or mixing after the
+    /// mask's softmax in the wrong order gives another output.
+    #[test]
+    fn the_output_is_the_papers_equations_by_hand() {
+        let dev = Device::flex();
+        let (mut attn, x) = setup(&dev);
+        let (b, l, h, dh) = (2, 6, 4, 4);
+        let host = |t: Tensor<2>| t.into_data().try_to_vec::<f32>().unwrap();
+        let pl_t = Tensor::<2>::random([h, h], Distribution::Normal(0.0, 1.0), &dev);
+        let pw_t = Tensor::<2>::random([h, h], Distribution::Normal(0.0, 1.0), &dev);
+        let (pl, pw) = (host(pl_t.clone()), host(pw_t.clone()));
+        attn.logits_mix = Param::from_tensor(pl_t);
+        attn.weights_mix = Param::from_tensor(pw_t);
+        let mask = AttentionMask::causal();
+        let got = TalkingHeadsAttention::forward(&attn, AttentionInput::self_attention(x.clone(), &mask), None).context;
+
+        // q | k | v of every position, [b·l, 3·16]
+        let qkv = host(attn.attention.qkv.qkv.forward(x).reshape([b * l, 3 * h * dh]));
+        let at = |part: usize, bi: usize, t: usize, head: usize, c: usize| {
+            qkv[(bi * l + t) * 3 * h * dh + part * h * dh + head * dh + c] as f64
+        };
+        let mut concat = vec![0f32; b * l * h * dh];
+        for bi in 0..b {
+            for i in 0..l {
+                // J_h[i, j] for every head and (causal) key
+                let j_h: Vec<Vec<f64>> = (0..h)
+                    .map(|hd| {
+                        (0..=i)
+                            .map(|j| {
+                                (0..dh).map(|c| at(0, bi, i, hd, c) * at(1, bi, j, hd, c)).sum::<f64>()
+                                    / (dh as f64).sqrt()
+                            })
+                            .collect()
+                    })
+                    .collect();
+                // softmax heads: W_s = softmax_j(Σ_h P_l[s, h] J_h)
+                let w: Vec<Vec<f64>> = (0..h)
+                    .map(|s| {
+                        let mixed: Vec<f64> =
+                            (0..=i).map(|j| (0..h).map(|hd| pl[s * h + hd] as f64 * j_h[hd][j]).sum()).collect();
+                        let top = mixed.iter().cloned().fold(f64::MIN, f64::max);
+                        let z: f64 = mixed.iter().map(|m| (m - top).exp()).sum();
+                        mixed.iter().map(|m| (m - top).exp() / z).collect()
+                    })
+                    .collect();
+                // value heads: W'_v = Σ_s P_w[v, s] W_s, then W'_v V_v
+                for v in 0..h {
+                    for c in 0..dh {
+                        let value: f64 = (0..=i)
+                            .map(|j| (0..h).map(|s| pw[v * h + s] as f64 * w[s][j]).sum::<f64>() * at(2, bi, j, v, c))
+                            .sum();
+                        concat[(bi * l + i) * h * dh + v * dh + c] = value as f32;
+                    }
+                }
+            }
+        }
+        let concat = Tensor::<3>::from_data(TensorData::new(concat, [b, l, h * dh]), &dev);
+        let want = attn.attention.out.forward(concat);
+        let diff = (got - want).abs().max().into_scalar::<f32>();
+        assert!(diff < 1e-4, "talking heads differ from the equations by {diff}");
+    }
+
     #[test]
     fn the_mixes_exchange_information_between_heads_and_nothing_across_positions() {
         let dev = Device::flex();
