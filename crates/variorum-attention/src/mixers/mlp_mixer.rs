@@ -199,6 +199,50 @@ mod tests {
         cfg.init(0.5, 0.5, CONTEXT, dev)
     }
 
+    /// Eq. (1) written out entry by entry, Y[i, c] = Σ_k W₂[i, k] GELU(Σ_j W₁[k, j] X[j, c] + b₁[k]) + b₂[i],
+    /// with biases away from zero: bidirectionally over every (j, k, i), causally over the MADE
+    /// masks' (j ≤ m(k) ≤ i, m(k) = ⌊k·ℓ/D_S⌋; 3 units of degrees 0, 2, 4). The GELU is burn's
+    /// (erf), not the layer's kernel.
+    #[test]
+    fn the_token_mixing_mlp_is_equation_one_by_hand() {
+        let dev = Device::flex();
+        for (d_token, causal) in [(None, false), (Some(3), true), (None, true)] {
+            let mut l = layer(MlpMixerConfig { d_token }, &dev);
+            let hidden = MlpMixerConfig { d_token }.d_token(CONTEXT);
+            l.token_in_bias = Param::from_tensor(Tensor::random([hidden], Distribution::Normal(0.0, 1.0), &dev));
+            l.token_out_bias = Param::from_tensor(Tensor::random([CONTEXT], Distribution::Normal(0.0, 1.0), &dev));
+            let host1 = |t: Tensor<1>| t.into_data().try_to_vec::<f32>().unwrap();
+            let host2 = |t: Tensor<2>| t.into_data().try_to_vec::<f32>().unwrap();
+            let (w1, w2) = (host2(l.token_in.val()), host2(l.token_out.val()));
+            let (b1, b2) = (host1(l.token_in_bias.val()), host1(l.token_out_bias.val()));
+            let x = Tensor::<3>::random([1, CONTEXT, D], Distribution::Normal(0.0, 1.0), &dev);
+            let xs = x.clone().into_data().try_to_vec::<f32>().unwrap();
+            let m = degrees(hidden, CONTEXT);
+            let mask = if causal { AttentionMask::causal() } else { AttentionMask::bidirectional() };
+            let got = l.forward(AttentionInput::self_attention(x, &mask), None).context;
+            // the pre-activations by hand, then burn's GELU, then the second layer by hand
+            let mut pre = vec![0f32; hidden * D];
+            for k in 0..hidden {
+                for c in 0..D {
+                    let visible = (0..CONTEXT).filter(|&j| !causal || j <= m[k]);
+                    pre[k * D + c] = visible.map(|j| w1[k * CONTEXT + j] * xs[j * D + c]).sum::<f32>() + b1[k];
+                }
+            }
+            let h = burn::tensor::activation::gelu(Tensor::<2>::from_data(TensorData::new(pre, [hidden, D]), &dev));
+            let h = host2(h);
+            let mut want = vec![0f32; CONTEXT * D];
+            for i in 0..CONTEXT {
+                for c in 0..D {
+                    let feeding = (0..hidden).filter(|&k| !causal || m[k] <= i);
+                    want[i * D + c] = feeding.map(|k| w2[i * hidden + k] * h[k * D + c]).sum::<f32>() + b2[i];
+                }
+            }
+            let want = Tensor::<3>::from_data(TensorData::new(want, [1, CONTEXT, D]), &dev);
+            let diff = (got - want).abs().max().into_scalar::<f32>();
+            assert!(diff < 1e-4, "d_token {d_token:?} causal {causal}: off eq. (1) by {diff}");
+        }
+    }
+
     /// ∂y_i/∂x_j ≠ 0 exactly for j ≤ i (causal, with D_S = ℓ and with fewer units), and for
     /// every j bidirectionally: the masks cut every path from the future and no other.
     #[test]

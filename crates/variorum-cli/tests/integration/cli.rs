@@ -133,7 +133,7 @@ fn train_writes_a_run_directory() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(std::fs::read_to_string(&both).unwrap().contains("run2"));
     assert_clean_error(&variorum(&["report", "no-such-run"], tmp.path()), "no-such-run");
-    assert_clean_error(&variorum(&["eval", run, "--seq-len", "64"], tmp.path()), "learned position table");
+    assert_clean_error(&variorum(&["eval", run, "--seq-len", "64"], tmp.path()), "positions a learned table encodes");
     assert_clean_error(&variorum(&["eval", run, "--stride", "99"], tmp.path()), "--stride 99");
 
     // numeric flags out of range: one line naming the flag
