@@ -2,9 +2,9 @@
 //! Transformer): the positions are laid out on a grid n₁ × n₂ × … × n_k, and position t — whose
 //! grid index (i₁, …, i_k) counts t in row-major order (the last axis fastest) — gets
 //!
-//! p_t = [E₁[i₁] ; E₂[i₂] ; … ; E_k[i_k]],   E_a ∈ R^{n_a × d_a},   Σ d_a = d_model,
+//! p_t = E₁(i₁) ⊕ E₂(i₂) ⊕ … ⊕ E_k(i_k),   E_a ∈ R^{n_a × d_a},   Σ d_a = d_model,
 //!
-//! the rows of k small learned tables concatenated, added to the token embeddings. Σ n_a·d_a
+//! the rows E_a(i) of k small learned tables concatenated (⊕), added to the token embeddings. Σ n_a·d_a
 //! parameters encode Π n_a positions: for Reformer's 64 × 64 grid at d = 256, 32 K instead of
 //! 1 M. Like a learned table it cannot encode a position past the grid, and refuses a context
 //! longer than it.
