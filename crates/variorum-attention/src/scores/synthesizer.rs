@@ -611,6 +611,47 @@ mod tests {
         }
     }
 
+    /// The dense synthesizer's MLP written out: S_h(i, j) = Σ_u W2_h[u, j] ReLU(Σ_c x_i[c] W1[c, u]
+    /// + b1[u]) + b2_h[j], the weights softmax_j≤i of it (causal), with biases away from zero so
+    /// that a missing bias, a missing ReLU or a head's table read for another shows.
+    #[test]
+    fn dense_weights_are_the_softmax_of_the_two_layer_mlp_by_hand() {
+        let dev = Device::flex();
+        let mut att = layer(of(SynthesizerVariant::Dense), &dev);
+        let dense = att.dense.as_mut().unwrap();
+        let b1 = Tensor::<1>::random([D], Distribution::Normal(0.0, 1.0), &dev);
+        dense.hidden.bias = Some(Param::from_tensor(b1));
+        dense.first.bias = Param::from_tensor(Tensor::random([4, CONTEXT], Distribution::Normal(0.0, 1.0), &dev));
+        let (w1, b1) = (host(dense.hidden.weight.val()), host(dense.hidden.bias.as_ref().unwrap().val()));
+        let (w2, b2) = (host(dense.first.weight.val()), host(dense.first.bias.val()));
+        let (len, heads) = (6, 4);
+        let x = random([1, len, D], &dev);
+        let xs = host(x.clone());
+        let got = host(run(&att, x, &AttentionMask::causal()).weights.unwrap());
+        for i in 0..len {
+            let hidden: Vec<f64> = (0..D)
+                .map(|u| {
+                    ((0..D).map(|c| xs[i * D + c] as f64 * w1[c * D + u] as f64).sum::<f64>() + b1[u] as f64).max(0.0)
+                })
+                .collect();
+            for h in 0..heads {
+                let s: Vec<f64> = (0..=i)
+                    .map(|j| {
+                        let w = |u: usize| w2[(u * heads + h) * CONTEXT + j] as f64;
+                        (0..D).map(|u| w(u) * hidden[u]).sum::<f64>() + b2[h * CONTEXT + j] as f64
+                    })
+                    .collect();
+                let top = s.iter().cloned().fold(f64::MIN, f64::max);
+                let z: f64 = s.iter().map(|v| (v - top).exp()).sum();
+                for j in 0..len {
+                    let want = if j <= i { (s[j] - top).exp() / z } else { 0.0 };
+                    let g = got[(h * len + i) * len + j] as f64;
+                    assert!((g - want).abs() < 1e-5, "head {h}, row {i}, key {j}: {g} instead of {want}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn dense_rows_depend_on_their_own_token_only() {
         let dev = Device::flex();

@@ -98,7 +98,8 @@ fn reference(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, m: usize, lambda: f64) ->
 #[test]
 fn one_landmark_per_token_is_full_attention() {
     // m = L (and m > L: each token its own landmark): Ã = B̃ = F̃ = softmax(QKᵀ/√d), F̃ Ã⁺ B̃ = F̃,
-    // computed directly: exact
+    // computed directly: exact but for f32 sums taken in another order (the CPU kernels' against
+    // the reference's composed ops; up to 1.4e-6 seen, with weights drawn while other tests ran)
     let _guard = common::seeded();
     let dev = Device::flex();
     dev.seed(21);
@@ -108,7 +109,7 @@ fn one_landmark_per_token_is_full_attention() {
         let got = run(&attn, x.clone(), &AttentionMask::bidirectional());
         let (q, k, v) = attn.proj.split(x, None);
         let d = max_diff(got, attn.proj.merge(full(q, k, v)));
-        assert!(d < 1e-6, "m = {m}: {d}");
+        assert!(d < 1e-5, "m = {m}: {d}");
     }
 }
 
