@@ -68,12 +68,6 @@ pub trait BlockKind {
         false
     }
 
-    /// Width of the stack's output, which the final norm and the head read, for a model
-    /// `d_model` wide. Default: d_model (a reversible stack may concatenate its two streams).
-    fn output_width(&self, d_model: usize) -> usize {
-        d_model
-    }
-
     /// The parallel branches read one norm's output (GPT-J, Phi), so the block has no
     /// feed-forward norm of its own. Default: no.
     fn shared_norm(&self) -> bool {
@@ -160,9 +154,10 @@ impl BlockConfig {
         self.spec().parallel()
     }
 
-    /// Width of the stack's output (the final norm's and the head's input).
+    /// Width of the stack's output (the final norm's and the head's input): d_model, or both
+    /// streams of a reversible stack that concatenates them.
     pub fn output_width(&self, d_model: usize) -> usize {
-        self.spec().output_width(d_model)
+        self.stream_merge().width(d_model)
     }
 
     /// How a reversible stack joins its streams (the mean for any other block).

@@ -67,6 +67,14 @@ impl StreamMerge {
     fn is_mean(&self) -> bool {
         *self == Self::Mean
     }
+
+    /// Width of the joined streams of a model `d_model` wide.
+    pub fn width(&self, d_model: usize) -> usize {
+        match self {
+            Self::Mean => d_model,
+            Self::Concat => 2 * d_model,
+        }
+    }
 }
 
 impl Declared for ReversibleConfig {
@@ -87,13 +95,6 @@ impl BlockKind for ReversibleConfig {
 
     fn reversible(&self) -> bool {
         true
-    }
-
-    fn output_width(&self, d_model: usize) -> usize {
-        match self.merge {
-            StreamMerge::Mean => d_model,
-            StreamMerge::Concat => 2 * d_model,
-        }
     }
 }
 

@@ -294,12 +294,15 @@ impl BigBirdAttention {
 
     /// With `dense`, always scores every key under the pattern's mask (the definition; tests).
     pub fn forward_with(&self, input: AttentionInput, cache: Option<&mut KvCache>, dense: bool) -> AttentionOutput {
+        // a sequence the block layout does not fit: full attention, on the engine's own path
+        let cached = cache.as_ref().map_or(0, |c| c.len());
+        let keys = input.key_value.as_ref().unwrap_or(&input.query).dims()[1];
+        if input.mask.k_start + cached + keys <= self.full_up_to {
+            return self.attention.forward(input, cache);
+        }
         let call = PatternCall::new(&self.attention, input, cache, dense);
         let (p, causal) = (&call.p, call.causal());
         let len = p.layout.k_start + p.layout.len_k;
-        if len <= self.full_up_to {
-            return call.dense(&self.attention, 1, |_, _, _, _| false);
-        }
         let blocks = len.max(p.layout.q_start + p.layout.len_q).div_ceil(self.block);
         let b = self.block;
         if call.decoding() {
