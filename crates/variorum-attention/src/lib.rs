@@ -71,6 +71,7 @@ pub use cache::KvCache;
 pub use contract::{AttentionInput, AttentionOutput, Positioning};
 pub use kind::{AttentionKind, AttentionMechanism, HeadSettings, LayerInit, Learned, TestVariant, caps};
 pub use registry::external::{ExternalAttention, ExternalConfig, register};
+pub use registry::interleaved::InterleavedConfig;
 pub use registry::{Attention, AttentionConfig};
 pub use state::{AttentionState, CarriedMaps};
 

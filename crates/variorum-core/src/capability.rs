@@ -104,6 +104,63 @@ impl Capabilities {
         graph: false,
         policy: false,
     };
+
+    /// What two attention settings used in different layers of one model support together:
+    /// what each can do, both must (causal, a memory, a score bias, …); what either does, the
+    /// pair does (auxiliary losses, gathered keys, a global input, …). Every field is named, so a
+    /// new one has to say which it is.
+    pub fn together(self, other: Capabilities) -> Capabilities {
+        let Capabilities {
+            causal,
+            bidirectional,
+            incremental,
+            score_bias,
+            qk_rotation,
+            aux_losses,
+            variable_length,
+            reads_memory,
+            remembers,
+            gathers_keys,
+            absolute_scores,
+            global_input,
+            replayable,
+            cross_layer,
+            distinct_layers,
+            distance_only,
+            absolute,
+            per_layer,
+            position_wise,
+            cross,
+            hides_padding,
+            graph,
+            policy,
+        } = self;
+        Capabilities {
+            causal: causal && other.causal,
+            bidirectional: bidirectional && other.bidirectional,
+            incremental: incremental && other.incremental,
+            score_bias: score_bias && other.score_bias,
+            qk_rotation: qk_rotation && other.qk_rotation,
+            aux_losses: aux_losses || other.aux_losses,
+            variable_length: variable_length && other.variable_length,
+            reads_memory: reads_memory && other.reads_memory,
+            remembers: remembers || other.remembers,
+            gathers_keys: gathers_keys || other.gathers_keys,
+            absolute_scores: absolute_scores && other.absolute_scores,
+            global_input: global_input || other.global_input,
+            replayable: replayable && other.replayable,
+            cross_layer: cross_layer || other.cross_layer,
+            distinct_layers: distinct_layers || other.distinct_layers,
+            distance_only: distance_only && other.distance_only,
+            absolute: absolute || other.absolute,
+            per_layer: per_layer || other.per_layer,
+            position_wise: position_wise && other.position_wise,
+            cross: cross && other.cross,
+            hides_padding: hides_padding && other.hides_padding,
+            graph: graph && other.graph,
+            policy: policy || other.policy,
+        }
+    }
 }
 
 /// One row of `variorum zoo`.

@@ -6,6 +6,7 @@
 //! ([`crate::registry::external::register`]) and becomes [`AttentionConfig::External`].
 
 pub(crate) mod external;
+pub(crate) mod interleaved;
 mod surgery;
 
 use burn::prelude::*;
@@ -16,6 +17,7 @@ use variorum_position::HeadShape;
 use crate::contract::{AttentionInput, AttentionOutput, Positioning};
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, Learned, TestVariant};
 use crate::registry::external::{ExternalAttention, ExternalConfig};
+use crate::registry::interleaved::InterleavedConfig;
 use crate::state::AttentionState;
 
 /// Writes the config enum, the module enum and their dispatch from a list of
@@ -32,6 +34,8 @@ macro_rules! attention_kinds {
             $( $(#[$doc])* $variant($config), )+
             /// A kind registered from outside this crate.
             External(ExternalConfig),
+            /// Different kinds in different layers (`kind = "interleaved"`).
+            Interleaved(InterleavedConfig),
         }
 
         /// The built-in kinds' tables, as serde reads them (tagged by `kind`, unknown keys
@@ -54,6 +58,7 @@ macro_rules! attention_kinds {
                 match self {
                     $( Self::$variant(c) => BuiltinRef::$variant(c).serialize(serializer), )+
                     Self::External(c) => c.serialize(serializer),
+                    Self::Interleaved(c) => c.tagged().serialize(serializer),
                 }
             }
         }
@@ -65,6 +70,11 @@ macro_rules! attention_kinds {
                 let table = serde_json::Value::deserialize(deserializer)?;
                 let registered = crate::registry::external::registered_kinds();
                 let kind = table.get("kind").and_then(|k| k.as_str());
+                if kind == Some(InterleavedConfig::KIND) {
+                    let mut table = table;
+                    table.as_object_mut().map(|t| t.remove("kind"));
+                    return serde_json::from_value(table).map(Self::Interleaved).map_err(serde::de::Error::custom);
+                }
                 if let Some(kind) = kind.and_then(|k| registered.iter().copied().find(|r| *r == k)) {
                     return crate::registry::external::parse_registered(kind, table)
                         .map(Self::External)
@@ -96,6 +106,7 @@ macro_rules! attention_kinds {
                 match self {
                     $( Self::$variant(_) => $kind, )+
                     Self::External(c) => c.kind,
+                    Self::Interleaved(_) => InterleavedConfig::KIND,
                 }
             }
 
@@ -114,6 +125,13 @@ macro_rules! attention_kinds {
                     paper: <$config as AttentionKind>::PAPER,
                     caps: <$config as AttentionKind>::CAPS,
                 }, )+];
+                rows.push(KindInfo {
+                    axis: "model.attention",
+                    kind: InterleavedConfig::KIND,
+                    summary: InterleavedConfig::SUMMARY,
+                    paper: InterleavedConfig::PAPER,
+                    caps: Capabilities::NEUTRAL,
+                });
                 rows.extend(crate::registry::external::zoo());
                 rows
             }
@@ -129,6 +147,7 @@ macro_rules! attention_kinds {
                         position: v.position,
                     }));
                 )+
+                out.extend(InterleavedConfig::test_variants());
                 out.extend(crate::registry::external::test_variants());
                 out
             }
@@ -138,6 +157,7 @@ macro_rules! attention_kinds {
                 match self {
                     $( Self::$variant(c) => AttentionKind::capabilities(c), )+
                     Self::External(c) => c.config.capabilities(),
+                    Self::Interleaved(c) => c.capabilities(),
                 }
             }
 
@@ -146,6 +166,7 @@ macro_rules! attention_kinds {
                 match self {
                     $( Self::$variant(c) => AttentionKind::why_not_causal(c), )+
                     Self::External(c) => c.config.why_not_causal(),
+                    Self::Interleaved(c) => c.why_not_causal(),
                 }
             }
 
@@ -155,6 +176,7 @@ macro_rules! attention_kinds {
                 match self {
                     $( Self::$variant(c) => AttentionKind::inexact_causality(c), )+
                     Self::External(c) => c.config.inexact_causality(),
+                    Self::Interleaved(c) => c.layers.iter().find_map(AttentionConfig::inexact_causality),
                 }
             }
 
@@ -163,6 +185,7 @@ macro_rules! attention_kinds {
                 match self {
                     $( Self::$variant(c) => Self::$variant(AttentionKind::expanded(c, d_model)), )+
                     Self::External(c) => Self::External(c.with(c.config.expanded(d_model))),
+                    Self::Interleaved(c) => Self::Interleaved(c.map(|l| l.expanded(d_model))),
                 }
             }
 
@@ -171,6 +194,7 @@ macro_rules! attention_kinds {
                 match self {
                     $( Self::$variant(c) => AttentionKind::validate(c, d_model), )+
                     Self::External(c) => c.config.validate(d_model),
+                    Self::Interleaved(c) => c.validate(d_model),
                 }
             }
 
@@ -180,6 +204,7 @@ macro_rules! attention_kinds {
                 match self {
                     $( Self::$variant(c) => AttentionKind::validate_len(c, len), )+
                     Self::External(c) => c.config.validate_len(len),
+                    Self::Interleaved(c) => c.validate_len(len),
                 }
             }
 
@@ -188,6 +213,7 @@ macro_rules! attention_kinds {
                 match self {
                     $( Self::$variant(c) => Self::$variant(AttentionKind::for_length(c, len)), )+
                     Self::External(c) => Self::External(c.with(c.config.for_length(len))),
+                    Self::Interleaved(c) => Self::Interleaved(c.map(|l| l.for_length(len))),
                 }
             }
 
@@ -196,6 +222,7 @@ macro_rules! attention_kinds {
                 match self {
                     $( Self::$variant(c) => AttentionKind::head_shape(c, d_model), )+
                     Self::External(c) => c.config.head_shape(d_model),
+                    Self::Interleaved(c) => c.layers.first().map_or_else(|| Self::default().heads(d_model), |l| l.heads(d_model)),
                 }
             }
 
@@ -204,6 +231,7 @@ macro_rules! attention_kinds {
                 match self {
                     $( Self::$variant(c) => AttentionKind::dropout(c), )+
                     Self::External(c) => c.config.dropout(),
+                    Self::Interleaved(c) => c.dropout(),
                 }
             }
 
@@ -212,6 +240,7 @@ macro_rules! attention_kinds {
                 match self {
                     $( Self::$variant(c) => AttentionKind::flops_per_token(c, d_model, len_k), )+
                     Self::External(c) => c.config.flops_per_token(d_model, len_k),
+                    Self::Interleaved(c) => c.flops_per_token(d_model, len_k),
                 }
             }
 
@@ -220,6 +249,7 @@ macro_rules! attention_kinds {
                 match self {
                     $( Self::$variant(c) => Self::$variant(AttentionKind::for_layer(c, layer)), )+
                     Self::External(c) => Self::External(c.with(c.config.for_layer(layer))),
+                    Self::Interleaved(c) => c.entry(layer).for_layer(layer),
                 }
             }
 
@@ -229,6 +259,7 @@ macro_rules! attention_kinds {
                 match self {
                     $( Self::$variant(c) => AttentionKind::scores_every_key(c), )+
                     Self::External(c) => c.config.scores_every_key(),
+                    Self::Interleaved(c) => c.layers.iter().all(AttentionConfig::scores_every_key),
                 }
             }
 
@@ -238,6 +269,7 @@ macro_rules! attention_kinds {
                 match self {
                     $( Self::$variant(c) => AttentionKind::tags(c), )+
                     Self::External(c) => c.config.tags(),
+                    Self::Interleaved(c) => c.layers.iter().find_map(AttentionConfig::tags),
                 }
             }
 
@@ -246,6 +278,7 @@ macro_rules! attention_kinds {
                 match self {
                     $( Self::$variant(c) => AttentionKind::shows_what_it_learned(c), )+
                     Self::External(c) => c.config.shows_what_it_learned(),
+                    Self::Interleaved(c) => c.layers.iter().any(AttentionConfig::shows_what_it_learned),
                 }
             }
 
@@ -255,6 +288,7 @@ macro_rules! attention_kinds {
                 match self {
                     $( Self::$variant(c) => AttentionKind::per_layer(c), )+
                     Self::External(c) => c.config.per_layer(),
+                    Self::Interleaved(_) => 0,
                 }
             }
 
@@ -263,6 +297,7 @@ macro_rules! attention_kinds {
                 match self {
                     $( Self::$variant(c) => AttentionKind::per_layer_key(c), )+
                     Self::External(c) => c.config.per_layer_key(),
+                    Self::Interleaved(_) => "",
                 }
             }
 
@@ -280,6 +315,7 @@ macro_rules! attention_kinds {
                 match self {
                     $( Self::$variant(c) => Attention::$variant(AttentionKind::build(c, &init, device)), )+
                     Self::External(c) => Attention::External(ExternalAttention(c.config.build(&init, device))),
+                    Self::Interleaved(c) => c.entry(0).for_layer(0).init(d_model, init_std, out_std, position, device),
                 }
             }
         }
