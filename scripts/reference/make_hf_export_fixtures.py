@@ -3,7 +3,7 @@
 computes with the export (crates/variorum-train/tests/fixtures/hf/export/<name>/).
 
 Nine runs trained by the variorum binary on corpus.txt (Sonnet 18 four times, committed beside
-them) and five imported models fine-tuned (roundtrip, t5, deberta, big_bird, longformer):
+them) and six imported models fine-tuned (roundtrip, t5, deberta, big_bird, longformer, reformer):
   gpt        the GPT recipe (learned positions, pre-LN LayerNorm, exact GELU, tied embeddings,
              characters) -> GPT2LMHeadModel, its char tokenizer as a tokenizer.json;
   llama      the LLaMA-style recipe as variorum's baby config has it (rotary positions pairing
@@ -44,6 +44,10 @@ them) and five imported models fine-tuned (roundtrip, t5, deberta, big_bird, lon
              of 2, 2 random blocks, the embeddings rescaled) imported, fine-tuned 100 steps on
              the sonnet, exported as BigBirdForMaskedLM; scored on a longer text (31 tokens),
              for which transformers computes the block-sparse attention rather than full.
+  reformer   the same for Reformer: tests/fixtures/hf/reformer (local and LSH layers in turn,
+             axial positions, reversible blocks whose streams are concatenated) imported,
+             fine-tuned 100 steps, exported as ReformerForMaskedLM; transformers scores it with
+             its LSH rotations drawn from a hash_seed, recorded for the test to hand to variorum.
   longformer the same for Longformer: tests/fixtures/hf/longformer (windows of 4 and 8 keys each
              way, global projections of its own, RoBERTa's tokenizer) imported, fine-tuned 100
              steps, exported as LongformerForMaskedLM (positions numbered from the padding
@@ -74,6 +78,7 @@ from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelFo
 # the import fixtures' script: the pinned version's check, and what transformers computes
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_hf_fixtures import expectations as transformers_computes  # noqa: E402
+from make_hf_fixtures import reformer_encoder_output, reformer_rotations  # noqa: E402
 from make_hf_fixtures import BIG_BIRD_TEXT  # noqa: E402
 from make_hf_fixtures import masked_expectations  # noqa: E402
 from make_hf_fixtures import seq2seq_expectations  # noqa: E402
@@ -358,9 +363,12 @@ def expectations(export_dir):
     tokenizer = AutoTokenizer.from_pretrained(export_dir)
     with open(os.path.join(export_dir, "config.json")) as f:
         model_type = json.load(f)["model_type"]
-    masked = model_type in ("bert", "fnet", "nystromformer", "deberta-v2", "big_bird", "longformer")
+    masked = model_type in ("bert", "fnet", "nystromformer", "deberta-v2", "big_bird", "longformer", "reformer")
     auto = AutoModelForMaskedLM if masked else AutoModelForSeq2SeqLM if model_type == "t5" else AutoModelForCausalLM
-    model = auto.from_pretrained(export_dir, dtype=torch.float32, attn_implementation="eager").eval()
+    # Reformer's LSH draws its rotations at every forward: seeded here, recorded below, and
+    # handed to variorum's layers by the test
+    seeded = {"hash_seed": REFORMER_HASH_SEED} if model_type == "reformer" else {}
+    model = auto.from_pretrained(export_dir, dtype=torch.float32, attn_implementation="eager", **seeded).eval()
     if model_type == "t5":
         expected = {"class": type(model).__name__, **seq2seq_expectations(model, tokenizer)}
         expected["exported"] = {f: sha256(os.path.join(export_dir, f)) for f in sorted(os.listdir(export_dir))}
@@ -374,11 +382,17 @@ def expectations(export_dir):
     assert decoded == text or tokenizer(decoded)["input_ids"] == ids, f"the exported tokenizer does not round-trip: {decoded!r}"
     if masked:
         computed = masked_expectations(model, tokenizer, tokenizer.mask_token_id, text)
+        if model_type == "reformer":
+            computed["hidden"] = reformer_encoder_output(model, computed["masked_ids"])
+            computed["rotations"] = reformer_rotations(model.config)
     else:
         computed = transformers_computes(model, tokenizer, text, PROMPT)
     expected = {"class": type(model).__name__, **computed}
     expected["exported"] = {f: sha256(os.path.join(export_dir, f)) for f in sorted(os.listdir(export_dir))}
     return expected
+
+
+REFORMER_HASH_SEED = 7
 
 
 def train(binary, tmp, name, text, init_from=None):
@@ -432,6 +446,8 @@ def main():
             fine_tuned("big_bird", "big_bird", CORPUS)
         if wanted("longformer"):
             fine_tuned("longformer", "longformer", CORPUS)
+        if wanted("reformer"):
+            fine_tuned("reformer", "reformer", CORPUS)
         if wanted("t5"):
             lines = CORPUS_TEXT.strip().split("\n")
             with open(PAIRS, "w") as f:
@@ -450,7 +466,7 @@ def main():
             # the run's config names temporary paths that are gone: the fixture's own instead
             with open(os.path.join(d, "config.toml")) as f:
                 config = f.read()
-            for i in ("imported-roundtrip", "imported-t5", "imported-deberta", "imported-big_bird", "imported-longformer"):
+            for i in ("imported-roundtrip", "imported-t5", "imported-deberta", "imported-big_bird", "imported-longformer", "imported-reformer"):
                 config = config.replace(f"{os.path.join(tmp, i)}/tokenizer.json", os.path.join(d, "tokenizer.json"))
             with open(os.path.join(d, "config.toml"), "w") as f:
                 f.write(config)

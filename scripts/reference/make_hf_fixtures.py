@@ -32,7 +32,7 @@ transformers trains it: the source with its `</s>`, the target after the decoder
 `<pad>`, each target token and the `</s>` after it; its greedy decode of the source, 32 tokens.
 Its tokenizer is a Unigram model with Metaspace pieces, as T5's tokenizer.json.
 
-Usage: python3 scripts/reference/make_hf_fixtures.py [OUT_DIR [NAME...]]  (NAME: gpt2 llama opt qwen2 gpt_neox mistral phi gptj bloom bert roberta fnet nystromformer deberta_v2 longformer big_bird t5 t5_v1_1)
+Usage: python3 scripts/reference/make_hf_fixtures.py [OUT_DIR [NAME...]]  (NAME: gpt2 llama opt qwen2 gpt_neox mistral phi gptj bloom bert roberta fnet nystromformer deberta_v2 longformer big_bird reformer t5 t5_v1_1)
 (pinned versions: scripts/reference/requirements.txt plus transformers, below).
 """
 
@@ -590,6 +590,72 @@ def big_bird(out):
     return d, expected
 
 
+def reformer(out):
+    tok, tokenizer = roberta_tokenizer()
+    # Local and LSH layers in turn, chunks of 4 and 8: the text's 59 tokens are padded to 64
+    # (a multiple of both), the padding hashed into a bucket of its own; local chunks see one
+    # chunk each way, wrapping around; 4 buckets, 2 rounds. Axial positions on an 8 × 8 grid.
+    # The rotations come from `hash_seed` (transformers seeds torch before every draw, so every
+    # LSH layer draws the same): recorded here for the test to hand to variorum.
+    cfg = transformers.ReformerConfig(
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=16,
+        num_attention_heads=2,
+        attention_head_size=8,
+        attn_layers=["local", "lsh", "local", "lsh"],
+        feed_forward_size=32,
+        hidden_act="relu",
+        axial_pos_embds=True,
+        axial_pos_shape=[8, 8],
+        axial_pos_embds_dim=[6, 10],
+        max_position_embeddings=64,
+        local_attn_chunk_length=4,
+        local_num_chunks_before=1,
+        local_num_chunks_after=1,
+        lsh_attn_chunk_length=8,
+        lsh_num_chunks_before=1,
+        lsh_num_chunks_after=0,
+        num_buckets=4,
+        num_hashes=2,
+        hash_seed=7,
+        is_decoder=False,
+        hidden_dropout_prob=0.0,
+        local_attention_probs_dropout_prob=0.0,
+        lsh_attention_probs_dropout_prob=0.0,
+        layer_norm_eps=1e-12,
+        pad_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+    )
+    d, expected = made_masked(
+        out, "reformer", transformers.ReformerForMaskedLM, cfg, tokenizer, seed=19, mask_token="<mask>", dtype=torch.bfloat16
+    )
+    model = transformers.ReformerForMaskedLM.from_pretrained(d, dtype=torch.float32).eval()
+    expected["hidden"] = reformer_encoder_output(model, expected["masked_ids"])
+    expected["rotations"] = reformer_rotations(cfg)
+    # 6 tokens: padded to 8, local chunks of 4 wrapping, LSH layers attending in full
+    short = masked_expectations(model, tokenizer, tokenizer.convert_tokens_to_ids("<mask>"), text="So long")
+    short["hidden"] = reformer_encoder_output(model, short["masked_ids"])
+    expected["short"] = short
+    return d, expected
+
+
+def reformer_encoder_output(model, masked):
+    """A Reformer's encoder output: both streams, after the final LayerNorm, without the padding
+    (its `hidden_states` are one stream before the LayerNorm, padded)."""
+    with torch.no_grad():
+        hidden = model.reformer(torch.tensor([masked])).last_hidden_state[0]
+    return [[float(f"{v:.9g}") for v in row] for row in hidden.double().tolist()]
+
+
+def reformer_rotations(cfg):
+    """The rotations every LSH layer of a Reformer with `hash_seed` draws: transformers seeds torch
+    with it before each draw, [heads, head_dim, rounds, buckets / 2]."""
+    torch.manual_seed(cfg.hash_seed)
+    shape = (cfg.num_attention_heads, cfg.attention_head_size, cfg.num_hashes, cfg.num_buckets // 2)
+    return torch.randn(shape).tolist()
+
+
 def unigram():
     """A SentencePiece-style Unigram tokenizer as T5's tokenizer.json is: Metaspace pieces, `</s>`
     appended to every text. Its vocabulary is written here (no trainer, so it is the same every
@@ -728,6 +794,7 @@ MAKERS = {
     "deberta_v2": deberta_v2,
     "longformer": longformer,
     "big_bird": big_bird,
+    "reformer": reformer,
     "t5": t5,
     "t5_v1_1": t5_v1_1,
 }

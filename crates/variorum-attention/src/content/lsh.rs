@@ -28,10 +28,14 @@
 //!
 //! The rotations R are drawn per head and round from a ChaCha stream seeded by (`seed`, layer):
 //! fixed per layer and reproducible (the paper draws new ones for every forward).
+//! `layout = "transformers"` is the same mechanism as transformers' Reformer arranges it
+//! ([`LshLayout::Transformers`]): what `variorum import` makes of a `ReformerForMaskedLM`.
+//!
 //! No relative position scheme applies (there is no score matrix to bias); absolute ones do. No
 //! memory either (`reads_memory: false`): shared-QK sorts the queries and keys of the same
 //! positions together.
 
+use burn::module::Param;
 use burn::nn::{Dropout, DropoutConfig, Linear};
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
@@ -45,6 +49,7 @@ use crate::engine::heads::concat_heads;
 use crate::engine::projections;
 use crate::engine::qkv::{normal_linear, project_heads};
 use crate::kind::{AttentionKind, AttentionMechanism, LayerInit, TestVariant, caps};
+use crate::pattern::adjacent_chunks::{ChunkItems, adjacent_chunk_attention};
 use crate::pattern::sorted_chunks::{RoundLayout, SortedItems, attend_picked, host, sorted_chunk_attention};
 use crate::pattern::sorted_kernel;
 use crate::state::AttentionState;
@@ -60,6 +65,17 @@ attention_config! {
         pub chunk: usize = 32,
         /// Seed of the random rotations (mixed with the layer index). Default 0.
         pub seed: u64 = 0,
+        /// `"paper"` (above) or `"transformers"`, LSH attention as transformers' Reformer
+        /// computes it ([`LshLayout::Transformers`]). Default paper.
+        pub layout: LshLayout = LshLayout::Paper,
+        /// Transformers layout: chunks before a query's chunk it sees. Default 1.
+        pub chunks_before: usize = 1,
+        /// Transformers layout: chunks after it. Default 0.
+        pub chunks_after: usize = 0,
+        /// Transformers layout: a sequence longer than `chunk` is padded (hidden keys, a bucket
+        /// of their own after the others) to a multiple of this, a multiple of `chunk`.
+        /// Default `chunk`.
+        pub pad_to: Option<usize> = None,
         /// The layer this config was specialised for ([`AttentionKind::for_layer`]).
         #[serde(skip)]
         pub layer: usize = 0,
@@ -86,6 +102,11 @@ impl LshConfig {
             chunk: self.chunk,
             seed: self.seed,
             layer: self.layer,
+            layout: self.layout,
+            chunks_before: self.chunks_before,
+            chunks_after: self.chunks_after,
+            pad_to: self.pad_to.unwrap_or(self.chunk),
+            rotations: None,
         }
     }
 }
@@ -96,13 +117,36 @@ impl AttentionKind for LshConfig {
     const PAPER: &'static str = "Kitaev et al. 2020, Reformer: The Efficient Transformer";
     const CAPS: Capabilities = Capabilities { reads_memory: false, hides_padding: false, ..caps::NO_SCORES };
 
+    fn capabilities(&self) -> Capabilities {
+        match self.layout {
+            LshLayout::Paper => Self::CAPS,
+            LshLayout::Transformers => Capabilities { causal: false, incremental: false, ..Self::CAPS },
+        }
+    }
+
+    fn why_not_causal(&self) -> &'static str {
+        "layout = \"transformers\" cuts chunks from an order that later positions' buckets decide"
+    }
+
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         projections::validate_heads(self.n_heads, self.head_dim, self.chunk, d_model)?;
         crate::kind::check_dropout(self.dropout)?;
         check(self.buckets == 1 || (self.buckets >= 2 && self.buckets % 2 == 0), || {
             format!("model.attention.buckets = {} must be 1 or even (h(x) = argmax([xR; −xR]))", self.buckets)
         })?;
-        check(self.rounds >= 1, || "model.attention.rounds must be at least 1".into())
+        check(self.rounds >= 1, || "model.attention.rounds must be at least 1".into())?;
+        match self.layout {
+            LshLayout::Paper => check((self.chunks_before, self.chunks_after, self.pad_to) == (1, 0, None), || {
+                "model.attention: chunks_before, chunks_after and pad_to are read only with layout = \"transformers\""
+                    .into()
+            }),
+            LshLayout::Transformers => {
+                let pad_to = self.pad_to.unwrap_or(self.chunk);
+                check(pad_to >= 1 && pad_to % self.chunk == 0, || {
+                    format!("model.attention.pad_to = {pad_to} must be a multiple of chunk = {}", self.chunk)
+                })
+            }
+        }
     }
 
     head_settings_hooks!();
@@ -126,8 +170,36 @@ impl AttentionKind for LshConfig {
 
     fn test_variants() -> Vec<TestVariant<Self>> {
         // several chunks and buckets at the harness's lengths
-        vec![TestVariant::new("", Self { buckets: 4, rounds: 2, chunk: 3, ..Default::default() })]
+        let transformers = Self { layout: LshLayout::Transformers, pad_to: Some(6), ..Self::default() };
+        vec![
+            TestVariant::new("", Self { buckets: 4, rounds: 2, chunk: 3, ..Default::default() }),
+            TestVariant::new("transformers", Self { buckets: 4, rounds: 2, chunk: 3, ..transformers }).masked(),
+        ]
     }
+}
+
+/// How the hashed positions are arranged into what each query sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LshLayout {
+    /// As the paper describes it (above): per round, chunks of the round's sorted order, keys of
+    /// the query's bucket only, scores q·k̂/√d, a key met in several rounds counted once; causal
+    /// by the sorted order.
+    #[default]
+    Paper,
+    /// As transformers' `LSHSelfAttention` computes it (bidirectional only): the rounds' sorted
+    /// orders one after the other, cut into chunks of m, each seeing `chunks_before` and
+    /// `chunks_after` neighbouring chunks modulo their number ([`adjacent_chunk_attention`]: a
+    /// round's first chunk sees the previous round's last) with every key in them, whatever its
+    /// bucket; scores q·k̂ with k̂ = k / √(mean(k²) + 10⁻⁶) / √d, about q·k/‖k‖ (no further
+    /// 1/√d); a key met in several rounds counts once per round (the rounds' outputs weighted
+    /// by their normalisers, no correction); a sequence of at most m positions attended to in
+    /// full. The rotations are the seeded ones of the paper layout, fixed per layer:
+    /// transformers draws new ones every forward (its outputs vary from call to call), and a
+    /// draw of its can be handed to a layer ([`LshAttention::rotations`]) to compare the two.
+    /// transformers' causal LSH picks a query's chunk mates by hashing later tokens; this
+    /// layout has no causal form.
+    Transformers,
 }
 
 /// A Reformer LSH attention layer ([`LshConfig`]): shared-QK heads hashed into buckets.
@@ -154,6 +226,22 @@ pub struct LshAttention {
     pub seed: u64,
     /// The layer's index, mixed into the rotations' seed so each layer hashes differently.
     pub layer: usize,
+    /// Paper or transformers' arrangement ([`LshLayout`]).
+    #[module(skip)]
+    pub layout: LshLayout,
+    /// Transformers layout: chunks seen before the query's.
+    #[module(skip)]
+    pub chunks_before: usize,
+    /// Transformers layout: chunks seen after the query's.
+    #[module(skip)]
+    pub chunks_after: usize,
+    /// Transformers layout: longer sequences are padded to a multiple of this.
+    #[module(skip)]
+    pub pad_to: usize,
+    /// Transformers layout: rotations given from outside, `[heads, head_dim, rounds,
+    /// buckets / 2]` as transformers lays them out (no gradient) — a draw of transformers' to
+    /// compare with it; `None` (as built): the seeded draws of the paper layout.
+    pub rotations: Option<Param<Tensor<4>>>,
 }
 
 /// A position's score against itself: below any real score, above a masked one.
@@ -200,6 +288,12 @@ impl LshAttention {
         // shared-QK: keys come from the queries' positions (models refuse a memory with it)
         assert!(input.key_value.is_none(), "lsh attention is self-attention only (shared queries and keys)");
         let causal = input.mask.causal;
+        if self.layout == LshLayout::Transformers {
+            assert!(!causal && cache.is_none(), "layout = \"transformers\" is bidirectional (models refuse it causal)");
+            let (q, v) = self.project(input.query);
+            let context = concat_heads(self.attend_as_transformers(q, v, input.mask.padding.clone()));
+            return AttentionOutput { context: self.out.forward(context), weights: None, aux_losses: Vec::new() };
+        }
         let (q, v) = self.project(input.query);
         let [b, h, lq, _] = q.dims();
         let context = match cache {
@@ -294,6 +388,90 @@ impl LshAttention {
             attend_picked(q.clone(), cache, picks, self.chunk + 1, Some(SELF_SCORE), true, met)
         });
         combine_rounds(rounds.collect())
+    }
+}
+
+impl LshAttention {
+    /// [`LshLayout::Transformers`]: `[b, h, len, hd]` outputs from the shared projections `qk`
+    /// and values `v`, padded keys (`[b, len]`, true = padding) hidden and sorted last.
+    fn attend_as_transformers(&self, qk: Tensor<4>, v: Tensor<4>, padding: Option<Tensor<2, Bool>>) -> Tensor<4> {
+        let [b, h, len, hd] = qk.dims();
+        let device = qk.device();
+        let m = self.chunk;
+        let n = if len <= m { len } else { len.next_multiple_of(self.pad_to) };
+        let pad = |t: Tensor<4>| match n - len {
+            0 => t,
+            extra => Tensor::cat(vec![t, Tensor::zeros([b, h, extra, hd], &device)], 2),
+        };
+        let (qk, v) = (pad(qk), pad(v));
+        let keys = qk.clone() / (qk.clone().powf_scalar(2.0).mean_dim(3) + 1e-6).sqrt() / (hd as f64).sqrt();
+        let position: Tensor<3, Int> = Tensor::arange(0..n as i64, &device).reshape([1, 1, n]).expand([b, h, n]);
+        let given = padding.map(|p| {
+            let p = Tensor::cat(vec![p.int(), Tensor::zeros([b, n - len], &device)], 1);
+            p.equal_elem(1).unsqueeze_dim::<3>(1).expand([b, h, n])
+        });
+        let hidden = match (given, n > len) {
+            (Some(g), _) => Some(g.bool_or(position.clone().greater_equal_elem(len as i64))),
+            (None, true) => Some(position.clone().greater_equal_elem(len as i64)),
+            (None, false) => None,
+        };
+        if n <= m {
+            let items = ChunkItems { q: qk, k: keys, v, position, hidden };
+            let (out, _) = adjacent_chunk_attention(items, n, 0, 0, false, Some(SELF_SCORE), &self.dropout);
+            return out.narrow(2, 0, len);
+        }
+        // per round: buckets (hidden positions in an extra one), offset by the round so the
+        // rounds sort one after the other; a bucket's positions in order
+        let rotations = self.rotations.as_ref().map(|r| r.val());
+        let extra = hidden.is_some();
+        let per_round = self.buckets + extra as usize;
+        let sort_keys: Vec<Tensor<3, Int>> = (0..self.rounds)
+            .map(|r| {
+                let bucket = match (&rotations, self.buckets) {
+                    (_, 1) => Tensor::zeros([b, h, n], &device),
+                    (Some(all), _) => {
+                        let half = self.buckets / 2;
+                        let rotation = all.clone().narrow(2, r, 1).reshape([1, h, hd, half]);
+                        let rotated = qk.clone().detach().matmul(rotation);
+                        Tensor::cat(vec![rotated.clone(), rotated.neg()], 3).argmax(3).squeeze_dim::<3>(3)
+                    }
+                    (None, _) => self.buckets(qk.clone(), r),
+                };
+                let bucket = match &hidden {
+                    Some(hidden) => bucket.mask_fill(hidden.clone(), self.buckets as i64),
+                    None => bucket,
+                };
+                (bucket + (r * per_round) as i64).mul_scalar(n as i64) + position.clone()
+            })
+            .collect();
+        // [b, h, R·n]: indices r·n + position into the rounds laid end to end
+        let order = Tensor::cat(sort_keys, 2).argsort(2);
+        let at = order.clone().remainder_scalar(n as i64);
+        let pick =
+            |t: &Tensor<4>| t.clone().gather(2, at.clone().unsqueeze_dim::<4>(3).expand([b, h, self.rounds * n, hd]));
+        let items = ChunkItems {
+            q: pick(&qk),
+            k: pick(&keys),
+            v: pick(&v),
+            position: at.clone(),
+            hidden: hidden.map(|hd| hd.int().gather(2, at.clone()).equal_elem(1)),
+        };
+        let (out, z) = adjacent_chunk_attention(
+            items,
+            m,
+            self.chunks_before,
+            self.chunks_after,
+            false,
+            Some(SELF_SCORE),
+            &self.dropout,
+        );
+        // back to (round, position) order, then the rounds weighted by their normalisers
+        let inverse = order.argsort(2).unsqueeze_dim::<4>(3);
+        let out =
+            out.gather(2, inverse.clone().expand([b, h, self.rounds * n, hd])).reshape([b, h, self.rounds, n, hd]);
+        let z = z.gather(2, inverse).reshape([b, h, self.rounds, n, 1]);
+        let weights = softmax(z, 2);
+        (out * weights).sum_dim(2).reshape([b, h, n, hd]).narrow(2, 0, len)
     }
 }
 

@@ -9,6 +9,7 @@ use crate::engine::band::{Band, BandPart, Pattern};
 use crate::engine::blocks::{banded, sparse};
 use crate::engine::heads::MultiHeadAttention;
 use crate::kind::AttentionMechanism;
+use crate::pattern::adjacent_chunks::{ChunkItems, adjacent_chunk_attention};
 use crate::pattern::call::dense_pattern;
 use crate::state::AttentionState;
 use burn::prelude::*;
@@ -39,6 +40,24 @@ pub struct BandAttention {
     /// δ per head (Longformer's dilated window: keys δ apart, reach counted in keys); empty = 1.
     #[module(skip)]
     pub dilations: Vec<usize>,
+    /// Bidirectional local attention whose chunks wrap around (the `local` kind's `wrap`).
+    #[module(skip)]
+    pub wrap: Option<Wrap>,
+}
+
+/// Local attention over chunks that wrap around, as transformers' Reformer computes it
+/// bidirectionally: the sequence, padded with hidden keys to a multiple of `pad_to`, is cut into
+/// chunks of `block`, and chunk c sees chunks c − before … c + after modulo their number (the
+/// first chunk's previous one is the last). A sequence of at most `block` positions (as given,
+/// no padding) is attended to in full.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Wrap {
+    /// Chunks before the query's.
+    pub before: usize,
+    /// Chunks after it.
+    pub after: usize,
+    /// Longer sequences are padded to a multiple of this (a multiple of the chunk).
+    pub pad_to: usize,
 }
 
 impl BandAttention {
@@ -89,6 +108,9 @@ impl BandAttention {
     /// With `dense`, always scores every key under the band mask (the definition; for tests).
     pub fn forward_with(&self, input: AttentionInput, mut cache: Option<&mut KvCache>, dense: bool) -> AttentionOutput {
         let mask = input.mask;
+        if let Some(wrap) = self.wrap.filter(|_| !mask.causal && input.key_value.is_none() && cache.is_none()) {
+            return self.wrapped(input, wrap);
+        }
         let plain = mask.padding.is_none() && mask.custom.is_none() && !input.need_weights;
         if plain && !dense && cache.is_none() && self.is_full_attention(&input) {
             // the band reaches every key (a window at least the context, as at a short one):
@@ -122,6 +144,47 @@ impl BandAttention {
             self.trim(c);
         }
         out
+    }
+}
+
+impl BandAttention {
+    /// Bidirectional chunks that wrap around ([`Wrap`]), on [`adjacent_chunk_attention`]:
+    /// O(L · block · (1 + before + after)) scores.
+    fn wrapped(&self, input: AttentionInput, wrap: Wrap) -> AttentionOutput {
+        let mask = input.mask;
+        let p = self.attention.project(input.query, None, mask, None);
+        let [b, h, len, _] = p.q_dims();
+        let device = p.device();
+        // every query head its K/V head: a group's query heads are consecutive
+        let per_head = |t: Tensor<4>| {
+            let [_, kv, _, w] = t.dims();
+            t.unsqueeze_dim::<5>(2).expand([b, kv, h / kv, len, w]).reshape([b, h, len, w])
+        };
+        let (q, k, v) = (p.q(), per_head(p.k.clone()), per_head(p.v.clone()));
+        let (n, chunk, before, after) = match len <= self.block {
+            true => (len, len, 0, 0),
+            false => (len.next_multiple_of(wrap.pad_to), self.block, wrap.before, wrap.after),
+        };
+        let pad = |t: Tensor<4>| match n - len {
+            0 => t,
+            extra => {
+                let w = t.dims()[3];
+                Tensor::cat(vec![t, Tensor::zeros([b, h, extra, w], &device)], 2)
+            }
+        };
+        let position: Tensor<3, Int> = Tensor::arange(0..n as i64, &device).reshape([1, 1, n]).expand([b, h, n]);
+        let padded = position.clone().greater_equal_elem(len as i64);
+        let hidden = match &mask.padding {
+            Some(pad_keys) => {
+                let given = Tensor::cat(vec![pad_keys.clone().int(), Tensor::zeros([b, n - len], &device)], 1);
+                Some(padded.bool_or(given.equal_elem(1).unsqueeze_dim::<3>(1).expand([b, h, n])))
+            }
+            None => (n > len).then_some(padded),
+        };
+        let items = ChunkItems { q: pad(q), k: pad(k), v: pad(v), position, hidden };
+        let (out, _) = adjacent_chunk_attention(items, chunk, before, after, false, None, &self.attention.dropout);
+        let context = out.narrow(2, 0, len);
+        AttentionOutput { context: self.attention.merge(context), weights: None, aux_losses: Vec::new() }
     }
 }
 

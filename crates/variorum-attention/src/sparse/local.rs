@@ -14,7 +14,7 @@ use variorum_position::{PositionConfig, T5BiasConfig};
 
 use crate::contract::Positioning;
 use crate::kind::{AttentionKind, TestVariant, caps};
-use crate::pattern::band_attention::BandAttention;
+use crate::pattern::band_attention::{BandAttention, Wrap};
 
 attention_config! {
     /// `model.attention` with `kind = "local"`.
@@ -25,6 +25,14 @@ attention_config! {
         pub memory: usize = 64,
         /// Bidirectional only: positions after the block. Default `memory`.
         pub look_ahead: Option<usize> = None,
+        /// Bidirectional only: the chunks wrap around — the first block's memory is the end of
+        /// the sequence, the last block's look-ahead its start — as transformers' Reformer
+        /// computes local attention (`memory` and `look_ahead` then whole blocks). Default false.
+        pub wrap: bool = false,
+        /// With `wrap`: a sequence longer than `block` is padded (with hidden keys) to a multiple
+        /// of this, a multiple of `block` (transformers pads a Reformer's input to the least
+        /// common multiple of its layers' chunks). Default `block`.
+        pub pad_to: Option<usize> = None,
     }
 }
 
@@ -53,6 +61,11 @@ impl LocalAttentionConfig {
             head_back: Vec::new(),
             global: Vec::new(),
             dilations: Vec::new(),
+            wrap: self.wrap.then(|| Wrap {
+                before: self.memory / self.block,
+                after: self.look_ahead() / self.block,
+                pad_to: self.pad_to.unwrap_or(self.block),
+            }),
         }
     }
 }
@@ -68,9 +81,32 @@ impl AttentionKind for LocalAttentionConfig {
         Self { look_ahead: Some(self.look_ahead()), ..self.expanded_heads(d_model) }
     }
 
+    /// Wrapped chunks score no distance a bias could act on, and a padded row would move the
+    /// wrap; the causal form is the plain one (every wrapped key lies ahead).
+    fn capabilities(&self) -> Capabilities {
+        match self.wrap {
+            true => Capabilities { score_bias: false, hides_padding: false, reads_memory: false, ..Self::CAPS },
+            false => Self::CAPS,
+        }
+    }
+
     fn validate(&self, d_model: usize) -> Result<(), ConfigError> {
         self.heads().validate(d_model)?;
-        check(self.block >= 1, || "model.attention.block must be at least 1".into())
+        check(self.block >= 1, || "model.attention.block must be at least 1".into())?;
+        if self.wrap {
+            let whole = |key: &str, n: usize| {
+                check(n % self.block == 0, || {
+                    format!("model.attention.{key} = {n} must be whole blocks of {} with wrap = true", self.block)
+                })
+            };
+            whole("memory", self.memory)?;
+            whole("look_ahead", self.look_ahead())?;
+            whole("pad_to", self.pad_to.unwrap_or(self.block))?;
+            check(self.pad_to != Some(0), || "model.attention.pad_to must be at least 1".into())?;
+        } else {
+            check(self.pad_to.is_none(), || "model.attention.pad_to is read only with wrap = true".into())?;
+        }
+        Ok(())
     }
 
     /// Multiply–adds per token: at most memory + block keys.
@@ -85,6 +121,11 @@ impl AttentionKind for LocalAttentionConfig {
                 let cfg = Self { block: 3, memory: 2, ..Default::default() };
                 TestVariant::new(format!("+ position {}", position.kind()), cfg).with_position(position)
             })
+            .chain([TestVariant::new(
+                "wrapped",
+                Self { block: 2, memory: 2, look_ahead: Some(2), wrap: true, pad_to: Some(4), ..Default::default() },
+            )
+            .masked()])
             .collect()
     }
 }

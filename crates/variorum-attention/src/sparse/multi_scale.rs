@@ -59,6 +59,7 @@ impl MultiScaleConfig {
             head_back: self.windows.iter().map(|w| w - 1).collect(),
             global: Vec::new(),
             dilations: Vec::new(),
+            wrap: None,
         }
     }
 }

@@ -69,6 +69,7 @@ impl SlidingWindowConfig {
             head_back: Vec::new(),
             global: self.global.clone(),
             dilations: self.dilations.clone(),
+            wrap: None,
         }
     }
 }

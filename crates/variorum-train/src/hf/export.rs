@@ -26,7 +26,7 @@ use variorum_model::{ModelConfig, ObjectiveConfig};
 
 use super::checkpoint::Checkpoint;
 use super::config::HfConfig;
-use super::{Mapping, bert, bloom, deberta_v2, gpt_neox, gpt2, gptj, llama, phi, t5};
+use super::{Mapping, bert, bloom, deberta_v2, gpt_neox, gpt2, gptj, llama, phi, reformer, t5};
 use crate::run::Run;
 
 /// What [`export`] wrote.
@@ -155,6 +155,14 @@ const TARGETS: &[Target] = &[
         pads: false,
     },
     Target { model_type: "t5", position: "t5", masked: false, config_json: t5::config_json, map: t5::map, pads: false },
+    Target {
+        model_type: "reformer",
+        position: "axial",
+        masked: true,
+        config_json: reformer::config_json,
+        map: reformer::map,
+        pads: false,
+    },
 ];
 
 /// Writes the run `run_dir` as the Hugging Face model directory `out`, which must not exist;
@@ -246,6 +254,11 @@ pub fn export(run_dir: &Path, out: &Path, device: &Device) -> Result<Exported> {
         if json.get(key).is_none_or(Value::is_null) {
             json.insert(key.into(), generation.get(key).cloned().unwrap_or(Value::Null));
         }
+    }
+    // Reformer pads a text to a multiple of its chunks with this id (any: a padded position is
+    // hidden from every real one), and fails without one
+    if mapping.class == "ReformerForMaskedLM" && json["pad_token_id"].is_null() {
+        json.insert("pad_token_id".into(), 0.into());
     }
 
     let staging = super::staging_dir(out, "exporting")?;

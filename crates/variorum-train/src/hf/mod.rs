@@ -22,6 +22,7 @@ mod llama;
 mod opt;
 mod phi;
 mod recipe;
+mod reformer;
 mod t5;
 
 use std::path::{Path, PathBuf};
@@ -71,6 +72,7 @@ const ARCHITECTURES: &[(&str, fn(&mut HfConfig, &Checkpoint) -> Result<Mapping>)
     ("longformer", bert::map),
     ("big_bird", bert::map),
     ("deberta-v2", deberta_v2::map),
+    ("reformer", reformer::map),
     ("t5", t5::map),
 ];
 
@@ -158,7 +160,8 @@ fn staging_dir(out: &Path, what: &str) -> Result<PathBuf> {
 /// whose tokenizer is the run's `tokenizer.json` (`out` as given, so relative to the current
 /// directory as `data.path` is).
 fn config_toml(src: &Path, out: &Path, mapping: &Mapping, tokenizer_vocab: usize) -> Result<String> {
-    let model = toml::to_string(&mapping.model)?;
+    // under a root table, so that its sub-tables (and arrays of tables) come out as [model.…]
+    let model = toml::to_string(&table([("model", mapping.model.clone())]))?;
     let vocab = mapping.model.get("vocab_size").and_then(toml::Value::as_integer).unwrap_or(0);
     if (vocab as usize) < tokenizer_vocab {
         bail!(
@@ -166,9 +169,6 @@ fn config_toml(src: &Path, out: &Path, mapping: &Mapping, tokenizer_vocab: usize
             src.join("tokenizer.json").display()
         );
     }
-    // the model's sub-tables come out of `toml` as [section]s of their own: prefix them
-    let model = model.replace("\n[", "\n[model.");
-    let model = if let Some(rest) = model.strip_prefix('[') { format!("[model.{rest}") } else { model };
     // an encoder–decoder reads pairs: a file the user names (a decoder reads a plain text)
     let encoder_decoder = mapping.model.get("kind").and_then(toml::Value::as_str) == Some("encoder-decoder");
     let data = match encoder_decoder {
@@ -182,7 +182,7 @@ fn config_toml(src: &Path, out: &Path, mapping: &Mapping, tokenizer_vocab: usize
         "# Imported from {} ({}) by `variorum import`.\n\
          # The run's tokenizer.json is the model's own; [data] is what eval and fine-tuning read\n\
          # (a file of your own: data.path = \"…\").\n\n\
-         [model]\n{model}\n\
+         {model}\n\
          [data]\n{data}tokenizer = {{ kind = \"file\", path = {tokenizer} }}\n",
         src.display(),
         mapping.class,

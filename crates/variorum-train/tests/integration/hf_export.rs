@@ -210,6 +210,35 @@ fn an_imported_big_bird_fine_tuned_here_exports_as_big_bird_again() {
     refused("big_bird", seeded, "random_draw");
 }
 
+/// The Reformer round trip: tests/fixtures/hf/reformer (local and LSH layers in turn, axial
+/// positions, reversible blocks whose streams are concatenated) imported, fine-tuned 100 steps,
+/// exported as ReformerForMaskedLM; transformers scored it with rotations drawn from a
+/// `hash_seed`, which the test hands to the run's LSH layers (and to the export imported back).
+#[test]
+fn an_imported_reformer_fine_tuned_here_exports_as_reformer_again() {
+    let name = "reformer";
+    let dir = fixture(name);
+    let text = std::fs::read_to_string(dir.join("expected.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let expected: crate::hf_import::MaskedExpected = serde_json::from_str(&text).unwrap();
+    assert_eq!(json["class"], "ReformerForMaskedLM");
+    let device = Device::flex();
+    let (tmp, out) = export_again(name);
+    let back = tmp.path().join("back");
+    hf::import(&out, &back, &device).unwrap_or_else(|e| panic!("importing the export: {e:#}"));
+    for (what, path) in [("the run", &dir), ("the export imported", &back)] {
+        let mut run = Run::load(path, &device).unwrap();
+        assert_eq!(run.encode_prompt(&expected.text).unwrap(), expected.ids, "{what}: token ids of the text");
+        assert_eq!(crate::hf_import::draw_as_transformers(&mut run, &json), 2);
+        let (worst, hidden) = crate::hf_import::mlm_deltas(&run, &expected);
+        assert!(
+            worst < 1e-4 && hidden < 1e-4,
+            "reformer, {what}: max |Δ log-prob| = {worst:e}, |Δ hidden| = {hidden:e}"
+        );
+        eprintln!("reformer, {what}: max |Δ log-prob| = {worst:.2e}, |Δ hidden| = {hidden:.2e} against transformers");
+    }
+}
+
 /// The Longformer round trip: tests/fixtures/hf/longformer (windows of 4 and 8 keys each way,
 /// global projections of its own) imported, fine-tuned here, exported with its positions
 /// numbered from the padding token's id again. A run whose tokenizer names no padding token

@@ -7,9 +7,11 @@
 
 use std::path::{Path, PathBuf};
 
+use burn::module::Param;
 use burn::prelude::*;
 use burn::tensor::activation::log_softmax;
 use serde::Deserialize;
+use variorum_attention::Attention;
 use variorum_train::generate::SampleConfig;
 use variorum_train::hf;
 use variorum_train::run::Run;
@@ -272,6 +274,69 @@ fn big_bird_block_sparse_attention_equals_transformers() {
         let (worst, _) = mlm_deltas(&other, &expected);
         assert!(worst > 1e-3, "{from} → {to:?}: |Δ log-prob| = {worst:e}");
     }
+}
+
+/// Hands every LSH layer of `run` the rotations transformers drew (`json["rotations"]`,
+/// `[heads, head_dim, rounds, buckets / 2]`, the same for every layer: transformers seeds its
+/// draw with `hash_seed`). Returns how many layers took them.
+pub(crate) fn draw_as_transformers(run: &mut Run, json: &serde_json::Value) -> usize {
+    let values: Vec<f32> = json["rotations"]
+        .as_array()
+        .expect("expected.json records the rotations")
+        .iter()
+        .flat_map(|h| h.as_array().unwrap().iter())
+        .flat_map(|d| d.as_array().unwrap().iter())
+        .flat_map(|r| r.as_array().unwrap().iter())
+        .map(|v| v.as_f64().unwrap() as f32)
+        .collect();
+    let mut layers = 0;
+    for block in run.model.blocks.iter_mut() {
+        if let Attention::Lsh(lsh) = &mut block.attn {
+            let shape = [lsh.n_heads, lsh.head_dim, lsh.rounds, lsh.buckets / 2];
+            let drawn = Tensor::<4>::from_data(TensorData::new(values.clone(), shape), &Device::flex());
+            lsh.rotations = Some(Param::from_tensor(drawn).set_require_grad(false));
+            layers += 1;
+        }
+    }
+    layers
+}
+
+/// transformers' Reformer: local layers (chunks of 4 seeing one chunk each way, wrapping
+/// around) and LSH layers (4 buckets, 2 rounds, chunks of 8 over both rounds' orders) in turn,
+/// axial positions, reversible blocks whose streams are concatenated; the text's 59 tokens
+/// padded to 64 inside each layer as transformers pads the input, the padding hashed apart. The
+/// LSH layers get the rotations transformers drew (from `hash_seed`); with variorum's own draw
+/// the log-probabilities move. A 6-token text: local chunks over a padded 8, LSH in full.
+#[test]
+fn reformer_local_and_lsh_layers_equal_transformers_with_its_rotations() {
+    let src = fixture("reformer");
+    let text = std::fs::read_to_string(src.join("expected.json")).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let expected: MaskedExpected = serde_json::from_value(json.clone()).unwrap();
+    let short: MaskedExpected = serde_json::from_value(json["short"].clone()).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("run");
+    let device = Device::flex();
+    let imported = hf::import(&src, &out, &device).unwrap_or_else(|e| panic!("reformer: {e:#}"));
+    assert_eq!(imported.class, "ReformerForMaskedLM");
+    let config = std::fs::read_to_string(out.join("config.toml")).unwrap();
+    for setting in
+        ["kind = \"interleaved\"", "wrap = true", "layout = \"transformers\"", "merge = \"concat\"", "pad_to = 8"]
+    {
+        assert!(config.contains(setting), "{setting}: {config}");
+    }
+    let mut run = Run::load(&out, &device).unwrap();
+    assert_eq!(run.encode_prompt(&expected.text).unwrap(), expected.ids, "reformer: token ids of the text");
+    let seeded = mlm_deltas(&run, &expected).0;
+    assert_eq!(draw_as_transformers(&mut run, &json), 2, "LSH layers");
+    for (what, expected) in [("59 tokens", &expected), ("6 tokens", &short)] {
+        let (worst, hidden) = mlm_deltas(&run, expected);
+        assert!(worst < 1e-4 && hidden < 1e-4, "reformer, {what}: |Δ log-prob| = {worst:e}, |Δ hidden| = {hidden:e}");
+        eprintln!("reformer, {what}: max |Δ log-prob| = {worst:.2e}, max |Δ hidden| = {hidden:.2e}");
+    }
+    // the rotations matter: variorum's own draw hashes differently
+    assert!(seeded > 1e-3, "variorum's seeded rotations: |Δ log-prob| = {seeded:e}");
+    eprintln!("reformer with variorum's own rotations: max |Δ log-prob| = {seeded:.2e}");
 }
 
 #[test]
