@@ -291,6 +291,55 @@ mod tests {
         }
     }
 
+    /// The whole prior written out per head and query from the layer's own parameters, read-outs
+    /// non-zero: P and D through sigmoid(vᵀ tanh(W_p q) + b), W_p shared by the centre and the
+    /// window, v and b per head — dropping tanh, swapping the centre's and the window's read-outs
+    /// or reading another query moves the weights.
+    #[test]
+    fn the_prior_follows_the_paper_formula_through_tanh_and_the_read_outs() {
+        let dev = Device::flex();
+        let (mut attn, x) = setup(&dev);
+        dev.seed(11);
+        attn.readout = Param::from_tensor(Tensor::random([4, 4, 2], Distribution::Normal(0.0, 1.5), &dev));
+        attn.readout_bias = Param::from_tensor(Tensor::random([4, 2], Distribution::Normal(0.0, 0.5), &dev));
+        let host = |t: Tensor<4>| t.into_data().convert::<f64>().try_to_vec::<f64>().unwrap();
+        let w = attn.hidden.weight.val().into_data().convert::<f64>().try_to_vec::<f64>().unwrap(); // [in, out]
+        let v = attn.readout.val().into_data().convert::<f64>().try_to_vec::<f64>().unwrap(); // [h, dh, 2]
+        let b = attn.readout_bias.val().into_data().convert::<f64>().try_to_vec::<f64>().unwrap(); // [h, 2]
+        let sigmoid = |z: f64| 1.0 / (1.0 + (-z).exp());
+        let dh = 4;
+        for mask in [AttentionMask::causal(), AttentionMask::bidirectional()] {
+            let a = &attn.attention;
+            let p = a.project(x.clone(), None, &mask, None);
+            let q = host(p.q().div_scalar(a.scale)); // [2, h, L, dh], unscaled
+            let mut g = vec![0.0f32; 2 * 4 * L * L];
+            for row in 0..2 {
+                for h in 0..4 {
+                    for i in 0..L {
+                        let qi = &q[((row * 4 + h) * L + i) * dh..][..dh];
+                        let hidden: Vec<f64> =
+                            (0..dh).map(|o| (0..dh).map(|k| qi[k] * w[k * dh + o]).sum::<f64>().tanh()).collect();
+                        let read = |c: usize| {
+                            sigmoid((0..dh).map(|k| hidden[k] * v[(h * dh + k) * 2 + c]).sum::<f64>() + b[h * 2 + c])
+                        };
+                        let last = if mask.causal { i } else { L - 1 };
+                        let centre = last as f64 * read(0);
+                        let sigma = (last + 1) as f64 * read(1) / 2.0;
+                        for j in 0..L {
+                            let at = ((row * 4 + h) * L + i) * L + j;
+                            g[at] = (-(j as f64 - centre).powi(2) / (2.0 * sigma * sigma).max(1e-6)) as f32;
+                        }
+                    }
+                }
+            }
+            let g = Tensor::<1>::from_floats(g.as_slice(), &dev).reshape([2, 4, L, L]);
+            let want = softmax(a.mask_scores(a.scores(&p) + g, &mask, None, &p), 3);
+            let got = output(&attn, x.clone(), &mask).weights.unwrap();
+            let diff = max_diff(got, want);
+            assert!(diff < 1e-5, "causal {}: weights differ from the paper's prior by {diff}", mask.causal);
+        }
+    }
+
     #[test]
     fn without_content_scores_every_row_peaks_at_its_predicted_centre() {
         let dev = Device::flex();
