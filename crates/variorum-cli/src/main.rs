@@ -59,10 +59,11 @@ enum Command {
     /// for each confidence measure and threshold, the calibrated thresholds, and a plot.
     EarlyExit(early_exit::EarlyExitArgs),
     /// Write a run's weights in another format: safetensors (tensor names:
-    /// crates/variorum-train/src/transfer.rs) or a Hugging Face model directory (GPT-2, LLaMA).
+    /// crates/variorum-train/src/transfer.rs) or a Hugging Face model directory (docs/interop.md
+    /// lists the architectures).
     Export(export::ExportArgs),
-    /// Import a Hugging Face model directory (GPT-2, LLaMA, Mistral, Qwen2, OPT: config.json, safetensors,
-    /// tokenizer.json) as a run directory every command works on.
+    /// Import a Hugging Face model directory (config.json, safetensors, tokenizer.json; eighteen
+    /// model types, listed in docs/interop.md) as a run directory every command works on.
     Import(import::ImportArgs),
     /// Re-parameterise a run's full multi-head attention as collaborative heads (Cordonnier et
     /// al. 2020: shared query/key projections, a mixing vector per head); writes a new run.
