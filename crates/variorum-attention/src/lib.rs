@@ -83,7 +83,7 @@ pub use engine::head_losses::{Disagreement, DiversityConfig, GuidanceConfig};
 pub use engine::heads::{MultiHeadAttention, Projected};
 pub use engine::normaliser::{MASKED_SCORE, Normaliser, ScoreNormaliser};
 pub use engine::qkv::{QkvProjection, QkvProjectionConfig};
-pub use pattern::band_attention::BandAttention;
+pub use pattern::band_attention::{BandAttention, Wrap};
 
 // Sparse patterns.
 pub use sparse::adaptive_span::{AdaptiveSpanAttention, AdaptiveSpanConfig};
@@ -120,7 +120,7 @@ pub use kernelised::performer::{PerformerAttention, PerformerConfig, PerformerKe
 pub use kernelised::rfa::{RfaAttention, RfaConfig};
 
 // Content-based sparsity.
-pub use content::lsh::{LshAttention, LshConfig};
+pub use content::lsh::{LshAttention, LshConfig, LshLayout};
 pub use content::routing::{RoutingAttention, RoutingConfig};
 pub use content::sinkhorn::{SinkhornAttention, SinkhornConfig};
 

@@ -189,14 +189,14 @@ pub enum LshLayout {
     Paper,
     /// As transformers' `LSHSelfAttention` computes it (bidirectional only): the rounds' sorted
     /// orders one after the other, cut into chunks of m, each seeing `chunks_before` and
-    /// `chunks_after` neighbouring chunks modulo their number ([`adjacent_chunk_attention`]: a
+    /// `chunks_after` neighbouring chunks modulo their number (`pattern::adjacent_chunks`: a
     /// round's first chunk sees the previous round's last) with every key in them, whatever its
     /// bucket; scores q·k̂ with k̂ = k / √(mean(k²) + 10⁻⁶) / √d, about q·k/‖k‖ (no further
     /// 1/√d); a key met in several rounds counts once per round (the rounds' outputs weighted
     /// by their normalisers, no correction); a sequence of at most m positions attended to in
     /// full. The rotations are the seeded ones of the paper layout, fixed per layer:
     /// transformers draws new ones every forward (its outputs vary from call to call), and a
-    /// draw of its can be handed to a layer ([`LshAttention::rotations`]) to compare the two.
+    /// draw of its can be handed to a layer (the `rotations` field of [`LshAttention`]) to compare the two.
     /// transformers' causal LSH picks a query's chunk mates by hashing later tokens; this
     /// layout has no causal form.
     Transformers,
