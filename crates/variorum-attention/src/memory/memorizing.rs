@@ -565,6 +565,53 @@ mod tests {
         assert!(max_diff(row(&reset, 1), row(&over_both, 1)) < 1e-5);
     }
 
+    /// V_m against the paper's formula written out: for each head and query, the k stored keys
+    /// with the largest q̂ · k̂, a softmax of τ q̂ · k̂ over those k alone, their values weighted by
+    /// it. Another k, a softmax over every stored key, or a missing τ moves the result.
+    #[test]
+    fn the_memory_read_is_a_softmax_over_the_k_nearest_stored_keys() {
+        let device = Device::flex();
+        let attn = layer(&device);
+        let (h, dh, k) = (attn.attention.qkv.n_kv_heads, attn.attention.qkv.head_dim, attn.top_k);
+        let (stored, queries) = (7, 2);
+        // fixed values, no generator; keys and queries unit per (head, position)
+        let raw = |n: usize, s: f32| -> Vec<f32> {
+            let v: Vec<f32> = (0..h * n * dh).map(|i| (1.3 * i as f32 + s).sin()).collect();
+            v.chunks(dh)
+                .flat_map(|c| {
+                    let norm = c.iter().map(|x| x * x).sum::<f32>().sqrt();
+                    c.iter().map(move |x| x / norm)
+                })
+                .collect()
+        };
+        let (keys, q) = (raw(stored, 0.0), raw(queries, 0.7));
+        let values: Vec<f32> = (0..h * stored * dh).map(|i| (0.61 * i as f32).cos()).collect();
+        let mut memory = KnnMemory::new(1, h, dh, 32);
+        memory.push(&keys, &values, stored);
+        let taus: Vec<f32> = (0..h).map(|i| 2.0 + i as f32).collect();
+        let tau = Tensor::<1>::from_floats(taus.as_slice(), &device).reshape([1, h, 1, 1]);
+        let q_t = Tensor::<4>::from_data(TensorData::new(q.clone(), [1, h, queries, dh]), &device);
+        let got = attn.from_memory(q_t, tau, &memory).into_data().try_to_vec::<f32>().unwrap();
+        for head in 0..h {
+            for i in 0..queries {
+                let qi = &q[(head * queries + i) * dh..][..dh];
+                let dot =
+                    |j: usize| -> f64 { (0..dh).map(|e| (qi[e] * keys[(head * stored + j) * dh + e]) as f64).sum() };
+                let mut order: Vec<usize> = (0..stored).collect();
+                order.sort_by(|&a, &b| dot(b).total_cmp(&dot(a)));
+                let top = &order[..k];
+                let w: Vec<f64> = top.iter().map(|&j| (taus[head] as f64 * dot(j)).exp()).collect();
+                let total: f64 = w.iter().sum();
+                for e in 0..dh {
+                    let want: f64 =
+                        top.iter().zip(&w).map(|(&j, w)| w / total * values[(head * stored + j) * dh + e] as f64).sum();
+                    let have = got[(head * queries + i) * dh + e] as f64;
+                    assert!((have - want).abs() < 1e-5, "head {head}, query {i}: {have} vs {want}");
+                }
+            }
+        }
+    }
+
     /// Stored keys are unit vectors (the paper's answer to keys gone stale), and a segment
     /// joins the memory only once complete: feeding it in two parts stores it once.
     #[test]
