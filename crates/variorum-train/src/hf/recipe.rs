@@ -37,6 +37,10 @@ pub(crate) enum Recipe {
     /// token-type embedding of type 0, which every position of a one-segment text adds, folded
     /// into the position table. Written back as the matrix, and a one-row table of zeros.
     PlusRow(Box<Recipe>, String, usize),
+    /// A tensor the checkpoint also stores under a second name that its forward does not read
+    /// (Reformer's `lm_head.bias` beside the decoder's, which is read): read from the first,
+    /// written back under both, so that transformers finds every parameter it declares.
+    AlsoAs(Box<Recipe>, String),
 }
 
 impl Recipe {
@@ -112,6 +116,7 @@ impl Recipe {
                 }
                 Ok(ours.clone())
             }
+            Recipe::AlsoAs(inner, _) => inner.shape(ckpt),
             Recipe::PlusRow(inner, name, row) => {
                 let shape = inner.shape(ckpt)?;
                 match (ckpt.shape(name)?.as_slice(), shape.as_slice()) {
@@ -167,6 +172,7 @@ impl Recipe {
                 self.shape(ckpt)?;
                 inner.values(ckpt)
             }
+            Recipe::AlsoAs(inner, _) => inner.values(ckpt),
             Recipe::PlusRow(inner, name, row) => {
                 let width = *self.shape(ckpt)?.last().expect("a matrix");
                 let added = ckpt.values(name)?;
@@ -241,6 +247,10 @@ impl Recipe {
             // nothing of the checkpoint's: the architecture has no such tensor
             Recipe::Zeros(_) => {}
             Recipe::Reshape(inner, stored, _) => inner.invert(values, stored, out)?,
+            Recipe::AlsoAs(inner, name) => {
+                out.push((name.clone(), shape.to_vec(), values.clone()));
+                inner.invert(values, shape, out)?;
+            }
             Recipe::PlusRow(inner, name, _) => {
                 let width = *shape.last().unwrap_or(&0);
                 out.push((name.clone(), vec![1, width], vec![0.0; width]));

@@ -135,7 +135,11 @@ pub(crate) fn map(cfg: &mut HfConfig, _ckpt: &Checkpoint) -> Result<Mapping> {
         ("final_norm.gamma".to_string(), Recipe::copy("reformer.encoder.layer_norm.weight")),
         ("final_norm.beta".to_string(), Recipe::copy("reformer.encoder.layer_norm.bias")),
         ("head.weight".to_string(), Recipe::transpose("lm_head.decoder.weight")),
-        ("head_bias".to_string(), Recipe::copy("lm_head.decoder.bias")),
+        // the head's own `bias` parameter, which its forward does not read, written as a copy
+        (
+            "head_bias".to_string(),
+            Recipe::AlsoAs(Box::new(Recipe::copy("lm_head.decoder.bias")), "lm_head.bias".into()),
+        ),
     ];
     match position.get("shape").and_then(|s| s.as_array()) {
         Some(shape) => {
