@@ -417,8 +417,8 @@ impl LshAttention {
         };
         if n <= m {
             let items = ChunkItems { q: qk, k: keys, v, position, hidden };
-            let (out, _) = adjacent_chunk_attention(items, n, 0, 0, false, Some(SELF_SCORE), &self.dropout);
-            return out.narrow(2, 0, len);
+            let full = adjacent_chunk_attention(items, n, 0, 0, false, Some(SELF_SCORE), &self.dropout, false);
+            return full.out.narrow(2, 0, len);
         }
         // per round: buckets (hidden positions in an extra one), offset by the round so the
         // rounds sort one after the other; a bucket's positions in order
@@ -456,7 +456,7 @@ impl LshAttention {
             position: at.clone(),
             hidden: hidden.map(|hd| hd.int().gather(2, at.clone()).equal_elem(1)),
         };
-        let (out, z) = adjacent_chunk_attention(
+        let chunked = adjacent_chunk_attention(
             items,
             m,
             self.chunks_before,
@@ -464,7 +464,9 @@ impl LshAttention {
             false,
             Some(SELF_SCORE),
             &self.dropout,
+            false,
         );
+        let (out, z) = (chunked.out, chunked.log_normaliser);
         // back to (round, position) order, then the rounds weighted by their normalisers
         let inverse = order.argsort(2).unsqueeze_dim::<4>(3);
         let out =

@@ -10,6 +10,7 @@
 
 use burn::nn::Dropout;
 use burn::prelude::*;
+use burn::tensor::IndexingUpdateOp;
 
 use crate::pattern::sorted_chunks::log_sum_exp;
 
@@ -29,9 +30,22 @@ pub struct ChunkItems {
     pub hidden: Option<Tensor<3, Bool>>,
 }
 
-/// Outputs `[b, h, n, d_v]` and log-normalisers `[b, h, n, 1]` in item order. A hidden key
-/// (padding), or causally a later position, scores [`HIDDEN`]; then a query's own position
-/// scores `self_score` when given (Reformer's shared-QK: −10⁵, "only if nothing else").
+/// What [`adjacent_chunk_attention`] computed, in item order.
+pub struct ChunkOutput {
+    /// `[b, h, n, d_v]`.
+    pub out: Tensor<4>,
+    /// log Σ exp(scores), `[b, h, n, 1]`.
+    pub log_normaliser: Tensor<4>,
+    /// With `weights`: the probabilities as `[b, h, n, n]`, row = item, column = key position
+    /// (a key reached twice has its two weights summed) — for pictures, where items are the
+    /// positions in order.
+    pub weights: Option<Tensor<4>>,
+}
+
+/// Each chunk's queries over its neighbours' keys. A hidden key (padding), or causally a later
+/// position, scores [`HIDDEN`]; then a query's own position scores `self_score` when given
+/// (Reformer's shared-QK: −10⁵, "only if nothing else").
+#[allow(clippy::too_many_arguments)]
 pub fn adjacent_chunk_attention(
     items: ChunkItems,
     chunk: usize,
@@ -40,7 +54,8 @@ pub fn adjacent_chunk_attention(
     causal: bool,
     self_score: Option<f32>,
     dropout: &Dropout,
-) -> (Tensor<4>, Tensor<4>) {
+    weights: bool,
+) -> ChunkOutput {
     let [b, h, n, hd] = items.q.dims();
     let dv = items.v.dims()[3];
     assert!(n % chunk == 0, "{n} items in chunks of {chunk}");
@@ -82,7 +97,12 @@ pub fn adjacent_chunk_attention(
     }
     let z = log_sum_exp(scores.clone());
     let probs = dropout.forward((scores - z.clone()).exp());
-    (probs.matmul(v).reshape([b, h, n, dv]), z.reshape([b, h, n, 1]))
+    let weights = weights.then(|| {
+        let columns = k_pos.int().expand(full).reshape([b, h, n, keys]);
+        let dense: Tensor<4> = Tensor::zeros([b, h, n, n], &probs.device());
+        dense.scatter(3, columns, probs.clone().reshape([b, h, n, keys]), IndexingUpdateOp::Add)
+    });
+    ChunkOutput { out: probs.matmul(v).reshape([b, h, n, dv]), log_normaliser: z.reshape([b, h, n, 1]), weights }
 }
 
 #[cfg(test)]
@@ -116,8 +136,9 @@ mod tests {
                 position: position.clone(),
                 hidden: Some(hidden.clone()),
             };
-            let (out, _) = adjacent_chunk_attention(items, m, before, after, false, self_score, &dropout);
-            let out = flat(&out);
+            let result = adjacent_chunk_attention(items, m, before, after, false, self_score, &dropout, true);
+            let out = flat(&result.out);
+            let weights = flat(&result.weights.unwrap());
             for i in 0..n {
                 let c = i / m;
                 let reached: Vec<usize> = (-(before as i64)..=after as i64)
@@ -142,6 +163,15 @@ mod tests {
                     let want: f64 = reached.iter().zip(&w).map(|(&j, w)| w / total * vs[j * d + e] as f64).sum();
                     let got = out[i * d + e] as f64;
                     assert!((got - want).abs() < 1e-5, "before {before} after {after}: item {i}: {got} vs {want}");
+                }
+                // the dense weights: a key reached twice holds both its weights
+                for j in 0..n {
+                    let want: f64 = reached.iter().zip(&w).filter(|(r, _)| **r == j).map(|(_, w)| w / total).sum();
+                    let got = weights[i * n + j] as f64;
+                    assert!(
+                        (got - want).abs() < 1e-5,
+                        "before {before} after {after}: weight ({i}, {j}): {got} vs {want}"
+                    );
                 }
             }
         }

@@ -182,9 +182,19 @@ impl BandAttention {
             None => (n > len).then_some(padded),
         };
         let items = ChunkItems { q: pad(q), k: pad(k), v: pad(v), position, hidden };
-        let (out, _) = adjacent_chunk_attention(items, chunk, before, after, false, None, &self.attention.dropout);
-        let context = out.narrow(2, 0, len);
-        AttentionOutput { context: self.attention.merge(context), weights: None, aux_losses: Vec::new() }
+        let result = adjacent_chunk_attention(
+            items,
+            chunk,
+            before,
+            after,
+            false,
+            None,
+            &self.attention.dropout,
+            input.need_weights,
+        );
+        let weights = result.weights.map(|w| w.narrow(2, 0, len).narrow(3, 0, len));
+        let context = result.out.narrow(2, 0, len);
+        AttentionOutput { context: self.attention.merge(context), weights, aux_losses: Vec::new() }
     }
 }
 
