@@ -2,7 +2,7 @@
 """Fixtures for `variorum export --format hf`: runs trained here, exported, and what transformers
 computes with the export (crates/variorum-train/tests/fixtures/hf/export/<name>/).
 
-Nine runs trained by the variorum binary on corpus.txt (Sonnet 18 four times, committed beside
+Ten runs trained by the variorum binary on corpus.txt (Sonnet 18 four times, committed beside
 them) and six imported models fine-tuned (roundtrip, t5, deberta, big_bird, longformer, reformer):
   gpt        the GPT recipe (learned positions, pre-LN LayerNorm, exact GELU, tied embeddings,
              characters) -> GPT2LMHeadModel, its char tokenizer as a tokenizer.json;
@@ -26,14 +26,18 @@ them) and six imported models fine-tuned (roundtrip, t5, deberta, big_bird, long
   nystromformer  BERT's with the nystrom kind (4 landmarks over its 60 positions, the authors'
              start of the pseudo-inverse, a conv of width 5 on V) and tanh GELU ->
              NystromformerForMaskedLM;
+  t5_scratch the T5 recipe trained here from scratch on pairs.tsv (T5's bucketed bias with one
+             table per stack, `shared = true`; RMSNorm, unscaled attention without biases, ReLU,
+             the head tied and read at 1/sqrt(d_model); characters, `</s>` an extra row) ->
+             T5ForConditionalGeneration, `</s>` added to the exported vocabulary;
   roundtrip  the round trip: tests/fixtures/hf/llama (a transformers model, bf16) imported,
              fine-tuned 100 steps (`train --init-from`, its own tokenizer kept by
              `data.tokenizer.kind = "file"`), exported again;
   t5         the same for an encoder–decoder: tests/fixtures/hf/t5_v1_1 imported, fine-tuned
-             100 steps on pairs.tsv (each line of the sonnet and the next; the relative bias
-             tables frozen, `train.freeze.positions`, so that each stack keeps the one table
-             T5 has), exported as T5ForConditionalGeneration; transformers scores a target
-             given its source and decodes the source greedily (AutoModelForSeq2SeqLM).
+             100 steps on pairs.tsv (each line of the sonnet and the next; each stack's one
+             relative bias table trained as one, `shared = true`, as the import writes it),
+             exported as T5ForConditionalGeneration; transformers scores a target given its
+             source and decodes the source greedily (AutoModelForSeq2SeqLM).
   deberta    the same for DeBERTa: tests/fixtures/hf/deberta_v2 (v3's settings: log buckets,
              the relative table normed and read through the content projections) imported,
              fine-tuned 100 steps on the sonnet with the position parameters frozen (DeBERTa
@@ -331,6 +335,51 @@ d_ff = 32
 kind = "masked"
 """
 
+# T5's recipe from scratch (v1.0's tied head read at 1/sqrt(d_model), ReLU), one relative bias
+# table per stack as T5 has it, on the sonnet's pairs of lines; drawn wide (T5 draws its
+# embedding from N(0, 1)), or the head's 1/sqrt(d_model) leaves the logits near uniform
+T5_SCRATCH = """
+[model]
+kind = "encoder-decoder"
+init_std = 0.25
+d_model = 16
+n_layers = 2
+seq_len = 64
+tie_embeddings = true
+scale_head = true
+
+[model.encoder]
+n_layers = 2
+
+[model.attention]
+kind = "full"
+n_heads = 4
+bias = false
+scaled = false
+
+[model.cross_attention]
+kind = "full"
+n_heads = 4
+bias = false
+scaled = false
+
+[model.position]
+kind = "t5"
+num_buckets = 8
+max_distance = 20
+shared = true
+
+[model.block]
+kind = "pre-ln"
+norm = "rms-norm"
+norm_eps = 1e-6
+
+[model.feed_forward]
+kind = "relu"
+d_ff = 32
+bias = false
+"""
+
 CORPUS_TEXT = """Shall I compare thee to a summer's day?
 Thou art more lovely and more temperate:
 Rough winds do shake the darling buds of May,
@@ -417,6 +466,9 @@ def main():
     with open(CORPUS, "w") as f:
         # four times: a validation quarter longer than the imported model's 128 positions
         f.write(CORPUS_TEXT * 4)
+    lines = CORPUS_TEXT.strip().split("\n")
+    with open(PAIRS, "w") as f:
+        f.writelines(f"{a}\t{b}\n" for a, b in zip(lines, lines[1:]))
     with tempfile.TemporaryDirectory() as tmp:
         char = TRAIN.format(corpus=CORPUS, tokenizer='tokenizer = { kind = "char" }', steps=200)
         recipes = {
@@ -424,6 +476,9 @@ def main():
             "nystromformer": NYSTROM,
         }
         runs = {name: train(binary, tmp, name, recipe + char) for name, recipe in recipes.items() if wanted(name)}
+        if wanted("t5_scratch"):
+            pairs = TRAIN.format(corpus=PAIRS, tokenizer='tokenizer = { kind = "char" }\n[data.pairs]', steps=1000)
+            runs["t5_scratch"] = train(binary, tmp, "t5_scratch", T5_SCRATCH + pairs)
         def fine_tuned(name, fixture, corpus, pairs=False, freeze_positions=False):
             """tests/fixtures/hf/<fixture> imported, then fine-tuned 100 steps on `corpus` with
             its own tokenizer; `imported-<name>` is the import (the fixture's config names it)."""
@@ -439,7 +494,7 @@ def main():
 
         if wanted("roundtrip"):
             fine_tuned("roundtrip", "llama", CORPUS)
-        # the tables every layer of a stack (T5) or the encoder (DeBERTa) shares stay equal
+        # the one table DeBERTa's encoder shares stays one (T5's: the import writes shared = true)
         if wanted("deberta"):
             fine_tuned("deberta", "deberta_v2", CORPUS, freeze_positions=True)
         if wanted("big_bird"):
@@ -449,10 +504,7 @@ def main():
         if wanted("reformer"):
             fine_tuned("reformer", "reformer", CORPUS)
         if wanted("t5"):
-            lines = CORPUS_TEXT.strip().split("\n")
-            with open(PAIRS, "w") as f:
-                f.writelines(f"{a}\t{b}\n" for a, b in zip(lines, lines[1:]))
-            fine_tuned("t5", "t5_v1_1", PAIRS, pairs=True, freeze_positions=True)
+            fine_tuned("t5", "t5_v1_1", PAIRS, pairs=True)
 
         for name, run in runs.items():
             export_dir = os.path.join(tmp, f"{name}-hf")

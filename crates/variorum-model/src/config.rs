@@ -273,9 +273,10 @@ impl ModelConfig {
 
     /// Builds the model. Call [`validate`](Self::validate) (and [`resolve`](Self::resolve)) first.
     /// Its parameters' ids come from their paths in the model, so two models of one config
-    /// write byte-identical weights and optimizer files when their numbers agree.
+    /// write byte-identical weights and optimizer files when their numbers agree. Position
+    /// parameters shared by a stack start as the first layer's ([`DecoderLm::tie_positions`]).
     pub fn init(&self, device: &Device) -> DecoderLm {
-        DecoderLm::new(self, device).map(&mut crate::param_ids::PathIds::default())
+        DecoderLm::new(self, device).map(&mut crate::param_ids::PathIds::default()).tie_positions()
     }
 
     /// Forward FLOPs per token (2 per multiply–add), with every query attending over the full

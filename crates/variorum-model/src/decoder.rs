@@ -143,6 +143,9 @@ pub struct DecoderLm {
     pub head_scale: Option<f64>,
     /// SPALM's long-term memory before the head ([`crate::long_term_memory`]).
     pub long_term_memory: Option<crate::LongTermMemory>,
+    /// Every layer of a stack reads the first layer's relative position parameters
+    /// (`model.position`'s `shared`), kept so by [`tie_positions`](Self::tie_positions).
+    pub tied_positions: bool,
 }
 
 impl DecoderLm {
@@ -220,6 +223,7 @@ impl DecoderLm {
             text_vocab: cfg.vocab_size.unwrap_or(256),
             head_scale: cfg.scale_head.then(|| 1.0 / (d as f64).sqrt()),
             long_term_memory: cfg.long_term_memory.as_ref().map(|l| l.init(d, device)),
+            tied_positions: cfg.position.tied_across_layers(),
             exits: match &cfg.exits {
                 ExitConfig::None => None,
                 ExitConfig::EveryLayer(e) => Some(ExitHeads::new(

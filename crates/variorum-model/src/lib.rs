@@ -33,6 +33,7 @@ pub mod objective;
 mod param_ids;
 pub mod reversible_grads;
 pub mod rules;
+mod tied_positions;
 pub mod zoo;
 
 pub use config::ModelConfig;

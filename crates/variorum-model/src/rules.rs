@@ -167,6 +167,15 @@ pub const RULES: &[Rule] = &[
         },
     },
     Rule {
+        holds: |s| !s.model.block.reversible() || !s.model.position.tied_across_layers(),
+        why: |s| {
+            format!(
+                "model.position.kind = \"{}\" with shared = true gives every layer the first layer's parameters, whose gradient sums every layer's; a reversible block (model.block.kind = \"reversible\") computes gradients one block at a time: use one or the other",
+                s.position_kind()
+            )
+        },
+    },
+    Rule {
         holds: |s| {
             let m = &s.model;
             m.block.output_width(m.d_model) == m.d_model

@@ -167,7 +167,8 @@ pub fn t5_recipe() -> ModelConfig {
         end_token: Some(1),
         start_token: Some(0),
         scale_head: true,
-        position: PositionConfig::T5(Default::default()),
+        // one table per stack, as T5 has
+        position: PositionConfig::T5(variorum_position::T5BiasConfig { shared: true, ..Default::default() }),
         cross_attention: Some(attention.clone()),
         attention,
         block,

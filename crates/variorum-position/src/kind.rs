@@ -41,6 +41,14 @@ pub trait PositionKind:
         Self::CAPS
     }
 
+    /// Whether every layer of a stack reads the first layer's relative parameters (T5's one
+    /// table per stack) rather than its own. Each layer still holds its copy, the same tensor:
+    /// gradients from every layer meet in it, and whoever trains the model keeps the copies one
+    /// (`variorum_model::DecoderLm::tie_positions`, which the trainer calls around every step).
+    fn tied_across_layers(&self) -> bool {
+        false
+    }
+
     /// The same config with derived defaults written out; `context` is `model.seq_len`.
     fn expanded(&self, _context: usize) -> Self {
         self.clone()

@@ -98,6 +98,11 @@ macro_rules! position_kinds {
                 match self { $( Self::$variant(c) => <$config as PositionKind>::capabilities(c), )+ }
             }
 
+            /// Whether every layer of a stack reads the first layer's relative parameters.
+            pub fn tied_across_layers(&self) -> bool {
+                match self { $( Self::$variant(c) => <$config as PositionKind>::tied_across_layers(c), )+ }
+            }
+
             /// The same config with derived defaults written out.
             pub fn expanded(&self, context: usize) -> Self {
                 match self { $( Self::$variant(c) => Self::$variant(<$config as PositionKind>::expanded(c, context)), )+ }
@@ -293,7 +298,7 @@ mod tests {
     fn gathered_bias_equals_the_layout_bias() {
         let dev = Device::flex();
         let heads = HeadShape { d_model: 8, n_heads: 2, head_dim: 4 };
-        let t5 = T5BiasConfig { num_buckets: 6, max_distance: 9 };
+        let t5 = T5BiasConfig { num_buckets: 6, max_distance: 9, shared: false };
         for config in [PositionConfig::Alibi(AlibiConfig {}), PositionConfig::T5(t5)] {
             let pos = config.init_relative(heads, 32, &dev).unwrap();
             assert!(pos.works_on_gathered_keys());

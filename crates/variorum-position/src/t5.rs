@@ -8,9 +8,9 @@
 //! any length can be scored. Causal attention uses the one-sided bucketing (T5's decoder),
 //! bidirectional attention the two-sided one (T5's encoder).
 //!
-//! T5 shares one table across the layers of a stack; here each layer has its own (a choice:
-//! the per-layer form is what the rest of our schemes do, and it costs `n_heads × num_buckets`
-//! parameters per layer).
+//! T5 shares one table across the layers of a stack (`shared = true`: every layer reads the
+//! first layer's, whose gradient sums every layer's); by default each layer has its own (the
+//! per-layer form the rest of our schemes have, at `n_heads × num_buckets` parameters a layer).
 
 use burn::module::Param;
 use burn::nn::Initializer;
@@ -31,11 +31,14 @@ pub struct T5BiasConfig {
     pub num_buckets: usize,
     /// Distance at which the log-spaced buckets end. Default 128 (T5's).
     pub max_distance: usize,
+    /// One table per stack, the first layer's, read by every layer (T5's). Default false: a
+    /// table per layer.
+    pub shared: bool,
 }
 
 impl Default for T5BiasConfig {
     fn default() -> Self {
-        Self { num_buckets: 32, max_distance: 128 }
+        Self { num_buckets: 32, max_distance: 128, shared: false }
     }
 }
 
@@ -129,12 +132,16 @@ impl PositionKind for T5BiasConfig {
         T5BiasConfig::validate(self)
     }
 
+    fn tied_across_layers(&self) -> bool {
+        self.shared
+    }
+
     fn init_relative(&self, heads: HeadShape, _context: usize, device: &Device) -> Option<RelativePosition> {
         Some(self.init(heads.n_heads, device).into())
     }
 
     fn test_variants() -> Vec<(&'static str, Self)> {
-        vec![("8 buckets to 12", Self { num_buckets: 8, max_distance: 12 })]
+        vec![("8 buckets to 12", Self { num_buckets: 8, max_distance: 12, shared: false })]
     }
 }
 

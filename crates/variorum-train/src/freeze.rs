@@ -20,8 +20,9 @@ pub struct FreezeConfig {
     /// transform). Default false.
     pub all_but_head: bool,
     /// Every position parameter: the absolute position table and each attention's relative
-    /// scheme (T5's bucket tables, Shaw's, …). An imported T5 keeps its one table per stack
-    /// (copied into every layer) with it, and so stays exportable. Default false.
+    /// scheme (T5's bucket tables, Shaw's, …). A model whose layers each hold a copy of one
+    /// table (an imported DeBERTa's) keeps the copies equal with it, and so stays exportable.
+    /// Default false.
     pub positions: bool,
 }
 

@@ -87,6 +87,10 @@ pub fn train_step(
     device: &Device,
     mut memory: Option<&mut DecoderState>,
 ) -> (DecoderLm, StepResult) {
+    // position parameters a stack shares are one tensor while the gradients are taken (a model
+    // loaded from a checkpoint holds equal copies that are separate tensors until tied), and
+    // the stepped one is every layer's afterwards
+    let model = model.tie_positions();
     let n = micro_batches.len().max(1);
     let mut loss_sum: Option<Tensor<1>> = None;
     let mut acc = GradientsAccumulator::<DecoderLm>::new();
@@ -124,7 +128,7 @@ pub fn train_step(
     } else {
         crate::clip::global_norm(&model, &grads)
     };
-    let model = optim.step(lr, model, grads);
+    let model = optim.step(lr, model, grads).tie_positions();
     let loss = loss_sum.expect("at least one micro-batch").div_scalar(n as f64);
     let aux = aux_sums.into_iter().map(|(name, s)| (name, s.div_scalar(n as f64))).collect();
     (model, StepResult { loss, grad_norm, aux })

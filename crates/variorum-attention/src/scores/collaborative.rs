@@ -223,8 +223,11 @@ impl AttentionKind for CollaborativeConfig {
             .masked(),
             TestVariant::new("shared_dim 16 + position alibi", Self { shared_dim: Some(16), ..Self::default() })
                 .with_position(PositionConfig::Alibi(Default::default())),
-            TestVariant::new("position t5", Self::default())
-                .with_position(PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 10 })),
+            TestVariant::new("position t5", Self::default()).with_position(PositionConfig::T5(T5BiasConfig {
+                num_buckets: 8,
+                max_distance: 10,
+                shared: false,
+            })),
         ]
     }
 }
@@ -885,7 +888,7 @@ mod tests {
     fn cached_decoding_equals_the_forward() {
         let dev = Device::flex();
         dev.seed(19);
-        let t5 = PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 10 });
+        let t5 = PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 10, shared: false });
         for position in [PositionConfig::None(Default::default()), PositionConfig::Alibi(Default::default()), t5] {
             let attn = layer(6, &position, &dev);
             let x = random([2, 7, D], &dev);

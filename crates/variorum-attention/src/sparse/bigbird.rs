@@ -186,7 +186,7 @@ impl AttentionKind for BigBirdConfig {
         // the harness's sequences span several blocks, so random blocks exist past the window
         [
             (PositionConfig::Alibi(Default::default()), 2),
-            (PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 16 }), 0),
+            (PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 16, shared: false }), 0),
         ]
         .into_iter()
         .map(|(position, global_tokens)| {

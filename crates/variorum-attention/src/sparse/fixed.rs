@@ -120,7 +120,10 @@ impl AttentionKind for FixedConfig {
         // own block + summaries, the three combinations
         [
             (StridedCombine::Union, PositionConfig::Alibi(Default::default())),
-            (StridedCombine::Heads, PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 16 })),
+            (
+                StridedCombine::Heads,
+                PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 16, shared: false }),
+            ),
             (StridedCombine::Alternate, PositionConfig::Rope(RotaryConfig::default())),
         ]
         .into_iter()

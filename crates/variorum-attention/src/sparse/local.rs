@@ -115,17 +115,20 @@ impl AttentionKind for LocalAttentionConfig {
     }
 
     fn test_variants() -> Vec<TestVariant<Self>> {
-        [PositionConfig::default(), PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 16 })]
-            .into_iter()
-            .map(|position| {
-                let cfg = Self { block: 3, memory: 2, ..Default::default() };
-                TestVariant::new(format!("+ position {}", position.kind()), cfg).with_position(position)
-            })
-            .chain([TestVariant::new(
-                "wrapped",
-                Self { block: 2, memory: 2, look_ahead: Some(2), wrap: true, pad_to: Some(4), ..Default::default() },
-            )
-            .masked()])
-            .collect()
+        [
+            PositionConfig::default(),
+            PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 16, shared: false }),
+        ]
+        .into_iter()
+        .map(|position| {
+            let cfg = Self { block: 3, memory: 2, ..Default::default() };
+            TestVariant::new(format!("+ position {}", position.kind()), cfg).with_position(position)
+        })
+        .chain([TestVariant::new(
+            "wrapped",
+            Self { block: 2, memory: 2, look_ahead: Some(2), wrap: true, pad_to: Some(4), ..Default::default() },
+        )
+        .masked()])
+        .collect()
     }
 }

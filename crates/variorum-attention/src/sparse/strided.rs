@@ -132,7 +132,10 @@ impl AttentionKind for StridedConfig {
         // the three ways of combining the two patterns
         [
             (StridedCombine::Union, PositionConfig::Alibi(Default::default())),
-            (StridedCombine::Heads, PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 16 })),
+            (
+                StridedCombine::Heads,
+                PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 16, shared: false }),
+            ),
             (StridedCombine::Alternate, PositionConfig::Rope(RotaryConfig::default())),
         ]
         .into_iter()

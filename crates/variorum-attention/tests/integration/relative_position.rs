@@ -26,7 +26,7 @@ fn schemes() -> Vec<PositionConfig> {
     vec![
         PositionConfig::Shaw(ShawConfig { max_distance: 3, values: true }),
         PositionConfig::TransformerXl(XlRelativeConfig::default()),
-        PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 10 }),
+        PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 10, shared: false }),
         PositionConfig::Alibi(Default::default()),
         PositionConfig::Rope(RotaryConfig::default()),
         PositionConfig::Rope(RotaryConfig {

@@ -104,3 +104,99 @@ fn updates_between_steps_reach_the_encoder_and_the_cross_attention() {
         assert!(moved > 1e-6, "{part}: redrawing the features changed nothing");
     }
 }
+
+/// `model.position.shared` (T5's one bias table per stack): every layer reads the first layer's
+/// table, the same tensor, so back-propagation gives it the sum of what every layer's use
+/// contributes — the gradient of one shared table — and the later layers' copies get none.
+/// Computed against the same model with every table a tensor of its own.
+#[test]
+fn a_shared_position_table_is_one_tensor_whose_gradient_sums_the_layers() {
+    use burn::module::{ModuleMapper, ModuleVisitor, Param, ParamId};
+    use variorum_model::Source;
+    use variorum_model::zoo::t5_recipe;
+
+    /// `(path, id)` of every position parameter.
+    #[derive(Default)]
+    struct Tables {
+        path: Vec<String>,
+        found: Vec<(String, ParamId)>,
+    }
+    impl ModuleVisitor for Tables {
+        fn enter_module(&mut self, name: &str, _: &str) {
+            self.path.push(name.into());
+        }
+        fn exit_module(&mut self, _: &str, _: &str) {
+            self.path.pop();
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if self.path.iter().any(|m| m == "position") {
+                self.found.push((self.path.join("."), param.id));
+            }
+        }
+    }
+    /// Every parameter a leaf of its own, its id and value kept.
+    struct Untie;
+    impl ModuleMapper for Untie {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+            param.map(|t| Tensor::from_data(t.to_data(), &t.device()).require_grad())
+        }
+    }
+
+    let dev = Device::flex().autodiff();
+    dev.seed(11);
+    let cfg = t5_recipe();
+    cfg.validate().unwrap();
+    let tied = cfg.init(&dev);
+    let mut tables = Tables::default();
+    tied.visit(&mut tables);
+    let tables = tables.found;
+    // 2 encoder and 2 decoder layers, one table each
+    assert_eq!(tables.len(), 4, "{tables:?}");
+    let first = |stack: &str| tables.iter().find(|(p, _)| p.starts_with(&format!("{stack}.0."))).unwrap().1;
+    let value = |m: &variorum_model::DecoderLm, id: ParamId| -> Tensor<2> {
+        let mut v = None;
+        struct Find<'a>(ParamId, &'a mut Option<TensorData>);
+        impl ModuleVisitor for Find<'_> {
+            fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<D>>) {
+                if p.id == self.0 {
+                    *self.1 = Some(p.val().to_data());
+                }
+            }
+        }
+        m.visit(&mut Find(id, &mut v));
+        Tensor::from_data(v.unwrap(), &Device::flex())
+    };
+    for (path, id) in &tables {
+        let stack = if path.starts_with("encoder.") { "encoder.blocks" } else { "blocks" };
+        let diff = (value(&tied, *id) - value(&tied, first(stack))).abs().max().into_scalar::<f32>();
+        assert_eq!(diff, 0.0, "{path} is not its stack's first table");
+    }
+
+    let vocab = cfg.vocab();
+    let ids = |n: usize, seed: u64| -> Tensor<2, Int> {
+        let v: Vec<i64> = (0..n as u64).map(|i| ((i * 7 + seed * 3) % (vocab as u64 - 2) + 2) as i64).collect();
+        Tensor::from_data(TensorData::new(v, [1, n]), &dev)
+    };
+    let source = Source { tokens: ids(9, 1), padding: None };
+    let (tokens, targets) = (ids(7, 2), ids(7, 3));
+    let grads_of =
+        |m: &variorum_model::DecoderLm| m.loss_and_grads(tokens.clone(), targets.clone(), source.clone(), None, 1).2;
+    let shared = grads_of(&tied);
+    let apart = grads_of(&tied.clone().map(&mut Untie));
+    for stack in ["encoder.blocks", "blocks"] {
+        let layers: Vec<ParamId> =
+            tables.iter().filter(|(p, _)| p.starts_with(&format!("{stack}."))).map(|(_, id)| *id).collect();
+        let own = |i: usize| apart.get::<2>(layers[i]).expect("each table's own gradient");
+        let sum = own(0) + own(1);
+        let size = sum.clone().abs().max().into_scalar::<f32>();
+        // the later layer's own share is not nothing, or the sum would be the first's alone
+        let later = own(1).abs().max().into_scalar::<f32>();
+        assert!(later > 0.05 * size, "{stack}: layer 1's table has next to no gradient ({later} of {size})");
+        let got = shared.get::<2>(layers[0]).expect("the shared table's gradient");
+        let diff = (got - sum).abs().max().into_scalar::<f32>();
+        assert!(diff < 1e-4 * size, "{stack}: the shared gradient differs from the layers' sum by {diff} (of {size})");
+        for id in &layers[1..] {
+            assert!(shared.get::<2>(*id).is_none(), "{stack}: a later layer's copy has a gradient of its own");
+        }
+    }
+}

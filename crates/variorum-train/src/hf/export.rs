@@ -23,6 +23,7 @@ use burn::prelude::*;
 use burn::store::ModuleSnapshot;
 use serde_json::{Map, Value};
 use variorum_model::{ModelConfig, ObjectiveConfig};
+use variorum_position::PositionConfig;
 
 use super::checkpoint::Checkpoint;
 use super::config::HfConfig;
@@ -175,16 +176,31 @@ pub fn export(run_dir: &Path, out: &Path, device: &Device) -> Result<Exported> {
     let run = Run::load(run_dir, device)?;
     let mut ours = run.config.model.clone();
     ours.resolve(run.tokenizer.vocab_size())?;
-    // a masked model's extra mask row becomes a token of the exported vocabulary, `[MASK]`
-    let added_mask = match &mut ours.objective {
+    // special tokens that are extra rows here become tokens of the exported vocabulary: a
+    // masked model's mask row `[MASK]`, an encoder–decoder's end row `</s>` (which also starts
+    // the decoder unless model.start_token names another)
+    let mut added: Vec<(usize, &'static str)> = Vec::new();
+    let text_vocab = ours.vocab_size.unwrap_or_default();
+    let end_row = ours.is_encoder_decoder() && ours.end_token.is_none();
+    match &mut ours.objective {
         ObjectiveConfig::Masked(m) if m.mask_token.is_none() => {
-            let id = ours.vocab_size.unwrap_or_default();
-            m.mask_token = Some(id);
-            ours.vocab_size = Some(id + 1);
-            Some(id)
+            m.mask_token = Some(text_vocab);
+            added.push((text_vocab, MASK));
         }
-        _ => None,
-    };
+        ObjectiveConfig::Causal if end_row => {
+            ours.end_token = Some(text_vocab);
+            ours.start_token = ours.start_token.or(Some(text_vocab));
+            added.push((text_vocab, END));
+        }
+        _ => {}
+    }
+    ours.vocab_size = Some(text_vocab + added.len());
+    // T5's one relative table per stack: a run with a table per layer is described as sharing
+    // them, and written if its layers' tables agree (an imported T5 fine-tuned with its tables
+    // frozen; `one_per_name` refuses it otherwise)
+    if let PositionConfig::T5(t) = &mut ours.position {
+        t.shared = true;
+    }
     let mask_token = ours.mask_token();
     let ours = ours.expanded();
     let described = serde_json::to_value(&ours)?;
@@ -262,7 +278,7 @@ pub fn export(run_dir: &Path, out: &Path, device: &Device) -> Result<Exported> {
     }
 
     let staging = super::staging_dir(out, "exporting")?;
-    let result = write_model(&staging, &run, &json, &mapping, rotary.as_ref(), added_mask, mask_token);
+    let result = write_model(&staging, &run, &json, &mapping, rotary.as_ref(), &added, mask_token);
     match result {
         Ok((tensors, params)) => {
             std::fs::rename(&staging, out)
@@ -304,6 +320,10 @@ fn padding_token(run_dir: &Path) -> Option<usize> {
 
 /// The name an exported masked model's mask token is given when the run's was an extra row.
 const MASK: &str = "[MASK]";
+
+/// The name an exported encoder–decoder's end token is given when the run's was an extra row
+/// (T5's).
+const END: &str = "</s>";
 
 /// Rotary features stored in interleaved pairs, to be written in rotate-half order.
 struct RotaryPairs {
@@ -383,7 +403,7 @@ fn write_model(
     json: &Map<String, Value>,
     mapping: &Mapping,
     rotary: Option<&RotaryPairs>,
-    added_mask: Option<usize>,
+    added: &[(usize, &str)],
     mask_token: Option<usize>,
 ) -> Result<(usize, usize)> {
     std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(json)? + "\n")?;
@@ -421,15 +441,17 @@ fn write_model(
         .map_err(|e| anyhow!("cannot write {}: {e}", dir.join("model.safetensors").display()))?;
 
     let mut tokenizer = run.tokenizer.to_hf_json()?;
-    if let Some(id) = added_mask {
+    if !added.is_empty() {
         let mut json: Value = serde_json::from_str(&tokenizer)?;
-        let mask = serde_json::json!({
-            "id": id, "content": MASK, "single_word": false, "lstrip": false, "rstrip": false,
-            "normalized": false, "special": true
-        });
-        match json["added_tokens"].as_array_mut() {
-            Some(added) => added.push(mask),
-            None => json["added_tokens"] = Value::Array(vec![mask]),
+        for &(id, content) in added {
+            let token = serde_json::json!({
+                "id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false,
+                "normalized": false, "special": true
+            });
+            match json["added_tokens"].as_array_mut() {
+                Some(tokens) => tokens.push(token),
+                None => json["added_tokens"] = Value::Array(vec![token]),
+            }
         }
         tokenizer = serde_json::to_string_pretty(&json)?;
     }
@@ -455,16 +477,22 @@ fn write_model(
             let added = json["added_tokens"].as_array()?.iter().find(|t| t["id"].as_u64() == Some(id as u64))?;
             Some(added["content"].clone())
         };
+        // the end token (`tokenizer.eos_token_id`), which T5 also pads with
+        if added.iter().any(|&(_, t)| t == END) {
+            config["eos_token"] = END.into();
+            config["pad_token"] = END.into();
+        }
+        let added_mask = added.iter().any(|&(_, t)| t == MASK);
         match (added_mask, mask_token) {
-            (Some(_), _) => config["mask_token"] = MASK.into(),
-            (None, Some(id)) => {
+            (true, _) => config["mask_token"] = MASK.into(),
+            (false, Some(id)) => {
                 config["mask_token"] = named(id).ok_or_else(|| {
                     anyhow!(
                         "the mask token {id} is not among the tokenizer's added tokens: transformers could not name it"
                     )
                 })?
             }
-            (None, None) => {}
+            (false, None) => {}
         }
         std::fs::write(dir.join("tokenizer_config.json"), serde_json::to_string_pretty(&config)? + "\n")?;
     }
@@ -485,7 +513,7 @@ fn one_per_name(tensors: Vec<(String, Vec<usize>, Vec<f32>)>) -> Result<Vec<(Str
             }
             Some(&i) if out[i].1 == shape && out[i].2 == values => {}
             Some(_) => bail!(
-                "{name} is one tensor in the exported architecture, read by several layers, but this run's copies differ (fine-tuning moves each layer's apart): it has no exact export"
+                "{name} is one tensor in the exported architecture, read by several layers, but this run's copies differ (each layer's trained apart): it has no exact export (train with model.position.shared = true, or fine-tune with train.freeze.positions = true)"
             ),
         }
     }

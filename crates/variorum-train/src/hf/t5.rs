@@ -10,8 +10,9 @@
 //! (`model.start_token`, `model.end_token`).
 //!
 //! T5 computes the relative bias from the first layer's table and adds it in every layer of a
-//! stack; variorum's tables are per layer, so the import copies the first layer's into each —
-//! the same function. Fine-tuning then lets them part; an export needs them equal.
+//! stack: `shared = true` of the `t5` positions, where every layer holds the first layer's
+//! table, one tensor (the import copies T5's into each). A run whose layers have tables of
+//! their own exports if they agree (fine-tuned with `train.freeze.positions`).
 //!
 //! transformers 5 always ties the embeddings in the config (`tie_word_embeddings = true`) and
 //! keeps v1.1's factor apart (`scale_decoder_outputs`); a checkpoint with an `lm_head.weight` of
@@ -135,7 +136,12 @@ pub(crate) fn map(cfg: &mut HfConfig, ckpt: &Checkpoint) -> Result<Mapping> {
         ("encoder", table([("n_layers", int(encoder_layers))])),
         (
             "position",
-            table([("kind", "t5".into()), ("num_buckets", int(num_buckets)), ("max_distance", int(max_distance))]),
+            table([
+                ("kind", "t5".into()),
+                ("num_buckets", int(num_buckets)),
+                ("max_distance", int(max_distance)),
+                ("shared", true.into()),
+            ]),
         ),
         ("attention", attention.clone()),
         ("cross_attention", attention),

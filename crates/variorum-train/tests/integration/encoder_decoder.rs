@@ -254,3 +254,39 @@ fn mismatched_configs_and_files_are_refused_by_name() {
     let e = format!("{:#}", train(cfg, &opts).err().unwrap());
     assert!(e.contains("src.txt has 2 lines and") && e.contains("tgt.txt has 1"), "{e}");
 }
+
+/// configs/seq2seq/reverse-t5.toml, T5's recipe with one relative bias table per stack
+/// (`model.position.shared`): after training, every layer of a stack holds the table its
+/// first layer holds (each step's update reaches them all, not the first layer's copy alone),
+/// and the run exports as T5.
+#[test]
+fn t5_tables_shared_by_a_stack_stay_one_through_training() {
+    use burn::store::ModuleSnapshot;
+    let _guard = seeded();
+    let tmp = tempfile::tempdir().unwrap();
+    let pairs = reversal_pairs(tmp.path());
+    let cfg = ExperimentConfig::load(&repo("configs/seq2seq/reverse-t5.toml")).unwrap();
+    let settings = [format!("data.path={}", pairs.display()), "train.steps=20".into(), "train.eval_interval=20".into()];
+    let cfg = cfg.with_settings(&settings).unwrap();
+    run_to_end(cfg, &tmp.path().join("run"));
+    let device = Device::flex();
+    let run = Run::load(&tmp.path().join("run"), &device).unwrap();
+    let tables = |m: &variorum_model::DecoderLm| -> Vec<(String, Vec<f32>)> {
+        m.collect(None, None, true)
+            .into_iter()
+            .filter(|t| t.name.ends_with("position.table"))
+            .map(|t| (t.name.clone(), burn::store::bridge::to_data(&t).unwrap().try_to_vec::<f32>().unwrap()))
+            .collect()
+    };
+    let trained = tables(&run.model);
+    assert_eq!(trained.len(), 4, "{:?}", trained.iter().map(|(n, _)| n).collect::<Vec<_>>());
+    for stack in ["encoder.blocks.", "blocks."] {
+        let layers: Vec<&(String, Vec<f32>)> = trained.iter().filter(|(n, _)| n.starts_with(stack)).collect();
+        for (name, values) in &layers[1..] {
+            assert_eq!(values, &layers[0].1, "{name} is not {}", layers[0].0);
+        }
+    }
+    let out = tmp.path().join("hf");
+    variorum_train::hf::export(&tmp.path().join("run"), &out, &device).unwrap();
+    assert!(out.join("model.safetensors").is_file());
+}

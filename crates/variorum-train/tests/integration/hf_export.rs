@@ -274,30 +274,29 @@ struct Seq2SeqExpected {
     greedy: Vec<u32>,
 }
 
-/// The T5 round trip: tests/fixtures/hf/t5_v1_1 imported, fine-tuned here on pairs with its
-/// relative bias tables frozen, exported as T5 — the very files transformers'
-/// `AutoModelForSeq2SeqLM` scored: the run scores each target token and the end token as
-/// transformers did within 1e-4, decodes the source greedily to the same tokens (up to the end
-/// token), and the export imported again is the run.
-#[test]
-fn an_imported_t5_fine_tuned_here_exports_as_t5_again() {
-    let dir = fixture("t5");
+/// Exports encoder–decoder fixture `name` and checks it against its expected.json — the very
+/// files transformers' `AutoModelForSeq2SeqLM` scored: the run scores each target token and the
+/// end token as transformers did within 1e-4, decodes the source greedily to the same tokens (up
+/// to the end token), and the export imported again is the run. Returns max |Δ log-prob|.
+fn seq2seq_exported_as_transformers_scored_it(name: &str) -> f64 {
+    let dir = fixture(name);
     let expected: Seq2SeqExpected =
         serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
     let device = Device::flex();
-    let (tmp, out) = export_again("t5");
+    let (tmp, out) = export_again(name);
     let run = Run::load(&dir, &device).unwrap();
     let scores: Vec<f64> =
         run.score_from(&expected.source_ids, &expected.target_ids).unwrap().tokens.iter().map(|t| t.logprob).collect();
     let worst = max_delta(&scores, &expected.logprobs);
-    assert!(worst < 1e-4, "t5: max |Δ log-prob| = {worst:e} against transformers");
+    assert!(worst < 1e-4, "{name}: max |Δ log-prob| = {worst:e} against transformers");
     let cfg = SampleConfig::greedy(expected.greedy.len());
     let written = variorum_train::seq2seq::generate_from(&run.model, &expected.source_ids, &cfg, &device, |_| {});
-    let until_end: Vec<u32> = expected.greedy.iter().copied().take_while(|&t| t != 1).collect();
-    assert_eq!(written, until_end, "t5: greedy decode (KV cache) against transformers' generate");
+    let end = run.model.end_token.unwrap() as u32;
+    let until_end: Vec<u32> = expected.greedy.iter().copied().take_while(|&t| t != end).collect();
+    assert_eq!(written, until_end, "{name}: greedy decode (KV cache) against transformers' generate");
 
     let back = tmp.path().join("back");
-    hf::import(&out, &back, &device).unwrap_or_else(|e| panic!("t5: importing the export: {e:#}"));
+    hf::import(&out, &back, &device).unwrap_or_else(|e| panic!("{name}: importing the export: {e:#}"));
     let again = Run::load(&back, &device).unwrap();
     let rescored: Vec<f64> = again
         .score_from(&expected.source_ids, &expected.target_ids)
@@ -307,8 +306,37 @@ fn an_imported_t5_fine_tuned_here_exports_as_t5_again() {
         .map(|t| t.logprob)
         .collect();
     let back_delta = max_delta(&rescored, &scores);
-    assert!(back_delta < 1e-5, "t5: export then import moved log-probs by {back_delta:e}");
-    eprintln!("t5: max |Δ log-prob| = {worst:.2e} against transformers, {back_delta:.2e} after import");
+    assert!(back_delta < 1e-5, "{name}: export then import moved log-probs by {back_delta:e}");
+    eprintln!("{name}: max |Δ log-prob| = {worst:.2e} against transformers, {back_delta:.2e} after import");
+    worst
+}
+
+/// The T5 round trip: tests/fixtures/hf/t5_v1_1 imported, fine-tuned here on pairs (each
+/// stack's one relative bias table trained as one, `shared = true`), exported as T5.
+#[test]
+fn an_imported_t5_fine_tuned_here_exports_as_t5_again() {
+    seq2seq_exported_as_transformers_scored_it("t5");
+}
+
+/// T5's recipe trained here from scratch, one relative bias table per stack
+/// (`shared = true`), its `</s>` an extra embedding row: exported as T5 with `</s>` a token of
+/// the exported vocabulary (the row's id), which ends the targets and starts the decoder.
+#[test]
+fn the_t5_recipe_trained_from_scratch_exports_as_t5() {
+    seq2seq_exported_as_transformers_scored_it("t5_scratch");
+    let (_tmp, out) = export_again("t5_scratch");
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
+    let tokenizer: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("tokenizer.json")).unwrap()).unwrap();
+    let run = Run::load(&fixture("t5_scratch"), &Device::flex()).unwrap();
+    let end = run.tokenizer.vocab_size();
+    assert_eq!(config["vocab_size"], end + 1);
+    for key in ["eos_token_id", "decoder_start_token_id", "pad_token_id"] {
+        assert_eq!(config[key], end, "{key}");
+    }
+    let added = tokenizer["added_tokens"].as_array().unwrap();
+    assert!(added.iter().any(|t| t["content"] == "</s>" && t["id"] == end), "{added:?}");
 }
 
 /// T5 v1.0 (a tied head read at 1/√d_model) imported and exported at once: every tensor

@@ -75,7 +75,7 @@ pub fn distance_schemes() -> Vec<PositionConfig> {
     vec![
         PositionConfig::None(Default::default()),
         PositionConfig::Alibi(Default::default()),
-        PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 10 }),
+        PositionConfig::T5(T5BiasConfig { num_buckets: 8, max_distance: 10, shared: false }),
         PositionConfig::Rope(RotaryConfig::default()),
     ]
 }
