@@ -44,3 +44,4 @@ pub use exits::{EveryLayerConfig, ExitConfig, ExitWeighting};
 pub use head_transform::HeadTransform;
 pub use long_term_memory::{LongTermMemory, LongTermMemoryConfig};
 pub use objective::{MaskedConfig, ObjectiveConfig, SpanCorruptionConfig};
+pub use param_ids::path_ids;

@@ -13,6 +13,15 @@ use std::collections::HashMap;
 use burn::module::{ModuleMapper, Param, ParamId};
 use burn::prelude::*;
 
+/// `module` with every parameter's id the hash of its path, as [`ModelConfig::init`] gives
+/// them: for parameters added to a model afterwards (LoRA adapters), whose ids Burn draws at
+/// random. Ids of parameters already there are recomputed from the same paths, so unchanged.
+///
+/// [`ModelConfig::init`]: crate::ModelConfig::init
+pub fn path_ids<M: Module>(module: M) -> M {
+    module.map(&mut PathIds::default())
+}
+
 /// Gives every parameter of a module the id of its path ([`ModuleMapper`]).
 #[derive(Default)]
 pub(crate) struct PathIds {

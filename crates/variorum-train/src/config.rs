@@ -108,6 +108,9 @@ pub struct TrainConfig {
     pub sample_temperature: f64,
     /// Parameter groups left untouched by training (fine-tuning).
     pub freeze: crate::freeze::FreezeConfig,
+    /// Low-rank adapters on the projections, every other parameter frozen (fine-tuning;
+    /// [`crate::lora`]). Default: none.
+    pub lora: Option<crate::lora::LoraConfig>,
 }
 
 impl Default for TrainConfig {
@@ -135,6 +138,7 @@ impl Default for TrainConfig {
             sample_tokens: 500,
             sample_temperature: 0.8,
             freeze: Default::default(),
+            lora: None,
         }
     }
 }
@@ -300,6 +304,15 @@ impl ExperimentConfig {
         check_graph(self)?;
         check_encoder_decoder(self)?;
         self.train.freeze.validate(self.model.n_layers, self.model.tie_embeddings)?;
+        if let Some(lora) = &self.train.lora {
+            lora.validate()?;
+            check(self.train.freeze.is_empty(), || {
+                "train.freeze with train.lora: LoRA freezes every parameter but its adapters already; remove [train.freeze]".into()
+            })?;
+            check(!self.model.block.reversible(), || {
+                "train.lora with model.block.kind = \"reversible\": a reversible stack's backward recomputes each block from its weights' values, not through their adapters; fine-tune it without LoRA".into()
+            })?;
+        }
         self.data.validate().map_err(|e| ConfigError::new(e.to_string()))?;
         self.train.validate()
     }

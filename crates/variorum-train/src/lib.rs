@@ -22,6 +22,7 @@ pub mod generate;
 pub mod hf;
 pub mod listing;
 pub mod lock;
+pub mod lora;
 pub mod metrics;
 pub mod pictures;
 pub mod progress;

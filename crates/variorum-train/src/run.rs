@@ -94,9 +94,19 @@ impl Run {
         let tokenizer = Tokenizer::load(&dir.join("tokenizer.json"))?;
         let mut model_cfg = config.model.clone();
         model_cfg.resolve(tokenizer.vocab_size())?;
+        // a LoRA run's weights files hold its adapters alone, for the base lora-base.json names
+        let load = |file: &Path, what: &str| -> Result<DecoderLm> {
+            match &config.train.lora {
+                Some(lora) => {
+                    let base = crate::lora::load_base(dir, model_cfg.init(device))?;
+                    crate::lora::load_adapters(crate::lora::attach(base, &model_cfg, lora)?, file, what)
+                }
+                None => crate::weights::load_weights(model_cfg.init(device), file, what),
+            }
+        };
         let (model, weights) = if dir.join("model.bpk").is_file() {
             let weights = dir.join("model.bpk");
-            (crate::weights::load_weights(model_cfg.init(device), &weights, "weights")?, weights)
+            (load(&weights, "weights")?, weights)
         } else {
             // an unfinished run: the newest checkpoint whose weights load (by step; the `latest`
             // pointer is not needed)
@@ -104,10 +114,9 @@ impl Run {
             if checkpoints.is_empty() {
                 bail!("{} has no weights yet (no model.bpk and no checkpoint)", dir.display());
             }
-            let (ckpt, model, skipped) = checkpoint::newest_that_loads(&checkpoints, |ckpt, _| {
-                crate::weights::load_weights(model_cfg.init(device), &ckpt.join("model.bpk"), "checkpoint")
-            })
-            .map_err(|e| anyhow::anyhow!("{}: {e:#}", dir.display()))?;
+            let (ckpt, model, skipped) =
+                checkpoint::newest_that_loads(&checkpoints, |ckpt, _| load(&ckpt.join("model.bpk"), "checkpoint"))
+                    .map_err(|e| anyhow::anyhow!("{}: {e:#}", dir.display()))?;
             let weights = ckpt.join("model.bpk");
             if !skipped.is_empty() {
                 eprintln!("note: using {}; newer ones do not load: {}", weights.display(), skipped.join("; "));

@@ -20,6 +20,10 @@ pub struct ExportArgs {
     /// exist yet for hf (default RUN/hf).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// A LoRA run's adapters merged into its base (W + (α/r)·A·B): a whole model, in either
+    /// format.
+    #[arg(long)]
+    pub merge: bool,
 }
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -33,13 +37,13 @@ pub enum ExportFormat {
 }
 
 pub fn run(args: ExportArgs) -> Result<ExitCode> {
-    let ExportArgs { run, format, out } = args;
+    let ExportArgs { run, format, out, merge } = args;
     // the weights are only copied: no need for another device
     let (device, _) = device::select("cpu")?;
     match format {
         ExportFormat::Safetensors => {
             let spinner = variorum_train::progress::spinner(&format!("loading {}", run.display()));
-            let loaded = Run::load(&run, &device)?;
+            let loaded = variorum_train::lora::for_export(Run::load(&run, &device)?, merge)?;
             let path = out.unwrap_or_else(|| run.join("model.safetensors"));
             spinner.set_message(format!("writing {}", path.display()));
             let names = variorum_train::transfer::export_safetensors(&loaded.model, &path)?;
@@ -52,7 +56,7 @@ pub fn run(args: ExportArgs) -> Result<ExitCode> {
         ExportFormat::Hf => {
             let out = out.unwrap_or_else(|| run.join("hf"));
             let spinner = variorum_train::progress::spinner(&format!("exporting {}", run.display()));
-            let done = variorum_train::hf::export(&run, &out, &device)?;
+            let done = variorum_train::hf::export_with(&run, &out, &device, merge)?;
             spinner.finish_and_clear();
             let auto = match done.class {
                 c if c.ends_with("ForMaskedLM") => "AutoModelForMaskedLM",

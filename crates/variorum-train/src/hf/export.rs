@@ -170,10 +170,16 @@ const TARGETS: &[Target] = &[
 /// like [`super::import`], the directory is written under a temporary name and renamed into
 /// place when complete. Loads the run on `device`.
 pub fn export(run_dir: &Path, out: &Path, device: &Device) -> Result<Exported> {
+    export_with(run_dir, out, device, false)
+}
+
+/// [`export`], with a LoRA run's adapters merged into its base when `merge`
+/// ([`crate::lora::for_export`]).
+pub fn export_with(run_dir: &Path, out: &Path, device: &Device, merge: bool) -> Result<Exported> {
     if out.exists() {
         bail!("{} exists: give --out a directory that does not exist yet", out.display());
     }
-    let run = Run::load(run_dir, device)?;
+    let run = crate::lora::for_export(Run::load(run_dir, device)?, merge)?;
     let mut ours = run.config.model.clone();
     ours.resolve(run.tokenizer.vocab_size())?;
     // special tokens that are extra rows here become tokens of the exported vocabulary: a

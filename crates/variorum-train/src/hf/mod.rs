@@ -39,7 +39,7 @@ use checkpoint::Checkpoint;
 use config::HfConfig;
 use recipe::Recipe;
 
-pub use export::{Exported, export};
+pub use export::{Exported, export, export_with};
 
 /// An architecture's reading of a model directory.
 pub(crate) struct Mapping {

@@ -26,9 +26,13 @@ impl Session<'_> {
         // written beside and renamed into place: a failed or cut-off write never leaves a truncated
         // model.bpk (which loading prefers to the checkpoints)
         let (tmp, weights) = (run.join(".model.tmp.bpk"), run.join("model.bpk"));
-        valid.clone().save_file(&tmp).map_err(|e| {
+        let written = match self.cfg.train.lora.is_some() {
+            true => crate::lora::save_adapters(&valid, &tmp),
+            false => valid.clone().save_file(&tmp).map_err(|e| anyhow::anyhow!("{e}")),
+        };
+        written.map_err(|e| {
             anyhow::anyhow!(
-                "cannot write {}: {e}; the checkpoints are intact (--resume finishes the run)",
+                "cannot write {}: {e:#}; the checkpoints are intact (--resume finishes the run)",
                 tmp.display()
             )
         })?;

@@ -221,6 +221,7 @@ impl Session<'_> {
             &self.model,
             &self.optim,
             self.memory.as_ref(),
+            self.cfg.train.lora.is_some(),
         )
     }
 
@@ -264,16 +265,22 @@ fn save_checkpoint(
     model: &DecoderLm,
     optim: &burn::optim::ModuleOptimizer,
     memory: Option<&DecoderState>,
+    adapters_only: bool,
 ) -> Result<PathBuf> {
     let state = TrainState { memory: memory.map(crate::snapshot::MemoryLayout::of), ..state.clone() };
     checkpoint::save(run, &state, keep, |dir| {
         if let Some(m) = memory {
             crate::snapshot::save_memory(m, &dir.join("memory.bpk"))?;
         }
-        model
-            .clone()
-            .save_file(dir.join("model.bpk"))
-            .map_err(|e| anyhow::anyhow!("cannot write model checkpoint: {e}"))?;
+        // a LoRA run's adapters alone: its base is the file lora-base.json names
+        if adapters_only {
+            crate::lora::save_adapters(model, &dir.join("model.bpk"))?;
+        } else {
+            model
+                .clone()
+                .save_file(dir.join("model.bpk"))
+                .map_err(|e| anyhow::anyhow!("cannot write model checkpoint: {e}"))?;
+        }
         checkpoint::save_optimizer(optim, &dir.join("optim.bpk"))
             .map_err(|e| anyhow::anyhow!("cannot write optimizer checkpoint: {e}"))?;
         Ok(())

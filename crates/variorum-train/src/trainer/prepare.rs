@@ -52,12 +52,17 @@ pub(super) fn prepare(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<
     if host != device {
         model = model.fork(&device);
     }
+    // a resumed LoRA run's checkpoint holds the adapters alone: the base it names loads, and
+    // the adapters exist, before it does
+    if let (Some(lora), true) = (&tc.lora, opts.resume) {
+        model = crate::lora::attach(crate::lora::load_base(run, model)?, &cfg.model, lora)?;
+    }
     let mut optim = optimizer(tc);
     let mut state = TrainState::default();
     // the checkpoint resumed from, once one loads completely
     let mut resume: Option<(PathBuf, TrainState)> = None;
     if opts.resume {
-        let (m, o, dir, st) = newest_complete_checkpoint(&checkpoints, model, tc)?;
+        let (m, o, dir, st) = newest_complete_checkpoint(&checkpoints, model, tc, tc.lora.is_some())?;
         (model, optim, state) = (m, o, st.clone());
         resume = Some((dir, st));
         if state.step > tc.steps {
@@ -72,9 +77,20 @@ pub(super) fn prepare(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<
         (Some(source), None) => Some(crate::transfer::init_from(&mut model, source)?),
         _ => None,
     };
+    // a new LoRA run: the adapters go onto the weights it starts from, all of them from the
+    // file it names (checked and recorded by hash: its checkpoints hold the adapters alone)
+    if let (Some(lora), None) = (&tc.lora, &resume) {
+        let Some(report) = &init_report else {
+            bail!("train.lora adapts the weights of another run: give the run (or its weights file) with --init-from");
+        };
+        crate::lora::check_whole(report)?;
+        model = crate::lora::attach(model, &cfg.model, lora)?;
+        crate::lora::record_base(run, &report.source)?;
+    }
     let params = model.num_params();
     let metrics = MetricsLog::open(run, resume.as_ref().map(|(_, s)| s.step))?;
-    let pb = progress_bar(opts, &cfg, tc, params, &state, init_report.as_ref());
+    let adapters = tc.lora.as_ref().map(|_| crate::lora::adapter_params(&model));
+    let pb = progress_bar(opts, &cfg, tc, (params, adapters), &state, init_report.as_ref());
     let memory = resumed_memory(&model, resume.as_ref(), &device)?;
 
     Ok(Session {
@@ -292,7 +308,7 @@ fn progress_bar(
     opts: &TrainOptions,
     cfg: &ExperimentConfig,
     tc: &TrainConfig,
-    params: usize,
+    (params, adapters): (usize, Option<usize>),
     state: &TrainState,
     init_report: Option<&InitReport>,
 ) -> ProgressBar {
@@ -307,9 +323,12 @@ fn progress_bar(
         true => format!("{} examples/step", tc.batch_size * tc.grad_accum),
         false => format!("{} tokens/step", tc.batch_size * seq_len * tc.grad_accum),
     };
+    let trained = match adapters {
+        Some(a) => format!("{a} LoRA adapter parameters ({params} in all, the rest frozen)"),
+        None => format!("{params} parameters"),
+    };
     say(format!(
-        "training {} parameters on {} ({per_step}), run directory {}{}",
-        params,
+        "training {trained} on {} ({per_step}), run directory {}{}",
         opts.device_name,
         run.display(),
         if state.step > 0 { format!(", resuming at step {}", state.step) } else { String::new() }
@@ -346,10 +365,15 @@ fn newest_complete_checkpoint(
     checkpoints: &[(PathBuf, std::result::Result<TrainState, String>)],
     model: DecoderLm,
     tc: &TrainConfig,
+    adapters_only: bool,
 ) -> Result<(DecoderLm, burn::optim::ModuleOptimizer, PathBuf, TrainState)> {
     let (dir, (model, optim, state), skipped) = checkpoint::newest_that_loads(checkpoints, |dir, state| {
         let state = state.clone().map_err(|e| anyhow::anyhow!(e))?;
-        let model = crate::weights::load_weights(model.clone(), &dir.join("model.bpk"), "checkpoint")?;
+        let file = dir.join("model.bpk");
+        let model = match adapters_only {
+            true => crate::lora::load_adapters(model.clone(), &file, "checkpoint")?,
+            false => crate::weights::load_weights(model.clone(), &file, "checkpoint")?,
+        };
         // Burn 0.22.1 builds the reloaded moments on `Device::default()` (the BURN_DEVICE
         // backend; the CLI sets it from --device) and moves each to its parameter's device on
         // the next step.

@@ -11,6 +11,7 @@ mod hf_import;
 mod hostile_files;
 mod inference;
 mod knn_lm;
+mod lora;
 mod memorizing;
 mod report_browser;
 mod reversible;
