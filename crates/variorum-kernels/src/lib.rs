@@ -37,6 +37,7 @@ pub mod gelu;
 pub mod layer_norm;
 pub mod linear;
 pub mod linear_attention;
+pub mod lora;
 pub mod normalisers;
 pub mod query_blocked;
 pub mod rope;

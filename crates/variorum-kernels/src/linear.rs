@@ -27,9 +27,16 @@ pub fn linear<const D: usize>(x: Tensor<D>, w: Tensor<2>, b: Option<Tensor<1>>) 
     burn::tensor::module::linear(x, w, b)
 }
 
-/// [`burn::nn::Linear::forward`] through [`linear`].
+/// [`burn::nn::Linear::forward`] through [`linear`]; a weight carrying a LoRA update has the
+/// update's product added beside the frozen one ([`crate::lora::LowRankUpdate::beside`]).
 pub fn forward<const D: usize>(layer: &burn::nn::Linear, x: Tensor<D>) -> Tensor<D> {
-    linear(x, layer.weight.val(), layer.bias.as_ref().map(|b| b.val()))
+    let bias = layer.bias.as_ref().map(|b| b.val());
+    if let Some(update) = layer.weight.reparameterization::<crate::lora::LowRankUpdate>() {
+        let base = layer.weight.base();
+        let width = base.dims()[1];
+        return update.beside(base, bias, x, 0..width);
+    }
+    linear(x, layer.weight.val(), bias)
 }
 
 #[cfg(feature = "flex")]

@@ -6,21 +6,20 @@
 //! and only A and B train. (Burn stores a linear layer's weight as `[d_in, d_out]`, x·W; PEFT's
 //! `lora_A.weight` is our Aᵀ and `lora_B.weight` our Bᵀ.)
 //!
-//! The update is a Burn [`Reparameterization`] of the weight parameter: wherever a projection's
-//! weight is read (`Param::val`) it reads W', so every attention and feed-forward kind that uses
-//! the shared projections is adapted without a line of its own, and the fused CPU kernels keep
-//! their fast path (they are handed W' as they were handed W). Burn's own [`LoraAdapter`] is
-//! one factor pair per matrix; our projections fuse several (q | k | v in one matrix, a gated
-//! FFN's gate | value), and PEFT adapts each of them apart, so [`LowRankUpdate`] holds one
-//! [`LoraAdapter`] per targeted block of output columns (zero elsewhere): targeting `q` and `v`
-//! adapts the query and value columns with a rank-r pair each, as PEFT's `q_proj`/`v_proj`.
+//! The update is a [`LowRankUpdate`] (variorum-kernels) attached to the weight parameter. The
+//! shared projections compute its product beside the frozen one, x·W + (α/r)·(drop(x)·A)·B, so
+//! no weight-sized gradient is formed; code that reads a weight whole (`Param::val`) reads W',
+//! so every attention and feed-forward kind with such projections is adapted without a line of
+//! its own. One rank-r pair adapts each targeted block of a fused projection's output columns:
+//! targeting `q` and `v` adapts the query and value columns apart, as PEFT's `q_proj`/`v_proj`.
 //!
 //! Every other parameter is frozen (`require_grad = false`): no gradient reaches it, and the
 //! optimizer keeps state for the adapters alone.
 //!
 //! Choices where the paper is silent: A ~ U(−1/√d_in, 1/√d_in), PEFT's default (Kaiming-uniform
-//! with a = √5, as `torch.nn.Linear`); LoRA's dropout on the adapter's input is not offered —
-//! an update of the weight has no input of its own to drop.
+//! with a = √5, as `torch.nn.Linear`). Dropout acts on the adapter's input where the product is
+//! computed beside the frozen one; the few kinds that read a weight whole (Longformer's global
+//! projections, collaborative heads' shared keys) take the update on the weight, undropped.
 
 use std::collections::BTreeSet;
 
@@ -28,6 +27,7 @@ use burn::module::{LoraAdapter, Param, Reparameterization, Reparameterizer};
 use burn::prelude::*;
 use serde::{Deserialize, Serialize};
 use variorum_core::{ConfigError, error::check};
+use variorum_kernels::lora::{ColumnBlock, LowRankUpdate};
 use variorum_model::{DecoderLm, ModelConfig};
 
 /// `train.lora`.
@@ -38,6 +38,9 @@ pub struct LoraConfig {
     pub rank: usize,
     /// α: the update is scaled by α/r. Default 16.
     pub alpha: f64,
+    /// The probability of dropping each element of an adapter's input while training (LoRA's
+    /// dropout, PEFT's `lora_dropout`). Default 0.
+    pub dropout: f64,
     /// The projections adapted, by name (see [`LoraTarget`]). Default `["q", "v"]` (PEFT's for
     /// LLaMA-style models).
     pub targets: Vec<LoraTarget>,
@@ -45,7 +48,7 @@ pub struct LoraConfig {
 
 impl Default for LoraConfig {
     fn default() -> Self {
-        Self { rank: 8, alpha: 16.0, targets: vec![LoraTarget::Q, LoraTarget::V] }
+        Self { rank: 8, alpha: 16.0, dropout: 0.0, targets: vec![LoraTarget::Q, LoraTarget::V] }
     }
 }
 
@@ -71,7 +74,8 @@ pub enum LoraTarget {
 }
 
 impl LoraTarget {
-    fn name(self) -> &'static str {
+    /// The name in configs (`q`, …).
+    pub fn name(self) -> &'static str {
         match self {
             Self::Q => "q",
             Self::K => "k",
@@ -91,60 +95,12 @@ impl LoraConfig {
         check(self.alpha.is_finite() && self.alpha > 0.0, || {
             format!("train.lora.alpha = {} must be a positive number", self.alpha)
         })?;
+        check((0.0..1.0).contains(&self.dropout), || {
+            format!("train.lora.dropout = {} must be at least 0 and below 1", self.dropout)
+        })?;
         check(!self.targets.is_empty(), || {
             "train.lora.targets is empty: name the projections to adapt (q, k, v, out, up, gate, down)".into()
         })
-    }
-}
-
-/// A block of a weight's output columns: its width and the adapter of those columns, if any.
-#[derive(Debug, Clone)]
-pub struct ColumnBlock {
-    /// Columns in the block.
-    pub width: usize,
-    /// The index in [`LowRankUpdate::parts`] of the block's adapter; `None`: not adapted.
-    pub part: Option<usize>,
-    /// The projection the block is (for messages and names).
-    pub target: LoraTarget,
-}
-
-/// The LoRA update of one weight `[d_in, d_out]`: a rank-r pair for each targeted block of
-/// its output columns, zero over the rest.
-#[derive(Module, Debug)]
-pub struct LowRankUpdate {
-    /// One adapter per targeted block, in column order.
-    pub parts: Vec<LoraAdapter>,
-    /// The weight's output columns, block by block.
-    #[module(skip)]
-    pub blocks: Vec<ColumnBlock>,
-}
-
-impl LowRankUpdate {
-    /// The update (α/r)·A·B over all the weight's columns, `[d_in, d_out]`.
-    pub fn delta(&self) -> Tensor<2> {
-        if let [ColumnBlock { part: Some(0), .. }] = self.blocks.as_slice() {
-            return self.parts[0].delta();
-        }
-        let a = self.parts[0].a.val();
-        let (d_in, device) = (a.dims()[0], a.device());
-        let columns = self
-            .blocks
-            .iter()
-            .map(|b| match b.part {
-                Some(i) => self.parts[i].delta(),
-                None => Tensor::zeros([d_in, b.width], &device),
-            })
-            .collect();
-        Tensor::cat(columns, 1)
-    }
-}
-
-impl Reparameterization for LowRankUpdate {
-    const NAME: &'static str = "lora";
-
-    fn apply<const D: usize>(&self, base: Tensor<D>) -> Tensor<D> {
-        let shape = base.shape();
-        base + self.delta().reshape(shape)
     }
 }
 
@@ -162,45 +118,42 @@ struct Found {
     refusals: Vec<String>,
 }
 
-impl Attach<'_> {
-    /// The column blocks of the weight at `path` (`[d_in, width]`), if it is a projection LoRA
-    /// can adapt: attention's fused q | k | v (widths from the layer's head shape) or output,
-    /// a feed-forward layer's up (gate | value when gated) or down.
-    fn blocks(&self, path: &[&str], width: usize) -> Option<Vec<(usize, LoraTarget)>> {
-        let ends = |tail: &[&str]| path.ends_with(tail);
-        let has = |m: &str| path.contains(&m);
-        let m = self.model;
-        if has("attn") && ends(&["qkv", "qkv", "weight"]) {
-            let layer = path.iter().position(|&s| s == "blocks").and_then(|b| path.get(b + 1)?.parse().ok())?;
-            let attention = if path.first() == Some(&"encoder") {
-                m.encoder_attention().for_layer(layer)
-            } else if has("cross") {
-                m.cross_attention()
-            } else {
-                m.attention.for_layer(layer)
-            };
-            let heads = attention.heads(m.d_model);
-            let q = heads.n_heads * heads.head_dim;
-            if q >= width || (width - q) % 2 != 0 {
-                return None;
-            }
-            let kv = (width - q) / 2;
-            return Some(vec![(q, LoraTarget::Q), (kv, LoraTarget::K), (kv, LoraTarget::V)]);
+/// The column blocks of the weight at `path` (`[d_in, width]`) of a model of `m`, if it is a
+/// projection LoRA can adapt: attention's fused q | k | v (widths from the layer's head shape)
+/// or output, a feed-forward layer's up (gate | value when gated) or down.
+pub(crate) fn blocks_of(m: &ModelConfig, path: &[&str], width: usize) -> Option<Vec<(usize, LoraTarget)>> {
+    let ends = |tail: &[&str]| path.ends_with(tail);
+    let has = |s: &str| path.contains(&s);
+    if has("attn") && ends(&["qkv", "qkv", "weight"]) {
+        let layer = path.iter().position(|&s| s == "blocks").and_then(|b| path.get(b + 1)?.parse().ok())?;
+        let attention = if path.first() == Some(&"encoder") {
+            m.encoder_attention().for_layer(layer)
+        } else if has("cross") {
+            m.cross_attention()
+        } else {
+            m.attention.for_layer(layer)
+        };
+        let heads = attention.heads(m.d_model);
+        let q = heads.n_heads * heads.head_dim;
+        if q >= width || (width - q) % 2 != 0 {
+            return None;
         }
-        if has("attn") && ends(&["out", "weight"]) {
-            return Some(vec![(width, LoraTarget::Out)]);
-        }
-        if has("ffn") && ends(&["up", "weight"]) {
-            return Some(match m.feed_forward.kind.gated() {
-                true => vec![(width / 2, LoraTarget::Gate), (width / 2, LoraTarget::Up)],
-                false => vec![(width, LoraTarget::Up)],
-            });
-        }
-        if has("ffn") && ends(&["down", "weight"]) {
-            return Some(vec![(width, LoraTarget::Down)]);
-        }
-        None
+        let kv = (width - q) / 2;
+        return Some(vec![(q, LoraTarget::Q), (kv, LoraTarget::K), (kv, LoraTarget::V)]);
     }
+    if has("attn") && ends(&["out", "weight"]) {
+        return Some(vec![(width, LoraTarget::Out)]);
+    }
+    if has("ffn") && ends(&["up", "weight"]) {
+        return Some(match m.feed_forward.kind.gated() {
+            true => vec![(width / 2, LoraTarget::Gate), (width / 2, LoraTarget::Up)],
+            false => vec![(width, LoraTarget::Up)],
+        });
+    }
+    if has("ffn") && ends(&["down", "weight"]) {
+        return Some(vec![(width, LoraTarget::Down)]);
+    }
+    None
 }
 
 impl Reparameterizer for Attach<'_> {
@@ -218,7 +171,7 @@ impl Reparameterizer for Attach<'_> {
         let dims = param.val().dims();
         let (d_in, width) = (dims[0], dims[1]);
         let segments: Vec<&str> = path.split('.').collect();
-        let Some(blocks) = self.blocks(&segments, width) else { return (param, None) };
+        let Some(blocks) = blocks_of(self.model, &segments, width) else { return (param, None) };
         let r = self.lora.rank;
         let device = param.val().device();
         let mut parts = Vec::new();
@@ -241,12 +194,12 @@ impl Reparameterizer for Attach<'_> {
                 });
                 parts.len() - 1
             });
-            columns.push(ColumnBlock { width: w, part, target });
+            columns.push(ColumnBlock { width: w, part, name: target.name() });
         }
         if parts.is_empty() {
             return (param, None);
         }
-        (param, Some(LowRankUpdate { parts, blocks: columns }))
+        (param, Some(LowRankUpdate { parts, blocks: columns, dropout: self.lora.dropout }))
     }
 }
 
@@ -299,6 +252,89 @@ pub fn adapter_params(model: &DecoderLm) -> usize {
     let mut c = Count::default();
     model.visit(&mut c);
     c.n
+}
+
+/// One adapted weight of a model, with its factors' values: what adapter files in other
+/// formats are written from.
+pub(crate) struct Adapted {
+    /// The weight's tensor path (`blocks.0.attn.qkv.qkv.weight`).
+    pub path: String,
+    /// Its input width.
+    pub d_in: usize,
+    /// Its output columns, block by block: the width, the projection, and the block's factors
+    /// if it is adapted — A `[d_in, r]` and B `[r, width]`, row-major.
+    pub blocks: Vec<(usize, LoraTarget, Option<(Vec<f32>, Vec<f32>)>)>,
+}
+
+/// The adapted weights of `model` (of `model_cfg`, adapted by `lora`), in the model's order.
+pub(crate) fn adapters(model: &DecoderLm, model_cfg: &ModelConfig, lora: &LoraConfig) -> anyhow::Result<Vec<Adapted>> {
+    /// Weight shapes, and the factors under each weight's update, by path.
+    #[derive(Default)]
+    struct Collect {
+        path: Vec<String>,
+        weights: Vec<(String, [usize; 2])>,
+        factors: std::collections::HashMap<(String, usize, String), Vec<f32>>,
+    }
+    impl burn::module::ModuleVisitor for Collect {
+        // tensor names leave enum variants out (`attn.qkv`, not `attn.Full.qkv`)
+        fn enter_module(&mut self, name: &str, container: &str) {
+            if !container.starts_with("Enum:") {
+                self.path.push(name.to_owned());
+            }
+        }
+        fn exit_module(&mut self, _: &str, container: &str) {
+            if !container.starts_with("Enum:") {
+                self.path.pop();
+            }
+        }
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let values = || param.val().into_data().convert::<f32>().try_to_vec::<f32>().unwrap_or_default();
+            match self.path.iter().position(|m| m == LowRankUpdate::NAME) {
+                // `<weight>.lora.parts.<i>.<a|b>`
+                Some(at) => {
+                    let (Some(i), Some(factor)) =
+                        (self.path.get(at + 2).and_then(|i| i.parse().ok()), self.path.last())
+                    else {
+                        return;
+                    };
+                    self.factors.insert((self.path[..at].join("."), i, factor.clone()), values());
+                }
+                None if D == 2 => {
+                    let dims = param.shape().to_vec();
+                    self.weights.push((self.path.join("."), [dims[0], dims[1]]));
+                }
+                None => {}
+            }
+        }
+    }
+    let mut c = Collect::default();
+    model.visit(&mut c);
+    let mut found = Vec::new();
+    for (path, [d_in, width]) in c.weights {
+        let segments: Vec<&str> = path.split('.').collect();
+        let Some(columns) = blocks_of(model_cfg, &segments, width) else { continue };
+        let mut part = 0;
+        let mut adapted = Vec::new();
+        for (w, target) in columns {
+            let factors = match lora.targets.contains(&target) {
+                true => {
+                    let mut take = |f: &str| c.factors.remove(&(path.clone(), part, f.to_owned()));
+                    let (a, b) = (take("a"), take("b"));
+                    part += 1;
+                    match (a, b) {
+                        (Some(a), Some(b)) => Some((a, b)),
+                        _ => anyhow::bail!("{path} has no adapter for its {} columns (a bug)", target.name()),
+                    }
+                }
+                false => None,
+            };
+            adapted.push((w, target, factors));
+        }
+        if part > 0 {
+            found.push(Adapted { path, d_in, blocks: adapted });
+        }
+    }
+    Ok(found)
 }
 
 /// Tensor paths of the adapters (`….weight.lora.parts.<i>.a`/`.b`), the only ones a LoRA run's
@@ -419,10 +455,10 @@ pub fn load_adapters(model: DecoderLm, path: &std::path::Path, what: &str) -> an
     Ok(model)
 }
 
-/// `run` as `export` writes it: with `merge`, a LoRA run's adapters merged into its base
+/// `run` as `export` writes it whole: with `merge`, a LoRA run's adapters merged into its base
 /// (W + (α/r)·A·B, Burn's `materialize`), a model like any other. Without `merge` a LoRA run is
-/// refused (its adapters alone are not written in any format yet), and `merge` on a run
-/// without adapters is refused too.
+/// refused (only the Hugging Face format writes its adapters alone, as PEFT's files), and
+/// `merge` on a run without adapters is refused too.
 pub fn for_export(mut run: crate::run::Run, merge: bool) -> anyhow::Result<crate::run::Run> {
     match (run.config.train.lora.is_some(), merge) {
         (true, true) => {
@@ -431,7 +467,7 @@ pub fn for_export(mut run: crate::run::Run, merge: bool) -> anyhow::Result<crate
         }
         (false, false) => Ok(run),
         (true, false) => anyhow::bail!(
-            "{} is a LoRA run: --merge writes its base with the adapters merged in (W + (α/r)·A·B); its adapters alone are not exported yet",
+            "{} is a LoRA run: --merge writes its base with the adapters merged in (W + (α/r)·A·B), and --format hf without --merge writes its adapters alone, in PEFT's files",
             run.dir.display()
         ),
         (false, true) => anyhow::bail!(

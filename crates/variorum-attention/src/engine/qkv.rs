@@ -30,8 +30,12 @@ pub fn split_heads(x: Tensor<3>, parts: usize, heads: usize, head_dim: usize) ->
 /// bias) when `x` has more rows than `d_in` (training), the output otherwise (decoding one row).
 fn project_columns(linear: &Linear, x: Tensor<3>, columns: Range<usize>, factor: f64) -> Tensor<3> {
     let [b, l, d] = x.dims();
+    let bias = linear.bias.as_ref().map(|bias| bias.val().slice([columns.clone()]));
+    if let Some(update) = linear.weight.reparameterization::<variorum_kernels::lora::LowRankUpdate>() {
+        let y = update.beside(linear.weight.base(), bias, x, columns);
+        return if factor == 1.0 { y } else { y.mul_scalar(factor) };
+    }
     let weight = linear.weight.val().slice([0..d, columns.clone()]);
-    let bias = linear.bias.as_ref().map(|bias| bias.val().slice([columns]));
     if factor == 1.0 {
         return variorum_kernels::linear::linear(x, weight, bias);
     }

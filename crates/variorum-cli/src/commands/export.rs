@@ -21,7 +21,8 @@ pub struct ExportArgs {
     #[arg(long)]
     pub out: Option<PathBuf>,
     /// A LoRA run's adapters merged into its base (W + (α/r)·A·B): a whole model, in either
-    /// format.
+    /// format. Without it a LoRA run is written as its adapters alone, in PEFT's files
+    /// (`--format hf`).
     #[arg(long)]
     pub merge: bool,
 }
@@ -58,6 +59,17 @@ pub fn run(args: ExportArgs) -> Result<ExitCode> {
             let spinner = variorum_train::progress::spinner(&format!("exporting {}", run.display()));
             let done = variorum_train::hf::export_with(&run, &out, &device, merge)?;
             spinner.finish_and_clear();
+            if done.adapters {
+                eprintln!(
+                    "{} written: LoRA adapters in PEFT's files ({} tensors, {} parameters), for the base exported as {}: peft's PeftModel.from_pretrained(base, {:?}) loads them",
+                    done.out.display(),
+                    done.tensors,
+                    done.params,
+                    done.class,
+                    done.out.display().to_string()
+                );
+                return Ok(ExitCode::SUCCESS);
+            }
             let auto = match done.class {
                 c if c.ends_with("ForMaskedLM") => "AutoModelForMaskedLM",
                 c if c.ends_with("ForConditionalGeneration") => "AutoModelForSeq2SeqLM",

@@ -45,6 +45,19 @@ impl Checkpoint {
         } else {
             bail!("{} has no model.safetensors and no model.safetensors.index.json", dir.display())
         };
+        Self::from_files(paths)
+    }
+
+    /// One safetensors file (a PEFT adapter's `adapter_model.safetensors`).
+    pub(crate) fn open_file(path: &Path) -> Result<Checkpoint> {
+        if !path.is_file() {
+            bail!("{} not found", path.display());
+        }
+        Self::from_files(vec![path.to_path_buf()])
+    }
+
+    /// The tensors of `paths`, each name in one file only.
+    fn from_files(paths: Vec<PathBuf>) -> Result<Checkpoint> {
         let mut files = Vec::new();
         let mut entries = BTreeMap::new();
         for path in paths {
@@ -75,6 +88,11 @@ impl Checkpoint {
             files.push((path, map));
         }
         Ok(Checkpoint { files, entries, taken: Mutex::new(BTreeSet::new()) })
+    }
+
+    /// Every tensor's name, in order.
+    pub(crate) fn names(&self) -> impl Iterator<Item = &String> {
+        self.entries.keys()
     }
 
     /// A checkpoint with no tensors: what a mapping is given when it is run to be inverted

@@ -41,6 +41,9 @@ pub struct Exported {
     pub tensors: usize,
     /// Parameters.
     pub params: usize,
+    /// Whether what was written is a LoRA run's adapters alone, in PEFT's files
+    /// (`adapter_config.json`, `adapter_model.safetensors`), for the base exported as `class`.
+    pub adapters: bool,
 }
 
 /// An architecture runs are exported as: the `config.json` describing a run's model, for the
@@ -166,20 +169,20 @@ const TARGETS: &[Target] = &[
     },
 ];
 
-/// Writes the run `run_dir` as the Hugging Face model directory `out`, which must not exist;
-/// like [`super::import`], the directory is written under a temporary name and renamed into
-/// place when complete. Loads the run on `device`.
-pub fn export(run_dir: &Path, out: &Path, device: &Device) -> Result<Exported> {
-    export_with(run_dir, out, device, false)
+/// How a run is written: the architecture's `config.json`, the mapping of its tensors, the
+/// rotary features to reorder, the special tokens added to its vocabulary, and its mask token.
+struct Chosen {
+    json: Map<String, Value>,
+    mapping: Mapping,
+    rotary: Option<RotaryPairs>,
+    added: Vec<(usize, &'static str)>,
+    mask_token: Option<usize>,
 }
 
-/// [`export`], with a LoRA run's adapters merged into its base when `merge`
-/// ([`crate::lora::for_export`]).
-pub fn export_with(run_dir: &Path, out: &Path, device: &Device, merge: bool) -> Result<Exported> {
-    if out.exists() {
-        bail!("{} exists: give --out a directory that does not exist yet", out.display());
-    }
-    let run = crate::lora::for_export(Run::load(run_dir, device)?, merge)?;
+/// The first architecture `run` (read from `run_dir`) reads back as, and how it is written
+/// there (`out`: where `config.json` will be, for messages); a refusal naming every candidate's
+/// first difference when none does.
+fn choose(run: &Run, run_dir: &Path, out: &Path) -> Result<Chosen> {
     let mut ours = run.config.model.clone();
     ours.resolve(run.tokenizer.vocab_size())?;
     // special tokens that are extra rows here become tokens of the exported vocabulary: a
@@ -283,13 +286,44 @@ pub fn export_with(run_dir: &Path, out: &Path, device: &Device, merge: bool) -> 
         json.insert("pad_token_id".into(), 0.into());
     }
 
+    Ok(Chosen { json, mapping, rotary, added, mask_token })
+}
+
+/// The mapping `run` (read from `run_dir`) is exported by, and its rotary features to reorder:
+/// how its tensors are named in the Hugging Face architecture it reads back as.
+pub(super) fn mapping_of(run: &Run, run_dir: &Path) -> Result<(Mapping, Option<RotaryPairs>)> {
+    let chosen = choose(run, run_dir, &run_dir.join("hf"))?;
+    Ok((chosen.mapping, chosen.rotary))
+}
+
+/// Writes the run `run_dir` as the Hugging Face model directory `out`, which must not exist;
+/// like [`super::import`], the directory is written under a temporary name and renamed into
+/// place when complete. Loads the run on `device`.
+pub fn export(run_dir: &Path, out: &Path, device: &Device) -> Result<Exported> {
+    export_with(run_dir, out, device, false)
+}
+
+/// [`export`], with a LoRA run's adapters merged into its base when `merge`
+/// ([`crate::lora::for_export`]).
+pub fn export_with(run_dir: &Path, out: &Path, device: &Device, merge: bool) -> Result<Exported> {
+    if out.exists() {
+        bail!("{} exists: give --out a directory that does not exist yet", out.display());
+    }
+    let run = Run::load(run_dir, device)?;
+    // a LoRA run without --merge is written as its adapters in PEFT's files
+    let adapters_only = run.config.train.lora.is_some() && !merge;
+    let run = if adapters_only { run } else { crate::lora::for_export(run, merge)? };
+    let Chosen { json, mapping, rotary, added, mask_token } = choose(&run, run_dir, out)?;
     let staging = super::staging_dir(out, "exporting")?;
-    let result = write_model(&staging, &run, &json, &mapping, rotary.as_ref(), &added, mask_token);
+    let result = match adapters_only {
+        true => super::peft::write(&staging, &run, &mapping, rotary.as_ref()),
+        false => write_model(&staging, &run, &json, &mapping, rotary.as_ref(), &added, mask_token),
+    };
     match result {
         Ok((tensors, params)) => {
             std::fs::rename(&staging, out)
                 .with_context(|| format!("cannot move {} to {}", staging.display(), out.display()))?;
-            Ok(Exported { out: out.to_path_buf(), class: mapping.class, tensors, params })
+            Ok(Exported { out: out.to_path_buf(), class: mapping.class, tensors, params, adapters: adapters_only })
         }
         Err(e) => {
             let _ = std::fs::remove_dir_all(&staging);
@@ -332,7 +366,7 @@ const MASK: &str = "[MASK]";
 const END: &str = "</s>";
 
 /// Rotary features stored in interleaved pairs, to be written in rotate-half order.
-struct RotaryPairs {
+pub(super) struct RotaryPairs {
     head_dim: usize,
     /// The rotated part of each head (its first features).
     rotary_dim: usize,
@@ -436,15 +470,7 @@ fn write_model(
     let tensors = one_per_name(tensors)?;
     let params: usize = tensors.iter().map(|(_, _, v)| v.len()).sum();
     let count = tensors.len();
-    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> =
-        tensors.into_iter().map(|(n, s, v)| (n, s, v.iter().flat_map(|x| x.to_le_bytes()).collect())).collect();
-    let views = bytes
-        .iter()
-        .map(|(n, s, b)| Ok((n.as_str(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b)?)))
-        .collect::<Result<Vec<_>>>()?;
-    let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
-    safetensors::serialize_to_file(views, Some(metadata), &dir.join("model.safetensors"))
-        .map_err(|e| anyhow!("cannot write {}: {e}", dir.join("model.safetensors").display()))?;
+    write_safetensors(&dir.join("model.safetensors"), tensors)?;
 
     let mut tokenizer = run.tokenizer.to_hf_json()?;
     if !added.is_empty() {
@@ -505,6 +531,20 @@ fn write_model(
     Ok((count, params))
 }
 
+/// `tensors` (name, shape, values) as an f32 safetensors file, with the metadata transformers
+/// reads (`format = pt`).
+pub(super) fn write_safetensors(path: &Path, tensors: Vec<(String, Vec<usize>, Vec<f32>)>) -> Result<()> {
+    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> =
+        tensors.into_iter().map(|(n, s, v)| (n, s, v.iter().flat_map(|x| x.to_le_bytes()).collect())).collect();
+    let views = bytes
+        .iter()
+        .map(|(n, s, b)| Ok((n.as_str(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b)?)))
+        .collect::<Result<Vec<_>>>()?;
+    let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
+    safetensors::serialize_to_file(views, Some(metadata), path)
+        .map_err(|e| anyhow!("cannot write {}: {e}", path.display()))
+}
+
 /// The checkpoint's tensors with each name once: a tensor several of the run's are made from
 /// (T5's relative bias table, which every layer of a stack reads) is written once, if they
 /// agree; if they have parted (fine-tuning moves each layer's copy), the run is refused.
@@ -530,7 +570,7 @@ fn one_per_name(tensors: Vec<(String, Vec<usize>, Vec<f32>)>) -> Result<Vec<(Str
 /// query and key features of every head reordered from interleaved pairs `(2k, 2k+1)` to
 /// rotate-half pairs `(k, k + r/2)`, `r` the rotated part: feature `k` of the result is feature
 /// `2k` of the input and feature `k + r/2` is `2k + 1`. Values are left alone.
-fn rotate_half_order(values: &[f32], r: &RotaryPairs) -> Result<Vec<f32>> {
+pub(super) fn rotate_half_order(values: &[f32], r: &RotaryPairs) -> Result<Vec<f32>> {
     let (hd, rot) = (r.head_dim, r.rotary_dim);
     if hd == 0 || rot % 2 != 0 || rot > hd || r.qk_features % hd != 0 || r.width == 0 || values.len() % r.width != 0 {
         bail!("rotary features ({rot} of each head's {hd}) cannot be paired in a projection {} wide", r.width);

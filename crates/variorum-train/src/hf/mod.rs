@@ -20,6 +20,7 @@ mod gpt_neox;
 mod gptj;
 mod llama;
 mod opt;
+mod peft;
 mod phi;
 mod recipe;
 mod reformer;
@@ -40,6 +41,7 @@ use config::HfConfig;
 use recipe::Recipe;
 
 pub use export::{Exported, export, export_with};
+pub use peft::{ImportedAdapters, import as import_adapters};
 
 /// An architecture's reading of a model directory.
 pub(crate) struct Mapping {

@@ -28,7 +28,7 @@ fn llama_like() -> ModelConfig {
 
 fn every_target(rank: usize) -> LoraConfig {
     use LoraTarget::*;
-    LoraConfig { rank, alpha: 3.0, targets: vec![Q, K, V, Out, Up, Gate, Down] }
+    LoraConfig { rank, alpha: 3.0, dropout: 0.0, targets: vec![Q, K, V, Out, Up, Gate, Down] }
 }
 
 fn tokens(vocab: usize, device: &Device) -> Tensor<2, Int> {
@@ -226,7 +226,7 @@ fn a_lora_run_keeps_its_adapters_apart_resumes_exactly_and_merges() {
 
     let mut cfg = base_cfg.clone();
     use LoraTarget::*;
-    cfg.train.lora = Some(LoraConfig { rank: 4, alpha: 16.0, targets: vec![Q, V, Out, Down] });
+    cfg.train.lora = Some(LoraConfig { rank: 4, alpha: 16.0, dropout: 0.0, targets: vec![Q, V, Out, Down] });
     cfg.train.lr = 1e-2;
     let straight = tmp.path().join("straight");
     let mut opts = options(&straight);
@@ -347,7 +347,7 @@ fn lora_adapts_encoder_decoders_memories_and_other_kinds() {
         cfg.validate().unwrap_or_else(|e| panic!("{name}: {e}"));
         device.seed(9);
         let base = cfg.init(&device);
-        let lora = LoraConfig { rank: 2, alpha: 4.0, targets };
+        let lora = LoraConfig { rank: 2, alpha: 4.0, dropout: 0.0, targets };
         let adapted = attach(base.clone(), &cfg, &lora).unwrap_or_else(|e| panic!("{name}: {e:#}"));
         let x = tokens(cfg.vocab(), &device).slice([0..2, 0..cfg.seq_len.min(12)]);
         let source = cfg.is_encoder_decoder().then(|| Source { tokens: tokens(cfg.vocab(), &device), padding: None });

@@ -13,6 +13,7 @@ mod inference;
 mod knn_lm;
 mod lora;
 mod memorizing;
+mod peft;
 mod report_browser;
 mod reversible;
 mod sac;
