@@ -19,32 +19,7 @@ trap 'rm -rf "$WORK"' EXIT
 PY="$VENV/bin/python"
 
 echo "# $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, $(date -u +%F)"
-"$PY" - "$WORK/hf" <<'EOF'
-import sys, torch, transformers
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
-out = sys.argv[1]
-tok = Tokenizer(models.BPE())
-tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-tok.decoder = decoders.ByteLevel()
-text = open("crates/variorum-train/tests/fixtures/hf/export/corpus.txt").read()
-tok.train_from_iterator([text], trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
-                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
-# GPT-2's 50257 rows: the rest of the vocabulary as added tokens, so that every id the model
-# can choose decodes to the same text on both sides
-tok.add_tokens([f"<t{i}>" for i in range(tok.get_vocab_size(), 50257)])
-torch.manual_seed(0)
-cfg = transformers.GPT2Config(n_positions=1024, n_embd=768, n_layer=12, n_head=12, bos_token_id=0, eos_token_id=0)
-model = transformers.GPT2LMHeadModel(cfg).eval()
-with torch.no_grad():
-    for p in model.parameters():
-        if p.dim() >= 2:
-            p.mul_(4.0)  # far from uniform, so greedy tokens are not near-ties
-model.save_pretrained(out)
-PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>").save_pretrained(out)
-n = sum(p.numel() for p in model.parameters())
-print(f"model: GPT-2 small shape, {n / 1e6:.1f} M parameters, {n * 4 / 2**20:.0f} MiB in f32")
-EOF
+"$PY" scripts/lib/gpt2_125m.py "$WORK/hf" 4
 
 weights=$(stat -c %s "$WORK/hf/model.safetensors")
 /usr/bin/time -f "%e %M" -o "$WORK/time" "$BIN" import "$WORK/hf" --out "$WORK/run" > /dev/null

@@ -20,23 +20,7 @@ PY="$VENV/bin/python"
 
 echo "# $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, $(date -u +%F); $STEPS steps of 1024 tokens, $REPS rounds"
 if [ ! -d "$WORK/hf" ]; then
-  "$PY" - "$WORK/hf" <<'PY'
-import sys, torch, transformers
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
-out = sys.argv[1]
-tok = Tokenizer(models.BPE())
-tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-tok.decoder = decoders.ByteLevel()
-text = open("crates/variorum-train/tests/fixtures/hf/export/corpus.txt").read()
-tok.train_from_iterator([text], trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
-                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
-tok.add_tokens([f"<t{i}>" for i in range(tok.get_vocab_size(), 50257)])
-torch.manual_seed(0)
-cfg = transformers.GPT2Config(n_positions=1024, n_embd=768, n_layer=12, n_head=12, bos_token_id=0, eos_token_id=0)
-transformers.GPT2LMHeadModel(cfg).save_pretrained(out)
-PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>").save_pretrained(out)
-PY
+  "$PY" scripts/lib/gpt2_125m.py "$WORK/hf" > /dev/null
   "$BIN" import "$WORK/hf" --out "$WORK/base" > /dev/null
 fi
 train='[train]

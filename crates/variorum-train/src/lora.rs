@@ -18,8 +18,8 @@
 //!
 //! Choices where the paper is silent: A ~ U(−1/√d_in, 1/√d_in), PEFT's default (Kaiming-uniform
 //! with a = √5, as `torch.nn.Linear`). Dropout acts on the adapter's input where the product is
-//! computed beside the frozen one; the few kinds that read a weight whole (Longformer's global
-//! projections, collaborative heads' shared keys) take the update on the weight, undropped.
+//! computed beside the frozen one; a kind that reads a weight whole (Longformer's global
+//! attention) takes the update on the weight, undropped.
 
 use std::collections::BTreeSet;
 
@@ -254,6 +254,44 @@ pub fn adapter_params(model: &DecoderLm) -> usize {
     c.n
 }
 
+/// Where a module visitor or mapper is, named as tensor files name it: enum variants left out
+/// (`attn.qkv`, not `attn.Full.qkv`).
+#[derive(Default)]
+pub(crate) struct TensorPath(Vec<String>);
+
+impl TensorPath {
+    /// Entering module `name` (of type `container`).
+    pub(crate) fn enter(&mut self, name: &str, container: &str) {
+        if !container.starts_with("Enum:") {
+            self.0.push(name.to_owned());
+        }
+    }
+
+    /// Leaving a module of type `container`.
+    pub(crate) fn exit(&mut self, container: &str) {
+        if !container.starts_with("Enum:") {
+            self.0.pop();
+        }
+    }
+
+    /// The path, dotted.
+    pub(crate) fn joined(&self) -> String {
+        self.0.join(".")
+    }
+
+    /// Whether it is inside a weight's LoRA update.
+    fn in_update(&self) -> bool {
+        self.0.iter().any(|m| m == LowRankUpdate::NAME)
+    }
+
+    /// At an adapter factor, `<weight>.lora.parts.<i>.<a|b>`: the weight's path, `i`, and `a` or `b`.
+    pub(crate) fn factor(&self) -> Option<(String, usize, &str)> {
+        let at = self.0.iter().position(|m| m == LowRankUpdate::NAME)?;
+        let part = self.0.get(at + 2)?.parse().ok()?;
+        Some((self.0[..at].join("."), part, self.0.last()?.as_str()))
+    }
+}
+
 /// One adapted weight of a model, with its factors' values: what adapter files in other
 /// formats are written from.
 pub(crate) struct Adapted {
@@ -271,39 +309,24 @@ pub(crate) fn adapters(model: &DecoderLm, model_cfg: &ModelConfig, lora: &LoraCo
     /// Weight shapes, and the factors under each weight's update, by path.
     #[derive(Default)]
     struct Collect {
-        path: Vec<String>,
+        path: TensorPath,
         weights: Vec<(String, [usize; 2])>,
         factors: std::collections::HashMap<(String, usize, String), Vec<f32>>,
     }
     impl burn::module::ModuleVisitor for Collect {
-        // tensor names leave enum variants out (`attn.qkv`, not `attn.Full.qkv`)
         fn enter_module(&mut self, name: &str, container: &str) {
-            if !container.starts_with("Enum:") {
-                self.path.push(name.to_owned());
-            }
+            self.path.enter(name, container);
         }
         fn exit_module(&mut self, _: &str, container: &str) {
-            if !container.starts_with("Enum:") {
-                self.path.pop();
-            }
+            self.path.exit(container);
         }
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
             let values = || param.val().into_data().convert::<f32>().try_to_vec::<f32>().unwrap_or_default();
-            match self.path.iter().position(|m| m == LowRankUpdate::NAME) {
-                // `<weight>.lora.parts.<i>.<a|b>`
-                Some(at) => {
-                    let (Some(i), Some(factor)) =
-                        (self.path.get(at + 2).and_then(|i| i.parse().ok()), self.path.last())
-                    else {
-                        return;
-                    };
-                    self.factors.insert((self.path[..at].join("."), i, factor.clone()), values());
-                }
-                None if D == 2 => {
-                    let dims = param.shape().to_vec();
-                    self.weights.push((self.path.join("."), [dims[0], dims[1]]));
-                }
-                None => {}
+            if let Some((weight, i, factor)) = self.path.factor() {
+                self.factors.insert((weight, i, factor.to_owned()), values());
+            } else if D == 2 && !self.path.in_update() {
+                let dims = param.shape().to_vec();
+                self.weights.push((self.path.joined(), [dims[0], dims[1]]));
             }
         }
     }

@@ -545,7 +545,7 @@ fn write_run(
         }
     }
     use burn::module::Module as _;
-    let model = model.map(&mut SetFactors { path: Vec::new(), values });
+    let model = model.map(&mut SetFactors { path: Default::default(), values });
     let staging = super::staging_dir(out, "importing")?;
     let written = (|| -> Result<()> {
         let mut cfg = run.config.clone();
@@ -574,34 +574,24 @@ fn write_run(
 /// Gives the adapters' factors the values read (`<weight>.lora.parts.<i>.a`/`.b`, by weight
 /// path and part), keeping whether they train.
 struct SetFactors {
-    path: Vec<String>,
+    path: crate::lora::TensorPath,
     values: HashMap<(String, usize), (Vec<f32>, Vec<f32>)>,
 }
 
 impl burn::module::ModuleMapper for SetFactors {
-    // tensor names leave enum variants out (`attn.qkv`, not `attn.Full.qkv`)
     fn enter_module(&mut self, name: &str, container: &str) {
-        if !container.starts_with("Enum:") {
-            self.path.push(name.to_owned());
-        }
+        self.path.enter(name, container);
     }
     fn exit_module(&mut self, _: &str, container: &str) {
-        if !container.starts_with("Enum:") {
-            self.path.pop();
-        }
+        self.path.exit(container);
     }
     fn map_float<const D: usize>(
         &mut self,
         param: burn::module::Param<burn::prelude::Tensor<D>>,
     ) -> burn::module::Param<burn::prelude::Tensor<D>> {
         use burn::prelude::*;
-        let Some(at) = self.path.iter().position(|m| m == "lora") else { return param };
-        let (Some(part), Some(factor)) =
-            (self.path.get(at + 2).and_then(|i| i.parse::<usize>().ok()), self.path.last())
-        else {
-            return param;
-        };
-        let Some((a, b)) = self.values.get(&(self.path[..at].join("."), part)) else { return param };
+        let Some((weight, part, factor)) = self.path.factor() else { return param };
+        let Some((a, b)) = self.values.get(&(weight, part)) else { return param };
         let v = if factor == "a" { a.clone() } else { b.clone() };
         param.map(|t| {
             let moved = Tensor::from_data(TensorData::new(v, t.shape()), &t.device());
