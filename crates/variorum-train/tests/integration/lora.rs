@@ -211,7 +211,7 @@ fn options(run: &std::path::Path) -> variorum_train::TrainOptions {
 /// A LoRA run end to end (`train --init-from BASE` with `[train.lora]`): its weights files hold
 /// the adapters alone and `lora-base.json` the base's sha256; the loaded run computes the base
 /// weights untouched plus its adapters; stopped and resumed it writes the uninterrupted run's
-/// bytes; `--merge` gives a plain model computing the same; a changed base, a LoRA run without
+/// bytes (LoRA's dropout included); `--merge` gives a plain model computing the same; a changed base, a LoRA run without
 /// `--init-from`, `[train.freeze]` beside it, an export without `--merge` and `--merge` on a run
 /// without adapters are refused in one line.
 #[test]
@@ -226,7 +226,8 @@ fn a_lora_run_keeps_its_adapters_apart_resumes_exactly_and_merges() {
 
     let mut cfg = base_cfg.clone();
     use LoraTarget::*;
-    cfg.train.lora = Some(LoraConfig { rank: 4, alpha: 16.0, dropout: 0.0, targets: vec![Q, V, Out, Down] });
+    // with LoRA's dropout, so that resuming must also restore what it draws
+    cfg.train.lora = Some(LoraConfig { rank: 4, alpha: 16.0, dropout: 0.1, targets: vec![Q, V, Out, Down] });
     cfg.train.lr = 1e-2;
     let straight = tmp.path().join("straight");
     let mut opts = options(&straight);
@@ -273,6 +274,17 @@ fn a_lora_run_keeps_its_adapters_apart_resumes_exactly_and_merges() {
         let (x, y) = (std::fs::read(straight.join(file)).unwrap(), std::fs::read(split.join(file)).unwrap());
         assert!(x == y, "the resumed LoRA run's {file} differs from the uninterrupted one's");
     }
+
+    // the dropout acts: without it the same run ends elsewhere
+    let undropped = tmp.path().join("undropped");
+    let mut opts = options(&undropped);
+    opts.init_from = Some(base.clone());
+    let mut no_dropout = cfg.clone();
+    no_dropout.train.lora.as_mut().unwrap().dropout = 0.0;
+    train(no_dropout, &opts).unwrap();
+    let (x, y) =
+        (std::fs::read(straight.join("model.bpk")).unwrap(), std::fs::read(undropped.join("model.bpk")).unwrap());
+    assert!(x != y, "train.lora.dropout = 0.1 trained the same adapters as 0");
 
     // merged: a plain model computing what the adapted one does
     let x = tokens(tuned.model.vocab_size, &device);
