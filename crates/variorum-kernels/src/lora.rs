@@ -29,9 +29,6 @@ pub struct ColumnBlock {
     pub width: usize,
     /// The index in [`LowRankUpdate::parts`] of the block's adapter; `None`: not adapted.
     pub part: Option<usize>,
-    /// What the block projects (`q`, `k`, `v`, `out`, `up`, `gate`, `down`): for messages and
-    /// for the adapters' names in other formats.
-    pub name: &'static str,
 }
 
 /// The LoRA update of one weight `[d_in, d_out]`: a rank-r pair for each adapted block of
@@ -94,8 +91,9 @@ impl LowRankUpdate {
 
     /// [`forward`](Self::forward) over the output columns `columns` alone: `[.., columns.len()]`.
     /// The blocks outside them cost nothing, and the zero blocks inside them only their zeros.
+    /// Each adapted block draws its own dropout, as PEFT's modules (`q_proj`, `v_proj`) do.
     pub fn forward_columns<const D: usize>(&self, x: Tensor<D>, columns: Range<usize>) -> Tensor<D> {
-        let x = match self.dropout > 0.0 {
+        let dropped = |x: Tensor<D>| match self.dropout > 0.0 {
             true => burn::nn::DropoutConfig::new(self.dropout).init().forward(x),
             false => x,
         };
@@ -118,7 +116,7 @@ impl LowRankUpdate {
                         true => b,
                         false => b.narrow(1, from + block.width - start, to - from),
                     };
-                    let low = crate::linear::linear(x.clone(), part.a.val(), None);
+                    let low = crate::linear::linear(dropped(x.clone()), part.a.val(), None);
                     crate::linear::linear(low, b.mul_scalar(part.scale), None)
                 }
                 None => Tensor::zeros(dims, &device),
@@ -154,9 +152,9 @@ mod tests {
             scale: 1.5,
         };
         let blocks = vec![
-            ColumnBlock { width: 4, part: Some(0), name: "q" },
-            ColumnBlock { width: 4, part: None, name: "k" },
-            ColumnBlock { width: 4, part: Some(1), name: "v" },
+            ColumnBlock { width: 4, part: Some(0) },
+            ColumnBlock { width: 4, part: None },
+            ColumnBlock { width: 4, part: Some(1) },
         ];
         (w, LowRankUpdate { parts: vec![pair(4), pair(4)], blocks, dropout: 0.0 })
     }
@@ -200,7 +198,7 @@ mod tests {
             let eye: Tensor<2> = Tensor::eye(64, device);
             LowRankUpdate {
                 parts: vec![LoraAdapter { a: Param::from_tensor(eye.clone()), b: Param::from_tensor(eye), scale: 1.0 }],
-                blocks: vec![ColumnBlock { width: 64, part: Some(0), name: "up" }],
+                blocks: vec![ColumnBlock { width: 64, part: Some(0) }],
                 dropout: 0.25,
             }
         };

@@ -194,7 +194,7 @@ impl Reparameterizer for Attach<'_> {
                 });
                 parts.len() - 1
             });
-            columns.push(ColumnBlock { width: w, part, name: target.name() });
+            columns.push(ColumnBlock { width: w, part });
         }
         if parts.is_empty() {
             return (param, None);

@@ -158,6 +158,19 @@ fn config_json(
     })
 }
 
+/// For the weight at `path`, `width` columns wide: export writes a fused q | k | v with its
+/// rotary features reordered, so column c of what its recipe is given is column `order[c]` of
+/// ours (the identity elsewhere).
+fn column_order(path: &str, width: usize, rotary: Option<&RotaryPairs>) -> Result<Vec<usize>> {
+    match rotary.filter(|_| path.ends_with(".attn.qkv.qkv.weight")) {
+        Some(r) => {
+            let index: Vec<f32> = (0..width).map(|c| c as f32).collect();
+            Ok(rotate_half_order(&index, r)?.into_iter().map(|c| c as usize).collect())
+        }
+        None => Ok((0..width).collect()),
+    }
+}
+
 /// One PEFT module's pair: its name, `lora_A.weight` `[R, d_in]` and `lora_B.weight`
 /// `[width, R]` row-major, and how the base stores the module's weight.
 struct Module {
@@ -172,15 +185,7 @@ struct Module {
 /// holds adapted columns, each adapted block wholly inside one.
 fn modules(adapted: &Adapted, recipe: &Recipe, rotary: Option<&RotaryPairs>) -> Result<Vec<Module>> {
     let width: usize = adapted.blocks.iter().map(|b| b.0).sum();
-    // export writes a fused q | k | v with its rotary features reordered: column c of what the
-    // recipe is given is column order[c] of ours
-    let order: Vec<usize> = match rotary.filter(|_| adapted.path.ends_with(".attn.qkv.qkv.weight")) {
-        Some(r) => {
-            let index: Vec<f32> = (0..width).map(|c| c as f32).collect();
-            rotate_half_order(&index, r)?.into_iter().map(|c| c as usize).collect()
-        }
-        None => (0..width).collect(),
-    };
+    let order = column_order(&adapted.path, width, rotary)?;
     let mut out = Vec::new();
     for leaf in leaves(recipe, width, &adapted.path)? {
         let columns: Vec<usize> = leaf.columns.iter().map(|&c| order[c]).collect();
@@ -365,13 +370,7 @@ pub fn import(src: &Path, base: &Path, out: &Path, device: &burn::prelude::Devic
         let (d_in, width) = (shape[0], shape[1]);
         let segments: Vec<&str> = path.split('.').collect();
         let Some(columns) = blocks_of(&model_cfg, &segments, width) else { continue };
-        let order: Vec<usize> = match rotary.as_ref().filter(|_| path.ends_with(".attn.qkv.qkv.weight")) {
-            Some(r) => {
-                let index: Vec<f32> = (0..width).map(|c| c as f32).collect();
-                rotate_half_order(&index, r)?.into_iter().map(|c| c as usize).collect()
-            }
-            None => (0..width).collect(),
-        };
+        let order = column_order(path, width, rotary.as_ref())?;
         for leaf in leaves(recipe, width, path)? {
             let Some(module) = leaf.name.strip_suffix(".weight") else { continue };
             let Some([a_name, b_name]) = pairs.get(module) else { continue };
@@ -380,8 +379,8 @@ pub fn import(src: &Path, base: &Path, out: &Path, device: &burn::prelude::Devic
             };
             used.insert(module.to_owned());
             let (a_shape, b_shape) = (tensors.shape(a_name)?, tensors.shape(b_name)?);
-            let rank = a_shape[0];
-            if a_shape != [rank, d_in] || b_shape != [leaf.columns.len(), rank] {
+            let rank = a_shape.first().copied().unwrap_or(0);
+            if rank == 0 || a_shape != [rank, d_in] || b_shape != [leaf.columns.len(), rank] {
                 bail!(
                     "{}: {module}'s factors are {a_shape:?} and {b_shape:?}; the base's module is {d_in} → {} wide",
                     src.display(),

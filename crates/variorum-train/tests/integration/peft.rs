@@ -160,7 +160,8 @@ fn a_lora_run_on_gpt2_exports_as_the_adapter_peft_loads() {
 }
 
 /// What cannot be read is refused in one line naming it: an adapter for another model, one
-/// computing what variorum's LoRA does not (DoRA), a directory without the factors.
+/// computing what variorum's LoRA does not (DoRA), a directory without the factors, factors of
+/// a shape no rank-r pair has.
 #[test]
 fn adapters_that_do_not_fit_are_refused_by_name() {
     let tmp = tempfile::tempdir().unwrap();
@@ -184,4 +185,24 @@ fn adapters_that_do_not_fit_are_refused_by_name() {
     let e = format!("{:#}", hf::import_adapters(&dora, &base, &tmp.path().join("c"), &device).unwrap_err());
     assert!(e.contains("adapter_model.safetensors") && !e.contains('\n'), "{e}");
     assert!(!tmp.path().join("c").exists() && !tmp.path().join("b").exists());
+
+    // factors of a corrupt shape: a scalar A, and rank 0
+    let q = "base_model.model.model.layers.0.self_attn.q_proj";
+    for (a_shape, b_shape) in [(vec![], vec![16, 4]), (vec![0, 16], vec![16, 0])] {
+        let bytes = |shape: &Vec<usize>| vec![0u8; 4 * shape.iter().product::<usize>()];
+        let (a, b) = (bytes(&a_shape), bytes(&b_shape));
+        let views = [
+            (
+                format!("{q}.lora_A.weight"),
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, a_shape.clone(), &a).unwrap(),
+            ),
+            (
+                format!("{q}.lora_B.weight"),
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, b_shape.clone(), &b).unwrap(),
+            ),
+        ];
+        safetensors::serialize_to_file(views, None, &dora.join("adapter_model.safetensors")).unwrap();
+        let e = format!("{:#}", hf::import_adapters(&dora, &base, &tmp.path().join("d"), &device).unwrap_err());
+        assert!(e.contains("q_proj's factors are") && !e.contains('\n'), "{a_shape:?}: {e}");
+    }
 }
