@@ -161,7 +161,8 @@ pub fn run(args: DatastoreArgs) -> Result<ExitCode> {
                     (ids, canonical.display().to_string(), "datastore-file")
                 }
                 None => {
-                    let corpus = variorum_data::Corpus::load(&run.config.data, Some(run.tokenizer.clone()))?;
+                    let corpus =
+                        in_memory(variorum_data::Corpus::load(&run.config.data, Some(run.tokenizer.clone()))?)?;
                     let (ids, name) = match split {
                         Split::Train => (corpus.train, "train"),
                         Split::Valid => (corpus.val, "valid"),
@@ -201,7 +202,7 @@ pub fn run(args: DatastoreArgs) -> Result<ExitCode> {
             if k == 0 || ef == 0 {
                 bail!("--k and --ef must be at least 1");
             }
-            let corpus = variorum_data::Corpus::load(&run.config.data, Some(run.tokenizer.clone()))?;
+            let corpus = in_memory(variorum_data::Corpus::load(&run.config.data, Some(run.tokenizer.clone()))?)?;
             if store.meta.origin.text_sha256 != knn_lm::ids_sha256(&corpus.train) {
                 bail!(
                     "{} holds {}, not the whole training split of {}: neighbour tables are searched in a datastore over it (`variorum datastore build RUN`, without --data or --max-tokens)",
@@ -428,4 +429,16 @@ pub fn eval_knn(
         );
     }
     Ok(rows)
+}
+
+/// A datastore holds every position of a split in memory: a prepared corpus's splits are read
+/// from its shards instead, and are refused here.
+fn in_memory(corpus: variorum_data::Corpus) -> Result<variorum_data::Corpus> {
+    if corpus.prepared.is_some() {
+        bail!(
+            "{} is a prepared corpus: a datastore is built from a text file's splits (data.path), not from shards yet",
+            corpus.path.display()
+        );
+    }
+    Ok(corpus)
 }

@@ -25,7 +25,9 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
-use commands::{bench, collaborate, export, generate, import, inspect, pattern, report, runs, score, train, zoo};
+use commands::{
+    bench, collaborate, export, generate, import, inspect, pattern, prepare, report, runs, score, train, zoo,
+};
 
 #[derive(Parser)]
 #[command(
@@ -81,6 +83,10 @@ enum Command {
     /// A table of the run directories under a folder: model, steps done, best validation loss,
     /// tokens/s and status (finished / running / interrupted / failed).
     Runs(runs::RunsArgs),
+    /// Tokenize a config's `[data] sources` (text files, directories, globs, JSON Lines, gzip or
+    /// zstd) once into memory-mapped token shards that `train` reads (`data.prepared`);
+    /// resumes where an interrupted prepare stopped.
+    Prepare(prepare::PrepareArgs),
     /// Print a config with every default expanded, its parameter count and FLOPs per token.
     Inspect(inspect::InspectArgs),
     /// Measure training tokens/s and peak memory (median of several runs, synthetic tokens).
@@ -151,6 +157,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Attention(args) => attention::run(args),
         Command::Report(args) => report::run(args),
         Command::Runs(args) => runs::run(args),
+        Command::Prepare(args) => prepare::run(args),
         Command::Inspect(args) => inspect::run(args),
         Command::Bench(args) => bench::run(args),
         Command::BenchAttention(args) => bench_attention::run(args),

@@ -70,7 +70,7 @@ impl TokenBatch {
 
     /// Appends the window `tokens[start..=start + seq_len]` as one row, tagged
     /// with the tag of its input window when `tags` are given.
-    fn push_row(&mut self, tokens: &[u32], start: usize, reset: bool, tags: Option<&SplitTags>) {
+    pub(crate) fn push_row(&mut self, tokens: &[u32], start: usize, reset: bool, tags: Option<&SplitTags>) {
         let window = &tokens[start..start + self.seq_len + 1];
         self.inputs.extend(window[..self.seq_len].iter().map(|&t| i64::from(t)));
         self.targets.extend(window[1..].iter().map(|&t| i64::from(t)));
@@ -83,7 +83,7 @@ impl TokenBatch {
     }
 }
 
-fn check_shape(seq_len: usize, batch_size: usize) -> Result<(), DataError> {
+pub(crate) fn check_shape(seq_len: usize, batch_size: usize) -> Result<(), DataError> {
     if seq_len == 0 {
         return Err(DataError::Config("seq_len = 0 must be at least 1, e.g. 256".into()));
     }
@@ -471,6 +471,7 @@ mod tests {
             graph: None,
             pairs: None,
             neighbours: None,
+            ..Default::default()
         };
         Corpus::from_text(&text, &cfg, None, "letters.txt".into()).expect("loads")
     }

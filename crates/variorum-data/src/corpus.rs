@@ -11,12 +11,14 @@
 use std::borrow::Cow;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{DataError, one_line};
 use crate::graph::{self, GraphDataConfig, GraphSplits};
 use crate::pairs::{self, Pair, PairSplits, PairsConfig};
+use crate::prepared::{PrepareConfig, PreparedCorpus, SourceConfig, prepared_dir, validate_sources};
 use crate::tags::{Holdout, Piece, SplitPieces, SplitTags, TagConfig, TagSections};
 use crate::tokenizer::{Tokenizer, TokenizerConfig};
 
@@ -66,6 +68,18 @@ pub struct DataConfig {
     /// tokens, for a model with a long-term memory (`model.long_term_memory`). Absent = none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub neighbours: Option<PathBuf>,
+    /// Many sources — files, directories, globs, JSON Lines, compressed or not — prepared
+    /// once into token shards (`variorum prepare`, see `prepared/`) in `prepared`; training
+    /// prepares them first when they changed. Empty = none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sources: Vec<SourceConfig>,
+    /// A prepared corpus's directory: where `sources` are prepared to, or, alone, one
+    /// prepared earlier to train from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prepared: Option<PathBuf>,
+    /// How `sources` are prepared (`[data.prepare]`).
+    #[serde(default, skip_serializing_if = "PrepareConfig::is_default")]
+    pub prepare: PrepareConfig,
 }
 
 impl Default for DataConfig {
@@ -81,6 +95,9 @@ impl Default for DataConfig {
             graph: None,
             pairs: None,
             neighbours: None,
+            sources: Vec::new(),
+            prepared: None,
+            prepare: PrepareConfig::default(),
         }
     }
 }
@@ -89,6 +106,8 @@ impl Default for DataConfig {
 enum Source<'a> {
     Dataset(&'a str),
     Path(&'a Path),
+    /// `sources` and/or `prepared`.
+    Prepared,
 }
 
 /// The directory holding named datasets: `$VARIORUM_DATA`, or `data`.
@@ -100,7 +119,35 @@ pub fn data_dir() -> PathBuf {
 }
 
 impl DataConfig {
+    /// Whether the corpus is a prepared one (`sources` or `prepared` set).
+    pub fn is_prepared(&self) -> bool {
+        !self.sources.is_empty() || self.prepared.is_some()
+    }
+
     fn source(&self) -> Result<Source<'_>, DataError> {
+        if self.is_prepared() {
+            let other = match (&self.dataset, &self.path) {
+                (Some(_), _) => Some("data.dataset"),
+                (_, Some(_)) => Some("data.path"),
+                _ => None,
+            };
+            let what = if self.sources.is_empty() { "data.prepared" } else { "data.sources" };
+            if let Some(other) = other {
+                return Err(DataError::Config(format!("{what} and {other} are both set: keep only one")));
+            }
+            let layout = [
+                ("data.tags", self.tags.is_some()),
+                ("data.graph", self.graph.is_some()),
+                ("data.pairs", self.pairs.is_some()),
+                ("data.neighbours", self.neighbours.is_some()),
+            ];
+            if let Some((key, _)) = layout.iter().find(|(_, on)| *on) {
+                return Err(DataError::Config(format!(
+                    "{key} does not work with a prepared corpus ({what}) yet: use data.path for it"
+                )));
+            }
+            return Ok(Source::Prepared);
+        }
         match (&self.dataset, &self.path) {
             (Some(name), None) => {
                 let ok = !name.is_empty()
@@ -137,7 +184,10 @@ impl DataConfig {
     /// the tag expression and the tokenizer settings. Messages name the key, e.g.
     /// `data.val_fraction = 1.5 must be in (0, 1)`.
     pub fn validate(&self) -> Result<(), DataError> {
-        self.source()?;
+        if let Source::Prepared = self.source()? {
+            validate_sources(&self.sources)?;
+            self.prepare.validate()?;
+        }
         let v = self.val_fraction;
         // Written so that NaN fails too.
         if !(v > 0.0 && v < 1.0) {
@@ -186,6 +236,7 @@ impl DataConfig {
         Ok(match self.source()? {
             Source::Dataset(name) => data_dir.join(name).join("input.txt"),
             Source::Path(path) => path.to_path_buf(),
+            Source::Prepared => prepared_dir(self.prepared.as_ref())?,
         })
     }
 }
@@ -261,7 +312,15 @@ pub struct Corpus {
     pub train_chars: usize,
     /// Characters in the validation part.
     pub val_chars: usize,
+    /// A prepared corpus (`data.sources` / `data.prepared`): its training tokens are read
+    /// from here, memory-mapped, so `train` is empty; `val` holds the first
+    /// [`PREPARED_VAL_TOKENS`] of its validation documents, what a run's evaluation reads.
+    pub prepared: Option<Arc<PreparedCorpus>>,
 }
+
+/// The validation tokens of a prepared corpus a run holds in memory (4 Mi, 16 MiB): a run's
+/// periodic evaluation spreads its windows over them.
+pub const PREPARED_VAL_TOKENS: usize = 1 << 22;
 
 impl Corpus {
     /// Reads the text named by `cfg`, splits it by position and tokenizes it
@@ -273,6 +332,9 @@ impl Corpus {
 
     fn load_from(cfg: &DataConfig, tokenizer: Option<Tokenizer>, data_dir: &Path) -> Result<Corpus, DataError> {
         cfg.validate()?;
+        if cfg.is_prepared() {
+            return Self::from_prepared(cfg, tokenizer);
+        }
         let path = cfg.text_path_in(data_dir)?;
         let text = read_text(&path).map_err(|e| match (e, &cfg.dataset) {
             (DataError::CorpusNotFound { path, .. }, Some(name)) => {
@@ -395,7 +457,18 @@ impl Corpus {
                 (train, val, Some(TagSections { names, train: train_tags, val: val_tags }))
             }
         };
-        Ok(Corpus { tokenizer, train, val, tags, graphs: None, pairs: None, path, train_chars, val_chars })
+        Ok(Corpus {
+            tokenizer,
+            train,
+            val,
+            tags,
+            graphs: None,
+            pairs: None,
+            path,
+            train_chars,
+            val_chars,
+            prepared: None,
+        })
     }
 
     /// Graph examples, one per line (`graph.rs`): the last `val_fraction` of them (at least one
@@ -447,11 +520,60 @@ impl Corpus {
             path,
             train_chars,
             val_chars,
+            prepared: None,
         })
     }
 }
 
 impl Corpus {
+    /// A prepared corpus (`data.prepared`), opened and checked (`PreparedCorpus::open`). Its
+    /// tokenizer must be the run's (`tokenizer`, when resuming or evaluating a run) and its
+    /// settings the config's: otherwise the index belongs to another corpus, and the error
+    /// says which part differs.
+    fn from_prepared(cfg: &DataConfig, tokenizer: Option<Tokenizer>) -> Result<Corpus, DataError> {
+        let dir = prepared_dir(cfg.prepared.as_ref())?;
+        let prepared = PreparedCorpus::open(&dir)?;
+        let index = &prepared.index;
+        if index.tokenizer.config != cfg.tokenizer {
+            return Err(DataError::Config(format!(
+                "{} was prepared with data.tokenizer = {} but the config asks for {}: set data.tokenizer to match, or prepare again",
+                dir.display(),
+                serde_json::to_string(&index.tokenizer.config).unwrap_or_default(),
+                serde_json::to_string(&cfg.tokenizer).unwrap_or_default()
+            )));
+        }
+        let tokenizer = match tokenizer {
+            Some(t) => {
+                if t.sha256()? != index.tokenizer.sha256 {
+                    return Err(DataError::Config(format!(
+                        "{} was prepared with another tokenizer than the run's tokenizer.json: a run reads only the corpus its \
+                         tokenizer made; prepare it again with that tokenizer (data.tokenizer.kind = \"file\")",
+                        dir.display()
+                    )));
+                }
+                t
+            }
+            None => prepared.tokenizer()?,
+        };
+        let val = prepared.val_prefix(PREPARED_VAL_TOKENS);
+        let chars = |f: fn(&crate::prepared::ShardRecord) -> u64| index.shards.iter().map(f).sum::<u64>();
+        let (train_chars, all_val_chars) = (chars(|s| s.train_chars), chars(|s| s.val_chars));
+        // the held prefix's characters, in proportion (exact when it is the whole split)
+        let val_chars = (all_val_chars as f64 * val.len() as f64 / index.val_tokens().max(1) as f64).round();
+        Ok(Corpus {
+            tokenizer,
+            train: Vec::new(),
+            val,
+            tags: None,
+            graphs: None,
+            pairs: None,
+            path: dir,
+            train_chars: train_chars as usize,
+            val_chars: val_chars as usize,
+            prepared: Some(Arc::new(prepared)),
+        })
+    }
+
     /// Paired text (`pairs.rs`): a TSV file, or `text` as the sources and
     /// `data.pairs.target_path` as the targets. The last `val_fraction` of the pairs (at least
     /// one on each side) are the validation split. The tokenizer is trained as for text, on
@@ -513,6 +635,7 @@ impl Corpus {
             path,
             train_chars,
             val_chars,
+            prepared: None,
         })
     }
 }
@@ -531,6 +654,7 @@ mod tests {
             graph: None,
             pairs: None,
             neighbours: None,
+            ..Default::default()
         }
     }
 

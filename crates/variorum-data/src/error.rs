@@ -57,6 +57,15 @@ pub enum DataError {
         offset: usize,
     },
 
+    /// A file of a prepared corpus could not be written (a full disk, a read-only directory).
+    #[error("could not write {}: {message}: check the space and permissions there", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The writer's error, on one line.
+        message: String,
+    },
+
     /// The corpus file is empty.
     #[error("corpus {} is empty: point data.path at a non-empty UTF-8 text file", path.display())]
     CorpusEmpty {

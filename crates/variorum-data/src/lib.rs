@@ -32,18 +32,23 @@ mod error;
 mod graph;
 mod masking;
 mod pairs;
+mod prepared;
 mod span_corruption;
 mod tags;
 mod tokenizer;
 
 pub use batch::{OrderedStreams, RandomWindows, TokenBatch, eval_batches, spread_windows};
-pub use corpus::{Corpus, DATA_DIR_ENV, DEFAULT_DATA_DIR, DataConfig, data_dir, read_text};
+pub use corpus::{Corpus, DATA_DIR_ENV, DEFAULT_DATA_DIR, DataConfig, PREPARED_VAL_TOKENS, data_dir, read_text};
 pub use documents::DocumentStreams;
 pub use error::DataError;
 pub use graph::{GraphBatches, GraphDataConfig, GraphExample, GraphSplits, NO_TARGET, graph_eval_batches};
 pub use masking::Masking;
 pub use pairs::{
     Pair, PairBatches, PairSplits, PairsConfig, TargetTokens, check_pair_lengths, example_batch, pair_eval_batches,
+};
+pub use prepared::{
+    Index, InvalidUtf8, MixtureWindows, PrepareConfig, PrepareProgress, Prepared, PreparedCorpus, ShardRecord,
+    SourceConfig, SourceRecord, TokenizerRecord, fingerprint, prepare,
 };
 pub use span_corruption::{SpanCorruption, SpanShape, span_eval_batches};
 pub use tags::{Holdout, SplitTags, TagConfig, TagSections, UNTAGGED};

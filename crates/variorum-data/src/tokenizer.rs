@@ -284,6 +284,34 @@ impl Tokenizer {
         }
     }
 
+    /// The end-of-text token a prepared corpus writes after every document (`prepared/`): for
+    /// char and byte the character U+0003 END OF TEXT (ASCII's ETX, byte 3); otherwise `named`,
+    /// or the first of `<|endoftext|>`, `<|end_of_text|>`, `</s>`, `<eos>` the vocabulary has.
+    /// `None`: the tokenizer has none of them (or not `named`).
+    pub fn end_of_text(&self, named: Option<&str>) -> Option<u32> {
+        match self {
+            Tokenizer::Char(c) => c.index.get(&'\u{3}').copied(),
+            Tokenizer::Byte => Some(3),
+            Tokenizer::Bpe(t) => match named {
+                Some(n) => t.token_to_id(n),
+                None => ["<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"].iter().find_map(|n| t.token_to_id(n)),
+            },
+        }
+    }
+
+    /// A byte-level BPE tokenizer trained on `text` as [`Tokenizer::train`] trains one, with
+    /// `<|endoftext|>` added after its vocabulary as a special token (what a corpus of many
+    /// documents puts between them).
+    pub fn train_bpe_with_end_of_text(text: &str, cfg: &TokenizerConfig) -> Result<Tokenizer, DataError> {
+        let TokenizerConfig::Bpe { vocab_size, min_frequency } = cfg else {
+            return Tokenizer::train(cfg, text);
+        };
+        cfg.validate()?;
+        let mut t = train_bpe(text, vocab_size.saturating_sub(1).max(MIN_BPE_VOCAB), *min_frequency)?;
+        t.add_special_tokens(&[tokenizers::AddedToken::from("<|endoftext|>", true)]);
+        Ok(Tokenizer::Bpe(Box::new(t)))
+    }
+
     /// The unit that bits-per-unit metrics count: `"char"`, `"byte"` or `"token"`.
     pub fn unit(&self) -> &'static str {
         match self {
@@ -329,12 +357,15 @@ impl Tokenizer {
         serde_json::to_string_pretty(&json).map_err(|e| DataError::Config(one_line(e)))
     }
 
-    /// Writes the tokenizer as JSON (BPE: the Hugging Face `tokenizer.json`
-    /// format; char: `{"kind":"char","vocab":[...]}`; byte: `{"kind":"byte"}`).
-    /// The file is written next to its final name and renamed into place, so an
-    /// interrupted save never leaves a truncated tokenizer behind.
-    pub fn save(&self, path: &Path) -> Result<(), DataError> {
-        let file_error = |problem: String| DataError::TokenizerFile { path: path.to_path_buf(), problem };
+    /// SHA-256 (hex) of what [`save`](Self::save) writes: equal hashes, the same tokenizer.
+    pub fn sha256(&self) -> Result<String, DataError> {
+        use sha2::Digest;
+        let json = self.saved_json().map_err(DataError::Config)?;
+        Ok(sha2::Sha256::digest(json.as_bytes()).iter().map(|b| format!("{b:02x}")).collect())
+    }
+
+    /// The text [`save`](Self::save) writes.
+    fn saved_json(&self) -> Result<String, String> {
         let json: Result<String, String> = match self {
             Tokenizer::Char(c) => serde_json::to_string_pretty(&SavedTokenizer::Char {
                 vocab: c.vocab.iter().map(|ch| ch.to_string()).collect(),
@@ -343,7 +374,16 @@ impl Tokenizer {
             Tokenizer::Byte => serde_json::to_string_pretty(&SavedTokenizer::Byte).map_err(one_line),
             Tokenizer::Bpe(t) => t.to_string(true).map_err(one_line),
         };
-        let json = json.map_err(|e| file_error(format!("could not be serialised: {e}")))?;
+        json
+    }
+
+    /// Writes the tokenizer as JSON (BPE: the Hugging Face `tokenizer.json`
+    /// format; char: `{"kind":"char","vocab":[...]}`; byte: `{"kind":"byte"}`).
+    /// The file is written next to its final name and renamed into place, so an
+    /// interrupted save never leaves a truncated tokenizer behind.
+    pub fn save(&self, path: &Path) -> Result<(), DataError> {
+        let file_error = |problem: String| DataError::TokenizerFile { path: path.to_path_buf(), problem };
+        let json = self.saved_json().map_err(|e| file_error(format!("could not be serialised: {e}")))?;
 
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(|e| {
@@ -405,7 +445,7 @@ impl Tokenizer {
 }
 
 /// `dir/name.json` → `dir/name.json.tmp`.
-fn temp_path(path: &Path) -> PathBuf {
+pub(crate) fn temp_path(path: &Path) -> PathBuf {
     let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
     name.push(".tmp");
     path.with_file_name(name)
@@ -506,7 +546,7 @@ fn bpe_chunks(text: &str, target: usize) -> Vec<&str> {
 }
 
 /// The first safe cut position (see [`bpe_chunks`]) at or after byte `from`.
-fn safe_cut_after(text: &str, from: usize) -> Option<usize> {
+pub(crate) fn safe_cut_after(text: &str, from: usize) -> Option<usize> {
     let bytes = text.as_bytes();
     // A '\n' byte is always a whole character in UTF-8, so `nl` and `nl + 1`
     // are character boundaries and the slices below are valid.

@@ -25,6 +25,7 @@ pub mod lock;
 pub mod lora;
 pub mod metrics;
 pub mod pictures;
+pub mod prepared;
 pub mod progress;
 pub mod retrieval;
 pub mod run;

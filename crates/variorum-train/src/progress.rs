@@ -50,3 +50,15 @@ fn steady(pb: &ProgressBar) {
         pb.enable_steady_tick(Duration::from_millis(100));
     }
 }
+
+/// `variorum prepare`'s bar (also drawn when `train` prepares its sources first): bytes of
+/// the sources read, with bytes/s, documents/s and the ETA.
+pub fn prepare_bar() -> ProgressBar {
+    let style = ProgressStyle::with_template(
+        "{spinner} [{elapsed_precise}] {bar:30} {bytes}/{total_bytes} {bytes_per_sec} {msg} ETA {eta}",
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_bar());
+    let pb = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr()).with_style(style);
+    steady(&pb);
+    pb
+}

@@ -39,6 +39,12 @@ pub fn training_examples(
     seed: u64,
 ) -> Result<Option<ExampleBatches>, DataError> {
     let Some(tokens) = target_tokens(model) else { return Ok(None) };
+    if corpus.prepared.is_some() {
+        return Err(DataError::Config(
+            "an encoder–decoder does not read a prepared corpus (data.sources / data.prepared) yet: use data.path"
+                .into(),
+        ));
+    }
     Ok(Some(match (&corpus.pairs, span_shape(model)) {
         (Some(p), _) => ExampleBatches::Pairs(PairBatches::new(
             p.train.clone(),

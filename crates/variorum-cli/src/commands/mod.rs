@@ -8,6 +8,7 @@ pub mod generate;
 pub mod import;
 pub mod inspect;
 pub mod pattern;
+pub mod prepare;
 pub mod report;
 pub mod runs;
 pub mod score;

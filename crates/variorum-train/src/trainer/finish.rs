@@ -126,7 +126,21 @@ impl Session<'_> {
             device: self.opts.device_name.clone(),
             train_seconds: self.state.train_seconds,
             peak_rss_mib: crate::bench::peak_rss_mib(),
+            mixture: self.mixture(),
         })
+    }
+
+    /// What each source of a prepared corpus supplied: the rows are a function of (seed, step),
+    /// so they are counted again here, whatever resumes the run had.
+    fn mixture(&self) -> Option<Vec<super::MixtureShare>> {
+        let (super::Batches::Mixture(m), Some(p)) = (&self.batches, &self.corpus.prepared) else { return None };
+        let steps = self.state.step * self.cfg.train.grad_accum as u64;
+        let shares = m.intended().into_iter().zip(m.drawn(steps)).zip(&p.index.sources);
+        Some(
+            shares
+                .map(|((intended, drawn), s)| super::MixtureShare { source: s.config.path.clone(), intended, drawn })
+                .collect(),
+        )
     }
 }
 

@@ -105,6 +105,21 @@ pub struct Summary {
     pub train_seconds: f64,
     /// Peak resident set size of the training process, MiB (Linux).
     pub peak_rss_mib: Option<f64>,
+    /// A prepared corpus of several sources: each source's share of the training rows, meant
+    /// and drawn.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mixture: Option<Vec<MixtureShare>>,
+}
+
+/// One source of a prepared corpus in a run's [`Summary`].
+#[derive(Debug, Clone, Serialize)]
+pub struct MixtureShare {
+    /// `data.sources[i].path`.
+    pub source: String,
+    /// Its probability of supplying a row.
+    pub intended: f64,
+    /// The fraction of the run's rows it supplied.
+    pub drawn: f64,
 }
 
 /// How a training ended.
@@ -130,6 +145,8 @@ fn step_seed(seed: u64, step: u64) -> u64 {
 
 enum Batches {
     Random(RandomWindows),
+    /// Random windows of a prepared corpus, each source at its share.
+    Mixture(variorum_data::MixtureWindows),
     Ordered(OrderedStreams),
     Documents(DocumentStreams),
     Graph(GraphBatches),
@@ -141,6 +158,7 @@ impl Batches {
     fn get(&self, index: u64) -> TokenBatch {
         match self {
             Self::Random(b) => b.batch(index),
+            Self::Mixture(b) => b.batch(index),
             Self::Ordered(b) => b.batch(index),
             Self::Documents(b) => b.batch(index),
             Self::Graph(b) => b.batch(index),

@@ -187,6 +187,10 @@ fn open_run(
         }
         cfg.train = TrainConfig { steps: opts.max_steps.unwrap_or(saved.train.steps), ..saved.train };
     }
+    if !cfg.data.sources.is_empty() {
+        // prepared first when the sources changed (nothing is done when they did not)
+        crate::prepared::prepare_corpus(&cfg.data, None)?;
+    }
     let corpus = Corpus::load(&cfg.data, tokenizer)?;
     cfg.model.resolve(corpus.tokenizer.vocab_size())?;
     check_tags(cfg, &corpus)?;
@@ -251,6 +255,16 @@ fn data(
     let examples = crate::seq2seq::training_examples(&cfg.model, corpus, tc.batch_size, tc.seed)?;
     let batches = match (&corpus.graphs, tc.batching) {
         _ if examples.is_some() => Batches::Examples(examples.expect("checked")),
+        _ if corpus.prepared.is_some() => {
+            if tc.batching != Batching::Random {
+                bail!(
+                    "train.batching = {} does not read a prepared corpus yet: use \"random\" (the default), or data.path",
+                    serde_json::to_string(&tc.batching)?
+                );
+            }
+            let p = corpus.prepared.clone().expect("checked");
+            Batches::Mixture(variorum_data::MixtureWindows::new(p, seq_len, tc.batch_size, tc.seed)?)
+        }
         (Some(g), _) => {
             Batches::Graph(GraphBatches::new(g.train.clone(), &corpus.path, seq_len, tc.batch_size, tc.seed)?)
         }

@@ -278,7 +278,7 @@ proptest! {
         let dir = tempfile::tempdir().unwrap();
         let p = write(dir.path(), "corpus.txt", &bytes);
         let tokenizer = if byte_level { variorum_data::TokenizerConfig::Byte } else { variorum_data::TokenizerConfig::Char };
-        let cfg = variorum_data::DataConfig { dataset: None, path: Some(p), tokenizer, val_fraction, tags: None, graph: None, pairs: None, neighbours: None };
+        let cfg = variorum_data::DataConfig { dataset: None, path: Some(p), tokenizer, val_fraction, tags: None, graph: None, pairs: None, neighbours: None, ..Default::default() };
         if let Ok(corpus) = variorum_data::Corpus::load(&cfg, None) {
             if let Ok(w) = variorum_data::RandomWindows::new(std::sync::Arc::new(corpus.train.clone()), seq_len, 2, 7) {
                 let _ = w.batch(3);

@@ -14,6 +14,7 @@ mod knn_lm;
 mod lora;
 mod memorizing;
 mod peft;
+mod prepared;
 mod report_browser;
 mod reversible;
 mod sac;

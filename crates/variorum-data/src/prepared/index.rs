@@ -1,0 +1,333 @@
+//! `index.json` and the shards it names, opened memory-mapped and checked.
+
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::sources::{FileRecord, hex};
+use super::{PrepareConfig, SourceConfig};
+use crate::error::{DataError, one_line};
+use crate::tokenizer::{Tokenizer, TokenizerConfig};
+
+/// The format `index.json` is written in; a directory in another is prepared again.
+pub(crate) const FORMAT: &str = "variorum-prepared/1";
+
+/// The tokenizer a corpus was prepared with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenizerRecord {
+    /// `data.tokenizer` as it was.
+    pub config: TokenizerConfig,
+    /// [`Tokenizer::sha256`] of the `tokenizer.json` written beside the index.
+    pub sha256: String,
+    /// Token ids are `0..vocab_size`.
+    pub vocab_size: usize,
+    /// The id written after every document.
+    pub eot: u32,
+}
+
+/// One shard: the tokens of one piece of one source, both splits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardRecord {
+    /// `shard-NNNNN`: its files are `NAME.train.bin`, `NAME.train.docs`, `NAME.val.bin`, …
+    pub name: String,
+    /// Which `data.sources` entry it holds.
+    pub source: usize,
+    /// Tokens in each split.
+    pub train_tokens: u64,
+    /// Tokens in the validation split.
+    pub val_tokens: u64,
+    /// Documents starting in each split.
+    pub train_documents: u64,
+    /// Documents starting in the validation split.
+    pub val_documents: u64,
+    /// Characters of text each split holds (its end-of-text tokens not counted).
+    pub train_chars: u64,
+    /// Characters of the validation split's text.
+    pub val_chars: u64,
+    /// CRC-32 of `NAME.train.bin` and of `NAME.val.bin`.
+    pub train_crc32: u32,
+    /// CRC-32 of `NAME.val.bin`.
+    pub val_crc32: u32,
+}
+
+/// One source, summed over its shards.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SourceRecord {
+    /// The entry of `data.sources`.
+    pub config: SourceConfig,
+    /// Its files, with sizes and SHA-256.
+    pub files: Vec<FileRecord>,
+    /// Documents read.
+    pub documents: u64,
+    /// Documents left out: not UTF-8.
+    pub skipped_invalid: u64,
+    /// Training tokens (end-of-text tokens included).
+    pub train_tokens: u64,
+    /// Validation tokens.
+    pub val_tokens: u64,
+}
+
+/// `index.json`: everything a run needs to know about a prepared corpus.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Index {
+    /// The format written, `variorum-prepared/1`.
+    pub format: String,
+    /// [`fingerprint`] of the settings and sources it was made from.
+    pub fingerprint: String,
+    /// The tokenizer.
+    pub tokenizer: TokenizerRecord,
+    /// Bytes per token in the shards: 2 (`u16`) or 4 (`u32`).
+    pub width: u8,
+    /// `data.val_fraction`: the fraction of documents held out.
+    pub val_fraction: f64,
+    /// `[data.prepare]`.
+    pub prepare: PrepareConfig,
+    /// Per source.
+    pub sources: Vec<SourceRecord>,
+    /// Every shard, in order.
+    pub shards: Vec<ShardRecord>,
+}
+
+impl Index {
+    /// Reads `dir/index.json`; a missing or unreadable one is an error naming the directory.
+    pub fn read(dir: &Path) -> Result<Index, DataError> {
+        let path = dir.join("index.json");
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            DataError::Config(match e.kind() {
+                std::io::ErrorKind::NotFound => format!(
+                    "{} is not a prepared corpus (no index.json): run `variorum prepare CONFIG` first",
+                    dir.display()
+                ),
+                _ => format!("{}: {}", path.display(), one_line(e)),
+            })
+        })?;
+        let index: Index = serde_json::from_str(&text).map_err(|e| {
+            DataError::Config(format!("{} is corrupt ({}): prepare the corpus again", path.display(), one_line(e)))
+        })?;
+        if index.format != FORMAT {
+            return Err(DataError::Config(format!(
+                "{} is in format {:?}, this variorum reads {FORMAT:?}: prepare the corpus again",
+                path.display(),
+                index.format
+            )));
+        }
+        Ok(index)
+    }
+
+    /// Training tokens of every source (end-of-text tokens included).
+    pub fn train_tokens(&self) -> u64 {
+        self.shards.iter().map(|s| s.train_tokens).sum()
+    }
+
+    /// Validation tokens.
+    pub fn val_tokens(&self) -> u64 {
+        self.shards.iter().map(|s| s.val_tokens).sum()
+    }
+}
+
+/// SHA-256 (hex) of everything a prepared corpus depends on: the format, the sources as
+/// configured and the files they name (path, size, modification time), `[data.prepare]`,
+/// the holdout fraction and the tokenizer settings (with a tokenizer file's own hash). Equal
+/// fingerprints: the shards on disk are the ones a prepare would write now.
+pub fn fingerprint(
+    sources: &[(SourceConfig, Vec<PathBuf>)],
+    prepare: &PrepareConfig,
+    val_fraction: f64,
+    tokenizer: &TokenizerConfig,
+) -> Result<String, DataError> {
+    let mut files = Vec::new();
+    for (_, paths) in sources {
+        for p in paths {
+            let m = p.metadata().map_err(|e| DataError::CorpusRead { path: p.clone(), message: one_line(e) })?;
+            let mtime =
+                m.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| d.as_nanos());
+            files.push(serde_json::json!([p, m.len(), mtime.map(|t| t.to_string())]));
+        }
+    }
+    let tokenizer_file = match tokenizer {
+        TokenizerConfig::File { path } => Some(hex(&Sha256::digest(
+            std::fs::read(path).map_err(|e| DataError::CorpusRead { path: path.clone(), message: one_line(e) })?,
+        ))),
+        _ => None,
+    };
+    let what = serde_json::json!({
+        "format": FORMAT,
+        "sources": sources.iter().map(|(s, _)| s).collect::<Vec<_>>(),
+        "files": files,
+        "prepare": prepare,
+        "val_fraction": val_fraction,
+        "tokenizer": tokenizer,
+        "tokenizer_file": tokenizer_file,
+    });
+    Ok(hex(&Sha256::digest(what.to_string().as_bytes())))
+}
+
+/// One split of one shard, mapped.
+#[derive(Debug)]
+pub(crate) struct MappedShard {
+    pub map: Option<Mmap>,
+    pub tokens: u64,
+}
+
+/// The training or validation tokens of one source: its shards' files of that split, in order.
+#[derive(Debug, Default)]
+pub(crate) struct MappedSplit {
+    pub shards: Vec<MappedShard>,
+    /// `starts[i]`: the position of shard i's first token in the split.
+    pub starts: Vec<u64>,
+    pub len: u64,
+}
+
+impl MappedSplit {
+    /// Copies tokens `start..start + out.len()` of the split into `out`, across shards.
+    pub(crate) fn read(&self, start: u64, out: &mut [u32], width: u8) {
+        let mut pos = start;
+        let mut filled = 0;
+        let mut i = self.starts.partition_point(|&s| s <= pos) - 1;
+        while filled < out.len() {
+            let shard = &self.shards[i];
+            let from = (pos - self.starts[i]) as usize;
+            let take = (shard.tokens as usize - from).min(out.len() - filled);
+            let bytes = shard.map.as_deref().unwrap_or(&[]);
+            let w = width as usize;
+            for (k, o) in out[filled..filled + take].iter_mut().enumerate() {
+                let b = &bytes[(from + k) * w..(from + k + 1) * w];
+                *o = if w == 2 {
+                    u32::from(u16::from_le_bytes([b[0], b[1]]))
+                } else {
+                    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+                };
+            }
+            filled += take;
+            pos += take as u64;
+            i += 1;
+        }
+    }
+}
+
+/// A prepared corpus opened for training: every shard memory-mapped after its length and
+/// checksum were checked against the index.
+#[derive(Debug)]
+pub struct PreparedCorpus {
+    /// The directory.
+    pub dir: PathBuf,
+    /// Its index.
+    pub index: Index,
+    /// Per source: its training split.
+    pub(crate) train: Vec<MappedSplit>,
+    /// Per source: its validation split.
+    pub(crate) val: Vec<MappedSplit>,
+}
+
+impl PreparedCorpus {
+    /// Opens `dir`: reads the index, maps every shard, and checks each one's length and
+    /// CRC-32 (in parallel; a few GB/s) so that a truncated or altered shard is found before
+    /// training reads it.
+    pub fn open(dir: &Path) -> Result<PreparedCorpus, DataError> {
+        let index = Index::read(dir)?;
+        let width = index.width;
+        let jobs: Vec<(usize, &ShardRecord, &str, u64, u32)> = index
+            .shards
+            .iter()
+            .enumerate()
+            .flat_map(|(i, s)| {
+                [(i, s, "train", s.train_tokens, s.train_crc32), (i, s, "val", s.val_tokens, s.val_crc32)]
+            })
+            .collect();
+        let maps = jobs
+            .par_iter()
+            .map(|&(_, s, split, tokens, crc)| map_checked(dir, &s.name, split, tokens, crc, width))
+            .collect::<Result<Vec<_>, _>>()?;
+        let n = index.sources.len();
+        let mut train: Vec<MappedSplit> = (0..n).map(|_| MappedSplit::default()).collect();
+        let mut val: Vec<MappedSplit> = (0..n).map(|_| MappedSplit::default()).collect();
+        for ((_, s, split, tokens, _), map) in jobs.iter().zip(maps) {
+            let target = if *split == "train" { &mut train } else { &mut val };
+            let Some(m) = target.get_mut(s.source) else {
+                return Err(DataError::Config(format!(
+                    "{}: shard {} names source {} of {n}: prepare the corpus again",
+                    dir.join("index.json").display(),
+                    s.name,
+                    s.source
+                )));
+            };
+            if *tokens > 0 {
+                m.starts.push(m.len);
+                m.len += tokens;
+                m.shards.push(MappedShard { map, tokens: *tokens });
+            }
+        }
+        Ok(PreparedCorpus { dir: dir.to_path_buf(), index, train, val })
+    }
+
+    /// The tokenizer it was prepared with, checked against the index's hash.
+    pub fn tokenizer(&self) -> Result<Tokenizer, DataError> {
+        let path = self.dir.join("tokenizer.json");
+        let tokenizer = Tokenizer::load(&path)?;
+        if tokenizer.sha256()? != self.index.tokenizer.sha256 {
+            return Err(DataError::Config(format!(
+                "{} is not the tokenizer index.json records (its SHA-256 differs): prepare the corpus again",
+                path.display()
+            )));
+        }
+        Ok(tokenizer)
+    }
+
+    /// Training tokens per source.
+    pub fn train_tokens(&self) -> Vec<u64> {
+        self.train.iter().map(|s| s.len).collect()
+    }
+
+    /// The first `n` validation tokens (fewer if there are not so many), sources in order:
+    /// what a run's periodic evaluation reads.
+    pub fn val_prefix(&self, n: usize) -> Vec<u32> {
+        let mut out = Vec::with_capacity(n.min(self.index.val_tokens() as usize));
+        for split in &self.val {
+            let take = (n - out.len()).min(split.len as usize);
+            let at = out.len();
+            out.resize(at + take, 0);
+            split.read(0, &mut out[at..], self.index.width);
+            if out.len() == n {
+                break;
+            }
+        }
+        out
+    }
+}
+
+/// Maps `dir/NAME.SPLIT.bin`, checking its length against `tokens` and its CRC-32.
+fn map_checked(
+    dir: &Path,
+    name: &str,
+    split: &str,
+    tokens: u64,
+    crc: u32,
+    width: u8,
+) -> Result<Option<Mmap>, DataError> {
+    let path = dir.join(format!("{name}.{split}.bin"));
+    let bad = |problem: String| {
+        DataError::Config(format!(
+            "{} {problem}: the shard is damaged; delete it and run `variorum prepare` again",
+            path.display()
+        ))
+    };
+    let file = std::fs::File::open(&path).map_err(|e| bad(format!("cannot be opened ({})", one_line(e))))?;
+    let len = file.metadata().map_err(|e| bad(one_line(e)))?.len();
+    if len != tokens * u64::from(width) {
+        return Err(bad(format!("holds {len} bytes where index.json records {tokens} tokens of {width} bytes")));
+    }
+    if len == 0 {
+        return Ok(None);
+    }
+    // SAFETY: the file is opened read-only and the map is read through shared references only.
+    // Another process truncating it under us could fault the reader, as with any mapped file;
+    // prepare never rewrites a finished shard (it writes new files and renames them).
+    let map = unsafe { Mmap::map(&file) }.map_err(|e| bad(format!("cannot be mapped ({})", one_line(e))))?;
+    if crc32fast::hash(&map) != crc {
+        return Err(bad("does not match its checksum in index.json".into()));
+    }
+    Ok(Some(map))
+}

@@ -1,0 +1,395 @@
+//! Reading one source as a stream of documents: its files found, decompressed, and cut into
+//! pieces of bounded size, each piece knowing whether it starts or ends a document and which
+//! split its document belongs to.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, ErrorKind, Read};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::{InvalidUtf8, SourceConfig};
+use crate::error::{DataError, one_line};
+
+/// One file of a source, as `index.json` records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileRecord {
+    /// The file, as found.
+    pub path: PathBuf,
+    /// Its size on disk.
+    pub bytes: u64,
+    /// SHA-256 of its bytes on disk (hex).
+    pub sha256: String,
+}
+
+/// The files of `data.sources[i]`, in the order they are read: a glob's matches and a
+/// directory's files (recursively) sorted by path. No file, or only empty ones, is an error.
+pub(crate) fn expand(i: usize, source: &SourceConfig) -> Result<Vec<PathBuf>, DataError> {
+    let what = |problem: String| DataError::Config(format!("data.sources[{i}].path = {:?} {problem}", source.path));
+    let path = Path::new(&source.path);
+    let mut files = Vec::new();
+    if source.path.contains(['*', '?', '[']) {
+        let matches = glob::glob(&source.path).map_err(|e| what(format!("is not a valid glob: {}", one_line(e))))?;
+        for m in matches {
+            let p = m.map_err(|e| what(format!("could not be searched: {}", one_line(e))))?;
+            if p.is_file() {
+                files.push(p);
+            }
+        }
+    } else if path.is_dir() {
+        walk(path, &mut files).map_err(|e| what(format!("could not be listed: {}", one_line(e))))?;
+    } else if path.is_file() {
+        files.push(path.to_path_buf());
+    } else {
+        return Err(what("is neither a file, a directory nor a glob that exists: check the path (a relative path is read from the current directory)".into()));
+    }
+    files.sort();
+    let sizes = files.iter().map(|f| f.metadata().map(|m| m.len()).unwrap_or(0)).sum::<u64>();
+    if files.is_empty() || sizes == 0 {
+        return Err(what(match files.len() {
+            0 => "matches no file".into(),
+            n => format!("matches {n} file(s), all empty"),
+        }));
+    }
+    Ok(files)
+}
+
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let p = entry?.path();
+        if p.is_dir() {
+            walk(&p, out)?;
+        } else if p.is_file() {
+            out.push(p);
+        }
+    }
+    Ok(())
+}
+
+/// A piece of one document's text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Piece {
+    pub text: String,
+    pub starts_doc: bool,
+    pub ends_doc: bool,
+    /// The document is held out for validation.
+    pub val: bool,
+}
+
+/// Counts the bytes read from disk (for the progress bar) and hashes them (for `index.json`).
+struct Tally<R> {
+    inner: R,
+    read: Arc<AtomicU64>,
+    bytes: u64,
+    hash: Sha256,
+}
+
+impl<R: Read> Read for Tally<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hash.update(&buf[..n]);
+        self.bytes += n as u64;
+        self.read.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
+/// What one source's reader is set to do.
+pub(crate) struct ReadSettings {
+    pub source: usize,
+    pub text_field: Option<String>,
+    pub invalid_utf8: InvalidUtf8,
+    /// Pieces are cut at about this many bytes.
+    pub piece_bytes: usize,
+    pub seed: u64,
+    pub val_fraction: f64,
+}
+
+/// The file being read and where in it the reader is.
+struct Open {
+    path: PathBuf,
+    reader: Box<dyn BufRead + Send>,
+    tally: Arc<std::sync::Mutex<Option<(u64, Sha256)>>>,
+    line: usize,
+    /// Text read but not yet given out (plain text files).
+    pending: String,
+    started: bool,
+    val: bool,
+}
+
+/// A source's documents, piece by piece, file after file.
+pub(crate) struct DocumentReader {
+    settings: ReadSettings,
+    files: std::vec::IntoIter<PathBuf>,
+    open: Option<Open>,
+    /// Bytes read from disk so far, all sources together (shared with the progress bar).
+    pub read: Arc<AtomicU64>,
+    /// Documents given out so far (their numbers decide the holdout).
+    pub documents: u64,
+    /// Documents left out because they are not UTF-8.
+    pub skipped_invalid: u64,
+    /// The files read to their end, with their sizes and hashes.
+    pub finished: Vec<FileRecord>,
+}
+
+/// Whether document `number` of source `source` is held out: the first 8 bytes of
+/// SHA-256("variorum/holdout/v1", seed, source, number) read as a fraction of 2⁶⁴.
+pub(crate) fn held_out(seed: u64, source: usize, number: u64, val_fraction: f64) -> bool {
+    let h = Sha256::new()
+        .chain_update(b"variorum/holdout/v1")
+        .chain_update(seed.to_le_bytes())
+        .chain_update((source as u64).to_le_bytes())
+        .chain_update(number.to_le_bytes())
+        .finalize();
+    let x = u64::from_le_bytes(h[..8].try_into().expect("8 bytes"));
+    (x as f64) < val_fraction * 18_446_744_073_709_551_616.0
+}
+
+impl DocumentReader {
+    pub(crate) fn new(settings: ReadSettings, files: Vec<PathBuf>, read: Arc<AtomicU64>) -> Self {
+        DocumentReader {
+            settings,
+            files: files.into_iter(),
+            open: None,
+            read,
+            documents: 0,
+            skipped_invalid: 0,
+            finished: Vec::new(),
+        }
+    }
+
+    fn open_next(&mut self) -> Result<bool, DataError> {
+        let Some(path) = self.files.next() else { return Ok(false) };
+        let file = File::open(&path).map_err(|e| DataError::CorpusRead { path: path.clone(), message: one_line(e) })?;
+        let tally = Arc::new(std::sync::Mutex::new(None));
+        let counted = Finishing {
+            tally: Tally { inner: file, read: self.read.clone(), bytes: 0, hash: Sha256::new() },
+            out: tally.clone(),
+        };
+        let name = path.to_string_lossy();
+        let reader: Box<dyn BufRead + Send> = if name.ends_with(".gz") {
+            Box::new(BufReader::with_capacity(1 << 16, flate2::read::MultiGzDecoder::new(counted)))
+        } else if name.ends_with(".zst") {
+            let z = zstd::stream::read::Decoder::new(counted)
+                .map_err(|e| DataError::CorpusRead { path: path.clone(), message: one_line(e) })?;
+            Box::new(BufReader::with_capacity(1 << 16, z))
+        } else {
+            Box::new(BufReader::with_capacity(1 << 16, counted))
+        };
+        self.open = Some(Open { path, reader, tally, line: 0, pending: String::new(), started: false, val: false });
+        Ok(true)
+    }
+
+    /// The file just read to its end: its size and hash recorded, the next one opened.
+    fn close(&mut self) {
+        if let Some(open) = self.open.take() {
+            // the decoders may not have read the file's last bytes (a gzip trailer): finish it
+            let Open { path, mut reader, tally, .. } = open;
+            let _ = std::io::copy(&mut reader, &mut std::io::sink());
+            drop(reader);
+            let (bytes, hash) = tally.lock().expect("not poisoned").take().unwrap_or((0, Sha256::new()));
+            self.finished.push(FileRecord { path, bytes, sha256: hex(&hash.finalize()) });
+        }
+    }
+
+    fn new_document(&mut self) -> bool {
+        let n = self.documents;
+        self.documents += 1;
+        held_out(self.settings.seed, self.settings.source, n, self.settings.val_fraction)
+    }
+
+    /// The next piece, or `None` after the last file's end.
+    pub(crate) fn next_piece(&mut self) -> Result<Option<Piece>, DataError> {
+        loop {
+            if self.open.is_none() && !self.open_next()? {
+                return Ok(None);
+            }
+            let piece = match self.settings.text_field.clone() {
+                Some(field) => self.next_line(&field)?,
+                None => self.next_text()?,
+            };
+            match piece {
+                Some(p) => return Ok(Some(p)),
+                None => self.close(),
+            }
+        }
+    }
+
+    fn invalid(&mut self, path: &Path, line: Option<usize>, offset: usize) -> Result<(), DataError> {
+        match self.settings.invalid_utf8 {
+            InvalidUtf8::Skip => {
+                self.skipped_invalid += 1;
+                Ok(())
+            }
+            InvalidUtf8::Refuse => Err(DataError::Config(format!(
+                "{}{}: not UTF-8 (byte {offset}): convert it, or set data.prepare.invalid_utf8 = \"skip\"",
+                path.display(),
+                line.map(|l| format!(", line {l}")).unwrap_or_default()
+            ))),
+        }
+    }
+
+    /// JSON Lines: the next document of the open file, or `None` at its end.
+    fn next_line(&mut self, field: &str) -> Result<Option<Piece>, DataError> {
+        let mut buf = Vec::new();
+        loop {
+            let open = self.open.as_mut().expect("a file is open");
+            buf.clear();
+            let n = open
+                .reader
+                .read_until(b'\n', &mut buf)
+                .map_err(|e| DataError::CorpusRead { path: open.path.clone(), message: one_line(e) })?;
+            if n == 0 {
+                return Ok(None);
+            }
+            open.line += 1;
+            let (path, line) = (open.path.clone(), open.line);
+            if buf.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            if let Err(e) = std::str::from_utf8(&buf) {
+                self.invalid(&path, Some(line), e.valid_up_to())?;
+                continue;
+            }
+            let at = || format!("{}, line {line}", path.display());
+            let value: serde_json::Value = serde_json::from_slice(&buf)
+                .map_err(|e| DataError::Config(format!("{}: not JSON ({})", at(), one_line(e))))?;
+            let text = match value.get(field) {
+                Some(serde_json::Value::String(s)) => s.clone(),
+                Some(_) => return Err(DataError::Config(format!("{}: field {field:?} is not a string", at()))),
+                None => {
+                    return Err(DataError::Config(format!(
+                        "{}: no field {field:?} (data.sources[{}].text_field)",
+                        at(),
+                        self.settings.source
+                    )));
+                }
+            };
+            if text.is_empty() {
+                continue;
+            }
+            let val = self.new_document();
+            return Ok(Some(Piece { text, starts_doc: true, ends_doc: true, val }));
+        }
+    }
+
+    /// Plain text: the next piece of the open file (the file is one document), or `None` at
+    /// its end. Pieces are cut where BPE tokens cannot cross ([`crate::tokenizer::safe_cut_after`]).
+    fn next_text(&mut self) -> Result<Option<Piece>, DataError> {
+        let target = self.settings.piece_bytes;
+        let mut chunk = vec![0u8; target.max(1 << 16)];
+        let mut carry: Vec<u8> = Vec::new();
+        loop {
+            let open = self.open.as_mut().expect("a file is open");
+            // a cut that BPE cannot cross, once there is enough text; without a newline for
+            // four pieces' length, a cut at a character boundary (BPE may then differ there)
+            if open.pending.len() >= target {
+                let cut = crate::tokenizer::safe_cut_after(&open.pending, target).or_else(|| {
+                    (open.pending.len() >= 4 * target).then(|| {
+                        (target..=open.pending.len()).find(|&i| open.pending.is_char_boundary(i)).expect("end is one")
+                    })
+                });
+                if let Some(cut) = cut {
+                    let rest = open.pending.split_off(cut);
+                    let text = std::mem::replace(&mut open.pending, rest);
+                    let starts_doc = !open.started;
+                    open.started = true;
+                    if starts_doc {
+                        let val = self.new_document();
+                        self.open.as_mut().expect("open").val = val;
+                    }
+                    let val = self.open.as_ref().expect("open").val;
+                    return Ok(Some(Piece { text, starts_doc, ends_doc: false, val }));
+                }
+            }
+            let n = match open.reader.read(&mut chunk) {
+                Ok(n) => n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return Err(DataError::CorpusRead { path: open.path.clone(), message: one_line(e) }),
+            };
+            if n == 0 {
+                let open = self.open.as_mut().expect("a file is open");
+                if !carry.is_empty() {
+                    let (path, offset) = (open.path.clone(), open.pending.len());
+                    open.pending.clear();
+                    return self.abandon(&path, offset);
+                }
+                if open.pending.is_empty() {
+                    if open.started {
+                        // the last piece was given out just as the file ended
+                        open.started = false;
+                        return Ok(Some(Piece {
+                            text: String::new(),
+                            starts_doc: false,
+                            ends_doc: true,
+                            val: open.val,
+                        }));
+                    }
+                    return Ok(None);
+                }
+                let text = std::mem::take(&mut open.pending);
+                let starts_doc = !open.started;
+                open.started = false;
+                let val = if starts_doc { self.new_document() } else { self.open.as_ref().expect("open").val };
+                return Ok(Some(Piece { text, starts_doc, ends_doc: true, val }));
+            }
+            carry.extend_from_slice(&chunk[..n]);
+            match std::str::from_utf8(&carry) {
+                Ok(s) => {
+                    open.pending.push_str(s);
+                    carry.clear();
+                }
+                // a character cut by the read: keep its first bytes for the next
+                Err(e) if e.error_len().is_none() => {
+                    let ok = e.valid_up_to();
+                    open.pending.push_str(std::str::from_utf8(&carry[..ok]).expect("valid prefix"));
+                    carry.drain(..ok);
+                }
+                Err(e) => {
+                    let (path, offset) = (open.path.clone(), open.pending.len() + e.valid_up_to());
+                    open.pending.clear();
+                    return self.abandon(&path, offset);
+                }
+            }
+        }
+    }
+
+    /// A text file that is not UTF-8 at `offset`: refused, or the rest of it skipped (the
+    /// document ends where the valid text did).
+    fn abandon(&mut self, path: &Path, offset: usize) -> Result<Option<Piece>, DataError> {
+        self.invalid(path, None, offset)?;
+        let open = self.open.as_mut().expect("a file is open");
+        let _ = std::io::copy(&mut open.reader, &mut std::io::sink());
+        if open.started {
+            open.started = false;
+            return Ok(Some(Piece { text: String::new(), starts_doc: false, ends_doc: true, val: open.val }));
+        }
+        Ok(None)
+    }
+}
+
+/// A [`Tally`] that hands its count and hash over when dropped (the decoders own it).
+struct Finishing {
+    tally: Tally<File>,
+    out: Arc<std::sync::Mutex<Option<(u64, Sha256)>>>,
+}
+
+impl Read for Finishing {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.tally.read(buf)
+    }
+}
+
+impl Drop for Finishing {
+    fn drop(&mut self) {
+        let hash = std::mem::take(&mut self.tally.hash);
+        *self.out.lock().expect("not poisoned") = Some((self.tally.bytes, hash));
+    }
+}
+
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
