@@ -590,6 +590,9 @@ fn eval_one(args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode>
     if args.beams != 1 || args.decode != DEFAULT_DECODE {
         eprintln!("note: --beams and --decode measure an encoder–decoder's decoding; this run is a decoder");
     }
+    if let Some(corpus) = prepared_to_score(&run, args)? {
+        return eval_prepared(&run, args, &corpus, device);
+    }
     let (ids, source, tags, label) = tokens(&run, args)?;
     let lengths = if args.seq_len.is_empty() { vec![run.model.seq_len] } else { args.seq_len.clone() };
     check_lengths(&lengths, args.stride)?;
@@ -660,6 +663,140 @@ fn eval_one(args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode>
     if let Some((mean, shares)) = variorum_train::eval::steps_per_token(&run.model, &ids, run.model.seq_len, device) {
         println!("# adaptive computation time: {}", variorum_train::eval::format_steps(mean, &shares));
     }
+    if points.len() > 1 {
+        let path = args.plot.clone().unwrap_or_else(|| run.dir.join("eval.png"));
+        draw(&[("validation loss".to_string(), points)], path)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Tokens of a prepared corpus's validation split scored at a time (`eval_prepared`).
+const PREPARED_CHUNK: usize = 1 << 20;
+
+/// The prepared corpus whose validation split `eval` scores whole: `--data DIR` naming one, or
+/// the run's own (`data.prepared`) without `--data`. Only a plain decoder reads it streaming; a
+/// memory, masked or retrieving model reads the first validation tokens the run holds
+/// ([`variorum_data::PREPARED_VAL_TOKENS`]), as in training.
+fn prepared_to_score(run: &Run, args: &EvalArgs) -> Result<Option<variorum_data::PreparedCorpus>> {
+    let dir = match &args.data {
+        Some(d) if d.join("index.json").is_file() => d.clone(),
+        Some(d) if d.is_dir() => {
+            bail!("--data {} is a directory without index.json: give a text file or a prepared corpus", d.display())
+        }
+        Some(_) => return Ok(None),
+        None if run.config.data.is_prepared() => match &run.config.data.prepared {
+            Some(d) => d.clone(),
+            None => return Ok(None),
+        },
+        None => return Ok(None),
+    };
+    let m = &run.model;
+    if m.has_memory() || m.mask_token.is_some() || m.long_term_memory.is_some() || args.retrieval.knn.is_some() {
+        if args.data.is_some() {
+            bail!("--data {}: a memory, masked or retrieving model does not read a prepared corpus yet", dir.display());
+        }
+        eprintln!(
+            "note: the first {} validation tokens are read (a memory, masked or retrieving model)",
+            variorum_data::PREPARED_VAL_TOKENS
+        );
+        return Ok(None);
+    }
+    let corpus = variorum_data::PreparedCorpus::open(&dir)?;
+    if run.tokenizer.sha256()? != corpus.index.tokenizer.sha256 {
+        bail!(
+            "{} was prepared with another tokenizer than {}'s: its ids mean other tokens to this model",
+            dir.display(),
+            run.dir.display()
+        );
+    }
+    Ok(Some(corpus))
+}
+
+/// A prepared corpus's validation split, scored whole in pieces of [`PREPARED_CHUNK`] tokens
+/// (memory: one piece), each source on its own. With disjoint windows (the default stride)
+/// the windows are those of the split read whole; with a shorter stride, each piece's first
+/// window scores all its predictions, with less context than it would have had.
+fn eval_prepared(
+    run: &Run,
+    args: &EvalArgs,
+    corpus: &variorum_data::PreparedCorpus,
+    device: &burn::prelude::Device,
+) -> Result<ExitCode> {
+    let lengths = if args.seq_len.is_empty() { vec![run.model.seq_len] } else { args.seq_len.clone() };
+    check_lengths(&lengths, args.stride)?;
+    for &len in &lengths {
+        run.check_len(len)?;
+    }
+    let per_source = corpus.val_tokens();
+    let cap = args.max_tokens.unwrap_or(usize::MAX);
+    let total: u64 = per_source.iter().sum::<u64>().min(cap as u64);
+    println!(
+        "# {total} tokens of the validation split of {} ({} sources, read in pieces)",
+        corpus.dir.display(),
+        per_source.len()
+    );
+    let unit = run.tokenizer.unit();
+    println!(
+        "{:>8} {:>8} {:>10} {:>10} {:>12} {:>12}",
+        "seq_len",
+        "stride",
+        "tokens",
+        "loss",
+        "perplexity",
+        format!("bits/{unit}")
+    );
+    let name = run_name(&args.runs[0]);
+    // every length's chunk is a multiple of it, so that disjoint windows fall where they would
+    let windows: u64 = lengths
+        .iter()
+        .map(|&len| {
+            per_source.iter().map(|&n| sliding_windows(n as usize, len, args.stride.unwrap_or(len))).sum::<u64>()
+        })
+        .sum();
+    let pb = progress::bar(windows, &name);
+    let mut rows = Vec::new();
+    let mut points = Vec::new();
+    for &len in &lengths {
+        pb.set_message(format!("{name} L={len}"));
+        let stride = args.stride.unwrap_or(len);
+        let chunk = PREPARED_CHUNK.div_ceil(len) * len;
+        let (mut sum, mut count, mut read) = (0.0f64, 0usize, 0usize);
+        for mut piece in corpus.val_chunks(chunk) {
+            if read >= cap {
+                break;
+            }
+            piece.truncate((cap - read).saturating_add(1));
+            read += piece.len() - 1;
+            let (loss, n) =
+                variorum_train::eval::sliding_loss(&run.model, &piece, None, len, stride, device, Some(&pb));
+            if n > 0 {
+                sum += loss * n as f64;
+                count += n;
+            }
+        }
+        if count == 0 {
+            bail!("{} has no validation window of {} tokens", corpus.dir.display(), len + 1);
+        }
+        let loss = sum / count as f64;
+        pb.suspend(|| {
+            println!(
+                "{len:>8} {stride:>8} {count:>10} {loss:>10.4} {:>12.3} {:>12.4}",
+                loss.exp(),
+                loss / std::f64::consts::LN_2
+            )
+        });
+        points.push((len as f64, loss));
+        rows.push(eval_row(len, Some(stride), None, count, loss));
+    }
+    pb.finish_and_clear();
+    let mut label = format!(
+        "the validation split of {}",
+        corpus.dir.canonicalize().unwrap_or_else(|_| corpus.dir.clone()).display()
+    );
+    if let Some(n) = args.max_tokens {
+        label += &format!(", first {n} tokens");
+    }
+    record(run, args, &label, rows);
     if points.len() > 1 {
         let path = args.plot.clone().unwrap_or_else(|| run.dir.join("eval.png"));
         draw(&[("validation loss".to_string(), points)], path)?;

@@ -281,6 +281,28 @@ impl PreparedCorpus {
         self.train.iter().map(|s| s.len).collect()
     }
 
+    /// The validation split read in pieces, each source on its own: piece i of a source holds
+    /// its tokens `i·chunk ..= (i + 1)·chunk` (one token of overlap, so that every token but
+    /// each source's first is predicted in exactly one piece). Memory: one piece at a time.
+    pub fn val_chunks(&self, chunk: usize) -> impl Iterator<Item = Vec<u32>> + '_ {
+        let chunk = chunk.max(1) as u64;
+        self.val.iter().flat_map(move |split| {
+            let pieces = split.len.saturating_sub(1).div_ceil(chunk);
+            (0..pieces).map(move |i| {
+                let start = i * chunk;
+                let end = ((i + 1) * chunk + 1).min(split.len);
+                let mut out = vec![0u32; (end - start) as usize];
+                split.read(start, &mut out, self.index.width);
+                out
+            })
+        })
+    }
+
+    /// Validation tokens per source.
+    pub fn val_tokens(&self) -> Vec<u64> {
+        self.val.iter().map(|s| s.len).collect()
+    }
+
     /// The first `n` validation tokens (fewer if there are not so many), sources in order:
     /// what a run's periodic evaluation reads.
     pub fn val_prefix(&self, n: usize) -> Vec<u32> {

@@ -114,6 +114,8 @@ struct Open {
     reader: Box<dyn BufRead + Send>,
     tally: Arc<std::sync::Mutex<Option<(u64, Sha256)>>>,
     line: usize,
+    /// A Parquet file's rows (its text column only); `reader` is then empty.
+    rows: Option<parquet::record::reader::RowIter<'static>>,
     /// Text read but not yet given out (plain text files).
     pending: String,
     started: bool,
@@ -170,6 +172,26 @@ impl DocumentReader {
             out: tally.clone(),
         };
         let name = path.to_string_lossy();
+        if name.ends_with(".parquet") {
+            // counted and hashed in one pass of its own, then read by the Parquet reader
+            let mut counted = counted;
+            std::io::copy(&mut counted, &mut std::io::sink())
+                .map_err(|e| DataError::CorpusRead { path: path.clone(), message: one_line(e) })?;
+            drop(counted);
+            let rows = parquet_rows(&path, self.settings.text_field.as_deref(), self.settings.source)?;
+            let reader = Box::new(BufReader::new(std::io::empty()));
+            self.open = Some(Open {
+                path,
+                reader,
+                tally,
+                line: 0,
+                rows: Some(rows),
+                pending: String::new(),
+                started: false,
+                val: false,
+            });
+            return Ok(true);
+        }
         let reader: Box<dyn BufRead + Send> = if name.ends_with(".gz") {
             Box::new(BufReader::with_capacity(1 << 16, flate2::read::MultiGzDecoder::new(counted)))
         } else if name.ends_with(".zst") {
@@ -179,7 +201,8 @@ impl DocumentReader {
         } else {
             Box::new(BufReader::with_capacity(1 << 16, counted))
         };
-        self.open = Some(Open { path, reader, tally, line: 0, pending: String::new(), started: false, val: false });
+        self.open =
+            Some(Open { path, reader, tally, line: 0, rows: None, pending: String::new(), started: false, val: false });
         Ok(true)
     }
 
@@ -207,7 +230,9 @@ impl DocumentReader {
             if self.open.is_none() && !self.open_next()? {
                 return Ok(None);
             }
+            let parquet = self.open.as_ref().is_some_and(|o| o.rows.is_some());
             let piece = match self.settings.text_field.clone() {
+                Some(_) if parquet => self.next_row()?,
                 Some(field) => self.next_line(&field)?,
                 None => self.next_text()?,
             };
@@ -266,6 +291,40 @@ impl DocumentReader {
                         at(),
                         self.settings.source
                     )));
+                }
+            };
+            if text.is_empty() {
+                continue;
+            }
+            let val = self.new_document();
+            return Ok(Some(Piece { text, starts_doc: true, ends_doc: true, val }));
+        }
+    }
+
+    /// Parquet: the next document of the open file (its row's text column), or `None` at its
+    /// end. A null or empty value is no document.
+    fn next_row(&mut self) -> Result<Option<Piece>, DataError> {
+        use parquet::record::Field;
+        loop {
+            let open = self.open.as_mut().expect("a file is open");
+            let rows = open.rows.as_mut().expect("a Parquet file");
+            let Some(row) = rows.next() else { return Ok(None) };
+            open.line += 1;
+            let (path, line) = (open.path.clone(), open.line);
+            let at = || format!("{}, row {line}", path.display());
+            let row = row.map_err(|e| DataError::Config(format!("{}: {}", at(), one_line(e))))?;
+            let text = match row.get_column_iter().next().map(|(_, f)| f) {
+                Some(Field::Str(s)) => s.clone(),
+                Some(Field::Bytes(b)) => match std::str::from_utf8(b.data()) {
+                    Ok(s) => s.to_string(),
+                    Err(e) => {
+                        self.invalid(&path, Some(line), e.valid_up_to())?;
+                        continue;
+                    }
+                },
+                Some(Field::Null) | None => continue,
+                Some(other) => {
+                    return Err(DataError::Config(format!("{}: the text column holds {other}, not text", at())));
                 }
             };
             if text.is_empty() {
@@ -392,4 +451,39 @@ impl Drop for Finishing {
 
 pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The rows of a Parquet file, projected on its column `column` (which must be a top-level
+/// column). `text_field` names it, as it names a JSON Lines field.
+fn parquet_rows(
+    path: &Path,
+    column: Option<&str>,
+    source: usize,
+) -> Result<parquet::record::reader::RowIter<'static>, DataError> {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let bad = |problem: String| DataError::Config(format!("{}: {problem}", path.display()));
+    let Some(column) = column else {
+        return Err(bad(format!(
+            "a Parquet file needs data.sources[{source}].text_field, the column holding the text"
+        )));
+    };
+    let file =
+        File::open(path).map_err(|e| DataError::CorpusRead { path: path.to_path_buf(), message: one_line(e) })?;
+    let reader = SerializedFileReader::new(file).map_err(|e| bad(format!("not a Parquet file ({})", one_line(e))))?;
+    let schema = reader.metadata().file_metadata().schema();
+    let fields = schema.get_fields();
+    let Some(field) = fields.iter().find(|f| f.name() == column) else {
+        let names: Vec<&str> = fields.iter().map(|f| f.name()).collect();
+        return Err(bad(format!(
+            "no column {column:?} (it has {}); set data.sources[{source}].text_field",
+            names.join(", ")
+        )));
+    };
+    let projection = parquet::schema::types::Type::group_type_builder(schema.name())
+        .with_fields(vec![field.clone()])
+        .build()
+        .map_err(|e| bad(one_line(e)))?;
+    parquet::record::reader::RowIter::from_file_into(Box::new(reader))
+        .project(Some(projection))
+        .map_err(|e| bad(format!("its column {column:?} cannot be read ({})", one_line(e))))
 }

@@ -335,3 +335,82 @@ fn a_damaged_shard_is_found_before_training_reads_it() {
     std::fs::write(&shard, &bytes).unwrap();
     PreparedCorpus::open(&p.dir).unwrap();
 }
+
+/// A Parquet file as pandas writes one: an `id` column and a nullable UTF-8 `column`,
+/// Snappy-compressed, in two row groups.
+fn write_parquet(path: &Path, docs: &[Option<String>], column: &str) {
+    use parquet::basic::Compression;
+    use parquet::data_type::{ByteArray, ByteArrayType, Int64Type};
+    use parquet::file::properties::WriterProperties;
+    use parquet::file::writer::SerializedFileWriter;
+    let schema = format!("message doc {{ required int64 id; optional binary {column} (UTF8); }}");
+    let schema = Arc::new(parquet::schema::parser::parse_message_type(&schema).unwrap());
+    let props = Arc::new(WriterProperties::builder().set_compression(Compression::SNAPPY).build());
+    let mut w = SerializedFileWriter::new(std::fs::File::create(path).unwrap(), schema, props).unwrap();
+    for group in docs.chunks(docs.len().div_ceil(2)) {
+        let mut rg = w.next_row_group().unwrap();
+        let mut col = rg.next_column().unwrap().unwrap();
+        let ids: Vec<i64> = (0..group.len() as i64).collect();
+        col.typed::<Int64Type>().write_batch(&ids, None, None).unwrap();
+        col.close().unwrap();
+        let mut col = rg.next_column().unwrap().unwrap();
+        let values: Vec<ByteArray> = group.iter().flatten().map(|d| ByteArray::from(d.as_str())).collect();
+        let defined: Vec<i16> = group.iter().map(|d| i16::from(d.is_some())).collect();
+        col.typed::<ByteArrayType>().write_batch(&values, Some(&defined), None).unwrap();
+        col.close().unwrap();
+        rg.close().unwrap();
+    }
+    w.close().unwrap();
+}
+
+#[test]
+fn parquet_rows_are_documents_of_their_text_column() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut docs: Vec<Option<String>> = (0..30).map(|i| Some(doc(i))).collect();
+    docs[7] = None; // a null is no document
+    write_parquet(&tmp.path().join("t.parquet"), &docs, "content");
+    let mut cfg = one_source(tmp.path(), "x.txt", b"x", Some("content"));
+    cfg.sources[0].path = tmp.path().join("*.parquet").display().to_string();
+    let p = prepare(&cfg, None, &quiet).unwrap();
+    assert_eq!(p.index.sources[0].documents, 29);
+    let mut back: Vec<String> = read_back(&p.dir, "train").concat();
+    back.extend(read_back(&p.dir, "val").concat());
+    let mut want: Vec<String> = docs.into_iter().flatten().collect();
+    back.sort();
+    want.sort();
+    assert_eq!(back, want);
+    cfg.sources[0].text_field = Some("text".into());
+    let e = error(&cfg);
+    assert!(e.contains("t.parquet") && e.contains("no column \"text\" (it has id, content)"), "{e}");
+}
+
+#[test]
+fn validation_chunks_cover_each_source_once_with_one_token_of_overlap() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (cfg, _) = corpus(tmp.path(), 1024);
+    let p = prepare(&cfg, None, &quiet).unwrap();
+    let corpus = PreparedCorpus::open(&p.dir).unwrap();
+    let per_source: Vec<Vec<u32>> = corpus
+        .val
+        .iter()
+        .map(|split| {
+            let mut all = vec![0u32; split.len as usize];
+            split.read(0, &mut all, corpus.index.width);
+            all
+        })
+        .collect();
+    assert_eq!(per_source.concat(), corpus.val_prefix(usize::MAX >> 8));
+    for chunk in [1, 7, 100, 1 << 20] {
+        let want: Vec<Vec<u32>> = per_source
+            .iter()
+            .flat_map(|t| {
+                let n = t.len().saturating_sub(1).div_ceil(chunk);
+                (0..n).map(move |i| t[i * chunk..((i + 1) * chunk + 1).min(t.len())].to_vec())
+            })
+            .collect();
+        let got: Vec<Vec<u32>> = corpus.val_chunks(chunk).collect();
+        assert_eq!(got, want, "chunk {chunk}");
+        let predicted: usize = got.iter().map(|p| p.len() - 1).sum();
+        assert_eq!(predicted, per_source.iter().map(|t| t.len() - 1).sum::<usize>(), "each prediction once");
+    }
+}
