@@ -628,16 +628,7 @@ fn eval_one(args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode>
         record(&run, args, &label, rows);
         return Ok(ExitCode::SUCCESS);
     }
-    let unit = run.tokenizer.unit();
-    println!(
-        "{:>8} {:>8} {:>10} {:>10} {:>12} {:>12}",
-        "seq_len",
-        "stride",
-        "tokens",
-        "loss",
-        "perplexity",
-        format!("bits/{unit}")
-    );
+    println!("{}", table_header(run.tokenizer.unit()));
     let mut points = Vec::new();
     let mut rows = Vec::new();
     let total: u64 = lengths.iter().map(|&len| sliding_windows(ids.len(), len, args.stride.unwrap_or(len))).sum();
@@ -647,13 +638,7 @@ fn eval_one(args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode>
         let stride = args.stride.unwrap_or(len);
         let (loss, n) =
             variorum_train::eval::sliding_loss(&run.model, &ids, tags.as_ref(), len, stride, device, Some(&pb));
-        pb.suspend(|| {
-            println!(
-                "{len:>8} {stride:>8} {n:>10} {loss:>10.4} {:>12.3} {:>12.4}",
-                loss.exp(),
-                loss / std::f64::consts::LN_2
-            )
-        });
+        pb.suspend(|| println!("{}", table_row(len, stride, n, loss)));
         points.push((len as f64, loss));
         // a text shorter than the window is read in one window of all its tokens
         rows.push(eval_row(len.min(ids.len() - 1), Some(stride), None, n, loss));
@@ -735,16 +720,7 @@ fn eval_prepared(
         corpus.dir.display(),
         per_source.len()
     );
-    let unit = run.tokenizer.unit();
-    println!(
-        "{:>8} {:>8} {:>10} {:>10} {:>12} {:>12}",
-        "seq_len",
-        "stride",
-        "tokens",
-        "loss",
-        "perplexity",
-        format!("bits/{unit}")
-    );
+    println!("{}", table_header(run.tokenizer.unit()));
     let name = run_name(&args.runs[0]);
     // every length's chunk is a multiple of it, so that disjoint windows fall where they would
     let windows: u64 = lengths
@@ -761,10 +737,11 @@ fn eval_prepared(
         let stride = args.stride.unwrap_or(len);
         let chunk = PREPARED_CHUNK.div_ceil(len) * len;
         let (mut sum, mut count, mut read) = (0.0f64, 0usize, 0usize);
-        for mut piece in corpus.val_chunks(chunk) {
+        for piece in corpus.val_chunks(chunk) {
             if read >= cap {
                 break;
             }
+            let mut piece = piece?;
             piece.truncate((cap - read).saturating_add(1));
             read += piece.len() - 1;
             let (loss, n) =
@@ -778,13 +755,7 @@ fn eval_prepared(
             bail!("{} has no validation window of {} tokens", corpus.dir.display(), len + 1);
         }
         let loss = sum / count as f64;
-        pb.suspend(|| {
-            println!(
-                "{len:>8} {stride:>8} {count:>10} {loss:>10.4} {:>12.3} {:>12.4}",
-                loss.exp(),
-                loss / std::f64::consts::LN_2
-            )
-        });
+        pb.suspend(|| println!("{}", table_row(len, stride, count, loss)));
         points.push((len as f64, loss));
         rows.push(eval_row(len, Some(stride), None, count, loss));
     }
@@ -802,4 +773,22 @@ fn eval_prepared(
         draw(&[("validation loss".to_string(), points)], path)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The header of the plain loss table (`eval_one`, `eval_prepared`).
+fn table_header(unit: &str) -> String {
+    format!(
+        "{:>8} {:>8} {:>10} {:>10} {:>12} {:>12}",
+        "seq_len",
+        "stride",
+        "tokens",
+        "loss",
+        "perplexity",
+        format!("bits/{unit}")
+    )
+}
+
+/// One row of it: the mean loss over `n` predictions, as perplexity and bits per unit too.
+fn table_row(len: usize, stride: usize, n: usize, loss: f64) -> String {
+    format!("{len:>8} {stride:>8} {n:>10} {loss:>10.4} {:>12.3} {:>12.4}", loss.exp(), loss / std::f64::consts::LN_2)
 }

@@ -84,7 +84,7 @@ enum Command {
     /// tokens/s and status (finished / running / interrupted / failed).
     Runs(runs::RunsArgs),
     /// Tokenize a config's `[data] sources` (text files, directories, globs, JSON Lines, gzip or
-    /// zstd) once into memory-mapped token shards that `train` reads (`data.prepared`);
+    /// zstd, Parquet) once into token shards that `train` reads (`data.prepared`);
     /// resumes where an interrupted prepare stopped.
     Prepare(prepare::PrepareArgs),
     /// Print a config with every default expanded, its parameter count and FLOPs per token.

@@ -313,7 +313,7 @@ pub struct Corpus {
     /// Characters in the validation part.
     pub val_chars: usize,
     /// A prepared corpus (`data.sources` / `data.prepared`): its training tokens are read
-    /// from here, memory-mapped, so `train` is empty; `val` holds the first
+    /// from here, read from its shard files as windows are drawn, so `train` is empty; `val` holds the first
     /// [`PREPARED_VAL_TOKENS`] of its validation documents, what a run's evaluation reads.
     pub prepared: Option<Arc<PreparedCorpus>>,
 }
@@ -555,7 +555,7 @@ impl Corpus {
             }
             None => prepared.tokenizer()?,
         };
-        let val = prepared.val_prefix(PREPARED_VAL_TOKENS);
+        let val = prepared.val_prefix(PREPARED_VAL_TOKENS)?;
         let chars = |f: fn(&crate::prepared::ShardRecord) -> u64| index.shards.iter().map(f).sum::<u64>();
         let (train_chars, all_val_chars) = (chars(|s| s.train_chars), chars(|s| s.val_chars));
         // the held prefix's characters, in proportion (exact when it is the whole split)

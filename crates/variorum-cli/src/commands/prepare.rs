@@ -1,5 +1,5 @@
-//! `variorum prepare`: a config's `[data] sources` tokenized once into memory-mapped token
-//! shards (see variorum-data's `prepared` module, and docs/data.md).
+//! `variorum prepare`: a config's `[data] sources` tokenized once into token shards
+//! that training reads window by window (see variorum-data's `prepared` module, and docs/data.md).
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -77,10 +77,17 @@ pub fn prepare(
         .map(|(i, s)| Ok((s.clone(), expand(i, s)?)))
         .collect::<Result<_, DataError>>()?;
     let fp = fingerprint(&sources, &cfg.prepare, cfg.val_fraction, &cfg.tokenizer)?;
+    let state_path = dir.join("prepare.json");
+    let state = InProgress { format: FORMAT.into(), fingerprint: fp.clone() };
     if let Ok(index) = Index::read(&dir)
         && index.fingerprint == fp
     {
-        return Ok(Prepared { dir, index, written: false, kept: 0 });
+        if index.shards.iter().all(|s| shard_intact(&dir, s, index.width, false)) {
+            return Ok(Prepared { dir, index, written: false, kept: 0 });
+        }
+        // a shard damaged or deleted since: prepared again, the intact shards kept
+        write_atomic(&state_path, &serde_json::to_vec_pretty(&state).expect("serialisable"))?;
+        let _ = std::fs::remove_file(dir.join("index.json"));
     }
     let io = |path: &Path| {
         let path = path.to_path_buf();
@@ -88,14 +95,12 @@ pub fn prepare(
     };
     std::fs::create_dir_all(&dir).map_err(io(&dir))?;
     // the same corpus, interrupted: keep its shards; anything else here is replaced
-    let state_path = dir.join("prepare.json");
     let resuming = std::fs::read(&state_path)
         .ok()
         .and_then(|b| serde_json::from_slice::<InProgress>(&b).ok())
         .is_some_and(|s| s.format == FORMAT && s.fingerprint == fp);
     if !resuming {
         clear(&dir)?;
-        let state = InProgress { format: FORMAT.into(), fingerprint: fp.clone() };
         write_atomic(&state_path, &serde_json::to_vec_pretty(&state).expect("serialisable"))?;
     }
 
@@ -166,8 +171,13 @@ pub fn prepare(
             for chunk in rx.iter() {
                 let name = format!("shard-{:05}", shards.len());
                 let done = dir.join(format!("{name}.json"));
-                let record = match resuming.then(|| std::fs::read(&done).ok()).flatten() {
-                    Some(b) if let Ok(r) = serde_json::from_slice::<ShardRecord>(&b) => {
+                let kept_record = resuming
+                    .then(|| std::fs::read(&done).ok())
+                    .flatten()
+                    .and_then(|b| serde_json::from_slice::<ShardRecord>(&b).ok())
+                    .filter(|r| r.name == name && r.source == si && shard_intact(&dir, r, width, true));
+                let record = match kept_record {
+                    Some(r) => {
                         kept += 1;
                         r
                     }
@@ -228,6 +238,21 @@ pub fn prepare(
     write_atomic(&dir.join("index.json"), &serde_json::to_vec_pretty(&index).expect("serialisable"))?;
     let _ = std::fs::remove_file(&state_path);
     Ok(Prepared { dir, index, written: true, kept })
+}
+
+/// Whether shard `r`'s files are there at the lengths it records, and with `checksums`, its
+/// CRC-32s too (what a kept shard of an interrupted prepare must pass; a finished corpus is
+/// checked by length only here, and fully when a run opens it).
+fn shard_intact(dir: &Path, r: &ShardRecord, width: u8, checksums: bool) -> bool {
+    let file = |split: &str, ext: &str| dir.join(format!("{}.{split}.{ext}", r.name));
+    let len = |p: PathBuf| std::fs::metadata(p).map(|m| m.len()).ok();
+    [("train", r.train_tokens, r.train_documents, r.train_crc32), ("val", r.val_tokens, r.val_documents, r.val_crc32)]
+        .into_iter()
+        .all(|(split, tokens, documents, crc)| {
+            len(file(split, "bin")) == Some(tokens * u64::from(width))
+                && len(file(split, "docs")) == Some(documents * 8)
+                && (!checksums || std::fs::read(file(split, "bin")).is_ok_and(|b| crc32fast::hash(&b) == crc))
+        })
 }
 
 /// Removes what an earlier prepare of another corpus left in `dir`.

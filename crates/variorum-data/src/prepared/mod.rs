@@ -1,5 +1,6 @@
 //! Prepared corpora: many sources tokenized once into token shards that training reads
-//! memory-mapped, so that neither start-up time nor resident memory grows with the corpus.
+//! window by window (positioned reads through the page cache), so that neither start-up time
+//! nor resident memory grows with the corpus.
 //!
 //! `variorum prepare` ([`prepare`]) reads the `[data] sources` — text files, directories and
 //! globs of them, JSON Lines with a text field, each optionally gzip- or zstd-compressed — as
@@ -18,7 +19,7 @@
 //! so a mixture can draw each source at its own weight ([`MixtureWindows`]).
 //!
 //! Nothing here is hand-written that a maintained crate does: `flate2` and `zstd` decompress,
-//! `glob` expands patterns, `memmap2` maps, `crc32fast` checks, `rayon` spreads tokenization
+//! `glob` expands patterns, `parquet` reads Parquet, `crc32fast` checks, `rayon` spreads tokenization
 //! over the cores.
 
 mod build;

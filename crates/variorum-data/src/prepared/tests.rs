@@ -112,9 +112,9 @@ fn every_document_survives_whole_in_the_split_its_hash_chose() {
     let f = &p.index.sources[1].files[0];
     assert_eq!(f.bytes, std::fs::metadata(&f.path).unwrap().len());
     assert_eq!(f.sha256, super::sources::hex(&sha2::Sha256::digest(std::fs::read(&f.path).unwrap())));
-    // opening checks and maps it; the validation prefix is the held-out tokens
+    // opening checks it; the validation prefix is the held-out tokens
     let opened = PreparedCorpus::open(&p.dir).unwrap();
-    assert_eq!(opened.val_prefix(usize::MAX >> 8).len() as u64, p.index.val_tokens());
+    assert_eq!(opened.val_prefix(usize::MAX >> 8).unwrap().len() as u64, p.index.val_tokens());
     assert_eq!(opened.train_tokens().iter().sum::<u64>(), p.index.train_tokens());
     use sha2::Digest;
 }
@@ -204,10 +204,10 @@ fn mixture_windows_draw_each_source_at_its_weight_and_never_mix_sources() {
     let corpus = Arc::new(PreparedCorpus::open(&p.dir).unwrap());
     let tok = corpus.tokenizer().unwrap();
     let w = MixtureWindows::new(corpus.clone(), 16, 8, 5).unwrap();
-    assert_eq!(w.batch(7), w.batch(7), "a function of (seed, step)");
-    assert_ne!(w.batch(7).inputs, w.batch(8).inputs);
+    assert_eq!(w.batch(7).unwrap(), w.batch(7).unwrap(), "a function of (seed, step)");
+    assert_ne!(w.batch(7).unwrap().inputs, w.batch(8).unwrap().inputs);
     for step in 0..50 {
-        let b = w.batch(step);
+        let b = w.batch(step).unwrap();
         for row in 0..8 {
             let text = tok.decode(&b.inputs[row * 16..(row + 1) * 16].iter().map(|&t| t as u32).collect::<Vec<_>>());
             assert!(!(text.contains('a') && text.contains('b')), "one source per window: {text:?}");
@@ -329,10 +329,16 @@ fn a_damaged_shard_is_found_before_training_reads_it() {
     std::fs::write(&shard, &flipped).unwrap();
     let e = PreparedCorpus::open(&p.dir).unwrap_err().to_string();
     assert!(e.contains(&shard.display().to_string()) && e.contains("checksum"), "{e}");
+    // as the message says: deleted and prepared again, it is rewritten, the others kept
+    assert!(e.contains("delete it and run `variorum prepare` again"), "{e}");
+    std::fs::remove_file(&shard).unwrap();
+    let again = prepare(&cfg, None, &quiet).unwrap();
+    assert_eq!((again.written, again.kept), (true, p.index.shards.len() - 1));
+    assert_eq!(std::fs::read(&shard).unwrap(), bytes);
     std::fs::write(&shard, &bytes[..bytes.len() - 2]).unwrap();
     let e = PreparedCorpus::open(&p.dir).unwrap_err().to_string();
     assert!(e.contains("holds") && e.contains("bytes where index.json records"), "{e}");
-    std::fs::write(&shard, &bytes).unwrap();
+    assert!(prepare(&cfg, None, &quiet).unwrap().written, "a truncated shard is found by its length");
     PreparedCorpus::open(&p.dir).unwrap();
 }
 
@@ -395,11 +401,11 @@ fn validation_chunks_cover_each_source_once_with_one_token_of_overlap() {
         .iter()
         .map(|split| {
             let mut all = vec![0u32; split.len as usize];
-            split.read(0, &mut all, corpus.index.width);
+            split.read(0, &mut all, corpus.index.width).unwrap();
             all
         })
         .collect();
-    assert_eq!(per_source.concat(), corpus.val_prefix(usize::MAX >> 8));
+    assert_eq!(per_source.concat(), corpus.val_prefix(usize::MAX >> 8).unwrap());
     for chunk in [1, 7, 100, 1 << 20] {
         let want: Vec<Vec<u32>> = per_source
             .iter()
@@ -408,7 +414,7 @@ fn validation_chunks_cover_each_source_once_with_one_token_of_overlap() {
                 (0..n).map(move |i| t[i * chunk..((i + 1) * chunk + 1).min(t.len())].to_vec())
             })
             .collect();
-        let got: Vec<Vec<u32>> = corpus.val_chunks(chunk).collect();
+        let got: Vec<Vec<u32>> = corpus.val_chunks(chunk).map(Result::unwrap).collect();
         assert_eq!(got, want, "chunk {chunk}");
         let predicted: usize = got.iter().map(|p| p.len() - 1).sum();
         assert_eq!(predicted, per_source.iter().map(|t| t.len() - 1).sum::<usize>(), "each prediction once");

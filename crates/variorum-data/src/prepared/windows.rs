@@ -8,7 +8,7 @@ use super::index::PreparedCorpus;
 use crate::batch::{TokenBatch, check_shape, keyed_rng};
 use crate::error::DataError;
 
-/// Random windows over a prepared corpus's training split, read from its mapped shards. Row r
+/// Random windows over a prepared corpus's training split, read from its shard files. Row r
 /// of batch `step` draws, from a generator keyed by (seed, step, r) alone, first a source —
 /// source s with probability weight_s / Σ weight when the sources have weights, else in
 /// proportion to its tokens — then a start uniform over that source's training tokens. So
@@ -99,17 +99,19 @@ impl MixtureWindows {
         (source, rng.random_range(0..=max_start))
     }
 
-    /// The batch for training step `step`.
-    pub fn batch(&self, step: u64) -> TokenBatch {
+    /// The batch for training step `step`; an error only when a shard cannot be read.
+    pub fn batch(&self, step: u64) -> Result<TokenBatch, DataError> {
         let mut batch = TokenBatch::with_capacity(self.batch_size, self.seq_len);
         let mut window = vec![0u32; self.seq_len + 1];
         for row in 0..self.batch_size {
             let (source, start) = self.draw(step, row);
-            self.corpus.train[source].read(start, &mut window, self.corpus.index.width);
+            self.corpus.train[source]
+                .read(start, &mut window, self.corpus.index.width)
+                .map_err(|e| self.corpus.read_error(e))?;
             batch.push_row(&window, 0, true, None);
             *batch.starts.last_mut().expect("a row was pushed") = start as usize;
         }
-        batch
+        Ok(batch)
     }
 
     /// The fraction of rows each source supplied over steps `0..steps`: what the mixture

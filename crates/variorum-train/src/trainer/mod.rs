@@ -155,15 +155,15 @@ enum Batches {
 }
 
 impl Batches {
-    fn get(&self, index: u64) -> TokenBatch {
-        match self {
+    fn get(&self, index: u64) -> Result<TokenBatch> {
+        Ok(match self {
             Self::Random(b) => b.batch(index),
-            Self::Mixture(b) => b.batch(index),
+            Self::Mixture(b) => b.batch(index)?,
             Self::Ordered(b) => b.batch(index),
             Self::Documents(b) => b.batch(index),
             Self::Graph(b) => b.batch(index),
             Self::Examples(b) => b.batch(index),
-        }
+        })
     }
 }
 

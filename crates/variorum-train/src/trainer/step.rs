@@ -47,7 +47,7 @@ impl Session<'_> {
         let step = self.state.step;
         let lr = learning_rate(&self.cfg.train, step);
         self.device.seed(step_seed(self.cfg.train.seed, step));
-        let micro = self.micro_batches(step);
+        let micro = self.micro_batches(step)?;
         self.interval_tokens += micro.iter().map(batch_tokens).sum::<f64>();
         let t0 = Instant::now();
         let (m, res) =
@@ -98,19 +98,19 @@ impl Session<'_> {
 
     /// Step `step`'s `grad_accum` micro-batches: batch `i` is a pure function of (seed, i), with
     /// its retrieved tokens, masked with a seed of its own under the masked objective.
-    fn micro_batches(&self, step: u64) -> Vec<TokenBatch> {
+    fn micro_batches(&self, step: u64) -> Result<Vec<TokenBatch>> {
         let tc = &self.cfg.train;
         (0..tc.grad_accum as u64)
             .map(|m| {
                 let i = step * tc.grad_accum as u64 + m;
-                let mut b = self.batches.get(i);
+                let mut b = self.batches.get(i)?;
                 if let Some((train, _)) = &self.retrieved {
                     train.attach(&mut b);
                 }
-                match &self.masking {
+                Ok(match &self.masking {
                     Some(mask) => mask.apply(&b, step_seed(tc.seed, i)),
                     None => b,
-                }
+                })
             })
             .collect()
     }

@@ -1,5 +1,5 @@
 //! Training from a prepared corpus (`data.sources`, `data.prepared`): `train` prepares the
-//! sources itself, reads the shards memory-mapped, resumes to the uninterrupted run's bytes,
+//! sources itself, reads windows from the shards, resumes to the uninterrupted run's bytes,
 //! reports the mixture it drew, and refuses shards that are not its own.
 
 use std::path::Path;
