@@ -3,7 +3,8 @@
 //! nor resident memory grows with the corpus.
 //!
 //! `variorum prepare` ([`prepare`]) reads the `[data] sources` — text files, directories and
-//! globs of them, JSON Lines with a text field, each optionally gzip- or zstd-compressed — as
+//! globs of them, JSON Lines with a text field, Parquet with a text column, gzip- or
+//! zstd-compressed where they end in `.gz` or `.zst` — as
 //! a stream of documents, holds out a fraction of the documents for validation (by a hash of
 //! (seed, source, document number), so the choice is the same whatever else changes), and
 //! writes, per piece of about `data.prepare.shard_bytes` of text:
@@ -48,8 +49,9 @@ pub struct SourceConfig {
     /// (`web/*.jsonl.zst`). A relative path is read from the current directory. Files ending
     /// in `.gz` or `.zst` are decompressed as they are read.
     pub path: String,
-    /// JSON Lines: the field of each line's object that holds the document's text. Absent:
-    /// every file is plain UTF-8 text and one document.
+    /// JSON Lines: the field of each line's object that holds the document's text; for files
+    /// ending in `.parquet`, the column of each row. Absent: every file is plain UTF-8 text and
+    /// one document.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub text_field: Option<String>,
     /// The source's share of the training rows. Absent on every source: each source is drawn
