@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::index::{FORMAT, Index, ShardRecord, SourceRecord, TokenizerRecord, fingerprint};
 use super::sources::{DocumentReader, Piece, ReadSettings, expand};
-use super::{SourceConfig, prepared_dir, validate_sources};
+use super::{SourceConfig, prepared_dir};
 use crate::corpus::DataConfig;
 use crate::error::{DataError, one_line};
 use crate::tokenizer::{CharTokenizer, Tokenizer, TokenizerConfig, temp_path};
@@ -63,9 +63,8 @@ pub fn prepare(
             "data.sources is empty: list the files to prepare, e.g. sources = [{ path = \"books/\" }]".into(),
         ));
     }
-    validate_sources(&cfg.sources)?;
-    cfg.prepare.validate()?;
-    cfg.tokenizer.validate()?;
+    // the whole section: val_fraction in (0, 1), no layout prepared corpora cannot take, …
+    cfg.validate()?;
     let dir = match out {
         Some(d) => d.to_path_buf(),
         None => prepared_dir(cfg.prepared.as_ref())?,
@@ -134,15 +133,7 @@ pub fn prepare(
     let mut kept = 0;
     let mut documents_before = 0;
     for (si, (source, files)) in sources.iter().enumerate() {
-        let settings = ReadSettings {
-            source: si,
-            text_field: source.text_field.clone(),
-            invalid_utf8: cfg.prepare.invalid_utf8,
-            piece_bytes,
-            seed: cfg.prepare.seed,
-            val_fraction: cfg.val_fraction,
-        };
-        let mut reader = DocumentReader::new(settings, files.clone(), read.clone());
+        let mut reader = DocumentReader::new(read_settings(cfg, si, source, piece_bytes), files.clone(), read.clone());
         let first_shard = shards.len();
         let shard_bytes = cfg.prepare.shard_bytes as usize;
         let reading = &mut reader;
@@ -255,6 +246,18 @@ fn shard_intact(dir: &Path, r: &ShardRecord, width: u8, checksums: bool) -> bool
         })
 }
 
+/// How source `si` is read: its text field, the holdout settings, pieces of `piece_bytes`.
+fn read_settings(cfg: &DataConfig, si: usize, source: &SourceConfig, piece_bytes: usize) -> ReadSettings {
+    ReadSettings {
+        source: si,
+        text_field: source.text_field.clone(),
+        invalid_utf8: cfg.prepare.invalid_utf8,
+        piece_bytes,
+        seed: cfg.prepare.seed,
+        val_fraction: cfg.val_fraction,
+    }
+}
+
 /// Removes what an earlier prepare of another corpus left in `dir`.
 fn clear(dir: &Path) -> Result<(), DataError> {
     let entries =
@@ -283,15 +286,7 @@ fn learn_tokenizer(
 ) -> Result<Tokenizer, DataError> {
     let readers = || {
         sources.iter().enumerate().map(|(si, (s, files))| {
-            let settings = ReadSettings {
-                source: si,
-                text_field: s.text_field.clone(),
-                invalid_utf8: cfg.prepare.invalid_utf8,
-                piece_bytes: 1 << 20,
-                seed: cfg.prepare.seed,
-                val_fraction: cfg.val_fraction,
-            };
-            DocumentReader::new(settings, files.clone(), read.clone())
+            DocumentReader::new(read_settings(cfg, si, s, 1 << 20), files.clone(), read.clone())
         })
     };
     let tell = |documents| {

@@ -79,21 +79,30 @@ pub(crate) struct Piece {
     pub val: bool,
 }
 
-/// Counts the bytes read from disk (for the progress bar) and hashes them (for `index.json`).
-struct Tally<R> {
-    inner: R,
+/// Counts the bytes of a file read from disk (for the progress bar) and hashes them (for
+/// `index.json`), handing its count and hash to `out` when dropped (the decoders own it).
+struct Tally {
+    inner: File,
     read: Arc<AtomicU64>,
     bytes: u64,
     hash: Sha256,
+    out: Arc<std::sync::Mutex<Option<(u64, Sha256)>>>,
 }
 
-impl<R: Read> Read for Tally<R> {
+impl Read for Tally {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = self.inner.read(buf)?;
         self.hash.update(&buf[..n]);
         self.bytes += n as u64;
         self.read.fetch_add(n as u64, Ordering::Relaxed);
         Ok(n)
+    }
+}
+
+impl Drop for Tally {
+    fn drop(&mut self) {
+        let hash = std::mem::take(&mut self.hash);
+        *self.out.lock().expect("not poisoned") = Some((self.bytes, hash));
     }
 }
 
@@ -118,6 +127,8 @@ struct Open {
     rows: Option<parquet::record::reader::RowIter<'static>>,
     /// Text read but not yet given out (plain text files).
     pending: String,
+    /// The first bytes of a character the last read cut (plain text files).
+    carry: Vec<u8>,
     started: bool,
     val: bool,
 }
@@ -167,10 +178,7 @@ impl DocumentReader {
         let Some(path) = self.files.next() else { return Ok(false) };
         let file = File::open(&path).map_err(|e| DataError::CorpusRead { path: path.clone(), message: one_line(e) })?;
         let tally = Arc::new(std::sync::Mutex::new(None));
-        let counted = Finishing {
-            tally: Tally { inner: file, read: self.read.clone(), bytes: 0, hash: Sha256::new() },
-            out: tally.clone(),
-        };
+        let counted = Tally { inner: file, read: self.read.clone(), bytes: 0, hash: Sha256::new(), out: tally.clone() };
         let name = path.to_string_lossy();
         if name.ends_with(".parquet") {
             // counted and hashed in one pass of its own, then read by the Parquet reader
@@ -187,6 +195,7 @@ impl DocumentReader {
                 line: 0,
                 rows: Some(rows),
                 pending: String::new(),
+                carry: Vec::new(),
                 started: false,
                 val: false,
             });
@@ -201,8 +210,17 @@ impl DocumentReader {
         } else {
             Box::new(BufReader::with_capacity(1 << 16, counted))
         };
-        self.open =
-            Some(Open { path, reader, tally, line: 0, rows: None, pending: String::new(), started: false, val: false });
+        self.open = Some(Open {
+            path,
+            reader,
+            tally,
+            line: 0,
+            rows: None,
+            pending: String::new(),
+            carry: Vec::new(),
+            started: false,
+            val: false,
+        });
         Ok(true)
     }
 
@@ -339,8 +357,6 @@ impl DocumentReader {
     /// its end. Pieces are cut where BPE tokens cannot cross ([`crate::tokenizer::safe_cut_after`]).
     fn next_text(&mut self) -> Result<Option<Piece>, DataError> {
         let target = self.settings.piece_bytes;
-        let mut chunk = vec![0u8; target.max(1 << 16)];
-        let mut carry: Vec<u8> = Vec::new();
         loop {
             let open = self.open.as_mut().expect("a file is open");
             // a cut that BPE cannot cross, once there is enough text; without a newline for
@@ -364,14 +380,19 @@ impl DocumentReader {
                     return Ok(Some(Piece { text, starts_doc, ends_doc: false, val }));
                 }
             }
-            let n = match open.reader.read(&mut chunk) {
-                Ok(n) => n,
+            // the reader's own buffer, appended to a character the last read cut, if any
+            let n = match open.reader.fill_buf() {
+                Ok(bytes) => {
+                    open.carry.extend_from_slice(bytes);
+                    bytes.len()
+                }
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(e) => return Err(DataError::CorpusRead { path: open.path.clone(), message: one_line(e) }),
             };
+            open.reader.consume(n);
             if n == 0 {
                 let open = self.open.as_mut().expect("a file is open");
-                if !carry.is_empty() {
+                if !open.carry.is_empty() {
                     let (path, offset) = (open.path.clone(), open.pending.len());
                     open.pending.clear();
                     return self.abandon(&path, offset);
@@ -395,8 +416,8 @@ impl DocumentReader {
                 let val = if starts_doc { self.new_document() } else { self.open.as_ref().expect("open").val };
                 return Ok(Some(Piece { text, starts_doc, ends_doc: true, val }));
             }
-            carry.extend_from_slice(&chunk[..n]);
-            match std::str::from_utf8(&carry) {
+            let carry = &mut open.carry;
+            match std::str::from_utf8(carry) {
                 Ok(s) => {
                     open.pending.push_str(s);
                     carry.clear();
@@ -421,31 +442,13 @@ impl DocumentReader {
     fn abandon(&mut self, path: &Path, offset: usize) -> Result<Option<Piece>, DataError> {
         self.invalid(path, None, offset)?;
         let open = self.open.as_mut().expect("a file is open");
+        open.carry.clear();
         let _ = std::io::copy(&mut open.reader, &mut std::io::sink());
         if open.started {
             open.started = false;
             return Ok(Some(Piece { text: String::new(), starts_doc: false, ends_doc: true, val: open.val }));
         }
         Ok(None)
-    }
-}
-
-/// A [`Tally`] that hands its count and hash over when dropped (the decoders own it).
-struct Finishing {
-    tally: Tally<File>,
-    out: Arc<std::sync::Mutex<Option<(u64, Sha256)>>>,
-}
-
-impl Read for Finishing {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        self.tally.read(buf)
-    }
-}
-
-impl Drop for Finishing {
-    fn drop(&mut self) {
-        let hash = std::mem::take(&mut self.tally.hash);
-        *self.out.lock().expect("not poisoned") = Some((self.tally.bytes, hash));
     }
 }
 

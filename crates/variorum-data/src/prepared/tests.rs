@@ -420,3 +420,44 @@ fn validation_chunks_cover_each_source_once_with_one_token_of_overlap() {
         assert_eq!(predicted, per_source.iter().map(|t| t.len() - 1).sum::<usize>(), "each prediction once");
     }
 }
+
+#[test]
+fn a_text_file_of_many_byte_characters_survives_reads_that_cut_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    // two-, three- and four-byte characters throughout: the 64 KiB reads cut some of them
+    let text: String = (0..6000).map(|i| format!("ça va {i} 東京 𝄞\n")).collect();
+    let path = tmp.path().join("wide.txt");
+    write(&path, text.as_bytes());
+    let settings = ReadSettings {
+        source: 0,
+        text_field: None,
+        invalid_utf8: InvalidUtf8::Refuse,
+        piece_bytes: 1024,
+        seed: 0,
+        val_fraction: 0.5,
+    };
+    let mut reader = DocumentReader::new(settings, vec![path], Arc::new(AtomicU64::new(0)));
+    let mut joined = String::new();
+    while let Some(p) = reader.next_piece().unwrap() {
+        joined.push_str(&p.text);
+    }
+    assert_eq!(joined, text);
+    assert_eq!(reader.skipped_invalid, 0);
+    // a text file with a byte that is not UTF-8 is skipped, and counted once
+    let bad = tmp.path().join("latin.txt");
+    write(&bad, b"caf\xe9 au lait\n");
+    let settings = ReadSettings {
+        source: 0,
+        text_field: None,
+        invalid_utf8: InvalidUtf8::Skip,
+        piece_bytes: 1024,
+        seed: 0,
+        val_fraction: 0.5,
+    };
+    let mut reader = DocumentReader::new(settings, vec![bad, tmp.path().join("wide.txt")], Arc::new(AtomicU64::new(0)));
+    let mut joined = String::new();
+    while let Some(p) = reader.next_piece().unwrap() {
+        joined.push_str(&p.text);
+    }
+    assert_eq!((joined == text, reader.skipped_invalid, reader.documents), (true, 1, 1));
+}
