@@ -402,12 +402,7 @@ fn eval_documents(
     lengths: &[usize],
     device: &burn::prelude::Device,
 ) -> Result<Vec<EvalRow>> {
-    let context = run.config.model.seq_len;
-    if let Some(len) = lengths.iter().find(|&&len| len % context != 0) {
-        bail!(
-            "--seq-len {len}: a model with a memory per document reads documents in whole contexts of {context} tokens (its segments tile them); use a multiple of {context}"
-        );
-    }
+    check_document_lengths(run, lengths)?;
     let rows = variorum_data::DocumentStreams::count(ids.len(), tags).min(STREAMS);
     if rows == 0 {
         bail!("the validation split holds no document of two tokens or more");
@@ -423,8 +418,21 @@ fn eval_documents(
     let sized: Vec<(usize, u64)> = lengths.iter().zip(&passes).map(|(&len, p)| (len, p.len() as u64)).collect();
     with_and_without(name, "memory", &sized, |len, carry, pb| {
         let batches = &passes[lengths.iter().position(|&l| l == len).expect("one of the lengths")];
-        Ok(variorum_train::eval::document_loss(&run.model, batches, carry, device, Some(pb)))
+        let read = batches.iter().map(Ok::<_, anyhow::Error>);
+        variorum_train::eval::document_loss(&run.model, read, carry, device, Some(pb))
     })
+}
+
+/// A model with a memory per document reads documents in whole contexts (its segments tile
+/// them): every length must be a multiple of its own.
+fn check_document_lengths(run: &Run, lengths: &[usize]) -> Result<()> {
+    let context = run.config.model.seq_len;
+    match lengths.iter().find(|&&len| len % context != 0) {
+        Some(len) => bail!(
+            "--seq-len {len}: a model with a memory per document reads documents in whole contexts of {context} tokens (its segments tile them); use a multiple of {context}"
+        ),
+        None => Ok(()),
+    }
 }
 
 /// A masked language model: the loss on the hidden tokens of disjoint windows (the same hidden
@@ -591,7 +599,7 @@ fn eval_one(args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode>
         eprintln!("note: --beams and --decode measure an encoder–decoder's decoding; this run is a decoder");
     }
     if let Some(corpus) = prepared_to_score(&run, args)? {
-        return eval_prepared(&run, args, &corpus, device);
+        return eval_prepared(&run, args, corpus, device);
     }
     let (ids, source, tags, label) = tokens(&run, args)?;
     let lengths = if args.seq_len.is_empty() { vec![run.model.seq_len] } else { args.seq_len.clone() };
@@ -659,9 +667,8 @@ fn eval_one(args: &EvalArgs, device: &burn::prelude::Device) -> Result<ExitCode>
 const PREPARED_CHUNK: usize = 1 << 20;
 
 /// The prepared corpus whose validation split `eval` scores whole: `--data DIR` naming one, or
-/// the run's own (`data.prepared`) without `--data`. Only a plain decoder reads it streaming; a
-/// memory, masked or retrieving model reads the first validation tokens the run holds
-/// ([`variorum_data::PREPARED_VAL_TOKENS`]), as in training.
+/// the run's own (`data.prepared`) without `--data`. A retrieving model (SPALM, `--knn`) reads
+/// the first validation tokens the run holds ([`variorum_data::PREPARED_VAL_TOKENS`]) instead.
 fn prepared_to_score(run: &Run, args: &EvalArgs) -> Result<Option<variorum_data::PreparedCorpus>> {
     let dir = match &args.data {
         Some(d) if d.join("index.json").is_file() => d.clone(),
@@ -675,13 +682,12 @@ fn prepared_to_score(run: &Run, args: &EvalArgs) -> Result<Option<variorum_data:
         },
         None => return Ok(None),
     };
-    let m = &run.model;
-    if m.has_memory() || m.mask_token.is_some() || m.long_term_memory.is_some() || args.retrieval.knn.is_some() {
+    if run.model.long_term_memory.is_some() || args.retrieval.knn.is_some() {
         if args.data.is_some() {
-            bail!("--data {}: a memory, masked or retrieving model does not read a prepared corpus yet", dir.display());
+            bail!("--data {}: a retrieving model does not read a prepared corpus", dir.display());
         }
         eprintln!(
-            "note: the first {} validation tokens are read (a memory, masked or retrieving model)",
+            "note: the first {} validation tokens are read (a retrieving model)",
             variorum_data::PREPARED_VAL_TOKENS
         );
         return Ok(None);
@@ -697,14 +703,80 @@ fn prepared_to_score(run: &Run, args: &EvalArgs) -> Result<Option<variorum_data:
     Ok(Some(corpus))
 }
 
-/// A prepared corpus's validation split, scored whole in pieces of [`PREPARED_CHUNK`] tokens
-/// (memory: one piece), each source on its own. With disjoint windows (the default stride)
-/// the windows are those of the split read whole; with a shorter stride, each piece's first
-/// window scores all its predictions, with less context than it would have had.
+/// The lengths of the pieces [`variorum_data::PreparedCorpus::val_chunks`] cuts sources of
+/// `per_source` tokens into, the last cut to `cap` predictions in all (as [`prepared_pieces`]).
+fn piece_lengths(per_source: &[u64], chunk: usize, cap: usize) -> Vec<usize> {
+    let mut out = Vec::new();
+    let mut read = 0usize;
+    for &n in per_source {
+        let n = n as usize;
+        for i in 0..n.saturating_sub(1).div_ceil(chunk) {
+            if read >= cap {
+                return out;
+            }
+            let len = ((i + 1) * chunk + 1).min(n) - i * chunk;
+            let len = len.min((cap - read).saturating_add(1));
+            read += len - 1;
+            out.push(len);
+        }
+    }
+    out
+}
+
+/// The validation split's pieces for contexts of `len` (pieces of a multiple of `len` tokens,
+/// so that disjoint windows fall where they would over the split read whole), `cap`
+/// predictions in all.
+fn prepared_pieces(
+    corpus: &variorum_data::PreparedCorpus,
+    len: usize,
+    cap: usize,
+) -> impl Iterator<Item = Result<Vec<u32>>> + '_ {
+    let chunk = PREPARED_CHUNK.div_ceil(len) * len;
+    let mut read = 0usize;
+    corpus.val_chunks(chunk).map_while(move |piece| {
+        if read >= cap {
+            return None;
+        }
+        Some(piece.map_err(anyhow::Error::from).map(|mut p| {
+            p.truncate((cap - read).saturating_add(1));
+            read += p.len() - 1;
+            p
+        }))
+    })
+}
+
+/// Adds piece scores `(mean loss, predictions)` into one mean.
+#[derive(Default)]
+struct Mean {
+    sum: f64,
+    count: usize,
+}
+
+impl Mean {
+    fn add(&mut self, (loss, n): (f64, usize)) {
+        if n > 0 {
+            self.sum += loss * n as f64;
+            self.count += n;
+        }
+    }
+
+    fn get(&self) -> (f64, usize) {
+        (self.sum / self.count.max(1) as f64, self.count)
+    }
+}
+
+/// A prepared corpus's validation split, scored whole, streaming: a plain decoder's sliding
+/// windows and a masked model's hidden tokens in pieces of [`PREPARED_CHUNK`] tokens, each
+/// source on its own; a memory model's ordered streams piece by piece, each piece's streams
+/// starting from nothing; a model with a memory per document reads the held-out documents as
+/// it was trained, one row of documents per stream. Memory holds one piece (or one batch).
+/// With disjoint windows (the default stride) the windows are those of the split read whole;
+/// with a shorter stride, each piece's first window scores all its predictions, with less
+/// context than it would have had.
 fn eval_prepared(
     run: &Run,
     args: &EvalArgs,
-    corpus: &variorum_data::PreparedCorpus,
+    corpus: variorum_data::PreparedCorpus,
     device: &burn::prelude::Device,
 ) -> Result<ExitCode> {
     let lengths = if args.seq_len.is_empty() { vec![run.model.seq_len] } else { args.seq_len.clone() };
@@ -720,46 +792,7 @@ fn eval_prepared(
         corpus.dir.display(),
         per_source.len()
     );
-    println!("{}", table_header(run.tokenizer.unit()));
     let name = run_name(&args.runs[0]);
-    // every length's chunk is a multiple of it, so that disjoint windows fall where they would
-    let windows: u64 = lengths
-        .iter()
-        .map(|&len| {
-            per_source.iter().map(|&n| sliding_windows(n as usize, len, args.stride.unwrap_or(len))).sum::<u64>()
-        })
-        .sum();
-    let pb = progress::bar(windows, &name);
-    let mut rows = Vec::new();
-    let mut points = Vec::new();
-    for &len in &lengths {
-        pb.set_message(format!("{name} L={len}"));
-        let stride = args.stride.unwrap_or(len);
-        let chunk = PREPARED_CHUNK.div_ceil(len) * len;
-        let (mut sum, mut count, mut read) = (0.0f64, 0usize, 0usize);
-        for piece in corpus.val_chunks(chunk) {
-            if read >= cap {
-                break;
-            }
-            let mut piece = piece?;
-            piece.truncate((cap - read).saturating_add(1));
-            read += piece.len() - 1;
-            let (loss, n) =
-                variorum_train::eval::sliding_loss(&run.model, &piece, None, len, stride, device, Some(&pb));
-            if n > 0 {
-                sum += loss * n as f64;
-                count += n;
-            }
-        }
-        if count == 0 {
-            bail!("{} has no validation window of {} tokens", corpus.dir.display(), len + 1);
-        }
-        let loss = sum / count as f64;
-        pb.suspend(|| println!("{}", table_row(len, stride, count, loss)));
-        points.push((len as f64, loss));
-        rows.push(eval_row(len, Some(stride), None, count, loss));
-    }
-    pb.finish_and_clear();
     let mut label = format!(
         "the validation split of {}",
         corpus.dir.canonicalize().unwrap_or_else(|_| corpus.dir.clone()).display()
@@ -767,12 +800,151 @@ fn eval_prepared(
     if let Some(n) = args.max_tokens {
         label += &format!(", first {n} tokens");
     }
+    let pieces = |len: usize| piece_lengths(&per_source, PREPARED_CHUNK.div_ceil(len) * len, cap);
+    let m = &run.model;
+    let rows = if m.has_memory() && run.config.train.batching == variorum_train::config::Batching::Documents {
+        eval_prepared_documents(run, &name, std::sync::Arc::new(corpus), &lengths, cap, device)?
+    } else if m.has_memory() {
+        println!("# {STREAMS} streams per piece read segment by segment; memory = {}", run.config.model.memory.kind());
+        let sized: Vec<(usize, u64)> =
+            lengths.iter().map(|&len| (len, pieces(len).iter().map(|&n| stream_windows(n, len)).sum())).collect();
+        with_and_without(&name, "memory", &sized, |len, carry, pb| {
+            let mut mean = Mean::default();
+            for piece in prepared_pieces(&corpus, len, cap) {
+                let piece = piece?;
+                mean.add(variorum_train::eval::stream_loss(m, &piece, len, STREAMS, carry, None, device, Some(pb)));
+            }
+            match mean.get() {
+                (_, 0) => {
+                    bail!("{} has no validation piece of {STREAMS} streams of {len} tokens", corpus.dir.display())
+                }
+                got => Ok(got),
+            }
+        })?
+    } else if m.mask_token.is_some() {
+        println!("# masked language model: loss on the hidden tokens of disjoint windows, piece by piece");
+        println!("{:>8} {:>8} {:>10} {:>10} {:>12}", "seq_len", "stride", "hidden", "loss", "perplexity");
+        let steps = lengths.iter().map(|&len| pieces(len).iter().map(|&n| masked_windows(n, len)).sum::<u64>());
+        let pb = progress::bar(steps.sum(), &name);
+        let mut rows = Vec::new();
+        for &len in &lengths {
+            pb.set_message(format!("{name} L={len}"));
+            let mut mean = Mean::default();
+            for piece in prepared_pieces(&corpus, len, cap) {
+                let piece = piece?;
+                mean.add(variorum_train::eval::masked_loss(m, &run.config.model, &piece, None, len, device, Some(&pb)));
+            }
+            let (loss, n) = mean.get();
+            if n == 0 {
+                bail!("{} has no validation window of {} tokens", corpus.dir.display(), len + 1);
+            }
+            pb.suspend(|| println!("{len:>8} {len:>8} {n:>10} {loss:>10.4} {:>12.3}", loss.exp()));
+            rows.push(eval_row(len, Some(len), Some("masked"), n, loss));
+        }
+        pb.finish_and_clear();
+        rows
+    } else {
+        return eval_prepared_plain(run, args, &corpus, &lengths, &label, device);
+    };
     record(run, args, &label, rows);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A plain decoder on a prepared corpus's validation split: sliding windows, piece by piece.
+fn eval_prepared_plain(
+    run: &Run,
+    args: &EvalArgs,
+    corpus: &variorum_data::PreparedCorpus,
+    lengths: &[usize],
+    label: &str,
+    device: &burn::prelude::Device,
+) -> Result<ExitCode> {
+    let cap = args.max_tokens.unwrap_or(usize::MAX);
+    println!("{}", table_header(run.tokenizer.unit()));
+    let name = run_name(&args.runs[0]);
+    let windows: u64 = lengths
+        .iter()
+        .map(|&len| {
+            let chunk = PREPARED_CHUNK.div_ceil(len) * len;
+            let stride = args.stride.unwrap_or(len);
+            piece_lengths(&corpus.val_tokens(), chunk, cap)
+                .iter()
+                .map(|&n| sliding_windows(n, len, stride))
+                .sum::<u64>()
+        })
+        .sum();
+    let pb = progress::bar(windows, &name);
+    let mut rows = Vec::new();
+    let mut points = Vec::new();
+    for &len in lengths {
+        pb.set_message(format!("{name} L={len}"));
+        let stride = args.stride.unwrap_or(len);
+        let mut mean = Mean::default();
+        for piece in prepared_pieces(corpus, len, cap) {
+            let piece = piece?;
+            mean.add(variorum_train::eval::sliding_loss(&run.model, &piece, None, len, stride, device, Some(&pb)));
+        }
+        let (loss, count) = mean.get();
+        if count == 0 {
+            bail!("{} has no validation window of {} tokens", corpus.dir.display(), len + 1);
+        }
+        pb.suspend(|| println!("{}", table_row(len, stride, count, loss)));
+        points.push((len as f64, loss));
+        rows.push(eval_row(len, Some(stride), None, count, loss));
+    }
+    pb.finish_and_clear();
+    record(run, args, label, rows);
     if points.len() > 1 {
         let path = args.plot.clone().unwrap_or_else(|| run.dir.join("eval.png"));
         draw(&[("validation loss".to_string(), points)], path)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A model with a memory per document on a prepared corpus: the held-out documents read as
+/// document streams ([`variorum_data::PreparedDocumentStreams`], one pass, up to [`STREAMS`]
+/// rows), each row's memory cleared where its next document starts; then the same segments
+/// each from nothing. Batches are read as they are scored; `cap` stops the pass once it has
+/// scored that many predictions.
+fn eval_prepared_documents(
+    run: &Run,
+    name: &str,
+    corpus: std::sync::Arc<variorum_data::PreparedCorpus>,
+    lengths: &[usize],
+    cap: usize,
+    device: &burn::prelude::Device,
+) -> Result<Vec<EvalRow>> {
+    use variorum_data::{PreparedDocumentStreams, Split};
+    check_document_lengths(run, lengths)?;
+    let documents = corpus.documents(Split::Validation);
+    let rows = (documents as usize).min(STREAMS);
+    if rows == 0 {
+        bail!("{} holds no validation document", corpus.dir.display());
+    }
+    let streams: Vec<PreparedDocumentStreams> = lengths
+        .iter()
+        .map(|&len| PreparedDocumentStreams::new(corpus.clone(), Split::Validation, len, rows))
+        .collect::<Result<_, _>>()?;
+    println!(
+        "# {rows} rows of whole documents read segment by segment; each row's memory cleared at its documents' starts"
+    );
+    let sized: Vec<(usize, u64)> =
+        lengths.iter().zip(&streams).map(|(&len, s)| (len, s.segments_per_epoch())).collect();
+    with_and_without(name, "memory", &sized, |len, carry, pb| {
+        let s = &streams[lengths.iter().position(|&l| l == len).expect("one of the lengths")];
+        let mut scored = 0usize;
+        let batches = (0..s.segments_per_epoch()).map_while(|i| {
+            if scored >= cap {
+                return None;
+            }
+            let b = s.pass_batch(i);
+            if let Ok(b) = &b {
+                scored += b.targets.iter().filter(|&&t| t != variorum_data::NO_TARGET).count();
+            }
+            Some(b)
+        });
+        Ok(variorum_train::eval::document_loss(&run.model, batches, carry, device, Some(pb))?)
+    })
 }
 
 /// The header of the plain loss table (`eval_one`, `eval_prepared`).

@@ -135,8 +135,12 @@ impl DataConfig {
             if let Some(other) = other {
                 return Err(DataError::Config(format!("{what} and {other} are both set: keep only one")));
             }
+            if self.tags.is_some() {
+                return Err(DataError::Config(format!(
+                    "data.tags cuts one text into sections, and a prepared corpus ({what}) keeps its documents already (train.batching = \"documents\" reads them): remove data.tags, or use data.path"
+                )));
+            }
             let layout = [
-                ("data.tags", self.tags.is_some()),
                 ("data.graph", self.graph.is_some()),
                 ("data.pairs", self.pairs.is_some()),
                 ("data.neighbours", self.neighbours.is_some()),

@@ -47,8 +47,9 @@ pub use pairs::{
     Pair, PairBatches, PairSplits, PairsConfig, TargetTokens, check_pair_lengths, example_batch, pair_eval_batches,
 };
 pub use prepared::{
-    Index, InvalidUtf8, MixtureWindows, PrepareConfig, PrepareProgress, Prepared, PreparedCorpus, ShardRecord,
-    SourceConfig, SourceRecord, TokenizerRecord, fingerprint, prepare,
+    Index, InvalidUtf8, MixtureWindows, PrepareConfig, PrepareProgress, Prepared, PreparedCorpus,
+    PreparedDocumentStreams, PreparedOrderedStreams, ShardRecord, SourceConfig, SourceRecord, Split, TokenizerRecord,
+    fingerprint, prepare,
 };
 pub use span_corruption::{SpanCorruption, SpanShape, span_eval_batches};
 pub use tags::{Holdout, SplitTags, TagConfig, TagSections, UNTAGGED};

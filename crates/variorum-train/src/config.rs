@@ -280,8 +280,14 @@ impl ExperimentConfig {
                 self.model.attention.kind()
             )
         })?;
-        check(self.train.batching != Batching::Documents || self.data.tags.is_some(), || {
-            "train.batching = \"documents\" reads the sections of data.tags as documents: add a [data.tags] section pattern (e.g. section = \"^(.+)\\n\\nby William Shakespeare\")".into()
+        check(
+            self.train.batching != Batching::Documents || self.data.tags.is_some() || self.data.is_prepared(),
+            || {
+                "train.batching = \"documents\" reads the sections of data.tags as documents: add a [data.tags] section pattern (e.g. section = \"^(.+)\\n\\nby William Shakespeare\"), or prepare the text's documents (data.sources)".into()
+            },
+        )?;
+        check(self.train.batching == Batching::Random || self.data.sources.iter().all(|s| s.weight.is_none()), || {
+            "data.sources' weights draw random windows from each source at its share, but ordered and document streams read every source in turn: remove the weights or use train.batching = \"random\"".into()
         })?;
         check(self.model.long_term_memory.is_some() == self.data.neighbours.is_some(), || {
             match self.model.long_term_memory {

@@ -248,17 +248,20 @@ pub fn stream_loss(
 /// next document starts (`reset`), the padding after a document's end (`NO_TARGET`) not
 /// counted. Without `carry_memory` every segment starts from nothing (what the memory is worth
 /// is the difference). `progress` advances by one per batch. Returns (mean loss, predictions
-/// counted).
-pub fn document_loss(
+/// counted), or the first error of a batch that could not be read (a prepared corpus's
+/// batches are read as they are scored: `batches.iter().map(Ok)` for batches in memory).
+pub fn document_loss<B: std::borrow::Borrow<TokenBatch>, E>(
     model: &DecoderLm,
-    batches: &[TokenBatch],
+    batches: impl IntoIterator<Item = Result<B, E>>,
     carry_memory: bool,
     device: &Device,
     progress: Option<&ProgressBar>,
-) -> (f64, usize) {
+) -> Result<(f64, usize), E> {
     let mut state = DecoderState::default();
     let (mut sum, mut count) = (0.0, 0usize);
     for batch in batches {
+        let batch = batch?;
+        let batch = batch.borrow();
         if batch.reset.iter().all(|&r| r) {
             state = DecoderState::default();
         } else if batch.reset.iter().any(|&r| r) {
@@ -276,7 +279,7 @@ pub fn document_loss(
             pb.inc(1);
         }
     }
-    (sum / count.max(1) as f64, count)
+    Ok((sum / count.max(1) as f64, count))
 }
 
 #[cfg(test)]

@@ -766,6 +766,23 @@ fn prepare_train_and_eval_a_corpus_of_many_sources() {
     let row = out.lines().find(|l| l.trim_start().starts_with("16 ")).unwrap();
     assert_eq!(row.split_whitespace().nth(2).unwrap(), predicted.to_string(), "{out}");
 
+    // a memory per document, trained on the prepared documents and scored on every held-out
+    // document whole: each of its tokens but the first predicted once
+    let memorizing = std::fs::read_to_string(&cfg).unwrap().replace(
+        "[model.attention]\nkind = \"full\"\nn_heads = 2\n",
+        "[model.position]\nkind = \"alibi\"\n[model.attention]\nkind = \"memorizing\"\nn_heads = 2\nmemory_size = 64\ntop_k = 4\n",
+    ) + "batching = \"documents\"\n";
+    std::fs::write(d.join("memorizing.toml"), memorizing).unwrap();
+    let o = variorum(&["train", "memorizing.toml", "--out", "mem", "--device", "cpu"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = variorum(&["eval", "mem", "--device", "cpu"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let documents: u64 = index["shards"].as_array().unwrap().iter().map(|s| s["val_documents"].as_u64().unwrap()).sum();
+    let row = out.lines().find(|l| l.trim_start().starts_with("16 ")).unwrap();
+    let want = val.iter().sum::<u64>() - documents;
+    assert_eq!(row.split_whitespace().nth(1).unwrap(), want.to_string(), "{out}");
+
     // a damaged shard stops the run before it reads it; a bad line is named
     let shard = d.join("prepared/shard-00000.train.bin");
     let mut bytes = std::fs::read(&shard).unwrap();
@@ -776,4 +793,57 @@ fn prepare_train_and_eval_a_corpus_of_many_sources() {
     std::fs::write(d.join("notes.jsonl"), "{\"text\": \"fine\"}\nnot json\n").unwrap();
     let o = variorum(&["prepare", "many.toml"], d);
     assert_clean_error(&o, "notes.jsonl, line 2: not JSON");
+}
+
+/// A disk that fills during `prepare` (a file-size limit, which fails a write as a full disk
+/// does): one line naming the file, a non-zero exit, no index naming an unfinished shard, the
+/// finished shards kept; run again with room, it finishes with the bytes of a prepare that was
+/// never stopped.
+#[cfg(unix)]
+#[test]
+fn a_disk_that_fills_during_prepare_loses_nothing_already_prepared() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let notes: String = (0..40).map(|i| format!("{{\"text\": \"note {i} of a small source\\n\"}}\n")).collect();
+    std::fs::write(d.join("notes.jsonl"), notes).unwrap();
+    let line = "Now is the winter of our discontent made glorious summer by this sun of York;\n";
+    std::fs::write(d.join("book.txt"), line.repeat(4000)).unwrap();
+    let config = |out: &str| {
+        format!(
+            "[model]\nd_model = 32\nn_layers = 1\nseq_len = 16\n[model.attention]\nkind = \"full\"\nn_heads = 2\n\n\
+             [data]\nsources = [{{ path = \"notes.jsonl\", text_field = \"text\" }}, {{ path = \"book.txt\" }}]\n\
+             prepared = \"{out}\"\nval_fraction = 0.25\n[data.prepare]\nshard_bytes = 65536\n"
+        )
+    };
+    std::fs::write(d.join("full.toml"), config("full")).unwrap();
+    std::fs::write(d.join("clean.toml"), config("clean")).unwrap();
+    // the small source's shard (a few KiB) fits under 64 KiB; the book's (128 KiB of u16) does not
+    let limited = Command::new("bash")
+        .arg("-c")
+        .arg(format!("trap '' XFSZ; ulimit -f 64; exec {} prepare full.toml", env!("CARGO_BIN_EXE_variorum")))
+        .current_dir(d)
+        .output()
+        .unwrap();
+    assert_clean_error(&limited, "shard-00001.train.bin");
+    let full = d.join("full");
+    assert!(!full.join("index.json").exists(), "no index while a shard is missing");
+    assert!(full.join("shard-00000.json").is_file(), "the finished shard is kept");
+    assert!(!std::fs::read_dir(&full).unwrap().any(|e| e.unwrap().path().to_string_lossy().ends_with(".tmp")));
+
+    let o = variorum(&["prepare", "full.toml"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("1 shards kept"), "{}", String::from_utf8_lossy(&o.stdout));
+    let o = variorum(&["prepare", "clean.toml"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let files = |dir: &Path| -> std::collections::BTreeMap<String, Vec<u8>> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.file_name().unwrap() != "prepare.json")
+            .map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap()))
+            .collect()
+    };
+    let (a, b) = (files(&full), files(&d.join("clean")));
+    assert!(a.len() > 10, "{:?}", a.keys());
+    assert!(a == b, "the files differ from an uninterrupted prepare's");
 }

@@ -8,7 +8,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::index::{FORMAT, Index, ShardRecord, SourceRecord, TokenizerRecord, fingerprint};
-use super::sources::{DocumentReader, Piece, ReadSettings, expand};
+use super::sources::{DocumentReader, Holdout, Piece, ReadSettings, chosen, expand};
 use super::{SourceConfig, prepared_dir};
 use crate::corpus::DataConfig;
 use crate::error::{DataError, one_line};
@@ -106,11 +106,12 @@ pub fn prepare(
     let bytes_total: u64 =
         sources.iter().flat_map(|(_, f)| f).map(|f| f.metadata().map(|m| m.len()).unwrap_or(0)).sum();
     let read = Arc::new(AtomicU64::new(0));
+    let holdout = holdouts(cfg, &sources, &read, bytes_total, progress)?;
     let tok_path = dir.join("tokenizer.json");
     let tokenizer = match (resuming, tok_path.is_file()) {
         (true, true) => Tokenizer::load(&tok_path)?,
         _ => {
-            let t = learn_tokenizer(cfg, &sources, &read, bytes_total, progress)?;
+            let t = learn_tokenizer(cfg, &sources, &holdout, &read, bytes_total, progress)?;
             t.save(&tok_path)?;
             t
         }
@@ -133,7 +134,8 @@ pub fn prepare(
     let mut kept = 0;
     let mut documents_before = 0;
     for (si, (source, files)) in sources.iter().enumerate() {
-        let mut reader = DocumentReader::new(read_settings(cfg, si, source, piece_bytes), files.clone(), read.clone());
+        let settings = read_settings(cfg, si, source, piece_bytes, &holdout);
+        let mut reader = DocumentReader::new(settings, files.clone(), read.clone());
         let first_shard = shards.len();
         let shard_bytes = cfg.prepare.shard_bytes as usize;
         let reading = &mut reader;
@@ -211,9 +213,12 @@ pub fn prepare(
         shards.iter().fold((0, 0), |(t, v), s| (t + s.train_documents, v + s.val_documents));
     if train_docs == 0 || val_docs == 0 {
         return Err(DataError::TooShort(format!(
-            "{documents} document(s) read, {val_docs} held out by data.val_fraction = {}: both splits need at least one; \
-             use more documents or another val_fraction (documents are held out whole)",
-            cfg.val_fraction
+            "{documents} document(s) read, {val_docs} held out by {}: both splits need at least one; \
+             use more documents or hold out another share (documents are held out whole)",
+            match cfg.prepare.val_documents {
+                Some(n) => format!("data.prepare.val_documents = {n}"),
+                None => format!("data.val_fraction = {}", cfg.val_fraction),
+            }
         )));
     }
     let index = Index {
@@ -247,15 +252,65 @@ fn shard_intact(dir: &Path, r: &ShardRecord, width: u8, checksums: bool) -> bool
 }
 
 /// How source `si` is read: its text field, the holdout settings, pieces of `piece_bytes`.
-fn read_settings(cfg: &DataConfig, si: usize, source: &SourceConfig, piece_bytes: usize) -> ReadSettings {
+fn read_settings(
+    cfg: &DataConfig,
+    si: usize,
+    source: &SourceConfig,
+    piece_bytes: usize,
+    holdout: &[Holdout],
+) -> ReadSettings {
     ReadSettings {
         source: si,
         text_field: source.text_field.clone(),
         invalid_utf8: cfg.prepare.invalid_utf8,
         piece_bytes,
         seed: cfg.prepare.seed,
-        val_fraction: cfg.val_fraction,
+        holdout: holdout.get(si).cloned().unwrap_or(Holdout::Fraction(cfg.val_fraction)),
     }
+}
+
+/// Each source's holdout: `data.val_fraction`, or with `data.prepare.val_documents = n`, the
+/// `n` documents [`chosen`] among those a first pass over the source counts.
+fn holdouts(
+    cfg: &DataConfig,
+    sources: &[(SourceConfig, Vec<PathBuf>)],
+    read: &Arc<AtomicU64>,
+    bytes_total: u64,
+    progress: &(dyn Fn(&PrepareProgress) + Sync),
+) -> Result<Vec<Holdout>, DataError> {
+    let Some(n) = cfg.prepare.val_documents else {
+        return Ok(vec![Holdout::Fraction(cfg.val_fraction); sources.len()]);
+    };
+    if n == 0 {
+        return Err(DataError::Config(
+            "data.prepare.val_documents = 0 holds out nothing to validate on: give a count of at least 1, or remove it to hold out data.val_fraction".into(),
+        ));
+    }
+    let mut out = Vec::with_capacity(sources.len());
+    let mut counted = 0;
+    for (si, (s, files)) in sources.iter().enumerate() {
+        let settings = read_settings(cfg, si, s, 1 << 20, &[Holdout::Fraction(0.0)]);
+        let mut reader = DocumentReader::new(settings, files.clone(), read.clone());
+        while reader.next_piece()?.is_some() {
+            progress(&PrepareProgress {
+                phase: "counting",
+                bytes_read: read.load(Ordering::Relaxed),
+                bytes_total,
+                documents: counted + reader.documents,
+                shards: 0,
+            });
+        }
+        counted += reader.documents;
+        if n >= reader.documents {
+            return Err(DataError::TooShort(format!(
+                "data.sources[{si}] ({}) has {} documents: holding out data.prepare.val_documents = {n} of them leaves none to train on; hold out fewer",
+                s.path, reader.documents
+            )));
+        }
+        out.push(Holdout::Chosen(Arc::new(chosen(cfg.prepare.seed, si, reader.documents, n))));
+    }
+    read.store(0, Ordering::Relaxed);
+    Ok(out)
 }
 
 /// Removes what an earlier prepare of another corpus left in `dir`.
@@ -280,13 +335,14 @@ fn clear(dir: &Path) -> Result<(), DataError> {
 fn learn_tokenizer(
     cfg: &DataConfig,
     sources: &[(SourceConfig, Vec<PathBuf>)],
+    holdout: &[Holdout],
     read: &Arc<AtomicU64>,
     bytes_total: u64,
     progress: &(dyn Fn(&PrepareProgress) + Sync),
 ) -> Result<Tokenizer, DataError> {
     let readers = || {
         sources.iter().enumerate().map(|(si, (s, files))| {
-            DocumentReader::new(read_settings(cfg, si, s, 1 << 20), files.clone(), read.clone())
+            DocumentReader::new(read_settings(cfg, si, s, 1 << 20, holdout), files.clone(), read.clone())
         })
     };
     let tell = |documents| {

@@ -164,11 +164,15 @@ pub fn fingerprint(
     Ok(hex(&Sha256::digest(what.to_string().as_bytes())))
 }
 
-/// One split of one shard: its file, open.
+/// One split of one shard: its token file and its document-start file, open.
 #[derive(Debug)]
 pub(crate) struct ShardFile {
     pub file: Option<std::fs::File>,
     pub tokens: u64,
+    /// `NAME.SPLIT.docs`: where each document starting in this shard starts (`u64`, from the
+    /// shard's first token); `None` when none starts here.
+    pub docs: Option<std::fs::File>,
+    pub documents: u64,
 }
 
 /// The training or validation tokens of one source: its shards' files of that split, in order.
@@ -178,6 +182,10 @@ pub(crate) struct SplitFiles {
     /// `starts[i]`: the position of shard i's first token in the split.
     pub starts: Vec<u64>,
     pub len: u64,
+    /// `first_documents[i]`: the number of the first document starting in shard i.
+    pub first_documents: Vec<u64>,
+    /// Documents in the split.
+    pub documents: u64,
 }
 
 impl SplitFiles {
@@ -218,6 +226,57 @@ impl SplitFiles {
         }
         Ok(())
     }
+}
+
+impl SplitFiles {
+    /// The token ranges `(start, end)` of documents `first..first + out.len()` of the split
+    /// (a document ends where the next starts, the last at the split's end), read from the
+    /// shards' `.docs` files. A start out of order or past the split is a damaged file.
+    pub(crate) fn document_ranges(&self, first: u64, out: &mut [(u64, u64)]) -> std::io::Result<()> {
+        let n = out.len() as u64;
+        if n == 0 {
+            return Ok(());
+        }
+        // one start more than asked for, the end of the last, unless it is the split's end
+        let wanted = (n + 1).min(self.documents - first);
+        let mut starts = Vec::with_capacity(wanted as usize + 1);
+        let mut g = first;
+        let mut i = self.first_documents.partition_point(|&d| d <= g) - 1;
+        let mut bytes = Vec::new();
+        while (starts.len() as u64) < wanted {
+            let shard = &self.shards[i];
+            let local = g - self.first_documents[i];
+            let take = (shard.documents - local).min(wanted - starts.len() as u64) as usize;
+            if take > 0 {
+                bytes.resize(take * 8, 0);
+                let file = shard.docs.as_ref().ok_or_else(|| damaged("a .docs file is missing"))?;
+                read_at(file, &mut bytes, local * 8)?;
+                for b in bytes.chunks_exact(8) {
+                    let at = u64::from_le_bytes(b.try_into().expect("eight bytes"));
+                    if at >= shard.tokens {
+                        return Err(damaged("a .docs file names a start past its shard"));
+                    }
+                    starts.push(self.starts[i] + at);
+                }
+                g += take as u64;
+            }
+            i += 1;
+        }
+        if (starts.len() as u64) == n {
+            starts.push(self.len);
+        }
+        for (o, w) in out.iter_mut().zip(starts.windows(2)) {
+            if w[1] <= w[0] {
+                return Err(damaged("a .docs file holds starts out of order"));
+            }
+            *o = (w[0], w[1]);
+        }
+        Ok(())
+    }
+}
+
+fn damaged(what: &str) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, what)
 }
 
 #[cfg(unix)]
@@ -270,12 +329,15 @@ impl PreparedCorpus {
             .collect();
         let files = jobs
             .par_iter()
-            .map(|&(_, s, split, tokens, crc)| open_checked(dir, &s.name, split, tokens, crc, width))
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(|&(_, s, split, tokens, crc)| {
+                let documents = if split == "train" { s.train_documents } else { s.val_documents };
+                Ok((open_checked(dir, &s.name, split, tokens, crc, width)?, open_docs(dir, &s.name, split, documents)?))
+            })
+            .collect::<Result<Vec<_>, DataError>>()?;
         let n = index.sources.len();
         let mut train: Vec<SplitFiles> = (0..n).map(|_| SplitFiles::default()).collect();
         let mut val: Vec<SplitFiles> = (0..n).map(|_| SplitFiles::default()).collect();
-        for ((_, s, split, tokens, _), map) in jobs.iter().zip(files) {
+        for ((_, s, split, tokens, _), (file, docs)) in jobs.iter().zip(files) {
             let target = if *split == "train" { &mut train } else { &mut val };
             let Some(m) = target.get_mut(s.source) else {
                 return Err(DataError::Config(format!(
@@ -286,9 +348,12 @@ impl PreparedCorpus {
                 )));
             };
             if *tokens > 0 {
+                let documents = if *split == "train" { s.train_documents } else { s.val_documents };
                 m.starts.push(m.len);
                 m.len += tokens;
-                m.shards.push(ShardFile { file: map, tokens: *tokens });
+                m.first_documents.push(m.documents);
+                m.documents += documents;
+                m.shards.push(ShardFile { file, tokens: *tokens, docs, documents });
             }
         }
         Ok(PreparedCorpus { dir: dir.to_path_buf(), index, train, val })
@@ -354,6 +419,23 @@ impl PreparedCorpus {
     pub(crate) fn read_error(&self, e: std::io::Error) -> DataError {
         DataError::CorpusRead { path: self.dir.clone(), message: format!("a shard could not be read: {}", one_line(e)) }
     }
+}
+
+/// Opens `dir/NAME.SPLIT.docs`, checking that it holds `documents` starts.
+fn open_docs(dir: &Path, name: &str, split: &str, documents: u64) -> Result<Option<std::fs::File>, DataError> {
+    let path = dir.join(format!("{name}.{split}.docs"));
+    let bad = |problem: String| {
+        DataError::Config(format!(
+            "{} {problem}: the shard is damaged: delete it and run `variorum prepare` again",
+            path.display()
+        ))
+    };
+    let file = std::fs::File::open(&path).map_err(|e| bad(format!("cannot be opened ({})", one_line(e))))?;
+    let len = file.metadata().map_err(|e| bad(one_line(e)))?.len();
+    if len != documents * 8 {
+        return Err(bad(format!("holds {len} bytes where index.json records {documents} document starts of 8 bytes")));
+    }
+    Ok((documents > 0).then_some(file))
 }
 
 /// Opens `dir/NAME.SPLIT.bin`, checking its length against `tokens` and its CRC-32.

@@ -26,6 +26,7 @@
 mod build;
 mod index;
 mod sources;
+mod streams;
 mod windows;
 
 #[cfg(test)]
@@ -39,6 +40,7 @@ use crate::error::DataError;
 
 pub use build::{PrepareProgress, Prepared, prepare};
 pub use index::{Index, PreparedCorpus, ShardRecord, SourceRecord, TokenizerRecord, fingerprint};
+pub use streams::{PreparedDocumentStreams, PreparedOrderedStreams, Split};
 pub use windows::MixtureWindows;
 
 /// One entry of `data.sources`.
@@ -97,6 +99,12 @@ pub struct PrepareConfig {
     /// source, document number) falls below `data.val_fraction`.
     #[serde(default)]
     pub seed: u64,
+    /// Hold out this many documents of each source, instead of `data.val_fraction` of them:
+    /// the ones whose hash of (seed, source, document number) is smallest, so the choice is as
+    /// deterministic as the fraction's. Costs one more reading pass over the sources (no
+    /// tokenizing) to count their documents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub val_documents: Option<u64>,
     /// Documents that are not UTF-8: skipped and counted (default), or refused.
     #[serde(default)]
     pub invalid_utf8: InvalidUtf8,
@@ -114,6 +122,7 @@ impl Default for PrepareConfig {
             shard_bytes: default_shard_bytes(),
             tokenizer_sample_bytes: default_sample_bytes(),
             seed: 0,
+            val_documents: None,
             invalid_utf8: InvalidUtf8::default(),
             eot: None,
         }

@@ -114,7 +114,16 @@ pub(crate) struct ReadSettings {
     /// Pieces are cut at about this many bytes.
     pub piece_bytes: usize,
     pub seed: u64,
-    pub val_fraction: f64,
+    pub holdout: Holdout,
+}
+
+/// Which of a source's documents are held out for validation.
+#[derive(Debug, Clone)]
+pub(crate) enum Holdout {
+    /// Those whose [`holdout_hash`] falls below this fraction of 2⁶⁴ (`data.val_fraction`).
+    Fraction(f64),
+    /// These document numbers (`data.prepare.val_documents`: [`chosen`]).
+    Chosen(Arc<std::collections::HashSet<u64>>),
 }
 
 /// The file being read and where in it the reader is.
@@ -148,17 +157,35 @@ pub(crate) struct DocumentReader {
     pub finished: Vec<FileRecord>,
 }
 
-/// Whether document `number` of source `source` is held out: the first 8 bytes of
-/// SHA-256("variorum/holdout/v1", seed, source, number) read as a fraction of 2⁶⁴.
-pub(crate) fn held_out(seed: u64, source: usize, number: u64, val_fraction: f64) -> bool {
+/// The first 8 bytes of SHA-256("variorum/holdout/v1", seed, source, number): what decides
+/// whether document `number` of source `source` is held out.
+pub(crate) fn holdout_hash(seed: u64, source: usize, number: u64) -> u64 {
     let h = Sha256::new()
         .chain_update(b"variorum/holdout/v1")
         .chain_update(seed.to_le_bytes())
         .chain_update((source as u64).to_le_bytes())
         .chain_update(number.to_le_bytes())
         .finalize();
-    let x = u64::from_le_bytes(h[..8].try_into().expect("8 bytes"));
-    (x as f64) < val_fraction * 18_446_744_073_709_551_616.0
+    u64::from_le_bytes(h[..8].try_into().expect("8 bytes"))
+}
+
+/// Whether document `number` of source `source` is held out by a fraction: its
+/// [`holdout_hash`] read as a fraction of 2⁶⁴ is below `val_fraction`.
+pub(crate) fn held_out(seed: u64, source: usize, number: u64, val_fraction: f64) -> bool {
+    (holdout_hash(seed, source, number) as f64) < val_fraction * 18_446_744_073_709_551_616.0
+}
+
+/// The `n` of a source's `documents` document numbers whose [`holdout_hash`] is smallest (ties
+/// to the lower number): a held-out count, as deterministic as the fraction. Memory: `n`.
+pub(crate) fn chosen(seed: u64, source: usize, documents: u64, n: u64) -> std::collections::HashSet<u64> {
+    let mut heap = std::collections::BinaryHeap::with_capacity(n as usize + 1);
+    for number in 0..documents {
+        heap.push((holdout_hash(seed, source, number), number));
+        if heap.len() as u64 > n {
+            heap.pop();
+        }
+    }
+    heap.into_iter().map(|(_, number)| number).collect()
 }
 
 impl DocumentReader {
@@ -239,7 +266,10 @@ impl DocumentReader {
     fn new_document(&mut self) -> bool {
         let n = self.documents;
         self.documents += 1;
-        held_out(self.settings.seed, self.settings.source, n, self.settings.val_fraction)
+        match &self.settings.holdout {
+            Holdout::Fraction(f) => held_out(self.settings.seed, self.settings.source, n, *f),
+            Holdout::Chosen(set) => set.contains(&n),
+        }
     }
 
     /// The next piece, or `None` after the last file's end.

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
-use super::sources::{DocumentReader, ReadSettings, held_out};
+use super::sources::{DocumentReader, Holdout, ReadSettings, held_out, holdout_hash};
 use super::*;
 use crate::corpus::DataConfig;
 use crate::tokenizer::{Tokenizer, TokenizerConfig};
@@ -166,7 +166,7 @@ fn a_text_file_read_in_pieces_encodes_as_the_whole() {
         invalid_utf8: InvalidUtf8::Skip,
         piece_bytes: 1024,
         seed: 0,
-        val_fraction: 0.5,
+        holdout: Holdout::Fraction(0.5),
     };
     let mut reader = DocumentReader::new(settings, vec![path], Arc::new(AtomicU64::new(0)));
     let mut pieces = Vec::new();
@@ -434,7 +434,7 @@ fn a_text_file_of_many_byte_characters_survives_reads_that_cut_them() {
         invalid_utf8: InvalidUtf8::Refuse,
         piece_bytes: 1024,
         seed: 0,
-        val_fraction: 0.5,
+        holdout: Holdout::Fraction(0.5),
     };
     let mut reader = DocumentReader::new(settings, vec![path], Arc::new(AtomicU64::new(0)));
     let mut joined = String::new();
@@ -452,7 +452,7 @@ fn a_text_file_of_many_byte_characters_survives_reads_that_cut_them() {
         invalid_utf8: InvalidUtf8::Skip,
         piece_bytes: 1024,
         seed: 0,
-        val_fraction: 0.5,
+        holdout: Holdout::Fraction(0.5),
     };
     let mut reader = DocumentReader::new(settings, vec![bad, tmp.path().join("wide.txt")], Arc::new(AtomicU64::new(0)));
     let mut joined = String::new();
@@ -460,4 +460,179 @@ fn a_text_file_of_many_byte_characters_survives_reads_that_cut_them() {
         joined.push_str(&p.text);
     }
     assert_eq!((joined == text, reader.skipped_invalid, reader.documents), (true, 1, 1));
+}
+
+/// Per source of a split: its tokens, shards concatenated, and where its documents start,
+/// read straight from the files.
+fn split_files(dir: &Path, split: &str) -> Vec<(Vec<u32>, Vec<usize>)> {
+    let index = Index::read(dir).unwrap();
+    let mut out = vec![(Vec::new(), Vec::new()); index.sources.len()];
+    for s in &index.shards {
+        let (ids, starts) = &mut out[s.source];
+        let at = ids.len();
+        let bytes = std::fs::read(dir.join(format!("{}.{split}.bin", s.name))).unwrap();
+        ids.extend(bytes.chunks(index.width as usize).map(|b| match b.len() {
+            2 => u32::from(u16::from_le_bytes([b[0], b[1]])),
+            _ => u32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        }));
+        let docs = std::fs::read(dir.join(format!("{}.{split}.docs", s.name))).unwrap();
+        starts.extend(docs.chunks(8).map(|b| at + u64::from_le_bytes(b.try_into().unwrap()) as usize));
+    }
+    out
+}
+
+#[test]
+fn ordered_streams_of_shards_are_those_of_the_concatenated_split() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (cfg, _) = corpus(tmp.path(), 1024);
+    let p = prepare(&cfg, None, &quiet).unwrap();
+    let corpus = Arc::new(PreparedCorpus::open(&p.dir).unwrap());
+    for (split, name) in [(Split::Train, "train"), (Split::Validation, "val")] {
+        let all: Vec<u32> = split_files(&p.dir, name).into_iter().flat_map(|(ids, _)| ids).collect();
+        let want = crate::OrderedStreams::new(Arc::new(all), 7, 3).unwrap();
+        let got = PreparedOrderedStreams::new(corpus.clone(), split, 7, 3).unwrap();
+        assert_eq!(got.segments_per_epoch(), want.segments_per_epoch() as u64);
+        for step in (0..got.segments_per_epoch() + 3).chain([1_000_003]) {
+            let (g, w) = (got.batch(step).unwrap(), want.batch(step));
+            assert_eq!((&g.inputs, &g.targets, &g.reset), (&w.inputs, &w.targets, &w.reset), "{name} step {step}");
+        }
+    }
+    let too_many = PreparedOrderedStreams::new(corpus, Split::Validation, 1 << 20, 2).unwrap_err().to_string();
+    assert!(too_many.contains("validation split") && !too_many.contains('\n'), "{too_many}");
+}
+
+/// Document streams as their definition says, over tokens and starts held whole: row r reads
+/// documents r·D/B .. (r + 1)·D/B in segments of `len` predictions, each document from a new
+/// segment. Returns every row's segments as (source, start, predictions, first).
+fn document_segments(
+    sources: &[(Vec<u32>, Vec<usize>)],
+    len: usize,
+    rows: usize,
+) -> Vec<Vec<(usize, usize, usize, bool)>> {
+    let docs: Vec<(usize, usize, usize)> = sources
+        .iter()
+        .enumerate()
+        .flat_map(|(s, (ids, starts))| {
+            starts.iter().enumerate().map(move |(k, &a)| (s, a, starts.get(k + 1).copied().unwrap_or(ids.len())))
+        })
+        .collect();
+    (0..rows)
+        .map(|r| {
+            let span = docs.len() * r / rows..docs.len() * (r + 1) / rows;
+            docs[span]
+                .iter()
+                .flat_map(|&(s, a, b)| {
+                    (0..b - a - 1).step_by(len).map(move |o| (s, a + o, len.min(b - a - 1 - o), o == 0))
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn document_streams_of_shards_read_every_document_whole_from_a_segment_boundary() {
+    let tmp = tempfile::tempdir().unwrap();
+    // 3,000 short documents, some empty, and one book longer than a shard
+    let short: Vec<String> = (0..3000).map(|i| "ab".repeat(i * 7 % 11)).collect();
+    write(&tmp.path().join("short.jsonl"), &jsonl(&short));
+    write(&tmp.path().join("book.txt"), (0..200).map(doc).collect::<String>().as_bytes());
+    let src = |n: &str, field: Option<&str>| SourceConfig {
+        path: tmp.path().join(n).display().to_string(),
+        text_field: field.map(Into::into),
+        weight: None,
+    };
+    let cfg = DataConfig {
+        dataset: None,
+        sources: vec![src("short.jsonl", Some("text")), src("book.txt", None)],
+        prepared: Some(tmp.path().join("p")),
+        prepare: PrepareConfig { shard_bytes: 2048, ..PrepareConfig::default() },
+        val_fraction: 0.1,
+        ..DataConfig::default()
+    };
+    let p = prepare(&cfg, None, &quiet).unwrap();
+    let corpus = Arc::new(PreparedCorpus::open(&p.dir).unwrap());
+    let files = split_files(&p.dir, "train");
+    let book = &files[1];
+    assert_eq!(book.1, vec![0], "the book is one document");
+    assert!(p.index.shards.iter().filter(|s| s.source == 1).count() > 2, "over several shards");
+    let (len, rows) = (5, 2);
+    let want = document_segments(&files, len, rows);
+    assert!(want[0].len() > 1024, "a row of more than one block of documents");
+    let got = PreparedDocumentStreams::new(corpus.clone(), Split::Train, len, rows).unwrap();
+    assert_eq!(got.segments_per_epoch(), want.iter().map(Vec::len).max().unwrap() as u64);
+    let expect_row = |segs: &Vec<(usize, usize, usize, bool)>, k: Option<usize>| {
+        let mut inputs = vec![0i64; len];
+        let mut targets = vec![crate::NO_TARGET; len];
+        let mut reset = true;
+        if let Some(&(s, a, n, first)) = k.map(|k| &segs[k]) {
+            for i in 0..n {
+                inputs[i] = i64::from(files[s].0[a + i]);
+                targets[i] = i64::from(files[s].0[a + i + 1]);
+            }
+            reset = first;
+        }
+        (inputs, targets, reset)
+    };
+    let steps = (0..40u64).chain([1023, 1024, 1025, 2047, 2048, 2600, got.segments_per_epoch() - 1, 99_999]);
+    for step in steps {
+        let b = got.batch(step).unwrap();
+        for (r, segs) in want.iter().enumerate() {
+            let (i, t, reset) = expect_row(segs, Some(step as usize % segs.len()));
+            assert_eq!(&b.inputs[r * len..(r + 1) * len], &i[..], "step {step} row {r}");
+            assert_eq!(&b.targets[r * len..(r + 1) * len], &t[..], "step {step} row {r}");
+            assert_eq!(b.reset[r], reset, "step {step} row {r}");
+        }
+    }
+    // one pass: a row that has finished reads nothing
+    let last = got.segments_per_epoch() - 1;
+    let b = got.pass_batch(last).unwrap();
+    for (r, segs) in want.iter().enumerate() {
+        let k = (last as usize) < segs.len();
+        let (i, t, reset) = expect_row(segs, k.then_some(last as usize));
+        assert_eq!((&b.inputs[r * len..(r + 1) * len], &b.targets[r * len..(r + 1) * len]), (&i[..], &t[..]));
+        assert_eq!(b.reset[r], reset);
+    }
+    // more rows than documents: refused in one line
+    let val_docs = p.index.shards.iter().map(|s| s.val_documents).sum::<u64>() as usize;
+    let e = PreparedDocumentStreams::new(corpus, Split::Validation, len, val_docs + 1).unwrap_err().to_string();
+    assert!(e.contains("validation split") && !e.contains('\n'), "{e}");
+}
+
+#[test]
+fn a_damaged_document_start_file_is_found_when_the_corpus_is_opened() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (cfg, _) = corpus(tmp.path(), 1024);
+    let p = prepare(&cfg, None, &quiet).unwrap();
+    let docs = p.dir.join(format!("{}.train.docs", p.index.shards[0].name));
+    let mut bytes = std::fs::read(&docs).unwrap();
+    bytes.pop();
+    std::fs::write(&docs, bytes).unwrap();
+    let e = PreparedCorpus::open(&p.dir).unwrap_err().to_string();
+    assert!(e.contains(".train.docs") && e.contains("document starts") && !e.contains('\n'), "{e}");
+}
+
+#[test]
+fn a_held_out_count_holds_out_that_many_documents_of_each_source_chosen_by_hash() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut cfg, docs) = corpus(tmp.path(), 1024);
+    cfg.prepare.val_documents = Some(4);
+    let p = prepare(&cfg, None, &quiet).unwrap();
+    let val = read_back(&p.dir, "val");
+    for (s, docs) in docs.iter().enumerate() {
+        // the four of smallest hash, in document order
+        let mut by_hash: Vec<usize> = (0..docs.len()).collect();
+        by_hash.sort_by_key(|&n| (holdout_hash(0, s, n as u64), n));
+        let mut four = by_hash[..4].to_vec();
+        four.sort();
+        assert_eq!(val[s], four.iter().map(|&n| docs[n].clone()).collect::<Vec<_>>(), "source {s}");
+    }
+    // the count is part of what the corpus was prepared with
+    cfg.prepare.val_documents = Some(5);
+    assert!(prepare(&cfg, None, &quiet).unwrap().written);
+    // as many as a source has, or none: refused in one line
+    for (n, needle) in [(6, "data.sources[0]"), (0, "val_documents = 0")] {
+        cfg.prepare.val_documents = Some(n);
+        let e = prepare(&cfg, None, &quiet).unwrap_err().to_string();
+        assert!(e.contains(needle) && !e.contains('\n'), "{e}");
+    }
 }

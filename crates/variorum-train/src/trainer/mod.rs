@@ -148,7 +148,11 @@ enum Batches {
     /// Random windows of a prepared corpus, each source at its share.
     Mixture(variorum_data::MixtureWindows),
     Ordered(OrderedStreams),
+    /// Ordered streams over a prepared corpus's shards.
+    PreparedOrdered(variorum_data::PreparedOrderedStreams),
     Documents(DocumentStreams),
+    /// Document streams over a prepared corpus's documents.
+    PreparedDocuments(variorum_data::PreparedDocumentStreams),
     Graph(GraphBatches),
     /// An encoder–decoder's pairs or corrupted windows.
     Examples(crate::seq2seq::ExampleBatches),
@@ -160,7 +164,9 @@ impl Batches {
             Self::Random(b) => b.batch(index),
             Self::Mixture(b) => b.batch(index)?,
             Self::Ordered(b) => b.batch(index),
+            Self::PreparedOrdered(b) => b.batch(index)?,
             Self::Documents(b) => b.batch(index),
+            Self::PreparedDocuments(b) => b.batch(index)?,
             Self::Graph(b) => b.batch(index),
             Self::Examples(b) => b.batch(index),
         })

@@ -256,14 +256,19 @@ fn data(
     let batches = match (&corpus.graphs, tc.batching) {
         _ if examples.is_some() => Batches::Examples(examples.expect("checked")),
         _ if corpus.prepared.is_some() => {
-            if tc.batching != Batching::Random {
-                bail!(
-                    "train.batching = {} does not read a prepared corpus yet: use \"random\" (the default), or data.path",
-                    serde_json::to_string(&tc.batching)?
-                );
-            }
+            use variorum_data::{PreparedDocumentStreams, PreparedOrderedStreams, Split};
             let p = corpus.prepared.clone().expect("checked");
-            Batches::Mixture(variorum_data::MixtureWindows::new(p, seq_len, tc.batch_size, tc.seed)?)
+            match tc.batching {
+                Batching::Random => {
+                    Batches::Mixture(variorum_data::MixtureWindows::new(p, seq_len, tc.batch_size, tc.seed)?)
+                }
+                Batching::Ordered => {
+                    Batches::PreparedOrdered(PreparedOrderedStreams::new(p, Split::Train, seq_len, tc.batch_size)?)
+                }
+                Batching::Documents => {
+                    Batches::PreparedDocuments(PreparedDocumentStreams::new(p, Split::Train, seq_len, tc.batch_size)?)
+                }
+            }
         }
         (Some(g), _) => {
             Batches::Graph(GraphBatches::new(g.train.clone(), &corpus.path, seq_len, tc.batch_size, tc.seed)?)
@@ -296,6 +301,15 @@ fn data(
             let s = DocumentStreams::new(Arc::new(corpus.val.clone()), Arc::new(t.val.clone()), seq_len, rows.max(1))
                 .context("the validation split, read as documents")?;
             Some(s.one_pass().into_iter().take(tc.eval_batches.max(1)).collect::<Vec<_>>())
+        }
+        (Batches::PreparedDocuments(_), _) => {
+            let p = corpus.prepared.clone().expect("prepared documents read a prepared corpus");
+            let documents = p.documents(variorum_data::Split::Validation);
+            let rows = (documents as usize).clamp(1, tc.batch_size);
+            let s = variorum_data::PreparedDocumentStreams::new(p, variorum_data::Split::Validation, seq_len, rows)
+                .context("the validation split, read as documents")?;
+            let n = s.segments_per_epoch().min(tc.eval_batches.max(1) as u64);
+            Some((0..n).map(|i| s.pass_batch(i)).collect::<Result<Vec<_>, _>>()?)
         }
         _ => None,
     };

@@ -169,7 +169,10 @@ impl Session<'_> {
         if let Some(batches) = &self.document_eval {
             // a model without memory reads each segment alone (a KV cache would grow past its
             // context)
-            crate::eval::document_loss(&model.valid(), batches, model.has_memory(), &inner, None).0
+            let read = batches.iter().map(Ok::<_, std::convert::Infallible>);
+            match crate::eval::document_loss(&model.valid(), read, model.has_memory(), &inner, None) {
+                Ok((loss, _)) => loss,
+            }
         } else if model.has_memory() {
             // memory models are scored as they run: segments of ordered streams
             let n = (tc.eval_batches * tc.batch_size * seq_len + 1).min(corpus.val.len());

@@ -101,11 +101,11 @@ fn a_run_refuses_shards_that_are_not_its_own() {
     let e = one_line(train(alone, &options(&tmp.path().join("byte"))).err().expect("refused"));
     assert!(e.contains("was prepared with data.tokenizer") && e.contains("byte"), "{e}");
 
-    // ordered batches do not read shards yet
+    // weights sample random windows; streams read every source in turn
     let mut ordered = cfg.clone();
     ordered.train.batching = variorum_train::config::Batching::Ordered;
     let e = one_line(train(ordered, &options(&tmp.path().join("ordered"))).err().expect("refused"));
-    assert!(e.contains("train.batching = \"ordered\""), "{e}");
+    assert!(e.contains("weights") && e.contains("train.batching = \"random\""), "{e}");
 
     // the sources changed under the run: prepared again, with another character set, and the
     // run's tokenizer no longer made them
@@ -114,4 +114,58 @@ fn a_run_refuses_shards_that_are_not_its_own() {
     opts.resume = true;
     let e = one_line(train(cfg, &opts).err().expect("refused"));
     assert!(e.contains("prepared with another tokenizer than the run's"), "{e}");
+}
+
+/// Trains `cfg` straight, and stopped at step 8 then resumed: the two runs' weights and samples
+/// must be the same bytes.
+fn resumes_exactly(cfg: &ExperimentConfig, root: &Path) -> variorum_train::Summary {
+    let straight = root.join("straight");
+    let Outcome::Finished(summary) = train(cfg.clone(), &options(&straight)).unwrap() else { panic!("finishes") };
+    let split = root.join("split");
+    let mut opts = options(&split);
+    opts.stop_at = Some(8);
+    assert!(matches!(train(cfg.clone(), &opts).unwrap(), Outcome::Interrupted { step: 8, .. }));
+    let mut opts = options(&split);
+    opts.resume = true;
+    assert!(matches!(train(cfg.clone(), &opts).unwrap(), Outcome::Finished(_)));
+    for file in ["model.bpk", "sample.txt"] {
+        let read = |d: &Path| std::fs::read(d.join(file)).unwrap();
+        assert!(read(&straight) == read(&split), "{:?}: the resumed run's {file} differs", cfg.train.batching);
+    }
+    summary
+}
+
+#[test]
+fn memories_train_from_prepared_documents_and_ordered_streams_and_resume_exactly() {
+    let _guard = seeded();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cfg = prepared_config(tmp.path());
+    cfg.data.sources.iter_mut().for_each(|s| s.weight = None);
+
+    // document streams are a function of the step: a resumed run reads what the straight one read
+    let mut documents = cfg.clone();
+    documents.train.batching = variorum_train::config::Batching::Documents;
+    let summary = resumes_exactly(&documents, &tmp.path().join("documents"));
+    assert!(summary.final_val_loss.unwrap().is_finite());
+    assert!(summary.mixture.is_none(), "streams draw no mixture");
+
+    // a memory per document: the Memorizing Transformer trains on them (its kNN memory is not
+    // checkpointed, so a resumed run starts it afresh: not compared)
+    let mut memorizing = documents;
+    memorizing.model = toml::from_str(
+        "d_model = 32\nn_layers = 2\nseq_len = 16\n[position]\nkind = \"alibi\"\n\
+         [attention]\nkind = \"memorizing\"\nn_heads = 4\nmemory_size = 256\ntop_k = 4\n",
+    )
+    .unwrap();
+    let run = tmp.path().join("memorizing");
+    let Outcome::Finished(summary) = train(memorizing, &options(&run)).unwrap() else { panic!("finishes") };
+    assert!(summary.final_val_loss.unwrap().is_finite());
+
+    // a memory carried from segment to segment: Transformer-XL over ordered streams
+    let mut ordered = cfg;
+    ordered.model.memory = toml::from_str("kind = \"xl\"\nlength = 16\n").unwrap();
+    ordered.model.position = toml::from_str("kind = \"transformer-xl\"\n").unwrap();
+    ordered.train.batching = variorum_train::config::Batching::Ordered;
+    let summary = resumes_exactly(&ordered, &tmp.path().join("ordered"));
+    assert!(summary.final_val_loss.unwrap().is_finite());
 }

@@ -37,6 +37,10 @@ fn every_shipped_config_parses_builds_and_trains_a_step() {
         // a prepared corpus's config (its sources fetched by a recipe): the test corpus instead
         cfg.data.sources.clear();
         cfg.data.prepared = None;
+        if cfg.train.batching == variorum_train::config::Batching::Documents && cfg.data.tags.is_none() {
+            // its documents were the prepared corpus's: the test text read as ordered streams
+            cfg.train.batching = variorum_train::config::Batching::Ordered;
+        }
         // graph data and paired text are examples, not text: their example files themselves
         let shipped = |file: &str| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs").join(file);
         cfg.data.path = Some(match (&cfg.data.graph, &cfg.data.pairs) {
