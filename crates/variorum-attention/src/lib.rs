@@ -128,7 +128,7 @@ pub use content::sinkhorn::{SinkhornAttention, SinkhornConfig};
 pub use scores::capsule_heads::{CapsuleHeadsAttention, CapsuleHeadsConfig, CapsuleRouting};
 pub use scores::collaborative::{CollaborativeAttention, CollaborativeConfig};
 pub use scores::evolving::{EvolvingAttention, EvolvingConfig, EvolvingMaps, EvolvingState};
-pub use scores::gaussian_prior::{GaussianPriorAttention, GaussianPriorConfig};
+pub use scores::gaussian_prior::{GaussianPriorAttention, GaussianPriorConfig, LocalnessPrior};
 pub use scores::hard_coded_gaussian::{GaussianCache, HardCodedGaussianAttention, HardCodedGaussianConfig};
 pub use scores::lazyformer::{LazyAttention, LazyMaps, LazyformerConfig, ReusedMaps};
 pub use scores::realformer::{RealFormerAttention, RealFormerConfig, ResidualScores};

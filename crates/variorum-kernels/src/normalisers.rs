@@ -38,6 +38,13 @@ impl RowNormaliser {
     pub fn needs_threshold(self) -> bool {
         matches!(self, RowNormaliser::Sparsemax | RowNormaliser::Entmax15)
     }
+
+    /// Whether adding one constant to a whole row of scores leaves its weights as they are:
+    /// softmax (the constant cancels in the ratio) and sparsemax and entmax-1.5 (their
+    /// threshold τ moves with it); not ReLU or sigmoid, which read each score alone.
+    pub fn ignores_row_shifts(self) -> bool {
+        matches!(self, RowNormaliser::Softmax | RowNormaliser::Sparsemax | RowNormaliser::Entmax15)
+    }
 }
 
 /// `values` into `scratch`, sorted descending (`scratch` keeps its allocation from row to row).

@@ -434,9 +434,13 @@ impl CollaborativeAttention {
     ///   heads (exact when the heads' biases share the decomposition's structure). The returned
     ///   error is that of the weights; the bias fit is not in it.
     ///
-    /// Refused, in one line: a `shared_dim` outside `1..=n_heads · head_dim`, or a layer whose
+    /// Refused, in one line: a `shared_dim` outside `1..=n_heads · head_dim`, a layer whose
     /// position scheme does not act on collaborative heads (RoPE, Transformer-XL, …: only
-    /// distance-only score biases do).
+    /// distance-only score biases do), and a compressed width for a layer with biases whose
+    /// normaliser reads each score alone (ReLU, sigmoid): dropping the key bias is a row shift
+    /// only softmax, sparsemax and entmax ignore ([`RowNormaliser::ignores_row_shifts`]).
+    ///
+    /// [`RowNormaliser::ignores_row_shifts`]: variorum_kernels::normalisers::RowNormaliser::ignores_row_shifts
     pub fn from_heads(
         full: &MultiHeadAttention,
         shared_dim: usize,
@@ -456,6 +460,12 @@ impl CollaborativeAttention {
                 "its relative position scheme does not act on collaborative heads: only distance-only score schemes (alibi, t5) or absolute positions do"
                     .to_string(),
             );
+        }
+        if shared_dim < width && qkv.qkv.bias.is_some() && !full.normaliser.row.ignores_row_shifts() {
+            return Err(format!(
+                "shared_dim = {shared_dim} compresses the heads, which drops the key bias: a constant on each row of scores, which softmax, sparsemax and entmax ignore but this layer's {:?} normaliser does not; convert at the full width {width} (exact)",
+                full.normaliser.row
+            ));
         }
         let w = qkv.qkv.weight.val();
         let d = w.dims()[0];
@@ -822,6 +832,46 @@ mod tests {
             let diff = max_diff(output(&collab, &x, &mask), want);
             assert!(diff < 1e-3, "causal {}: off by {diff}", mask.causal);
         }
+    }
+
+    /// Dropping the key bias is exact only under a normaliser that ignores row shifts: a
+    /// compressed ReLU or sigmoid layer with biases is refused, the full width still converts
+    /// exactly, and under softmax the key bias indeed changes nothing.
+    #[test]
+    fn the_key_bias_is_dropped_only_where_the_normaliser_ignores_it() {
+        use variorum_kernels::normalisers::RowNormaliser;
+        let dev = Device::flex();
+        dev.seed(23);
+        let x = random([2, 6, D], &dev);
+        let mask = AttentionMask::causal();
+        let forward =
+            |l: &MultiHeadAttention| l.forward(AttentionInput::self_attention(x.clone(), &mask), None).context;
+        for (row, name) in
+            [(RowNormaliser::Relu { scale: 0.25 }, "Relu"), (RowNormaliser::Sigmoid { bias: -1.0 }, "Sigmoid")]
+        {
+            let mut full = full_layer(4, &dev);
+            full.normaliser.row = row;
+            let e = CollaborativeAttention::from_heads(&full, 8, &dev).err().expect("refused");
+            assert!(e.contains(name) && e.contains("full width 16") && !e.contains('\n'), "{e}");
+            let (collab, _) = CollaborativeAttention::from_heads(&full, 16, &dev).unwrap();
+            let diff = max_diff(output(&collab, &x, &mask), forward(&full));
+            assert!(diff < 1e-5, "{name} at the full width: off by {diff}");
+            // the reason: under this normaliser the key bias moves the output
+            let mut unbiased_keys = full.clone();
+            let b = full.qkv.qkv.bias.as_ref().unwrap().val();
+            let zeros = Tensor::<1>::zeros([16], &dev);
+            let b = Tensor::cat(vec![b.clone().narrow(0, 0, 16), zeros, b.narrow(0, 32, 16)], 0);
+            unbiased_keys.qkv.qkv.bias = Some(Param::from_tensor(b));
+            assert!(max_diff(forward(&unbiased_keys), forward(&full)) > 1e-4, "{name}: the key bias matters");
+        }
+        // softmax: the key bias is a row shift, and removing it changes nothing
+        let full = full_layer(4, &dev);
+        let mut unbiased_keys = full.clone();
+        let b = full.qkv.qkv.bias.as_ref().unwrap().val();
+        let b = Tensor::cat(vec![b.clone().narrow(0, 0, 16), Tensor::zeros([16], &dev), b.narrow(0, 32, 16)], 0);
+        unbiased_keys.qkv.qkv.bias = Some(Param::from_tensor(b));
+        assert!(max_diff(forward(&unbiased_keys), forward(&full)) < 1e-5);
+        assert!(CollaborativeAttention::from_heads(&full, 8, &dev).is_ok());
     }
 
     #[test]

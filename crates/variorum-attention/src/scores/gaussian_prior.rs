@@ -8,6 +8,12 @@
 //! with I the sequence length and M the mask. A wide window leaves plain attention; a narrow one
 //! turns each query into a soft window around its own predicted centre.
 //!
+//! The paper models localness in the lower layers only, keeping the upper ones global for
+//! long-distance dependencies (its best setting: layers 1–3 of a 6-layer encoder). So does this
+//! kind: `lower_layers` (default 3) layers from the bottom have the prior; the layers above are
+//! plain multi-head attention, without the prior's parameters. `lower_layers` at or above the
+//! model's depth puts it in every layer.
+//!
 //! Choices where the paper leaves one open:
 //! - Per head: every query head predicts its own P and D from its own query (`Q_i` is the head's
 //!   query, `[head_dim]`). W_p (`head_dim × head_dim`, no bias, as in the paper) is shared by the
@@ -68,12 +74,18 @@ attention_config! {
         /// Multiplies every predicted window D_i. Default 1, the paper's D_i = I·sigmoid(·);
         /// larger lets a head flatten its prior further towards plain attention.
         pub window_scale: f64 = 1.0,
+        /// How many layers, from the bottom, have the prior; the layers above are plain
+        /// multi-head attention. Default 3, the paper's (layers 1–3 of 6); the model's depth or
+        /// more: every layer; 0: none.
+        pub lower_layers: usize = 3,
     }
 }
 
 impl GaussianPriorConfig {
-    /// The layer for `d_model`: `full`'s heads, W_p ~ N(0, 1/d_h), v ~ N(0, init_std²), b_p = 0
-    /// and b_d = 4 (every window about the whole visible range).
+    /// The layer for `d_model`: `full`'s heads, and where this config has the prior (any layer
+    /// unless [`for_layer`](AttentionKind::for_layer) put it above `lower_layers`), W_p ~
+    /// N(0, 1/d_h), v ~ N(0, init_std²), b_p = 0 and b_d = 4 (every window about the whole
+    /// visible range).
     pub fn init(
         &self,
         d_model: usize,
@@ -84,13 +96,13 @@ impl GaussianPriorConfig {
     ) -> GaussianPriorAttention {
         let (h, dh) = (self.n_heads, self.heads().head_dim(d_model));
         let biases: Vec<f32> = (0..h).flat_map(|_| [CENTRE_BIAS, WINDOW_BIAS]).collect();
-        GaussianPriorAttention {
-            attention: self.heads().init(d_model, init_std, out_std, position, device),
+        let prior = (self.lower_layers > 0).then(|| LocalnessPrior {
             hidden: normal_linear(dh, dh, false, 1.0 / (dh as f64).sqrt(), device),
             readout: Param::from_tensor(Tensor::random([h, dh, 2], Distribution::Normal(0.0, init_std), device)),
             readout_bias: Param::from_tensor(Tensor::<1>::from_floats(biases.as_slice(), device).reshape([h, 2])),
             window_scale: self.window_scale,
-        }
+        });
+        GaussianPriorAttention { attention: self.heads().init(d_model, init_std, out_std, position, device), prior }
     }
 }
 
@@ -119,11 +131,19 @@ impl AttentionKind for GaussianPriorConfig {
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         let heads = self.heads();
         let (h, dh) = (self.n_heads as u64, heads.head_dim(d_model) as u64);
-        heads.flops_per_token(d_model, len_k) + 2 * h * (dh * dh + 2 * dh + len_k as u64)
+        let prior = if self.lower_layers > 0 { 2 * h * (dh * dh + 2 * dh + len_k as u64) } else { 0 };
+        heads.flops_per_token(d_model, len_k) + prior
     }
 
     fn scores_every_key(&self) -> bool {
         true
+    }
+
+    /// Layer `layer`'s config: with the prior below `lower_layers` (written as "every layer",
+    /// `usize::MAX`), plain multi-head attention from there up (0).
+    fn for_layer(&self, layer: usize) -> Self {
+        let lower_layers = if layer < self.lower_layers { usize::MAX } else { 0 };
+        Self { lower_layers, ..self.clone() }
     }
 
     fn test_variants() -> Vec<TestVariant<Self>> {
@@ -132,11 +152,18 @@ impl AttentionKind for GaussianPriorConfig {
 }
 
 /// Multi-head attention plus a Gaussian prior G on the scores, its centre and window predicted
-/// from each query.
+/// from each query (in the lower layers; plain multi-head attention above them).
 #[derive(Module, Debug)]
 pub struct GaussianPriorAttention {
     /// Projections, position scheme and output of plain multi-head attention.
     pub attention: MultiHeadAttention,
+    /// The prior's parameters; `None` in a layer above `lower_layers`.
+    pub prior: Option<LocalnessPrior>,
+}
+
+/// The prior's parameters: what predicts each query's centre and window.
+#[derive(Module, Debug)]
+pub struct LocalnessPrior {
     /// W_p, `[head_dim, head_dim]`, shared by the heads.
     pub hidden: Linear,
     /// (v_p, v_d) per head, `[n_heads, head_dim, 2]`: column 0 reads the centre, column 1 the
@@ -159,7 +186,7 @@ fn visible(layout: &ScoreLayout, max_back: Option<usize>, i: usize) -> (usize, u
     (first, last.saturating_sub(layout.k_start).max(first))
 }
 
-impl GaussianPriorAttention {
+impl LocalnessPrior {
     /// sigmoid(v_pᵀ tanh(W_p q) + b_p) and sigmoid(v_dᵀ tanh(W_p q) + b_d) of queries
     /// `q: [b, n_heads, len_q, head_dim]` (unscaled): the centre's and the window's fractions of
     /// the visible range, `[b, n_heads, len_q, 1]` each.
@@ -173,8 +200,8 @@ impl GaussianPriorAttention {
     }
 
     /// Each query's centre P_i and window D_i, `[b, n_heads, len_q, 1]` each, in key indices
-    /// (key j of `p.k` at j).
-    pub fn centre_and_window(&self, p: &Projected) -> (Tensor<4>, Tensor<4>) {
+    /// (key j of `p.k` at j); `scale` is the score scale the projected queries carry.
+    pub fn centre_and_window(&self, p: &Projected, scale: f64) -> (Tensor<4>, Tensor<4>) {
         let l = &p.layout;
         let device = p.device();
         let (mut first, mut reach) = (Vec::with_capacity(l.len_q), Vec::with_capacity(l.len_q));
@@ -185,25 +212,34 @@ impl GaussianPriorAttention {
         }
         let column = |v: Vec<f32>| Tensor::<1>::from_floats(v.as_slice(), &device).reshape([1, 1, l.len_q, 1]);
         let (first, reach) = (column(first), column(reach));
-        let (c, w) = self.fractions(p.q().div_scalar(self.attention.scale));
+        let (c, w) = self.fractions(p.q().div_scalar(scale));
         let centre = c * reach.clone() + first;
         let window = w * reach.add_scalar(1.0).mul_scalar(self.window_scale);
         (centre, window)
     }
 
     /// G, `[b, n_heads, len_q, len_k]`: −(j − P_i)² / 2σ_i² with σ_i = D_i / 2.
-    pub fn prior(&self, p: &Projected) -> Tensor<4> {
-        let (centre, window) = self.centre_and_window(p);
+    pub fn bias(&self, p: &Projected, scale: f64) -> Tensor<4> {
+        let (centre, window) = self.centre_and_window(p, scale);
         let lk = p.layout.len_k;
         let keys = Tensor::<1, Int>::arange(0..lk as i64, &p.device()).float().reshape([1, 1, 1, lk]);
         // 2σ² = D² / 2
         let two_sigma_sq = window.powi_scalar(2).mul_scalar(0.5).clamp_min(MIN_TWO_SIGMA_SQ);
         (keys - centre).powi_scalar(2).div(two_sigma_sq).neg()
     }
+}
 
-    /// `full`'s forward (keys after `cache`'s) with G added to the scaled scores before the mask.
+impl GaussianPriorAttention {
+    /// `full`'s forward (keys after `cache`'s) with G added to the scaled scores before the mask;
+    /// without the prior (a layer above `lower_layers`), `full`'s forward.
     pub fn forward(&self, input: AttentionInput, cache: Option<&mut KvCache>) -> AttentionOutput {
-        self.attention.forward_with_score_bias(input, cache, |p| self.prior(p))
+        match &self.prior {
+            Some(prior) => {
+                let scale = self.attention.scale;
+                self.attention.forward_with_score_bias(input, cache, |p| prior.bias(p, scale))
+            }
+            None => self.attention.forward(input, cache),
+        }
     }
 }
 
@@ -231,6 +267,10 @@ mod tests {
         (attn, Tensor::random([2, L, 16], Distribution::Normal(0.0, 1.0), device))
     }
 
+    fn prior(attn: &mut GaussianPriorAttention) -> &mut LocalnessPrior {
+        attn.prior.as_mut().expect("a layer with the prior")
+    }
+
     fn output(attn: &GaussianPriorAttention, x: Tensor<3>, mask: &AttentionMask) -> AttentionOutput {
         GaussianPriorAttention::forward(attn, AttentionInput::self_attention(x, mask).with_weights(), None)
     }
@@ -246,11 +286,11 @@ mod tests {
         for mask in [AttentionMask::causal(), AttentionMask::bidirectional()] {
             let plain = attn.attention.forward(AttentionInput::self_attention(x.clone(), &mask), None).context;
             // the initial window is wide, but still a prior
-            attn.window_scale = 1.0;
+            prior(&mut attn).window_scale = 1.0;
             let moved = max_diff(output(&attn, x.clone(), &mask).context, plain.clone());
             assert!(moved > 1e-4, "the initial prior must act (moved the output by {moved})");
             // σ → ∞: G → 0
-            attn.window_scale = 1e9;
+            prior(&mut attn).window_scale = 1e9;
             let diff = max_diff(output(&attn, x.clone(), &mask).context, plain);
             assert!(diff < 1e-5, "an unbounded window differs from full attention by {diff}");
         }
@@ -265,9 +305,10 @@ mod tests {
         let ln3 = 3f32.ln();
         let (centre_logit, window_logit) = ([0.0, ln3, -ln3, 0.0], [0.0, 0.0, ln3, -ln3]);
         let (fc, fw) = ([0.5f64, 0.75, 0.25, 0.5], [0.5f64, 0.5, 0.75, 0.25]);
-        attn.readout = Param::from_tensor(Tensor::zeros([4, 4, 2], &dev));
+        prior(&mut attn).readout = Param::from_tensor(Tensor::zeros([4, 4, 2], &dev));
         let biases: Vec<f32> = (0..4).flat_map(|h| [centre_logit[h], window_logit[h]]).collect();
-        attn.readout_bias = Param::from_tensor(Tensor::<1>::from_floats(biases.as_slice(), &dev).reshape([4, 2]));
+        prior(&mut attn).readout_bias =
+            Param::from_tensor(Tensor::<1>::from_floats(biases.as_slice(), &dev).reshape([4, 2]));
         for mask in [AttentionMask::causal(), AttentionMask::bidirectional()] {
             // query i sees keys 0..=last (i causal, L − 1 otherwise): P = last·c, D = (last + 1)·w
             let mut g = vec![0.0f32; 4 * L * L];
@@ -300,12 +341,14 @@ mod tests {
         let dev = Device::flex();
         let (mut attn, x) = setup(&dev);
         dev.seed(11);
-        attn.readout = Param::from_tensor(Tensor::random([4, 4, 2], Distribution::Normal(0.0, 1.5), &dev));
-        attn.readout_bias = Param::from_tensor(Tensor::random([4, 2], Distribution::Normal(0.0, 0.5), &dev));
+        prior(&mut attn).readout = Param::from_tensor(Tensor::random([4, 4, 2], Distribution::Normal(0.0, 1.5), &dev));
+        prior(&mut attn).readout_bias =
+            Param::from_tensor(Tensor::random([4, 2], Distribution::Normal(0.0, 0.5), &dev));
         let host = |t: Tensor<4>| t.into_data().convert::<f64>().try_to_vec::<f64>().unwrap();
-        let w = attn.hidden.weight.val().into_data().convert::<f64>().try_to_vec::<f64>().unwrap(); // [in, out]
-        let v = attn.readout.val().into_data().convert::<f64>().try_to_vec::<f64>().unwrap(); // [h, dh, 2]
-        let b = attn.readout_bias.val().into_data().convert::<f64>().try_to_vec::<f64>().unwrap(); // [h, 2]
+        let pr = prior(&mut attn);
+        let w = pr.hidden.weight.val().into_data().convert::<f64>().try_to_vec::<f64>().unwrap(); // [in, out]
+        let v = pr.readout.val().into_data().convert::<f64>().try_to_vec::<f64>().unwrap(); // [h, dh, 2]
+        let b = pr.readout_bias.val().into_data().convert::<f64>().try_to_vec::<f64>().unwrap(); // [h, 2]
         let sigmoid = |z: f64| 1.0 / (1.0 + (-z).exp());
         let dh = 4;
         for mask in [AttentionMask::causal(), AttentionMask::bidirectional()] {
@@ -356,10 +399,10 @@ mod tests {
                 Some(Param::from_tensor(b.val().slice_assign([16..32], Tensor::zeros([16], &dev))));
         }
         // centres that move with the query
-        attn.readout = Param::from_tensor(Tensor::random([4, 4, 2], Distribution::Normal(0.0, 2.0), &dev));
+        prior(&mut attn).readout = Param::from_tensor(Tensor::random([4, 4, 2], Distribution::Normal(0.0, 2.0), &dev));
         for mask in [AttentionMask::causal(), AttentionMask::bidirectional()] {
             let p = attn.attention.project(x.clone(), None, &mask, None);
-            let (centre, _) = attn.centre_and_window(&p);
+            let (centre, _) = attn.prior.as_ref().unwrap().centre_and_window(&p, attn.attention.scale);
             let want: Vec<i64> =
                 centre.into_data().try_to_vec::<f32>().unwrap().iter().map(|c| c.round() as i64).collect();
             let weights = output(&attn, x.clone(), &mask).weights.unwrap();
@@ -417,9 +460,41 @@ mod tests {
         let out = GaussianPriorAttention::forward(&attn, AttentionInput::self_attention(x, &causal), None);
         let grads = out.context.powf_scalar(2.0).sum().backward();
         let norm = |g: Option<f32>| g.expect("a gradient");
-        let w_p = norm(attn.hidden.weight.grad(&grads).map(|g| g.abs().sum().into_scalar::<f32>()));
-        let v = norm(attn.readout.grad(&grads).map(|g| g.abs().sum().into_scalar::<f32>()));
-        let b = norm(attn.readout_bias.grad(&grads).map(|g| g.abs().sum().into_scalar::<f32>()));
+        let pr = attn.prior.as_ref().unwrap();
+        let w_p = norm(pr.hidden.weight.grad(&grads).map(|g| g.abs().sum().into_scalar::<f32>()));
+        let v = norm(pr.readout.grad(&grads).map(|g| g.abs().sum().into_scalar::<f32>()));
+        let b = norm(pr.readout_bias.grad(&grads).map(|g| g.abs().sum().into_scalar::<f32>()));
         assert!(w_p > 0.0 && v > 0.0 && b > 0.0, "no gradient into the prior: W_p {w_p}, v {v}, b {b}");
+    }
+
+    /// The paper's layers: the prior in the lowest `lower_layers` (3 by default), plain
+    /// multi-head attention above them, with the same weights computing exactly `full`'s output
+    /// and no prior parameters.
+    #[test]
+    fn only_the_lower_layers_have_the_prior() {
+        let dev = Device::flex();
+        let cfg = GaussianPriorConfig::default();
+        assert_eq!(cfg.lower_layers, 3, "the paper's layers 1–3");
+        let has_prior = |c: &GaussianPriorConfig, layer| {
+            c.for_layer(layer).init(16, 0.2, 0.2, Positioning::NONE, &dev).prior.is_some()
+        };
+        assert_eq!((0..5).map(|l| has_prior(&cfg, l)).collect::<Vec<_>>(), [true, true, true, false, false]);
+        let one = GaussianPriorConfig { lower_layers: 1, ..cfg.clone() };
+        assert_eq!((0..3).map(|l| has_prior(&one, l)).collect::<Vec<_>>(), [true, false, false]);
+        assert!(cfg.for_layer(3).flops_per_token(16, 8) < cfg.for_layer(0).flops_per_token(16, 8));
+        // above them: multi-head attention itself
+        let (mut attn, x) = setup(&dev);
+        for mask in [AttentionMask::causal(), AttentionMask::bidirectional()] {
+            let plain = attn.attention.forward(AttentionInput::self_attention(x.clone(), &mask), None).context;
+            assert!(max_diff(output(&attn, x.clone(), &mask).context, plain.clone()) > 1e-4, "the prior acts");
+            let upper = GaussianPriorAttention { attention: attn.attention.clone(), prior: None };
+            // (`output` asks for the weights, which takes the composed path: rounding apart)
+            assert!(max_diff(output(&upper, x.clone(), &mask).context, plain) < 1e-6);
+        }
+        attn.prior = None;
+        assert_eq!(
+            attn.num_params(),
+            GaussianPriorConfig::default().heads().init(16, 0.2, 0.2, Positioning::NONE, &dev).num_params()
+        );
     }
 }
