@@ -276,7 +276,7 @@ impl ExperimentConfig {
         })?;
         check(!self.model.attention.capabilities().remembers || self.train.batching != Batching::Random, || {
             format!(
-                "model.attention.kind = \"{}\" remembers earlier segments, which needs train.batching = \"documents\" (a memory per document; needs data.tags) or \"ordered\" (random windows are unrelated)",
+                "model.attention.kind = \"{}\" remembers earlier segments, which needs train.batching = \"documents\" (a memory per document: data.tags' sections, or a prepared corpus's documents) or \"ordered\" (random windows are unrelated)",
                 self.model.attention.kind()
             )
         })?;
