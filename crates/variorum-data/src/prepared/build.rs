@@ -398,7 +398,10 @@ fn learn_tokenizer(
     }
 }
 
-/// Tokenizes one shard's pieces on every core and writes its files, the record last.
+/// Tokenizes one shard's pieces on every core and writes its files, the record last. Each
+/// piece is encoded straight to the shard's width (its `u32` ids live only while it is
+/// encoded) and the pieces are written one after another, never joined: what the shard holds
+/// at once is its text and its tokens at their width.
 fn write_shard(
     dir: &Path,
     name: &str,
@@ -410,43 +413,43 @@ fn write_shard(
 ) -> Result<ShardRecord, DataError> {
     let encoded = pieces
         .par_iter()
-        .map(|p| Ok((tokenizer.encode(&p.text)?, p.text.chars().count() as u64)))
+        .map(|p| {
+            let ids = tokenizer.encode(&p.text)?;
+            let mut bytes = Vec::with_capacity((ids.len() + 1) * usize::from(width));
+            for id in ids.into_iter().chain(p.ends_doc.then_some(eot)) {
+                match width {
+                    2 => bytes.extend_from_slice(&(id as u16).to_le_bytes()),
+                    _ => bytes.extend_from_slice(&id.to_le_bytes()),
+                }
+            }
+            Ok((bytes, p.text.chars().count() as u64))
+        })
         .collect::<Result<Vec<_>, DataError>>()?;
     #[derive(Default)]
     struct Split {
-        bytes: Vec<u8>,
+        crc: crc32fast::Hasher,
         tokens: u64,
         docs: Vec<u8>,
         documents: u64,
         chars: u64,
     }
     let mut splits = [Split::default(), Split::default()];
-    let push = |s: &mut Split, id: u32| {
-        match width {
-            2 => s.bytes.extend_from_slice(&(id as u16).to_le_bytes()),
-            _ => s.bytes.extend_from_slice(&id.to_le_bytes()),
-        }
-        s.tokens += 1;
-    };
-    for (p, (ids, chars)) in pieces.iter().zip(&encoded) {
+    for (p, (bytes, chars)) in pieces.iter().zip(&encoded) {
         let s = &mut splits[usize::from(p.val)];
         if p.starts_doc {
             s.docs.extend_from_slice(&s.tokens.to_le_bytes());
             s.documents += 1;
         }
         s.chars += chars;
-        for &id in ids {
-            push(s, id);
-        }
-        if p.ends_doc {
-            push(s, eot);
-        }
+        s.crc.update(bytes);
+        s.tokens += (bytes.len() / usize::from(width)) as u64;
+    }
+    for (split, val) in [("train", false), ("val", true)] {
+        let parts = pieces.iter().zip(&encoded).filter(|(p, _)| p.val == val).map(|(_, (b, _))| &b[..]);
+        write_atomic_parts(&dir.join(format!("{name}.{split}.bin")), parts)?;
+        write_atomic(&dir.join(format!("{name}.{split}.docs")), &splits[usize::from(val)].docs)?;
     }
     let [train, val] = splits;
-    for (split, s) in [("train", &train), ("val", &val)] {
-        write_atomic(&dir.join(format!("{name}.{split}.bin")), &s.bytes)?;
-        write_atomic(&dir.join(format!("{name}.{split}.docs")), &s.docs)?;
-    }
     let record = ShardRecord {
         name: name.into(),
         source,
@@ -456,8 +459,8 @@ fn write_shard(
         val_documents: val.documents,
         train_chars: train.chars,
         val_chars: val.chars,
-        train_crc32: crc32fast::hash(&train.bytes),
-        val_crc32: crc32fast::hash(&val.bytes),
+        train_crc32: train.crc.finalize(),
+        val_crc32: val.crc.finalize(),
     };
     write_atomic(&dir.join(format!("{name}.json")), &serde_json::to_vec_pretty(&record).expect("serialisable"))?;
     Ok(record)
@@ -467,8 +470,22 @@ fn write_shard(
 /// prepare started again after a kill) never sees a partial file; a failed write (a full disk)
 /// removes its temporary file and names the path.
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), DataError> {
+    write_atomic_parts(path, std::iter::once(bytes))
+}
+
+/// [`write_atomic`] of `parts` written one after another.
+fn write_atomic_parts<'a>(path: &Path, parts: impl Iterator<Item = &'a [u8]>) -> Result<(), DataError> {
+    use std::io::Write;
     let tmp = temp_path(path);
-    let written = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
+    let written = std::fs::File::create(&tmp)
+        .and_then(|file| {
+            let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+            for part in parts {
+                out.write_all(part)?;
+            }
+            out.into_inner().map_err(std::io::IntoInnerError::into_error)?.sync_all()
+        })
+        .and_then(|()| std::fs::rename(&tmp, path));
     written.map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
         DataError::Write { path: path.to_path_buf(), message: one_line(e) }
