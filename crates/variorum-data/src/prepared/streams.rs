@@ -253,7 +253,12 @@ impl PreparedDocumentStreams {
             }
             before += n;
         }
-        unreachable!("the checkpoints count the block's segments")
+        // the checkpoints counted this block's segments when the streams were opened: a `.docs`
+        // file that reads otherwise now changed under the run
+        Err(self.corpus.read_error(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "a .docs file changed since the corpus was opened",
+        )))
     }
 
     /// Predictions per segment, the row length.

@@ -30,6 +30,29 @@ fn jsonl(docs: &[String]) -> Vec<u8> {
     docs.iter().map(|d| serde_json::json!({ "id": 1, "text": d }).to_string() + "\n").collect::<String>().into_bytes()
 }
 
+/// Every piece of `files` read as source 0 (half held out), and the reader after its last.
+fn read_pieces(
+    files: Vec<PathBuf>,
+    text_field: Option<&str>,
+    invalid_utf8: InvalidUtf8,
+    piece_bytes: usize,
+) -> (Vec<super::sources::Piece>, DocumentReader) {
+    let settings = ReadSettings {
+        source: 0,
+        text_field: text_field.map(Into::into),
+        invalid_utf8,
+        piece_bytes,
+        seed: 0,
+        holdout: Holdout::Fraction(0.5),
+    };
+    let mut reader = DocumentReader::new(settings, files, Arc::new(AtomicU64::new(0)));
+    let mut pieces = Vec::new();
+    while let Some(p) = reader.next_piece().unwrap() {
+        pieces.push(p);
+    }
+    (pieces, reader)
+}
+
 /// A corpus of three sources: a directory of text files (one document each), gzipped JSON
 /// Lines and zstd JSON Lines. Returns its config and every document per source, in order.
 fn corpus(root: &Path, shard_bytes: u64) -> (DataConfig, Vec<Vec<String>>) {
@@ -160,19 +183,7 @@ fn a_text_file_read_in_pieces_encodes_as_the_whole() {
     let text: String = (0..400).map(doc).collect();
     let path = tmp.path().join("big.txt");
     write(&path, text.as_bytes());
-    let settings = ReadSettings {
-        source: 0,
-        text_field: None,
-        invalid_utf8: InvalidUtf8::Skip,
-        piece_bytes: 1024,
-        seed: 0,
-        holdout: Holdout::Fraction(0.5),
-    };
-    let mut reader = DocumentReader::new(settings, vec![path], Arc::new(AtomicU64::new(0)));
-    let mut pieces = Vec::new();
-    while let Some(p) = reader.next_piece().unwrap() {
-        pieces.push(p);
-    }
+    let (pieces, _) = read_pieces(vec![path], None, InvalidUtf8::Skip, 1024);
     assert!(pieces.len() > 10, "cut into pieces: {}", pieces.len());
     assert!(pieces[0].starts_doc && pieces.last().unwrap().ends_doc);
     assert_eq!(pieces.iter().filter(|p| p.starts_doc).count(), 1, "one document");
@@ -428,37 +439,15 @@ fn a_text_file_of_many_byte_characters_survives_reads_that_cut_them() {
     let text: String = (0..6000).map(|i| format!("ça va {i} 東京 𝄞\n")).collect();
     let path = tmp.path().join("wide.txt");
     write(&path, text.as_bytes());
-    let settings = ReadSettings {
-        source: 0,
-        text_field: None,
-        invalid_utf8: InvalidUtf8::Refuse,
-        piece_bytes: 1024,
-        seed: 0,
-        holdout: Holdout::Fraction(0.5),
-    };
-    let mut reader = DocumentReader::new(settings, vec![path], Arc::new(AtomicU64::new(0)));
-    let mut joined = String::new();
-    while let Some(p) = reader.next_piece().unwrap() {
-        joined.push_str(&p.text);
-    }
+    let (pieces, reader) = read_pieces(vec![path], None, InvalidUtf8::Refuse, 1024);
+    let joined: String = pieces.iter().map(|p| p.text.as_str()).collect();
     assert_eq!(joined, text);
     assert_eq!(reader.skipped_invalid, 0);
     // a text file with a byte that is not UTF-8 is skipped, and counted once
     let bad = tmp.path().join("latin.txt");
     write(&bad, b"caf\xe9 au lait\n");
-    let settings = ReadSettings {
-        source: 0,
-        text_field: None,
-        invalid_utf8: InvalidUtf8::Skip,
-        piece_bytes: 1024,
-        seed: 0,
-        holdout: Holdout::Fraction(0.5),
-    };
-    let mut reader = DocumentReader::new(settings, vec![bad, tmp.path().join("wide.txt")], Arc::new(AtomicU64::new(0)));
-    let mut joined = String::new();
-    while let Some(p) = reader.next_piece().unwrap() {
-        joined.push_str(&p.text);
-    }
+    let (pieces, reader) = read_pieces(vec![bad, tmp.path().join("wide.txt")], None, InvalidUtf8::Skip, 1024);
+    let joined: String = pieces.iter().map(|p| p.text.as_str()).collect();
     assert_eq!((joined == text, reader.skipped_invalid, reader.documents), (true, 1, 1));
 }
 
@@ -649,21 +638,10 @@ fn parquet_files_written_by_pyarrow_are_read_as_pyarrow_reads_them() {
         expected["documents"].as_array().unwrap().iter().map(|d| d.as_str().unwrap().to_owned()).collect();
     assert!(want.iter().any(|d| d.contains('🔥')) && want.len() > 30, "{want:?}");
     for name in ["snappy-dictionary", "zstd-plain-large-string", "gzip-v1"] {
-        let settings = ReadSettings {
-            source: 0,
-            text_field: Some("text".into()),
-            invalid_utf8: InvalidUtf8::Refuse,
-            piece_bytes: 1 << 20,
-            seed: 0,
-            holdout: Holdout::Fraction(0.0),
-        };
         let path = dir.join(format!("{name}.parquet"));
-        let mut reader = DocumentReader::new(settings, vec![path], Arc::new(AtomicU64::new(0)));
-        let mut got = Vec::new();
-        while let Some(p) = reader.next_piece().unwrap() {
-            assert!(p.starts_doc && p.ends_doc, "{name}: a row is one document");
-            got.push(p.text);
-        }
+        let (pieces, _) = read_pieces(vec![path], Some("text"), InvalidUtf8::Refuse, 1 << 20);
+        assert!(pieces.iter().all(|p| p.starts_doc && p.ends_doc), "{name}: a row is one document");
+        let got: Vec<String> = pieces.into_iter().map(|p| p.text).collect();
         assert_eq!(got, want, "{name}");
     }
 }
