@@ -26,7 +26,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 use commands::{
-    bench, collaborate, export, generate, import, inspect, pattern, prepare, report, runs, score, train, zoo,
+    bench, collaborate, decision, export, generate, import, inspect, pattern, prepare, report, runs, score, train, zoo,
 };
 
 #[derive(Parser)]
@@ -51,6 +51,12 @@ enum Command {
     /// Per-token log-probabilities of a text under a trained run, and their total; for an
     /// encoder–decoder, of a target (the text, then its end token) given --source.
     Score(score::ScoreArgs),
+    /// Record offline episodes of the key-to-door gridworld from behaviour policies of mixed
+    /// quality (ε-greedy shortest paths), for a Decision Transformer's `data.trajectories`.
+    Trajectories(decision::TrajectoriesArgs),
+    /// Play a trained Decision Transformer in its environment, conditioned on target returns:
+    /// return achieved against target (the paper's Figure 4), written to the run's rollouts.json.
+    Rollout(decision::RolloutArgs),
     /// Loss, perplexity and bits per unit of a run on its validation split or a file, with
     /// sliding windows, for one or several context lengths; with several runs, a side-by-side
     /// table and one plot.
@@ -148,6 +154,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Generate(args) => generate::run(args),
         Command::Score(args) => score::run(args),
         Command::Eval(args) => eval::run(args),
+        Command::Trajectories(args) => decision::trajectories(args),
+        Command::Rollout(args) => decision::rollout(args),
         Command::Datastore(args) => datastore::run(args),
         Command::EarlyExit(args) => early_exit::run(args),
         Command::Export(args) => export::run(args),

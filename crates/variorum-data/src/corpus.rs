@@ -80,6 +80,11 @@ pub struct DataConfig {
     /// How `sources` are prepared (`[data.prepare]`).
     #[serde(default, skip_serializing_if = "PrepareConfig::is_default")]
     pub prepare: PrepareConfig,
+    /// Episodes for a Decision Transformer (`model.kind = "decision-transformer"`): a
+    /// trajectory file written by `variorum trajectories` (`variorum_data::decision`). Its last
+    /// `val_fraction` of episodes are held out. Absent = text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trajectories: Option<PathBuf>,
 }
 
 impl Default for DataConfig {
@@ -98,6 +103,7 @@ impl Default for DataConfig {
             sources: Vec::new(),
             prepared: None,
             prepare: PrepareConfig::default(),
+            trajectories: None,
         }
     }
 }
@@ -188,6 +194,35 @@ impl DataConfig {
     /// the tag expression and the tokenizer settings. Messages name the key, e.g.
     /// `data.val_fraction = 1.5 must be in (0, 1)`.
     pub fn validate(&self) -> Result<(), DataError> {
+        if let Some(t) = &self.trajectories {
+            let others = [
+                ("data.dataset", self.dataset.is_some()),
+                ("data.path", self.path.is_some()),
+                ("data.sources", !self.sources.is_empty()),
+                ("data.prepared", self.prepared.is_some()),
+                ("data.tags", self.tags.is_some()),
+                ("data.graph", self.graph.is_some()),
+                ("data.pairs", self.pairs.is_some()),
+                ("data.neighbours", self.neighbours.is_some()),
+            ];
+            if let Some((key, _)) = others.iter().find(|(_, on)| *on) {
+                return Err(DataError::Config(format!(
+                    "data.trajectories and {key} are both set: a Decision Transformer reads episodes, not text; keep only data.trajectories"
+                )));
+            }
+            if t.as_os_str().is_empty() {
+                return Err(DataError::Config(
+                    "data.trajectories is empty: name a file written by `variorum trajectories`".into(),
+                ));
+            }
+            let v = self.val_fraction;
+            if !(v > 0.0 && v < 1.0) {
+                return Err(DataError::Config(format!(
+                    "data.val_fraction = {v} must be in (0, 1): the fraction of episodes held out"
+                )));
+            }
+            return Ok(());
+        }
         if let Source::Prepared = self.source()? {
             validate_sources(&self.sources)?;
             self.prepare.validate()?;

@@ -27,6 +27,7 @@
 
 mod batch;
 mod corpus;
+pub mod decision;
 mod documents;
 mod error;
 mod graph;

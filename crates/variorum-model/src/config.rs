@@ -8,6 +8,7 @@ use variorum_core::{ConfigError, error::check};
 use variorum_position::PositionConfig;
 
 use crate::DecoderLm;
+use crate::decision::DecisionConfig;
 use crate::encoder::{EncoderConfig, ModelKind};
 use crate::exits::ExitConfig;
 use crate::long_term_memory::LongTermMemoryConfig;
@@ -93,6 +94,10 @@ pub struct ModelConfig {
     /// SPALM's gated long-term memory before the output head, reading neighbours retrieved
     /// from a datastore (`data.neighbours`). Default none.
     pub long_term_memory: Option<LongTermMemoryConfig>,
+    /// `[model.decision]`: the Decision Transformer's settings (`kind = "decision-transformer"`;
+    /// [`crate::decision`]). Default: its defaults there, absent elsewhere.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decision: Option<DecisionConfig>,
 }
 
 impl Default for ModelConfig {
@@ -126,6 +131,7 @@ impl Default for ModelConfig {
             end_token: None,
             start_token: None,
             long_term_memory: None,
+            decision: None,
         }
     }
 }
@@ -178,6 +184,15 @@ impl ModelConfig {
         self.depth.validate()?;
         self.exits.validate()?;
         self.validate_encoder_decoder()?;
+        match (self.kind, &self.decision) {
+            (ModelKind::DecisionTransformer, d) => d.clone().unwrap_or_default().validate(self)?,
+            (_, Some(_)) => {
+                return Err(ConfigError::new(
+                    "model.decision is set, but model.kind is not \"decision-transformer\": set it, or remove [model.decision]",
+                ));
+            }
+            (_, None) => {}
+        }
         if let Some(l) = &self.long_term_memory {
             l.validate()?;
         }
@@ -289,7 +304,11 @@ impl ModelConfig {
             let attention = self.attention.for_layer(if self.depth.shared() { 0 } else { i });
             attention.flops_per_token(self.d_model, self.seq_len) + self.feed_forward.flops_per_token(self.d_model)
         };
-        let decoder = (0..self.n_layers).map(layer).sum::<u64>() + 2 * (self.d_model * self.vocab()) as u64;
+        let layers = (0..self.n_layers).map(layer).sum::<u64>();
+        if self.kind == ModelKind::DecisionTransformer {
+            return layers + self.decision.clone().unwrap_or_default().flops_per_token(self.d_model);
+        }
+        let decoder = layers + 2 * (self.d_model * self.vocab()) as u64;
         if !self.is_encoder_decoder() {
             return decoder;
         }

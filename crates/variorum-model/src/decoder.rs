@@ -390,6 +390,29 @@ impl DecoderLm {
         (x, aux_losses, self.depth)
     }
 
+    /// The blocks and the final norm over inputs the caller embedded (`[batch, len, d_model]`,
+    /// position signal included): a model whose inputs are not tokens, such as the Decision
+    /// Transformer's (returns, states, actions). Causal, continuing `state` when given (and
+    /// updating it). Returns the normalised last hidden states and the auxiliary losses. No
+    /// ACT, exits, encoder, global input or tags: the Decision Transformer's rules refuse them.
+    pub fn forward_embedded(&self, x: Tensor<3>, mut state: Option<&mut DecoderState>) -> (Tensor<3>, AuxLosses) {
+        let len = x.dims()[1];
+        let (mask, dense) = self.mask(len, state.as_deref(), &x.device());
+        if let Some(s) = state.as_deref_mut() {
+            s.layers.resize_with(self.depth, Default::default);
+        }
+        let layers = state.as_deref_mut().map(|s| s.layers.as_mut_slice());
+        let (x, aux, _) = self.run_blocks(x, &mask, dense, layers, |_, _, _| Flow::Continue);
+        if let Some(s) = state {
+            s.position += len;
+        }
+        let h = match &self.final_norm {
+            Some(n) => n.forward(x),
+            None => x,
+        };
+        (h, aux)
+    }
+
     /// Forward that continues from `state` (KV caches) when given, and updates it.
     pub fn forward_with(&self, tokens: Tensor<2, Int>, state: Option<&mut DecoderState>) -> LmOutput {
         self.forward_tagged(tokens, None, state)

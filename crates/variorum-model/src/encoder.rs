@@ -32,6 +32,8 @@ pub enum ModelKind {
     Decoder,
     /// An encoder and a decoder with cross-attention (sequence-to-sequence, span corruption).
     EncoderDecoder,
+    /// The Decision Transformer over (return-to-go, state, action) steps ([`crate::decision`]).
+    DecisionTransformer,
 }
 
 /// `[model.encoder]` (encoder–decoder models).

@@ -22,6 +22,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod decision;
 pub mod decoder;
 pub mod encoder;
 pub mod exit_predictor;
@@ -37,6 +38,7 @@ mod tied_positions;
 pub mod zoo;
 
 pub use config::ModelConfig;
+pub use decision::{ActionInputs, ActionKind, DecisionConfig, DecisionOutput, DecisionTransformer, StepInputs};
 pub use decoder::{DecoderLm, DecoderState, LmOutput, Rows};
 pub use encoder::{Encoder, EncoderConfig, ModelKind, Source};
 pub use exit_predictor::{ExitPredictor, Oracle, PredictorKind};

@@ -268,6 +268,24 @@ impl ExperimentConfig {
     /// encoder–decoder paired or corrupted examples, …); messages name the keys.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.model.validate()?;
+        let decision = self.model.kind == variorum_model::ModelKind::DecisionTransformer;
+        check(decision == self.data.trajectories.is_some(), || {
+            match decision {
+            true => "model.kind = \"decision-transformer\" trains on episodes: set data.trajectories to a file written by `variorum trajectories`".into(),
+            false => "data.trajectories holds episodes, which only model.kind = \"decision-transformer\" reads: set it, or use text data".into(),
+        }
+        })?;
+        if decision {
+            check(self.train.batching == Batching::Random, || {
+                "train.batching: the Decision Transformer draws random windows of steps; remove the setting".into()
+            })?;
+            check(self.train.lora.is_none() && self.train.freeze.is_empty(), || {
+                "train.lora and train.freeze adapt a language model; the Decision Transformer trains all of its weights"
+                    .into()
+            })?;
+            self.data.validate().map_err(|e| ConfigError::new(e.to_string()))?;
+            return self.train.validate();
+        }
         check(self.model.memory.is_none() || self.train.batching == Batching::Ordered, || {
             format!(
                 "model.memory.kind = \"{}\" carries memory from one segment to the next, which needs train.batching = \"ordered\" (random windows are unrelated; document streams would reset its rows one at a time, which its memory does not do)",

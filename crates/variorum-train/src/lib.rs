@@ -14,6 +14,7 @@ pub mod chrf;
 pub mod clip;
 pub mod collaborate;
 pub mod config;
+pub mod decision;
 pub mod early_exit;
 pub mod eval;
 pub mod eval_record;

@@ -91,6 +91,13 @@ impl Run {
             bail!("{} is not a run directory (it has no config.toml)", dir.display());
         }
         let config = ExperimentConfig::load(&config_path)?.with_settings(settings)?;
+        if config.model.kind == variorum_model::ModelKind::DecisionTransformer {
+            bail!(
+                "{} is a Decision Transformer's run: it acts rather than reads text (variorum rollout {})",
+                dir.display(),
+                dir.display()
+            );
+        }
         let tokenizer = Tokenizer::load(&dir.join("tokenizer.json"))?;
         let mut model_cfg = config.model.clone();
         model_cfg.resolve(tokenizer.vocab_size())?;

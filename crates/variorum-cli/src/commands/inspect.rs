@@ -24,6 +24,9 @@ pub fn run(args: InspectArgs) -> Result<ExitCode> {
     } else {
         (ExperimentConfig::load(path)?, "config")
     };
+    if cfg.model.kind == variorum_model::ModelKind::DecisionTransformer {
+        return inspect_decision(cfg, path, source);
+    }
     let vocab_note = if cfg.model.vocab_size.is_some() {
         String::new()
     } else {
@@ -66,6 +69,37 @@ pub fn run(args: InspectArgs) -> Result<ExitCode> {
             println!("# (learned spans / steps not shown: {e:#})");
         }
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A Decision Transformer's config: its state and action sizes come from its trajectory file.
+fn inspect_decision(mut cfg: ExperimentConfig, path: &Path, source: &str) -> Result<ExitCode> {
+    let data = cfg.data.trajectories.clone().expect("validated: a Decision Transformer reads trajectories");
+    let set = variorum_data::decision::TrajectorySet::load(&data);
+    let note = match &set {
+        Ok(set) => {
+            variorum_train::decision::resolve(&mut cfg.model, set, &data)?;
+            format!("from {}", data.display())
+        }
+        Err(e) => format!("not counted: {e}"),
+    };
+    print!("{}", cfg.to_toml());
+    println!();
+    println!("# {source} {}", path.display());
+    match set {
+        Ok(_) => {
+            let model = cfg.model.init_decision(&device::select("cpu")?.0);
+            println!(
+                "# parameters        {} (state and action sizes {note})",
+                burn::module::Module::num_params(&model)
+            );
+        }
+        Err(_) => println!("# parameters        {note}"),
+    }
+    let d = cfg.model.decision.clone().unwrap_or_default();
+    println!("# context           {} steps of {} tokens", cfg.model.seq_len / d.tokens_per_step(), d.tokens_per_step());
+    let fwd = cfg.model.flops_per_token();
+    println!("# FLOPs per token   {:.2} M forward, {:.2} M training (3×)", fwd as f64 / 1e6, 3.0 * fwd as f64 / 1e6);
     Ok(ExitCode::SUCCESS)
 }
 

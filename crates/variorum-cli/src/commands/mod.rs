@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod collaborate;
+pub mod decision;
 pub mod export;
 pub mod generate;
 pub mod import;

@@ -15,6 +15,22 @@ use super::config::HfConfig;
 use super::recipe::Recipe;
 use super::{Mapping, Sizes, int, table};
 
+/// A GPT-2 block's tensors: variorum's name, then GPT-2's, both relative to the block.
+pub(crate) const BLOCK_TENSORS: [(&str, &str); 12] = [
+    ("attn_norm.gamma", "ln_1.weight"),
+    ("attn_norm.beta", "ln_1.bias"),
+    ("attn.qkv.qkv.weight", "attn.c_attn.weight"),
+    ("attn.qkv.qkv.bias", "attn.c_attn.bias"),
+    ("attn.out.weight", "attn.c_proj.weight"),
+    ("attn.out.bias", "attn.c_proj.bias"),
+    ("ffn_norm.gamma", "ln_2.weight"),
+    ("ffn_norm.beta", "ln_2.bias"),
+    ("ffn.up.weight", "mlp.c_fc.weight"),
+    ("ffn.up.bias", "mlp.c_fc.bias"),
+    ("ffn.down.weight", "mlp.c_proj.weight"),
+    ("ffn.down.bias", "mlp.c_proj.bias"),
+];
+
 pub(crate) fn map(cfg: &mut HfConfig, ckpt: &Checkpoint) -> Result<Mapping> {
     let vocab = cfg.usize("vocab_size")?;
     let positions = cfg.usize("n_positions")?;
@@ -57,20 +73,7 @@ pub(crate) fn map(cfg: &mut HfConfig, ckpt: &Checkpoint) -> Result<Mapping> {
     for i in 0..layers {
         let h = format!("{p}h.{i}");
         let b = format!("blocks.{i}");
-        for (ours, theirs) in [
-            ("attn_norm.gamma", "ln_1.weight"),
-            ("attn_norm.beta", "ln_1.bias"),
-            ("attn.qkv.qkv.weight", "attn.c_attn.weight"),
-            ("attn.qkv.qkv.bias", "attn.c_attn.bias"),
-            ("attn.out.weight", "attn.c_proj.weight"),
-            ("attn.out.bias", "attn.c_proj.bias"),
-            ("ffn_norm.gamma", "ln_2.weight"),
-            ("ffn_norm.beta", "ln_2.bias"),
-            ("ffn.up.weight", "mlp.c_fc.weight"),
-            ("ffn.up.bias", "mlp.c_fc.bias"),
-            ("ffn.down.weight", "mlp.c_proj.weight"),
-            ("ffn.down.bias", "mlp.c_proj.bias"),
-        ] {
+        for (ours, theirs) in BLOCK_TENSORS {
             tensors.push((format!("{b}.{ours}"), Recipe::copy(format!("{h}.{theirs}"))));
         }
     }

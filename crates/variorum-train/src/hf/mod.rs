@@ -14,6 +14,7 @@ mod bloom;
 mod checkpoint;
 mod config;
 mod deberta_v2;
+mod decision_transformer;
 mod export;
 mod gpt2;
 mod gpt_neox;
@@ -40,6 +41,7 @@ use checkpoint::Checkpoint;
 use config::HfConfig;
 use recipe::Recipe;
 
+pub use decision_transformer::import_decision_transformer;
 pub use export::{Exported, export, export_with};
 pub use peft::{ImportedAdapters, import as import_adapters};
 

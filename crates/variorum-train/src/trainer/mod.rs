@@ -29,7 +29,7 @@ use crate::metrics::MetricsLog;
 use crate::retrieval::spalm::Retrieved;
 
 mod finish;
-mod prepare;
+pub(crate) mod prepare;
 mod step;
 
 use prepare::prepare;
@@ -136,7 +136,7 @@ pub enum Outcome {
 }
 
 /// Mixes the run seed with a step number into a device seed.
-fn step_seed(seed: u64, step: u64) -> u64 {
+pub(crate) fn step_seed(seed: u64, step: u64) -> u64 {
     let mut z = seed ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -177,6 +177,9 @@ impl Batches {
 /// `prepare` builds everything once, `Session::step` takes one optimizer step (stopping with a
 /// checkpoint first when Ctrl-C or `--stop-at` asks), and `Session::finish` writes the artefacts.
 pub fn train(cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> {
+    if cfg.model.kind == variorum_model::ModelKind::DecisionTransformer {
+        return crate::decision::train(cfg, opts);
+    }
     let mut session = prepare(cfg, opts)?;
     while session.state.step < session.cfg.train.steps {
         if session.stop_requested() {
@@ -267,7 +270,7 @@ pub fn median(v: &mut [f64]) -> f64 {
     if n % 2 == 1 { v[n / 2] } else { 0.5 * (v[n / 2 - 1] + v[n / 2]) }
 }
 
-fn ensure_finite(loss_sum: f64, state: &TrainState, run: &Path) -> Result<()> {
+pub(crate) fn ensure_finite(loss_sum: f64, state: &TrainState, run: &Path) -> Result<()> {
     if loss_sum.is_finite() {
         return Ok(());
     }
@@ -346,7 +349,7 @@ struct ReportState<'a> {
     params: usize,
 }
 
-fn finish_plot(run: &Path, metrics: &MetricsLog) -> Result<()> {
+pub(crate) fn finish_plot(run: &Path, metrics: &MetricsLog) -> Result<()> {
     let rows = metrics.rows()?;
     let title = run.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     if !crate::pictures::plot::loss_curve(&rows, &run.join("loss.png"), &title)? {

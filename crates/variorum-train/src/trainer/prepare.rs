@@ -123,7 +123,7 @@ pub(super) fn prepare(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<
 }
 
 /// Draws every lazily initialised parameter of a module where it stands.
-struct DrawNow;
+pub(crate) struct DrawNow;
 
 impl burn::module::ModuleVisitor for DrawNow {
     fn visit_float<const D: usize>(&mut self, param: &burn::module::Param<Tensor<D>>) {
@@ -141,7 +141,7 @@ impl burn::module::ModuleVisitor for DrawNow {
 
 /// `--max-steps` applied, the config validated, and the run directory's checkpoints read: a
 /// fresh run needs none, `--resume` at least one. Returns them, newest first.
-fn check_request(cfg: &mut ExperimentConfig, opts: &TrainOptions) -> Result<Checkpoints> {
+pub(crate) fn check_request(cfg: &mut ExperimentConfig, opts: &TrainOptions) -> Result<Checkpoints> {
     if let Some(n) = opts.max_steps {
         if n == 0 {
             bail!("--max-steps must be at least 1");
@@ -423,7 +423,7 @@ fn newest_complete_checkpoint(
 }
 
 /// Refuses to resume a run with a different model or data section; returns the run's config.
-fn check_same_run(run: &Path, cfg: &ExperimentConfig) -> Result<ExperimentConfig> {
+pub(crate) fn check_same_run(run: &Path, cfg: &ExperimentConfig) -> Result<ExperimentConfig> {
     let path = run.join("config.toml");
     let saved =
         ExperimentConfig::load(&path).with_context(|| format!("cannot read the run's config {}", path.display()))?;

@@ -3,6 +3,7 @@
 
 mod common;
 
+mod decision;
 mod early_exit;
 mod encoder_decoder;
 mod graph;

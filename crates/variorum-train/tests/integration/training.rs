@@ -22,6 +22,7 @@ fn every_shipped_config_parses_builds_and_trains_a_step() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs");
     let mut n = 0;
     let datastore = std::sync::OnceLock::new();
+    let trajectories = std::sync::OnceLock::new();
     // configs/ and its subdirectories (families of variants such as configs/positions/)
     let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
     let subdirs: Vec<_> = files.iter().filter(|p| p.is_dir()).cloned().collect();
@@ -43,11 +44,16 @@ fn every_shipped_config_parses_builds_and_trains_a_step() {
         }
         // graph data and paired text are examples, not text: their example files themselves
         let shipped = |file: &str| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs").join(file);
-        cfg.data.path = Some(match (&cfg.data.graph, &cfg.data.pairs) {
-            (Some(_), _) => shipped("graph/min-trees.jsonl"),
-            (None, Some(_)) => shipped("seq2seq/reverse.tsv"),
-            (None, None) => text.clone(),
-        });
+        if cfg.data.trajectories.is_some() {
+            // a Decision Transformer's episodes: a few recorded here
+            cfg.data.trajectories = Some(trajectories.get_or_init(|| tiny_trajectories(tmp.path())).clone());
+        } else {
+            cfg.data.path = Some(match (&cfg.data.graph, &cfg.data.pairs) {
+                (Some(_), _) => shipped("graph/min-trees.jsonl"),
+                (None, Some(_)) => shipped("seq2seq/reverse.tsv"),
+                (None, None) => text.clone(),
+            });
+        }
         cfg.train.eval_batches = 1;
         cfg.train.sample_tokens = 4;
         cfg.train.batch_size = cfg.train.batch_size.min(4);
@@ -69,6 +75,15 @@ fn every_shipped_config_parses_builds_and_trains_a_step() {
         n += 1;
     }
     assert!(n >= 20, "found only {n} configs in {}", dir.display());
+}
+
+/// Twenty key-to-door episodes of mixed behaviour, for the Decision Transformer's configs.
+fn tiny_trajectories(dir: &Path) -> PathBuf {
+    use variorum_data::decision::{GenerateConfig, generate};
+    let set = generate(&GenerateConfig { env: Default::default(), episodes: 20, epsilons: vec![0.0, 1.0], seed: 0 });
+    let path = dir.join("trajectories.jsonl");
+    set.save(&path).unwrap();
+    path
 }
 
 /// A datastore over the training split of `dir`'s corpus, keyed by the tiny model trained 5
