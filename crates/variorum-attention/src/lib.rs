@@ -127,7 +127,7 @@ pub use content::sinkhorn::{SinkhornAttention, SinkhornConfig};
 // Scores and heads.
 pub use scores::capsule_heads::{CapsuleHeadsAttention, CapsuleHeadsConfig, CapsuleRouting};
 pub use scores::collaborative::{CollaborativeAttention, CollaborativeConfig};
-pub use scores::evolving::{EvolvingAttention, EvolvingConfig, EvolvingMaps, EvolvingState};
+pub use scores::evolving::{EvolvingAttention, EvolvingConfig, EvolvingForm, EvolvingMaps, EvolvingState};
 pub use scores::gaussian_prior::{GaussianPriorAttention, GaussianPriorConfig, LocalnessPrior};
 pub use scores::hard_coded_gaussian::{GaussianCache, HardCodedGaussianAttention, HardCodedGaussianConfig};
 pub use scores::lazyformer::{LazyAttention, LazyMaps, LazyformerConfig, ReusedMaps};

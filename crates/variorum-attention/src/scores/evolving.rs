@@ -53,10 +53,24 @@
 //!   layer), and the asymmetric (causal) padding is ours, not a backend option.
 //! - The scores of every layer are needed, so the fused attention kernel does not apply: this
 //!   kind takes the composed path, like RealFormer and talking heads.
+//!
+//! `form = "released-code"` is the mixing of the authors' released code
+//! (github.com/pkuyym/EvolvingAttention, `EAAugmentedConv1d`), which differs from the paper's
+//! equation: the current scores and the previous map are mixed first, then a convolution with a
+//! bias and a LeakyReLU (slope 0.01) is added residually,
+//!
+//! M_l = (1 − β)·S_l + β·Â_{l−1},   A_l^in = α·LeakyReLU(Conv(M_l) + b) + (1 − α)·M_l,
+//!
+//! with α and β fixed numbers (hyperparameters there, not learned), the kernel and bias drawn as
+//! PyTorch's `Conv2d` draws them (uniform in ±1/√(n_heads·k_q·k_k)), and Â_{l−1} the previous
+//! layer's A^in as in the paper's form. Hidden entries of M are set to 0 before the convolution,
+//! and decoding keeps M's last k_q − 1 rows (they hold this layer's own scores), so the
+//! causality and cached-decoding properties above hold for it too.
 
 use burn::module::Param;
 use burn::prelude::*;
-use burn::tensor::activation::sigmoid;
+use burn::tensor::Distribution;
+use burn::tensor::activation::{leaky_relu, sigmoid};
 use burn::tensor::module::conv2d;
 use burn::tensor::ops::ConvOptions;
 use variorum_core::{AttentionMask, Capabilities, ConfigError, error::check};
@@ -77,10 +91,29 @@ attention_config! {
         /// bidirectional one) and k_k key columns centred on the key (odd). Default `[3, 3]`,
         /// the paper's.
         pub kernel: [usize; 2] = [3, 3],
-        /// α at initialisation, in (0, 1): the share of the convolved previous map in the logits
-        /// (learned per layer through a sigmoid). Default 0.1.
+        /// `paper` (default): the paper's equation, α learned; `released-code`: the authors'
+        /// code's mixing, β then a convolution with a bias and a LeakyReLU, α and β fixed.
+        pub form: EvolvingForm = EvolvingForm::Paper,
+        /// α: under `paper` its value at initialisation, in (0, 1), the share of the convolved
+        /// previous map in the logits (learned per layer through a sigmoid); under
+        /// `released-code` the fixed share of the activated convolution, in [0, 1]. Default 0.1.
         pub alpha: f64 = 0.1,
+        /// `released-code` only: β, the previous map's share in M, in [0, 1]. Default 0.5 (the
+        /// default argument in the authors' code).
+        pub beta: f64 = 0.5,
     }
+}
+
+/// `model.attention.form` of the `evolving` kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EvolvingForm {
+    /// A^in = α·(Â + Conv(Â)) + (1 − α)·S, α learned: the paper's equation.
+    #[default]
+    Paper,
+    /// M = (1 − β)·S + β·Â, A^in = α·LeakyReLU(Conv(M) + b) + (1 − α)·M, α and β fixed: the
+    /// authors' released code.
+    ReleasedCode,
 }
 
 impl EvolvingConfig {
@@ -98,12 +131,31 @@ impl EvolvingConfig {
     ) -> EvolvingAttention {
         let h = self.n_heads;
         let [kq, kk] = self.kernel;
-        // α = σ(a): a = ln(α / (1 − α))
-        let logit = (self.alpha / (1.0 - self.alpha)).ln() as f32;
-        EvolvingAttention {
-            attention: self.heads().init(d_model, init_std, out_std, position, device),
-            conv: Param::from_tensor(Tensor::zeros([h, h, kq, kk], device)),
-            alpha: Param::from_tensor(Tensor::from_data(TensorData::new(vec![logit], [1]), device)),
+        let attention = self.heads().init(d_model, init_std, out_std, position, device);
+        match self.form {
+            EvolvingForm::Paper => {
+                // α = σ(a): a = ln(α / (1 − α))
+                let logit = (self.alpha / (1.0 - self.alpha)).ln() as f32;
+                EvolvingAttention {
+                    attention,
+                    conv: Param::from_tensor(Tensor::zeros([h, h, kq, kk], device)),
+                    alpha: Some(Param::from_tensor(Tensor::from_data(TensorData::new(vec![logit], [1]), device))),
+                    bias: None,
+                    released_code: None,
+                }
+            }
+            EvolvingForm::ReleasedCode => {
+                // PyTorch's Conv2d default: weights and bias uniform in ±1/√fan_in
+                let bound = 1.0 / ((h * kq * kk) as f64).sqrt();
+                let uniform = Distribution::Uniform(-bound, bound);
+                EvolvingAttention {
+                    attention,
+                    conv: Param::from_tensor(Tensor::random([h, h, kq, kk], uniform, device)),
+                    alpha: None,
+                    bias: Some(Param::from_tensor(Tensor::random([h], uniform, device))),
+                    released_code: Some([self.alpha, self.beta]),
+                }
+            }
         }
     }
 }
@@ -124,6 +176,16 @@ impl AttentionKind for EvolvingConfig {
                 "model.attention.kernel = [{kq}, {kk}] must be [k_q, k_k] with k_q at least 1 and k_k odd (centred on the key): use e.g. [3, 3]"
             )
         })?;
+        if self.form == EvolvingForm::ReleasedCode {
+            for (key, v) in [("alpha", self.alpha), ("beta", self.beta)] {
+                check((0.0..=1.0).contains(&v), || {
+                    format!(
+                        "model.attention.{key} = {v} must be in [0, 1] (a fixed share under form = \"released-code\")"
+                    )
+                })?;
+            }
+            return Ok(());
+        }
         check(self.alpha > 0.0 && self.alpha < 1.0, || {
             format!(
                 "model.attention.alpha = {} must be in (0, 1) (the initial share of the previous layer's map; default 0.1)",
@@ -146,7 +208,12 @@ impl AttentionKind for EvolvingConfig {
     }
 
     fn test_variants() -> Vec<TestVariant<Self>> {
-        TestVariant::score_path(Self::default())
+        let mut variants = TestVariant::score_path(Self::default());
+        variants.push(TestVariant::new(
+            "the released code's form",
+            Self { form: EvolvingForm::ReleasedCode, alpha: 0.5, ..Default::default() },
+        ));
+        variants
     }
 }
 
@@ -156,10 +223,15 @@ impl AttentionKind for EvolvingConfig {
 pub struct EvolvingAttention {
     /// Projections, position scheme and output of plain multi-head attention.
     pub attention: MultiHeadAttention,
-    /// The convolution's kernel, `[n_heads (out), n_heads (in), k_q, k_k]` (zero at init).
+    /// The convolution's kernel, `[n_heads (out), n_heads (in), k_q, k_k]` (zero at init under
+    /// the paper's form).
     pub conv: Param<Tensor<4>>,
-    /// a, `[1]`: α = σ(a).
-    pub alpha: Param<Tensor<1>>,
+    /// a, `[1]`: α = σ(a) (the paper's form).
+    pub alpha: Option<Param<Tensor<1>>>,
+    /// The convolution's bias per head, `[n_heads]` (the released code's form).
+    pub bias: Option<Param<Tensor<1>>>,
+    /// `[α, β]`, fixed: the released code's form.
+    pub released_code: Option<[f64; 2]>,
 }
 
 /// A_l^in, `[b, n_heads, len_q, len_k]`: the logits input one layer hands the next (unmasked).
@@ -179,9 +251,15 @@ pub struct EvolvingState {
 }
 
 impl EvolvingAttention {
-    /// α = σ(a).
+    /// α: σ(a) under the paper's form, the fixed one under the released code's.
     pub fn alpha(&self) -> Tensor<1> {
-        sigmoid(self.alpha.val())
+        match (&self.alpha, self.released_code) {
+            (Some(a), _) => sigmoid(a.val()),
+            (None, Some([alpha, _])) => {
+                Tensor::from_data(TensorData::new(vec![alpha as f32], [1]), &self.conv.val().device())
+            }
+            (None, None) => unreachable!("an evolving layer has a learned or a fixed α"),
+        }
     }
 
     /// The layer over `input`, mixing in the map `input.carried` brings from the previous layer
@@ -207,13 +285,26 @@ impl EvolvingAttention {
                     "evolving attention: the previous layer's map {got:?} does not cover this layer's scores {want:?}"
                 );
                 // what hidden entries hold depends on later tokens: a constant 0 instead
-                let visible = match hidden.clone() {
-                    Some(m) => prev.mask_fill(m, 0.0),
-                    None => prev,
+                let zero_hidden = |t: Tensor<4>| match hidden.clone() {
+                    Some(m) => t.mask_fill(m, 0.0),
+                    None => t,
                 };
-                let evolved = visible.clone() + self.convolve(visible, causal, rows);
-                let alpha = self.alpha().reshape([1, 1, 1, 1]);
-                evolved * alpha.clone() + own * (alpha.neg() + 1.0)
+                let visible = zero_hidden(prev);
+                match self.released_code {
+                    None => {
+                        let evolved = visible.clone() + self.convolve(visible, causal, rows);
+                        let alpha = self.alpha().reshape([1, 1, 1, 1]);
+                        evolved * alpha.clone() + own * (alpha.neg() + 1.0)
+                    }
+                    Some([alpha, beta]) => {
+                        let mixed = zero_hidden(own.mul_scalar(1.0 - beta) + visible.mul_scalar(beta));
+                        let mut conv = self.convolve(mixed.clone(), causal, rows);
+                        if let Some(b) = &self.bias {
+                            conv = conv + b.val().unsqueeze_dims::<4>(&[0, 2, 3]);
+                        }
+                        leaky_relu(conv, 0.01).mul_scalar(alpha) + mixed.mul_scalar(1.0 - alpha)
+                    }
+                }
             }
         };
         if let Some(c) = carried {
@@ -360,16 +451,18 @@ mod tests {
     }
 
     /// Two layers from one config, with random kernels (the convolution reads other rows,
-    /// columns and heads) and α = 0.5.
-    fn chained(kernel: [usize; 2], device: &Device) -> Vec<EvolvingAttention> {
+    /// columns and heads), α = 0.5, in `form`.
+    fn chained_form(kernel: [usize; 2], form: EvolvingForm, device: &Device) -> Vec<EvolvingAttention> {
         device.seed(13);
-        let cfg = EvolvingConfig { kernel, ..Default::default() };
+        let cfg = EvolvingConfig { kernel, form, alpha: 0.5, ..Default::default() };
         (0..2)
             .map(|_| {
                 let mut l = cfg.init(16, 0.3, 0.3, Positioning::NONE, device);
                 let dims = l.conv.val().dims();
                 l.conv = Param::from_tensor(Tensor::random(dims, Distribution::Normal(0.0, 0.3), device));
-                l.alpha = Param::from_tensor(Tensor::zeros([1], device));
+                if l.alpha.is_some() {
+                    l.alpha = Some(Param::from_tensor(Tensor::zeros([1], device)));
+                }
                 l
             })
             .collect()
@@ -450,7 +543,7 @@ mod tests {
             w[at(o, (o + 1) % h, 2, 2)] = 0.5;
         }
         attn.conv = Param::from_tensor(Tensor::from_data(TensorData::new(w, [h, h, kq, kk]), &dev));
-        attn.alpha = Param::from_tensor(Tensor::zeros([1], &dev)); // α = 0.5
+        attn.alpha = Some(Param::from_tensor(Tensor::zeros([1], &dev))); // α = 0.5
         let zeros_row = || Tensor::<4>::zeros([2, 4, 1, 6], &dev);
         let zeros_col = || Tensor::<4>::zeros([2, 4, 6, 1], &dev);
         // row i takes row i − 1 / i + 1, column j takes column j + 1, head o takes head o + 1
@@ -483,8 +576,9 @@ mod tests {
     #[test]
     fn two_chained_layers_leak_nothing_from_a_later_token() {
         let dev = Device::flex();
-        for kernel in [[3, 3], [4, 5]] {
-            let l = chained(kernel, &dev);
+        let forms = [EvolvingForm::Paper, EvolvingForm::ReleasedCode];
+        for (kernel, form) in [[3, 3], [4, 5]].into_iter().flat_map(|k| forms.map(|f| (k, f))) {
+            let l = chained_form(kernel, form, &dev);
             let x = Tensor::<3>::random([2, 7, 16], Distribution::Normal(0.0, 1.0), &dev);
             let mask = AttentionMask::causal();
             let before = chain(&l, x.clone(), &mask, &mut []);
@@ -501,8 +595,9 @@ mod tests {
     #[test]
     fn cached_decoding_through_two_layers_equals_the_full_forward() {
         let dev = Device::flex();
-        for kernel in [[3, 3], [4, 5], [1, 1]] {
-            let l = chained(kernel, &dev);
+        let forms = [EvolvingForm::Paper, EvolvingForm::ReleasedCode];
+        for (kernel, form) in [[3, 3], [4, 5], [1, 1]].into_iter().flat_map(|k| forms.map(|f| (k, f))) {
+            let l = chained_form(kernel, form, &dev);
             let x = Tensor::<3>::random([2, 7, 16], Distribution::Normal(0.0, 1.0), &dev);
             let full = chain(&l, x.clone(), &AttentionMask::causal(), &mut []);
             let mut states = [AttentionState::default(), AttentionState::default()];
@@ -520,5 +615,47 @@ mod tests {
             let rows = kept.rows.as_ref().map(|r| r.dims());
             assert_eq!(rows, (kernel[0] > 1).then_some([2, 4, kernel[0] - 1, 7]), "kernel {kernel:?}: the kept rows");
         }
+    }
+
+    #[test]
+    fn the_released_codes_form_mixes_by_beta_then_adds_an_activated_convolution_by_alpha() {
+        let dev = Device::flex();
+        dev.seed(5);
+        let cfg = EvolvingConfig {
+            kernel: [1, 1],
+            form: EvolvingForm::ReleasedCode,
+            alpha: 0.3,
+            beta: 0.6,
+            ..Default::default()
+        };
+        let attn = cfg.init(16, 0.3, 0.3, Positioning::NONE, &dev);
+        assert!(attn.alpha.is_none() && attn.bias.is_some());
+        let x = Tensor::<3>::random([2, 5, 16], Distribution::Normal(0.0, 1.0), &dev);
+        let prev = Tensor::<4>::random([2, 4, 5, 5], Distribution::Normal(0.0, 2.0), &dev);
+        let mask = AttentionMask::bidirectional();
+        let (_, got) = attn.forward_after(AttentionInput::self_attention(x.clone(), &mask), Some(prev.clone()));
+        // by hand, head by head: M = 0.4·S + 0.6·Â, out[h] = Σ_h' W[h, h']·M[h'] + b[h]
+        let a = &attn.attention;
+        let own = a.scores(&a.project(x, None, &mask, None));
+        let m = own.mul_scalar(0.4) + prev.mul_scalar(0.6);
+        let w = attn.conv.val().reshape([4, 4]);
+        let b = attn.bias.as_ref().unwrap().val();
+        let mut heads = Vec::new();
+        for h in 0..4 {
+            let mut acc = Tensor::<4>::zeros([2, 1, 5, 5], &dev) + b.clone().narrow(0, h, 1).reshape([1, 1, 1, 1]);
+            for g in 0..4 {
+                let wg = w.clone().narrow(0, h, 1).narrow(1, g, 1).reshape([1, 1, 1, 1]);
+                acc = acc + m.clone().narrow(1, g, 1) * wg;
+            }
+            heads.push(acc);
+        }
+        let conv = Tensor::cat(heads, 1);
+        let leaky = conv.clone().clamp_min(0.0) + conv.clamp_max(0.0).mul_scalar(0.01);
+        let want = leaky.mul_scalar(0.3) + m.mul_scalar(0.7);
+        let diff = max_diff(got, want);
+        assert!(diff < 1e-5, "the released code's A^in differs from its formula by {diff}");
+        // α and β are fixed: no parameter learns them
+        let refused = EvolvingConfig { form: EvolvingForm::ReleasedCode, beta: 1.5, ..Default::default() };
+        assert!(refused.validate(16).unwrap_err().to_string().contains("beta = 1.5"));
     }
 }
