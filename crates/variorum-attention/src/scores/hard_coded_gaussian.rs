@@ -2,7 +2,7 @@
 //! or keys. Head h attends with fixed weights, a Gaussian over key positions centred on the
 //! query's position shifted by the head's offset o_h,
 //!
-//!   w_ij ∝ exp(−(p_j − (p_i + o_h))² / 2σ²)   over the keys query i may see,
+//!   w_ij = exp(−(p_j − (p_i + o_h))² / 2σ²) / (σ√(2π))   over the keys query i may see,
 //!   head_h(i) = Σ_j w_ij v_j,   v = x W_v (per head),   output = [head_1; …; head_H] W_o.
 //!
 //! Only the value and output projections are learned.
@@ -12,9 +12,14 @@
 //!   (o ∈ {−1, 0, +1}), cycled over the heads. Under a causal mask the next token is out of
 //!   reach (a head centred on it would see only the half of its Gaussian at or before the
 //!   current token), so causal heads cycle over {−1, 0}.
-//! - σ = `std`, 1 by default as in the paper; the weights are normalised over the keys the mask
-//!   leaves visible (causal, padding, a custom pattern, `max_back`), so a row near the start of
-//!   the sequence sums to 1 like any other.
+//! - σ = `std`, 1 by default as in the paper. The weights are the Gaussian's density at the
+//!   key positions, as the paper's N(·, σ²) and the authors' code (`get_attn_cache` in
+//!   github.com/fallcat/stupidNMT) have them: hidden keys (causal, padding, a custom pattern,
+//!   `max_back`) weigh 0 and the rest are not renormalised, so a row whose Gaussian the mask cuts
+//!   (a causal head centred on the current token sees half of it; the first rows) sums to less
+//!   than 1. With σ = 1 an uncut row sums to 1 within 1e-8. `normalise = true` renormalises every
+//!   row over its visible keys instead (a softmax of the log-density), the form this kind had
+//!   before.
 //! - The weights are O(L²) per head like full attention's, but depend only on positions: one
 //!   `[heads, len_q, len_k]` matrix serves the whole batch, and no score GEMM is run.
 //! - Decoding caches the values; a new token's weights are its own row of the same formula.
@@ -36,6 +41,9 @@ attention_config! {
     pub struct HardCodedGaussianConfig [n_heads, head_dim, bias] {
         /// σ, the width of every head's Gaussian, in positions. Default 1 (the paper's).
         pub std: f64 = 1.0,
+        /// Renormalise each row of weights over the keys it may see, instead of the Gaussian's
+        /// density itself (the paper's and its code's). Default false.
+        pub normalise: bool = false,
     }
 }
 
@@ -51,6 +59,7 @@ impl HardCodedGaussianConfig {
             n_heads: h.n_heads,
             head_dim: h.head_dim,
             std: self.std,
+            normalise: self.normalise,
         }
     }
 }
@@ -95,6 +104,7 @@ impl AttentionKind for HardCodedGaussianConfig {
                 Self { n_heads: 3, head_dim: Some(8), std: 2.0, ..Default::default() },
             ),
             TestVariant::new("with the next token", Self::default()).masked(),
+            TestVariant::new("rows normalised", Self { normalise: true, ..Default::default() }),
         ]
     }
 }
@@ -113,6 +123,8 @@ pub struct HardCodedGaussianAttention {
     pub head_dim: usize,
     /// σ, every head's Gaussian width, in positions.
     pub std: f64,
+    /// Rows renormalised over their visible keys (`normalise`), else the density itself.
+    pub normalise: bool,
 }
 
 /// Decoding state: the values of every position so far, `[b, n_heads, len, head_dim]`.
@@ -140,15 +152,19 @@ impl HardCodedGaussianAttention {
         let centres = q + Tensor::<1>::from_floats(offsets.as_slice(), device).reshape([1, self.n_heads, 1, 1]);
         let distance = k - centres; // [1, h, len_q, len_k]
         let scores = distance.powi_scalar(2).mul_scalar(-0.5 / (self.std * self.std));
-        let scores = match mask.score_mask(len_q, len_k, device) {
+        let hidden = mask.score_mask(len_q, len_k, device);
+        let hide = |t: Tensor<4>, value: f64| match &hidden {
             Some(hidden) => {
-                let b = hidden.dims()[0];
-                let shape = [b, self.n_heads, len_q, len_k];
-                scores.expand(shape).mask_fill(hidden.expand(shape), MASKED_SCORE)
+                let shape = [hidden.dims()[0], self.n_heads, len_q, len_k];
+                t.expand(shape).mask_fill(hidden.clone().expand(shape), value)
             }
-            None => scores,
+            None => t,
         };
-        softmax(scores, 3)
+        if self.normalise {
+            return softmax(hide(scores, MASKED_SCORE as f64), 3);
+        }
+        let density = scores.exp().div_scalar(self.std * (2.0 * std::f64::consts::PI).sqrt());
+        hide(density, 0.0)
     }
 
     /// The heads' Gaussian-weighted values of `input.key_value` (else of `input.query`), after
@@ -199,7 +215,12 @@ mod tests {
     use burn::tensor::Distribution;
 
     fn layer(n_heads: usize, std: f64, dev: &Device) -> HardCodedGaussianAttention {
-        HardCodedGaussianConfig { n_heads, head_dim: Some(4), std, ..Default::default() }.init(8, 0.2, 0.2, dev)
+        layer_of(n_heads, std, false, dev)
+    }
+
+    fn layer_of(n_heads: usize, std: f64, normalise: bool, dev: &Device) -> HardCodedGaussianAttention {
+        HardCodedGaussianConfig { n_heads, head_dim: Some(4), std, normalise, ..Default::default() }
+            .init(8, 0.2, 0.2, dev)
     }
 
     fn weights_of(att: &HardCodedGaussianAttention, x: Tensor<3>, mask: &AttentionMask) -> Tensor<4> {
@@ -215,9 +236,34 @@ mod tests {
     }
 
     #[test]
-    fn weights_are_the_normalised_gaussian_and_ignore_the_input() {
+    fn weights_are_the_gaussian_density_at_the_visible_keys_and_ignore_the_input() {
         let dev = Device::flex();
-        let att = layer(2, 1.0, &dev);
+        let att = layer(2, 1.5, &dev);
+        let mask = AttentionMask::causal();
+        let x = || Tensor::<3>::random([2, 5, 8], Distribution::Normal(0.0, 1.0), &dev);
+        let (a, b) = (weights_of(&att, x(), &mask), weights_of(&att, x(), &mask));
+        assert_eq!((a.clone() - b).abs().max().into_scalar::<f32>(), 0.0, "the weights moved with the input");
+        // head h is centred on i + o_h (o = −1, 0): w_ij = exp(−(j − i − o)² / 2σ²) / (σ√(2π)) for
+        // j ≤ i, 0 after, not renormalised (a row sums to less than 1 where the mask cuts it)
+        for (h, o) in [(0, -1.0), (1, 0.0)] {
+            let mut want = vec![0.0f32; 25];
+            for i in 0..5 {
+                for j in 0..=i {
+                    let d = j as f64 - (i as f64 + o);
+                    want[i * 5 + j] =
+                        ((-d * d / (2.0 * 1.5 * 1.5)).exp() / (1.5 * (2.0 * std::f64::consts::PI).sqrt())) as f32;
+                }
+            }
+            let want = Tensor::<1>::from_floats(want.as_slice(), &dev).reshape([5, 5]);
+            let diff = max_diff(head(&a, h, 5), want);
+            assert!(diff < 1e-6, "head {h} differs from the density by {diff}");
+        }
+    }
+
+    #[test]
+    fn normalised_weights_are_the_gaussian_renormalised_over_the_visible_keys() {
+        let dev = Device::flex();
+        let att = layer_of(2, 1.0, true, &dev);
         let mask = AttentionMask::causal();
         let x = || Tensor::<3>::random([2, 5, 8], Distribution::Normal(0.0, 1.0), &dev);
         let (a, b) = (weights_of(&att, x(), &mask), weights_of(&att, x(), &mask));
@@ -251,9 +297,10 @@ mod tests {
 
     #[test]
     fn a_narrow_gaussian_copies_the_previous_and_the_own_value() {
-        // σ → 0: head 0 weighs the token before (the first token itself), head 1 the token
+        // σ → 0, rows normalised: head 0 weighs the token before (the first token itself), head
+        // 1 the token
         let dev = Device::flex();
-        let att = layer(2, 0.05, &dev);
+        let att = layer_of(2, 0.05, true, &dev);
         let x = Tensor::<3>::random([1, 4, 8], Distribution::Normal(0.0, 1.0), &dev);
         let w = weights_of(&att, x, &AttentionMask::causal());
         let previous = Tensor::<2>::from_floats(
