@@ -34,6 +34,15 @@ pub fn optimizer(cfg: &TrainConfig) -> ModuleOptimizer {
     ModuleOptimizer::from(base).with_group(no_decay, FusedAdamW { weight_decay: 0.0, ..base }, None)
 }
 
+/// The optimizer state a checkpoint directory holds (`optim.bpk`), for `cfg`'s optimizer; a
+/// file that does not load (or makes Burn panic) is an error naming it.
+pub fn load_optimizer(cfg: &TrainConfig, dir: &std::path::Path) -> anyhow::Result<ModuleOptimizer> {
+    let path = dir.join("optim.bpk");
+    crate::checkpoint::without_panic(|| optimizer(cfg).load(&path))
+        .and_then(|loaded| loaded.map_err(|e| e.to_string()))
+        .map_err(|e| anyhow::anyhow!("checkpoint {} cannot be loaded: {e}", path.display()))
+}
+
 /// A batch as tensors on `device`.
 pub fn batch_tensors(batch: &TokenBatch, device: &Device) -> (Tensor<2, Int>, Tensor<2, Int>) {
     let shape = [batch.batch_size, batch.seq_len];

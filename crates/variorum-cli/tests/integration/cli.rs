@@ -847,3 +847,42 @@ fn a_disk_that_fills_during_prepare_loses_nothing_already_prepared() {
     assert!(a.len() > 10, "{:?}", a.keys());
     assert!(a == b, "the files differ from an uninterrupted prepare's");
 }
+
+#[test]
+fn a_decision_transformer_is_recorded_trained_and_played_and_mistakes_are_one_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let o = variorum(&["trajectories", "--out", "t.jsonl", "--episodes", "20", "--epsilons", "0,1"], dir);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let listing = String::from_utf8_lossy(&o.stdout);
+    assert!(listing.contains("20 episodes") && listing.contains("ε = 0 "), "{listing}");
+    let cfg = "[model]\nkind = \"decision-transformer\"\nd_model = 16\nn_layers = 1\nseq_len = 12\n\
+               [model.position]\nkind = \"none\"\n[model.attention]\nkind = \"full\"\nn_heads = 2\n\
+               [data]\ntrajectories = \"t.jsonl\"\n[train]\nsteps = 3\nbatch_size = 4\neval_interval = 3\neval_batches = 1\n";
+    std::fs::write(dir.join("dt.toml"), cfg).unwrap();
+    let o = variorum(&["train", "dt.toml", "--out", "run", "--no-progress"], dir);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for f in ["config.toml", "trajectories.json", "metrics.csv", "model.bpk", "summary.json"] {
+        assert!(dir.join("run").join(f).exists(), "{f} missing");
+    }
+    let o = variorum(&["rollout", "run", "--targets=-1,0.5", "--episodes", "3", "--greedy"], dir);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(table.contains("-1.000") && table.contains("+0.500"), "{table}");
+    let played: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("run/rollouts.json")).unwrap()).unwrap();
+    assert_eq!(played["targets"].as_array().unwrap().len(), 2);
+    assert_eq!(played["targets"][0]["returns"].as_array().unwrap().len(), 3);
+
+    // mistakes: no episodes, a bad ε, a run that reads text, a text command on this run
+    assert_clean_error(&variorum(&["trajectories", "--out", "x.jsonl", "--episodes", "0"], dir), "--episodes 0");
+    assert_clean_error(&variorum(&["trajectories", "--out", "x.jsonl", "--epsilons", "2"], dir), "ε = 2");
+    assert_clean_error(&variorum(&["eval", "run"], dir), "variorum rollout");
+    assert_clean_error(&variorum(&["rollout", "nowhere"], dir), "nowhere");
+    let lm = write_config(dir, "");
+    let o = variorum(&["train", lm.to_str().unwrap(), "--out", "lm"], dir);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_clean_error(&variorum(&["rollout", "lm"], dir), "not a Decision Transformer");
+    std::fs::write(dir.join("t.jsonl"), "{}\n").unwrap();
+    assert_clean_error(&variorum(&["train", "dt.toml", "--out", "run2"], dir), "line 1");
+}

@@ -208,11 +208,7 @@ pub fn train(mut cfg: ExperimentConfig, opts: &TrainOptions) -> Result<Outcome> 
         let (dir, (m, o, st), skipped) = checkpoint::newest_that_loads(&checkpoints, |dir, st| {
             let st = st.clone().map_err(|e| anyhow::anyhow!(e))?;
             let m = crate::weights::load_weights(model.clone(), &dir.join("model.bpk"), "checkpoint")?;
-            let p = dir.join("optim.bpk");
-            let o = checkpoint::without_panic(|| optimizer(&tc).load(&p))
-                .and_then(|l| l.map_err(|e| e.to_string()))
-                .map_err(|e| anyhow::anyhow!("checkpoint {} cannot be loaded: {e}", p.display()))?;
-            Ok((m, o, st))
+            Ok((m, crate::step::load_optimizer(&tc, dir)?, st))
         })?;
         if !skipped.is_empty() {
             eprintln!(

@@ -405,11 +405,7 @@ fn newest_complete_checkpoint(
         // Burn 0.22.1 builds the reloaded moments on `Device::default()` (the BURN_DEVICE
         // backend; the CLI sets it from --device) and moves each to its parameter's device on
         // the next step.
-        let path = dir.join("optim.bpk");
-        let optim = checkpoint::without_panic(|| optimizer(tc).load(&path))
-            .and_then(|loaded| loaded.map_err(|e| e.to_string()))
-            .map_err(|e| anyhow::anyhow!("checkpoint {} cannot be loaded: {e}", path.display()))?;
-        Ok((model, optim, state))
+        Ok((model, crate::step::load_optimizer(tc, dir)?, state))
     })?;
     if !skipped.is_empty() {
         eprintln!(

@@ -14,6 +14,8 @@ const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/hf/de
 
 #[test]
 fn hugging_faces_decision_transformer_predicts_what_ours_predicts() {
+    // building the model draws from the process-wide generator another test's run replays
+    let _guard = seeded();
     let device = Device::flex();
     let (cfg, model) = variorum_train::hf::import_decision_transformer(Path::new(FIXTURE), &device).unwrap();
     assert_eq!(cfg.decision.as_ref().unwrap().state_dim, Some(5));
@@ -132,6 +134,7 @@ fn a_decision_transformer_trains_resumes_exactly_and_acts() {
 
 #[test]
 fn bad_trajectory_settings_are_refused_in_one_line() {
+    let _guard = seeded();
     let tmp = tempfile::tempdir().unwrap();
     let (path, cfg) = setup(tmp.path(), 4, &[0.5]);
     // a timestep table shorter than an episode
