@@ -101,7 +101,7 @@ pub use sparse::strided::{StridedAttention, StridedCombine, StridedConfig};
 // Low rank and summaries.
 pub use low_rank::clustered::{ClusteredAttention, ClusteredConfig};
 pub use low_rank::inducing_points::{InducingMode, InducingPointsAttention, InducingPointsConfig};
-pub use low_rank::linformer::{LinformerAttention, LinformerConfig, LinformerShare};
+pub use low_rank::linformer::{LinformerAttention, LinformerConfig, LinformerProjection, LinformerShare};
 pub use low_rank::low_rank_band::{LowRankBandAttention, LowRankBandConfig, LowRankBandState};
 pub use low_rank::memory_compressed::{CompressedState, MemoryCompressedAttention, MemoryCompressedConfig};
 pub use low_rank::nystrom::{

@@ -43,12 +43,17 @@ pub struct LmOutput {
 }
 
 /// What the caller of [`DecoderLm::run_blocks`] answers after each block.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+// one value per block, moved at once: boxing the tensor would buy nothing
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone)]
 pub enum Flow {
     /// Run the next block.
     Continue,
     /// Stop here (an early exit).
     Stop,
+    /// Run the next block on this instead of the block's output (mixed training's copied
+    /// states).
+    ContinueWith(Tensor<3>),
 }
 
 /// The state a forward continues from and updates: the position of the next token, each
@@ -383,8 +388,10 @@ impl DecoderLm {
             let out = self.layer(i, x, mask, dense.clone(), layers.as_deref_mut().map(|l| &mut l[i]), &mut carried);
             x = out.x;
             aux_losses.extend(out.aux_losses);
-            if let Flow::Stop = after(i, input, &x) {
-                return (x, aux_losses, i + 1);
+            match after(i, input, &x) {
+                Flow::Stop => return (x, aux_losses, i + 1),
+                Flow::ContinueWith(next) => x = next,
+                Flow::Continue => {}
             }
         }
         (x, aux_losses, self.depth)
@@ -429,9 +436,24 @@ impl DecoderLm {
         &self,
         tokens: Tensor<2, Int>,
         rows: impl Into<Rows>,
-        mut state: Option<&mut DecoderState>,
+        state: Option<&mut DecoderState>,
     ) -> LmOutput {
-        let Rows { tags, graph, source, neighbours, .. } = rows.into();
+        self.forward_on_path(tokens, rows.into(), state, None)
+    }
+
+    /// [`forward_tagged`](Self::forward_tagged), each token leaving the stack at its exit in
+    /// `exits` (`[batch, len]`, 0-based blocks) when given: block i computes every position, and
+    /// a token whose exit is below i keeps its state from its exit (mixed training's copied
+    /// states, [`crate::exits`]); the output is each token's state at its exit, and `hidden`
+    /// holds those states before the final norm (what an exit's own classifier reads).
+    pub(crate) fn forward_on_path(
+        &self,
+        tokens: Tensor<2, Int>,
+        rows: Rows,
+        mut state: Option<&mut DecoderState>,
+        exits: Option<&Tensor<2, Int>>,
+    ) -> LmOutput {
+        let Rows { tags, graph, source, neighbours, .. } = rows;
         assert!(
             graph.is_none() || (state.is_none() && self.global_embedding.is_none()),
             "a graph covers whole examples: no decoding state, memory or global input"
@@ -469,6 +491,13 @@ impl DecoderLm {
         let mut act = self.act.as_ref().map(|a| a.start(b, len, &device));
         let layers = state.as_deref_mut().map(|s| s.layers.as_mut_slice());
         let (mut x, mut aux_losses, _) = self.run_blocks(x, &mask, dense, layers, |i, input, out| {
+            if let Some(exits) = exits {
+                // tokens (exits come without ACT: the rules refuse a universal depth with them)
+                // tokens that left below block i keep their state
+                let [b, l] = exits.dims();
+                let left = exits.clone().lower_elem(i as i64).reshape([b, l, 1]).expand([b, l, out.dims()[2]]);
+                return Flow::ContinueWith(out.clone().mask_where(left, input));
+            }
             if let (Some(a), Some(st)) = (&self.act, act.as_mut()) {
                 let input = match self.layer_positions.get(i) {
                     Some(p) => p.forward(input, start),
@@ -482,6 +511,9 @@ impl DecoderLm {
             Flow::Continue
         });
         aux_losses.extend(encoder_losses);
+        if exits.is_some() {
+            hidden = vec![x.clone()];
+        }
         let mut steps = None;
         if let (Some(a), Some(st)) = (&self.act, act) {
             // graph rows: the examples' positions, not their padding
@@ -746,6 +778,12 @@ impl DecoderLm {
     ) -> (Tensor<1>, AuxLosses) {
         let rows = rows.into();
         let padded = rows.padded || rows.graph.is_some() || rows.source.is_some();
+        if let Some(e) = &self.exits
+            && e.mixed_paths > 0
+        {
+            assert!(state.is_none(), "exits train without a memory (the rules refuse one)");
+            return self.mixed_paths_loss(tokens, targets, rows, padded, e.mixed_paths);
+        }
         let out = self.forward_tagged(tokens, rows, state);
         let mut aux = out.aux_losses;
         if let Some(e) = &self.exits
@@ -798,6 +836,71 @@ impl DecoderLm {
         }
         let aux = self.reinforce(aux, &out.logits, &targets, padded);
         (self.rows_loss(out.logits, targets, padded), aux)
+    }
+
+    /// Mixed training's loss (Elbayad et al. 2020, [`crate::exits`]): over `paths` exit sequences
+    /// drawn uniformly per token from the device's generator, [`loss_on_paths`](Self::loss_on_paths).
+    fn mixed_paths_loss(
+        &self,
+        tokens: Tensor<2, Int>,
+        targets: Tensor<2, Int>,
+        rows: Rows,
+        padded: bool,
+        paths: usize,
+    ) -> (Tensor<1>, AuxLosses) {
+        let [b, l] = tokens.dims();
+        let device = tokens.device();
+        let draw = || {
+            let u = Tensor::<2>::random([b, l], burn::tensor::Distribution::Uniform(0.0, self.depth as f64), &device);
+            u.floor().int().clamp(0, self.depth as i64 - 1)
+        };
+        let exits: Vec<Tensor<2, Int>> = (0..paths).map(|_| draw()).collect();
+        self.loss_on_paths(tokens, targets, rows, padded, &exits)
+    }
+
+    /// The mean over `paths` (each `[batch, len]`, every token's exit block, 0-based) of the
+    /// cross-entropy of each token read at its exit, the states above every exit copied from it
+    /// ([`forward_on_path`](Self::forward_on_path)); auxiliary losses averaged over the paths.
+    pub(crate) fn loss_on_paths(
+        &self,
+        tokens: Tensor<2, Int>,
+        targets: Tensor<2, Int>,
+        rows: Rows,
+        padded: bool,
+        paths: &[Tensor<2, Int>],
+    ) -> (Tensor<1>, AuxLosses) {
+        let mut losses = Vec::with_capacity(paths.len());
+        let mut aux: AuxLosses = Vec::new();
+        for exits in paths {
+            let out = self.forward_on_path(tokens.clone(), rows.clone(), None, Some(exits));
+            // every token read by its own exit's classifier: the model's head for the last
+            // block and for shared exits, else each exit's logits where the token left there
+            let logits = match self.exits.as_ref().is_some_and(|e| !e.heads.is_empty()) {
+                false => out.logits,
+                true => (0..self.depth)
+                    .map(|i| {
+                        let here = exits.clone().equal_elem(i as i64).float().unsqueeze_dim::<3>(2);
+                        let logits = if i + 1 == self.depth {
+                            out.logits.clone()
+                        } else {
+                            self.exit_logits(i, out.hidden[0].clone())
+                        };
+                        logits * here
+                    })
+                    .reduce(|a, c| a + c)
+                    .expect("at least one block"),
+            };
+            losses.push(self.rows_loss(logits, targets.clone(), padded));
+            for (name, loss) in out.aux_losses {
+                match aux.iter_mut().find(|(n, _)| *n == name) {
+                    Some((_, sum)) => *sum = sum.clone() + loss,
+                    None => aux.push((name, loss)),
+                }
+            }
+        }
+        let mean = |t: Tensor<1>| t.div_scalar(paths.len() as f64);
+        let loss = losses.into_iter().reduce(|a, c| a + c).map(mean).expect("at least one path");
+        (loss, aux.into_iter().map(|(n, l)| (n, mean(l))).collect())
     }
 
     /// The policies' log-probabilities among `aux` (named [`REINFORCE_PREFIX`]…, `[batch]`) as

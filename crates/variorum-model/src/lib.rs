@@ -42,7 +42,7 @@ pub use decision::{ActionInputs, ActionKind, DecisionConfig, DecisionOutput, Dec
 pub use decoder::{DecoderLm, DecoderState, LmOutput, Rows};
 pub use encoder::{Encoder, EncoderConfig, ModelKind, Source};
 pub use exit_predictor::{ExitPredictor, Oracle, PredictorKind};
-pub use exits::{EveryLayerConfig, ExitConfig, ExitWeighting};
+pub use exits::{EveryLayerConfig, ExitConfig, ExitTraining, ExitWeighting};
 pub use head_transform::HeadTransform;
 pub use long_term_memory::{LongTermMemory, LongTermMemoryConfig};
 pub use objective::{MaskedConfig, ObjectiveConfig, SpanCorruptionConfig};

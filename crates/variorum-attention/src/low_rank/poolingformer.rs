@@ -19,6 +19,15 @@
 //! of the two levels plus the input). S(i) are the segments inside the larger window w₂ =
 //! `level2_window` around i (all segments when `None`).
 //!
+//! `pool = "dynamic"` is the paper's lightweight dynamic convolution pooling, LDConv(v_1 … v_s) =
+//! Σ_i δ_i v_i, a convolution with kernel and stride s whose kernel δ is predicted from the input
+//! (Wu et al. 2019's dynamic convolution, normalised by a softmax over its s taps, one kernel per
+//! head shared by that head's channels). The text at hand does not say from which position the
+//! kernel is predicted; we take, as a causal dynamic convolution does, the segment's last
+//! position: δ_j = softmax(W_δ y_{js+s−1} + b_δ) per head (W_δ ∈ ℝ^{d × h·s}, drawn as the
+//! projections), the same kernel pooling keys and values. A trailing partial segment of r
+//! positions (bidirectional) takes the softmax over its first r taps, from its own last position.
+//!
 //! Choices (the paper describes the bidirectional encoder only):
 //! - Segments are aligned to absolute positions (segment j = positions js … js + s − 1), one pooled
 //!   key each; bidirectionally a trailing partial segment is pooled over the positions it has.
@@ -44,6 +53,7 @@
 //! level-1 keys, the pooled keys of finished segments still in reach and the raw level-2 keys of
 //! the open segment: O(w₁ + L/s + s) per token.
 
+use burn::nn::{Initializer, Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::activation::softmax;
 use serde::{Deserialize, Serialize};
@@ -70,6 +80,9 @@ pub enum PoolKind {
     Max,
     /// Element-wise mean over the segment.
     Mean,
+    /// Σ_i δ_i v_i with a kernel δ predicted from the segment's last position (lightweight
+    /// dynamic convolution).
+    Dynamic,
 }
 
 attention_config! {
@@ -78,7 +91,8 @@ attention_config! {
         /// w₁, level 1's window: keys back, the query's own included (bidirectional: also w₁ − 1
         /// ahead). Default 128 (the paper's).
         pub window: usize = 128,
-        /// Pooling of the level-2 keys and values: "max" (default) or "mean".
+        /// Pooling of the level-2 keys and values: "max" (default), "mean" or "dynamic" (a
+        /// kernel predicted from each segment's last position).
         pub pool: PoolKind = PoolKind::Max,
         /// s, kernel and stride of the pooling. Default 4.
         pub pool_size: usize = 4,
@@ -100,6 +114,11 @@ impl PoolingformerConfig {
             level2: mha.init(d_model, init_std, out_std, Positioning::NONE, device),
             window: self.window,
             max_pool: self.pool == PoolKind::Max,
+            dynamic: (self.pool == PoolKind::Dynamic).then(|| {
+                LinearConfig::new(d_model, self.n_heads * self.pool_size)
+                    .with_initializer(Initializer::Normal { mean: 0.0, std: init_std })
+                    .init(device)
+            }),
             pool_size: self.pool_size,
             level2_window: self.level2_window,
         }
@@ -137,7 +156,9 @@ impl AttentionKind for PoolingformerConfig {
         let raw = len_k.min(self.window + self.window.min(128)) as u64;
         let reach = self.level2_window.map_or(len_k, |w| w.min(len_k));
         let pooled = (reach / self.pool_size.max(1) + 2) as u64;
-        2 * 2 * (4 * d * hd) + 4 * hd * (raw + pooled)
+        // a dynamic kernel per segment: d · h · s per s positions
+        let kernel = if self.pool == PoolKind::Dynamic { 2 * d * h.n_heads as u64 } else { 0 };
+        2 * 2 * (4 * d * hd) + 4 * hd * (raw + pooled) + kernel
     }
 
     fn build(&self, init: &LayerInit, device: &Device) -> PoolingformerAttention {
@@ -150,6 +171,10 @@ impl AttentionKind for PoolingformerConfig {
             TestVariant::new(
                 "mean, level-2 window",
                 Self { window: 2, pool: PoolKind::Mean, pool_size: 3, level2_window: Some(9), ..Default::default() },
+            ),
+            TestVariant::new(
+                "dynamic, level-2 window",
+                Self { window: 2, pool: PoolKind::Dynamic, pool_size: 3, level2_window: Some(9), ..Default::default() },
             ),
         ]
     }
@@ -185,8 +210,10 @@ pub struct PoolingformerAttention {
     /// w₁, level 1's window: keys back, the query's own included (bidirectional: also
     /// w₁ − 1 ahead).
     pub window: usize,
-    /// Max pooling (else mean).
+    /// Max pooling (else mean, or dynamic).
     pub max_pool: bool,
+    /// W_δ, b_δ: the dynamic pooling's kernels, `d_model → n_heads · s` (`pool = "dynamic"`).
+    pub dynamic: Option<Linear>,
     /// s, kernel and stride of the pooling.
     pub pool_size: usize,
     /// w₂, the window the pooled segments come from; `None`: the whole sequence.
@@ -221,7 +248,63 @@ fn pool(x: Tensor<4>, s: usize, max: bool, complete_only: bool) -> Option<Tensor
     (!parts.is_empty()).then(|| Tensor::cat(parts, 1).swap_dims(1, 2))
 }
 
+/// The rows of `source` `[b, len, d]` at the segments' last positions: `(j + 1)·s − 1` for each
+/// complete segment, then `len − 1` for a trailing partial one unless `complete_only`.
+fn segment_ends(source: &Tensor<3>, s: usize, complete_only: bool) -> Option<Tensor<3>> {
+    let l = source.dims()[1];
+    let mut ends: Vec<i64> = (1..=l / s).map(|j| (j * s - 1) as i64).collect();
+    if !complete_only && !l.is_multiple_of(s) {
+        ends.push(l as i64 - 1);
+    }
+    (!ends.is_empty()).then(|| {
+        let n = ends.len();
+        source.clone().select(1, Tensor::<1, Int>::from_data(TensorData::new(ends, [n]), &source.device()))
+    })
+}
+
 impl PoolingformerAttention {
+    /// Pools `[b, h, len, d_h]` over segments of s as [`pool`] does; dynamic pooling weighs each
+    /// segment by the softmax of the kernel predicted from `ends` (`[b, segments, d_model]`, the
+    /// input at each segment's last position, [`segment_ends`]).
+    fn pool(&self, x: Tensor<4>, ends: Option<&Tensor<3>>, complete_only: bool) -> Option<Tensor<4>> {
+        let s = self.pool_size;
+        let (Some(kernel), Some(ends)) = (&self.dynamic, ends) else {
+            return pool(x, s, self.max_pool, complete_only);
+        };
+        let [b, h, l, dh] = x.dims();
+        let full = l / s;
+        let n = ends.dims()[1];
+        if n == 0 {
+            return None;
+        }
+        let logits = kernel.forward(ends.clone()).reshape([b, n, h, s]).swap_dims(1, 2); // [b, h, n, s]
+        let mut parts = Vec::new();
+        if full > 0 {
+            let delta = softmax(logits.clone().narrow(2, 0, full), 3).reshape([b * h * full, 1, s]);
+            let segments = x.clone().narrow(2, 0, full * s).reshape([b * h * full, s, dh]);
+            parts.push(delta.matmul(segments).reshape([b, h, full, dh]));
+        }
+        if n > full {
+            // the trailing partial segment: its r taps
+            let r = l - full * s;
+            let delta = softmax(logits.narrow(2, full, 1).narrow(3, 0, r), 3); // [b, h, 1, r]
+            parts.push(delta.matmul(x.narrow(2, full * s, r)));
+        }
+        Some(Tensor::cat(parts, 2))
+    }
+
+    /// Keys and values `[b, h, len, d_h]` projected from `source` `[b, len, d_model]`, pooled.
+    fn pool_both(
+        &self,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        source: &Tensor<3>,
+        complete_only: bool,
+    ) -> Option<(Tensor<4>, Tensor<4>)> {
+        let ends = self.dynamic.as_ref().and_then(|_| segment_ends(source, self.pool_size, complete_only));
+        Some((self.pool(k, ends.as_ref(), complete_only)?, self.pool(v, ends.as_ref(), complete_only)?))
+    }
+
     fn band(&self, causal: bool) -> Band {
         let back = self.window - 1;
         Band {
@@ -241,8 +324,8 @@ impl PoolingformerAttention {
             (Some(source), _) => self.cross(input.query, source),
             (None, Some(st)) if mask.causal => {
                 if st.is_fresh() && mask.q_start == 0 {
-                    let (out, parts) = self.parallel(input.query, mask);
-                    self.start_state(st, parts);
+                    let (out, parts, y) = self.parallel(input.query, mask);
+                    self.start_state(st, parts, &y);
                     out
                 } else {
                     let l = input.query.dims()[1];
@@ -257,8 +340,8 @@ impl PoolingformerAttention {
     }
 
     /// A fresh sequence: Y + Z, and the keys and values a decoding state starts from (level 1's
-    /// k, v; level 2's k', v').
-    fn parallel(&self, x: Tensor<3>, mask: &AttentionMask) -> (Tensor<3>, [Tensor<4>; 4]) {
+    /// k, v; level 2's k', v') with Y, level 2's input.
+    fn parallel(&self, x: Tensor<3>, mask: &AttentionMask) -> (Tensor<3>, [Tensor<4>; 4], Tensor<3>) {
         let causal = mask.causal;
         let plain = AttentionMask { causal, ..AttentionMask::causal() };
         let p = self.level1.project(x, None, &plain, None);
@@ -266,18 +349,18 @@ impl PoolingformerAttention {
         // q' scaled on its projection, not by a pass over its head view
         let q2 = self.level2.qkv.scaled_queries(y.clone(), self.level2.scale);
         let (k2, v2) = self.level2.qkv.keys_values(y.clone());
-        let z = self.pooled_attention(q2, k2.clone(), v2.clone(), causal);
-        (y + self.level2.merge(z), [p.k, p.v, k2, v2])
+        let z = self.pooled_attention(q2, k2.clone(), v2.clone(), &y, causal);
+        (y.clone() + self.level2.merge(z), [p.k, p.v, k2, v2], y)
     }
 
     /// Level 2 over a fresh sequence, by query blocks of s: each block scores the span of pooled
     /// keys its queries may see, a constant mask keeping the exact pattern. Per-head context
-    /// `[b, h, L, d_h]`.
-    fn pooled_attention(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, causal: bool) -> Tensor<4> {
+    /// `[b, h, L, d_h]`; `y` is the input k and v were projected from.
+    fn pooled_attention(&self, q: Tensor<4>, k: Tensor<4>, v: Tensor<4>, y: &Tensor<3>, causal: bool) -> Tensor<4> {
         let [b, h, l, dh] = q.dims();
         let s = self.pool_size;
         let device = q.device();
-        let (Some(kp), Some(vp)) = (pool(k, s, self.max_pool, causal), pool(v, s, self.max_pool, causal)) else {
+        let Some((kp, vp)) = self.pool_both(k, v, y, causal) else {
             return Tensor::zeros([b, h, l, dh], &device); // no complete segment yet
         };
         let n = kp.dims()[2];
@@ -393,7 +476,7 @@ impl PoolingformerAttention {
     }
 
     /// The state after a fresh causal sequence.
-    fn start_state(&self, st: &mut PoolingState, [k1, v1, k2, v2]: [Tensor<4>; 4]) {
+    fn start_state(&self, st: &mut PoolingState, [k1, v1, k2, v2]: [Tensor<4>; 4], y: &Tensor<3>) {
         let l = k1.dims()[2];
         let s = self.pool_size;
         let keep = l.min(self.window);
@@ -401,9 +484,7 @@ impl PoolingformerAttention {
         st.window.start = l - keep;
         let done = l / s * s;
         // the complete segments (none when the prompt is shorter than one)
-        if let (Some(kp), Some(vp)) =
-            (pool(k2.clone(), s, self.max_pool, true), pool(v2.clone(), s, self.max_pool, true))
-        {
+        if let Some((kp, vp)) = self.pool_both(k2.clone(), v2.clone(), y, true) {
             st.pooled.append(kp, vp);
         }
         if done < l {
@@ -442,8 +523,10 @@ impl PoolingformerAttention {
             None => (k2, v2),
         };
         if (t + 1) % s == 0 {
-            let kp = pool(ok, s, self.max_pool, true).expect("a complete segment");
-            let vp = pool(ov, s, self.max_pool, true).expect("a complete segment");
+            // the segment ends here: its dynamic kernel comes from this position's y
+            let ends = self.dynamic.as_ref().map(|_| y.clone());
+            let kp = self.pool(ok, ends.as_ref(), true).expect("a complete segment");
+            let vp = self.pool(ov, ends.as_ref(), true).expect("a complete segment");
             st.pooled.append(kp, vp);
         } else {
             st.open = Some((ok, ov));
@@ -471,15 +554,13 @@ impl PoolingformerAttention {
         let p = Projected::new(q, k, v, layout, None);
         let probs = self.level1.dropout.forward(softmax(self.level1.scores(&p), 3));
         let y = self.level1.combine(probs, &p);
-        let (q2, k2, v2) = self.level2.qkv.cross_attention(y.clone(), source);
-        let s = self.pool_size;
-        let (kp, vp) = (pool(k2, s, self.max_pool, false), pool(v2, s, self.max_pool, false));
-        let z = match (kp, vp) {
-            (Some(kp), Some(vp)) => {
+        let (q2, k2, v2) = self.level2.qkv.cross_attention(y.clone(), source.clone());
+        let z = match self.pool_both(k2, v2, &source, false) {
+            Some((kp, vp)) => {
                 let scores = q2.mul_scalar(self.level2.scale).matmul(kp.swap_dims(2, 3));
                 self.level2.dropout.forward(softmax(scores, 3)).matmul(vp)
             }
-            _ => q2.zeros_like(),
+            None => q2.zeros_like(),
         };
         y + self.level2.merge(z)
     }

@@ -1,11 +1,13 @@
 //! Poolingformer: the two levels against a naive dense reference written here (window keys, pooled
 //! segments, each level one masked softmax, level 2 reading level 1's output); with pool size 1 and
 //! windows over everything it is full attention; no output depends on a later input; decoding
-//! equals the causal forward; max and mean pooling differ; bad configs are refused.
+//! equals the causal forward; max and mean pooling differ; dynamic pooling weighs each segment by
+//! the softmax of the kernel its last position predicts; bad configs are refused.
 
 use crate::common;
 
 use burn::module::Param;
+use burn::nn::Linear;
 use burn::prelude::*;
 use burn::tensor::Distribution;
 use burn::tensor::activation::softmax;
@@ -53,16 +55,30 @@ fn masked_attention(
 }
 
 /// Level 2's segments, pooled naively one by one: segment j = positions js … js+s−1 (cut at L;
-/// causal: complete ones only).
-fn pool_naive(x: &Tensor<4>, s: usize, max: bool, causal: bool) -> (Tensor<4>, Vec<(usize, usize)>) {
-    let l = x.dims()[2];
+/// causal: complete ones only); dynamic pooling weighs the segment's r positions by the softmax
+/// of the first r taps of W_δ y_e + b_δ, y_e the input at its last position e.
+fn pool_naive(
+    x: &Tensor<4>,
+    s: usize,
+    pool: PoolKind,
+    y: (&Tensor<3>, Option<&Linear>),
+    causal: bool,
+) -> (Tensor<4>, Vec<(usize, usize)>) {
+    let [b, h, l, _] = x.dims();
     let n = if causal { l / s } else { l.div_ceil(s) };
     let mut parts = Vec::new();
     let mut ranges = Vec::new();
     for j in 0..n {
         let (a, e) = (j * s, ((j + 1) * s).min(l));
         let seg = x.clone().narrow(2, a, e - a);
-        parts.push(if max { seg.max_dim(2) } else { seg.mean_dim(2) });
+        parts.push(match pool {
+            PoolKind::Max => seg.max_dim(2),
+            PoolKind::Mean => seg.mean_dim(2),
+            PoolKind::Dynamic => {
+                let taps = y.1.unwrap().forward(y.0.clone().narrow(1, e - 1, 1)).reshape([b, h, 1, s]);
+                softmax(taps.narrow(3, 0, e - a), 3).matmul(seg)
+            }
+        });
         ranges.push((a, e - 1));
     }
     (Tensor::cat(parts, 2), ranges)
@@ -79,14 +95,13 @@ fn reference(attn: &PoolingformerAttention, cfg: &PoolingformerConfig, x: Tensor
         .collect();
     let y = masked_attention(&attn.level1, q, k, v, &hidden1);
     let (q2, k2, v2) = attn.level2.qkv.self_attention(y.clone());
-    let max = cfg.pool == PoolKind::Max;
     let s = cfg.pool_size;
     if l / s == 0 && causal {
         let zero = q2.zeros_like();
         return y + attn.level2.merge(zero);
     }
-    let (kp, ranges) = pool_naive(&k2, s, max, causal);
-    let (vp, _) = pool_naive(&v2, s, max, causal);
+    let (kp, ranges) = pool_naive(&k2, s, cfg.pool, (&y, attn.dynamic.as_ref()), causal);
+    let (vp, _) = pool_naive(&v2, s, cfg.pool, (&y, attn.dynamic.as_ref()), causal);
     let hidden2: Vec<Vec<bool>> = (0..l)
         .map(|i| {
             ranges
@@ -147,7 +162,7 @@ fn both_levels_equal_the_dense_reference() {
     let dev = Device::flex();
     dev.seed(12);
     let input = x(17, &dev);
-    for pool in [PoolKind::Max, PoolKind::Mean] {
+    for pool in [PoolKind::Max, PoolKind::Mean, PoolKind::Dynamic] {
         for (window, s, w2) in [(3, 3, None), (4, 3, Some(7)), (2, 4, Some(4)), (5, 2, Some(9)), (40, 5, None)] {
             let cfg = config(window, pool, s, w2);
             let attn = build(&cfg, &dev);
@@ -168,15 +183,15 @@ fn no_output_depends_on_a_later_input() {
     let dev = Device::flex();
     dev.seed(13);
     let len = 14;
-    for w2 in [None, Some(6)] {
-        let attn = build(&config(3, PoolKind::Max, 3, w2), &dev);
+    for (w2, pool) in [(None, PoolKind::Max), (Some(6), PoolKind::Max), (Some(6), PoolKind::Dynamic)] {
+        let attn = build(&config(3, pool, 3, w2), &dev);
         let a = x(len, &dev);
         for p in [2, 5, 9, 13] {
             let noise = Tensor::random([2, len - p, D], Distribution::Normal(0.0, 1.0), &dev);
             let b = a.clone().slice_assign([0..2, p..len, 0..D], noise);
             let diff = (run(&attn, a.clone(), true) - run(&attn, b, true)).abs().max_dim(2).max_dim(0).reshape([len]);
             let diff = diff.into_data().try_to_vec::<f32>().unwrap();
-            assert!(diff[..p].iter().all(|&e| e == 0.0), "w2 {w2:?}, changed from {p}: {diff:?}");
+            assert!(diff[..p].iter().all(|&e| e == 0.0), "{pool:?}, w2 {w2:?}, changed from {p}: {diff:?}");
             assert!(diff[p] > 1e-4, "the changed position itself must change");
         }
     }
@@ -193,6 +208,8 @@ fn decoding_equals_the_causal_forward() {
         (3, 3, Some(6), PoolKind::Mean),
         (5, 2, Some(5), PoolKind::Max),
         (2, 4, None, PoolKind::Mean),
+        (3, 3, Some(6), PoolKind::Dynamic),
+        (2, 4, None, PoolKind::Dynamic),
     ] {
         let cfg = config(window, pool, s, w2);
         let attn = build(&cfg, &dev);
@@ -273,6 +290,35 @@ fn max_and_mean_pooling_differ() {
     assert!(max_diff(head(&max), head(&mean)) < 1e-6);
 }
 
+/// With W_δ = 0 and b_δ = 0 every tap weighs 1/r: dynamic pooling is then the mean, a partial
+/// segment's included (the softmax runs over its own taps only).
+#[test]
+fn dynamic_pooling_with_a_flat_kernel_is_the_mean_and_a_learned_one_is_not() {
+    let _guard = common::seeded();
+    let dev = Device::flex();
+    dev.seed(18);
+    let mean = build(&config(2, PoolKind::Mean, 3, None), &dev);
+    let mut dynamic = build(&config(2, PoolKind::Dynamic, 3, None), &dev);
+    dynamic.level1 = mean.level1.clone();
+    dynamic.level2 = mean.level2.clone();
+    {
+        let kernel = dynamic.dynamic.as_mut().expect("a kernel");
+        let zero = |p: &Param<Tensor<1>>| Param::from_tensor(p.val().zeros_like());
+        kernel.weight = Param::from_tensor(kernel.weight.val().zeros_like());
+        kernel.bias = kernel.bias.as_ref().map(zero);
+    }
+    let input = x(11, &dev);
+    for causal in [true, false] {
+        let d = max_diff(run(&mean, input.clone(), causal), run(&dynamic, input.clone(), causal));
+        assert!(d < 1e-5, "flat kernel, causal {causal}: {d}");
+    }
+    // any other kernel is not the mean
+    let bias = Tensor::random([6], Distribution::Normal(0.0, 2.0), &dev);
+    dynamic.dynamic.as_mut().unwrap().bias = Some(Param::from_tensor(bias));
+    let d = max_diff(run(&dynamic, input.clone(), false), run(&mean, input, false));
+    assert!(d > 1e-3, "a learned kernel is not the mean: {d}");
+}
+
 #[test]
 fn cross_attention_pools_the_source() {
     let _guard = common::seeded();
@@ -302,7 +348,9 @@ fn bad_configs_are_refused() {
     let unknown: Result<AttentionConfig, _> = toml::from_str("kind = \"poolingformer\"\nstride = 2");
     assert!(unknown.is_err(), "unknown fields are refused");
     let pool: Result<AttentionConfig, _> = toml::from_str("kind = \"poolingformer\"\npool = \"sum\"");
-    assert!(pool.is_err(), "only max and mean pooling");
+    assert!(pool.is_err(), "only max, mean and dynamic pooling");
+    let dynamic: AttentionConfig = toml::from_str("kind = \"poolingformer\"\npool = \"dynamic\"").unwrap();
+    assert!(matches!(dynamic, AttentionConfig::Poolingformer(PoolingformerConfig { pool: PoolKind::Dynamic, .. })));
 }
 
 /// On flex (no dropout) level 2 attends to the pooled segments on the block-sparse kernel: equal
@@ -314,8 +362,12 @@ fn level_two_on_the_kernel_equals_the_composed_path_with_gradients() {
     let _guard = common::seeded();
     let dev = Device::flex().autodiff();
     dev.seed(14);
-    let cases =
-        [(3, PoolKind::Max, 3, Some(7), 17), (4, PoolKind::Mean, 4, None, 70), (5, PoolKind::Max, 2, Some(9), 130)];
+    let cases = [
+        (3, PoolKind::Max, 3, Some(7), 17),
+        (4, PoolKind::Mean, 4, None, 70),
+        (5, PoolKind::Max, 2, Some(9), 130),
+        (3, PoolKind::Dynamic, 3, Some(7), 70),
+    ];
     for (window, pool, s, w2, len) in cases {
         let cfg = config(window, pool, s, w2);
         let attn = build(&cfg, &dev);

@@ -284,3 +284,41 @@ fn scores_of_a_common_prefix_are_exact_for_every_next_token_config() {
     assert!(scored >= 100, "only {scored} configs scored");
     assert!(failures.is_empty(), "{} config(s) failed:\n{}", failures.len(), failures.join("\n"));
 }
+
+/// The encoder–decoder over a longer schedule than the sample above: `seq2seq/reverse.toml` at
+/// its own batch of 32 for 200 steps, logged every 10, in three processes at once beside busy
+/// threads: two on two threads, one on one. Its fused LayerNorm backward once added the rows'
+/// parts of dγ and dβ in the order work stealing split them, and two runs parted from about step
+/// 80 (docs/encoder-decoder.md). That reduction put back, the one-thread run parts from the
+/// others in the 6th decimal by step 190 (two two-thread runs can split alike); eight steps are
+/// too few to see such a difference grow into the printed losses.
+#[test]
+fn the_encoder_decoder_repeats_its_losses_over_200_steps_on_one_thread_or_two() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = data_dir(tmp.path());
+    let config = tmp.path().join("reverse-200.toml");
+    let shipped = repo().join("configs/seq2seq/reverse.toml");
+    let text = format!(
+        "extends = {:?}\n[train]\nsteps = 200\nlog_interval = 10\neval_interval = 100\neval_batches = 2\ncheckpoint_interval = 200\nsample_tokens = 16\n",
+        shipped.display().to_string()
+    );
+    std::fs::write(&config, text).unwrap();
+    let runs = [("two-threads-a", 2), ("two-threads-b", 2), ("one-thread", 1)];
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    {
+        let _load = Load::start(cores);
+        std::thread::scope(|s| {
+            for (name, threads) in runs {
+                let (config, data, run) = (&config, &data, tmp.path().join(name));
+                s.spawn(move || train(config, &run, data, threads));
+            }
+        });
+    }
+    let outcomes: Vec<_> = runs.iter().map(|(name, _)| outcome(&tmp.path().join(name))).collect();
+    let logged = outcomes[0].0.lines().filter(|l| l.starts_with(|c: char| c.is_ascii_digit())).count();
+    assert!(logged >= 20, "only {logged} logged steps:\n{}", outcomes[0].0);
+    for ((name, _), o) in runs.iter().zip(&outcomes).skip(1) {
+        assert_eq!(outcomes[0].0, o.0, "{name} logged other metrics than two-threads-a");
+        assert!(outcomes[0].1 == o.1, "{name} ended with other weights or optimizer state than two-threads-a");
+    }
+}
