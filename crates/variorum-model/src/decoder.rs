@@ -492,8 +492,8 @@ impl DecoderLm {
         let layers = state.as_deref_mut().map(|s| s.layers.as_mut_slice());
         let (mut x, mut aux_losses, _) = self.run_blocks(x, &mask, dense, layers, |i, input, out| {
             if let Some(exits) = exits {
-                // tokens (exits come without ACT: the rules refuse a universal depth with them)
-                // tokens that left below block i keep their state
+                // tokens that left below block i keep their state (exits come without ACT: the
+                // rules refuse a universal depth with them)
                 let [b, l] = exits.dims();
                 let left = exits.clone().lower_elem(i as i64).reshape([b, l, 1]).expand([b, l, out.dims()[2]]);
                 return Flow::ContinueWith(out.clone().mask_where(left, input));

@@ -11,13 +11,25 @@
 //! - g2g: global token s sees the global tokens up to s (bidirectionally all);
 //!
 //! l2l + l2g form one softmax per long query, g2g + g2l one per global query:
-//! O(n_l·(w + n_g) + n_g·(n_g + S)) scores. The global pieces carry no position term (the hard
-//! segment masks mark which segment a global token belongs to).
+//! O(n_l·(w + n_g) + n_g·(n_g + S)) scores. By default the global pieces carry no position term
+//! (the hard segment masks mark which segment a global token belongs to).
+//!
+//! `global_positions = k` adds ETC's relative positions to the global pieces (the paper's §3.2
+//! uses Shaw et al.'s clipped labels on every piece; the labels below are those of the released
+//! `etcmodel` code). A learned vector a_id ∈ ℝ^{d_h} per label, shared by the heads, adds
+//! q_i·a_id/√d_h to the score (keys only, as Shaw et al.'s key term):
+//! - g2g: the distance between the two segments, clipped: id = clip(j − i, −k, k) + k;
+//! - l2g: whether the global token is the long query's own segment's (2k + 1) or another's
+//!   (2k + 2) — causally only earlier segments are visible, so "another" alone;
+//! - g2l: the own segment's long tokens (2k + 3; the hard mask shows no other).
+//!
+//! The l2l piece takes the model's relative scheme as before.
 //!
 //! Decoding keeps two caches: the long keys (the last max(window, segment) — what the next token
 //! and the next global token can see) and every global token's keys. The model runs a segment's
 //! global token through the layers once the segment is complete.
 
+use burn::module::Param;
 use burn::prelude::*;
 use variorum_core::{AttentionMask, Capabilities, ConfigError, GlobalLocal, error::check};
 use variorum_position::{PositionConfig, XlRelativeConfig};
@@ -42,6 +54,9 @@ attention_config! {
         pub segment: usize = 64,
         /// Positions per block of the l2l band. Default min(window, 128).
         pub block: Option<usize> = None,
+        /// k, the clipping distance of ETC's relative positions on the global pieces (g2g
+        /// distances in segments; l2g and g2l own or other segment); unset (default) = none.
+        pub global_positions: Option<usize> = None,
     }
 }
 
@@ -61,11 +76,16 @@ impl EtcConfig {
         position: Positioning,
         device: &Device,
     ) -> EtcAttention {
+        let head_dim = self.head_shape(d_model).head_dim;
         EtcAttention {
             attention: self.heads().init(d_model, init_std, out_std, position, device),
             window: self.window,
             segment: self.segment,
             block: self.block(),
+            global_relative: self.global_positions.map(|k| {
+                burn::nn::Initializer::Normal { mean: 0.0, std: init_std }.init([2 * k + 4, head_dim], device)
+            }),
+            clip: self.global_positions.unwrap_or(0),
         }
     }
 }
@@ -89,6 +109,7 @@ impl AttentionKind for EtcConfig {
     }
 
     /// Multiply–adds per long token: its window and the global tokens (one per segment).
+    /// (The global pieces' relative labels add 2k + 4 products per query, left out.)
     fn flops_per_token(&self, d_model: usize, len_k: usize) -> u64 {
         let keys = self.window + len_k.div_ceil(self.segment.max(1));
         self.heads().flops_per_token(d_model, keys.min(len_k))
@@ -103,6 +124,10 @@ impl AttentionKind for EtcConfig {
                 TestVariant::new(format!("position {}", p.kind()), cfg).with_position(p)
             })
             .into_iter()
+            .chain([TestVariant::new(
+                "global relative positions",
+                Self { window: 2, segment: 3, block: Some(2), global_positions: Some(1), ..Default::default() },
+            )])
             .chain([TestVariant::new(
                 "sparsemax",
                 Self {
@@ -129,6 +154,11 @@ pub struct EtcAttention {
     pub segment: usize,
     /// Positions per block of the l2l band.
     pub block: usize,
+    /// a_id, `[2k + 4, d_h]`: the relative labels' key vectors of the global pieces (g2g
+    /// distances, then l2g own, l2g other, g2l own); `None` without `global_positions`.
+    pub global_relative: Option<Param<Tensor<2>>>,
+    /// k, the clipping distance of the g2g labels.
+    pub clip: usize,
 }
 
 /// Decoding state: the long tokens' cache and every global token's keys and values.
@@ -199,6 +229,20 @@ impl EtcAttention {
         (q.mul_scalar(mha.scale), k, v)
     }
 
+    /// q·a_id for every label, `[b, h, n, 2k + 4]`, of scaled queries `q` (`None` without
+    /// global positions).
+    fn label_scores(&self, q: &Tensor<4>) -> Option<Tensor<4>> {
+        let a = self.global_relative.as_ref()?.val();
+        Some(q.clone().matmul(a.transpose().unsqueeze::<4>()))
+    }
+
+    /// `scores` `[b, h, n, m]` plus q·a_id with the label `ids[i][j]` of each query and key.
+    fn add_labels(scores: Tensor<4>, labels: Tensor<4>, ids: Vec<i64>) -> Tensor<4> {
+        let [b, h, n, m] = scores.dims();
+        let index = Tensor::<2, Int>::from_data(TensorData::new(ids, [n, m]), &scores.device());
+        scores + labels.gather(3, index.unsqueeze::<4>().expand([b, h, n, m]))
+    }
+
     /// Keys and values with one copy per query head.
     fn per_head(&self, x: Tensor<4>, heads: usize) -> Tensor<4> {
         let [b, hkv, n, d] = x.dims();
@@ -228,7 +272,15 @@ impl EtcAttention {
             let g = kg.dims()[2];
             let hidden: Vec<bool> = (0..l).flat_map(|i| (0..g).map(move |j| causal && (j + 1) * s > q0 + i)).collect();
             let hidden = Tensor::<2, Bool>::from_data(TensorData::new(hidden, [l, g]), &device).unsqueeze::<4>();
-            let scores = p.q().matmul(kg.swap_dims(2, 3)).mask_fill(hidden.expand([b, h, l, g]), MASKED_SCORE);
+            let mut scores = p.q().matmul(kg.swap_dims(2, 3));
+            if let Some(labels) = self.label_scores(&p.q()) {
+                // own segment's global token, or another's
+                let k = self.clip as i64;
+                let ids =
+                    (0..l).flat_map(|i| (0..g).map(move |j| if j == (q0 + i) / s { 2 * k + 1 } else { 2 * k + 2 }));
+                scores = Self::add_labels(scores, labels, ids.collect());
+            }
+            let scores = scores.mask_fill(hidden.expand([b, h, l, g]), MASKED_SCORE);
             (scores, vg)
         });
         // one softmax over [local scores | l2g], then the local context from its part
@@ -291,7 +343,15 @@ impl EtcAttention {
         let g = kg.dims()[2];
         let s = self.segment;
         let hidden: Vec<bool> = (0..n).flat_map(|i| (0..g).map(move |j| causal && j > first + i)).collect();
-        let g2g = qg.clone().matmul(kg.swap_dims(2, 3)).mask_fill(
+        let labels = self.label_scores(&qg);
+        let mut g2g = qg.clone().matmul(kg.swap_dims(2, 3));
+        if let Some(labels) = &labels {
+            // the distance between the two segments, clipped
+            let k = self.clip as i64;
+            let ids = (0..n).flat_map(|i| (0..g).map(move |j| (j as i64 - (first + i) as i64).clamp(-k, k) + k));
+            g2g = Self::add_labels(g2g, labels.clone(), ids.collect());
+        }
+        let g2g = g2g.mask_fill(
             Tensor::<2, Bool>::from_data(TensorData::new(hidden, [n, g]), &device)
                 .unsqueeze::<4>()
                 .expand([b, h, n, g]),
@@ -328,7 +388,12 @@ impl EtcAttention {
             Tensor::stack::<5>(rows, 2) // [b, h, n, S, d]
         };
         let (ks, vs) = (segments(kl), segments(vl));
-        let g2l = qg.unsqueeze_dim::<5>(3).matmul(ks.clone().swap_dims(3, 4)).reshape([b, h, n, s]);
+        let mut g2l = qg.unsqueeze_dim::<5>(3).matmul(ks.clone().swap_dims(3, 4)).reshape([b, h, n, s]);
+        if let Some(labels) = labels {
+            // every key of the own segment: one label
+            let own = 2 * self.clip + 3;
+            g2l = g2l + labels.narrow(3, own, 1);
+        }
         let hidden: Vec<bool> = (first..first + n)
             .flat_map(|t| (0..s).map(move |j| t * s + j))
             .map(|at| at < start || at >= start + len)
