@@ -50,6 +50,9 @@ pub struct TokenBatch {
     /// `batch_size × seq_len × k`, row-major, when retrieval is on: the tokens retrieved for
     /// each position (negative = none), which SPALM's long-term memory reads. Empty otherwise.
     pub neighbours: Vec<i64>,
+    /// Under ETC's CPC corruption ([`crate::Masking`]), the segments hidden whole, with their
+    /// original tokens. Empty otherwise.
+    pub hidden: Vec<crate::HiddenSegment>,
 }
 
 impl TokenBatch {
@@ -65,6 +68,7 @@ impl TokenBatch {
             sources: Vec::new(),
             starts: Vec::with_capacity(batch_size),
             neighbours: Vec::new(),
+            hidden: Vec::new(),
         }
     }
 

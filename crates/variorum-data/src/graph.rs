@@ -241,6 +241,7 @@ fn padded_batch(examples: &[&GraphExample], seq_len: usize) -> TokenBatch {
         sources: Vec::new(),
         starts: Vec::new(),
         neighbours: Vec::new(),
+        hidden: Vec::new(),
     }
 }
 

@@ -43,7 +43,7 @@ pub use corpus::{Corpus, DATA_DIR_ENV, DEFAULT_DATA_DIR, DataConfig, PREPARED_VA
 pub use documents::DocumentStreams;
 pub use error::DataError;
 pub use graph::{GraphBatches, GraphDataConfig, GraphExample, GraphSplits, NO_TARGET, graph_eval_batches};
-pub use masking::Masking;
+pub use masking::{HiddenSegment, Masking, WholeSegments};
 pub use pairs::{
     Pair, PairBatches, PairSplits, PairsConfig, TargetTokens, check_pair_lengths, example_batch, pair_eval_batches,
 };

@@ -5,6 +5,12 @@
 //! everywhere else, which the loss ignores (the mask token is not a text token — an extra
 //! embedding row, or a tokenizer's special `[MASK]` — so it is not a real target).
 //!
+//! With `whole` set (ETC's contrastive predictive coding, Ainslie et al. 2020, §3.3), a number of
+//! each row's segments are hidden whole first: every one of their tokens becomes the mask token,
+//! none of them is a masked-LM target, and the batch keeps their original tokens
+//! ([`HiddenSegment`]) for the model to encode apart. The masked-LM choice is made among the other
+//! positions.
+//!
 //! Choices: positions are chosen independently (Bernoulli(`prob`)), not as an exact count; a row
 //! where none was chosen gets one chosen position, so that every row has a loss. The window is the
 //! batch's `inputs` row (its `targets`, the next-token shift, are not used). Every draw comes from
@@ -30,6 +36,30 @@ pub struct Masking {
     pub mask_id: u32,
     /// Text tokens are `0..vocab`; a random replacement is one of them other than the mask token.
     pub vocab: u32,
+    /// Segments hidden whole in every row (ETC's CPC); `None` = none.
+    pub whole: Option<WholeSegments>,
+}
+
+/// ETC's CPC corruption: `per_row` of the complete segments of `len` positions in every row,
+/// chosen uniformly without replacement, are hidden whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WholeSegments {
+    /// Positions per segment.
+    pub len: usize,
+    /// Segments hidden per row.
+    pub per_row: usize,
+}
+
+/// A segment hidden whole ([`WholeSegments`]): its row, its first position in the row and its
+/// original tokens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HiddenSegment {
+    /// The batch row.
+    pub row: usize,
+    /// The segment's first position in the row.
+    pub start: usize,
+    /// Its tokens before they were hidden.
+    pub tokens: Vec<i64>,
 }
 
 impl Masking {
@@ -39,14 +69,30 @@ impl Masking {
         let ignore = i64::from(self.mask_id);
         let mut inputs = batch.inputs.clone();
         let mut targets = vec![ignore; b * l];
+        let mut hidden = Vec::new();
         for r in 0..b {
             let mut rng = row_rng(seed, r as u64);
             // graph rows: the example's positions only, not its padding
             let len = batch.graphs.get(r).map_or(l, |g| g.len().min(l));
             let row = r * l..r * l + len;
-            let mut chosen: Vec<usize> = row.clone().filter(|_| rng.random_bool(self.prob)).collect();
-            if chosen.is_empty() && len > 0 {
-                chosen.push(r * l + rng.random_range(0..len));
+            let mut whole = vec![false; len];
+            if let Some(w) = self.whole {
+                let complete = len / w.len.max(1);
+                let mut picked = rand::seq::index::sample(&mut rng, complete, w.per_row.min(complete)).into_vec();
+                picked.sort_unstable();
+                for s in picked {
+                    let start = s * w.len;
+                    let span = r * l + start..r * l + start + w.len;
+                    hidden.push(HiddenSegment { row: r, start, tokens: batch.inputs[span.clone()].to_vec() });
+                    inputs[span].iter_mut().for_each(|t| *t = ignore);
+                    whole[start..start + w.len].iter_mut().for_each(|h| *h = true);
+                }
+            }
+            let mut chosen: Vec<usize> =
+                row.clone().filter(|&i| !whole[i - r * l] && rng.random_bool(self.prob)).collect();
+            let open: Vec<usize> = (0..len).filter(|&i| !whole[i]).collect();
+            if chosen.is_empty() && !open.is_empty() {
+                chosen.push(r * l + open[rng.random_range(0..open.len())]);
             }
             for i in chosen {
                 targets[i] = batch.inputs[i];
@@ -71,6 +117,7 @@ impl Masking {
             sources: batch.sources.clone(),
             starts: batch.starts.clone(),
             neighbours: batch.neighbours.clone(),
+            hidden,
         }
     }
 }
@@ -115,10 +162,11 @@ mod tests {
             sources: vec![],
             starts: vec![],
             neighbours: vec![],
+            hidden: vec![],
         }
     }
 
-    const BERT: Masking = Masking { prob: 0.15, mask_token: 0.8, random_token: 0.1, mask_id: 7, vocab: 7 };
+    const BERT: Masking = Masking { prob: 0.15, mask_token: 0.8, random_token: 0.1, mask_id: 7, vocab: 7, whole: None };
 
     #[test]
     fn hidden_positions_are_the_targets_and_the_rest_is_ignored() {
@@ -146,7 +194,7 @@ mod tests {
     #[test]
     fn a_mask_token_inside_the_vocabulary_is_never_a_random_replacement() {
         // BERT's [MASK] is id 3 of 7 text ids; replace every chosen token by a random one
-        let m = Masking { prob: 0.5, mask_token: 0.0, random_token: 1.0, mask_id: 3, vocab: 7 };
+        let m = Masking { prob: 0.5, mask_token: 0.0, random_token: 1.0, mask_id: 3, vocab: 7, whole: None };
         let src = batch(64, 64);
         let out = m.apply(&src, 11);
         let mut seen = [0usize; 7];
@@ -157,6 +205,34 @@ mod tests {
         }
         assert_eq!(seen[3], 0, "the mask token drawn as a random token: {seen:?}");
         assert!(seen.iter().enumerate().all(|(t, &n)| t == 3 || n > 100), "every other token drawn: {seen:?}");
+    }
+
+    #[test]
+    fn whole_segments_are_hidden_kept_apart_and_left_out_of_the_masked_lm() {
+        // rows of 12 = 4 segments of 3; two hidden whole per row
+        let m = Masking { whole: Some(WholeSegments { len: 3, per_row: 2 }), ..BERT };
+        let src = batch(200, 12);
+        let out = m.apply(&src, 5);
+        assert_eq!(out.hidden.len(), 400);
+        let mut starts_seen = [0usize; 4];
+        for (r, pair) in out.hidden.chunks(2).enumerate() {
+            assert!(pair.iter().all(|h| h.row == r) && pair[0].start < pair[1].start, "{pair:?}");
+            for h in pair {
+                assert_eq!(h.start % 3, 0);
+                starts_seen[h.start / 3] += 1;
+                let span = r * 12 + h.start..r * 12 + h.start + 3;
+                assert_eq!(h.tokens, src.inputs[span.clone()], "the originals are kept");
+                assert!(out.inputs[span.clone()].iter().all(|&t| t == 7), "hidden whole");
+                assert!(out.targets[span].iter().all(|&t| t == 7), "no masked-LM target inside");
+            }
+            // every row still has a masked-LM target, outside its hidden segments
+            assert!(out.targets[r * 12..(r + 1) * 12].iter().any(|&t| t != 7), "row {r}");
+        }
+        // each of the four segments is picked about half the time (100 of 400 picks)
+        assert!(starts_seen.iter().all(|&n| (70..130).contains(&n)), "{starts_seen:?}");
+        // without whole segments the corruption is what it was
+        assert_eq!(BERT.apply(&src, 5).inputs, Masking { whole: None, ..m }.apply(&src, 5).inputs);
+        assert!(BERT.apply(&src, 5).hidden.is_empty());
     }
 
     #[test]

@@ -246,6 +246,7 @@ pub fn example_batch(examples: &[(&[u32], &[u32])], tokens: TargetTokens) -> Tok
         sources: examples.iter().map(|(s, _)| Arc::new(s.to_vec())).collect(),
         starts: Vec::new(),
         neighbours: Vec::new(),
+        hidden: Vec::new(),
     }
 }
 

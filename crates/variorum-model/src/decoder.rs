@@ -122,6 +122,8 @@ pub struct DecoderLm {
     /// The auxiliary global token `[1, d_model]` (one per segment of the positions the
     /// attention's `global_segment` says), present when it declares a global input (ETC).
     pub global_embedding: Option<Param<Tensor<2>>>,
+    /// ETC's contrastive predictive coding on the global tokens (`model.objective.cpc`).
+    pub cpc: Option<crate::cpc::Cpc>,
     /// √d_model when `scale_embeddings`.
     pub embedding_scale: Option<f64>,
     /// Early exits: classifiers after the blocks before the last.
@@ -218,6 +220,7 @@ impl DecoderLm {
                 .capabilities()
                 .global_input
                 .then(|| Param::from_tensor(Tensor::random([1, d], Distribution::Normal(0.0, cfg.init_std), device))),
+            cpc: cfg.objective.cpc().map(|c| crate::cpc::Cpc::new(d, c.weight, device)),
             embedding_scale: cfg.scale_embeddings.then(|| (d as f64).sqrt()),
             reversible: cfg.block.reversible().then_some(cfg.dropout),
             stream_merge: cfg.block.stream_merge(),
@@ -453,7 +456,7 @@ impl DecoderLm {
         mut state: Option<&mut DecoderState>,
         exits: Option<&Tensor<2, Int>>,
     ) -> LmOutput {
-        let Rows { tags, graph, source, neighbours, .. } = rows;
+        let Rows { tags, graph, source, neighbours, hidden, .. } = rows;
         assert!(
             graph.is_none() || (state.is_none() && self.global_embedding.is_none()),
             "a graph covers whole examples: no decoding state, memory or global input"
@@ -472,7 +475,7 @@ impl DecoderLm {
         };
         assert!(self.encoder.is_none() || encoded.is_some(), "an encoder–decoder reads a source");
         if let (Some(g), Some(segment)) = (&self.global_embedding, self.blocks[0].attn.global_segment()) {
-            return self.forward_global_local(tokens, tags, state, g.val(), segment);
+            return self.forward_global_local(tokens, tags, state, g.val(), segment, hidden);
         }
         let [b, len] = tokens.dims();
         let device = tokens.device();
@@ -534,11 +537,13 @@ impl DecoderLm {
     }
 
     /// Forward of an ETC model: the global input (one auxiliary token per segment) runs through
-    /// every block beside the sequence. A fresh forward puts the global tokens of the segments
-    /// completed before the last position in front of the long tokens (the blocks are
-    /// position-wise, the attention tells the two apart); continuing from `state`, tokens go
-    /// one at a time, and each segment's global token is run through the blocks once the
-    /// segment is complete, before the first token that may see it.
+    /// every block beside the sequence. A fresh forward puts the global tokens in front of the
+    /// long tokens (the blocks are position-wise, the attention tells the two apart): causally
+    /// those of the segments completed before the last position, bidirectionally one per
+    /// segment, the last one partial or not. Continuing from `state`, tokens go one at a time,
+    /// and each segment's global token is run through the blocks once the segment is complete,
+    /// before the first token that may see it. `hidden`: the segments hidden whole for ETC's
+    /// CPC ([`crate::cpc`]), whose loss joins the auxiliary ones.
     fn forward_global_local(
         &self,
         tokens: Tensor<2, Int>,
@@ -546,6 +551,7 @@ impl DecoderLm {
         mut state: Option<&mut DecoderState>,
         global: Tensor<2>,
         segment: usize,
+        hidden: Option<crate::cpc::HiddenSegments>,
     ) -> LmOutput {
         let [b, len] = tokens.dims();
         let device = tokens.device();
@@ -557,17 +563,17 @@ impl DecoderLm {
             s.layers.resize_with(self.depth, Default::default);
         }
         if start == 0 {
-            let globals = len.saturating_sub(1) / segment;
-            let long = self.embed(tokens, 0);
-            let x = if globals == 0 { long } else { Tensor::cat(vec![global_input(globals), long], 1) };
-            let (mask, _) = self.mask(len, None, &device);
-            let mask = AttentionMask { global_local: Some(GlobalLocal::Prefixed { globals }), tags, ..mask };
             let layers = state.as_deref_mut().map(|s| s.layers.as_mut_slice());
-            let (x, aux, _) = self.run_blocks(x, &mask, None, layers, |_, _, _| Flow::Continue);
+            let (x, globals, aux) = self.global_local_blocks(tokens, tags.clone(), global.clone(), segment, layers);
             aux_losses.extend(aux);
             if let Some(s) = state {
                 s.position = len;
                 s.globals = globals;
+            }
+            if let (Some(cpc), Some(h)) = (&self.cpc, hidden) {
+                let (cpc_loss, aux) = self.cpc_loss(cpc, x.clone().narrow(1, 0, globals), h, tags, global, segment);
+                aux_losses.extend(aux);
+                aux_losses.extend(cpc_loss.map(|l| ("cpc".to_string(), l)));
             }
             let (features, logits) = self.head_output(x.narrow(1, globals, len));
             return LmOutput { logits, aux_losses, steps: None, hidden: Vec::new(), features };
@@ -603,6 +609,65 @@ impl DecoderLm {
             hidden: Vec::new(),
             features: Tensor::cat(features, 1),
         }
+    }
+
+    /// The blocks over a fresh window of `tokens` with its global tokens in front
+    /// ([`forward_global_local`](Self::forward_global_local)): the last block's output
+    /// `[b, globals + len, d]`, the number of global tokens and the auxiliary losses.
+    pub(crate) fn global_local_blocks(
+        &self,
+        tokens: Tensor<2, Int>,
+        tags: Option<Tensor<1, Int>>,
+        global: Tensor<2>,
+        segment: usize,
+        layers: Option<&mut [LayerState]>,
+    ) -> (Tensor<3>, usize, AuxLosses) {
+        let [b, len] = tokens.dims();
+        let d = global.dims()[1];
+        let (mask, _) = self.mask(len, None, &tokens.device());
+        // a global token summarises its segment: causally only completed ones are seen by a
+        // later position, so the last (current) segment's is left out
+        let globals = if mask.causal { len.saturating_sub(1) / segment } else { len.div_ceil(segment) };
+        let long = self.embed(tokens, 0);
+        let x = match globals {
+            0 => long,
+            n => Tensor::cat(vec![global.unsqueeze_dim::<3>(0).expand([b, n, d]), long], 1),
+        };
+        let mask = AttentionMask { global_local: Some(GlobalLocal::Prefixed { globals }), tags, ..mask };
+        let (x, aux, _) = self.run_blocks(x, &mask, None, layers, |_, _, _| Flow::Continue);
+        (x, globals, aux)
+    }
+
+    /// ETC's CPC loss ([`crate::cpc`]): the final states of the `hidden` segments' global tokens
+    /// among `globals` (`[b, n_g, d]`, the corrupted windows' global outputs) against those of
+    /// the same segments' original tokens encoded alone; with the second pass's auxiliary losses.
+    fn cpc_loss(
+        &self,
+        cpc: &crate::cpc::Cpc,
+        globals: Tensor<3>,
+        hidden: crate::cpc::HiddenSegments,
+        tags: Option<Tensor<1, Int>>,
+        global: Tensor<2>,
+        segment: usize,
+    ) -> (Option<Tensor<1>>, AuxLosses) {
+        let [b, n_g, d] = globals.dims();
+        let device = globals.device();
+        let norm = |x: Tensor<2>| match &self.final_norm {
+            Some(n) => n.forward(x.unsqueeze::<3>()).squeeze_dim::<2>(0),
+            None => x,
+        };
+        let m = hidden.rows.len();
+        let at: Vec<i64> = hidden.rows.iter().zip(&hidden.segments).map(|(&r, &s)| (r * n_g + s) as i64).collect();
+        let at = Tensor::<1, Int>::from_data(TensorData::new(at, [m]), &device);
+        let predicted = norm(globals.reshape([b * n_g, d]).select(0, at));
+        let rows = Tensor::<1, Int>::from_data(
+            TensorData::new(hidden.rows.iter().map(|&r| r as i64).collect::<Vec<_>>(), [m]),
+            &device,
+        );
+        let tags = tags.map(|t| t.select(0, rows));
+        let (alone, _, aux) = self.global_local_blocks(hidden.tokens, tags, global, segment, None);
+        let encoded = norm(alone.narrow(1, 0, 1).squeeze_dim::<2>(1));
+        (cpc.loss(predicted, encoded), aux)
     }
 
     /// Logits read from the output `h` of block `i`: the model's head after the last block, an
@@ -1009,6 +1074,8 @@ pub struct Rows {
     /// `[batch, len, k]`: the tokens retrieved for each position (negative = none), which a
     /// model with a long-term memory reads before its head; `None` = no retrieval.
     pub neighbours: Option<Tensor<3, Int>>,
+    /// The segments hidden whole for ETC's CPC, with their original tokens; `None` = none.
+    pub hidden: Option<crate::cpc::HiddenSegments>,
 }
 
 impl From<Option<Tensor<1, Int>>> for Rows {

@@ -22,6 +22,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod cpc;
 pub mod decision;
 pub mod decoder;
 pub mod encoder;
@@ -38,6 +39,7 @@ mod tied_positions;
 pub mod zoo;
 
 pub use config::ModelConfig;
+pub use cpc::{Cpc, HiddenSegments};
 pub use decision::{ActionInputs, ActionKind, DecisionConfig, DecisionOutput, DecisionTransformer, StepInputs};
 pub use decoder::{DecoderLm, DecoderState, LmOutput, Rows};
 pub use encoder::{Encoder, EncoderConfig, ModelKind, Source};
@@ -45,5 +47,5 @@ pub use exit_predictor::{ExitPredictor, Oracle, PredictorKind};
 pub use exits::{EveryLayerConfig, ExitConfig, ExitTraining, ExitWeighting};
 pub use head_transform::HeadTransform;
 pub use long_term_memory::{LongTermMemory, LongTermMemoryConfig};
-pub use objective::{MaskedConfig, ObjectiveConfig, SpanCorruptionConfig};
+pub use objective::{CpcConfig, MaskedConfig, ObjectiveConfig, SpanCorruptionConfig};
 pub use param_ids::path_ids;

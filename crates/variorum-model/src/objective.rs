@@ -69,11 +69,34 @@ pub struct MaskedConfig {
     /// The mask token's id when the vocabulary has one (BERT's `[MASK]`, RoBERTa's `<mask>`).
     /// Default none: an extra embedding row after the vocabulary.
     pub mask_token: Option<usize>,
+    /// ETC's contrastive predictive coding beside the masked LM (`[model.objective.cpc]`; an
+    /// `etc` attention only): see [`CpcConfig`]. Default none.
+    pub cpc: Option<CpcConfig>,
 }
 
 impl Default for MaskedConfig {
     fn default() -> Self {
-        Self { mask_prob: 0.15, mask_token_prob: 0.8, random_token_prob: 0.1, mask_token: None }
+        Self { mask_prob: 0.15, mask_token_prob: 0.8, random_token_prob: 0.1, mask_token: None, cpc: None }
+    }
+}
+
+/// `model.objective.cpc`: ETC's contrastive predictive coding (Ainslie et al. 2020, §3.3; Oord
+/// et al. 2018), the model's `cpc` loss ([`crate::cpc`]). ETC's sentences are our segments, one
+/// global token each: `segments` of every training window are hidden whole, and the global
+/// token of each must predict, in latent space, the encoding of its segment read alone.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CpcConfig {
+    /// Segments hidden whole per window; every window keeps at least one visible. Default 1.
+    pub segments: usize,
+    /// Weight of the CPC loss beside the masked LM's. Default 1 (the paper adds the two losses
+    /// and states no weight).
+    pub weight: f64,
+}
+
+impl Default for CpcConfig {
+    fn default() -> Self {
+        Self { segments: 1, weight: 1.0 }
     }
 }
 
@@ -84,6 +107,14 @@ impl ObjectiveConfig {
             Self::Causal => "causal",
             Self::Masked(_) => "masked",
             Self::SpanCorruption(_) => "span-corruption",
+        }
+    }
+
+    /// ETC's CPC settings, under a masked objective that asks for it.
+    pub fn cpc(&self) -> Option<&CpcConfig> {
+        match self {
+            Self::Masked(m) => m.cpc.as_ref(),
+            _ => None,
         }
     }
 
@@ -114,6 +145,13 @@ impl ObjectiveConfig {
                 "model.objective.mask_token_prob + random_token_prob = {} must be at most 1",
                 m.mask_token_prob + m.random_token_prob
             )
-        })
+        })?;
+        if let Some(c) = &m.cpc {
+            check(c.segments >= 1, || "model.objective.cpc.segments must be at least 1".into())?;
+            check(c.weight.is_finite() && c.weight > 0.0, || {
+                format!("model.objective.cpc.weight = {} must be positive", c.weight)
+            })?;
+        }
+        Ok(())
     }
 }

@@ -273,6 +273,29 @@ pub const RULES: &[Rule] = &[
         },
     },
     Rule {
+        holds: |s| match s.model.objective.cpc() {
+            None => true,
+            Some(c) => {
+                s.attention.global_input
+                    && s.model.attention.global_segment().is_some_and(|seg| s.model.seq_len / seg.max(1) > c.segments)
+            }
+        },
+        why: |s| {
+            let c = s.model.objective.cpc().map_or(0, |c| c.segments);
+            match s.model.attention.global_segment() {
+                None => format!(
+                    "model.objective.cpc predicts each hidden segment at its global token, but model.attention.kind = \"{}\" has none: use kind = \"etc\"",
+                    s.attention_kind()
+                ),
+                Some(seg) => format!(
+                    "model.objective.cpc.segments = {c} hides that many of a window's {} complete segments of {seg} (model.seq_len = {}), and at least one must stay visible: hide fewer or lengthen the context",
+                    s.model.seq_len / seg.max(1),
+                    s.model.seq_len
+                ),
+            }
+        },
+    },
+    Rule {
         holds: |s| {
             s.model.long_term_memory.is_none()
                 || (s.model.objective.is_causal()

@@ -96,6 +96,7 @@ fn components(c: &mut Criterion) {
         sources: vec![],
         starts: vec![],
         neighbours: vec![],
+        hidden: vec![],
     };
     c.bench_function("step/baby GPT training step (768 tokens)", |b| {
         b.iter(|| {

@@ -46,7 +46,7 @@ pub fn bench(cfg: &ExperimentConfig, device: &Device, warmup: u64, steps: u64, r
     let tc = &cfg.train;
     let (b, l, v) = (tc.batch_size, cfg.model.seq_len, cfg.model.vocab_size.unwrap_or(256));
     let device = device.clone().autodiff();
-    let masking = crate::eval::masking(&cfg.model);
+    let masking = crate::eval::training_masking(&cfg.model);
     let batch = |i: u64| {
         let mut s = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         let mut next = || {
@@ -84,6 +84,7 @@ pub fn bench(cfg: &ExperimentConfig, device: &Device, warmup: u64, steps: u64, r
                     .collect(),
                 false => vec![],
             },
+            hidden: vec![],
         };
         match &masking {
             Some(m) => m.apply(&batch, i),

@@ -55,8 +55,21 @@ pub fn masking(cfg: &ModelConfig) -> Option<Masking> {
             random_token: m.random_token_prob,
             mask_id: cfg.mask_token().unwrap_or_default() as u32,
             vocab: cfg.vocab_size.unwrap_or_default() as u32,
+            whole: None,
         }),
     }
+}
+
+/// The training corruption of `cfg`: [`masking`], plus the segments ETC's CPC hides whole
+/// (`model.objective.cpc`). Evaluation leaves them out, so a masked model's validation loss
+/// reads the same windows with or without CPC.
+pub fn training_masking(cfg: &ModelConfig) -> Option<Masking> {
+    let cpc = cfg.objective.cpc();
+    let segment = cfg.attention.global_segment();
+    masking(cfg).map(|m| Masking {
+        whole: cpc.zip(segment).map(|(c, len)| variorum_data::WholeSegments { len, per_row: c.segments }),
+        ..m
+    })
 }
 
 /// Evaluation batches as the model is scored: unchanged for next-token prediction, corrupted

@@ -71,7 +71,20 @@ pub fn batch_rows(batch: &TokenBatch, device: &Device) -> Rows {
             let shape = [batch.batch_size, batch.seq_len, batch.neighbours.len() / (batch.batch_size * batch.seq_len)];
             Tensor::from_data(TensorData::new(batch.neighbours.clone(), shape), device)
         }),
+        hidden: hidden_segments(batch, device),
     }
+}
+
+/// The segments the batch hides whole for ETC's CPC, as the model reads them.
+fn hidden_segments(batch: &TokenBatch, device: &Device) -> Option<variorum_model::HiddenSegments> {
+    let first = batch.hidden.first()?;
+    let (m, len) = (batch.hidden.len(), first.tokens.len());
+    let tokens: Vec<i64> = batch.hidden.iter().flat_map(|h| h.tokens.iter().copied()).collect();
+    Some(variorum_model::HiddenSegments {
+        rows: batch.hidden.iter().map(|h| h.row).collect(),
+        segments: batch.hidden.iter().map(|h| h.start / len).collect(),
+        tokens: Tensor::from_data(TensorData::new(tokens, [m, len]), device),
+    })
 }
 
 /// Result of a step, kept on the device (no host sync).

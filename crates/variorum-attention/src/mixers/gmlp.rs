@@ -329,6 +329,44 @@ mod tests {
         }
     }
 
+    /// aMLP's gate written out one query at a time: s(Z)ᵢ = Z₁ᵢ ⊙ (Σ_{j ≤ i} W_ij LN(Z₂)ⱼ + bᵢ +
+    /// Σ_{j ≤ i} softmax_j(qᵢ·kⱼ/√d_attn) vⱼ W_o), with [q; k; v] = x W_qkv in that order.
+    #[test]
+    fn the_tiny_attention_adds_a_causal_single_head_softmax_to_the_gate() {
+        let dev = Device::flex();
+        let d_attn = 4;
+        let mut l = layer(&GmlpConfig { tiny_attention: Some(d_attn), ..Default::default() }, &dev);
+        l.spatial = Param::from_tensor(Tensor::random([CONTEXT, CONTEXT], Distribution::Normal(0.0, 1.0), &dev));
+        let x = random([1, CONTEXT, D], &dev);
+        let y = run(&l, x.clone(), &AttentionMask::causal());
+        let z = gelu(l.up.forward(x.clone()));
+        let z2 = variorum_kernels::layer_norm::layer_norm(
+            z.clone().narrow(2, D, D),
+            l.norm_gamma.val(),
+            Some(l.norm_beta.val()),
+            1e-5,
+        );
+        let tiny = l.tiny.as_ref().unwrap();
+        let qkv = tiny.qkv.forward(x);
+        let part = |p: usize, i: usize| qkv.clone().narrow(1, i, 1).narrow(2, p * d_attn, d_attn).reshape([d_attn]);
+        for i in 0..CONTEXT {
+            let scores: Vec<f32> = (0..=i)
+                .map(|j| (part(0, i) * part(1, j)).sum().into_scalar::<f32>() / (d_attn as f32).sqrt())
+                .collect();
+            let top = scores.iter().copied().fold(f32::MIN, f32::max);
+            let total: f32 = scores.iter().map(|s| (s - top).exp()).sum();
+            let read =
+                (0..=i).map(|j| part(2, j).mul_scalar((scores[j] - top).exp() / total)).reduce(|a, b| a + b).unwrap();
+            let attended = tiny.out.forward(read.reshape([1, 1, d_attn]));
+            let row = l.spatial.val().narrow(0, i, 1).narrow(1, 0, i + 1).unsqueeze_dim::<3>(0);
+            let mixed =
+                row.matmul(z2.clone().narrow(1, 0, i + 1)) + l.spatial_bias.val().narrow(0, i, 1).reshape([1, 1, 1]);
+            let expected = l.down.forward(z.clone().narrow(1, i, 1).narrow(2, 0, D) * (mixed + attended));
+            let got = y.clone().narrow(1, i, 1);
+            assert!((got - expected).abs().max().into_scalar::<f32>() < 1e-5, "row {i}");
+        }
+    }
+
     /// Decoding one position at a time (aMLP, so both caches are used) equals the full forward.
     #[test]
     fn decoding_equals_the_forward() {

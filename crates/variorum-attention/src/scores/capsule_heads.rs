@@ -321,6 +321,74 @@ mod tests {
         (a - b).abs().max().into_scalar::<f32>()
     }
 
+    /// EM routing (Hinton et al. 2018, Procedure 1) written out in f64 for one group of votes:
+    /// the M-step's means, variances, cost (ln σ + β_u)·Σ R a and activation
+    /// ln σ(λ(β_a − cost)), and the E-step's Gaussian log-likelihoods plus ln a, normalised over
+    /// the capsules; three iterations, so the activation reaches the poses twice.
+    #[test]
+    fn em_routing_is_procedure_one_by_hand() {
+        let dev = Device::flex();
+        let (h, n, dc) = (3, 2, 2);
+        let votes: Vec<f64> = (0..h * n * dc).map(|i| ((i * 37 % 11) as f64 - 5.0) / 3.0).collect();
+        let act = [0.9, 0.3, 0.6];
+        let betas = [[2.0, -3.0], [5.0, -5.0]]; // [β_u; β_a]
+        let tensor = |v: Vec<f64>, shape: [usize; 4]| {
+            Tensor::<4>::from_data(TensorData::new(v.iter().map(|&x| x as f32).collect::<Vec<_>>(), shape), &dev)
+        };
+        let (mu, r) = em_routing(
+            tensor(votes.clone(), [1, h, n, dc]),
+            tensor(act.to_vec(), [1, 1, 1, h]).reshape([1, h]),
+            tensor(betas.iter().flatten().copied().collect(), [1, 1, 2, n]).reshape([2, n]),
+            3,
+        );
+        let v = |i: usize, j: usize, d: usize| votes[(i * n + j) * dc + d];
+        let mut rr = vec![vec![1.0 / n as f64; n]; h];
+        let (mut want_mu, mut want_r) = (vec![0.0; n * dc], rr.clone());
+        for step in 1..=3 {
+            let mut ln_p = vec![vec![0.0; n]; h];
+            for j in 0..n {
+                let total: f64 = (0..h).map(|i| rr[i][j] * act[i]).sum::<f64>() + 1e-8;
+                let share: Vec<f64> = (0..h).map(|i| rr[i][j] * act[i] / total).collect();
+                let mu: Vec<f64> = (0..dc).map(|d| (0..h).map(|i| share[i] * v(i, j, d)).sum()).collect();
+                want_mu[j * dc..(j + 1) * dc].copy_from_slice(&mu);
+                let var: Vec<f64> = (0..dc)
+                    .map(|d| (0..h).map(|i| share[i] * (v(i, j, d) - mu[d]).powi(2)).sum::<f64>() + 1e-6)
+                    .collect();
+                let cost: f64 = (0..dc).map(|d| (0.5 * var[d].ln() + betas[0][j]) * total).sum();
+                let a_out = 1.0 / (1.0 + (-(EM_LAMBDA * (betas[1][j] - cost))).exp());
+                for i in 0..h {
+                    let ll: f64 = (0..dc)
+                        .map(|d| {
+                            -(v(i, j, d) - mu[d]).powi(2) / (2.0 * var[d])
+                                - 0.5 * var[d].ln()
+                                - 0.5 * (2.0 * std::f64::consts::PI).ln()
+                        })
+                        .sum();
+                    ln_p[i][j] = ll + a_out.ln();
+                }
+            }
+            if step == 3 {
+                want_r = rr.clone();
+                break;
+            }
+            for i in 0..h {
+                let top = ln_p[i].iter().copied().fold(f64::MIN, f64::max);
+                let z: f64 = ln_p[i].iter().map(|l| (l - top).exp()).sum();
+                rr[i] = ln_p[i].iter().map(|l| (l - top).exp() / z).collect();
+            }
+        }
+        let got_mu = mu.into_data().try_to_vec::<f32>().unwrap();
+        let got_r = r.into_data().try_to_vec::<f32>().unwrap();
+        for (g, w) in got_mu.iter().zip(&want_mu) {
+            assert!((*g as f64 - w).abs() < 1e-4, "poses {got_mu:?} vs {want_mu:?}");
+        }
+        for (g, w) in got_r.iter().zip(want_r.iter().flatten()) {
+            assert!((*g as f64 - w).abs() < 1e-4, "assignments {got_r:?} vs {want_r:?}");
+        }
+        // the assignments moved away from uniform: the test reads the E-step
+        assert!(want_r.iter().flatten().any(|&x| (x - 0.5).abs() > 0.05), "{want_r:?}");
+    }
+
     /// One iteration from uniform logits: every head counts alike, so each output capsule is the
     /// mean of the heads (squashed, for dynamic routing; EM's pose is the activation-weighted
     /// mean, and the activations start equal).

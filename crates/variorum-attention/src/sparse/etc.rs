@@ -90,6 +90,17 @@ impl EtcConfig {
     }
 }
 
+impl crate::AttentionConfig {
+    /// The positions per global token of a config whose layers add a global input (ETC's
+    /// `segment`); `None` for every other kind.
+    pub fn global_segment(&self) -> Option<usize> {
+        match self {
+            Self::Etc(e) => Some(e.segment),
+            _ => None,
+        }
+    }
+}
+
 impl AttentionKind for EtcConfig {
     type Module = EtcAttention;
     const SUMMARY: &'static str = "ETC global-local attention: one auxiliary global token per segment beside the sequence; l2l window (relative positions), l2g completed segments, g2l own segment, g2g";

@@ -91,3 +91,19 @@ fn poolingformer_refuses_a_memory() {
     );
     assert!(e.contains("cannot read a memory"), "{e}");
 }
+
+#[test]
+fn etc_cpc_needs_global_tokens_and_a_visible_segment() {
+    let masked = "[objective]\nkind = \"masked\"\n[objective.cpc]\n";
+    let e = refusal(masked);
+    assert!(e.contains("model.objective.cpc") && e.contains("kind = \"etc\""), "{e}");
+    // context 16, segments of 4: four segments, at most three hidden
+    let etc = "[attention]\nkind = \"etc\"\nwindow = 2\nsegment = 4\n";
+    parse(&format!("{etc}{masked}segments = 3")).validate().unwrap();
+    let e = refusal(&format!("{etc}{masked}segments = 4"));
+    assert!(e.contains("model.objective.cpc.segments = 4") && e.contains("4 complete segments of 4"), "{e}");
+    let e = refusal(&format!("{etc}{masked}weight = 0"));
+    assert!(e.contains("model.objective.cpc.weight = 0"), "{e}");
+    let e = refusal(&format!("{etc}{masked}segments = 0"));
+    assert!(e.contains("model.objective.cpc.segments must be at least 1"), "{e}");
+}

@@ -16,7 +16,7 @@ use variorum_model::{DecoderLm, DecoderState};
 use super::{Batches, Session, TrainOptions};
 use crate::checkpoint::{self, TrainState, write_atomic};
 use crate::config::{Batching, ExperimentConfig, TrainConfig};
-use crate::eval::{masked_batches, masking};
+use crate::eval::{masked_batches, training_masking};
 use crate::lock::RunLock;
 use crate::metrics::MetricsLog;
 use crate::retrieval::spalm::Retrieved;
@@ -326,7 +326,7 @@ fn data(
     if let Some((_, val)) = retrieved {
         eval_set.iter_mut().for_each(|b| val.attach(b));
     }
-    let masking = masking(&cfg.model);
+    let masking = training_masking(&cfg.model);
     Ok(Data { batches, document_eval, eval_set, masking })
 }
 

@@ -460,6 +460,7 @@ fn gradient_accumulation_equals_one_large_batch() {
             sources: vec![],
             starts: vec![],
             neighbours: vec![],
+            hidden: vec![],
         };
         for r in 0..n {
             b.inputs.extend_from_slice(&ids[r * 17..r * 17 + 16]);
@@ -479,6 +480,7 @@ fn gradient_accumulation_equals_one_large_batch() {
         sources: vec![],
         starts: vec![],
         neighbours: vec![],
+        hidden: vec![],
     };
     let mut tc = cfg.train.clone();
     tc.grad_clip = 0.5; // clipping must act on the accumulated gradient
